@@ -1,0 +1,69 @@
+# The two commands a newcomer needs:  make demo  |  make test
+# Both work from a clean clone with python3, pip and apt: they build .venv themselves.
+
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed-stamp
+PROTO   := proto/ftagent/v1/ftagent.proto
+
+.PHONY: all venv deps demo test lint typecheck unit integration e2e proto proto-check bench gpu-check clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# System packages the tests use: ip (network namespaces), promtool + prometheus.
+deps:
+	@missing=""; \
+	command -v ip >/dev/null || missing="$$missing iproute2"; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  else echo "missing system packages:$$missing (tests that need them are skipped)"; fi; \
+	fi
+
+demo: venv
+	$(BIN)/ftagent demo
+
+lint: venv
+	$(BIN)/ruff check ftagent tests bench examples
+
+typecheck: venv
+	$(BIN)/mypy
+
+# Regenerate the gRPC code from proto/ (committed under ftagent/v1/).
+proto: venv
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. $(PROTO)
+
+# Fail if the committed generated code differs from what proto/ generates.
+proto-check: venv
+	@tmp=$$(mktemp -d); \
+	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=$$tmp --pyi_out=$$tmp --grpc_python_out=$$tmp $(PROTO) && \
+	diff -r $$tmp/ftagent/v1 ftagent/v1 -x __init__.py -x __pycache__ >/dev/null || \
+	  { echo "ftagent/v1 is stale: run 'make proto' and commit"; rm -rf $$tmp; exit 1; }; \
+	rm -rf $$tmp
+
+test: venv deps lint typecheck
+	@if [ -f $(PROTO) ]; then $(MAKE) --no-print-directory proto-check; fi
+	$(BIN)/pytest -q -p no:cacheprovider tests
+
+unit: venv
+	$(BIN)/pytest -q tests/unit
+
+bench: venv
+	$(BIN)/python bench/passthrough.py
+
+gpu-check: venv
+	$(BIN)/python -m ftagent.sources.gpu --check
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

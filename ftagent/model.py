@@ -1,0 +1,245 @@
+"""The one vocabulary every part of ftagent speaks: observation -> fault -> action.
+
+Sources produce *observations* (facts), detectors turn observations into *faults*
+(conclusions), and a policy (local, or the arbiter's) turns faults into *actions*
+(decisions for the whole job). Everything here is a plain value: frozen dataclasses
+that tests can build and compare, with ``to_dict`` for the events file and the wire.
+``proto/ftagent/v1/ftagent.proto`` mirrors these types.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any, Union
+
+
+class FaultKind(str, enum.Enum):
+    """What went wrong, in the users' words."""
+
+    CRASH = "crash"  # trainer exited non-zero or was killed by a signal
+    HANG = "hang"  # no step progress within the learned budget
+    GPU = "gpu"  # Xid, ECC, GPU lost, NVLink down
+    NIC = "nic"  # link admin-down or carrier lost past the grace period
+    NODE = "node"  # node NotReady, pod preempted
+    BARRIER = "barrier"  # ranks did not meet after a restart
+    AGENT = "agent"  # ftagent itself failed at something (never fatal to training)
+
+
+class Severity(str, enum.Enum):
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+    FATAL = "fatal"  # hardware that will not heal by restarting in place
+
+
+class Scope(str, enum.Enum):
+    """How far a fault reaches: it decides whether a restart in place can help."""
+
+    PROCESS = "process"
+    POD = "pod"
+    NODE = "node"
+    JOB = "job"
+
+
+class ActionKind(str, enum.Enum):
+    """A decision for the whole job (see DESIGN.md, "Action")."""
+
+    RESTART = "restart"  # every rank restarts its trainer in place, then meets at a barrier
+    REPLACE = "replace"  # stop this rank's pod (distinct exit code); the others restart
+    STOP = "stop"  # stop the trainer and exit with the given code
+    ALERT_ONLY = "alert_only"  # record and alert; touch nothing
+    DUMP_STACKS = "dump_stacks"  # capture py-spy stacks of the trainer tree and report them
+
+
+class TrainerState(str, enum.Enum):
+    """The trainer's lifecycle as the supervisor sees it.
+
+    ::
+
+        INIT ──▶ WAITING ──▶ RUNNING ──exit 0──────────────────────▶ SUCCEEDED
+                   ▲  (barrier)  │
+                   │             ├─exit≠0 / signal / hang restart──▶ RESTARTING ──┐
+                   │             │                                                │
+                   └─────────────┼────────────────────────────────────────────────┘
+                                 │        (restart budget left; backoff waited)
+                                 ├─budget spent / STOP action─────▶ FAILED
+                                 └─SIGTERM/SIGINT/SIGHUP to agent─▶ STOPPED
+
+    WAITING is the time before a (re)start: the local policy's backoff, or the job
+    barrier when an arbiter decides. FAILED and STOPPED exit with the trainer's code
+    (128+N for signal N) so Kubernetes' restartPolicy sees the truth.
+    """
+
+    INIT = "init"
+    WAITING = "waiting"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+def new_id() -> str:
+    """A unique id; faults are re-sent until acknowledged, so ids make that idempotent."""
+    return uuid.uuid4().hex
+
+
+# --------------------------------------------------------------------------- observations
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One line of the trainer's output (without its newline), decoded leniently."""
+
+    text: str
+    stream: str = "stdout"  # "stdout" | "stderr"
+    ts: float = 0.0  # monotonic seconds
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A training step completed (from a log line or the SDK)."""
+
+    step: int
+    loss: float | None = None
+    samples_per_second: float | None = None
+    tokens_per_second: float | None = None
+    samples: int | None = None  # samples in this step (SDK)
+    tokens: int | None = None  # tokens in this step (SDK)
+    step_seconds: float | None = None  # the trainer's own measurement, if it prints one
+    source: str = "log"  # "log" | "sdk" | the log format's name
+    ts: float = 0.0
+
+
+@dataclass(frozen=True)
+class PhaseMarker:
+    """A declared long phase (checkpoint, eval) begins or ends."""
+
+    phase: str
+    begin: bool
+    source: str = "log"
+    ts: float = 0.0
+
+
+@dataclass(frozen=True)
+class CollectiveSample:
+    """One timed collective reported through the SDK (for algbw/busbw)."""
+
+    op: str
+    nbytes: int
+    seconds: float
+    world_size: int
+    ts: float = 0.0
+
+
+@dataclass(frozen=True)
+class GpuEvent:
+    gpu: int
+    kind: str  # "xid" | "ecc" | "lost" | "nvlink" | "throttle" | "remap"
+    xid: int | None = None
+    detail: str = ""
+    ts: float = 0.0
+
+
+@dataclass(frozen=True)
+class LinkEvent:
+    """A network link's state, from netlink RTM_NEWLINK/RTM_DELLINK or the initial dump."""
+
+    ifname: str
+    admin_up: bool
+    carrier: bool
+    operstate: str = ""
+    index: int = 0
+    deleted: bool = False
+    ts: float = 0.0
+
+    @property
+    def up(self) -> bool:
+        return self.admin_up and self.carrier and not self.deleted
+
+
+@dataclass(frozen=True)
+class ProcessExit:
+    """The trainer's main process exited."""
+
+    pid: int
+    code: int | None  # exit code, or None when killed by a signal
+    signal: int | None = None
+    ts: float = 0.0
+
+    @property
+    def exit_status(self) -> int:
+        """The shell convention: the code, or 128+N for signal N."""
+        if self.signal is not None:
+            return 128 + self.signal
+        return self.code if self.code is not None else 0
+
+    @property
+    def ok(self) -> bool:
+        return self.signal is None and self.code == 0
+
+
+@dataclass(frozen=True)
+class TrainerStart:
+    """The supervisor started the trainer (attempt 0 is the first run)."""
+
+    pid: int
+    attempt: int
+    generation: int = 0
+    ts: float = 0.0
+
+
+Observation = Union[
+    LogLine, Progress, PhaseMarker, CollectiveSample, GpuEvent, LinkEvent, ProcessExit,
+    TrainerStart,
+]
+
+
+# --------------------------------------------------------------------------- faults and actions
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A detector's conclusion. ``evidence`` is JSON-serialisable structured detail."""
+
+    kind: FaultKind
+    message: str
+    severity: Severity = Severity.ERROR
+    scope: Scope = Scope.PROCESS
+    evidence: dict[str, Any] = field(default_factory=dict)
+    id: str = field(default_factory=new_id)
+    detected_at: float = field(default_factory=time.time)  # wall clock, for humans/timelines
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["kind"] = self.kind.value
+        d["severity"] = self.severity.value
+        d["scope"] = self.scope.value
+        return d
+
+
+@dataclass(frozen=True)
+class Action:
+    """A decision: what the supervisor does next. ``generation`` is the job's new generation."""
+
+    kind: ActionKind
+    reason: str
+    generation: int = 0
+    exit_code: int | None = None  # for STOP/REPLACE: the code the agent exits with
+    backoff_seconds: float = 0.0  # for RESTART: wait before starting again
+    target_rank: int | None = None  # for REPLACE/DUMP_STACKS: None means every rank
+    fault_id: str | None = None  # the fault this answers, if any
+    id: str = field(default_factory=new_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["kind"] = self.kind.value
+        return d
+
+
+# Exit code of an agent whose rank the policy decided to REPLACE (hardware fault):
+# distinct from any trainer code so a controller can tell "move this pod" from "it failed".
+EXIT_REPLACE = 87
