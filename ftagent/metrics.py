@@ -182,7 +182,8 @@ class NicCollector(Collector):
         ids = list(self.identity)
         vals = list(self.identity.values())
         dev = ids + ["device"]
-        up = GaugeMetricFamily("ftagent_nic_up", "1 if the link is administratively up.", labels=dev)
+        up = GaugeMetricFamily("ftagent_nic_up", "1 if the link is administratively up.",
+                               labels=dev)
         carrier = GaugeMetricFamily("ftagent_nic_carrier", "1 if the link has carrier.",
                                     labels=dev)
         flaps = CounterMetricFamily("ftagent_nic_flaps", "Link down/up flaps seen.", labels=dev)

@@ -13,7 +13,7 @@ import enum
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any, Union
+from typing import Any
 
 
 class FaultKind(str, enum.Enum):
@@ -192,10 +192,10 @@ class TrainerStart:
     ts: float = 0.0
 
 
-Observation = Union[
-    LogLine, Progress, PhaseMarker, CollectiveSample, GpuEvent, LinkEvent, ProcessExit,
-    TrainerStart,
-]
+Observation = (
+    LogLine | Progress | PhaseMarker | CollectiveSample | GpuEvent | LinkEvent | ProcessExit
+    | TrainerStart
+)
 
 
 # --------------------------------------------------------------------------- faults and actions

@@ -1,0 +1,406 @@
+"""The Agent: wires sources, detectors, sinks and the policy around one trainer.
+
+Everything flows one way (DESIGN.md): the trainer's output and the sources produce
+observations -> detectors turn them into faults -> the policy (local, or the arbiter's
+commands) turns faults into actions -> the control loop here carries actions out on the
+trainer. One asyncio loop; the output pumps and blocking libraries are threads that hand
+their results to it.
+
+Extension points, each a list the agent iterates: ``sources`` (``async run(emit)``),
+``detectors`` (``observe(obs) -> faults``, ``tick(now) -> faults``) and ``observers``
+(``observe(obs)``, e.g. the metrics sink).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from ftagent.agent import supervisor
+from ftagent.agent.events import EventsFile
+from ftagent.agent.local_policy import decide
+from ftagent.agent.supervisor import ChildReaper, SpawnError, TrainerProcess
+from ftagent.config import RunConfig
+from ftagent.model import (
+    Action,
+    ActionKind,
+    Fault,
+    FaultKind,
+    Observation,
+    ProcessExit,
+    Scope,
+    TrainerStart,
+    TrainerState,
+)
+
+log = logging.getLogger("ftagent.agent")
+
+TICK_SECONDS = 0.25
+EVIDENCE_LINES = 50  # last lines attached to a fault (the events file keeps them too)
+
+
+class Source(Protocol):
+    async def run(self, emit: Callable[[Observation], None]) -> None: ...
+
+
+class Detector(Protocol):
+    def observe(self, obs: Observation) -> list[Fault]: ...
+    def tick(self, now: float) -> list[Fault]: ...
+
+
+class Observer(Protocol):
+    def observe(self, obs: Observation) -> None: ...
+
+
+class Agent:
+    """Supervises one trainer command until it succeeds, is stopped, or runs out of restarts."""
+
+    def __init__(self, cfg: RunConfig, environ: Mapping[str, str]) -> None:
+        self.cfg = cfg
+        self.environ = dict(environ)
+        self.ident = cfg.identity
+        sup = cfg.supervisor
+        self.events = EventsFile(sup.events_file, {"rank": self.ident.rank,
+                                                   "job": self.ident.job})
+        self.last_lines: deque[tuple[str, bytes]] = deque(maxlen=sup.log_lines)
+        self.reaper = ChildReaper()
+        self.actions: asyncio.Queue[Action] = asyncio.Queue()
+        self.sources: list[Source] = []
+        self.detectors: list[Detector] = []
+        self.observers: list[Observer] = []
+        self.line_handlers: list[Callable[[str, list[bytes], float], None]] = []
+        self.fault_hooks: list[Callable[[Fault], None]] = []  # metrics, reporter
+        self.evidence: Callable[[Fault, list[int]], Any] | None = None  # async enrich hook
+        self.trainer: TrainerProcess | None = None
+        self.state = TrainerState.INIT
+        self.restarts = 0
+        self.generation = 0
+        self.stop_signal: int | None = None
+        self._stop_event = asyncio.Event()
+        self._stop_deadline = 0.0
+        self._tasks: list[asyncio.Task[Any]] = []
+        self.extra_env: dict[str, str] = {}
+        self._inflight: set[asyncio.Task[Any]] = set()
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        if not supervisor.set_child_subreaper():
+            log.warning("PR_SET_CHILD_SUBREAPER failed: orphaned grandchildren may escape")
+        self.reaper.install(loop)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        for src in self.sources:
+            self._tasks.append(asyncio.create_task(self._run_source(src)))
+        self._tasks.append(asyncio.create_task(self._ticker()))
+        try:
+            code = await self._control_loop()
+        finally:
+            for t in self._tasks:
+                t.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            if supervisor.tree():  # nothing of the trainer outlives the agent
+                await supervisor.kill_tree(self.trainer.pgid if self.trainer else None)
+            self.reaper.uninstall()
+        self.events.write("exit", self.state.value, f"ftagent exits with {code}",
+                          exit_status=code, restarts=self.restarts)
+        self.events.close()
+        return code
+
+    async def _run_source(self, src: Source) -> None:
+        name = type(src).__name__
+        try:
+            await src.run(self.observe)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a broken source must not take training down
+            log.exception("source %s failed; continuing without it", name)
+            self.events.write("fault", FaultKind.AGENT.value, f"source {name} failed: {e}")
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_SECONDS)
+            now = time.monotonic()
+            for d in self.detectors:
+                try:
+                    faults = d.tick(now)
+                except Exception:
+                    log.exception("detector %s failed", type(d).__name__)
+                    continue
+                for f in faults:
+                    self._spawn(self.raise_fault(f))
+
+    def _spawn(self, coro: Any) -> None:
+        """Run a coroutine as a task the agent keeps a reference to until it is done."""
+        task = asyncio.create_task(coro)
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    # ----------------------------------------------------------------- observations and faults
+
+    def on_lines(self, stream: str, lines: list[bytes], ts: float) -> None:
+        """Called on the loop with lines split off the trainer's output."""
+        self.last_lines.extend((stream, ln) for ln in lines)
+        for h in self.line_handlers:
+            try:
+                h(stream, lines, ts)
+            except Exception:
+                log.exception("line handler failed")
+
+    def observe(self, obs: Observation) -> None:
+        for o in self.observers:
+            try:
+                o.observe(obs)
+            except Exception:
+                log.exception("observer %s failed", type(o).__name__)
+        for d in self.detectors:
+            try:
+                faults = d.observe(obs)
+            except Exception:
+                log.exception("detector %s failed on %s", type(d).__name__, type(obs).__name__)
+                continue
+            for f in faults:
+                self._spawn(self.raise_fault(f))
+
+    def tail(self, n: int = EVIDENCE_LINES) -> list[str]:
+        lines = list(self.last_lines)[-n:]
+        return [f"{s}: {b.decode('utf-8', 'replace')}" if s == "stderr"
+                else b.decode("utf-8", "replace") for s, b in lines]
+
+    async def raise_fault(self, fault: Fault) -> None:
+        """Record a fault (with evidence) and ask the policy what to do about it."""
+        if self.evidence is not None and fault.kind == FaultKind.HANG and self.trainer:
+            try:
+                fault = await self.evidence(fault, supervisor.tree_pids())
+            except Exception:
+                log.exception("capturing evidence failed")
+        log.warning("fault %s: %s", fault.kind.value, fault.message)
+        self.events.write("fault", fault.kind.value, fault.message, fault_id=fault.id,
+                          severity=fault.severity.value, scope=fault.scope.value,
+                          **fault.evidence)
+        for hook in self.fault_hooks:
+            try:
+                hook(fault)
+            except Exception:
+                log.exception("fault hook failed")
+        if self.decide_remotely(fault):
+            return
+        action = decide(fault, restarts_done=self.restarts,
+                        max_restarts=self.cfg.supervisor.max_restarts,
+                        backoff_base=self.cfg.supervisor.restart_backoff,
+                        backoff_cap=self.cfg.supervisor.restart_backoff_max,
+                        hang_action=self.cfg.hang.hang_action)
+        self.actions.put_nowait(action)
+
+    def decide_remotely(self, fault: Fault) -> bool:
+        """True when an arbiter will answer this fault with a command (see reporter)."""
+        return False
+
+    # ----------------------------------------------------------------- the control loop
+
+    async def _control_loop(self) -> int:
+        while True:
+            if self.stop_signal is not None:
+                return 128 + self.stop_signal
+            self._set_state(TrainerState.WAITING, attempt=self.restarts)
+            go = await self.before_start()
+            if go is not None:  # the arbiter said STOP/REPLACE before we started
+                return self._exit_code_of(go, None)
+            if self.stop_signal is not None:
+                return 128 + self.stop_signal
+            try:
+                self.trainer = self._start()
+            except SpawnError as e:
+                log.error("%s", e)
+                self.events.write("fault", FaultKind.CRASH.value, str(e),
+                                  exit_status=e.exit_status)
+                return e.exit_status
+            action, exit_ = await self._supervise(self.trainer)
+            if action is None:  # finished: success, or stopped by a signal
+                assert exit_ is not None
+                return exit_.exit_status
+            if action.kind == ActionKind.RESTART:
+                self.restarts += 1
+                self.generation = max(self.generation + 1, action.generation)
+                self._set_state(TrainerState.RESTARTING, reason=action.reason,
+                                backoff_seconds=action.backoff_seconds)
+                await self._interruptible_sleep(action.backoff_seconds)
+                continue
+            return self._exit_code_of(action, exit_)
+
+    async def before_start(self) -> Action | None:
+        """Hook for the job barrier (arbiter); locally, start at once."""
+        return None
+
+    def _exit_code_of(self, action: Action, exit_: ProcessExit | None) -> int:
+        if action.exit_code is not None:
+            code = action.exit_code
+        else:
+            code = exit_.exit_status if exit_ is not None else 1
+        self._set_state(TrainerState.FAILED, reason=action.reason, exit_status=code)
+        return code
+
+    def _start(self) -> TrainerProcess:
+        env = dict(self.environ)
+        env["FTAGENT_RESTART_COUNT"] = str(self.restarts)
+        env["FTAGENT_GENERATION"] = str(self.generation)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.update(self.extra_env)
+        trainer = TrainerProcess(self.cfg.command, env, self.reaper, self._lines_threadsafe(),
+                                 max_line=1 << 16)
+        self._set_state(TrainerState.RUNNING, pid=trainer.pid, attempt=self.restarts)
+        self.observe(TrainerStart(trainer.pid, self.restarts, self.generation,
+                                  ts=trainer.started))
+        return trainer
+
+    def _lines_threadsafe(self) -> Callable[[str, list[bytes], float], None]:
+        loop = asyncio.get_running_loop()
+
+        def hop(stream: str, lines: list[bytes], ts: float) -> None:
+            loop.call_soon_threadsafe(self.on_lines, stream, lines, ts)
+
+        return hop
+
+    async def _supervise(
+        self, trainer: TrainerProcess
+    ) -> tuple[Action | None, ProcessExit | None]:
+        """Run until the trainer exits or an action ends this attempt."""
+        stop_wait = asyncio.create_task(self._stop_event.wait())
+        try:
+            while True:
+                get_action = asyncio.create_task(self.actions.get())
+                waits: set[asyncio.Future[Any]] = {trainer.exited, get_action, stop_wait}
+                done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                if get_action not in done:
+                    get_action.cancel()
+                if trainer.exited in done:
+                    exit_ = trainer.exited.result()
+                    await self._after_exit(trainer, exit_)
+                    if self.stop_signal is not None:
+                        self._set_state(TrainerState.STOPPED, exit_status=exit_.exit_status,
+                                        signal=self.stop_signal)
+                        return None, exit_
+                    if exit_.ok:
+                        self._set_state(TrainerState.SUCCEEDED, exit_status=0)
+                        return None, exit_
+                    await self.raise_fault(self._crash_fault(exit_))
+                    return await self._next_action(), exit_
+                if stop_wait in done:
+                    exit_ = await self._stop_trainer(trainer, self._stop_deadline)
+                    self._set_state(TrainerState.STOPPED, exit_status=exit_.exit_status,
+                                    signal=self.stop_signal)
+                    return None, exit_
+                action = get_action.result()
+                self._record_action(action)
+                if action.kind in (ActionKind.ALERT_ONLY, ActionKind.DUMP_STACKS):
+                    await self.on_minor_action(action)
+                    continue
+                exit_ = await self._stop_trainer(
+                    trainer, time.monotonic() + self.cfg.supervisor.stop_timeout)
+                return action, exit_
+        finally:
+            stop_wait.cancel()
+
+    async def on_minor_action(self, action: Action) -> None:
+        """ALERT_ONLY and DUMP_STACKS leave the trainer running (reporter overrides)."""
+
+    async def _next_action(self) -> Action:
+        """The decision that ends this attempt; minor actions are carried out on the way."""
+        while True:
+            action = await self.actions.get()
+            self._record_action(action)
+            if action.kind not in (ActionKind.ALERT_ONLY, ActionKind.DUMP_STACKS):
+                return action
+            await self.on_minor_action(action)
+
+    def _record_action(self, action: Action) -> None:
+        log.info("action %s: %s", action.kind.value, action.reason)
+        self.events.write("action", action.kind.value, action.reason, action_id=action.id,
+                          generation=action.generation, fault_id=action.fault_id,
+                          backoff_seconds=action.backoff_seconds, exit_code=action.exit_code)
+
+    def _crash_fault(self, exit_: ProcessExit) -> Fault:
+        how = (f"killed by signal {exit_.signal} ({signal.Signals(exit_.signal).name})"
+               if exit_.signal is not None else f"exited with code {exit_.code}")
+        return Fault(FaultKind.CRASH, f"trainer (pid {exit_.pid}) {how}", scope=Scope.PROCESS,
+                     evidence={"exit_status": exit_.exit_status, "exit_code": exit_.code,
+                               "signal": exit_.signal, "attempt": self.restarts,
+                               "last_lines": self.tail()})
+
+    async def _after_exit(self, trainer: TrainerProcess, exit_: ProcessExit) -> None:
+        """The main process is gone: clean up what it left, read its last output."""
+        self.observe(exit_)
+        self.events.write("state", "exited", f"trainer exited with status {exit_.exit_status}",
+                          exit_status=exit_.exit_status, exit_code=exit_.code,
+                          signal=exit_.signal, pid=exit_.pid)
+        if supervisor.tree():
+            deadline = self._stop_deadline if self.stop_signal is not None else \
+                time.monotonic() + self.cfg.supervisor.stop_timeout
+            killed = await supervisor.stop_tree(None, max(0.0, deadline - time.monotonic()))
+            if killed:
+                log.warning("SIGKILLed %d leftover process(es) of the trainer", killed)
+        if not await trainer.drain(2.0):
+            log.warning("trainer output did not reach EOF; last lines may be missing")
+
+    async def _stop_trainer(self, trainer: TrainerProcess, deadline: float) -> ProcessExit:
+        """SIGTERM the trainer's group and tree, SIGKILL whatever is left at ``deadline``."""
+        if trainer.running:
+            log.info("stopping trainer (pid %d)", trainer.pid)
+            if self.stop_signal is None:  # our own stop: SIGTERM the group and the tree
+                trainer.send_signal(signal.SIGTERM)
+                supervisor.signal_tree(signal.SIGTERM)
+            # a stop signal was already forwarded as-is: the trainer's handler decides
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(trainer.exited),
+                                       max(0.0, deadline - time.monotonic()))
+        if trainer.running:
+            killed = await supervisor.kill_tree(trainer.pgid)
+            log.warning("trainer ignored SIGTERM for %.1fs: SIGKILLed %d process(es)",
+                        self.cfg.supervisor.stop_timeout, killed)
+        exit_ = await trainer.exited
+        await self._after_exit(trainer, exit_)
+        return exit_
+
+    async def _interruptible_sleep(self, seconds: float) -> bool:
+        """Sleep unless a stop signal arrives; True if the sleep completed."""
+        if seconds <= 0:
+            return self.stop_signal is None
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._stop_event.wait(), seconds)
+        return self.stop_signal is None
+
+    # ----------------------------------------------------------------- signals and state
+
+    def _on_signal(self, sig: int) -> None:
+        if self.stop_signal is not None:  # a second signal: no more grace
+            log.warning("second %s: killing the trainer's tree now", signal.Signals(sig).name)
+            self._stop_deadline = time.monotonic()
+            self._spawn(supervisor.kill_tree(self.trainer.pgid if self.trainer else None))
+            return
+        self.stop_signal = sig
+        self._stop_deadline = time.monotonic() + self.cfg.supervisor.stop_timeout
+        log.info("received %s: forwarding to the trainer, stop timeout %.0fs",
+                 signal.Signals(sig).name, self.cfg.supervisor.stop_timeout)
+        if self.trainer is not None and self.trainer.running:
+            self.trainer.send_signal(sig)
+        self._stop_event.set()
+
+    def _set_state(self, state: TrainerState, **fields: Any) -> None:
+        self.state = state
+        self.events.write("state", state.value, f"trainer {state.value}",
+                          restarts=self.restarts, generation=self.generation, **fields)
+        for o in self.observers:
+            hook = getattr(o, "on_state", None)
+            if hook is not None:
+                try:
+                    hook(state, self.restarts)
+                except Exception:
+                    log.exception("state hook failed")
+

@@ -1,0 +1,59 @@
+"""The events file: one JSON object per line for every state, fault and action.
+
+``{"ts": 1764500000.123, "time": "2026-11-30T12:00:00.123Z", "event": "fault",
+"kind": "crash", "message": "...", ...fields}``. A line is flushed when written, so a
+tail -f or a log shipper sees it at once, and a crash of the agent loses nothing already
+recorded. Writing never raises into the agent: a full disk is logged once and the agent
+goes on supervising.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from datetime import datetime, timezone
+from typing import IO, Any
+
+log = logging.getLogger("ftagent.events")
+
+
+class EventsFile:
+    def __init__(self, path: str, static: dict[str, Any] | None = None) -> None:
+        self.path = path
+        self.static = dict(static or {})
+        self._fh: IO[str] | None = None
+        self._failed = False
+        if path:
+            try:
+                self._fh = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115
+            except OSError as e:
+                log.error("cannot open events file %s: %s (events are not recorded)", path, e)
+
+    def write(self, event: str, kind: str, message: str, **fields: Any) -> dict[str, Any]:
+        now = time.time()
+        record: dict[str, Any] = {
+            "ts": round(now, 6),
+            "time": datetime.fromtimestamp(now, timezone.utc).isoformat(
+                timespec="milliseconds").replace("+00:00", "Z"),
+            "event": event,
+            "kind": kind,
+            "message": message,
+            **self.static,
+            **fields,
+        }
+        if self._fh is not None:
+            try:
+                self._fh.write(json.dumps(record, default=str, ensure_ascii=False) + "\n")
+            except (OSError, ValueError) as e:
+                if not self._failed:
+                    log.error("writing events file %s failed: %s", self.path, e)
+                    self._failed = True
+        return record
+
+    def close(self) -> None:
+        if self._fh is not None:
+            with contextlib.suppress(OSError):
+                self._fh.close()
+            self._fh = None

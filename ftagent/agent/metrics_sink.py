@@ -1,0 +1,110 @@
+"""Turns observations, states and faults into the agent's Prometheus series.
+
+A sink only listens: it never decides. Step duration is the time between two
+observations of *increasing* step numbers (a tqdm redraw of the same step is not a new
+step), and an interval that contains a declared phase is not a step duration.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ftagent.metrics import AgentMetrics
+from ftagent.model import (
+    CollectiveSample,
+    Fault,
+    Observation,
+    PhaseMarker,
+    ProcessExit,
+    Progress,
+    TrainerStart,
+    TrainerState,
+)
+
+log = logging.getLogger("ftagent.metrics")
+
+# nccl-tests bus-bandwidth factors (doc/PERFORMANCE.md), as functions of the rank count n.
+BUSBW_FACTORS = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+}
+
+
+def bus_bandwidth(op: str, nbytes: int, seconds: float, n: int) -> tuple[float, float]:
+    """(algbw, busbw) in bytes/s for one collective, as nccl-tests reports them."""
+    if seconds <= 0 or n <= 0:
+        return 0.0, 0.0
+    algbw = nbytes / seconds
+    factor = BUSBW_FACTORS.get(op.lower().replace("allreduce", "all_reduce")
+                               .replace("allgather", "all_gather")
+                               .replace("reducescatter", "reduce_scatter"),
+                               lambda n: 1.0)(n)
+    return algbw, algbw * factor
+
+
+class MetricsSink:
+    def __init__(self, metrics: AgentMetrics) -> None:
+        self.m = metrics
+        self._last_step: int | None = None
+        self._last_step_ts: float | None = None
+        self._phase_started: dict[str, float] = {}
+        self._restarts_seen = 0
+
+    def observe(self, obs: Observation) -> None:
+        m = self.m
+        if isinstance(obs, Progress):
+            if self._last_step is not None and obs.step <= self._last_step:
+                return
+            if (self._last_step_ts is not None and not self._phase_started
+                    and obs.step == (self._last_step or 0) + 1):
+                m.step_duration.observe(max(0.0, obs.ts - self._last_step_ts))
+            self._last_step, self._last_step_ts = obs.step, obs.ts
+            m.step.set(obs.step)
+            if obs.loss is not None:
+                m.loss.set(obs.loss)
+            if obs.samples_per_second is not None:
+                m.samples_per_second.set(obs.samples_per_second)
+            if obs.tokens_per_second is not None:
+                m.tokens_per_second.set(obs.tokens_per_second)
+            if obs.samples:
+                m.samples.inc(obs.samples)
+            if obs.tokens:
+                m.tokens.inc(obs.tokens)
+        elif isinstance(obs, PhaseMarker):
+            if obs.begin:
+                self._phase_started[obs.phase] = obs.ts
+            elif obs.phase in self._phase_started:
+                began = self._phase_started.pop(obs.phase)
+                m.phase_duration.labels(**m.labels(phase=obs.phase)).observe(obs.ts - began)
+                self._last_step_ts = obs.ts  # the next interval starts after the phase
+        elif isinstance(obs, CollectiveSample):
+            algbw, busbw = bus_bandwidth(obs.op, obs.nbytes, obs.seconds, obs.world_size)
+            op = obs.op
+            m.collective_seconds.labels(**m.labels(op=op)).observe(obs.seconds)
+            m.collective_algbw.labels(**m.labels(op=op)).set(algbw)
+            m.collective_busbw.labels(**m.labels(op=op)).set(busbw)
+        elif isinstance(obs, TrainerStart):
+            m.trainer_running.set(1)
+            m.generation.set(obs.generation)
+            self._last_step = None
+            self._last_step_ts = None
+            self._phase_started.clear()
+        elif isinstance(obs, ProcessExit):
+            m.trainer_running.set(0)
+            m.trainer_last_exit_code.set(obs.exit_status)
+
+    def on_state(self, state: TrainerState, restarts: int) -> None:
+        if restarts > self._restarts_seen:
+            self.m.restarts.inc(restarts - self._restarts_seen)
+            self._restarts_seen = restarts
+
+    def on_fault(self, fault: Fault) -> None:
+        self.m.faults_by_kind(fault.kind.value).inc()
+        latency = fault.evidence.get("detection_latency_seconds")
+        if isinstance(latency, (int, float)):
+            self.m.detection_latency.labels(**self.m.labels(kind=fault.kind.value)).observe(
+                latency)

@@ -1,0 +1,133 @@
+"""``ftagent run [flags] -- CMD [ARGS...]``: parse flags, wire the agent, run it.
+
+This is the composition root: the one place that decides which sources, detectors and
+sinks an agent gets from its configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from ftagent.agent.agent import Agent
+from ftagent.agent.metrics_sink import MetricsSink
+from ftagent.config import (
+    RUN_GROUPS,
+    ConfigError,
+    OneLineParser,
+    RunConfig,
+    add_group,
+    identity,
+    resolve_group,
+    split_command,
+)
+from ftagent.metrics import AgentMetrics
+
+log = logging.getLogger("ftagent")
+
+DESCRIPTION = """\
+Run a training command under ftagent: its output passes through byte for byte, it is
+restarted on failure (--max-restarts, or job-wide by an arbiter), hangs are detected
+from step progress, and metrics are served for Prometheus. Exits with the trainer's exit
+status (128+N when killed by signal N).
+
+Every flag can also be set by the FTAGENT_* variable shown after it.
+"""
+
+EPILOG = """\
+examples:
+  ftagent run --max-restarts 3 -- python train.py --lr 3e-4
+  FTAGENT_ARBITER=arbiter:7460 ftagent run --job llama -- torchrun --nproc-per-node 8 train.py
+"""
+
+
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(
+        prog="ftagent run", description=DESCRIPTION, epilog=EPILOG,
+        usage="ftagent run [flags] -- CMD [ARGS...]",
+        formatter_class=_Formatter)
+    for title, cls in RUN_GROUPS.values():
+        add_group(parser, title, cls)
+    return parser
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=34, width=100)
+
+
+def parse(argv: Sequence[str], environ: Mapping[str, str]) -> RunConfig:
+    """Flags + environment -> RunConfig; raises ConfigError for the user to read."""
+    opts, command = split_command(argv)
+    parser = build_parser()
+    ns = parser.parse_args(opts)
+    if not command:
+        raise ConfigError("no command to run: ftagent run [flags] -- CMD [ARGS...]")
+    groups = {key: resolve_group(ns, cls, environ) for key, (_, cls) in RUN_GROUPS.items()}
+    groups["identity"] = identity(groups["identity"], environ)
+    return RunConfig(command=tuple(command), **groups)
+
+
+def setup_logging(level: str, rank: int) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format=f"[ftagent rank{rank} %(asctime)s] %(levelname)s %(message)s",
+        datefmt="%H:%M:%S", stream=sys.stderr)
+
+
+def build_agent(cfg: RunConfig, environ: Mapping[str, str]) -> Agent:
+    agent = Agent(cfg, environ)
+    ids = cfg.identity
+    labels = {"job": ids.job, "namespace": ids.namespace, "pod": ids.pod, "node": ids.node,
+              "rank": str(ids.rank)}
+    registry = CollectorRegistry()
+    metrics = AgentMetrics(registry, labels)
+    sink = MetricsSink(metrics)
+    agent.observers.append(sink)
+    agent.fault_hooks.append(sink.on_fault)
+    agent.metrics = metrics  # type: ignore[attr-defined]
+    start_metrics(cfg, registry, agent)
+    return agent
+
+
+def start_metrics(cfg: RunConfig, registry: CollectorRegistry, agent: Agent) -> None:
+    """Serve /metrics; a port that cannot be bound is a warning, never a failure."""
+    port = cfg.metrics.metrics_port
+    if port < 0:
+        return
+    try:
+        server, _ = start_http_server(port, cfg.metrics.metrics_addr, registry=registry)
+    except OSError as e:
+        log.warning("metrics disabled: cannot listen on %s:%d (%s); use --metrics-port",
+                    cfg.metrics.metrics_addr, port, e.strerror or e)
+        return
+    bound = server.server_port
+    log.info("metrics on http://%s:%d/metrics", cfg.metrics.metrics_addr, bound)
+    agent.events.write("state", "metrics", f"serving metrics on port {bound}",
+                       metrics_port=bound)
+
+
+def main(argv: Sequence[str]) -> int:
+    environ = dict(os.environ)
+    try:
+        cfg = parse(argv, environ)
+    except ConfigError as e:
+        sys.stderr.write(f"ftagent run: error: {e} (see ftagent run --help)\n")
+        return 2
+    setup_logging(cfg.supervisor.log_level, cfg.identity.rank)
+    rundir = tempfile.mkdtemp(prefix="ftagent-")
+    try:
+        agent = build_agent(cfg, environ)
+        if cfg.hang.progress in ("auto", "sdk"):
+            agent.extra_env["FTAGENT_SDK_SOCKET"] = os.path.join(rundir, "sdk.sock")
+        return asyncio.run(agent.run())
+    finally:
+        shutil.rmtree(rundir, ignore_errors=True)

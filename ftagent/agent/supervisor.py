@@ -1,0 +1,253 @@
+"""The trainer's process tree: spawn it, reap it, signal it, and stop all of it.
+
+Three kernel features carry this module:
+
+* ``PR_SET_CHILD_SUBREAPER`` on the agent: any descendant whose parent dies (a DataLoader
+  worker, a process that called ``setsid`` to escape its group) is re-parented to the
+  agent instead of PID 1. So "the trainer's tree" is simply *every descendant of the
+  agent*, found with psutil even after middle processes died, and nothing escapes a stop.
+* ``PR_SET_PDEATHSIG(SIGKILL)`` in the trainer: if the agent is SIGKILLed (OOM killer,
+  ``kubectl delete --grace-period=0``) the kernel kills the trainer, which would otherwise
+  run on unsupervised holding its GPUs.
+* One SIGCHLD handler that reaps *every* child with ``waitpid(-1)``: the trainer (its
+  status resolves the future returned by :meth:`ChildReaper.watch`) and the orphans the
+  sub-reaper adopts, which would otherwise stay zombies — exactly what PID 1 in a
+  container must do. Consequence: nothing else in the agent may wait for children
+  (no ``asyncio.create_subprocess_*``); helper processes run with ``subprocess`` in a
+  thread and must not rely on their return code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+
+import psutil
+
+from ftagent.agent.tee import MAX_LINE, LinesCallback, OutputPump
+from ftagent.model import ProcessExit
+
+log = logging.getLogger("ftagent.supervisor")
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_prctl = _libc.prctl
+_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_prctl.restype = ctypes.c_int
+
+
+def set_child_subreaper() -> bool:
+    """Make orphaned descendants re-parent to this process (Linux >= 3.4)."""
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+class ChildReaper:
+    """Reaps every child of the agent on SIGCHLD; hands out the statuses it was asked for."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._watched: dict[int, asyncio.Future[ProcessExit]] = {}
+        self.orphans_reaped = 0
+
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        loop.add_signal_handler(signal.SIGCHLD, self.reap)
+        self.reap()
+
+    def uninstall(self) -> None:
+        if self._loop is not None:
+            self._loop.remove_signal_handler(signal.SIGCHLD)
+
+    def watch(self, pid: int) -> asyncio.Future[ProcessExit]:
+        """A future for ``pid``'s exit. Call it right after spawning, before any ``await``:
+        the SIGCHLD callback runs on the loop, so it cannot reap ``pid`` in between."""
+        assert self._loop is not None, "install() first"
+        fut: asyncio.Future[ProcessExit] = self._loop.create_future()
+        self._watched[pid] = fut
+        return fut
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            except InterruptedError:
+                continue
+            if pid == 0:
+                return
+            now = time.monotonic()
+            if os.WIFSIGNALED(status):
+                exit_ = ProcessExit(pid, None, os.WTERMSIG(status), ts=now)
+            elif os.WIFEXITED(status):
+                exit_ = ProcessExit(pid, os.WEXITSTATUS(status), None, ts=now)
+            else:  # stopped/continued: not an exit
+                continue
+            fut = self._watched.pop(pid, None)
+            if fut is not None and not fut.done():
+                fut.set_result(exit_)
+            else:
+                self.orphans_reaped += 1
+                log.debug("reaped orphan %d (%s)", pid, exit_)
+
+
+class SpawnError(Exception):
+    """The command could not be started; ``exit_status`` follows the shell (126/127)."""
+
+    def __init__(self, message: str, exit_status: int) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
+
+
+def spawn(command: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    """Start ``command`` in its own session with pipes for stdout/stderr.
+
+    Its own session (and so process group) lets the agent signal the whole group at once
+    and keeps a terminal's Ctrl-C going to the agent, which decides what to forward.
+    """
+    parent = os.getpid()
+
+    def child_setup() -> None:  # runs in the child between fork and exec
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the agent died before prctl took effect
+            os._exit(128 + signal.SIGKILL)
+
+    try:
+        return subprocess.Popen(
+            list(command), env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True, preexec_fn=child_setup, close_fds=True,
+        )
+    except FileNotFoundError:
+        raise SpawnError(f"command not found: {command[0]}", 127) from None
+    except PermissionError:
+        raise SpawnError(f"permission denied: {command[0]}", 126) from None
+    except OSError as e:
+        raise SpawnError(f"cannot start {command[0]}: {e.strerror or e}", 126) from None
+
+
+def tree() -> list[psutil.Process]:
+    """Every live descendant of the agent: the trainer and all it started (sub-reaper)."""
+    try:
+        return [p for p in psutil.Process().children(recursive=True)
+                if _alive(p)]
+    except psutil.Error:
+        return []
+
+
+def tree_pids() -> list[int]:
+    return [p.pid for p in tree()]
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def signal_tree(sig: int, procs: Sequence[psutil.Process] | None = None) -> int:
+    """Send ``sig`` to every process of the tree; returns how many were signalled."""
+    n = 0
+    for p in tree() if procs is None else procs:
+        try:
+            p.send_signal(sig)
+            n += 1
+        except psutil.Error:
+            pass
+    return n
+
+
+async def stop_tree(pgid: int | None, timeout: float, poll: float = 0.02) -> int:
+    """SIGTERM the trainer's group and tree, wait up to ``timeout``, then SIGKILL the rest.
+
+    Returns the number of processes that had to be SIGKILLed. Polls (with a deadline)
+    because the tree includes processes that are not our children and cannot be waited on.
+    """
+    if pgid is not None:
+        signal_group(pgid, signal.SIGTERM)
+    signal_tree(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while tree() and time.monotonic() < deadline:
+        await asyncio.sleep(poll)
+    return await kill_tree(pgid)
+
+
+async def kill_tree(pgid: int | None, poll: float = 0.01, timeout: float = 5.0) -> int:
+    """SIGKILL the whole tree (and group) and wait until it is gone."""
+    killed: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while True:
+        if pgid is not None:
+            signal_group(pgid, signal.SIGKILL)
+        procs = tree()
+        if not procs:
+            return len(killed)
+        signal_tree(signal.SIGKILL, procs)
+        killed.update(p.pid for p in procs)
+        if time.monotonic() > deadline:
+            log.error("processes survive SIGKILL: %s", [p.pid for p in procs])
+            return len(killed)
+        await asyncio.sleep(poll)
+
+
+class TrainerProcess:
+    """One run of the trainer: the process, its exit future and its output pumps."""
+
+    def __init__(self, command: Sequence[str], env: Mapping[str, str], reaper: ChildReaper,
+                 on_lines: LinesCallback, *, stdout_fd: int = 1, stderr_fd: int = 2,
+                 max_line: int = MAX_LINE) -> None:
+        self.popen = spawn(command, env)
+        self.pid = self.popen.pid
+        self.pgid = self.pid  # start_new_session: the trainer leads its own group
+        self.started = time.monotonic()
+        self.exited: asyncio.Future[ProcessExit] = reaper.watch(self.pid)
+        assert self.popen.stdout is not None and self.popen.stderr is not None
+        out_fd = os.dup(self.popen.stdout.fileno())
+        err_fd = os.dup(self.popen.stderr.fileno())
+        self.popen.stdout.close()
+        self.popen.stderr.close()
+        self.pumps = [
+            OutputPump(out_fd, stdout_fd, "stdout", on_lines, max_line),
+            OutputPump(err_fd, stderr_fd, "stderr", on_lines, max_line),
+        ]
+        for p in self.pumps:
+            p.start()
+        self.exited.add_done_callback(self._mark_popen)
+
+    def _mark_popen(self, fut: asyncio.Future[ProcessExit]) -> None:
+        # The reaper collected the status; tell Popen so it does not wait or warn later.
+        if not fut.cancelled():
+            self.popen.returncode = fut.result().exit_status
+
+    @property
+    def running(self) -> bool:
+        return not self.exited.done()
+
+    def send_signal(self, sig: int) -> None:
+        """Forward a signal to the trainer's process group."""
+        if self.running:
+            signal_group(self.pgid, sig)
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait until both pumps reached EOF (every writer of the pipes is gone)."""
+        deadline = time.monotonic() + timeout
+        for p in self.pumps:
+            left = max(0.0, deadline - time.monotonic())
+            if not await asyncio.to_thread(p.eof.wait, left):
+                return False
+        await asyncio.sleep(0)  # let the lines the pumps queued on the loop run first
+        return True

@@ -1,0 +1,65 @@
+"""Shared test helpers: run the real ``ftagent`` in a subprocess, wait on conditions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+
+def ftagent_cmd(*flags: str, cmd: list[str]) -> list[str]:
+    """``python -m ftagent run FLAGS -- CMD`` with metrics off unless asked for."""
+    extra = [] if any(f.startswith("--metrics-port") for f in flags) else ["--metrics-port=-1"]
+    return [PY, "-m", "ftagent", "run", *extra, *flags, "--", *cmd]
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition",
+             interval: float = 0.01) -> Any:
+    """Poll ``pred`` until truthy or fail after ``timeout`` seconds (no blind sleeps)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            out.append(json.loads(line))
+    return out
+
+
+def pid_gone(pid: int) -> bool:
+    """True if ``pid`` no longer runs (absent, or a zombie nobody reaped yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return True
+
+
+@pytest.fixture
+def events_file(tmp_path: Path) -> Path:
+    return tmp_path / "events.jsonl"
+
+
+def popen(args: list[str], **kw: Any) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, **kw.pop("env", {}))
+    return subprocess.Popen(args, env=env, **kw)

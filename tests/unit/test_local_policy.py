@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from ftagent.agent.local_policy import backoff, decide
+from ftagent.model import EXIT_REPLACE, ActionKind, Fault, FaultKind, Scope, Severity
+
+
+def crash(status: int = 3) -> Fault:
+    return Fault(FaultKind.CRASH, "boom", evidence={"exit_status": status})
+
+
+def test_backoff_doubles_and_caps() -> None:
+    assert [backoff(n, 1.0, 5.0) for n in range(5)] == [1, 2, 4, 5, 5]
+    assert backoff(3, 0.0, 5.0) == 0.0
+
+
+def test_crash_restarts_until_budget_then_stops_with_code() -> None:
+    kw = dict(max_restarts=2, backoff_base=1.0, backoff_cap=30.0)
+    a = decide(crash(), restarts_done=0, **kw)  # type: ignore[arg-type]
+    assert a.kind == ActionKind.RESTART and a.backoff_seconds == 1.0
+    a = decide(crash(), restarts_done=1, **kw)  # type: ignore[arg-type]
+    assert a.kind == ActionKind.RESTART and a.backoff_seconds == 2.0
+    a = decide(crash(7), restarts_done=2, **kw)  # type: ignore[arg-type]
+    assert a.kind == ActionKind.STOP and a.exit_code == 7
+
+
+def test_hang_alert_only_when_asked() -> None:
+    f = Fault(FaultKind.HANG, "stuck")
+    kw = dict(restarts_done=0, max_restarts=1, backoff_base=0.0, backoff_cap=0.0)
+    assert decide(f, hang_action="alert", **kw).kind == ActionKind.ALERT_ONLY  # type: ignore[arg-type]
+    assert decide(f, hang_action="restart", **kw).kind == ActionKind.RESTART  # type: ignore[arg-type]
+
+
+def test_fatal_gpu_replaces_and_nic_alerts() -> None:
+    kw = dict(restarts_done=0, max_restarts=1, backoff_base=0.0, backoff_cap=0.0)
+    g = Fault(FaultKind.GPU, "xid 79", severity=Severity.FATAL, scope=Scope.NODE)
+    a = decide(g, **kw)  # type: ignore[arg-type]
+    assert a.kind == ActionKind.REPLACE and a.exit_code == EXIT_REPLACE
+    assert decide(Fault(FaultKind.NIC, "eth0 down"), **kw).kind == ActionKind.ALERT_ONLY  # type: ignore[arg-type]
