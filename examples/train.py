@@ -39,7 +39,7 @@ def env_float(name: str, default: float) -> float:
 RANK = env_int("RANK", 0)
 WORLD = env_int("WORLD_SIZE", 1)
 ATTEMPT = env_int("FTAGENT_RESTART_COUNT", 0)
-FAULTY = RANK == env_int("FAULT_RANK", 0) and ATTEMPT == env_int("FAULT_ATTEMPT", 0)
+FAULTY = env_int("FAULT_RANK", 0) == RANK and env_int("FAULT_ATTEMPT", 0) == ATTEMPT
 FMT = os.environ.get("TRAIN_LOG_FORMAT", "generic")
 USE_SDK = os.environ.get("TRAIN_SDK", "0") == "1"
 
