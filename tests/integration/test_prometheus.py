@@ -1,0 +1,91 @@
+"""A real Prometheus server scrapes a real agent: the series arrive with their labels."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import textwrap
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import PY, ftagent_cmd, popen, read_events, wait_for
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("prometheus") is None,
+    reason="prometheus missing: `make deps` installs Debian's prometheus package")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def agent(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    events = tmp_path / "events.jsonl"
+    trainer = textwrap.dedent("""
+        import time
+        step = 0
+        while True:
+            step += 1
+            print(f"step={step} loss={1/step:.4f} samples_per_second=100.0", flush=True)
+            time.sleep(0.05)
+    """)
+    proc = popen(ftagent_cmd("--metrics-port", "0", "--metrics-addr", "127.0.0.1",
+                             "--job", "promtest", "--rank", "3", "--events-file", str(events),
+                             cmd=[PY, "-c", trainer]),
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port = wait_for(lambda: next((e["metrics_port"] for e in read_events(events)
+                                  if e.get("kind") == "metrics"), None), 30, "metrics port")
+    yield proc, port
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+
+
+def query(prom: int, expr: str) -> list[dict[str, Any]]:
+    url = f"http://127.0.0.1:{prom}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return list(json.load(r)["data"]["result"])
+    except OSError:
+        return []
+
+
+def test_prometheus_scrapes_agent_series(agent: tuple[subprocess.Popen[bytes], int],
+                                         tmp_path: Path) -> None:
+    _, port = agent
+    prom_port = free_port()
+    cfg = tmp_path / "prometheus.yml"
+    cfg.write_text(textwrap.dedent(f"""
+        global:
+          scrape_interval: 1s
+        scrape_configs:
+          - job_name: ftagent
+            honor_labels: true   # our `job` label is the training job, not the scrape job
+            static_configs:
+              - targets: ["127.0.0.1:{port}"]
+    """))
+    prom = subprocess.Popen(
+        ["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{prom_port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        running = wait_for(lambda: query(prom_port, 'ftagent_trainer_running{job="promtest"}'),
+                           60, "Prometheus to scrape the agent")
+        labels = running[0]["metric"]
+        assert labels["rank"] == "3" and labels["job"] == "promtest"
+        assert running[0]["value"][1] == "1"
+        info = query(prom_port, "ftagent_agent_info")
+        assert info and info[0]["metric"]["version"]
+    finally:
+        prom.terminate()
+        prom.wait(timeout=30)
