@@ -217,6 +217,9 @@ class NicConfig:
     nic_poll_interval: float = opt(
         1.0, "--nic-poll-interval", "RDMA port state and NIC counter polling interval",
         check=positive, metavar="SECONDS")
+    nic_scope: str = opt(
+        "pod", "--nic-scope", "scope of a NIC fault: pod (the pod's own network namespace) "
+        "or node (hostNetwork / the node agent: the node's links)", choices=("pod", "node"))
 
 
 @dataclass(frozen=True)

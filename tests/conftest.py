@@ -63,3 +63,25 @@ def events_file(tmp_path: Path) -> Path:
 def popen(args: list[str], **kw: Any) -> subprocess.Popen[bytes]:
     env = dict(os.environ, **kw.pop("env", {}))
     return subprocess.Popen(args, env=env, **kw)
+
+
+class Collector:
+    """Reads a process's pipe in a thread so tests can wait on its content."""
+
+    def __init__(self, stream: Any) -> None:
+        import threading
+
+        self.data = bytearray()
+        self._stream = stream
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            chunk = self._stream.read1(65536)
+            if not chunk:
+                return
+            self.data += chunk
+
+    def __contains__(self, needle: bytes) -> bool:
+        return needle in bytes(self.data)

@@ -103,6 +103,8 @@ class MetricsSink:
             self._restarts_seen = restarts
 
     def on_fault(self, fault: Fault) -> None:
+        if fault.evidence.get("recovered"):  # the all-clear after an outage, not a fault
+            return
         self.m.faults_by_kind(fault.kind.value).inc()
         latency = fault.evidence.get("detection_latency_seconds")
         if isinstance(latency, (int, float)):

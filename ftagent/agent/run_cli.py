@@ -94,8 +94,27 @@ def build_agent(cfg: RunConfig, environ: Mapping[str, str]) -> Agent:
     agent.observers.append(sink)
     agent.fault_hooks.append(sink.on_fault)
     agent.metrics = metrics  # type: ignore[attr-defined]
+    add_nic(agent, cfg, environ, registry, labels)
     start_metrics(cfg, registry, agent)
     return agent
+
+
+def add_nic(agent: Agent, cfg: RunConfig, environ: Mapping[str, str],
+            registry: CollectorRegistry, labels: dict[str, str]) -> None:
+    """Links through netlink, RDMA ports through sysfs, one debounce detector for both."""
+    from ftagent.detect.nic import NicDetector
+    from ftagent.metrics import NicCollector
+    from ftagent.model import Scope
+    from ftagent.sources.nic import NicSource
+    from ftagent.sources.rdma import RdmaSource
+
+    scope = Scope.NODE if cfg.nic.nic_scope == "node" else Scope.POD
+    detector = NicDetector(cfg.nic.nic_grace, scope=scope)
+    nic = NicSource(cfg.nic, environ, flaps=detector.flaps)
+    rdma = RdmaSource(cfg.nic, environ, flaps=detector.flaps)
+    agent.sources += [nic, rdma]
+    agent.detectors.append(detector)
+    registry.register(NicCollector(labels, nic.snapshot, rdma.snapshot))
 
 
 def start_metrics(cfg: RunConfig, registry: CollectorRegistry, agent: Agent) -> None:

@@ -1,0 +1,83 @@
+"""Start real multi-rank PyTorch (gloo, CPU) jobs of examples/train.py, one agent per rank."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import PY, ROOT, ftagent_cmd, read_events
+
+TRAIN = str(ROOT / "examples" / "train.py")
+
+try:
+    import torch  # noqa: F401
+
+    HAVE_TORCH = True
+except ImportError:  # pragma: no cover
+    HAVE_TORCH = False
+
+needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="needs torch (make venv installs it)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Job:
+    tmp: Path
+    world: int
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def events(self, rank: int) -> list[dict[str, Any]]:
+        return read_events(self.tmp / f"rank{rank}.jsonl")
+
+    def faults(self, rank: int, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events(rank) if e["event"] == "fault" and e["kind"] == kind]
+
+    def log(self, rank: int) -> str:
+        p = self.tmp / f"rank{rank}.out"
+        return p.read_text(errors="replace") if p.exists() else ""
+
+    def wait(self, timeout: float) -> list[int]:
+        return [p.wait(timeout=timeout) for p in self.procs]
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def start_job(tmp: Path, world: int, flags: Sequence[str] = (), env: dict[str, str] | None = None,
+              rank_env: dict[int, dict[str, str]] | None = None,
+              rank_flags: dict[int, Sequence[str]] | None = None) -> Job:
+    """One ``ftagent run`` per rank; output of each rank in tmp/rank{r}.out."""
+    job = Job(tmp, world)
+    port = free_port()
+    for r in range(world):
+        e = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                 MASTER_PORT=str(port), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+                 **(env or {}), **((rank_env or {}).get(r, {})))
+        out = open(tmp / f"rank{r}.out", "wb")  # noqa: SIM115 - closed with the process
+        cmd = ftagent_cmd("--events-file", str(tmp / f"rank{r}.jsonl"), "--rank", str(r),
+                          "--world-size", str(world), *flags,
+                          *((rank_flags or {}).get(r, ())), cmd=[PY, TRAIN])
+        job.procs.append(subprocess.Popen(cmd, env=e, stdout=out, stderr=subprocess.STDOUT))
+        out.close()
+    return job
