@@ -169,8 +169,8 @@ class HangConfig:
         5.0, "--hang-timeout-min", "floor of the learned step budget", check=positive,
         metavar="SECONDS")
     hang_factor: float = opt(
-        10.0, "--hang-factor", "budget = factor x percentile of recent step intervals",
-        check=positive)
+        10.0, "--hang-factor", "budget = factor x percentile of recent step intervals "
+        "(a phase's: factor x its longest duration seen)", check=positive)
     hang_percentile: float = opt(99.0, "--hang-percentile", "percentile of recent step "
                                  "intervals the budget scales", check=percentile)
     hang_warmup_steps: int = opt(

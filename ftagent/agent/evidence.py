@@ -1,0 +1,140 @@
+"""Evidence of a hang, captured before anything is killed: Python stacks and process state.
+
+For every pid of the trainer's tree: ``py-spy dump --pid P`` (the Python stack of every
+thread; a rank stuck in a collective shows the call it is stuck in) and psutil's view
+(status, CPU time, threads, command line). The dumps run concurrently under one deadline,
+and nothing here raises: a vanished process, a missing py-spy, a dump that times out or is
+denied ptrace becomes an ``error`` string in that process's entry.
+
+Why threads and ``subprocess.run`` instead of ``asyncio.create_subprocess_exec``: the
+agent reaps its children with its own SIGCHLD handler (``waitpid(-1)``), which fights
+asyncio's child watcher. The reaper may also take py-spy's exit status, so the return code
+can read 0 after a failure: a dump counts only if it printed a stack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+MAX_STACK = 256 * 1024  # characters of py-spy output kept per process
+MAX_THREADS = 16  # concurrent dumps
+
+
+def find_py_spy(name: str = "py-spy") -> str | None:
+    """``name`` on PATH, else next to this Python (a virtualenv's bin/), else None."""
+    found = shutil.which(name)
+    if found:
+        return found
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.is_file() else None
+
+
+async def capture(pids: Sequence[int], deadline_seconds: float,
+                  py_spy: str = "py-spy") -> dict[str, Any]:
+    """Stacks and state of ``pids`` within ``deadline_seconds``; JSON-serialisable::
+
+        {"processes": [{"pid", "name", "cmdline", "status", "num_threads", "cpu_times",
+                        "cpu_percent", "stack", "error"}, ...], "seconds": elapsed}
+    """
+    start = time.monotonic()
+    deadline = start + max(deadline_seconds, 0.0)
+    exe = find_py_spy(py_spy)
+    pids = list(dict.fromkeys(pids))
+    if not pids:
+        return {"processes": [], "seconds": 0.0}
+    loop = asyncio.get_running_loop()
+    pool = ThreadPoolExecutor(max_workers=min(len(pids), MAX_THREADS),
+                              thread_name_prefix="ftagent-evidence")
+    futures = [loop.run_in_executor(pool, _capture_one, pid, exe, deadline) for pid in pids]
+    try:
+        # subprocess.run enforces the deadline; the +1 s only guards against a stuck thread
+        done, _ = await asyncio.wait(futures, timeout=max(deadline - time.monotonic(), 0) + 1.0)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    processes = []
+    for pid, fut in zip(pids, futures, strict=True):
+        if fut in done and fut.exception() is None:
+            processes.append(fut.result())
+        else:
+            entry = _empty(pid)
+            entry["error"] = f"evidence capture did not finish within {deadline_seconds:g}s"
+            processes.append(entry)
+    return {"processes": processes, "seconds": round(time.monotonic() - start, 3)}
+
+
+def _empty(pid: int) -> dict[str, Any]:
+    return {"pid": pid, "name": None, "cmdline": None, "status": None, "num_threads": None,
+            "cpu_times": None, "cpu_percent": None, "stack": None, "error": None}
+
+
+def _capture_one(pid: int, exe: str | None, deadline: float) -> dict[str, Any]:
+    entry = _empty(pid)
+    errors: list[str] = []
+    proc: psutil.Process | None = None
+    before: tuple[float, float] | None = None
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            entry["name"] = proc.name()
+            entry["status"] = proc.status()
+            entry["num_threads"] = proc.num_threads()
+            ct = proc.cpu_times()
+            entry["cpu_times"] = {"user": ct.user, "system": ct.system}
+            before = (time.monotonic(), ct.user + ct.system)
+            entry["cmdline"] = proc.cmdline()
+    except psutil.NoSuchProcess:
+        entry["error"] = "no such process (it exited)"
+        return entry
+    except psutil.AccessDenied as e:
+        errors.append(f"process state: access denied ({e})")
+    except Exception as e:  # noqa: BLE001 - evidence is best effort
+        errors.append(f"process state: {e!r}")
+    entry["stack"], stack_error = _dump(pid, exe, deadline)
+    if stack_error:
+        errors.append(stack_error)
+    if proc is not None and before is not None:
+        try:  # CPU use over the capture window (py-spy pauses the process briefly)
+            ct = proc.cpu_times()
+            window = time.monotonic() - before[0]
+            if window > 0:
+                entry["cpu_percent"] = round(100.0 * (ct.user + ct.system - before[1]) / window, 1)
+        except Exception:  # noqa: BLE001
+            pass
+    entry["error"] = "; ".join(errors) or None
+    return entry
+
+
+def _dump(pid: int, exe: str | None, deadline: float) -> tuple[str | None, str | None]:
+    """(stack, error) from ``py-spy dump --pid``."""
+    if exe is None:
+        return None, "py-spy not found (pip install py-spy, or pass its path)"
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return None, "deadline passed before py-spy could run"
+    try:
+        r = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True,
+                           stdin=subprocess.DEVNULL, timeout=remaining, check=False)
+    except subprocess.TimeoutExpired:
+        return None, f"py-spy dump timed out after {remaining:.1f}s"
+    except OSError as e:
+        return None, f"py-spy could not run: {e}"
+    out = r.stdout.decode("utf-8", "replace").strip()
+    if out:
+        return out[:MAX_STACK], None
+    err = r.stderr.decode("utf-8", "replace").strip().splitlines()
+    why = err[-1] if err else "no output"
+    if "ermission" in why or "ptrace" in why.lower():
+        why += " (py-spy needs ptrace: run the agent as root or add the SYS_PTRACE capability)"
+    if not psutil.pid_exists(pid):
+        why = "no such process (it exited during the dump)"
+    return None, f"py-spy dump failed: {why}"

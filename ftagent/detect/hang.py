@@ -1,0 +1,282 @@
+"""Adaptive hang detection: no step progress within a budget learned from the job itself.
+
+Pure: it takes observations with their ``ts`` (monotonic seconds) and ``tick(now)``;
+it never reads a clock, so tests drive it with synthetic timelines.
+
+The budget for the next step, measured from the last progress (or the end of a phase):
+
+* **warm-up** — the first ``hang_warmup_steps`` steps of every attempt (compilation, data
+  loader start, rendezvous, checkpoint load) get ``hang_first_step_timeout`` each;
+* **learned** — after that, ``max(hang_timeout_min, hang_factor × p(hang_percentile) of the
+  last 200 step intervals, 2 × the longest interval ever survived)``. The last term
+  remembers rare long steps that recur (an undeclared checkpoint every N steps) after
+  they have dropped out of the window. Intervals of warm-up steps, intervals that span
+  a phase and intervals declared a hang are not recorded: they say nothing about a
+  normal step;
+* **in a phase** (checkpoint, eval, from a PhaseMarker) — the phase's own budget,
+  ``max(hang_timeout_min, hang_factor × its longest duration seen)``, or
+  ``hang_phase_timeout`` until one has been seen.
+
+What counts as progress: a ``Progress`` whose step is higher than the last one. A repeated
+step (tqdm redraws, the HF loss dict) or log lines ("waiting for data") are not. A step
+lower than the last counts only after ``REWIND_CONFIRM`` increasing steps (a trainer that
+reloaded an older checkpoint without restarting). Once the SDK has reported a step, log
+progress is ignored: the SDK is exact, log lines are a guess. Phase markers are signs of
+life too: they move the reference point but are never step intervals.
+
+One HANG fault per episode: ``hung`` stays true until progress (or a phase marker, a new
+attempt, the trainer's exit) clears it; the next stall is a new episode. ``TrainerStart``
+starts an attempt over (warm-up again) but keeps everything learned.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from ftagent.config import HangConfig
+from ftagent.model import (
+    Fault,
+    FaultKind,
+    Observation,
+    PhaseMarker,
+    ProcessExit,
+    Progress,
+    Scope,
+    Severity,
+    TrainerStart,
+)
+
+WINDOW = 200  # recent step intervals the percentile is taken over
+LONGEST_MARGIN = 2.0  # a step as long as the longest one survived is not a hang
+REWIND_CONFIRM = 3  # increasing steps below the last one before they count as progress
+FINISH_PHASE = "finish"  # after the last step of a known total, until the trainer exits
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What one observation changed, for metrics (step duration, phase duration)."""
+
+    new_progress: bool = False
+    step_interval: float | None = None  # seconds since the previous step, if a clean one
+    phase: str | None = None  # a phase that ended
+    phase_seconds: float | None = None
+
+
+class HangDetector:
+    """Decides when a trainer is hung; see the module docstring for the rules."""
+
+    def __init__(self, cfg: HangConfig, *, expect_progress: bool = True) -> None:
+        """``expect_progress=False``: do not arm before this agent has seen a first step
+        (log progress on a rank that prints nothing, e.g. Megatron's non-last ranks)."""
+        self.cfg = cfg
+        self.expect_progress = expect_progress
+        self.intervals: deque[float] = deque(maxlen=WINDOW)
+        self.longest = 0.0
+        self.phase_longest: dict[str, float] = {}
+        self.hung = False
+        self.last_step: int | None = None
+        self.attempt = -1
+        self._running = False
+        self._pid: int | None = None
+        self._ever_progress = False
+        self._sdk = False
+        self._pct: float | None = None  # cached percentile, None when stale
+        self._start(0.0)
+        self._running = False
+
+    # ------------------------------------------------------------------ inputs
+
+    def observe(self, obs: Observation) -> Observed | None:
+        if isinstance(obs, TrainerStart):
+            self.attempt = obs.attempt
+            self._pid = obs.pid
+            self._start(obs.ts)
+            return None
+        if isinstance(obs, ProcessExit):
+            if self._pid is None or obs.pid == self._pid:
+                self._running = False
+                self.hung = False
+                self._phases.clear()
+            return None
+        if not self._running:
+            return None  # before the first start or after the exit: late lines
+        if isinstance(obs, Progress):
+            return self._progress(obs)
+        if isinstance(obs, PhaseMarker):
+            return self._phase(obs)
+        return None
+
+    def tick(self, now: float) -> list[Fault]:
+        """The faults due at ``now``: at most one per hang episode."""
+        if self.hung:
+            return []
+        deadline = self.deadline()
+        if deadline is None or now <= deadline:
+            return []
+        self.hung = True
+        return [self._fault(now)]
+
+    # ------------------------------------------------------------------ state for metrics
+
+    def deadline(self) -> float | None:
+        """When a hang will be declared if nothing happens; None when not armed."""
+        if not self._running:
+            return None
+        if self._phases:
+            return max(start + self.phase_budget(name) for name, start in self._phases.items())
+        if not self.expect_progress and not self._ever_progress:
+            return None
+        return self._ref + self.step_budget()
+
+    def budget(self, now: float) -> float:
+        """The budget in force at ``now`` (a phase's or the next step's), in seconds."""
+        phase = self._current_phase()
+        return self.phase_budget(phase) if phase else self.step_budget()
+
+    def seconds_since_progress(self, now: float) -> float:
+        """Since the last step (or the trainer's start); 0 while no trainer runs."""
+        return max(0.0, now - self._last_progress) if self._running else 0.0
+
+    def step_budget(self) -> float:
+        c = self.cfg
+        pct = self.interval_percentile()
+        if pct is None or self._events < c.hang_warmup_steps:
+            return c.hang_first_step_timeout
+        return max(c.hang_timeout_min, c.hang_factor * pct, LONGEST_MARGIN * self.longest)
+
+    def phase_budget(self, phase: str) -> float:
+        learned = self.phase_longest.get(phase)
+        if learned is None:
+            return self.cfg.hang_phase_timeout
+        return max(self.cfg.hang_timeout_min, self.cfg.hang_factor * learned)
+
+    def interval_percentile(self) -> float | None:
+        """The ``hang_percentile`` of recent step intervals (nearest rank), None if none."""
+        if self._pct is None and self.intervals:
+            ordered = sorted(self.intervals)
+            rank = math.ceil(self.cfg.hang_percentile / 100.0 * len(ordered))
+            self._pct = ordered[min(max(rank, 1), len(ordered)) - 1]
+        return self._pct
+
+    # ------------------------------------------------------------------ internals
+
+    def _start(self, ts: float) -> None:
+        self._running = True
+        self.hung = False
+        self.last_step = None
+        self._source = ""
+        self._events = 0  # steps this attempt
+        self._ref = ts  # deadlines count from here (last step, phase end, start)
+        self._last_progress = ts
+        self._tainted = False  # a phase happened since the last step
+        self._phases: dict[str, float] = {}
+        self._rewind: tuple[int, int] | None = None  # (last low step, increasing count)
+
+    def _progress(self, p: Progress) -> Observed | None:
+        if p.source == "sdk":
+            self._sdk = True
+        elif self._sdk:
+            return None
+        if self.last_step is not None and p.step <= self.last_step and (
+                p.step == self.last_step or not self._rewound(p.step)):
+            return None
+        self._rewind = None
+        ts = max(p.ts, self._ref)  # sources may deliver slightly out of order
+        interval = ts - self._ref
+        self._events += 1
+        ended = self._end_all_phases(ts)
+        clean = not self._tainted and not ended and self._events >= 2
+        if clean and not self.hung and self._events > max(self.cfg.hang_warmup_steps, 1):
+            self.intervals.append(interval)
+            self.longest = max(self.longest, interval)
+            self._pct = None
+        self._ref = self._last_progress = ts
+        self.last_step = p.step
+        self._source = p.source
+        self._tainted = False
+        self._ever_progress = True
+        self.hung = False
+        if p.total_steps is not None and p.step >= p.total_steps:
+            # The last step: what follows (final checkpoint, destroy_process_group, exit)
+            # is not a step and gets a phase's budget, or a finished job would be "hung".
+            self._phases.setdefault(FINISH_PHASE, ts)
+        return Observed(new_progress=True, step_interval=interval if clean else None)
+
+    def _rewound(self, step: int) -> bool:
+        if self._rewind is not None and step > self._rewind[0]:
+            self._rewind = (step, self._rewind[1] + 1)
+        else:
+            self._rewind = (step, 1)
+        return self._rewind[1] >= REWIND_CONFIRM
+
+    def _phase(self, m: PhaseMarker) -> Observed | None:
+        ts = max(m.ts, self._ref)
+        self.hung = False
+        self._tainted = True
+        if m.begin:
+            self._phases.setdefault(m.phase, ts)
+            return None
+        self._ref = ts
+        start = self._phases.pop(m.phase, None)
+        if start is None:
+            return None
+        seconds = self._learn_phase(m.phase, ts - start)
+        return Observed(phase=m.phase, phase_seconds=seconds)
+
+    def _end_all_phases(self, ts: float) -> bool:
+        """A step while a phase is open: its end marker went missing; it ended by now."""
+        for name, start in self._phases.items():
+            self._learn_phase(name, ts - start)
+        ended = bool(self._phases)
+        self._phases.clear()
+        return ended
+
+    def _learn_phase(self, name: str, seconds: float) -> float:
+        self.phase_longest[name] = max(self.phase_longest.get(name, 0.0), seconds)
+        return seconds
+
+    def _current_phase(self) -> str | None:
+        if not self._phases:
+            return None
+        return max(self._phases, key=lambda n: self._phases[n] + self.phase_budget(n))
+
+    def _fault(self, now: float) -> Fault:
+        c = self.cfg
+        phase = self._current_phase()
+        budget = self.budget(now)
+        since = now - self._last_progress
+        pct = self.interval_percentile()
+        step = "no step yet" if self.last_step is None else f"last step {self.last_step}"
+        if phase:
+            running = now - self._phases[phase]
+            msg = (f"{phase} phase running for {running:.1f}s, over its budget of "
+                   f"{budget:.1f}s ({step})")
+        elif pct is None or self._events < c.hang_warmup_steps:
+            msg = (f"no step progress for {since:.1f}s during warm-up (budget {budget:.0f}s, "
+                   f"--hang-first-step-timeout; {step})")
+        else:
+            msg = (f"no step progress for {since:.1f}s, over the budget of {budget:.1f}s "
+                   f"({c.hang_factor:g} x p{c.hang_percentile:g} step interval {pct:.3f}s, "
+                   f"floor {c.hang_timeout_min:g}s; {step})")
+        return Fault(
+            kind=FaultKind.HANG,
+            message=msg,
+            severity=Severity.ERROR,
+            scope=Scope.PROCESS,
+            evidence={
+                "last_step": self.last_step,
+                "seconds_since_progress": round(since, 3),
+                "budget_seconds": round(budget, 3),
+                "interval_percentile": c.hang_percentile,
+                "interval_seconds": None if pct is None else round(pct, 6),
+                "longest_interval_seconds": round(self.longest, 6),
+                "intervals_seen": len(self.intervals),
+                "phase": phase,
+                "warmup": self._events < c.hang_warmup_steps or pct is None,
+                "steps_this_attempt": self._events,
+                "attempt": self.attempt,
+                "progress_source": self._source or None,
+            },
+        )

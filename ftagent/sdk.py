@@ -1,0 +1,209 @@
+"""The trainer-side SDK: ``ftagent.step()``, ``ftagent.phase()``, ``ftagent.collective()``.
+
+Exact progress instead of guessing from log lines, phases the hang detector should
+budget separately, and collective timings for bus-bandwidth metrics::
+
+    import ftagent
+    for step in range(start, steps):
+        loss = train_step(batch)
+        ftagent.step(step, loss=loss.item(), samples=batch_size)
+        if step % 1000 == 0:
+            with ftagent.phase("checkpoint"):
+                save(...)
+
+Every call is a no-op when the process does not run under ``ftagent run`` (the agent
+sets ``FTAGENT_SDK_SOCKET``), and nothing here ever raises into the trainer or blocks it:
+each call sends one datagram on a non-blocking unix socket and drops it when the agent
+is gone or its queue is full (``net.unix.max_dgram_qlen`` datagrams, 10 on many
+kernels). A dropped step is superseded by the next one; a phase marker, which nothing
+supersedes, waits up to 5 ms for room first. Only the standard library is imported, so
+``import ftagent`` stays cheap. After ``fork()`` the child opens its own socket
+(``os.register_at_fork``).
+
+Wire format, version 1: one ASCII datagram per call, fields separated by one space,
+``-`` for "not given"; the receiver is ``ftagent/sources/sdk_socket.py``::
+
+    v1 <pid> s <step> <loss> <samples> <tokens>      step completed
+    v1 <pid> p <phase> <1|0>                         phase begins (1) / ends (0)
+    v1 <pid> c <op> <nbytes> <seconds> <world_size>  one timed collective
+
+Numbers are decimal (``repr`` of a float: ``nan`` and ``inf`` allowed for the loss);
+phase and op names have no whitespace (it is replaced by ``_``) and at most 64 bytes.
+A receiver ignores datagrams whose first field it does not know (a future version).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import socket
+import time
+from contextlib import ContextDecorator, suppress
+from typing import Any
+
+ENV = "FTAGENT_SDK_SOCKET"
+VERSION = b"v1"
+RETRY_SECONDS = 1.0  # after the agent was found gone, try to reach it again this often
+PHASE_WAIT = 0.005  # a phase marker waits this long for room in a full queue; steps drop
+NAME_MAX = 64
+
+
+def _num(v: Any) -> bytes:
+    """A number for the wire; ``-`` for None or anything that is not a number. A tensor
+    is converted with ``float()`` (which waits for the device: pass ``loss.item()``)."""
+    if v is None:
+        return b"-"
+    try:
+        return repr(float(v)).encode()
+    except Exception:  # noqa: BLE001 - never raise into the trainer
+        return b"-"
+
+
+def _int(v: Any) -> bytes:
+    if v is None:
+        return b"-"
+    try:
+        return b"%d" % int(v)
+    except Exception:  # noqa: BLE001
+        return b"-"
+
+
+def _name(v: Any) -> bytes:
+    try:
+        name = "_".join(str(v).split())[:NAME_MAX] or "_"
+    except Exception:  # noqa: BLE001 - a __str__ that raises
+        name = "_"
+    return name.encode("utf-8", "replace")[:NAME_MAX]
+
+
+class _Client:
+    """The one connection of this process to its agent (see STYLE.md: the SDK's client
+    is the only module-level mutable state)."""
+
+    __slots__ = ("path", "sock", "prefix", "retry_at")
+
+    def __init__(self) -> None:
+        self.path: str | None = os.environ.get(ENV) or None
+        self.sock: socket.socket | None = None
+        self.prefix = b""
+        self.retry_at = 0.0
+
+    def ready(self) -> bool:
+        """Connected, or connected now if the agent is configured and it is time to try.
+        Checked before formatting, so a trainer without an agent pays almost nothing."""
+        return self.sock is not None or (self.path is not None and self._connect())
+
+    def send(self, payload: bytes, wait: float = 0.0) -> None:
+        """Send one datagram; if the agent's queue is full, wait up to ``wait`` seconds
+        for room (phase markers), else drop it (steps: the next one supersedes it)."""
+        sock = self.sock
+        if sock is None:
+            return
+        try:
+            try:
+                sock.send(self.prefix + payload)
+            except (BlockingIOError, InterruptedError):
+                if wait <= 0 or not select.select((), (sock,), (), wait)[1]:
+                    return  # dropped; the connection stays
+                sock.send(self.prefix + payload)
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError as e:
+            if e.errno != errno.ENOBUFS:  # transient; anything else: the agent is gone
+                self.close(retry=True)
+        except Exception:  # noqa: BLE001 - never raise into the trainer
+            pass
+
+    def _connect(self) -> bool:
+        if time.monotonic() < self.retry_at:
+            return False
+        try:
+            sock = socket.socket(socket.AF_UNIX,
+                                 socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+        except OSError:
+            self.retry_at = time.monotonic() + RETRY_SECONDS
+            return False
+        try:
+            sock.connect(self.path or "")
+        except OSError:
+            sock.close()
+            self.retry_at = time.monotonic() + RETRY_SECONDS
+            return False
+        self.sock = sock
+        self.prefix = VERSION + b" %d " % os.getpid()
+        return True
+
+    def close(self, retry: bool = False) -> None:
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            with suppress(OSError):
+                sock.close()
+        self.retry_at = time.monotonic() + RETRY_SECONDS if retry else 0.0
+
+    def after_fork(self) -> None:
+        """In a forked child: its own socket, its own pid in the prefix, the current env."""
+        self.close()
+        self.path = os.environ.get(ENV) or None
+
+
+_client = _Client()
+os.register_at_fork(after_in_child=_client.after_fork)
+
+
+def reconnect() -> None:
+    """Re-read ``FTAGENT_SDK_SOCKET`` and reconnect on the next call (after changing the
+    environment in-process; a forked child does this by itself)."""
+    _client.after_fork()
+
+
+def step(n: int, loss: float | None = None, samples: int | None = None,
+         tokens: int | None = None) -> None:
+    """Step ``n`` completed (with its loss, and the samples/tokens it processed)."""
+    if not _client.ready():
+        return
+    try:
+        try:  # the common case, formatted in one go
+            msg = b"s %d %b %b %b" % (n, b"-" if loss is None else b"%r" % float(loss),
+                                       b"-" if samples is None else b"%d" % samples,
+                                       b"-" if tokens is None else b"%d" % tokens)
+        except Exception:  # noqa: BLE001 - odd types: field by field, "-" for bad ones
+            msg = b"s %s %s %s %s" % (_int(n), _num(loss), _int(samples), _int(tokens))
+        _client.send(msg)
+    except Exception:  # noqa: BLE001 - never raise into the trainer
+        pass
+
+
+class phase(ContextDecorator):  # noqa: N801 - used like a function: with ftagent.phase(...)
+    """A long phase the hang detector budgets on its own (checkpoint, eval)::
+
+        with ftagent.phase("checkpoint"):
+            save()
+
+        @ftagent.phase("eval")
+        def evaluate(): ...
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = _name(name)
+
+    def __enter__(self) -> phase:
+        if _client.ready():
+            _client.send(b"p %s 1" % self.name, PHASE_WAIT)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if _client.ready():
+            _client.send(b"p %s 0" % self.name, PHASE_WAIT)
+
+
+def collective(op: str, nbytes: int, seconds: float, world_size: int) -> None:
+    """One timed collective (``all_reduce``, ``all_gather``, ...) of ``nbytes`` bytes (for
+    all_gather / reduce_scatter: the total over ranks, as nccl-tests counts it)."""
+    if not _client.ready():
+        return
+    try:  # noqa: SIM105 - hot path: a try costs nothing, suppress() a context manager
+        _client.send(b"c %s %s %s %s" % (_name(op), _int(nbytes), _num(seconds),
+                                         _int(world_size)))
+    except Exception:  # noqa: BLE001
+        pass
