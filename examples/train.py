@@ -123,7 +123,7 @@ def main() -> int:
             log(f" iteration {step:8d}/{steps:8d} | consumed samples: {step * batch * WORLD} | "
                 f"elapsed time per iteration (ms): {dt * 1000:.1f} | lm loss: {value:.6E} |")
         else:
-            log(f"step={step} loss={value:.4f} samples_per_second={batch / dt:.1f}")
+            log(f"step={step}/{steps} loss={value:.4f} samples_per_second={batch / dt:.1f}")
         if sdk is not None:
             sdk.step(step, loss=value, samples=batch)
         if ckpt_every and step % ckpt_every == 0 and step < steps:

@@ -110,6 +110,7 @@ class Progress:
     samples: int | None = None  # samples in this step (SDK)
     tokens: int | None = None  # tokens in this step (SDK)
     step_seconds: float | None = None  # the trainer's own measurement, if it prints one
+    total_steps: int | None = None  # the run's last step, when the trainer prints N/total
     source: str = "log"  # "log" | "sdk" | the log format's name
     ts: float = 0.0
 

@@ -20,31 +20,9 @@ from ftagent.model import (
     TrainerStart,
     TrainerState,
 )
+from ftagent.sources.sdk_socket import busbw
 
 log = logging.getLogger("ftagent.metrics")
-
-# nccl-tests bus-bandwidth factors (doc/PERFORMANCE.md), as functions of the rank count n.
-BUSBW_FACTORS = {
-    "all_reduce": lambda n: 2 * (n - 1) / n,
-    "reduce_scatter": lambda n: (n - 1) / n,
-    "all_gather": lambda n: (n - 1) / n,
-    "all_to_all": lambda n: (n - 1) / n,
-    "broadcast": lambda n: 1.0,
-    "reduce": lambda n: 1.0,
-}
-
-
-def bus_bandwidth(op: str, nbytes: int, seconds: float, n: int) -> tuple[float, float]:
-    """(algbw, busbw) in bytes/s for one collective, as nccl-tests reports them."""
-    if seconds <= 0 or n <= 0:
-        return 0.0, 0.0
-    algbw = nbytes / seconds
-    factor = BUSBW_FACTORS.get(op.lower().replace("allreduce", "all_reduce")
-                               .replace("allgather", "all_gather")
-                               .replace("reducescatter", "reduce_scatter"),
-                               lambda n: 1.0)(n)
-    return algbw, algbw * factor
-
 
 class MetricsSink:
     def __init__(self, metrics: AgentMetrics) -> None:
@@ -82,11 +60,11 @@ class MetricsSink:
                 m.phase_duration.labels(**m.labels(phase=obs.phase)).observe(obs.ts - began)
                 self._last_step_ts = obs.ts  # the next interval starts after the phase
         elif isinstance(obs, CollectiveSample):
-            algbw, busbw = bus_bandwidth(obs.op, obs.nbytes, obs.seconds, obs.world_size)
+            algbw, bus = busbw(obs.op, obs.nbytes, obs.seconds, obs.world_size)
             op = obs.op
             m.collective_seconds.labels(**m.labels(op=op)).observe(obs.seconds)
             m.collective_algbw.labels(**m.labels(op=op)).set(algbw)
-            m.collective_busbw.labels(**m.labels(op=op)).set(busbw)
+            m.collective_busbw.labels(**m.labels(op=op)).set(bus)
         elif isinstance(obs, TrainerStart):
             m.trainer_running.set(1)
             m.generation.set(obs.generation)

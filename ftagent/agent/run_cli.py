@@ -83,7 +83,7 @@ def setup_logging(level: str, rank: int) -> None:
         datefmt="%H:%M:%S", stream=sys.stderr)
 
 
-def build_agent(cfg: RunConfig, environ: Mapping[str, str]) -> Agent:
+def build_agent(cfg: RunConfig, environ: Mapping[str, str], rundir: str) -> Agent:
     agent = Agent(cfg, environ)
     ids = cfg.identity
     labels = {"job": ids.job, "namespace": ids.namespace, "pod": ids.pod, "node": ids.node,
@@ -94,9 +94,42 @@ def build_agent(cfg: RunConfig, environ: Mapping[str, str]) -> Agent:
     agent.observers.append(sink)
     agent.fault_hooks.append(sink.on_fault)
     agent.metrics = metrics  # type: ignore[attr-defined]
+    add_progress(agent, cfg, metrics, rundir)
     add_nic(agent, cfg, environ, registry, labels)
     start_metrics(cfg, registry, agent)
     return agent
+
+
+def add_progress(agent: Agent, cfg: RunConfig, metrics: AgentMetrics, rundir: str) -> None:
+    """Step progress from the trainer's log lines and/or the SDK, and the hang detector."""
+    from ftagent.agent.hang_watch import HangWatch, evidence_hook
+    from ftagent.detect.hang import HangDetector
+    from ftagent.sources.progress import LogProgress
+    from ftagent.sources.sdk_socket import SdkSocketSource
+
+    mode = cfg.hang.progress
+    if mode == "none":  # parameter servers, launchers: supervised for crashes only
+        return
+    parser = None
+    if mode in ("auto", "log"):
+        parser = LogProgress(cfg.hang.progress_regex)
+
+        def on_lines(stream: str, lines: list[bytes], ts: float, p: LogProgress = parser) -> None:
+            for obs in p.parse_lines(lines, ts):
+                agent.observe(obs)
+
+        agent.line_handlers.append(on_lines)
+    if mode in ("auto", "sdk"):
+        sdk = SdkSocketSource(os.path.join(rundir, "sdk.sock"))
+        try:
+            sdk.bind()
+        except OSError as e:
+            log.warning("SDK socket unavailable (%s); progress from logs only", e)
+        else:
+            agent.sources.append(sdk)
+            agent.extra_env["FTAGENT_SDK_SOCKET"] = sdk.path
+    agent.detectors.append(HangWatch(HangDetector(cfg.hang), metrics, parser))
+    agent.evidence = evidence_hook(cfg.hang.hang_dump_timeout, agent.tail)
 
 
 def add_nic(agent: Agent, cfg: RunConfig, environ: Mapping[str, str],
@@ -144,9 +177,7 @@ def main(argv: Sequence[str]) -> int:
     setup_logging(cfg.supervisor.log_level, cfg.identity.rank)
     rundir = tempfile.mkdtemp(prefix="ftagent-")
     try:
-        agent = build_agent(cfg, environ)
-        if cfg.hang.progress in ("auto", "sdk"):
-            agent.extra_env["FTAGENT_SDK_SOCKET"] = os.path.join(rundir, "sdk.sock")
+        agent = build_agent(cfg, environ, rundir)
         return asyncio.run(agent.run())
     finally:
         shutil.rmtree(rundir, ignore_errors=True)

@@ -1,0 +1,56 @@
+"""Adapts the pure hang detector to the running agent.
+
+The detector (``detect/hang.py``) only computes; this adapter feeds it, asks it for
+faults on the agent's tick, exposes its state as scrape-time gauges, and captures the
+evidence (py-spy stacks of the whole trainer tree, process states, last lines) *before*
+the policy acts on a hang — once the trainer is killed, that evidence is gone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+from ftagent.agent import evidence
+from ftagent.detect.hang import HangDetector
+from ftagent.metrics import AgentMetrics
+from ftagent.model import Fault, Observation, TrainerStart
+from ftagent.sources.progress import LogProgress
+
+
+class HangWatch:
+    def __init__(self, detector: HangDetector, metrics: AgentMetrics | None = None,
+                 parser: LogProgress | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.detector = detector
+        self.parser = parser
+        self.clock = clock
+        if metrics is not None:
+            metrics.seconds_since_progress.set_function(
+                lambda: detector.seconds_since_progress(clock()))
+            metrics.hang.set_function(lambda: float(detector.hung))
+            metrics.hang_budget.set_function(lambda: detector.budget(clock()))
+
+    def observe(self, obs: Observation) -> list[Fault]:
+        if isinstance(obs, TrainerStart) and self.parser is not None:
+            self.parser.reset()
+        self.detector.observe(obs)
+        return []
+
+    def tick(self, now: float) -> list[Fault]:
+        return self.detector.tick(now)
+
+
+def evidence_hook(dump_timeout: float, tail: Callable[[], list[str]]
+                  ) -> Callable[[Fault, Sequence[int]], object]:
+    """The agent's ``evidence`` hook: stacks and states of ``pids`` added to the fault."""
+
+    async def enrich(fault: Fault, pids: Sequence[int]) -> Fault:
+        captured = await evidence.capture(pids, dump_timeout)
+        extra = {"processes": captured.get("processes", []),
+                 "stack_capture_seconds": captured.get("seconds"),
+                 "last_lines": tail()}
+        return dataclasses.replace(fault, evidence={**fault.evidence, **extra})
+
+    return enrich
