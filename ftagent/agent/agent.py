@@ -18,7 +18,6 @@ import contextlib
 import logging
 import signal
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -26,6 +25,7 @@ from ftagent.agent import supervisor
 from ftagent.agent.events import EventsFile
 from ftagent.agent.local_policy import decide
 from ftagent.agent.supervisor import ChildReaper, SpawnError, TrainerProcess
+from ftagent.agent.tee import LastLines
 from ftagent.config import RunConfig
 from ftagent.model import (
     Action,
@@ -68,7 +68,7 @@ class Agent:
         sup = cfg.supervisor
         self.events = EventsFile(sup.events_file, {"rank": self.ident.rank,
                                                    "job": self.ident.job})
-        self.last_lines: deque[tuple[str, bytes]] = deque(maxlen=sup.log_lines)
+        self.last_lines = LastLines(sup.log_lines)
         self.reaper = ChildReaper()
         self.actions: asyncio.Queue[Action] = asyncio.Queue()
         self.sources: list[Source] = []
@@ -147,7 +147,7 @@ class Agent:
 
     def on_lines(self, stream: str, lines: list[bytes], ts: float) -> None:
         """Called on the loop with lines split off the trainer's output."""
-        self.last_lines.extend((stream, ln) for ln in lines)
+        self.last_lines.add(stream, lines)
         for h in self.line_handlers:
             try:
                 h(stream, lines, ts)
@@ -170,7 +170,7 @@ class Agent:
                 self._spawn(self.raise_fault(f))
 
     def tail(self, n: int = EVIDENCE_LINES) -> list[str]:
-        lines = list(self.last_lines)[-n:]
+        lines = self.last_lines.tail(n)
         return [f"{s}: {b.decode('utf-8', 'replace')}" if s == "stderr"
                 else b.decode("utf-8", "replace") for s, b in lines]
 

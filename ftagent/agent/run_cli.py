@@ -30,6 +30,7 @@ from ftagent.config import (
     split_command,
 )
 from ftagent.metrics import AgentMetrics
+from ftagent.model import PhaseMarker, Progress
 
 log = logging.getLogger("ftagent")
 
@@ -115,7 +116,7 @@ def add_progress(agent: Agent, cfg: RunConfig, metrics: AgentMetrics, rundir: st
         parser = LogProgress(cfg.hang.progress_regex)
 
         def on_lines(stream: str, lines: list[bytes], ts: float, p: LogProgress = parser) -> None:
-            for obs in p.parse_lines(lines, ts):
+            for obs in latest_progress(p.parse_lines(lines, ts)):
                 agent.observe(obs)
 
         agent.line_handlers.append(on_lines)
@@ -148,6 +149,15 @@ def add_nic(agent: Agent, cfg: RunConfig, environ: Mapping[str, str],
     agent.sources += [nic, rdma]
     agent.detectors.append(detector)
     registry.register(NicCollector(labels, nic.snapshot, rdma.snapshot))
+
+
+def latest_progress(batch: list[Progress | PhaseMarker]) -> list[Progress | PhaseMarker]:
+    """Lines read together share one timestamp, so of consecutive steps in a batch only
+    the last carries information (their zero intervals are pipe buffering, not steps);
+    phase markers keep their place between them."""
+    return [o for i, o in enumerate(batch)
+            if not (isinstance(o, Progress) and i + 1 < len(batch)
+                    and isinstance(batch[i + 1], Progress))]
 
 
 def start_metrics(cfg: RunConfig, registry: CollectorRegistry, agent: Agent) -> None:

@@ -21,6 +21,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 
 log = logging.getLogger("ftagent.tee")
@@ -53,34 +54,67 @@ class LineSplitter:
         self._overflow = False  # dropping the rest of an over-long line
 
     def feed(self, data: bytes) -> list[bytes]:
+        # Every step is a C-level bytes/list operation: this runs for every byte the
+        # trainer prints, and a per-line Python loop would cost more than the parsers.
         if b"\r" in data:
             data = data.replace(b"\r", b"\n")
         parts = data.split(b"\n")
         tail = parts.pop()  # bytes after the last terminator (maybe b"")
-        out: list[bytes] = []
-        for i, part in enumerate(parts):
-            if i == 0 and (self._partial or self._overflow):
-                line = bytes(self._partial + part[: max(0, self.max_line - len(self._partial))])
-                self._partial.clear()
-                self._overflow = False
-            else:
-                line = part[: self.max_line]
-            if line:
-                out.append(line)
-        if parts:  # a terminator was seen: the tail starts a new line
-            self._partial = bytearray(tail[: self.max_line])
-            self._overflow = len(tail) > self.max_line
-        elif not self._overflow:
-            room = self.max_line - len(self._partial)
-            self._partial += tail[:room]
-            self._overflow = len(tail) > room
-        return out
+        if not parts:  # no terminator in this chunk: the line goes on
+            if not self._overflow:
+                room = self.max_line - len(self._partial)
+                self._partial += tail[:room]
+                self._overflow = len(tail) > room
+            return []
+        if self._partial or self._overflow:
+            room = max(0, self.max_line - len(self._partial))
+            parts[0] = bytes(self._partial + parts[0][:room])
+            self._partial.clear()
+        if max(map(len, parts)) > self.max_line:
+            parts = [p[: self.max_line] for p in parts]
+        if b"" in parts:
+            parts = [p for p in parts if p]
+        self._partial = bytearray(tail[: self.max_line])
+        self._overflow = len(tail) > self.max_line
+        return parts
 
     def flush(self) -> list[bytes]:
         line = bytes(self._partial)
         self._partial.clear()
         self._overflow = False
         return [line] if line else []
+
+
+class LastLines:
+    """The last ``n`` lines of output as evidence, kept as the batches they arrived in.
+
+    Storing batches (not a tuple per line) keeps the hot path at one append per read;
+    memory stays bounded: at most ``2n`` lines of at most ``max_line`` bytes each.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = max(1, n)
+        self._batches: deque[tuple[str, list[bytes]]] = deque()
+        self._count = 0
+
+    def add(self, stream: str, lines: list[bytes]) -> None:
+        if len(lines) > self.n:
+            lines = lines[-self.n:]
+        self._batches.append((stream, lines))
+        self._count += len(lines)
+        while self._batches and self._count - len(self._batches[0][1]) >= self.n:
+            self._count -= len(self._batches.popleft()[1])
+
+    def tail(self, k: int) -> list[tuple[str, bytes]]:
+        """The last ``min(k, n)`` lines, oldest first, with their stream."""
+        k = min(k, self.n)
+        out: list[tuple[str, bytes]] = []
+        for stream, lines in reversed(self._batches):
+            for line in reversed(lines):
+                if len(out) >= k:
+                    return out[::-1]
+                out.append((stream, line))
+        return out[::-1]
 
 
 class OutputPump(threading.Thread):

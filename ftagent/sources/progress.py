@@ -51,6 +51,7 @@ _RUNNING_NEEDLES: tuple[str, ...] = tuple(dict.fromkeys(
     ALWAYS_NEEDLES + tuple(n for f in FORMATS for n in f.needles)))
 _STARTUP_NEEDLES: tuple[str, ...] = tuple(dict.fromkeys(
     _RUNNING_NEEDLES + tuple(n for f in FORMATS for n in f.startup)))
+MARKERS_FORMAT = "megatron"  # parses the checkpoint markers, whatever the format
 _DISPATCH: tuple[tuple[LogFormat, tuple[str, ...]], ...] = tuple(
     (f, f.needles + f.startup) for f in FORMATS)
 
@@ -114,6 +115,7 @@ class LogProgress:
         self._steps = 0
         self._families: set[str] = set()
         self._locked: tuple[str, ...] | None = None
+        self._locked_dispatch: tuple[tuple[LogFormat, tuple[str, ...]], ...] = _DISPATCH
         self._last_step_ts = float("-inf")
 
     @property
@@ -123,9 +125,18 @@ class LogProgress:
 
     def needles(self, ts: float) -> tuple[str, ...]:
         """The substrings a line must contain to be parsed at all, at time ``ts``."""
-        if self._locked is not None and ts - self._last_step_ts <= UNLOCK_AFTER:
-            return self._locked
+        if self._is_locked(ts):
+            return self._locked  # type: ignore[return-value]
         return _RUNNING_NEEDLES if self._steps else _STARTUP_NEEDLES
+
+    def _is_locked(self, ts: float) -> bool:
+        return self._locked is not None and ts - self._last_step_ts <= UNLOCK_AFTER
+
+    def _dispatch(self, ts: float) -> tuple[tuple[LogFormat, tuple[str, ...]], ...]:
+        """The parsers to try, in order: once the format is known, its family's (and the
+        checkpoint markers') first, so a step line stops at the first parser instead of
+        running every other format's regex; the rest still follow for mixed logs."""
+        return self._locked_dispatch if self._is_locked(ts) else _DISPATCH
 
     def parse(self, line: bytes, ts: float) -> Progress | PhaseMarker | None:
         """One line (bytes, no terminator) → at most one observation."""
@@ -182,7 +193,7 @@ class LogProgress:
             if "\x1b" in text:
                 text = ANSI_RE.sub("", text)
             text = text.strip()
-            for fmt, needles in _DISPATCH:
+            for fmt, needles in self._dispatch(ts):
                 for n in needles:
                     if n in text:
                         obs = fmt.parse(text, ts, self.state)
@@ -208,6 +219,9 @@ class LogProgress:
             fams = self._families
             self._locked = tuple(dict.fromkeys(ALWAYS_NEEDLES + tuple(
                 n for f in FORMATS if f.family in fams for n in f.needles)))
+            first = tuple((f, n) for f, n in _DISPATCH
+                          if f.family in fams or f.name == MARKERS_FORMAT)
+            self._locked_dispatch = first + tuple(d for d in _DISPATCH if d not in first)
 
     def _skip(self, raw: bytes, why: str) -> None:
         self.skipped += 1

@@ -36,3 +36,14 @@ def test_fatal_gpu_replaces_and_nic_alerts() -> None:
     a = decide(g, **kw)  # type: ignore[arg-type]
     assert a.kind == ActionKind.REPLACE and a.exit_code == EXIT_REPLACE
     assert decide(Fault(FaultKind.NIC, "eth0 down"), **kw).kind == ActionKind.ALERT_ONLY  # type: ignore[arg-type]
+
+
+def test_latest_progress_keeps_last_step_of_each_run_and_all_markers() -> None:
+    from ftagent.agent.run_cli import latest_progress
+    from ftagent.model import PhaseMarker, Progress
+
+    p = [Progress(step=i, ts=1.0) for i in range(5)]
+    m = PhaseMarker("checkpoint", True, ts=1.0)
+    assert latest_progress([p[0], p[1], m, p[2], p[3], p[4]]) == [p[1], m, p[4]]
+    assert latest_progress([]) == []
+    assert latest_progress([m]) == [m]
