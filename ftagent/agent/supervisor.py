@@ -6,9 +6,9 @@ Three kernel features carry this module:
   worker, a process that called ``setsid`` to escape its group) is re-parented to the
   agent instead of PID 1. So "the trainer's tree" is simply *every descendant of the
   agent*, found with psutil even after middle processes died, and nothing escapes a stop.
-* ``PR_SET_PDEATHSIG(SIGKILL)`` in the trainer: if the agent is SIGKILLed (OOM killer,
-  ``kubectl delete --grace-period=0``) the kernel kills the trainer, which would otherwise
-  run on unsupervised holding its GPUs.
+* ``PR_SET_PDEATHSIG(SIGKILL)`` in the trainer (set by ``EXEC_SHIM`` before it execs the
+  command): if the agent is SIGKILLed (OOM killer, ``kubectl delete --grace-period=0``)
+  the kernel kills the trainer, which would otherwise run on unsupervised holding GPUs.
 * One SIGCHLD handler that reaps *every* child with ``waitpid(-1)``: the trainer (its
   status resolves the future returned by :meth:`ChildReaper.watch`) and the orphans the
   sub-reaper adopts, which would otherwise stay zombies — exactly what PID 1 in a
@@ -24,8 +24,10 @@ import contextlib
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 
@@ -108,28 +110,48 @@ class SpawnError(Exception):
         self.exit_status = exit_status
 
 
+# Runs in the trainer's process before it becomes the trainer: set the death signal, make
+# sure the agent did not die first, then exec the command (PDEATHSIG survives exec).
+# A separate tiny interpreter (-I: isolated from the trainer's PYTHON* variables, -S: no
+# site) instead of ``preexec_fn``: Python code between fork and exec in a process that has
+# threads (gRPC's, the output pumps) can deadlock or crash, and did (SIGSEGV with gRPC).
+EXEC_SHIM = """
+import ctypes, os, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, 9, 0, 0, 0)
+if os.getppid() != int(sys.argv[1]):
+    os._exit(137)
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as e:
+    sys.stderr.write("ftagent: cannot start %s: %s\\n" % (sys.argv[2], e.strerror))
+    os._exit(127 if isinstance(e, FileNotFoundError) else 126)
+"""
+
+
+def resolve(command: Sequence[str], env: Mapping[str, str]) -> str:
+    """The executable ``command[0]`` names, checked now so the error is clear and at once."""
+    name = command[0]
+    path = name if "/" in name else shutil.which(name, path=env.get("PATH", os.defpath))
+    if path is None or not os.path.exists(path):
+        raise SpawnError(f"command not found: {name}", 127)
+    if os.path.isdir(path) or not os.access(path, os.X_OK):
+        raise SpawnError(f"permission denied: {name} is not an executable file", 126)
+    return path
+
+
 def spawn(command: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
     """Start ``command`` in its own session with pipes for stdout/stderr.
 
     Its own session (and so process group) lets the agent signal the whole group at once
     and keeps a terminal's Ctrl-C going to the agent, which decides what to forward.
     """
-    parent = os.getpid()
-
-    def child_setup() -> None:  # runs in the child between fork and exec
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the agent died before prctl took effect
-            os._exit(128 + signal.SIGKILL)
-
+    resolve(command, env)
+    shim = [sys.executable, "-I", "-S", "-c", EXEC_SHIM, str(os.getpid()), *command]
     try:
         return subprocess.Popen(
-            list(command), env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            start_new_session=True, preexec_fn=child_setup, close_fds=True,
+            shim, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True, close_fds=True,
         )
-    except FileNotFoundError:
-        raise SpawnError(f"command not found: {command[0]}", 127) from None
-    except PermissionError:
-        raise SpawnError(f"permission denied: {command[0]}", 126) from None
     except OSError as e:
         raise SpawnError(f"cannot start {command[0]}: {e.strerror or e}", 126) from None
 
