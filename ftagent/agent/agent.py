@@ -190,8 +190,11 @@ class Agent:
                 hook(fault)
             except Exception:
                 log.exception("fault hook failed")
-        if self.decide_remotely(fault):
-            return
+        if not self.decide_remotely(fault):
+            self.decide_locally(fault)
+
+    def decide_locally(self, fault: Fault) -> None:
+        """The local policy's action for ``fault`` goes on the action queue."""
         action = decide(fault, restarts_done=self.restarts,
                         max_restarts=self.cfg.supervisor.max_restarts,
                         backoff_base=self.cfg.supervisor.restart_backoff,
@@ -228,6 +231,7 @@ class Agent:
                 return exit_.exit_status
             if action.kind == ActionKind.RESTART:
                 self.restarts += 1
+                # the arbiter names the job's new generation; a local restart counts up
                 self.generation = max(self.generation + 1, action.generation)
                 self._set_state(TrainerState.RESTARTING, reason=action.reason,
                                 backoff_seconds=action.backoff_seconds)

@@ -41,6 +41,10 @@ class HangWatch:
     def tick(self, now: float) -> list[Fault]:
         return self.detector.tick(now)
 
+    def state(self) -> tuple[float, bool]:
+        """(seconds since progress, hung) now: what the arbiter's summaries carry."""
+        return self.detector.seconds_since_progress(self.clock()), self.detector.hung
+
 
 def evidence_hook(dump_timeout: float, tail: Callable[[], list[str]]
                   ) -> Callable[[Fault, Sequence[int]], object]:

@@ -85,7 +85,13 @@ def setup_logging(level: str, rank: int) -> None:
 
 
 def build_agent(cfg: RunConfig, environ: Mapping[str, str], rundir: str) -> Agent:
-    agent = Agent(cfg, environ)
+    """Raises ConfigError for settings only checkable here (e.g. TLS files)."""
+    if cfg.arbiter.arbiter:
+        from ftagent.agent.arbitrated import ArbitratedAgent
+
+        agent: Agent = ArbitratedAgent(cfg, environ)
+    else:
+        agent = Agent(cfg, environ)
     ids = cfg.identity
     labels = {"job": ids.job, "namespace": ids.namespace, "pod": ids.pod, "node": ids.node,
               "rank": str(ids.rank)}
@@ -129,7 +135,10 @@ def add_progress(agent: Agent, cfg: RunConfig, metrics: AgentMetrics, rundir: st
         else:
             agent.sources.append(sdk)
             agent.extra_env["FTAGENT_SDK_SOCKET"] = sdk.path
-    agent.detectors.append(HangWatch(HangDetector(cfg.hang), metrics, parser))
+    watch = HangWatch(HangDetector(cfg.hang), metrics, parser)
+    agent.detectors.append(watch)
+    if hasattr(agent, "hang_state"):  # the arbiter's progress summaries carry it
+        agent.hang_state = watch.state
     agent.evidence = evidence_hook(cfg.hang.hang_dump_timeout, agent.tail)
 
 
@@ -187,7 +196,11 @@ def main(argv: Sequence[str]) -> int:
     setup_logging(cfg.supervisor.log_level, cfg.identity.rank)
     rundir = tempfile.mkdtemp(prefix="ftagent-")
     try:
-        agent = build_agent(cfg, environ, rundir)
+        try:
+            agent = build_agent(cfg, environ, rundir)
+        except ConfigError as e:
+            sys.stderr.write(f"ftagent run: error: {e} (see ftagent run --help)\n")
+            return 2
         return asyncio.run(agent.run())
     finally:
         shutil.rmtree(rundir, ignore_errors=True)

@@ -1,0 +1,186 @@
+"""The agent when an arbiter decides for the job (``ftagent run --arbiter HOST:PORT``).
+
+What changes against the local agent, and only this:
+
+* **Barrier**: before every (re)start the agent arrives at the job barrier of its
+  generation once its previous trainer has fully exited, and starts only when the arbiter
+  releases it, so every rank starts together and no new trainer meets the previous
+  attempt's rendezvous store.
+* **Decisions**: faults go to the arbiter, whose commands (RESTART, STOP, REPLACE,
+  DUMP_STACKS) become the agent's actions. The restart budget is the job's.
+* **Fail open**: if the arbiter is unreachable — at start, during a barrier, or while a
+  decision is awaited — for longer than ``FAIL_OPEN_AFTER`` seconds, the agent goes on
+  alone: it starts the trainer, and its local policy decides about faults. Faults stay
+  queued in the link and reach the arbiter when it is back (exactly once, by id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+
+from ftagent.agent import supervisor
+from ftagent.agent.agent import Agent
+from ftagent.agent.evidence import capture
+from ftagent.agent.reporter import ArbiterLink
+from ftagent.config import RunConfig
+from ftagent.model import (
+    Action,
+    ActionKind,
+    Fault,
+    Observation,
+    ProcessExit,
+    Progress,
+    TrainerState,
+)
+
+log = logging.getLogger("ftagent.arbitrated")
+
+FAIL_OPEN_AFTER = 15.0  # seconds without an arbiter before the agent decides alone
+POLL = 0.25
+
+
+class ArbitratedAgent(Agent):
+    def __init__(self, cfg: RunConfig, environ: Mapping[str, str]) -> None:
+        super().__init__(cfg, environ)
+        self.link = ArbiterLink(cfg.arbiter, cfg.identity,
+                                max_restarts=cfg.supervisor.max_restarts or None,
+                                alert_only=cfg.hang.hang_action == "alert")
+        self.hang_state: Callable[[], tuple[float, bool]] = lambda: (0.0, False)
+        self._undecided: Fault | None = None
+        self._offline_since: float | None = None
+        self.observers.append(_LinkObserver(self))
+
+    async def run(self) -> int:
+        link_task = asyncio.create_task(self.link.run())
+        forward = asyncio.create_task(self._forward_commands())
+        try:
+            code = await super().run()
+        finally:
+            await self._flush(2.0)
+            forward.cancel()
+            await self.link.close()
+            link_task.cancel()
+            await asyncio.gather(link_task, forward, return_exceptions=True)
+        return code
+
+    async def _forward_commands(self) -> None:
+        while True:
+            action = await self.link.commands.get()
+            self._undecided = None
+            self.actions.put_nowait(action)
+
+    # ------------------------------------------------------------------ hooks of Agent
+
+    async def before_start(self) -> Action | None:
+        """Meet the other ranks at the barrier of this generation (or fail open)."""
+        gen = self.generation
+        if not await self._online(FAIL_OPEN_AFTER):
+            log.warning("no arbiter after %.0fs: starting generation %d without the barrier",
+                        FAIL_OPEN_AFTER, gen)
+            return None
+        self.link.arrive(gen)
+        self.events.write("state", "barrier", f"waiting at the barrier of generation {gen}",
+                          generation=gen)
+        t0 = time.monotonic()
+        while True:
+            if await self.link.wait_released(gen, POLL):
+                self.generation = max(gen, self.link.released_generation)
+                self.events.write("state", "released",
+                                  f"barrier of generation {gen} released",
+                                  generation=self.generation,
+                                  barrier_seconds=round(time.monotonic() - t0, 3))
+                return None
+            if self.stop_signal is not None:
+                return None
+            decisive = self._take_decisive()
+            if decisive is not None:
+                if decisive.kind == ActionKind.RESTART and decisive.generation > gen:
+                    gen = self.generation = decisive.generation
+                    self.link.arrive(gen)
+                    continue
+                if decisive.kind in (ActionKind.STOP, ActionKind.REPLACE):
+                    self._record_action(decisive)
+                    return decisive
+            if not self._still_online():
+                log.warning("arbiter unreachable for %.0fs during the barrier: starting "
+                            "generation %d alone", FAIL_OPEN_AFTER, gen)
+                return None
+
+    def decide_remotely(self, fault: Fault) -> bool:
+        self.link.report_fault(fault, generation=self.generation)
+        if fault.evidence.get("recovered"):
+            return True  # an all-clear: the arbiter may act on it, locally nothing to do
+        if not self.link.connected:
+            return False  # fail open: queued for the arbiter, the local policy decides now
+        self._undecided = fault
+        self._spawn(self._decision_watchdog(fault))
+        return True
+
+    async def _decision_watchdog(self, fault: Fault) -> None:
+        """If the arbiter goes away before answering, decide locally after all."""
+        while self._undecided is fault:
+            await asyncio.sleep(POLL)
+            if self._undecided is fault and not self._still_online():
+                log.warning("arbiter gone before deciding about %s; deciding locally",
+                            fault.kind.value)
+                self._undecided = None
+                self.decide_locally(fault)
+
+    async def on_minor_action(self, action: Action) -> None:
+        if action.kind == ActionKind.DUMP_STACKS:
+            captured = await capture(supervisor.tree_pids(), self.cfg.hang.hang_dump_timeout)
+            self.link.report_stacks(action.id, json.dumps(captured, default=str))
+
+    # ------------------------------------------------------------------ helpers
+
+    async def _flush(self, timeout: float) -> None:
+        """Give the link a moment to send what is queued (the trainer's exit) before
+        closing: the arbiter should hear how this rank ended."""
+        deadline = time.monotonic() + timeout
+        while self.link.connected and self.link.pending() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
+    def _take_decisive(self) -> Action | None:
+        """A STOP/REPLACE/RESTART that arrived while waiting at the barrier."""
+        while not self.actions.empty():
+            action = self.actions.get_nowait()
+            if action.kind in (ActionKind.STOP, ActionKind.REPLACE, ActionKind.RESTART):
+                return action
+        return None
+
+    async def _online(self, timeout: float) -> bool:
+        return self.link.connected or await self.link.wait_connected(timeout)
+
+    def _still_online(self) -> bool:
+        """False once the link has been down for FAIL_OPEN_AFTER seconds."""
+        if self.link.connected:
+            self._offline_since = None
+            return True
+        now = time.monotonic()
+        if self._offline_since is None:
+            self._offline_since = now
+        return now - self._offline_since < FAIL_OPEN_AFTER
+
+
+class _LinkObserver:
+    """Tells the arbiter about progress, exits and the trainer's state."""
+
+    def __init__(self, agent: ArbitratedAgent) -> None:
+        self.agent = agent
+
+    def observe(self, obs: Observation) -> None:
+        link = self.agent.link
+        if isinstance(obs, Progress):
+            since, hung = self.agent.hang_state()
+            link.report_progress(obs, seconds_since_progress=since, hung=hung)
+        elif isinstance(obs, ProcessExit):
+            link.report_exit(obs, self.agent.generation)
+
+    def on_state(self, state: TrainerState, restarts: int) -> None:
+        self.agent.link.trainer_state = state.value
+        self.agent.link.restarts = max(self.agent.link.restarts, restarts)
+
