@@ -12,6 +12,8 @@ Knobs (all optional):
   TRAIN_SDK=0                1: also report steps/phases/collectives through ftagent's SDK
 Faults (only on rank FAULT_RANK, default 0, and only while FTAGENT_RESTART_COUNT equals
 FAULT_ATTEMPT, default 0, so the job heals after a restart):
+  FAULT_EVERY_ATTEMPT=1      inject on every attempt instead (a fault that never heals)
+  FAULT_<KIND>_ATTEMPT=K     this fault only on attempt K (e.g. FAULT_HANG_ATTEMPT=1)
   FAULT_CRASH_AT_STEP=N      exit 3 at step N (FAULT_EXIT_CODE to change it)
   FAULT_HANG_AT_STEP=N       block forever before the all-reduce of step N
   FAULT_DATA_STALL_AT_STEP=N loop forever "waiting for data", printing every second
@@ -39,7 +41,8 @@ def env_float(name: str, default: float) -> float:
 RANK = env_int("RANK", 0)
 WORLD = env_int("WORLD_SIZE", 1)
 ATTEMPT = env_int("FTAGENT_RESTART_COUNT", 0)
-FAULTY = env_int("FAULT_RANK", 0) == RANK and env_int("FAULT_ATTEMPT", 0) == ATTEMPT
+FAULTY = env_int("FAULT_RANK", 0) == RANK and (
+    env_int("FAULT_ATTEMPT", 0) == ATTEMPT or os.environ.get("FAULT_EVERY_ATTEMPT") == "1")
 FMT = os.environ.get("TRAIN_LOG_FORMAT", "generic")
 USE_SDK = os.environ.get("TRAIN_SDK", "0") == "1"
 
@@ -49,7 +52,15 @@ def log(msg: str) -> None:
 
 
 def fault_at(name: str, step: int) -> bool:
-    return FAULTY and os.environ.get(name, "") != "" and step == env_int(name, -1)
+    """Fault ``name`` (e.g. FAULT_CRASH_AT_STEP) is due at ``step`` on this rank and attempt;
+    ``FAULT_CRASH_ATTEMPT`` etc. override FAULT_ATTEMPT for one fault."""
+    if os.environ.get(name, "") == "" or step != env_int(name, -1):
+        return False
+    if env_int("FAULT_RANK", 0) != RANK:
+        return False
+    if os.environ.get("FAULT_EVERY_ATTEMPT") == "1":
+        return True
+    return ATTEMPT == env_int(name.replace("_AT_STEP", "_ATTEMPT"), env_int("FAULT_ATTEMPT", 0))
 
 
 def hang_before_collective(step: int) -> None:
