@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import uuid
 
 import psutil
 
@@ -13,15 +15,19 @@ pytestmark = needs_torch
 
 
 def test_demo_recovers_from_crash_and_hang_and_cleans_up() -> None:
-    before = {p.pid for p in psutil.process_iter()}
+    tag = uuid.uuid4().hex  # every process the demo starts inherits it
     r = subprocess.run([PY, "-m", "ftagent", "demo", "--steps", "30"], capture_output=True,
-                       text=True, timeout=180)
+                       text=True, timeout=180, env=dict(os.environ, FTAGENT_DEMO_TAG=tag))
     out = r.stdout
     assert r.returncode == 0, out[-3000:] + r.stderr[-2000:]
     assert "result: job succeeded" in out
     assert "culprit rank 1" in out and "dump_stacks" in out
     assert out.count(" restart ") >= 2  # the crash, then the hang
-    leftovers = [p for p in psutil.process_iter(["pid", "cmdline"])
-                 if p.pid not in before and any("train.py" in c or "ftagent" in c
-                                                for c in (p.info["cmdline"] or []))]
-    assert not leftovers, leftovers
+    assert not [p for p in psutil.process_iter() if tagged(p, tag)], "processes left behind"
+
+
+def tagged(p: psutil.Process, tag: str) -> bool:
+    try:
+        return p.environ().get("FTAGENT_DEMO_TAG") == tag
+    except psutil.Error:
+        return False
