@@ -1,0 +1,351 @@
+"""How far one arbiter process goes: CPU and memory per agent, fan-out and barrier latency.
+
+    .venv/bin/python bench/arbiter_scale.py [--levels 1000,5000,10000] [--workers 4]
+
+The arbiter runs in its own process (``python -m ftagent arbiter``); simulated agents
+run in ``--workers`` client processes, one gRPC stream each (one TCP connection per
+``--agents-per-connection`` agents, default 1 as in a real cluster), sending Hello, then
+a ProgressSummary every 5 s, and answering commands like an agent whose trainer exits at
+once (Ack, then BarrierArrival for the new generation). Jobs have 1,000 ranks each.
+
+At each level: the arbiter's CPU (% of one core) and RSS over ``--window`` seconds of
+steady state; then ``--rounds`` times, one rank of a 1,000-rank job reports a CRASH and
+we time fault -> RESTART received by every rank (p50/p99/max) and the barrier (last
+arrival sent -> last RELEASE received; first arrival -> last release). Loopback only;
+everything stops by itself within ``--max-seconds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import sys
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+import psutil
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+JOB_SIZE = 1000
+CONNECT = "/ftagent.v1.Arbiter/Connect"
+
+
+# --------------------------------------------------------------------------- client process
+
+
+def worker_main(address: str, pipe: Connection, per_conn: int, interval: float) -> None:
+    asyncio.run(Worker(address, pipe, per_conn, interval).run())
+
+
+class Worker:
+    """Simulated agents in one process, driven by the parent through a pipe."""
+
+    def __init__(self, address: str, pipe: Connection, per_conn: int, interval: float) -> None:
+        import grpc
+
+        from ftagent.v1 import ftagent_pb2 as pb
+
+        self.grpc, self.pb = grpc, pb
+        self.address, self.pipe, self.per_conn, self.interval = address, pipe, per_conn, interval
+        self.channels: list[Any] = []
+        self.agents: dict[tuple[str, int], dict[str, Any]] = {}
+        self.tasks: list[asyncio.Task[None]] = []
+        self.events: list[tuple[str, str, int, int, float]] = []  # kind, job, rank, gen, t
+        self.connected = 0
+        self.progress = pb.AgentMessage(progress=pb.ProgressSummary(
+            step=100, loss=1.5, samples_per_second=800, seconds_since_progress=0.3
+        )).SerializeToString()
+
+    def _channel(self) -> Any:
+        if not self.channels or self.channels[-1][1] >= self.per_conn:
+            self.channels.append([self.grpc.aio.insecure_channel(self.address), 0])
+        self.channels[-1][1] += 1
+        return self.channels[-1][0]
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            msg = await loop.run_in_executor(None, self.pipe.recv)
+            cmd = msg[0]
+            if cmd == "add":
+                t = time.monotonic()
+                for job, rank in msg[1]:
+                    self.tasks.append(asyncio.create_task(self._agent(job, rank)))
+                want = len(self.agents) + len(msg[1])
+                while self.connected < want and time.monotonic() - t < 120:
+                    await asyncio.sleep(0.05)
+                self.pipe.send(("added", self.connected, time.monotonic() - t))
+            elif cmd == "fault":
+                _, job, rank, gen = msg
+                a = self.agents[(job, rank)]
+                f = self.pb.Fault(id=f"f-{job}-{gen}", kind=self.pb.FAULT_KIND_CRASH,
+                                  severity=self.pb.SEVERITY_ERROR, message="bench crash",
+                                  generation=gen, exit_status=1)
+                t0 = time.monotonic()
+                async with a["lock"]:
+                    await a["call"].write(self.pb.AgentMessage(fault=f).SerializeToString())
+                self.pipe.send(("sent", t0))
+            elif cmd == "events":
+                self.pipe.send(("events", self.events))
+                self.events = []
+            elif cmd == "cpu":
+                p = psutil.Process()
+                self.pipe.send(("cpu", sum(p.cpu_times()[:2])))
+            elif cmd == "stop":
+                for t in self.tasks:
+                    t.cancel()
+                for ch, _ in self.channels:
+                    await ch.close(None)
+                self.pipe.send(("stopped",))
+                return
+
+    async def _agent(self, job: str, rank: int) -> None:
+        pb = self.pb
+        call = self._channel().stream_stream(CONNECT)()
+        lock = asyncio.Lock()  # grpc.aio allows one write at a time per call
+        self.agents[(job, rank)] = a = {"call": call, "gen": 0, "lock": lock}
+        hello = pb.AgentMessage(hello=pb.Hello(job=job, rank=rank, world_size=JOB_SIZE,
+                                               max_restarts=1_000_000))
+        await call.write(hello.SerializeToString())
+        first = pb.ArbiterMessage.FromString(await call.read())
+        assert first.WhichOneof("body") == "welcome"
+        self.connected += 1
+        writer = asyncio.create_task(self._progress(call, lock))
+        try:
+            while True:
+                raw = await call.read()
+                if raw is self.grpc.aio.EOF:
+                    return
+                t = time.monotonic()
+                m = pb.ArbiterMessage.FromString(raw)
+                if m.WhichOneof("body") != "command":
+                    continue
+                c = m.command
+                async with lock:
+                    await call.write(pb.AgentMessage(ack=pb.Ack(command_id=c.id))
+                                     .SerializeToString())
+                if c.kind == pb.COMMAND_KIND_RESTART:
+                    self.events.append(("restart", job, rank, c.generation, t))
+                    a["gen"] = c.generation
+                    ts = time.monotonic()
+                    async with lock:
+                        await call.write(pb.AgentMessage(arrival=pb.BarrierArrival(
+                            generation=c.generation, previous_trainer_exited=True))
+                            .SerializeToString())
+                    self.events.append(("arrive", job, rank, c.generation, ts))
+                elif c.kind == pb.COMMAND_KIND_RELEASE_BARRIER:
+                    self.events.append(("release", job, rank, c.generation, t))
+        finally:
+            writer.cancel()
+
+    async def _progress(self, call: Any, lock: asyncio.Lock) -> None:
+        await asyncio.sleep(self.interval * (hash(id(call)) % 1000) / 1000)  # spread agents
+        while True:
+            async with lock:
+                await call.write(self.progress)
+            await asyncio.sleep(self.interval)
+
+
+# --------------------------------------------------------------------------- parent
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        from ftagent.arbiter.testing import ArbiterProcess
+
+        self.args = args
+        self.arbiter = ArbiterProcess("--log-level", os.environ.get("BENCH_LOG", "warning"),
+                                      "--metrics-port", "0", "--metrics-addr", "127.0.0.1")
+        self.pipes: list[Connection] = []
+        self.procs: list[Any] = []
+        self.total = 0
+        self.generation: dict[str, int] = {}
+        self.rows: list[dict[str, Any]] = []
+        self.deadline = time.monotonic() + args.max_seconds
+
+    def ask(self, i: int, msg: tuple[Any, ...]) -> Any:
+        self.pipes[i].send(msg)
+        return self.pipes[i].recv()
+
+    def broadcast(self, msg: tuple[Any, ...]) -> list[Any]:
+        for p in self.pipes:
+            p.send(msg)
+        return [p.recv() for p in self.pipes]
+
+    def start(self) -> None:
+        self.arbiter.start()
+        ctx = mp.get_context("spawn")
+        for _ in range(self.args.workers):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=worker_main, args=(self.arbiter.address, child,
+                                                      self.args.agents_per_connection,
+                                                      self.args.interval), daemon=True)
+            p.start()
+            self.pipes.append(parent)
+            self.procs.append(p)
+
+    def grow(self, n: int) -> float:
+        """Add agents up to ``n`` (whole 1,000-rank jobs, ranks spread over workers)."""
+        t = time.monotonic()
+        new: list[list[tuple[str, int]]] = [[] for _ in self.pipes]
+        for j in range(self.total // JOB_SIZE, n // JOB_SIZE):
+            for r in range(JOB_SIZE):
+                new[r % len(self.pipes)].append((f"job-{j}", r))
+            self.generation[f"job-{j}"] = 0
+        for p, batch in zip(self.pipes, new, strict=True):
+            p.send(("add", batch))
+        got = [p.recv() for p in self.pipes]
+        self.total = sum(g[1] for g in got)
+        # initial barriers: nobody arrives at generation 0 in this bench, which is fine
+        return time.monotonic() - t
+
+    def measure(self, window: float) -> tuple[float, float, float]:
+        proc = psutil.Process(self.arbiter.proc.pid)  # type: ignore[union-attr]
+        c0 = sum(proc.cpu_times()[:2])
+        w0 = sum(x[1] for x in self.broadcast(("cpu",)))
+        t0 = time.monotonic()
+        time.sleep(window)
+        dt = time.monotonic() - t0
+        cpu = (sum(proc.cpu_times()[:2]) - c0) / dt * 100
+        wcpu = (sum(x[1] for x in self.broadcast(("cpu",))) - w0) / dt * 100
+        return cpu, proc.memory_info().rss / 2**20, wcpu
+
+    def server_fanout(self) -> tuple[float, float]:
+        """Sum and count of ftagent_arbiter_fault_to_command_seconds (fault in -> last write)."""
+        import re
+        import urllib.request
+
+        port = re.search(r"metrics on http://[^:]+:(\d+)/", self.arbiter.log_text())
+        if not port:
+            return 0.0, 0.0
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port.group(1)}/metrics",
+                                      timeout=10).read().decode()
+        got = {}
+        for key in ("sum", "count"):
+            m = re.search(rf"^ftagent_arbiter_fault_to_command_seconds_{key} (\S+)$", text,
+                          re.M)
+            got[key] = float(m.group(1)) if m else 0.0
+        return got["sum"], got["count"]
+
+    def fanout_round(self, job: str = "job-0") -> tuple[list[float], float, float]:
+        gen = self.generation[job]
+        self.broadcast(("events",))
+        t0 = self.ask(0, ("fault", job, 0, gen))[1]
+        want = JOB_SIZE
+        events: list[tuple[str, str, int, int, float]] = []
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            time.sleep(0.2)
+            for got in self.broadcast(("events",)):
+                events += got[1]
+            if sum(1 for e in events if e[0] == "release" and e[1] == job) >= want:
+                break
+        g = gen + 1
+        self.generation[job] = g
+        restart = [e[4] - t0 for e in events if e[0] == "restart" and e[1] == job and e[3] == g]
+        arrive = [e[4] for e in events if e[0] == "arrive" and e[1] == job and e[3] == g]
+        release = [e[4] for e in events if e[0] == "release" and e[1] == job and e[3] == g]
+        if len(restart) < want or len(release) < want:
+            raise RuntimeError(f"round incomplete: {len(restart)} restarts, {len(release)} "
+                               f"releases of {want}")
+        return restart, max(release) - max(arrive), max(release) - min(arrive)
+
+    def run(self) -> None:
+        self.start()
+        for level in self.args.levels:
+            if time.monotonic() > self.deadline - 60:
+                print(f"stopping before {level} agents: --max-seconds nearly spent")
+                break
+            ramp = self.grow(level)
+            row: dict[str, Any] = {"agents": self.total, "ramp_s": ramp}
+            print(f"{self.total} agents connected in {ramp:.1f}s; measuring ...", flush=True)
+            row["cpu"], row["rss"], row["client_cpu"] = self.measure(self.args.window)
+            lat: list[float] = []
+            bar: list[float] = []
+            bar_all: list[float] = []
+            s0, n0 = self.server_fanout()
+            for _ in range(self.args.rounds):
+                r, b, ba = self.fanout_round()
+                lat += r
+                bar.append(b)
+                bar_all.append(ba)
+            s1, n1 = self.server_fanout()
+            row["server"] = (s1 - s0) / (n1 - n0) if n1 > n0 else float("nan")
+            row.update(p50=pct(lat, 50), p99=pct(lat, 99), max=max(lat),
+                       barrier=statistics.median(bar), barrier_all=statistics.median(bar_all))
+            self.rows.append(row)
+            print(self.format_row(row), flush=True)
+            if self.total < level:
+                print(f"only {self.total} of {level} agents connected; stopping here")
+                break
+
+    @staticmethod
+    def format_row(r: dict[str, Any]) -> str:
+        return (f"{r['agents']:>7} {r['ramp_s']:>8.1f} {r['cpu']:>11.1f} {r['rss']:>9.0f} "
+                f"{r['client_cpu']:>11.1f} {r['p50'] * 1000:>9.1f} {r['p99'] * 1000:>9.1f} "
+                f"{r['max'] * 1000:>9.1f} {r['server'] * 1000:>9.1f} {r['barrier'] * 1000:>11.1f} "
+                f"{r['barrier_all'] * 1000:>11.1f}")
+
+    def stop(self) -> None:
+        for p in self.pipes:
+            try:
+                p.send(("stop",))
+                if p.poll(10):
+                    p.recv()
+            except (OSError, EOFError):
+                pass
+        for p in self.procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+        self.arbiter.stop()
+        shutil.rmtree(self.arbiter.log_dir, ignore_errors=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--levels", default="1000,5000,10000",
+                    type=lambda s: [int(x) for x in s.split(",")])
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--agents-per-connection", type=int, default=1)
+    ap.add_argument("--interval", type=float, default=5.0, help="progress period per agent")
+    ap.add_argument("--window", type=float, default=15.0, help="steady-state CPU window")
+    ap.add_argument("--rounds", type=int, default=3, help="fault -> restart rounds per level")
+    ap.add_argument("--max-seconds", type=float, default=300.0)
+    args = ap.parse_args()
+    bench = Bench(args)
+    print(f"command: {' '.join([sys.executable, *sys.argv])}")
+    print(f"machine: {os.cpu_count()} CPUs; arbiter and {args.workers} client processes share "
+          "them (loopback)")
+    try:
+        bench.run()
+    finally:
+        bench.stop()
+    print()
+    print(f"{'agents':>7} {'ramp s':>8} {'arbiter %':>11} {'RSS MiB':>9} {'clients %':>11} "
+          f"{'p50 ms':>9} {'p99 ms':>9} {'max ms':>9} {'srv ms':>9} {'barrier ms':>11} "
+          f"{'1st->rel ms':>11}")
+    for r in bench.rows:
+        print(Bench.format_row(r))
+    print("arbiter % = CPU of the arbiter process, % of one core, steady state (progress "
+          f"every {args.interval:g}s per agent); p50/p99/max = fault sent -> RESTART received, "
+          f"over every rank of a {JOB_SIZE}-rank job x {args.rounds} rounds; srv = inside the "
+          "arbiter, fault received -> RESTART written to the last stream (mean); barrier = last "
+          "arrival sent -> last RELEASE received (median of rounds); 1st->rel = first arrival "
+          "-> last release.")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

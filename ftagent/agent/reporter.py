@@ -1,0 +1,377 @@
+"""The agent's link to the arbiter: one gRPC stream, kept open, never in the way.
+
+``ArbiterLink.run()`` connects, says Hello, and reconnects forever with jittered
+exponential backoff (capped at 4 s, so a restarted arbiter sees every agent again
+within ~5 s). It fails open: nothing here raises into the supervisor; while
+``connected`` is False the supervisor's local policy decides, and what must not be lost
+is kept and re-sent on the next stream:
+
+* faults, until the arbiter acknowledges their id (the arbiter ignores repeats);
+* the barrier arrival, until the barrier of that generation is released;
+* the latest progress, coalesced: one ProgressSummary per ``progress_interval`` (5 s),
+  sooner only when the hung flag changes; steady state is one small message per 5 s.
+
+Commands arrive as ``model.Action`` on ``commands`` (RESTART, STOP, REPLACE,
+DUMP_STACKS), de-duplicated (a RESTART to a generation already delivered is dropped);
+RELEASE_BARRIER is not an Action but the end of a wait: ``wait_released(generation)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import random
+import time
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+
+import grpc
+
+from ftagent import __version__
+from ftagent.arbiter.auth import bearer, channel_credentials
+from ftagent.arbiter.convert import command_to_action, fault_to_proto, progress_to_proto
+from ftagent.config import ArbiterClientConfig, ConfigError, IdentityConfig
+from ftagent.model import Action, ActionKind, Fault, ProcessExit, Progress
+from ftagent.v1 import ftagent_pb2 as pb
+from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
+
+log = logging.getLogger("ftagent.reporter")
+
+PROGRESS_INTERVAL = 5.0
+BACKOFF_FIRST = 0.2
+BACKOFF_CAP = 4.0
+WELCOME_TIMEOUT = 5.0  # a Hello unanswered this long: try a fresh connection
+CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.enable_retries", 0),
+]
+
+
+def pick_arbiter(addresses: str | Sequence[str], job: str) -> str:
+    """The replica that owns ``job``: sha256(job) mod n, the same in every agent and release.
+
+    (Python's ``hash()`` is salted per process, so it cannot be used.)
+    """
+    if isinstance(addresses, str):
+        addresses = addresses.split(",")
+    replicas = [a.strip() for a in addresses if a.strip()]
+    if not replicas:
+        raise ValueError("no arbiter address")
+    digest = hashlib.sha256(job.encode()).digest()
+    return replicas[int.from_bytes(digest[:8], "big") % len(replicas)]
+
+
+def backoff(attempt: int, rng: random.Random | None = None) -> float:
+    """Seconds before reconnect attempt ``attempt`` (0-based): doubling, capped, jittered."""
+    r = rng or random
+    return min(BACKOFF_CAP, BACKOFF_FIRST * 2 ** min(attempt, 16)) * r.uniform(0.5, 1.0)
+
+
+class ArbiterLink:
+    """See the module docstring. Create and use it on the supervisor's event loop."""
+
+    def __init__(self, cfg: ArbiterClientConfig, identity: IdentityConfig, *,
+                 max_restarts: int | None = None, version: str = __version__,
+                 alert_only: bool = False,
+                 progress_interval: float = PROGRESS_INTERVAL) -> None:
+        """Raises ConfigError for an unusable --arbiter or TLS file (a startup error)."""
+        try:
+            self.address = pick_arbiter(cfg.arbiter, identity.job)
+            self._creds = channel_credentials(cfg.tls_ca, cfg.tls_cert, cfg.tls_key)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        self.cfg = cfg
+        self.identity = identity
+        self.max_restarts = max_restarts
+        self.version = version
+        self.alert_only = alert_only
+        self.progress_interval = progress_interval
+        self.commands: asyncio.Queue[Action] = asyncio.Queue()
+        self.connected = False
+        self.generation = 0  # the job generation this agent runs or is about to run
+        self.released_generation = -1  # highest generation whose barrier was released
+        self.restarts = 0  # restarts this agent did (the supervisor adds local ones)
+        self.trainer_state = "init"  # model.TrainerState value, sent in Hello for status
+        self.arbiter_id = ""
+        self._faults: OrderedDict[str, pb.Fault] = OrderedDict()  # until FaultAck
+        self._arrival: pb.BarrierArrival | None = None  # until released
+        self._later: deque[pb.AgentMessage] = deque(maxlen=16)  # exits/stacks while offline
+        self._progress: pb.ProgressSummary | None = None
+        self._progress_new = False
+        self._hung_sent = False
+        self._progress_sent_at = -1e9
+        self._out: deque[pb.AgentMessage] = deque()
+        self._wake = asyncio.Event()
+        self._released = asyncio.Event()
+        self._closed = asyncio.Event()
+        self._seen_commands: OrderedDict[str, None] = OrderedDict()
+        self._restart_generation = -1
+        self._final_delivered = False
+        self._task: asyncio.Task[None] | None = None
+        self._last_error = ""
+
+    # ------------------------------------------------------------------ supervisor API
+
+    def report_fault(self, fault: Fault, *, generation: int | None = None,
+                     exit_status: int | None = None) -> None:
+        """Send ``fault`` (now or after reconnecting) until the arbiter acknowledges it.
+
+        ``generation``: of the trainer it happened in (default: ``self.generation``);
+        ``exit_status``: for CRASH, else taken from evidence["exit_status"] if present.
+        """
+        if exit_status is None and isinstance(fault.evidence.get("exit_status"), int):
+            exit_status = fault.evidence["exit_status"]
+        msg = fault_to_proto(fault, self.generation if generation is None else generation,
+                             exit_status)
+        self._faults[fault.id] = msg
+        self._send(pb.AgentMessage(fault=msg))
+
+    def report_progress(self, p: Progress, *, seconds_since_progress: float,
+                        hung: bool) -> None:
+        """The latest progress; sent at most every ``progress_interval`` (at once if hung
+        changed)."""
+        self._progress = progress_to_proto(p, seconds_since_progress, hung, time.time())
+        if not self._progress_new or hung != self._hung_sent:
+            self._wake.set()  # the writer sleeps until the next due time, at most once
+        self._progress_new = True
+
+    def report_exit(self, exit: ProcessExit, generation: int) -> None:
+        msg = pb.TrainerExit(generation=generation)
+        if exit.code is not None:
+            msg.exit_code = exit.code
+        if exit.signal is not None:
+            msg.signal = exit.signal
+        self._send(pb.AgentMessage(exit=msg), keep=True)
+
+    def report_stacks(self, command_id: str, stacks_json: str) -> None:
+        """Answer a DUMP_STACKS action (``action.id``) with the trainer tree's stacks."""
+        self._send(pb.AgentMessage(stacks=pb.Stacks(command_id=command_id, json=stacks_json)),
+                   keep=True)
+
+    def arrive(self, generation: int) -> None:
+        """The previous trainer has fully exited; ready to start ``generation``.
+
+        Re-sent after every reconnect until the barrier of ``generation`` is released.
+        """
+        self.generation = max(self.generation, generation)
+        if generation <= self.released_generation:
+            self._released.set()
+            return
+        self._arrival = pb.BarrierArrival(generation=generation, previous_trainer_exited=True)
+        self._send(pb.AgentMessage(arrival=self._arrival))
+
+    async def wait_released(self, generation: int, timeout: float | None = None) -> bool:
+        """True once every rank arrived for ``generation`` (or a later one); False on
+        timeout or close. On False with ``connected`` False, fall back to local policy."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.released_generation < generation:
+            if self._closed.is_set():
+                return False
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            self._released.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._released.wait(), left)
+        return True
+
+    async def wait_connected(self, timeout: float) -> bool:
+        """True once a stream is up (Welcome received) within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while not self.connected and not self._closed.is_set():
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return self.connected
+
+    def pending(self) -> int:
+        """Messages not yet written to the stream plus faults not yet acknowledged (e.g.
+        to give the trainer's exit a moment to reach the arbiter before closing)."""
+        return len(self._out) + len(self._faults) + (0 if self.connected else len(self._later))
+
+    async def close(self) -> None:
+        self._closed.set()
+        self._wake.set()
+        self._released.set()
+        task = self._task
+        if task is not None and task is not asyncio.current_task():
+            with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(task), 2.0)
+            if not task.done():
+                task.cancel()
+
+    # ------------------------------------------------------------------ the loop
+
+    async def run(self) -> None:
+        """Connect and reconnect until ``close()``; never raises (except cancellation)."""
+        self._task = asyncio.current_task()
+        attempt = 0
+        while not self._closed.is_set():
+            welcomed = False
+            try:
+                welcomed = await self._session()
+            except asyncio.CancelledError:
+                if self._closed.is_set():
+                    break
+                raise
+            except grpc.aio.AioRpcError as e:
+                self._report_error(f"{e.code().name}: {e.details()}")
+            except Exception as e:
+                self._report_error(repr(e))
+            if self.connected:
+                self.connected = False
+            attempt = 0 if welcomed else attempt + 1
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._closed.wait(), backoff(attempt))
+
+    async def _session(self) -> bool:
+        """One stream: Hello, Welcome, then read and write until it breaks. True if welcomed."""
+        if self._creds is None:
+            channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        else:
+            channel = grpc.aio.secure_channel(self.address, self._creds, options=CHANNEL_OPTIONS)
+        welcomed = False
+        try:
+            call = pb_grpc.ArbiterStub(channel).Connect(metadata=bearer(self.cfg.token))
+            await call.write(pb.AgentMessage(hello=self._hello()))
+            first = await asyncio.wait_for(call.read(), WELCOME_TIMEOUT)
+            if first is grpc.aio.EOF:
+                code, details = await call.code(), await call.details()
+                raise ConnectionError(f"{code.name if code else '?'}: {details}")
+            if first.WhichOneof("body") != "welcome":
+                raise ConnectionError("the arbiter did not answer Hello with Welcome: is it "
+                                      "an ftagent arbiter of the same version?")
+            self._welcome(first.welcome)
+            welcomed = True
+            tasks = [asyncio.create_task(self._reader(call)),
+                     asyncio.create_task(self._writer(call)),
+                     asyncio.create_task(self._closed.wait())]
+            try:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for t in tasks:
+                    t.cancel()
+                self.connected = False
+            for t in done:
+                exc = None if t.cancelled() else t.exception()
+                if exc is not None:
+                    raise exc
+            if not self._closed.is_set():
+                code = await call.code()
+                details = await call.details()
+                raise ConnectionError(f"stream ended: {code.name if code else '?'} {details}")
+            call.cancel()
+            return welcomed
+        finally:
+            await channel.close(grace=None)
+
+    def _hello(self) -> pb.Hello:
+        i = self.identity
+        h = pb.Hello(job=i.job, namespace=i.namespace, pod=i.pod, node=i.node, rank=i.rank,
+                     world_size=i.world_size, restart_count=self.restarts,
+                     generation=self.generation, agent_version=self.version,
+                     alert_only=self.alert_only, state=self.trainer_state)
+        if self.released_generation >= 0:
+            h.released_generation = self.released_generation
+        if self.max_restarts is not None:
+            h.max_restarts = self.max_restarts
+        return h
+
+    def _welcome(self, w: pb.Welcome) -> None:
+        self.arbiter_id = w.arbiter_id
+        self.generation = max(self.generation, w.generation)
+        self.restarts = max(self.restarts, w.restarts)
+        self._out.clear()
+        self._out.extend(pb.AgentMessage(fault=f) for f in self._faults.values())
+        if self._arrival is not None:
+            self._out.append(pb.AgentMessage(arrival=self._arrival))
+        self._out.extend(self._later)
+        self._later.clear()
+        self._progress_new = self._progress is not None
+        self._progress_sent_at = -1e9
+        self.connected = True
+        self._last_error = ""
+        log.info("connected to the arbiter %s (%s), job generation %d", self.address,
+                 w.arbiter_id, w.generation)
+        self._wake.set()
+
+    async def _writer(self, call: grpc.aio.StreamStreamCall) -> None:
+        while True:
+            while self._out:
+                await call.write(self._out.popleft())
+            now = time.monotonic()
+            due = self._progress_sent_at + self.progress_interval
+            p = self._progress
+            if p is not None and self._progress_new and (now >= due or p.hung != self._hung_sent):
+                self._progress_new = False
+                self._progress_sent_at, self._hung_sent = now, p.hung
+                await call.write(pb.AgentMessage(progress=p))
+                continue
+            self._wake.clear()
+            wait = max(0.0, due - now) if self._progress_new else None
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), wait)
+
+    async def _reader(self, call: grpc.aio.StreamStreamCall) -> None:
+        while True:
+            m = await call.read()
+            if m is grpc.aio.EOF:
+                return
+            body = m.WhichOneof("body")
+            if body == "fault_ack":
+                self._faults.pop(m.fault_ack.fault_id, None)
+            elif body == "command":
+                self._command(m.command)
+
+    def _command(self, cmd: pb.Command) -> None:
+        self._out.append(pb.AgentMessage(ack=pb.Ack(command_id=cmd.id)))
+        self._wake.set()
+        if cmd.id in self._seen_commands:
+            return
+        self._seen_commands[cmd.id] = None
+        if len(self._seen_commands) > 256:
+            self._seen_commands.popitem(last=False)
+        if cmd.kind == pb.COMMAND_KIND_RELEASE_BARRIER:
+            self.released_generation = max(self.released_generation, cmd.generation)
+            self.generation = max(self.generation, cmd.generation)
+            if self._arrival is not None and self._arrival.generation <= cmd.generation:
+                self._arrival = None
+            self._released.set()
+            return
+        action = command_to_action(cmd)
+        if action is None:
+            log.warning("ignoring an unknown command from the arbiter (kind %d): is the "
+                        "agent older than the arbiter?", cmd.kind)
+            return
+        if action.kind is ActionKind.RESTART:
+            if cmd.generation <= self._restart_generation or self._final_delivered:
+                return
+            self._restart_generation = cmd.generation
+            self.generation = max(self.generation, cmd.generation)
+            self.restarts += 1
+        elif action.kind in (ActionKind.STOP, ActionKind.REPLACE):
+            if self._final_delivered:
+                return
+            self._final_delivered = True
+        self.commands.put_nowait(action)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _send(self, msg: pb.AgentMessage, *, keep: bool = False) -> None:
+        if self.connected:
+            self._out.append(msg)
+            self._wake.set()
+        elif keep:
+            self._later.append(msg)
+
+    def _report_error(self, error: str) -> None:
+        if error != self._last_error:
+            log.warning("arbiter %s unreachable (%s); retrying, the local policy decides "
+                        "meanwhile", self.address, error)
+            self._last_error = error
+        else:
+            log.debug("arbiter %s still unreachable: %s", self.address, error)

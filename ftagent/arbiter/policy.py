@@ -1,0 +1,303 @@
+"""The arbiter's policy: the only place where a job's fate is decided.
+
+Pure functions of (job state, event, now) -> list of ``Decision``; they never change the
+state (``state.apply`` does) and never do I/O, so every rule below is a unit test.
+
+Default table (a fault of the job's current generation; severity INFO/WARNING faults are
+only recorded, except a NIC link that came back):
+
+============================== =========================================================
+fault                          decision
+============================== =========================================================
+any, job has alert_only        ALERT_ONLY: record, touch nothing
+same fault id seen before      nothing (agents re-send until acknowledged)
+generation older than the job  IGNORE: recorded, the restart was already decided
+job STOPPED / SUCCEEDED        IGNORE
+CRASH                          RESTART every rank at generation+1 (all meet at a barrier)
+HANG, most other ranks still   the hung rank is the culprit: RESTART
+  progressing
+HANG, most ranks stalled       job hang: DUMP_STACKS on every rank; when all stacks are in
+  (or several report hung)       (or after --stacks-timeout) name the culprit -- the rank
+                                 whose step is behind, else whose stack differs from the
+                                 majority (``name_culprit``) -- then RESTART
+GPU, severity FATAL or scope   REPLACE that rank (its agent exits with EXIT_REPLACE so the
+  NODE; NODE faults              pod moves), RESTART the others
+GPU, severity ERROR            RESTART (application-level Xid)
+NIC link down                  WAIT: restart once the link is back (NCCL/IB queue pairs
+                                 error out on link loss, so a restart is the clean way
+                                 back), REPLACE the rank if still down after
+                                 --nic-replace-after
+NIC link back (evidence        RESTART
+  {"recovered": true})
+CRASH/HANG while a link is     IGNORE (deferred): restarting cannot rendezvous over a
+  down                           dead link; the link's recovery or replacement restarts
+BARRIER, AGENT                 ALERT_ONLY
+============================== =========================================================
+
+The restart budget is per job (``--max-restarts``, or the agents' own): RESTART and
+REPLACE each spend one; with none left the decision is STOP on every rank with the
+faulting rank's exit status (1 when it has none), so Kubernetes sees the failure.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ftagent.arbiter.barrier import barrier_expired
+from ftagent.arbiter.state import Decision, JobState, Verdict
+from ftagent.model import Fault, FaultKind, Scope, Severity
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    max_restarts: int = 3  # per job, when the agents did not say
+    barrier_timeout: float = 300.0
+    nic_replace_after: float = 300.0
+    stacks_timeout: float = 15.0
+    # Other ranks count as progressing when their last step is this much more recent
+    # than the hung rank's (fraction of its age), or within this window when it has none.
+    progressing_fraction: float = 0.5
+    progress_window: float = 60.0
+
+
+@dataclass(frozen=True)
+class FaultReport:
+    """A fault as the arbiter received it: from which rank, in which generation."""
+
+    fault: Fault
+    rank: int
+    generation: int
+    exit_status: int | None = None
+
+
+def decide_fault(job: JobState, rep: FaultReport, now: float, cfg: PolicyConfig) -> list[Decision]:
+    """The decisions a new fault leads to (see the table in the module docstring)."""
+    f = rep.fault
+    g = job.generation
+    where = f"rank {rep.rank}: {f.kind.value} ({f.severity.value}): {f.message}"
+    if f.id in job.seen_faults:
+        return []
+    if job.alert_only:
+        return [_d(Verdict.ALERT_ONLY, f"{where} (fault tolerance off: alert only)", g, rep)]
+    if job.finished:
+        return [_d(Verdict.IGNORE, f"{where} (job already {job.phase.value})", g, rep)]
+    if rep.generation < g:
+        return [_d(Verdict.IGNORE, f"{where} (from generation {rep.generation}; the job "
+                   f"already moved to generation {g})", g, rep)]
+    if f.kind is FaultKind.NIC:
+        return _nic(job, rep, where, now, cfg)
+    if f.severity in (Severity.INFO, Severity.WARNING) or f.kind in (FaultKind.BARRIER,
+                                                                     FaultKind.AGENT):
+        return [_d(Verdict.ALERT_ONLY, where, g, rep)]
+    if job.nic_outages and f.kind in (FaultKind.CRASH, FaultKind.HANG):
+        down = ", ".join(str(r) for r in sorted(job.nic_outages))
+        return [_d(Verdict.IGNORE, f"{where} (deferred: link of rank {down} is down; the job "
+                   "restarts when it is back or the rank is replaced)", g, rep)]
+    if f.kind in (FaultKind.GPU, FaultKind.NODE) and (
+            f.severity is Severity.FATAL or f.scope is Scope.NODE or f.kind is FaultKind.NODE):
+        return restart_or_stop(job, f"{where}: replacing rank {rep.rank}", rep, cfg,
+                               replace=rep.rank)
+    if f.kind is FaultKind.HANG:
+        return _hang(job, rep, where, now, cfg)
+    culprit = rep.rank if f.kind is FaultKind.CRASH else None
+    return restart_or_stop(job, where, rep, cfg, culprit=culprit)
+
+
+def restart_or_stop(job: JobState, reason: str, rep: FaultReport, cfg: PolicyConfig, *,
+                    culprit: int | None = None, replace: int | None = None) -> list[Decision]:
+    """RESTART (or REPLACE ``replace``) at generation+1 if the job's budget allows, else STOP."""
+    g = job.generation
+    if job.restarts >= job.max_restarts:
+        code = rep.exit_status if rep.exit_status not in (None, 0) else 1
+        return [Decision(Verdict.STOP, f"{reason}; restart budget spent "
+                         f"({job.restarts}/{job.max_restarts}): stopping every rank with exit "
+                         f"code {code}", g, exit_code=code, fault_id=rep.fault.id,
+                         rank=culprit if replace is None else replace)]
+    spent = f"restart {job.restarts + 1}/{job.max_restarts}"
+    if replace is not None:
+        return [Decision(Verdict.REPLACE, f"{reason}; others restart at generation {g + 1} "
+                         f"({spent})", g + 1, rank=replace, fault_id=rep.fault.id)]
+    who = f"; culprit rank {culprit}" if culprit is not None and culprit != rep.rank else ""
+    return [Decision(Verdict.RESTART, f"{reason}{who}; every rank restarts at generation "
+                     f"{g + 1} ({spent})", g + 1, rank=culprit, fault_id=rep.fault.id)]
+
+
+def _nic(job: JobState, rep: FaultReport, where: str, now: float,
+         cfg: PolicyConfig) -> list[Decision]:
+    g = job.generation
+    ev = rep.fault.evidence
+    if ev.get("recovered"):
+        if rep.rank not in job.nic_outages:
+            return [_d(Verdict.ALERT_ONLY, f"{where} (link back; no outage was pending)", g, rep)]
+        outage = ev.get("outage_seconds")
+        took = f" after {float(outage):.1f}s" if isinstance(outage, (int, float)) else ""
+        return restart_or_stop(job, f"rank {rep.rank}: link back{took}", rep, cfg,
+                               culprit=rep.rank)
+    if rep.fault.severity in (Severity.INFO, Severity.WARNING):
+        return [_d(Verdict.ALERT_ONLY, where, g, rep)]
+    if rep.rank in job.nic_outages:
+        return [_d(Verdict.IGNORE, f"{where} (link already down; waiting)", g, rep)]
+    until = now + cfg.nic_replace_after
+    return [Decision(Verdict.WAIT, f"{where}: waiting up to {cfg.nic_replace_after:.0f}s for "
+                     "the link, then the job restarts (or the rank is replaced)", g,
+                     rank=rep.rank, fault_id=rep.fault.id, until=until)]
+
+
+def _hang(job: JobState, rep: FaultReport, where: str, now: float,
+          cfg: PolicyConfig) -> list[Decision]:
+    g = job.generation
+    if job.hang_probe is not None:
+        return [_d(Verdict.IGNORE, f"{where} (already collecting stacks for the job hang)",
+                   g, rep)]
+    others = [r for r in job.ranks.values() if r.rank != rep.rank and r.connected]
+    if not others:
+        return restart_or_stop(job, where, rep, cfg, culprit=rep.rank)
+    hung = job.ranks.get(rep.rank)
+    age = hung.progress_age(now) if hung is not None else None
+    window = age * cfg.progressing_fraction if age else cfg.progress_window
+    moving = 0
+    for r in others:
+        a = r.progress_age(now)
+        if not r.hung and a is not None and a < window:
+            moving += 1
+    if moving * 2 > len(others):
+        return restart_or_stop(job, f"{where} while {moving}/{len(others)} other ranks "
+                               "progress", rep, cfg, culprit=rep.rank)
+    until = now + cfg.stacks_timeout
+    return [Decision(Verdict.DUMP_STACKS, f"{where}; {len(others) - moving}/{len(others)} "
+                     "other ranks stalled too: job hang, collecting stacks from every rank "
+                     f"(up to {cfg.stacks_timeout:.0f}s) to name the culprit", g,
+                     rank=rep.rank, fault_id=rep.fault.id, until=until,
+                     exit_code=rep.exit_status)]
+
+
+def decide_stacks(job: JobState, now: float, cfg: PolicyConfig, *,
+                  force: bool = False) -> list[Decision]:
+    """Finish a job hang once every connected rank sent stacks (or ``force`` at deadline)."""
+    probe = job.hang_probe
+    if probe is None:
+        return []
+    connected = [r for r in job.ranks.values() if r.connected]
+    if not force and any(r.stack is None for r in connected):
+        return []
+    steps = {r.rank: r.step for r in job.ranks.values()}
+    stacks = {r.rank: r.stack for r in job.ranks.values() if r.stack is not None}
+    culprits, why = name_culprit(steps, stacks)
+    got = f"stacks from {len(stacks)}/{job.world_size} ranks"
+    rep = FaultReport(Fault(FaultKind.HANG, "job hang", id=probe.fault_id), probe.rank,
+                      job.generation, probe.exit_status)
+    culprit = culprits[0] if len(culprits) == 1 else None
+    return restart_or_stop(job, f"job hang ({got}): {why}", rep, cfg, culprit=culprit)
+
+
+def decide_tick(job: JobState, now: float, cfg: PolicyConfig) -> list[Decision]:
+    """Deadlines: stacks of a job hang, a link that stays down, a barrier that never fills."""
+    if job.finished or job.alert_only:
+        return []
+    if job.hang_probe is not None and now >= job.hang_probe.deadline:
+        return decide_stacks(job, now, cfg, force=True)
+    for rank, outage in sorted(job.nic_outages.items()):
+        if now >= outage.deadline:
+            rep = FaultReport(Fault(FaultKind.NIC, "link down", id=outage.fault_id), rank,
+                              job.generation)
+            return restart_or_stop(job, f"rank {rank}: link still down after "
+                                   f"{now - outage.since:.0f}s: replacing rank {rank}", rep,
+                                   cfg, replace=rank)
+    return barrier_expired(job, now, cfg.barrier_timeout)
+
+
+def name_culprit(steps: Mapping[int, int], stacks: Mapping[int, str]) -> tuple[list[int], str]:
+    """The ranks to blame for a job hang, and why, from their last steps and stack signatures.
+
+    In order: a minority of ranks whose step is behind the others; else the ranks that are
+    *not* waiting in communication while the others are (a rank stuck before a collective
+    leaves its peers blocked inside it: the peers are victims, with two ranks too); else a
+    minority whose stack differs from the majority's; else nobody can be singled out.
+    """
+    known = {r: s for r, s in steps.items() if s >= 0}
+    if len(known) >= 2:
+        lo, hi = min(known.values()), max(known.values())
+        behind = sorted(r for r, s in known.items() if s == lo)
+        if lo < hi and len(behind) * 2 < len(known):
+            return behind, f"rank {_ranks(behind)} at step {lo}, behind the others (step {hi})"
+    if len(stacks) >= 2:
+        waiting = {r for r, s in stacks.items() if COMMUNICATION.search(s)}
+        odd = sorted(set(stacks) - waiting)
+        if waiting and odd and len(odd) * 2 <= len(stacks):
+            where = stacks[odd[0]].split(" | ")[0].split(" < ")[0]
+            return odd, (f"rank {_ranks(odd)} is not in a collective (in {where}) while "
+                         f"{len(waiting)} other rank(s) wait in one")
+        sig, n = Counter(stacks.values()).most_common(1)[0]
+        if n * 2 > len(stacks) and n < len(stacks):
+            odd = sorted(r for r, s in stacks.items() if s != sig)
+            return odd, f"rank {_ranks(odd)} stack differs from the other {n} ranks"
+    return [], "no single culprit: the ranks stalled at the same step in the same place"
+
+
+# Frames of a rank blocked in communication (torch.distributed, DDP's reducer, gloo/NCCL
+# waits): such a rank waits for a peer rather than being the cause.
+COMMUNICATION = re.compile(
+    r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|barrier|"
+    r"\bwait\w*|\brecv\b|\bsend\b|synchronize|finalize_backward|_sync_params|"
+    r"\bbackward \(|run_backward|_engine_run_backward", re.I)
+
+# A frame line of ``py-spy dump`` text: "    name (path/file.py:123)"
+_TEXT_FRAME = re.compile(r"^\s+(\S+) \((?:.*/)?([^/()]+:\d+)\)\s*$", re.M)
+
+
+def stack_signature(stacks_json: str, frames_per_thread: int = 4) -> str:
+    """A comparable summary of a stack dump: the innermost frames of every thread.
+
+    Accepts py-spy's ``dump --json`` output (a list of threads with ``frames``), the agent's
+    evidence (processes with a py-spy text ``stack``), or any JSON nesting either; pids and
+    thread ids are left out so that equal code paths on different ranks compare equal.
+    """
+    try:
+        data = json.loads(stacks_json)
+    except (ValueError, TypeError):
+        return stacks_json.strip()
+    threads: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            frames = node.get("frames")
+            if isinstance(frames, list):
+                threads.append(" < ".join(_frame(fr) for fr in frames[:frames_per_thread]))
+            text = node.get("stack")
+            if isinstance(text, str):
+                for thread in text.split("\nThread ")[:8]:
+                    found = _TEXT_FRAME.findall(thread)[:frames_per_thread]
+                    if found:
+                        threads.append(" < ".join(f"{n} ({loc})" for n, loc in found))
+            for k, v in node.items():
+                if k not in ("frames", "stack"):
+                    walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(data)
+    if not threads:
+        return json.dumps(data, sort_keys=True)
+    return " | ".join(threads)
+
+
+def _frame(fr: Any) -> str:
+    if not isinstance(fr, dict):
+        return str(fr)
+    path = str(fr.get("short_filename") or fr.get("filename") or "?").rsplit("/", 1)[-1]
+    return f"{fr.get('name', '?')} ({path}:{fr.get('line', '?')})"
+
+
+def _ranks(ranks: list[int], shown: int = 10) -> str:
+    head = ", ".join(str(r) for r in ranks[:shown])
+    return head if len(ranks) <= shown else f"{head} and {len(ranks) - shown} more"
+
+
+def _d(verdict: Verdict, reason: str, generation: int, rep: FaultReport) -> Decision:
+    return Decision(verdict, reason, generation, rank=rep.rank, fault_id=rep.fault.id)

@@ -1,0 +1,386 @@
+"""Jobs -> ranks -> agent connections, and carrying decisions out.
+
+The registry turns what agents send into state (``state.py``), asks the policy
+(``policy.py``, ``barrier.py``) what to do, applies the decisions, writes them to the
+timeline and queues the resulting commands on the agents' streams. It runs on the
+server's event loop only (no locks) and never blocks: a command to 10k ranks is one
+serialisation and 10k queue puts; each stream's writer drains its own queue.
+
+Commands wait in the rank's ``pending`` until the agent acknowledges them, and are sent
+again when the agent reconnects. After an arbiter restart nothing is pending: agents'
+Hellos (generation, restart count, released generation) rebuild what matters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import grpc
+
+from ftagent.arbiter import barrier, convert, policy
+from ftagent.arbiter.state import Decision, JobPhase, JobState, RankState, Verdict, apply
+from ftagent.arbiter.timeline import Timeline
+from ftagent.metrics import ArbiterMetrics
+from ftagent.v1 import ftagent_pb2 as pb
+
+log = logging.getLogger("ftagent.arbiter.registry")
+
+FORGET_AFTER = 3600.0  # seconds a job with no agent left is kept for status
+MAX_WORLD_SIZE = 1_000_000
+_SLOTS = {Verdict.RESTART: "life", Verdict.REJOIN: "life", Verdict.STOP: "life",
+          Verdict.REPLACE: "life", Verdict.RELEASE_BARRIER: "release",
+          Verdict.DUMP_STACKS: "dump"}
+_RANK_STATES = {Verdict.RESTART: "restarting", Verdict.REJOIN: "restarting",
+                Verdict.STOP: "stopping", Verdict.REPLACE: "replacing",
+                Verdict.RELEASE_BARRIER: "running"}
+_TIMED = (Verdict.RESTART, Verdict.REPLACE, Verdict.STOP, Verdict.DUMP_STACKS)
+
+
+class FanOut:
+    """One command written to many streams: observes the time until the last write."""
+
+    __slots__ = ("left", "started", "observe")
+
+    def __init__(self, left: int, started: float, observe: Callable[[float], None]) -> None:
+        self.left, self.started, self.observe = left, started, observe
+
+    def done(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self.observe(time.monotonic() - self.started)
+
+
+@dataclass(frozen=True)
+class Reject:
+    """End the stream with an error status (queued so that the stream's owner ends it)."""
+
+    code: grpc.StatusCode
+    details: str
+    reason: str  # label of ftagent_arbiter_rejected_requests
+
+
+Outgoing = tuple[bytes, FanOut | None] | Reject | None
+
+
+class Connection:
+    """One agent's open stream: serialized messages queued for the stream's writer.
+
+    ``None`` in the outbox ends the stream normally (superseded by a newer stream of the
+    same rank), a ``Reject`` ends it with an error status.
+    """
+
+    __slots__ = ("id", "peer", "key", "rank", "outbox")
+
+    def __init__(self, peer: str = "") -> None:
+        self.id = uuid.uuid4().hex[:8]
+        self.peer = peer
+        self.key: tuple[str, str] | None = None  # (namespace, job) once Hello was accepted
+        self.rank = -1
+        self.outbox: asyncio.Queue[Outgoing] = asyncio.Queue()
+
+    def send(self, data: bytes, fanout: FanOut | None = None) -> None:
+        self.outbox.put_nowait((data, fanout))
+
+    def reject(self, code: grpc.StatusCode, details: str, reason: str) -> None:
+        self.outbox.put_nowait(Reject(code, details, reason))
+
+    def close(self) -> None:
+        self.outbox.put_nowait(None)
+
+
+class Registry:
+    def __init__(self, cfg: policy.PolicyConfig, timeline: Timeline,
+                 metrics: ArbiterMetrics | None, arbiter_id: str,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.cfg = cfg
+        self.timeline = timeline
+        self.metrics = metrics
+        self.arbiter_id = arbiter_id
+        self.clock = clock
+        self.jobs: dict[tuple[str, str], JobState] = {}
+        self.connected = 0
+
+    # ------------------------------------------------------------------ agent messages
+
+    def hello(self, conn: Connection, h: pb.Hello) -> None:
+        """Register ``conn`` as (job, rank); queue Welcome and what the rank missed.
+
+        Raises ValueError (a user error the stream is closed with) for a bad identity.
+        """
+        if not h.job:
+            raise ValueError("Hello without a job name: start the agent with --job")
+        if not 1 <= h.world_size <= MAX_WORLD_SIZE or not 0 <= h.rank < h.world_size:
+            raise ValueError(f"rank {h.rank} of world size {h.world_size} is out of range: "
+                             "check --rank/--world-size")
+        now = self.clock()
+        key = (h.namespace, h.job)
+        job = self.jobs.get(key)
+        if job is not None and job.finished and job.connected == 0:
+            # Every agent of the finished run is gone: this Hello starts a new run.
+            self._note(job, now, "agent", f"a new run of the job starts (the previous one "
+                       f"{job.phase.value}{': ' + job.stop_reason if job.stop_reason else ''})",
+                       rank=h.rank)
+            del self.jobs[key]
+            job = None
+        if job is None:
+            job = self.jobs[key] = JobState(job=h.job, namespace=h.namespace,
+                                            world_size=h.world_size,
+                                            max_restarts=self.cfg.max_restarts)
+            barrier.open_barrier(job, now)
+            self._gauges()
+        if h.HasField("max_restarts"):
+            job.max_restarts = h.max_restarts
+        job.alert_only = h.alert_only
+        job.last_seen = now
+        if h.world_size != job.world_size:
+            self._note(job, now, "agent", f"says world size {h.world_size}, the job had "
+                       f"{job.world_size}: using the larger", rank=h.rank)
+            job.world_size = max(job.world_size, h.world_size)
+        job.restarts = max(job.restarts, h.restart_count)
+        rose = h.generation > job.generation and not job.finished
+        if rose:  # rebuilt after an arbiter restart: the highest generation is the job's
+            job.generation = h.generation
+            job.phase = JobPhase.RESTARTING
+            barrier.open_barrier(job, now)
+        rs = job.ranks.get(h.rank)
+        known = rs is not None
+        if rs is None:
+            rs = job.ranks[h.rank] = RankState(rank=h.rank)
+        elif rs.conn is not None and rs.conn is not conn:
+            old = rs.conn
+            assert isinstance(old, Connection)
+            old.reject(grpc.StatusCode.ABORTED, f"rank {h.rank} of job {h.job} registered "
+                       f"again from {h.pod or conn.peer}: this stream is replaced", "superseded")
+            self._note(job, now, "agent", f"re-registered from {h.pod or conn.peer} (the "
+                       f"previous stream from {rs.pod or old.peer} is closed)", rank=h.rank)
+        fresh = rs.conn is None
+        rs.pod, rs.node, rs.state = h.pod, h.node, h.state
+        released = h.released_generation if h.HasField("released_generation") else -1
+        rs.generation, rs.released_generation = h.generation, released
+        rs.restarts, rs.connected, rs.conn = h.restart_count, True, conn
+        conn.key, conn.rank = key, h.rank
+        if fresh:
+            job.connected += 1
+            self.connected += 1
+            self._gauges()
+            if known:
+                self._note(job, now, "agent", f"reconnected ({h.pod or conn.peer}, generation "
+                           f"{h.generation})", rank=h.rank)
+            elif job.connected == job.world_size:
+                self._note(job, now, "agent", f"all {job.world_size} ranks connected")
+        conn.send(pb.ArbiterMessage(welcome=pb.Welcome(
+            generation=job.generation, arbiter_id=self.arbiter_id,
+            max_restarts=job.max_restarts, restarts=job.restarts)).SerializeToString())
+        for _, data in list(rs.pending.values()):
+            conn.send(data)
+        decisions = barrier.decide_hello(job, h.rank, h.generation, released, now)
+        if rose:
+            lagging = tuple(r.rank for r in job.ranks.values()
+                            if r.connected and r.generation < job.generation)
+            if lagging:
+                decisions.append(Decision(Verdict.REJOIN, f"rank {h.rank} reports generation "
+                                          f"{job.generation}: lagging ranks rejoin it",
+                                          job.generation, targets=lagging))
+        self.execute(job, decisions, now)
+
+    def disconnect(self, conn: Connection) -> None:
+        job, rs = self._lookup(conn)
+        if job is None or rs is None:
+            return
+        rs.conn, rs.connected = None, False
+        job.connected -= 1
+        self.connected -= 1
+        job.last_seen = self.clock()
+        self._gauges()
+        if not job.finished:
+            self._note(job, job.last_seen, "agent", "disconnected", rank=rs.rank)
+
+    def handle(self, conn: Connection, m: pb.AgentMessage, received: float) -> None:
+        """One message after Hello; ``received`` is time.monotonic() at arrival."""
+        job, rs = self._lookup(conn)
+        if job is None or rs is None:
+            return
+        now = self.clock()
+        body = m.WhichOneof("body")
+        if body == "progress":
+            p = m.progress
+            rs.step, rs.hung = p.step, p.hung
+            rs.loss = p.loss if p.HasField("loss") else None
+            rs.samples_per_second, rs.tokens_per_second = p.samples_per_second, \
+                p.tokens_per_second
+            rs.last_step_at = now - max(0.0, p.seconds_since_progress)
+        elif body == "fault":
+            self._fault(conn, job, rs, m.fault, now, received)
+        elif body == "arrival":
+            if m.arrival.generation > rs.generation and rs.released_generation >= 0:
+                rs.restarts += 1  # it ran a trainer and now waits to start a newer one
+            rs.generation = max(rs.generation, m.arrival.generation)
+            rs.state = "waiting"
+            b = job.barrier
+            decisions = barrier.decide_arrival(job, rs.rank, m.arrival.generation, now)
+            if b is not None and self.metrics and b.first_arrival_at is not None and any(
+                    d.verdict is Verdict.RELEASE_BARRIER and not d.targets for d in decisions):
+                self.metrics.barrier_seconds.observe(now - b.first_arrival_at)
+            self.execute(job, decisions, now)
+        elif body == "exit":
+            self._exit(job, rs, m.exit, now)
+        elif body == "ack":
+            for slot, (cid, _) in list(rs.pending.items()):
+                if cid == m.ack.command_id:
+                    del rs.pending[slot]
+        elif body == "stacks":
+            rs.stack = policy.stack_signature(m.stacks.json)
+            self._note(job, now, "stacks", f"stacks received ({len(m.stacks.json)} bytes)",
+                       rank=rs.rank)
+            self.execute(job, policy.decide_stacks(job, now, self.cfg), now)
+
+    def _fault(self, conn: Connection, job: JobState, rs: RankState, m: pb.Fault, now: float,
+               received: float) -> None:
+        conn.send(pb.ArbiterMessage(fault_ack=pb.FaultAck(fault_id=m.id)).SerializeToString())
+        if m.id in job.seen_faults:
+            return
+        try:
+            fault = convert.fault_from_proto(m)
+        except ValueError as e:
+            self._note(job, now, "fault", f"unusable fault ignored: {e}", rank=rs.rank)
+            return
+        if self.metrics:
+            self.metrics.faults.labels(kind=fault.kind.value).inc()
+        rs.last_fault = f"{fault.kind.value}: {fault.message}"[:300]
+        self._note(job, now, "fault", f"{fault.kind.value} ({fault.severity.value}, "
+                   f"generation {m.generation}): {fault.message}", rank=rs.rank,
+                   fault_id=fault.id)
+        rep = policy.FaultReport(fault, rs.rank, m.generation,
+                                 m.exit_status if m.HasField("exit_status") else None)
+        decisions = policy.decide_fault(job, rep, now, self.cfg)
+        job.remember_fault(fault.id)
+        self.execute(job, decisions, now, received)
+
+    def _exit(self, job: JobState, rs: RankState, m: pb.TrainerExit, now: float) -> None:
+        sig = m.signal if m.HasField("signal") else None
+        code = m.exit_code if m.HasField("exit_code") else None
+        rs.last_exit_status = 128 + sig if sig is not None else (code or 0)
+        rs.state = "exited"
+        how = f"signal {sig}" if sig is not None else f"code {code}"
+        self._note(job, now, "exit", f"trainer of generation {m.generation} exited with {how}",
+                   rank=rs.rank)
+        if rs.last_exit_status == 0 and m.generation == job.generation:
+            rs.state = "succeeded"
+            done = sum(1 for r in job.ranks.values()
+                       if r.state == "succeeded" and r.generation == job.generation)
+            if done >= job.world_size and not job.finished:
+                job.phase = JobPhase.SUCCEEDED
+                self._note(job, now, "decision", f"every rank exited 0: job succeeded at "
+                           f"generation {job.generation}", action="succeeded")
+
+    # ------------------------------------------------------------------ decisions
+
+    def execute(self, job: JobState, decisions: Iterable[Decision], now: float,
+                received: float | None = None) -> None:
+        """Apply each decision, record it, and queue its commands on the ranks' streams."""
+        for d in decisions:
+            apply(job, d, now)
+            kind = "barrier" if d.verdict is Verdict.RELEASE_BARRIER else "decision"
+            self._note(job, now, kind, d.reason, rank=d.rank, fault_id=d.fault_id,
+                       action=d.verdict.value)
+            if self.metrics:
+                self.metrics.decisions.labels(action=d.verdict.value).inc()
+            if d.verdict not in _SLOTS:
+                continue
+            targets = d.targets or tuple(job.ranks)
+            cid = uuid.uuid4().hex
+            data = convert.command_for(d, cid).SerializeToString()
+            fan = None
+            if received is not None and d.verdict in _TIMED and self.metrics:
+                n = sum(1 for r in targets if (rs := job.ranks.get(r)) and rs.conn is not None)
+                fan = FanOut(n, received, self.metrics.fault_to_command.observe) if n else None
+            for r in targets:
+                rs = job.ranks.get(r)
+                if rs is None:
+                    continue
+                if d.verdict is Verdict.REPLACE and r == d.rank:
+                    self._command(rs, d.verdict, cid + "-replace", convert.command_for(
+                        d, cid + "-replace", replace=True).SerializeToString(), fan)
+                else:
+                    self._command(rs, d.verdict, cid, data, fan)
+                    if d.verdict is Verdict.REPLACE:
+                        rs.state = "restarting"
+
+    def _command(self, rs: RankState, verdict: Verdict, cid: str, data: bytes,
+                 fan: FanOut | None) -> None:
+        rs.state = _RANK_STATES.get(verdict, rs.state)
+        if verdict is Verdict.RELEASE_BARRIER:
+            rs.released_generation = max(rs.released_generation, rs.generation)
+        slot = _SLOTS[verdict]
+        if slot == "life":
+            rs.pending.clear()
+        rs.pending[slot] = (cid, data)
+        if isinstance(rs.conn, Connection):
+            rs.conn.send(data, fan)
+
+    def tick(self) -> None:
+        """Deadlines (stacks, links, barriers) and forgetting jobs nobody runs any more."""
+        now = self.clock()
+        for key, job in list(self.jobs.items()):
+            self.execute(job, policy.decide_tick(job, now, self.cfg), now)
+            if job.connected == 0 and now - job.last_seen > FORGET_AFTER:
+                del self.jobs[key]
+                self.timeline.forget(job.job, job.namespace)
+                self._gauges()
+
+    # ------------------------------------------------------------------ status
+
+    def find(self, name: str, namespace: str) -> JobState | None:
+        if namespace or (namespace, name) in self.jobs:
+            return self.jobs.get((namespace, name))
+        found = [j for (_, n), j in self.jobs.items() if n == name]
+        return found[0] if len(found) == 1 else None
+
+    def job_info(self, job: JobState, *, ranks: bool, timeline_limit: int = 0) -> pb.JobInfo:
+        now = self.clock()
+        info = pb.JobInfo(
+            job=job.job, namespace=job.namespace, generation=job.generation,
+            restarts=job.restarts, max_restarts=job.max_restarts, world_size=job.world_size,
+            connected=job.connected, state=job.phase.value, alert_only=job.alert_only,
+            barrier=barrier.barrier_summary(job, now))
+        if not ranks:
+            return info
+        for r in sorted(job.ranks.values(), key=lambda r: r.rank):
+            age = r.progress_age(now)
+            ri = info.ranks.add(
+                rank=r.rank, pod=r.pod, node=r.node, connected=r.connected, state=r.state,
+                step=r.step, samples_per_second=r.samples_per_second,
+                tokens_per_second=r.tokens_per_second,
+                progress_age_seconds=-1.0 if age is None else age, hung=r.hung,
+                generation=r.generation, restarts=r.restarts, last_fault=r.last_fault)
+            if r.loss is not None:
+                ri.loss = r.loss
+            if r.last_exit_status is not None:
+                ri.last_exit_status = r.last_exit_status
+        for e in self.timeline.entries(job.job, job.namespace, timeline_limit):
+            info.timeline.append(convert.entry_to_proto(e))
+        return info
+
+    # ------------------------------------------------------------------ helpers
+
+    def _lookup(self, conn: Connection) -> tuple[JobState | None, RankState | None]:
+        job = self.jobs.get(conn.key) if conn.key is not None else None
+        rs = job.ranks.get(conn.rank) if job is not None else None
+        if rs is None or rs.conn is not conn:  # superseded by a newer stream of the rank
+            return job, None
+        return job, rs
+
+    def _note(self, job: JobState, now: float, kind: str, message: str, *,
+              rank: int | None = None, fault_id: str = "", action: str = "") -> None:
+        self.timeline.add(now, job.job, job.namespace, job.generation, kind, message,
+                          rank=rank, fault_id=fault_id, action=action)
+
+    def _gauges(self) -> None:
+        if self.metrics:
+            self.metrics.agents_connected.set(self.connected)
+            self.metrics.jobs.set(len(self.jobs))

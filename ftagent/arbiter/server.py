@@ -1,0 +1,273 @@
+"""The arbiter's gRPC server (grpc.aio): agent streams, status API, health, metrics.
+
+Handlers are registered with raw bytes in and out: the arbiter parses each message
+itself so that garbage is answered with INVALID_ARGUMENT (not a generic error from the
+framework), and a command fanned out to 10k ranks is serialised once. One event loop
+runs everything; per stream there is one reader task and the handler itself, which
+writes the stream's outbox and alone ends the call (normally or with a ``Reject``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry, start_http_server
+
+from ftagent.arbiter import convert
+from ftagent.arbiter.auth import TokenInterceptor, server_credentials
+from ftagent.arbiter.policy import PolicyConfig
+from ftagent.arbiter.registry import Connection, Registry, Reject
+from ftagent.arbiter.timeline import Timeline
+from ftagent.metrics import ArbiterMetrics
+from ftagent.v1 import ftagent_pb2 as pb
+
+log = logging.getLogger("ftagent.arbiter")
+
+SERVICE = "ftagent.v1.Arbiter"
+TICK_SECONDS = 0.5
+SERVER_OPTIONS = [
+    # gRPC sets SO_REUSEPORT by default: a second arbiter on the same port would then
+    # silently take half of the agents and decide for them on its own.
+    ("grpc.so_reuseport", 0),
+    # Notice agents that vanished without closing (node lost, partition) within ~40 s.
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+    ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.max_receive_message_length", 16 * 1024 * 1024),  # stack dumps
+    # Calls not yet picked up by the event loop: the defaults (1,000 soft, 3,000 hard)
+    # strand part of a reconnect storm (10k agents after an arbiter restart) for good.
+    ("grpc.server.max_pending_requests", 50_000),
+    ("grpc.server.max_pending_requests_hard_limit", 100_000),
+]
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What the server needs from ``ftagent arbiter``'s flags (see arbiter/cli.py)."""
+
+    listen: str = "127.0.0.1:0"
+    token: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    metrics_port: int = -1
+    metrics_addr: str = "0.0.0.0"
+    policy: PolicyConfig = PolicyConfig()
+
+
+class ArbiterServer:
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.arbiter_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.prom = CollectorRegistry()
+        self.metrics = ArbiterMetrics(self.prom)
+        self.timeline = Timeline()
+        self.registry = Registry(settings.policy, self.timeline, self.metrics, self.arbiter_id)
+        self.health = health.aio.HealthServicer()
+        self.port = 0
+        self.metrics_port = 0
+        self._server: grpc.aio.Server | None = None
+        self._tick: asyncio.Task[None] | None = None
+        self._metrics_http: Any = None
+
+    async def start(self) -> str:
+        """Bind and serve; returns the bound HOST:PORT (port 0 picks a free one)."""
+        s = self.settings
+        creds = server_credentials(s.tls_cert, s.tls_key, s.tls_client_ca)
+        interceptors = [TokenInterceptor(s.token, self.metrics)] if s.token else []
+        server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
+            "Connect": grpc.stream_stream_rpc_method_handler(self._connect),
+            "ListJobs": grpc.unary_unary_rpc_method_handler(self._list_jobs),
+            "GetJob": grpc.unary_unary_rpc_method_handler(self._get_job),
+            "WatchEvents": grpc.unary_stream_rpc_method_handler(self._watch),
+        }),))
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        host = s.listen.rpartition(":")[0]
+        try:
+            if creds is None:
+                self.port = server.add_insecure_port(s.listen)
+            else:
+                self.port = server.add_secure_port(s.listen, creds)
+        except RuntimeError as e:
+            raise OSError(f"cannot listen on {s.listen} ({e}): is the port in use? pick "
+                          "another with --listen") from None
+        await server.start()
+        self._server = server
+        for name in ("", SERVICE):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if s.metrics_port >= 0:
+            self._metrics_http, _ = start_http_server(s.metrics_port, s.metrics_addr,
+                                                      registry=self.prom)
+            self.metrics_port = self._metrics_http.server_port
+        self._tick = asyncio.create_task(self._ticker())
+        return f"{host}:{self.port}"
+
+    async def stop(self, grace: float = 2.0) -> None:
+        for name in ("", SERVICE):
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self._tick:
+            self._tick.cancel()
+        if self._server:
+            await self._server.stop(grace)
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+
+    async def wait(self) -> None:
+        if self._server:
+            await self._server.wait_for_termination()
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_SECONDS)
+            try:
+                self.registry.tick()
+            except Exception:  # a bug in a deadline must not stop the others
+                log.exception("tick failed")
+
+    # ------------------------------------------------------------------ Connect
+
+    async def _connect(self, _requests: Any, context: grpc.aio.ServicerContext) -> None:
+        conn = Connection(context.peer())
+        reader = asyncio.create_task(self._read_loop(conn, context))
+        try:
+            while True:
+                item = await conn.outbox.get()
+                if item is None:
+                    return
+                if isinstance(item, Reject):
+                    self.metrics.rejected.labels(reason=item.reason).inc()
+                    log.info("stream from %s rejected: %s", conn.peer, item.details)
+                    await context.abort(item.code, item.details)
+                    return
+                data, fan = item
+                try:
+                    await context.write(data)
+                except Exception as e:  # the agent went away mid-write
+                    log.debug("write to %s failed: %r", conn.peer, e)
+                    return
+                if fan is not None:
+                    fan.done()
+        finally:
+            reader.cancel()
+            self.registry.disconnect(conn)
+
+    async def _read_loop(self, conn: Connection, context: grpc.aio.ServicerContext) -> None:
+        """Parse and dispatch the agent's messages; problems end the stream via a Reject."""
+        job = namespace = ""
+        try:
+            while True:
+                raw = await context.read()
+                if raw is grpc.aio.EOF:
+                    conn.close()
+                    return
+                received = time.monotonic()
+                try:
+                    m = pb.AgentMessage.FromString(raw)
+                except DecodeError:
+                    m = None
+                body = m.WhichOneof("body") if m is not None else None
+                if m is None or body is None:
+                    conn.reject(grpc.StatusCode.INVALID_ARGUMENT, "not an ftagent.v1."
+                                "AgentMessage: is the client an ftagent agent of the same "
+                                "protocol version?", "invalid_argument")
+                    return
+                if not job:
+                    if body != "hello":
+                        conn.reject(grpc.StatusCode.INVALID_ARGUMENT, "the stream must "
+                                    f"start with Hello, got {body}", "no_hello")
+                        return
+                    try:
+                        self.registry.hello(conn, m.hello)
+                    except ValueError as e:
+                        conn.reject(grpc.StatusCode.INVALID_ARGUMENT, str(e), "bad_hello")
+                        return
+                    job, namespace = m.hello.job, m.hello.namespace
+                    continue
+                other = m.job if m.job and m.job != job else ""
+                if body == "hello" and (m.hello.job, m.hello.namespace) != (job, namespace):
+                    other = m.hello.job
+                if other:
+                    conn.reject(grpc.StatusCode.PERMISSION_DENIED, f"this stream said Hello "
+                                f"for job {job!r}; it may not send for job {other!r}",
+                                "permission_denied")
+                    return
+                if body == "hello":
+                    continue  # a repeated Hello for the same job changes nothing
+                try:
+                    self.registry.handle(conn, m, received)
+                except Exception:  # a bug on one message must not take the stream down
+                    log.exception("handling %s from %s failed", body, conn.peer)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the call ended under us (client gone): just stop reading
+            log.debug("stream from %s ended: %r", conn.peer, e)
+            conn.close()
+
+    # ------------------------------------------------------------------ status
+
+    async def _list_jobs(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        await self._parse(pb.ListJobsRequest, raw, context)
+        out = pb.ListJobsResponse()
+        for job in sorted(self.registry.jobs.values(), key=lambda j: (j.namespace, j.job)):
+            out.jobs.append(self.registry.job_info(job, ranks=False))
+        return out.SerializeToString()
+
+    async def _get_job(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        req = await self._parse(pb.GetJobRequest, raw, context)
+        job = self.registry.find(req.job, req.namespace)
+        if job is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no job {req.job!r} here (or the "
+                                "name is in several namespaces): run `ftagent status` to list "
+                                "jobs")
+            return b""
+        info = self.registry.job_info(job, ranks=True, timeline_limit=req.timeline_limit)
+        return info.SerializeToString()
+
+    async def _watch(self, raw: bytes, context: grpc.aio.ServicerContext) -> None:
+        req = await self._parse(pb.WatchEventsRequest, raw, context)
+        w = self.timeline.watch(req.job, req.namespace)
+        try:
+            if req.replay:
+                for e in sorted(self.timeline.all_entries(), key=lambda e: e.seq):
+                    if w.wants(e):
+                        await context.write(convert.entry_to_proto(e).SerializeToString())
+            while True:
+                got = await w.queue.get()
+                if got is None:
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "this watcher "
+                                        "fell too far behind: reconnect")
+                    return
+                await context.write(convert.entry_to_proto(got).SerializeToString())
+        finally:
+            self.timeline.unwatch(w)
+
+    async def _parse(self, cls: Any, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return cls.FromString(raw)
+        except DecodeError:
+            self.metrics.rejected.labels(reason="invalid_argument").inc()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"not an ftagent.v1.{cls.__name__}")
+
+
+async def serve_until(server: ArbiterServer, stop: asyncio.Event) -> None:
+    """Run ``server`` until ``stop`` is set, then stop it gracefully."""
+    try:
+        await stop.wait()
+    finally:
+        with contextlib.suppress(Exception):
+            await server.stop()

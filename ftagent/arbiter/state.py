@@ -1,0 +1,184 @@
+"""What the arbiter knows about a job, and how a decision changes it.
+
+The registry owns these objects and updates them from what agents send; the policy
+(``policy.py``, ``barrier.py``) only reads them and returns ``Decision`` values;
+``apply`` is the one place a decision changes a job's state. Nothing here does I/O, so a
+test can replay faults through ``decide_* -> apply`` and compare plain values.
+
+Everything is rebuilt from agents' Hellos after an arbiter restart (stateless design):
+the job's generation is the highest any agent reports, its restart count likewise.
+
+Job lifecycle::
+
+    STARTING ──all ranks arrived──▶ RUNNING ──fault: RESTART/REPLACE──▶ RESTARTING
+       │   (barrier, generation 0)     ▲                                     │
+       │                               └────────all ranks arrived────────────┘
+       ├──barrier timeout / budget spent──▶ STOPPED
+       └──every rank exited 0────────────▶ SUCCEEDED
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+SEEN_FAULTS_KEPT = 10_000  # per job; duplicate ids older than this are long acknowledged
+
+
+class JobPhase(str, enum.Enum):
+    STARTING = "starting"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    STOPPED = "stopped"
+    SUCCEEDED = "succeeded"
+
+
+class Verdict(str, enum.Enum):
+    """What a decision does. The first five are model.ActionKind values."""
+
+    RESTART = "restart"  # every rank restarts in place at generation+1, then meets at a barrier
+    REPLACE = "replace"  # `rank` exits with EXIT_REPLACE; the others restart at generation+1
+    STOP = "stop"  # targets stop their trainer and exit with `exit_code`
+    ALERT_ONLY = "alert_only"  # recorded for humans; nothing sent
+    DUMP_STACKS = "dump_stacks"  # every rank sends its stacks; decide when all did or `until`
+    RELEASE_BARRIER = "release_barrier"  # targets start generation `generation` now
+    REJOIN = "rejoin"  # targets lag behind: restart into the job's current generation
+    WAIT = "wait"  # a rank's link is down: decide when it is back or at `until`
+    IGNORE = "ignore"  # recorded, nothing to do (stale generation, already handled)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One decision of the policy, with the reason a human reads in the timeline."""
+
+    verdict: Verdict
+    reason: str
+    generation: int  # the job's generation once this decision is applied
+    targets: tuple[int, ...] = ()  # ranks the command goes to; () means every rank
+    rank: int | None = None  # the rank it is about: culprit, REPLACE target, NIC rank
+    exit_code: int | None = None  # STOP: the code agents exit with
+    fault_id: str = ""
+    until: float | None = None  # DUMP_STACKS / WAIT: deadline (wall clock)
+
+
+@dataclass(slots=True)
+class RankState:
+    """One agent as last heard from. ``last_step_at`` is the estimated wall time of the
+    rank's last step (arrival time minus the agent's seconds_since_progress)."""
+
+    rank: int
+    pod: str = ""
+    node: str = ""
+    connected: bool = False
+    state: str = ""
+    generation: int = 0
+    released_generation: int = -1
+    restarts: int = 0
+    step: int = -1
+    loss: float | None = None
+    samples_per_second: float = 0.0
+    tokens_per_second: float = 0.0
+    last_step_at: float | None = None
+    hung: bool = False
+    last_fault: str = ""
+    last_exit_status: int | None = None
+    stack: str | None = None  # signature of the stacks sent for the current hang probe
+    # Commands sent but not acknowledged, re-sent on reconnect: slot -> (id, bytes).
+    pending: dict[str, tuple[str, bytes]] = field(default_factory=dict)
+    conn: object | None = None  # the registry's live connection, if any
+
+    def progress_age(self, now: float) -> float | None:
+        return None if self.last_step_at is None else max(0.0, now - self.last_step_at)
+
+
+@dataclass(slots=True)
+class BarrierState:
+    """Ranks that arrived for ``generation`` (their previous trainer has exited)."""
+
+    generation: int
+    opened_at: float
+    arrived: set[int] = field(default_factory=set)
+    first_arrival_at: float | None = None
+    released: bool = False
+
+
+@dataclass(slots=True)
+class HangProbe:
+    """A job hang: stacks were requested from every rank; decide when all came or at deadline."""
+
+    fault_id: str
+    rank: int
+    deadline: float
+    exit_status: int | None = None
+
+
+@dataclass(slots=True)
+class NicOutage:
+    """A rank's link is down: restart when it is back, replace it at ``deadline``."""
+
+    fault_id: str
+    since: float
+    deadline: float
+
+
+@dataclass(slots=True)
+class JobState:
+    job: str
+    namespace: str = ""
+    world_size: int = 1
+    generation: int = 0
+    restarts: int = 0
+    max_restarts: int = 3
+    alert_only: bool = False
+    phase: JobPhase = JobPhase.STARTING
+    ranks: dict[int, RankState] = field(default_factory=dict)
+    barrier: BarrierState | None = None
+    hang_probe: HangProbe | None = None
+    nic_outages: dict[int, NicOutage] = field(default_factory=dict)
+    seen_faults: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    stop_reason: str = ""
+    connected: int = 0
+    last_seen: float = 0.0
+
+    def remember_fault(self, fault_id: str) -> None:
+        self.seen_faults[fault_id] = None
+        while len(self.seen_faults) > SEEN_FAULTS_KEPT:
+            self.seen_faults.popitem(last=False)
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in (JobPhase.STOPPED, JobPhase.SUCCEEDED)
+
+
+def apply(job: JobState, d: Decision, now: float) -> None:
+    """Change ``job`` as ``d`` says. Idempotent for STOP and RELEASE_BARRIER."""
+    v = d.verdict
+    if v in (Verdict.RESTART, Verdict.REPLACE):
+        job.generation = d.generation
+        job.restarts += 1
+        job.phase = JobPhase.RESTARTING
+        job.barrier = BarrierState(generation=d.generation, opened_at=now)
+        job.hang_probe = None
+        job.nic_outages.clear()
+        for r in job.ranks.values():
+            r.hung = False
+            r.stack = None
+    elif v is Verdict.STOP and not d.targets:
+        job.phase = JobPhase.STOPPED
+        job.stop_reason = d.reason
+        job.barrier = None
+        job.hang_probe = None
+        job.nic_outages.clear()
+    elif v is Verdict.DUMP_STACKS and d.until is not None and d.rank is not None:
+        job.hang_probe = HangProbe(fault_id=d.fault_id, rank=d.rank, deadline=d.until,
+                                   exit_status=d.exit_code)
+        for r in job.ranks.values():
+            r.stack = None
+    elif v is Verdict.RELEASE_BARRIER and not d.targets and job.barrier is not None:
+        if job.barrier.generation == d.generation:
+            job.barrier.released = True
+            job.phase = JobPhase.RUNNING
+    elif (v is Verdict.WAIT and d.rank is not None and d.until is not None
+          and d.rank not in job.nic_outages):
+        job.nic_outages[d.rank] = NicOutage(fault_id=d.fault_id, since=now, deadline=d.until)

@@ -1,0 +1,197 @@
+"""``ftagent status [JOB]``: jobs, ranks and timelines from the arbiter.
+
+Without JOB: one line per job on every replica. With JOB: its ranks (state, step, age
+of the last step, restarts, generation, last fault) and its timeline, asked from the
+replica that owns the job (the agents' own shard choice). ``--json`` prints the API's
+answer for machines; ``--follow`` streams the timeline as it happens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+
+from ftagent.agent.reporter import pick_arbiter
+from ftagent.arbiter.auth import bearer, channel_credentials
+from ftagent.config import (
+    ArbiterClientConfig,
+    ConfigError,
+    OneLineParser,
+    add_group,
+    resolve_group,
+)
+from ftagent.v1 import ftagent_pb2 as pb
+from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
+
+TIMEOUT = 10.0
+
+
+class StatusError(Exception):
+    """One line for the user, exit code 1."""
+
+
+def _stub(cfg: ArbiterClientConfig, address: str) -> pb_grpc.ArbiterStub:
+    creds = channel_credentials(cfg.tls_ca, cfg.tls_cert, cfg.tls_key)
+    ch = grpc.insecure_channel(address) if creds is None else grpc.secure_channel(address, creds)
+    return pb_grpc.ArbiterStub(ch)
+
+
+def _call(address: str, fn: Any, req: Any, token: str) -> Any:
+    try:
+        return fn(req, metadata=bearer(token), timeout=TIMEOUT)
+    except grpc.RpcError as e:
+        code = e.code() if hasattr(e, "code") else None
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            raise StatusError(f"arbiter {address} unreachable ({code.name}): is `ftagent "
+                              "arbiter` running there? (--arbiter / FTAGENT_ARBITER)") from None
+        details = e.details() if hasattr(e, "details") else str(e)
+        raise StatusError(f"{address}: {code.name if code else 'error'}: {details}") from None
+
+
+def to_dict(m: Message) -> dict[str, Any]:
+    """Every field by its proto name, numbers as numbers (proto3 JSON turns int64 into
+    strings and leaves out zeros, which is awkward in jq); unset optional fields are null."""
+    out: dict[str, Any] = {}
+    for f in m.DESCRIPTOR.fields:
+        value = getattr(m, f.name)
+        if f.has_presence and f.message_type is None and not m.HasField(f.name):
+            out[f.name] = None
+        elif f.message_type is not None:
+            out[f.name] = [to_dict(v) for v in value] if _repeated(f) else to_dict(value)
+        else:
+            out[f.name] = list(value) if _repeated(f) else value
+    return out
+
+
+def _repeated(f: Any) -> bool:
+    rep = getattr(f, "is_repeated", None)  # protobuf >= 6; older versions only have label
+    return bool(rep if rep is not None else getattr(f, "label", 0) == 3)
+
+
+def _age(seconds: float) -> str:
+    if seconds < 0:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m ago"
+    return f"{seconds / 3600:.1f}h ago"
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def format_jobs(jobs: list[pb.JobInfo]) -> str:
+    if not jobs:
+        return "no jobs (agents register when `ftagent run --arbiter ...` starts)"
+    rows = [["JOB", "NAMESPACE", "STATE", "GENERATION", "RESTARTS", "CONNECTED", "BARRIER"]]
+    for j in jobs:
+        state = j.state + (" (alert only)" if j.alert_only else "")
+        rows.append([j.job, j.namespace or "-", state, str(j.generation),
+                     f"{j.restarts}/{j.max_restarts}", f"{j.connected}/{j.world_size}",
+                     j.barrier or "-"])
+    return _table(rows)
+
+
+def format_entry(e: pb.TimelineEntry) -> str:
+    ts = time.strftime("%H:%M:%S", time.localtime(e.ts)) + f".{int(e.ts % 1 * 1000):03d}"
+    who = f"rank {e.rank}" if e.HasField("rank") else ""
+    kind = e.action if e.kind == "decision" and e.action else e.kind
+    return f"{ts}  g{e.generation:<3} {who:<9} {kind:<12} {e.message}"
+
+
+def format_job(j: pb.JobInfo) -> str:
+    out = [f"job {j.job}" + (f" (namespace {j.namespace})" if j.namespace else "") +
+           f": {j.state}, generation {j.generation}, restarts {j.restarts}/{j.max_restarts}, "
+           f"{j.connected}/{j.world_size} ranks connected" +
+           (", alert only" if j.alert_only else "")]
+    if j.barrier:
+        out.append(f"barrier: {j.barrier}")
+    rows = [["RANK", "POD", "NODE", "STATE", "STEP", "LOSS", "LAST STEP", "RESTARTS", "GEN",
+             "LAST FAULT"]]
+    for r in j.ranks:
+        state = (r.state or "-") + ("" if r.connected else " (disconnected)") + \
+            (" HUNG" if r.hung else "")
+        rows.append([str(r.rank), r.pod or "-", r.node or "-", state,
+                     str(r.step) if r.step >= 0 else "-",
+                     f"{r.loss:.4g}" if r.HasField("loss") else "-",
+                     _age(r.progress_age_seconds), str(r.restarts), str(r.generation),
+                     r.last_fault[:60] or "-"])
+    out += ["", _table(rows), "", "timeline:"]
+    out += [format_entry(e) for e in j.timeline] or ["(empty)"]
+    return "\n".join(out)
+
+
+def _follow(cfg: ArbiterClientConfig, address: str, job: str, namespace: str,
+            as_json: bool) -> int:
+    stub = _stub(cfg, address)
+    req = pb.WatchEventsRequest(job=job, namespace=namespace, replay=True)
+    try:
+        for e in stub.WatchEvents(req, metadata=bearer(cfg.token)):
+            print(json.dumps(to_dict(e)) if as_json else format_entry(e), flush=True)
+    except KeyboardInterrupt:
+        return 0
+    except grpc.RpcError as e:
+        raise StatusError(f"{address}: {e.code().name}: {e.details()}") from None
+    return 0
+
+
+def run(cfg: ArbiterClientConfig, job: str, namespace: str, as_json: bool, follow: bool,
+        limit: int) -> int:
+    if not cfg.arbiter:
+        raise ConfigError("no arbiter: pass --arbiter HOST:PORT or set FTAGENT_ARBITER")
+    replicas = [a.strip() for a in cfg.arbiter.split(",") if a.strip()]
+    if job:
+        address = pick_arbiter(replicas, job)
+        if follow:
+            return _follow(cfg, address, job, namespace, as_json)
+        stub = _stub(cfg, address)
+        info = _call(address, stub.GetJob, pb.GetJobRequest(
+            job=job, namespace=namespace, timeline_limit=limit), cfg.token)
+        print(json.dumps(to_dict(info), indent=2) if as_json else format_job(info))
+        return 0
+    if follow:
+        if len(replicas) > 1:
+            raise StatusError("--follow without JOB needs a single --arbiter address")
+        return _follow(cfg, replicas[0], "", namespace, as_json)
+    jobs: list[pb.JobInfo] = []
+    for address in replicas:
+        got = _call(address, _stub(cfg, address).ListJobs, pb.ListJobsRequest(), cfg.token)
+        jobs += [j for j in got.jobs if not namespace or j.namespace == namespace]
+    if as_json:
+        print(json.dumps({"jobs": [to_dict(j) for j in jobs]}, indent=2))
+    else:
+        print(format_jobs(jobs))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    parser = OneLineParser(prog="ftagent status", description=__doc__.splitlines()[0])
+    parser.add_argument("job", nargs="?", default="", help="show this job's ranks and timeline")
+    parser.add_argument("--namespace", default="", help="the job's namespace (when the name "
+                        "is in several)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--follow", "-f", action="store_true",
+                        help="stream timeline entries as they happen (Ctrl-C to stop)")
+    parser.add_argument("--timeline", type=int, default=50, metavar="N",
+                        help="timeline entries shown for JOB (0: all kept)")
+    add_group(parser, "arbiter connection", ArbiterClientConfig)
+    ns = parser.parse_args(argv)
+    try:
+        cfg = resolve_group(ns, ArbiterClientConfig, os.environ)
+        return run(cfg, ns.job, ns.namespace, ns.json, ns.follow, ns.timeline)
+    except (ConfigError, ValueError) as e:
+        sys.stderr.write(f"ftagent status: error: {e}\n")
+        return 2
+    except StatusError as e:
+        sys.stderr.write(f"ftagent status: error: {e}\n")
+        return 1

@@ -1,0 +1,100 @@
+"""Each job's timeline: what happened and what was decided, in order, with reasons.
+
+The timeline is what ``ftagent status`` shows and ``WatchEvents`` streams; every entry is
+also logged, so the arbiter's log reads the same story. Entries are kept per job in a
+bounded deque (the arbiter is stateless: a restart starts a fresh timeline).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+log = logging.getLogger("ftagent.arbiter.timeline")
+
+KEEP_PER_JOB = 1000
+WATCH_QUEUE = 10_000  # entries a slow watcher may lag behind before it is dropped
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    seq: int
+    ts: float
+    job: str
+    namespace: str
+    generation: int
+    kind: str  # agent | fault | decision | barrier | stacks | exit
+    message: str
+    rank: int | None = None
+    fault_id: str = ""
+    action: str = ""
+
+
+class Watcher:
+    """One WatchEvents subscriber: entries of one job (or all), queued for the stream."""
+
+    def __init__(self, job: str, namespace: str) -> None:
+        self.job = job
+        self.namespace = namespace
+        self.queue: asyncio.Queue[Entry | None] = asyncio.Queue(WATCH_QUEUE)
+
+    def wants(self, e: Entry) -> bool:
+        return (not self.job or e.job == self.job) and (
+            not self.namespace or e.namespace == self.namespace)
+
+
+class Timeline:
+    def __init__(self, keep_per_job: int = KEEP_PER_JOB) -> None:
+        self._keep = keep_per_job
+        self._jobs: dict[tuple[str, str], deque[Entry]] = {}
+        self._seq = 0
+        self._watchers: set[Watcher] = set()
+
+    def add(self, now: float, job: str, namespace: str, generation: int, kind: str,
+            message: str, *, rank: int | None = None, fault_id: str = "",
+            action: str = "") -> Entry:
+        self._seq += 1
+        e = Entry(self._seq, now, job, namespace, generation, kind, message, rank, fault_id,
+                  action)
+        q = self._jobs.get((namespace, job))
+        if q is None:
+            q = self._jobs[(namespace, job)] = deque(maxlen=self._keep)
+        q.append(e)
+        level = logging.WARNING if kind == "decision" and action in ("stop", "replace") \
+            else logging.INFO
+        log.log(level, "%s%s g%d %s%s", f"{namespace}/" if namespace else "", job, generation,
+                f"rank {rank}: " if rank is not None and kind != "decision" else "", message)
+        for w in list(self._watchers):
+            if w.wants(e):
+                try:
+                    w.queue.put_nowait(e)
+                except asyncio.QueueFull:  # a watcher that does not read loses its stream
+                    self._watchers.discard(w)
+                    w.queue = asyncio.Queue(1)
+                    w.queue.put_nowait(None)
+        return e
+
+    def entries(self, job: str, namespace: str, limit: int = 0) -> list[Entry]:
+        q = self._jobs.get((namespace, job))
+        if q is None:
+            return []
+        items = list(q)
+        return items[-limit:] if limit > 0 else items
+
+    def all_entries(self) -> Iterator[Entry]:
+        for q in self._jobs.values():
+            yield from q
+
+    def forget(self, job: str, namespace: str) -> None:
+        self._jobs.pop((namespace, job), None)
+
+    def watch(self, job: str, namespace: str) -> Watcher:
+        w = Watcher(job, namespace)
+        self._watchers.add(w)
+        return w
+
+    def unwatch(self, w: Watcher) -> None:
+        self._watchers.discard(w)

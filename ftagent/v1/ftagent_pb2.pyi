@@ -1,0 +1,352 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class FaultKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FAULT_KIND_UNSPECIFIED: _ClassVar[FaultKind]
+    FAULT_KIND_CRASH: _ClassVar[FaultKind]
+    FAULT_KIND_HANG: _ClassVar[FaultKind]
+    FAULT_KIND_GPU: _ClassVar[FaultKind]
+    FAULT_KIND_NIC: _ClassVar[FaultKind]
+    FAULT_KIND_NODE: _ClassVar[FaultKind]
+    FAULT_KIND_BARRIER: _ClassVar[FaultKind]
+    FAULT_KIND_AGENT: _ClassVar[FaultKind]
+
+class Severity(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SEVERITY_UNSPECIFIED: _ClassVar[Severity]
+    SEVERITY_INFO: _ClassVar[Severity]
+    SEVERITY_WARNING: _ClassVar[Severity]
+    SEVERITY_ERROR: _ClassVar[Severity]
+    SEVERITY_FATAL: _ClassVar[Severity]
+
+class Scope(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SCOPE_UNSPECIFIED: _ClassVar[Scope]
+    SCOPE_PROCESS: _ClassVar[Scope]
+    SCOPE_POD: _ClassVar[Scope]
+    SCOPE_NODE: _ClassVar[Scope]
+    SCOPE_JOB: _ClassVar[Scope]
+
+class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMMAND_KIND_UNSPECIFIED: _ClassVar[CommandKind]
+    COMMAND_KIND_RESTART: _ClassVar[CommandKind]
+    COMMAND_KIND_STOP: _ClassVar[CommandKind]
+    COMMAND_KIND_RELEASE_BARRIER: _ClassVar[CommandKind]
+    COMMAND_KIND_DUMP_STACKS: _ClassVar[CommandKind]
+    COMMAND_KIND_REPLACE: _ClassVar[CommandKind]
+FAULT_KIND_UNSPECIFIED: FaultKind
+FAULT_KIND_CRASH: FaultKind
+FAULT_KIND_HANG: FaultKind
+FAULT_KIND_GPU: FaultKind
+FAULT_KIND_NIC: FaultKind
+FAULT_KIND_NODE: FaultKind
+FAULT_KIND_BARRIER: FaultKind
+FAULT_KIND_AGENT: FaultKind
+SEVERITY_UNSPECIFIED: Severity
+SEVERITY_INFO: Severity
+SEVERITY_WARNING: Severity
+SEVERITY_ERROR: Severity
+SEVERITY_FATAL: Severity
+SCOPE_UNSPECIFIED: Scope
+SCOPE_PROCESS: Scope
+SCOPE_POD: Scope
+SCOPE_NODE: Scope
+SCOPE_JOB: Scope
+COMMAND_KIND_UNSPECIFIED: CommandKind
+COMMAND_KIND_RESTART: CommandKind
+COMMAND_KIND_STOP: CommandKind
+COMMAND_KIND_RELEASE_BARRIER: CommandKind
+COMMAND_KIND_DUMP_STACKS: CommandKind
+COMMAND_KIND_REPLACE: CommandKind
+
+class AgentMessage(_message.Message):
+    __slots__ = ("job", "hello", "progress", "fault", "arrival", "exit", "ack", "stacks")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    FAULT_FIELD_NUMBER: _ClassVar[int]
+    ARRIVAL_FIELD_NUMBER: _ClassVar[int]
+    EXIT_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    STACKS_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    hello: Hello
+    progress: ProgressSummary
+    fault: Fault
+    arrival: BarrierArrival
+    exit: TrainerExit
+    ack: Ack
+    stacks: Stacks
+    def __init__(self, job: _Optional[str] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., progress: _Optional[_Union[ProgressSummary, _Mapping]] = ..., fault: _Optional[_Union[Fault, _Mapping]] = ..., arrival: _Optional[_Union[BarrierArrival, _Mapping]] = ..., exit: _Optional[_Union[TrainerExit, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., stacks: _Optional[_Union[Stacks, _Mapping]] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("job", "namespace", "pod", "node", "rank", "world_size", "restart_count", "generation", "agent_version", "max_restarts", "alert_only", "released_generation", "state")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RESTART_COUNT_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    ALERT_ONLY_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    namespace: str
+    pod: str
+    node: str
+    rank: int
+    world_size: int
+    restart_count: int
+    generation: int
+    agent_version: str
+    max_restarts: int
+    alert_only: bool
+    released_generation: int
+    state: str
+    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., pod: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., restart_count: _Optional[int] = ..., generation: _Optional[int] = ..., agent_version: _Optional[str] = ..., max_restarts: _Optional[int] = ..., alert_only: _Optional[bool] = ..., released_generation: _Optional[int] = ..., state: _Optional[str] = ...) -> None: ...
+
+class ProgressSummary(_message.Message):
+    __slots__ = ("step", "loss", "samples_per_second", "tokens_per_second", "seconds_since_progress", "hung", "ts")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_SINCE_PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    HUNG_FIELD_NUMBER: _ClassVar[int]
+    TS_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    loss: float
+    samples_per_second: float
+    tokens_per_second: float
+    seconds_since_progress: float
+    hung: bool
+    ts: float
+    def __init__(self, step: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., seconds_since_progress: _Optional[float] = ..., hung: _Optional[bool] = ..., ts: _Optional[float] = ...) -> None: ...
+
+class Fault(_message.Message):
+    __slots__ = ("id", "kind", "severity", "scope", "message", "evidence_json", "detected_at", "generation", "exit_status")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_JSON_FIELD_NUMBER: _ClassVar[int]
+    DETECTED_AT_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    EXIT_STATUS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    kind: FaultKind
+    severity: Severity
+    scope: Scope
+    message: str
+    evidence_json: str
+    detected_at: float
+    generation: int
+    exit_status: int
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[FaultKind, str]] = ..., severity: _Optional[_Union[Severity, str]] = ..., scope: _Optional[_Union[Scope, str]] = ..., message: _Optional[str] = ..., evidence_json: _Optional[str] = ..., detected_at: _Optional[float] = ..., generation: _Optional[int] = ..., exit_status: _Optional[int] = ...) -> None: ...
+
+class BarrierArrival(_message.Message):
+    __slots__ = ("generation", "previous_trainer_exited")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_TRAINER_EXITED_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    previous_trainer_exited: bool
+    def __init__(self, generation: _Optional[int] = ..., previous_trainer_exited: _Optional[bool] = ...) -> None: ...
+
+class TrainerExit(_message.Message):
+    __slots__ = ("generation", "exit_code", "signal")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    exit_code: int
+    signal: int
+    def __init__(self, generation: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("command_id",)
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    command_id: str
+    def __init__(self, command_id: _Optional[str] = ...) -> None: ...
+
+class Stacks(_message.Message):
+    __slots__ = ("command_id", "json")
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    command_id: str
+    json: str
+    def __init__(self, command_id: _Optional[str] = ..., json: _Optional[str] = ...) -> None: ...
+
+class ArbiterMessage(_message.Message):
+    __slots__ = ("welcome", "fault_ack", "command")
+    WELCOME_FIELD_NUMBER: _ClassVar[int]
+    FAULT_ACK_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    welcome: Welcome
+    fault_ack: FaultAck
+    command: Command
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., fault_ack: _Optional[_Union[FaultAck, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ...) -> None: ...
+
+class Welcome(_message.Message):
+    __slots__ = ("generation", "arbiter_id", "max_restarts", "restarts")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ARBITER_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    arbiter_id: str
+    max_restarts: int
+    restarts: int
+    def __init__(self, generation: _Optional[int] = ..., arbiter_id: _Optional[str] = ..., max_restarts: _Optional[int] = ..., restarts: _Optional[int] = ...) -> None: ...
+
+class FaultAck(_message.Message):
+    __slots__ = ("fault_id",)
+    FAULT_ID_FIELD_NUMBER: _ClassVar[int]
+    fault_id: str
+    def __init__(self, fault_id: _Optional[str] = ...) -> None: ...
+
+class Command(_message.Message):
+    __slots__ = ("id", "kind", "generation", "exit_code", "reason", "fault_id", "target_rank")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    FAULT_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_RANK_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    kind: CommandKind
+    generation: int
+    exit_code: int
+    reason: str
+    fault_id: str
+    target_rank: int
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., generation: _Optional[int] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., fault_id: _Optional[str] = ..., target_rank: _Optional[int] = ...) -> None: ...
+
+class ListJobsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListJobsResponse(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobInfo]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ...) -> None: ...
+
+class GetJobRequest(_message.Message):
+    __slots__ = ("job", "namespace", "timeline_limit")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    TIMELINE_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    namespace: str
+    timeline_limit: int
+    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., timeline_limit: _Optional[int] = ...) -> None: ...
+
+class RankInfo(_message.Message):
+    __slots__ = ("rank", "pod", "node", "connected", "state", "step", "loss", "samples_per_second", "tokens_per_second", "progress_age_seconds", "hung", "generation", "restarts", "last_fault", "last_exit_status")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    HUNG_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_FAULT_FIELD_NUMBER: _ClassVar[int]
+    LAST_EXIT_STATUS_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    pod: str
+    node: str
+    connected: bool
+    state: str
+    step: int
+    loss: float
+    samples_per_second: float
+    tokens_per_second: float
+    progress_age_seconds: float
+    hung: bool
+    generation: int
+    restarts: int
+    last_fault: str
+    last_exit_status: int
+    def __init__(self, rank: _Optional[int] = ..., pod: _Optional[str] = ..., node: _Optional[str] = ..., connected: _Optional[bool] = ..., state: _Optional[str] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., progress_age_seconds: _Optional[float] = ..., hung: _Optional[bool] = ..., generation: _Optional[int] = ..., restarts: _Optional[int] = ..., last_fault: _Optional[str] = ..., last_exit_status: _Optional[int] = ...) -> None: ...
+
+class JobInfo(_message.Message):
+    __slots__ = ("job", "namespace", "generation", "restarts", "max_restarts", "world_size", "connected", "state", "alert_only", "barrier", "ranks", "timeline")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ALERT_ONLY_FIELD_NUMBER: _ClassVar[int]
+    BARRIER_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    TIMELINE_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    namespace: str
+    generation: int
+    restarts: int
+    max_restarts: int
+    world_size: int
+    connected: int
+    state: str
+    alert_only: bool
+    barrier: str
+    ranks: _containers.RepeatedCompositeFieldContainer[RankInfo]
+    timeline: _containers.RepeatedCompositeFieldContainer[TimelineEntry]
+    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., generation: _Optional[int] = ..., restarts: _Optional[int] = ..., max_restarts: _Optional[int] = ..., world_size: _Optional[int] = ..., connected: _Optional[int] = ..., state: _Optional[str] = ..., alert_only: _Optional[bool] = ..., barrier: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., timeline: _Optional[_Iterable[_Union[TimelineEntry, _Mapping]]] = ...) -> None: ...
+
+class WatchEventsRequest(_message.Message):
+    __slots__ = ("job", "namespace", "replay")
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_FIELD_NUMBER: _ClassVar[int]
+    job: str
+    namespace: str
+    replay: bool
+    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., replay: _Optional[bool] = ...) -> None: ...
+
+class TimelineEntry(_message.Message):
+    __slots__ = ("seq", "ts", "job", "namespace", "generation", "kind", "message", "rank", "fault_id", "action")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TS_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    FAULT_ID_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    ts: float
+    job: str
+    namespace: str
+    generation: int
+    kind: str
+    message: str
+    rank: int
+    fault_id: str
+    action: str
+    def __init__(self, seq: _Optional[int] = ..., ts: _Optional[float] = ..., job: _Optional[str] = ..., namespace: _Optional[str] = ..., generation: _Optional[int] = ..., kind: _Optional[str] = ..., message: _Optional[str] = ..., rank: _Optional[int] = ..., fault_id: _Optional[str] = ..., action: _Optional[str] = ...) -> None: ...
