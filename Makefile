@@ -7,7 +7,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-stamp
 PROTO   := proto/ftagent/v1/ftagent.proto
 
-.PHONY: all venv deps demo test lint typecheck unit integration e2e proto proto-check bench gpu-check clean
+.PHONY: all venv deps demo test lint typecheck unit integration e2e proto proto-check bench clean
 
 all: test
 
@@ -61,9 +61,6 @@ unit: venv
 
 bench: venv
 	$(BIN)/python bench/passthrough.py
-
-gpu-check: venv
-	$(BIN)/python -m ftagent.sources.gpu --check
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -17,6 +17,7 @@ What changes against the local agent, and only this:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -31,9 +32,11 @@ from ftagent.model import (
     Action,
     ActionKind,
     Fault,
+    FaultKind,
     Observation,
     ProcessExit,
     Progress,
+    Severity,
     TrainerState,
 )
 
@@ -47,8 +50,7 @@ class ArbitratedAgent(Agent):
     def __init__(self, cfg: RunConfig, environ: Mapping[str, str]) -> None:
         super().__init__(cfg, environ)
         self.link = ArbiterLink(cfg.arbiter, cfg.identity,
-                                max_restarts=cfg.supervisor.max_restarts or None,
-                                alert_only=cfg.hang.hang_action == "alert")
+                                max_restarts=cfg.supervisor.max_restarts or None)
         self.hang_state: Callable[[], tuple[float, bool]] = lambda: (0.0, False)
         self._undecided: Fault | None = None
         self._offline_since: float | None = None
@@ -111,6 +113,12 @@ class ArbitratedAgent(Agent):
                 return None
 
     def decide_remotely(self, fault: Fault) -> bool:
+        if fault.kind == FaultKind.HANG and self.cfg.hang.hang_action == "alert":
+            # --hang-action alert: the arbiter records a WARNING and decides nothing; the
+            # local policy records ALERT_ONLY. (Crashes are still the arbiter's to decide.)
+            self.link.report_fault(dataclasses.replace(fault, severity=Severity.WARNING),
+                                   generation=self.generation)
+            return False
         self.link.report_fault(fault, generation=self.generation)
         if fault.evidence.get("recovered"):
             return True  # an all-clear: the arbiter may act on it, locally nothing to do
