@@ -163,6 +163,8 @@ class IbPortStats:
     rate_bytes_per_second: float
     receive_bytes: int
     transmit_bytes: int
+    receive_bps: float = 0.0  # over the source's rate window
+    transmit_bps: float = 0.0
 
 
 class NicCollector(Collector):
@@ -214,6 +216,9 @@ class NicCollector(Collector):
                                   "RDMA port data received.", labels=port)
         itx = CounterMetricFamily("ftagent_infiniband_port_transmit_bytes",
                                   "RDMA port data transmitted.", labels=port)
+        ibw = GaugeMetricFamily("ftagent_infiniband_bandwidth_bytes_per_second",
+                                "RDMA port throughput over the last window.",
+                                labels=port + ["direction"])
         try:
             for p in self.ib_ports():
                 lv = vals + [p.device, p.port]
@@ -222,9 +227,11 @@ class NicCollector(Collector):
                 rate.add_metric(lv, p.rate_bytes_per_second)
                 irx.add_metric(lv, p.receive_bytes)
                 itx.add_metric(lv, p.transmit_bytes)
+                ibw.add_metric(lv + ["receive"], p.receive_bps)
+                ibw.add_metric(lv + ["transmit"], p.transmit_bps)
         except Exception:
             log.exception("RDMA snapshot failed")
-        yield from (up, carrier, flaps, rx, tx, bw, state, phys, rate, irx, itx)
+        yield from (up, carrier, flaps, rx, tx, bw, state, phys, rate, irx, itx, ibw)
 
 
 def _version() -> str:

@@ -167,11 +167,14 @@ class RdmaSource:
     def snapshot(self) -> list[IbPortStats]:
         """The ports now, for the scrape-time collector (safe from the metrics thread:
         ``_ports`` is replaced whole by each poll, never changed in place)."""
+        rates = self.bandwidth()
         return [IbPortStats(device=p.device, port=str(p.port), state_id=p.state_id,
                             phys_state_id=p.phys_state_id,
                             rate_bytes_per_second=p.rate_bytes_per_second,
                             receive_bytes=p.receive_bytes or 0,
-                            transmit_bytes=p.transmit_bytes or 0)
+                            transmit_bytes=p.transmit_bytes or 0,
+                            receive_bps=rates.get(p.name, (0.0, 0.0))[0],
+                            transmit_bps=rates.get(p.name, (0.0, 0.0))[1])
                 for p in self._ports.values()]
 
     def bandwidth(self) -> dict[str, tuple[float, float]]:

@@ -87,6 +87,8 @@ def test_counters_are_bytes_with_rates(tmp_path: Path) -> None:
     rx_bps, tx_bps = src.bandwidth()["mlx5_0/1"]
     assert rx_bps == pytest.approx((12000 - 4000) / 2)
     assert tx_bps == pytest.approx(40 / 2)
+    (st,) = src.snapshot()  # the collector exports the same rates
+    assert (st.receive_bps, st.transmit_bps) == (rx_bps, tx_bps)
 
 
 def test_nccl_ib_hca_filters_devices_and_ports(tmp_path: Path) -> None:
