@@ -87,6 +87,7 @@ class Agent:
         self._tasks: list[asyncio.Task[Any]] = []
         self.extra_env: dict[str, str] = {}
         self._inflight: set[asyncio.Task[Any]] = set()
+        self._armed: set[tuple[int, float]] = set()  # (id(detector), deadline) timers
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -129,13 +130,33 @@ class Agent:
             await asyncio.sleep(TICK_SECONDS)
             now = time.monotonic()
             for d in self.detectors:
-                try:
-                    faults = d.tick(now)
-                except Exception:
-                    log.exception("detector %s failed", type(d).__name__)
-                    continue
-                for f in faults:
-                    self._spawn(self.raise_fault(f))
+                self._tick_detector(d, now)
+
+    def _tick_detector(self, d: Detector, now: float) -> None:
+        try:
+            faults = d.tick(now)
+        except Exception:
+            log.exception("detector %s failed", type(d).__name__)
+            return
+        for f in faults:
+            self._spawn(self.raise_fault(f))
+
+    def _arm_deadlines(self) -> None:
+        """Tick a detector exactly when its next deadline (a NIC grace) expires, instead of
+        at the next periodic tick, up to TICK_SECONDS later. Detectors whose deadlines move
+        with every step (hang) keep the periodic tick: seconds of budget, no timer churn."""
+        loop = asyncio.get_running_loop()
+        for d in self.detectors:
+            next_deadline = getattr(d, "next_deadline", None)
+            when = next_deadline() if next_deadline is not None else None
+            if when is not None and (id(d), when) not in self._armed:
+                self._armed.add((id(d), when))
+                # +1 ms: a timer may fire a hair early, and the detector wants now > deadline
+                loop.call_later(max(0.0, when - time.monotonic()) + 0.001, self._tick_at, d, when)
+
+    def _tick_at(self, d: Detector, when: float) -> None:
+        self._armed.discard((id(d), when))
+        self._tick_detector(d, time.monotonic())
 
     def _spawn(self, coro: Any) -> None:
         """Run a coroutine as a task the agent keeps a reference to until it is done."""
@@ -168,6 +189,7 @@ class Agent:
                 continue
             for f in faults:
                 self._spawn(self.raise_fault(f))
+        self._arm_deadlines()
 
     def tail(self, n: int = EVIDENCE_LINES) -> list[str]:
         lines = self.last_lines.tail(n)
