@@ -136,6 +136,11 @@ def _nic(job: JobState, rep: FaultReport, where: str, now: float,
             return [_d(Verdict.ALERT_ONLY, f"{where} (link back; no outage was pending)", g, rep)]
         outage = ev.get("outage_seconds")
         took = f" after {float(outage):.1f}s" if isinstance(outage, (int, float)) else ""
+        still = sorted(r for r in job.nic_outages if r != rep.rank)
+        if still:  # restarting now would start the job into a dead link
+            return [Decision(Verdict.LINK_BACK, f"rank {rep.rank}: link back{took}; waiting "
+                             f"for rank {_ranks(still)} before restarting", g,
+                             rank=rep.rank, fault_id=rep.fault.id)]
         return restart_or_stop(job, f"rank {rep.rank}: link back{took}", rep, cfg,
                                culprit=rep.rank)
     if rep.fault.severity in (Severity.INFO, Severity.WARNING):

@@ -45,6 +45,7 @@ class Verdict(str, enum.Enum):
     RELEASE_BARRIER = "release_barrier"  # targets start generation `generation` now
     REJOIN = "rejoin"  # targets lag behind: restart into the job's current generation
     WAIT = "wait"  # a rank's link is down: decide when it is back or at `until`
+    LINK_BACK = "link_back"  # `rank`'s link is back, others' are still down: keep waiting
     IGNORE = "ignore"  # recorded, nothing to do (stale generation, already handled)
 
 
@@ -179,6 +180,8 @@ def apply(job: JobState, d: Decision, now: float) -> None:
         if job.barrier.generation == d.generation:
             job.barrier.released = True
             job.phase = JobPhase.RUNNING
+    elif v is Verdict.LINK_BACK and d.rank is not None:
+        job.nic_outages.pop(d.rank, None)
     elif (v is Verdict.WAIT and d.rank is not None and d.until is not None
           and d.rank not in job.nic_outages):
         job.nic_outages[d.rank] = NicOutage(fault_id=d.fault_id, since=now, deadline=d.until)

@@ -62,3 +62,28 @@ def test_py_spy_json_frames_are_understood() -> None:
         {"name": "step", "filename": "/x/train.py", "line": 3}]}])
     sig = stack_signature(dump)
     assert sig == "allreduce (distributed_c10d.py:10) < step (train.py:3)"
+
+
+def test_independent_nic_outages_restart_only_when_the_last_link_is_back() -> None:
+    from ftagent.arbiter.policy import FaultReport, PolicyConfig, decide_fault
+    from ftagent.arbiter.state import JobPhase, JobState, RankState, Verdict, apply
+    from ftagent.model import Fault, FaultKind
+
+    cfg = PolicyConfig(max_restarts=3, barrier_timeout=300, nic_replace_after=300,
+                       stacks_timeout=15)
+    j = JobState(job="j", world_size=3, phase=JobPhase.RUNNING)
+    for r in range(3):
+        j.ranks[r] = RankState(rank=r, connected=True)
+
+    def report(rank: int, now: float, **evidence: object) -> Verdict:
+        f = Fault(FaultKind.NIC, "link", evidence=dict(evidence))
+        (d,) = decide_fault(j, FaultReport(f, rank, 0), now, cfg)
+        apply(j, d, now)
+        return d.verdict
+
+    assert report(0, 1.0, device="eth1") is Verdict.WAIT
+    assert report(2, 2.0, device="eth1") is Verdict.WAIT
+    assert report(0, 5.0, recovered=True, outage_seconds=4.0) is Verdict.LINK_BACK
+    assert j.generation == 0 and set(j.nic_outages) == {2}
+    assert report(2, 9.0, recovered=True, outage_seconds=7.0) is Verdict.RESTART
+    assert j.generation == 1 and not j.nic_outages
