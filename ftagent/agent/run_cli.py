@@ -121,8 +121,8 @@ def add_progress(agent: Agent, cfg: RunConfig, metrics: AgentMetrics, rundir: st
     if mode in ("auto", "log"):
         parser = LogProgress(cfg.hang.progress_regex)
 
-        def on_lines(stream: str, lines: list[bytes], ts: float, p: LogProgress = parser) -> None:
-            for obs in latest_progress(p.parse_lines(lines, ts)):
+        def on_lines(stream: str, blob: bytes, ts: float, p: LogProgress = parser) -> None:
+            for obs in latest_progress(p.parse_blob(blob, ts)):
                 agent.observe(obs)
 
         agent.line_handlers.append(on_lines)

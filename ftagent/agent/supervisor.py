@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 
 import psutil
 
-from ftagent.agent.tee import MAX_LINE, LinesCallback, OutputPump
+from ftagent.agent.tee import MAX_LINE, LinesCallback, OutputPump, grow_pipe
 from ftagent.model import ProcessExit
 
 log = logging.getLogger("ftagent.supervisor")
@@ -240,6 +240,8 @@ class TrainerProcess:
         assert self.popen.stdout is not None and self.popen.stderr is not None
         out_fd = os.dup(self.popen.stdout.fileno())
         err_fd = os.dup(self.popen.stderr.fileno())
+        grow_pipe(out_fd)
+        grow_pipe(err_fd)
         self.popen.stdout.close()
         self.popen.stderr.close()
         self.pumps = [

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import logging
 import os
 import threading
@@ -26,11 +27,22 @@ from collections.abc import Callable
 
 log = logging.getLogger("ftagent.tee")
 
-CHUNK = 1 << 16
+CHUNK = 1 << 20  # read up to the pipe's size (see grow_pipe)
 MAX_LINE = 1 << 16
+PIPE_SIZE = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
+F_SETPIPE_SZ = 1031
 
-# (stream name, complete lines without terminators, monotonic time of the read)
-LinesCallback = Callable[[str, list[bytes], float], None]
+
+def grow_pipe(fd: int, size: int = PIPE_SIZE) -> int:
+    """Enlarge a pipe from 64 KiB so a chatty trainer costs fewer reads, writes and loop
+    wake-ups per megabyte; returns the size in force (unchanged where not allowed)."""
+    try:
+        return int(fcntl.fcntl(fd, F_SETPIPE_SZ, size))
+    except OSError:
+        return 0
+
+# (stream name, complete lines joined by b"\n" without a final one, monotonic read time)
+LinesCallback = Callable[[str, bytes, float], None]
 
 
 def write_all(fd: int, data: bytes | memoryview) -> None:
@@ -42,10 +54,13 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
 
 
 class LineSplitter:
-    """Incremental split on ``\\n`` and ``\\r`` with a per-line cap.
+    """Incremental split on ``\\n`` and ``\\r`` with a per-line cap, as whole blobs.
 
-    A line longer than ``max_line`` keeps its first ``max_line`` bytes; the rest up to the
-    next terminator is dropped (for detection only: pass-through is unaffected).
+    ``feed`` returns the complete lines a chunk finishes as *one* ``\\n``-joined blob (the
+    partial line carried from earlier chunks included), so the hot path makes no Python
+    object per line: the parsers scan the blob, the evidence ring stores it. A line longer
+    than ``max_line`` keeps its first ``max_line`` bytes; the rest up to the next terminator
+    is dropped (for detection only: pass-through is unaffected).
     """
 
     def __init__(self, max_line: int = MAX_LINE) -> None:
@@ -53,67 +68,79 @@ class LineSplitter:
         self._partial = bytearray()
         self._overflow = False  # dropping the rest of an over-long line
 
-    def feed(self, data: bytes) -> list[bytes]:
-        # Every step is a C-level bytes/list operation: this runs for every byte the
-        # trainer prints, and a per-line Python loop would cost more than the parsers.
+    def feed(self, data: bytes) -> bytes:
         if b"\r" in data:
             data = data.replace(b"\r", b"\n")
-        parts = data.split(b"\n")
-        tail = parts.pop()  # bytes after the last terminator (maybe b"")
-        if not parts:  # no terminator in this chunk: the line goes on
+        cut = data.rfind(b"\n")
+        if cut < 0:  # no terminator in this chunk: the line goes on
             if not self._overflow:
                 room = self.max_line - len(self._partial)
-                self._partial += tail[:room]
-                self._overflow = len(tail) > room
-            return []
+                self._partial += data[:room]
+                self._overflow = len(data) > room
+            return b""
         if self._partial or self._overflow:
+            first = data.find(b"\n")
             room = max(0, self.max_line - len(self._partial))
-            parts[0] = bytes(self._partial + parts[0][:room])
+            head = bytes(self._partial) + data[:min(first, room)] + data[first:cut]
             self._partial.clear()
-        if max(map(len, parts)) > self.max_line:
-            parts = [p[: self.max_line] for p in parts]
-        if b"" in parts:
-            parts = [p for p in parts if p]
+        else:
+            head = data[:cut]
+        tail = data[cut + 1:]
         self._partial = bytearray(tail[: self.max_line])
         self._overflow = len(tail) > self.max_line
-        return parts
+        return head
 
-    def flush(self) -> list[bytes]:
+    def flush(self) -> bytes:
         line = bytes(self._partial)
         self._partial.clear()
         self._overflow = False
-        return [line] if line else []
+        return line
+
+
+def lines_of(blob: bytes) -> list[bytes]:
+    """The non-empty lines of a blob from :meth:`LineSplitter.feed`."""
+    return [ln for ln in blob.split(b"\n") if ln]
 
 
 class LastLines:
-    """The last ``n`` lines of output as evidence, kept as the batches they arrived in.
+    """The last ``n`` lines of output as evidence, kept as the blobs they arrived in.
 
-    Storing batches (not a tuple per line) keeps the hot path at one append per read;
-    memory stays bounded: at most ``2n`` lines of at most ``max_line`` bytes each.
+    Storing blobs keeps the hot path at one append per read; they are split into lines
+    only when a fault asks for its evidence, each cut to ``max_line`` bytes. Memory stays
+    bounded whatever the trainer prints: the newest blob plus older ones while they are
+    needed for ``n`` lines and fit in ``max_bytes``.
     """
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, max_bytes: int = 1 << 20, max_line: int = MAX_LINE) -> None:
         self.n = max(1, n)
-        self._batches: deque[tuple[str, list[bytes]]] = deque()
+        self.max_bytes = max_bytes
+        self.max_line = max_line
+        self._blobs: deque[tuple[str, bytes, int]] = deque()  # stream, blob, newline count
         self._count = 0
+        self._bytes = 0
 
-    def add(self, stream: str, lines: list[bytes]) -> None:
-        if len(lines) > self.n:
-            lines = lines[-self.n:]
-        self._batches.append((stream, lines))
-        self._count += len(lines)
-        while self._batches and self._count - len(self._batches[0][1]) >= self.n:
-            self._count -= len(self._batches.popleft()[1])
+    def add(self, stream: str, blob: bytes) -> None:
+        if not blob:
+            return
+        k = blob.count(b"\n") + 1
+        self._blobs.append((stream, blob, k))
+        self._count += k
+        self._bytes += len(blob)
+        while len(self._blobs) > 1 and (
+                self._count - self._blobs[0][2] >= self.n or self._bytes > self.max_bytes):
+            _, old, old_k = self._blobs.popleft()
+            self._count -= old_k
+            self._bytes -= len(old)
 
     def tail(self, k: int) -> list[tuple[str, bytes]]:
-        """The last ``min(k, n)`` lines, oldest first, with their stream."""
+        """The last ``min(k, n)`` non-empty lines, oldest first, with their stream."""
         k = min(k, self.n)
         out: list[tuple[str, bytes]] = []
-        for stream, lines in reversed(self._batches):
-            for line in reversed(lines):
+        for stream, blob, _ in reversed(self._blobs):
+            for line in reversed(lines_of(blob)):
                 if len(out) >= k:
                     return out[::-1]
-                out.append((stream, line))
+                out.append((stream, line[: self.max_line]))
         return out[::-1]
 
 
@@ -159,9 +186,9 @@ class OutputPump(threading.Thread):
                         self._dst_ok = False
                         log.warning("agent %s is not writable (%s); still draining the "
                                     "trainer's output", self.stream, e)
-                lines = self.splitter.feed(data)
-                if lines:
-                    self._deliver(lines, now)
+                blob = self.splitter.feed(data)
+                if blob:
+                    self._deliver(blob, now)
             rest = self.splitter.flush()
             if rest:
                 self._deliver(rest, time.monotonic())
@@ -170,8 +197,8 @@ class OutputPump(threading.Thread):
                 os.close(self.src_fd)
             self.eof.set()
 
-    def _deliver(self, lines: list[bytes], now: float) -> None:
+    def _deliver(self, blob: bytes, now: float) -> None:
         try:
-            self.on_lines(self.stream, lines, now)
+            self.on_lines(self.stream, blob, now)
         except Exception:  # e.g. the loop is closed during shutdown
-            log.debug("dropping %d lines", len(lines), exc_info=True)
+            log.debug("dropping %d bytes of lines", len(blob), exc_info=True)

@@ -158,11 +158,16 @@ class LogProgress:
 
     def parse_lines(self, lines: Sequence[bytes], ts: float) -> list[Progress | PhaseMarker]:
         """A batch of lines that arrived together → their observations, in order."""
+        return self.parse_blob(b"\n".join(lines), ts)
+
+    def parse_blob(self, buf: bytes, ts: float) -> list[Progress | PhaseMarker]:
+        """Lines joined by ``\\n`` (as the output tee delivers them) → observations, in
+        order. Scanning the blob for needles costs nothing per line that has none."""
         if self.user:
-            return [o for o in (self.parse(line, ts) for line in lines) if o is not None]
-        if not lines:
+            return [o for o in (self.parse(line, ts) for line in buf.split(b"\n") if line)
+                    if o is not None]
+        if not buf:
             return []
-        buf = b"\n".join(lines)
         text = buf.decode("latin-1")  # 1 byte → 1 char: offsets in text are offsets in buf
         find, rfind = text.find, text.rfind
         starts: set[int] = set()
