@@ -293,8 +293,8 @@ class Agent:
         """The pumps' callback: queue the batch, wake the loop only if no drain is due.
 
         Under heavy output the loop lags a little and one wake-up then carries many
-        batches: a wake-up per 64 KiB read cost ~10% of the agent's CPU. The drain clears
-        the flag before emptying the queue, so a batch queued meanwhile is never stranded.
+        batches instead of one self-pipe write and read per batch. The drain clears the
+        flag before emptying the queue, so a batch queued meanwhile is never stranded.
         """
         loop = asyncio.get_running_loop()
         pending: deque[tuple[str, bytes, float]] = deque()
