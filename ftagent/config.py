@@ -199,6 +199,10 @@ class ArbiterClientConfig:
                       metavar="PATH")
     tls_cert: str = opt("", "--tls-cert", "client certificate for mTLS", metavar="PATH")
     tls_key: str = opt("", "--tls-key", "client key for mTLS", metavar="PATH")
+    arbiter_fail_open_after: float = opt(
+        15.0, "--arbiter-fail-open-after", "with the arbiter unreachable this long (at a "
+        "start, a barrier, or awaiting a decision) the agent goes on alone: it starts the "
+        "trainer and its local policy decides", check=non_negative, metavar="SECONDS")
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ What changes against the local agent, and only this:
 * **Decisions**: faults go to the arbiter, whose commands (RESTART, STOP, REPLACE,
   DUMP_STACKS) become the agent's actions. The restart budget is the job's.
 * **Fail open**: if the arbiter is unreachable — at start, during a barrier, or while a
-  decision is awaited — for longer than ``FAIL_OPEN_AFTER`` seconds, the agent goes on
+  decision is awaited — for ``--arbiter-fail-open-after`` seconds, the agent goes on
   alone: it starts the trainer, and its local policy decides about faults. Faults stay
   queued in the link and reach the arbiter when it is back (exactly once, by id).
 """
@@ -42,7 +42,6 @@ from ftagent.model import (
 
 log = logging.getLogger("ftagent.arbitrated")
 
-FAIL_OPEN_AFTER = 15.0  # seconds without an arbiter before the agent decides alone
 POLL = 0.25
 
 
@@ -52,6 +51,7 @@ class ArbitratedAgent(Agent):
         self.link = ArbiterLink(cfg.arbiter, cfg.identity,
                                 max_restarts=cfg.supervisor.max_restarts or None)
         self.hang_state: Callable[[], tuple[float, bool]] = lambda: (0.0, False)
+        self.fail_open_after = cfg.arbiter.arbiter_fail_open_after
         self._undecided: Fault | None = None
         self._offline_since: float | None = None
         self.observers.append(_LinkObserver(self))
@@ -80,9 +80,9 @@ class ArbitratedAgent(Agent):
     async def before_start(self) -> Action | None:
         """Meet the other ranks at the barrier of this generation (or fail open)."""
         gen = self.generation
-        if not await self._online(FAIL_OPEN_AFTER):
+        if not await self._online(self.fail_open_after):
             log.warning("no arbiter after %.0fs: starting generation %d without the barrier",
-                        FAIL_OPEN_AFTER, gen)
+                        self.fail_open_after, gen)
             return None
         self.link.arrive(gen)
         self.events.write("state", "barrier", f"waiting at the barrier of generation {gen}",
@@ -109,7 +109,7 @@ class ArbitratedAgent(Agent):
                     return decisive
             if not self._still_online():
                 log.warning("arbiter unreachable for %.0fs during the barrier: starting "
-                            "generation %d alone", FAIL_OPEN_AFTER, gen)
+                            "generation %d alone", self.fail_open_after, gen)
                 return None
 
     def decide_remotely(self, fault: Fault) -> bool:
@@ -164,14 +164,14 @@ class ArbitratedAgent(Agent):
         return self.link.connected or await self.link.wait_connected(timeout)
 
     def _still_online(self) -> bool:
-        """False once the link has been down for FAIL_OPEN_AFTER seconds."""
+        """False once the link has been down for --arbiter-fail-open-after seconds."""
         if self.link.connected:
             self._offline_since = None
             return True
         now = time.monotonic()
         if self._offline_since is None:
             self._offline_since = now
-        return now - self._offline_since < FAIL_OPEN_AFTER
+        return now - self._offline_since < self.fail_open_after
 
 
 class _LinkObserver:
