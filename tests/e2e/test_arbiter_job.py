@@ -9,7 +9,7 @@ from typing import Any
 
 from ftagent.arbiter.testing import ArbiterProcess
 from tests.conftest import PY, wait_for
-from tests.e2e.jobs import needs_torch, start_job
+from tests.e2e.jobs import Job, needs_torch, start_job
 
 pytestmark = needs_torch
 
@@ -35,16 +35,22 @@ def kinds(st: dict[str, Any]) -> list[str]:
     return [e["action"] if e["kind"] == "decision" else e["kind"] for e in st["timeline"]]
 
 
-def test_crash_on_one_rank_restarts_every_rank_through_the_barrier(tmp_path: Path) -> None:
+def run_to_success(tmp_path: Path, flags: list[str], fault: dict[str, str]
+                   ) -> tuple[Job, dict[str, Any]]:
+    """A 2-rank job of 40 steps under a real arbiter with ``fault`` on rank 1; both ranks
+    must end with exit 0. Returns the job and the arbiter's final status."""
     with ArbiterProcess(log_dir=str(tmp_path)) as arb:
-        job = start_job(tmp_path, 2, flags=["--arbiter", arb.address, "--job", "e2e"],
-                        env={**FAST, "TRAIN_STEPS": "40", "FAULT_RANK": "1",
-                             "FAULT_CRASH_AT_STEP": "15"})
+        job = start_job(tmp_path, 2, flags=["--arbiter", arb.address, "--job", "e2e", *flags],
+                        env={**FAST, "TRAIN_STEPS": "40", "FAULT_RANK": "1", **fault})
         try:
             assert job.wait(150) == [0, 0], (job.log(0)[-1500:], job.log(1)[-1500:])
         finally:
             job.stop()
-        st = status(arb.address)
+        return job, status(arb.address)
+
+
+def test_crash_on_one_rank_restarts_every_rank_through_the_barrier(tmp_path: Path) -> None:
+    job, st = run_to_success(tmp_path, [], {"FAULT_CRASH_AT_STEP": "15"})
     k = kinds(st)
     assert k.count("restart") == 1 and k.count("barrier") == 2, k
     assert k.index("fault") < k.index("restart") < len(k) - 1 - k[::-1].index("barrier")
@@ -61,16 +67,7 @@ def test_crash_on_one_rank_restarts_every_rank_through_the_barrier(tmp_path: Pat
 
 
 def test_job_hang_dumps_stacks_names_the_culprit_and_restarts(tmp_path: Path) -> None:
-    with ArbiterProcess(log_dir=str(tmp_path)) as arb:
-        job = start_job(tmp_path, 2, flags=["--arbiter", arb.address, "--job", "e2e",
-                                            "--hang-timeout-min", "2"],
-                        env={**FAST, "TRAIN_STEPS": "40", "FAULT_RANK": "1",
-                             "FAULT_HANG_AT_STEP": "15"})
-        try:
-            assert job.wait(150) == [0, 0], (job.log(0)[-1500:], job.log(1)[-1500:])
-        finally:
-            job.stop()
-        st = status(arb.address)
+    _, st = run_to_success(tmp_path, ["--hang-timeout-min", "2"], {"FAULT_HANG_AT_STEP": "15"})
     k = kinds(st)
     assert "dump_stacks" in k and k.count("restart") == 1, k
     restart = next(e for e in st["timeline"] if e["action"] == "restart")
