@@ -26,6 +26,7 @@ class HangWatch:
         self.detector = detector
         self.parser = parser
         self.clock = clock
+        self.metrics = metrics
         if metrics is not None:
             metrics.seconds_since_progress.set_function(
                 lambda: detector.seconds_since_progress(clock()))
@@ -35,7 +36,15 @@ class HangWatch:
     def observe(self, obs: Observation) -> list[Fault]:
         if isinstance(obs, TrainerStart) and self.parser is not None:
             self.parser.reset()
-        self.detector.observe(obs)
+        seen = self.detector.observe(obs)
+        m = self.metrics
+        if seen is not None and m is not None:
+            # the detector's clean intervals: no warm-up gaps, no phases, no hang
+            if seen.step_interval is not None:
+                m.step_duration.observe(seen.step_interval)
+            if seen.phase is not None and seen.phase_seconds is not None:
+                m.phase_duration.labels(**m.labels(phase=seen.phase)).observe(
+                    seen.phase_seconds)
         return []
 
     def tick(self, now: float) -> list[Fault]:

@@ -1,8 +1,8 @@
 """Turns observations, states and faults into the agent's Prometheus series.
 
-A sink only listens: it never decides. Step duration is the time between two
-observations of *increasing* step numbers (a tqdm redraw of the same step is not a new
-step), and an interval that contains a declared phase is not a step duration.
+A sink only listens: it never decides. A step that does not increase (a tqdm redraw) is
+not new progress. Step and phase durations are not computed here: the hang detector
+already separates clean step intervals from phases, and ``HangWatch`` records them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from ftagent.model import (
     CollectiveSample,
     Fault,
     Observation,
-    PhaseMarker,
     ProcessExit,
     Progress,
     TrainerStart,
@@ -28,8 +27,6 @@ class MetricsSink:
     def __init__(self, metrics: AgentMetrics) -> None:
         self.m = metrics
         self._last_step: int | None = None
-        self._last_step_ts: float | None = None
-        self._phase_started: dict[str, float] = {}
         self._restarts_seen = 0
 
     def observe(self, obs: Observation) -> None:
@@ -37,10 +34,7 @@ class MetricsSink:
         if isinstance(obs, Progress):
             if self._last_step is not None and obs.step <= self._last_step:
                 return
-            if (self._last_step_ts is not None and not self._phase_started
-                    and obs.step == (self._last_step or 0) + 1):
-                m.step_duration.observe(max(0.0, obs.ts - self._last_step_ts))
-            self._last_step, self._last_step_ts = obs.step, obs.ts
+            self._last_step = obs.step
             m.step.set(obs.step)
             if obs.loss is not None:
                 m.loss.set(obs.loss)
@@ -52,13 +46,6 @@ class MetricsSink:
                 m.samples.inc(obs.samples)
             if obs.tokens:
                 m.tokens.inc(obs.tokens)
-        elif isinstance(obs, PhaseMarker):
-            if obs.begin:
-                self._phase_started[obs.phase] = obs.ts
-            elif obs.phase in self._phase_started:
-                began = self._phase_started.pop(obs.phase)
-                m.phase_duration.labels(**m.labels(phase=obs.phase)).observe(obs.ts - began)
-                self._last_step_ts = obs.ts  # the next interval starts after the phase
         elif isinstance(obs, CollectiveSample):
             algbw, bus = busbw(obs.op, obs.nbytes, obs.seconds, obs.world_size)
             op = obs.op
@@ -69,8 +56,6 @@ class MetricsSink:
             m.trainer_running.set(1)
             m.generation.set(obs.generation)
             self._last_step = None
-            self._last_step_ts = None
-            self._phase_started.clear()
         elif isinstance(obs, ProcessExit):
             m.trainer_running.set(0)
             m.trainer_last_exit_code.set(obs.exit_status)

@@ -59,6 +59,7 @@ def test_sdk_progress_metrics_and_hang(tmp_path: Path) -> None:
         assert value(text, "ftagent_training_samples_total") == 32 * 40
         assert value(text, "ftagent_training_tokens_total") == 4096 * 40
         assert 'ftagent_phase_duration_seconds_count{' in text and 'phase="checkpoint"' in text
+        assert (value(text, "ftagent_step_duration_seconds_count") or 0) > 20
         busbw = [ln for ln in text.splitlines()
                  if ln.startswith("ftagent_collective_busbw_bytes_per_second{")]
         assert busbw and float(busbw[0].rsplit(" ", 1)[1]) == (8 << 20) / 0.01 * 2 * 3 / 4
