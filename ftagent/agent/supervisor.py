@@ -115,9 +115,9 @@ class SpawnError(Exception):
 # A separate tiny interpreter (-I: isolated from the trainer's PYTHON* variables, -S: no
 # site) instead of ``preexec_fn``: Python code between fork and exec in a process that has
 # threads (gRPC's, the output pumps) can deadlock or crash, and did (SIGSEGV with gRPC).
-EXEC_SHIM = """
+EXEC_SHIM = f"""
 import ctypes, os, sys
-ctypes.CDLL(None, use_errno=True).prctl(1, 9, 0, 0, 0)
+ctypes.CDLL(None, use_errno=True).prctl({PR_SET_PDEATHSIG}, {int(signal.SIGKILL)}, 0, 0, 0)
 if os.getppid() != int(sys.argv[1]):
     os._exit(137)
 try:
