@@ -45,6 +45,7 @@ log = logging.getLogger("ftagent.agent")
 
 TICK_SECONDS = 0.25
 EVIDENCE_LINES = 50  # last lines attached to a fault (the events file keeps them too)
+EVIDENCE_STDERR_LINES = 20  # and the last of stderr alone: where tracebacks are
 
 
 class Source(Protocol):
@@ -194,8 +195,11 @@ class Agent:
                 self._spawn(self.raise_fault(f))
         self._arm_deadlines()
 
-    def tail(self, n: int = EVIDENCE_LINES) -> list[str]:
-        lines = self.last_lines.tail(n)
+    def tail(self, n: int = EVIDENCE_LINES, stream: str | None = None) -> list[str]:
+        """The last output lines as text; stderr lines are marked unless asked for alone."""
+        lines = self.last_lines.tail(n, stream)
+        if stream is not None:
+            return [b.decode("utf-8", "replace") for _, b in lines]
         return [f"{s}: {b.decode('utf-8', 'replace')}" if s == "stderr"
                 else b.decode("utf-8", "replace") for s, b in lines]
 
@@ -282,8 +286,7 @@ class Agent:
         env["FTAGENT_GENERATION"] = str(self.generation)
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.update(self.extra_env)
-        trainer = TrainerProcess(self.cfg.command, env, self.reaper, self._lines_threadsafe(),
-                                 max_line=1 << 16)
+        trainer = TrainerProcess(self.cfg.command, env, self.reaper, self._lines_threadsafe())
         self._set_state(TrainerState.RUNNING, pid=trainer.pid, attempt=self.restarts)
         self.observe(TrainerStart(trainer.pid, self.restarts, self.generation,
                                   ts=trainer.started))
@@ -377,7 +380,9 @@ class Agent:
         return Fault(FaultKind.CRASH, f"trainer (pid {exit_.pid}) {how}", scope=Scope.PROCESS,
                      evidence={"exit_status": exit_.exit_status, "exit_code": exit_.code,
                                "signal": exit_.signal, "attempt": self.restarts,
-                               "last_lines": self.tail()})
+                               "last_lines": self.tail(),
+                               # the traceback, whatever order the two pipes were read in
+                               "last_stderr_lines": self.tail(EVIDENCE_STDERR_LINES, "stderr")})
 
     async def _after_exit(self, trainer: TrainerProcess, exit_: ProcessExit) -> None:
         """The main process is gone: clean up what it left, read its last output."""

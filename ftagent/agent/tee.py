@@ -103,45 +103,66 @@ def lines_of(blob: bytes) -> list[bytes]:
 
 
 class LastLines:
-    """The last ``n`` lines of output as evidence, kept as the blobs they arrived in.
+    """The last ``n`` lines of each stream as evidence, kept as the blobs they arrived in.
 
-    Storing blobs keeps the hot path at one append per read; they are split into lines
-    only when a fault asks for its evidence, each cut to ``max_line`` bytes. Memory stays
-    bounded whatever the trainer prints: the newest blob plus older ones while they are
-    needed for ``n`` lines and fit in ``max_bytes``.
+    One ring per stream: the two pipes are read by separate threads, so a burst of
+    stdout may well be delivered *after* the stderr traceback that followed it, and a
+    single ring would then evict the traceback, the best evidence a crash has. A sequence
+    number keeps the merged tail in arrival order. Storing blobs keeps the hot path at one
+    append per read; they are split into lines (each cut to ``max_line`` bytes) only when a
+    fault asks for evidence. Memory stays bounded whatever the trainer prints: per stream,
+    the newest blob plus older ones while they are needed for ``n`` lines and fit in
+    ``max_bytes``.
     """
 
     def __init__(self, n: int, max_bytes: int = 1 << 20, max_line: int = MAX_LINE) -> None:
         self.n = max(1, n)
         self.max_bytes = max_bytes
         self.max_line = max_line
-        self._blobs: deque[tuple[str, bytes, int]] = deque()  # stream, blob, newline count
-        self._count = 0
-        self._bytes = 0
+        self._rings: dict[str, deque[tuple[int, bytes, int]]] = {}  # seq, blob, line count
+        self._counts: dict[str, int] = {}
+        self._bytes: dict[str, int] = {}
+        self._seq = 0
 
     def add(self, stream: str, blob: bytes) -> None:
         if not blob:
             return
+        ring = self._rings.setdefault(stream, deque())
         k = blob.count(b"\n") + 1
-        self._blobs.append((stream, blob, k))
-        self._count += k
-        self._bytes += len(blob)
-        while len(self._blobs) > 1 and (
-                self._count - self._blobs[0][2] >= self.n or self._bytes > self.max_bytes):
-            _, old, old_k = self._blobs.popleft()
-            self._count -= old_k
-            self._bytes -= len(old)
+        self._seq += 1
+        ring.append((self._seq, blob, k))
+        count = self._counts.get(stream, 0) + k
+        size = self._bytes.get(stream, 0) + len(blob)
+        while len(ring) > 1 and (count - ring[0][2] >= self.n or size > self.max_bytes):
+            _, old, old_k = ring.popleft()
+            count -= old_k
+            size -= len(old)
+        self._counts[stream], self._bytes[stream] = count, size
 
-    def tail(self, k: int) -> list[tuple[str, bytes]]:
-        """The last ``min(k, n)`` non-empty lines, oldest first, with their stream."""
+    def held(self) -> tuple[int, int]:
+        """(blobs, bytes) held over all streams, for the memory bound's tests."""
+        return (sum(len(r) for r in self._rings.values()), sum(self._bytes.values()))
+
+    def tail(self, k: int, stream: str | None = None) -> list[tuple[str, bytes]]:
+        """The last ``min(k, n)`` non-empty lines (of ``stream``, or of all merged in
+        arrival order), oldest first, with their stream."""
         k = min(k, self.n)
-        out: list[tuple[str, bytes]] = []
-        for stream, blob, _ in reversed(self._blobs):
-            for line in reversed(lines_of(blob)):
-                if len(out) >= k:
-                    return out[::-1]
-                out.append((stream, line[: self.max_line]))
-        return out[::-1]
+        keyed: list[tuple[int, int, str, bytes]] = []
+        for name, ring in self._rings.items():
+            if stream is not None and name != stream:
+                continue
+            got = 0
+            for seq, blob, _ in reversed(ring):
+                lines = lines_of(blob)
+                for i in range(len(lines) - 1, -1, -1):
+                    if got >= k:
+                        break
+                    keyed.append((seq, i, name, lines[i][: self.max_line]))
+                    got += 1
+                if got >= k:
+                    break
+        keyed.sort()
+        return [(name, line) for _, _, name, line in keyed[-k:]]
 
 
 class OutputPump(threading.Thread):

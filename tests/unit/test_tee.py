@@ -51,7 +51,7 @@ def test_last_lines_keeps_the_last_n_in_order_across_blobs() -> None:
     assert ring.tail(2) == [("stdout", b"e"), ("stdout", b"f")]
     for i in range(1000):
         ring.add("stdout", b"\n".join([b"x%d" % i] * 3))
-    assert len(ring._blobs) <= 5
+    assert ring.held()[0] <= 5
     assert ring.tail(5)[-1] == ("stdout", b"x999")
     ring.add("stdout", b"\n".join(b"%d" % i for i in range(100)))
     assert [ln for _, ln in ring.tail(5)] == [b"95", b"96", b"97", b"98", b"99"]
@@ -61,5 +61,14 @@ def test_last_lines_memory_is_bounded_by_bytes_and_lines_are_cut() -> None:
     ring = LastLines(200, max_bytes=1000, max_line=10)
     for _ in range(100):
         ring.add("stdout", b"z" * 900)  # one long line per blob
-    assert ring._bytes <= 1000 + 900
+    assert ring.held()[1] <= 1000 + 900
     assert ring.tail(5) == [("stdout", b"z" * 10)]
+
+
+def test_a_stdout_burst_delivered_late_does_not_evict_the_stderr_traceback() -> None:
+    ring = LastLines(5)
+    ring.add("stderr", b"Traceback: the last words")
+    ring.add("stdout", b"\n".join(b"line %d" % i for i in range(300)))
+    assert ring.tail(5, "stderr") == [("stderr", b"Traceback: the last words")]
+    assert ring.tail(2) == [("stdout", b"line 298"), ("stdout", b"line 299")]
+    assert ring.tail(5)[0] == ("stdout", b"line 295")
