@@ -36,6 +36,30 @@ def wait_for(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condit
         time.sleep(interval)
 
 
+async def until(cond: Callable[[], Any], timeout: float = 5.0, what: str = "") -> Any:
+    """``wait_for`` for async tests: poll ``cond`` without blocking the event loop that the
+    code under test runs on; return its truthy value."""
+    import asyncio
+
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or cond}")
+        await asyncio.sleep(0.005)
+
+
+def free_port() -> int:
+    """A loopback port free right now (for servers that cannot bind port 0 themselves)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def read_events(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []

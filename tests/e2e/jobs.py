@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -13,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import PY, ROOT, ftagent_cmd, read_events
+from tests.conftest import PY, ROOT, free_port, ftagent_cmd, read_events
 
 TRAIN = str(ROOT / "examples" / "train.py")
 
@@ -25,12 +24,6 @@ except ImportError:  # pragma: no cover
     HAVE_TORCH = False
 
 needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="needs torch (make venv installs it)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
@@ -18,6 +17,7 @@ from ftagent.config import NicConfig
 from ftagent.detect.nic import NicDetector
 from ftagent.model import Fault, LinkEvent, Observation, Severity
 from ftagent.sources.nic import NicSource
+from tests.conftest import until
 from tests.netns import aip, ip, namespaces, require_netns, veth
 
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(60)]
@@ -29,18 +29,6 @@ def pair() -> Iterator[tuple[str, str]]:
     with namespaces(2) as (a, b):
         veth(a, "eth0", b, "peer0")
         yield a, b
-
-
-async def until(cond: Callable[[], Any], timeout: float = 5.0, what: str = "") -> Any:
-    """Wait until ``cond()`` is truthy, at most ``timeout`` seconds; return its value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or cond}")
-        await asyncio.sleep(0.01)
 
 
 class Watch:

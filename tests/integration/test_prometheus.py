@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import textwrap
 import urllib.error
@@ -17,17 +16,11 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import PY, ftagent_cmd, popen, read_events, wait_for
+from tests.conftest import PY, free_port, ftagent_cmd, popen, read_events, wait_for
 
 pytestmark = pytest.mark.skipif(
     shutil.which("prometheus") is None,
     reason="prometheus missing: `make deps` installs Debian's prometheus package")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from ftagent.sources.nic import (
     link_event,
     select_links,
 )
+from tests.conftest import until
 
 UP = (True, True)  # (admin_up, carrier)
 ADMIN_DOWN = (False, False)
@@ -314,13 +315,6 @@ async def started(kernel: FakeKernel, **cfg: Any) -> tuple[NicSource, Events,
     task = asyncio.create_task(src.run(events.emit))
     await asyncio.wait_for(src.ready.wait(), 5)
     return src, events, task
-
-
-async def until(cond: Callable[[], object], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.005)
 
 
 def test_source_dump_then_events_rename_and_delete() -> None:
