@@ -25,6 +25,7 @@ from typing import Any
 
 import grpc
 
+from ftagent.arbiter.status_cli import entry_kind
 from ftagent.arbiter.testing import ArbiterProcess
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
@@ -56,8 +57,7 @@ class Marks:
 
 
 def find_script() -> Path:
-    here = Path(__file__).resolve().parent.parent / "examples" / "train.py"
-    return here
+    return Path(__file__).resolve().parent.parent / "examples" / "train.py"
 
 
 def free_port() -> int:
@@ -73,7 +73,7 @@ def watch_arbiter(address: str, clock: Clock, marks: Marks, stop: threading.Even
         while not stop.is_set():
             try:
                 for e in stub.WatchEvents(pb.WatchEventsRequest(job=JOB, replay=True)):
-                    kind = e.action if e.kind == "decision" and e.action else e.kind
+                    kind = entry_kind(e)
                     who = f"rank {e.rank}" if e.HasField("rank") else "job"
                     clock.say("arbiter", f"g{e.generation} {who:<7} {kind:<12} {e.message}", e.ts)
                     if e.kind == "fault":

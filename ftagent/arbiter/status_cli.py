@@ -102,10 +102,15 @@ def format_jobs(jobs: list[pb.JobInfo]) -> str:
     return _table(rows)
 
 
+def entry_kind(e: pb.TimelineEntry) -> str:
+    """What a timeline entry shows as its kind: a decision by its action (restart, ...)."""
+    return e.action if e.kind == "decision" and e.action else e.kind
+
+
 def format_entry(e: pb.TimelineEntry) -> str:
     ts = time.strftime("%H:%M:%S", time.localtime(e.ts)) + f".{int(e.ts % 1 * 1000):03d}"
     who = f"rank {e.rank}" if e.HasField("rank") else ""
-    kind = e.action if e.kind == "decision" and e.action else e.kind
+    kind = entry_kind(e)
     return f"{ts}  g{e.generation:<3} {who:<9} {kind:<12} {e.message}"
 
 
