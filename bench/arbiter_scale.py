@@ -162,7 +162,7 @@ def pct(values: list[float], q: float) -> float:
 
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
-        from ftagent.arbiter.testing import ArbiterProcess
+        from ftagent.arbiter.process import ArbiterProcess
 
         self.args = args
         self.arbiter = ArbiterProcess("--log-level", os.environ.get("BENCH_LOG", "warning"),

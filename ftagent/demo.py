@@ -25,8 +25,8 @@ from typing import Any
 
 import grpc
 
+from ftagent.arbiter.process import ArbiterProcess
 from ftagent.arbiter.status_cli import entry_kind
-from ftagent.arbiter.testing import ArbiterProcess
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
 

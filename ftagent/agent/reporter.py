@@ -20,22 +20,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import random
 import time
 from collections import OrderedDict, deque
-from collections.abc import Sequence
 
 import grpc
 
 from ftagent import __version__
-from ftagent.arbiter.auth import bearer, channel_credentials
-from ftagent.arbiter.convert import command_to_action, fault_to_proto, progress_to_proto
 from ftagent.config import ArbiterClientConfig, ConfigError, IdentityConfig
 from ftagent.model import Action, ActionKind, Fault, ProcessExit, Progress
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
+from ftagent.wire.convert import command_to_action, fault_to_proto, progress_to_proto
+from ftagent.wire.credentials import bearer, channel_credentials
+from ftagent.wire.shard import pick_arbiter
 
 log = logging.getLogger("ftagent.reporter")
 
@@ -49,20 +48,6 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.enable_retries", 0),
 ]
-
-
-def pick_arbiter(addresses: str | Sequence[str], job: str) -> str:
-    """The replica that owns ``job``: sha256(job) mod n, the same in every agent and release.
-
-    (Python's ``hash()`` is salted per process, so it cannot be used.)
-    """
-    if isinstance(addresses, str):
-        addresses = addresses.split(",")
-    replicas = [a.strip() for a in addresses if a.strip()]
-    if not replicas:
-        raise ValueError("no arbiter address")
-    digest = hashlib.sha256(job.encode()).digest()
-    return replicas[int.from_bytes(digest[:8], "big") % len(replicas)]
 
 
 def backoff(attempt: int, rng: random.Random | None = None) -> float:

@@ -11,21 +11,16 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import grpc
 
 from ftagent.metrics import ArbiterMetrics
+from ftagent.wire.credentials import read_file
 
 log = logging.getLogger("ftagent.arbiter.auth")
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
-
-
-def bearer(token: str) -> tuple[tuple[str, str], ...]:
-    """Call metadata that carries ``token`` (empty when there is none)."""
-    return (("authorization", f"Bearer {token}"),) if token else ()
 
 
 def _aborting(handler: grpc.RpcMethodHandler, code: grpc.StatusCode,
@@ -81,28 +76,7 @@ def server_credentials(cert: str, key: str, client_ca: str) -> grpc.ServerCreden
         return None
     if not cert or not key:
         raise ValueError("TLS needs both --tls-cert and --tls-key")
-    pair = (_read(key, "--tls-key"), _read(cert, "--tls-cert"))
-    ca = _read(client_ca, "--tls-client-ca") if client_ca else None
+    pair = (read_file(key, "--tls-key"), read_file(cert, "--tls-cert"))
+    ca = read_file(client_ca, "--tls-client-ca") if client_ca else None
     return grpc.ssl_server_credentials([pair], root_certificates=ca,
                                        require_client_auth=ca is not None)
-
-
-def channel_credentials(ca: str, cert: str, key: str) -> grpc.ChannelCredentials | None:
-    """TLS to the arbiter when ``ca`` is given; ``cert``/``key`` add a client certificate."""
-    if not ca:
-        if cert or key:
-            raise ValueError("--tls-cert/--tls-key need --tls-ca (the arbiter's CA)")
-        return None
-    if bool(cert) != bool(key):
-        raise ValueError("mTLS needs both --tls-cert and --tls-key")
-    return grpc.ssl_channel_credentials(
-        root_certificates=_read(ca, "--tls-ca"),
-        private_key=_read(key, "--tls-key") if key else None,
-        certificate_chain=_read(cert, "--tls-cert") if cert else None)
-
-
-def _read(path: str, flag: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError as e:
-        raise ValueError(f"{flag} {path}: {e.strerror or e}") from None

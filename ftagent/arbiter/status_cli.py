@@ -17,8 +17,6 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from ftagent.agent.reporter import pick_arbiter
-from ftagent.arbiter.auth import bearer, channel_credentials
 from ftagent.config import (
     ArbiterClientConfig,
     ConfigError,
@@ -28,6 +26,8 @@ from ftagent.config import (
 )
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
+from ftagent.wire.credentials import bearer, channel_credentials
+from ftagent.wire.shard import pick_arbiter
 
 TIMEOUT = 10.0
 

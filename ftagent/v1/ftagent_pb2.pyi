@@ -88,7 +88,7 @@ class AgentMessage(_message.Message):
     def __init__(self, job: _Optional[str] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., progress: _Optional[_Union[ProgressSummary, _Mapping]] = ..., fault: _Optional[_Union[Fault, _Mapping]] = ..., arrival: _Optional[_Union[BarrierArrival, _Mapping]] = ..., exit: _Optional[_Union[TrainerExit, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., stacks: _Optional[_Union[Stacks, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("job", "namespace", "pod", "node", "rank", "world_size", "restart_count", "generation", "agent_version", "max_restarts", "alert_only", "released_generation", "state")
+    __slots__ = ("job", "namespace", "pod", "node", "rank", "world_size", "restart_count", "generation", "agent_version", "max_restarts", "alert_only", "released_generation", "state", "agent_instance", "trainer_running")
     JOB_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     POD_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,8 @@ class Hello(_message.Message):
     ALERT_ONLY_FIELD_NUMBER: _ClassVar[int]
     RELEASED_GENERATION_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    AGENT_INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_RUNNING_FIELD_NUMBER: _ClassVar[int]
     job: str
     namespace: str
     pod: str
@@ -115,7 +117,9 @@ class Hello(_message.Message):
     alert_only: bool
     released_generation: int
     state: str
-    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., pod: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., restart_count: _Optional[int] = ..., generation: _Optional[int] = ..., agent_version: _Optional[str] = ..., max_restarts: _Optional[int] = ..., alert_only: _Optional[bool] = ..., released_generation: _Optional[int] = ..., state: _Optional[str] = ...) -> None: ...
+    agent_instance: str
+    trainer_running: bool
+    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., pod: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., restart_count: _Optional[int] = ..., generation: _Optional[int] = ..., agent_version: _Optional[str] = ..., max_restarts: _Optional[int] = ..., alert_only: _Optional[bool] = ..., released_generation: _Optional[int] = ..., state: _Optional[str] = ..., agent_instance: _Optional[str] = ..., trainer_running: _Optional[bool] = ...) -> None: ...
 
 class ProgressSummary(_message.Message):
     __slots__ = ("step", "loss", "samples_per_second", "tokens_per_second", "seconds_since_progress", "hung", "ts")
@@ -212,10 +216,14 @@ class Welcome(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., arbiter_id: _Optional[str] = ..., max_restarts: _Optional[int] = ..., restarts: _Optional[int] = ...) -> None: ...
 
 class FaultAck(_message.Message):
-    __slots__ = ("fault_id",)
+    __slots__ = ("fault_id", "final", "outcome")
     FAULT_ID_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
     fault_id: str
-    def __init__(self, fault_id: _Optional[str] = ...) -> None: ...
+    final: bool
+    outcome: str
+    def __init__(self, fault_id: _Optional[str] = ..., final: _Optional[bool] = ..., outcome: _Optional[str] = ...) -> None: ...
 
 class Command(_message.Message):
     __slots__ = ("id", "kind", "generation", "exit_code", "reason", "fault_id", "target_rank")

@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from ftagent.arbiter.testing import ArbiterProcess
+from tests.arbiter_helpers import ArbiterProcess
 from tests.conftest import PY, wait_for
 from tests.e2e.jobs import Job, needs_torch, start_job
 

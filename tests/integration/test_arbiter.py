@@ -17,11 +17,11 @@ import grpc
 import pytest
 
 from ftagent.agent.reporter import ArbiterLink
-from ftagent.arbiter.auth import bearer
-from ftagent.arbiter.testing import ArbiterProcess, ftagent_cmd, running_links, wait_until
 from ftagent.model import EXIT_REPLACE, Action, ActionKind, Fault, FaultKind, Progress, Severity
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
+from ftagent.wire.credentials import bearer
+from tests.arbiter_helpers import ArbiterProcess, ftagent_cmd, running_links, wait_until
 
 TOKEN = "s3cret"
 

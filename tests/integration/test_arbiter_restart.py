@@ -7,11 +7,11 @@ import time
 
 import grpc
 
-from ftagent.arbiter.auth import bearer
-from ftagent.arbiter.testing import ArbiterProcess, running_links, wait_until
 from ftagent.model import ActionKind, Fault, FaultKind
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
+from ftagent.wire.credentials import bearer
+from tests.arbiter_helpers import ArbiterProcess, running_links, wait_until
 
 
 async def get_job(address: str, job: str) -> pb.JobInfo:

@@ -15,10 +15,10 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ftagent.arbiter.auth import bearer
-from ftagent.arbiter.testing import ArbiterProcess, running_links, wait_until
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
+from ftagent.wire.credentials import bearer
+from tests.arbiter_helpers import ArbiterProcess, running_links, wait_until
 
 TOKEN = "t0ken"
 CONNECT = "/ftagent.v1.Arbiter/Connect"

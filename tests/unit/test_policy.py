@@ -8,7 +8,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ftagent.agent.reporter import BACKOFF_CAP, backoff, pick_arbiter
+from ftagent.agent.reporter import BACKOFF_CAP, backoff
 from ftagent.arbiter import barrier, convert
 from ftagent.arbiter.policy import (
     FaultReport,
@@ -22,6 +22,7 @@ from ftagent.arbiter.policy import (
 from ftagent.arbiter.state import Decision, JobPhase, JobState, RankState, Verdict, apply
 from ftagent.model import EXIT_REPLACE, ActionKind, Fault, FaultKind, Scope, Severity
 from ftagent.v1 import ftagent_pb2 as pb
+from ftagent.wire.shard import pick_arbiter
 
 CFG = PolicyConfig(max_restarts=3, barrier_timeout=300, nic_replace_after=300,
                    stacks_timeout=15)

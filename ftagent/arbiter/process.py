@@ -1,4 +1,4 @@
-"""Helpers for tests, the demo and benchmarks: a real arbiter in a child process.
+"""A real arbiter in a child process, for the demo, the benchmarks and the tests.
 
 ``ArbiterProcess`` runs ``python -m ftagent arbiter --listen 127.0.0.1:PORT`` with its
 stderr in a file, reads the bound address from the ``listening on`` line (so port 0
@@ -7,7 +7,6 @@ works), and can SIGKILL and restart it on the same port, as a crashed Deployment
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import shutil
@@ -16,14 +15,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
-
-from ftagent.agent.reporter import ArbiterLink
-from ftagent.config import ArbiterClientConfig, IdentityConfig
 
 _LISTENING = re.compile(r"^listening on (\S+:\d+)$", re.M)
 
@@ -97,47 +91,6 @@ class ArbiterProcess:
             shutil.rmtree(self.log_dir, ignore_errors=True)
         elif e is not None:
             sys.stderr.write(f"arbiter logs kept in {self.log_dir}\n")
-
-
-async def wait_until(cond: Callable[[], bool | Awaitable[bool]], timeout: float,
-                     what: str = "condition", interval: float = 0.02) -> None:
-    """Poll ``cond`` until true; AssertionError naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if not isinstance(got, bool):
-            got = await got
-        if got:
-            return
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(interval)
-
-
-@asynccontextmanager
-async def running_links(address: str, job: str, world_size: int, *, ranks: Sequence[int] = (),
-                        token: str = "", tls_ca: str = "", tls_cert: str = "",
-                        tls_key: str = "", connect_timeout: float = 10.0,
-                        **kwargs: Any) -> AsyncIterator[list[ArbiterLink]]:
-    """Simulated agents: one running ArbiterLink per rank, connected before the body runs.
-
-    ``kwargs`` go to ArbiterLink (max_restarts, alert_only, progress_interval).
-    """
-    client = ArbiterClientConfig(arbiter=address, token=token, tls_ca=tls_ca,
-                                 tls_cert=tls_cert, tls_key=tls_key)
-    links = [ArbiterLink(client,
-                         IdentityConfig(job=job, rank=r, world_size=world_size, pod=f"pod-{r}",
-                                        node=f"node-{r}"), **kwargs)
-             for r in (ranks or range(world_size))]
-    tasks = [asyncio.create_task(link.run()) for link in links]
-    try:
-        await wait_until(lambda: all(link.connected for link in links), connect_timeout,
-                         f"{len(links)} links of {job} to connect")
-        yield links
-    finally:
-        for link in links:
-            await link.close()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def ftagent_cmd(*args: str) -> Sequence[str]:

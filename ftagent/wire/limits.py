@@ -1,0 +1,75 @@
+"""Limits on every value a peer, a log line or the SDK hands us, in one place.
+
+Both sides of the wire check the same numbers: the agent before it sends (so a trainer
+that prints step 10**30 cannot make its own reports unsendable), the arbiter where a
+message enters (so one hostile Hello cannot break the listing of every job). A value out
+of range is refused with a message that names the field and the range; it never becomes
+state. Values are chosen far above anything real and far below what breaks a type:
+
+* steps, samples, tokens: < 2**53, so they survive a float (JSON, Prometheus) exactly;
+* generations and restart counts: < 2**31, far from int64's edge even after +1;
+* world size: 1..1,000,000 ranks;
+* names (job, namespace, pod, node, phase, op): short printable strings.
+"""
+
+from __future__ import annotations
+
+import math
+
+MAX_STEP = 2**53 - 1  # steps, samples and tokens: exact in a float64
+MAX_GENERATION = 2**31 - 1
+MAX_RESTARTS = 2**31 - 1
+MAX_WORLD_SIZE = 1_000_000
+MAX_NAME = 253  # a Kubernetes object name (DNS subdomain); jobs, pods, nodes
+MAX_LABEL_NAME = 64  # phase and op names from the SDK or a log (as the SDK caps them)
+MAX_MESSAGE = 4096  # a fault's or a command's human message
+MAX_EVIDENCE = 256 * 1024  # a fault's evidence JSON
+MAX_STACKS = 8 * 1024 * 1024  # py-spy JSON of a trainer tree
+MAX_ID = 128  # fault and command ids, agent instance ids
+MAX_DIGITS = 20  # a number in a log line longer than this is not a step
+
+
+class OutOfRange(ValueError):
+    """A value from a peer outside its field's range; the message names the field."""
+
+
+def check_int(name: str, value: int, lo: int, hi: int) -> int:
+    if not lo <= value <= hi:
+        raise OutOfRange(f"{name} {value} is out of range [{lo}, {hi}]")
+    return value
+
+
+def check_float(name: str, value: float, lo: float = -math.inf, hi: float = math.inf, *,
+                allow_nan: bool = False) -> float:
+    """Finite (or NaN where allowed: a loss may be NaN, and that is news) within [lo, hi]."""
+    if math.isnan(value):
+        if allow_nan:
+            return value
+        raise OutOfRange(f"{name} is NaN")
+    if not lo <= value <= hi:
+        raise OutOfRange(f"{name} {value} is out of range [{lo}, {hi}]")
+    return value
+
+
+def check_name(name: str, value: str, limit: int = MAX_NAME, *, required: bool = False) -> str:
+    """A short string of printable characters (no control characters, no newlines)."""
+    if required and not value:
+        raise OutOfRange(f"{name} is empty")
+    if len(value) > limit:
+        raise OutOfRange(f"{name} is {len(value)} characters long; at most {limit}")
+    if not value.isprintable():
+        raise OutOfRange(f"{name} {value[:40]!r} contains control characters")
+    return value
+
+
+def check_step(name: str, value: int) -> int:
+    return check_int(name, value, -1, MAX_STEP)
+
+
+def check_generation(name: str, value: int) -> int:
+    return check_int(name, value, -1, MAX_GENERATION)
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, marked when cut (for messages, not names)."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
