@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("ftagent.agent.run_cli", "supervise a training command: ftagent run [flags] -- CMD"),
     "arbiter": ("ftagent.arbiter.cli", "run the central arbiter that decides for whole jobs"),
     "status": ("ftagent.arbiter.status_cli", "show jobs, ranks and timelines from an arbiter"),
+    "token": ("ftagent.arbiter.token_cli", "print the token that speaks for one job only"),
     "demo": ("ftagent.demo", "local demo: arbiter + agents + a real training job with faults"),
 }
 

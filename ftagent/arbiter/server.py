@@ -5,6 +5,12 @@ itself so that garbage is answered with INVALID_ARGUMENT (not a generic error fr
 framework), and a command fanned out to 10k ranks is serialised once. One event loop
 runs everything; per stream there is one reader task and the handler itself, which
 writes the stream's outbox and alone ends the call (normally or with a ``Reject``).
+
+Every RPC but health is served through ``auth.Guard``: the call is authenticated before
+its handler runs, and the handler asks ``auth.authorize`` before it touches a job (Connect
+at Hello, GetJob and WatchEvents for the job asked, ListJobs and WatchEvents per job
+shown). A Hello's fields and every generation a peer sends are range-checked here, where
+they enter (``wire.limits``), before the registry sees them.
 """
 
 from __future__ import annotations
@@ -25,12 +31,24 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, start_http_server
 
 from ftagent.arbiter import convert
-from ftagent.arbiter.auth import TokenInterceptor, server_credentials
+from ftagent.arbiter.auth import (
+    MIN_SECRET,
+    Authenticator,
+    Guard,
+    Principal,
+    authenticator_for,
+    authorize,
+    has_credentials,
+    listens_on_loopback,
+    server_credentials,
+)
 from ftagent.arbiter.policy import PolicyConfig
 from ftagent.arbiter.registry import Connection, Registry, Reject
-from ftagent.arbiter.timeline import Timeline
+from ftagent.arbiter.timeline import Entry, Timeline
 from ftagent.metrics import ArbiterMetrics
 from ftagent.v1 import ftagent_pb2 as pb
+from ftagent.wire import limits
+from ftagent.wire.limits import OutOfRange
 
 log = logging.getLogger("ftagent.arbiter")
 
@@ -59,17 +77,70 @@ class ServerSettings:
     """What the server needs from ``ftagent arbiter``'s flags (see arbiter/cli.py)."""
 
     listen: str = "127.0.0.1:0"
-    token: str = ""
+    token: str = ""  # the secret: the admin credential, and the key of every job token
     tls_cert: str = ""
     tls_key: str = ""
     tls_client_ca: str = ""
     metrics_port: int = -1
     metrics_addr: str = "0.0.0.0"
     policy: PolicyConfig = PolicyConfig()
+    # Serve beyond loopback without any credentials (everyone is the admin there).
+    insecure: bool = False
+
+
+def exposure_problem(s: ServerSettings) -> str:
+    """Why these settings must not be served ("" when they may): an arbiter reachable from
+    other machines without credentials lets anyone stop any job."""
+    if s.insecure or has_credentials(s.token, s.tls_client_ca) or listens_on_loopback(s.listen):
+        return ""
+    return (f"refusing to listen on {s.listen} without credentials: anyone who reaches it "
+            "could stop any job. Set --token SECRET (env FTAGENT_TOKEN) and give agents "
+            "`ftagent token --job NAME`, or --tls-client-ca; or listen on 127.0.0.1; or pass "
+            "--insecure")
+
+
+def check_hello(h: pb.Hello) -> None:
+    """Every field of a Hello within its range (OutOfRange names the field)."""
+    if not h.job:
+        raise OutOfRange("Hello without a job name: start the agent with --job")
+    limits.check_name("Hello.job", h.job)
+    limits.check_name("Hello.namespace", h.namespace)
+    limits.check_name("Hello.pod", h.pod)
+    limits.check_name("Hello.node", h.node)
+    limits.check_name("Hello.state", h.state, limits.MAX_LABEL_NAME)
+    limits.check_name("Hello.agent_version", h.agent_version, limits.MAX_LABEL_NAME)
+    limits.check_name("Hello.agent_instance", h.agent_instance, limits.MAX_ID)
+    if not 1 <= h.world_size <= limits.MAX_WORLD_SIZE or not 0 <= h.rank < h.world_size:
+        raise OutOfRange(f"rank {h.rank} of world size {h.world_size} is out of range "
+                         f"(world size 1..{limits.MAX_WORLD_SIZE}): check --rank/--world-size")
+    limits.check_int("Hello.restart_count", h.restart_count, 0, limits.MAX_RESTARTS)
+    limits.check_generation("Hello.generation", h.generation)
+    if h.HasField("max_restarts"):
+        limits.check_int("Hello.max_restarts", h.max_restarts, 0, limits.MAX_RESTARTS)
+    if h.HasField("released_generation"):
+        limits.check_generation("Hello.released_generation", h.released_generation)
+
+
+def check_message(m: pb.AgentMessage) -> None:
+    """The generations and ids of a message after Hello within their ranges."""
+    body = m.WhichOneof("body")
+    if body == "fault":
+        limits.check_generation("Fault.generation", m.fault.generation)
+        limits.check_name("Fault.id", m.fault.id, limits.MAX_ID)
+    elif body == "arrival":
+        limits.check_generation("BarrierArrival.generation", m.arrival.generation)
+    elif body == "exit":
+        limits.check_generation("TrainerExit.generation", m.exit.generation)
+    elif body == "ack":
+        limits.check_name("Ack.command_id", m.ack.command_id, limits.MAX_ID)
+    elif body == "stacks":
+        limits.check_name("Stacks.command_id", m.stacks.command_id, limits.MAX_ID)
 
 
 class ArbiterServer:
-    def __init__(self, settings: ServerSettings) -> None:
+    def __init__(self, settings: ServerSettings,
+                 authenticator: Authenticator | None = None) -> None:
+        """``authenticator`` replaces the one ``settings`` imply (token, client CA)."""
         self.settings = settings
         self.arbiter_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.prom = CollectorRegistry()
@@ -77,6 +148,9 @@ class ArbiterServer:
         self.timeline = Timeline()
         self.registry = Registry(settings.policy, self.timeline, self.metrics, self.arbiter_id)
         self.health = health.aio.HealthServicer()
+        self.guard = Guard(authenticator or authenticator_for(settings.token,
+                                                              settings.tls_client_ca),
+                           self.metrics)
         self.port = 0
         self.metrics_port = 0
         self._server: grpc.aio.Server | None = None
@@ -86,14 +160,21 @@ class ArbiterServer:
     async def start(self) -> str:
         """Bind and serve; returns the bound HOST:PORT (port 0 picks a free one)."""
         s = self.settings
+        problem = exposure_problem(s)
+        if problem:
+            raise ValueError(problem)
+        if 0 < len(s.token) < MIN_SECRET:
+            log.warning("the secret (--token) is %d characters long: job tokens are only as "
+                        "strong as it is; use %d or more random characters", len(s.token),
+                        MIN_SECRET)
         creds = server_credentials(s.tls_cert, s.tls_key, s.tls_client_ca)
-        interceptors = [TokenInterceptor(s.token, self.metrics)] if s.token else []
-        server = grpc.aio.server(interceptors=interceptors, options=SERVER_OPTIONS)
+        server = grpc.aio.server(options=SERVER_OPTIONS)
+        guard = self.guard
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
-            "Connect": grpc.stream_stream_rpc_method_handler(self._connect),
-            "ListJobs": grpc.unary_unary_rpc_method_handler(self._list_jobs),
-            "GetJob": grpc.unary_unary_rpc_method_handler(self._get_job),
-            "WatchEvents": grpc.unary_stream_rpc_method_handler(self._watch),
+            "Connect": grpc.stream_stream_rpc_method_handler(guard(self._connect)),
+            "ListJobs": grpc.unary_unary_rpc_method_handler(guard(self._list_jobs)),
+            "GetJob": grpc.unary_unary_rpc_method_handler(guard(self._get_job)),
+            "WatchEvents": grpc.unary_stream_rpc_method_handler(guard(self._watch)),
         }),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         host = s.listen.rpartition(":")[0]
@@ -140,9 +221,10 @@ class ArbiterServer:
 
     # ------------------------------------------------------------------ Connect
 
-    async def _connect(self, _requests: Any, context: grpc.aio.ServicerContext) -> None:
+    async def _connect(self, _requests: Any, context: grpc.aio.ServicerContext,
+                       principal: Principal) -> None:
         conn = Connection(context.peer())
-        reader = asyncio.create_task(self._read_loop(conn, context))
+        reader = asyncio.create_task(self._read_loop(conn, context, principal))
         try:
             while True:
                 item = await conn.outbox.get()
@@ -165,7 +247,8 @@ class ArbiterServer:
             reader.cancel()
             self.registry.disconnect(conn)
 
-    async def _read_loop(self, conn: Connection, context: grpc.aio.ServicerContext) -> None:
+    async def _read_loop(self, conn: Connection, context: grpc.aio.ServicerContext,
+                         principal: Principal) -> None:
         """Parse and dispatch the agent's messages; problems end the stream via a Reject."""
         job = namespace = ""
         try:
@@ -190,8 +273,21 @@ class ArbiterServer:
                         conn.reject(grpc.StatusCode.INVALID_ARGUMENT, "the stream must "
                                     f"start with Hello, got {body}", "no_hello")
                         return
+                    h = m.hello
                     try:
-                        self.registry.hello(conn, m.hello)
+                        check_hello(h)
+                    except OutOfRange as e:
+                        conn.reject(grpc.StatusCode.INVALID_ARGUMENT, str(e), "out_of_range")
+                        return
+                    if not authorize(principal, h.namespace, h.job):
+                        self.metrics.rejected.labels(reason="permission_denied").inc()
+                        conn.reject(grpc.StatusCode.PERMISSION_DENIED, f"these credentials "
+                                    f"({principal.name}) speak for {principal.scope()}: they "
+                                    f"may not register for job {_name(h.namespace, h.job)!r}",
+                                    "permission_denied")
+                        return
+                    try:
+                        self.registry.hello(conn, h)
                     except ValueError as e:
                         conn.reject(grpc.StatusCode.INVALID_ARGUMENT, str(e), "bad_hello")
                         return
@@ -208,6 +304,11 @@ class ArbiterServer:
                 if body == "hello":
                     continue  # a repeated Hello for the same job changes nothing
                 try:
+                    check_message(m)
+                except OutOfRange as e:
+                    conn.reject(grpc.StatusCode.INVALID_ARGUMENT, str(e), "out_of_range")
+                    return
+                try:
                     self.registry.handle(conn, m, received)
                 except Exception:  # a bug on one message must not take the stream down
                     log.exception("handling %s from %s failed", body, conn.peer)
@@ -219,16 +320,29 @@ class ArbiterServer:
 
     # ------------------------------------------------------------------ status
 
-    async def _list_jobs(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def _list_jobs(self, raw: bytes, context: grpc.aio.ServicerContext,
+                         principal: Principal) -> bytes:
         await self._parse(pb.ListJobsRequest, raw, context)
         out = pb.ListJobsResponse()
         for job in sorted(self.registry.jobs.values(), key=lambda j: (j.namespace, j.job)):
-            out.jobs.append(self.registry.job_info(job, ranks=False))
+            if authorize(principal, job.namespace, job.job):
+                out.jobs.append(self.registry.job_info(job, ranks=False))
         return out.SerializeToString()
 
-    async def _get_job(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    async def _get_job(self, raw: bytes, context: grpc.aio.ServicerContext,
+                       principal: Principal) -> bytes:
         req = await self._parse(pb.GetJobRequest, raw, context)
-        job = self.registry.find(req.job, req.namespace)
+        if principal.admin:
+            job = self.registry.find(req.job, req.namespace)
+        else:  # a scoped caller names its own namespace when it gives none
+            namespace = req.namespace or principal.namespace or ""
+            if not authorize(principal, namespace, req.job):
+                await self.guard.deny(context, principal, namespace, req.job, "read")
+                return b""
+            job = self.registry.jobs.get((namespace, req.job))
+        if job is not None and not authorize(principal, job.namespace, job.job):
+            await self.guard.deny(context, principal, job.namespace, job.job, "read")
+            return b""
         if job is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no job {req.job!r} here (or the "
                                 "name is in several namespaces): run `ftagent status` to list "
@@ -237,13 +351,25 @@ class ArbiterServer:
         info = self.registry.job_info(job, ranks=True, timeline_limit=req.timeline_limit)
         return info.SerializeToString()
 
-    async def _watch(self, raw: bytes, context: grpc.aio.ServicerContext) -> None:
+    async def _watch(self, raw: bytes, context: grpc.aio.ServicerContext,
+                     principal: Principal) -> None:
         req = await self._parse(pb.WatchEventsRequest, raw, context)
-        w = self.timeline.watch(req.job, req.namespace)
+        namespace = req.namespace
+        if not principal.admin:
+            namespace = namespace or principal.namespace or ""
+            if req.job and not authorize(principal, namespace, req.job):
+                await self.guard.deny(context, principal, namespace, req.job, "watch")
+                return
+        # Without a job a scoped caller watches everything it may see, and only that.
+        w = self.timeline.watch(req.job, namespace)
+
+        def shown(e: Entry) -> bool:
+            return w.wants(e) and authorize(principal, e.namespace, e.job)
+
         try:
             if req.replay:
                 for e in sorted(self.timeline.all_entries(), key=lambda e: e.seq):
-                    if w.wants(e):
+                    if shown(e):
                         await context.write(convert.entry_to_proto(e).SerializeToString())
             while True:
                 got = await w.queue.get()
@@ -251,7 +377,8 @@ class ArbiterServer:
                     await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "this watcher "
                                         "fell too far behind: reconnect")
                     return
-                await context.write(convert.entry_to_proto(got).SerializeToString())
+                if authorize(principal, got.namespace, got.job):
+                    await context.write(convert.entry_to_proto(got).SerializeToString())
         finally:
             self.timeline.unwatch(w)
 
@@ -262,6 +389,10 @@ class ArbiterServer:
             self.metrics.rejected.labels(reason="invalid_argument").inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"not an ftagent.v1.{cls.__name__}")
+
+
+def _name(namespace: str, job: str) -> str:
+    return f"{namespace}/{job}" if namespace else job
 
 
 async def serve_until(server: ArbiterServer, stop: asyncio.Event) -> None:

@@ -1,4 +1,9 @@
-"""A client's credentials towards the arbiter: the bearer token and TLS (agent and status)."""
+"""A client's credentials towards the arbiter: the bearer token and TLS (agent and status).
+
+The token is either a job token (``ftagent token --job NAME``: it speaks for that job
+only, what an agent should hold) or the arbiter's secret (the admin: every job). The
+client sends both the same way; the arbiter tells them apart.
+"""
 
 from __future__ import annotations
 

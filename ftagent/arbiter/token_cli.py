@@ -1,0 +1,61 @@
+"""``ftagent token --job NAME``: the token that lets agents speak for one job only.
+
+The token is derived from the arbiter's secret (its ``--token``, read here from
+``--token`` or FTAGENT_TOKEN) with HMAC-SHA256 over the job's namespace and name, so the
+arbiter stores nothing per job: give each job's agents their own token (as their
+``--token`` / FTAGENT_TOKEN) instead of the secret. A job token may register ranks of
+that job, read it (``ftagent status JOB``) and watch its timeline, nothing else. The
+secret itself is the admin credential: every job, every call; keep it for the arbiter
+and its operators. Prints the token on stdout (one line, nothing else).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+from ftagent.arbiter.auth import MIN_SECRET, job_token
+from ftagent.config import ConfigError, OneLineParser, add_group, opt, resolve_group
+from ftagent.wire.limits import OutOfRange, check_name
+
+
+def _name(v: str) -> str:
+    try:
+        return check_name("the name", v)
+    except OutOfRange as e:
+        raise ConfigError(str(e)) from None
+
+
+@dataclass(frozen=True)
+class TokenConfig:
+    """Flags of ``ftagent token`` (each also an FTAGENT_* variable)."""
+
+    job: str = opt("", "--job", "the job the token speaks for (as the agents' --job)",
+                   check=_name, metavar="NAME")
+    namespace: str = opt("", "--namespace", "the job's namespace, as the agents register "
+                         "(their --namespace, else $POD_NAMESPACE; empty when neither)",
+                         check=_name, metavar="NS")
+    token: str = opt("", "--token", "the arbiter's secret (its --token; prefer the "
+                     "FTAGENT_TOKEN variable: flags show in ps)", metavar="SECRET")
+
+
+def main(argv: list[str]) -> int:
+    parser = OneLineParser(prog="ftagent token", description=__doc__.splitlines()[0])
+    add_group(parser, "token", TokenConfig)
+    ns = parser.parse_args(argv)
+    try:
+        cfg = resolve_group(ns, TokenConfig, os.environ)
+        if not cfg.job:
+            raise ConfigError("--job is required (env FTAGENT_JOB)")
+        if not cfg.token:
+            raise ConfigError("no secret: pass the arbiter's --token or set FTAGENT_TOKEN")
+    except ConfigError as e:
+        sys.stderr.write(f"ftagent token: error: {e}\n")
+        return 2
+    if len(cfg.token) < MIN_SECRET:
+        sys.stderr.write(f"ftagent token: warning: the secret is {len(cfg.token)} characters "
+                         f"long; job tokens are only as strong as it is (use {MIN_SECRET} or "
+                         "more random characters)\n")
+    print(job_token(cfg.token, cfg.namespace, cfg.job))
+    return 0
