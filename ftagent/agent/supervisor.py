@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 
 import psutil
 
+from ftagent.agent import containment
 from ftagent.agent.tee import MAX_LINE, LinesCallback, OutputPump, grow_pipe
 from ftagent.model import ProcessExit
 
@@ -111,7 +112,9 @@ class SpawnError(Exception):
 
 
 # Runs in the trainer's process before it becomes the trainer: set the death signal, make
-# sure the agent did not die first, then exec the command (PDEATHSIG survives exec).
+# sure the agent did not die first, join the trainer's cgroup (argv[2], "" for none;
+# before exec, so every descendant is born in it), then exec the command (PDEATHSIG
+# survives exec).
 # A separate tiny interpreter (-I: isolated from the trainer's PYTHON* variables, -S: no
 # site) instead of ``preexec_fn``: Python code between fork and exec in a process that has
 # threads (gRPC's, the output pumps) can deadlock or crash, and did (SIGSEGV with gRPC).
@@ -120,10 +123,16 @@ import ctypes, os, sys
 ctypes.CDLL(None, use_errno=True).prctl({PR_SET_PDEATHSIG}, {int(signal.SIGKILL)}, 0, 0, 0)
 if os.getppid() != int(sys.argv[1]):
     os._exit(137)
+if sys.argv[2]:
+    try:
+        with open(sys.argv[2], "w") as f:
+            f.write(str(os.getpid()))
+    except OSError:
+        pass
 try:
-    os.execvp(sys.argv[2], sys.argv[2:])
+    os.execvp(sys.argv[3], sys.argv[3:])
 except OSError as e:
-    sys.stderr.write("ftagent: cannot start %s: %s\\n" % (sys.argv[2], e.strerror))
+    sys.stderr.write("ftagent: cannot start %s: %s\\n" % (sys.argv[3], e.strerror))
     os._exit(127 if isinstance(e, FileNotFoundError) else 126)
 """
 
@@ -146,23 +155,34 @@ def spawn(command: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[by
     and keeps a terminal's Ctrl-C going to the agent, which decides what to forward.
     """
     resolve(command, env)
-    shim = [sys.executable, "-I", "-S", "-c", EXEC_SHIM, str(os.getpid()), *command]
+    c = containment.current()
+    c.ensure_watchdog()
+    shim = [sys.executable, "-I", "-S", "-c", EXEC_SHIM, str(os.getpid()), c.cgroup_procs,
+            *command]
     try:
-        return subprocess.Popen(
-            shim, env=dict(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        popen = subprocess.Popen(
+            shim, env=c.trainer_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True, close_fds=True,
         )
     except OSError as e:
         raise SpawnError(f"cannot start {command[0]}: {e.strerror or e}", 126) from None
+    c.trainer_started(popen.pid)
+    return popen
 
 
 def tree() -> list[psutil.Process]:
-    """Every live descendant of the agent: the trainer and all it started (sub-reaper)."""
+    """Every live descendant of the agent: the trainer and all it started (sub-reaper);
+    not the watchdog, which is the agent's child but no part of the trainer's tree."""
+    c = containment.peek()
+    skip = c.watchdog_pid if c is not None else None
     try:
-        return [p for p in psutil.Process().children(recursive=True)
-                if _alive(p)]
+        procs = [p for p in psutil.Process().children(recursive=True)
+                 if p.pid != skip and _alive(p)]
     except psutil.Error:
         return []
+    if not procs and c is not None:
+        c.tree_empty()
+    return procs
 
 
 def tree_pids() -> list[int]:
@@ -254,6 +274,7 @@ class TrainerProcess:
 
     def _mark_popen(self, fut: asyncio.Future[ProcessExit]) -> None:
         # The reaper collected the status; tell Popen so it does not wait or warn later.
+        containment.current().trainer_exited(self.pid)
         if not fut.cancelled():
             self.popen.returncode = fut.result().exit_status
 
