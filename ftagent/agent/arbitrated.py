@@ -10,8 +10,12 @@ What changes against the local agent, and only this:
   DUMP_STACKS) become the agent's actions. The restart budget is the job's.
 * **Fail open**: if the arbiter is unreachable — at start, during a barrier, or while a
   decision is awaited — for ``--arbiter-fail-open-after`` seconds, the agent goes on
-  alone: it starts the trainer, and its local policy decides about faults. Faults stay
-  queued in the link and reach the arbiter when it is back (exactly once, by id).
+  alone: it starts the trainer, and its local policy decides about faults. A fault raised
+  while the arbiter is briefly away waits for it (it is usually back within seconds, and
+  a decision taken alone splits the job's generations); it is decided locally only once
+  the link has been down that long. Faults stay kept in the link and reach the arbiter
+  (or its successor) when it is back, until settled. A trainer started without the
+  barrier says so in the agent's Hello, and the arbiter reconciles (barrier.reconcile).
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ class ArbitratedAgent(Agent):
         self.hang_state: Callable[[], tuple[float, bool]] = lambda: (0.0, False)
         self.fail_open_after = cfg.arbiter.arbiter_fail_open_after
         self._undecided: Fault | None = None
-        self._offline_since: float | None = None
+        self._released_start = False  # the current trainer was started by the barrier
         self.observers.append(_LinkObserver(self))
 
     async def run(self) -> int:
@@ -80,17 +84,19 @@ class ArbitratedAgent(Agent):
     async def before_start(self) -> Action | None:
         """Meet the other ranks at the barrier of this generation (or fail open)."""
         gen = self.generation
-        if not await self._online(self.fail_open_after):
-            log.warning("no arbiter after %.0fs: starting generation %d without the barrier",
+        self._released_start = False
+        self.link.arrive(gen)  # kept and re-sent on every stream until released
+        if not await self._online():
+            log.warning("no arbiter for %.0fs: starting generation %d without the barrier",
                         self.fail_open_after, gen)
             return None
-        self.link.arrive(gen)
         self.events.write("state", "barrier", f"waiting at the barrier of generation {gen}",
                           generation=gen)
         t0 = time.monotonic()
         while True:
             if await self.link.wait_released(gen, POLL):
                 self.generation = max(gen, self.link.released_generation)
+                self._released_start = True
                 self.events.write("state", "released",
                                   f"barrier of generation {gen} released",
                                   generation=self.generation,
@@ -122,21 +128,34 @@ class ArbitratedAgent(Agent):
         self.link.report_fault(fault, generation=self.generation)
         if fault.evidence.get("recovered"):
             return True  # an all-clear: the arbiter may act on it, locally nothing to do
-        if not self.link.connected:
-            return False  # fail open: queued for the arbiter, the local policy decides now
+        if not self._still_online():
+            return False  # failing open already: queued for the arbiter, decided here now
         self._undecided = fault
         self._spawn(self._decision_watchdog(fault))
         return True
 
     async def _decision_watchdog(self, fault: Fault) -> None:
-        """If the arbiter goes away before answering, decide locally after all."""
+        """Decide locally after all if the arbiter stays away, or settles a crash without
+        a command for this rank (alert only, say): a dead trainer must not wait forever."""
         while self._undecided is fault:
-            await asyncio.sleep(POLL)
-            if self._undecided is fault and not self._still_online():
-                log.warning("arbiter gone before deciding about %s; deciding locally",
-                            fault.kind.value)
+            if not self._still_online():
+                log.warning("arbiter unreachable for %.0fs before deciding about %s; "
+                            "deciding locally", self.fail_open_after, fault.kind.value)
                 self._undecided = None
                 self.decide_locally(fault)
+                return
+            outcome = self.link.outcome(fault.id)
+            if outcome is not None and self.link.commands.empty():
+                await asyncio.sleep(0)  # let a command read with the ack be forwarded
+                if self._undecided is not fault:
+                    return
+                self._undecided = None
+                log.info("the arbiter settled the %s without a command for this rank (%s)",
+                         fault.kind.value, outcome)
+                if fault.kind == FaultKind.CRASH:
+                    self.decide_locally(fault)  # the trainer is gone: the local policy
+                return
+            await self.link.wait_settled(POLL)
 
     async def on_minor_action(self, action: Action) -> None:
         if action.kind == ActionKind.DUMP_STACKS:
@@ -160,18 +179,18 @@ class ArbitratedAgent(Agent):
                 return action
         return None
 
-    async def _online(self, timeout: float) -> bool:
-        return self.link.connected or await self.link.wait_connected(timeout)
+    async def _online(self) -> bool:
+        """True once connected; False when the link has been down --arbiter-fail-open-after."""
+        while not self.link.connected:
+            left = self.fail_open_after - self.link.offline_for()
+            if left <= 0:
+                return False
+            await self.link.wait_connected(min(left, POLL))
+        return True
 
     def _still_online(self) -> bool:
         """False once the link has been down for --arbiter-fail-open-after seconds."""
-        if self.link.connected:
-            self._offline_since = None
-            return True
-        now = time.monotonic()
-        if self._offline_since is None:
-            self._offline_since = now
-        return now - self._offline_since < self.fail_open_after
+        return self.link.connected or self.link.offline_for() < self.fail_open_after
 
 
 class _LinkObserver:
@@ -189,6 +208,11 @@ class _LinkObserver:
             link.report_exit(obs, self.agent.generation)
 
     def on_state(self, state: TrainerState, restarts: int) -> None:
-        self.agent.link.trainer_state = state.value
-        self.agent.link.restarts = max(self.agent.link.restarts, restarts)
+        link = self.agent.link
+        link.trainer_state = state.value
+        link.restarts = max(link.restarts, restarts)
+        if state is TrainerState.RUNNING:
+            link.started(self.agent.generation, released=self.agent._released_start)
+        else:
+            link.proto.trainer_running = False
 

@@ -6,14 +6,17 @@ within ~5 s). It fails open: nothing here raises into the supervisor; while
 ``connected`` is False the supervisor's local policy decides, and what must not be lost
 is kept and re-sent on the next stream:
 
-* faults, until the arbiter acknowledges their id (the arbiter ignores repeats);
+* faults, until the arbiter's FaultAck says they are settled (``final``), or a command
+  covers them; repeats are ignored by id;
 * the barrier arrival, until the barrier of that generation is released;
 * the latest progress, coalesced: one ProgressSummary per ``progress_interval`` (5 s),
   sooner only when the hung flag changes; steady state is one small message per 5 s.
 
 Commands arrive as ``model.Action`` on ``commands`` (RESTART, STOP, REPLACE,
-DUMP_STACKS), de-duplicated (a RESTART to a generation already delivered is dropped);
-RELEASE_BARRIER is not an Action but the end of a wait: ``wait_released(generation)``.
+DUMP_STACKS), de-duplicated (a RESTART to a generation the agent runs or waits for already
+is dropped); RELEASE_BARRIER is not an Action but the end of a wait:
+``wait_released(generation)``. What is kept, sent and accepted is decided by
+``LinkProtocol`` (link_protocol.py, no I/O); this module only moves it over gRPC.
 """
 
 from __future__ import annotations
@@ -23,16 +26,16 @@ import contextlib
 import logging
 import random
 import time
-from collections import OrderedDict, deque
+from collections import deque
 
 import grpc
 
 from ftagent import __version__
+from ftagent.agent.link_protocol import LinkProtocol
 from ftagent.config import ArbiterClientConfig, ConfigError, IdentityConfig
-from ftagent.model import Action, ActionKind, Fault, ProcessExit, Progress
+from ftagent.model import Action, Fault, ProcessExit, Progress
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
-from ftagent.wire.convert import command_to_action, fault_to_proto, progress_to_proto
 from ftagent.wire.credentials import bearer, channel_credentials
 from ftagent.wire.shard import pick_arbiter
 
@@ -71,20 +74,12 @@ class ArbiterLink:
             raise ConfigError(str(e)) from None
         self.cfg = cfg
         self.identity = identity
-        self.max_restarts = max_restarts
-        self.version = version
-        self.alert_only = alert_only
+        self.proto = LinkProtocol(identity, max_restarts=max_restarts, version=version,
+                                  alert_only=alert_only)
         self.progress_interval = progress_interval
         self.commands: asyncio.Queue[Action] = asyncio.Queue()
         self.connected = False
-        self.generation = 0  # the job generation this agent runs or is about to run
-        self.released_generation = -1  # highest generation whose barrier was released
-        self.restarts = 0  # restarts this agent did (the supervisor adds local ones)
-        self.trainer_state = "init"  # model.TrainerState value, sent in Hello for status
-        self.arbiter_id = ""
-        self._faults: OrderedDict[str, pb.Fault] = OrderedDict()  # until FaultAck
-        self._arrival: pb.BarrierArrival | None = None  # until released
-        self._later: deque[pb.AgentMessage] = deque(maxlen=16)  # exits/stacks while offline
+        self.offline_since: float | None = time.monotonic()  # None while connected
         self._progress: pb.ProgressSummary | None = None
         self._progress_new = False
         self._hung_sent = False
@@ -92,45 +87,81 @@ class ArbiterLink:
         self._out: deque[pb.AgentMessage] = deque()
         self._wake = asyncio.Event()
         self._released = asyncio.Event()
+        self._settled = asyncio.Event()
         self._closed = asyncio.Event()
-        self._seen_commands: OrderedDict[str, None] = OrderedDict()
-        self._restart_generation = -1
-        self._final_delivered = False
         self._task: asyncio.Task[None] | None = None
         self._last_error = ""
+
+    # The agent's side of the protocol state, for the supervisor and for status.
+    @property
+    def generation(self) -> int:
+        return self.proto.generation
+
+    @generation.setter
+    def generation(self, value: int) -> None:
+        self.proto.generation = value
+
+    @property
+    def released_generation(self) -> int:
+        return self.proto.released_generation
+
+    @property
+    def restarts(self) -> int:
+        return self.proto.restarts
+
+    @restarts.setter
+    def restarts(self, value: int) -> None:
+        self.proto.restarts = value
+
+    @property
+    def trainer_state(self) -> str:
+        return self.proto.trainer_state
+
+    @trainer_state.setter
+    def trainer_state(self, value: str) -> None:
+        self.proto.trainer_state = value
+
+    @property
+    def arbiter_id(self) -> str:
+        return self.proto.arbiter_id
+
+    def offline_for(self) -> float:
+        """Seconds since the link was last up (0 while connected)."""
+        since = self.offline_since
+        return 0.0 if since is None else time.monotonic() - since
 
     # ------------------------------------------------------------------ supervisor API
 
     def report_fault(self, fault: Fault, *, generation: int | None = None,
                      exit_status: int | None = None) -> None:
-        """Send ``fault`` (now or after reconnecting) until the arbiter acknowledges it.
+        """Send ``fault`` (now or after reconnecting) until the arbiter settles it.
 
         ``generation``: of the trainer it happened in (default: ``self.generation``);
         ``exit_status``: for CRASH, else taken from evidence["exit_status"] if present.
         """
-        if exit_status is None and isinstance(fault.evidence.get("exit_status"), int):
-            exit_status = fault.evidence["exit_status"]
-        msg = fault_to_proto(fault, self.generation if generation is None else generation,
-                             exit_status)
-        self._faults[fault.id] = msg
-        self._send(pb.AgentMessage(fault=msg))
+        self._send(self.proto.fault(fault, generation, exit_status))
+
+    def outcome(self, fault_id: str) -> str | None:
+        """How the arbiter settled ``fault_id`` (None: not yet)."""
+        return self.proto.outcomes.get(fault_id)
+
+    async def wait_settled(self, timeout: float) -> None:
+        """Until some fault is settled, or ``timeout``."""
+        self._settled.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._settled.wait(), timeout)
 
     def report_progress(self, p: Progress, *, seconds_since_progress: float,
                         hung: bool) -> None:
         """The latest progress; sent at most every ``progress_interval`` (at once if hung
         changed)."""
-        self._progress = progress_to_proto(p, seconds_since_progress, hung, time.time())
+        self._progress = self.proto.progress(p, seconds_since_progress, hung, time.time())
         if not self._progress_new or hung != self._hung_sent:
             self._wake.set()  # the writer sleeps until the next due time, at most once
         self._progress_new = True
 
     def report_exit(self, exit: ProcessExit, generation: int) -> None:
-        msg = pb.TrainerExit(generation=generation)
-        if exit.code is not None:
-            msg.exit_code = exit.code
-        if exit.signal is not None:
-            msg.signal = exit.signal
-        self._send(pb.AgentMessage(exit=msg), keep=True)
+        self._send(self.proto.exit(exit, generation), keep=True)
 
     def report_stacks(self, command_id: str, stacks_json: str) -> None:
         """Answer a DUMP_STACKS action (``action.id``) with the trainer tree's stacks."""
@@ -142,12 +173,15 @@ class ArbiterLink:
 
         Re-sent after every reconnect until the barrier of ``generation`` is released.
         """
-        self.generation = max(self.generation, generation)
-        if generation <= self.released_generation:
+        msg = self.proto.arrive(generation)
+        if msg is None:
             self._released.set()
             return
-        self._arrival = pb.BarrierArrival(generation=generation, previous_trainer_exited=True)
-        self._send(pb.AgentMessage(arrival=self._arrival))
+        self._send(msg)
+
+    def started(self, generation: int, *, released: bool) -> None:
+        """A trainer of ``generation`` runs now (``released`` False: without the barrier)."""
+        self.proto.started(generation, released=released)
 
     async def wait_released(self, generation: int, timeout: float | None = None) -> bool:
         """True once every rank arrived for ``generation`` (or a later one); False on
@@ -176,7 +210,8 @@ class ArbiterLink:
     def pending(self) -> int:
         """Messages not yet written to the stream plus faults not yet acknowledged (e.g.
         to give the trainer's exit a moment to reach the arbiter before closing)."""
-        return len(self._out) + len(self._faults) + (0 if self.connected else len(self._later))
+        return len(self._out) + len(self.proto.faults) + (
+            0 if self.connected else len(self.proto.later))
 
     async def close(self) -> None:
         self._closed.set()
@@ -207,11 +242,15 @@ class ArbiterLink:
                 self._report_error(f"{e.code().name}: {e.details()}")
             except Exception as e:
                 self._report_error(repr(e))
-            if self.connected:
-                self.connected = False
+            self._down()
             attempt = 0 if welcomed else attempt + 1
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._closed.wait(), backoff(attempt))
+
+    def _down(self) -> None:
+        if self.connected or self.offline_since is None:
+            self.offline_since = time.monotonic()
+        self.connected = False
 
     async def _session(self) -> bool:
         """One stream: Hello, Welcome, then read and write until it breaks. True if welcomed."""
@@ -222,7 +261,7 @@ class ArbiterLink:
         welcomed = False
         try:
             call = pb_grpc.ArbiterStub(channel).Connect(metadata=bearer(self.cfg.token))
-            await call.write(pb.AgentMessage(hello=self._hello()))
+            await call.write(pb.AgentMessage(hello=self.proto.hello()))
             first = await asyncio.wait_for(call.read(), WELCOME_TIMEOUT)
             if first is grpc.aio.EOF:
                 code, details = await call.code(), await call.details()
@@ -240,7 +279,7 @@ class ArbiterLink:
             finally:
                 for t in tasks:
                     t.cancel()
-                self.connected = False
+                self._down()
             for t in done:
                 exc = None if t.cancelled() else t.exception()
                 if exc is not None:
@@ -254,31 +293,13 @@ class ArbiterLink:
         finally:
             await channel.close(grace=None)
 
-    def _hello(self) -> pb.Hello:
-        i = self.identity
-        h = pb.Hello(job=i.job, namespace=i.namespace, pod=i.pod, node=i.node, rank=i.rank,
-                     world_size=i.world_size, restart_count=self.restarts,
-                     generation=self.generation, agent_version=self.version,
-                     alert_only=self.alert_only, state=self.trainer_state)
-        if self.released_generation >= 0:
-            h.released_generation = self.released_generation
-        if self.max_restarts is not None:
-            h.max_restarts = self.max_restarts
-        return h
-
     def _welcome(self, w: pb.Welcome) -> None:
-        self.arbiter_id = w.arbiter_id
-        self.generation = max(self.generation, w.generation)
-        self.restarts = max(self.restarts, w.restarts)
         self._out.clear()
-        self._out.extend(pb.AgentMessage(fault=f) for f in self._faults.values())
-        if self._arrival is not None:
-            self._out.append(pb.AgentMessage(arrival=self._arrival))
-        self._out.extend(self._later)
-        self._later.clear()
+        self._out.extend(self.proto.on_welcome(w))
         self._progress_new = self._progress is not None
         self._progress_sent_at = -1e9
         self.connected = True
+        self.offline_since = None
         self._last_error = ""
         log.info("connected to the arbiter %s (%s), job generation %d", self.address,
                  w.arbiter_id, w.generation)
@@ -306,43 +327,16 @@ class ArbiterLink:
             m = await call.read()
             if m is grpc.aio.EOF:
                 return
-            body = m.WhichOneof("body")
-            if body == "fault_ack":
-                self._faults.pop(m.fault_ack.fault_id, None)
-            elif body == "command":
-                self._command(m.command)
-
-    def _command(self, cmd: pb.Command) -> None:
-        self._out.append(pb.AgentMessage(ack=pb.Ack(command_id=cmd.id)))
-        self._wake.set()
-        if cmd.id in self._seen_commands:
-            return
-        self._seen_commands[cmd.id] = None
-        if len(self._seen_commands) > 256:
-            self._seen_commands.popitem(last=False)
-        if cmd.kind == pb.COMMAND_KIND_RELEASE_BARRIER:
-            self.released_generation = max(self.released_generation, cmd.generation)
-            self.generation = max(self.generation, cmd.generation)
-            if self._arrival is not None and self._arrival.generation <= cmd.generation:
-                self._arrival = None
-            self._released.set()
-            return
-        action = command_to_action(cmd)
-        if action is None:
-            log.warning("ignoring an unknown command from the arbiter (kind %d): is the "
-                        "agent older than the arbiter?", cmd.kind)
-            return
-        if action.kind is ActionKind.RESTART:
-            if cmd.generation <= self._restart_generation or self._final_delivered:
-                return
-            self._restart_generation = cmd.generation
-            self.generation = max(self.generation, cmd.generation)
-            self.restarts += 1
-        elif action.kind in (ActionKind.STOP, ActionKind.REPLACE):
-            if self._final_delivered:
-                return
-            self._final_delivered = True
-        self.commands.put_nowait(action)
+            got = self.proto.on_message(m)
+            if got.send:
+                self._out.extend(got.send)
+                self._wake.set()
+            for action in got.actions:
+                self.commands.put_nowait(action)
+            if got.released:
+                self._released.set()
+            if got.settled:
+                self._settled.set()
 
     # ------------------------------------------------------------------ helpers
 
@@ -351,7 +345,7 @@ class ArbiterLink:
             self._out.append(msg)
             self._wake.set()
         elif keep:
-            self._later.append(msg)
+            self.proto.later.append(msg)
 
     def _report_error(self, error: str) -> None:
         if error != self._last_error:

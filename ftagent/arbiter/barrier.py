@@ -26,13 +26,18 @@ def open_barrier(job: JobState, now: float) -> BarrierState:
 
 
 def decide_arrival(job: JobState, rank: int, generation: int, now: float) -> list[Decision]:
-    """Rank ``rank`` is ready for ``generation``: release everyone once all are."""
+    """Rank ``rank`` is ready for ``generation``: release everyone once all are.
+
+    Call ``reconcile`` first: an arrival above the job's generation raises the job to it,
+    so here ``generation`` is the job's or older (stale: the rank was sent a restart to
+    the current generation, which reconcile re-sends if it never was).
+    """
     g = job.generation
     if job.phase is JobPhase.STOPPED:
         return [Decision(Verdict.STOP, f"rank {rank} arrived at the barrier of a stopped job: "
                          f"{job.stop_reason}", g, targets=(rank,), exit_code=1, rank=rank)]
-    if job.phase is JobPhase.SUCCEEDED or generation < g:
-        return []  # stale: the rank was sent a RESTART to the current generation
+    if job.phase is JobPhase.SUCCEEDED or generation != g:
+        return []
     b = open_barrier(job, now)
     if b.released:
         return [Decision(Verdict.RELEASE_BARRIER, f"rank {rank} re-arrived at generation {g}, "
@@ -45,28 +50,84 @@ def decide_arrival(job: JobState, rank: int, generation: int, now: float) -> lis
     return _release_if_full(job, b)
 
 
-def decide_hello(job: JobState, rank: int, generation: int, released_generation: int,
-                 now: float) -> list[Decision]:
-    """A (re)connecting agent: bring it to the job's generation, honour a done barrier.
-
-    An agent behind the job's generation missed a RESTART (or is a replacement pod):
-    it is told to REJOIN. An agent that says it was already released for the current
-    generation proves that a previous arbiter completed this barrier.
-    """
-    g = job.generation
+def decide_hello(job: JobState, rank: int, now: float) -> list[Decision]:
+    """A (re)connecting agent (its RankState already updated from the Hello)."""
     if job.phase is JobPhase.STOPPED:
         return [Decision(Verdict.STOP, f"rank {rank} connected to a stopped job: "
-                         f"{job.stop_reason}", g, targets=(rank,), exit_code=1, rank=rank)]
-    if job.phase is JobPhase.SUCCEEDED:
+                         f"{job.stop_reason}", job.generation, targets=(rank,), exit_code=1,
+                         rank=rank)]
+    return reconcile(job, now)
+
+
+def reconcile(job: JobState, now: float) -> list[Decision]:
+    """Bring the job and its connected ranks to one generation, from what the agents say.
+
+    The agents are the truth (the arbiter may be new, or may have missed a fail-open
+    restart), and generations only go up. In order:
+
+    1. A rank reports a generation above the job's: the job is at that generation now
+       (RECONCILE: a restart the agent did alone, or one a previous arbiter decided);
+       the budget is not spent again.
+    2. A rank that says the barrier of the job's generation was released already (a
+       previous arbiter completed it): RELEASE it for every rank.
+    3. A rank that runs a trainer of the job's generation started without the barrier
+       (fail open): if every rank does, the job trains: adopt it (RELEASE). If another
+       rank waits at that barrier or lags behind, that trainer can meet nobody it should:
+       every rank restarts together at the next generation (REJOIN, budget not spent).
+       Otherwise wait for the others to connect (the barrier timeout bounds the wait).
+    4. Ranks behind the job's generation that were never told: REJOIN it.
+    """
+    if job.finished:
         return []
-    if generation < g:
-        return [Decision(Verdict.REJOIN, f"rank {rank} is at generation {generation}; the job "
-                         f"is at {g}: restart into it", g, targets=(rank,), rank=rank)]
-    b = open_barrier(job, now)
-    if released_generation >= g and not b.released:
-        return [Decision(Verdict.RELEASE_BARRIER, f"rank {rank} already runs generation {g}: "
-                         "its barrier was released before (arbiter restarted)", g)]
-    return []
+    out: list[Decision] = []
+    connected = [r for r in job.ranks.values() if r.connected]
+    if not connected:
+        return out
+    g = job.generation
+    top = max(connected, key=lambda r: (r.generation, -r.rank))
+    raised = top.generation > g
+    if raised:
+        out.append(Decision(Verdict.RECONCILE, f"rank {top.rank} reports generation "
+                            f"{top.generation} (the job was at {g}): the job is at generation "
+                            f"{top.generation} (restarted while no arbiter decided)",
+                            top.generation, rank=top.rank))
+        g = top.generation
+    released = (not raised and job.barrier is not None and job.barrier.generation == g
+                and job.barrier.released)
+    if not released:
+        proof = [r for r in connected if r.released_generation >= g]
+        if proof:
+            out.append(Decision(Verdict.RELEASE_BARRIER, f"rank {proof[0].rank} already "
+                                f"runs generation {g}: its barrier was released before "
+                                "(by a previous arbiter)", g))
+            released = True
+    if not released:
+        alone = [r.rank for r in connected if r.generation == g and r.running]
+        if alone:
+            others = [r for r in connected if r.rank not in alone]
+            if len(alone) == job.world_size:
+                out.append(Decision(Verdict.RELEASE_BARRIER, f"every rank runs generation {g}, "
+                                    "started while no arbiter decided: the job goes on", g))
+                return out
+            if others:
+                n = g + 1
+                out.append(Decision(Verdict.REJOIN, f"rank {_short(alone)} started generation "
+                                    f"{g} without the barrier (no arbiter then) while rank "
+                                    f"{_short([r.rank for r in others])} did not: every rank "
+                                    f"restarts together at generation {n}", n))
+                return out
+    behind = tuple(sorted(r.rank for r in connected if r.generation < g and r.commanded < g))
+    if behind:
+        out.append(Decision(Verdict.REJOIN, f"rank {_short(list(behind))} at generation "
+                            f"{min(job.ranks[r].generation for r in behind)}; the job is at "
+                            f"{g}: restart into it", g, targets=behind))
+    return out
+
+
+def _short(ranks: list[int], shown: int = 10) -> str:
+    ranks = sorted(ranks)
+    head = ", ".join(str(r) for r in ranks[:shown])
+    return head if len(ranks) <= shown else f"{head} and {len(ranks) - shown} more"
 
 
 def barrier_expired(job: JobState, now: float, timeout: float) -> list[Decision]:

@@ -97,7 +97,7 @@ def decide_fault(job: JobState, rep: FaultReport, now: float, cfg: PolicyConfig)
     if job.nic_outages and f.kind in (FaultKind.CRASH, FaultKind.HANG):
         down = ", ".join(str(r) for r in sorted(job.nic_outages))
         return [_d(Verdict.IGNORE, f"{where} (deferred: link of rank {down} is down; the job "
-                   "restarts when it is back or the rank is replaced)", g, rep)]
+                   "restarts when it is back or the rank is replaced)", g, rep, pending=True)]
     if f.kind in (FaultKind.GPU, FaultKind.NODE) and (
             f.severity is Severity.FATAL or f.scope is Scope.NODE or f.kind is FaultKind.NODE):
         return restart_or_stop(job, f"{where}: replacing rank {rep.rank}", rep, cfg,
@@ -140,7 +140,7 @@ def _nic(job: JobState, rep: FaultReport, where: str, now: float,
         if still:  # restarting now would start the job into a dead link
             return [Decision(Verdict.LINK_BACK, f"rank {rep.rank}: link back{took}; waiting "
                              f"for rank {_ranks(still)} before restarting", g,
-                             rank=rep.rank, fault_id=rep.fault.id)]
+                             rank=rep.rank, fault_id=rep.fault.id, pending=True)]
         return restart_or_stop(job, f"rank {rep.rank}: link back{took}", rep, cfg,
                                culprit=rep.rank)
     if rep.fault.severity in (Severity.INFO, Severity.WARNING):
@@ -150,7 +150,7 @@ def _nic(job: JobState, rep: FaultReport, where: str, now: float,
     until = now + cfg.nic_replace_after
     return [Decision(Verdict.WAIT, f"{where}: waiting up to {cfg.nic_replace_after:.0f}s for "
                      "the link, then the job restarts (or the rank is replaced)", g,
-                     rank=rep.rank, fault_id=rep.fault.id, until=until)]
+                     rank=rep.rank, fault_id=rep.fault.id, until=until, pending=True)]
 
 
 def _hang(job: JobState, rep: FaultReport, where: str, now: float,
@@ -158,7 +158,7 @@ def _hang(job: JobState, rep: FaultReport, where: str, now: float,
     g = job.generation
     if job.hang_probe is not None:
         return [_d(Verdict.IGNORE, f"{where} (already collecting stacks for the job hang)",
-                   g, rep)]
+                   g, rep, pending=True)]
     others = [r for r in job.ranks.values() if r.rank != rep.rank and r.connected]
     if not others:
         return restart_or_stop(job, where, rep, cfg, culprit=rep.rank)
@@ -178,7 +178,7 @@ def _hang(job: JobState, rep: FaultReport, where: str, now: float,
                      "other ranks stalled too: job hang, collecting stacks from every rank "
                      f"(up to {cfg.stacks_timeout:.0f}s) to name the culprit", g,
                      rank=rep.rank, fault_id=rep.fault.id, until=until,
-                     exit_code=rep.exit_status)]
+                     exit_code=rep.exit_status, pending=True)]
 
 
 def decide_stacks(job: JobState, now: float, cfg: PolicyConfig, *,
@@ -304,5 +304,7 @@ def _ranks(ranks: list[int], shown: int = 10) -> str:
     return head if len(ranks) <= shown else f"{head} and {len(ranks) - shown} more"
 
 
-def _d(verdict: Verdict, reason: str, generation: int, rep: FaultReport) -> Decision:
-    return Decision(verdict, reason, generation, rank=rep.rank, fault_id=rep.fault.id)
+def _d(verdict: Verdict, reason: str, generation: int, rep: FaultReport, *,
+       pending: bool = False) -> Decision:
+    return Decision(verdict, reason, generation, rank=rep.rank, fault_id=rep.fault.id,
+                    pending=pending)

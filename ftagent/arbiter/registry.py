@@ -27,11 +27,12 @@ from ftagent.arbiter.state import Decision, JobPhase, JobState, RankState, Verdi
 from ftagent.arbiter.timeline import Timeline
 from ftagent.metrics import ArbiterMetrics
 from ftagent.v1 import ftagent_pb2 as pb
+from ftagent.wire import limits
+from ftagent.wire.checks import Refused, check_fault, check_hello, progress_in_range
 
 log = logging.getLogger("ftagent.arbiter.registry")
 
 FORGET_AFTER = 3600.0  # seconds a job with no agent left is kept for status
-MAX_WORLD_SIZE = 1_000_000
 _SLOTS = {Verdict.RESTART: "life", Verdict.REJOIN: "life", Verdict.STOP: "life",
           Verdict.REPLACE: "life", Verdict.RELEASE_BARRIER: "release",
           Verdict.DUMP_STACKS: "dump"}
@@ -110,31 +111,37 @@ class Registry:
     def hello(self, conn: Connection, h: pb.Hello) -> None:
         """Register ``conn`` as (job, rank); queue Welcome and what the rank missed.
 
-        Raises ValueError (a user error the stream is closed with) for a bad identity.
+        Raises ``Refused`` (the stream is closed with its status code) for a bad identity,
+        a value out of range, or a rank already held by another live agent.
         """
-        if not h.job:
-            raise ValueError("Hello without a job name: start the agent with --job")
-        if not 1 <= h.world_size <= MAX_WORLD_SIZE or not 0 <= h.rank < h.world_size:
-            raise ValueError(f"rank {h.rank} of world size {h.world_size} is out of range: "
-                             "check --rank/--world-size")
+        check_hello(h)
         now = self.clock()
         key = (h.namespace, h.job)
         job = self.jobs.get(key)
+        rs = job.ranks.get(h.rank) if job is not None else None
+        if (rs is not None and rs.conn is not None and rs.conn is not conn and rs.instance
+                and h.agent_instance != rs.instance):
+            raise Refused(grpc.StatusCode.ALREADY_EXISTS, f"rank {h.rank} of job {h.job} is "
+                          f"held by another live agent ({rs.pod or 'unknown pod'}): refused; "
+                          "a second agent for one rank is a misconfiguration (check --rank)",
+                          "rank_taken")
         if job is not None and job.finished and job.connected == 0:
             # Every agent of the finished run is gone: this Hello starts a new run.
             self._note(job, now, "agent", f"a new run of the job starts (the previous one "
                        f"{job.phase.value}{': ' + job.stop_reason if job.stop_reason else ''})",
                        rank=h.rank)
             del self.jobs[key]
-            job = None
+            job = rs = None
         if job is None:
+            budget = h.max_restarts if h.HasField("max_restarts") else self.cfg.max_restarts
             job = self.jobs[key] = JobState(job=h.job, namespace=h.namespace,
-                                            world_size=h.world_size,
-                                            max_restarts=self.cfg.max_restarts)
+                                            world_size=h.world_size, max_restarts=budget)
             barrier.open_barrier(job, now)
             self._gauges()
-        if h.HasField("max_restarts"):
-            job.max_restarts = h.max_restarts
+        elif h.HasField("max_restarts") and h.max_restarts != job.max_restarts:
+            self._note(job, now, "agent", f"asks for a restart budget of {h.max_restarts}; "
+                       f"the job's is {job.max_restarts}, fixed by its first registration",
+                       rank=h.rank)
         job.alert_only = h.alert_only
         job.last_seen = now
         if h.world_size != job.world_size:
@@ -142,12 +149,6 @@ class Registry:
                        f"{job.world_size}: using the larger", rank=h.rank)
             job.world_size = max(job.world_size, h.world_size)
         job.restarts = max(job.restarts, h.restart_count)
-        rose = h.generation > job.generation and not job.finished
-        if rose:  # rebuilt after an arbiter restart: the highest generation is the job's
-            job.generation = h.generation
-            job.phase = JobPhase.RESTARTING
-            barrier.open_barrier(job, now)
-        rs = job.ranks.get(h.rank)
         known = rs is not None
         if rs is None:
             rs = job.ranks[h.rank] = RankState(rank=h.rank)
@@ -159,9 +160,12 @@ class Registry:
             self._note(job, now, "agent", f"re-registered from {h.pod or conn.peer} (the "
                        f"previous stream from {rs.pod or old.peer} is closed)", rank=h.rank)
         fresh = rs.conn is None
-        rs.pod, rs.node, rs.state = h.pod, h.node, h.state
+        if rs.instance != h.agent_instance:
+            rs.commanded = -1  # a new agent process: it was told nothing yet
+        rs.pod, rs.node, rs.state, rs.instance = h.pod, h.node, h.state, h.agent_instance
         released = h.released_generation if h.HasField("released_generation") else -1
         rs.generation, rs.released_generation = h.generation, released
+        rs.running = h.trainer_running
         rs.restarts, rs.connected, rs.conn = h.restart_count, True, conn
         conn.key, conn.rank = key, h.rank
         if fresh:
@@ -170,7 +174,8 @@ class Registry:
             self._gauges()
             if known:
                 self._note(job, now, "agent", f"reconnected ({h.pod or conn.peer}, generation "
-                           f"{h.generation})", rank=h.rank)
+                           f"{h.generation}{', trainer running' if h.trainer_running else ''})",
+                           rank=h.rank)
             elif job.connected == job.world_size:
                 self._note(job, now, "agent", f"all {job.world_size} ranks connected")
         conn.send(pb.ArbiterMessage(welcome=pb.Welcome(
@@ -178,15 +183,7 @@ class Registry:
             max_restarts=job.max_restarts, restarts=job.restarts)).SerializeToString())
         for _, data in list(rs.pending.values()):
             conn.send(data)
-        decisions = barrier.decide_hello(job, h.rank, h.generation, released, now)
-        if rose:
-            lagging = tuple(r.rank for r in job.ranks.values()
-                            if r.connected and r.generation < job.generation)
-            if lagging:
-                decisions.append(Decision(Verdict.REJOIN, f"rank {h.rank} reports generation "
-                                          f"{job.generation}: lagging ranks rejoin it",
-                                          job.generation, targets=lagging))
-        self.execute(job, decisions, now)
+        self.execute(job, barrier.decide_hello(job, h.rank, now), now)
 
     def disconnect(self, conn: Connection) -> None:
         job, rs = self._lookup(conn)
@@ -209,6 +206,8 @@ class Registry:
         body = m.WhichOneof("body")
         if body == "progress":
             p = m.progress
+            if not progress_in_range(p):
+                return  # one bad summary is dropped; the next one will do
             rs.step, rs.hung = p.step, p.hung
             rs.loss = p.loss if p.HasField("loss") else None
             rs.samples_per_second, rs.tokens_per_second = p.samples_per_second, \
@@ -217,12 +216,17 @@ class Registry:
         elif body == "fault":
             self._fault(conn, job, rs, m.fault, now, received)
         elif body == "arrival":
-            if m.arrival.generation > rs.generation and rs.released_generation >= 0:
+            a = m.arrival.generation
+            if not 0 <= a <= limits.MAX_GENERATION:
+                return  # no agent sends this (the server refuses it at the edge too)
+            if a > rs.generation and rs.released_generation >= 0:
                 rs.restarts += 1  # it ran a trainer and now waits to start a newer one
-            rs.generation = max(rs.generation, m.arrival.generation)
+            rs.generation = max(rs.generation, a)
+            rs.running = False
             rs.state = "waiting"
+            self.execute(job, barrier.reconcile(job, now), now)
             b = job.barrier
-            decisions = barrier.decide_arrival(job, rs.rank, m.arrival.generation, now)
+            decisions = barrier.decide_arrival(job, rs.rank, a, now)
             if b is not None and self.metrics and b.first_arrival_at is not None and any(
                     d.verdict is Verdict.RELEASE_BARRIER and not d.targets for d in decisions):
                 self.metrics.barrier_seconds.observe(now - b.first_arrival_at)
@@ -241,13 +245,21 @@ class Registry:
 
     def _fault(self, conn: Connection, job: JobState, rs: RankState, m: pb.Fault, now: float,
                received: float) -> None:
-        conn.send(pb.ArbiterMessage(fault_ack=pb.FaultAck(fault_id=m.id)).SerializeToString())
-        if m.id in job.seen_faults:
+        """Decide a fault, then acknowledge it: ``final`` unless its decision is still open.
+
+        The decision's commands are queued before the FaultAck, so an agent that reads the
+        final ack has already read the commands it led to.
+        """
+        seen = job.seen_faults.get(m.id)
+        if seen is not None:
+            self._ack(conn, m.id, seen, "already received")
             return
         try:
+            check_fault(m)
             fault = convert.fault_from_proto(m)
         except ValueError as e:
             self._note(job, now, "fault", f"unusable fault ignored: {e}", rank=rs.rank)
+            self._ack(conn, m.id, True, f"ignored: {e}")
             return
         if self.metrics:
             self.metrics.faults.labels(kind=fault.kind.value).inc()
@@ -258,8 +270,15 @@ class Registry:
         rep = policy.FaultReport(fault, rs.rank, m.generation,
                                  m.exit_status if m.HasField("exit_status") else None)
         decisions = policy.decide_fault(job, rep, now, self.cfg)
-        job.remember_fault(fault.id)
+        final = not any(d.pending for d in decisions)
+        job.remember_fault(fault.id, final)
         self.execute(job, decisions, now, received)
+        outcome = decisions[0].verdict.value if decisions else "recorded"
+        self._ack(conn, fault.id, final, outcome)
+
+    def _ack(self, conn: Connection, fault_id: str, final: bool, outcome: str) -> None:
+        conn.send(pb.ArbiterMessage(fault_ack=pb.FaultAck(
+            fault_id=fault_id, final=final, outcome=limits.clip(outcome, 200))).SerializeToString())
 
     def _exit(self, job: JobState, rs: RankState, m: pb.TrainerExit, now: float) -> None:
         sig = m.signal if m.HasField("signal") else None
@@ -305,15 +324,18 @@ class Registry:
                     continue
                 if d.verdict is Verdict.REPLACE and r == d.rank:
                     self._command(rs, d.verdict, cid + "-replace", convert.command_for(
-                        d, cid + "-replace", replace=True).SerializeToString(), fan)
+                        d, cid + "-replace", replace=True).SerializeToString(), fan,
+                        d.generation)
                 else:
-                    self._command(rs, d.verdict, cid, data, fan)
+                    self._command(rs, d.verdict, cid, data, fan, d.generation)
                     if d.verdict is Verdict.REPLACE:
                         rs.state = "restarting"
 
     def _command(self, rs: RankState, verdict: Verdict, cid: str, data: bytes,
-                 fan: FanOut | None) -> None:
+                 fan: FanOut | None, generation: int) -> None:
         rs.state = _RANK_STATES.get(verdict, rs.state)
+        if verdict in (Verdict.RESTART, Verdict.REJOIN, Verdict.REPLACE):
+            rs.commanded = max(rs.commanded, generation)
         if verdict is Verdict.RELEASE_BARRIER:
             rs.released_generation = max(rs.released_generation, rs.generation)
         slot = _SLOTS[verdict]

@@ -43,7 +43,8 @@ class Verdict(str, enum.Enum):
     ALERT_ONLY = "alert_only"  # recorded for humans; nothing sent
     DUMP_STACKS = "dump_stacks"  # every rank sends its stacks; decide when all did or `until`
     RELEASE_BARRIER = "release_barrier"  # targets start generation `generation` now
-    REJOIN = "rejoin"  # targets lag behind: restart into the job's current generation
+    REJOIN = "rejoin"  # targets restart into `generation` (lagging, or every rank resyncs)
+    RECONCILE = "reconcile"  # agents report a higher generation: the job is at it now
     WAIT = "wait"  # a rank's link is down: decide when it is back or at `until`
     LINK_BACK = "link_back"  # `rank`'s link is back, others' are still down: keep waiting
     IGNORE = "ignore"  # recorded, nothing to do (stale generation, already handled)
@@ -61,6 +62,9 @@ class Decision:
     exit_code: int | None = None  # STOP: the code agents exit with
     fault_id: str = ""
     until: float | None = None  # DUMP_STACKS / WAIT: deadline (wall clock)
+    # The fault's decision is still open (stacks awaited, a link still down): its agent
+    # keeps it and re-sends it after a reconnect, to this arbiter or its successor.
+    pending: bool = False
 
 
 @dataclass(slots=True)
@@ -73,8 +77,11 @@ class RankState:
     node: str = ""
     connected: bool = False
     state: str = ""
-    generation: int = 0
+    generation: int = 0  # the generation the agent's trainer runs or waits for
     released_generation: int = -1
+    running: bool = False  # a trainer of `generation` runs (unreleased: started fail-open)
+    instance: str = ""  # the agent process's random id (Hello.agent_instance)
+    commanded: int = -1  # highest generation a RESTART/REJOIN/REPLACE was sent for
     restarts: int = 0
     step: int = -1
     loss: float | None = None
@@ -137,13 +144,13 @@ class JobState:
     barrier: BarrierState | None = None
     hang_probe: HangProbe | None = None
     nic_outages: dict[int, NicOutage] = field(default_factory=dict)
-    seen_faults: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    seen_faults: OrderedDict[str, bool] = field(default_factory=OrderedDict)  # id -> final
     stop_reason: str = ""
     connected: int = 0
     last_seen: float = 0.0
 
-    def remember_fault(self, fault_id: str) -> None:
-        self.seen_faults[fault_id] = None
+    def remember_fault(self, fault_id: str, final: bool = True) -> None:
+        self.seen_faults[fault_id] = final
         while len(self.seen_faults) > SEEN_FAULTS_KEPT:
             self.seen_faults.popitem(last=False)
 
@@ -158,6 +165,17 @@ def apply(job: JobState, d: Decision, now: float) -> None:
     if v in (Verdict.RESTART, Verdict.REPLACE):
         job.generation = d.generation
         job.restarts += 1
+        job.phase = JobPhase.RESTARTING
+        job.barrier = BarrierState(generation=d.generation, opened_at=now)
+        job.hang_probe = None
+        job.nic_outages.clear()
+        for r in job.ranks.values():
+            r.hung = False
+            r.stack = None
+    elif v in (Verdict.RECONCILE, Verdict.REJOIN) and d.generation > job.generation:
+        # Not a fault's decision: the budget is not spent. RECONCILE adopts a generation
+        # the agents already run; REJOIN of every rank moves all of them to a new one.
+        job.generation = d.generation
         job.phase = JobPhase.RESTARTING
         job.barrier = BarrierState(generation=d.generation, opened_at=now)
         job.hang_probe = None

@@ -67,7 +67,7 @@ def test_crash_restarts_every_rank_and_the_barrier_waits_for_all(
                                             evidence={"exit_status": 3}))
                 actions = await next_actions(links)
                 assert {(a.kind, a.generation) for a in actions} == {(ActionKind.RESTART, 1)}
-                assert all(lk.generation == 1 for lk in links)
+                assert all(lk.generation == 0 for lk in links)  # until they arrive at 1
                 assert "rank 1" in actions[0].reason
                 links[0].arrive(1)
                 links[1].arrive(1)
@@ -103,7 +103,7 @@ def test_restart_budget_is_per_job_then_stop_with_the_exit_code(
             # a late fault of generation 0 from the other rank decides nothing
             late = Fault(FaultKind.CRASH, "late")
             links[1].report_fault(late, generation=0)
-            await wait_until(lambda: not links[1]._faults, 5, "the late fault's ack")
+            await wait_until(lambda: not links[1].proto.faults, 5, "the late fault's ack")
             ignored = await timeline(arbiter.address, "budget", "ignore")
             assert len(ignored) == 1 and ignored[0].fault_id == late.id
             links[1].report_fault(Fault(FaultKind.CRASH, "again"), exit_status=5)

@@ -46,7 +46,7 @@ def test_killed_arbiter_is_rebuilt_and_a_queued_fault_arrives_once() -> None:
             assert {(a.kind, a.generation) for a in actions} == {(ActionKind.RESTART, 2)}
             # ranks that re-registered after the decision are told to rejoin generation 2
             assert queued.id in {a.fault_id for a in actions}
-            await wait_until(lambda: not links[0]._faults, 5, "the queued fault's ack")
+            await wait_until(lambda: not links[0].proto.faults, 5, "the queued fault's ack")
             info = await get_job(arbiter.address, "phoenix")
             assert (info.generation, info.restarts, info.connected) == (2, 2, 3)
             faults = [e for e in info.timeline if e.kind == "fault"]
@@ -67,7 +67,7 @@ def test_restarted_arbiter_honours_a_barrier_released_before_it_died() -> None:
     which re-send their arrival, are released instead of waiting forever."""
     async def body(arbiter: ArbiterProcess) -> None:
         async with running_links(arbiter.address, "half", 2) as links:
-            links[0].released_generation = 1  # as if it got RELEASE just before the kill
+            links[0].proto.released_generation = 1  # as if it got RELEASE just before the kill
             links[0].generation = 1
             links[1].generation = 1
             arbiter.kill()

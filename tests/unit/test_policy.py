@@ -284,15 +284,6 @@ def test_barrier_timeout_stops_and_names_the_missing_ranks() -> None:
     assert only(barrier.decide_arrival(j, 2, 1, NOW)).verdict is Verdict.STOP
 
 
-def test_hello_behind_the_job_rejoins_and_released_hello_completes_the_barrier() -> None:
-    j = job(2, generation=3)
-    d = only(barrier.decide_hello(j, 1, 0, -1, NOW))
-    assert d.verdict is Verdict.REJOIN and d.targets == (1,) and d.generation == 3
-    j.barrier = None
-    d = only(run(j, barrier.decide_hello(j, 0, 3, 3, NOW)))
-    assert d.verdict is Verdict.RELEASE_BARRIER and j.barrier is not None and j.barrier.released
-
-
 # --------------------------------------------------------------------------- properties
 
 

@@ -1,0 +1,197 @@
+"""The agent's end of the arbiter protocol, without I/O: what it keeps, says and accepts.
+
+``ArbiterLink`` (reporter.py) moves these messages over a gRPC stream; the protocol
+simulation (tests/sim/) moves them over a simulated one. Both run this code, so what the
+simulation proves about it holds for the agent.
+
+What the agent tells the arbiter is the truth about itself, and only that: the generation
+its trainer runs or waits for, the highest generation whose barrier it saw released,
+whether a trainer runs now, and its restart count. It never takes the job's generation
+from a Welcome: an agent that is behind is told to REJOIN, so it restarts into the job
+instead of pretending to be there.
+
+What must not be lost is kept until it is settled, and sent again on every new stream:
+
+* a fault, until its FaultAck says ``final`` (decided, or ignored with a reason) or a
+  command covers it (a RESTART to a later generation than the fault's, STOP, REPLACE);
+  a non-final ack (stacks awaited, a link still down) keeps it for a successor arbiter;
+* the barrier arrival, until that generation's barrier is released (or the agent starts
+  without it, failing open);
+* exits and stack dumps made while offline (a few, most recent kept).
+
+Commands are applied at most once: by id, and a RESTART only when it moves the agent to a
+generation above the one it runs or waits for (a stale or repeated REJOIN never kills a
+trainer that already runs the job's generation). After STOP or REPLACE nothing more is
+delivered.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from ftagent.config import IdentityConfig
+from ftagent.model import Action, ActionKind, Fault, ProcessExit, Progress
+from ftagent.v1 import ftagent_pb2 as pb
+from ftagent.wire.convert import command_to_action, fault_to_proto, progress_to_proto
+
+SEEN_COMMANDS = 256
+KEPT_OFFLINE = 16  # exits and stacks made while offline
+KEPT_FAULTS = 1024  # unsettled faults (oldest dropped first: a flood cannot grow memory)
+KEPT_OUTCOMES = 256
+
+
+@dataclass
+class Received:
+    """What one message from the arbiter asks of the agent."""
+
+    send: list[pb.AgentMessage] = field(default_factory=list)  # acks to write back
+    actions: list[Action] = field(default_factory=list)  # for the supervisor
+    released: bool = False  # a barrier was released
+    settled: list[tuple[str, str]] = field(default_factory=list)  # (fault id, outcome)
+
+
+class LinkProtocol:
+    def __init__(self, identity: IdentityConfig, *, max_restarts: int | None = None,
+                 version: str = "", alert_only: bool = False, instance: str = "") -> None:
+        self.identity = identity
+        self.max_restarts = max_restarts
+        self.version = version
+        self.alert_only = alert_only
+        self.instance = instance or uuid.uuid4().hex
+        self.generation = 0  # the generation this agent's trainer runs or waits for
+        self.released_generation = -1  # highest generation whose barrier was released
+        self.trainer_running = False  # a trainer of `generation` runs now
+        self.restarts = 0
+        self.trainer_state = "init"  # model.TrainerState value, for status
+        self.arbiter_id = ""
+        self.faults: OrderedDict[str, pb.Fault] = OrderedDict()
+        self.arrival: pb.BarrierArrival | None = None
+        self.later: deque[pb.AgentMessage] = deque(maxlen=KEPT_OFFLINE)
+        self.outcomes: OrderedDict[str, str] = OrderedDict()  # settled faults' outcomes
+        self._seen_commands: OrderedDict[str, None] = OrderedDict()
+        self._restart_generation = -1  # highest RESTART delivered to the supervisor
+        self.final_delivered = False
+
+    # ------------------------------------------------------------------ agent -> arbiter
+
+    def hello(self) -> pb.Hello:
+        i = self.identity
+        h = pb.Hello(job=i.job, namespace=i.namespace, pod=i.pod, node=i.node, rank=i.rank,
+                     world_size=i.world_size, restart_count=self.restarts,
+                     generation=self.generation, agent_version=self.version,
+                     alert_only=self.alert_only, state=self.trainer_state,
+                     agent_instance=self.instance, trainer_running=self.trainer_running)
+        if self.released_generation >= 0:
+            h.released_generation = self.released_generation
+        if self.max_restarts is not None:
+            h.max_restarts = self.max_restarts
+        return h
+
+    def on_welcome(self, w: pb.Welcome) -> list[pb.AgentMessage]:
+        """A new stream is up: what to send first (unsettled faults, the arrival, later)."""
+        self.arbiter_id = w.arbiter_id
+        self.restarts = max(self.restarts, w.restarts)
+        out = [pb.AgentMessage(fault=f) for f in self.faults.values()]
+        if self.arrival is not None:
+            out.append(pb.AgentMessage(arrival=self.arrival))
+        out.extend(self.later)
+        self.later.clear()
+        return out
+
+    def fault(self, fault: Fault, generation: int | None = None,
+              exit_status: int | None = None) -> pb.AgentMessage:
+        """Keep ``fault`` until settled; the message to send now."""
+        if exit_status is None and isinstance(fault.evidence.get("exit_status"), int):
+            exit_status = fault.evidence["exit_status"]
+        msg = fault_to_proto(fault, self.generation if generation is None else generation,
+                             exit_status)
+        self.faults[fault.id] = msg
+        while len(self.faults) > KEPT_FAULTS:
+            self.faults.popitem(last=False)
+        return pb.AgentMessage(fault=msg)
+
+    def progress(self, p: Progress, seconds_since_progress: float, hung: bool,
+                 ts: float) -> pb.ProgressSummary:
+        return progress_to_proto(p, seconds_since_progress, hung, ts)
+
+    def exit(self, exit: ProcessExit, generation: int) -> pb.AgentMessage:
+        msg = pb.TrainerExit(generation=generation)
+        if exit.code is not None:
+            msg.exit_code = exit.code
+        if exit.signal is not None:
+            msg.signal = exit.signal
+        self.trainer_running = False
+        return pb.AgentMessage(exit=msg)
+
+    def arrive(self, generation: int) -> pb.AgentMessage | None:
+        """The previous trainer has exited; ready to start ``generation``. None when that
+        barrier was released already (nothing to wait for)."""
+        self.generation = max(self.generation, generation)
+        self.trainer_running = False
+        if generation <= self.released_generation:
+            return None
+        self.arrival = pb.BarrierArrival(generation=generation, previous_trainer_exited=True)
+        return pb.AgentMessage(arrival=self.arrival)
+
+    def started(self, generation: int, *, released: bool) -> None:
+        """A trainer of ``generation`` runs now; ``released`` False: failing open."""
+        self.generation = max(self.generation, generation)
+        self.trainer_running = True
+        if not released:
+            self.arrival = None  # not waiting any more: the Hello tells the arbiter why
+
+    # ------------------------------------------------------------------ arbiter -> agent
+
+    def on_message(self, m: pb.ArbiterMessage) -> Received:
+        got = Received()
+        body = m.WhichOneof("body")
+        if body == "fault_ack":
+            a = m.fault_ack
+            if a.final and self.faults.pop(a.fault_id, None) is not None:
+                self._settle(got, a.fault_id, a.outcome or "decided")
+        elif body == "command":
+            self._command(m.command, got)
+        return got
+
+    def _command(self, cmd: pb.Command, got: Received) -> None:
+        got.send.append(pb.AgentMessage(ack=pb.Ack(command_id=cmd.id)))
+        if cmd.id in self._seen_commands:
+            return
+        self._seen_commands[cmd.id] = None
+        while len(self._seen_commands) > SEEN_COMMANDS:
+            self._seen_commands.popitem(last=False)
+        if cmd.kind == pb.COMMAND_KIND_RELEASE_BARRIER:
+            self.released_generation = max(self.released_generation, cmd.generation)
+            if self.arrival is not None and self.arrival.generation <= cmd.generation:
+                self.arrival = None
+            got.released = True
+            return
+        action = command_to_action(cmd)
+        if action is None or self.final_delivered:
+            return
+        if action.kind is ActionKind.RESTART:
+            if cmd.generation <= max(self.generation, self._restart_generation):
+                return  # already there (a repeated or stale REJOIN): nothing to restart
+            self._restart_generation = cmd.generation
+            self.restarts += 1
+            self.trainer_running = False
+            self._cover(got, lambda f: f.generation < cmd.generation,
+                        f"covered by the restart to generation {cmd.generation}")
+        elif action.kind in (ActionKind.STOP, ActionKind.REPLACE):
+            self.final_delivered = True
+            self._cover(got, lambda f: True, f"covered by {action.kind.value}")
+        got.actions.append(action)
+
+    def _cover(self, got: Received, covered: object, outcome: str) -> None:
+        assert callable(covered)
+        for fid in [fid for fid, f in self.faults.items() if covered(f)]:
+            del self.faults[fid]
+            self._settle(got, fid, outcome)
+
+    def _settle(self, got: Received, fault_id: str, outcome: str) -> None:
+        got.settled.append((fault_id, outcome))
+        self.outcomes[fault_id] = outcome
+        while len(self.outcomes) > KEPT_OUTCOMES:
+            self.outcomes.popitem(last=False)

@@ -1,0 +1,78 @@
+"""Range checks of the messages a peer sends, where they enter (the arbiter's registry).
+
+Every field is checked against ``limits`` before it becomes state, so that one hostile or
+broken message is refused with a status that names the field (INVALID_ARGUMENT), and
+nothing a peer sends can make the listing of other jobs fail (a generation of 2**63-1
+would overflow int64 on its next +1).
+"""
+
+from __future__ import annotations
+
+import math
+
+import grpc
+
+from ftagent.v1 import ftagent_pb2 as pb
+from ftagent.wire import limits
+
+
+class Refused(ValueError):
+    """A message the arbiter will not take; the stream ends with ``code``."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, reason: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.reason = reason  # label of ftagent_arbiter_rejected_requests
+
+
+def _invalid(e: ValueError, what: str) -> Refused:
+    return Refused(grpc.StatusCode.INVALID_ARGUMENT, f"{what}: {e}", "out_of_range")
+
+
+def check_hello(h: pb.Hello) -> None:
+    """Raises Refused for a Hello no agent of this release would send."""
+    if not h.job:
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, "Hello without a job name: start the "
+                      "agent with --job", "bad_hello")
+    if not 1 <= h.world_size <= limits.MAX_WORLD_SIZE or not 0 <= h.rank < h.world_size:
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"rank {h.rank} of world size "
+                      f"{h.world_size} is out of range: check --rank/--world-size", "bad_hello")
+    try:
+        limits.check_name("job", h.job)
+        limits.check_name("namespace", h.namespace)
+        limits.check_name("pod", h.pod)
+        limits.check_name("node", h.node)
+        limits.check_name("state", h.state, 32)
+        limits.check_name("agent_instance", h.agent_instance, limits.MAX_ID)
+        limits.check_name("agent_version", h.agent_version, 64)
+        limits.check_int("generation", h.generation, 0, limits.MAX_GENERATION)
+        limits.check_int("restart_count", h.restart_count, 0, limits.MAX_RESTARTS)
+        if h.HasField("max_restarts"):
+            limits.check_int("max_restarts", h.max_restarts, 0, limits.MAX_RESTARTS)
+        if h.HasField("released_generation"):
+            limits.check_int("released_generation", h.released_generation, -1,
+                             limits.MAX_GENERATION)
+    except limits.OutOfRange as e:
+        raise _invalid(e, "Hello") from None
+
+
+def check_fault(m: pb.Fault) -> None:
+    """Raises ValueError (the fault is recorded as unusable) for fields out of range."""
+    limits.check_name("fault id", m.id, limits.MAX_ID, required=True)
+    limits.check_int("fault generation", m.generation, 0, limits.MAX_GENERATION)
+    if len(m.message) > limits.MAX_MESSAGE:
+        raise limits.OutOfRange(f"fault message is {len(m.message)} characters long; at "
+                                f"most {limits.MAX_MESSAGE}")
+    if len(m.evidence_json) > limits.MAX_EVIDENCE:
+        raise limits.OutOfRange(f"fault evidence is {len(m.evidence_json)} bytes; at most "
+                                f"{limits.MAX_EVIDENCE}")
+    if not math.isfinite(m.detected_at):
+        raise limits.OutOfRange("fault detected_at is not finite")
+
+
+def progress_in_range(p: pb.ProgressSummary) -> bool:
+    """False for a summary with a step or rate no trainer has (it is dropped)."""
+    return (-1 <= p.step <= limits.MAX_STEP
+            and all(math.isfinite(v) and v >= 0 for v in (
+                p.samples_per_second, p.tokens_per_second, p.seconds_since_progress))
+            and (not p.HasField("loss") or not math.isinf(p.loss)))

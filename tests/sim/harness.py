@@ -1,0 +1,372 @@
+"""A deterministic world for the agent <-> arbiter protocol: real logic, simulated wire.
+
+What is real: the arbiter's ``Registry`` (with its policy and barrier), the agent's
+``LinkProtocol`` (what it keeps, sends and accepts), the proto messages serialised as on
+the wire. What is simulated: the streams (ordered queues that a break empties), the clock,
+and the supervisor around each link, a small model of ``ArbitratedAgent``: it arrives at
+the barrier, starts on release or fails open after ``FAIL_OPEN`` seconds offline, stops
+its trainer on RESTART, defers a crash to the arbiter and decides locally when the
+arbiter stays away, exits on STOP/REPLACE.
+
+The checks are the protocol's promises (ftagent/arbiter/barrier.py, DESIGN.md):
+
+* ``check_safety`` after every step: no trainer started through a barrier runs beside
+  one of another generation; one fault never leads to restarts into two generations;
+  the budget is never exceeded by fault-driven restarts.
+* ``heal_and_check`` at the end: once every agent can reach the arbiter and time passes,
+  the job trains again (every rank runs one generation) or stops with a reason, and no
+  running agent still holds an unsettled fault. As in a real job, a trainer whose peers
+  do not all train with it stops progressing, and its agent reports a hang.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+
+import grpc
+
+from ftagent.agent.link_protocol import LinkProtocol
+from ftagent.arbiter.policy import PolicyConfig
+from ftagent.arbiter.registry import Connection, Registry, Reject
+from ftagent.arbiter.state import JobPhase
+from ftagent.arbiter.timeline import Timeline
+from ftagent.config import IdentityConfig
+from ftagent.model import Action, ActionKind, Fault, FaultKind, ProcessExit
+from ftagent.v1 import ftagent_pb2 as pb
+from ftagent.wire.checks import Refused
+
+FAIL_OPEN = 15.0
+BARRIER_TIMEOUT = 120.0
+STACKS_TIMEOUT = 10.0
+HANG_AFTER = 30.0  # seconds of a broken job before a running trainer reports a hang
+JOB = "sim"
+
+
+class Phase(enum.Enum):
+    WAITING = "waiting"  # at the barrier of `generation`
+    RUNNING = "running"  # a trainer of `generation` runs
+    DEAD = "dead"  # the trainer crashed; a decision is awaited
+    EXITED = "exited"  # the agent exited (STOP, REPLACE, budget spent)
+
+
+@dataclass
+class Stream:
+    conn: Connection
+    up: deque[pb.AgentMessage] = field(default_factory=deque)
+    welcomed: bool = False
+
+
+class SimAgent:
+    """The supervisor's side of ArbitratedAgent, reduced to what the protocol sees."""
+
+    def __init__(self, world: "World", rank: int) -> None:
+        self.world = world
+        self.rank = rank
+        self.proto = LinkProtocol(IdentityConfig(job=JOB, rank=rank, world_size=world.size),
+                                  max_restarts=world.budget, version="sim",
+                                  instance=f"agent-{rank}")
+        self.generation = 0
+        self.phase = Phase.WAITING
+        self.started_released = False
+        self.restarts = 0
+        self.exit_code: int | None = None
+        self.undecided: Fault | None = None
+        self.stream: Stream | None = None
+        self.offline_since: float | None = world.now
+        self.actions: deque[Action] = deque()
+        self.proto.arrive(0)
+
+    # ------------------------------------------------------------------ link state
+
+    @property
+    def connected(self) -> bool:
+        return self.stream is not None and self.stream.welcomed
+
+    def offline_for(self) -> float:
+        return 0.0 if self.offline_since is None else self.world.now - self.offline_since
+
+    def still_online(self) -> bool:
+        return self.connected or self.offline_for() < FAIL_OPEN
+
+    def send(self, msg: pb.AgentMessage | None, *, keep: bool = False) -> None:
+        if msg is None:
+            return
+        if self.connected:
+            assert self.stream is not None
+            self.stream.up.append(msg)
+        elif keep:
+            self.proto.later.append(msg)
+
+    # ------------------------------------------------------------------ trainer events
+
+    def crash(self) -> None:
+        if self.phase is not Phase.RUNNING:
+            return
+        self.phase = Phase.DEAD
+        self.proto.trainer_state = "restarting"
+        self.send(self.proto.exit(ProcessExit(pid=1, code=3, signal=None),
+                                  self.generation), keep=True)
+        fault = Fault(FaultKind.CRASH, f"rank {self.rank} crashed",
+                      evidence={"exit_status": 3})
+        self.world.faults_raised.add(fault.id)
+        self.send(self.proto.fault(fault, self.generation))
+        if self.still_online():
+            self.undecided = fault
+        else:
+            self.decide_locally(fault)
+        self.tick()
+
+    def hang(self) -> None:
+        if self.phase is not Phase.RUNNING or self.undecided is not None:
+            return
+        fault = Fault(FaultKind.HANG, f"rank {self.rank} hung")
+        self.world.faults_raised.add(fault.id)
+        self.send(self.proto.fault(fault, self.generation))
+        if self.still_online():
+            self.undecided = fault
+        else:
+            self.decide_locally(fault)
+        self.tick()
+
+    def decide_locally(self, fault: Fault) -> None:
+        """local_policy.decide with --max-restarts = the job's budget."""
+        self.undecided = None
+        if self.restarts < self.world.budget:
+            self.restart(self.generation + 1)
+        else:
+            self.exit(3)
+
+    # ------------------------------------------------------------------ supervisor
+
+    def restart(self, generation: int) -> None:
+        """Stop the trainer (if any), then arrive at the barrier of ``generation``."""
+        if self.phase is Phase.RUNNING:
+            self.send(self.proto.exit(ProcessExit(pid=1, code=None, signal=15),
+                                      self.generation), keep=True)
+        self.restarts += 1
+        self.generation = max(self.generation + 1, generation)
+        self.phase = Phase.WAITING
+        self.proto.trainer_state = "waiting"
+        self.send(self.proto.arrive(self.generation))
+
+    def exit(self, code: int) -> None:
+        self.phase = Phase.EXITED
+        self.exit_code = code
+        self.proto.trainer_running = False
+
+    def start(self, released: bool) -> None:
+        self.phase = Phase.RUNNING
+        self.started_released = released
+        self.proto.trainer_state = "running"
+        self.proto.started(self.generation, released=released)
+
+    def tick(self) -> None:
+        """What the agent's loop does next, given what it has."""
+        while self.actions and self.phase is not Phase.EXITED:
+            a = self.actions.popleft()
+            self.undecided = None  # _forward_commands: any command answers the wait
+            if a.kind is ActionKind.RESTART:
+                # A decision is never applied twice: a command only ever moves an agent up.
+                assert a.generation > self.generation, (
+                    f"rank {self.rank} at generation {self.generation} was told to restart "
+                    f"into generation {a.generation}")
+                self.restart(a.generation)
+            elif a.kind in (ActionKind.STOP, ActionKind.REPLACE):
+                self.exit(a.exit_code if a.exit_code is not None else 1)
+            elif a.kind is ActionKind.DUMP_STACKS:
+                self.send(pb.AgentMessage(stacks=pb.Stacks(command_id=a.id, json="[]")),
+                          keep=True)
+        if self.phase is Phase.EXITED:
+            return
+        f = self.undecided
+        if f is not None:
+            if not self.still_online():
+                self.decide_locally(f)
+            elif self.proto.outcomes.get(f.id) is not None and not self.actions:
+                self.undecided = None
+                if f.kind is FaultKind.CRASH:
+                    self.decide_locally(f)
+        if self.phase is Phase.WAITING:
+            if self.proto.released_generation >= self.generation:
+                self.start(released=True)
+            elif not self.still_online():
+                self.start(released=False)
+
+
+class World:
+    def __init__(self, size: int, budget: int) -> None:
+        self.size = size
+        self.budget = budget
+        self.now = 1_000_000.0
+        self.cfg = PolicyConfig(max_restarts=budget, barrier_timeout=BARRIER_TIMEOUT,
+                                stacks_timeout=STACKS_TIMEOUT)
+        self.arbiters = 0
+        self.registry = self._new_registry()
+        self.faults_raised: set[str] = set()
+        self.restart_generations: dict[str, set[int]] = {}  # fault id -> RESTART targets
+        self.log: list[str] = []
+        self.agents = [SimAgent(self, r) for r in range(size)]
+
+    def _new_registry(self) -> Registry:
+        self.arbiters += 1
+        return Registry(self.cfg, Timeline(), None, f"arbiter-{self.arbiters}",
+                        clock=lambda: self.now)
+
+    # ------------------------------------------------------------------ the wire
+
+    def connect(self, r: int) -> None:
+        a = self.agents[r]
+        if a.stream is not None or a.phase is Phase.EXITED:
+            return
+        a.stream = Stream(Connection(f"sim-{r}"))
+        a.stream.up.append(pb.AgentMessage(hello=a.proto.hello()))
+
+    def break_stream(self, r: int, *, notify: bool = True) -> None:
+        a = self.agents[r]
+        if a.stream is None:
+            return
+        if notify:
+            self.registry.disconnect(a.stream.conn)
+        if a.connected:
+            a.offline_since = self.now
+        a.stream = None
+        a.tick()
+
+    def deliver_up(self, r: int) -> bool:
+        """The arbiter reads the agent's next message; False when nothing was in flight."""
+        a = self.agents[r]
+        s = a.stream
+        if s is None or not s.up:
+            return False
+        m = pb.AgentMessage.FromString(s.up.popleft().SerializeToString())
+        if m.WhichOneof("body") == "hello":
+            try:
+                self.registry.hello(s.conn, m.hello)
+            except Refused as e:
+                s.conn.reject(e.code, str(e), e.reason)
+        else:
+            self.registry.handle(s.conn, m, 0.0)
+        return True
+
+    def deliver_down(self, r: int, duplicate: bool = False) -> bool:
+        """The agent reads the arbiter's next message; False when nothing was in flight."""
+        a = self.agents[r]
+        s = a.stream
+        if s is None or s.conn.outbox.empty():
+            return False
+        item = s.conn.outbox.get_nowait()
+        if item is None or isinstance(item, Reject):
+            self.break_stream(r)
+            return True
+        m = pb.ArbiterMessage.FromString(item[0])
+        for _ in range(2 if duplicate else 1):
+            self._receive(a, m)
+        return True
+
+    def _receive(self, a: SimAgent, m: pb.ArbiterMessage) -> None:
+        if a.phase is Phase.EXITED or a.stream is None:
+            return
+        if m.WhichOneof("body") == "welcome":
+            if not a.stream.welcomed:
+                a.stream.welcomed = True
+                a.offline_since = None
+                a.stream.up.extend(a.proto.on_welcome(m.welcome))
+            return
+        got = a.proto.on_message(m)
+        a.stream.up.extend(got.send)
+        for action in got.actions:
+            if action.kind is ActionKind.RESTART and action.fault_id:
+                self.restart_generations.setdefault(action.fault_id, set()).add(
+                    action.generation)
+            a.actions.append(action)
+        a.tick()
+
+    def restart_arbiter(self) -> None:
+        """SIGKILL and start again: every stream breaks, the new one knows nothing."""
+        for r in range(self.size):
+            self.break_stream(r, notify=False)
+        self.registry = self._new_registry()
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        self.registry.tick()
+        for a in self.agents:
+            a.tick()
+
+    def flush(self, r: int) -> None:
+        for _ in range(10_000):
+            if not (self.deliver_up(r) or self.deliver_down(r)):
+                return
+
+    # ------------------------------------------------------------------ the promises
+
+    def check_safety(self) -> None:
+        released = {a.rank: a.generation for a in self.agents
+                    if a.phase is Phase.RUNNING and a.started_released}
+        assert len(set(released.values())) <= 1, (
+            f"trainers of different generations started through the barrier: {released}")
+        for fid, gens in self.restart_generations.items():
+            assert len(gens) == 1, f"fault {fid} restarted the job into generations {gens}"
+        fault_gens = {g for gens in self.restart_generations.values() for g in gens}
+        assert len(fault_gens) <= self.budget, (
+            f"{len(fault_gens)} fault-driven restarts with a budget of {self.budget}")
+
+    def heal_and_check(self, max_seconds: float = 3 * BARRIER_TIMEOUT) -> None:
+        """Everyone can reach the arbiter now; the job must settle: train or stop."""
+        waited = 0.0
+        while True:
+            for r in range(self.size):
+                self.connect(r)
+            for _ in range(50):
+                moved = False
+                for r in range(self.size):
+                    self.connect(r)
+                    moved = self.deliver_up(r) or moved
+                    moved = self.deliver_down(r) or moved
+                if not moved:
+                    break
+            self.check_safety()
+            live = [a for a in self.agents if a.phase is not Phase.EXITED]
+            job = self.registry.jobs.get(("", JOB))
+            if not live:
+                assert job is None or job.phase is JobPhase.STOPPED or all(
+                    a.exit_code is not None for a in self.agents), "exited without a reason"
+                return
+            gens = {a.generation for a in live}
+            if (all(a.phase is Phase.RUNNING for a in live) and len(gens) == 1
+                    and len(live) == self.size and job is not None
+                    and job.phase is JobPhase.RUNNING and job.generation in gens):
+                for a in live:
+                    assert not a.proto.faults, (
+                        f"rank {a.rank} still holds unsettled faults {list(a.proto.faults)}")
+                return
+            if job is not None and job.phase is JobPhase.STOPPED and not live:
+                return
+            if waited >= max_seconds:
+                states = [(a.rank, a.phase.value, a.generation, a.started_released,
+                           a.proto.released_generation) for a in self.agents]
+                lines = [e.message for e in self.registry.timeline.entries(JOB, "", 30)]
+                raise AssertionError(f"the job neither trains nor stopped after {waited:.0f}s "
+                                     f"of healed network: agents {states}; job "
+                                     f"{job and (job.phase, job.generation, job.barrier)}; "
+                                     "timeline:\n  " + "\n  ".join(lines))
+            self.advance(1.0)
+            waited += 1.0
+            if waited % HANG_AFTER == 0:
+                # Trainers need each other: one whose peers are not all training with it
+                # stops making progress, and its hang detector says so.
+                for a in live:
+                    a.hang()
+
+
+def stream_code(world: World, r: int) -> grpc.StatusCode | None:
+    """The status the arbiter last ended rank ``r``'s stream with (tests of refusal)."""
+    s = world.agents[r].stream
+    if s is None:
+        return None
+    for item in list(s.conn.outbox._queue):  # type: ignore[attr-defined]
+        if isinstance(item, Reject):
+            return item.code
+    return None

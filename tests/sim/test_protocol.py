@@ -1,0 +1,223 @@
+"""The protocol under arbiter restarts, broken streams, duplicates and delays.
+
+Scripted scenarios first (each one a failure seen for real or found by the search, kept
+as a regression example), then hypothesis' stateful search over interleavings of faults,
+arbiter restarts, reconnects, lost streams, duplicated deliveries and time, across 2-16
+ranks, checking the promises after every step (harness.World.check_safety) and at the end
+(heal_and_check). ``FTAGENT_SIM_EXAMPLES`` runs more examples (CI runs a bounded number).
+"""
+
+from __future__ import annotations
+
+import os
+
+import grpc
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from ftagent.arbiter.state import JobPhase
+from tests.sim.harness import FAIL_OPEN, JOB, Phase, World, stream_code
+
+
+def start(size: int = 2, budget: int = 3) -> World:
+    w = World(size, budget)
+    w.heal_and_check()
+    assert all(a.phase is Phase.RUNNING and a.generation == 0 for a in w.agents)
+    return w
+
+
+def test_a_job_starts_through_the_barrier_of_generation_0() -> None:
+    w = start(4)
+    assert all(a.started_released for a in w.agents)
+
+
+def test_crash_during_an_arbiter_outage_does_not_deadlock_the_job() -> None:
+    """The field report: arbiter SIGKILLed, rank 1 crashes 11.5 s later, the arbiter is
+    back 1 s after that; the job sat at "generation 2: 1/2 arrived" for good."""
+    w = start(2)
+    w.restart_arbiter()  # killed; nobody is connected
+    w.advance(11.5)
+    w.agents[1].crash()
+    w.advance(1.0)  # back: within --arbiter-fail-open-after, so rank 1 waits for it
+    w.heal_and_check()
+    assert {a.generation for a in w.agents} == {1}
+    job = w.registry.jobs[("", JOB)]
+    assert job.restarts == 1 and job.generation == 1
+
+
+def test_crash_during_a_long_outage_restarts_alone_and_the_job_reconciles() -> None:
+    w = start(2)
+    w.restart_arbiter()
+    w.agents[1].crash()
+    w.advance(FAIL_OPEN + 1)  # the arbiter stays away: rank 1 decides and starts alone
+    assert w.agents[1].phase is Phase.RUNNING and not w.agents[1].started_released
+    assert w.agents[1].generation == 1
+    w.heal_and_check()  # rank 0 still runs generation 0: every rank restarts together
+    gens = {a.generation for a in w.agents}
+    assert len(gens) == 1 and all(a.started_released for a in w.agents)
+
+
+def test_every_rank_restarted_alone_into_the_same_generation_is_adopted() -> None:
+    w = start(2)
+    w.restart_arbiter()
+    for a in w.agents:
+        a.crash()
+    w.advance(FAIL_OPEN + 1)
+    assert all(a.phase is Phase.RUNNING and a.generation == 1 for a in w.agents)
+    w.heal_and_check()
+    assert all(a.generation == 1 for a in w.agents)  # not restarted again
+    assert w.registry.jobs[("", JOB)].phase is JobPhase.RUNNING
+
+
+def test_the_arbiter_dies_between_a_decision_and_its_delivery() -> None:
+    w = start(3)
+    w.agents[2].crash()
+    w.deliver_up(2)  # the exit
+    w.deliver_up(2)  # the fault: decided, RESTART queued for every rank, then it dies
+    w.deliver_down(0)  # rank 0 got its RESTART; ranks 1 and 2 did not
+    w.restart_arbiter()
+    w.heal_and_check()
+    assert {a.generation for a in w.agents} == {1}
+    assert all(len(g) == 1 for g in w.restart_generations.values())
+
+
+def test_a_stale_rejoin_never_kills_a_trainer_of_the_jobs_generation() -> None:
+    w = start(2)
+    w.agents[1].crash()
+    w.heal_and_check()
+    a1 = w.agents[1]
+    assert a1.phase is Phase.RUNNING and a1.generation == 1
+    before = a1.restarts
+    from ftagent.v1 import ftagent_pb2 as pb  # a REJOIN to the generation it runs
+    a1.proto.on_message(pb.ArbiterMessage(command=pb.Command(
+        id="late", kind=pb.COMMAND_KIND_RESTART, generation=1, reason="late")))
+    assert a1.restarts == before and a1.phase is Phase.RUNNING
+
+
+def test_a_duplicated_command_is_applied_once() -> None:
+    w = start(2)
+    w.agents[0].crash()
+    for _ in range(20):
+        for r in range(2):
+            w.deliver_up(r)
+            w.deliver_down(r, duplicate=True)
+    w.heal_and_check()
+    assert {a.generation for a in w.agents} == {1} and {a.restarts for a in w.agents} == {1}
+
+
+def test_a_second_agent_for_a_held_rank_is_refused() -> None:
+    w = start(2)
+    intruder = World(2, 0).agents[1]  # another process claiming rank 1
+    s = w.agents[1].stream
+    assert s is not None
+    from ftagent.arbiter.registry import Connection
+    from ftagent.v1 import ftagent_pb2 as pb
+    conn = Connection("intruder")
+    h = intruder.proto.hello()
+    h.agent_instance = "someone-else"
+    h.max_restarts = 0
+    import pytest
+
+    from ftagent.wire.checks import Refused
+    with pytest.raises(Refused) as e:
+        w.registry.hello(conn, h)
+    assert e.value.code is grpc.StatusCode.ALREADY_EXISTS
+    assert w.registry.jobs[("", JOB)].max_restarts == 3  # the budget is not lowered
+    assert stream_code(w, 1) is None  # the real agent's stream is untouched
+    del pb
+
+
+def test_the_budget_is_spent_once_per_decision_and_then_the_job_stops() -> None:
+    w = start(2, budget=1)
+    w.agents[0].crash()
+    w.heal_and_check()
+    w.agents[1].crash()
+    w.heal_and_check()
+    assert all(a.phase is Phase.EXITED and a.exit_code == 3 for a in w.agents)
+    assert w.registry.jobs[("", JOB)].phase is JobPhase.STOPPED
+
+
+def test_a_job_hang_probe_lost_with_its_arbiter_is_decided_by_the_next() -> None:
+    w = start(2)
+    for a in w.agents:
+        a.hang()
+    for r in range(2):
+        w.flush(r)  # DUMP_STACKS sent; the stacks travel up
+    w.restart_arbiter()
+    w.heal_and_check()
+    assert {a.generation for a in w.agents} == {1}
+
+
+# --------------------------------------------------------------------------- the search
+
+EXAMPLES = int(os.environ.get("FTAGENT_SIM_EXAMPLES", "60"))
+
+
+class Protocol(RuleBasedStateMachine):
+    """Any interleaving of faults, arbiter restarts, reconnects, losses and time."""
+
+    world: World
+
+    @initialize(size=st.integers(2, 16), budget=st.integers(0, 4))
+    def setup(self, size: int, budget: int) -> None:
+        self.world = World(size, budget)
+        self.world.heal_and_check()
+
+    def _rank(self, data: int) -> int:
+        return data % self.world.size
+
+    @rule(r=st.integers(0, 15))
+    def crash(self, r: int) -> None:
+        self.world.agents[self._rank(r)].crash()
+
+    @rule(r=st.integers(0, 15))
+    def hang(self, r: int) -> None:
+        self.world.agents[self._rank(r)].hang()
+
+    @rule()
+    def restart_arbiter(self) -> None:
+        self.world.restart_arbiter()
+
+    @rule(r=st.integers(0, 15))
+    def break_stream(self, r: int) -> None:
+        self.world.break_stream(self._rank(r))
+
+    @rule(r=st.integers(0, 15))
+    def connect(self, r: int) -> None:
+        self.world.connect(self._rank(r))
+
+    @rule(r=st.integers(0, 15), n=st.integers(1, 8))
+    def deliver_up(self, r: int, n: int) -> None:
+        for _ in range(n):
+            self.world.deliver_up(self._rank(r))
+
+    @rule(r=st.integers(0, 15), n=st.integers(1, 8), duplicate=st.booleans())
+    def deliver_down(self, r: int, n: int, duplicate: bool) -> None:
+        for _ in range(n):
+            self.world.deliver_down(self._rank(r), duplicate)
+
+    @rule()
+    def deliver_everything(self) -> None:
+        for r in range(self.world.size):
+            self.world.flush(r)
+
+    @rule(seconds=st.sampled_from([0.5, 2.0, FAIL_OPEN + 1, 60.0]))
+    def advance(self, seconds: float) -> None:
+        self.world.advance(seconds)
+
+    @invariant()
+    def safe(self) -> None:
+        if hasattr(self, "world"):
+            self.world.check_safety()
+
+    def teardown(self) -> None:
+        if hasattr(self, "world"):
+            self.world.heal_and_check()
+
+
+Protocol.TestCase.settings = settings(
+    max_examples=EXAMPLES, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow], derandomize=not os.environ.get(
+        "FTAGENT_SIM_RANDOM"))
+test_protocol_search = Protocol.TestCase
