@@ -48,6 +48,7 @@ from ftagent.arbiter.timeline import Entry, Timeline
 from ftagent.metrics import ArbiterMetrics
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.wire import limits
+from ftagent.wire.checks import Refused
 from ftagent.wire.limits import OutOfRange
 
 log = logging.getLogger("ftagent.arbiter")
@@ -288,6 +289,9 @@ class ArbiterServer:
                         return
                     try:
                         self.registry.hello(conn, h)
+                    except Refused as e:  # e.g. the rank is held by another live agent
+                        conn.reject(e.code, str(e), e.reason)
+                        return
                     except ValueError as e:
                         conn.reject(grpc.StatusCode.INVALID_ARGUMENT, str(e), "bad_hello")
                         return
