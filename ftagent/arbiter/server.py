@@ -9,8 +9,8 @@ writes the stream's outbox and alone ends the call (normally or with a ``Reject`
 Every RPC but health is served through ``auth.Guard``: the call is authenticated before
 its handler runs, and the handler asks ``auth.authorize`` before it touches a job (Connect
 at Hello, GetJob and WatchEvents for the job asked, ListJobs and WatchEvents per job
-shown). A Hello's fields and every generation a peer sends are range-checked here, where
-they enter (``wire.limits``), before the registry sees them.
+shown). A Hello's fields (``wire.checks``) and the generations of later messages
+(``wire.limits``) are range-checked here, where they enter, before the registry sees them.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from ftagent.arbiter.timeline import Entry, Timeline
 from ftagent.metrics import ArbiterMetrics
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.wire import limits
-from ftagent.wire.checks import Refused
+from ftagent.wire.checks import Refused, check_hello
 from ftagent.wire.limits import OutOfRange
 
 log = logging.getLogger("ftagent.arbiter")
@@ -100,35 +100,14 @@ def exposure_problem(s: ServerSettings) -> str:
             "--insecure")
 
 
-def check_hello(h: pb.Hello) -> None:
-    """Every field of a Hello within its range (OutOfRange names the field)."""
-    if not h.job:
-        raise OutOfRange("Hello without a job name: start the agent with --job")
-    limits.check_name("Hello.job", h.job)
-    limits.check_name("Hello.namespace", h.namespace)
-    limits.check_name("Hello.pod", h.pod)
-    limits.check_name("Hello.node", h.node)
-    limits.check_name("Hello.state", h.state, limits.MAX_LABEL_NAME)
-    limits.check_name("Hello.agent_version", h.agent_version, limits.MAX_LABEL_NAME)
-    limits.check_name("Hello.agent_instance", h.agent_instance, limits.MAX_ID)
-    if not 1 <= h.world_size <= limits.MAX_WORLD_SIZE or not 0 <= h.rank < h.world_size:
-        raise OutOfRange(f"rank {h.rank} of world size {h.world_size} is out of range "
-                         f"(world size 1..{limits.MAX_WORLD_SIZE}): check --rank/--world-size")
-    limits.check_int("Hello.restart_count", h.restart_count, 0, limits.MAX_RESTARTS)
-    limits.check_generation("Hello.generation", h.generation)
-    if h.HasField("max_restarts"):
-        limits.check_int("Hello.max_restarts", h.max_restarts, 0, limits.MAX_RESTARTS)
-    if h.HasField("released_generation"):
-        limits.check_generation("Hello.released_generation", h.released_generation)
-
-
 def check_message(m: pb.AgentMessage) -> None:
-    """The generations and ids of a message after Hello within their ranges."""
+    """The generations and ids of a message after Hello within their ranges.
+
+    Not faults: the registry records one out of range as ignored and acknowledges it as
+    final (``wire.checks.check_fault``), so the agent stops re-sending it.
+    """
     body = m.WhichOneof("body")
-    if body == "fault":
-        limits.check_generation("Fault.generation", m.fault.generation)
-        limits.check_name("Fault.id", m.fault.id, limits.MAX_ID)
-    elif body == "arrival":
+    if body == "arrival":
         limits.check_generation("BarrierArrival.generation", m.arrival.generation)
     elif body == "exit":
         limits.check_generation("TrainerExit.generation", m.exit.generation)
@@ -276,9 +255,9 @@ class ArbiterServer:
                         return
                     h = m.hello
                     try:
-                        check_hello(h)
-                    except OutOfRange as e:
-                        conn.reject(grpc.StatusCode.INVALID_ARGUMENT, str(e), "out_of_range")
+                        check_hello(h)  # before authorize: its message names what it got
+                    except Refused as e:
+                        conn.reject(e.code, str(e), e.reason)
                         return
                     if not authorize(principal, h.namespace, h.job):
                         self.metrics.rejected.labels(reason="permission_denied").inc()

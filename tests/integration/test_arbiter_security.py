@@ -372,7 +372,7 @@ def test_out_of_range_values_are_refused_at_the_edge(arbiter: ArbiterProcess) ->
     async def body() -> None:
         a = arbiter.address
         edge = 2**63 - 1
-        async with held_stream(a, hello("edge", rank=0, world=2)):
+        async with held_stream(a, hello("edge", rank=0, world=2)) as call:
             before = await list_jobs(a, SECRET)
             hostile = [
                 [hello("edge", rank=1, world=2, generation=edge), crash("edge-1", 1, edge)],
@@ -381,7 +381,6 @@ def test_out_of_range_values_are_refused_at_the_edge(arbiter: ArbiterProcess) ->
                 [hello("edge", rank=1, world=2, released_generation=edge)],
                 [hello("edge", rank=1, world=2, pod="x" * 1000)],
                 [hello("edge\n", rank=1, world=2)],
-                [hello("edge", rank=1, world=2), crash("edge-2", 1, edge)],
                 [hello("edge", rank=1, world=2), pb.AgentMessage(
                     arrival=pb.BarrierArrival(generation=edge))],
             ]
@@ -394,6 +393,17 @@ def test_out_of_range_values_are_refused_at_the_edge(arbiter: ArbiterProcess) ->
             info = await get_job(a, "edge")
             assert (info.generation, info.restarts, info.state) == (0, 0, "starting")
             assert not any(r.last_fault for r in info.ranks)
+            # a fault of generation 2**63-1 on an accepted stream: ignored, acknowledged as
+            # final (so it is not re-sent), nothing decided
+            await call.write(crash("edge-2", 1, edge).SerializeToString())
+            while (m := pb.ArbiterMessage.FromString(
+                    await asyncio.wait_for(call.read(), 10))).WhichOneof("body") != "fault_ack":
+                pass
+            assert m.fault_ack.fault_id == "edge-2" and m.fault_ack.final
+            assert "ignored" in m.fault_ack.outcome
+            info = await get_job(a, "edge")
+            assert (info.generation, info.restarts, info.state) == (0, 0, "starting")
+            assert await list_jobs(a, SECRET) == before
     asyncio.run(body())
 
 

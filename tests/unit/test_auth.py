@@ -9,8 +9,9 @@ import pytest
 from ftagent.arbiter import auth
 from ftagent.arbiter.auth import Presented, Principal, authorize, job_token, parse_job_token
 from ftagent.arbiter.policy import PolicyConfig
-from ftagent.arbiter.server import ServerSettings, check_hello, exposure_problem
+from ftagent.arbiter.server import ServerSettings, check_message, exposure_problem
 from ftagent.v1 import ftagent_pb2 as pb
+from ftagent.wire.checks import check_hello
 from ftagent.wire.limits import OutOfRange
 
 SECRET = "a-secret-of-enough-length"
@@ -137,7 +138,7 @@ def test_exposure_needs_credentials_or_insecure() -> None:
     assert exposure_problem(ServerSettings(listen="127.0.0.1:9400")) == ""
 
 
-def test_check_hello_ranges() -> None:
+def test_what_the_server_refuses_at_the_edge() -> None:
     check_hello(pb.Hello(job="j", rank=1, world_size=2, generation=3, max_restarts=0))
     for bad in (pb.Hello(rank=0, world_size=1),
                 pb.Hello(job="j", rank=2, world_size=2),
@@ -150,5 +151,12 @@ def test_check_hello_ranges() -> None:
                 pb.Hello(job="j\x1b[2J", rank=0, world_size=1),
                 pb.Hello(job="j", pod="p" * 300, rank=0, world_size=1),
                 pb.Hello(job="j", agent_instance="i" * 200, rank=0, world_size=1)):
-        with pytest.raises(OutOfRange):
+        with pytest.raises(ValueError):
             check_hello(bad)
+    check_message(pb.AgentMessage(arrival=pb.BarrierArrival(generation=2)))
+    check_message(pb.AgentMessage(fault=pb.Fault(generation=2**63 - 1)))  # registry: ignored
+    for msg in (pb.AgentMessage(arrival=pb.BarrierArrival(generation=2**63 - 1)),
+                pb.AgentMessage(exit=pb.TrainerExit(generation=2**31)),
+                pb.AgentMessage(ack=pb.Ack(command_id="c" * 200))):
+        with pytest.raises(OutOfRange):
+            check_message(msg)
