@@ -6,13 +6,18 @@ into an argparse group. So ``--help``, the environment variables and the typed c
 never drift apart. Precedence: flag > FTAGENT_* variable > the field's default (some
 identity fields then fall back to the variables torchrun/Kubeflow set, see ``identity``).
 
-A bad flag or value is one line on stderr and exit 2 (``ConfigError``), never a traceback.
+Every number has a range (a ``Range`` check, required of every int and float field):
+NaN and infinities are never accepted, and the bounds stay far from what would overflow
+a timer, an int32 field or a loop. The limits shared with the wire come from
+``ftagent.wire.limits``. A bad flag or value is one line on stderr and exit 2
+(``ConfigError``), never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import re
 import sys
@@ -20,7 +25,23 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar, get_type_hints
 
+from ftagent.wire.limits import (
+    MAX_NAME,
+    MAX_RESTARTS,
+    MAX_WORLD_SIZE,
+    OutOfRange,
+    check_name,
+)
+
 T = TypeVar("T")
+
+# Seconds: ~31 years, far below what overflows a timer (threading.TIMEOUT_MAX is ~9.2e9 s;
+# monotonic deadlines stay exact in a float).
+MAX_SECONDS = 1e9
+# A count that must fit a signed 32-bit field (the wire's, and most libraries' ints).
+MAX_COUNT = 2**31 - 1
+# Last output lines kept as evidence (each up to 64 KiB: memory stays bounded).
+MAX_LOG_LINES = 100_000
 
 
 class ConfigError(ValueError):
@@ -30,43 +51,111 @@ class ConfigError(ValueError):
 # --------------------------------------------------------------------------- value checks
 
 
-def non_negative(v: float) -> float:
-    if v < 0:
-        raise ConfigError("must be >= 0")
-    return v
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
 
 
-def positive(v: float) -> float:
-    if v <= 0:
-        raise ConfigError("must be > 0")
-    return v
+def shown(raw: str, limit: int = 40) -> str:
+    """``raw`` quoted for an error message, cut when long (a 4,400-digit number is one
+    short line, not a screenful)."""
+    if len(raw) <= limit:
+        return repr(raw)
+    return f"{raw[:limit]!r}... ({len(raw)} characters)"
 
 
-def port_or_off(v: int) -> int:
-    if v < -1 or v > 65535:
-        raise ConfigError("must be a port 1-65535, 0 for any free port, or -1 for off")
-    return v
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric flag accepts: ``lo``..``hi`` (``lo`` excluded when
+    ``lo_open``), plus sentinel values outside it (``also``: -1 for "off" or "unset").
+    Every int and float flag has one; NaN and infinities never pass."""
+
+    lo: float
+    hi: float
+    lo_open: bool = False
+    also: tuple[tuple[int, str], ...] = ()
+
+    def __call__(self, v: float) -> float:
+        if any(v == special for special, _ in self.also):
+            return v
+        if isinstance(v, float) and not math.isfinite(v):  # an int may exceed a float
+            raise ConfigError("is not a finite number")
+        if v < self.lo or v == self.lo and self.lo_open or v > self.hi:
+            raise ConfigError(f"must be {self.describe()}")
+        return v
+
+    def describe(self) -> str:
+        text = f"{'(' if self.lo_open else '['}{_num(self.lo)}, {_num(self.hi)}]"
+        text = "in " + text
+        for special, label in self.also:
+            text += f", or {special} ({label})"
+        return text
 
 
-def percentile(v: float) -> float:
-    if not 0 < v <= 100:
-        raise ConfigError("must be in (0, 100]")
-    return v
+SECONDS = Range(0, MAX_SECONDS)
+POSITIVE_SECONDS = Range(0, MAX_SECONDS, lo_open=True)
+PORT_OR_OFF = Range(0, 65535, also=((-1, "off"),))
+PERCENTILE = Range(0, 100, lo_open=True)
+RESTARTS = Range(0, MAX_RESTARTS)
 
 
 def regex(v: str) -> str:
     try:
         re.compile(v)
-    except re.error as e:
+    except (re.error, RecursionError, OverflowError) as e:
         raise ConfigError(f"not a valid regular expression: {e}") from None
     return v
 
 
+def name(v: str) -> str:
+    """A job, namespace, pod or node name: what the wire accepts (``limits.check_name``)."""
+    try:
+        check_name("name", v, MAX_NAME)
+    except OutOfRange:  # said here without repeating the value, which the caller shows
+        if len(v) > MAX_NAME:
+            raise ConfigError(f"is {len(v)} characters long; at most {MAX_NAME}") from None
+        raise ConfigError("contains control characters") from None
+    return v
+
+
+def _port(text: str) -> int | None:
+    """A decimal port 0-65535 in ASCII digits, else None (never a 4,400-digit int())."""
+    if not text.isascii() or not text.isdigit() or len(text) > 5:
+        return None
+    port = int(text)
+    return port if port <= 65535 else None
+
+
+def split_host_port(v: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[V6]:PORT`` too) -> (host without brackets, port); ConfigError if not."""
+    host, sep, port_text = v.strip().rpartition(":")
+    port = _port(port_text)
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not sep or not host or port is None or not host.isprintable() or " " in host:
+        raise ConfigError("is not HOST:PORT")
+    return host, port
+
+
 def host_port(v: str) -> str:
-    for part in filter(None, (p.strip() for p in v.split(","))):
-        host, sep, port = part.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"{part!r} is not HOST:PORT")
+    """One or more comma-separated HOST:PORT with a port 1-65535 (what agents dial)."""
+    parts = [p.strip() for p in v.split(",") if p.strip()]
+    if not parts:
+        raise ConfigError("is not HOST:PORT")
+    for part in parts:
+        where = "" if len(parts) == 1 else f" (in {shown(part)})"
+        try:
+            _, port = split_host_port(part)
+        except ConfigError:
+            raise ConfigError(f"is not HOST:PORT{where}") from None
+        if port == 0:
+            raise ConfigError(f"has port 0, which cannot be dialled{where}")
+    return v
+
+
+def host(v: str) -> str:
+    """An address to listen on (a name or an IP, without a port)."""
+    if not v or len(v) > MAX_NAME or not v.isprintable() or " " in v:
+        raise ConfigError("is not a host name or address")
     return v
 
 
@@ -80,8 +169,13 @@ def opt(
     check: Callable[[Any], Any] | None = None,
     metavar: str | None = None,
     sep: str = ",",
+    short: str | None = None,
 ) -> Any:
-    """A dataclass field that is also a command-line flag and an environment variable."""
+    """A dataclass field that is also a command-line flag and an environment variable.
+
+    Numeric fields need a ``Range`` as ``check``. Without ``metavar`` the placeholder in
+    --help is derived: the flag's name for strings (``--job JOB``), N for ints, X for floats.
+    """
     meta = {
         "flag": flag,
         "env": env or "FTAGENT_" + flag.lstrip("-").upper().replace("-", "_"),
@@ -90,6 +184,7 @@ def opt(
         "check": check,
         "metavar": metavar,
         "sep": sep,
+        "short": short,
     }
     if isinstance(default, (list, tuple)):
         return field(default=tuple(default), metadata=meta)
@@ -105,22 +200,22 @@ class SupervisorConfig:
 
     max_restarts: int = opt(
         0, "--max-restarts", "restarts allowed after a failure (local policy; the arbiter "
-        "counts per job)", check=non_negative, metavar="N")
+        "counts per job)", check=RESTARTS, metavar="N")
     restart_backoff: float = opt(
         1.0, "--restart-backoff", "seconds before the first local restart; doubles each "
-        "time up to --restart-backoff-max", check=non_negative, metavar="SECONDS")
+        "time up to --restart-backoff-max", check=SECONDS, metavar="SECONDS")
     restart_backoff_max: float = opt(
         30.0, "--restart-backoff-max", "cap on the local restart backoff",
-        check=non_negative, metavar="SECONDS")
+        check=SECONDS, metavar="SECONDS")
     stop_timeout: float = opt(
         30.0, "--stop-timeout", "grace after SIGTERM before every process of the trainer's "
-        "tree is SIGKILLed", check=non_negative, metavar="SECONDS")
+        "tree is SIGKILLed", check=SECONDS, metavar="SECONDS")
     events_file: str = opt(
         "", "--events-file", "append one JSON line per event (state, fault, action) to "
         "this file", metavar="PATH")
     log_lines: int = opt(
         200, "--log-lines", "last output lines kept as evidence for faults",
-        check=positive, metavar="N")
+        check=Range(1, MAX_LOG_LINES), metavar="N")
     log_level: str = opt(
         "info", "--log-level", "ftagent's own messages on stderr",
         choices=("debug", "info", "warning", "error"))
@@ -130,25 +225,31 @@ class SupervisorConfig:
 class IdentityConfig:
     """Who this agent is: labels on metrics, registration with the arbiter."""
 
-    job: str = opt("", "--job", "job name (default: $TORCHELASTIC_RUN_ID, else 'local')")
-    namespace: str = opt("", "--namespace", "Kubernetes namespace (default: $POD_NAMESPACE)")
-    pod: str = opt("", "--pod", "pod name (default: $POD_NAME, else the hostname)")
-    node: str = opt("", "--node", "node name (default: $NODE_NAME, else the hostname)")
+    job: str = opt("", "--job", "job name (default: $TORCHELASTIC_RUN_ID, else 'local')",
+                   check=name, metavar="JOB")
+    namespace: str = opt("", "--namespace", "Kubernetes namespace (default: $POD_NAMESPACE)",
+                         check=name, metavar="NAMESPACE")
+    pod: str = opt("", "--pod", "pod name (default: $POD_NAME, else the hostname)",
+                   check=name, metavar="POD")
+    node: str = opt("", "--node", "node name (default: $NODE_NAME, else the hostname)",
+                    check=name, metavar="NODE")
     rank: int = opt(
-        -1, "--rank", "this agent's rank (default: $RANK, $GROUP_RANK, $PET_NODE_RANK, "
-        "else 0)", metavar="N")
+        -1, "--rank", "this agent's rank, below --world-size (default: $RANK, $GROUP_RANK, "
+        "$PET_NODE_RANK, else 0)", check=Range(0, MAX_WORLD_SIZE - 1, also=((-1, "unset"),)),
+        metavar="N")
     world_size: int = opt(
         -1, "--world-size", "agents in the job; the barrier waits for all of them "
-        "(default: $WORLD_SIZE, $PET_NNODES, else 1)", metavar="N")
+        "(default: $WORLD_SIZE, $PET_NNODES, else 1)",
+        check=Range(1, MAX_WORLD_SIZE, also=((-1, "unset"),)), metavar="N")
 
 
 @dataclass(frozen=True)
 class MetricsConfig:
     metrics_port: int = opt(
         9430, "--metrics-port", "Prometheus /metrics port; 0 picks a free port, -1 turns "
-        "metrics off", check=port_or_off, metavar="PORT")
+        "metrics off", check=PORT_OR_OFF, metavar="PORT")
     metrics_addr: str = opt("0.0.0.0", "--metrics-addr", "address /metrics listens on",
-                            metavar="ADDR")
+                            check=host, metavar="ADDR")
 
 
 @dataclass(frozen=True)
@@ -166,25 +267,28 @@ class HangConfig:
     hang_action: str = opt("restart", "--hang-action", "what a detected hang does",
                            choices=("restart", "alert"))
     hang_timeout_min: float = opt(
-        5.0, "--hang-timeout-min", "floor of the learned step budget", check=positive,
-        metavar="SECONDS")
+        5.0, "--hang-timeout-min", "floor of the learned step budget",
+        check=POSITIVE_SECONDS, metavar="SECONDS")
     hang_factor: float = opt(
         10.0, "--hang-factor", "budget = factor x percentile of recent step intervals "
-        "(a phase's: factor x its longest duration seen)", check=positive)
+        "(a phase's: factor x its longest duration seen)", check=Range(0, 1e6, lo_open=True),
+        metavar="FACTOR")
     hang_percentile: float = opt(99.0, "--hang-percentile", "percentile of recent step "
-                                 "intervals the budget scales", check=percentile)
+                                 "intervals the budget scales", check=PERCENTILE,
+                                 metavar="P")
     hang_warmup_steps: int = opt(
         5, "--hang-warmup-steps", "steps observed before the learned budget applies; "
-        "until then --hang-first-step-timeout holds", check=non_negative, metavar="N")
+        "until then --hang-first-step-timeout holds", check=Range(0, MAX_COUNT),
+        metavar="N")
     hang_first_step_timeout: float = opt(
         600.0, "--hang-first-step-timeout", "budget before the first steps (compilation, "
-        "data loading, rendezvous)", check=positive, metavar="SECONDS")
+        "data loading, rendezvous)", check=POSITIVE_SECONDS, metavar="SECONDS")
     hang_phase_timeout: float = opt(
         1800.0, "--hang-phase-timeout", "budget for a declared long phase (checkpoint, "
-        "eval) until its own duration is learned", check=positive, metavar="SECONDS")
+        "eval) until its own duration is learned", check=POSITIVE_SECONDS, metavar="SECONDS")
     hang_dump_timeout: float = opt(
         10.0, "--hang-dump-timeout", "deadline for capturing py-spy stacks of the "
-        "trainer tree", check=positive, metavar="SECONDS")
+        "trainer tree", check=POSITIVE_SECONDS, metavar="SECONDS")
 
 
 @dataclass(frozen=True)
@@ -194,7 +298,9 @@ class ArbiterClientConfig:
     arbiter: str = opt(
         "", "--arbiter", "arbiter HOST:PORT; a comma-separated list shards jobs over "
         "replicas by a hash of the job", check=host_port, metavar="HOST:PORT[,...]")
-    token: str = opt("", "--token", "shared secret the arbiter requires")
+    token: str = opt("", "--token", "token the arbiter requires: this job's token "
+                     "(`ftagent token --job JOB`) or the arbiter's secret (prefer the "
+                     "FTAGENT_TOKEN variable: flags show in ps)", metavar="TOKEN")
     tls_ca: str = opt("", "--tls-ca", "CA bundle to verify the arbiter (enables TLS)",
                       metavar="PATH")
     tls_cert: str = opt("", "--tls-cert", "client certificate for mTLS", metavar="PATH")
@@ -202,7 +308,11 @@ class ArbiterClientConfig:
     arbiter_fail_open_after: float = opt(
         15.0, "--arbiter-fail-open-after", "with the arbiter unreachable this long (at a "
         "start, a barrier, or awaiting a decision) the agent goes on alone: it starts the "
-        "trainer and its local policy decides", check=non_negative, metavar="SECONDS")
+        "trainer and its local policy decides", check=SECONDS, metavar="SECONDS")
+
+
+# What `ftagent status` uses of ArbiterClientConfig: the address and the credentials.
+CONNECTION_FIELDS = ("arbiter", "token", "tls_ca", "tls_cert", "tls_key")
 
 
 @dataclass(frozen=True)
@@ -215,15 +325,29 @@ class NicConfig:
         env="FTAGENT_NICS", metavar="NAME")
     nic_grace: float = opt(
         2.0, "--nic-grace", "a link down shorter than this is a flap, not a fault",
-        check=non_negative, metavar="SECONDS")
+        check=SECONDS, metavar="SECONDS")
     rdma_sysfs: str = opt("/sys/class/infiniband", "--rdma-sysfs",
                           "root of the RDMA sysfs tree", metavar="PATH")
     nic_poll_interval: float = opt(
         1.0, "--nic-poll-interval", "RDMA port state and NIC counter polling interval",
-        check=positive, metavar="SECONDS")
+        check=Range(0.01, MAX_SECONDS), metavar="SECONDS")
     nic_scope: str = opt(
         "pod", "--nic-scope", "scope of a NIC fault: pod (the pod's own network namespace) "
         "or node (hostNetwork / the node agent: the node's links)", choices=("pod", "node"))
+
+
+@dataclass(frozen=True)
+class StatusConfig:
+    """``ftagent status``'s own flags (the arbiter connection is ArbiterClientConfig's)."""
+
+    namespace: str = opt("", "--namespace", "the job's namespace (when its name is in "
+                         "several); without JOB, list only this namespace's jobs",
+                         check=name, metavar="NAMESPACE")
+    json: bool = opt(False, "--json", "machine-readable output")
+    follow: bool = opt(False, "--follow", "stream timeline entries as they happen "
+                       "(Ctrl-C to stop)", short="-f")
+    timeline: int = opt(50, "--timeline", "timeline entries shown for JOB (0: all kept)",
+                        check=Range(0, MAX_COUNT), metavar="N")
 
 
 @dataclass(frozen=True)
@@ -252,6 +376,13 @@ RUN_GROUPS: dict[str, tuple[str, type[Any]]] = {
 # --------------------------------------------------------------------------- parsing
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """--help of every command: descriptions and epilogs as written, 100 columns."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=34, width=100)
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (and exit 2), never the usage block."""
 
@@ -260,11 +391,15 @@ class OneLineParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def _type_name(typ: Any) -> str:
+    return str(getattr(typ, "__name__", typ))
+
+
 def _convert(raw: str, typ: Any, meta: Mapping[str, Any], source: str) -> Any:
     """Parse one raw string for a field of type ``typ``; raise ConfigError naming ``source``."""
     try:
         if typ in (int, "int"):
-            value: Any = int(raw)
+            value: Any = int(raw)  # ValueError also for > 4,300 digits
         elif typ in (float, "float"):
             value = float(raw)
         elif typ in (bool, "bool"):
@@ -275,15 +410,14 @@ def _convert(raw: str, typ: Any, meta: Mapping[str, Any], source: str) -> Any:
         else:
             value = raw
     except ValueError:
-        raise ConfigError(f"{source}: {raw!r} is not a valid {getattr(typ, '__name__', typ)}")\
-            from None
+        raise ConfigError(f"{source}: {shown(raw)} is not a valid {_type_name(typ)}") from None
     if meta.get("choices") and value not in meta["choices"]:
-        raise ConfigError(f"{source}: {raw!r} is not one of {', '.join(meta['choices'])}")
+        raise ConfigError(f"{source}: {shown(raw)} is not one of {', '.join(meta['choices'])}")
     if meta.get("check"):
         try:
             value = meta["check"](value)
         except ConfigError as e:
-            raise ConfigError(f"{source}: {raw!r} {e}") from None
+            raise ConfigError(f"{source}: {shown(raw)} {e}") from None
     return value
 
 
@@ -291,39 +425,80 @@ def _is_multi(typ: Any) -> bool:
     return str(typ).startswith("tuple")
 
 
-def add_group(parser: argparse.ArgumentParser, title: str, cls: type[Any]) -> None:
-    """Add every field of the dataclass ``cls`` as a flag in an argument group."""
+def _is_numeric(typ: Any) -> bool:
+    return typ in (int, float, "int", "float")
+
+
+def _fields(cls: type[Any], only: Sequence[str] | None) -> list[dataclasses.Field[Any]]:
+    fields = list(dataclasses.fields(cls))
+    if only is None:
+        return fields
+    unknown = set(only) - {f.name for f in fields}
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no fields {sorted(unknown)}")
+    return [f for f in fields if f.name in only]
+
+
+def metavar_of(f: dataclasses.Field[Any], typ: Any) -> str | None:
+    """The placeholder --help shows after the flag (None: argparse's own, for choices and
+    switches): the field's ``metavar``, else N for ints, X for floats, the flag's name."""
+    meta = f.metadata
+    if meta.get("choices") or typ in (bool, "bool"):
+        return None
+    if meta.get("metavar"):
+        return str(meta["metavar"])
+    if typ in (int, "int"):
+        return "N"
+    if typ in (float, "float"):
+        return "X"
+    return str(meta["flag"]).lstrip("-").upper().replace("-", "_")
+
+
+def add_group(parser: argparse.ArgumentParser, title: str, cls: type[Any],
+              only: Sequence[str] | None = None) -> None:
+    """Add every field of the dataclass ``cls`` (or those named in ``only``) as a flag in
+    an argument group."""
     group = parser.add_argument_group(title)
     hints = get_type_hints(cls)
-    for f in dataclasses.fields(cls):
+    for f in _fields(cls, only):
         meta = f.metadata
         typ = hints[f.name]
+        if _is_numeric(typ) and not isinstance(meta.get("check"), Range):
+            raise TypeError(f"{cls.__name__}.{f.name}: a numeric flag needs a Range check")
         multi = _is_multi(typ)
         default = f.default
-        shown = "" if default in ("", (), -1) else f" (default: {default})"
+        hidden = default in ("", (), -1) or isinstance(default, bool)
+        shown_default = "" if hidden else f" (default: {default})"
         kwargs: dict[str, Any] = {
             "dest": f"{cls.__name__}.{f.name}",
-            "help": f"{meta['help']}{shown} [env {meta['env']}]",
+            "help": f"{meta['help']}{shown_default} [env {meta['env']}]".replace("%", "%%"),
             "default": None,
         }
         if meta.get("choices"):
             kwargs["choices"] = meta["choices"]
-        if meta.get("metavar"):
-            kwargs["metavar"] = meta["metavar"]
+        metavar = metavar_of(f, typ)
+        if metavar:
+            kwargs["metavar"] = metavar
         if multi:
             kwargs["action"] = "append"
-        elif typ is bool:
+        elif typ in (bool, "bool"):
             kwargs["action"] = argparse.BooleanOptionalAction
-        group.add_argument(meta["flag"], **kwargs)
+        flags = [meta["short"], meta["flag"]] if meta.get("short") else [meta["flag"]]
+        group.add_argument(*flags, **kwargs)
 
 
 def resolve_group(
-    ns: argparse.Namespace, cls: type[T], environ: Mapping[str, str]
+    ns: argparse.Namespace, cls: type[T], environ: Mapping[str, str],
+    only: Sequence[str] | None = None, origins: dict[str, str] | None = None,
 ) -> T:
-    """Build the dataclass ``cls`` from parsed flags, then FTAGENT_* variables, then defaults."""
+    """Build the dataclass ``cls`` from parsed flags, then FTAGENT_* variables, then defaults.
+
+    With ``only``, the other fields keep their defaults. ``origins``, when given, is filled
+    with where each set field came from (its flag or its variable), for error messages.
+    """
     hints = get_type_hints(cls)
     values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for f in _fields(cls, only):
         meta = f.metadata
         typ = hints[f.name]
         raw = getattr(ns, f"{cls.__name__}.{f.name}", None)
@@ -335,14 +510,22 @@ def resolve_group(
                 source = meta["flag"]
             if raw is not None:
                 values[f.name] = tuple(_convert(r, str, meta, source) for r in raw)
+                if origins is not None:
+                    origins[f.name] = source
             continue
         if raw is None and meta["env"] in environ and environ[meta["env"]] != "":
             values[f.name] = _convert(environ[meta["env"]], typ, meta, meta["env"])
+            source = meta["env"]
         elif raw is not None:
+            source = meta["flag"]
             if isinstance(raw, bool) or typ is str and meta.get("check") is None:
                 values[f.name] = raw
             else:
                 values[f.name] = _convert(str(raw), typ, meta, meta["flag"])
+        else:
+            continue
+        if origins is not None:
+            origins[f.name] = source
     return cls(**values)
 
 
@@ -362,23 +545,71 @@ def env_first(environ: Mapping[str, str], *names: str) -> str:
     return ""
 
 
-def identity(cfg: IdentityConfig, environ: Mapping[str, str]) -> IdentityConfig:
-    """Fill identity fields from the variables torchrun, Kubeflow and the Downward API set."""
-    host = env_first(environ, "HOSTNAME") or os.uname().nodename
-    rank = cfg.rank
+def _env_int(environ: Mapping[str, str], names: Sequence[str], flag: str) -> tuple[int, str]:
+    """The first of ``names`` that is set, as an int, and ``$NAME`` (its source); (-1, "")
+    when none is set."""
+    for n in names:
+        raw = environ.get(n, "")
+        if raw.strip():
+            try:
+                return int(raw), f"${n}"
+            except ValueError:
+                raise ConfigError(f"${n}: {shown(raw)} is not a valid int (read as the "
+                                  f"default of {flag}; set {flag} to override)") from None
+    return -1, ""
+
+
+def _short(v: int) -> str:
+    text = str(v)
+    return text if len(text) <= 20 else f"{text[:20]}... ({len(text)} digits)"
+
+
+def _env_name(environ: Mapping[str, str], *names: str) -> str:
+    """The first of ``names`` that is set, checked like a --job/--pod/... value."""
+    for n in names:
+        value = environ.get(n, "")
+        if value:
+            try:
+                return check_name(f"${n}", value, MAX_NAME)
+            except OutOfRange as e:
+                raise ConfigError(str(e)) from None
+    return ""
+
+
+def identity(cfg: IdentityConfig, environ: Mapping[str, str],
+             origins: Mapping[str, str] | None = None) -> IdentityConfig:
+    """Fill identity fields from the variables torchrun, Kubeflow and the Downward API set.
+
+    The rank must be in [0, world size) and the world size in [1, MAX_WORLD_SIZE], from
+    whichever source each came (flag, FTAGENT_* variable, the torchrun/Kubeflow fallbacks,
+    or the defaults 0 and 1); an error names the sources. ``origins``: where the fields
+    of ``cfg`` came from (see ``resolve_group``).
+    """
+    origins = origins or {}
+    rank, rank_from = cfg.rank, origins.get("rank", "--rank")
     if rank < 0:
-        raw = env_first(environ, "RANK", "GROUP_RANK", "PET_NODE_RANK")
-        rank = int(raw) if raw.isdigit() else 0
-    world = cfg.world_size
+        rank, rank_from = _env_int(environ, ("RANK", "GROUP_RANK", "PET_NODE_RANK"), "--rank")
+        if not rank_from:
+            rank, rank_from = 0, "the default"
+    world, world_from = cfg.world_size, origins.get("world_size", "--world-size")
     if world < 0:
-        raw = env_first(environ, "WORLD_SIZE", "PET_NNODES")
-        world = int(raw) if raw.isdigit() else 1
+        world, world_from = _env_int(environ, ("WORLD_SIZE", "PET_NNODES"), "--world-size")
+        if not world_from:
+            world, world_from = 1, ("the default: none of --world-size, FTAGENT_WORLD_SIZE, "
+                                    "$WORLD_SIZE, $PET_NNODES is set")
+    if not 1 <= world <= MAX_WORLD_SIZE:
+        raise ConfigError(f"world size {_short(world)} (from {world_from}) must be in "
+                          f"[1, {MAX_WORLD_SIZE}]")
+    if not 0 <= rank < world:
+        raise ConfigError(f"rank {_short(rank)} (from {rank_from}) must be in [0, {world}): the "
+                          f"world size is {world} (from {world_from})")
+    host = _env_name(environ, "HOSTNAME") or os.uname().nodename
     return dataclasses.replace(
         cfg,
-        job=cfg.job or env_first(environ, "TORCHELASTIC_RUN_ID") or "local",
-        namespace=cfg.namespace or env_first(environ, "POD_NAMESPACE"),
-        pod=cfg.pod or env_first(environ, "POD_NAME") or host,
-        node=cfg.node or env_first(environ, "NODE_NAME") or host,
+        job=cfg.job or _env_name(environ, "TORCHELASTIC_RUN_ID") or "local",
+        namespace=cfg.namespace or _env_name(environ, "POD_NAMESPACE"),
+        pod=cfg.pod or _env_name(environ, "POD_NAME") or host,
+        node=cfg.node or _env_name(environ, "NODE_NAME") or host,
         rank=rank,
-        world_size=max(world, 1),
+        world_size=world,
     )

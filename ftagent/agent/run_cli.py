@@ -6,7 +6,6 @@ sinks an agent gets from its configuration.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
@@ -22,6 +21,7 @@ from ftagent.agent.metrics_sink import MetricsSink
 from ftagent.config import (
     RUN_GROUPS,
     ConfigError,
+    HelpFormatter,
     OneLineParser,
     RunConfig,
     add_group,
@@ -38,7 +38,8 @@ DESCRIPTION = """\
 Run a training command under ftagent: its output passes through byte for byte, it is
 restarted on failure (--max-restarts, or job-wide by an arbiter), hangs are detected
 from step progress, and metrics are served for Prometheus. Exits with the trainer's exit
-status (128+N when killed by signal N).
+status (128+N when killed by signal N); a bad flag or value is one line on stderr and
+exit status 2.
 
 Every flag can also be set by the FTAGENT_* variable shown after it.
 """
@@ -46,7 +47,7 @@ Every flag can also be set by the FTAGENT_* variable shown after it.
 EPILOG = """\
 examples:
   ftagent run --max-restarts 3 -- python train.py --lr 3e-4
-  FTAGENT_ARBITER=arbiter:7460 ftagent run --job llama -- torchrun --nproc-per-node 8 train.py
+  FTAGENT_ARBITER=arbiter:9400 ftagent run --job llama -- torchrun --nproc-per-node 8 train.py
 """
 
 
@@ -54,15 +55,11 @@ def build_parser() -> OneLineParser:
     parser = OneLineParser(
         prog="ftagent run", description=DESCRIPTION, epilog=EPILOG,
         usage="ftagent run [flags] -- CMD [ARGS...]",
-        formatter_class=_Formatter)
+        formatter_class=HelpFormatter)
     for title, cls in RUN_GROUPS.values():
         add_group(parser, title, cls)
     return parser
 
-
-class _Formatter(argparse.RawDescriptionHelpFormatter):
-    def __init__(self, prog: str) -> None:
-        super().__init__(prog, max_help_position=34, width=100)
 
 
 def parse(argv: Sequence[str], environ: Mapping[str, str]) -> RunConfig:
@@ -72,8 +69,10 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]) -> RunConfig:
     ns = parser.parse_args(opts)
     if not command:
         raise ConfigError("no command to run: ftagent run [flags] -- CMD [ARGS...]")
-    groups = {key: resolve_group(ns, cls, environ) for key, (_, cls) in RUN_GROUPS.items()}
-    groups["identity"] = identity(groups["identity"], environ)
+    origins: dict[str, str] = {}
+    groups = {key: resolve_group(ns, cls, environ, origins=origins if key == "identity" else None)
+              for key, (_, cls) in RUN_GROUPS.items()}
+    groups["identity"] = identity(groups["identity"], environ, origins)
     return RunConfig(command=tuple(command), **groups)
 
 

@@ -1,37 +1,82 @@
 """``ftagent arbiter``: the central process that decides for whole jobs.
 
 It holds no state of its own: agents re-register after it restarts, so running it is
-``ftagent arbiter --listen 0.0.0.0:9400 --token $SECRET`` in a Deployment. On start it
-prints ``listening on HOST:PORT`` on stderr (the port actually bound, also for port 0).
+``ftagent arbiter --listen 0.0.0.0:9400`` with ``FTAGENT_TOKEN=$SECRET`` in a Deployment.
+On start it prints ``listening on HOST:PORT`` on stderr (the port actually bound, also for
+port 0).
+
+Start-up checks everything it can before it binds anything: the flags, the rule that
+beyond loopback someone must authenticate, the TLS files (read and parsed), that the
+listen address resolves and can be bound; then it binds /metrics, then the gRPC port
+(releasing /metrics if that fails). Every failure is one line on stderr, never a
+traceback: exit status 2 for what the flags or files say, 1 for what the system refuses.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import errno
 import logging
 import os
 import signal
+import socket
+import ssl
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ftagent.arbiter.policy import PolicyConfig
-from ftagent.arbiter.server import ArbiterServer, ServerSettings, serve_until
 from ftagent.config import (
+    PORT_OR_OFF,
+    POSITIVE_SECONDS,
+    RESTARTS,
     ConfigError,
+    HelpFormatter,
     OneLineParser,
     add_group,
-    non_negative,
+    host,
     opt,
-    port_or_off,
-    positive,
     resolve_group,
+    split_host_port,
 )
+
+if TYPE_CHECKING:
+    from ftagent.arbiter.server import ServerSettings
+
+log = logging.getLogger("ftagent.arbiter")
+
+PROG = "ftagent arbiter"
+
+EPILOG = """\
+security: beyond loopback (127.0.0.0/8, ::1, localhost) the arbiter refuses to start
+  unless peers must authenticate: --token (FTAGENT_TOKEN, better than the flag, which
+  shows in ps) or mutual TLS (--tls-client-ca), or --insecure says that anyone who can
+  reach the port may speak for any job.
+
+exit status: 0 when stopped by SIGTERM or SIGINT; 2 for a bad flag, value or TLS file,
+  or listening beyond loopback without authentication; 1 when the system refuses to
+  start it (address in use or not on this host, a name that does not resolve). Each is
+  one line on stderr. gRPC's own log is off unless GRPC_VERBOSITY is set (e.g. error).
+
+examples:
+  FTAGENT_TOKEN=$SECRET ftagent arbiter                      # 0.0.0.0:9400, metrics on 9431
+  ftagent arbiter --listen 127.0.0.1:9400                    # loopback: no token needed
+  ftagent arbiter --tls-cert tls.crt --tls-key tls.key --tls-client-ca ca.crt
+"""
+
+
+class StartError(Exception):
+    """The system refused to start the arbiter (a port in use, ...): one line, exit 1."""
 
 
 def listen_address(v: str) -> str:
-    host, sep, port = v.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) < 65536:
-        raise ConfigError("is not HOST:PORT (port 0 picks a free port)")
+    try:
+        split_host_port(v)
+    except ConfigError:
+        raise ConfigError("is not HOST:PORT (port 0 picks a free port)") from None
     return v
 
 
@@ -45,74 +90,260 @@ class ArbiterConfig:
     max_restarts: int = opt(
         3, "--max-restarts", "restarts allowed per job (all ranks together) before it is "
         "stopped; an agent's own --max-restarts overrides it for its job",
-        check=non_negative, metavar="N")
+        check=RESTARTS, metavar="N")
     barrier_timeout: float = opt(
         300.0, "--barrier-timeout", "seconds a (re)start waits for every rank to arrive "
-        "before the job is stopped, naming the missing ranks", check=positive,
+        "before the job is stopped, naming the missing ranks", check=POSITIVE_SECONDS,
         metavar="SECONDS")
     nic_replace_after: float = opt(
         300.0, "--nic-replace-after", "a rank whose link stays down this long is replaced "
-        "(its pod exits with the replace code)", check=positive, metavar="SECONDS")
+        "(its pod exits with the replace code)", check=POSITIVE_SECONDS, metavar="SECONDS")
     stacks_timeout: float = opt(
         15.0, "--stacks-timeout", "on a job hang, how long to wait for every rank's stacks "
-        "before restarting without them", check=positive, metavar="SECONDS")
-    token: str = opt("", "--token", "shared secret agents and `ftagent status` must send "
-                     "(prefer the FTAGENT_TOKEN variable: flags show in ps)", metavar="SECRET")
+        "before restarting without them", check=POSITIVE_SECONDS, metavar="SECONDS")
+    token: str = opt("", "--token", "secret: peers present it (admin) or a job token "
+                     "derived from it (`ftagent token --job JOB`)", metavar="SECRET")
     tls_cert: str = opt("", "--tls-cert", "server certificate (enables TLS)", metavar="PATH")
     tls_key: str = opt("", "--tls-key", "server private key", metavar="PATH")
     tls_client_ca: str = opt("", "--tls-client-ca", "CA that agents' client certificates "
                              "must chain to (enables mutual TLS)", metavar="PATH")
+    insecure: bool = opt(False, "--insecure", "allow listening beyond loopback without "
+                         "authentication (no --token, no --tls-client-ca): any peer that "
+                         "reaches the port can speak for any job")
     metrics_port: int = opt(
         9431, "--metrics-port", "Prometheus /metrics port; 0 picks a free port, -1 turns "
-        "metrics off", check=port_or_off, metavar="PORT")
+        "metrics off", check=PORT_OR_OFF, metavar="PORT")
     metrics_addr: str = opt("0.0.0.0", "--metrics-addr", "address /metrics listens on",
-                            metavar="ADDR")
+                            check=host, metavar="ADDR")
     log_level: str = opt("info", "--log-level", "the arbiter's messages on stderr",
                          choices=("debug", "info", "warning", "error"))
 
     def settings(self) -> ServerSettings:
+        from ftagent.arbiter.server import ServerSettings
+
         return ServerSettings(
             listen=self.listen, token=self.token, tls_cert=self.tls_cert,
             tls_key=self.tls_key, tls_client_ca=self.tls_client_ca,
             metrics_port=self.metrics_port, metrics_addr=self.metrics_addr,
+            insecure=self.insecure,
             policy=PolicyConfig(max_restarts=self.max_restarts,
                                 barrier_timeout=self.barrier_timeout,
                                 nic_replace_after=self.nic_replace_after,
                                 stacks_timeout=self.stacks_timeout))
 
 
-def parse(argv: list[str], environ: dict[str, str] | None = None) -> ArbiterConfig:
-    parser = OneLineParser(prog="ftagent arbiter", description=__doc__.splitlines()[0])
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(prog=PROG, description=__doc__.splitlines()[0], epilog=EPILOG,
+                           formatter_class=HelpFormatter)
     add_group(parser, "arbiter", ArbiterConfig)
-    ns = parser.parse_args(argv)
+    return parser
+
+
+
+def parse(argv: list[str], environ: Mapping[str, str] | None = None) -> ArbiterConfig:
+    ns = build_parser().parse_args(argv)
     return resolve_group(ns, ArbiterConfig, os.environ if environ is None else environ)
 
 
-async def run(cfg: ArbiterConfig) -> int:
-    server = ArbiterServer(cfg.settings())
+# --------------------------------------------------------------------------- pre-flight
+
+
+def check_authority(cfg: ArbiterConfig) -> None:
+    """Beyond loopback, peers must authenticate unless --insecure says otherwise (the rule
+    of ``auth``, which the server applies again; here it is one line and exit 2)."""
+    from ftagent.arbiter.auth import has_credentials, listens_on_loopback
+
+    if cfg.insecure or has_credentials(cfg.token, cfg.tls_client_ca) \
+            or listens_on_loopback(cfg.listen):
+        return
+    _, port = split_host_port(cfg.listen)
+    raise ConfigError(f"refusing to listen on {cfg.listen} without authentication: set "
+                      f"--token (FTAGENT_TOKEN) or --tls-client-ca, or --listen "
+                      f"127.0.0.1:{port}, or --insecure")
+
+
+def unauthenticated_beyond_loopback(cfg: ArbiterConfig) -> bool:
+    from ftagent.arbiter.auth import has_credentials, listens_on_loopback
+
+    return not has_credentials(cfg.token, cfg.tls_client_ca) \
+        and not listens_on_loopback(cfg.listen)
+
+
+def _no_password(*_: Any) -> bytes:
+    raise ConfigError("is encrypted; give an unencrypted key (as in a Kubernetes TLS "
+                      "Secret's tls.key)")
+
+
+def _pem(path: str, flag: str, marker: bytes, what: str) -> None:
+    from ftagent.wire.credentials import read_file
+
     try:
-        address = await server.start()
-    except (OSError, ValueError) as e:
-        sys.stderr.write(f"ftagent arbiter: error: {e}\n")
-        return 1
-    sys.stderr.write(f"listening on {address}\n")
-    if server.metrics_port:
-        sys.stderr.write(f"metrics on http://{cfg.metrics_addr}:{server.metrics_port}/metrics\n")
-    sys.stderr.flush()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await serve_until(server, stop)
+        data = read_file(path, flag)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if marker not in data:
+        raise ConfigError(f"{flag} {path}: no PEM {what} in it")
+
+
+def check_tls(cfg: ArbiterConfig) -> None:
+    """Read the TLS files as the server will and parse them, so that a missing, unreadable
+    or garbled file, or a key that does not belong to the certificate, is an error now,
+    not at the first handshake."""
+    from ftagent.arbiter.auth import server_credentials
+
+    try:
+        server_credentials(cfg.tls_cert, cfg.tls_key, cfg.tls_client_ca)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if not cfg.tls_cert:
+        return
+    _pem(cfg.tls_cert, "--tls-cert", b"-----BEGIN CERTIFICATE-----", "certificate")
+    _pem(cfg.tls_key, "--tls-key", b"PRIVATE KEY-----", "private key")
+    if cfg.tls_client_ca:
+        _pem(cfg.tls_client_ca, "--tls-client-ca", b"-----BEGIN CERTIFICATE-----",
+             "CA certificate")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    with contextlib.suppress(ssl.SSLError):
+        ctx.set_ciphers("DEFAULT:@SECLEVEL=0")  # judge the files, not the key sizes
+    try:
+        ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key, password=_no_password)
+    except ConfigError as e:
+        raise ConfigError(f"--tls-key {cfg.tls_key} {e}") from None
+    except ssl.SSLError as e:
+        why = ("the key does not belong to the certificate"
+               if e.reason == "KEY_VALUES_MISMATCH" else f"cannot be loaded ({e.reason or e})")
+        raise ConfigError(f"--tls-cert {cfg.tls_cert} with --tls-key {cfg.tls_key}: "
+                          f"{why}") from None
+    except OSError as e:
+        raise ConfigError(f"--tls-cert {cfg.tls_cert}: {e.strerror or e}") from None
+    if cfg.tls_client_ca:
+        try:
+            ctx.load_verify_locations(cafile=cfg.tls_client_ca)
+        except (ssl.SSLError, OSError) as e:
+            reason = e.reason if isinstance(e, ssl.SSLError) else e.strerror
+            raise ConfigError(f"--tls-client-ca {cfg.tls_client_ca}: cannot be loaded "
+                              f"({reason or e})") from None
+
+
+_HINTS = {
+    errno.EADDRINUSE: "is another arbiter running? pick another port with --listen",
+    errno.EADDRNOTAVAIL: "not an address of this host",
+    errno.EACCES: "ports below 1024 need privileges",
+}
+
+
+def _why(e: OSError) -> str:
+    hint = _HINTS.get(e.errno or 0)
+    return f"{e.strerror or e}" + (f" ({hint})" if hint else "")
+
+
+def check_bindable(listen: str, flag: str = "--listen") -> None:
+    """Resolve ``listen`` and bind (then release) each of its addresses as gRPC will, so
+    that a port in use is named precisely before anything is started."""
+    host, port = split_host_port(listen)
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as e:
+        raise StartError(f"cannot listen on {listen}: {host!r} does not resolve "
+                         f"({getattr(e, 'strerror', None) or e}; {flag})") from None
+    errors: list[OSError] = []
+    bound = 0
+    for family, kind, proto, _, addr in infos:
+        try:
+            with socket.socket(family, kind, proto) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind(addr)
+        except OSError as e:
+            errors.append(e)
+        else:
+            bound += 1
+    in_use = [e for e in errors if e.errno == errno.EADDRINUSE]
+    if in_use or not bound:
+        raise StartError(f"cannot listen on {listen}: {_why((in_use or errors)[0])}")
+
+
+# --------------------------------------------------------------------------- start
+
+
+def start_metrics(cfg: ArbiterConfig, registry: Any) -> Any:
+    """Serve /metrics from ``registry``; returns the HTTP server (None when off)."""
+    if cfg.metrics_port < 0:
+        return None
+    from prometheus_client import start_http_server
+
+    try:
+        httpd, _ = start_http_server(cfg.metrics_port, cfg.metrics_addr, registry=registry)
+    except (OSError, UnicodeError) as e:
+        why = _why(e) if isinstance(e, OSError) else str(e)
+        if isinstance(e, OSError) and e.errno == errno.EADDRINUSE:
+            why = f"{e.strerror} (pick another with --metrics-port, or -1 for none)"
+        raise StartError(f"cannot serve metrics on {cfg.metrics_addr}:{cfg.metrics_port}: "
+                         f"{why}") from None
+    return httpd
+
+
+def _close(httpd: Any) -> None:
+    if httpd is not None:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+async def run(cfg: ArbiterConfig) -> int:
+    """Pre-flight, bind /metrics, bind gRPC, serve until SIGTERM/SIGINT; raises
+    ConfigError (exit 2) or StartError (exit 1) for the caller to print."""
+    check_authority(cfg)
+    check_tls(cfg)
+    check_bindable(cfg.listen)
+
+    from ftagent.arbiter.server import ArbiterServer, serve_until
+
+    # /metrics is served here rather than by ArbiterServer.start(), so that it is bound
+    # before the gRPC port and released if that fails (start() binds it after gRPC).
+    server = ArbiterServer(dataclasses.replace(cfg.settings(), metrics_port=-1))
+    httpd = start_metrics(cfg, server.prom)
+    try:
+        try:
+            address = await server.start()
+        except ValueError as e:  # what the pre-flight checks should have caught
+            raise ConfigError(str(e)) from None
+        except (OSError, RuntimeError) as e:
+            raise StartError(str(e) if isinstance(e, OSError) else
+                             f"cannot listen on {cfg.listen}: {e}") from None
+        sys.stderr.write(f"listening on {address}\n")
+        if httpd is not None:
+            sys.stderr.write(f"metrics on http://{cfg.metrics_addr}:{httpd.server_port}"
+                             "/metrics\n")
+        sys.stderr.flush()
+        if unauthenticated_beyond_loopback(cfg):
+            log.warning("listening on %s without authentication (--insecure): any peer "
+                        "can speak for any job", address)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await serve_until(server, stop)
+    finally:
+        _close(httpd)
     return 0
 
 
 def main(argv: list[str]) -> int:
+    # gRPC's C core logs to stderr on its own (a failed bind is an "E1201 add_port.cc"
+    # line); the errors that matter are ours, one line each. Must precede importing grpc.
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     try:
         cfg = parse(argv)
     except ConfigError as e:
-        sys.stderr.write(f"ftagent arbiter: error: {e}\n")
+        sys.stderr.write(f"{PROG}: error: {e} (see {PROG} --help)\n")
         return 2
     logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return asyncio.run(run(cfg))
+    try:
+        return asyncio.run(run(cfg))
+    except ConfigError as e:
+        sys.stderr.write(f"{PROG}: error: {e} (see {PROG} --help)\n")
+        return 2
+    except StartError as e:
+        sys.stderr.write(f"{PROG}: error: {e}\n")
+        return 1

@@ -12,17 +12,23 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import grpc
 from google.protobuf.message import Message
 
 from ftagent.config import (
+    CONNECTION_FIELDS,
     ArbiterClientConfig,
     ConfigError,
+    HelpFormatter,
     OneLineParser,
+    StatusConfig,
     add_group,
+    name,
     resolve_group,
+    shown,
 )
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
@@ -179,23 +185,47 @@ def run(cfg: ArbiterClientConfig, job: str, namespace: str, as_json: bool, follo
     return 0
 
 
+EPILOG = """\
+exit status: 0; 1 when the arbiter cannot be reached or refuses the call; 2 for a bad
+  flag or value. Errors are one line on stderr.
+
+examples:
+  FTAGENT_ARBITER=arbiter:9400 ftagent status                 # every job
+  ftagent status --arbiter arbiter:9400 llama --follow         # one job's timeline, live
+  ftagent status --arbiter a:9400,b:9400 llama --json | jq .ranks
+"""
+
+
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(prog="ftagent status", description=__doc__.splitlines()[0],
+                           epilog=EPILOG, formatter_class=HelpFormatter)
+    parser.add_argument("job", nargs="?", default="", metavar="JOB",
+                        help="show this job's ranks and timeline")
+    add_group(parser, "jobs and output", StatusConfig)
+    add_group(parser, "arbiter connection", ArbiterClientConfig, only=CONNECTION_FIELDS)
+    return parser
+
+
+def parse(argv: list[str], environ: Mapping[str, str]) -> tuple[
+        str, StatusConfig, ArbiterClientConfig]:
+    """Flags + environment -> (JOB, output options, connection); raises ConfigError."""
+    ns = build_parser().parse_args(argv)
+    job = str(ns.job)
+    if job:
+        try:
+            name(job)
+        except ConfigError as e:
+            raise ConfigError(f"JOB {shown(job)} {e}") from None
+    return (job, resolve_group(ns, StatusConfig, environ),
+            resolve_group(ns, ArbiterClientConfig, environ, only=CONNECTION_FIELDS))
+
+
 def main(argv: list[str]) -> int:
-    parser = OneLineParser(prog="ftagent status", description=__doc__.splitlines()[0])
-    parser.add_argument("job", nargs="?", default="", help="show this job's ranks and timeline")
-    parser.add_argument("--namespace", default="", help="the job's namespace (when the name "
-                        "is in several)")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument("--follow", "-f", action="store_true",
-                        help="stream timeline entries as they happen (Ctrl-C to stop)")
-    parser.add_argument("--timeline", type=int, default=50, metavar="N",
-                        help="timeline entries shown for JOB (0: all kept)")
-    add_group(parser, "arbiter connection", ArbiterClientConfig)
-    ns = parser.parse_args(argv)
     try:
-        cfg = resolve_group(ns, ArbiterClientConfig, os.environ)
-        return run(cfg, ns.job, ns.namespace, ns.json, ns.follow, ns.timeline)
+        job, opts, cfg = parse(argv, os.environ)
+        return run(cfg, job, opts.namespace, opts.json, opts.follow, opts.timeline)
     except (ConfigError, ValueError) as e:
-        sys.stderr.write(f"ftagent status: error: {e}\n")
+        sys.stderr.write(f"ftagent status: error: {e} (see ftagent status --help)\n")
         return 2
     except StatusError as e:
         sys.stderr.write(f"ftagent status: error: {e}\n")
