@@ -272,9 +272,23 @@ class Registry:
         decisions = policy.decide_fault(job, rep, now, self.cfg)
         final = not any(d.pending for d in decisions)
         job.remember_fault(fault.id, final)
+        if not final and len(job.open_faults) < limits.MAX_OPEN_FAULTS:
+            job.open_faults[fault.id] = rs.rank
         self.execute(job, decisions, now, received)
         outcome = decisions[0].verdict.value if decisions else "recorded"
         self._ack(conn, fault.id, final, outcome)
+
+    def _settle_open_faults(self, job: JobState, outcome: str) -> None:
+        """No stacks awaited and no link down any more: every open fault is decided."""
+        if not job.open_faults or job.hang_probe is not None or job.nic_outages:
+            return
+        for fid, rank in job.open_faults.items():
+            if fid in job.seen_faults:
+                job.seen_faults[fid] = True
+            rs = job.ranks.get(rank)
+            if rs is not None and isinstance(rs.conn, Connection):
+                self._ack(rs.conn, fid, True, outcome)
+        job.open_faults.clear()
 
     def _ack(self, conn: Connection, fault_id: str, final: bool, outcome: str) -> None:
         conn.send(pb.ArbiterMessage(fault_ack=pb.FaultAck(
@@ -302,8 +316,10 @@ class Registry:
     def execute(self, job: JobState, decisions: Iterable[Decision], now: float,
                 received: float | None = None) -> None:
         """Apply each decision, record it, and queue its commands on the ranks' streams."""
+        last = ""
         for d in decisions:
             apply(job, d, now)
+            last = d.verdict.value
             kind = "barrier" if d.verdict is Verdict.RELEASE_BARRIER else "decision"
             self._note(job, now, kind, d.reason, rank=d.rank, fault_id=d.fault_id,
                        action=d.verdict.value)
@@ -330,6 +346,8 @@ class Registry:
                     self._command(rs, d.verdict, cid, data, fan, d.generation)
                     if d.verdict is Verdict.REPLACE:
                         rs.state = "restarting"
+        if last:
+            self._settle_open_faults(job, last)
 
     def _command(self, rs: RankState, verdict: Verdict, cid: str, data: bytes,
                  fan: FanOut | None, generation: int) -> None:

@@ -145,6 +145,9 @@ class JobState:
     hang_probe: HangProbe | None = None
     nic_outages: dict[int, NicOutage] = field(default_factory=dict)
     seen_faults: OrderedDict[str, bool] = field(default_factory=OrderedDict)  # id -> final
+    # Faults whose decision is still open (stacks awaited, a link down): id -> rank. Once
+    # neither is pending they are settled with a final FaultAck to their rank.
+    open_faults: dict[str, int] = field(default_factory=dict)
     stop_reason: str = ""
     connected: int = 0
     last_seen: float = 0.0
@@ -189,6 +192,12 @@ def apply(job: JobState, d: Decision, now: float) -> None:
         job.barrier = None
         job.hang_probe = None
         job.nic_outages.clear()
+    elif v is Verdict.ALERT_ONLY and job.hang_probe is not None and \
+            d.fault_id == job.hang_probe.fault_id:
+        # the stacks showed a busy job, not a hung one (policy.job_busy): probe over
+        job.hang_probe = None
+        for r in job.ranks.values():
+            r.stack = None
     elif v is Verdict.DUMP_STACKS and d.until is not None and d.rank is not None:
         job.hang_probe = HangProbe(fault_id=d.fault_id, rank=d.rank, deadline=d.until,
                                    exit_status=d.exit_code)

@@ -118,7 +118,8 @@ def test_link_down_longer_than_grace_waits_then_restarts_the_job_once_back(
             with arb_log.open("wb") as f:
                 arbiter = subprocess.Popen(
                     in_ns(nss[0], [PY, "-m", "ftagent", "arbiter", "--listen", f"{CTL[0]}:0",
-                                   "--metrics-port", "-1"]), stdout=f, stderr=subprocess.STDOUT)
+                                   "--metrics-port", "-1", "--insecure"]),
+                    stdout=f, stderr=subprocess.STDOUT)
             line = wait_for(lambda: next((ln for ln in arb_log.read_text().splitlines()
                                           if ln.startswith("listening on ")), None)
                             or arbiter.poll() is not None, 30, "the arbiter to listen")

@@ -35,7 +35,8 @@ def agent(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
             time.sleep(0.05)
     """)
     proc = popen(ftagent_cmd("--metrics-port", "0", "--metrics-addr", "127.0.0.1",
-                             "--job", "promtest", "--rank", "3", "--events-file", str(events),
+                             "--job", "promtest", "--rank", "3", "--world-size", "4",
+                             "--events-file", str(events),
                              cmd=[PY, "-c", trainer]),
                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     port = wait_for(lambda: next((e["metrics_port"] for e in read_events(events)

@@ -61,7 +61,7 @@ class Stream:
 class SimAgent:
     """The supervisor's side of ArbitratedAgent, reduced to what the protocol sees."""
 
-    def __init__(self, world: "World", rank: int) -> None:
+    def __init__(self, world: World, rank: int) -> None:
         self.world = world
         self.rank = rank
         self.proto = LinkProtocol(IdentityConfig(job=JOB, rank=rank, world_size=world.size),
