@@ -11,32 +11,51 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from typing import Any
 
 from ftagent.model import Action, ActionKind, Fault, FaultKind, Progress, Scope, Severity
 from ftagent.v1 import ftagent_pb2 as pb
+from ftagent.wire import limits
 
 log = logging.getLogger("ftagent.wire.convert")
 
 
 def fault_to_proto(f: Fault, generation: int, exit_status: int | None = None) -> pb.Fault:
-    try:
-        evidence = json.dumps(f.evidence, default=str)
-    except (TypeError, ValueError):
-        evidence = json.dumps({"unserializable": repr(f.evidence)[:2000]})
+    """The wire fault, within the limits the arbiter checks (so it is never refused): the
+    message clipped, the evidence shrunk by its largest parts, numbers clamped."""
     msg = pb.Fault(
-        id=f.id,
+        id=f.id[:limits.MAX_ID],
         kind="FAULT_KIND_" + f.kind.name,
         severity="SEVERITY_" + f.severity.name,
         scope="SCOPE_" + f.scope.name,
-        message=f.message,
-        evidence_json=evidence,
-        detected_at=f.detected_at,
-        generation=generation,
+        message=limits.clip(f.message, limits.MAX_MESSAGE),
+        evidence_json=evidence_json(f.evidence),
+        detected_at=f.detected_at if math.isfinite(f.detected_at) else 0.0,
+        generation=min(max(generation, 0), limits.MAX_GENERATION),
     )
-    if exit_status is not None:
+    if exit_status is not None and -2**31 <= exit_status < 2**31:
         msg.exit_status = exit_status
     return msg
+
+
+def evidence_json(evidence: dict[str, Any], limit: int = limits.MAX_EVIDENCE) -> str:
+    """``evidence`` as JSON of at most ``limit`` bytes: the largest values (py-spy stacks
+    of a big tree, long lines) are replaced by a note of their size until it fits."""
+    try:
+        text = json.dumps(evidence, default=str)
+    except (TypeError, ValueError):
+        return json.dumps({"unserializable": repr(evidence)[:2000]})
+    if len(text.encode()) <= limit:
+        return text
+    parts = {k: json.dumps(v, default=str) for k, v in evidence.items()}
+    kept: dict[str, Any] = dict(evidence)
+    for key in sorted(parts, key=lambda k: len(parts[k]), reverse=True):
+        kept[key] = {"truncated": True, "json_bytes": len(parts[key].encode())}
+        text = json.dumps(kept, default=str)
+        if len(text.encode()) <= limit:
+            return text
+    return json.dumps({"truncated": True, "keys": sorted(evidence)[:50]})[:limit]
 
 
 def fault_from_proto(m: pb.Fault) -> Fault:
@@ -61,13 +80,20 @@ def fault_from_proto(m: pb.Fault) -> Fault:
 
 def progress_to_proto(p: Progress, seconds_since_progress: float, hung: bool,
                       ts: float) -> pb.ProgressSummary:
+    """The wire summary, clamped to the limits the arbiter checks (a trainer that prints
+    step 10**30 must not make its agent's reports unsendable)."""
     msg = pb.ProgressSummary(
-        step=p.step, samples_per_second=p.samples_per_second or 0.0,
-        tokens_per_second=p.tokens_per_second or 0.0,
-        seconds_since_progress=seconds_since_progress, hung=hung, ts=ts)
-    if p.loss is not None:
+        step=min(max(p.step, -1), limits.MAX_STEP),
+        samples_per_second=_rate(p.samples_per_second),
+        tokens_per_second=_rate(p.tokens_per_second),
+        seconds_since_progress=_rate(seconds_since_progress), hung=hung, ts=ts)
+    if p.loss is not None and not math.isinf(p.loss):
         msg.loss = p.loss
     return msg
+
+
+def _rate(v: float | None) -> float:
+    return v if v is not None and math.isfinite(v) and v >= 0 else 0.0
 
 
 _ACTION_KINDS = {
