@@ -289,6 +289,17 @@ class HangConfig:
     hang_dump_timeout: float = opt(
         10.0, "--hang-dump-timeout", "deadline for capturing py-spy stacks of the "
         "trainer tree", check=POSITIVE_SECONDS, metavar="SECONDS")
+    hang_verify_window: float = opt(
+        2.0, "--hang-verify-window", "on a budget running out, sample the trainer's tree "
+        "(stacks, CPU, I/O) this long for signs of life before declaring a hang; 0 declares "
+        "at once", check=SECONDS, metavar="SECONDS")
+    hang_verify_samples: int = opt(
+        5, "--hang-verify-samples", "stack samples over the verification window",
+        check=Range(2, 100), metavar="N")
+    hang_spin_timeout: float = opt(
+        120.0, "--hang-spin-timeout", "a trainer verified busy in a tight loop (one "
+        "function, a few lines) is declared hung once stalled this long, unless a longer "
+        "stall there was learned", check=POSITIVE_SECONDS, metavar="SECONDS")
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,51 @@ STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60,
 PHASE_BUCKETS = (0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
+MAX_DEVICES = 64
+"""NICs and RDMA ports exported per scrape (sorted by name): a pod has a few, a node a few
+dozen; a host with hundreds of veths matched by a broad ``--nic`` pattern must not make
+the scrape grow with them."""
+
+# What an SDK datagram can be dropped for (``ftagent/sources/sdk_socket.py``): a fixed set.
+SDK_DROP_REASONS = ("oversize", "version", "malformed", "range", "name")
+
+# Hang verification (ftagent/agent/verify.py): its verdicts, and the places of undeclared
+# phases it keeps learned at once (the `where` label's bound).
+VERIFY_VERDICTS = ("alive", "spinning", "hung", "unknown", "recognised")
+UNDECLARED_PLACES = 8
+
+# prometheus_client reads this flag at collect time, for every registry in the process.
+disable_created_metrics()
+
+
+class LabelFold:
+    """Bounds one label's values: the first ``cap`` distinct values pass, later ones (and
+    values outside ``allowed``, when given) become ``OTHER``; ``on_fold`` is called for
+    each value folded. Memory is O(cap) whatever comes in. Thread-safe enough for one
+    event loop plus the scrape thread (the set only grows, under the GIL)."""
+
+    __slots__ = ("label", "cap", "allowed", "on_fold", "seen", "folded")
+
+    def __init__(self, label: str, cap: int, *, allowed: Iterable[str] | None = None,
+                 on_fold: Callable[[], None] | None = None) -> None:
+        self.label = label
+        self.cap = cap
+        self.allowed = None if allowed is None else frozenset(allowed)
+        self.on_fold = on_fold
+        self.seen: set[str] = set()
+        self.folded = 0
+
+    def __call__(self, value: str) -> str:
+        if value in self.seen or value == OTHER:
+            return value
+        if (self.allowed is None or value in self.allowed) and len(self.seen) < self.cap:
+            self.seen.add(value)
+            return value
+        self.folded += 1
+        if self.on_fold is not None:
+            self.on_fold()
+        return OTHER
+
 
 class AgentMetrics:
     """The per-agent series, bound to this agent's identity labels."""
@@ -50,6 +95,24 @@ class AgentMetrics:
                              registry=registry)
 
         i = self.identity
+        self._ids = tuple(i[k] for k in ids)
+        # -- bounded label values
+        self.label_values_folded = counter(
+            "ftagent_label_values_folded",
+            "Label values folded into \"other\" past their cap (phase, op) or set (kind).",
+            ["label"])
+
+        def fold(label: str, cap: int, allowed: Iterable[str] | None = None) -> LabelFold:
+            child = self.label_values_folded.labels(**i, label=label)
+            return LabelFold(label, cap, allowed=allowed, on_fold=child.inc)
+
+        self.phase_names = fold("phase", MAX_PHASES)
+        self.op_names = fold("op", MAX_OPS)
+        kinds = [k.value for k in FaultKind]
+        self.folds = {"phase": self.phase_names, "op": self.op_names,
+                      "kind": fold("kind", len(kinds), kinds),
+                      # where an undeclared phase ran (agent/verify.py keeps at most 8)
+                      "where": fold("where", UNDECLARED_PLACES)}
         # -- supervisor
         self.info = gauge("ftagent_agent_info", "Always 1; labels say who this agent is.",
                           ["version"])
@@ -86,10 +149,27 @@ class AgentMetrics:
         self.hang_budget = gauge(
             "ftagent_hang_budget_seconds",
             "Current budget for the next step before a hang is declared.").labels(**i)
+        self.hang_verifications = counter(
+            "ftagent_hang_verifications",
+            "Suspected hangs verified, by verdict (alive, spinning, hung, unknown, recognised: "
+            "a learned undeclared phase, no window).", ["verdict"])
+        self.undeclared_phases = counter(
+            "ftagent_undeclared_phases",
+            "Stalls over the hang budget that were not hangs: undeclared long phases "
+            "(an evaluation printing nothing), learned.").labels(**i)
+        self.undeclared_phase_budget = gauge(
+            "ftagent_undeclared_phase_budget_seconds",
+            "Budget learned for an undeclared phase, by where its stack runs (at most "
+            f"{UNDECLARED_PLACES} places per agent).", ["where"])
         self.detection_latency = hist(
             "ftagent_detection_latency_seconds",
             "From the fault's cause (exit, last progress, link change) to its detection.",
             LATENCY_BUCKETS, ["kind"])
+        self.log_lines_skipped = counter(  # reason: a constant of the agent's, not input
+            "ftagent_log_lines_skipped",
+            "Trainer output lines not parsed for progress (they still pass through), by "
+            "reason: backlog (the agent fell behind), budget (parsing sampled), too_long, "
+            "error.", ["reason"])
         # -- collectives (SDK)
         self.collective_seconds = hist(
             "ftagent_collective_duration_seconds", "Duration of reported collectives.",
@@ -100,13 +180,62 @@ class AgentMetrics:
         self.collective_busbw = gauge(
             "ftagent_collective_busbw_bytes_per_second",
             "Bus bandwidth of the last collective (nccl-tests factors).", ["op"])
+        # -- the SDK socket (its receiver range-checks every datagram)
+        self.sdk_received = counter(
+            "ftagent_sdk_datagrams_received", "Datagrams read from the SDK socket.").labels(**i)
+        self.sdk_dropped = counter(
+            "ftagent_sdk_datagrams_dropped", "SDK datagrams dropped as invalid, by reason.",
+            ["reason"])
+        for reason in SDK_DROP_REASONS:  # all present from the start, at 0
+            self.sdk_dropped.labels(**i, reason=reason)
 
         self.info.labels(**i, version=_version()).set(1)
-        self.faults_by_kind = lambda kind: self.faults.labels(**i, kind=kind)
+        self.faults_by_kind = lambda kind: self.faults.labels(**self.labels(kind=kind))
 
     def labels(self, **extra: str) -> dict[str, str]:
-        """Identity labels plus ``extra``, for series with additional labels."""
-        return {**self.identity, **extra}
+        """Identity labels plus ``extra``, for series with additional labels: the one door
+        for label values from input, so each is folded through its ``LabelFold``. A label
+        without one is a programming error (add a fold, or a fixed set)."""
+        out = dict(self.identity)
+        for k, v in extra.items():
+            out[k] = self.folds[k](v) if k in self.folds else _fixed(k, v)
+        return out
+
+    # -- the current attempt's progress gauges: children fetched per use, so that
+    #    reset_progress can remove them until the next attempt reports a value
+    @property
+    def step(self) -> Gauge:
+        return self._step.labels(*self._ids)
+
+    @property
+    def loss(self) -> Gauge:
+        return self._loss.labels(*self._ids)
+
+    @property
+    def samples_per_second(self) -> Gauge:
+        return self._samples_per_second.labels(*self._ids)
+
+    @property
+    def tokens_per_second(self) -> Gauge:
+        return self._tokens_per_second.labels(*self._ids)
+
+    def reset_progress(self) -> None:
+        """A new attempt: the last one's step, loss and throughput are not its values.
+        The series disappear until it reports (0 would read as step 0 and a loss of 0;
+        a missing series leaves a gap, and ``sum``/``min`` over ranks stay right)."""
+        for g in (self._step, self._loss, self._samples_per_second, self._tokens_per_second):
+            g.remove(*self._ids)
+
+
+_FIXED_LABELS = {"reason": SDK_DROP_REASONS, "label": ("phase", "op", "kind"),
+                 "direction": ("receive", "transmit"), "verdict": VERIFY_VERDICTS}
+
+
+def _fixed(label: str, value: str) -> str:
+    allowed = _FIXED_LABELS.get(label)
+    if allowed is None:
+        raise ValueError(f"label {label!r} has no bound: give it a LabelFold or a fixed set")
+    return value if value in allowed else OTHER
 
 
 class ArbiterMetrics:

@@ -25,7 +25,8 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 from ftagent.agent import supervisor
 from ftagent.agent.agent import Agent
@@ -55,6 +56,9 @@ class ArbitratedAgent(Agent):
         self.link = ArbiterLink(cfg.arbiter, cfg.identity,
                                 max_restarts=cfg.supervisor.max_restarts or None)
         self.hang_state: Callable[[], tuple[float, bool]] = lambda: (0.0, False)
+        # DUMP_STACKS: stacks of the tree (run_cli adds the liveness verdict, agent/verify.py)
+        self.stack_capture: Callable[[Sequence[int]], Awaitable[dict[str, Any]]] = \
+            lambda pids: capture(pids, self.cfg.hang.hang_dump_timeout)
         self.fail_open_after = cfg.arbiter.arbiter_fail_open_after
         self._undecided: Fault | None = None
         self._released_start = False  # the current trainer was started by the barrier
@@ -159,7 +163,7 @@ class ArbitratedAgent(Agent):
 
     async def on_minor_action(self, action: Action) -> None:
         if action.kind == ActionKind.DUMP_STACKS:
-            captured = await capture(supervisor.tree_pids(), self.cfg.hang.hang_dump_timeout)
+            captured = await self.stack_capture(supervisor.tree_pids())
             self.link.report_stacks(action.id, json.dumps(captured, default=str))
 
     # ------------------------------------------------------------------ helpers

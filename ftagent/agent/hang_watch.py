@@ -3,7 +3,9 @@
 The detector (``detect/hang.py``) only computes; this adapter feeds it, asks it for
 faults on the agent's tick, exposes its state as scrape-time gauges, and captures the
 evidence (py-spy stacks of the whole trainer tree, process states, last lines) *before*
-the policy acts on a hang — once the trainer is killed, that evidence is gone.
+the policy acts on a hang — once the trainer is killed, that evidence is gone. With a
+``verifier`` (``agent/verify.py``) a hang fault of the detector is a suspicion, verified
+over a short window before it is raised.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from ftagent.agent import evidence
 from ftagent.detect.hang import HangDetector
@@ -18,12 +21,17 @@ from ftagent.metrics import AgentMetrics
 from ftagent.model import Fault, Observation, TrainerStart
 from ftagent.sources.progress import LogProgress
 
+if TYPE_CHECKING:
+    from ftagent.agent.verify import Verifier
+
 
 class HangWatch:
     def __init__(self, detector: HangDetector, metrics: AgentMetrics | None = None,
                  parser: LogProgress | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 verifier: Verifier | None = None) -> None:
         self.detector = detector
+        self.verifier = verifier
         self.parser = parser
         self.clock = clock
         self.metrics = metrics
@@ -37,6 +45,8 @@ class HangWatch:
         if isinstance(obs, TrainerStart) and self.parser is not None:
             self.parser.reset()
         seen = self.detector.observe(obs)
+        if self.verifier is not None:
+            self.verifier.observe(obs, seen)
         m = self.metrics
         if seen is not None and m is not None:
             # the detector's clean intervals: no warm-up gaps, no phases, no hang
@@ -48,7 +58,8 @@ class HangWatch:
         return []
 
     def tick(self, now: float) -> list[Fault]:
-        return self.detector.tick(now)
+        faults = self.detector.tick(now)
+        return faults if self.verifier is None else self.verifier.on_faults(faults, now)
 
     def state(self) -> tuple[float, bool]:
         """(seconds since progress, hung) now: what the arbiter's summaries carry."""
@@ -60,6 +71,9 @@ def evidence_hook(dump_timeout: float, tail: Callable[[], list[str]]
     """The agent's ``evidence`` hook: stacks and states of ``pids`` added to the fault."""
 
     async def enrich(fault: Fault, pids: Sequence[int]) -> Fault:
+        if "processes" in fault.evidence:  # verified: the window's last sample is there
+            return dataclasses.replace(fault, evidence={**fault.evidence,
+                                                        "last_lines": tail()})
         captured = await evidence.capture(pids, dump_timeout)
         extra = {"processes": captured.get("processes", []),
                  "stack_capture_seconds": captured.get("seconds"),

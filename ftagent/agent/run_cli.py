@@ -134,10 +134,22 @@ def add_progress(agent: Agent, cfg: RunConfig, metrics: AgentMetrics, rundir: st
         else:
             agent.sources.append(sdk)
             agent.extra_env["FTAGENT_SDK_SOCKET"] = sdk.path
-    watch = HangWatch(HangDetector(cfg.hang), metrics, parser)
+    detector = HangDetector(cfg.hang)
+    verifier = None
+    if cfg.hang.hang_verify_window > 0:  # suspect -> verify -> declare (agent/verify.py)
+        from ftagent.agent import supervisor
+        from ftagent.agent.verify import NvmlProbe, TreeSampler, Verifier
+
+        sampler = TreeSampler(supervisor.tree_pids, min(cfg.hang.hang_dump_timeout, 2.0),
+                              gpu=NvmlProbe())
+        verifier = Verifier(detector, cfg.hang, sampler, record=agent.events.write,
+                            metrics=metrics, emit=agent.raise_fault)
+    watch = HangWatch(detector, metrics, parser, verifier=verifier)
     agent.detectors.append(watch)
     if hasattr(agent, "hang_state"):  # the arbiter's progress summaries carry it
         agent.hang_state = watch.state
+    if verifier is not None and hasattr(agent, "stack_capture"):  # DUMP_STACKS + liveness
+        agent.stack_capture = verifier.stacks_for_arbiter
     agent.evidence = evidence_hook(cfg.hang.hang_dump_timeout, agent.tail)
 
 

@@ -192,8 +192,13 @@ def decide_stacks(job: JobState, now: float, cfg: PolicyConfig, *,
         return []
     steps = {r.rank: r.step for r in job.ranks.values()}
     stacks = {r.rank: r.stack for r in job.ranks.values() if r.stack is not None}
-    culprits, why = name_culprit(steps, stacks)
     got = f"stacks from {len(stacks)}/{job.world_size} ranks"
+    busy = job_busy(stacks)
+    if busy is not None:  # alive ranks in an undeclared phase, the others wait for them
+        ranks, why = busy
+        return [Decision(Verdict.ALERT_ONLY, f"job busy, not hung ({got}): {why}; no restart",
+                         job.generation, rank=ranks[0], fault_id=probe.fault_id)]
+    culprits, why = name_culprit(steps, stacks)
     rep = FaultReport(Fault(FaultKind.HANG, "job hang", id=probe.fault_id), probe.rank,
                       job.generation, probe.exit_status)
     culprit = culprits[0] if len(culprits) == 1 else None
@@ -223,7 +228,10 @@ def name_culprit(steps: Mapping[int, int], stacks: Mapping[int, str]) -> tuple[l
     *not* waiting in communication while the others are (a rank stuck before a collective
     leaves its peers blocked inside it: the peers are victims, with two ranks too); else a
     minority whose stack differs from the majority's; else nobody can be singled out.
+    Signatures may carry a liveness tag (``stack_signature``); it is not compared here
+    (``job_busy`` reads it first).
     """
+    stacks = {r: liveness_of(s)[2] for r, s in stacks.items()}
     known = {r: s for r, s in steps.items() if s >= 0}
     if len(known) >= 2:
         lo, hi = min(known.values()), max(known.values())
@@ -255,17 +263,61 @@ COMMUNICATION = re.compile(
 _TEXT_FRAME = re.compile(r"^\s+(\S+) \((?:.*/)?([^/()]+:\d+)\)\s*$", re.M)
 
 
+def job_busy(stacks: Mapping[int, str]) -> tuple[list[int], str] | None:
+    """Ranks verified busy (alive, or spinning not yet past its budget) by their agents,
+    from the liveness tags of their signatures: then the job is not hung, whatever the
+    others wait in -- every rank busy in the same place is a job-wide undeclared phase, a
+    few busy ranks keep the rest waiting for them in the next collective. None when no
+    rank is busy (a job hang: ``name_culprit``)."""
+    live = {r: liveness_of(s) for r, s in stacks.items()}
+    busy = sorted(r for r, (state, _, _) in live.items() if state in ("alive", "spinning"))
+    if not busy:
+        return None
+    where = live[busy[0]][1] or "its own code"
+    spin = " (spinning: its agent declares it hung if it spins past its budget)" if \
+        live[busy[0]][0] == "spinning" else ""
+    if len(busy) == len(stacks):
+        places = {live[r][1] for r in busy}
+        same = "the same place" if len(places) == 1 else f"{len(places)} places"
+        return busy, (f"every rank is busy ({same}: rank {_ranks(busy[:1])} in {where}){spin}:"
+                      " a job-wide undeclared phase")
+    waiting = sorted(set(stacks) - set(busy))
+    return busy, (f"rank {_ranks(busy)} busy in {where}{spin} while rank {_ranks(waiting)} "
+                  "wait(s) for it: an undeclared phase")
+
+
+_LIVE_TAG = re.compile(r"^live=(\w+)(?: where=(.*?))? :: ", re.S)
+
+
+def liveness_of(signature: str) -> tuple[str | None, str | None, str]:
+    """(liveness state, where, the signature without its tag) of a ``stack_signature``."""
+    m = _LIVE_TAG.match(signature)
+    if m is None:
+        return None, None, signature
+    return m.group(1), m.group(2), signature[m.end():]
+
+
 def stack_signature(stacks_json: str, frames_per_thread: int = 4) -> str:
     """A comparable summary of a stack dump: the innermost frames of every thread.
 
     Accepts py-spy's ``dump --json`` output (a list of threads with ``frames``), the agent's
     evidence (processes with a py-spy text ``stack``), or any JSON nesting either; pids and
     thread ids are left out so that equal code paths on different ranks compare equal.
+    The agent's verdict of life (a top-level ``liveness`` object: ``state``, ``where``,
+    ``declared``; agent/verify.py) becomes a ``live=STATE where=WHERE :: `` tag in front
+    (``liveness_of`` reads it back); a hang the agent already declared is ``hung``.
     """
     try:
         data = json.loads(stacks_json)
     except (ValueError, TypeError):
         return stacks_json.strip()
+    tag = ""
+    if isinstance(data, dict) and isinstance(data.get("liveness"), dict):
+        live = data.pop("liveness")
+        state = "hung" if live.get("declared") else str(live.get("state") or "unknown")
+        if re.fullmatch(r"\w+", state):
+            where = str(live.get("where") or "").replace(" :: ", " : ")[:200]
+            tag = f"live={state}" + (f" where={where}" if where else "") + " :: "
     threads: list[str] = []
 
     def walk(node: Any) -> None:
@@ -288,8 +340,8 @@ def stack_signature(stacks_json: str, frames_per_thread: int = 4) -> str:
 
     walk(data)
     if not threads:
-        return json.dumps(data, sort_keys=True)
-    return " | ".join(threads)
+        return tag + json.dumps(data, sort_keys=True)
+    return tag + " | ".join(threads)
 
 
 def _frame(fr: Any) -> str:

@@ -25,7 +25,10 @@ progress is ignored: the SDK is exact, log lines are a guess. Phase markers are 
 life too: they move the reference point but are never step intervals.
 
 One HANG fault per episode: ``hung`` stays true until progress (or a phase marker, a new
-attempt, the trainer's exit) clears it; the next stall is a new episode. ``TrainerStart``
+attempt, the trainer's exit) clears it; the next stall is a new episode. The fault is a
+*suspicion*: the agent verifies it (``agent/verify.py``) and, when the trainer is alive,
+calls ``defer(until)``: not hung, suspect again at ``until``, and the stall is no step
+interval (it is learned as an undeclared phase instead). ``TrainerStart``
 starts an attempt over (warm-up again) but keeps everything learned.
 """
 
@@ -66,6 +69,8 @@ class Observed:
 
 class HangDetector:
     """Decides when a trainer is hung; see the module docstring for the rules."""
+
+    _deferred: float | None  # set by defer(): verified alive, suspect again at this time
 
     def __init__(self, cfg: HangConfig, *, expect_progress: bool = True) -> None:
         """``expect_progress=False``: do not arm before this agent has seen a first step
@@ -118,12 +123,22 @@ class HangDetector:
         self.hung = True
         return [self._fault(now)]
 
+    def defer(self, until: float) -> None:
+        """Verified alive (agent/verify.py): no hang; suspect again at ``until``."""
+        if not self._running:
+            return
+        self.hung = False
+        self._tainted = True  # the stall is not a step interval
+        self._deferred = until
+
     # ------------------------------------------------------------------ state for metrics
 
     def deadline(self) -> float | None:
         """When a hang will be declared if nothing happens; None when not armed."""
         if not self._running:
             return None
+        if self._deferred is not None:  # verified alive: suspect again then
+            return self._deferred
         if self._phases:
             return max(start + self.phase_budget(name) for name, start in self._phases.items())
         if not self.expect_progress and not self._ever_progress:
@@ -173,6 +188,7 @@ class HangDetector:
         self._tainted = False  # a phase happened since the last step
         self._phases: dict[str, float] = {}
         self._rewind: tuple[int, int] | None = None  # (last low step, increasing count)
+        self._deferred = None  # a verified-alive stall: suspect again then
 
     def _progress(self, p: Progress) -> Observed | None:
         if p.source == "sdk":
@@ -198,6 +214,7 @@ class HangDetector:
         self._tainted = False
         self._ever_progress = True
         self.hung = False
+        self._deferred = None
         if p.total_steps is not None and p.step >= p.total_steps:
             # The last step: what follows (final checkpoint, destroy_process_group, exit)
             # is not a step and gets a phase's budget, or a finished job would be "hung".
@@ -214,6 +231,7 @@ class HangDetector:
     def _phase(self, m: PhaseMarker) -> Observed | None:
         ts = max(m.ts, self._ref)
         self.hung = False
+        self._deferred = None
         self._tainted = True
         if m.begin:
             self._phases.setdefault(m.phase, ts)
