@@ -15,11 +15,21 @@ FAULT_ATTEMPT, default 0, so the job heals after a restart):
   FAULT_EVERY_ATTEMPT=1      inject on every attempt instead (a fault that never heals)
   FAULT_<KIND>_ATTEMPT=K     this fault only on attempt K (e.g. FAULT_HANG_ATTEMPT=1)
   FAULT_CRASH_AT_STEP=N      exit 3 at step N (FAULT_EXIT_CODE to change it)
+  FAULT_CRASH_ON_FILE=PATH   exit 3 at the first step after PATH exists (first attempt)
   FAULT_HANG_AT_STEP=N       block forever before the all-reduce of step N
   FAULT_DATA_STALL_AT_STEP=N loop forever "waiting for data", printing every second
   FAULT_SLOW_FACTOR=F        this rank's steps take F times longer (all ranks wait)
   CKPT_EVERY=K               every K steps pause CKPT_FACTOR (default 10) x step time,
                              logging "saving checkpoint ..." like Megatron
+  EVAL_EVERY=K               every K steps an *undeclared* evaluation: forward passes of the
+                             model for EVAL_SECONDS (default 12), CPU-busy, printing nothing
+                             until it ends (then one Megatron-style "validation loss at
+                             iteration N" line); on every rank, or only on EVAL_RANK=R
+                             (the other ranks then wait for it in the next all-reduce)
+  FIRST_STEP_SECONDS=S       the first step computes S seconds longer (a compile-like start)
+Faults that verification must call a hang (same FAULT_RANK / attempt rules):
+  FAULT_DEADLOCK_AT_STEP=N   a lock-order deadlock with a helper thread at step N
+  FAULT_SPIN_AT_STEP=N       a tight infinite loop at one line at step N (CPU burning)
 """
 
 from __future__ import annotations
@@ -63,6 +73,14 @@ def fault_at(name: str, step: int) -> bool:
     return ATTEMPT == env_int(name.replace("_AT_STEP", "_ATTEMPT"), env_int("FAULT_ATTEMPT", 0))
 
 
+def crash_on_file() -> bool:
+    """FAULT_CRASH_ON_FILE=PATH: crash at the first step after PATH appears (a test drives
+    the moment: e.g. while the arbiter is down), on FAULT_RANK's first attempt."""
+    path = os.environ.get("FAULT_CRASH_ON_FILE", "")
+    return (bool(path) and env_int("FAULT_RANK", 0) == RANK and ATTEMPT == 0
+            and os.path.exists(path))
+
+
 def hang_before_collective(step: int) -> None:
     """Stands for a rank stuck before a collective (a deadlock, a lost peer)."""
     log(f"step {step}: (fault) hanging before all-reduce")
@@ -75,6 +93,69 @@ def wait_for_data(step: int) -> None:
     while True:
         log(f"step {step}: waiting for data ...")
         time.sleep(1.0)
+
+
+def deadlock(step: int) -> None:
+    """Stands for a lock-order deadlock: the main thread holds A and wants B, a helper
+    thread (a metrics flusher, say) holds B and wants A. Both park with still stacks."""
+    import threading
+
+    a, b = threading.Lock(), threading.Lock()
+    b_held = threading.Event()
+
+    def flusher() -> None:
+        with b:
+            b_held.set()
+            with a:
+                pass
+
+    log(f"step {step}: (fault) taking the locks in the wrong order")
+    with a:
+        threading.Thread(target=flusher, name="metrics-flusher", daemon=True).start()
+        b_held.wait()
+        with b:
+            pass
+
+
+def spin(step: int) -> None:
+    """Stands for a bug that loops forever at one line, burning CPU."""
+    log(f"step {step}: (fault) spinning forever")
+    n = 0
+    while n >= 0:
+        n += 1
+
+
+def evaluate(model: object, step: int, seconds: float) -> float:
+    """An undeclared evaluation: forward passes through the model, CPU-busy, silent until
+    it is done (like Megatron's), for ``seconds``."""
+    import torch
+
+    total, batches = 0.0, 0
+    end = time.monotonic() + seconds
+    with torch.no_grad():
+        while time.monotonic() < end:
+            x = torch.randn(256, 32)
+            out = model(x)  # type: ignore[operator]
+            total += float(nn_loss(out, x.sum(dim=1, keepdim=True)))
+            batches += 1
+    value = total / max(batches, 1)
+    log(f"validation loss at iteration {step} | lm loss value: {value:.6E} | "
+        f"batches: {batches}")
+    return value
+
+
+def nn_loss(out: object, target: object) -> float:
+    import torch
+
+    return float(torch.nn.functional.mse_loss(out, target))  # type: ignore[arg-type]
+
+
+def burn(seconds: float) -> None:
+    """CPU-busy start-up (compilation, say) for ``seconds``."""
+    end = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < end:
+        n += sum(i * i for i in range(1000))
 
 
 def checkpoint(step: int, seconds: float) -> None:
@@ -98,6 +179,10 @@ def main() -> int:
     slow = env_float("FAULT_SLOW_FACTOR", 1.0) if FAULTY else 1.0
     ckpt_every = env_int("CKPT_EVERY", 0)
     ckpt_factor = env_float("CKPT_FACTOR", 10.0)
+    eval_every = env_int("EVAL_EVERY", 0)
+    eval_seconds = env_float("EVAL_SECONDS", 12.0)
+    eval_rank = env_int("EVAL_RANK", -1)
+    first_step = env_float("FIRST_STEP_SECONDS", 0.0)
     timeout = datetime.timedelta(seconds=env_float("TRAIN_PG_TIMEOUT", 120.0))
 
     torch.manual_seed(1234 + RANK)
@@ -117,7 +202,13 @@ def main() -> int:
         x = torch.randn(batch, 32)
         y = x.sum(dim=1, keepdim=True)
         time.sleep(step_sleep * slow)
-        if fault_at("FAULT_CRASH_AT_STEP", step):
+        if step == 1 and first_step > 0:
+            burn(first_step)
+        if fault_at("FAULT_DEADLOCK_AT_STEP", step):
+            deadlock(step)
+        if fault_at("FAULT_SPIN_AT_STEP", step):
+            spin(step)
+        if fault_at("FAULT_CRASH_AT_STEP", step) or crash_on_file():
             log(f"step {step}: (fault) crashing with exit code "
                 f"{env_int('FAULT_EXIT_CODE', 3)}")
             return env_int("FAULT_EXIT_CODE", 3)
@@ -137,6 +228,9 @@ def main() -> int:
             log(f"step={step}/{steps} loss={value:.4f} samples_per_second={batch / dt:.1f}")
         if sdk is not None:
             sdk.step(step, loss=value, samples=batch)
+        if eval_every and step % eval_every == 0 and step < steps and eval_rank in (-1, RANK):
+            evaluate(model, step, eval_seconds)
+            last = time.monotonic()
         if ckpt_every and step % ckpt_every == 0 and step < steps:
             if sdk is not None:
                 with sdk.phase("checkpoint"):

@@ -6,6 +6,11 @@ thread; a rank stuck in a collective shows the call it is stuck in) and psutil's
 and nothing here raises: a vanished process, a missing py-spy, a dump that times out or is
 denied ptrace becomes an ``error`` string in that process's entry.
 
+``sample_process`` is the same, for one sample of a hang verification
+(``agent/verify.py``): ``py-spy dump --json`` parsed into frames, CPU and storage I/O
+counters, and every thread's /proc state and CPU time, as ``detect.liveness`` samples (and
+the same text entry ``capture`` gives, so a fault's evidence reads the same).
+
 Why threads and ``subprocess.run`` instead of ``asyncio.create_subprocess_exec``: the
 agent reaps its children with its own SIGCHLD handler (``waitpid(-1)``), which fights
 asyncio's child watcher. The reaper may also take py-spy's exit status, so the return code
@@ -15,6 +20,8 @@ can read 0 after a failure: a dump counts only if it printed a stack.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -25,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+from ftagent.detect.liveness import Frame, ProcessSample, ThreadSample
 
 MAX_STACK = 256 * 1024  # characters of py-spy output kept per process
 MAX_THREADS = 16  # concurrent dumps
@@ -138,3 +147,144 @@ def _dump(pid: int, exe: str | None, deadline: float) -> tuple[str | None, str |
     if not psutil.pid_exists(pid):
         why = "no such process (it exited during the dump)"
     return None, f"py-spy dump failed: {why}"
+
+
+# --------------------------------------------------------------------------- verification
+
+
+def sample_process(pid: int, exe: str | None, deadline: float,
+                   clock: Any = time.monotonic) -> tuple[ProcessSample, dict[str, Any]]:
+    """One verification sample of ``pid``: the liveness sample and a ``capture`` entry.
+    Never raises; what could not be read is in ``errors``."""
+    entry = _empty(pid)
+    errors: list[str] = []
+    cpu: float | None = None
+    io: int | None = None
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            entry["name"] = proc.name()
+            entry["status"] = proc.status()
+            entry["num_threads"] = proc.num_threads()
+            ct = proc.cpu_times()
+            entry["cpu_times"] = {"user": ct.user, "system": ct.system}
+            cpu = ct.user + ct.system
+            try:
+                ioc = proc.io_counters()
+                io = int(ioc.read_bytes + ioc.write_bytes)
+            except (psutil.AccessDenied, AttributeError, NotImplementedError) as e:
+                errors.append(f"I/O counters unreadable ({type(e).__name__})")
+    except psutil.NoSuchProcess:
+        return ProcessSample(pid, clock(), None, gone=True,
+                             errors=("no such process (it exited)",)), {
+            **entry, "error": "no such process (it exited)"}
+    except psutil.AccessDenied as e:
+        errors.append(f"process state: access denied ({e})")
+    except Exception as e:  # noqa: BLE001 - evidence is best effort
+        errors.append(f"process state: {e!r}")
+    ts = clock()
+    tasks = _tasks(pid)
+    threads, text, err = _dump_json(pid, exe, deadline, tasks)
+    if err:
+        errors.append(err)
+    if threads is None and not psutil.pid_exists(pid):
+        return ProcessSample(pid, ts, cpu, io, gone=True, errors=tuple(errors)), {
+            **entry, "error": "; ".join(errors) or None}
+    entry["stack"] = text
+    entry["thread_states"] = dict(sorted(
+        _count(state for state, _ in tasks.values()).items())) if tasks else None
+    entry["error"] = "; ".join(errors) or None
+    status = entry["status"] if isinstance(entry["status"], str) else None
+    return ProcessSample(pid, ts, cpu, io, threads, status, tuple(errors)), entry
+
+
+def _count(values: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in values:
+        out[v] = out.get(v, 0) + 1
+    return out
+
+
+def _tasks(pid: int) -> dict[int, tuple[str, float]]:
+    """tid -> (state letter, CPU seconds) from /proc/PID/task/*/stat; {} if unreadable."""
+    out: dict[int, tuple[str, float]] = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", encoding="ascii", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            out[int(tid)] = (fields[0], (int(fields[11]) + int(fields[12])) / tick)
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def _dump_json(pid: int, exe: str | None, deadline: float,
+               tasks: dict[int, tuple[str, float]]
+               ) -> tuple[tuple[ThreadSample, ...] | None, str | None, str | None]:
+    """(threads, py-spy-like text, error) from ``py-spy dump --json --pid``."""
+    if exe is None:
+        return None, None, "py-spy not found (pip install py-spy, or pass its path)"
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return None, None, "deadline passed before py-spy could run"
+    try:
+        r = subprocess.run([exe, "dump", "--json", "--pid", str(pid)], capture_output=True,
+                           stdin=subprocess.DEVNULL, timeout=remaining, check=False)
+    except subprocess.TimeoutExpired:
+        return None, None, f"py-spy dump timed out after {remaining:.1f}s"
+    except OSError as e:
+        return None, None, f"py-spy could not run: {e}"
+    out = r.stdout.decode("utf-8", "replace").strip()
+    if out:
+        try:
+            threads = parse_py_spy_json(json.loads(out), tasks)
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            return None, None, f"py-spy output not understood: {e!r}"
+        return threads, render(pid, threads)[:MAX_STACK], None
+    err = r.stderr.decode("utf-8", "replace").strip().splitlines()
+    why = err[-1] if err else "no output"
+    if "ermission" in why or "ptrace" in why.lower():
+        why += " (py-spy needs ptrace: run the agent as root or add the SYS_PTRACE capability)"
+    if not psutil.pid_exists(pid):
+        why = "no such process (it exited during the dump)"
+    return None, None, f"py-spy dump failed: {why}"
+
+
+LIB_PATH = ("site-packages", "dist-packages", "/lib/python")
+
+
+def parse_py_spy_json(data: Any, tasks: dict[int, tuple[str, float]] | None = None
+                      ) -> tuple[ThreadSample, ...]:
+    """py-spy's ``dump --json`` (a list of threads) as liveness thread samples."""
+    tasks = tasks or {}
+    threads = []
+    for th in data:
+        frames = []
+        for fr in th.get("frames") or ():
+            path = str(fr.get("filename") or "?")
+            short = str(fr.get("short_filename") or path.rsplit("/", 1)[-1])
+            frames.append(Frame(str(fr.get("name") or "?"), short.rsplit("/", 1)[-1],
+                                int(fr.get("line") or 0),
+                                any(p in path for p in LIB_PATH)))
+        tid = int(th.get("os_thread_id") or th.get("thread_id") or 0)
+        state, cpu = tasks.get(tid, (None, None))
+        active = th.get("active")
+        threads.append(ThreadSample(tid, str(th.get("thread_name") or ""),
+                                    active if isinstance(active, bool) else None,
+                                    tuple(frames), cpu, state))
+    return tuple(threads)
+
+
+def render(pid: int, threads: Sequence[ThreadSample]) -> str:
+    """The text ``py-spy dump`` prints, from parsed threads (what ``capture`` keeps)."""
+    lines = [f"Process {pid}"]
+    for t in threads:
+        flag = "active" if t.active else "idle" if t.active is False else "?"
+        lines.append(f"Thread {t.tid} ({flag}): \"{t.name}\"")
+        lines += [f"    {f.name} ({f.file}:{f.line})" for f in t.frames]
+    return "\n".join(lines)

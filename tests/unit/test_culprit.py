@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ftagent.arbiter.policy import name_culprit, stack_signature
+from ftagent.arbiter.policy import job_busy, liveness_of, name_culprit, stack_signature
 
 VICTIM = """Process 101: python examples/train.py
 Python v3.11.7 (/usr/bin/python3.11)
@@ -87,3 +87,69 @@ def test_independent_nic_outages_restart_only_when_the_last_link_is_back() -> No
     assert j.generation == 0 and set(j.nic_outages) == {2}
     assert report(2, 9.0, recovered=True, outage_seconds=7.0) is Verdict.RESTART
     assert j.generation == 1 and not j.nic_outages
+
+
+# --------------------------------------------------------------------------- liveness (job view)
+
+
+def verified(text: str, pid: int, state: str, where: str, declared: bool = False) -> str:
+    """The DUMP_STACKS answer of an agent that verifies (agent/verify.py)."""
+    return json.dumps({"processes": [{"pid": pid, "stack": text}], "seconds": 2.0,
+                       "liveness": {"state": state, "where": where, "declared": declared,
+                                    "reason": "...", "processes": [{"pid": pid}]}})
+
+
+BUSY = """Thread 303 (active): "MainThread"
+    Linear.forward (torch/nn/modules/linear.py:134)
+    evaluate (train.py:138)
+    main (train.py:232)
+"""
+
+
+def test_liveness_travels_as_a_tag_and_is_not_compared() -> None:
+    sig = stack_signature(verified(VICTIM, 101, "hung", "_engine_run_backward"))
+    assert liveness_of(sig)[:2] == ("hung", "_engine_run_backward")
+    assert liveness_of(sig)[2] == stack_signature(evidence(VICTIM, 101))
+    declared = stack_signature(verified(CULPRIT, 5, "spinning", "spin (x.py:1)", True))
+    assert liveness_of(declared)[0] == "hung"  # its agent declared it: no longer busy
+
+
+def test_every_rank_busy_in_the_same_phase_is_a_job_wide_undeclared_phase() -> None:
+    stacks = {r: stack_signature(verified(BUSY, 300 + r, "alive", "evaluate (train.py:138)"))
+              for r in range(4)}
+    busy = job_busy(stacks)
+    assert busy is not None and busy[0] == [0, 1, 2, 3]
+    assert "every rank is busy (the same place" in busy[1] and "evaluate" in busy[1]
+
+
+def test_one_rank_busy_while_the_others_wait_in_the_collective_is_not_a_hang() -> None:
+    stacks = {0: stack_signature(verified(BUSY, 300, "alive", "evaluate (train.py:138)")),
+              1: stack_signature(verified(VICTIM, 101, "hung", "_engine_run_backward"))}
+    busy = job_busy(stacks)
+    assert busy is not None and busy[0] == [0]
+    assert "rank 0 busy in evaluate (train.py:138) while rank 1 wait(s) for it" in busy[1]
+
+
+def test_all_waiting_is_a_job_hang_and_the_rank_not_waiting_is_named_as_before() -> None:
+    stacks = {0: stack_signature(verified(VICTIM, 101, "hung", "_engine_run_backward")),
+              1: stack_signature(verified(CULPRIT, 202, "hung", "hang_before_collective"))}
+    assert job_busy(stacks) is None
+    culprits, why = name_culprit({0: 19, 1: 19}, stacks)
+    assert culprits == [1] and "hang_before_collective" in why
+
+
+def test_decide_stacks_leaves_a_busy_job_running_and_ends_the_probe() -> None:
+    from ftagent.arbiter.policy import PolicyConfig, decide_stacks
+    from ftagent.arbiter.state import HangProbe, JobPhase, JobState, RankState, Verdict, apply
+
+    j = JobState(job="j", world_size=2, phase=JobPhase.RUNNING)
+    j.hang_probe = HangProbe(fault_id="f1", rank=1, deadline=100.0)
+    j.ranks[0] = RankState(rank=0, connected=True, step=40,
+                           stack=stack_signature(verified(BUSY, 1, "alive", "evaluate")))
+    j.ranks[1] = RankState(rank=1, connected=True, step=40,
+                           stack=stack_signature(verified(VICTIM, 2, "hung", "backward")))
+    (d,) = decide_stacks(j, 10.0, PolicyConfig())
+    assert d.verdict is Verdict.ALERT_ONLY and d.generation == 0 and d.fault_id == "f1"
+    assert "job busy, not hung" in d.reason and "no restart" in d.reason
+    apply(j, d, 10.0)
+    assert j.hang_probe is None and j.restarts == 0

@@ -1,0 +1,449 @@
+"""Suspect -> verify -> declare: the agent's side of hang verification.
+
+When the hang detector's budget runs out it only *suspects* a hang. ``Verifier`` then
+samples the trainer's whole tree ``--hang-verify-samples`` times over
+``--hang-verify-window`` seconds (``TreeSampler``: ``py-spy dump --json``, psutil CPU and
+I/O counters, /proc thread states, NVML where present) and asks the pure verdict
+(``detect/liveness.py``) what the samples say:
+
+* **alive** -- not a fault. The detector is told to suspect again one step budget later
+  (``HangDetector.defer``); the stall is an *undeclared long phase*. When steps resume it is
+  recorded (events file ``{"event": "phase", "kind": "undeclared", ...}``, metrics
+  ``ftagent_undeclared_phases_total`` and ``ftagent_undeclared_phase_budget_seconds{where}``)
+  and learned (``PhaseBook``): the next stall whose stack runs in the same place is
+  recognised from the first sample and gets ``2 x`` the longest duration seen there as its
+  budget, with no verification window;
+* **spinning** -- alive until the stall has lasted the spin budget (learned at that place,
+  else ``--hang-spin-timeout``), then a hang "spinning in f (file:line)";
+* **hung** or **unknown** -- the HANG fault is raised with the verdict as evidence
+  (``verification``: the still stacks, the CPU that did not advance, what was missing).
+
+A stall that was declared hung and then resumed by itself (a rank waiting in a collective
+for a peer busy in its undeclared phase, which the arbiter did not restart) is learned too.
+Every verification is one ``{"event": "verify", "kind": VERDICT}`` line with the agent's
+own CPU cost of it (``agent_cpu_seconds``, py-spy included).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import resource
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ftagent.agent.evidence import MAX_THREADS, find_py_spy, sample_process
+from ftagent.config import HangConfig
+from ftagent.detect.hang import HangDetector, Observed
+from ftagent.detect.liveness import (
+    GpuSample,
+    Learned,
+    Liveness,
+    PhaseBook,
+    ProcessSample,
+    Snapshot,
+    Thresholds,
+    Verdict,
+    declare,
+    judge,
+    stacks_of,
+)
+from ftagent.model import (
+    Fault,
+    FaultKind,
+    Observation,
+    PhaseMarker,
+    ProcessExit,
+    Progress,
+    TrainerStart,
+)
+
+log = logging.getLogger("ftagent.verify")
+
+MAX_WHERE = 120  # characters of the metric's `where` label
+MAX_PLACES = 8  # learned places (and `where` label values: metrics.UNDECLARED_PLACES)
+
+
+class GpuProbe(Protocol):
+    """GPU activity of the trainer's GPUs; None when there is nothing to say."""
+
+    def sample(self, pids: Sequence[int]) -> GpuSample | None: ...
+
+
+class NvmlProbe:
+    """Utilization of the visible GPUs through NVML; absent NVML is said once, not raised.
+    GPU busy is never life on its own (a kernel spinning in a hung NCCL collective is busy):
+    the verdict records it beside the stacks."""
+
+    def __init__(self) -> None:
+        self.error: str | None = None
+        self._nvml: Any = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+        except Exception as e:  # noqa: BLE001 - no NVML, no GPU: normal on CPU nodes
+            self.error = f"GPU activity: NVML not available ({type(e).__name__})"
+
+    def sample(self, pids: Sequence[int]) -> GpuSample | None:
+        nv = self._nvml
+        if nv is None:
+            return None
+        try:
+            util = [nv.nvmlDeviceGetUtilizationRates(nv.nvmlDeviceGetHandleByIndex(i))
+                    for i in range(nv.nvmlDeviceGetCount())]
+        except Exception as e:  # noqa: BLE001
+            self.error = f"GPU activity: NVML failed ({e})"
+            return None
+        if not util:
+            return None
+        return GpuSample(float(max(u.gpu for u in util)), float(max(u.memory for u in util)))
+
+
+class TreeSampler:
+    """One snapshot of every process of the trainer's tree at a time (two py-spy attaching
+    to one process at once fail, so an agent samples one snapshot after the other)."""
+
+    def __init__(self, pids: Callable[[], Sequence[int]], dump_timeout: float = 2.0,
+                 py_spy: str = "py-spy", gpu: GpuProbe | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.pids = pids
+        self.exe = find_py_spy(py_spy)
+        self.dump_timeout = dump_timeout
+        self.gpu = gpu
+        self.clock = clock
+        self._lock: asyncio.Lock | None = None
+
+    async def sample(self) -> tuple[Snapshot, list[dict[str, Any]]]:
+        """(snapshot, ``capture``-style process entries); never raises."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            return await self._sample()
+
+    async def _sample(self) -> tuple[Snapshot, list[dict[str, Any]]]:
+        errors: list[str] = []
+        try:
+            pids = list(dict.fromkeys(self.pids()))
+        except Exception as e:  # noqa: BLE001
+            pids = []
+            errors.append(f"the trainer's tree could not be listed: {e!r}")
+        ts = self.clock()
+        if not pids:
+            return Snapshot(ts, (), errors=tuple(errors) or ("no trainer process",)), []
+        deadline = time.monotonic() + self.dump_timeout
+        loop = asyncio.get_running_loop()
+        pool = ThreadPoolExecutor(max_workers=min(len(pids), MAX_THREADS),
+                                  thread_name_prefix="ftagent-verify")
+        futures = [loop.run_in_executor(pool, sample_process, pid, self.exe, deadline,
+                                        self.clock) for pid in pids]
+        try:
+            done, _ = await asyncio.wait(futures, timeout=self.dump_timeout + 1.0)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        procs: list[ProcessSample] = []
+        entries: list[dict[str, Any]] = []
+        for pid, fut in zip(pids, futures, strict=True):
+            if fut in done and fut.exception() is None:
+                sample, entry = fut.result()
+                if entry.get("name") == "py-spy":
+                    continue  # the agent's own sampler, not the trainer
+                procs.append(sample)
+                entries.append(entry)
+            else:
+                why = f"sampling did not finish within {self.dump_timeout:g}s"
+                procs.append(ProcessSample(pid, self.clock(), None, errors=(why,)))
+                entries.append({"pid": pid, "stack": None, "error": why})
+        gpu = None
+        if self.gpu is not None:
+            try:
+                gpu = self.gpu.sample(pids)
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"GPU activity: {e!r}")
+            err = getattr(self.gpu, "error", None)
+            if gpu is None and err:
+                errors.append(str(err))
+        return Snapshot(ts, tuple(procs), gpu, tuple(errors)), entries
+
+
+class Sampler(Protocol):
+    async def sample(self) -> tuple[Snapshot, list[dict[str, Any]]]: ...
+
+
+@dataclass
+class Stall:
+    """One stall over the budget, from the last progress until steps resume."""
+
+    start: float  # when the last progress was seen (the detector's clock)
+    step: int | None
+    verified: bool = False  # a verification found it alive or spinning
+    recognised: Learned | None = None  # it runs where a learned phase ran
+    declared: bool = False  # a hang fault was raised for it
+    verdict: Verdict | None = None
+    verifications: int = 0
+
+
+class Verifier:
+    """Sits between the hang detector's suspicion and the fault (see the module docstring)."""
+
+    def __init__(self, detector: HangDetector, cfg: HangConfig, sampler: Sampler, *,
+                 record: Callable[..., Any] | None = None, metrics: Any = None,
+                 emit: Callable[[Fault], Coroutine[Any, Any, Any]] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+                 thresholds: Thresholds | None = None) -> None:
+        self.detector = detector
+        self.cfg = cfg
+        self.sampler = sampler
+        self.record = record
+        self.metrics = metrics
+        self.emit = emit
+        self.clock = clock
+        self.sleep = sleep
+        self.thresholds = thresholds or Thresholds()
+        self.book = PhaseBook(max_places=MAX_PLACES)
+        self.stall: Stall | None = None
+        self.verifications = 0
+        self._task: asyncio.Task[None] | None = None
+        self._ready: list[Fault] = []
+        self._emitting: set[asyncio.Task[Any]] = set()
+
+    @property
+    def window(self) -> float:
+        return float(self.cfg.hang_verify_window)
+
+    # ------------------------------------------------------------------ from HangWatch
+
+    def on_faults(self, faults: list[Fault], now: float) -> list[Fault]:
+        """The detector's faults at ``now``: a HANG starts a verification instead of being
+        raised; returns the faults to raise now (others, and verdicts done meanwhile)."""
+        out, self._ready = self._ready, []
+        for f in faults:
+            if f.kind is not FaultKind.HANG or self.window <= 0:
+                out.append(f)
+                continue
+            if self._task is not None and not self._task.done():
+                continue  # already verifying this stall
+            self._task = asyncio.get_running_loop().create_task(self.verify(f))
+        return out
+
+    def observe(self, obs: Observation, seen: Observed | None) -> None:
+        if isinstance(obs, (TrainerStart, ProcessExit, PhaseMarker)):
+            self._end(None)
+        elif isinstance(obs, Progress) and seen is not None and seen.new_progress:
+            self._end(obs)
+
+    # ------------------------------------------------------------------ verification
+
+    async def verify(self, fault: Fault) -> None:
+        """Sample over the window, then defer (alive, spinning) or raise ``fault``."""
+        det = self.detector
+        now = self.clock()
+        since = fault.evidence.get("seconds_since_progress")
+        if not isinstance(since, (int, float)):
+            since = det.seconds_since_progress(now)
+        if self.stall is None:
+            self.stall = Stall(start=now - float(since), step=det.last_step)
+        stall = self.stall
+        usage = _usage()
+        snaps: list[Snapshot] = []
+        entries: list[dict[str, Any]] = []
+        n = max(2, int(self.cfg.hang_verify_samples))
+        t0 = self.clock()
+        for i in range(n):
+            if i:
+                await self.sleep(max(0.0, t0 + i * self.window / (n - 1) - self.clock()))
+            snap, entries = await self.sampler.sample()
+            snaps.append(snap)
+            if i == 0 and self._recognise(stall, snap, usage):
+                return
+        if self.stall is not stall:
+            return  # steps resumed while sampling
+        verdict = judge(snaps, self.thresholds)
+        cost = _usage() - usage
+        stall.verdict = verdict
+        stall.verifications += 1
+        self.verifications += 1
+        stalled = self.clock() - stall.start
+        spin_budget = self._spin_budget(verdict)
+        self._count(verdict.state.value)
+        if not declare(verdict, stalled, spin_budget):
+            stall.verified = True
+            again = self.clock() + det.step_budget()
+            if verdict.state is Liveness.SPINNING:
+                again = max(self.clock() + 0.5, min(again, stall.start + spin_budget))
+            det.defer(again)
+            self._write("verify", verdict.state.value, self._alive_text(verdict, stall,
+                                                                        stalled, spin_budget),
+                        verdict, cost, stall, suspect_again_in=round(again - self.clock(), 3))
+            return
+        stall.declared = True
+        out = self._fault(fault, verdict, stalled, spin_budget, entries)
+        self._write("verify", verdict.state.value, out.message, verdict, cost, stall)
+        if self.emit is None:
+            self._ready.append(out)
+        else:
+            task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(self.emit(out))
+            self._emitting.add(task)
+            task.add_done_callback(self._emitting.discard)
+
+    def _recognise(self, stall: Stall, snap: Snapshot, usage: float) -> bool:
+        """The first sample runs where a learned phase ran: its budget, no window."""
+        if stall.recognised is not None or stall.verified:
+            return False
+        got = self.book.match(stacks_of(snap))
+        if got is None:
+            return False
+        budget = self.book.budget(got, self.detector.step_budget())
+        if self.clock() - stall.start >= budget:
+            return False  # over the learned budget too: verify
+        stall.recognised = got
+        self.detector.defer(stall.start + budget)
+        self._count("recognised")
+        step = "no step yet" if stall.step is None else f"step {stall.step}"
+        self._write("verify", "recognised",
+                    f"stall after {step} runs in {got.where}, an undeclared phase learned "
+                    f"before (longest {got.longest:.1f}s, seen {got.count}x): budget "
+                    f"{budget:.1f}s from the last step, no verification window", None,
+                    _usage() - usage, stall, where=got.where, learned_budget_seconds=round(
+                        budget, 3))
+        return True
+
+    def _spin_budget(self, verdict: Verdict) -> float:
+        learned = self.book.at(verdict.place)
+        if learned is not None:
+            return self.book.budget(learned, self.detector.step_budget())
+        return float(self.cfg.hang_spin_timeout)
+
+    async def stacks_for_arbiter(self, pids: Sequence[int] = ()) -> dict[str, Any]:
+        """The DUMP_STACKS answer: this rank's stacks plus a ``liveness`` field (a fresh
+        verdict over the window, or the hang this agent already declared), so the arbiter
+        can tell ranks busy in a phase from ranks waiting in a collective."""
+        t = self.clock()
+        stall = self.stall
+        if stall is not None and stall.declared and stall.verdict is not None:
+            _, entries = await self.sampler.sample()
+            live = {**_brief(stall.verdict), "declared": True}
+        else:
+            snaps = []
+            n = max(2, int(self.cfg.hang_verify_samples))
+            t0 = self.clock()
+            entries = []
+            for i in range(n):
+                if i:
+                    await self.sleep(max(0.0, t0 + i * self.window / (n - 1) - self.clock()))
+                snap, entries = await self.sampler.sample()
+                snaps.append(snap)
+            verdict = judge(snaps, self.thresholds)
+            live = {**_brief(verdict), "declared": False}
+        return {"processes": entries, "seconds": round(self.clock() - t, 3), "liveness": live}
+
+    # ------------------------------------------------------------------ the end of a stall
+
+    def _end(self, obs: Progress | None) -> None:
+        stall, self.stall = self.stall, None
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        self._task = None
+        if stall is None or obs is None:
+            return
+        if not (stall.verified or stall.recognised or stall.declared):
+            return  # steps resumed before anything was verified
+        seconds = max(0.0, obs.ts - stall.start)
+        place = stall.verdict.place if stall.verdict is not None else None
+        where = stall.verdict.where if stall.verdict is not None else None
+        if place is None and stall.recognised is not None:
+            place, where = stall.recognised.place, stall.recognised.where
+        learned, evicted = self.book.learn(place, where, seconds, stall.step)
+        budget = self.book.budget(learned, self.detector.step_budget())
+        how = ("recognised from a learned phase" if stall.recognised is not None else
+               "declared hung, then resumed by itself" if stall.declared else
+               "verified alive")
+        step = "before the first step" if stall.step is None else f"at step {stall.step}"
+        msg = (f"undeclared phase {step}, {seconds:.1f} s, in {learned.where} ({how}; "
+               f"learned budget {budget:.1f} s; declare it with ftagent.phase() to skip "
+               "verification)")
+        log.info("%s", msg)
+        if self.record is not None:
+            self.record("phase", "undeclared", msg, step=stall.step,
+                        seconds=round(seconds, 3), where=learned.where,
+                        learned_budget_seconds=round(budget, 3), occurrences=learned.count,
+                        verified=stall.verified, recognised=stall.recognised is not None,
+                        declared=stall.declared, verifications=stall.verifications)
+        m = self.metrics
+        if m is not None:
+            with contextlib.suppress(Exception):
+                m.undeclared_phases.inc()
+                m.undeclared_phase_budget.labels(**m.labels(
+                    where=learned.where[:MAX_WHERE])).set(budget)
+                for e in evicted:
+                    m.undeclared_phase_budget.remove(*m.labels(
+                        where=e.where[:MAX_WHERE]).values())
+
+    # ------------------------------------------------------------------ helpers
+
+    def _fault(self, fault: Fault, verdict: Verdict, stalled: float, spin_budget: float,
+               entries: list[dict[str, Any]]) -> Fault:
+        if verdict.state is Liveness.SPINNING:
+            msg = (f"spinning in {verdict.where} for {stalled:.1f}s, over the spin budget of "
+                   f"{spin_budget:.0f}s (busy, but not progressing): {verdict.reason}")
+        elif verdict.state is Liveness.UNKNOWN:
+            msg = (f"{fault.message}; could not verify ({verdict.reason}): declared on the "
+                   "budget alone")
+        else:
+            msg = f"{fault.message}; verified hung over {verdict.window_seconds:.1f}s: " \
+                  f"{verdict.reason}"
+        evidence = {**fault.evidence, "verification": verdict.to_json(),
+                    "verdict": verdict.state.value, "where": verdict.where,
+                    "stall_seconds": round(stalled, 3), "processes": entries}
+        return dataclasses.replace(fault, message=msg, evidence=evidence)
+
+    def _alive_text(self, verdict: Verdict, stall: Stall, stalled: float,
+                    spin_budget: float) -> str:
+        step = "no step yet" if stall.step is None else f"last step {stall.step}"
+        if verdict.state is Liveness.SPINNING:
+            return (f"stalled {stalled:.1f}s ({step}) but spinning in {verdict.where}: a hang "
+                    f"if it still spins at {spin_budget:.0f}s; {verdict.reason}")
+        return (f"stalled {stalled:.1f}s ({step}) but alive: {verdict.reason}; an "
+                "undeclared phase, not a hang")
+
+    def _write(self, event: str, kind: str, message: str, verdict: Verdict | None,
+               cost: float, stall: Stall, **fields: Any) -> None:
+        log.info("hang verification: %s", message)
+        if self.record is None:
+            return
+        extra: dict[str, Any] = {"step": stall.step,
+                                 "stall_seconds": round(self.clock() - stall.start, 3),
+                                 "agent_cpu_seconds": round(cost, 4), **fields}
+        if verdict is not None:
+            extra.update(where=verdict.where, window_seconds=round(verdict.window_seconds, 3),
+                         samples=verdict.samples, verification=_brief(verdict))
+        self.record(event, kind, message, **extra)
+
+    def _count(self, verdict: str) -> None:
+        m = self.metrics
+        if m is not None:
+            with contextlib.suppress(Exception):
+                m.hang_verifications.labels(**m.labels(verdict=verdict)).inc()
+
+
+def _brief(v: Verdict) -> dict[str, Any]:
+    """The verdict without per-thread detail beyond the first few threads per process."""
+    out = v.to_json()
+    for p in out["processes"]:
+        p["threads"] = p["threads"][:8]
+    out["processes"] = out["processes"][:16]
+    return out
+
+
+def _usage() -> float:
+    """CPU seconds of this agent and its reaped children (py-spy) so far."""
+    s = resource.getrusage(resource.RUSAGE_SELF)
+    c = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime

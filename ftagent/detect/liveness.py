@@ -1,0 +1,629 @@
+"""Suspect -> verify -> declare: is a stalled trainer hung, or busy in a phase nobody declared?
+
+The hang detector's budget says when to *suspect* a hang. Before the agent acts, it samples
+the trainer's process tree for a short window (``--hang-verify-window``, 2 s, several
+samples: ``agent/verify.py``) and this module turns those samples into a verdict. Pure:
+samples in, verdict out; no clock, no I/O.
+
+Evidence per process of the tree, per sample: CPU seconds (user+system), storage I/O bytes,
+and, from ``py-spy dump --json``, every Python thread's frames and whether the OS has it
+running (py-spy's ``active``); per thread also its /proc state and CPU where readable.
+GPU activity (NVML) may come with a sample; it is recorded, never decisive (below).
+
+A thread, over the samples of the window, is one of:
+
+* **parked** -- its stack did not move and it waits: the innermost frame is a known wait
+  (``sleep``, ``wait``, ``acquire``, ``join``, ``recv``, ``select``/``poll``/``read``,
+  ``all_reduce``/``barrier``/... and autograd's ``run_backward``, where DDP all-reduces),
+  or py-spy says the OS is not running it (a ``with lock:`` shows only the ``with`` line);
+* **waiting** -- its stack moves, but mostly between waits (a "waiting for data" retry loop
+  that logs every second);
+* **working** -- its stack moves and it mostly runs: frames or lines change between samples,
+  not all within one function (an evaluation loop through the model's code);
+* **spinning** -- it runs, but within one function at no more than ``spin_lines`` lines (a
+  tight loop), or it runs at one still line with CPU advancing (a tight loop, or one long
+  native call: the two look alike from outside).
+
+Decision table (per process; the tree is alive if any process is, else spinning if any is,
+else hung if any is, else unknown):
+
+===================================================  ========  =========================
+evidence                                             verdict   why
+===================================================  ========  =========================
+a thread working                                     alive     its code advances
+a thread waiting, storage I/O >= ``io_busy`` B/s     alive     an I/O-bound phase (load)
+a thread spinning                                    spinning  busy, but maybe forever
+every thread parked or waiting, any CPU              hung      a still wait is a wait;
+                                                               CPU in a wait frame is
+                                                               busy polling (gloo, NCCL)
+still running stack, no CPU advancing                hung      the "running" flag is stale
+no stacks (py-spy absent/denied/failed), CPU         alive     CPU is all there is
+  >= ``busy_cores``
+no stacks, CPU < ``idle_cores``                      hung      nothing runs
+no stacks, CPU in between; nothing readable          unknown   the agent falls back to
+                                                               the budget: a hang
+one stack sample only: waiting shape                 hung      (with any CPU, as above)
+one stack sample only: running and CPU >= busy       alive
+===================================================  ========  =========================
+
+What the agent does with it (``agent/verify.py``): alive -> the stall is an undeclared long
+phase, not a fault; it is re-checked a budget later and, when steps resume, learned
+(``PhaseBook``); hung or unknown -> the HANG fault is raised, with this verdict as evidence;
+spinning -> like alive until the stall has lasted the spin budget (what was learned at that
+place, else ``--hang-spin-timeout``), then a hang "spinning in f (file:line)".
+
+How each signal lies, and what is done about it:
+
+* **CPU time** -- a rank blocked in a gloo/NCCL collective can burn a core busy-polling, so
+  CPU alone in a wait frame is not life (the wait frame wins). A rank can also burn CPU in
+  a thread that is not the trainer's (a log shipper): any working thread counts as life, so
+  a hung main thread beside a truly working thread is seen as alive until that thread
+  stops (re-checked every budget).
+* **Stacks** -- py-spy sees Python frames only: a long native call (a huge matmul, a
+  compile) sits at one line like a tight loop (hence *spinning*, not hung); a thread blocked
+  on a lock shows the ``with`` line, not ``acquire`` (hence py-spy's idle flag). py-spy may
+  be absent, denied ptrace, or time out: the verdict then rests on CPU and says so.
+* **GPU** -- an NCCL kernel spinning in a hung collective keeps a GPU at 100 %: GPU busy
+  alone is never life; it is recorded beside the verdict.
+* **I/O counters** -- a chatty logger writes bytes while hung: only storage bytes
+  (``read_bytes``/``write_bytes``) at ``io_busy`` or more count, and only with a moving stack.
+* **The tree** -- processes exit and fork while sampled: a process seen in fewer than two
+  samples gives no motion; it is reported, and the verdict rests on the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from collections import Counter, OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Liveness(str, enum.Enum):
+    ALIVE = "alive"
+    SPINNING = "spinning"
+    HUNG = "hung"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Frame:
+    name: str
+    file: str  # short file name (py-spy's short_filename)
+    line: int
+    lib: bool = False  # in an installed library (site-packages, the standard library)
+
+    def text(self) -> str:
+        return f"{self.name} ({self.file}:{self.line})"
+
+
+@dataclass(frozen=True)
+class ThreadSample:
+    tid: int  # OS thread id where known, else py-spy's thread id
+    name: str
+    active: bool | None  # py-spy: the OS has the thread running (None: not known)
+    frames: tuple[Frame, ...]  # innermost first
+    cpu: float | None = None  # this thread's CPU seconds at the sample, if readable
+    state: str | None = None  # /proc state letter: R running, S sleeping, D disk, ...
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    pid: int
+    ts: float
+    cpu: float | None  # user + system seconds; None when unreadable
+    io: int | None = None  # storage read_bytes + write_bytes; None when unreadable
+    threads: tuple[ThreadSample, ...] | None = None  # None: no stacks this sample
+    status: str | None = None  # psutil's status
+    errors: tuple[str, ...] = ()  # what could not be read, in words
+    gone: bool = False  # the process had exited
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """Activity of the trainer's GPUs (NVML). Never decisive: see the module docstring."""
+
+    utilization: float | None = None  # percent, highest over the GPUs
+    memory_utilization: float | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    ts: float
+    processes: tuple[ProcessSample, ...]
+    gpu: GpuSample | None = None
+    errors: tuple[str, ...] = ()  # about the whole sample (the tree could not be listed)
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    busy_cores: float = 0.25  # CPU of a working process without stacks (cores)
+    idle_cores: float = 0.05  # below this nothing runs
+    io_busy: float = 1 << 20  # storage bytes/s of an I/O-bound phase
+    spin_lines: int = 3  # a running thread within one function at this few lines spins
+
+
+# Innermost frames of a thread that waits: for time, a lock, a peer, a file descriptor.
+WAIT_FRAME = re.compile(
+    r"(?:^|[.:])_?(?:sleep|wait\w*|acquire|join|recv\w*|accept|select|poll|epoll|read|"
+    r"readline|readinto|get|put|barrier|monitored_barrier|all_?reduce\w*|all_?gather\w*|"
+    r"reduce_?scatter\w*|broadcast\w*|all_?to_?all\w*|gather|scatter|send|isend|irecv|"
+    r"synchronize|_engine_run_backward|run_backward|_wait_for_tstate_lock|rendezvous)$",
+    re.I)
+
+THREAD_STATES = ("parked", "waiting", "working", "spinning", "unsure")
+
+
+def waits(frame: Frame | None) -> bool:
+    return frame is not None and bool(WAIT_FRAME.search(frame.name))
+
+
+# --------------------------------------------------------------------------- places
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a stall runs: the frames every sample shared, outermost first. The innermost
+    of them is compared by function only (a loop moves through its lines)."""
+
+    frames: tuple[Frame, ...]  # outermost first; the last one's line is the one seen most
+
+    def matches(self, stack: Sequence[Frame]) -> bool:
+        """Is a stack (innermost first) running in this place?"""
+        outer = list(reversed(stack))
+        if not self.frames or len(outer) < len(self.frames):
+            return False
+        *head, last = self.frames
+        for a, b in zip(head, outer, strict=False):
+            if (a.name, a.file, a.line) != (b.name, b.file, b.line):
+                return False
+        b = outer[len(head)]
+        return (last.name, last.file) == (b.name, b.file)
+
+    @property
+    def key(self) -> tuple[tuple[str, str, int | None], ...]:
+        *head, last = self.frames
+        return tuple((f.name, f.file, f.line) for f in head) + ((last.name, last.file, None),)
+
+    def where(self) -> str:
+        """``evaluate (train.py:88)``; a library frame says which user code called it."""
+        inner = self.frames[-1]
+        text = inner.text()
+        if inner.lib:
+            user = next((f for f in reversed(self.frames[:-1]) if not f.lib), None)
+            if user is not None:
+                text += f" from {user.text()}"
+        return text
+
+
+def place_of(stacks: Sequence[Sequence[Frame]]) -> Place | None:
+    """The common place of several stacks (innermost first) of one thread."""
+    stacks = [s for s in stacks if s]
+    if not stacks:
+        return None
+    outers = [list(reversed(s)) for s in stacks]
+    common: list[Frame] = []
+    for depth in range(min(len(o) for o in outers)):
+        here = [o[depth] for o in outers]
+        first = here[0]
+        if all((f.name, f.file, f.line) == (first.name, first.file, first.line) for f in here):
+            common.append(first)
+            continue
+        if all((f.name, f.file) == (first.name, first.file) for f in here):
+            line = Counter(f.line for f in here).most_common(1)[0][0]
+            common.append(Frame(first.name, first.file, line, first.lib))
+        break
+    return Place(tuple(common)) if common else None
+
+
+# --------------------------------------------------------------------------- verdicts
+
+
+@dataclass(frozen=True)
+class ThreadVerdict:
+    tid: int
+    name: str
+    state: str  # one of THREAD_STATES
+    samples: int
+    moved: bool
+    where: str | None
+    place: Place | None = None
+    running_samples: int = 0
+
+
+@dataclass(frozen=True)
+class ProcessVerdict:
+    pid: int
+    state: Liveness
+    reason: str
+    samples: int = 0
+    stack_samples: int = 0
+    cpu_seconds: float | None = None
+    cpu_cores: float | None = None
+    io_bytes_per_second: float | None = None
+    threads: tuple[ThreadVerdict, ...] = ()
+    place: Place | None = None
+    where: str | None = None
+    missing: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    state: Liveness
+    reason: str
+    where: str | None = None
+    place: Place | None = None
+    processes: tuple[ProcessVerdict, ...] = ()
+    missing: tuple[str, ...] = ()
+    window_seconds: float = 0.0
+    samples: int = 0
+    cpu_seconds: float | None = None  # the whole tree's, over the window
+    gpu: GpuSample | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The verdict as fault evidence / the stacks JSON the arbiter reads."""
+        return {
+            "state": self.state.value,
+            "reason": self.reason,
+            "where": self.where,
+            "window_seconds": round(self.window_seconds, 3),
+            "samples": self.samples,
+            "cpu_seconds": None if self.cpu_seconds is None else round(self.cpu_seconds, 3),
+            "missing": list(self.missing),
+            "gpu": None if self.gpu is None else {
+                "utilization": self.gpu.utilization,
+                "memory_utilization": self.gpu.memory_utilization},
+            "processes": [{
+                "pid": p.pid, "state": p.state.value, "reason": p.reason,
+                "samples": p.samples, "stack_samples": p.stack_samples,
+                "cpu_seconds": None if p.cpu_seconds is None else round(p.cpu_seconds, 3),
+                "cpu_cores": None if p.cpu_cores is None else round(p.cpu_cores, 3),
+                "io_bytes_per_second": None if p.io_bytes_per_second is None
+                else round(p.io_bytes_per_second),
+                "where": p.where,
+                "threads": [{"tid": t.tid, "name": t.name, "state": t.state,
+                             "moved": t.moved, "samples": t.samples, "where": t.where}
+                            for t in p.threads],
+                "missing": list(p.missing)} for p in self.processes],
+            **self.extra,
+        }
+
+
+def judge(snapshots: Sequence[Snapshot], th: Thresholds | None = None) -> Verdict:
+    """The verdict over a verification window's snapshots (in time order)."""
+    th = th or Thresholds()
+    snaps = sorted(snapshots, key=lambda s: s.ts)
+    if not snaps:
+        return Verdict(Liveness.UNKNOWN, "no evidence: nothing was sampled",
+                       missing=("no samples",))
+    window = snaps[-1].ts - snaps[0].ts
+    by_pid: OrderedDict[int, list[ProcessSample]] = OrderedDict()
+    for s in snaps:
+        for p in s.processes:
+            by_pid.setdefault(p.pid, []).append(p)
+    missing: list[str] = [e for s in snaps for e in s.errors]
+    verdicts = [judge_process(pid, samples, th) for pid, samples in by_pid.items()]
+    for v in verdicts:
+        missing += [f"pid {v.pid}: {m}" for m in v.missing]
+    missing = list(dict.fromkeys(missing))
+    cpu = [v.cpu_seconds for v in verdicts if v.cpu_seconds is not None]
+    gpu = next((s.gpu for s in reversed(snaps) if s.gpu is not None), None)
+    base = Verdict(Liveness.UNKNOWN, "", processes=tuple(verdicts), missing=tuple(missing),
+                   window_seconds=window, samples=len(snaps),
+                   cpu_seconds=sum(cpu) if cpu else None, gpu=gpu)
+    if not verdicts:
+        return dataclasses.replace(base, reason="no evidence: the trainer's tree was empty")
+    for state in (Liveness.ALIVE, Liveness.SPINNING, Liveness.HUNG):
+        deciding = [v for v in verdicts if v.state is state]
+        if deciding:
+            d = deciding[0]
+            reason = f"pid {d.pid}: {d.reason}"
+            others = len(verdicts) - 1
+            if others:
+                counts = Counter(v.state.value for v in verdicts if v is not d)
+                reason += "; other processes: " + ", ".join(
+                    f"{n} {s}" for s, n in sorted(counts.items()))
+            if state is Liveness.HUNG and gpu is not None and (gpu.utilization or 0) > 0:
+                reason += (f"; GPU {gpu.utilization:g}% busy (not life: a kernel spinning in "
+                           "a hung collective is busy too)")
+            return dataclasses.replace(base, state=state, reason=reason, where=d.where,
+                                       place=d.place)
+    return dataclasses.replace(base, reason="no usable evidence: " + (
+        "; ".join(missing) or "nothing readable"))
+
+
+def judge_process(pid: int, samples: Sequence[ProcessSample],
+                  th: Thresholds | None = None) -> ProcessVerdict:
+    th = th or Thresholds()
+    present = [s for s in samples if not s.gone]
+    missing = list(dict.fromkeys(e for s in samples for e in s.errors))
+    if len(present) < len(samples):
+        missing.append(f"exited during the window (seen in {len(present)}/{len(samples)} "
+                       "samples)")
+    if not present:
+        return ProcessVerdict(pid, Liveness.UNKNOWN, "exited before it could be sampled",
+                              samples=0, missing=tuple(missing))
+    cpu_s, cores = _rate([(s.ts, s.cpu) for s in present])
+    _, io_rate = _rate([(s.ts, s.io) for s in present])
+    stacked = [s for s in present if s.threads is not None]
+    base = ProcessVerdict(pid, Liveness.UNKNOWN, "", samples=len(present),
+                          stack_samples=len(stacked), cpu_seconds=cpu_s, cpu_cores=cores,
+                          io_bytes_per_second=io_rate, missing=tuple(missing))
+
+    def out(state: Liveness, reason: str, t: ThreadVerdict | None = None,
+            threads: Sequence[ThreadVerdict] = ()) -> ProcessVerdict:
+        return dataclasses.replace(base, state=state, reason=reason, threads=tuple(threads),
+                                   place=t.place if t else None, where=t.where if t else None,
+                                   missing=tuple(missing))
+
+    cpu_text = _cpu_text(cpu_s, cores, present)
+    if len(stacked) < 2:
+        if not stacked:
+            missing.append("no stacks" if not any("py-spy" in m for m in missing)
+                           else "no stacks (py-spy)")
+        else:
+            missing.append("one stack sample only: motion not seen")
+        state, reason, place = _without_motion(stacked, cores, th, cpu_text)
+        return dataclasses.replace(base, state=state, reason=reason, place=place,
+                                   where=place.where() if place else None,
+                                   missing=tuple(missing))
+    threads = _threads(stacked, th, cores)
+    order = {"working": 0, "waiting": 1, "spinning": 2, "parked": 3, "unsure": 4}
+    main = _main_first(threads)
+    working = [t for t in main if t.state == "working"]
+    io_busy = io_rate is not None and io_rate >= th.io_busy
+    if working:
+        t = working[0]
+        return out(Liveness.ALIVE, f"{_tname(t)} working: stack moved, running in "
+                   f"{t.running_samples}/{t.samples} samples, in {t.where}, {cpu_text}",
+                   t, threads)
+    waiting = [t for t in main if t.state == "waiting"]
+    if waiting and io_busy:
+        t = waiting[0]
+        return out(Liveness.ALIVE, f"{_tname(t)} moving between waits in {t.where} while "
+                   f"storage I/O runs at {(io_rate or 0) / 2**20:.1f} MiB/s, {cpu_text}",
+                   t, threads)
+    spinning = [t for t in main if t.state == "spinning"]
+    if spinning:
+        t = spinning[0]
+        how = "at one line" if not t.moved else "within one function"
+        return out(Liveness.SPINNING, f"{_tname(t)} spinning {how} in {t.where}, "
+                   f"{cpu_text}", t, threads)
+    still = sorted(main, key=lambda t: order[t.state])
+    if not still:
+        return out(Liveness.UNKNOWN, "no Python threads in the stacks")
+    t = still[0] if still[0].state != "unsure" else main[0]
+    if t.state == "parked":
+        how = f"parked in {t.where}: its stack did not move in {t.samples} samples"
+    elif t.state == "waiting":
+        how = (f"waiting in {t.where}: its stack moved only between waits "
+               f"({t.samples - t.running_samples}/{t.samples} samples waiting)")
+    else:
+        how = f"in {t.where}"
+    if cores is not None and cores >= th.idle_cores:
+        cpu_text += " (CPU in a wait is busy polling, not work)"
+    elif cores is not None:
+        cpu_text += ": CPU did not advance"
+    return out(Liveness.HUNG, f"{_tname(t)} {how}, {cpu_text}", t, threads)
+
+
+def _without_motion(stacked: Sequence[ProcessSample], cores: float | None, th: Thresholds,
+                    cpu_text: str) -> tuple[Liveness, str, Place | None]:
+    """No motion to see (0 or 1 stack sample): CPU, vetoed by a wait-shaped stack."""
+    place = None
+    shape = ""
+    if stacked:
+        threads = _main_first_samples(stacked[0].threads or ())
+        if threads:
+            t = threads[0]
+            place = Place(tuple(reversed(t.frames))) if t.frames else None
+            inner = t.frames[0] if t.frames else None
+            if waits(inner) or t.active is False:
+                what = inner.text() if inner else "no frame"
+                return Liveness.HUNG, (f"{t.name!r} in a wait ({what}) in the one stack "
+                                       f"sample, {cpu_text}"), place
+            shape = f", stack in {inner.text() if inner else '?'}"
+    if cores is None:
+        return Liveness.UNKNOWN, "no evidence: neither CPU time nor stacks readable", place
+    if cores >= th.busy_cores:
+        return Liveness.ALIVE, f"{cpu_text} (stacks unavailable: CPU alone){shape}", place
+    if cores < th.idle_cores:
+        return Liveness.HUNG, f"{cpu_text}: CPU did not advance (stacks unavailable)", place
+    return Liveness.UNKNOWN, f"{cpu_text}: neither busy nor idle, and no stacks", place
+
+
+def _threads(stacked: Sequence[ProcessSample], th: Thresholds,
+             cores: float | None) -> list[ThreadVerdict]:
+    series: OrderedDict[int, list[ThreadSample]] = OrderedDict()
+    for s in stacked:
+        for t in s.threads or ():
+            series.setdefault(t.tid, []).append(t)
+    out = []
+    for tid, ts in series.items():
+        out.append(_thread(tid, ts, th, cores))
+    return out
+
+
+def _thread(tid: int, ts: Sequence[ThreadSample], th: Thresholds,
+            cores: float | None) -> ThreadVerdict:
+    name = ts[-1].name
+    stacks = [t.frames for t in ts]
+    place = place_of(stacks)
+    distinct = set(stacks)
+    moved = len(distinct) > 1
+    wait_flags = [waits(t.frames[0] if t.frames else None) or t.active is False for t in ts]
+    running = sum(1 for w in wait_flags if not w)
+    where = place.where() if place else (ts[-1].frames[0].text() if ts[-1].frames else None)
+    if len(ts) < 2:
+        return ThreadVerdict(tid, name, "unsure", len(ts), moved, where, place, running)
+    cpu_t, _ = _rate([(i, t.cpu) for i, t in enumerate(ts)])
+    burning = (cpu_t is not None and cpu_t > 0) if cpu_t is not None else (
+        cores is not None and cores >= th.idle_cores)
+    if not moved:
+        state = "spinning" if burning and not all(wait_flags) else "parked"
+    elif running * 2 <= len(ts):
+        state = "waiting"
+    else:
+        inner = {(s[0].name, s[0].file) for s in stacks if s}
+        outer = {s[1:] for s in stacks}
+        lines = {s[0].line for s in stacks if s}
+        if len(inner) == 1 and len(outer) == 1 and len(lines) <= th.spin_lines:
+            state = "spinning"
+            fr = stacks[-1][0]
+            where = f"{fr.name} ({fr.file}:{','.join(str(n) for n in sorted(lines))})"
+        else:
+            state = "working"
+    return ThreadVerdict(tid, name, state, len(ts), moved, where, place, running)
+
+
+def _main_first(threads: Iterable[ThreadVerdict]) -> list[ThreadVerdict]:
+    return sorted(threads, key=lambda t: t.name != "MainThread")
+
+
+def _main_first_samples(threads: Iterable[ThreadSample]) -> list[ThreadSample]:
+    return sorted(threads, key=lambda t: t.name != "MainThread")
+
+
+def _tname(t: ThreadVerdict) -> str:
+    return repr(t.name) if t.name else f"thread {t.tid}"
+
+
+def _rate(points: Sequence[tuple[float, float | int | None]]
+          ) -> tuple[float | None, float | None]:
+    """(delta, delta per second) between the first and last known values."""
+    known = [(t, v) for t, v in points if v is not None]
+    if len(known) < 2:
+        return None, None
+    (t0, v0), (t1, v1) = known[0], known[-1]
+    delta = max(0.0, float(v1) - float(v0))
+    return delta, (delta / (t1 - t0) if t1 > t0 else None)
+
+
+def _cpu_text(cpu_s: float | None, cores: float | None,
+              present: Sequence[ProcessSample]) -> str:
+    if cpu_s is None:
+        return "CPU time unreadable"
+    span = present[-1].ts - present[0].ts
+    return f"CPU {cpu_s:.2f}s in {span:.1f}s ({(cores or 0) * 100:.0f}% of a core)"
+
+
+# --------------------------------------------------------------------------- what to do
+
+
+def spin_due(stalled_for: float, spin_budget: float) -> bool:
+    """A spinning trainer is declared hung once its stall has lasted the spin budget."""
+    return stalled_for >= spin_budget
+
+
+def declare(verdict: Verdict, stalled_for: float, spin_budget: float) -> bool:
+    """True: raise the hang now. Alive defers; spinning defers until its budget; hung and
+    unknown declare (the budget ran out, and nothing says the trainer lives)."""
+    if verdict.state is Liveness.ALIVE:
+        return False
+    if verdict.state is Liveness.SPINNING:
+        return spin_due(stalled_for, spin_budget)
+    return True
+
+
+# --------------------------------------------------------------------------- learning
+
+
+@dataclass
+class Learned:
+    """An undeclared long phase: where it ran, how long it took at most, how often seen."""
+
+    place: Place | None
+    where: str
+    longest: float
+    count: int = 1
+    last_step: int | None = None
+    steps: list[int] = field(default_factory=list)
+
+
+class PhaseBook:
+    """Undeclared phases learned from verified-alive stalls, at most ``max_places`` (the
+    least recently seen is forgotten: the ``where`` label of the metric stays bounded)."""
+
+    def __init__(self, max_places: int = 8, margin: float = 2.0) -> None:
+        self.max_places = max_places
+        self.margin = margin
+        self.places: OrderedDict[tuple[Any, ...], Learned] = OrderedDict()
+
+    def learn(self, place: Place | None, where: str | None, seconds: float,
+              step: int | None) -> tuple[Learned, list[Learned]]:
+        """Record a stall that ended (steps resumed); returns it and the forgotten ones."""
+        key: tuple[Any, ...] = place.key if place is not None else ("?", where or "")
+        got = self.places.pop(key, None)
+        if got is None:
+            got = Learned(place, where or (place.where() if place else "an unknown place"),
+                          seconds)
+        else:
+            got.count += 1
+            got.longest = max(got.longest, seconds)
+        got.last_step = step
+        if step is not None:
+            got.steps = (got.steps + [step])[-8:]
+        self.places[key] = got
+        evicted = []
+        while len(self.places) > self.max_places:
+            evicted.append(self.places.popitem(last=False)[1])
+        return got, evicted
+
+    def match(self, stacks: Iterable[Sequence[Frame]]) -> Learned | None:
+        """The learned phase one of these stacks (innermost first) runs in, if any."""
+        stacks = list(stacks)
+        for got in reversed(self.places.values()):
+            if got.place is not None and any(got.place.matches(s) for s in stacks):
+                return got
+        return None
+
+    def at(self, place: Place | None) -> Learned | None:
+        if place is None:
+            return None
+        return self.places.get(place.key)
+
+    def budget(self, got: Learned, floor: float) -> float:
+        """Seconds from the stall's start before it is suspected again."""
+        return max(floor, self.margin * got.longest)
+
+
+def stacks_of(snapshot: Snapshot) -> list[tuple[Frame, ...]]:
+    return [t.frames for p in snapshot.processes for t in (p.threads or ()) if t.frames]
+
+
+# --------------------------------------------------------------------------- recorded evidence
+
+
+def snapshot_to_json(s: Snapshot) -> dict[str, Any]:
+    """A snapshot as plain JSON (recorded evidence for tests, the events file)."""
+    return {"ts": s.ts, "errors": list(s.errors),
+            "gpu": None if s.gpu is None else dataclasses.asdict(s.gpu),
+            "processes": [{
+                "pid": p.pid, "ts": p.ts, "cpu": p.cpu, "io": p.io, "status": p.status,
+                "errors": list(p.errors), "gone": p.gone,
+                "threads": None if p.threads is None else [{
+                    "tid": t.tid, "name": t.name, "active": t.active, "cpu": t.cpu,
+                    "state": t.state,
+                    "frames": [[f.name, f.file, f.line, f.lib] for f in t.frames]}
+                    for t in p.threads]} for p in s.processes]}
+
+
+def snapshot_from_json(d: dict[str, Any]) -> Snapshot:
+    gpu = d.get("gpu")
+    return Snapshot(
+        ts=float(d["ts"]), errors=tuple(d.get("errors") or ()),
+        gpu=GpuSample(**gpu) if isinstance(gpu, dict) else None,
+        processes=tuple(ProcessSample(
+            pid=int(p["pid"]), ts=float(p["ts"]), cpu=p.get("cpu"), io=p.get("io"),
+            status=p.get("status"), errors=tuple(p.get("errors") or ()),
+            gone=bool(p.get("gone")),
+            threads=None if p.get("threads") is None else tuple(ThreadSample(
+                tid=int(t["tid"]), name=str(t["name"]), active=t.get("active"),
+                cpu=t.get("cpu"), state=t.get("state"),
+                frames=tuple(Frame(str(f[0]), str(f[1]), int(f[2]), bool(f[3]))
+                             for f in t["frames"])) for t in p["threads"]))
+            for p in d["processes"]))
