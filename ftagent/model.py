@@ -138,10 +138,34 @@ class CollectiveSample:
 
 @dataclass(frozen=True)
 class GpuEvent:
+    """Something a GPU said (sources/gpu.py): an NVML event, a kernel-log Xid, a lost GPU.
+
+    ``count`` occurrences coalesced into one (a flood reaches the loop as few events);
+    ``ts`` is the first one's. ``source``: "nvml" | "kmsg" | "poll".
+    """
+
     gpu: int
-    kind: str  # "xid" | "ecc" | "lost" | "nvlink" | "throttle" | "remap"
+    kind: str  # "xid" | "ecc_dbe" | "lost" | "remap_failure" | "poison" | "recovery" | "sxid"
     xid: int | None = None
     detail: str = ""
+    ts: float = 0.0
+    count: int = 1
+    source: str = "nvml"
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    """One poll of a GPU's fault-relevant counters (None: that call is not supported)."""
+
+    gpu: int
+    ecc_uncorrected: int | None = None  # volatile double-bit (uncorrected) ECC errors
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+    retired_pending: bool | None = None  # page retirement, where rows are not remapped
+    nvlink_down: tuple[int, ...] = ()  # links active at start that are inactive now
+    nvlink_errors: int | None = None  # sum of the NVLink error counters
+    clock_event_reasons: int | None = None  # NVML clocks event (throttle) reasons bitmask
+    recovery_action: int | None = None  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
     ts: float = 0.0
 
 
@@ -194,8 +218,8 @@ class TrainerStart:
 
 
 Observation = (
-    LogLine | Progress | PhaseMarker | CollectiveSample | GpuEvent | LinkEvent | ProcessExit
-    | TrainerStart
+    LogLine | Progress | PhaseMarker | CollectiveSample | GpuEvent | GpuHealth | LinkEvent
+    | ProcessExit | TrainerStart
 )
 
 
