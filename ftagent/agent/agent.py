@@ -16,10 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
-import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -27,7 +26,7 @@ from ftagent.agent import supervisor
 from ftagent.agent.events import EventsFile
 from ftagent.agent.local_policy import decide
 from ftagent.agent.supervisor import ChildReaper, SpawnError, TrainerProcess
-from ftagent.agent.tee import LastLines
+from ftagent.agent.tee import LastLines, LineBacklog
 from ftagent.config import RunConfig
 from ftagent.model import (
     Action,
@@ -46,6 +45,7 @@ log = logging.getLogger("ftagent.agent")
 TICK_SECONDS = 0.25
 EVIDENCE_LINES = 50  # last lines attached to a fault (the events file keeps them too)
 EVIDENCE_STDERR_LINES = 20  # and the last of stderr alone: where tracebacks are
+DRAIN_BATCHES = 16  # output batches handled per loop callback before timers get a turn
 
 
 class Source(Protocol):
@@ -92,6 +92,8 @@ class Agent:
         self.extra_env: dict[str, str] = {}
         self._inflight: set[asyncio.Task[Any]] = set()
         self._armed: set[tuple[int, float]] = set()  # (id(detector), deadline) timers
+        self._backlog: LineBacklog | None = None  # the running trainer's output on its way
+        self._hang_faults: set[str] = set()  # ids of this attempt's hang faults
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -132,7 +134,7 @@ class Agent:
     async def _ticker(self) -> None:
         while True:
             await asyncio.sleep(TICK_SECONDS)
-            now = time.monotonic()
+            now = self.detector_now()
             for d in self.detectors:
                 self._tick_detector(d, now)
 
@@ -161,6 +163,14 @@ class Agent:
     def _tick_at(self, d: Detector, when: float) -> None:
         self._armed.discard((id(d), when))
         self._tick_detector(d, time.monotonic())
+
+    def detector_now(self, now: float | None = None) -> float:
+        """The detectors' "now": the clock, or while output read earlier still waits in the
+        backlog, that output's read time. Observations carry the time their line was read;
+        a loop that is behind must not call a hang on data it has not looked at yet."""
+        now = time.monotonic() if now is None else now
+        oldest = self._backlog.oldest_ts() if self._backlog is not None else None
+        return now if oldest is None else min(now, oldest)
 
     def _spawn(self, coro: Any) -> None:
         """Run a coroutine as a task the agent keeps a reference to until it is done."""
@@ -205,11 +215,17 @@ class Agent:
 
     async def raise_fault(self, fault: Fault) -> None:
         """Record a fault (with evidence) and ask the policy what to do about it."""
+        if fault.kind == FaultKind.HANG and self._exited_by_itself():
+            return
         if self.evidence is not None and fault.kind == FaultKind.HANG and self.trainer:
             try:
                 fault = await self.evidence(fault, supervisor.tree_pids())
             except Exception:
                 log.exception("capturing evidence failed")
+            if self._exited_by_itself():  # during the capture: the exit wins
+                return
+        if fault.kind == FaultKind.HANG:
+            self._hang_faults.add(fault.id)
         log.warning("fault %s: %s", fault.kind.value, fault.message)
         self.events.write("fault", fault.kind.value, fault.message, fault_id=fault.id,
                           severity=fault.severity.value, scope=fault.scope.value,
@@ -221,6 +237,17 @@ class Agent:
                 log.exception("fault hook failed")
         if not self.decide_remotely(fault):
             self.decide_locally(fault)
+
+    def _exited_by_itself(self) -> bool:
+        """The trainer's own exit wins over a hang raised after it, or while the exit is
+        still waiting for the loop (the SIGCHLD not handled yet: a peek, not a reap)."""
+        t = self.trainer
+        if t is None:
+            return False
+        gone = not t.running or _zombie(t.pid)
+        if gone:
+            log.info("hang fault dropped: the trainer (pid %d) exited by itself", t.pid)
+        return gone
 
     def decide_locally(self, fault: Fault) -> None:
         """The local policy's action for ``fault`` goes on the action queue."""
@@ -286,6 +313,7 @@ class Agent:
         env["FTAGENT_GENERATION"] = str(self.generation)
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.update(self.extra_env)
+        self._hang_faults.clear()
         trainer = TrainerProcess(self.cfg.command, env, self.reaper, self._lines_threadsafe())
         self._set_state(TrainerState.RUNNING, pid=trainer.pid, attempt=self.restarts)
         self.observe(TrainerStart(trainer.pid, self.restarts, self.generation,
@@ -293,28 +321,42 @@ class Agent:
         return trainer
 
     def _lines_threadsafe(self) -> Callable[[str, bytes, float], None]:
-        """The pumps' callback: queue the batch, wake the loop only if no drain is due.
+        """The pumps' callback: queue the batch in a bounded backlog, never block, and wake
+        the loop only when the backlog was empty.
 
         Under heavy output the loop lags a little and one wake-up then carries many
-        batches instead of one self-pipe write and read per batch. The drain clears the
-        flag before emptying the queue, so a batch queued meanwhile is never stranded.
+        batches instead of one self-pipe write and read per batch. A drain handles at most
+        ``DRAIN_BATCHES`` and yields (timers, the trainer's exit, signals get their turn);
+        past the backlog's bounds the oldest batches are dropped, never the trainer slowed.
         """
         loop = asyncio.get_running_loop()
-        pending: deque[tuple[str, bytes, float]] = deque()
-        due = threading.Event()
-
-        def drain() -> None:
-            due.clear()
-            while pending:
-                self.on_lines(*pending.popleft())
+        backlog = self._backlog = LineBacklog()
 
         def hop(stream: str, blob: bytes, ts: float) -> None:
-            pending.append((stream, blob, ts))
-            if not due.is_set():
-                due.set()
-                loop.call_soon_threadsafe(drain)
+            if backlog.put(stream, blob, ts):
+                loop.call_soon_threadsafe(self._drain_lines, backlog, DRAIN_BATCHES)
 
         return hop
+
+    def _drain_lines(self, backlog: LineBacklog, n: int) -> None:
+        """Hand up to ``n`` queued batches to ``on_lines``; reschedule if more wait."""
+        for batch in backlog.take(n):
+            self.on_lines(*batch)
+        dropped = backlog.new_drops()
+        if dropped:
+            self._count_skipped("backlog", dropped)
+            if dropped == backlog.dropped_lines:  # the first drop of this trainer
+                log.warning("the agent's loop fell behind the trainer's output: the oldest "
+                            "lines go unparsed (ftagent_log_lines_skipped_total)")
+        if n < 1 << 30 and len(backlog):
+            asyncio.get_running_loop().call_soon(self._drain_lines, backlog, n)
+
+    def _count_skipped(self, reason: str, lines: int) -> None:
+        """Output lines not parsed for progress, in ``ftagent_log_lines_skipped_total``."""
+        metrics = getattr(self, "metrics", None)  # set by run_cli.build_agent
+        counter = getattr(metrics, "log_lines_skipped", None)
+        if counter is not None:
+            counter.labels(**metrics.identity, reason=reason).inc(lines)  # type: ignore[union-attr]
 
     async def _supervise(
         self, trainer: TrainerProcess
@@ -346,6 +388,13 @@ class Agent:
                                     signal=self.stop_signal)
                     return None, exit_
                 action = get_action.result()
+                if action.fault_id in self._hang_faults and _zombie(trainer.pid):
+                    # a hang decided while the trainer's exit waits for the loop: the exit
+                    # wins (next round sees it); the action is superseded, not carried out
+                    log.info("action %s superseded: the trainer exited by itself",
+                             action.kind.value)
+                    await asyncio.shield(trainer.exited)
+                    continue
                 self._record_action(action)
                 if action.kind in (ActionKind.ALERT_ONLY, ActionKind.DUMP_STACKS):
                     await self.on_minor_action(action)
@@ -360,9 +409,15 @@ class Agent:
         """ALERT_ONLY and DUMP_STACKS leave the trainer running (reporter overrides)."""
 
     async def _next_action(self) -> Action:
-        """The decision that ends this attempt; minor actions are carried out on the way."""
+        """The decision that ends this attempt after the trainer exited by itself; minor
+        actions are carried out on the way, and decisions on this attempt's hangs (raised
+        before the exit was handled) are superseded by the exit's own."""
         while True:
             action = await self.actions.get()
+            if action.fault_id in self._hang_faults:
+                log.info("action %s superseded: the trainer exited by itself",
+                         action.kind.value)
+                continue
             self._record_action(action)
             if action.kind not in (ActionKind.ALERT_ONLY, ActionKind.DUMP_STACKS):
                 return action
@@ -398,6 +453,8 @@ class Agent:
                 log.warning("SIGKILLed %d leftover process(es) of the trainer", killed)
         if not await trainer.drain(2.0):
             log.warning("trainer output did not reach EOF; last lines may be missing")
+        if self._backlog is not None:  # the last lines before the crash fault's evidence
+            self._drain_lines(self._backlog, 1 << 30)
 
     async def _stop_trainer(self, trainer: TrainerProcess, deadline: float) -> ProcessExit:
         """SIGTERM the trainer's group and tree, SIGKILL whatever is left at ``deadline``."""
@@ -454,3 +511,11 @@ class Agent:
                 except Exception:
                     log.exception("state hook failed")
 
+
+def _zombie(pid: int) -> bool:
+    """``pid`` has exited and waits to be reaped (WNOWAIT: the reaper still gets it)."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return info is not None and info.si_pid == pid

@@ -40,6 +40,9 @@ class HangWatch:
                 lambda: detector.seconds_since_progress(clock()))
             metrics.hang.set_function(lambda: float(detector.hung))
             metrics.hang_budget.set_function(lambda: detector.budget(clock()))
+            if parser is not None:  # lines the parser could not afford or use
+                parser.on_skip = lambda reason, n: metrics.log_lines_skipped.labels(
+                    **metrics.identity, reason=reason).inc(n)
 
     def observe(self, obs: Observation) -> list[Fault]:
         if isinstance(obs, TrainerStart) and self.parser is not None:

@@ -11,6 +11,11 @@ What is written out is the bytes as read: partial lines, ``\\r`` progress bars, 
 UTF-8 and a 10 MB line without a newline pass through unchanged. For detectors, the same
 bytes are split on ``\\n`` *and* ``\\r`` (a tqdm redraw is a line to a parser), and each
 line is capped at ``max_line`` bytes so memory stays bounded whatever the trainer prints.
+
+Pass-through comes first: the pump never waits for the agent's loop. It stamps each batch
+with the time it was read and puts it in a ``LineBacklog``, bounded in bytes and lines; if
+the loop falls that far behind, the oldest batches are dropped (their last lines kept as a
+sample, their count reported) instead of the trainer being slowed.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ CHUNK = 1 << 20  # read up to the pipe's size (see grow_pipe)
 MAX_LINE = 1 << 16
 PIPE_SIZE = 1 << 20  # Linux's default /proc/sys/fs/pipe-max-size
 F_SETPIPE_SZ = 1031
+BACKLOG_BYTES = 2 << 20  # lines read but not yet handled by the loop, at most
+BACKLOG_LINES = 1 << 16
+SAMPLE_BYTES = 16 << 10  # of a dropped batch, its last lines up to this many bytes are kept
 
 
 def grow_pipe(fd: int, size: int = PIPE_SIZE) -> int:
@@ -165,12 +173,110 @@ class LastLines:
         return [(name, line) for _, _, name, line in keyed[-k:]]
 
 
+class LineBacklog:
+    """The pumps' batches on their way to the loop: FIFO, thread-safe, bounded.
+
+    ``put`` (a pump thread) never blocks on the loop: past ``max_bytes`` or ``max_lines``
+    held, the oldest batches are dropped. Of each dropped batch its last lines (up to
+    ``sample_bytes``, at its read time) are kept, one sample per stream, so the freshest
+    progress in what was dropped still reaches the detectors; the rest is counted in
+    ``dropped_lines``. ``oldest_ts`` is the read time of the oldest batch not yet taken:
+    the loop has seen everything read before it, which is what "now" means to a detector
+    while the loop is behind.
+    """
+
+    def __init__(self, max_bytes: int = BACKLOG_BYTES, max_lines: int = BACKLOG_LINES,
+                 sample_bytes: int = SAMPLE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.max_lines = max_lines
+        self.sample_bytes = sample_bytes
+        self.dropped_lines = 0  # grows in the pump threads
+        self.dropped_batches = 0
+        self._reported = 0
+        self.peak_bytes = 0
+        self._q: deque[tuple[str, bytes, float, int]] = deque()  # stream, blob, ts, lines
+        self._samples: dict[str, tuple[str, bytes, float, int]] = {}
+        self._bytes = 0
+        self._lines = 0
+        self._lock = threading.Lock()
+
+    def put(self, stream: str, blob: bytes, ts: float) -> bool:
+        """Queue a batch; True when the backlog was empty (the loop needs a wake-up)."""
+        k = blob.count(b"\n") + 1
+        with self._lock:
+            was_empty = not self._q and not self._samples
+            self._q.append((stream, blob, ts, k))
+            self._bytes += len(blob)
+            self._lines += k
+            while len(self._q) > 1 and (self._bytes > self.max_bytes
+                                        or self._lines > self.max_lines):
+                self._drop_oldest()
+            self.peak_bytes = max(self.peak_bytes, self._bytes)
+            return was_empty
+
+    def _drop_oldest(self) -> None:
+        stream, blob, ts, k = self._q.popleft()
+        self._bytes -= len(blob)
+        self._lines -= k
+        self.dropped_batches += 1
+        cut = blob.find(b"\n", max(0, len(blob) - self.sample_bytes)) + 1
+        sample = blob[cut:] if len(blob) > self.sample_bytes else blob
+        if len(sample) > self.sample_bytes:  # one long last line: no sample
+            sample = b""
+        kept = sample.count(b"\n") + 1 if sample else 0
+        old = self._samples.pop(stream, None)
+        if old is not None:
+            self.dropped_lines += old[3]
+        self.dropped_lines += k - kept
+        if sample:
+            self._samples[stream] = (stream, sample, ts, kept)
+
+    def take(self, n: int) -> list[tuple[str, bytes, float]]:
+        """Up to ``n`` batches, oldest first (samples of dropped ones before the rest)."""
+        with self._lock:
+            out = [(s, b, t) for s, b, t, _ in sorted(self._samples.values(),
+                                                      key=lambda e: e[2])]
+            self._samples.clear()
+            while self._q and len(out) < n:
+                stream, blob, ts, k = self._q.popleft()
+                self._bytes -= len(blob)
+                self._lines -= k
+                out.append((stream, blob, ts))
+            return out
+
+    def new_drops(self) -> int:
+        """Lines dropped since the last call (for a counter the loop increments)."""
+        with self._lock:
+            n, self._reported = self.dropped_lines - self._reported, self.dropped_lines
+            return n
+
+    def oldest_ts(self) -> float | None:
+        """Read time of the oldest batch not taken yet; None when the loop is caught up."""
+        with self._lock:
+            times = [e[2] for e in self._samples.values()]
+            if self._q:
+                times.append(self._q[0][2])
+            return min(times) if times else None
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._q) + len(self._samples)
+
+    def held(self) -> tuple[int, int]:
+        """(bytes, lines) queued, samples aside, for the bound's tests."""
+        with self._lock:
+            return self._bytes, self._lines
+
+
 class OutputPump(threading.Thread):
     """Copies ``src_fd`` to ``dst_fd`` until EOF and hands lines to ``on_lines``.
 
-    ``on_lines`` is called from this thread; the agent passes a function that hops to the
-    event loop (``loop.call_soon_threadsafe``). If ``dst_fd`` breaks (EPIPE: nobody reads
-    the agent's output any more) the pump keeps draining so the trainer never blocks on a
+    ``on_lines`` is called from this thread; the agent passes a function that queues the
+    batch for the event loop (a ``LineBacklog``) and never blocks. A batch is handed over
+    before it is written out, stamped with its read time, so a slow reader of the agent's
+    output (which slows the trainer, as it would without the agent) does not hide from the
+    detectors the progress already read. If ``dst_fd`` breaks (EPIPE: nobody reads the
+    agent's output any more) the pump keeps draining so the trainer never blocks on a
     full pipe because of the agent.
     """
 
@@ -200,6 +306,9 @@ class OutputPump(threading.Thread):
                     break
                 now = time.monotonic()
                 self.bytes += len(data)
+                blob = self.splitter.feed(data)
+                if blob:
+                    self._deliver(blob, now)
                 if self._dst_ok:
                     try:
                         write_all(self.dst_fd, data)
@@ -207,9 +316,6 @@ class OutputPump(threading.Thread):
                         self._dst_ok = False
                         log.warning("agent %s is not writable (%s); still draining the "
                                     "trainer's output", self.stream, e)
-                blob = self.splitter.feed(data)
-                if blob:
-                    self._deliver(blob, now)
             rest = self.splitter.flush()
             if rest:
                 self._deliver(rest, time.monotonic())

@@ -19,12 +19,14 @@ number again; the hang detector ignores steps that do not increase, so no dedup 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
 from ftagent.model import PhaseMarker, Progress
+from ftagent.wire.limits import MAX_DIGITS, MAX_STEP
 
 
 class Claimed:
@@ -43,17 +45,48 @@ Parsed = Progress | PhaseMarker | Claimed | None
 ANSI_RE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
 
 
+MAX_NUMBER = 64  # characters of a float in a log line; a longer run is not a value
+
+
+class OutOfBounds(ValueError):
+    """A count in a log line (step, total, samples, epoch) with more than ``MAX_DIGITS``
+    digits or above ``MAX_STEP``: the line is not a step (the parser returns nothing)."""
+
+
+def count(text: str) -> int:
+    """A count from a log line's digits, bounded (``OutOfBounds``): never ``int()`` of a
+    4,400-digit run (Python refuses those), never a step no float or peer can carry."""
+    if len(text) > MAX_DIGITS:
+        raise OutOfBounds(f"{len(text)} digits")
+    value = int(text)
+    if value > MAX_STEP:
+        raise OutOfBounds(f"{value} > {MAX_STEP}")
+    return value
+
+
+def count_of(value: float | None) -> int | None:
+    """A count that was parsed as a float (``global_step: 1.2E+03``), bounded likewise;
+    None for NaN."""
+    if value is None or value != value:
+        return None
+    if not 0 <= value <= MAX_STEP:
+        raise OutOfBounds(f"{value} is out of [0, {MAX_STEP}]")
+    return int(value)
+
+
 def number(text: str | None) -> float | None:
-    """A float from a log value: ``1.04E+01``, ``1,444``, ``[0.55]``, ``'1.16'``, ``nan``."""
-    if text is None:
+    """A float from a log value: ``1.04E+01``, ``1,444``, ``[0.55]``, ``'1.16'``, ``nan``.
+    Finite or NaN (a NaN loss is news); infinities and over-long runs are None."""
+    if text is None or len(text) > 4 * MAX_NUMBER:
         return None
     t = text.strip().strip("[]'\"").replace(",", "")
-    if not t:
+    if not t or len(t) > MAX_NUMBER:
         return None
     try:
-        return float(t)
+        value = float(t)
     except ValueError:
         return None
+    return None if value in (math.inf, -math.inf) else value
 
 
 def _rate(value: float | None) -> float | None:
@@ -148,10 +181,10 @@ def parse_megatron(text: str, ts: float, st: ParseState) -> Parsed:
     if m is None:
         return _megatron_other(text, ts, st)
     kv = pairs(text[m.end():].split("|"))
-    step = int(m.group(1))
+    step = count(m.group(1))
     nemo = "global_step" in kv
     if nemo:
-        step = int(number(kv["global_step"]) or step)
+        step = count_of(number(kv["global_step"])) or step
     step_seconds = None
     if "elapsed time per iteration (ms)" in kv:
         ms = number(kv["elapsed time per iteration (ms)"])
@@ -165,7 +198,7 @@ def parse_megatron(text: str, ts: float, st: ParseState) -> Parsed:
         if step > prev_step:
             batch = (consumed - prev_consumed) / (step - prev_step)
     if consumed is not None:
-        st.consumed = (step, int(consumed))
+        st.consumed = (step, count_of(consumed) or 0)
     sps = batch / step_seconds if batch and step_seconds else None
     if (not nemo and st.eval_interval and st.eval_iters and step % st.eval_interval == 0):
         # Megatron evaluates right after logging this iteration and prints nothing until
@@ -173,7 +206,7 @@ def parse_megatron(text: str, ts: float, st: ParseState) -> Parsed:
         # is not emitted; one line yields one observation, and the phase matters more).
         return PhaseMarker("eval", True, source="megatron", ts=ts)
     # Megatron's M in "iteration N/M" is --train-iters; NeMo's is per epoch, not the end.
-    total = None if nemo else int(m.group(2))
+    total = None if nemo else count(m.group(2))
     return Progress(step=step, loss=pick_loss(kv, MEGATRON_LOSS), samples_per_second=_rate(sps),
                     step_seconds=step_seconds, total_steps=total,
                     source="nemo" if nemo else "megatron", ts=ts)
@@ -191,9 +224,9 @@ def _megatron_other(text: str, ts: float, st: ParseState) -> Parsed:
     m = MEGATRON_ARG.match(text)
     if m:
         if m.group(1) == "eval_interval":
-            st.eval_interval = int(m.group(2))
+            st.eval_interval = count(m.group(2))
         else:
-            st.eval_iters = int(m.group(2))
+            st.eval_iters = count(m.group(2))
         return CLAIMED
     return None
 
@@ -211,11 +244,11 @@ def parse_deepspeed(text: str, ts: float, st: ParseState) -> Parsed:
     m = DS_TIMER.search(text) if "global_step=" in text else None
     if m:
         sps = number(m.group(3)) if m.group(3) else number(m.group(2))
-        return Progress(step=int(m.group(1)), samples_per_second=_rate(sps),
+        return Progress(step=count(m.group(1)), samples_per_second=_rate(sps),
                         source="deepspeed", ts=ts)
     m = DS_STEP.search(text) if "skipped=" in text else None
     if m:
-        return Progress(step=int(m.group(1)), source="deepspeed", ts=ts)
+        return Progress(step=count(m.group(1)), source="deepspeed", ts=ts)
     m = DS_CKPT.search(text) if "Checkpoint " in text else None
     if m:
         return PhaseMarker("checkpoint", m.group(1) != "ready now", source="deepspeed", ts=ts)
@@ -236,7 +269,7 @@ def parse_torchtitan(text: str, ts: float, st: ParseState) -> Parsed:
     if m:
         tps = TITAN_TPS.search(text)
         st_m = TITAN_TIME.search(text)
-        return Progress(step=int(m.group(1)), loss=number(m.group(2)),
+        return Progress(step=count(m.group(1)), loss=number(m.group(2)),
                         tokens_per_second=_rate(number(tps.group(1))) if tps else None,
                         step_seconds=number(st_m.group(1)) if st_m else None,
                         source="torchtitan", ts=ts)
@@ -250,8 +283,11 @@ def parse_torchtitan(text: str, ts: float, st: ParseState) -> Parsed:
 
 # --------------------------------------------------------------------------- tqdm (HF, Lightning)
 
-TQDM = re.compile(r"^(?P<desc>.*?)\s*(?P<pct>\d+)%\|[^|]*\|\s*(?P<n>\d+)/(?P<total>\d+)\s*"
-                  r"\[[^<\]]*<[^,\]]*(?:,\s*(?P<rest>[^\]]*))?\]")
+# The description is what precedes the match (no lazy ``^(.*?)``: quadratic in a long
+# line of digits). Every run is bounded or stops at the next delimiter, so a hostile line
+# costs time linear in its length (tests/unit/test_logformats.py times the worst shapes).
+TQDM = re.compile(r"(?<!\d)(?P<pct>\d{1,3})%\|[^|]{0,1000}\|\s{0,40}(?P<n>\d++)/(?P<total>\d++)"
+                  r"\s{0,40}\[[^<\]]{0,40}<[^,\]]{0,40}(?:,\s{0,40}(?P<rest>[^\]]{0,2000}))?\]")
 LIGHTNING_EPOCH = re.compile(r"^Epoch (\d+)\b")
 EVAL_DESC = ("valid", "eval", "test", "predict")
 TQDM_LOSS = ("loss", "train_loss", "train_loss_step", "loss_step")
@@ -264,8 +300,8 @@ def parse_tqdm(text: str, ts: float, st: ParseState) -> Parsed:
     m = TQDM.search(text)
     if m is None:
         return None
-    desc = m.group("desc").strip().rstrip(":").strip()
-    n, total = int(m.group("n")), int(m.group("total"))
+    desc = text[:m.start()].strip().rstrip(":").strip()
+    n, total = count(m.group("n")), count(m.group("total"))
     rest = [p.strip() for p in (m.group("rest") or "").split(",")]
     low = desc.lower()
     if low.startswith("sanity"):  # before the first step: the first-step budget covers it
@@ -279,7 +315,7 @@ def parse_tqdm(text: str, ts: float, st: ParseState) -> Parsed:
             return PhaseMarker("eval", False, source="lightning", ts=ts)
         if n == 0:
             return CLAIMED
-        step = st.lightning.global_step(int(em.group(1)), n, total, first_epoch=0)
+        step = st.lightning.global_step(count(em.group(1)), n, total, first_epoch=0)
         return _bar_progress(step, rest, ts, "lightning")
     if desc and "train" not in low and "step" not in low and "iter" not in low:
         return CLAIMED  # "Map", "Loading checkpoint shards", "Downloading": not training
@@ -335,7 +371,7 @@ def parse_hf_dict(text: str, ts: float, st: ParseState) -> Parsed:
 EPOCH_LINE = re.compile(r"^\s*Epoch (\d+)/(\d+)\s*$")
 KERAS_BAR = re.compile(r"^\s*(\d+)/(\d+)\s+(?:\[[=>.]*\]|[━─]+)(.*)$")
 HAPI_STEP = re.compile(r"^\s*step\s+(\d+)(?:/(\d+))?\s+(?:\[[=>.]*\]\s*)?-\s(.*)$")
-PER_STEP = re.compile(r"(\d+(?:\.\d+)?)(us|ms|s)/step")
+PER_STEP = re.compile(r"(?<![\d.])(\d{1,20}(?:\.\d{1,20})?)(us|ms|s)/step")
 UNIT = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
@@ -345,7 +381,7 @@ def parse_epoch_bar(text: str, ts: float, st: ParseState) -> Parsed:
     ``Eval samples: N``."""
     m = EPOCH_LINE.match(text)
     if m:
-        st.epoch = int(m.group(1))
+        st.epoch = count(m.group(1))
         st.hapi_eval = False
         return CLAIMED
     if text.startswith("Eval begin"):
@@ -365,13 +401,14 @@ def parse_epoch_bar(text: str, ts: float, st: ParseState) -> Parsed:
             return None
         if st.hapi_eval:
             return CLAIMED
-    n = int(m.group(1))
-    total = int(m.group(2)) if m.group(2) else None
+    n = count(m.group(1))
+    total = count(m.group(2)) if m.group(2) else None
     kv = pairs(m.group(3).split(" - "))
     if "loss" not in kv and not PER_STEP.search(m.group(3)):
         return None
     per = PER_STEP.search(m.group(3))
-    step_seconds = float(per.group(1)) * UNIT[per.group(2)] if per else None
+    per_step = number(per.group(1)) if per else None
+    step_seconds = per_step * UNIT[per.group(2)] if per and per_step is not None else None
     epoch = st.epoch or 1
     step = (epoch - 1) * total + n if total else n
     return Progress(step=step, loss=number(kv.get("loss")), step_seconds=step_seconds,
@@ -394,7 +431,7 @@ def parse_fleet(text: str, ts: float, st: ParseState) -> Parsed:
     loss = pick_loss(kv, ("loss",))
     if loss is None:
         return None
-    step = st.fleet.global_step(int(m.group(1)), int(m.group(2)), None, first_epoch=0)
+    step = st.fleet.global_step(count(m.group(1)), count(m.group(2)), None, first_epoch=0)
     speed = kv.get("speed", "")
     step_seconds = None
     if speed.endswith(("steps/s", "step/s")):
@@ -410,19 +447,23 @@ def parse_mxnet(text: str, ts: float, st: ParseState) -> Parsed:
         return None
     metrics = dict(p.partition("=")[::2] for p in m.group(4).split() if "=" in p)
     loss = next((number(v) for k, v in metrics.items() if "loss" in k or "entropy" in k), None)
-    step = st.mxnet.global_step(int(m.group(1)), int(m.group(2)), None, first_epoch=0)
+    step = st.mxnet.global_step(count(m.group(1)), count(m.group(2)), None, first_epoch=0)
     return Progress(step=step, loss=loss, samples_per_second=_rate(number(m.group(3))),
                     source="mxnet", ts=ts)
 
 
 # --------------------------------------------------------------------------- generic
 
-GENERIC_STEP = re.compile(r"(?<![\w/])step\b\s*[:=#]?\s*(\d+)(?:\s*/\s*(\d+))?(?![\d.])", re.I)
-GENERIC_LOSS = re.compile(r"(?<![\w])(?:train(?:ing)?[_ ])?loss\b\s*[:=]?\s*"
-                          r"([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))", re.I)
-GENERIC_SPS = re.compile(r"\b(?:samples_per_second|samples/s(?:ec)?)\s*[:=]?\s*([\d.]+)", re.I)
-GENERIC_TPS = re.compile(r"\b(?:tokens_per_second|tokens/s(?:ec)?|tok/s)\s*[:=]?\s*([\d,.]+)",
+# Possessive runs (``*+``, ``++``): ``\s*[:=]?\s*`` backtracks quadratically over a long
+# run of blanks; ``\s*+(?:[:=]\s*+)?`` matches the same text and never backtracks.
+GENERIC_STEP = re.compile(r"(?<![\w/])step\b\s*+(?:[:=#]\s*+)?(\d++)(?:\s*+/\s*+(\d++))?(?![\d.])",
+                          re.I)
+GENERIC_LOSS = re.compile(r"(?<![\w])(?:train(?:ing)?[_ ])?loss\b\s*+(?:[:=]\s*+)?"
+                          r"([-+]?(?:\d++\.?\d*+(?:[eE][-+]?\d++)?|nan|inf))", re.I)
+GENERIC_SPS = re.compile(r"\b(?:samples_per_second|samples/s(?:ec)?)\s*+(?:[:=]\s*+)?([\d.]++)",
                          re.I)
+GENERIC_TPS = re.compile(r"\b(?:tokens_per_second|tokens/s(?:ec)?|tok/s)\s*+(?:[:=]\s*+)?"
+                         r"([\d,.]++)", re.I)
 
 
 def parse_generic(text: str, ts: float, st: ParseState) -> Parsed:
@@ -438,10 +479,10 @@ def parse_generic(text: str, ts: float, st: ParseState) -> Parsed:
     low = text.lower()
     sps = GENERIC_SPS.search(text) if "sample" in low else None
     tps = GENERIC_TPS.search(text) if "tok" in low else None
-    return Progress(step=int(s.group(1)), loss=number(lm.group(1)),
+    return Progress(step=count(s.group(1)), loss=number(lm.group(1)),
                     samples_per_second=_rate(number(sps.group(1))) if sps else None,
                     tokens_per_second=_rate(number(tps.group(1))) if tps else None,
-                    total_steps=int(s.group(2)) if s.group(2) else None,
+                    total_steps=count(s.group(2)) if s.group(2) else None,
                     source="generic", ts=ts)
 
 

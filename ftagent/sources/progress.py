@@ -17,15 +17,25 @@ that changes what it prints is followed within seconds. ``reset()`` (a new train
 attempt) forgets the format.
 
 A line longer than ``MAX_LINE`` bytes, binary junk, invalid UTF-8 or a parser error is
-skipped and counted, never raised. A step that repeats (a tqdm redraw) or goes back is
-returned as it is: the hang detector decides what counts as new progress.
+skipped and counted, never raised; a count with more than ``MAX_DIGITS`` digits or above
+``MAX_STEP`` (``wire/limits.py``) makes the line no step, silently. A step that repeats (a
+tqdm redraw) or goes back is returned as it is: the hang detector decides what counts as
+new progress.
+
+Pass-through comes first, so parsing has a budget (``ParseBudget``): a share of the loop's
+time, refilled as time passes. A batch the budget cannot pay for in full is parsed from its
+end (its freshest lines, what the hang detector needs) as far as the budget goes; the
+lines before are skipped unparsed and counted (``lines_skipped["budget"]``, the metric
+``ftagent_log_lines_skipped_total``). Ordinary trainers never reach it; a trainer printing
+step-like lines at hundreds of MB/s gets its progress sampled instead of slowing down.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from ftagent.config import ConfigError
 from ftagent.model import PhaseMarker, Progress
@@ -35,9 +45,12 @@ from ftagent.sources.logformats import (
     FORMATS,
     Claimed,
     LogFormat,
+    OutOfBounds,
     ParseState,
+    count_of,
     number,
 )
+from ftagent.wire.limits import MAX_STEP
 
 log = logging.getLogger("ftagent.progress")
 
@@ -46,6 +59,36 @@ LOCK_AFTER = 3  # steps from one format before the needles narrow to its family
 UNLOCK_AFTER = 5.0  # seconds without a step before every needle is looked for again
 
 USER_GROUPS = ("step", "loss", "samples_per_second", "tokens_per_second")
+
+PARSE_SHARE = 0.15  # of wall time the parser may spend, sustained, once its burst is spent
+PARSE_BURST = 0.2  # seconds of parsing in hand: a burst of output is parsed in full
+PARSE_SLICE = 0.005  # seconds one batch may take: the loop (and the pumps, which share
+# the GIL with it) never wait longer on one batch's parse
+COST_PER_BYTE = 50e-9  # first guess of parse seconds per byte; learned from each batch
+MIN_LEARN = 4096  # bytes a batch needs before its cost per byte updates the estimate
+
+
+class ParseBudget:
+    """A token bucket of parsing seconds: ``share`` of every second elapsed on ``clock``,
+    at most ``burst`` in hand; ``spend`` may overdraw (one batch's cost), later batches
+    then wait for the refill."""
+
+    def __init__(self, share: float = PARSE_SHARE, burst: float = PARSE_BURST,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.share = share
+        self.burst = burst
+        self.clock = clock
+        self._tokens = burst
+        self._at = clock()
+
+    def available(self) -> float:
+        now = self.clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.share)
+        self._at = now
+        return self._tokens
+
+    def spend(self, seconds: float) -> None:
+        self._tokens -= max(0.0, seconds)
 
 _RUNNING_NEEDLES: tuple[str, ...] = tuple(dict.fromkeys(
     ALWAYS_NEEDLES + tuple(n for f in FORMATS for n in f.needles)))
@@ -88,10 +131,13 @@ class UserPattern:
             if tm is None:
                 return None
             groups = {k: v for k, v in tm.groupdict().items() if v is not None}
-        step = number(groups.get("step"))
-        if step is None or step != step or step < 0:
+        try:
+            step = count_of(number(groups.get("step")))
+        except OutOfBounds:
             return None
-        return Progress(step=int(step), loss=number(groups.get("loss")),
+        if step is None:
+            return None
+        return Progress(step=step, loss=number(groups.get("loss")),
                         samples_per_second=number(groups.get("samples_per_second")),
                         tokens_per_second=number(groups.get("tokens_per_second")),
                         source="user", ts=ts)
@@ -104,9 +150,17 @@ class LogProgress:
     step on stderr and its loss on stdout). Not thread-safe; call from one task.
     """
 
-    def __init__(self, user_regexes: Sequence[str] = ()) -> None:
+    def __init__(self, user_regexes: Sequence[str] = (), budget: ParseBudget | None = None,
+                 *, unlimited: bool = False) -> None:
+        """``budget``: a fresh ``ParseBudget()`` unless given; ``unlimited`` parses every
+        line whatever it costs (offline use, tests that count every observation)."""
         self.user = tuple(UserPattern(p) for p in user_regexes)
+        self.budget = None if unlimited else (budget or ParseBudget())
         self.skipped = 0  # lines too long or that made a parser fail
+        # lines not parsed, by reason: "budget", "too_long", "error"
+        self.lines_skipped: dict[str, int] = {}
+        self.on_skip: Callable[[str, int], None] | None = None  # (reason, lines): metrics
+        self._cost = COST_PER_BYTE
         self.reset()
 
     def reset(self) -> None:
@@ -162,7 +216,30 @@ class LogProgress:
 
     def parse_blob(self, buf: bytes, ts: float) -> list[Progress | PhaseMarker]:
         """Lines joined by ``\\n`` (as the output tee delivers them) → observations, in
-        order. Scanning the blob for needles costs nothing per line that has none."""
+        order; with a budget, of the batch's last lines only when it cannot pay for all."""
+        if self.budget is None or not buf:
+            return self._parse_blob(buf, ts)
+        avail = min(self.budget.available(), PARSE_SLICE)
+        start = 0
+        if avail < self._cost * len(buf):  # parse the freshest lines the budget pays for
+            keep = int(avail / self._cost) if avail > 0 else 0
+            start = len(buf) if keep <= 0 else buf.find(b"\n", len(buf) - keep) + 1
+            if start <= 0:
+                start = len(buf) if keep <= 0 else buf.rfind(b"\n") + 1
+            self._count_skip("budget", buf.count(b"\n", 0, start) + (start == len(buf)))
+            if start >= len(buf):
+                return []
+            buf = buf[start:]
+        t0 = self.budget.clock()
+        out = self._parse_blob(buf, ts)
+        spent = self.budget.clock() - t0
+        self.budget.spend(spent)
+        if len(buf) >= MIN_LEARN:
+            self._cost = max(1e-10, 0.5 * self._cost + 0.5 * spent / len(buf))
+        return out
+
+    def _parse_blob(self, buf: bytes, ts: float) -> list[Progress | PhaseMarker]:
+        """Every line of ``buf``. Scanning for needles costs nothing per line without one."""
         if self.user:
             return [o for o in (self.parse(line, ts) for line in buf.split(b"\n") if line)
                     if o is not None]
@@ -201,10 +278,13 @@ class LogProgress:
             for fmt, needles in self._dispatch(ts):
                 for n in needles:
                     if n in text:
-                        obs = fmt.parse(text, ts, self.state)
+                        try:
+                            obs = fmt.parse(text, ts, self.state)
+                        except OutOfBounds:  # 4,400 digits, step 10**30: not a step
+                            obs = None
                         if isinstance(obs, Claimed):
                             return None
-                        if obs is not None:
+                        if obs is not None and in_bounds(obs):
                             self._seen(fmt.family, obs)
                             return obs
                         break
@@ -228,8 +308,25 @@ class LogProgress:
                           if f.family in fams or f.name == MARKERS_FORMAT)
             self._locked_dispatch = first + tuple(d for d in _DISPATCH if d not in first)
 
+    def _count_skip(self, reason: str, lines: int) -> None:
+        if lines <= 0:
+            return
+        self.lines_skipped[reason] = self.lines_skipped.get(reason, 0) + lines
+        if self.on_skip is not None:
+            self.on_skip(reason, lines)
+
     def _skip(self, raw: bytes, why: str) -> None:
+        self._count_skip("too_long" if why == "line too long" else "error", 1)
         self.skipped += 1
         if self.skipped == 1 or self.skipped % 10_000 == 0:
             log.warning("skipped an output line (%s, %d bytes; %d skipped so far)",
                         why, len(raw), self.skipped, exc_info=why == "parser failed")
+
+
+def in_bounds(obs: Progress | PhaseMarker) -> bool:
+    """A step and total a float, JSON and the arbiter carry exactly (``MAX_STEP``); an
+    epoch-based global step can exceed it even when each of its counts is bounded."""
+    if not isinstance(obs, Progress):
+        return True
+    return 0 <= obs.step <= MAX_STEP and (
+        obs.total_steps is None or 0 <= obs.total_steps <= MAX_STEP)

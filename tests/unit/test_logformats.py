@@ -250,3 +250,69 @@ def test_total_steps_where_the_format_prints_the_run_length() -> None:
     assert isinstance(g, Progress) and g.step == 12 and g.total_steps == 120
     g = p.parse(b"step=13 loss=0.4", 2.0)
     assert isinstance(g, Progress) and g.total_steps is None
+
+
+# --------------------------------------------------------------------------- hostile numbers
+
+def test_counts_beyond_max_digits_or_max_step_are_no_step_and_no_traceback(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from ftagent.wire.limits import MAX_STEP
+
+    huge = "9" * 4400  # int() refuses over 4,300 digits
+    lines = [f"step={huge} loss=0.5", f"step={2**63 + 5} loss=0.5", f"step={MAX_STEP + 1} loss=1",
+             f"iteration {huge}/{huge} | lm loss: 1.0 |", f"step: {2**64} loss: 1.0",
+             f" 50%|#####     | {huge}/{huge} [00:01<00:01, 1.0it/s]",
+             f"Epoch {huge}/10", f"{huge}/500 [==>...] - loss: 0.3",
+             f"epoch: 1, batch_id: {huge}, loss: 2.3", f"Epoch[1] Batch [{huge}]\tSpeed: 1 "
+             "samples/sec", f"step={huge}, skipped=0", f"global_step={huge}, "
+             "RunningAvgSamplesPerSec=1.0", f"iteration 5/10 | global_step: {huge} | loss: 1 |",
+             "iteration 5/10 | global_step: 1e300 | loss: 1 |",
+             "iteration 5/10 | consumed samples: 1e300 | lm loss: 1 |"]
+    p = LogProgress()
+    with caplog.at_level("DEBUG", logger="ftagent.progress"):
+        out = p.parse_lines([ln.encode() for ln in lines], 1.0)
+    assert all(o.step <= MAX_STEP for o in out if isinstance(o, Progress))
+    assert p.skipped == 0 and "Traceback" not in caplog.text and not caplog.records
+    ok = p.parse(f"step={MAX_STEP} loss=0.5".encode(), 2.0)
+    assert isinstance(ok, Progress) and ok.step == MAX_STEP
+
+
+def test_user_pattern_bounds_its_step_too() -> None:
+    p = LogProgress([r"it (?P<step>\S+) l (?P<loss>\S+)"])
+    for bad in ("9" * 4400, "1e300", "inf", "nan", "-3", str(2**53)):
+        assert p.parse(f"it {bad} l 0.5".encode(), 1.0) is None
+    ok = p.parse(b"it 12 l 0.5", 1.0)
+    assert isinstance(ok, Progress) and ok.step == 12
+
+
+def test_parsed_floats_are_finite_or_a_nan_loss() -> None:
+    from ftagent.sources.logformats import number
+
+    assert number("1e309") is None and number("-inf") is None and number("9" * 400) is None
+    nan = number("nan")
+    assert nan is not None and nan != nan
+    p = LogProgress()
+    o = p.parse(b"step=3 loss=1e999 samples_per_second=" + b"9" * 400, 1.0)
+    assert isinstance(o, Progress) and o.loss is None and o.samples_per_second is None
+
+
+def test_regexes_are_linear_on_long_hostile_lines() -> None:
+    """A 16 KB line of digits, blanks or delimiters after any needle costs every regex time
+    linear in its length (the tqdm bar and ``ms/step`` regexes took seconds, quadratic)."""
+    import re
+    import time
+
+    from ftagent.sources import logformats as lf
+
+    heads = ["", "step", "loss", " 1%|", "train loss", "tok/s", "samples/s", "Step ", "1/2 [",
+             "step=1, skipped=", "Epoch[1] Batch [", "iteration "]
+    bodies = [" ", "1", "\t", "1.", " |", "1/", ": ", "1%", "%|", "1:"]
+    rxs = [v for v in vars(lf).values() if isinstance(v, re.Pattern)]
+    t0 = time.process_time()
+    for h in heads:
+        for b in bodies:
+            line = (h + b * 16000)[:16000] + "x"
+            for rx in rxs:
+                rx.search(line)
+    # ~3,400 searches of 16 KB: well under a second when linear, minutes when quadratic
+    assert time.process_time() - t0 < 20

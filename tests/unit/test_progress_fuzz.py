@@ -52,3 +52,29 @@ def test_single_lines_never_raise(lines: list[bytes]) -> None:
     p = LogProgress([r"(?P<step>-?\d+)\s+(?P<loss>\S+)"])
     out = [o for o in (p.parse(ln, 2.0) for ln in lines) if o is not None]
     check(out, 2.0)
+
+
+digits = st.text(alphabet="0123456789", min_size=1, max_size=5000)
+big_ints = st.one_of(st.integers(2**53 - 2, 2**53 + 2), st.integers(2**63 - 2, 2**64 + 2),
+                     st.integers(0, 10**30)).map(str)
+hostile_lines = st.lists(
+    st.one_of(st.sampled_from(FRAGMENTS), digits, big_ints, st.just(" ")), max_size=12,
+).map("".join).map(lambda s: s.encode("utf-8", "surrogatepass"))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(hostile_lines, max_size=20))
+def test_huge_numbers_are_never_steps_and_never_raise(lines: list[bytes]) -> None:
+    from ftagent.wire.limits import MAX_STEP
+
+    p = LogProgress(unlimited=True)
+    out = p.parse_lines(lines, 3.0)
+    check(out, 3.0)
+    for o in out:
+        if isinstance(o, Progress):
+            assert o.step <= MAX_STEP
+            assert o.total_steps is None or o.total_steps <= MAX_STEP
+            assert o.loss is None or o.loss != o.loss or abs(o.loss) < float("inf")
+            assert o.step_seconds is None or o.step_seconds != o.step_seconds or \
+                abs(o.step_seconds) < float("inf")
+    assert p.skipped == 0  # bounded numbers are no step, not a parser failure

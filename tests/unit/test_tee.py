@@ -72,3 +72,70 @@ def test_a_stdout_burst_delivered_late_does_not_evict_the_stderr_traceback() -> 
     assert ring.tail(5, "stderr") == [("stderr", b"Traceback: the last words")]
     assert ring.tail(2) == [("stdout", b"line 298"), ("stdout", b"line 299")]
     assert ring.tail(5)[0] == ("stdout", b"line 295")
+
+
+# --------------------------------------------------------------------------- the backlog
+
+def test_backlog_is_bounded_and_accounts_for_every_line() -> None:
+    from ftagent.agent.tee import LineBacklog
+
+    bl = LineBacklog(max_bytes=10_000, max_lines=500, sample_bytes=100)
+    put_lines = 0
+    woke = 0
+    for i in range(1000):
+        blob = b"\n".join(b"step=%d loss=0.5" % (i * 10 + j) for j in range(10))
+        woke += bl.put("stdout", blob, float(i))
+        put_lines += 10
+        nbytes, nlines = bl.held()
+        assert nbytes <= 10_000 + len(blob) and nlines <= 500 + 10
+    assert woke == 1  # only the first put found it empty: one wake-up for the whole burst
+    assert bl.oldest_ts() is not None and bl.oldest_ts() < 999.0
+    taken = bl.take(1 << 30)
+    got = sum(b.count(b"\n") + 1 for _, b, _ in taken)
+    assert got + bl.dropped_lines == put_lines and bl.dropped_lines > 0
+    assert bl.new_drops() == bl.dropped_lines and bl.new_drops() == 0
+    # the sample of the newest dropped batch comes first, with its read time and last lines
+    stream, sample, ts = taken[0]
+    assert stream == "stdout" and len(sample) <= 100 and sample.endswith(b"loss=0.5")
+    assert ts < taken[1][2] and [t for _, _, t in taken[1:]] == sorted(t for _, _, t in taken[1:])
+    assert taken[-1][2] == 999.0 and taken[-1][1].endswith(b"step=9999 loss=0.5")
+    assert bl.oldest_ts() is None and len(bl) == 0 and bl.put("stderr", b"x", 1000.0)
+
+
+def test_pump_hands_lines_over_before_writing_them() -> None:
+    """The batch is handed over (stamped with its read time) before it is written, so a
+    reader of the agent's output that blocks does not hide progress already read."""
+    import os
+    import threading
+
+    from ftagent.agent.tee import OutputPump
+
+    r, w = os.pipe()
+    out_r, out_w = os.pipe()
+    os.set_blocking(out_w, False)
+    filled = 0
+    try:
+        while True:  # the agent's stdout is full: the pump's write will block
+            filled += os.write(out_w, b"f" * 4096)
+    except BlockingIOError:
+        pass
+    os.set_blocking(out_w, True)
+    seen: list[bytes] = []
+    got_lines = threading.Event()
+
+    def on_lines(stream: str, blob: bytes, ts: float) -> None:
+        seen.append(blob)
+        got_lines.set()
+
+    pump = OutputPump(r, out_w, "stdout", on_lines)
+    pump.start()
+    os.write(w, b"step=1 loss=0.5\n")
+    os.close(w)
+    assert got_lines.wait(10)  # while the write of the same bytes is blocked
+    assert seen == [b"step=1 loss=0.5"]
+    data = b""
+    while len(data) < filled + 16:
+        data += os.read(out_r, 1 << 16)
+    assert pump.eof.wait(10) and data[filled:] == b"step=1 loss=0.5\n"
+    os.close(out_r)
+    os.close(out_w)
