@@ -7,6 +7,14 @@ carry the identity labels ``job, namespace, pod, node, rank`` (+ ``phase``, ``ki
 Values that already live in a source (NIC counters, RDMA ports) are read at scrape time
 by collectors that call a snapshot function, instead of being copied into gauges.
 Each agent/arbiter uses its own ``CollectorRegistry`` so several can live in one process.
+
+Every label value that comes from input is bounded: ``phase`` and ``op`` names pass
+through a ``LabelFold`` (the first ``MAX_PHASES`` / ``MAX_OPS`` distinct names, the rest
+become ``other`` and are counted in ``ftagent_label_values_folded_total{label}``);
+``kind`` is a ``FaultKind``; ``reason``, ``direction`` and ``action`` are fixed sets in the
+code; NIC and RDMA devices are at most ``MAX_DEVICES`` per scrape. No ``_created``
+series are exported (they doubled the counter and histogram series for a timestamp no
+dashboard reads).
 """
 
 from __future__ import annotations
@@ -14,11 +22,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from ftagent.model import FaultKind
+from ftagent.wire.limits import MAX_OPS, MAX_PHASES, OTHER
 
 log = logging.getLogger("ftagent.metrics")
 
@@ -127,12 +145,13 @@ class AgentMetrics:
         self.generation = gauge(
             "ftagent_job_generation", "The job generation this agent runs (arbiter).").labels(**i)
         # -- progress
-        self.step = gauge("ftagent_training_step", "Last training step seen.").labels(**i)
-        self.loss = gauge("ftagent_training_loss", "Last training loss seen.").labels(**i)
-        self.samples_per_second = gauge(
-            "ftagent_training_samples_per_second", "Training throughput in samples/s.").labels(**i)
-        self.tokens_per_second = gauge(
-            "ftagent_training_tokens_per_second", "Training throughput in tokens/s.").labels(**i)
+        # The attempt's progress: absent until this attempt reports it (reset_progress).
+        self._step = gauge("ftagent_training_step", "Last training step seen.")
+        self._loss = gauge("ftagent_training_loss", "Last training loss seen.")
+        self._samples_per_second = gauge(
+            "ftagent_training_samples_per_second", "Training throughput in samples/s.")
+        self._tokens_per_second = gauge(
+            "ftagent_training_tokens_per_second", "Training throughput in tokens/s.")
         self.samples = counter("ftagent_training_samples",
                                "Samples processed (SDK-reported).").labels(**i)
         self.tokens = counter("ftagent_training_tokens",
@@ -323,7 +342,7 @@ class NicCollector(Collector):
         bw = GaugeMetricFamily("ftagent_nic_bandwidth_bytes_per_second",
                                "Link throughput over the last window.", labels=dev + ["direction"])
         try:
-            for n in self.nics():
+            for n in islice(self.nics(), MAX_DEVICES):
                 lv = vals + [n.device]
                 up.add_metric(lv, float(n.up))
                 carrier.add_metric(lv, float(n.carrier))
@@ -349,7 +368,7 @@ class NicCollector(Collector):
                                 "RDMA port throughput over the last window.",
                                 labels=port + ["direction"])
         try:
-            for p in self.ib_ports():
+            for p in islice(self.ib_ports(), MAX_DEVICES):
                 lv = vals + [p.device, p.port]
                 state.add_metric(lv, p.state_id)
                 phys.add_metric(lv, p.phys_state_id)

@@ -28,8 +28,12 @@ Wire format, version 1: one ASCII datagram per call, fields separated by one spa
     v1 <pid> c <op> <nbytes> <seconds> <world_size>  one timed collective
 
 Numbers are decimal (``repr`` of a float: ``nan`` and ``inf`` allowed for the loss);
-phase and op names have no whitespace (it is replaced by ``_``) and at most 64 bytes.
-A receiver ignores datagrams whose first field it does not know (a future version).
+phase and op names are printable UTF-8 without whitespace (whitespace and control
+characters become ``_``), 1..64 bytes. The sender keeps to the receiver's limits
+(``ftagent/wire/limits.py``): a step or a collective out of range is not sent (the agent
+would drop it), samples or tokens out of range are sent as ``-``. A receiver ignores
+datagrams whose first field it does not know (a future version), and checks everything
+again: the socket is open to any process of the pod.
 """
 
 from __future__ import annotations
@@ -42,11 +46,13 @@ import time
 from contextlib import ContextDecorator, suppress
 from typing import Any
 
+from ftagent.wire.limits import MAX_LABEL_NAME, MAX_SECONDS, MAX_STEP, MAX_WORLD_SIZE
+
 ENV = "FTAGENT_SDK_SOCKET"
 VERSION = b"v1"
 RETRY_SECONDS = 1.0  # after the agent was found gone, try to reach it again this often
 PHASE_WAIT = 0.005  # a phase marker waits this long for room in a full queue; steps drop
-NAME_MAX = 64
+NAME_MAX = MAX_LABEL_NAME  # bytes of a phase or op name
 
 
 def _num(v: Any) -> bytes:
@@ -60,21 +66,28 @@ def _num(v: Any) -> bytes:
         return b"-"
 
 
-def _int(v: Any) -> bytes:
+def _int(v: Any, lo: int = 0, hi: int = MAX_STEP) -> bytes:
+    """A count for the wire; ``-`` for None, a non-integer or a value out of [lo, hi]."""
     if v is None:
         return b"-"
     try:
-        return b"%d" % int(v)
+        n = int(v)
     except Exception:  # noqa: BLE001
         return b"-"
+    return b"%d" % n if lo <= n <= hi else b"-"
 
 
 def _name(v: Any) -> bytes:
+    """1..NAME_MAX bytes of printable UTF-8 without spaces, cut at a character boundary."""
     try:
-        name = "_".join(str(v).split())[:NAME_MAX] or "_"
+        name = "".join(c if c.isprintable() and not c.isspace() else "_"
+                       for c in str(v)[:NAME_MAX]) or "_"
     except Exception:  # noqa: BLE001 - a __str__ that raises
         name = "_"
-    return name.encode("utf-8", "replace")[:NAME_MAX]
+    raw = name.encode("utf-8", "replace")
+    if len(raw) > NAME_MAX:
+        raw = raw[:NAME_MAX].decode("utf-8", "ignore").encode()
+    return raw
 
 
 class _Client:
@@ -163,12 +176,18 @@ def step(n: int, loss: float | None = None, samples: int | None = None,
     if not _client.ready():
         return
     try:
-        try:  # the common case, formatted in one go
+        try:  # the common case, formatted in one go; anything out of range: the slow way
+            if not (0 <= n <= MAX_STEP and (samples is None or 0 <= samples <= MAX_STEP)
+                    and (tokens is None or 0 <= tokens <= MAX_STEP)):
+                raise ValueError
             msg = b"s %d %b %b %b" % (n, b"-" if loss is None else b"%r" % float(loss),
                                        b"-" if samples is None else b"%d" % samples,
                                        b"-" if tokens is None else b"%d" % tokens)
         except Exception:  # noqa: BLE001 - odd types: field by field, "-" for bad ones
-            msg = b"s %s %s %s %s" % (_int(n), _num(loss), _int(samples), _int(tokens))
+            step_ = _int(n)
+            if step_ == b"-":
+                return  # no step to report: the agent would drop it
+            msg = b"s %s %s %s %s" % (step_, _num(loss), _int(samples), _int(tokens))
         _client.send(msg)
     except Exception:  # noqa: BLE001 - never raise into the trainer
         pass
@@ -202,8 +221,11 @@ def collective(op: str, nbytes: int, seconds: float, world_size: int) -> None:
     all_gather / reduce_scatter: the total over ranks, as nccl-tests counts it)."""
     if not _client.ready():
         return
-    try:  # noqa: SIM105 - hot path: a try costs nothing, suppress() a context manager
-        _client.send(b"c %s %s %s %s" % (_name(op), _int(nbytes), _num(seconds),
-                                         _int(world_size)))
+    try:
+        size, world = _int(nbytes), _int(world_size, 1, MAX_WORLD_SIZE)
+        secs = float(seconds)
+        if size == b"-" or world == b"-" or not 0.0 <= secs <= MAX_SECONDS:
+            return  # the agent would drop it (and NaN fails the comparison)
+        _client.send(b"c %s %s %r %s" % (_name(op), size, secs, world))
     except Exception:  # noqa: BLE001
         pass

@@ -3,16 +3,27 @@
 A sink only listens: it never decides. A step that does not increase (a tqdm redraw) is
 not new progress. Step and phase durations are not computed here: the hang detector
 already separates clean step intervals from phases, and ``HangWatch`` records them.
+
+A new attempt (``TrainerStart``) removes the last attempt's step, loss and throughput
+until it reports its own. Every fault observes ``ftagent_detection_latency_seconds``:
+from the evidence that triggered it to the moment it is raised (the hook runs then) —
+the trainer's exit for a crash, the budget's expiry for a hang (the detector's
+``over_budget_seconds`` at creation, plus the evidence capture since), the link change
+for a NIC fault (the detector's own ``detection_latency_seconds``).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import time
+from collections.abc import Callable
 
 from ftagent.metrics import AgentMetrics
 from ftagent.model import (
     CollectiveSample,
     Fault,
+    FaultKind,
     Observation,
     ProcessExit,
     Progress,
@@ -23,11 +34,23 @@ from ftagent.sources.sdk_socket import busbw
 
 log = logging.getLogger("ftagent.metrics")
 
+
+def _seconds(v: object) -> float | None:
+    """A duration from a fault's evidence: a finite number (not a bool), else None."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    return None
+
+
 class MetricsSink:
-    def __init__(self, metrics: AgentMetrics) -> None:
+    def __init__(self, metrics: AgentMetrics, *, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
         self.m = metrics
+        self.clock = clock  # monotonic, as observations' ts
+        self.wall = wall  # as Fault.detected_at
         self._last_step: int | None = None
         self._restarts_seen = 0
+        self._exit_ts: float | None = None  # the trainer's last exit (monotonic)
 
     def observe(self, obs: Observation) -> None:
         m = self.m
@@ -48,17 +71,20 @@ class MetricsSink:
                 m.tokens.inc(obs.tokens)
         elif isinstance(obs, CollectiveSample):
             algbw, bus = busbw(obs.op, obs.nbytes, obs.seconds, obs.world_size)
-            op = obs.op
-            m.collective_seconds.labels(**m.labels(op=op)).observe(obs.seconds)
-            m.collective_algbw.labels(**m.labels(op=op)).set(algbw)
-            m.collective_busbw.labels(**m.labels(op=op)).set(bus)
+            labels = m.labels(op=obs.op)  # folded once for the three series
+            m.collective_seconds.labels(**labels).observe(obs.seconds)
+            m.collective_algbw.labels(**labels).set(algbw)
+            m.collective_busbw.labels(**labels).set(bus)
         elif isinstance(obs, TrainerStart):
             m.trainer_running.set(1)
             m.generation.set(obs.generation)
+            m.reset_progress()
             self._last_step = None
+            self._exit_ts = None
         elif isinstance(obs, ProcessExit):
             m.trainer_running.set(0)
             m.trainer_last_exit_code.set(obs.exit_status)
+            self._exit_ts = obs.ts
 
     def on_state(self, state: TrainerState, restarts: int) -> None:
         if restarts > self._restarts_seen:
@@ -69,7 +95,20 @@ class MetricsSink:
         if fault.evidence.get("recovered"):  # the all-clear after an outage, not a fault
             return
         self.m.faults_by_kind(fault.kind.value).inc()
-        latency = fault.evidence.get("detection_latency_seconds")
-        if isinstance(latency, (int, float)):
+        latency = self.detection_latency(fault)
+        if latency is not None:
             self.m.detection_latency.labels(**self.m.labels(kind=fault.kind.value)).observe(
-                latency)
+                max(0.0, latency))
+
+    def detection_latency(self, fault: Fault) -> float | None:
+        """Seconds from the fault's triggering evidence to now (when it is raised)."""
+        ev = fault.evidence
+        measured = _seconds(ev.get("detection_latency_seconds"))
+        if measured is not None:  # the detector measured it (NIC: since the link change)
+            return measured
+        if fault.kind is FaultKind.CRASH and self._exit_ts is not None:
+            return self.clock() - self._exit_ts
+        over = _seconds(ev.get("over_budget_seconds"))
+        if over is not None:  # a hang: past the budget when created, + evidence capture
+            return over + max(0.0, self.wall() - fault.detected_at)
+        return None

@@ -4,8 +4,19 @@ The agent binds a unix datagram socket, puts its path in ``FTAGENT_SDK_SOCKET`` 
 trainer, and ``SdkSocketSource.run`` turns each datagram (format: ``ftagent/sdk.py``) into
 ``Progress(source="sdk")``, ``PhaseMarker(source="sdk")`` or ``CollectiveSample``, stamped
 with the agent's monotonic clock on arrival (a datagram is delivered at once, so that is
-when the step completed). A datagram that does not parse is counted, logged at most once
-a minute, and skipped: a buggy or hostile sender cannot stop the source.
+when the step completed).
+
+Everything is range-checked here, where it enters (``ftagent/wire/limits.py``): at most
+``MAX_SDK_DATAGRAM`` bytes, the v1 shape (field count, ASCII digits for integers), steps,
+samples, tokens and byte counts in ``[0, MAX_STEP]``, a world size in
+``[1, MAX_WORLD_SIZE]``, a collective's seconds finite in ``[0, MAX_SECONDS]`` (a loss may
+be NaN or infinite: that is news), names of 1..``MAX_LABEL_NAME`` bytes of printable
+UTF-8. A datagram that fails is dropped, counted by reason (``DROP_REASONS``), logged at
+most once a minute; nothing raises and nothing is kept, so a buggy or hostile sender
+can neither stop the source nor grow the agent. Phase and op names then go through the
+agent's ``LabelFold`` (the first ``MAX_PHASES`` / ``MAX_OPS`` distinct names, the rest
+become ``other``) before anything sees them: the hang detector learns a budget per phase
+name, so the names must be bounded before it, not only as label values.
 
 ``busbw`` converts a collective's time into the bandwidths nccl-tests reports.
 """
@@ -20,51 +31,122 @@ import socket
 import stat
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ftagent.model import CollectiveSample, Observation, PhaseMarker, Progress
+from ftagent.wire.limits import (
+    MAX_LABEL_NAME,
+    MAX_OPS,
+    MAX_PHASES,
+    MAX_PID,
+    MAX_SDK_DATAGRAM,
+    MAX_SECONDS,
+    MAX_STEP,
+    MAX_WORLD_SIZE,
+)
+
+if TYPE_CHECKING:
+    from ftagent.metrics import AgentMetrics
 
 log = logging.getLogger("ftagent.sdk_socket")
 
-MAX_DATAGRAM = 4096  # the SDK's datagrams are < 200 bytes
+MAX_DATAGRAM = MAX_SDK_DATAGRAM
+MAX_FLOAT_FIELD = 32  # bytes of one float field ("-1.2345678901234567e-308" is 24)
 DRAIN_MAX = 1024  # datagrams handled per wake-up before yielding to the event loop
 LOG_EVERY = 60.0  # seconds between two warnings about bad datagrams
 
+# Why a datagram was dropped (the ``reason`` label of ftagent_sdk_datagrams_dropped_total).
+OVERSIZE = "oversize"  # longer than MAX_DATAGRAM
+VERSION = "version"  # not "v1 ..." (a future version, or not the SDK at all)
+MALFORMED = "malformed"  # the wrong number of fields, a field that is not a number
+RANGE = "range"  # a number out of its range, a non-finite float where one must be finite
+NAME = "name"  # a phase or op name empty, too long, not UTF-8 or not printable
+DROP_REASONS = (OVERSIZE, VERSION, MALFORMED, RANGE, NAME)
 
-def _float(b: bytes) -> float | None:
-    return None if b == b"-" else float(b)
+SdkObservation = Progress | PhaseMarker | CollectiveSample
 
 
-def _int(b: bytes) -> int | None:
-    return None if b == b"-" else int(b)
+class _Drop(Exception):
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
 
 
-def parse_datagram(data: bytes, ts: float) -> Progress | PhaseMarker | CollectiveSample | None:
-    """One SDK datagram → its observation, or None if it is not a valid v1 datagram."""
+def _count(b: bytes, lo: int = 0, hi: int = MAX_STEP) -> int:
+    """An integer field: ASCII digits only (no sign, no ``_``, no spaces), in [lo, hi]."""
+    if not b.isdigit():  # bytes.isdigit: ASCII 0-9 only
+        raise _Drop(MALFORMED)
+    if len(b) > 20:  # more than 2**64: out of range without parsing a huge number
+        raise _Drop(RANGE)
+    v = int(b)
+    if not lo <= v <= hi:
+        raise _Drop(RANGE)
+    return v
+
+
+def _opt_count(b: bytes) -> int | None:
+    return None if b == b"-" else _count(b)
+
+
+def _float(b: bytes) -> float:
+    if len(b) > MAX_FLOAT_FIELD:
+        raise _Drop(MALFORMED)
+    try:
+        return float(b)
+    except ValueError:
+        raise _Drop(MALFORMED) from None
+
+
+def _name(b: bytes) -> str:
+    if not 0 < len(b) <= MAX_LABEL_NAME:
+        raise _Drop(NAME)
+    try:
+        name = b.decode("utf-8")
+    except UnicodeDecodeError:
+        raise _Drop(NAME) from None
+    if not name.isprintable():
+        raise _Drop(NAME)
+    return name
+
+
+def check_datagram(data: bytes, ts: float, phases: Callable[[str], str] = str,
+                   ops: Callable[[str], str] = str) -> SdkObservation | str:
+    """One SDK datagram → its observation, or the reason (one of ``DROP_REASONS``) it is
+    dropped. ``phases`` and ``ops`` bound the names (the agent's ``LabelFold``s)."""
+    if len(data) > MAX_DATAGRAM:
+        return OVERSIZE
     parts = data.split(b" ")
-    if len(parts) < 4 or parts[0] != b"v1" or not parts[1].isdigit():
-        return None
+    if parts[0] != b"v1":
+        return VERSION if data else MALFORMED
+    if len(parts) < 4:
+        return MALFORMED
     kind, args = parts[2], parts[3:]
     try:
+        _count(parts[1], 1, MAX_PID)
         if kind == b"s" and len(args) == 4:
-            step = int(args[0])
-            samples, tokens = _int(args[2]), _int(args[3])
-            if step < 0 or (samples is not None and samples < 0) or \
-                    (tokens is not None and tokens < 0):
-                return None
-            return Progress(step=step, loss=_float(args[1]), samples=samples, tokens=tokens,
-                            source="sdk", ts=ts)
-        if kind == b"p" and len(args) == 2 and args[1] in (b"0", b"1") and args[0]:
-            return PhaseMarker(phase=args[0].decode("utf-8", "replace"), begin=args[1] == b"1",
+            step = _count(args[0])
+            loss = None if args[1] == b"-" else _float(args[1])  # NaN and inf are news
+            return Progress(step=step, loss=loss, samples=_opt_count(args[2]),
+                            tokens=_opt_count(args[3]), source="sdk", ts=ts)
+        if kind == b"p" and len(args) == 2 and args[1] in (b"0", b"1"):
+            return PhaseMarker(phase=phases(_name(args[0])), begin=args[1] == b"1",
                                source="sdk", ts=ts)
-        if kind == b"c" and len(args) == 4 and args[0]:
-            nbytes, seconds, world = int(args[1]), float(args[2]), int(args[3])
-            if nbytes < 0 or not 0 <= seconds < math.inf or world < 1:
-                return None
-            return CollectiveSample(op=args[0].decode("utf-8", "replace"), nbytes=nbytes,
-                                    seconds=seconds, world_size=world, ts=ts)
-    except ValueError:
-        return None
-    return None
+        if kind == b"c" and len(args) == 4:
+            op = _name(args[0])
+            nbytes, seconds = _count(args[1]), _float(args[2])
+            world = _count(args[3], 1, MAX_WORLD_SIZE)
+            if not 0.0 <= seconds <= MAX_SECONDS:  # also NaN and inf
+                return RANGE
+            return CollectiveSample(op=ops(op), nbytes=nbytes, seconds=seconds,
+                                    world_size=world, ts=ts)
+    except _Drop as d:
+        return d.reason
+    return MALFORMED
+
+
+def parse_datagram(data: bytes, ts: float) -> SdkObservation | None:
+    """One SDK datagram → its observation, or None if it is not a valid v1 datagram."""
+    obs = check_datagram(data, ts)
+    return None if isinstance(obs, str) else obs
 
 
 def busbw(op: str, nbytes: int, seconds: float, n: int) -> tuple[float, float]:
@@ -88,15 +170,25 @@ def busbw(op: str, nbytes: int, seconds: float, n: int) -> tuple[float, float]:
 
 
 class SdkSocketSource:
-    """Binds ``path`` (a stale socket there is replaced) and emits what trainers send."""
+    """Binds ``path`` (a stale socket there is replaced) and emits what trainers send.
+
+    With ``metrics``, names are folded through the agent's ``phase_names``/``op_names``
+    (the same sets its series use) and drops are exported; without, the source bounds
+    the names with folds of its own, so its consumers stay bounded either way."""
 
     def __init__(self, path: str, *, clock: Callable[[], float] = time.monotonic,
-                 rcvbuf: int = 1 << 20) -> None:
+                 rcvbuf: int = 1 << 20, metrics: AgentMetrics | None = None) -> None:
+        from ftagent.metrics import LabelFold
+
         self.path = path
         self.clock = clock
         self.rcvbuf = rcvbuf
+        self.metrics = metrics
+        self.phases = metrics.phase_names if metrics else LabelFold("phase", MAX_PHASES)
+        self.ops = metrics.op_names if metrics else LabelFold("op", MAX_OPS)
         self.received = 0
         self.garbage = 0
+        self.dropped = dict.fromkeys(DROP_REASONS, 0)
         self._sock: socket.socket | None = None
         self._ino: int | None = None
         self._last_warning = -math.inf
@@ -153,18 +245,24 @@ class SdkSocketSource:
     def _drain(self, sock: socket.socket, emit: Callable[[Observation], None]) -> None:
         for _ in range(DRAIN_MAX):
             try:
-                data = sock.recv(MAX_DATAGRAM)
+                data = sock.recv(MAX_DATAGRAM + 1)  # +1: a longer one is seen as such
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:
                 self._warn("receiving from the SDK socket failed: %s", e)
                 return
             self.received += 1
-            obs = parse_datagram(data, self.clock())
-            if obs is None:
+            m = self.metrics
+            if m is not None:
+                m.sdk_received.inc()
+            obs = check_datagram(data, self.clock(), self.phases, self.ops)
+            if isinstance(obs, str):
                 self.garbage += 1
-                self._warn("ignored %d malformed SDK datagram(s); last: %r", self.garbage,
-                           data[:80])
+                self.dropped[obs] += 1
+                if m is not None:
+                    m.sdk_dropped.labels(**m.labels(reason=obs)).inc()
+                self._warn("dropped %d invalid SDK datagram(s); last (%s): %r", self.garbage,
+                           obs, data[:80])
                 continue
             try:
                 emit(obs)

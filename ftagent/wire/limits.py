@@ -10,6 +10,7 @@ state. Values are chosen far above anything real and far below what breaks a typ
 * generations and restart counts: < 2**31, far from int64's edge even after +1;
 * world size: 1..1,000,000 ranks;
 * names (job, namespace, pod, node, phase, op): short printable strings.
+* phase and op names as label values: the first MAX_PHASES / MAX_OPS distinct ones.
 """
 
 from __future__ import annotations
@@ -27,6 +28,23 @@ MAX_EVIDENCE = 256 * 1024  # a fault's evidence JSON
 MAX_STACKS = 8 * 1024 * 1024  # py-spy JSON of a trainer tree
 MAX_ID = 128  # fault and command ids, agent instance ids
 MAX_DIGITS = 20  # a number in a log line longer than this is not a step
+MAX_SDK_DATAGRAM = 512  # one SDK datagram (the SDK's own are < 200 bytes)
+MAX_SECONDS = 7 * 24 * 3600.0  # a duration from the SDK (a collective's time)
+MAX_PID = 2**22  # Linux's PID_MAX_LIMIT
+
+MAX_PHASES = 32
+"""Distinct phase names one agent keeps, as label values and as hang budgets learned.
+Trainers declare a handful (checkpoint, eval, save); a name made per step
+(``ftagent.phase(f"ckpt-{step}")``) would add a histogram (15 series) and a learned budget
+per step: 25,000 of them made 900k series, a 118 MB scrape and an 854 MB agent. The first
+32 distinct names are kept; later ones are folded into ``OTHER`` (and counted)."""
+
+MAX_OPS = 32
+"""Distinct collective op names one agent exports: torch.distributed has about 15
+collectives (with its ``_coalesced``/``_into_tensor`` variants), so 32 leaves room for
+custom ones; later names are folded into ``OTHER`` (and counted)."""
+
+OTHER = "other"  # the label value names past a cap are folded into
 
 
 class OutOfRange(ValueError):

@@ -67,7 +67,63 @@ def test_sdk_progress_metrics_and_hang(tmp_path: Path) -> None:
                                   if e["event"] == "fault" and e["kind"] == "hang"],
                          30, "hang fault")[0]
         assert fault["last_step"] == 40
-        assert value(scrape(port), "ftagent_hang") == 1.0
+        text = scrape(port)
+        assert value(text, "ftagent_hang") == 1.0
+        # from the budget's expiry to the fault: a tick (0.5 s) and the stacks, at most
+        assert value(text, "ftagent_detection_latency_seconds_count") == 1
+        assert 'kind="hang"' in next(ln for ln in text.splitlines()
+                                     if ln.startswith("ftagent_detection_latency_seconds_count"))
+        assert 0 <= (value(text, "ftagent_detection_latency_seconds_sum") or -1) < 5
+        assert "_created" not in text
+        assert value(text, "ftagent_sdk_datagrams_received_total") == 40 * 2 + 2
+        assert 'ftagent_sdk_datagrams_dropped_total{' in text
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=30)
+
+
+RESTARTED = textwrap.dedent("""
+    import os, time
+    attempt = int(os.environ["FTAGENT_RESTART_COUNT"])
+    if attempt == 0:
+        print("step=10 loss=0.5000 samples_per_second=100.0", flush=True)
+        while not os.path.exists(os.environ["GO"]):
+            time.sleep(0.01)
+        raise SystemExit(3)
+    open(os.environ["DONE"], "w").close()
+    while True:          # the second attempt has not reported a step yet
+        time.sleep(1)
+""")
+
+
+def test_crash_latency_and_progress_reset_on_restart(tmp_path: Path) -> None:
+    events = tmp_path / "ev.jsonl"
+    go, done = tmp_path / "go", tmp_path / "done"
+    agent = popen(ftagent_cmd("--metrics-port", "0", "--metrics-addr", "127.0.0.1",
+                              "--max-restarts", "1", "--restart-backoff", "0",
+                              "--events-file", str(events), cmd=[PY, "-c", RESTARTED]),
+                  env={"GO": str(go), "DONE": str(done)},
+                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        port = wait_for(lambda: next((e["metrics_port"] for e in read_events(events)
+                                      if e.get("kind") == "metrics"), None), 30, "port")
+        wait_for(lambda: value(scrape(port), "ftagent_training_step") == 10, 30, "step 10")
+        text = scrape(port)
+        assert value(text, "ftagent_training_samples_per_second") == 100.0
+        go.touch()
+        wait_for(done.exists, 30, "the second attempt")
+        text = wait_for(lambda: (t := scrape(port)) and
+                        value(t, "ftagent_restarts_total") == 1 and t, 10, "the restart")
+        for name in ("ftagent_training_step", "ftagent_training_loss",
+                     "ftagent_training_samples_per_second"):
+            assert value(text, name) is None, name  # not the first attempt's values
+        assert value(text, "ftagent_trainer_running") == 1
+        count = [ln for ln in text.splitlines()
+                 if ln.startswith("ftagent_detection_latency_seconds_count{")]
+        assert len(count) == 1 and 'kind="crash"' in count[0] and count[0].endswith(" 1.0")
+        # the exit → the fault, after draining the output: well under the 2 s drain cap
+        assert 0 <= (value(text, "ftagent_detection_latency_seconds_sum") or -1) < 2.5
+        assert "_created" not in text
     finally:
         agent.send_signal(signal.SIGTERM)
         agent.wait(timeout=30)

@@ -16,8 +16,26 @@ from pathlib import Path
 import pytest
 
 from ftagent import sdk
+from ftagent.metrics import AgentMetrics
 from ftagent.model import CollectiveSample, Observation, PhaseMarker, Progress
-from ftagent.sources.sdk_socket import SdkSocketSource, busbw, parse_datagram
+from ftagent.sources.sdk_socket import (
+    DROP_REASONS,
+    MAX_DATAGRAM,
+    SdkSocketSource,
+    busbw,
+    check_datagram,
+    parse_datagram,
+)
+from ftagent.wire.limits import (
+    MAX_LABEL_NAME,
+    MAX_OPS,
+    MAX_PHASES,
+    MAX_PID,
+    MAX_SECONDS,
+    MAX_STEP,
+    MAX_WORLD_SIZE,
+    OTHER,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -223,11 +241,50 @@ def test_bad_values_never_raise(raw_receiver: socket.socket) -> None:
     with sdk.phase(Weird()):  # type: ignore[arg-type]
         pass
     sdk.step(5, loss=2)
-    got = [parse_datagram(raw_receiver.recv(4096), 0.0) for _ in range(5)]
-    assert got[0] is None  # step "-" is rejected by the receiver, not by the trainer
-    assert got[1] is None  # op "_" with nbytes "-"
-    assert got[2] == PhaseMarker("_", True, source="sdk", ts=0.0)
-    assert got[4] == Progress(step=5, loss=2.0, source="sdk", ts=0.0)
+    got = [parse_datagram(raw_receiver.recv(4096), 0.0) for _ in range(3)]
+    # no step and no collective to report: not sent (the agent would drop them)
+    assert got[0] == PhaseMarker("_", True, source="sdk", ts=0.0)
+    assert got[1] == PhaseMarker("_", False, source="sdk", ts=0.0)
+    assert got[2] == Progress(step=5, loss=2.0, source="sdk", ts=0.0)
+
+
+def test_sender_keeps_to_the_receivers_limits(raw_receiver: socket.socket) -> None:
+    """What the SDK sends is within wire.limits: out-of-range steps and collectives are
+    not sent, out-of-range counts become "-", names are cut and cleaned; and everything
+    it sends is accepted by the receiver."""
+    raw_receiver.settimeout(0.5)
+    sdk.step(-1)
+    sdk.step(MAX_STEP + 1)
+    sdk.collective("all_reduce", -1, 0.1, 2)
+    sdk.collective("all_reduce", 1, math.nan, 2)
+    sdk.collective("all_reduce", 1, math.inf, 2)
+    sdk.collective("all_reduce", 1, 0.1, 0)
+    sdk.collective("all_reduce", 1, 0.1, MAX_WORLD_SIZE + 1)
+    sdk.step(MAX_STEP, loss=math.inf, samples=MAX_STEP + 1, tokens=-3)
+    sdk.step(7, loss=math.nan, samples=2.0, tokens=3)  # type: ignore[arg-type]
+    with sdk.phase("é" * 40):  # 80 bytes: cut to 64 at a character boundary
+        pass
+    with sdk.phase("a\x00b\tc\u200bd\x7f"):  # control and format characters, whitespace
+        pass
+    sdk.collective("x" * 100, 1 << 20, 0.5, MAX_WORLD_SIZE)
+    raw = []
+    with pytest.raises(TimeoutError):
+        while True:
+            raw.append(raw_receiver.recv(4096))
+    got = [parse_datagram(d, 0.0) for d in raw]
+    assert None not in got, raw
+    assert len(got) == 7
+    first, second = got[0], got[1]
+    assert isinstance(first, Progress) and isinstance(second, Progress)
+    assert (first.step, first.loss, first.samples, first.tokens) == (
+        MAX_STEP, math.inf, None, None)
+    assert (second.step, second.samples, second.tokens) == (7, 2, 3)
+    assert second.loss is not None and math.isnan(second.loss)
+    assert [o.phase for o in got[2:6] if isinstance(o, PhaseMarker)] == [
+        "é" * 32, "é" * 32, "a_b_c_d_", "a_b_c_d_"]
+    assert got[6] == CollectiveSample("x" * MAX_LABEL_NAME, 1 << 20, 0.5, MAX_WORLD_SIZE,
+                                      ts=0.0)
+    assert sdk.NAME_MAX == MAX_LABEL_NAME
 
 
 # --------------------------------------------------------------------------- receiver
@@ -273,6 +330,131 @@ def test_close_leaves_a_newer_agents_socket(tmp_path: Path) -> None:
 ])
 def test_parse_datagram(data: bytes, expected: Observation | None) -> None:
     assert parse_datagram(data, 1.0) == expected
+
+
+N64 = b"n" * MAX_LABEL_NAME
+
+
+@pytest.mark.parametrize(("data", "reason"), [
+    (b"v1 9 p " + b"x" * MAX_DATAGRAM + b" 1", "oversize"),
+    (b"v2 9 s 1 - - -", "version"), (b"\xff\x00", "version"), (b"hello", "version"),
+    (b"", "malformed"), (b"v1 9 s", "malformed"), (b"v1 9 s 1 - -", "malformed"),
+    (b"v1 9 s 1 - - - -", "malformed"), (b"v1 x s 1 - - -", "malformed"),
+    (b"v1 9 s - - - -", "malformed"), (b"v1 9 s +1 - - -", "malformed"),
+    (b"v1 9 s 1_0 - - -", "malformed"), (b"v1 9 s \xd9\xa3 - - -", "malformed"),
+    (b"v1 9 s -1 - - -", "malformed"), (b"v1 9 s 1 x - -", "malformed"),
+    (b"v1 9 s 1 " + b"1" * 40 + b" - -", "malformed"), (b"v1 9 p x 2", "malformed"),
+    (b"v1 9 q 1 2 3", "malformed"), (b"v1 9 c op 1 2", "malformed"),
+    (b"v1 9 s  1 - -", "malformed"),
+    (b"v1 0 s 1 - - -", "range"), (b"v1 %d s 1 - - -" % (MAX_PID + 1), "range"),
+    (b"v1 9 s %d - - -" % (MAX_STEP + 1), "range"), (b"v1 9 s " + b"9" * 400 + b" - - -", "range"),
+    (b"v1 9 s 1 - %d -" % (MAX_STEP + 1), "range"), (b"v1 9 s 1 - - %d" % 2**64, "range"),
+    (b"v1 9 c op %d 1 2" % (MAX_STEP + 1), "range"), (b"v1 9 c op 1 inf 2", "range"),
+    (b"v1 9 c op 1 nan 2", "range"), (b"v1 9 c op 1 -0.5 2", "range"),
+    (b"v1 9 c op 1 %r 2" % (MAX_SECONDS * 2), "range"), (b"v1 9 c op 1 1 0", "range"),
+    (b"v1 9 c op 1 1 %d" % (MAX_WORLD_SIZE + 1), "range"),
+    (b"v1 9 p " + N64 + b"n 1", "name"), (b"v1 9 p \xff\xfe 1", "name"),
+    (b"v1 9 p a\x01b 1", "name"), (b"v1 9 p \x7f 0", "name"), (b"v1 9 p  1", "name"),
+    (b"v1 9 c \xe2\x80\x8b 1 1 2", "name"),  # U+200B: not printable
+])
+def test_invalid_datagrams_are_dropped_with_a_reason(data: bytes, reason: str) -> None:
+    assert reason in DROP_REASONS
+    assert check_datagram(data, 1.0) == reason
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    (b"v1 %d s %d nan %d %d" % (MAX_PID, MAX_STEP, MAX_STEP, MAX_STEP), (MAX_STEP, "nan")),
+    (b"v1 9 s 0 inf 0 0", (0, "inf")), (b"v1 9 s 3 -inf - -", (3, "-inf")),
+    (b"v1 9 s 3 1e308 - -", (3, "1e+308")),
+])
+def test_loss_may_be_nan_or_infinite(data: bytes, expected: tuple[int, str]) -> None:
+    obs = check_datagram(data, 1.0)
+    assert isinstance(obs, Progress) and (obs.step, repr(obs.loss)) == expected
+
+
+def test_longest_valid_names_and_numbers_are_accepted() -> None:
+    assert check_datagram(b"v1 9 p " + N64 + b" 1", 1.0) == PhaseMarker(
+        N64.decode(), True, source="sdk", ts=1.0)
+    name = "é" * 32  # 64 bytes, 32 characters
+    assert check_datagram(b"v1 9 c %s %d %r %d" % (name.encode(), MAX_STEP, MAX_SECONDS,
+                                                    MAX_WORLD_SIZE), 1.0) == CollectiveSample(
+        name, MAX_STEP, MAX_SECONDS, MAX_WORLD_SIZE, ts=1.0)
+
+
+def test_random_bytes_never_raise() -> None:
+    import random
+
+    rng = random.Random(7)
+    pieces = [b"v1", b"9", b"s", b"p", b"c", b"-", b"nan", b"1", b"1e999", b"\xff", b" ",
+              b"x" * 70, b"0", b"99999999999999999999999"]
+    for _ in range(20_000):
+        if rng.random() < 0.5:
+            data = rng.randbytes(rng.randint(0, 80))
+        else:
+            data = b" ".join(rng.choice(pieces) for _ in range(rng.randint(1, 8)))
+        obs = check_datagram(data, 0.0)
+        assert obs in DROP_REASONS or isinstance(obs, (Progress, PhaseMarker, CollectiveSample))
+
+
+def _drain_all(src: SdkSocketSource, datagrams: list[bytes]) -> list[Observation]:
+    """Send ``datagrams`` to a bound source and handle them in this thread (no loop)."""
+    tx = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK)
+    got: list[Observation] = []
+    assert src._sock is not None
+    for d in datagrams:
+        try:
+            tx.sendto(d, src.path)
+        except BlockingIOError:  # the queue is full (max_dgram_qlen): read it, send again
+            src._drain(src._sock, got.append)
+            tx.sendto(d, src.path)
+    src._drain(src._sock, got.append)
+    tx.close()
+    return got
+
+
+def test_source_folds_names_and_counts_drops_without_metrics(sock_path: str) -> None:
+    src = SdkSocketSource(sock_path)
+    src.bind()
+    try:
+        got = _drain_all(src, [b"v1 9 p ckpt-%d 1" % i for i in range(100)]
+                         + [b"v1 9 c op-%d 1 0.1 2" % i for i in range(100)]
+                         + [b"junk", b"v1 9 s -5 - - -", b"v1 9 p " + b"x" * 600 + b" 1"])
+    finally:
+        src.close()
+    phases = [o.phase for o in got if isinstance(o, PhaseMarker)]
+    ops = [o.op for o in got if isinstance(o, CollectiveSample)]
+    assert phases[:MAX_PHASES] == [f"ckpt-{i}" for i in range(MAX_PHASES)]
+    assert set(phases[MAX_PHASES:]) == {OTHER}
+    assert ops[:MAX_OPS] == [f"op-{i}" for i in range(MAX_OPS)]
+    assert set(ops[MAX_OPS:]) == {OTHER}
+    assert (src.phases.folded, src.ops.folded) == (100 - MAX_PHASES, 100 - MAX_OPS)
+    assert src.received == 203 and src.garbage == 3
+    assert src.dropped == {"oversize": 1, "version": 1, "malformed": 1, "range": 0, "name": 0}
+
+
+def test_source_exports_drops_and_folds_through_the_agents_metrics(sock_path: str) -> None:
+    from prometheus_client import CollectorRegistry
+
+    reg = CollectorRegistry()
+    m = AgentMetrics(reg, {"job": "j", "namespace": "", "pod": "p", "node": "n", "rank": "0"})
+    src = SdkSocketSource(sock_path, metrics=m)
+    src.bind()
+    try:
+        got = _drain_all(src, [b"v1 9 p ckpt-%d 1" % i for i in range(40)]
+                         + [b"v1 9 s 1 - - -", b"v1 9 p a\x01 1", b"v2 1"])
+    finally:
+        src.close()
+    assert src.phases is m.phase_names  # one set: the detector and the series agree
+    assert len(got) == 41
+
+    def value(name: str, **extra: str) -> float | None:
+        return reg.get_sample_value(name, m.labels(**extra))
+
+    assert value("ftagent_sdk_datagrams_received_total") == 43
+    assert value("ftagent_sdk_datagrams_dropped_total", reason="name") == 1
+    assert value("ftagent_sdk_datagrams_dropped_total", reason="version") == 1
+    assert value("ftagent_sdk_datagrams_dropped_total", reason="range") == 0  # all there
+    assert value("ftagent_label_values_folded_total", label="phase") == 40 - MAX_PHASES
 
 
 # --------------------------------------------------------------------------- bandwidth
