@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -256,7 +257,9 @@ class Agent:
                         backoff_base=self.cfg.supervisor.restart_backoff,
                         backoff_cap=self.cfg.supervisor.restart_backoff_max,
                         hang_action=self.cfg.hang.hang_action)
-        self.actions.put_nowait(action)
+        # the generation it leads to: a local restart counts up (events and status say so)
+        gen = self.generation + 1 if action.kind == ActionKind.RESTART else self.generation
+        self.actions.put_nowait(dataclasses.replace(action, generation=gen))
 
     def decide_remotely(self, fault: Fault) -> bool:
         """True when an arbiter will answer this fault with a command (see reporter)."""
