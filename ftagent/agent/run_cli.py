@@ -126,7 +126,7 @@ def add_progress(agent: Agent, cfg: RunConfig, metrics: AgentMetrics, rundir: st
 
         agent.line_handlers.append(on_lines)
     if mode in ("auto", "sdk"):
-        sdk = SdkSocketSource(os.path.join(rundir, "sdk.sock"))
+        sdk = SdkSocketSource(os.path.join(rundir, "sdk.sock"), metrics=metrics)
         try:
             sdk.bind()
         except OSError as e:
