@@ -287,6 +287,7 @@ class HangDetector:
                 "last_step": self.last_step,
                 "seconds_since_progress": round(since, 3),
                 "budget_seconds": round(budget, 3),
+                "over_budget_seconds": round(now - (self.deadline() or now), 6),
                 "interval_percentile": c.hang_percentile,
                 "interval_seconds": None if pct is None else round(pct, 6),
                 "longest_interval_seconds": round(self.longest, 6),
