@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -233,7 +234,8 @@ def _dump_json(pid: int, exe: str | None, deadline: float,
     if remaining <= 0:
         return None, None, "deadline passed before py-spy could run"
     try:
-        r = subprocess.run([exe, "dump", "--json", "--pid", str(pid)], capture_output=True,
+        r = subprocess.run([exe, "dump", "--json", "--locals", "--pid", str(pid)],
+                           capture_output=True,
                            stdin=subprocess.DEVNULL, timeout=remaining, check=False)
     except subprocess.TimeoutExpired:
         return None, None, f"py-spy dump timed out after {remaining:.1f}s"
@@ -265,7 +267,12 @@ def parse_py_spy_json(data: Any, tasks: dict[int, tuple[str, float]] | None = No
     threads = []
     for th in data:
         frames = []
+        sums: list[int | None] = []
         for fr in th.get("frames") or ():
+            loc = fr.get("locals")
+            sums.append(None if not isinstance(loc, list) else zlib.crc32(json.dumps(
+                [[v.get("name"), v.get("repr")] for v in loc if isinstance(v, dict)]
+            ).encode()))
             path = str(fr.get("filename") or "?")
             short = str(fr.get("short_filename") or path.rsplit("/", 1)[-1])
             frames.append(Frame(str(fr.get("name") or "?"), short.rsplit("/", 1)[-1],
@@ -276,7 +283,8 @@ def parse_py_spy_json(data: Any, tasks: dict[int, tuple[str, float]] | None = No
         active = th.get("active")
         threads.append(ThreadSample(tid, str(th.get("thread_name") or ""),
                                     active if isinstance(active, bool) else None,
-                                    tuple(frames), cpu, state))
+                                    tuple(frames), cpu, state,
+                                    tuple(sums) if any(x is not None for x in sums) else None))
     return tuple(threads)
 
 

@@ -234,8 +234,12 @@ class Verifier:
         return out
 
     def observe(self, obs: Observation, seen: Observed | None) -> None:
-        if isinstance(obs, (TrainerStart, ProcessExit, PhaseMarker)):
+        if isinstance(obs, (TrainerStart, ProcessExit)):
             self._end(None)
+        elif isinstance(obs, PhaseMarker):
+            # an end marker closes the stall (Megatron's "validation loss at iteration N"
+            # after an evaluation it never announced); a begin marker hands it to a phase
+            self._end(None if obs.begin else obs)
         elif isinstance(obs, Progress) and seen is not None and seen.new_progress:
             self._end(obs)
 
@@ -346,7 +350,7 @@ class Verifier:
 
     # ------------------------------------------------------------------ the end of a stall
 
-    def _end(self, obs: Progress | None) -> None:
+    def _end(self, obs: Progress | PhaseMarker | None) -> None:
         stall, self.stall = self.stall, None
         if self._task is not None and not self._task.done():
             self._task.cancel()

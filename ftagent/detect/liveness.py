@@ -22,7 +22,10 @@ A thread, over the samples of the window, is one of:
   not all within one function (an evaluation loop through the model's code);
 * **spinning** -- it runs, but within one function at no more than ``spin_lines`` lines (a
   tight loop), or it runs at one still line with CPU advancing (a tight loop, or one long
-  native call: the two look alike from outside).
+  native call: the two look alike from outside) -- unless the locals of an *outer* frame
+  change between samples: then the innermost call is made again and again (an evaluation
+  loop whose time is all in ``Linear.forward``: every sample shows the same line), and the
+  thread is **working**.
 
 Decision table (per process; the tree is alive if any process is, else spinning if any is,
 else hung if any is, else unknown):
@@ -30,7 +33,8 @@ else hung if any is, else unknown):
 ===================================================  ========  =========================
 evidence                                             verdict   why
 ===================================================  ========  =========================
-a thread working                                     alive     its code advances
+a thread working (frames move, or an outer frame's   alive     its code advances
+  locals change while it runs at one line)
 a thread waiting, storage I/O >= ``io_busy`` B/s     alive     an I/O-bound phase (load)
 a thread spinning                                    spinning  busy, but maybe forever
 every thread parked or waiting, any CPU              hung      a still wait is a wait;
@@ -60,9 +64,13 @@ How each signal lies, and what is done about it:
   a hung main thread beside a truly working thread is seen as alive until that thread
   stops (re-checked every budget).
 * **Stacks** -- py-spy sees Python frames only: a long native call (a huge matmul, a
-  compile) sits at one line like a tight loop (hence *spinning*, not hung); a thread blocked
-  on a lock shows the ``with`` line, not ``acquire`` (hence py-spy's idle flag). py-spy may
-  be absent, denied ptrace, or time out: the verdict then rests on CPU and says so.
+  compile) sits at one line like a tight loop (hence *spinning*, not hung); a loop that
+  spends its time in one native call shows the same frames in every sample (hence the
+  locals of the outer frames: its counter moves); a thread blocked on a lock shows the
+  ``with`` line, not ``acquire`` (hence py-spy's idle flag). Locals can lie too: a freed
+  object's address may be reused, so unchanged locals prove nothing (spinning, at worst).
+  py-spy may be absent, denied ptrace, or time out: the verdict then rests on CPU and says
+  so.
 * **GPU** -- an NCCL kernel spinning in a hung collective keeps a GPU at 100 %: GPU busy
   alone is never life; it is recorded beside the verdict.
 * **I/O counters** -- a chatty logger writes bytes while hung: only storage bytes
@@ -108,6 +116,10 @@ class ThreadSample:
     frames: tuple[Frame, ...]  # innermost first
     cpu: float | None = None  # this thread's CPU seconds at the sample, if readable
     state: str | None = None  # /proc state letter: R running, S sleeping, D disk, ...
+    # per frame (innermost first), a checksum of its local variables' reprs (py-spy
+    # --locals): a frame at the same line whose locals change has run on (a loop's counter,
+    # a new tensor per call); None where not known
+    locals: tuple[int | None, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -199,8 +211,9 @@ class Place:
         return text
 
 
-def place_of(stacks: Sequence[Sequence[Frame]]) -> Place | None:
-    """The common place of several stacks (innermost first) of one thread."""
+def place_of(stacks: Sequence[Sequence[Frame]], moving: bool | None = None) -> Place | None:
+    """The common place of several stacks (innermost first) of one thread: the frames all
+    share, outermost first; for a moving stack down to the deepest frame of user code."""
     stacks = [s for s in stacks if s]
     if not stacks:
         return None
@@ -216,6 +229,11 @@ def place_of(stacks: Sequence[Sequence[Frame]]) -> Place | None:
             line = Counter(f.line for f in here).most_common(1)[0][0]
             common.append(Frame(first.name, first.file, line, first.lib))
         break
+    if moving or (moving is None and len(set(map(tuple, stacks))) > 1):
+        # a moving stack: its place is the user's code it moves in (a later sample may be
+        # anywhere in evaluate, not in the library call this window happened to see)
+        while len(common) > 1 and common[-1].lib:
+            common.pop()
     return Place(tuple(common)) if common else None
 
 
@@ -378,8 +396,9 @@ def judge_process(pid: int, samples: Sequence[ProcessSample],
     io_busy = io_rate is not None and io_rate >= th.io_busy
     if working:
         t = working[0]
-        return out(Liveness.ALIVE, f"{_tname(t)} working: stack moved, running in "
-                   f"{t.running_samples}/{t.samples} samples, in {t.where}, {cpu_text}",
+        how = "stack moved" if t.moved else "same frames, but its callers' locals moved"
+        return out(Liveness.ALIVE, f"{_tname(t)} working ({how}; running in "
+                   f"{t.running_samples}/{t.samples} samples) in {t.where}, {cpu_text}",
                    t, threads)
     waiting = [t for t in main if t.state == "waiting"]
     if waiting and io_busy:
@@ -463,21 +482,44 @@ def _thread(tid: int, ts: Sequence[ThreadSample], th: Thresholds,
     cpu_t, _ = _rate([(i, t.cpu) for i, t in enumerate(ts)])
     burning = (cpu_t is not None and cpu_t > 0) if cpu_t is not None else (
         cores is not None and cores >= th.idle_cores)
+    outer_ran = _outer_locals_changed(ts)
     if not moved:
-        state = "spinning" if burning and not all(wait_flags) else "parked"
+        if all(wait_flags) or not burning:
+            state = "parked"
+        else:
+            state = "working" if outer_ran else "spinning"
+            if outer_ran:
+                place = place_of(stacks, moving=True)
+                where = place.where() if place else where
     elif running * 2 <= len(ts):
         state = "waiting"
     else:
         inner = {(s[0].name, s[0].file) for s in stacks if s}
         outer = {s[1:] for s in stacks}
         lines = {s[0].line for s in stacks if s}
-        if len(inner) == 1 and len(outer) == 1 and len(lines) <= th.spin_lines:
+        if len(inner) == 1 and len(outer) == 1 and len(lines) <= th.spin_lines and \
+                not outer_ran:
             state = "spinning"
             fr = stacks[-1][0]
             where = f"{fr.name} ({fr.file}:{','.join(str(n) for n in sorted(lines))})"
         else:
             state = "working"
     return ThreadVerdict(tid, name, state, len(ts), moved, where, place, running)
+
+
+def _outer_locals_changed(ts: Sequence[ThreadSample]) -> bool:
+    """Did the locals of a frame other than the innermost change while the frames stayed
+    the same? (The innermost call is then made again and again: a loop one level up.)"""
+    first = ts[0]
+    if first.locals is None or len(first.frames) < 2:
+        return False
+    for t in ts[1:]:
+        if t.locals is None or t.frames[1:] != first.frames[1:]:
+            continue
+        for a, b in zip(first.locals[1:], t.locals[1:], strict=False):
+            if a is not None and b is not None and a != b:
+                return True
+    return False
 
 
 def _main_first(threads: Iterable[ThreadVerdict]) -> list[ThreadVerdict]:
@@ -607,7 +649,7 @@ def snapshot_to_json(s: Snapshot) -> dict[str, Any]:
                 "errors": list(p.errors), "gone": p.gone,
                 "threads": None if p.threads is None else [{
                     "tid": t.tid, "name": t.name, "active": t.active, "cpu": t.cpu,
-                    "state": t.state,
+                    "state": t.state, "locals": None if t.locals is None else list(t.locals),
                     "frames": [[f.name, f.file, f.line, f.lib] for f in t.frames]}
                     for t in p.threads]} for p in s.processes]}
 
@@ -624,6 +666,7 @@ def snapshot_from_json(d: dict[str, Any]) -> Snapshot:
             threads=None if p.get("threads") is None else tuple(ThreadSample(
                 tid=int(t["tid"]), name=str(t["name"]), active=t.get("active"),
                 cpu=t.get("cpu"), state=t.get("state"),
+                locals=None if t.get("locals") is None else tuple(t["locals"]),
                 frames=tuple(Frame(str(f[0]), str(f[1]), int(f[2]), bool(f[3]))
                              for f in t["frames"])) for t in p["threads"]))
             for p in d["processes"]))

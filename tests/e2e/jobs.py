@@ -38,6 +38,15 @@ class Job:
     def faults(self, rank: int, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events(rank) if e["event"] == "fault" and e["kind"] == kind]
 
+    def records(self, rank: int, event: str, kind: str | None = None) -> list[dict[str, Any]]:
+        """Events of one type (``verify``, ``phase``, ...), of one kind if given."""
+        return [e for e in self.events(rank)
+                if e["event"] == event and (kind is None or e["kind"] == kind)]
+
+    def kinds(self, rank: int, event: str) -> list[str]:
+        """The kinds of one event type in order: verification verdicts, phases."""
+        return [e["kind"] for e in self.events(rank) if e["event"] == event]
+
     def log(self, rank: int) -> str:
         p = self.tmp / f"rank{rank}.out"
         return p.read_text(errors="replace") if p.exists() else ""

@@ -45,6 +45,7 @@ def recorded(name: str) -> list[Snapshot]:
 
 @pytest.mark.parametrize(("name", "state", "where"), [
     ("eval_busy", Liveness.ALIVE, "evaluate (train.py:"),
+    ("eval_two_ranks", Liveness.ALIVE, "evaluate (train.py:"),
     ("collective_victim", Liveness.HUNG, "_engine_run_backward"),
     ("collective_culprit", Liveness.HUNG, "hang_before_collective (train.py:"),
     ("data_stall", Liveness.HUNG, "wait_for_data (train.py:"),
@@ -82,8 +83,10 @@ ALLREDUCE = (Frame("all_reduce", "distributed_c10d.py", 2501, True),
 
 
 def thread(frames: Sequence[Frame], active: bool | None = True, name: str = "MainThread",
-           tid: int = 1, cpu: float | None = None) -> ThreadSample:
-    return ThreadSample(tid, name, active, tuple(frames), cpu)
+           tid: int = 1, cpu: float | None = None,
+           locals: Sequence[int | None] | None = None) -> ThreadSample:
+    return ThreadSample(tid, name, active, tuple(frames), cpu,
+                        locals=None if locals is None else tuple(locals))
 
 
 def proc(ts: float, cpu: float | None, threads: Sequence[ThreadSample] | None, pid: int = 10,
@@ -155,6 +158,20 @@ def test_one_line_with_cpu_burning_spins() -> None:
                     for i in range(5)])
     v = judge(snaps)
     assert v.state is Liveness.SPINNING and v.where == "evaluate (train.py:88)"
+
+
+def test_a_loop_re_entering_one_native_call_is_working_by_its_callers_locals() -> None:
+    """Every sample in Linear.forward at one line (two ranks on two cores, recorded as
+    eval_two_ranks): the evaluation loop one level up has new locals each time."""
+    stack = (MODEL[0], EVAL) + MAIN
+    snaps = window([[proc(i * 0.5, i * 0.4, [thread(stack, locals=[7, 100 + i, 1, 1])])]
+                    for i in range(5)])
+    v = judge(snaps)
+    assert v.state is Liveness.ALIVE and v.where == "evaluate (train.py:88)", v.reason
+    # only the innermost frame's locals move: one frame looping on itself
+    snaps = window([[proc(i * 0.5, i * 0.4, [thread(stack, locals=[i, 5, 1, 1])])]
+                    for i in range(5)])
+    assert judge(snaps).state is Liveness.SPINNING
 
 
 def test_a_background_thread_working_is_life_even_with_the_main_thread_parked() -> None:
@@ -454,3 +471,15 @@ def test_metrics_count_verifications_and_show_what_was_learned() -> None:
         'verdict="alive"} 1.0' in text
     assert "ftagent_undeclared_phases_total{" in text and "} 1.0" in text
     assert 'where="evaluate (train.py:88)"' in text
+
+
+def test_an_end_marker_after_an_unannounced_phase_closes_and_teaches_the_stall() -> None:
+    from ftagent.model import PhaseMarker
+
+    async def go() -> None:
+        r = Rig(busy_eval())
+        await r.run_until(r.now[0] + 8.0)
+        r.feed(PhaseMarker("eval", False, source="megatron", ts=r.now[0]))
+        assert r.kinds("phase") == ["undeclared"]
+
+    asyncio.run(go())

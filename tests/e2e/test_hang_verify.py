@@ -1,0 +1,136 @@
+"""Suspect -> verify -> declare on real PyTorch DDP jobs (gloo, CPU), one agent per rank.
+
+A budget running out only makes the agent suspect a hang; it verifies over
+--hang-verify-window (default 2 s) before acting. Floors are lowered (--hang-timeout-min 2)
+so that each job takes seconds; everything else is the default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.arbiter_helpers import ArbiterProcess
+from tests.conftest import wait_for
+from tests.e2e.jobs import Job, needs_torch, start_job
+from tests.e2e.test_arbiter_job import status
+
+pytestmark = needs_torch
+
+FAST = {"TRAIN_STEP_SLEEP": "0.05", "TRAIN_PG_TIMEOUT": "300"}
+FLOOR = ["--hang-timeout-min", "2"]
+
+
+def faults(job: Job, rank: int) -> list[dict[str, Any]]:
+    return job.faults(rank, "hang")
+
+
+def test_undeclared_evaluation_on_every_rank_is_no_fault_and_is_learned(
+        tmp_path: Path) -> None:
+    # evaluations of 6 s (3x the 2 s budget) after steps 20, 40 and 60, printing nothing
+    job = start_job(tmp_path, 2, flags=FLOOR,
+                    env={**FAST, "TRAIN_STEPS": "70", "EVAL_EVERY": "20", "EVAL_SECONDS": "6"})
+    codes = job.wait(240)
+    assert codes == [0, 0], (job.log(0)[-2000:], job.log(1)[-2000:])
+    for r in (0, 1):
+        assert not faults(job, r), faults(job, r)
+        assert job.log(r).count("validation loss at iteration") == 3
+        # verified once, at the first evaluation; the next two recognised from one sample
+        assert job.kinds(r, "verify") == ["alive", "recognised", "recognised"], \
+            job.records(r, "verify")
+        phases = job.records(r, "phase", "undeclared")
+        assert [p["step"] for p in phases] == [20, 40, 60]
+        assert [p["verified"] for p in phases] == [True, False, False]
+        assert [p["recognised"] for p in phases] == [False, True, True]
+        for p in phases:
+            assert p["where"].startswith("evaluate (train.py:"), p
+            assert 5.5 <= p["seconds"] <= 8.0, p
+            assert f"undeclared phase at step {p['step']}, " in p["message"]
+        # the evaluation taught no step budget: a hang is still suspected after ~2 s
+        alive = job.records(r, "verify", "alive")[0]
+        assert 2.0 <= alive["stall_seconds"] - alive["window_seconds"] <= 3.0, alive
+
+
+def test_undeclared_evaluation_on_one_rank_is_no_restart_under_the_arbiter(
+        tmp_path: Path) -> None:
+    """Rank 0 evaluates; rank 1 waits for it in the next all-reduce and reports a hang.
+    The arbiter's stacks show rank 0 alive: a busy job, not a hung one. Rank 1 learns the
+    wait too, so the second evaluation costs no verification and no fault on either."""
+    with ArbiterProcess(log_dir=str(tmp_path)) as arb:
+        job = start_job(tmp_path, 2, flags=["--arbiter", arb.address, "--job", "e2e", *FLOOR],
+                        env={**FAST, "TRAIN_STEPS": "50", "EVAL_EVERY": "20",
+                             "EVAL_SECONDS": "8", "EVAL_RANK": "0"})
+        try:
+            codes = job.wait(240)
+        finally:
+            job.stop()
+        st = status(arb.address)
+    assert codes == [0, 0], (job.log(0)[-2000:], job.log(1)[-2000:])
+    assert not faults(job, 0)
+    assert job.kinds(0, "verify")[0] == "alive" and job.kinds(0, "verify")[-1] == "recognised"
+    (f1,) = faults(job, 1)  # the first evaluation only
+    assert f1["verdict"] == "hung" and f1["last_step"] == 20
+    for r in (0, 1):
+        assert not [a for a in job.events(r) if a["event"] == "action"
+                    and a["kind"] == "restart"], job.events(r)
+        phases = job.records(r, "phase", "undeclared")
+        assert [p["step"] for p in phases] == [20, 40], phases
+        assert phases[1]["recognised"], phases
+    assert job.records(0, "phase")[0]["where"].startswith("evaluate (train.py:")
+    assert job.records(1, "phase")[0]["declared"]  # it waited for rank 0, then went on
+    busy = [e for e in st["timeline"] if "job busy, not hung" in str(e)]
+    assert len(busy) == 1, st["timeline"]
+    assert "rank 0 busy in evaluate (train.py:" in str(busy[0]), busy
+    assert not [e for e in st["timeline"] if e.get("action") == "restart"], st["timeline"]
+
+
+@pytest.mark.parametrize(("world", "fault", "rank", "where"), [
+    (2, "FAULT_HANG_AT_STEP", 1, "hang_before_collective"),
+    (1, "FAULT_DATA_STALL_AT_STEP", 0, "wait_for_data"),
+    (1, "FAULT_DEADLOCK_AT_STEP", 0, "deadlock"),
+], ids=["collective", "data-loader", "lock"])
+def test_real_hangs_are_declared_with_still_stacks(tmp_path: Path, world: int, fault: str,
+                                                   rank: int, where: str) -> None:
+    job = start_job(tmp_path, world, flags=["--hang-action", "alert", *FLOOR],
+                    env={**FAST, "TRAIN_STEPS": "100000", "FAULT_RANK": str(rank),
+                         fault: "20"})
+    try:
+        f = wait_for(lambda: faults(job, rank), 120, f"hang fault on rank {rank}",
+                     interval=0.2)[0]
+        assert f["verdict"] == "hung", f["message"]
+        assert f["where"].startswith(where), f["where"]
+        assert "verified hung over 2.0s" in f["message"] and "did not move" in f["message"]
+        assert "CPU did not advance" in f["message"], f["message"]
+        v = f["verification"]
+        assert v["samples"] == 5 and v["processes"][0]["threads"]
+        assert not any(t["moved"] for t in v["processes"][0]["threads"]
+                       if t["name"] == "MainThread")
+        assert where in "\n".join(p.get("stack") or "" for p in f["processes"])
+        # suspected at the budget, declared one window later
+        assert f["stall_seconds"] <= f["budget_seconds"] + 2.0 + 1.5, f
+        if world == 2:  # the victim waits in the all-reduce: hung as well
+            g = wait_for(lambda: faults(job, 1 - rank), 60, "the peer's fault",
+                         interval=0.2)[0]
+            assert g["verdict"] == "hung" and "_engine_run_backward" in g["where"]
+        if fault == "FAULT_DATA_STALL_AT_STEP":
+            assert "waiting for data" in job.log(0)  # chatty logs, no progress
+    finally:
+        job.stop()
+
+
+def test_a_tight_infinite_loop_is_declared_spinning_after_the_spin_budget(
+        tmp_path: Path) -> None:
+    job = start_job(tmp_path, 1, flags=["--hang-action", "alert", "--hang-spin-timeout", "8",
+                                        *FLOOR],
+                    env={**FAST, "TRAIN_STEPS": "100000", "FAULT_SPIN_AT_STEP": "20"})
+    try:
+        f = wait_for(lambda: faults(job, 0), 120, "spinning fault", interval=0.2)[0]
+        assert f["verdict"] == "spinning"
+        assert f["message"].startswith("spinning in spin (train.py:"), f["message"]
+        assert 8.0 <= f["stall_seconds"] <= 8.0 + 2.0 + 1.5, f
+        assert job.kinds(0, "verify")[0] == "spinning"  # first deferred, then declared
+        assert len(job.kinds(0, "verify")) >= 2
+    finally:
+        job.stop()
