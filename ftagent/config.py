@@ -347,6 +347,44 @@ class NicConfig:
         "or node (hostNetwork / the node agent: the node's links)", choices=("pod", "node"))
 
 
+_GPU_ACTION = re.compile(r"\s*(\d{1,5}|default)\s*=\s*(restart|reset_gpu|replace_node|ignore)\s*",
+                         re.I)  # the actions of detect/gpu.py's GpuAction
+
+
+def gpu_backend(v: str) -> str:
+    if v in ("auto", "nvml", "none") or v.startswith("simulated:") and len(v) > 10:
+        return v
+    raise ConfigError("is not auto, nvml, none or simulated:FILE")
+
+
+def xid_action(v: str) -> str:
+    if not _GPU_ACTION.fullmatch(v):
+        raise ConfigError("is not XID=ACTION (ACTION: restart, reset_gpu, replace_node, "
+                          "ignore; XID a number or default)")
+    return v
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    """The trainer's GPUs, watched through NVML and the kernel log (sources/gpu.py)."""
+
+    gpu_backend: str = opt(
+        "auto", "--gpu-backend", "auto (NVML where a driver is, else off), nvml, none, or "
+        "simulated:FILE (a scripted timeline of Xids, ECC errors, lost GPUs: drills, "
+        "alerting tests)", check=gpu_backend, metavar="auto|nvml|none|simulated:FILE")
+    gpu_poll_interval: float = opt(
+        5.0, "--gpu-poll-interval", "ECC, row remapping, NVLink, throttle and recovery "
+        "action polling interval", check=Range(0.05, MAX_SECONDS), metavar="SECONDS")
+    gpu_xid_action: tuple[str, ...] = opt(
+        (), "--gpu-xid-action", "override a row of the Xid table: XID=restart|reset_gpu|"
+        "replace_node|ignore, or default=ACTION for Xids not in it (repeatable)",
+        check=xid_action, metavar="XID=ACTION")
+    kmsg: str = opt(
+        "auto", "--kmsg", "kernel log read for NVRM Xid lines: auto (/dev/kmsg where "
+        "readable, new lines only), none, or a PATH (a FIFO or a file, read from its start)",
+        metavar="auto|none|PATH")
+
+
 @dataclass(frozen=True)
 class StatusConfig:
     """``ftagent status``'s own flags (the arbiter connection is ArbiterClientConfig's)."""
@@ -372,6 +410,7 @@ class RunConfig:
     hang: HangConfig = HangConfig()
     arbiter: ArbiterClientConfig = ArbiterClientConfig()
     nic: NicConfig = NicConfig()
+    gpu: GpuConfig = GpuConfig()
 
 
 RUN_GROUPS: dict[str, tuple[str, type[Any]]] = {
@@ -381,6 +420,7 @@ RUN_GROUPS: dict[str, tuple[str, type[Any]]] = {
     "hang": ("progress and hang detection", HangConfig),
     "arbiter": ("arbiter connection", ArbiterClientConfig),
     "nic": ("network links", NicConfig),
+    "gpu": ("GPUs (NVML, kernel log)", GpuConfig),
 }
 
 

@@ -382,6 +382,139 @@ class NicCollector(Collector):
         yield from (up, carrier, flaps, rx, tx, bw, state, phys, rate, irx, itx, ibw)
 
 
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU read from NVML at scrape time (None: that call is not supported there)."""
+
+    gpu: int
+    uuid: str
+    pci_bus_id: str
+    model: str
+    lost: bool = False
+    temperature_celsius: float | None = None
+    power_watts: float | None = None
+    utilization: float | None = None  # 0..1, like DCGM's GPU_UTIL / 100
+    memory_utilization: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    ecc_errors: tuple[int | None, int | None] = (None, None)  # volatile corrected, uncorrected
+    remapped_rows: tuple[int, int, bool, bool] | None = None  # corr, uncorr, pending, failure
+    retired_pages: tuple[int | None, int | None, bool | None] = (None, None, None)
+    clock_event_reasons: int | None = None
+    nvlink_up: tuple[tuple[int, bool], ...] = ()
+    recovery_action: int | None = None
+
+
+# NVML clocks event (throttle) reasons, as ftagent_gpu_clock_event_reason{reason} 0/1
+CLOCK_EVENT_REASONS = (
+    ("gpu_idle", 0x1), ("applications_clocks", 0x2), ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8), ("sync_boost", 0x10), ("sw_thermal", 0x20), ("hw_thermal", 0x40),
+    ("hw_power_brake", 0x80), ("display_clock", 0x100))
+MAX_GPUS = 64  # GPUs exported per scrape (NVML's own limit on a node)
+MAX_XID_SERIES = 512  # (GPU, Xid) pairs exported per scrape
+
+
+class GpuCollector(Collector):
+    """DCGM-exporter-like GPU series (labels ``gpu``, ``UUID``, ``pci_bus_id``,
+    ``modelName``): NVML values read at scrape time, Xid counts and health from the GPU
+    detector, NVML event counts from the source."""
+
+    def __init__(self, identity: dict[str, str], readings: Callable[[], Iterable[GpuReading]],
+                 xids: Callable[[], dict[tuple[int, int], int]],
+                 healthy: Callable[[int], bool],
+                 events: Callable[[], dict[tuple[int, str], int]] = dict) -> None:
+        self.identity = identity
+        self.readings = readings
+        self.xids = xids
+        self.healthy = healthy
+        self.events = events
+
+    def collect(self) -> Iterator[Any]:
+        ids = list(self.identity) + ["gpu", "UUID", "pci_bus_id", "modelName"]
+        vals = list(self.identity.values())
+        fams: dict[str, Any] = {}
+
+        def fam(kind: type[Any], name: str, doc: str, extra: tuple[str, ...] = ()) -> Any:
+            if name not in fams:
+                fams[name] = kind(name, doc, labels=ids + list(extra))
+            return fams[name]
+
+        G, C = GaugeMetricFamily, CounterMetricFamily
+        fam(G, "ftagent_gpu_healthy", "1 unless the GPU has a fault that a restart in place "
+            "does not cure (lost, uncorrected ECC, row remap, an Xid asking for a reset).")
+        fam(C, "ftagent_gpu_xid_errors", "Xid errors seen (NVML events and the kernel log; "
+            "one occurrence seen by both counts once).", ("xid",))
+        labels_of: dict[int, list[str]] = {}
+        try:
+            for r in list(self.readings())[:MAX_GPUS]:
+                lv = vals + [str(r.gpu), r.uuid, r.pci_bus_id, r.model]
+                labels_of[r.gpu] = lv
+                fams["ftagent_gpu_healthy"].add_metric(lv, float(self.healthy(r.gpu)
+                                                                 and not r.lost))
+                self._reading(fam, lv, r)
+            for (gpu, xid), n in sorted(self.xids().items())[:MAX_XID_SERIES]:
+                if gpu >= 0 and gpu in labels_of:
+                    fams["ftagent_gpu_xid_errors"].add_metric(labels_of[gpu] + [str(xid)], n)
+                elif gpu < 0:
+                    fam(C, "ftagent_nvswitch_sxid_errors", "NVSwitch SXid errors seen in the "
+                        "kernel log.", ("sxid",)).add_metric(
+                            vals + ["", "", "", "NVSwitch", str(xid)], n)
+            for (gpu, kind), n in sorted(self.events().items()):
+                if gpu in labels_of:
+                    fam(C, "ftagent_gpu_nvml_events", "NVML events received, by type.",
+                        ("type",)).add_metric(labels_of[gpu] + [kind], n)
+        except Exception:  # a scrape must never fail because a source did
+            log.exception("GPU snapshot failed")
+        yield from fams.values()
+
+    @staticmethod
+    def _reading(fam: Callable[..., Any], lv: list[str], r: GpuReading) -> None:
+        G, C = GaugeMetricFamily, CounterMetricFamily
+
+        def gauge(name: str, doc: str, value: float | None) -> None:
+            if value is not None:
+                fam(G, name, doc).add_metric(lv, float(value))
+
+        gauge("ftagent_gpu_temperature_celsius", "GPU temperature.", r.temperature_celsius)
+        gauge("ftagent_gpu_power_watts", "Power draw.", r.power_watts)
+        gauge("ftagent_gpu_utilization_ratio", "Fraction of time a kernel ran (0-1).",
+              r.utilization)
+        gauge("ftagent_gpu_memory_utilization_ratio", "Fraction of time memory was read or "
+              "written (0-1).", r.memory_utilization)
+        gauge("ftagent_gpu_memory_used_bytes", "Frame buffer memory used.", r.memory_used_bytes)
+        gauge("ftagent_gpu_memory_total_bytes", "Frame buffer memory.", r.memory_total_bytes)
+        gauge("ftagent_gpu_recovery_action", "The driver's recovery action (0 none, 1 GPU "
+              "reset, 2 node reboot, 3 drain P2P, 4 drain and reset, ...).", r.recovery_action)
+        for kind, n in zip(("corrected", "uncorrected"), r.ecc_errors, strict=True):
+            if n is not None:
+                fam(C, "ftagent_gpu_ecc_errors", "ECC errors since the last driver "
+                    "reload/reset (volatile).", ("type",)).add_metric(lv + [kind], n)
+        if r.remapped_rows is not None:
+            corr, unc, pending, failure = r.remapped_rows
+            rows = fam(C, "ftagent_gpu_remapped_rows", "Rows remapped, by the error that "
+                       "caused it.", ("type",))
+            rows.add_metric(lv + ["corrected"], corr)
+            rows.add_metric(lv + ["uncorrected"], unc)
+            gauge("ftagent_gpu_row_remap_pending", "1 while a remap waits for a GPU reset.",
+                  pending)
+            gauge("ftagent_gpu_row_remap_failure", "1 if a row remap failed.", failure)
+        sbe, dbe, pending_pages = r.retired_pages
+        for cause, n in (("sbe", sbe), ("dbe", dbe)):
+            if n is not None:
+                fam(G, "ftagent_gpu_retired_pages", "Retired pages (GPUs without row "
+                    "remapping), by cause.", ("cause",)).add_metric(lv + [cause], n)
+        gauge("ftagent_gpu_retired_pages_pending", "1 while a page retirement waits for a "
+              "reset.", pending_pages)
+        if r.clock_event_reasons is not None:
+            reasons = fam(G, "ftagent_gpu_clock_event_reason", "1 while this reason holds "
+                          "the clocks down (throttling).", ("reason",))
+            for name, bit in CLOCK_EVENT_REASONS:
+                reasons.add_metric(lv + [name], float(bool(r.clock_event_reasons & bit)))
+        for link, up in r.nvlink_up:
+            fam(G, "ftagent_gpu_nvlink_up", "1 while the NVLink link is active.",
+                ("link",)).add_metric(lv + [str(link)], float(up))
+
+
 def _version() -> str:
     from ftagent import __version__
 

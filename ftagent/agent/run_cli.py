@@ -102,6 +102,7 @@ def build_agent(cfg: RunConfig, environ: Mapping[str, str], rundir: str) -> Agen
     agent.metrics = metrics  # type: ignore[attr-defined]
     add_progress(agent, cfg, metrics, rundir)
     add_nic(agent, cfg, environ, registry, labels)
+    add_gpu(agent, cfg, environ, registry, labels)
     start_metrics(cfg, registry, agent)
     return agent
 
@@ -169,6 +170,28 @@ def add_nic(agent: Agent, cfg: RunConfig, environ: Mapping[str, str],
     agent.sources += [nic, rdma]
     agent.detectors.append(detector)
     registry.register(NicCollector(labels, nic.snapshot, rdma.snapshot))
+
+
+def add_gpu(agent: Agent, cfg: RunConfig, environ: Mapping[str, str],
+            registry: CollectorRegistry, labels: dict[str, str]) -> None:
+    """The trainer's GPUs through NVML and the kernel log, one Xid detector for both."""
+    from ftagent.detect.gpu import GpuDetector, parse_xid_actions
+    from ftagent.metrics import GpuCollector
+    from ftagent.sources.gpu import GpuSource, open_backend
+
+    factory, feed = open_backend(cfg.gpu, cfg.identity.rank)  # ConfigError: a bad FILE
+    if factory is None:
+        return
+    try:
+        overrides, default = parse_xid_actions(cfg.gpu.gpu_xid_action)
+    except ValueError as e:
+        raise ConfigError(f"--gpu-xid-action {e}") from None
+    source = GpuSource(cfg.gpu, environ, factory, feed)
+    detector = GpuDetector(overrides=overrides, default=default, devices=source.device)
+    agent.sources.append(source)
+    agent.detectors.append(detector)
+    registry.register(GpuCollector(labels, source.readings, detector.xid_counts,
+                                   detector.healthy, lambda: dict(source.event_counts)))
 
 
 def latest_progress(batch: list[Progress | PhaseMarker]) -> list[Progress | PhaseMarker]:
