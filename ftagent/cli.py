@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "arbiter": ("ftagent.arbiter.cli", "run the central arbiter that decides for whole jobs"),
     "status": ("ftagent.arbiter.status_cli", "show jobs, ranks and timelines from an arbiter"),
     "token": ("ftagent.arbiter.token_cli", "print the token that speaks for one job only"),
+    "webhook": ("ftagent.kube.webhook_cli", "admission webhook that injects ftagent into pods"),
     "demo": ("ftagent.demo", "local demo: arbiter + agents + a real training job with faults"),
 }
 

@@ -1,0 +1,192 @@
+"""``ftagent webhook``: the admission webhook that injects ftagent into training pods.
+
+Serves ``POST /mutate`` over HTTPS (``GET /healthz``, ``GET /metrics`` too). The
+certificate comes from ``--tls-cert/--tls-key`` (cert-manager) or ``--self-signed``: a CA
+and certificate made at start-up; with ``--webhook-config`` they are shared by every
+replica through the Secret ``--tls-secret`` and the CA is written into that
+MutatingWebhookConfiguration's ``caBundle`` (needs the RBAC in deploy/). On start it prints
+``listening on HOST:PORT`` on stderr. Exit status 2 for a bad flag or TLS file, 1 when the
+address cannot be bound or the cluster refuses the certificate set-up.
+
+Agents get their job's own token, derived here from the arbiter's secret (``--token`` /
+FTAGENT_TOKEN, as the arbiter's), never the secret itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import ssl
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from ftagent.config import (
+    ConfigError,
+    HelpFormatter,
+    OneLineParser,
+    Range,
+    add_group,
+    host_port,
+    opt,
+    resolve_group,
+    split_host_port,
+)
+
+PROG = "ftagent webhook"
+
+EPILOG = """\
+examples:
+  ftagent webhook --self-signed --ca-bundle-out ca.pem --listen 127.0.0.1:8443
+  FTAGENT_TOKEN=$SECRET ftagent webhook --tls-cert tls.crt --tls-key tls.key \\
+      --arbiter ftagent-arbiter.ftagent-system.svc:9400 --image ghcr.io/ftagent/ftagent:0.1.0
+"""
+
+
+@dataclass(frozen=True)
+class WebhookConfig:
+    listen: str = opt("0.0.0.0:8443", "--listen", "HOST:PORT to serve HTTPS on (port 0 "
+                      "picks a free one)", metavar="HOST:PORT")
+    tls_cert: str = opt("", "--tls-cert", "serving certificate (PEM)", metavar="PATH")
+    tls_key: str = opt("", "--tls-key", "its private key (PEM)", metavar="PATH")
+    self_signed: bool = opt(False, "--self-signed", "make a CA and a serving certificate at "
+                            "start instead of --tls-cert/--tls-key")
+    ca_bundle_out: str = opt("", "--ca-bundle-out", "with --self-signed: write the CA here",
+                             metavar="PATH")
+    service: str = opt("ftagent-webhook", "--service", "the webhook's Service (names in the "
+                       "self-signed certificate)", metavar="NAME")
+    service_namespace: str = opt("", "--service-namespace", "its namespace (default: "
+                                 "$POD_NAMESPACE, else ftagent-system)", metavar="NS")
+    webhook_config: str = opt("", "--webhook-config", "with --self-signed: share the "
+                              "certificate through --tls-secret and write the CA into this "
+                              "MutatingWebhookConfiguration", metavar="NAME")
+    tls_secret: str = opt("ftagent-webhook-tls", "--tls-secret", "Secret the replicas share "
+                          "the self-signed certificate in", metavar="NAME")
+    image: str = opt("ghcr.io/ftagent/ftagent:0.1.0", "--image", "ftagent image of the init "
+                     "container that copies the agent into the pod", metavar="IMAGE")
+    arbiter: str = opt("", "--arbiter", "arbiter HOST:PORT the agents connect to (none: "
+                       "agents decide locally)", check=host_port, metavar="HOST:PORT")
+    token: str = opt("", "--token", "the arbiter's secret, to derive each job's token from "
+                     "(prefer FTAGENT_TOKEN)", metavar="SECRET")
+    metrics_port: int = opt(9430, "--agent-metrics-port", "agents' /metrics port; "
+                            "hostNetwork pods get one of PORT..PORT+SPAN-1",
+                            check=Range(1, 65535 - 1000), metavar="PORT")
+    metrics_port_span: int = opt(100, "--agent-metrics-port-span", "ports hostNetwork pods "
+                                 "spread over", check=Range(1, 1000), metavar="SPAN")
+    max_body: int = opt(4 * 1024 * 1024, "--max-body", "largest AdmissionReview accepted",
+                        check=Range(1024, 64 * 1024 * 1024), metavar="BYTES")
+    handshake_timeout: float = opt(5.0, "--handshake-timeout", "drop a TLS client that has "
+                                   "not finished its handshake by then",
+                                   check=Range(0.1, 300), metavar="SECONDS")
+    log_level: str = opt("info", "--log-level", "messages on stderr",
+                         choices=("debug", "info", "warning", "error"))
+
+
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(prog=PROG, description=__doc__, epilog=EPILOG,
+                           formatter_class=HelpFormatter)
+    add_group(parser, "webhook", WebhookConfig)
+    return parser
+
+
+def parse(argv: Sequence[str], environ: Mapping[str, str]) -> WebhookConfig:
+    cfg = resolve_group(build_parser().parse_args(list(argv)), WebhookConfig, environ)
+    try:
+        split_host_port(cfg.listen)
+    except ConfigError:
+        raise ConfigError(f"--listen: {cfg.listen!r} is not HOST:PORT") from None
+    if cfg.self_signed == bool(cfg.tls_cert or cfg.tls_key):
+        raise ConfigError("give --tls-cert and --tls-key, or --self-signed (one of the two)")
+    if not cfg.self_signed and not (cfg.tls_cert and cfg.tls_key):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    return cfg
+
+
+def token_deriver(secret: str) -> Callable[[str, str], str] | None:
+    if not secret:
+        return None
+    from ftagent.arbiter.auth import job_token
+
+    return lambda namespace, job: job_token(secret, namespace, job)
+
+
+def tls_files(cfg: WebhookConfig, environ: Mapping[str, str]) -> tuple[str, str]:
+    """(cert, key) paths: given, or made now (and shared in-cluster with --webhook-config)."""
+    if not cfg.self_signed:
+        return cfg.tls_cert, cfg.tls_key
+    from ftagent.kube import certs
+
+    ns = cfg.service_namespace or environ.get("POD_NAMESPACE") or "ftagent-system"
+    names = certs.service_names(cfg.service, ns)
+    if cfg.webhook_config:
+        pems = certs.ensure_shared(ns, cfg.tls_secret, cfg.webhook_config, names)
+    else:
+        pems = certs.self_signed(names + ["localhost"])
+    folder = tempfile.mkdtemp(prefix="ftagent-webhook-")
+    paths = {}
+    for name, data in (("tls.crt", pems.cert), ("tls.key", pems.key)):
+        paths[name] = os.path.join(folder, name)
+        fd = os.open(paths[name], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    if cfg.ca_bundle_out:
+        with open(cfg.ca_bundle_out, "wb") as f:
+            f.write(pems.ca)
+    return paths["tls.crt"], paths["tls.key"]
+
+
+async def serve(cfg: WebhookConfig, tls: ssl.SSLContext) -> int:
+    from ftagent.kube.inject import Settings
+    from ftagent.kube.webhook import WebhookServer
+
+    settings = Settings(image=cfg.image, arbiter=cfg.arbiter,
+                        token_for=token_deriver(cfg.token), metrics_port=cfg.metrics_port,
+                        metrics_port_span=cfg.metrics_port_span)
+    server = WebhookServer(settings, max_body=cfg.max_body,
+                           handshake_timeout=cfg.handshake_timeout)
+    host, port = split_host_port(cfg.listen)
+    try:
+        bound = await server.start(host, port, tls)
+    except OSError as e:
+        sys.stderr.write(f"{PROG}: error: cannot listen on {cfg.listen}: "
+                         f"{e.strerror or e}\n")
+        return 1
+    sys.stderr.write(f"listening on {host}:{bound}\n")
+    sys.stderr.flush()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.close()
+    return 0
+
+
+def main(argv: Sequence[str]) -> int:
+    environ = dict(os.environ)
+    try:
+        cfg = parse(argv, environ)
+    except ConfigError as e:
+        sys.stderr.write(f"{PROG}: error: {e} (see {PROG} --help)\n")
+        return 2
+    logging.basicConfig(level=getattr(logging, cfg.log_level.upper()),
+                        format="[ftagent webhook %(asctime)s] %(levelname)s %(message)s",
+                        stream=sys.stderr)
+    if cfg.webhook_config and not cfg.self_signed:
+        sys.stderr.write(f"{PROG}: warning: --webhook-config is used with --self-signed only\n")
+    try:
+        cert, key = tls_files(cfg, environ)
+    except Exception as e:  # the cluster refused (RBAC, API down): one line
+        sys.stderr.write(f"{PROG}: error: self-signed certificate set-up failed: {e}\n")
+        return 1
+    from ftagent.kube.webhook import tls_context
+
+    try:
+        tls = tls_context(cert, key)
+    except (OSError, ssl.SSLError) as e:
+        sys.stderr.write(f"{PROG}: error: cannot load --tls-cert/--tls-key: {e}\n")
+        return 2
+    return asyncio.run(serve(cfg, tls))
