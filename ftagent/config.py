@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar, get_type_hints
 
+from ftagent.model import EXIT_REPLACE, EXIT_STOP
 from ftagent.wire.limits import (
     MAX_NAME,
     MAX_RESTARTS,
@@ -219,6 +220,14 @@ class SupervisorConfig:
     log_level: str = opt(
         "info", "--log-level", "ftagent's own messages on stderr",
         choices=("debug", "info", "warning", "error"))
+    exit_replace: int = opt(
+        EXIT_REPLACE, "--exit-replace", "exit status when the arbiter replaces this rank "
+        "(move the pod): 128-255 so Kubeflow's restartPolicy ExitCode retries it; match it "
+        "in podFailurePolicy/JobSet rules", check=Range(1, 255), metavar="STATUS")
+    exit_stop: int = opt(
+        EXIT_STOP, "--exit-stop", "exit status when the arbiter stops the job: 1-127 so "
+        "ExitCode does not retry it (alone, the agent exits with the trainer's status)",
+        check=Range(1, 255, also=((-1, "the failing rank's status"),)), metavar="STATUS")
 
 
 @dataclass(frozen=True)

@@ -265,6 +265,11 @@ class Action:
         return d
 
 
-# Exit code of an agent whose rank the policy decided to REPLACE (hardware fault):
-# distinct from any trainer code so a controller can tell "move this pod" from "it failed".
-EXIT_REPLACE = 87
+# Exit statuses of an agent the arbiter's decision ended (defaults of --exit-replace and
+# --exit-stop), chosen for the job controllers' rules: Kubeflow v1 restartPolicy ExitCode
+# retries 128-255 and treats 1-127 as permanent; Job podFailurePolicy (and so JobSet's child
+# Jobs) matches exact codes. REPLACE ("move this pod": hardware fault) is retryable and above
+# 128+64, so it is never a signal death's 128+N; STOP ("the job is over") is permanent and
+# no code a trainer commonly uses. See deploy/examples/ for the matching policies.
+EXIT_REPLACE = 215
+EXIT_STOP = 86

@@ -91,6 +91,7 @@ class Agent:
         self._stop_deadline = 0.0
         self._tasks: list[asyncio.Task[Any]] = []
         self.extra_env: dict[str, str] = {}
+        self._local_actions: set[str] = set()  # ids of what the local policy decided
         self._inflight: set[asyncio.Task[Any]] = set()
         self._armed: set[tuple[int, float]] = set()  # (id(detector), deadline) timers
         self._backlog: LineBacklog | None = None  # the running trainer's output on its way
@@ -259,6 +260,7 @@ class Agent:
                         hang_action=self.cfg.hang.hang_action)
         # the generation it leads to: a local restart counts up (events and status say so)
         gen = self.generation + 1 if action.kind == ActionKind.RESTART else self.generation
+        self._local_actions.add(action.id)  # its exit status is the trainer's (_exit_code_of)
         self.actions.put_nowait(dataclasses.replace(action, generation=gen))
 
     def decide_remotely(self, fault: Fault) -> bool:
@@ -303,7 +305,15 @@ class Agent:
         return None
 
     def _exit_code_of(self, action: Action, exit_: ProcessExit | None) -> int:
-        if action.exit_code is not None:
+        """REPLACE exits --exit-replace; the arbiter's STOP --exit-stop (unless -1); what
+        the agent decided alone exits with the trainer's status, as without ftagent."""
+        sup = self.cfg.supervisor
+        if action.kind == ActionKind.REPLACE:
+            code = sup.exit_replace
+        elif action.kind == ActionKind.STOP and action.id not in self._local_actions \
+                and sup.exit_stop > 0:
+            code = sup.exit_stop
+        elif action.exit_code is not None:
             code = action.exit_code
         else:
             code = exit_.exit_status if exit_ is not None else 1
