@@ -1,13 +1,19 @@
-"""The alert rules in deploy/ are valid and behave as their unit tests say (promtool)."""
+"""deploy/: the alert rules are valid and behave as their unit tests say (promtool); the
+kustomize base and every overlay build (real kubectl kustomize) and every object validates
+against the Kubernetes schemas offline; RBAC without wildcards; the examples validate."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
+from typing import Any
 
+import kubernetes_validate
 import pytest
+import yaml
 
 from tests.conftest import ROOT
+from tests.webhook_pods import EXAMPLES, load_all
 
 RULES = ROOT / "deploy" / "prometheus"
 
@@ -28,3 +34,123 @@ def test_rules_unit_tests_pass() -> None:
     r = subprocess.run(["promtool", "test", "rules", "ftagent-rules.test.yaml"],
                        cwd=RULES, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+# ------------------------------------------------------------------ kustomize, schemas
+
+KUSTOMIZATIONS = ["deploy", "deploy/overlays/cert-manager", "deploy/overlays/monitoring",
+                  "deploy/overlays/node"]
+K8S_VERSION = "1.32"
+# Custom resources with no schema in the Kubernetes release: checked for shape, and the pod
+# templates inside them are validated as PodTemplateSpecs.
+CUSTOM_KINDS = {"Certificate", "Issuer", "PodMonitor", "ServiceMonitor", "PrometheusRule"}
+
+needs_kubectl = pytest.mark.skipif(shutil.which("kubectl") is None,
+                                   reason="kubectl (with kustomize) missing")
+
+
+def kustomize(path: str) -> list[dict[str, Any]]:
+    r = subprocess.run(["kubectl", "kustomize", str(ROOT / path)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return [d for d in yaml.safe_load_all(r.stdout) if d]
+
+
+def validate(obj: dict[str, Any]) -> None:
+    if obj["kind"] in CUSTOM_KINDS:
+        assert obj["apiVersion"].count("/") == 1 and obj["metadata"]["name"]
+        return
+    kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+@needs_kubectl
+@pytest.mark.parametrize("path", KUSTOMIZATIONS)
+def test_kustomization_builds_and_validates(path: str) -> None:
+    objs = kustomize(path)
+    assert objs
+    for obj in objs:
+        validate(obj)
+    kinds = {o["kind"] for o in objs}
+    assert {"Namespace", "StatefulSet", "Deployment", "Service", "PodDisruptionBudget",
+            "MutatingWebhookConfiguration"} <= kinds
+
+
+@needs_kubectl
+def test_rbac_is_least_privilege() -> None:
+    for path in KUSTOMIZATIONS:
+        for obj in kustomize(path):
+            for rule in obj.get("rules", []) if obj["kind"] in ("Role", "ClusterRole") else []:
+                for key in ("verbs", "resources", "apiGroups"):
+                    assert "*" not in rule.get(key, []), (path, obj["metadata"]["name"])
+                assert set(rule["verbs"]) <= {"get", "create", "patch"}
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in kustomize("deploy")}
+    mwc_rule = objs[("ClusterRole", "ftagent-webhook")]["rules"][0]
+    assert mwc_rule["resourceNames"] == ["ftagent"]  # its own configuration only
+    cert_manager = {(o["kind"], o["metadata"]["name"]) for o in
+                    kustomize("deploy/overlays/cert-manager")}
+    assert not {k for k in cert_manager if k[0] in ("Role", "ClusterRole")}
+
+
+@needs_kubectl
+def test_webhook_configuration() -> None:
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in kustomize("deploy")}
+    hooks = objs[("MutatingWebhookConfiguration", "ftagent")]["webhooks"]
+    assert len(hooks) == 2
+    for h in hooks:
+        assert h["failurePolicy"] == "Ignore" and h["timeoutSeconds"] <= 5
+        assert h["reinvocationPolicy"] == "IfNeeded" and h["sideEffects"] == "None"
+        assert h["clientConfig"]["service"]["path"] == "/mutate"
+        excluded = next(e for e in h["namespaceSelector"]["matchExpressions"]
+                        if e["key"] == "kubernetes.io/metadata.name")
+        assert "ftagent-system" in excluded["values"]
+    webhook = objs[("Deployment", "ftagent-webhook")]["spec"]["template"]["spec"]
+    c = webhook["containers"][0]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["FTAGENT_IMAGE"]["value"] == c["image"]  # the init container = this image
+    assert env["FTAGENT_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "ftagent-secret"
+    arbiter = objs[("StatefulSet", "ftagent-arbiter")]
+    assert arbiter["spec"]["replicas"] == 2
+    assert objs[("Service", "ftagent-arbiter")]["spec"]["clusterIP"] == "None"
+    addresses = next(a for a in c["args"] if a.startswith("--arbiter=")).split("=", 1)[1]
+    assert addresses.split(",") == [
+        f"ftagent-arbiter-{i}.ftagent-arbiter.ftagent-system.svc:9400" for i in range(2)]
+
+
+@needs_kubectl
+def test_prometheus_rule_matches_the_tested_rules() -> None:
+    rule = next(o for o in kustomize("deploy/overlays/monitoring")
+                if o["kind"] == "PrometheusRule")
+    tested = yaml.safe_load((RULES / "ftagent-rules.yaml").read_text())
+    assert rule["spec"]["groups"] == tested["groups"]
+    monitor = next(o for o in kustomize("deploy/overlays/monitoring")
+                   if o["kind"] == "PodMonitor")
+    endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+    assert endpoint["port"] == "ftagent-metrics" and endpoint["honorLabels"] is True
+
+
+def _templates(obj: Any) -> list[dict[str, Any]]:
+    """Every pod template ({metadata, spec: {containers}}) inside a manifest."""
+    found = []
+    if isinstance(obj, dict):
+        spec = obj.get("spec")
+        if isinstance(spec, dict) and "containers" in spec and "metadata" in obj:
+            found.append(obj)
+        for v in obj.values():
+            found += _templates(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            found += _templates(v)
+    return found
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+def test_example_manifests_validate(example: str) -> None:
+    for doc in load_all(EXAMPLES / example):
+        if doc["apiVersion"] in ("batch/v1", "v1", "apps/v1"):
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        templates = _templates(doc)
+        assert templates or doc["kind"] == "TrainJob"
+        for t in templates:
+            kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate",
+                                          "metadata": {"name": "t"}, "template": t},
+                                         K8S_VERSION, strict=True)
