@@ -1,10 +1,14 @@
 """Hang detection under ``ftagent run`` with real training: latency, false positives, cost.
 
 What is measured, all in one run, on loopback, with ``examples/train.py`` (PyTorch DDP,
-gloo on CPU, steps of ``TRAIN_STEP_SLEEP=0.2`` s), one ``ftagent run`` per rank:
+gloo on CPU, steps of ``TRAIN_STEP_SLEEP=0.2`` s), one ``ftagent run`` per rank, with
+hang verification on as by default (``--hang-verify-window 2``: a budget running out is a
+suspicion, verified over 2 s of stack/CPU samples before the hang is declared):
 
-1. **Detection latency.** Rank 0 hangs before the all-reduce of step ``--hang-at`` on
-   every attempt (``FAULT_EVERY_ATTEMPT=1``); each rank's agent runs with
+1. **Detection latency**, for three real hangs on rank 0, every attempt
+   (``FAULT_EVERY_ATTEMPT=1``): in a collective (blocked before the all-reduce of step
+   ``--hang-at``), in data loading (a "waiting for data" loop that keeps logging) and on a
+   lock (a lock-order deadlock with a helper thread). Each rank's agent runs with
    ``--hang-action restart --restart-backoff 0`` and default hang flags, so every attempt
    is one injected hang, detected by both agents (rank 1 is stuck in the all-reduce).
    For each hang fault in the agents' ``--events-file``: latency = detection time −
@@ -14,12 +18,19 @@ gloo on CPU, steps of ``TRAIN_STEP_SLEEP=0.2`` s), one ``ftagent run`` per rank:
    next to it. The p99 step time is taken from the arrival times of consecutive step lines
    of one attempt (steps 2.. of every attempt, both ranks; not the agent's histogram).
    "Training again" = first step line of the next attempt on rank 0 − rank 0's fault.
-2. **False positives.** Two healthy 2-rank runs with checkpoint pauses: every 20 steps
-   for 10 x the step time (``CKPT_EVERY=20 CKPT_FACTOR=10``, 2 s: under the 5 s floor),
-   and every 50 steps for 40 x (8.2 s: over the floor, so only the checkpoint phase that
-   the agent reads from the "saving checkpoint" lines keeps it from being a hang).
-   Default hang flags except ``--hang-action alert`` (same detection; an alert does not
-   stop the run, so every false hang is counted). Count: hang faults in the events files.
+2. **False positives.** Healthy 2-rank runs: checkpoint pauses every 20 steps for 10 x the
+   step time (``CKPT_EVERY=20 CKPT_FACTOR=10``, 2 s: under the 5 s floor), and every 50
+   steps for 40 x (8.2 s: over the floor, so only the checkpoint phase that the agent reads
+   from the "saving checkpoint" lines keeps it from being a hang); *undeclared*
+   evaluations (``EVAL_EVERY=30 EVAL_SECONDS=12``: CPU-busy forward passes printing
+   nothing for 12 s, over the 5 s budget) on every rank, after a 15 s CPU-busy first step
+   (``FIRST_STEP_SECONDS=15``); and the same evaluations on rank 0 only, under a real
+   arbiter (rank 1 waits for it in the all-reduce and reports a hang; the arbiter's stacks
+   show rank 0 alive). Default hang flags except ``--hang-action alert`` without an
+   arbiter (an alert does not stop the run, so every false hang is counted). Count: hang
+   faults in the events files (restarts under the arbiter).
+   **Verification cost**: the agent's own CPU seconds (py-spy included) during each
+   verification window, from the ``verify`` events.
 3. **SDK cost.** ``bench/hang_sdk.py`` as a subprocess: median µs per ``ftagent.step()``.
 4. **Baseline.** torchrun (``python -m torch.distributed.run``, 2 workers) on the same job
    with one hang and ``TRAIN_PG_TIMEOUT=30``: it notices only when gloo's timeout makes
@@ -48,6 +59,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,6 +173,16 @@ def hang_faults(path: Path) -> list[dict[str, Any]]:
     return [e for e in events(path) if e["event"] == "fault" and e["kind"] == "hang"]
 
 
+def records(path: Path, event: str) -> list[dict[str, Any]]:
+    return [e for e in events(path) if e["event"] == event]
+
+
+# The hangs measured: (name, fault variable, line that marks an injection)
+HANGS = [("collective", "FAULT_HANG_AT_STEP", "(fault) hanging"),
+         ("data loading", "FAULT_DATA_STALL_AT_STEP", "waiting for data"),
+         ("lock", "FAULT_DEADLOCK_AT_STEP", "(fault) taking the locks")]
+
+
 def train_env(rank: int, world: int, port: int, **extra: str) -> dict[str, str]:
     env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(port), TRAIN_STEP_SLEEP=str(STEP_SLEEP), PYTHONPATH=str(ROOT))
@@ -199,10 +221,13 @@ def wait_for(cond: Any, deadline: float, what: str) -> bool:
 # ---------------------------------------------------------------------- the measurements
 
 
-def measure_hangs(hangs: int, world: int, hang_at: int, tmp: Path) -> dict[str, Any]:
+def measure_hangs(hangs: int, world: int, hang_at: int, tmp: Path,
+                  kind: tuple[str, str, str] = HANGS[0]) -> dict[str, Any]:
+    name, fault, marker = kind
+    tag = "hang-" + name.replace(" ", "-")
     flags = ["--hang-action=restart", f"--max-restarts={hangs + 5}", "--restart-backoff=0"]
-    ranks = agents(world, tmp, "hang", flags, TRAIN_STEPS="100000", FAULT_RANK="0",
-                   FAULT_HANG_AT_STEP=str(hang_at), FAULT_EVERY_ATTEMPT="1")
+    ranks = agents(world, tmp, tag, flags, TRAIN_STEPS="100000", FAULT_RANK="0",
+                   FAULT_EVERY_ATTEMPT="1", **{fault: str(hang_at)})
     resumed = lambda: any(a >= hangs for _, a, _ in ranks[0].steps())  # noqa: E731
     wait_for(resumed, time.time() + 40 + hangs * 30, f"attempt {hangs} to step")
     time.sleep(0.3)
@@ -220,7 +245,7 @@ def measure_hangs(hangs: int, world: int, hang_at: int, tmp: Path) -> dict[str, 
         steps = lp.steps()
         at = {(a, s): ts for ts, a, s in steps}
         intervals += [at[a, s] - at[a, s - 1] for (a, s) in at if s >= 2 and (a, s - 1) in at]
-        for f in hang_faults(tmp / f"hang-{rank}.jsonl"):
+        for f in hang_faults(tmp / f"{tag}-{rank}.jsonl"):
             last = at.get((f["attempt"], f["last_step"]))
             if last is None:
                 continue
@@ -234,32 +259,75 @@ def measure_hangs(hangs: int, world: int, hang_at: int, tmp: Path) -> dict[str, 
                 if first:
                     resume.append(min(first) - f["ts"])
                     again.append(min(first) - last)
-    return {"world": world, "intervals": intervals, "latency": latency,
+    attempts: set[int] = set()
+    attempt = -1
+    for _, text in ranks[0].lines:  # attempts of rank 0 in which the fault showed
+        attempt += 1 if STARTED.search(text) else 0
+        if marker in text:
+            attempts.add(attempt)
+    verdicts = [f.get("verdict") for r in range(world)
+                for f in hang_faults(tmp / f"{tag}-{r}.jsonl")]
+    cost = [v["agent_cpu_seconds"] / v["window_seconds"] for r in range(world)
+            for v in records(tmp / f"{tag}-{r}.jsonl", "verify")
+            if v.get("window_seconds")]
+    return {"name": name, "world": world, "intervals": intervals, "latency": latency,
             "agent_since": agent_since, "stacks": stacks, "budgets": budgets,
-            "resume": resume, "again": again,
-            "injected": sum(1 for _, t in ranks[0].lines if "(fault) hanging" in t),
-            "detected": len(hang_faults(tmp / "hang-0.jsonl"))}
+            "resume": resume, "again": again, "verdicts": verdicts, "cost": cost,
+            "injected": len(attempts),
+            "detected": len(hang_faults(tmp / f"{tag}-0.jsonl"))}
 
 
-def measure_false_positives(steps: int, every: int, factor: int, tmp: Path) -> dict[str, Any]:
-    tag = f"healthy-{every}-{factor}"
-    ranks = agents(2, tmp, tag, ["--hang-action=alert"], TRAIN_STEPS=str(steps),
-                   CKPT_EVERY=str(every), CKPT_FACTOR=str(factor), TRAIN_PG_TIMEOUT="60")
-    pauses = (steps - 1) // every * factor * (STEP_SLEEP + 0.005)
-    deadline = time.time() + 60 + 2 * (steps * STEP_SLEEP + pauses)
-    wait_for(lambda: all(lp.proc.poll() is not None for lp in ranks), deadline, "healthy run")
-    codes = [lp.proc.poll() for lp in ranks]
-    for lp in ranks:
-        stop(lp)
-        LAUNCHED.remove(lp)
-    faults = [f for r in range(2) for f in hang_faults(tmp / f"{tag}-{r}.jsonl")]
+def measure_false_positives(steps: int, every: int, factor: int, tmp: Path,
+                            evals: str = "", first: float = 0.0) -> dict[str, Any]:
+    """A healthy run: checkpoints every ``every`` steps for ``factor`` step times, or
+    undeclared evaluations (``evals``: "all" ranks, or "one" under an arbiter) every
+    ``every`` steps for ``factor`` seconds."""
+    from ftagent.arbiter.process import ArbiterProcess
+
+    tag = f"healthy-{evals or 'ckpt'}-{every}-{factor}"
+    if evals:
+        extra = {"EVAL_EVERY": str(every), "EVAL_SECONDS": str(factor)}
+        if evals == "one":
+            extra["EVAL_RANK"] = "0"
+        pauses = (steps - 1) // every * factor + first
+    else:
+        extra = {"CKPT_EVERY": str(every), "CKPT_FACTOR": str(factor)}
+        pauses = (steps - 1) // every * factor * (STEP_SLEEP + 0.005)
+    if first:
+        extra["FIRST_STEP_SECONDS"] = f"{first:g}"
+    arb = ArbiterProcess() if evals == "one" else None
+    flags = ["--hang-action=alert"]
+    if arb is not None:
+        arb.__enter__()
+        flags = ["--arbiter", arb.address, "--job", tag]
+    try:
+        ranks = agents(2, tmp, tag, flags, TRAIN_STEPS=str(steps), TRAIN_PG_TIMEOUT="60",
+                       **extra)
+        deadline = time.time() + 60 + 2 * (steps * STEP_SLEEP + pauses)
+        wait_for(lambda: all(lp.proc.poll() is not None for lp in ranks), deadline,
+                 "healthy run")
+        codes = [lp.proc.poll() for lp in ranks]
+        for lp in ranks:
+            stop(lp)
+            LAUNCHED.remove(lp)
+    finally:
+        if arb is not None:
+            arb.__exit__(None, None, None)
+    paths = [tmp / f"{tag}-{r}.jsonl" for r in range(2)]
+    restarts = [a for p in paths for a in records(p, "action") if a["kind"] == "restart"]
+    # under the arbiter the waiting rank's report is expected; a restart is a false positive
+    faults = restarts if arb is not None else [f for p in paths for f in hang_faults(p)]
+    verify = [v for p in paths for v in records(p, "verify")]
+    phases = [v for p in paths for v in records(p, "phase")]
     gaps = []
     for lp in ranks:
         ts = [t for t, _, _ in lp.steps()]
         gaps += [b - a for a, b in zip(ts, ts[1:], strict=False)]
     done = [max((s for _, _, s in lp.steps()), default=0) for lp in ranks]
     return {"steps": steps, "every": every, "factor": factor, "faults": faults,
-            "codes": codes, "gaps": gaps, "done": done}
+            "codes": codes, "gaps": gaps, "done": done, "evals": evals, "first": first,
+            "verify": verify, "phases": phases,
+            "reports": [f for p in paths for f in hang_faults(p)]}
 
 
 def measure_sdk(calls: int) -> list[tuple[str, float]]:
@@ -317,6 +385,10 @@ def main() -> int:
                     help="steps of the false-positive run (default 200)")
     ap.add_argument("--long-ckpt-steps", type=int, default=110,
                     help="steps of the run with 8 s checkpoints every 50 steps (default 110)")
+    ap.add_argument("--kind-hangs", type=int, default=5,
+                    help="injected data-loading and lock hangs each (default 5)")
+    ap.add_argument("--eval-steps", type=int, default=100,
+                    help="steps of the runs with undeclared evaluations (default 100)")
     ap.add_argument("--hang-timeout-min", type=float, default=None,
                     help="pass this floor to every agent (default: the agent's, 5 s)")
     ap.add_argument("--quick", action="store_true",
@@ -325,7 +397,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.hangs, args.healthy_steps, args.no_torchrun = min(args.hangs, 3), 100, True
-        args.long_ckpt_steps = 110
+        args.long_ckpt_steps, args.kind_hangs, args.eval_steps = 110, 2, 70
     if args.hang_timeout_min is not None:
         EXTRA_FLAGS.append(f"--hang-timeout-min={args.hang_timeout_min:g}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -333,11 +405,19 @@ def main() -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="ftagent-bench-hang-") as d:
             tmp = Path(d)
-            h = timed("hang runs", measure_hangs, args.hangs, args.ranks, args.hang_at, tmp)
+            hs = [timed("hang runs, collective", measure_hangs, args.hangs, args.ranks,
+                        args.hang_at, tmp, HANGS[0])]
+            hs += [timed(f"hang runs, {k[0]}", measure_hangs, args.kind_hangs, args.ranks,
+                         args.hang_at, tmp, k) for k in HANGS[1:] if args.kind_hangs > 0]
+            h = hs[0]
             fps = [timed("healthy run", measure_false_positives, args.healthy_steps, 20, 10,
                          tmp),
                    timed("healthy run, long checkpoints", measure_false_positives,
-                         args.long_ckpt_steps, 50, 40, tmp)]
+                         args.long_ckpt_steps, 50, 40, tmp),
+                   timed("healthy run, undeclared evaluations", measure_false_positives,
+                         args.eval_steps, 30, 12, tmp, "all", 15.0),
+                   timed("healthy run, evaluation on one rank, arbiter",
+                         measure_false_positives, args.eval_steps, 30, 12, tmp, "one")]
             sdk = timed("SDK bench", measure_sdk, 20_000 if args.quick else 100_000)
             tr = None if args.no_torchrun else timed("torchrun", measure_torchrun,
                                                      args.hang_at, 30)
@@ -347,15 +427,16 @@ def main() -> int:
         return 130
     finally:
         stop_all()
-    report(args, h, fps, sdk, tr, time.time() - t0)
+    report(args, h, fps, sdk, tr, time.time() - t0, hs)
     ok = bool(h["latency"]) and not any(fp["faults"] for fp in fps) and (
-        h["detected"] == h["injected"] >= args.hangs)
+        h["detected"] == h["injected"] >= args.hangs) and all(
+        x["detected"] == x["injected"] > 0 for x in hs)
     return 0 if ok else 1
 
 
 def report(args: argparse.Namespace, h: dict[str, Any], fps: list[dict[str, Any]],
            sdk: list[tuple[str, float]], tr: dict[str, float | None] | None,
-           wall: float) -> None:
+           wall: float, hs: list[dict[str, Any]] | None = None) -> None:
     import torch
 
     argv = " ".join(sys.argv[1:])
@@ -383,7 +464,9 @@ def report(args: argparse.Namespace, h: dict[str, Any], fps: list[dict[str, Any]
              f"{statistics.median(h['agent_since']):.2f} / {max(h['agent_since']):.2f} s"),
             (f"  budget in force (learned; floor {args.hang_timeout_min or 5:g} s)",
              f"{min(h['budgets']):.2f} .. {max(h['budgets']):.2f} s"),
-            ("py-spy stacks before acting, median", fmt(statistics.median(h["stacks"]), "s", 3)),
+            ("py-spy stacks before acting, median" + (
+                " (the verification window's last sample, reused)"
+                if not any(h["stacks"]) else ""), fmt(statistics.median(h["stacks"]), "s", 3)),
         ]
     if h["resume"]:
         rows.append((f"detection -> training again (rank 0, n={len(h['resume'])}) p50 / max",
@@ -391,18 +474,61 @@ def report(args: argparse.Namespace, h: dict[str, Any], fps: list[dict[str, Any]
         rows.append(("last step -> training again, p50 / max",
                      f"{statistics.median(h['again']):.2f} / {max(h['again']):.2f} s"))
     table(rows)
+    if hs:
+        print("\n1b. detection latency by kind of hang, verification on (default flags): "
+              "last step line -> hang declared")
+        rows = []
+        for x in hs:
+            lat = x["latency"]
+            if not lat:
+                rows.append((x["name"], "no detections"))
+                continue
+            verdicts = sorted({str(v) for v in x["verdicts"]})
+            rows.append((f"{x['name']}: {x['injected']} injected, {x['detected']} detected "
+                         "by rank 0, p50 / p99 / max",
+                         f"{statistics.median(lat):.2f} / {pct(lat, 99):.2f} / "
+                         f"{max(lat):.2f} s (verdicts: {', '.join(verdicts)})"))
+            if x["cost"]:
+                rows.append(("  agent CPU during a verification window, median / max",
+                             f"{100 * statistics.median(x['cost']):.1f} / "
+                             f"{100 * max(x['cost']):.1f} % of a core"))
+        table(rows)
     print("\n2. false positives: healthy 2-rank runs, steps of 0.2 s, checkpoint pauses "
-          "(logged Megatron-style), default hang flags but --hang-action alert")
+          "(logged Megatron-style) and undeclared evaluations, default hang flags but "
+          "--hang-action alert (under the arbiter: its decisions)")
     rows = []
     for fp in fps:
-        pause = fp["factor"] * (STEP_SLEEP + 0.005)
-        rows += [(f"{fp['steps']} steps, {pause:.1f} s checkpoint every {fp['every']}: "
-                  "hang faults (goal 0)", str(len(fp["faults"]))),
-                 ("  steps done per rank / exit status", f"{fp['done']} / {fp['codes']}"),
+        if fp["evals"]:
+            who = "every rank" if fp["evals"] == "all" else "rank 0 only, under an arbiter"
+            first = f", first step +{fp['first']:g} s CPU" if fp["first"] else ""
+            what = "restarts" if fp["evals"] == "one" else "hang faults"
+            rows.append((f"{fp['steps']} steps, undeclared {fp['factor']} s evaluation every "
+                         f"{fp['every']} on {who}{first}: {what} (goal 0)",
+                         str(len(fp["faults"]))))
+            kinds = Counter(v["kind"] for v in fp["verify"])
+            rows.append(("  verifications by verdict (all ranks)",
+                         ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) or "none"))
+            rows.append(("  undeclared phases recorded (all ranks) / of them recognised",
+                         f"{len(fp['phases'])} / "
+                         f"{sum(1 for p in fp['phases'] if p.get('recognised'))}"))
+            if fp["evals"] == "one":
+                rows.append(("  hang reports of the waiting rank (job busy, no restart)",
+                             str(len(fp["reports"]))))
+            cost = [v["agent_cpu_seconds"] / v["window_seconds"] for v in fp["verify"]
+                    if v.get("window_seconds")]
+            if cost:
+                rows.append(("  agent CPU during a verification window, median / max",
+                             f"{100 * statistics.median(cost):.1f} / {100 * max(cost):.1f} "
+                             "% of a core"))
+        else:
+            pause = fp["factor"] * (STEP_SLEEP + 0.005)
+            rows.append((f"{fp['steps']} steps, {pause:.1f} s checkpoint every {fp['every']}:"
+                         " hang faults (goal 0)", str(len(fp["faults"]))))
+        rows += [("  steps done per rank / exit status", f"{fp['done']} / {fp['codes']}"),
                  ("  longest gap between step lines", fmt(max(fp["gaps"], default=None)))]
     table(rows)
     for f in [f for fp in fps for f in fp["faults"]]:
-        print(f"   false positive: rank {f.get('rank')}: {f['message']}")
+        print(f"   false positive: rank {f.get('rank')}: {f['message'][:300]}")
     print("\n3. SDK cost per ftagent.step() (bench/hang_sdk.py, median)")
     table([(name, f"{us:.2f} µs") for name, us in sdk] or [("bench/hang_sdk.py", "failed")])
     print("\n4. baseline")

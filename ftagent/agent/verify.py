@@ -230,8 +230,24 @@ class Verifier:
                 continue
             if self._task is not None and not self._task.done():
                 continue  # already verifying this stall
-            self._task = asyncio.get_running_loop().create_task(self.verify(f))
+            self._task = asyncio.get_running_loop().create_task(self._verify_or_raise(f))
         return out
+
+    async def _verify_or_raise(self, fault: Fault) -> None:
+        """``verify``; if verification itself fails, the hang is raised as it was."""
+        try:
+            await self.verify(fault)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.exception("hang verification failed; declaring the hang on its budget")
+            out = dataclasses.replace(fault, evidence={
+                **fault.evidence, "verdict": "unknown",
+                "verification": {"state": "unknown", "missing": [f"verification failed: {e!r}"]}})
+            if self.emit is None:
+                self._ready.append(out)
+            else:
+                await self.emit(out)
 
     def observe(self, obs: Observation, seen: Observed | None) -> None:
         if isinstance(obs, (TrainerStart, ProcessExit)):
@@ -329,6 +345,19 @@ class Verifier:
         """The DUMP_STACKS answer: this rank's stacks plus a ``liveness`` field (a fresh
         verdict over the window, or the hang this agent already declared), so the arbiter
         can tell ranks busy in a phase from ranks waiting in a collective."""
+        try:
+            return await self._stacks_for_arbiter()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the arbiter still gets stacks, without the verdict
+            log.exception("liveness for the arbiter failed")
+            from ftagent.agent.evidence import capture
+
+            got = await capture(list(pids), self.cfg.hang_dump_timeout)
+            return {**got, "liveness": {"state": "unknown", "declared": False,
+                                        "missing": [f"verification failed: {e!r}"]}}
+
+    async def _stacks_for_arbiter(self) -> dict[str, Any]:
         t = self.clock()
         stall = self.stall
         if stall is not None and stall.declared and stall.verdict is not None:

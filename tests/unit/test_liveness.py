@@ -483,3 +483,28 @@ def test_an_end_marker_after_an_unannounced_phase_closes_and_teaches_the_stall()
         assert r.kinds("phase") == ["undeclared"]
 
     asyncio.run(go())
+
+
+def test_a_broken_sampler_falls_back_to_the_budget_and_says_so() -> None:
+    class Broken(FakeSampler):
+        async def sample(self) -> tuple[Snapshot, list[dict[str, Any]]]:
+            raise RuntimeError("no /proc")
+
+    async def go() -> None:
+        r = Rig(parked())
+        r.v.sampler = Broken(r.now, [])
+        (f,) = await r.run_until(r.now[0] + 7.0)
+        assert f.evidence["verdict"] == "unknown"
+        assert "no /proc" in f.evidence["verification"]["missing"][0]
+
+    asyncio.run(go())
+
+
+def test_dump_stacks_of_a_rank_that_declared_says_hung_declared() -> None:
+    async def go() -> None:
+        r = Rig(parked())
+        assert len(await r.run_until(r.now[0] + 8.0)) == 1
+        out = await r.v.stacks_for_arbiter([1])  # one sample: no window to wait for
+        assert out["liveness"]["declared"] and out["liveness"]["state"] == "hung"
+
+    asyncio.run(go())
