@@ -7,7 +7,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-stamp
 PROTO   := proto/ftagent/v1/ftagent.proto
 
-.PHONY: all venv deps demo test lint typecheck unit integration e2e proto proto-check bench clean
+.PHONY: all venv deps demo test lint typecheck unit integration e2e proto proto-check bench bundle image clean
 
 all: test
 
@@ -52,7 +52,16 @@ proto-check: venv
 	  { echo "ftagent/v1 is stale: run 'make proto' and commit"; rm -rf $$tmp; exit 1; }; \
 	rm -rf $$tmp
 
-test: venv deps lint typecheck
+# The self-contained agent the webhook's init container copies into training pods
+# (build/bundle/ftagent/; rebuilt only when ftagent/ or packaging/ changed).
+bundle: venv
+	$(BIN)/python packaging/build_bundle.py
+
+# The ftagent image (wheel + bundle): docker build -f deploy/Dockerfile .
+image:
+	docker build -f deploy/Dockerfile -t ghcr.io/ftagent/ftagent:0.1.0 .
+
+test: venv deps lint typecheck bundle
 	@if [ -f $(PROTO) ]; then $(MAKE) --no-print-directory proto-check; fi
 	$(BIN)/pytest -q -p no:cacheprovider tests
 

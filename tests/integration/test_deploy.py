@@ -154,3 +154,17 @@ def test_example_manifests_validate(example: str) -> None:
             kubernetes_validate.validate({"apiVersion": "v1", "kind": "PodTemplate",
                                           "metadata": {"name": "t"}, "template": t},
                                          K8S_VERSION, strict=True)
+
+
+def test_dockerfile_ships_what_the_webhook_copies() -> None:
+    """No image can be built here: check that the Dockerfile's bundle lands where the
+    webhook's init container copies it from, and that what it COPYs exists."""
+    from ftagent.kube.inject import Settings
+
+    text = (ROOT / "deploy" / "Dockerfile").read_text()
+    assert f"/src/build/bundle/ftagent {Settings().bundle_dir}" in text
+    for line in text.splitlines():
+        if line.startswith("COPY ") and "--from" not in line:
+            for src in line.split()[1:-1]:
+                assert (ROOT / src).exists(), src
+    assert "packaging/build_bundle.py" in text and "[kube]" in text

@@ -1,0 +1,58 @@
+"""Build the self-contained agent (``make bundle``): ``build/bundle/ftagent/`` holds the
+``ftagent`` program with its own Python and libraries (PyInstaller, one folder: nothing to
+unpack at each start), and ``py-spy`` beside it. glibc is its only host dependency, so
+build it on the oldest glibc it should run on (the Dockerfile's base).
+
+Skips the build when its inputs (ftagent/, packaging/, pyproject.toml, the Python) are
+unchanged since the last one (a hash in build/bundle/inputs.sha256).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "build" / "bundle"
+DIST = OUT / "ftagent"
+STAMP = OUT / "inputs.sha256"
+# Not for `ftagent run`: the webhook's and the tests' dependencies stay out of the bundle.
+EXCLUDE = ["kubernetes", "cryptography", "yaml", "torch", "numpy", "hypothesis", "pytest",
+           "jsonpatch", "jsonschema", "kubernetes_validate", "tkinter", "grpc_tools",
+           "setuptools", "pip", "mypy", "ftagent.demo"]
+
+
+def inputs_hash() -> str:
+    h = hashlib.sha256(sys.version.encode())
+    files = sorted([*ROOT.glob("ftagent/**/*.py"), *ROOT.glob("packaging/*.py"),
+                    ROOT / "pyproject.toml"])
+    for f in files:
+        h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def build() -> Path:
+    digest = inputs_hash()
+    if (DIST / "ftagent").is_file() and STAMP.is_file() and STAMP.read_text() == digest:
+        return DIST
+    work = OUT / "work"
+    cmd = [sys.executable, "-m", "PyInstaller", "--noconfirm", "--clean", "--onedir",
+           "--name", "ftagent", "--distpath", str(OUT), "--workpath", str(work),
+           "--specpath", str(work), "--log-level", "WARN",
+           "--runtime-hook", str(ROOT / "packaging" / "rthook_env.py"),
+           "--collect-submodules", "ftagent", "--paths", str(ROOT)]
+    for mod in EXCLUDE:
+        cmd += ["--exclude-module", mod]
+    subprocess.run([*cmd, str(ROOT / "packaging" / "entry.py")], check=True, cwd=ROOT)
+    py_spy = shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if py_spy:  # evidence.find_py_spy looks beside sys.executable: the bundle's program
+        shutil.copy2(py_spy, DIST / "py-spy")
+    STAMP.write_text(digest)
+    return DIST
+
+
+if __name__ == "__main__":
+    print(build() / "ftagent")

@@ -1,0 +1,113 @@
+"""The self-contained agent (``make bundle``), run where no Python package is to be found,
+wrapping a trainer whose ``sys.path`` and environment must be exactly those of a direct run.
+
+Where the test may (root, ``unshare``), the run happens in a mount namespace in which the
+virtualenv and the Python the bundle was built from are hidden under empty tmpfs mounts, so
+anything the bundle still took from them would fail. The trainer is the distribution's
+own Python, as a training image's would be.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "packaging"))
+import build_bundle  # noqa: E402
+
+TRAINER_PY = shutil.which("python3", path="/usr/bin:/bin")
+TRAINER = """
+import json, os, sys
+json.dump({"path": sys.path, "env": dict(os.environ), "exe": sys.executable},
+          open(sys.argv[1], "w"))
+"""
+# What ftagent adds to the trainer's environment on purpose (README, "The supervisor").
+ADDED = ("FTAGENT_",)
+
+pytestmark = pytest.mark.skipif(TRAINER_PY is None, reason="no system python3 for the trainer")
+
+
+@pytest.fixture(scope="module")
+def bundle() -> Path:
+    return build_bundle.build() / "ftagent"
+
+
+def hidden_dirs() -> list[str]:
+    """The virtualenv and the build Python's installation: hidden from the bundle's run."""
+    base = Path(os.path.realpath(sys.executable)).parent.parent
+    return sorted({str(ROOT / ".venv"), str(base)} - {"/usr", "/"})
+
+
+def can_hide() -> bool:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
+                       capture_output=True, timeout=30)
+    return r.returncode == 0
+
+
+def run_isolated(argv: list[str], env: dict[str, str],
+                 cwd: Path) -> subprocess.CompletedProcess[str]:
+    if can_hide():
+        mounts = "".join(f"mount -t tmpfs none '{d}' && " for d in hidden_dirs()
+                         if os.path.isdir(d))
+        check = "! test -e '%s/bin/python' && " % (ROOT / ".venv")
+        argv = ["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
+                mounts + check + 'exec "$@"', "sh", *argv]
+    return subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def view(result_file: Path) -> dict[str, Any]:
+    return dict(json.loads(result_file.read_text()))
+
+
+@pytest.mark.parametrize("with_ld_path", [True, False])
+def test_trainer_sees_what_a_direct_run_sees(bundle: Path, tmp_path: Path,
+                                             with_ld_path: bool) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(TRAINER)
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "psutil.py").write_text("raise ImportError('the trainer path leaked into ftagent')\n")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(lib),
+           "PYTHONUNBUFFERED": "1", "LANG": "C.UTF-8", "PWD": str(tmp_path)}
+    if with_ld_path:
+        env["LD_LIBRARY_PATH"] = f"{lib}:/opt/nvidia/lib"
+    assert TRAINER_PY is not None
+    direct = subprocess.run([TRAINER_PY, str(script), str(tmp_path / "d")], env=env,
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert direct.returncode == 0, direct.stderr
+    wrapped = run_isolated([str(bundle), "run", "--metrics-port", "-1", "--", TRAINER_PY,
+                            str(script), str(tmp_path / "w")], env, tmp_path)
+    assert wrapped.returncode == 0, wrapped.stderr[-3000:]
+    d, w = view(tmp_path / "d"), view(tmp_path / "w")
+    assert w["path"] == d["path"] and w["exe"] == d["exe"]
+    added = {k for k in w["env"] if k.startswith(ADDED)}
+    assert {k: v for k, v in w["env"].items() if k not in added} == d["env"]
+    assert "FTAGENT_RESTART_COUNT" in added  # the agent did wrap it
+    assert not any(k.startswith("_PYI") or k.endswith("_ORIG") for k in w["env"])
+
+
+def test_exit_status_and_restarts_from_the_bundle(bundle: Path, tmp_path: Path) -> None:
+    r = run_isolated([str(bundle), "run", "--metrics-port", "-1", "--max-restarts", "1",
+                      "--restart-backoff", "0", "--", "/bin/sh", "-c",
+                      'echo "attempt $FTAGENT_RESTART_COUNT"; exit 7'],
+                     {"PATH": "/usr/bin:/bin"}, tmp_path)
+    assert r.returncode == 7, r.stderr[-3000:]
+    assert r.stdout.split("\n")[:2] == ["attempt 0", "attempt 1"]
+    assert "Traceback" not in r.stderr
+
+
+def test_bundle_has_py_spy_beside_it(bundle: Path) -> None:
+    assert (bundle.parent / "py-spy").is_file()
+    r = subprocess.run([str(bundle), "--version"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("ftagent ")
