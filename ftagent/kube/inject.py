@@ -97,7 +97,7 @@ def mutate(pod: Any, namespace: str, settings: Settings) -> Mutation:
     labels = labels_of(pod)
     if _false(labels.get("ftagent.io/inject")):
         return Mutation(status="opted out (ftagent.io/inject=false)")
-    new = copy.deepcopy(pod)
+    new = _working_copy(pod)
     status, warnings = _inject(new, namespace or _str(pod, "metadata", "namespace"), settings)
     if status.startswith("denied: "):
         return Mutation(denied=status.removeprefix("denied: "), status="denied")
@@ -106,6 +106,31 @@ def mutate(pod: Any, namespace: str, settings: Settings) -> Mutation:
         meta["annotations"] = {}
     meta["annotations"][INJECTED] = status
     return Mutation(patch=diff(pod, new), warnings=warnings, status=status)
+
+
+def _working_copy(pod: dict[str, Any]) -> dict[str, Any]:
+    """A copy of what the mutation may change (the rest is shared with ``pod``, never
+    written): metadata and spec shallow, the lists it appends to, the containers deep.
+    A deep copy of the whole pod was the webhook's largest cost."""
+    meta = pod.get("metadata")
+    new = {**pod, "metadata": dict(meta) if isinstance(meta, dict) else {}}
+    if isinstance(new["metadata"].get("annotations"), dict):
+        new["metadata"]["annotations"] = dict(new["metadata"]["annotations"])
+    spec = new["spec"] = dict(pod["spec"])
+    for key in ("initContainers", "volumes"):
+        if isinstance(spec.get(key), list):
+            spec[key] = list(spec[key])
+    if isinstance(spec.get("containers"), list):
+        spec["containers"] = [_json_copy(c) for c in spec["containers"]]
+    return new
+
+
+def _json_copy(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _json_copy(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_json_copy(x) for x in v]
+    return v
 
 
 def _str(obj: Any, *path: str) -> str:
@@ -186,10 +211,10 @@ def _command(c: Mapping[str, Any], notes: Mapping[str, str]) -> list[str] | None
 
 
 def _add_bundle(spec: dict[str, Any], trainer: dict[str, Any], s: Settings) -> None:
-    volumes = spec.setdefault("volumes", [])
+    volumes = spec["volumes"] = list(spec.get("volumes") or [])
     if not any(isinstance(v, dict) and v.get("name") == VOLUME for v in volumes):
         volumes.append({"name": VOLUME, "emptyDir": {"sizeLimit": "512Mi"}})
-    inits = spec.setdefault("initContainers", [])
+    inits = spec["initContainers"] = list(spec.get("initContainers") or [])
     if not any(isinstance(c, dict) and c.get("name") == INIT_NAME for c in inits):
         inits.insert(0, {
             "name": INIT_NAME, "image": s.image, "imagePullPolicy": s.pull_policy,
