@@ -7,7 +7,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-stamp
 PROTO   := proto/ftagent/v1/ftagent.proto
 
-.PHONY: all venv deps demo test lint typecheck unit integration e2e proto proto-check bench bundle image clean
+.PHONY: all venv deps demo test lint typecheck unit integration e2e proto proto-check bench gpu-check bundle image clean
 
 all: test
 
@@ -70,6 +70,12 @@ unit: venv
 
 bench: venv
 	$(BIN)/python bench/passthrough.py
+
+# On a machine with an NVIDIA GPU and driver: the real NVML source for 30 s; prints the
+# devices, the calls that worked or are not supported, the events registered and the
+# metrics; exits non-zero if NVML could not be used.
+gpu-check: venv
+	$(BIN)/python -m ftagent.gpu_check --seconds 30
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -88,16 +88,22 @@ class NvmlCalls:
         self.on_lost(GpuEvent(g.dev.index, "lost", detail=f"{call} raised NVMLError_GpuIsLost",
                               ts=self.clock(), source="poll"))
 
-    def field(self, g: WatchedGpu, field_id: int) -> int | None:
+    def recovery_action(self, g: WatchedGpu) -> int | None:
+        """NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (driver >= 570), where the GPU has it."""
+        import pynvml
+
+        name = "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION"
+        field_id = getattr(pynvml, name, None)
+        if field_id is None:
+            return None
         values = self.call(g, "nvmlDeviceGetFieldValues", [field_id])
         if values is None:
             return None
         v = values[0]
         if v.nvmlReturn != 0:
-            if (g.dev.index, f"field {field_id}") not in self.calls:
-                self.calls[(g.dev.index, f"field {field_id}")] = "not supported"
+            self.calls[(g.dev.index, name)] = "not supported"
             return None
-        self.calls[(g.dev.index, f"field {field_id}")] = "ok"
+        self.calls[(g.dev.index, name)] = "ok"
         return int(v.value.uiVal)
 
     def poll(self) -> list[GpuHealth]:
@@ -120,7 +126,7 @@ class NvmlCalls:
                 errors = sum(self.call(g, "nvmlDeviceGetNvLinkErrorCounter", link, c) or 0
                              for link in g.links for c in range(5))
             reasons = self.call(g, "nvmlDeviceGetCurrentClocksEventReasons")
-            recovery = self.field(g, pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)
+            recovery = self.recovery_action(g)
             if g.lost:
                 continue
             out.append(GpuHealth(
@@ -176,5 +182,5 @@ class NvmlCalls:
                 retired_pages=retired,
                 clock_event_reasons=self.call(g, "nvmlDeviceGetCurrentClocksEventReasons"),
                 nvlink_up=links,
-                recovery_action=self.field(g, pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)))
+                recovery_action=self.recovery_action(g)))
         return out

@@ -1,0 +1,134 @@
+"""``make gpu-check``: run the real NVML GPU source for a while and say what worked.
+
+``python -m ftagent.gpu_check [--seconds 30] [--gpu-backend nvml|simulated:FILE]``
+starts the same ``GpuSource`` the agent runs (default: the real NVML through
+nvidia-ml-py), and prints:
+
+* the driver, the GPUs NVML shows and the ones this process may use (and why: the
+  ``CUDA_VISIBLE_DEVICES`` / ``NVIDIA_VISIBLE_DEVICES`` rules), with index, UUID, PCI bus id,
+  model and MIG devices;
+* per GPU, the NVML event types registered, and whether the kernel log is read;
+* every NVML event, health sample change and fault seen during ``--seconds``;
+* per GPU, each NVML call the source makes and its outcome: ``ok``, ``not supported``
+  (turned off for that GPU, as the agent does) or the error;
+* the Prometheus samples the GPU collector produces.
+
+Exit status 0 when NVML was usable and at least one GPU was watched, 1 when not (no
+library, no driver, no GPU for this process), 2 for a bad flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import time
+from typing import TextIO
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from ftagent.config import GpuConfig
+from ftagent.detect.gpu import GpuDetector
+from ftagent.metrics import GpuCollector
+from ftagent.model import GpuEvent, GpuHealth, Observation
+from ftagent.sources.gpu import GpuSource, open_backend
+
+
+async def check(cfg: GpuConfig, seconds: float, out: TextIO) -> int:
+    def say(text: str = "") -> None:
+        out.write(text + "\n")
+        out.flush()
+
+    factory, feed = open_backend(cfg)
+    if factory is None:
+        say("--gpu-backend none: nothing to check")
+        return 1
+    source = GpuSource(cfg, os.environ, factory, feed)
+    detector = GpuDetector(devices=source.device)
+    seen: list[Observation] = []
+    last_health: dict[int, GpuHealth] = {}
+    started = time.monotonic()
+
+    def emit(obs: Observation) -> None:
+        seen.append(obs)
+        at = f"[+{time.monotonic() - started:6.2f}s]"
+        if isinstance(obs, GpuEvent):
+            say(f"{at} event: GPU {obs.gpu} {obs.kind} xid={obs.xid} from {obs.source} "
+                f"x{obs.count} {obs.detail[:100]}")
+        elif isinstance(obs, GpuHealth):
+            before = last_health.get(obs.gpu)
+            if before is None or before.__dict__ | {"ts": 0} != obs.__dict__ | {"ts": 0}:
+                say(f"{at} health: {obs}")
+            last_health[obs.gpu] = obs
+        for f in detector.observe(obs):
+            say(f"{at} FAULT ({f.severity.value}, {f.scope.value}): {f.message}")
+
+    task = asyncio.create_task(source.run(emit))
+    await source.ready.wait()
+    if source.off_reason or not source.gpus:
+        say(f"NVML could not be used: {source.off_reason or 'no GPU'}")
+        await asyncio.gather(task, return_exceptions=True)
+        return 1
+    nvml = source.nv.nvml
+    driver = nvml.nvmlSystemGetDriverVersion() if nvml is not None else "?"
+    say(f"driver {driver}; {len(source.gpus)} GPU(s) watched:")
+    for g in source.gpus:
+        d = g.dev
+        say(f"  GPU {d.index}: {d.name}, {d.uuid}, PCI {d.pci_bus_id}"
+            + (f", MIG {', '.join(d.mig)}" if d.mig else "")
+            + f"; NVLink links {list(g.links) or 'none'}")
+        say(f"    events registered: {', '.join(source.registered.get(d.index, [])) or 'none'}")
+    say(f"kernel log: {source.feed.path if source.feed is not None else 'not read'}")
+    say(f"running for {seconds:g}s (poll every {cfg.gpu_poll_interval:g}s)...")
+    await asyncio.sleep(seconds)
+    registry = CollectorRegistry()
+    registry.register(GpuCollector({"job": "gpu-check"}, source.readings, detector.xid_counts,
+                                   detector.healthy, lambda: dict(source.event_counts)))
+    metrics = generate_latest(registry).decode()
+    for g in source.gpus:  # the calls the poll makes only when needed: try each once
+        for link in g.links[:1]:
+            source.nv.call(g, "nvmlDeviceGetNvLinkErrorCounter", link, 0)
+        source.nv.call(g, "nvmlDeviceGetRetiredPagesPendingStatus")
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    polls = len([o for o in seen if isinstance(o, GpuHealth)])
+    events = len([o for o in seen if isinstance(o, GpuEvent)])
+    say(f"{polls} health samples, {events} GPU events")
+    say("NVML calls:")
+    for gpu in sorted({k[0] for k in source.calls}):
+        for (index, call), outcome in sorted(source.calls.items()):
+            if index == gpu:
+                say(f"  GPU {gpu}  {call:45} {outcome}")
+    say("metrics:")
+    for line in metrics.splitlines():
+        if line and not line.startswith("#"):
+            say("  " + line)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ftagent.gpu_check", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--gpu-backend", default="nvml", help="nvml (default) or simulated:FILE")
+    ap.add_argument("--gpu-poll-interval", type=float, default=5.0)
+    ap.add_argument("--kmsg", default="auto")
+    args = ap.parse_args(argv)
+    if not 0 <= args.seconds <= 3600 or not 0.05 <= args.gpu_poll_interval <= 3600:
+        ap.error("--seconds in [0, 3600] and --gpu-poll-interval in [0.05, 3600]")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="[gpu-check %(asctime)s] %(levelname)s %(message)s",
+                        datefmt="%H:%M:%S")
+    cfg = GpuConfig(gpu_backend=args.gpu_backend, gpu_poll_interval=args.gpu_poll_interval,
+                    kmsg=args.kmsg)
+    try:
+        return asyncio.run(check(cfg, args.seconds, sys.stdout))
+    except ValueError as e:  # a malformed simulated:FILE (ConfigError)
+        sys.stderr.write(f"gpu-check: error: {e}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""``make gpu-check`` (ftagent/gpu_check.py): here on the simulated NVML; on a GPU machine
+the same script runs the real one."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from tests.conftest import PY
+
+
+def check(*flags: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "ftagent.gpu_check", *flags], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_it_reports_devices_calls_events_and_metrics(tmp_path: Path) -> None:
+    timeline = tmp_path / "gpus.txt"
+    timeline.write_text("gpus 2\ndevice gpu=1 nvlinks=0 unsupported=nvmlDeviceGetRemappedRows\n"
+                        "t=0.2s gpu=0 xid=13\n")
+    r = check("--seconds", "1", "--gpu-poll-interval", "0.2", "--gpu-backend",
+              f"simulated:{timeline}")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "2 GPU(s) watched:" in out and "GPU 1: NVIDIA H100 80GB HBM3" in out
+    assert "events registered: xid, ecc_dbe, ecc_sbe" in out
+    assert "FAULT (error, process): GPU 0" in out and "Xid 13" in out
+    lines = out.splitlines()
+    assert any(ln.split()[2:] == ["nvmlDeviceGetRemappedRows", "not", "supported"]
+               for ln in lines if ln.startswith("  GPU 1 ")), out
+    assert any(ln.split()[2:] == ["nvmlDeviceGetRetiredPages", "ok"]
+               for ln in lines if ln.startswith("  GPU 1 ")), out
+    assert '  ftagent_gpu_xid_errors_total{UUID="GPU-00000000-0000-4000-8000-000000000000"' in out
+
+
+def test_exit_1_when_nvml_cannot_be_used(tmp_path: Path) -> None:
+    timeline = tmp_path / "gpus.txt"
+    timeline.write_text("driver not_loaded\n")
+    r = check("--seconds", "0", "--gpu-backend", f"simulated:{timeline}")
+    assert r.returncode == 1 and "NVML could not be used" in r.stdout
+    assert "NVMLError_DriverNotLoaded" in r.stdout
+
+
+def test_a_bad_timeline_is_exit_2(tmp_path: Path) -> None:
+    timeline = tmp_path / "gpus.txt"
+    timeline.write_text("t=1s gpu=0 melt\n")
+    r = check("--seconds", "0", "--gpu-backend", f"simulated:{timeline}")
+    assert r.returncode == 2 and f"{timeline}:1:" in r.stderr
