@@ -215,15 +215,25 @@ class Agent:
         return [f"{s}: {b.decode('utf-8', 'replace')}" if s == "stderr"
                 else b.decode("utf-8", "replace") for s, b in lines]
 
-    async def raise_fault(self, fault: Fault) -> None:
-        """Record a fault (with evidence) and ask the policy what to do about it."""
+    async def raise_fault(self, fault: Fault, *, decide: bool = True) -> None:
+        """Record a fault (with evidence) and ask the policy what to do about it.
+
+        ``decide`` False: a decision is already at hand (it arrived with the trainer's
+        exit); the fault is recorded and reported, not decided again."""
         if fault.kind == FaultKind.HANG and self._exited_by_itself():
             return
-        if self.evidence is not None and fault.kind == FaultKind.HANG and self.trainer:
+        attempt = self.trainer
+        if self.evidence is not None and fault.kind == FaultKind.HANG and attempt:
             try:
                 fault = await self.evidence(fault, supervisor.tree_pids())
             except Exception:
                 log.exception("capturing evidence failed")
+            if self.trainer is not attempt:
+                # a decision (a restart for another rank's fault) ended the attempt while
+                # the evidence was gathered: this hang is of a trainer that is gone, and
+                # reported now it would count against the next generation's
+                log.info("hang of a previous attempt dropped: %s", fault.message)
+                return
             if self._exited_by_itself():  # during the capture: the exit wins
                 return
         if fault.kind == FaultKind.HANG:
@@ -237,8 +247,13 @@ class Agent:
                 hook(fault)
             except Exception:
                 log.exception("fault hook failed")
-        if not self.decide_remotely(fault):
+        if not decide:
+            self.report_only(fault)
+        elif not self.decide_remotely(fault):
             self.decide_locally(fault)
+
+    def report_only(self, fault: Fault) -> None:
+        """Tell whoever decides about ``fault`` without asking for a decision (arbiter)."""
 
     def _exited_by_itself(self) -> bool:
         """The trainer's own exit wins over a hang raised after it, or while the exit is
@@ -383,6 +398,20 @@ class Agent:
                 done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                 if get_action not in done:
                     get_action.cancel()
+                # An action that arrives with (or just after) the trainer's own exit is
+                # held, not lost: the exit is handled first (its crash is recorded with its
+                # evidence), then the action is carried out -- unless it answered this
+                # attempt's hang, which the exit supersedes.
+                held: Action | None = None
+                if get_action in done:
+                    held = get_action.result()
+                    if trainer.exited not in done and _zombie(trainer.pid):
+                        await asyncio.shield(trainer.exited)
+                        done = {trainer.exited}
+                    if trainer.exited in done and held.fault_id in self._hang_faults:
+                        log.info("action %s superseded: the trainer exited by itself",
+                                 held.kind.value)
+                        held = None
                 if trainer.exited in done:
                     exit_ = trainer.exited.result()
                     await self._after_exit(trainer, exit_)
@@ -393,21 +422,15 @@ class Agent:
                     if exit_.ok:
                         self._set_state(TrainerState.SUCCEEDED, exit_status=0)
                         return None, exit_
-                    await self.raise_fault(self._crash_fault(exit_))
-                    return await self._next_action(), exit_
+                    await self.raise_fault(self._crash_fault(exit_), decide=held is None)
+                    return await self._next_action(held), exit_
                 if stop_wait in done:
                     exit_ = await self._stop_trainer(trainer, self._stop_deadline)
                     self._set_state(TrainerState.STOPPED, exit_status=exit_.exit_status,
                                     signal=self.stop_signal)
                     return None, exit_
-                action = get_action.result()
-                if action.fault_id in self._hang_faults and _zombie(trainer.pid):
-                    # a hang decided while the trainer's exit waits for the loop: the exit
-                    # wins (next round sees it); the action is superseded, not carried out
-                    log.info("action %s superseded: the trainer exited by itself",
-                             action.kind.value)
-                    await asyncio.shield(trainer.exited)
-                    continue
+                assert held is not None
+                action = held
                 self._record_action(action)
                 if action.kind in (ActionKind.ALERT_ONLY, ActionKind.DUMP_STACKS):
                     await self.on_minor_action(action)
@@ -421,12 +444,13 @@ class Agent:
     async def on_minor_action(self, action: Action) -> None:
         """ALERT_ONLY and DUMP_STACKS leave the trainer running (reporter overrides)."""
 
-    async def _next_action(self) -> Action:
-        """The decision that ends this attempt after the trainer exited by itself; minor
-        actions are carried out on the way, and decisions on this attempt's hangs (raised
-        before the exit was handled) are superseded by the exit's own."""
+    async def _next_action(self, held: Action | None = None) -> Action:
+        """The decision that ends this attempt after the trainer exited by itself (``held``:
+        one that arrived with the exit); minor actions are carried out on the way, and
+        decisions on this attempt's hangs (raised before the exit was handled) are
+        superseded by the exit's own."""
         while True:
-            action = await self.actions.get()
+            action, held = (held, None) if held is not None else (await self.actions.get(), None)
             if action.fault_id in self._hang_faults:
                 log.info("action %s superseded: the trainer exited by itself",
                          action.kind.value)

@@ -135,13 +135,21 @@ class ArbitratedAgent(Agent):
         if not self._still_online():
             return False  # failing open already: queued for the arbiter, decided here now
         self._undecided = fault
-        self._spawn(self._decision_watchdog(fault))
+        self._spawn(self._decision_watchdog(fault, (self.generation, self.restarts)))
         return True
 
-    async def _decision_watchdog(self, fault: Fault) -> None:
+    def report_only(self, fault: Fault) -> None:
+        self.link.report_fault(fault, generation=self.generation)
+
+    async def _decision_watchdog(self, fault: Fault, attempt: tuple[int, int]) -> None:
         """Decide locally after all if the arbiter stays away, or settles a crash without
-        a command for this rank (alert only, say): a dead trainer must not wait forever."""
+        a command for this rank (alert only, say): a dead trainer must not wait forever.
+        Once the attempt the fault was raised in is over (a decision that arrived with
+        the trainer's exit was carried out), there is nothing left to decide."""
         while self._undecided is fault:
+            if (self.generation, self.restarts) != attempt:
+                self._undecided = None
+                return
             if not self._still_online():
                 log.warning("arbiter unreachable for %.0fs before deciding about %s; "
                             "deciding locally", self.fail_open_after, fault.kind.value)

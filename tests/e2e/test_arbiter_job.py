@@ -30,6 +30,12 @@ def connected(address: str) -> int:
     return int(json.loads(r.stdout)["connected"]) if r.returncode == 0 else 0
 
 
+def timeline_text(st: dict[str, Any]) -> str:
+    """The timeline as lines, for an assertion message a person can read."""
+    return "\n".join(f"{e['kind']:9} {e.get('action', ''):16} g{e['generation']} "
+                     f"r{e.get('rank', '-')} {e['message']}" for e in st["timeline"])
+
+
 def kinds(st: dict[str, Any]) -> list[str]:
     """Timeline kinds, decisions by their action (restart, dump_stacks, stop, ...)."""
     return [e["action"] if e["kind"] == "decision" else e["kind"] for e in st["timeline"]]
@@ -52,7 +58,7 @@ def run_to_success(tmp_path: Path, flags: list[str], fault: dict[str, str]
 def test_crash_on_one_rank_restarts_every_rank_through_the_barrier(tmp_path: Path) -> None:
     job, st = run_to_success(tmp_path, [], {"FAULT_CRASH_AT_STEP": "15"})
     k = kinds(st)
-    assert k.count("restart") == 1 and k.count("barrier") == 2, k
+    assert k.count("restart") == 1 and k.count("barrier") == 2, timeline_text(st)
     assert k.index("fault") < k.index("restart") < len(k) - 1 - k[::-1].index("barrier")
     assert k[-1] == "succeeded"
     for r in (0, 1):
@@ -69,7 +75,7 @@ def test_crash_on_one_rank_restarts_every_rank_through_the_barrier(tmp_path: Pat
 def test_job_hang_dumps_stacks_names_the_culprit_and_restarts(tmp_path: Path) -> None:
     _, st = run_to_success(tmp_path, ["--hang-timeout-min", "2"], {"FAULT_HANG_AT_STEP": "15"})
     k = kinds(st)
-    assert "dump_stacks" in k and k.count("restart") == 1, k
+    assert "dump_stacks" in k and k.count("restart") == 1, timeline_text(st)
     restart = next(e for e in st["timeline"] if e["action"] == "restart")
     assert "rank 1 is not in a collective" in restart["message"], restart
     assert "hang_before_collective" in restart["message"]
