@@ -12,9 +12,11 @@ import textwrap
 from collections.abc import Iterator
 from types import FrameType
 
+import psutil
 import pytest
 
 from ftagent.agent.evidence import capture, find_py_spy
+from tests.conftest import wait_for
 
 STUCK = textwrap.dedent("""
     import sys, time
@@ -33,6 +35,10 @@ def stuck() -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen([sys.executable, "-c", STUCK], stdout=subprocess.PIPE)
     assert proc.stdout is not None
     assert proc.stdout.readline() == b"ready\n"  # it printed after entering the function
+    # "ready" comes just before the sleep: on a loaded machine the process may still be
+    # running for a moment; the tests want it parked in the sleep
+    wait_for(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_SLEEPING, 10,
+             "the stuck process to sleep")
     yield proc
     proc.kill()
     proc.wait()
