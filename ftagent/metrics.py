@@ -282,6 +282,78 @@ class ArbiterMetrics:
                                 "Requests rejected (auth, malformed, wrong job).", ["reason"],
                                 registry=registry)
 
+    def watch_jobs(self, snapshot: Callable[[], Iterable[JobSnapshot]]) -> None:
+        """Export every job ``snapshot`` returns at scrape time (``JobCollector``)."""
+        self.registry.register(JobCollector(snapshot))
+
+
+# The states ftagent_job_state has a series for (one is 1, the others 0), as
+# kube-state-metrics does: "gone" is a job none of whose agents is left, unfinished.
+JOB_STATES = ("starting", "running", "restarting", "stopped", "succeeded", "gone")
+
+
+@dataclass(frozen=True)
+class JobSnapshot:
+    """One job as the arbiter's registry holds it (live or from history), per scrape."""
+
+    job: str
+    namespace: str
+    state: str  # one of JOB_STATES
+    generation: int
+    restarts: int
+    restarts_by_reason: dict[str, int]  # fault kind (or "other") -> restarts decided
+    seconds_lost: float
+    expected: int
+    connected: int
+    running: int
+
+
+class JobCollector(Collector):
+    """Per job series, read from the registry at scrape time (not copied into gauges).
+
+    Bounded by the jobs the registry holds (live ones until FORGET_AFTER, then history
+    until --history-retention, at most MAX_PAST_JOBS of those); ``reason`` is a
+    ``FaultKind`` value, ``other`` (a restart without a fault, e.g. a hang probe) or
+    ``unknown`` (restarts an earlier arbiter decided, learnt from the agents' Hellos).
+    """
+
+    def __init__(self, snapshot: Callable[[], Iterable[JobSnapshot]]) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Any]:
+        job = ["job", "namespace"]
+        state = GaugeMetricFamily("ftagent_job_state", "1 for the job's current state.",
+                                  labels=job + ["state"])
+        gen = GaugeMetricFamily("ftagent_job_generation", "The job's generation (restarts "
+                                "in place move it up).", labels=job)
+        restarts = CounterMetricFamily("ftagent_job_restarts", "Restarts of the job decided, "
+                                       "by the kind of fault that caused them.",
+                                       labels=job + ["reason"])
+        ranks = GaugeMetricFamily("ftagent_job_ranks", "Ranks expected (world size), with "
+                                  "an agent connected, and training.", labels=job + ["kind"])
+        lost = CounterMetricFamily("ftagent_job_seconds_lost_to_faults", "Seconds from a "
+                                   "fault's arrival to every rank training again (the next "
+                                   "generation's barrier release), summed.", labels=job)
+        try:
+            for j in self.snapshot():
+                lv = [j.job, j.namespace]
+                for st in JOB_STATES:
+                    state.add_metric(lv + [st], 1.0 if st == j.state else 0.0)
+                gen.add_metric(lv, j.generation)
+                by = dict(j.restarts_by_reason)
+                seen = sum(by.values())
+                if j.restarts > seen:
+                    by["unknown"] = by.get("unknown", 0) + j.restarts - seen
+                for reason in sorted(by):
+                    restarts.add_metric(lv + [reason], by[reason])
+                ranks.add_metric(lv + ["expected"], j.expected)
+                ranks.add_metric(lv + ["connected"], j.connected)
+                ranks.add_metric(lv + ["running"], j.running)
+                lost.add_metric(lv, j.seconds_lost)
+        except Exception:  # a scrape must never fail because the registry did
+            log.exception("job snapshot failed")
+        yield from (state, gen, restarts, ranks, lost)
+
 
 # --------------------------------------------------------------------------- scrape-time collectors
 

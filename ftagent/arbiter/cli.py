@@ -1,6 +1,7 @@
 """``ftagent arbiter``: the central process that decides for whole jobs.
 
-It holds no state of its own: agents re-register after it restarts, so running it is
+It holds no state for decisions: agents re-register after it restarts (``--state-dir``
+only keeps the job history ``ftagent status`` shows), so running it is
 ``ftagent arbiter --listen 0.0.0.0:9400`` with ``FTAGENT_TOKEN=$SECRET`` in a Deployment.
 On start it prints ``listening on HOST:PORT`` on stderr (the port actually bound, also for
 port 0).
@@ -115,6 +116,14 @@ class ArbiterConfig:
         "metrics off", check=PORT_OR_OFF, metavar="PORT")
     metrics_addr: str = opt("0.0.0.0", "--metrics-addr", "address /metrics listens on",
                             check=host, metavar="ADDR")
+    state_dir: str = opt(
+        "", "--state-dir", "keep job history (finished jobs' states and timelines) in this "
+        "directory across restarts, as bounded JSON lines; empty keeps it in memory only. "
+        "Never used for decisions: running jobs are rebuilt from their agents",
+        metavar="DIR")
+    history_retention: float = opt(
+        24 * 3600.0, "--history-retention", "seconds a job stays in `ftagent status` (with "
+        "its timeline) after its last agent left", check=POSITIVE_SECONDS, metavar="SECONDS")
     log_level: str = opt("info", "--log-level", "the arbiter's messages on stderr",
                          choices=("debug", "info", "warning", "error"))
 
@@ -125,7 +134,8 @@ class ArbiterConfig:
             listen=self.listen, token=self.token, tls_cert=self.tls_cert,
             tls_key=self.tls_key, tls_client_ca=self.tls_client_ca,
             metrics_port=self.metrics_port, metrics_addr=self.metrics_addr,
-            insecure=self.insecure,
+            insecure=self.insecure, state_dir=self.state_dir,
+            history_retention=self.history_retention,
             policy=PolicyConfig(max_restarts=self.max_restarts,
                                 barrier_timeout=self.barrier_timeout,
                                 nic_replace_after=self.nic_replace_after,
@@ -300,7 +310,11 @@ async def run(cfg: ArbiterConfig) -> int:
 
     # /metrics is served here rather than by ArbiterServer.start(), so that it is bound
     # before the gRPC port and released if that fails (start() binds it after gRPC).
-    server = ArbiterServer(dataclasses.replace(cfg.settings(), metrics_port=-1))
+    try:
+        server = ArbiterServer(dataclasses.replace(cfg.settings(), metrics_port=-1))
+    except OSError as e:  # --state-dir cannot be created, read or written
+        raise StartError(f"cannot keep history in --state-dir {cfg.state_dir}: "
+                         f"{e.strerror or e}") from None
     httpd = start_metrics(cfg, server.prom)
     try:
         try:

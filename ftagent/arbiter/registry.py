@@ -23,16 +23,19 @@ from dataclasses import dataclass
 import grpc
 
 from ftagent.arbiter import barrier, convert, policy
+from ftagent.arbiter.history import History, JobRecord, JobStats, shown_state
 from ftagent.arbiter.state import Decision, JobPhase, JobState, RankState, Verdict, apply
 from ftagent.arbiter.timeline import Timeline
-from ftagent.metrics import ArbiterMetrics
+from ftagent.metrics import ArbiterMetrics, JobSnapshot
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.wire import limits
 from ftagent.wire.checks import Refused, check_fault, check_hello, progress_in_range
 
 log = logging.getLogger("ftagent.arbiter.registry")
 
-FORGET_AFTER = 3600.0  # seconds a job with no agent left is kept for status
+# Seconds a job with no agent left keeps its live state (a Hello continues it); then
+# only its history record is kept, until --history-retention after its last agent left.
+FORGET_AFTER = 3600.0
 _SLOTS = {Verdict.RESTART: "life", Verdict.REJOIN: "life", Verdict.STOP: "life",
           Verdict.REPLACE: "life", Verdict.RELEASE_BARRIER: "release",
           Verdict.DUMP_STACKS: "dump"}
@@ -97,7 +100,8 @@ class Connection:
 class Registry:
     def __init__(self, cfg: policy.PolicyConfig, timeline: Timeline,
                  metrics: ArbiterMetrics | None, arbiter_id: str,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 history: History | None = None) -> None:
         self.cfg = cfg
         self.timeline = timeline
         self.metrics = metrics
@@ -105,6 +109,12 @@ class Registry:
         self.clock = clock
         self.jobs: dict[tuple[str, str], JobState] = {}
         self.connected = 0
+        # History is for status only: nothing in it decides anything.
+        self.history = history or History()
+        self.history.on_forget = lambda namespace, name: self.timeline.forget(name, namespace)
+        self.timeline.seed(self.history.load())
+        self.timeline.sink = self.history.entry
+        self.stats: dict[tuple[str, str], tuple[JobState, JobStats]] = {}
 
     # ------------------------------------------------------------------ agent messages
 
@@ -196,6 +206,8 @@ class Registry:
         self._gauges()
         if not job.finished:
             self._note(job, job.last_seen, "agent", "disconnected", rank=rs.rank)
+        if job.connected == 0:
+            self.history.update(job, self._stats(job), job.last_seen)
 
     def handle(self, conn: Connection, m: pb.AgentMessage, received: float) -> None:
         """One message after Hello; ``received`` is time.monotonic() at arrival."""
@@ -263,6 +275,7 @@ class Registry:
             return
         if self.metrics:
             self.metrics.faults.labels(kind=fault.kind.value).inc()
+        self._stats(job).fault(fault.id, now, fault.kind.value)
         rs.last_fault = f"{fault.kind.value}: {fault.message}"[:300]
         self._note(job, now, "fault", f"{fault.kind.value} ({fault.severity.value}, "
                    f"generation {m.generation}): {fault.message}", rank=rs.rank,
@@ -319,6 +332,7 @@ class Registry:
         last = ""
         for d in decisions:
             apply(job, d, now)
+            self._account(job, d, now)
             last = d.verdict.value
             kind = "barrier" if d.verdict is Verdict.RELEASE_BARRIER else "decision"
             self._note(job, now, kind, d.reason, rank=d.rank, fault_id=d.fault_id,
@@ -368,10 +382,16 @@ class Registry:
         now = self.clock()
         for key, job in list(self.jobs.items()):
             self.execute(job, policy.decide_tick(job, now, self.cfg), now)
-            if job.connected == 0 and now - job.last_seen > FORGET_AFTER:
+            if job.connected == 0 and now - job.last_seen > min(FORGET_AFTER,
+                                                                 self.history.retention):
                 del self.jobs[key]
-                self.timeline.forget(job.job, job.namespace)
+                got = self.stats.pop(key, None)
+                self.history.retire(job, got[1] if got else None)
                 self._gauges()
+            elif key in self.history.past:  # a job of the history runs again
+                self._stats(job)
+        for namespace, name in self.history.expired(now):
+            self.history.drop(namespace, name)
 
     # ------------------------------------------------------------------ status
 
@@ -381,12 +401,50 @@ class Registry:
         found = [j for (_, n), j in self.jobs.items() if n == name]
         return found[0] if len(found) == 1 else None
 
-    def job_info(self, job: JobState, *, ranks: bool, timeline_limit: int = 0) -> pb.JobInfo:
-        now = self.clock()
+    def find_any(self, name: str, namespace: str) -> JobState | JobRecord | None:
+        """A live job, else one from the history (same rules as ``find``)."""
+        live = self.find(name, namespace)
+        if live is not None:
+            return live
+        past = self.history.past
+        if namespace or (namespace, name) in past:
+            if (namespace, name) in self.jobs:
+                return self.jobs[(namespace, name)]
+            return past.get((namespace, name))
+        if any(n == name for (_, n) in self.jobs):
+            return None  # several namespaces hold the name (find said so)
+        found = [r for (_, n), r in past.items() if n == name]
+        return found[0] if len(found) == 1 else None
+
+    def listing(self) -> list[JobState | JobRecord]:
+        """Live jobs and the history's past ones, by (namespace, job)."""
+        out: dict[tuple[str, str], JobState | JobRecord] = dict(self.history.past)
+        out.update(self.jobs)
+        return [out[k] for k in sorted(out)]
+
+    def info(self, job: JobState | JobRecord, *, ranks: bool,
+             timeline_limit: int = 0) -> pb.JobInfo:
+        if isinstance(job, JobState):
+            return self.job_info(job, ranks=ranks, timeline_limit=timeline_limit)
         info = pb.JobInfo(
             job=job.job, namespace=job.namespace, generation=job.generation,
             restarts=job.restarts, max_restarts=job.max_restarts, world_size=job.world_size,
-            connected=job.connected, state=job.phase.value, alert_only=job.alert_only,
+            connected=0, alert_only=job.alert_only,
+            state=shown_state(job.phase, job.stop_reason, self.clock() - job.last_seen))
+        if ranks:
+            for e in self.timeline.entries(job.job, job.namespace, timeline_limit):
+                info.timeline.append(convert.entry_to_proto(e))
+        return info
+
+    def job_info(self, job: JobState, *, ranks: bool, timeline_limit: int = 0) -> pb.JobInfo:
+        now = self.clock()
+        state = job.phase.value
+        if job.connected == 0 and job.ranks:  # every agent left: say so
+            state = shown_state(state, job.stop_reason, now - job.last_seen)
+        info = pb.JobInfo(
+            job=job.job, namespace=job.namespace, generation=job.generation,
+            restarts=job.restarts, max_restarts=job.max_restarts, world_size=job.world_size,
+            connected=job.connected, state=state, alert_only=job.alert_only,
             barrier=barrier.barrier_summary(job, now))
         if not ranks:
             return info
@@ -419,6 +477,60 @@ class Registry:
               rank: int | None = None, fault_id: str = "", action: str = "") -> None:
         self.timeline.add(now, job.job, job.namespace, job.generation, kind, message,
                           rank=rank, fault_id=fault_id, action=action)
+        self.history.update(job, self._stats(job), now)
+
+    def _stats(self, job: JobState) -> JobStats:
+        """The job's counters for the exporter; a job of the history that runs again
+        (not finished: the same run, after an arbiter restart) continues its own."""
+        key = (job.namespace, job.job)
+        got = self.stats.get(key)
+        if got is not None and got[0] is job:
+            return got[1]
+        s = JobStats()
+        rec = self.history.superseded(key)
+        if rec is not None and not rec.finished:
+            s.restarts_by_reason = dict(rec.restarts_by_reason)
+            s.seconds_lost = rec.seconds_lost
+        self.stats[key] = (job, s)
+        return s
+
+    def _account(self, job: JobState, d: Decision, now: float) -> None:
+        """Restarts by fault kind; seconds from a fault to every rank training again."""
+        s = self._stats(job)
+        if d.verdict in (Verdict.RESTART, Verdict.REPLACE):
+            seen = s.faults.get(d.fault_id)
+            reason = seen[1] if seen else "other"
+            s.restarts_by_reason[reason] = s.restarts_by_reason.get(reason, 0) + 1
+            if s.lost_since is None:
+                s.lost_since = seen[0] if seen else now
+            s.lost_generation = d.generation
+        elif d.verdict is Verdict.RELEASE_BARRIER and not d.targets:
+            if s.lost_since is not None and d.generation >= s.lost_generation:
+                s.seconds_lost += max(0.0, now - s.lost_since)
+                s.lost_since = None
+        elif d.verdict is Verdict.STOP and not d.targets:
+            s.lost_since = None  # it will not train again: not counted as lost
+
+    def job_snapshots(self) -> list[JobSnapshot]:
+        """Every job the registry holds, live and past, for the exporter (on the loop)."""
+        out = []
+        for j in self.listing():
+            if isinstance(j, JobState):
+                got = self.stats.get((j.namespace, j.job))
+                s = got[1] if got is not None and got[0] is j else JobStats()
+                state = j.phase.value
+                if j.connected == 0 and j.ranks and not j.finished:
+                    state = "gone"
+                running = sum(1 for r in j.ranks.values() if r.connected and
+                              r.state == "running")
+                out.append(JobSnapshot(j.job, j.namespace, state, j.generation, j.restarts,
+                                       dict(s.restarts_by_reason), s.seconds_lost,
+                                       j.world_size, j.connected, running))
+            else:
+                out.append(JobSnapshot(j.job, j.namespace, j.phase if j.finished else "gone",
+                                       j.generation, j.restarts, dict(j.restarts_by_reason),
+                                       j.seconds_lost, j.world_size, 0, 0))
+        return out
 
     def _gauges(self) -> None:
         if self.metrics:

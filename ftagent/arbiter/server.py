@@ -42,10 +42,11 @@ from ftagent.arbiter.auth import (
     listens_on_loopback,
     server_credentials,
 )
+from ftagent.arbiter.history import RETENTION, History
 from ftagent.arbiter.policy import PolicyConfig
 from ftagent.arbiter.registry import Connection, Registry, Reject
 from ftagent.arbiter.timeline import Entry, Timeline
-from ftagent.metrics import ArbiterMetrics
+from ftagent.metrics import ArbiterMetrics, JobSnapshot
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.wire import limits
 from ftagent.wire.checks import Refused, check_hello
@@ -87,6 +88,8 @@ class ServerSettings:
     policy: PolicyConfig = PolicyConfig()
     # Serve beyond loopback without any credentials (everyone is the admin there).
     insecure: bool = False
+    state_dir: str = ""  # job history across restarts (history_file.py); "" keeps it in memory
+    history_retention: float = RETENTION
 
 
 def exposure_problem(s: ServerSettings) -> str:
@@ -126,7 +129,16 @@ class ArbiterServer:
         self.prom = CollectorRegistry()
         self.metrics = ArbiterMetrics(self.prom)
         self.timeline = Timeline()
-        self.registry = Registry(settings.policy, self.timeline, self.metrics, self.arbiter_id)
+        store = None
+        if settings.state_dir:  # raises OSError when the directory cannot be used
+            from ftagent.arbiter.history_file import FileHistory
+
+            store = FileHistory(settings.state_dir)
+        self.history = History(store, retention=settings.history_retention)
+        self.registry = Registry(settings.policy, self.timeline, self.metrics, self.arbiter_id,
+                                 history=self.history)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.metrics.watch_jobs(self._job_snapshots)
         self.health = health.aio.HealthServicer()
         self.guard = Guard(authenticator or authenticator_for(settings.token,
                                                               settings.tls_client_ca),
@@ -148,6 +160,7 @@ class ArbiterServer:
                         "strong as it is; use %d or more random characters", len(s.token),
                         MIN_SECRET)
         creds = server_credentials(s.tls_cert, s.tls_key, s.tls_client_ca)
+        self._loop = asyncio.get_running_loop()
         server = grpc.aio.server(options=SERVER_OPTIONS)
         guard = self.guard
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
@@ -186,6 +199,25 @@ class ArbiterServer:
             await self._server.stop(grace)
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
+        self.history.close()
+
+    def _job_snapshots(self) -> list[JobSnapshot]:
+        """The registry's jobs for a scrape: read on the event loop, which alone touches
+        the registry (the /metrics server calls this from its own thread)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return []
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            return self.registry.job_snapshots()
+
+        async def snap() -> list[JobSnapshot]:
+            return self.registry.job_snapshots()
+
+        return asyncio.run_coroutine_threadsafe(snap(), loop).result(timeout=5)
 
     async def wait(self) -> None:
         if self._server:
@@ -307,22 +339,23 @@ class ArbiterServer:
                          principal: Principal) -> bytes:
         await self._parse(pb.ListJobsRequest, raw, context)
         out = pb.ListJobsResponse()
-        for job in sorted(self.registry.jobs.values(), key=lambda j: (j.namespace, j.job)):
+        for job in self.registry.listing():  # live jobs and the history's
             if authorize(principal, job.namespace, job.job):
-                out.jobs.append(self.registry.job_info(job, ranks=False))
+                out.jobs.append(self.registry.info(job, ranks=False))
         return out.SerializeToString()
 
     async def _get_job(self, raw: bytes, context: grpc.aio.ServicerContext,
                        principal: Principal) -> bytes:
         req = await self._parse(pb.GetJobRequest, raw, context)
         if principal.admin:
-            job = self.registry.find(req.job, req.namespace)
+            job = self.registry.find_any(req.job, req.namespace)
         else:  # a scoped caller names its own namespace when it gives none
             namespace = req.namespace or principal.namespace or ""
             if not authorize(principal, namespace, req.job):
                 await self.guard.deny(context, principal, namespace, req.job, "read")
                 return b""
-            job = self.registry.jobs.get((namespace, req.job))
+            key = (namespace, req.job)
+            job = self.registry.jobs.get(key) or self.registry.history.past.get(key)
         if job is not None and not authorize(principal, job.namespace, job.job):
             await self.guard.deny(context, principal, job.namespace, job.job, "read")
             return b""
@@ -331,7 +364,7 @@ class ArbiterServer:
                                 "name is in several namespaces): run `ftagent status` to list "
                                 "jobs")
             return b""
-        info = self.registry.job_info(job, ranks=True, timeline_limit=req.timeline_limit)
+        info = self.registry.info(job, ranks=True, timeline_limit=req.timeline_limit)
         return info.SerializeToString()
 
     async def _watch(self, raw: bytes, context: grpc.aio.ServicerContext,

@@ -2,7 +2,9 @@
 
 The timeline is what ``ftagent status`` shows and ``WatchEvents`` streams; every entry is
 also logged, so the arbiter's log reads the same story. Entries are kept per job in a
-bounded deque (the arbiter is stateless: a restart starts a fresh timeline).
+bounded deque. Each entry also goes to ``sink`` (the job history, ``history.py``), and
+``seed`` puts back what the history kept across an arbiter restart; decisions never read
+the timeline.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 log = logging.getLogger("ftagent.arbiter.timeline")
@@ -47,11 +49,22 @@ class Watcher:
 
 
 class Timeline:
-    def __init__(self, keep_per_job: int = KEEP_PER_JOB) -> None:
+    def __init__(self, keep_per_job: int = KEEP_PER_JOB,
+                 sink: Callable[[Entry], None] | None = None) -> None:
         self._keep = keep_per_job
         self._jobs: dict[tuple[str, str], deque[Entry]] = {}
         self._seq = 0
         self._watchers: set[Watcher] = set()
+        self.sink = sink
+
+    def seed(self, entries: Iterable[Entry]) -> None:
+        """Entries kept from before a restart (in seq order); new ones number after them."""
+        for e in entries:
+            q = self._jobs.get((e.namespace, e.job))
+            if q is None:
+                q = self._jobs[(e.namespace, e.job)] = deque(maxlen=self._keep)
+            q.append(e)
+            self._seq = max(self._seq, e.seq)
 
     def add(self, now: float, job: str, namespace: str, generation: int, kind: str,
             message: str, *, rank: int | None = None, fault_id: str = "",
@@ -63,6 +76,8 @@ class Timeline:
         if q is None:
             q = self._jobs[(namespace, job)] = deque(maxlen=self._keep)
         q.append(e)
+        if self.sink is not None:
+            self.sink(e)
         level = logging.WARNING if kind == "decision" and action in ("stop", "replace") \
             else logging.INFO
         log.log(level, "%s%s g%d %s%s", f"{namespace}/" if namespace else "", job, generation,

@@ -1,0 +1,231 @@
+"""Job history: what ``ftagent status`` shows of a job once its agents are gone.
+
+The arbiter is stateless for decisions: a running job is rebuilt from its agents'
+Hellos, and nothing here decides anything. History only answers "what happened to my
+job last night?": a job whose agents all left is kept as a compact ``JobRecord`` with its
+timeline for ``--history-retention`` seconds after its last agent left, and, through a
+``HistoryStore``, across arbiter restarts.
+
+``HistoryStore`` is the plug: ``record`` takes timeline entries and job records as they
+happen, ``load`` gives back what survived a restart, ``forget`` drops a job. The embedded
+store is ``history_file.FileHistory`` (``--state-dir``, JSON lines); a Kubernetes store
+(Events plus a compact record on the job object) implements the same three calls.
+
+``History`` owns the past jobs in memory (bounded: ``MAX_PAST_JOBS``, the oldest go
+first); ``expired(now)`` takes the registry's clock, so tests inject one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Protocol
+
+from ftagent.arbiter.state import JobPhase, JobState
+from ftagent.arbiter.timeline import Entry
+
+log = logging.getLogger("ftagent.arbiter.history")
+
+RETENTION = 24 * 3600.0
+MAX_PAST_JOBS = 500  # jobs kept in history once their agents are gone; the oldest go first
+MAX_REASON = 200
+FAULTS_KEPT = 64
+
+
+@dataclass(slots=True)
+class JobStats:
+    """What the exporter adds up per job: restarts by fault kind, time lost to faults."""
+
+    restarts_by_reason: dict[str, int] = field(default_factory=dict)
+    seconds_lost: float = 0.0
+    # an open loss window: (wall time the fault was received, generation restarted into)
+    lost_since: float | None = None
+    lost_generation: int = -1
+    # recent faults received: id -> (wall time, kind); the restart they lead to is
+    # counted under the kind, and the time lost starts at their arrival
+    faults: OrderedDict[str, tuple[float, str]] = field(default_factory=OrderedDict)
+
+    def fault(self, fault_id: str, at: float, kind: str) -> None:
+        self.faults[fault_id] = (at, kind)
+        while len(self.faults) > FAULTS_KEPT:
+            self.faults.popitem(last=False)
+
+
+@dataclass(slots=True)
+class JobRecord:
+    """A job as history keeps it: its last summary, no ranks, no protocol state."""
+
+    job: str
+    namespace: str = ""
+    world_size: int = 1
+    generation: int = 0
+    restarts: int = 0
+    max_restarts: int = 0
+    alert_only: bool = False
+    phase: str = JobPhase.STARTING.value
+    stop_reason: str = ""
+    last_seen: float = 0.0  # wall time the job was last heard of (its last agent left)
+    restarts_by_reason: dict[str, int] = field(default_factory=dict)
+    seconds_lost: float = 0.0
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.job)
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in (JobPhase.STOPPED.value, JobPhase.SUCCEEDED.value)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> JobRecord:
+        """Raises ValueError (or KeyError/TypeError) for a record that is not one."""
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names}
+        rec = cls(**kw)
+        if not isinstance(rec.job, str) or not rec.job or not isinstance(rec.namespace, str):
+            raise ValueError("no job name")
+        for n in ("world_size", "generation", "restarts", "max_restarts"):
+            if not isinstance(getattr(rec, n), int):
+                raise ValueError(f"{n} is not an integer")
+        if rec.phase not in {p.value for p in JobPhase}:
+            raise ValueError(f"unknown phase {rec.phase!r}")
+        rec.last_seen = float(rec.last_seen)
+        rec.seconds_lost = float(rec.seconds_lost)
+        rec.stop_reason = str(rec.stop_reason)[:MAX_REASON]
+        if not isinstance(rec.restarts_by_reason, dict):
+            raise ValueError("restarts_by_reason is not an object")
+        rec.restarts_by_reason = {str(k)[:64]: int(v) for k, v in
+                                  list(rec.restarts_by_reason.items())[:64]}
+        return rec
+
+
+def record_of(job: JobState, stats: JobStats | None, last_seen: float) -> JobRecord:
+    s = stats or JobStats()
+    return JobRecord(job=job.job, namespace=job.namespace, world_size=job.world_size,
+                     generation=job.generation, restarts=job.restarts,
+                     max_restarts=job.max_restarts, alert_only=job.alert_only,
+                     phase=job.phase.value, stop_reason=job.stop_reason[:MAX_REASON],
+                     last_seen=last_seen, restarts_by_reason=dict(s.restarts_by_reason),
+                     seconds_lost=s.seconds_lost)
+
+
+def shown_state(phase: str, stop_reason: str, gone_for: float) -> str:
+    """The state ``ftagent status`` shows for a job none of whose agents is connected."""
+    if phase == JobPhase.SUCCEEDED.value:
+        return "succeeded"
+    if phase == JobPhase.STOPPED.value:
+        return f"stopped: {stop_reason}" if stop_reason else "stopped"
+    return f"gone: no agent for {max(0.0, gone_for):.0f}s (was {phase})"
+
+
+@dataclass
+class Loaded:
+    """What a store gives back after a restart."""
+
+    jobs: list[JobRecord] = field(default_factory=list)
+    entries: list[Entry] = field(default_factory=list)
+
+
+class HistoryStore(Protocol):
+    def record(self, item: Entry | JobRecord) -> None:
+        """Keep a timeline entry or a job's latest record. Never raises."""
+
+    def load(self) -> Loaded:
+        """What was kept before this process started (bounded like the timeline)."""
+
+    def forget(self, namespace: str, job: str) -> None:
+        """Drop the job and its entries (retention over). Never raises."""
+
+    def close(self) -> None: ...
+
+
+class NoStore:
+    """History in memory only: it outlives the job, not the arbiter."""
+
+    def record(self, item: Entry | JobRecord) -> None:
+        pass
+
+    def load(self) -> Loaded:
+        return Loaded()
+
+    def forget(self, namespace: str, job: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class History:
+    """Past jobs (no agent left, live state dropped) and retention over them.
+
+    ``on_forget(namespace, job)`` is called when a job leaves history for good (the
+    registry drops its timeline then).
+    """
+
+    def __init__(self, store: HistoryStore | None = None, retention: float = RETENTION,
+                 max_jobs: int = MAX_PAST_JOBS) -> None:
+        self.store: HistoryStore = store or NoStore()
+        self.retention = retention
+        self.max_jobs = max_jobs
+        self.past: dict[tuple[str, str], JobRecord] = {}
+        self._written: dict[tuple[str, str], tuple[Any, ...]] = {}
+        self.on_forget: Callable[[str, str], None] = lambda namespace, job: None
+
+    def load(self) -> list[Entry]:
+        """Records into ``past`` (to be superseded by live jobs); returns the entries."""
+        got = self.store.load()
+        for rec in sorted(got.jobs, key=lambda r: r.last_seen):
+            self.past[rec.key] = rec
+        last_ts: dict[tuple[str, str], float] = {}
+        for e in got.entries:
+            k = (e.namespace, e.job)
+            last_ts[k] = max(last_ts.get(k, 0.0), e.ts)
+        for k, rec in self.past.items():  # a running job's record may predate its last entry
+            rec.last_seen = max(rec.last_seen, last_ts.get(k, 0.0))
+        return [e for e in got.entries if (e.namespace, e.job) in self.past]
+
+    def entry(self, e: Entry) -> None:
+        self.store.record(e)
+
+    def update(self, job: JobState, stats: JobStats | None, now: float) -> None:
+        """Write the job's record when its summary changed since the last write."""
+        rec = record_of(job, stats, now)
+        summary = (rec.world_size, rec.generation, rec.restarts, rec.max_restarts,
+                   rec.alert_only, rec.phase, rec.stop_reason, job.connected == 0,
+                   tuple(sorted(rec.restarts_by_reason.items())), round(rec.seconds_lost, 3))
+        if self._written.get(rec.key) != summary:
+            self._written[rec.key] = summary
+            self.store.record(rec)
+
+    def retire(self, job: JobState, stats: JobStats | None) -> None:
+        """The job's live state is dropped: keep its record, or forget it if expired."""
+        rec = record_of(job, stats, job.last_seen)
+        self.past[rec.key] = rec
+        self.store.record(rec)
+        while len(self.past) > self.max_jobs:
+            oldest = min(self.past.values(), key=lambda r: r.last_seen)
+            self.drop(oldest.namespace, oldest.job)
+
+    def superseded(self, key: tuple[str, str]) -> JobRecord | None:
+        """A live job has this key again: it is no longer a past job."""
+        return self.past.pop(key, None)
+
+    def expired(self, now: float) -> list[tuple[str, str]]:
+        return [k for k, r in self.past.items() if now - r.last_seen > self.retention]
+
+    def drop(self, namespace: str, job: str) -> None:
+        self.past.pop((namespace, job), None)
+        self._written.pop((namespace, job), None)
+        self.store.forget(namespace, job)
+        self.on_forget(namespace, job)
+
+    def records(self) -> Iterable[JobRecord]:
+        return self.past.values()
+
+    def close(self) -> None:
+        self.store.close()
