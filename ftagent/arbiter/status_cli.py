@@ -3,7 +3,10 @@
 Without JOB: one line per job on every replica. With JOB: its ranks (state, step, age
 of the last step, restarts, generation, last fault) and its timeline, asked from the
 replica that owns the job (the agents' own shard choice). ``--json`` prints the API's
-answer for machines; ``--follow`` streams the timeline as it happens.
+answer for machines; ``--follow`` streams the timeline as it happens. Jobs whose agents
+have all left stay listed, from the arbiter's history, for its --history-retention:
+their state says how they ended ("succeeded", "stopped: REASON", "gone: no agent for
+Ns").
 """
 
 from __future__ import annotations
@@ -96,12 +99,16 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[:n - 3] + "..."
+
+
 def format_jobs(jobs: list[pb.JobInfo]) -> str:
     if not jobs:
         return "no jobs (agents register when `ftagent run --arbiter ...` starts)"
     rows = [["JOB", "NAMESPACE", "STATE", "GENERATION", "RESTARTS", "CONNECTED", "BARRIER"]]
     for j in jobs:
-        state = j.state + (" (alert only)" if j.alert_only else "")
+        state = _clip(j.state, 60) + (" (alert only)" if j.alert_only else "")
         rows.append([j.job, j.namespace or "-", state, str(j.generation),
                      f"{j.restarts}/{j.max_restarts}", f"{j.connected}/{j.world_size}",
                      j.barrier or "-"])
@@ -137,7 +144,11 @@ def format_job(j: pb.JobInfo) -> str:
                      f"{r.loss:.4g}" if r.HasField("loss") else "-",
                      _age(r.progress_age_seconds), str(r.restarts), str(r.generation),
                      r.last_fault[:60] or "-"])
-    out += ["", _table(rows), "", "timeline:"]
+    if j.ranks:
+        out += ["", _table(rows)]
+    elif j.connected == 0:
+        out += ["", "no ranks: every agent has left (kept in the arbiter's history)"]
+    out += ["", "timeline:"]
     out += [format_entry(e) for e in j.timeline] or ["(empty)"]
     return "\n".join(out)
 

@@ -26,6 +26,14 @@ def status(address: str, *args: str) -> Any:
     return json.loads(p.stdout)
 
 
+def human(address: str, *args: str) -> str:
+    p = subprocess.run(ftagent_cmd("status", *args), capture_output=True, text=True,
+                       timeout=30, env={**os.environ, "FTAGENT_ARBITER": address,
+                                        "FTAGENT_TOKEN": TOKEN})
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
 def jobs(address: str) -> dict[str, dict[str, Any]]:
     return {j["job"]: j for j in status(address)["jobs"]}
 
@@ -77,6 +85,10 @@ def test_finished_jobs_stay_in_status_after_their_agents_and_the_arbiter_died(
         arbiter.start()
         check_shown(arbiter.address)
         assert status(arbiter.address, "fine")["timeline"] == before
+        shown = human(arbiter.address, "fine")
+        assert shown.startswith("job fine: succeeded, generation 1, restarts 1/3")
+        assert "every agent has left" in shown and "job succeeded" in shown
+        assert "stopped: " in human(arbiter.address)
 
         arbiter.kill()
         with (state / FILE).open("ab") as f:

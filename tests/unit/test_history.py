@@ -174,3 +174,52 @@ def test_a_forgotten_job_does_not_come_back_after_a_restart(tmp_path: Path) -> N
     assert not list(reg.listing())
     reg.history.close()
     assert not list(registry(clock, History(FileHistory(str(tmp_path)))).listing())
+
+
+def test_a_running_job_rebuilt_after_a_restart_keeps_its_counters_not_its_decisions(
+        tmp_path: Path) -> None:
+    clock = Clock()
+    reg = registry(clock, History(FileHistory(str(tmp_path))))
+    conns = [Connection() for _ in range(2)]
+    for r, c in enumerate(conns):
+        reg.hello(c, pb.Hello(job="live", rank=r, world_size=2, agent_instance=f"i{r}"))
+        reg.handle(c, pb.AgentMessage(arrival=pb.BarrierArrival(generation=0)), 0.0)
+    f = fault_to_proto(Fault(FaultKind.GPU, "xid 79"), 0)
+    reg.handle(conns[0], pb.AgentMessage(fault=f), 0.0)
+    clock.now += 3
+    for c in conns:
+        reg.handle(c, pb.AgentMessage(arrival=pb.BarrierArrival(generation=1)), 0.0)
+    reg.history.close()  # SIGKILL: no goodbye
+
+    reg2 = registry(clock, History(FileHistory(str(tmp_path))))
+    assert reg2.info(reg2.listing()[0], ranks=False).state.startswith("gone: no agent")
+    for r in range(2):  # the agents come back: the job is theirs, as today
+        reg2.hello(Connection(), pb.Hello(job="live", rank=r, world_size=2, generation=1,
+                                          released_generation=1, restart_count=1,
+                                          agent_instance=f"i{r}"))
+    [snap] = reg2.job_snapshots()
+    assert (snap.state, snap.generation, snap.restarts) == ("running", 1, 1)
+    assert snap.restarts_by_reason == {"gpu": 1} and snap.seconds_lost == pytest.approx(3.0)
+    assert not reg2.history.past
+
+
+def test_the_collector_names_restarts_it_did_not_see_unknown() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from ftagent.metrics import ArbiterMetrics, JobSnapshot
+
+    prom = CollectorRegistry()
+    ArbiterMetrics(prom).watch_jobs(lambda: [JobSnapshot("j", "ns", "running", 4, 3,
+                                                         {"crash": 1}, 2.5, 8, 8, 7)])
+    text = generate_latest(prom).decode()
+    assert 'ftagent_job_restarts_total{job="j",namespace="ns",reason="crash"} 1.0' in text
+    assert 'ftagent_job_restarts_total{job="j",namespace="ns",reason="unknown"} 2.0' in text
+    assert 'ftagent_job_state{job="j",namespace="ns",state="running"} 1.0' in text
+    assert 'ftagent_job_ranks{job="j",kind="running",namespace="ns"} 7.0' in text
+    assert 'ftagent_job_seconds_lost_to_faults_total{job="j",namespace="ns"} 2.5' in text
+
+    def broken() -> list[JobSnapshot]:
+        raise RuntimeError("registry exploded")
+    prom2 = CollectorRegistry()
+    ArbiterMetrics(prom2).watch_jobs(broken)
+    assert "ftagent_arbiter_jobs" in generate_latest(prom2).decode()  # the scrape survives
