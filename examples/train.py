@@ -212,7 +212,11 @@ def main() -> int:
         if fault_at("FAULT_CRASH_AT_STEP", step) or crash_on_file():
             log(f"step {step}: (fault) crashing with exit code "
                 f"{env_int('FAULT_EXIT_CODE', 3)}")
-            return env_int("FAULT_EXIT_CODE", 3)
+            # die at once, as a segfault or an OOM kill would: a normal exit with a live
+            # process group can take seconds of interpreter shutdown, during which the
+            # peers' collectives fail first and the order of the faults becomes a race
+            sys.stderr.flush()
+            os._exit(env_int("FAULT_EXIT_CODE", 3))
         if fault_at("FAULT_HANG_AT_STEP", step):
             hang_before_collective(step)
         loss = nn.functional.mse_loss(model(x), y)
