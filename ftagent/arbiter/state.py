@@ -166,26 +166,12 @@ def apply(job: JobState, d: Decision, now: float) -> None:
     """Change ``job`` as ``d`` says. Idempotent for STOP and RELEASE_BARRIER."""
     v = d.verdict
     if v in (Verdict.RESTART, Verdict.REPLACE):
-        job.generation = d.generation
         job.restarts += 1
-        job.phase = JobPhase.RESTARTING
-        job.barrier = BarrierState(generation=d.generation, opened_at=now)
-        job.hang_probe = None
-        job.nic_outages.clear()
-        for r in job.ranks.values():
-            r.hung = False
-            r.stack = None
+        _new_generation(job, d.generation, now)
     elif v in (Verdict.RECONCILE, Verdict.REJOIN) and d.generation > job.generation:
         # Not a fault's decision: the budget is not spent. RECONCILE adopts a generation
         # the agents already run; REJOIN of every rank moves all of them to a new one.
-        job.generation = d.generation
-        job.phase = JobPhase.RESTARTING
-        job.barrier = BarrierState(generation=d.generation, opened_at=now)
-        job.hang_probe = None
-        job.nic_outages.clear()
-        for r in job.ranks.values():
-            r.hung = False
-            r.stack = None
+        _new_generation(job, d.generation, now)
     elif v is Verdict.STOP and not d.targets:
         job.phase = JobPhase.STOPPED
         job.stop_reason = d.reason
@@ -212,3 +198,15 @@ def apply(job: JobState, d: Decision, now: float) -> None:
     elif (v is Verdict.WAIT and d.rank is not None and d.until is not None
           and d.rank not in job.nic_outages):
         job.nic_outages[d.rank] = NicOutage(fault_id=d.fault_id, since=now, deadline=d.until)
+
+
+def _new_generation(job: JobState, generation: int, now: float) -> None:
+    """The job moves to ``generation``: a fresh barrier, no probe, outage or hang left."""
+    job.generation = generation
+    job.phase = JobPhase.RESTARTING
+    job.barrier = BarrierState(generation=generation, opened_at=now)
+    job.hang_probe = None
+    job.nic_outages.clear()
+    for r in job.ranks.values():
+        r.hung = False
+        r.stack = None

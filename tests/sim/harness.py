@@ -108,20 +108,16 @@ class SimAgent:
         self.proto.trainer_state = "restarting"
         self.send(self.proto.exit(ProcessExit(pid=1, code=3, signal=None),
                                   self.generation), keep=True)
-        fault = Fault(FaultKind.CRASH, f"rank {self.rank} crashed",
-                      evidence={"exit_status": 3})
-        self.world.faults_raised.add(fault.id)
-        self.send(self.proto.fault(fault, self.generation))
-        if self.still_online():
-            self.undecided = fault
-        else:
-            self.decide_locally(fault)
-        self.tick()
+        self.report(Fault(FaultKind.CRASH, f"rank {self.rank} crashed",
+                          evidence={"exit_status": 3}))
 
     def hang(self) -> None:
         if self.phase is not Phase.RUNNING or self.undecided is not None:
             return
-        fault = Fault(FaultKind.HANG, f"rank {self.rank} hung")
+        self.report(Fault(FaultKind.HANG, f"rank {self.rank} hung"))
+
+    def report(self, fault: Fault) -> None:
+        """ArbitratedAgent.decide_remotely: to the arbiter, decided alone once failed open."""
         self.world.faults_raised.add(fault.id)
         self.send(self.proto.fault(fault, self.generation))
         if self.still_online():
