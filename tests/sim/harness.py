@@ -118,7 +118,6 @@ class SimAgent:
 
     def report(self, fault: Fault) -> None:
         """ArbitratedAgent.decide_remotely: to the arbiter, decided alone once failed open."""
-        self.world.faults_raised.add(fault.id)
         self.send(self.proto.fault(fault, self.generation))
         if self.still_online():
             self.undecided = fault
@@ -200,9 +199,7 @@ class World:
                                 stacks_timeout=STACKS_TIMEOUT)
         self.arbiters = 0
         self.registry = self._new_registry()
-        self.faults_raised: set[str] = set()
         self.restart_generations: dict[str, set[int]] = {}  # fault id -> RESTART targets
-        self.log: list[str] = []
         self.agents = [SimAgent(self, r) for r in range(size)]
 
     def _new_registry(self) -> Registry:
