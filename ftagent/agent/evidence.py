@@ -87,6 +87,17 @@ def _empty(pid: int) -> dict[str, Any]:
             "cpu_times": None, "cpu_percent": None, "stack": None, "error": None}
 
 
+def _read_state(proc: psutil.Process, entry: dict[str, Any]) -> float:
+    """Name, status, threads and CPU times of ``proc`` into ``entry``; its CPU seconds.
+    Call inside ``proc.oneshot()``; psutil's errors go to the caller."""
+    entry["name"] = proc.name()
+    entry["status"] = proc.status()
+    entry["num_threads"] = proc.num_threads()
+    ct = proc.cpu_times()
+    entry["cpu_times"] = {"user": ct.user, "system": ct.system}
+    return float(ct.user + ct.system)
+
+
 def _capture_one(pid: int, exe: str | None, deadline: float) -> dict[str, Any]:
     entry = _empty(pid)
     errors: list[str] = []
@@ -95,12 +106,7 @@ def _capture_one(pid: int, exe: str | None, deadline: float) -> dict[str, Any]:
     try:
         proc = psutil.Process(pid)
         with proc.oneshot():
-            entry["name"] = proc.name()
-            entry["status"] = proc.status()
-            entry["num_threads"] = proc.num_threads()
-            ct = proc.cpu_times()
-            entry["cpu_times"] = {"user": ct.user, "system": ct.system}
-            before = (time.monotonic(), ct.user + ct.system)
+            before = (time.monotonic(), _read_state(proc, entry))
             entry["cmdline"] = proc.cmdline()
     except psutil.NoSuchProcess:
         entry["error"] = "no such process (it exited)"
@@ -164,12 +170,7 @@ def sample_process(pid: int, exe: str | None, deadline: float,
     try:
         proc = psutil.Process(pid)
         with proc.oneshot():
-            entry["name"] = proc.name()
-            entry["status"] = proc.status()
-            entry["num_threads"] = proc.num_threads()
-            ct = proc.cpu_times()
-            entry["cpu_times"] = {"user": ct.user, "system": ct.system}
-            cpu = ct.user + ct.system
+            cpu = _read_state(proc, entry)
             try:
                 ioc = proc.io_counters()
                 io = int(ioc.read_bytes + ioc.write_bytes)
