@@ -102,7 +102,7 @@ def reconcile(job: JobState, now: float) -> list[Decision]:
                                 "(by a previous arbiter)", g))
             released = True
     if not released:
-        alone = [r.rank for r in connected if r.generation == g and r.running]
+        alone = sorted(r.rank for r in connected if r.generation == g and r.running)
         if alone:
             others = [r for r in connected if r.rank not in alone]
             if len(alone) == job.world_size:
@@ -111,21 +111,21 @@ def reconcile(job: JobState, now: float) -> list[Decision]:
                 return out
             if others:
                 n = g + 1
-                out.append(Decision(Verdict.REJOIN, f"rank {_short(alone)} started generation "
+                out.append(Decision(Verdict.REJOIN, f"rank {rank_list(alone)} started generation "
                                     f"{g} without the barrier (no arbiter then) while rank "
-                                    f"{_short([r.rank for r in others])} did not: every rank "
-                                    f"restarts together at generation {n}", n))
+                                    f"{rank_list(sorted(r.rank for r in others))} did not: "
+                                    f"every rank restarts together at generation {n}", n))
                 return out
     behind = tuple(sorted(r.rank for r in connected if r.generation < g and r.commanded < g))
     if behind:
-        out.append(Decision(Verdict.REJOIN, f"rank {_short(list(behind))} at generation "
+        out.append(Decision(Verdict.REJOIN, f"rank {rank_list(list(behind))} at generation "
                             f"{min(job.ranks[r].generation for r in behind)}; the job is at "
                             f"{g}: restart into it", g, targets=behind))
     return out
 
 
-def _short(ranks: list[int], shown: int = 10) -> str:
-    ranks = sorted(ranks)
+def rank_list(ranks: list[int], shown: int = 10) -> str:
+    """``0, 1, 2 and 5 more``: ranks for a human, the first ``shown`` of them."""
     head = ", ".join(str(r) for r in ranks[:shown])
     return head if len(ranks) <= shown else f"{head} and {len(ranks) - shown} more"
 
@@ -136,9 +136,7 @@ def barrier_expired(job: JobState, now: float, timeout: float) -> list[Decision]
     if b is None or b.released or job.finished or now - b.opened_at < timeout:
         return []
     missing = sorted(set(range(job.world_size)) - b.arrived)
-    shown = ", ".join(str(r) for r in missing[:20])
-    if len(missing) > 20:
-        shown += f" and {len(missing) - 20} more"
+    shown = rank_list(missing, 20)
     return [Decision(Verdict.STOP, f"barrier of generation {b.generation} timed out after "
                      f"{timeout:.0f}s: {len(b.arrived)}/{job.world_size} ranks arrived; missing "
                      f"rank {shown} (is its pod running? see `ftagent status {job.job}`)",

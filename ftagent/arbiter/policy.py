@@ -48,7 +48,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ftagent.arbiter.barrier import barrier_expired
+from ftagent.arbiter.barrier import barrier_expired, rank_list
 from ftagent.arbiter.state import Decision, JobState, Verdict
 from ftagent.model import Fault, FaultKind, Scope, Severity
 
@@ -139,7 +139,7 @@ def _nic(job: JobState, rep: FaultReport, where: str, now: float,
         still = sorted(r for r in job.nic_outages if r != rep.rank)
         if still:  # restarting now would start the job into a dead link
             return [Decision(Verdict.LINK_BACK, f"rank {rep.rank}: link back{took}; waiting "
-                             f"for rank {_ranks(still)} before restarting", g,
+                             f"for rank {rank_list(still)} before restarting", g,
                              rank=rep.rank, fault_id=rep.fault.id, pending=True)]
         return restart_or_stop(job, f"rank {rep.rank}: link back{took}", rep, cfg,
                                culprit=rep.rank)
@@ -237,18 +237,18 @@ def name_culprit(steps: Mapping[int, int], stacks: Mapping[int, str]) -> tuple[l
         lo, hi = min(known.values()), max(known.values())
         behind = sorted(r for r, s in known.items() if s == lo)
         if lo < hi and len(behind) * 2 < len(known):
-            return behind, f"rank {_ranks(behind)} at step {lo}, behind the others (step {hi})"
+            return behind, f"rank {rank_list(behind)} at step {lo}, behind the others (step {hi})"
     if len(stacks) >= 2:
         waiting = {r for r, s in stacks.items() if COMMUNICATION.search(s)}
         odd = sorted(set(stacks) - waiting)
         if waiting and odd and len(odd) * 2 <= len(stacks):
             where = stacks[odd[0]].split(" | ")[0].split(" < ")[0]
-            return odd, (f"rank {_ranks(odd)} is not in a collective (in {where}) while "
+            return odd, (f"rank {rank_list(odd)} is not in a collective (in {where}) while "
                          f"{len(waiting)} other rank(s) wait in one")
         sig, n = Counter(stacks.values()).most_common(1)[0]
         if n * 2 > len(stacks) and n < len(stacks):
             odd = sorted(r for r, s in stacks.items() if s != sig)
-            return odd, f"rank {_ranks(odd)} stack differs from the other {n} ranks"
+            return odd, f"rank {rank_list(odd)} stack differs from the other {n} ranks"
     return [], "no single culprit: the ranks stalled at the same step in the same place"
 
 
@@ -279,10 +279,10 @@ def job_busy(stacks: Mapping[int, str]) -> tuple[list[int], str] | None:
     if len(busy) == len(stacks):
         places = {live[r][1] for r in busy}
         same = "the same place" if len(places) == 1 else f"{len(places)} places"
-        return busy, (f"every rank is busy ({same}: rank {_ranks(busy[:1])} in {where}){spin}:"
+        return busy, (f"every rank is busy ({same}: rank {rank_list(busy[:1])} in {where}){spin}:"
                       " a job-wide undeclared phase")
     waiting = sorted(set(stacks) - set(busy))
-    return busy, (f"rank {_ranks(busy)} busy in {where}{spin} while rank {_ranks(waiting)} "
+    return busy, (f"rank {rank_list(busy)} busy in {where}{spin} while rank {rank_list(waiting)} "
                   "wait(s) for it: an undeclared phase")
 
 
@@ -349,11 +349,6 @@ def _frame(fr: Any) -> str:
         return str(fr)
     path = str(fr.get("short_filename") or fr.get("filename") or "?").rsplit("/", 1)[-1]
     return f"{fr.get('name', '?')} ({path}:{fr.get('line', '?')})"
-
-
-def _ranks(ranks: list[int], shown: int = 10) -> str:
-    head = ", ".join(str(r) for r in ranks[:shown])
-    return head if len(ranks) <= shown else f"{head} and {len(ranks) - shown} more"
 
 
 def _d(verdict: Verdict, reason: str, generation: int, rep: FaultReport, *,
