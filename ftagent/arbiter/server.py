@@ -48,8 +48,7 @@ from ftagent.arbiter.registry import Connection, Registry, Reject
 from ftagent.arbiter.timeline import Entry, Timeline
 from ftagent.metrics import ArbiterMetrics, JobSnapshot
 from ftagent.v1 import ftagent_pb2 as pb
-from ftagent.wire import limits
-from ftagent.wire.checks import Refused, check_hello
+from ftagent.wire.checks import Refused, check_hello, check_message
 from ftagent.wire.limits import OutOfRange
 
 log = logging.getLogger("ftagent.arbiter")
@@ -101,23 +100,6 @@ def exposure_problem(s: ServerSettings) -> str:
             "could stop any job. Set --token SECRET (env FTAGENT_TOKEN) and give agents "
             "`ftagent token --job NAME`, or --tls-client-ca; or listen on 127.0.0.1; or pass "
             "--insecure")
-
-
-def check_message(m: pb.AgentMessage) -> None:
-    """The generations and ids of a message after Hello within their ranges.
-
-    Not faults: the registry records one out of range as ignored and acknowledges it as
-    final (``wire.checks.check_fault``), so the agent stops re-sending it.
-    """
-    body = m.WhichOneof("body")
-    if body == "arrival":
-        limits.check_generation("BarrierArrival.generation", m.arrival.generation)
-    elif body == "exit":
-        limits.check_generation("TrainerExit.generation", m.exit.generation)
-    elif body == "ack":
-        limits.check_name("Ack.command_id", m.ack.command_id, limits.MAX_ID)
-    elif body == "stacks":
-        limits.check_name("Stacks.command_id", m.stacks.command_id, limits.MAX_ID)
 
 
 class ArbiterServer:

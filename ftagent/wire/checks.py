@@ -56,6 +56,23 @@ def check_hello(h: pb.Hello) -> None:
         raise _invalid(e, "Hello") from None
 
 
+def check_message(m: pb.AgentMessage) -> None:
+    """The generations and ids of a message after Hello within their ranges.
+
+    Not faults: the registry records one out of range as ignored and acknowledges it as
+    final (``wire.checks.check_fault``), so the agent stops re-sending it.
+    """
+    body = m.WhichOneof("body")
+    if body == "arrival":
+        limits.check_generation("BarrierArrival.generation", m.arrival.generation)
+    elif body == "exit":
+        limits.check_generation("TrainerExit.generation", m.exit.generation)
+    elif body == "ack":
+        limits.check_name("Ack.command_id", m.ack.command_id, limits.MAX_ID)
+    elif body == "stacks":
+        limits.check_name("Stacks.command_id", m.stacks.command_id, limits.MAX_ID)
+
+
 def check_fault(m: pb.Fault) -> None:
     """Raises ValueError (the fault is recorded as unusable) for fields out of range."""
     limits.check_name("fault id", m.id, limits.MAX_ID, required=True)

@@ -15,8 +15,6 @@ state. Values are chosen far above anything real and far below what breaks a typ
 
 from __future__ import annotations
 
-import math
-
 MAX_STEP = 2**53 - 1  # steps, samples and tokens: exact in a float64
 MAX_GENERATION = 2**31 - 1
 MAX_RESTARTS = 2**31 - 1
@@ -25,7 +23,6 @@ MAX_NAME = 253  # a Kubernetes object name (DNS subdomain); jobs, pods, nodes
 MAX_LABEL_NAME = 64  # phase and op names from the SDK or a log (as the SDK caps them)
 MAX_MESSAGE = 4096  # a fault's or a command's human message
 MAX_EVIDENCE = 256 * 1024  # a fault's evidence JSON
-MAX_STACKS = 8 * 1024 * 1024  # py-spy JSON of a trainer tree
 MAX_ID = 128  # fault and command ids, agent instance ids
 MAX_OPEN_FAULTS = 10_000  # per job: faults awaiting a decision (stacks, a link down)
 MAX_DIGITS = 20  # a number in a log line longer than this is not a step
@@ -58,18 +55,6 @@ def check_int(name: str, value: int, lo: int, hi: int) -> int:
     return value
 
 
-def check_float(name: str, value: float, lo: float = -math.inf, hi: float = math.inf, *,
-                allow_nan: bool = False) -> float:
-    """Finite (or NaN where allowed: a loss may be NaN, and that is news) within [lo, hi]."""
-    if math.isnan(value):
-        if allow_nan:
-            return value
-        raise OutOfRange(f"{name} is NaN")
-    if not lo <= value <= hi:
-        raise OutOfRange(f"{name} {value} is out of range [{lo}, {hi}]")
-    return value
-
-
 def check_name(name: str, value: str, limit: int = MAX_NAME, *, required: bool = False) -> str:
     """A short string of printable characters (no control characters, no newlines)."""
     if required and not value:
@@ -79,10 +64,6 @@ def check_name(name: str, value: str, limit: int = MAX_NAME, *, required: bool =
     if not value.isprintable():
         raise OutOfRange(f"{name} {value[:40]!r} contains control characters")
     return value
-
-
-def check_step(name: str, value: int) -> int:
-    return check_int(name, value, -1, MAX_STEP)
 
 
 def check_generation(name: str, value: int) -> int:
