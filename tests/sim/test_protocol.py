@@ -149,6 +149,20 @@ def test_a_job_hang_probe_lost_with_its_arbiter_is_decided_by_the_next() -> None
     assert {a.generation for a in w.agents} == {1}
 
 
+def test_stacks_lost_with_a_broken_stream_are_decided_at_the_probes_deadline() -> None:
+    """Found by the search: a rank's stacks answer is lost with its stream, and the re-sent
+    DUMP_STACKS is the same command (answered once); the probe decides at its deadline."""
+    w = start(3, budget=0)
+    w.break_stream(0)
+    w.agents[1].hang()
+    w.deliver_up(1)  # the hang: DUMP_STACKS for every rank, rank 0's kept for its reconnect
+    w.deliver_down(2)  # rank 2 gets it, answers, and its stream breaks with the answer
+    w.break_stream(2)
+    w.heal_and_check()
+    assert all(a.phase is Phase.EXITED for a in w.agents)  # budget 0: the job stops
+    assert w.registry.jobs[("", JOB)].phase is JobPhase.STOPPED
+
+
 # --------------------------------------------------------------------------- the search
 
 EXAMPLES = int(os.environ.get("FTAGENT_SIM_EXAMPLES", "60"))
