@@ -56,10 +56,10 @@ def decide_hello(job: JobState, rank: int, now: float) -> list[Decision]:
         return [Decision(Verdict.STOP, f"rank {rank} connected to a stopped job: "
                          f"{job.stop_reason}", job.generation, targets=(rank,), exit_code=1,
                          rank=rank)]
-    return reconcile(job, now)
+    return reconcile(job, now, rank)
 
 
-def reconcile(job: JobState, now: float) -> list[Decision]:
+def reconcile(job: JobState, now: float, rank: int | None = None) -> list[Decision]:
     """Bring the job and its connected ranks to one generation, from what the agents say.
 
     The agents are the truth (the arbiter may be new, or may have missed a fail-open
@@ -76,8 +76,20 @@ def reconcile(job: JobState, now: float) -> list[Decision]:
        every rank restarts together at the next generation (REJOIN, budget not spent).
        Otherwise wait for the others to connect (the barrier timeout bounds the wait).
     4. Ranks behind the job's generation that were never told: REJOIN it.
+
+    ``rank``: only that rank's state changed (its Hello). While the job's barrier is
+    released and the rank is not above it, only rule 4 for that rank can apply: it is
+    decided without scanning every rank, so a reconnect storm of N agents costs N, not
+    N^2. Anything else takes the full pass.
     """
     if job.finished:
+        return []
+    me = job.ranks.get(rank) if rank is not None else None
+    b = job.barrier
+    if (me is not None and me.connected and me.generation <= job.generation and b is not None
+            and b.generation == job.generation and b.released):
+        if me.generation < job.generation and me.commanded < job.generation:
+            return [_rejoin((me.rank,), me.generation, job.generation)]
         return []
     out: list[Decision] = []
     connected = [r for r in job.ranks.values() if r.connected]
@@ -118,10 +130,13 @@ def reconcile(job: JobState, now: float) -> list[Decision]:
                 return out
     behind = tuple(sorted(r.rank for r in connected if r.generation < g and r.commanded < g))
     if behind:
-        out.append(Decision(Verdict.REJOIN, f"rank {rank_list(list(behind))} at generation "
-                            f"{min(job.ranks[r].generation for r in behind)}; the job is at "
-                            f"{g}: restart into it", g, targets=behind))
+        out.append(_rejoin(behind, min(job.ranks[r].generation for r in behind), g))
     return out
+
+
+def _rejoin(behind: tuple[int, ...], lowest: int, g: int) -> Decision:
+    return Decision(Verdict.REJOIN, f"rank {rank_list(list(behind))} at generation {lowest}; "
+                    f"the job is at {g}: restart into it", g, targets=behind)
 
 
 def rank_list(ranks: list[int], shown: int = 10) -> str:

@@ -236,7 +236,12 @@ class Registry:
             rs.generation = max(rs.generation, a)
             rs.running = False
             rs.state = "waiting"
-            self.execute(job, barrier.reconcile(job, now), now)
+            if a > job.generation:
+                # Only an arrival above the job's generation can change what reconcile
+                # decides: ranks running alone or behind were already seen in their
+                # Hellos, which come first on every stream. (Reconcile scans every rank:
+                # once per arrival would make a barrier of N ranks cost N^2.)
+                self.execute(job, barrier.reconcile(job, now), now)
             b = job.barrier
             decisions = barrier.decide_arrival(job, rs.rank, a, now)
             if b is not None and self.metrics and b.first_arrival_at is not None and any(
