@@ -97,10 +97,6 @@ class ArbiterLink:
     def generation(self) -> int:
         return self.proto.generation
 
-    @generation.setter
-    def generation(self, value: int) -> None:
-        self.proto.generation = value
-
     @property
     def released_generation(self) -> int:
         return self.proto.released_generation
