@@ -450,7 +450,10 @@ class Agent:
         decisions on this attempt's hangs (raised before the exit was handled) are
         superseded by the exit's own."""
         while True:
-            action, held = (held, None) if held is not None else (await self.actions.get(), None)
+            if held is not None:
+                action, held = held, None
+            else:
+                action = await self.actions.get()
             if action.fault_id in self._hang_faults:
                 log.info("action %s superseded: the trainer exited by itself",
                          action.kind.value)
