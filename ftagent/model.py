@@ -26,6 +26,7 @@ class FaultKind(str, enum.Enum):
     NODE = "node"  # node NotReady, pod preempted
     BARRIER = "barrier"  # ranks did not meet after a restart
     AGENT = "agent"  # ftagent itself failed at something (never fatal to training)
+    STRAGGLER = "straggler"  # a rank slower in compute than the job's median (a warning)
 
 
 class Severity(str, enum.Enum):

@@ -17,6 +17,7 @@ class FaultKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FAULT_KIND_NODE: _ClassVar[FaultKind]
     FAULT_KIND_BARRIER: _ClassVar[FaultKind]
     FAULT_KIND_AGENT: _ClassVar[FaultKind]
+    FAULT_KIND_STRAGGLER: _ClassVar[FaultKind]
 
 class Severity(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -50,6 +51,7 @@ FAULT_KIND_NIC: FaultKind
 FAULT_KIND_NODE: FaultKind
 FAULT_KIND_BARRIER: FaultKind
 FAULT_KIND_AGENT: FaultKind
+FAULT_KIND_STRAGGLER: FaultKind
 SEVERITY_UNSPECIFIED: Severity
 SEVERITY_INFO: Severity
 SEVERITY_WARNING: Severity
@@ -122,7 +124,7 @@ class Hello(_message.Message):
     def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., pod: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., restart_count: _Optional[int] = ..., generation: _Optional[int] = ..., agent_version: _Optional[str] = ..., max_restarts: _Optional[int] = ..., alert_only: _Optional[bool] = ..., released_generation: _Optional[int] = ..., state: _Optional[str] = ..., agent_instance: _Optional[str] = ..., trainer_running: _Optional[bool] = ...) -> None: ...
 
 class ProgressSummary(_message.Message):
-    __slots__ = ("step", "loss", "samples_per_second", "tokens_per_second", "seconds_since_progress", "hung", "ts")
+    __slots__ = ("step", "loss", "samples_per_second", "tokens_per_second", "seconds_since_progress", "hung", "ts", "step_seconds", "collective_seconds", "data_seconds", "timed_steps")
     STEP_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +132,10 @@ class ProgressSummary(_message.Message):
     SECONDS_SINCE_PROGRESS_FIELD_NUMBER: _ClassVar[int]
     HUNG_FIELD_NUMBER: _ClassVar[int]
     TS_FIELD_NUMBER: _ClassVar[int]
+    STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DATA_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TIMED_STEPS_FIELD_NUMBER: _ClassVar[int]
     step: int
     loss: float
     samples_per_second: float
@@ -137,7 +143,11 @@ class ProgressSummary(_message.Message):
     seconds_since_progress: float
     hung: bool
     ts: float
-    def __init__(self, step: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., seconds_since_progress: _Optional[float] = ..., hung: _Optional[bool] = ..., ts: _Optional[float] = ...) -> None: ...
+    step_seconds: float
+    collective_seconds: float
+    data_seconds: float
+    timed_steps: int
+    def __init__(self, step: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., seconds_since_progress: _Optional[float] = ..., hung: _Optional[bool] = ..., ts: _Optional[float] = ..., step_seconds: _Optional[float] = ..., collective_seconds: _Optional[float] = ..., data_seconds: _Optional[float] = ..., timed_steps: _Optional[int] = ...) -> None: ...
 
 class Fault(_message.Message):
     __slots__ = ("id", "kind", "severity", "scope", "message", "evidence_json", "detected_at", "generation", "exit_status")
