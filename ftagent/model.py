@@ -26,6 +26,7 @@ class FaultKind(str, enum.Enum):
     NODE = "node"  # node NotReady, pod preempted
     BARRIER = "barrier"  # ranks did not meet after a restart
     AGENT = "agent"  # ftagent itself failed at something (never fatal to training)
+    LOSS = "loss"  # the training loss went NaN/inf or spiked (an alert by default)
     STRAGGLER = "straggler"  # a rank slower in compute than the job's median (a warning)
 
 
@@ -114,6 +115,7 @@ class Progress:
     total_steps: int | None = None  # the run's last step, when the trainer prints N/total
     source: str = "log"  # "log" | "sdk" | the log format's name
     ts: float = 0.0
+    tflops_per_gpu: float | None = None  # model TFLOP/s per GPU, when the trainer prints it
 
 
 @dataclass(frozen=True)
@@ -128,12 +130,29 @@ class PhaseMarker:
 
 @dataclass(frozen=True)
 class CollectiveSample:
-    """One timed collective reported through the SDK (for algbw/busbw)."""
+    """Timed collectives reported through the SDK (for algbw/busbw): one, or ``count`` of
+    the same op, group size and power-of-two size bucket aggregated in the trainer
+    (``ftagent.torch.instrument``), with ``nbytes`` and ``seconds`` their totals."""
 
     op: str
     nbytes: int
     seconds: float
     world_size: int
+    ts: float = 0.0
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class PhaseTiming:
+    """Time spent in one part of the training step (forward, backward, optimizer, data,
+    or a Megatron timer), ``count`` occurrences totalling ``seconds``. Unlike a
+    ``PhaseMarker`` it is a measurement after the fact, never a budget for the hang
+    detector. ``source``: "sdk" (``ftagent.torch.instrument``) | "megatron" (timer lines)."""
+
+    phase: str
+    seconds: float
+    count: int = 1
+    source: str = "sdk"
     ts: float = 0.0
 
 
@@ -219,8 +238,8 @@ class TrainerStart:
 
 
 Observation = (
-    LogLine | Progress | PhaseMarker | CollectiveSample | GpuEvent | GpuHealth | LinkEvent
-    | ProcessExit | TrainerStart
+    LogLine | Progress | PhaseMarker | CollectiveSample | PhaseTiming | GpuEvent | GpuHealth
+    | LinkEvent | ProcessExit | TrainerStart
 )
 
 

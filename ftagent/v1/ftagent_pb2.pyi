@@ -17,6 +17,7 @@ class FaultKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FAULT_KIND_NODE: _ClassVar[FaultKind]
     FAULT_KIND_BARRIER: _ClassVar[FaultKind]
     FAULT_KIND_AGENT: _ClassVar[FaultKind]
+    FAULT_KIND_LOSS: _ClassVar[FaultKind]
     FAULT_KIND_STRAGGLER: _ClassVar[FaultKind]
 
 class Severity(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
@@ -51,6 +52,7 @@ FAULT_KIND_NIC: FaultKind
 FAULT_KIND_NODE: FaultKind
 FAULT_KIND_BARRIER: FaultKind
 FAULT_KIND_AGENT: FaultKind
+FAULT_KIND_LOSS: FaultKind
 FAULT_KIND_STRAGGLER: FaultKind
 SEVERITY_UNSPECIFIED: Severity
 SEVERITY_INFO: Severity
@@ -202,6 +204,28 @@ class Stacks(_message.Message):
     command_id: str
     json: str
     def __init__(self, command_id: _Optional[str] = ..., json: _Optional[str] = ...) -> None: ...
+
+class NodeReport(_message.Message):
+    __slots__ = ("node", "agent_instance", "agent_version", "faults")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    AGENT_INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FAULTS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    agent_instance: str
+    agent_version: str
+    faults: _containers.RepeatedCompositeFieldContainer[Fault]
+    def __init__(self, node: _Optional[str] = ..., agent_instance: _Optional[str] = ..., agent_version: _Optional[str] = ..., faults: _Optional[_Iterable[_Union[Fault, _Mapping]]] = ...) -> None: ...
+
+class NodeReportAck(_message.Message):
+    __slots__ = ("arbiter_id", "acks", "ranks")
+    ARBITER_ID_FIELD_NUMBER: _ClassVar[int]
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    arbiter_id: str
+    acks: _containers.RepeatedCompositeFieldContainer[FaultAck]
+    ranks: int
+    def __init__(self, arbiter_id: _Optional[str] = ..., acks: _Optional[_Iterable[_Union[FaultAck, _Mapping]]] = ..., ranks: _Optional[int] = ...) -> None: ...
 
 class ArbiterMessage(_message.Message):
     __slots__ = ("welcome", "fault_ack", "command")

@@ -54,6 +54,11 @@ class ArbiterStub:
                 request_serializer=ftagent_dot_v1_dot_ftagent__pb2.WatchEventsRequest.SerializeToString,
                 response_deserializer=ftagent_dot_v1_dot_ftagent__pb2.TimelineEntry.FromString,
                 _registered_method=True)
+        self.ReportNode = channel.unary_unary(
+                '/ftagent.v1.Arbiter/ReportNode',
+                request_serializer=ftagent_dot_v1_dot_ftagent__pb2.NodeReport.SerializeToString,
+                response_deserializer=ftagent_dot_v1_dot_ftagent__pb2.NodeReportAck.FromString,
+                _registered_method=True)
 
 
 class ArbiterServicer:
@@ -87,6 +92,14 @@ class ArbiterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportNode(self, request, context):
+        """A node agent's (`ftagent node`) node-scoped faults, applied to every job with ranks
+        on that node (Hello.node). Unary and idempotent: re-sent until acknowledged.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ArbiterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -109,6 +122,11 @@ def add_ArbiterServicer_to_server(servicer, server):
                     servicer.WatchEvents,
                     request_deserializer=ftagent_dot_v1_dot_ftagent__pb2.WatchEventsRequest.FromString,
                     response_serializer=ftagent_dot_v1_dot_ftagent__pb2.TimelineEntry.SerializeToString,
+            ),
+            'ReportNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportNode,
+                    request_deserializer=ftagent_dot_v1_dot_ftagent__pb2.NodeReport.FromString,
+                    response_serializer=ftagent_dot_v1_dot_ftagent__pb2.NodeReportAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -219,6 +237,33 @@ class Arbiter:
             '/ftagent.v1.Arbiter/WatchEvents',
             ftagent_dot_v1_dot_ftagent__pb2.WatchEventsRequest.SerializeToString,
             ftagent_dot_v1_dot_ftagent__pb2.TimelineEntry.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/ftagent.v1.Arbiter/ReportNode',
+            ftagent_dot_v1_dot_ftagent__pb2.NodeReport.SerializeToString,
+            ftagent_dot_v1_dot_ftagent__pb2.NodeReportAck.FromString,
             options,
             channel_credentials,
             insecure,
