@@ -1,0 +1,183 @@
+"""Stragglers: the rank whose compute is slower than the rest of the job, for long enough.
+
+Pure (no I/O, time passed in), in the policy's shape: the registry hands each job's
+latest per-rank timings (``RankTiming``, from the agents' ProgressSummary) to
+``StragglerWatch.update`` with ``now``, and gets back the ``Straggler`` findings to record;
+what the job then does is the policy's (``policy.decide_fault``, kind STRAGGLER).
+
+Why compute time, not step time: in synchronous training (DDP, FSDP, any collective every
+step) every rank finishes a step together, so every rank's step time and step rate are the
+same; the slow rank is the one that *waits least* in collectives, because the others wait
+for it there. A rank's own time per step -- step time minus the time it waits in
+collectives -- is what differs: its compute plus its wait for data, split in the evidence
+(a rank whose data loading is slow holds the job back as much as a slow GPU; a job whose
+ranks all wait for data alike has no straggler)::
+
+    rank 0  |==compute==|......wait in all_reduce......|   step 0.30 s, compute 0.10 s
+    rank 1  |=========compute (slow GPU)=========|wait|    step 0.30 s, compute 0.28 s
+
+A rank is *slow* when its speed (1 / own seconds per step) is below
+``ratio`` (``--straggler-ratio``, 0.8) of the median of the other ranks' (so that in a
+2-rank job the slow rank does not pull the median toward itself); a rank slow in every
+assessment for ``window`` seconds (``--straggler-window``, 300) is named once, with its
+node and the evidence; still slow for another window it is *persistent* (named again with
+``persistent=True``: with ``--straggler-action replace`` the policy replaces it). A rank
+that waits long in collectives but computes as fast as the others is a victim, never named.
+Without a breakdown (no ``instrument()``, only log lines) compute is the whole step time,
+which still names the slow rank of a job whose ranks do not synchronise every step.
+Ranks that are hung, not running, or report nothing are left out (the hang detector's
+business); a job with fewer than two timed ranks has no median and no straggler.
+"""
+
+from __future__ import annotations
+
+import enum
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class StragglerAction(str, enum.Enum):
+    """``--straggler-action``: what a persistent straggler leads to."""
+
+    ALERT = "alert"  # record and alert; never restarts (the default)
+    REPLACE = "replace"  # replace a persistent straggler's pod (spends a restart)
+
+
+@dataclass(frozen=True)
+class StragglerConfig:
+    ratio: float = 0.8  # slow: compute speed below this fraction of the others' median
+    window: float = 300.0  # seconds a rank must stay slow before it is named
+    action: StragglerAction = StragglerAction.ALERT
+
+
+@dataclass(frozen=True)
+class RankTiming:
+    """One rank's latest means per step (seconds), as its agent last summarised them."""
+
+    rank: int
+    node: str = ""
+    step_seconds: float = 0.0  # 0: not measured
+    collective_seconds: float = 0.0
+    data_seconds: float = 0.0
+
+    @property
+    def own_seconds(self) -> float:
+        """Step time not spent waiting for peers in collectives: the rank's own work."""
+        return max(0.0, self.step_seconds - self.collective_seconds)
+
+    @property
+    def compute_seconds(self) -> float:
+        """Own time not spent waiting for the next batch."""
+        return max(0.0, self.own_seconds - self.data_seconds)
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A finding: ``rank`` has been slow in compute since ``since`` (wall seconds)."""
+
+    rank: int
+    node: str
+    since: float
+    persistent: bool
+    message: str
+    evidence: dict[str, Any]
+
+
+@dataclass
+class StragglerWatch:
+    """One job's straggler state: since when each rank is slow, who was named."""
+
+    cfg: StragglerConfig = field(default_factory=StragglerConfig)
+    slow_since: dict[int, float] = field(default_factory=dict)
+    named: dict[int, bool] = field(default_factory=dict)  # rank -> named persistent yet
+
+    @property
+    def current(self) -> list[int]:
+        """Ranks named a straggler and still slow (for status and the exporter)."""
+        return sorted(self.named)
+
+    def reset(self) -> None:
+        """A new generation: timings of the previous trainers say nothing of the new ones."""
+        self.slow_since.clear()
+        self.named.clear()
+
+    def update(self, timings: Iterable[RankTiming], now: float) -> list[Straggler]:
+        """Assess ``timings`` at ``now``; return the ranks newly named (or now persistent)."""
+        timed = {t.rank: t for t in timings if t.step_seconds > 0}
+        slow = assess(timed, self.cfg.ratio)
+        for rank in list(self.slow_since):
+            if rank not in slow:  # recovered, or no longer reporting: starts over
+                del self.slow_since[rank]
+                self.named.pop(rank, None)
+        found: list[Straggler] = []
+        for rank, ev in sorted(slow.items()):
+            since = self.slow_since.setdefault(rank, now)
+            slow_for = now - since
+            persistent = self.named.get(rank)
+            if persistent is None and slow_for >= self.cfg.window:
+                self.named[rank] = False
+                found.append(_finding(timed[rank], since, slow_for, ev, persistent=False))
+            elif persistent is False and slow_for >= 2 * self.cfg.window:
+                self.named[rank] = True
+                found.append(_finding(timed[rank], since, slow_for, ev, persistent=True))
+        return found
+
+
+def assess(timed: Mapping[int, RankTiming], ratio: float) -> dict[int, dict[str, Any]]:
+    """The ranks slow in compute right now, each with its evidence (no memory, no clock).
+
+    Each rank's own seconds per step against the median of the other ranks'; slow when
+    ``other_median / own < ratio`` (its speed is below ``ratio`` of theirs).
+    """
+    if len(timed) < 2:
+        return {}
+    out: dict[int, dict[str, Any]] = {}
+    for rank, t in timed.items():
+        others = [o for r, o in timed.items() if r != rank]
+        med_own = statistics.median(o.own_seconds for o in others)
+        own = t.own_seconds
+        if own <= 0 or med_own <= 0:
+            continue
+        speed = med_own / own
+        if speed >= ratio:
+            continue
+        med_compute = statistics.median(o.compute_seconds for o in others)
+        med_step = statistics.median(o.step_seconds for o in others)
+        med_wait = statistics.median(o.collective_seconds for o in others)
+        med_data = statistics.median(o.data_seconds for o in others)
+        out[rank] = {
+            "speed_vs_median": round(speed, 3),
+            "own_seconds": round(own, 6), "median_own_seconds": round(med_own, 6),
+            "compute_seconds": round(t.compute_seconds, 6),
+            "median_compute_seconds": round(med_compute, 6),
+            "step_seconds": round(t.step_seconds, 6), "median_step_seconds": round(med_step, 6),
+            "collective_seconds": round(t.collective_seconds, 6),
+            "median_collective_seconds": round(med_wait, 6),
+            "data_seconds": round(t.data_seconds, 6), "median_data_seconds": round(med_data, 6),
+            "ranks_compared": len(others),
+        }
+    return out
+
+
+def _finding(t: RankTiming, since: float, slow_for: float, ev: dict[str, Any], *,
+             persistent: bool) -> Straggler:
+    node = f" on node {t.node}" if t.node else ""
+    waits = ""
+    if ev["median_collective_seconds"] > 0 or t.collective_seconds > 0:
+        waits = (f"; it waits {t.collective_seconds:.3f}s/step in collectives while the others "
+                 f"wait {ev['median_collective_seconds']:.3f}s for it")
+    extra_data = t.data_seconds - ev["median_data_seconds"]
+    extra_compute = t.compute_seconds - ev["median_compute_seconds"]
+    where = "data loading" if extra_data > extra_compute else "compute"
+    still = " still" if persistent else ""
+    message = (f"rank {t.rank}{node} is{still} a straggler, slow in {where} for "
+               f"{slow_for:.0f}s: {t.own_seconds:.3f}s of its own work per step (compute "
+               f"{t.compute_seconds:.3f}s, data {t.data_seconds:.3f}s) vs the job's median "
+               f"{ev['median_own_seconds']:.3f}s ({ev['speed_vs_median']:.0%} of its speed); "
+               f"step {t.step_seconds:.3f}s vs median "
+               f"{ev['median_step_seconds']:.3f}s{waits}")
+    evidence = dict(ev, rank=t.rank, node=t.node, slow_in=where, slow_for_seconds=round(
+        slow_for, 1), persistent=persistent)
+    return Straggler(t.rank, t.node, since, persistent, message, evidence)
