@@ -32,6 +32,11 @@ NIC link back (evidence        RESTART
 CRASH/HANG while a link is     IGNORE (deferred): restarting cannot rendezvous over a
   down                           dead link; the link's recovery or replacement restarts
 BARRIER, AGENT                 ALERT_ONLY
+NODE (from the cluster: node   as GPU FATAL: REPLACE the rank on it (kube/cluster.py deletes
+  NotReady, pod preempted,       its pod, cordons a faulty node); a warning (replacement
+  evicted, deleted)              stuck Pending) is ALERT_ONLY
+a fault about no rank (rank    RESTART every rank, no culprit (never REPLACE)
+  -1, Registry.report_fault)
 ============================== =========================================================
 
 The restart budget is per job (``--max-restarts``, or the agents' own): RESTART and
@@ -79,7 +84,8 @@ def decide_fault(job: JobState, rep: FaultReport, now: float, cfg: PolicyConfig)
     """The decisions a new fault leads to (see the table in the module docstring)."""
     f = rep.fault
     g = job.generation
-    where = f"rank {rep.rank}: {f.kind.value} ({f.severity.value}): {f.message}"
+    who = f"rank {rep.rank}" if rep.rank >= 0 else "job"  # rank -1: about the whole job
+    where = f"{who}: {f.kind.value} ({f.severity.value}): {f.message}"
     if f.id in job.seen_faults:
         return []
     if job.alert_only:
@@ -98,13 +104,13 @@ def decide_fault(job: JobState, rep: FaultReport, now: float, cfg: PolicyConfig)
         down = ", ".join(str(r) for r in sorted(job.nic_outages))
         return [_d(Verdict.IGNORE, f"{where} (deferred: link of rank {down} is down; the job "
                    "restarts when it is back or the rank is replaced)", g, rep, pending=True)]
-    if f.kind in (FaultKind.GPU, FaultKind.NODE) and (
+    if f.kind in (FaultKind.GPU, FaultKind.NODE) and rep.rank >= 0 and (
             f.severity is Severity.FATAL or f.scope is Scope.NODE or f.kind is FaultKind.NODE):
         return restart_or_stop(job, f"{where}: replacing rank {rep.rank}", rep, cfg,
                                replace=rep.rank)
     if f.kind is FaultKind.HANG:
         return _hang(job, rep, where, now, cfg)
-    culprit = rep.rank if f.kind is FaultKind.CRASH else None
+    culprit = rep.rank if f.kind is FaultKind.CRASH and rep.rank >= 0 else None
     return restart_or_stop(job, where, rep, cfg, culprit=culprit)
 
 

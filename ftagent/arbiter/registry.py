@@ -27,6 +27,7 @@ from ftagent.arbiter.history import History, JobRecord, JobStats, shown_state
 from ftagent.arbiter.state import Decision, JobPhase, JobState, RankState, Verdict, apply
 from ftagent.arbiter.timeline import Timeline
 from ftagent.metrics import ArbiterMetrics, JobSnapshot
+from ftagent.model import Fault
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.wire import limits
 from ftagent.wire.checks import Refused, check_fault, check_hello, progress_in_range
@@ -43,6 +44,9 @@ _RANK_STATES = {Verdict.RESTART: "restarting", Verdict.REJOIN: "restarting",
                 Verdict.STOP: "stopping", Verdict.REPLACE: "replacing",
                 Verdict.RELEASE_BARRIER: "running"}
 _TIMED = (Verdict.RESTART, Verdict.REPLACE, Verdict.STOP, Verdict.DUMP_STACKS)
+
+# Called with (job, decision, now) after each executed decision (add_decision_listener).
+DecisionListener = Callable[[JobState, Decision, float], None]
 
 
 class FanOut:
@@ -115,6 +119,11 @@ class Registry:
         self.timeline.seed(self.history.load())
         self.timeline.sink = self.history.entry
         self.stats: dict[tuple[str, str], tuple[JobState, JobStats]] = {}
+        # Cluster hooks (report_fault, ranks_on_node, rank_of_pod, add_decision_listener):
+        # indexes from Hellos, checked against the rank's state on every lookup.
+        self._listeners: list[DecisionListener] = []
+        self._pods: dict[tuple[str, str], tuple[tuple[str, str], int]] = {}
+        self._nodes: dict[str, set[tuple[tuple[str, str], int]]] = {}
 
     # ------------------------------------------------------------------ agent messages
 
@@ -173,6 +182,7 @@ class Registry:
         if rs.instance != h.agent_instance:
             rs.commanded = -1  # a new agent process: it was told nothing yet
         rs.pod, rs.node, rs.state, rs.instance = h.pod, h.node, h.state, h.agent_instance
+        self._index(key, rs)
         released = h.released_generation if h.HasField("released_generation") else -1
         rs.generation, rs.released_generation = h.generation, released
         rs.running = h.trainer_running
@@ -333,9 +343,12 @@ class Registry:
 
     def execute(self, job: JobState, decisions: Iterable[Decision], now: float,
                 received: float | None = None) -> None:
-        """Apply each decision, record it, and queue its commands on the ranks' streams."""
+        """Apply each decision, record it, and queue its commands on the ranks' streams;
+        then tell the decision listeners (the agents' commands are queued first)."""
         last = ""
+        done: list[Decision] = []
         for d in decisions:
+            done.append(d)
             apply(job, d, now)
             self._account(job, d, now)
             last = d.verdict.value
@@ -367,6 +380,12 @@ class Registry:
                         rs.state = "restarting"
         if last:
             self._settle_open_faults(job, last)
+        for d in done if self._listeners else ():
+            for fn in self._listeners:
+                try:
+                    fn(job, d, now)
+                except Exception:  # a listener's bug must not stop the decisions
+                    log.exception("decision listener %r failed", fn)
 
     def _command(self, rs: RankState, verdict: Verdict, cid: str, data: bytes,
                  fan: FanOut | None, generation: int) -> None:
@@ -390,6 +409,7 @@ class Registry:
             if job.connected == 0 and now - job.last_seen > min(FORGET_AFTER,
                                                                  self.history.retention):
                 del self.jobs[key]
+                self._unindex(key)
                 got = self.stats.pop(key, None)
                 self.history.retire(job, got[1] if got else None)
                 self._gauges()
@@ -397,6 +417,96 @@ class Registry:
                 self._stats(job)
         for namespace, name in self.history.expired(now):
             self.history.drop(namespace, name)
+
+    # ------------------------------------------------------------------ cluster hooks
+
+    def report_fault(self, namespace: str, job: str, fault: Fault, now: float | None = None,
+                     rank: int | None = None,
+                     generation: int | None = None) -> list[Decision]:
+        """Decide a fault no agent sent (a cluster watch, a node agent, a detector that
+        compares ranks) exactly as an agent's: recorded on the timeline, counted, decided by
+        the policy, carried out. Returns the decisions ([] for an unknown job or a fault id
+        already seen: reporting again is harmless).
+
+        ``rank``: the rank it is about (``None``: the whole job, no culprit). ``generation``:
+        the job's generation when the fault was observed (default: the current one; an older
+        one is recorded and ignored, as for an agent's stale fault). Never raises for a
+        fault of a job or rank it does not know; call it on the server's event loop.
+        """
+        j = self.jobs.get((namespace, job))
+        if j is None or fault.id in j.seen_faults:
+            return []
+        now = self.clock() if now is None else now
+        g = j.generation if generation is None else generation
+        rs = j.ranks.get(rank) if rank is not None else None
+        if self.metrics:
+            self.metrics.faults.labels(kind=fault.kind.value).inc()
+        self._stats(j).fault(fault.id, now, fault.kind.value)
+        if rs is not None:
+            rs.last_fault = f"{fault.kind.value}: {fault.message}"[:300]
+        self._note(j, now, "fault", f"{fault.kind.value} ({fault.severity.value}, generation "
+                   f"{g}, seen by the arbiter): {limits.clip(fault.message, 1000)}", rank=rank,
+                   fault_id=fault.id)
+        rep = policy.FaultReport(fault, -1 if rank is None else rank, g)
+        decisions = policy.decide_fault(j, rep, now, self.cfg)
+        j.remember_fault(fault.id)  # no agent re-sends it: decided now, whatever the outcome
+        self.execute(j, decisions, now)
+        return decisions
+
+    def ranks_on_node(self, node: str) -> list[tuple[JobState, RankState]]:
+        """Every live job's ranks whose agent said it runs on ``node`` (Hello.node)."""
+        out = []
+        for key, rank in list(self._nodes.get(node, ())):
+            j = self.jobs.get(key)
+            rs = j.ranks.get(rank) if j is not None else None
+            if j is not None and rs is not None and rs.node == node:
+                out.append((j, rs))
+            else:
+                self._nodes[node].discard((key, rank))
+        if node in self._nodes and not self._nodes[node]:
+            del self._nodes[node]
+        return sorted(out, key=lambda t: (t[0].namespace, t[0].job, t[1].rank))
+
+    def rank_of_pod(self, namespace: str, pod: str) -> tuple[JobState, RankState] | None:
+        """The job and rank whose agent said it runs in pod ``namespace/pod`` (Hello.pod;
+        an agent that gave no namespace matches any)."""
+        for ns in (namespace, ""):
+            got = self._pods.get((ns, pod))
+            if got is None:
+                continue
+            j = self.jobs.get(got[0])
+            rs = j.ranks.get(got[1]) if j is not None else None
+            if j is not None and rs is not None and rs.pod == pod:
+                return j, rs
+            del self._pods[(ns, pod)]
+        return None
+
+    def add_decision_listener(self, fn: DecisionListener) -> None:
+        """Call ``fn(job, decision, now)`` after each executed decision, on the loop, once
+        the agents' commands are queued. Kubernetes actions (cordon, delete, Events) plug in
+        here so that the registry never imports them; ``fn`` must not block (hand I/O to a
+        thread) and its exceptions are logged, never raised."""
+        self._listeners.append(fn)
+
+    def fault_kind(self, job: JobState, fault_id: str) -> str:
+        """The kind (``model.FaultKind`` value) of a fault the job saw, "" if unknown."""
+        got = self.stats.get((job.namespace, job.job))
+        seen = got[1].faults.get(fault_id) if got is not None and got[0] is job else None
+        return seen[1] if seen else ""
+
+    def _index(self, key: tuple[str, str], rs: RankState) -> None:
+        if rs.pod:
+            self._pods[(key[0], rs.pod)] = (key, rs.rank)
+        if rs.node:
+            self._nodes.setdefault(rs.node, set()).add((key, rs.rank))
+
+    def _unindex(self, key: tuple[str, str]) -> None:
+        """Drop a forgotten job's pods and nodes from the indexes (once per job)."""
+        self._pods = {k: v for k, v in self._pods.items() if v[0] != key}
+        for node in list(self._nodes):
+            self._nodes[node] = {v for v in self._nodes[node] if v[0] != key}
+            if not self._nodes[node]:
+                del self._nodes[node]
 
     # ------------------------------------------------------------------ status
 
