@@ -44,7 +44,10 @@ IDENTITY_LABELS = ("job", "namespace", "pod", "node", "rank")
 
 # Step times from ~1 ms (tiny CPU jobs) to ~10 min (huge models); phases longer.
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-PHASE_BUCKETS = (0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+# Phases: from a forward pass of a small model (~1 ms, ftagent.torch.instrument) to an
+# hour-long checkpoint or evaluation (declared phases).
+PHASE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
+                 60, 120, 300, 600, 1800, 3600)
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 MAX_DEVICES = 64
@@ -54,6 +57,36 @@ the scrape grow with them."""
 
 # What an SDK datagram can be dropped for (``ftagent/sources/sdk_socket.py``): a fixed set.
 SDK_DROP_REASONS = ("oversize", "version", "malformed", "range", "name")
+
+# Collective sizes as a label: power-of-two buckets (the bucket's lower bound in bytes,
+# as nccl-tests sizes are powers of two), below 1 KiB and above 16 GiB clamped: 25 values.
+SIZE_BUCKET_MIN, SIZE_BUCKET_MAX = 10, 34
+SIZE_BUCKETS = tuple(str(1 << k) for k in range(SIZE_BUCKET_MIN, SIZE_BUCKET_MAX + 1))
+
+
+def size_bucket(nbytes: int) -> str:
+    """The ``size`` label of a collective of ``nbytes`` bytes: 2**floor(log2), clamped."""
+    k = min(max(int(nbytes).bit_length() - 1, SIZE_BUCKET_MIN), SIZE_BUCKET_MAX)
+    return SIZE_BUCKETS[k - SIZE_BUCKET_MIN]
+
+
+def observe_many(child: Any, seconds: float, count: int) -> None:
+    """``count`` observations totalling ``seconds`` on one histogram child, in O(1): the
+    trainer aggregates (``ftagent.torch``), so ``_sum`` and ``_count`` stay exact (each
+    lands in the bucket of the mean). Falls back to at most 64 ``observe`` calls if
+    prometheus_client's internals ever change."""
+    if count <= 0 or not seconds >= 0.0:
+        return
+    mean = seconds / count
+    try:
+        bounds, buckets, total = child._upper_bounds, child._buckets, child._sum
+        i = next(i for i, b in enumerate(bounds) if mean <= b)
+        total.inc(seconds)
+        buckets[i].inc(count)
+    except Exception:  # noqa: BLE001 - internals moved: approximate, bounded
+        for _ in range(min(count, 64)):
+            child.observe(mean)
+
 
 # Hang verification (ftagent/agent/verify.py): its verdicts, and the places of undeclared
 # phases it keeps learned at once (the `where` label's bound).
@@ -152,6 +185,9 @@ class AgentMetrics:
             "ftagent_training_samples_per_second", "Training throughput in samples/s.")
         self._tokens_per_second = gauge(
             "ftagent_training_tokens_per_second", "Training throughput in tokens/s.")
+        self._tflops_per_gpu = gauge(
+            "ftagent_model_tflops_per_gpu",
+            "Model TFLOP/s per GPU as the trainer reports it (Megatron's throughput per GPU).")
         self.samples = counter("ftagent_training_samples",
                                "Samples processed (SDK-reported).").labels(**i)
         self.tokens = counter("ftagent_training_tokens",
@@ -160,8 +196,10 @@ class AgentMetrics:
             "ftagent_step_duration_seconds", "Time between consecutive steps.",
             STEP_BUCKETS).labels(**i)
         self.phase_duration = hist(
-            "ftagent_phase_duration_seconds", "Duration of declared phases (checkpoint, eval).",
-            PHASE_BUCKETS, ["phase"])
+            "ftagent_phase_duration_seconds",
+            "Duration of declared phases (checkpoint, eval) and of the parts of a step "
+            "(forward, backward, optimizer, data: ftagent.torch.instrument; Megatron's "
+            "timers from its log).", PHASE_BUCKETS, ["phase"])
         self.seconds_since_progress = gauge(
             "ftagent_seconds_since_progress", "Seconds since the last step progress.").labels(**i)
         self.hang = gauge("ftagent_hang", "1 while the trainer is considered hung.").labels(**i)
@@ -195,10 +233,12 @@ class AgentMetrics:
             LATENCY_BUCKETS, ["op"])
         self.collective_algbw = gauge(
             "ftagent_collective_algbw_bytes_per_second",
-            "Algorithm bandwidth of the last collective: bytes / seconds.", ["op"])
+            "Algorithm bandwidth of the last report of an op and size bucket (power of two, "
+            "in bytes): bytes / seconds.", ["op", "size"])
         self.collective_busbw = gauge(
             "ftagent_collective_busbw_bytes_per_second",
-            "Bus bandwidth of the last collective (nccl-tests factors).", ["op"])
+            "Bus bandwidth of the last report of an op and size bucket (nccl-tests "
+            "factors).", ["op", "size"])
         # -- the SDK socket (its receiver range-checks every datagram)
         self.sdk_received = counter(
             "ftagent_sdk_datagrams_received", "Datagrams read from the SDK socket.").labels(**i)
@@ -238,16 +278,41 @@ class AgentMetrics:
     def tokens_per_second(self) -> Gauge:
         return self._tokens_per_second.labels(*self._ids)
 
+    @property
+    def tflops_per_gpu(self) -> Gauge:
+        return self._tflops_per_gpu.labels(*self._ids)
+
+    def observe_phase(self, phase: str, seconds: float, count: int = 1) -> None:
+        """``count`` occurrences of a step's part (``PhaseTiming``) totalling ``seconds``."""
+        observe_many(self.phase_duration.labels(**self.labels(phase=phase)), seconds, count)
+
+    def observe_collectives(self, op: str, nbytes: int, seconds: float, world_size: int,
+                            count: int = 1) -> None:
+        """``count`` collectives (``CollectiveSample``) of ``nbytes`` and ``seconds`` in
+        total: their duration histogram, and algbw/busbw of the op and size bucket (of the
+        mean size: the trainer aggregates within one bucket) from the totals."""
+        from ftagent.sources.sdk_socket import busbw
+
+        count = max(int(count), 1)
+        algbw, bus = busbw(op, nbytes, seconds, world_size)
+        labels = self.labels(op=op)  # folded once for the three series
+        observe_many(self.collective_seconds.labels(**labels), seconds, count)
+        sized = {**labels, "size": size_bucket(nbytes // count)}
+        self.collective_algbw.labels(**sized).set(algbw)
+        self.collective_busbw.labels(**sized).set(bus)
+
     def reset_progress(self) -> None:
         """A new attempt: the last one's step, loss and throughput are not its values.
         The series disappear until it reports (0 would read as step 0 and a loss of 0;
         a missing series leaves a gap, and ``sum``/``min`` over ranks stay right)."""
-        for g in (self._step, self._loss, self._samples_per_second, self._tokens_per_second):
+        for g in (self._step, self._loss, self._samples_per_second, self._tokens_per_second,
+                  self._tflops_per_gpu):
             g.remove(*self._ids)
 
 
 _FIXED_LABELS = {"reason": SDK_DROP_REASONS, "label": ("phase", "op", "kind"),
-                 "direction": ("receive", "transmit"), "verdict": VERIFY_VERDICTS}
+                 "direction": ("receive", "transmit"), "verdict": VERIFY_VERDICTS,
+                 "size": SIZE_BUCKETS}
 
 
 def _fixed(label: str, value: str) -> str:

@@ -25,12 +25,12 @@ from ftagent.model import (
     Fault,
     FaultKind,
     Observation,
+    PhaseTiming,
     ProcessExit,
     Progress,
     TrainerStart,
     TrainerState,
 )
-from ftagent.sources.sdk_socket import busbw
 
 log = logging.getLogger("ftagent.metrics")
 
@@ -65,16 +65,16 @@ class MetricsSink:
                 m.samples_per_second.set(obs.samples_per_second)
             if obs.tokens_per_second is not None:
                 m.tokens_per_second.set(obs.tokens_per_second)
+            if obs.tflops_per_gpu is not None:
+                m.tflops_per_gpu.set(obs.tflops_per_gpu)
             if obs.samples:
                 m.samples.inc(obs.samples)
             if obs.tokens:
                 m.tokens.inc(obs.tokens)
         elif isinstance(obs, CollectiveSample):
-            algbw, bus = busbw(obs.op, obs.nbytes, obs.seconds, obs.world_size)
-            labels = m.labels(op=obs.op)  # folded once for the three series
-            m.collective_seconds.labels(**labels).observe(obs.seconds)
-            m.collective_algbw.labels(**labels).set(algbw)
-            m.collective_busbw.labels(**labels).set(bus)
+            m.observe_collectives(obs.op, obs.nbytes, obs.seconds, obs.world_size, obs.count)
+        elif isinstance(obs, PhaseTiming):
+            m.observe_phase(obs.phase, obs.seconds, obs.count)
         elif isinstance(obs, TrainerStart):
             m.trainer_running.set(1)
             m.generation.set(obs.generation)
