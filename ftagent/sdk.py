@@ -26,8 +26,14 @@ Wire format, version 1: one ASCII datagram per call, fields separated by one spa
     v1 <pid> s <step> <loss> <samples> <tokens>      step completed
     v1 <pid> p <phase> <1|0>                         phase begins (1) / ends (0)
     v1 <pid> c <op> <nbytes> <seconds> <world_size>  one timed collective
+    v1 <pid> a <op> <count> <nbytes> <seconds> <world_size>
+                                                     count collectives of one size bucket,
+                                                     bytes and seconds summed
+    v1 <pid> t <phase> <count> <seconds>             count timed parts of steps (forward,
+                                                     backward, optimizer, data), summed
 
 Numbers are decimal (``repr`` of a float: ``nan`` and ``inf`` allowed for the loss);
+``a`` and ``t`` are what ``ftagent.torch.instrument()`` sends, a few times a second;
 phase and op names are printable UTF-8 without whitespace (whitespace and control
 characters become ``_``), 1..64 bytes. The sender keeps to the receiver's limits
 (``ftagent/wire/limits.py``): a step or a collective out of range is not sent (the agent
@@ -227,5 +233,38 @@ def collective(op: str, nbytes: int, seconds: float, world_size: int) -> None:
         if size == b"-" or world == b"-" or not 0.0 <= secs <= MAX_SECONDS:
             return  # the agent would drop it (and NaN fails the comparison)
         _client.send(b"c %s %s %r %s" % (_name(op), size, secs, world))
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def collectives(op: str, count: int, nbytes: int, seconds: float, world_size: int) -> None:
+    """``count`` collectives of one op and group size, ``nbytes`` bytes and ``seconds``
+    in total (aggregated in the trainer: ``ftagent.torch`` sends one of these per op and
+    size bucket a few times a second instead of a datagram per collective)."""
+    if not _client.ready():
+        return
+    try:
+        n, size = _int(count, 1), _int(nbytes)
+        world = _int(world_size, 1, MAX_WORLD_SIZE)
+        secs = float(seconds)
+        if b"-" in (n, size, world) or not 0.0 <= secs <= MAX_SECONDS:
+            return
+        _client.send(b"a %s %s %s %r %s" % (_name(op), n, size, secs, world))
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def phase_time(phase_name: str, seconds: float, count: int = 1) -> None:
+    """``count`` occurrences of a part of the step (``forward``, ``backward``,
+    ``optimizer``, ``data``) taking ``seconds`` in total: a measurement for
+    ``ftagent_phase_duration_seconds``, not a phase the hang detector budgets (that is
+    ``phase()``)."""
+    if not _client.ready():
+        return
+    try:
+        n, secs = _int(count, 1), float(seconds)
+        if n == b"-" or not 0.0 <= secs <= MAX_SECONDS:
+            return
+        _client.send(b"t %s %s %r" % (_name(phase_name), n, secs))
     except Exception:  # noqa: BLE001
         pass

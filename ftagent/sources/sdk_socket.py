@@ -2,7 +2,8 @@
 
 The agent binds a unix datagram socket, puts its path in ``FTAGENT_SDK_SOCKET`` for the
 trainer, and ``SdkSocketSource.run`` turns each datagram (format: ``ftagent/sdk.py``) into
-``Progress(source="sdk")``, ``PhaseMarker(source="sdk")`` or ``CollectiveSample``, stamped
+``Progress(source="sdk")``, ``PhaseMarker(source="sdk")``, ``CollectiveSample`` or
+``PhaseTiming``, stamped
 with the agent's monotonic clock on arrival (a datagram is delivered at once, so that is
 when the step completed).
 
@@ -33,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ftagent.model import CollectiveSample, Observation, PhaseMarker, Progress
+from ftagent.model import CollectiveSample, Observation, PhaseMarker, PhaseTiming, Progress
 from ftagent.wire.limits import (
     MAX_LABEL_NAME,
     MAX_OPS,
@@ -63,7 +64,7 @@ RANGE = "range"  # a number out of its range, a non-finite float where one must 
 NAME = "name"  # a phase or op name empty, too long, not UTF-8 or not printable
 DROP_REASONS = (OVERSIZE, VERSION, MALFORMED, RANGE, NAME)
 
-SdkObservation = Progress | PhaseMarker | CollectiveSample
+SdkObservation = Progress | PhaseMarker | CollectiveSample | PhaseTiming
 
 
 class _Drop(Exception):
@@ -138,6 +139,21 @@ def check_datagram(data: bytes, ts: float, phases: Callable[[str], str] = str,
                 return RANGE
             return CollectiveSample(op=ops(op), nbytes=nbytes, seconds=seconds,
                                     world_size=world, ts=ts)
+        if kind == b"a" and len(args) == 5:  # aggregated in the trainer (ftagent.torch)
+            op = _name(args[0])
+            count, nbytes, seconds = _count(args[1], 1), _count(args[2]), _float(args[3])
+            world = _count(args[4], 1, MAX_WORLD_SIZE)
+            if not 0.0 <= seconds <= MAX_SECONDS:
+                return RANGE
+            return CollectiveSample(op=ops(op), nbytes=nbytes, seconds=seconds,
+                                    world_size=world, ts=ts, count=count)
+        if kind == b"t" and len(args) == 3:
+            name = _name(args[0])
+            count, seconds = _count(args[1], 1), _float(args[2])
+            if not 0.0 <= seconds <= MAX_SECONDS:
+                return RANGE
+            return PhaseTiming(phase=phases(name), seconds=seconds, count=count,
+                               source="sdk", ts=ts)
     except _Drop as d:
         return d.reason
     return MALFORMED
