@@ -123,10 +123,14 @@ def check_job_name(job: str) -> str | None:
     return None
 
 
-def identify(pod: Mapping[str, Any], env: Mapping[str, str]) -> Identity | None:
+def identify(pod: Mapping[str, Any], env: Mapping[str, str], *,
+             labels: Mapping[str, str] | None = None,
+             notes: Mapping[str, str] | None = None) -> Identity | None:
     """The pod's identity from its labels and its trainer container's literal ``env``;
-    None when the pod belongs to no job kind we know (and has no ``ftagent.io/job``)."""
-    labels, notes = labels_of(pod), annotations_of(pod)
+    None when the pod belongs to no job kind we know (and has no ``ftagent.io/job``).
+    ``labels``/``notes``: the pod's, when the caller has them already (the webhook)."""
+    labels = labels_of(pod) if labels is None else labels
+    notes = annotations_of(pod) if notes is None else notes
     found = (_mpi(labels) or _kubeflow(labels, env) or _jobset(labels, notes, env)
              or _volcano(labels, env) or _indexed_job(labels))
     explicit = labels.get("ftagent.io/job")

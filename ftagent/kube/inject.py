@@ -37,7 +37,6 @@ The mutation is idempotent: a pod already injected gets an empty patch.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 from collections.abc import Callable, Mapping
@@ -148,13 +147,13 @@ def _inject(pod: dict[str, Any], namespace: str, s: Settings) -> tuple[str, list
             not all(isinstance(c, dict) for c in containers):
         return "skipped: no containers", ["ftagent: the pod has no containers; not injected"]
     # identity needs the trainer's env, the trainer's choice needs the role: role first
-    probe = identify(pod, {})
+    probe = identify(pod, {}, labels=labels, notes=notes)
     index, how = trainer_index(pod, probe.role if probe else "")
     if index is None:
         return f"skipped: {how}", [f"ftagent: not injected: {how}"]
     trainer = containers[index]
     env = literal_env(trainer)
-    found = identify(pod, env)
+    found = identify(pod, env, labels=labels, notes=notes)
     if found is None and labels.get("ftagent.io/inject", "").lower() != "true":
         return "skipped: no job (no known job kind, no ftagent.io/inject label)", []
     ident = found or Identity("pod", _str(pod, "metadata", "name")
@@ -180,7 +179,7 @@ def _inject(pod: dict[str, Any], namespace: str, s: Settings) -> tuple[str, list
         _add_bundle(spec, trainer, s)
     monitor_only = _false(labels.get("ftagent.io/fault-tolerance")) or \
         _false(notes.get("ftagent.io/fault-tolerance"))
-    port = _metrics_port(pod, trainer, namespace, ident, s)
+    port = _metrics_port(pod, env, namespace, ident, s)
     _add_env(trainer, _env(ident, name, namespace, port, monitor_only, s))
     _add_port(trainer, port, bool(spec.get("hostNetwork")))
     meta = pod.setdefault("metadata", {})
@@ -220,7 +219,7 @@ def _add_bundle(spec: dict[str, Any], trainer: dict[str, Any], s: Settings) -> N
             "name": INIT_NAME, "image": s.image, "imagePullPolicy": s.pull_policy,
             "command": ["cp", "-a", f"{s.bundle_dir}/.", s.agent_dir + "/"],
             "volumeMounts": [{"name": VOLUME, "mountPath": s.agent_dir}],
-            "resources": copy.deepcopy(dict(s.init_resources)),
+            "resources": _json_copy(dict(s.init_resources)),
             "securityContext": {"allowPrivilegeEscalation": False,
                                 "readOnlyRootFilesystem": True,
                                 "capabilities": {"drop": ["ALL"]}},
@@ -238,9 +237,8 @@ def metrics_port_for(namespace: str, job: str, rank: int, s: Settings) -> int:
     return s.metrics_port + (offset + rank) % span
 
 
-def _metrics_port(pod: Mapping[str, Any], trainer: Mapping[str, Any], namespace: str,
+def _metrics_port(pod: Mapping[str, Any], env: Mapping[str, str], namespace: str,
                   ident: Identity, s: Settings) -> int:
-    env = literal_env(trainer)
     given = env.get("FTAGENT_METRICS_PORT", "")
     if given.isdigit() and 0 < int(given) < 65536:
         return int(given)

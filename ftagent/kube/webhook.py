@@ -123,7 +123,12 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
 
 
 class WebhookServer:
-    """``POST /mutate`` (AdmissionReview), ``GET /healthz``, ``GET /metrics``."""
+    """``POST /mutate`` (AdmissionReview), ``GET /healthz``, ``GET /metrics``.
+
+    A protocol per connection, not asyncio streams: at 200 concurrent reviews the streams'
+    ``readuntil``/``wait_for`` tasks cost more CPU than the review itself. Timeouts are one
+    timer per connection, re-armed per request (idle between requests, ``request_timeout``
+    for a body once its headers are in)."""
 
     def __init__(self, settings: Settings, *, max_body: int = 4 * 1024 * 1024,
                  handshake_timeout: float = 5.0, idle_timeout: float = 60.0,
@@ -139,86 +144,36 @@ class WebhookServer:
         self.server: asyncio.Server | None = None
         self.started = time.time()
 
-    async def start(self, host: str, port: int, tls: ssl.SSLContext | None) -> int:
-        """Listen; returns the port bound (for port 0)."""
-        self.server = await asyncio.start_server(
-            self._connection, host, port, ssl=tls, limit=MAX_HEADER,
-            ssl_handshake_timeout=self.handshake_timeout if tls else None, backlog=1024)
+    async def start(self, host: str, port: int, tls: ssl.SSLContext | None, *,
+                    reuse_port: bool = False) -> int:
+        """Listen; returns the port bound (for port 0). ``reuse_port``: one of several
+        worker processes on the same port (SO_REUSEPORT, the kernel spreads connections)."""
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(
+            lambda: _Connection(self), host, port, ssl=tls, backlog=1024,
+            reuse_port=reuse_port or None,
+            ssl_handshake_timeout=self.handshake_timeout if tls else None)
         return int(self.server.sockets[0].getsockname()[1])
 
     async def close(self) -> None:
         if self.server is not None:
             self.server.close()
             with contextlib.suppress(Exception):
-                await self.server.wait_closed()
+                await asyncio.wait_for(self.server.wait_closed(), 2.0)
 
-    async def _connection(self, reader: asyncio.StreamReader,
-                          writer: asyncio.StreamWriter) -> None:
-        try:
-            while await self._one(reader, writer):
-                pass
-        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, TimeoutError,
-                asyncio.LimitOverrunError, OSError):
-            pass
-        except Exception:
-            log.exception("webhook connection failed")
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(writer.wait_closed(), 1.0)
-
-    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        """Serve one request; False to close the connection."""
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.idle_timeout)
-        except asyncio.LimitOverrunError:
-            return self._send(writer, 431, _error("headers over 16 KiB"), close=True)
-        except asyncio.IncompleteReadError:
-            return False
-        first, _, head = head.partition(b"\r\n")
-        parts = first.decode("latin-1").split()
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            return self._send(writer, 400, _error("not an HTTP/1.x request"), close=True)
-        method, path, proto = parts
-        headers: dict[str, str] = {}
-        for line in head.decode("latin-1").split("\r\n"):
-            name, sep, value = line.partition(":")
-            if sep:
-                headers[name.strip().lower()] = value.strip()
-        keep = headers.get("connection", "").lower() != "close" and proto == "HTTP/1.1"
-        if "transfer-encoding" in headers:
-            return self._send(writer, 411, _error("chunked bodies are not accepted"), close=True)
-        raw_len = headers.get("content-length", "0")
-        if not raw_len.isdigit() or len(raw_len) > 12:
-            return self._send(writer, 400, _error("bad Content-Length"), close=True)
-        length = int(raw_len)
-        if length > self.max_body:
-            return self._send(writer, 413, _error(f"body of {length} bytes is over the limit "
-                                                  f"of {self.max_body}"), close=True)
-        body = await asyncio.wait_for(reader.readexactly(length), self.request_timeout) \
-            if length else b""
+    def answer(self, method: str, path: str, body: bytes) -> tuple[int, bytes, bool]:
+        """(status, payload, close) for one parsed request."""
         route = path.split("?", 1)[0]
         if route == "/mutate":
             if method != "POST":
-                return self._send(writer, 405, _error("POST an AdmissionReview"), close=not keep)
+                return 405, _error("POST an AdmissionReview"), False
             status, payload = self.handle(body)
-        elif route in ("/healthz", "/readyz") and method == "GET":
-            status, payload = 200, b'{"ok":true}'
-        elif route == "/metrics" and method == "GET":
-            status, payload = 200, self._metrics()
-        else:
-            status, payload = 404, _error(f"no {route[:80]}")
-        ok = self._send(writer, status, payload, close=not keep)
-        await writer.drain()
-        return ok
-
-    def _send(self, writer: asyncio.StreamWriter, status: int, payload: bytes, *,
-              close: bool) -> bool:
-        ctype = "text/plain; version=0.0.4" if payload[:1] == b"#" else "application/json"
-        writer.write(b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n" % (
-            status, _REASONS.get(status, "").encode(), ctype.encode(), len(payload),
-            b"Connection: close\r\n" if close else b"") + payload)
-        return not close
+            return status, payload, False
+        if route in ("/healthz", "/readyz") and method == "GET":
+            return 200, b'{"ok":true}', False
+        if route == "/metrics" and method == "GET":
+            return 200, self._metrics(), False
+        return 404, _error(f"no {route[:80]}"), False
 
     def _metrics(self) -> bytes:
         lines = ["# HELP ftagent_webhook_reviews_total AdmissionReviews answered, by outcome",
@@ -226,6 +181,134 @@ class WebhookServer:
         lines += [f'ftagent_webhook_reviews_total{{outcome="{k}"}} {v}'
                   for k, v in sorted(self.counters.reviews.items())]
         return ("\n".join(lines) + "\n").encode()
+
+
+def _http(status: int, payload: bytes, close: bool) -> bytes:
+    ctype = b"text/plain; version=0.0.4" if payload[:1] == b"#" else b"application/json"
+    return b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n%s\r\n%s" % (
+        status, _REASONS.get(status, "").encode(), ctype, len(payload),
+        b"Connection: close\r\n" if close else b"", payload)
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: HTTP/1.1 requests one at a time (as the API server sends
+    them), parsed from a buffer that never holds more than the headers' limit plus one
+    body of at most ``max_body``."""
+
+    def __init__(self, server: WebhookServer) -> None:
+        self.server = server
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.head: tuple[str, str, bool, int] | None = None  # method, path, keep, length
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self._arm(self.server.idle_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+        self.buf = bytearray()
+
+    def pause_writing(self) -> None:  # a client not reading its answers: stop reading too
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+    def _arm(self, seconds: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer = asyncio.get_running_loop().call_later(seconds, self._expire)
+
+    def _expire(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed:
+            return
+        self.buf += data
+        try:
+            while not self.closed and self._step():
+                pass
+        except Exception:  # never let a bug in parsing take the server down
+            log.exception("webhook connection failed")
+            self._finish(400, _error("bad request"), True)
+
+    def _step(self) -> bool:
+        """Parse and answer what the buffer holds; True when another request may follow."""
+        if self.head is None:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self.buf) > MAX_HEADER:
+                    self._finish(431, _error("headers over 16 KiB"), True)
+                return False
+            if end > MAX_HEADER:
+                self._finish(431, _error("headers over 16 KiB"), True)
+                return False
+            raw = bytes(self.buf[:end])
+            del self.buf[:end + 4]
+            head = self._parse_head(raw)
+            if head is None:
+                return False
+            self.head = head
+            if head[3]:
+                self._arm(self.server.request_timeout)
+        method, path, keep, length = self.head
+        if len(self.buf) < length:
+            return False
+        body = bytes(self.buf[:length])
+        del self.buf[:length]
+        self.head = None
+        status, payload, close = self.server.answer(method, path, body)
+        self._finish(status, payload, close or not keep)
+        if not self.closed:
+            self._arm(self.server.idle_timeout)
+        return not self.closed
+
+    def _parse_head(self, raw: bytes) -> tuple[str, str, bool, int] | None:
+        first, _, rest = raw.partition(b"\r\n")
+        parts = first.decode("latin-1").split()
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            self._finish(400, _error("not an HTTP/1.x request"), True)
+            return None
+        method, path, proto = parts
+        headers: dict[str, str] = {}
+        for line in rest.decode("latin-1").split("\r\n"):
+            name, sep, value = line.partition(":")
+            if sep:
+                headers[name.strip().lower()] = value.strip()
+        keep = headers.get("connection", "").lower() != "close" and proto == "HTTP/1.1"
+        if "transfer-encoding" in headers:
+            self._finish(411, _error("chunked bodies are not accepted"), True)
+            return None
+        raw_len = headers.get("content-length", "0")
+        if not raw_len.isdigit() or len(raw_len) > 12:
+            self._finish(400, _error("bad Content-Length"), True)
+            return None
+        length = int(raw_len)
+        if length > self.server.max_body:
+            self._finish(413, _error(f"body of {length} bytes is over the limit "
+                                     f"of {self.server.max_body}"), True)
+            return None
+        return method, path, keep, length
+
+    def _finish(self, status: int, payload: bytes, close: bool) -> None:
+        if self.transport is None or self.closed:
+            return
+        self.transport.write(_http(status, payload, close))
+        if close:
+            self.closed = True
+            if self.timer is not None:
+                self.timer.cancel()
+            self.transport.close()
 
 
 def tls_context(cert: str, key: str) -> ssl.SSLContext:

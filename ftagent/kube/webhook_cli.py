@@ -15,14 +15,17 @@ FTAGENT_TOKEN, as the arbiter's), never the secret itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
+import socket
 import ssl
 import sys
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ftagent.config import (
     ConfigError,
@@ -35,6 +38,9 @@ from ftagent.config import (
     resolve_group,
     split_host_port,
 )
+
+if TYPE_CHECKING:
+    from ftagent.kube.webhook import WebhookServer
 
 PROG = "ftagent webhook"
 
@@ -81,6 +87,9 @@ class WebhookConfig:
     handshake_timeout: float = opt(5.0, "--handshake-timeout", "drop a TLS client that has "
                                    "not finished its handshake by then",
                                    check=Range(0.1, 300), metavar="SECONDS")
+    workers: int = opt(1, "--workers", "processes serving the port (SO_REUSEPORT; the kernel "
+                       "spreads connections): about one per core for large bursts of pods",
+                       check=Range(1, 64), metavar="N")
     log_level: str = opt("info", "--log-level", "messages on stderr",
                          choices=("debug", "info", "warning", "error"))
 
@@ -138,24 +147,38 @@ def tls_files(cfg: WebhookConfig, environ: Mapping[str, str]) -> tuple[str, str]
     return paths["tls.crt"], paths["tls.key"]
 
 
-async def serve(cfg: WebhookConfig, tls: ssl.SSLContext) -> int:
+def _server(cfg: WebhookConfig) -> WebhookServer:
     from ftagent.kube.inject import Settings
     from ftagent.kube.webhook import WebhookServer
 
     settings = Settings(image=cfg.image, arbiter=cfg.arbiter,
                         token_for=token_deriver(cfg.token), metrics_port=cfg.metrics_port,
                         metrics_port_span=cfg.metrics_port_span)
-    server = WebhookServer(settings, max_body=cfg.max_body,
-                           handshake_timeout=cfg.handshake_timeout)
-    host, port = split_host_port(cfg.listen)
+    return WebhookServer(settings, max_body=cfg.max_body,
+                         handshake_timeout=cfg.handshake_timeout)
+
+
+async def serve(cfg: WebhookConfig, tls: ssl.SSLContext, *, port: int | None = None,
+                ready_fd: int | None = None) -> int:
+    """Serve until SIGTERM/SIGINT. ``port`` given: one worker of several on that port,
+    which says it listens by writing a byte to ``ready_fd`` (-1: says nothing; None: on
+    stderr, as a single server does)."""
+    server = _server(cfg)
+    host, listen_port = split_host_port(cfg.listen)
     try:
-        bound = await server.start(host, port, tls)
+        bound = await server.start(host, listen_port if port is None else port, tls,
+                                   reuse_port=port is not None)
     except OSError as e:
         sys.stderr.write(f"{PROG}: error: cannot listen on {cfg.listen}: "
                          f"{e.strerror or e}\n")
         return 1
-    sys.stderr.write(f"listening on {host}:{bound}\n")
-    sys.stderr.flush()
+    if ready_fd is not None:
+        if ready_fd >= 0:
+            os.write(ready_fd, b"1")
+            os.close(ready_fd)
+    else:
+        sys.stderr.write(f"listening on {host}:{bound}\n")
+        sys.stderr.flush()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -163,6 +186,82 @@ async def serve(cfg: WebhookConfig, tls: ssl.SSLContext) -> int:
     await stop.wait()
     await server.close()
     return 0
+
+
+def serve_workers(cfg: WebhookConfig, tls: ssl.SSLContext) -> int:
+    """``--workers N``: N forked processes, each with its own SO_REUSEPORT socket on one
+    port (chosen here, reserved by a bound socket that never listens, so port 0 works).
+    A worker that dies is started again; SIGTERM/SIGINT stop them all."""
+    host, port = split_host_port(cfg.listen)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    reserve = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        reserve.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        reserve.bind((host, port))
+    except OSError as e:
+        sys.stderr.write(f"{PROG}: error: cannot listen on {cfg.listen}: "
+                         f"{e.strerror or e}\n")
+        return 1
+    port = reserve.getsockname()[1]
+    stopping = False
+
+    def stop(_sig: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for pid in list(children):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+    ready_r, ready_w = os.pipe()
+
+    def spawn(ready: int = -1) -> int:
+        pid = os.fork()
+        if pid == 0:  # the worker: its own loop, default signal handling
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            if ready >= 0:
+                os.close(ready_r)
+            code = 1
+            try:
+                code = asyncio.run(serve(cfg, tls, port=port, ready_fd=ready))
+            finally:
+                os._exit(code)
+        return pid
+
+    children: set[int] = set()
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    children.update(spawn(ready_w) for _ in range(cfg.workers))
+    os.close(ready_w)
+    started = 0
+    while started < cfg.workers:  # announce once every worker listens (EOF: one failed)
+        got = os.read(ready_r, cfg.workers - started)
+        if not got:
+            break
+        started += len(got)
+    os.close(ready_r)
+    if started == cfg.workers:
+        sys.stderr.write(f"listening on {host}:{port}\n")
+        sys.stderr.flush()
+    else:
+        stop(signal.SIGTERM, None)
+    code = 0
+    while children:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            break
+        except InterruptedError:
+            continue
+        children.discard(pid)
+        if not stopping:
+            sys.stderr.write(f"{PROG}: warning: worker {pid} ended "
+                             f"(status {os.waitstatus_to_exitcode(status)}); starting another\n")
+            children.add(spawn())
+        elif os.waitstatus_to_exitcode(status) not in (0, -signal.SIGTERM):
+            code = 1
+    reserve.close()
+    return code
 
 
 def main(argv: Sequence[str]) -> int:
@@ -189,4 +288,6 @@ def main(argv: Sequence[str]) -> int:
     except (OSError, ssl.SSLError) as e:
         sys.stderr.write(f"{PROG}: error: cannot load --tls-cert/--tls-key: {e}\n")
         return 2
+    if cfg.workers > 1:
+        return serve_workers(cfg, tls)
     return asyncio.run(serve(cfg, tls))

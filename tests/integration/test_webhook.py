@@ -23,6 +23,7 @@ import kubernetes_validate
 import pytest
 
 from ftagent.arbiter.auth import job_token
+from tests.conftest import wait_for
 from tests.webhook_pods import ExamplePod, admission_review, example_pods
 
 SECRET = "webhook-test-secret-0123456789"
@@ -31,13 +32,14 @@ PODS = example_pods()
 
 
 class Webhook:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, *extra: str) -> None:
         self.ca = tmp / "ca.pem"
         env = {**os.environ, "FTAGENT_TOKEN": SECRET}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ftagent", "webhook", "--self-signed", "--ca-bundle-out",
              str(self.ca), "--listen", "127.0.0.1:0", "--arbiter", "arbiter.ftagent:9400",
-             "--image", "ftagent:test", "--handshake-timeout", "0.5", "--max-body", "65536"],
+             "--image", "ftagent:test", "--handshake-timeout", "0.5", "--max-body", "65536",
+             *extra],
             stderr=subprocess.PIPE, env=env, text=True)
         assert self.proc.stderr is not None
         line = self.proc.stderr.readline()  # blocks until the server says where it listens
@@ -220,3 +222,29 @@ def test_flags_are_checked() -> None:
     r = subprocess.run([sys.executable, "-m", "ftagent", "webhook", "--tls-cert", "/nope",
                         "--tls-key", "/nope"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "cannot load" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_workers_share_the_port_and_a_dead_worker_is_replaced(tmp_path: Path) -> None:
+    """``--workers 2``: two processes answer on one port (SO_REUSEPORT); a worker killed is
+    started again and the port keeps answering; SIGTERM stops every worker, exit 0."""
+    import psutil
+
+    w = Webhook(tmp_path, "--workers", "2")
+    try:
+        parent = psutil.Process(w.proc.pid)
+        workers = wait_for(lambda: len(parent.children()) == 2 and parent.children(),
+                           what="two workers")
+        doc = admission_review(PODS[0].pod)
+        conns = [w.connect() for _ in range(20)]  # spread by the kernel over both workers
+        for c in conns:
+            assert w.post(json.dumps(doc).encode(), c)[0] == 200
+        workers[0].kill()
+        wait_for(lambda: len(parent.children()) == 2 and workers[0] not in parent.children(),
+                 what="a new worker")
+        for _ in range(20):
+            assert w.post(json.dumps(doc).encode())[0] == 200
+        assert w.healthy()
+    finally:
+        w.stop()
+    assert w.proc.returncode == 0
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers[1:])
