@@ -7,6 +7,7 @@ from ftagent.arbiter.policy import PolicyConfig
 from ftagent.arbiter.registry import Connection, Registry
 from ftagent.arbiter.state import Decision, JobPhase, JobState, Verdict
 from ftagent.arbiter.timeline import Timeline
+from ftagent.kube.cluster_faults import NodeFaults, PodFaults, parse_time, pending_fault
 from ftagent.model import Fault, FaultKind, Scope, Severity
 from ftagent.v1 import ftagent_pb2 as pb
 
@@ -114,3 +115,108 @@ def test_a_failing_listener_never_stops_the_decision() -> None:
     assert [d.verdict for d in reg.report_fault("ns", "j", f, clock(), rank=0)] == \
         [Verdict.RESTART]
     assert all(commands(c) for c in conns)
+
+
+# --------------------------------------------------------------------------- pure rules
+
+T0 = "2024-05-01T10:00:00Z"
+E0 = parse_time(T0) or 0.0
+
+
+def node(name: str, status: str, since: str = T0, **extra: str) -> dict[str, object]:
+    return {"metadata": {"name": name, "uid": f"u-{name}"},
+            "status": {"conditions": [{"type": "MemoryPressure", "status": "False"},
+                                      {"type": "Ready", "status": status,
+                                       "lastTransitionTime": since, **extra}]}}
+
+
+def test_a_node_not_ready_becomes_a_fault_only_past_the_grace_and_once() -> None:
+    w = NodeFaults(grace=40.0)
+    assert w.observe(node("n1", "Unknown", reason="NodeStatusUnknown"), E0 + 1) == []
+    assert w.next_deadline() == E0 + 40
+    assert w.due(E0 + 39.9) == []
+    got = w.due(E0 + 40.0)
+    assert len(got) == 1 and got[0].node == "n1"
+    f = got[0].fault
+    assert f.kind.value == "node" and f.severity.value == "fatal" and f.scope.value == "node"
+    assert "not Ready (Ready=Unknown) for 40s" in f.message and "NodeStatusUnknown" in f.message
+    assert w.due(E0 + 100) == [] and w.observe(node("n1", "Unknown"), E0 + 100) == []
+
+
+def test_a_node_back_within_the_grace_is_no_fault_and_a_new_outage_counts_afresh() -> None:
+    w = NodeFaults(grace=40.0)
+    w.observe(node("n1", "False"), E0 + 1)
+    w.observe(node("n1", "True", since="2024-05-01T10:00:30Z"), E0 + 30)
+    assert w.due(E0 + 100) == [] and w.next_deadline() is None
+    later = "2024-05-01T10:05:00Z"
+    w.observe(node("n1", "False", since=later), E0 + 300)
+    got = w.due(E0 + 340)
+    assert len(got) == 1 and got[0].fault.id.endswith(later)
+
+
+def test_an_old_outage_seen_at_start_is_a_fault_at_once_and_a_deleted_node_too() -> None:
+    w = NodeFaults(grace=40.0)
+    assert len(w.observe(node("n1", "False"), E0 + 600)) == 1  # NotReady for 10 min
+    gone = w.observe(node("n2", "True"), E0, deleted=True)
+    assert len(gone) == 1 and "deleted" in gone[0].fault.message
+    assert w.observe(node("n2", "True"), E0, deleted=True) == []
+
+
+def test_missing_and_odd_fields_are_not_faults_nor_errors() -> None:
+    w = NodeFaults(grace=1.0)
+    obj: object
+    for obj in ({}, {"metadata": {}}, {"metadata": {"name": "x"}}, {"metadata": {"name": "x"},
+                "status": {"conditions": "nope"}}, {"metadata": {"name": "x"}, "status": {
+                "conditions": [None, {"type": "Ready", "status": "Maybe"}]}}, None, []):
+        assert w.observe(obj, E0) == []
+    # no transition time: counted from when it was first seen
+    assert w.observe({"metadata": {"name": "y"}, "status": {"conditions": [
+        {"type": "Ready", "status": "False", "lastTransitionTime": "garbage"}]}}, E0) == []
+    assert len(w.due(E0 + 1)) == 1
+    p = PodFaults()
+    for obj in ({}, {"metadata": {"name": "p"}}, None, {"metadata": {"name": "p", "uid": 3}}):
+        assert p.observe(obj) == []
+    assert parse_time("2024-05-01T10:00:00.123456+02:00") == E0 - 7200 + 0.123456
+
+
+def pod(name: str = "p0", uid: str = "u0", **status: object) -> dict[str, object]:
+    return {"metadata": {"name": name, "namespace": "ns", "uid": uid},
+            "spec": {"nodeName": "n1"}, "status": {"phase": "Running", **status}}
+
+
+def test_preemption_eviction_and_deletion_are_pod_faults_once_per_pod() -> None:
+    p = PodFaults()
+    pre = pod(conditions=[{"type": "DisruptionTarget", "status": "True",
+                           "reason": "PreemptionByScheduler", "message": "by ns/big"}])
+    got = p.observe(pre)
+    assert len(got) == 1 and got[0].pod == "p0" and got[0].node == "n1"
+    f = got[0].fault
+    assert f.scope.value == "pod" and f.severity.value == "error"
+    assert "preempted by the scheduler" in f.message and "by ns/big" in f.message
+    deleting = {**pre, "metadata": {**pre["metadata"], "deletionTimestamp": T0}}  # type: ignore
+    assert p.observe(deleting) == [] and p.observe(deleting, deleted=True) == []
+    ev = p.observe(pod("p1", "u1", phase="Failed", reason="Evicted",
+                       message="The node was low on resource: memory."))
+    assert len(ev) == 1 and "evicted by the kubelet: The node was low" in ev[0].fault.message
+    gone = p.observe(pod("p2", "u2"), deleted=True)
+    assert len(gone) == 1 and "deleted while its job runs" in gone[0].fault.message
+    assert p.observe(pod("p3", "u3")) == []  # a running pod is no fault
+
+
+def test_a_pod_ftagent_deleted_itself_is_no_fault() -> None:
+    p = PodFaults()
+    p.deleted_by_us("u9")
+    assert p.observe(pod("p9", "u9"), deleted=True) == []
+
+
+def test_a_replacement_pending_past_the_grace_is_a_warning_saying_why() -> None:
+    once: set[str] = set()
+    pending = pod("p0-new", "u5", phase="Pending", conditions=[{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "message": "0/4 nodes are available: 4 Insufficient nvidia.com/gpu."}])
+    assert pending_fault(pending, 100.0, since=50.0, grace=60.0, once=once) is None
+    got = pending_fault(pending, 110.0, since=50.0, grace=60.0, once=once)
+    assert got is not None and got.fault.severity.value == "warning"
+    assert "Pending 60s" in got.fault.message and "Insufficient nvidia.com/gpu" in \
+        got.fault.message
+    assert pending_fault(pending, 200.0, since=50.0, grace=60.0, once=once) is None
