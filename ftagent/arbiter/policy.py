@@ -32,6 +32,9 @@ NIC link back (evidence        RESTART
 CRASH/HANG while a link is     IGNORE (deferred): restarting cannot rendezvous over a
   down                           dead link; the link's recovery or replacement restarts
 BARRIER, AGENT                 ALERT_ONLY
+STRAGGLER (straggler.py)       ALERT_ONLY; a persistent one (slow for two windows) with
+                                 --straggler-action replace: REPLACE that rank (alert
+                                 only once the restart budget is spent: never a STOP)
 NODE (from the cluster: node   as GPU FATAL: REPLACE the rank on it (kube/cluster.py deletes
   NotReady, pod preempted,       its pod, cordons a faulty node); a warning (replacement
   evicted, deleted)              stuck Pending) is ALERT_ONLY
@@ -55,6 +58,7 @@ from typing import Any
 
 from ftagent.arbiter.barrier import barrier_expired, rank_list
 from ftagent.arbiter.state import Decision, JobState, Verdict
+from ftagent.arbiter.straggler import StragglerAction
 from ftagent.model import Fault, FaultKind, Scope, Severity
 
 
@@ -68,6 +72,10 @@ class PolicyConfig:
     # than the hung rank's (fraction of its age), or within this window when it has none.
     progressing_fraction: float = 0.5
     progress_window: float = 60.0
+    # Stragglers (straggler.py): --straggler-ratio, --straggler-window, --straggler-action.
+    straggler_ratio: float = 0.8
+    straggler_window: float = 300.0
+    straggler_action: StragglerAction = StragglerAction.ALERT
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,11 @@ def decide_fault(job: JobState, rep: FaultReport, now: float, cfg: PolicyConfig)
                    f"already moved to generation {g})", g, rep)]
     if f.kind is FaultKind.NIC:
         return _nic(job, rep, where, now, cfg)
+    if f.kind is FaultKind.STRAGGLER and f.evidence.get("persistent") is True and \
+            rep.rank >= 0 and cfg.straggler_action is StragglerAction.REPLACE and \
+            job.restarts < job.max_restarts:  # a slow job beats a stopped one
+        return restart_or_stop(job, f"{where}: replacing rank {rep.rank} "
+                               "(--straggler-action replace)", rep, cfg, replace=rep.rank)
     if f.severity in (Severity.INFO, Severity.WARNING) or f.kind in (FaultKind.BARRIER,
                                                                      FaultKind.AGENT):
         return [_d(Verdict.ALERT_ONLY, where, g, rep)]
@@ -237,7 +250,10 @@ def name_culprit(steps: Mapping[int, int], stacks: Mapping[int, str]) -> tuple[l
     Signatures may carry a liveness tag (``stack_signature``); it is not compared here
     (``job_busy`` reads it first).
     """
+    original = stacks
     stacks = {r: liveness_of(s)[2] for r, s in stacks.items()}
+    unknown = sorted(r for r, s in stacks.items() if s.startswith(NO_STACK))
+    stacks = {r: s for r, s in stacks.items() if r not in unknown}
     known = {r: s for r, s in steps.items() if s >= 0}
     if len(known) >= 2:
         lo, hi = min(known.values()), max(known.values())
@@ -255,6 +271,14 @@ def name_culprit(steps: Mapping[int, int], stacks: Mapping[int, str]) -> tuple[l
         if n * 2 > len(stacks) and n < len(stacks):
             odd = sorted(r for r, s in stacks.items() if s != sig)
             return odd, f"rank {rank_list(odd)} stack differs from the other {n} ranks"
+    if unknown:  # the ranks whose capture failed are the only ones not seen waiting
+        reason = liveness_of(original[unknown[0]])[2].removeprefix(NO_STACK)[:200]
+        seen_waiting = [r for r, s in stacks.items() if COMMUNICATION.search(s)]
+        if seen_waiting and len(seen_waiting) == len(stacks) and \
+                len(unknown) <= len(seen_waiting):
+            return unknown, (f"rank {rank_list(unknown)} gave no stack ({reason}) while "
+                             f"{len(seen_waiting)} other rank(s) wait in a collective")
+        return [], f"no single culprit: rank {rank_list(unknown)} gave no stack ({reason})"
     return [], "no single culprit: the ranks stalled at the same step in the same place"
 
 
@@ -345,9 +369,31 @@ def stack_signature(stacks_json: str, frames_per_thread: int = 4) -> str:
                 walk(v)
 
     walk(data)
-    if not threads:
-        return tag + json.dumps(data, sort_keys=True)
+    if not threads:  # a capture that failed (py-spy timed out, the process exited): say so
+        return tag + NO_STACK + _capture_errors(data)
     return tag + " | ".join(threads)
+
+
+NO_STACK = "no stack: "
+
+
+def _capture_errors(data: Any) -> str:
+    """Why a capture has no frames, in words (its processes' errors), never raw JSON."""
+    errors: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            err = node.get("error")
+            if isinstance(err, str) and err and err not in errors:
+                errors.append(err[:160])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(data)
+    return "; ".join(errors[:3]) or "the capture held no frames"
 
 
 def _frame(fr: Any) -> str:

@@ -153,3 +153,30 @@ def test_decide_stacks_leaves_a_busy_job_running_and_ends_the_probe() -> None:
     assert "job busy, not hung" in d.reason and "no restart" in d.reason
     apply(j, d, 10.0)
     assert j.hang_probe is None and j.restarts == 0
+
+
+def failed_capture(pid: int, error: str) -> str:
+    return json.dumps({"processes": [{"pid": pid, "cpu_times": None, "stack": None,
+                                      "error": error}], "seconds": 3.0})
+
+
+def test_a_capture_without_frames_says_why_in_words_never_raw_json() -> None:
+    sig = stack_signature(failed_capture(202, "py-spy dump timed out after 3.0s"))
+    assert sig == "no stack: py-spy dump timed out after 3.0s"
+    assert "{" not in sig
+
+
+def test_a_rank_without_a_stack_while_the_others_wait_is_named_with_the_reason() -> None:
+    stacks = {0: stack_signature(evidence(VICTIM, 101)),
+              1: stack_signature(failed_capture(202, "py-spy dump timed out after 3.0s"))}
+    culprits, why = name_culprit({0: 15, 1: 15}, stacks)
+    assert culprits == [1]
+    assert why == ("rank 1 gave no stack (py-spy dump timed out after 3.0s) while 1 other "
+                   "rank(s) wait in a collective")
+
+
+def test_no_stack_anywhere_names_nobody_and_says_why() -> None:
+    stacks = {r: stack_signature(failed_capture(r, "no such process (it exited)")) for r in (0, 1)}
+    culprits, why = name_culprit({0: 15, 1: 15}, stacks)
+    assert culprits == []
+    assert why == "no single culprit: rank 0, 1 gave no stack (no such process (it exited))"
