@@ -394,6 +394,75 @@ class GpuConfig:
         metavar="auto|none|PATH")
 
 
+def nproc(v: str) -> str:
+    """``--nproc-per-node``: a count, or torchrun's gpu, cpu, auto."""
+    if v in ("gpu", "cpu", "auto"):
+        return v
+    if not v.isascii() or not v.isdigit() or len(v) > 7:
+        raise ConfigError("is not a number of workers, gpu, cpu or auto")
+    if int(v) < 1:
+        raise ConfigError("must be at least 1 (one worker per GPU, or --nproc-per-node cpu)")
+    return v
+
+
+def std_map(v: str) -> str:
+    """torchrun's ``--tee``/``--redirects``: 0-3 for every worker, or LOCAL_RANK:0-3,..."""
+    parts = [p.strip() for p in v.split(",")]
+    ok = re.fullmatch(r"[0-3]", v.strip()) or all(
+        re.fullmatch(r"\d{1,7}:[0-3]", p) for p in parts)
+    if not ok:
+        raise ConfigError("is not 0-3 (1 stdout, 2 stderr, 3 both) or LOCAL_RANK:0-3,...")
+    return v
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """ftagent as the launcher: torchrun's flags, one supervised worker per local rank."""
+
+    nproc_per_node: str = opt(
+        "", "--nproc-per-node", "start this many workers (torchrun's environment "
+        "contract), or gpu, cpu, auto; unset: run CMD as the one trainer", check=nproc,
+        metavar="N")
+    nnodes: str = opt(
+        "", "--nnodes", "nodes (pods) in the job (default: $PET_NNODES, else --world-size)",
+        metavar="N")
+    node_rank: int = opt(
+        -1, "--node-rank", "this node's rank (default: $PET_NODE_RANK, else --rank)",
+        check=Range(0, MAX_WORLD_SIZE - 1, also=((-1, "unset"),)), metavar="N")
+    master_addr: str = opt(
+        "", "--master-addr", "address of rank 0's store (default: $PET_MASTER_ADDR, "
+        "$MASTER_ADDR, else 127.0.0.1)", check=host, metavar="ADDR")
+    master_port: int = opt(
+        -1, "--master-port", "port of rank 0's store (default: $PET_MASTER_PORT, "
+        "$MASTER_PORT, else 29500)", check=Range(1, 65535, also=((-1, "unset"),)),
+        metavar="PORT")
+    rdzv_backend: str = opt("static", "--rdzv-backend", "rendezvous: static only (a fixed "
+                            "group; the arbiter's barrier does the rest)", metavar="static")
+    rdzv_endpoint: str = opt("", "--rdzv-endpoint", "HOST:PORT of rank 0's store (static "
+                             "rendezvous: the same as --master-addr/--master-port)",
+                             metavar="HOST:PORT")
+    rdzv_id: str = opt("", "--rdzv-id", "run id the workers see as $TORCHELASTIC_RUN_ID "
+                       "(alias --run-id; default: none)", check=name, metavar="ID")
+    standalone: bool = opt(False, "--standalone", "one node on localhost, a free port and a "
+                           "fresh run id")
+    module: bool = opt(False, "--module", "CMD is a Python module (python -m CMD)",
+                       short="-m")
+    no_python: bool = opt(False, "--no-python", "run CMD as it is, not with Python")
+    role: str = opt("default", "--role", "role name the workers see as $ROLE_NAME",
+                    check=name, metavar="ROLE")
+    tee: str = opt("0", "--tee", "copy worker streams to files in --log-dir and to the "
+                   "console with a [ROLE LOCAL_RANK]: prefix: 1 stdout, 2 stderr, 3 both, "
+                   "or LOCAL_RANK:N,...", check=std_map, metavar="N", short="-t")
+    redirects: str = opt("0", "--redirects", "write worker streams to files in --log-dir "
+                         "instead of the console (as --tee)", check=std_map, metavar="N",
+                         short="-r")
+    log_dir: str = opt("", "--log-dir", "directory for --tee/--redirects files (default: "
+                       "a temporary one)", metavar="DIR")
+    local_ranks_filter: str = opt(
+        "", "--local-ranks-filter", "show only these local ranks' output on the console "
+        "(comma-separated)", metavar="LOCAL_RANK,...")
+
+
 @dataclass(frozen=True)
 class StatusConfig:
     """``ftagent status``'s own flags (the arbiter connection is ArbiterClientConfig's)."""
@@ -420,6 +489,7 @@ class RunConfig:
     arbiter: ArbiterClientConfig = ArbiterClientConfig()
     nic: NicConfig = NicConfig()
     gpu: GpuConfig = GpuConfig()
+    launch: LaunchConfig = LaunchConfig()
 
 
 RUN_GROUPS: dict[str, tuple[str, type[Any]]] = {
@@ -430,6 +500,8 @@ RUN_GROUPS: dict[str, tuple[str, type[Any]]] = {
     "arbiter": ("arbiter connection", ArbiterClientConfig),
     "nic": ("network links", NicConfig),
     "gpu": ("GPUs (NVML, kernel log)", GpuConfig),
+    "launch": ("launcher (torchrun's flags; --nproc-per-node starts the workers)",
+               LaunchConfig),
 }
 
 

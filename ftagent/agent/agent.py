@@ -21,13 +21,15 @@ import os
 import signal
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+import psutil
 
 from ftagent.agent import supervisor
 from ftagent.agent.events import EventsFile
 from ftagent.agent.local_policy import decide
 from ftagent.agent.supervisor import ChildReaper, SpawnError, TrainerProcess
-from ftagent.agent.tee import LastLines, LineBacklog
+from ftagent.agent.tee import LastLines, LineBacklog, Writer
 from ftagent.config import RunConfig
 from ftagent.model import (
     Action,
@@ -40,6 +42,9 @@ from ftagent.model import (
     TrainerStart,
     TrainerState,
 )
+
+if TYPE_CHECKING:
+    from ftagent.agent.worker import WorkerGroup
 
 log = logging.getLogger("ftagent.agent")
 
@@ -96,16 +101,31 @@ class Agent:
         self._armed: set[tuple[int, float]] = set()  # (id(detector), deadline) timers
         self._backlog: LineBacklog | None = None  # the running trainer's output on its way
         self._hang_faults: set[str] = set()  # ids of this attempt's hang faults
+        # -- what the launcher (agent/worker.py) sets per worker; alone, the defaults
+        self.tree: Callable[[], list[psutil.Process]] = supervisor.tree  # this trainer's
+        self.group: WorkerGroup | None = None  # the node's workers restart together
+        # per attempt: environment on top of extra_env (torchrun's restart count)
+        self.attempt_env: Callable[[int], dict[str, str]] = lambda attempt: {}
+        # per attempt: where stdout/stderr go (fds as is, or the launcher's WorkerOutput)
+        self.outputs: Callable[[int], tuple[int | Writer, int | Writer]] = \
+            lambda attempt: (1, 2)
+        # the one place a trainer is spawned: the seam warm standbys replace
+        self.spawn_trainer: Callable[..., TrainerProcess] = TrainerProcess
 
     # ----------------------------------------------------------------- lifecycle
 
     async def run(self) -> int:
-        loop = asyncio.get_running_loop()
-        if not supervisor.set_child_subreaper():
-            log.warning("PR_SET_CHILD_SUBREAPER failed: orphaned grandchildren may escape")
-        self.reaper.install(loop)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            loop.add_signal_handler(sig, self._on_signal, sig)
+        """The agent of one trainer: the process-wide parts, then the worker itself."""
+        install_process_parts(self.reaper, self._on_signal)
+        try:
+            return await self.run_worker()
+        finally:
+            if supervisor.tree():  # nothing of the trainer outlives the agent
+                await supervisor.kill_tree(None)
+            self.reaper.uninstall()
+
+    async def run_worker(self) -> int:
+        """Supervise this trainer to its end; the reaper and signals are installed."""
         for src in self.sources:
             self._tasks.append(asyncio.create_task(self._run_source(src)))
         self._tasks.append(asyncio.create_task(self._ticker()))
@@ -115,13 +135,17 @@ class Agent:
             for t in self._tasks:
                 t.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
-            if supervisor.tree():  # nothing of the trainer outlives the agent
-                await supervisor.kill_tree(self.trainer.pgid if self.trainer else None)
-            self.reaper.uninstall()
+            if self.tree():  # nothing of this trainer outlives its worker
+                await supervisor.kill_tree(self.trainer.pgid if self.trainer else None,
+                                           procs=self.tree)
         self.events.write("exit", self.state.value, f"ftagent exits with {code}",
                           exit_status=code, restarts=self.restarts)
         self.events.close()
         return code
+
+    def tree_pids(self) -> list[int]:
+        """The pids of this trainer's tree (evidence, verification, DUMP_STACKS)."""
+        return [p.pid for p in self.tree()]
 
     async def _run_source(self, src: Source) -> None:
         name = type(src).__name__
@@ -225,7 +249,7 @@ class Agent:
         attempt = self.trainer
         if self.evidence is not None and fault.kind == FaultKind.HANG and attempt:
             try:
-                fault = await self.evidence(fault, supervisor.tree_pids())
+                fault = await self.evidence(fault, self.tree_pids())
             except Exception:
                 log.exception("capturing evidence failed")
             if self.trainer is not attempt:
@@ -267,7 +291,15 @@ class Agent:
         return gone
 
     def decide_locally(self, fault: Fault) -> None:
-        """The local policy's action for ``fault`` goes on the action queue."""
+        """The local policy's action for ``fault`` goes on the action queue (of every
+        worker of the node, for a restart or stop of the launcher's group)."""
+        if self.group is not None:
+            self.group.decide(self, fault)
+            return
+        self.actions.put_nowait(self.local_action(fault))
+
+    def local_action(self, fault: Fault) -> Action:
+        """What the local policy does about ``fault`` (pure but for this attempt's state)."""
         action = decide(fault, restarts_done=self.restarts,
                         max_restarts=self.cfg.supervisor.max_restarts,
                         backoff_base=self.cfg.supervisor.restart_backoff,
@@ -276,7 +308,7 @@ class Agent:
         # the generation it leads to: a local restart counts up (events and status say so)
         gen = self.generation + 1 if action.kind == ActionKind.RESTART else self.generation
         self._local_actions.add(action.id)  # its exit status is the trainer's (_exit_code_of)
-        self.actions.put_nowait(dataclasses.replace(action, generation=gen))
+        return dataclasses.replace(action, generation=gen)
 
     def decide_remotely(self, fault: Fault) -> bool:
         """True when an arbiter will answer this fault with a command (see reporter)."""
@@ -302,6 +334,8 @@ class Agent:
                                   exit_status=e.exit_status)
                 return e.exit_status
             action, exit_ = await self._supervise(self.trainer)
+            if action is None and exit_ is not None and exit_.ok and self.group is not None:
+                action = await self.group.finished(self)  # a peer's failure restarts all
             if action is None:  # finished: success, or stopped by a signal
                 assert exit_ is not None
                 return exit_.exit_status
@@ -316,7 +350,10 @@ class Agent:
             return self._exit_code_of(action, exit_)
 
     async def before_start(self) -> Action | None:
-        """Hook for the job barrier (arbiter); locally, start at once."""
+        """Hook for the job barrier (arbiter); locally, start once every worker of the
+        node is ready (the launcher), else at once."""
+        if self.group is not None:
+            return await self.group.barrier(self)
         return None
 
     def _exit_code_of(self, action: Action, exit_: ProcessExit | None) -> int:
@@ -341,8 +378,11 @@ class Agent:
         env["FTAGENT_GENERATION"] = str(self.generation)
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.update(self.extra_env)
+        env.update(self.attempt_env(self.restarts))
         self._hang_faults.clear()
-        trainer = TrainerProcess(self.cfg.command, env, self.reaper, self._lines_threadsafe())
+        out, err = self.outputs(self.restarts)
+        trainer = self.spawn_trainer(self.cfg.command, env, self.reaper,
+                                     self._lines_threadsafe(), stdout_fd=out, stderr_fd=err)
         self._set_state(TrainerState.RUNNING, pid=trainer.pid, attempt=self.restarts)
         self.observe(TrainerStart(trainer.pid, self.restarts, self.generation,
                                   ts=trainer.started))
@@ -485,10 +525,11 @@ class Agent:
         self.events.write("state", "exited", f"trainer exited with status {exit_.exit_status}",
                           exit_status=exit_.exit_status, exit_code=exit_.code,
                           signal=exit_.signal, pid=exit_.pid)
-        if supervisor.tree():
+        if self.tree():
             deadline = self._stop_deadline if self.stop_signal is not None else \
                 time.monotonic() + self.cfg.supervisor.stop_timeout
-            killed = await supervisor.stop_tree(None, max(0.0, deadline - time.monotonic()))
+            killed = await supervisor.stop_tree(None, max(0.0, deadline - time.monotonic()),
+                                                procs=self.tree)
             if killed:
                 log.warning("SIGKILLed %d leftover process(es) of the trainer", killed)
         if not await trainer.drain(2.0):
@@ -502,13 +543,13 @@ class Agent:
             log.info("stopping trainer (pid %d)", trainer.pid)
             if self.stop_signal is None:  # our own stop: SIGTERM the group and the tree
                 trainer.send_signal(signal.SIGTERM)
-                supervisor.signal_tree(signal.SIGTERM)
+                supervisor.signal_tree(signal.SIGTERM, self.tree())
             # a stop signal was already forwarded as-is: the trainer's handler decides
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(trainer.exited),
                                        max(0.0, deadline - time.monotonic()))
         if trainer.running:
-            killed = await supervisor.kill_tree(trainer.pgid)
+            killed = await supervisor.kill_tree(trainer.pgid, procs=self.tree)
             log.warning("trainer ignored SIGTERM for %.1fs: SIGKILLed %d process(es)",
                         self.cfg.supervisor.stop_timeout, killed)
         exit_ = await trainer.exited
@@ -529,7 +570,8 @@ class Agent:
         if self.stop_signal is not None:  # a second signal: no more grace
             log.warning("second %s: killing the trainer's tree now", signal.Signals(sig).name)
             self._stop_deadline = time.monotonic()
-            self._spawn(supervisor.kill_tree(self.trainer.pgid if self.trainer else None))
+            self._spawn(supervisor.kill_tree(self.trainer.pgid if self.trainer else None,
+                                             procs=self.tree))
             return
         self.stop_signal = sig
         self._stop_deadline = time.monotonic() + self.cfg.supervisor.stop_timeout
@@ -550,6 +592,17 @@ class Agent:
                     hook(state, self.restarts)
                 except Exception:
                     log.exception("state hook failed")
+
+
+def install_process_parts(reaper: ChildReaper, on_signal: Callable[[int], None]) -> None:
+    """What one agent process has once, whatever number of workers it runs: the
+    sub-reaper, the SIGCHLD reaper and the stop signals (``on_signal(sig)``)."""
+    loop = asyncio.get_running_loop()
+    if not supervisor.set_child_subreaper():
+        log.warning("PR_SET_CHILD_SUBREAPER failed: orphaned grandchildren may escape")
+    reaper.install(loop)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        loop.add_signal_handler(sig, on_signal, sig)
 
 
 def _zombie(pid: int) -> bool:

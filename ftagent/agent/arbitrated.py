@@ -28,7 +28,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from ftagent.agent import supervisor
 from ftagent.agent.agent import Agent
 from ftagent.agent.evidence import capture
 from ftagent.agent.reporter import ArbiterLink
@@ -64,11 +63,11 @@ class ArbitratedAgent(Agent):
         self._released_start = False  # the current trainer was started by the barrier
         self.observers.append(_LinkObserver(self))
 
-    async def run(self) -> int:
+    async def run_worker(self) -> int:
         link_task = asyncio.create_task(self.link.run())
         forward = asyncio.create_task(self._forward_commands())
         try:
-            code = await super().run()
+            code = await super().run_worker()
         finally:
             await self._flush(2.0)
             forward.cancel()
@@ -171,7 +170,7 @@ class ArbitratedAgent(Agent):
 
     async def on_minor_action(self, action: Action) -> None:
         if action.kind == ActionKind.DUMP_STACKS:
-            captured = await self.stack_capture(supervisor.tree_pids())
+            captured = await self.stack_capture(self.tree_pids())
             self.link.report_stacks(action.id, json.dumps(captured, default=str))
 
     # ------------------------------------------------------------------ helpers

@@ -138,10 +138,9 @@ def add_progress(agent: Agent, cfg: RunConfig, metrics: AgentMetrics, rundir: st
     detector = HangDetector(cfg.hang)
     verifier = None
     if cfg.hang.hang_verify_window > 0:  # suspect -> verify -> declare (agent/verify.py)
-        from ftagent.agent import supervisor
         from ftagent.agent.verify import NvmlProbe, TreeSampler, Verifier
 
-        sampler = TreeSampler(supervisor.tree_pids, min(cfg.hang.hang_dump_timeout, 2.0),
+        sampler = TreeSampler(agent.tree_pids, min(cfg.hang.hang_dump_timeout, 2.0),
                               gpu=NvmlProbe())
         verifier = Verifier(detector, cfg.hang, sampler, record=agent.events.write,
                             metrics=metrics, emit=agent.raise_fault)

@@ -47,12 +47,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import psutil
 
 from ftagent.agent import containment
-from ftagent.agent.tee import MAX_LINE, LinesCallback, OutputPump, grow_pipe
+from ftagent.agent.tee import MAX_LINE, LinesCallback, OutputPump, Writer, grow_pipe
 from ftagent.model import ProcessExit
 
 log = logging.getLogger("ftagent.supervisor")
@@ -231,35 +231,38 @@ def signal_tree(sig: int, procs: Sequence[psutil.Process] | None = None) -> int:
     return n
 
 
-async def stop_tree(pgid: int | None, timeout: float, poll: float = 0.02) -> int:
+async def stop_tree(pgid: int | None, timeout: float, poll: float = 0.02,
+                    procs: Callable[[], list[psutil.Process]] = tree) -> int:
     """SIGTERM the trainer's group and tree, wait up to ``timeout``, then SIGKILL the rest.
 
     Returns the number of processes that had to be SIGKILLed. Polls (with a deadline)
     because the tree includes processes that are not our children and cannot be waited on.
+    ``procs``: the tree to stop (one launcher worker's, agent/worker.py), else all of it.
     """
     if pgid is not None:
         signal_group(pgid, signal.SIGTERM)
-    signal_tree(signal.SIGTERM)
+    signal_tree(signal.SIGTERM, procs())
     deadline = time.monotonic() + timeout
-    while tree() and time.monotonic() < deadline:
+    while procs() and time.monotonic() < deadline:
         await asyncio.sleep(poll)
-    return await kill_tree(pgid)
+    return await kill_tree(pgid, procs=procs)
 
 
-async def kill_tree(pgid: int | None, poll: float = 0.01, timeout: float = 5.0) -> int:
+async def kill_tree(pgid: int | None, poll: float = 0.01, timeout: float = 5.0,
+                    procs: Callable[[], list[psutil.Process]] = tree) -> int:
     """SIGKILL the whole tree (and group) and wait until it is gone."""
     killed: set[int] = set()
     deadline = time.monotonic() + timeout
     while True:
         if pgid is not None:
             signal_group(pgid, signal.SIGKILL)
-        procs = tree()
-        if not procs:
+        left = procs()
+        if not left:
             return len(killed)
-        signal_tree(signal.SIGKILL, procs)
-        killed.update(p.pid for p in procs)
+        signal_tree(signal.SIGKILL, left)
+        killed.update(p.pid for p in left)
         if time.monotonic() > deadline:
-            log.error("processes survive SIGKILL: %s", [p.pid for p in procs])
+            log.error("processes survive SIGKILL: %s", [p.pid for p in left])
             return len(killed)
         await asyncio.sleep(poll)
 
@@ -268,7 +271,8 @@ class TrainerProcess:
     """One run of the trainer: the process, its exit future and its output pumps."""
 
     def __init__(self, command: Sequence[str], env: Mapping[str, str], reaper: ChildReaper,
-                 on_lines: LinesCallback, *, stdout_fd: int = 1, stderr_fd: int = 2,
+                 on_lines: LinesCallback, *, stdout_fd: int | Writer = 1,
+                 stderr_fd: int | Writer = 2,
                  max_line: int = MAX_LINE) -> None:
         self.popen = spawn(command, env)
         self.pid = self.popen.pid

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import logging
 import os
 import threading
@@ -51,6 +52,9 @@ def grow_pipe(fd: int, size: int = PIPE_SIZE) -> int:
 
 # (stream name, complete lines joined by b"\n" without a final one, monotonic read time)
 LinesCallback = Callable[[str, bytes, float], None]
+# Where a pump writes what it read, when not to a file descriptor as is (the launcher's
+# rank prefixes and log files: ``WorkerOutput``); it may block, as a slow reader would.
+Writer = Callable[[bytes], None]
 
 
 def write_all(fd: int, data: bytes | memoryview) -> None:
@@ -280,11 +284,11 @@ class OutputPump(threading.Thread):
     full pipe because of the agent.
     """
 
-    def __init__(self, src_fd: int, dst_fd: int, stream: str, on_lines: LinesCallback,
-                 max_line: int = MAX_LINE) -> None:
+    def __init__(self, src_fd: int, dst_fd: int | Writer, stream: str,
+                 on_lines: LinesCallback, max_line: int = MAX_LINE) -> None:
         super().__init__(name=f"ftagent-tee-{stream}", daemon=True)
         self.src_fd = src_fd
-        self.dst_fd = dst_fd
+        self.write: Writer = dst_fd if callable(dst_fd) else functools.partial(write_all, dst_fd)
         self.stream = stream
         self.on_lines = on_lines
         self.splitter = LineSplitter(max_line)
@@ -311,7 +315,7 @@ class OutputPump(threading.Thread):
                     self._deliver(blob, now)
                 if self._dst_ok:
                     try:
-                        write_all(self.dst_fd, data)
+                        self.write(data)
                     except OSError as e:
                         self._dst_ok = False
                         log.warning("agent %s is not writable (%s); still draining the "
@@ -329,3 +333,53 @@ class OutputPump(threading.Thread):
             self.on_lines(self.stream, blob, now)
         except Exception:  # e.g. the loop is closed during shutdown
             log.debug("dropping %d bytes of lines", len(blob), exc_info=True)
+
+
+class PrefixedLines:
+    """A ``Writer`` that starts every line with ``prefix`` (torchrun's ``[default0]:``)
+    on its way to ``fd``; a partial line gets its prefix once, where it begins."""
+
+    def __init__(self, fd: int, prefix: bytes) -> None:
+        self.fd = fd
+        self.prefix = prefix
+        self._at_start = True
+
+    def __call__(self, data: bytes) -> None:
+        if not data:
+            return
+        out = data.replace(b"\n", b"\n" + self.prefix)
+        if self._at_start:
+            out = self.prefix + out
+        self._at_start = data.endswith(b"\n")
+        if self._at_start:  # the prefix of a line not begun yet waits for its bytes
+            out = out[:len(out) - len(self.prefix)]
+        write_all(self.fd, out)
+
+
+class WorkerOutput:
+    """One launcher worker's stream: to the console (as is, or prefixed), to a log file,
+    both (``--tee``), or the file alone (``--redirects``); closed with the attempt."""
+
+    def __init__(self, console: int | None, prefix: bytes, path: str | None) -> None:
+        self.console: Writer | None = None
+        if console is not None:
+            self.console = (PrefixedLines(console, prefix) if prefix
+                            else functools.partial(write_all, console))
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) \
+            if path else -1
+
+    def __call__(self, data: bytes) -> None:
+        if self.fd >= 0:
+            try:
+                write_all(self.fd, data)
+            except OSError as e:  # a full disk must not stop the console copy
+                log.warning("writing a worker's log file failed (%s); console only", e)
+                self.close()
+        if self.console is not None:
+            self.console(data)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
