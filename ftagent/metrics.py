@@ -371,6 +371,8 @@ class JobSnapshot:
     expected: int
     connected: int
     running: int
+    # Ranks named stragglers and still slow (arbiter/straggler.py): (rank, node).
+    stragglers: tuple[tuple[int, str], ...] = ()
 
 
 class JobCollector(Collector):
@@ -399,6 +401,12 @@ class JobCollector(Collector):
         lost = CounterMetricFamily("ftagent_job_seconds_lost_to_faults", "Seconds from a "
                                    "fault's arrival to every rank training again (the next "
                                    "generation's barrier release), summed.", labels=job)
+        stragglers = GaugeMetricFamily("ftagent_job_stragglers", "Ranks named stragglers "
+                                       "(slow in their own work per step) and still slow.",
+                                       labels=job)
+        straggler = GaugeMetricFamily("ftagent_rank_straggler", "1 for each rank named a "
+                                      "straggler and still slow.",
+                                      labels=job + ["rank", "node"])
         try:
             for j in self.snapshot():
                 lv = [j.job, j.namespace]
@@ -415,9 +423,12 @@ class JobCollector(Collector):
                 ranks.add_metric(lv + ["connected"], j.connected)
                 ranks.add_metric(lv + ["running"], j.running)
                 lost.add_metric(lv, j.seconds_lost)
+                stragglers.add_metric(lv, len(j.stragglers))
+                for rank, node in j.stragglers:
+                    straggler.add_metric(lv + [str(rank), node], 1.0)
         except Exception:  # a scrape must never fail because the registry did
             log.exception("job snapshot failed")
-        yield from (state, gen, restarts, ranks, lost)
+        yield from (state, gen, restarts, ranks, lost, stragglers, straggler)
 
 
 # --------------------------------------------------------------------------- scrape-time collectors

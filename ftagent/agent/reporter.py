@@ -11,6 +11,8 @@ is kept and re-sent on the next stream:
 * the barrier arrival, until the barrier of that generation is released;
 * the latest progress, coalesced: one ProgressSummary per ``progress_interval`` (5 s),
   sooner only when the hung flag changes; steady state is one small message per 5 s.
+  It carries where a step's time goes (``StepTimes``: seconds per step, in collectives
+  and waiting for data, over the last steps), for the arbiter's straggler check.
 
 Commands arrive as ``model.Action`` on ``commands`` (RESTART, STOP, REPLACE,
 DUMP_STACKS), de-duplicated (a RESTART to a generation the agent runs or waits for already
@@ -27,15 +29,25 @@ import logging
 import random
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import grpc
 
 from ftagent import __version__
 from ftagent.agent.link_protocol import LinkProtocol
 from ftagent.config import ArbiterClientConfig, ConfigError, IdentityConfig
-from ftagent.model import Action, Fault, ProcessExit, Progress
+from ftagent.model import (
+    Action,
+    CollectiveSample,
+    Fault,
+    Observation,
+    PhaseTiming,
+    ProcessExit,
+    Progress,
+)
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
+from ftagent.wire.convert import fill_step_times
 from ftagent.wire.credentials import bearer, channel_credentials
 from ftagent.wire.shard import pick_arbiter
 
@@ -51,6 +63,66 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.enable_retries", 0),
 ]
+
+
+STEP_TIMES_KEPT = 64  # steps the means of a summary are over
+DATA_PHASES = frozenset({"data", "data_loading", "dataloader"})  # PhaseTiming names of the
+# wait for the next batch (instrument(dataloader=...) reports "data")
+
+
+@dataclass(slots=True)
+class _StepTime:
+    seconds: float
+    collective: float
+    data: float
+
+
+class StepTimes:
+    """Where the last steps' time went, as means per step (no I/O, no clock of its own).
+
+    A step's time is the interval between consecutive steps' arrival (or the trainer's
+    own ``step_seconds``); the collective and data seconds observed between them
+    (``CollectiveSample``, ``PhaseTiming`` of a data phase) are that step's waits. The
+    last ``STEP_TIMES_KEPT`` steps are kept, so any summary -- whenever it is sent --
+    carries a mean over recent steps. A step that does not move forward (a new attempt
+    starts over) forgets the previous attempt's steps.
+    """
+
+    def __init__(self, keep: int = STEP_TIMES_KEPT) -> None:
+        self._steps: deque[_StepTime] = deque(maxlen=keep)
+        self._last: tuple[int, float] | None = None
+        self._collective = 0.0
+        self._data = 0.0
+
+    def observe(self, obs: Observation) -> None:
+        """Account a collective or a data wait to the step in progress."""
+        if isinstance(obs, CollectiveSample):
+            self._collective += max(0.0, obs.seconds)
+        elif isinstance(obs, PhaseTiming) and obs.phase in DATA_PHASES:
+            self._data += max(0.0, obs.seconds)
+
+    def step(self, p: Progress) -> None:
+        """A step completed at ``p.ts``: close the interval since the previous one."""
+        last = self._last
+        if last is not None and p.step <= last[0]:
+            self._steps.clear()  # a new attempt, or a redraw: start over
+        elif last is not None:
+            n = p.step - last[0]
+            took = p.step_seconds if p.step_seconds and n == 1 else (p.ts - last[1]) / n
+            if took > 0:
+                for _ in range(min(n, self._steps.maxlen or 1)):
+                    self._steps.append(_StepTime(took, self._collective / n, self._data / n))
+        self._last = (p.step, p.ts)
+        self._collective = self._data = 0.0
+
+    def means(self) -> tuple[float, float, float, int]:
+        """(step, collective, data) seconds per step over the kept steps, and their count."""
+        n = len(self._steps)
+        if n == 0:
+            return 0.0, 0.0, 0.0, 0
+        return (sum(s.seconds for s in self._steps) / n,
+                sum(s.collective for s in self._steps) / n,
+                sum(s.data for s in self._steps) / n, n)
 
 
 def backoff(attempt: int, rng: random.Random | None = None) -> float:
@@ -81,6 +153,7 @@ class ArbiterLink:
         self.connected = False
         self.offline_since: float | None = time.monotonic()  # None while connected
         self._progress: pb.ProgressSummary | None = None
+        self.step_times = StepTimes()
         self._progress_new = False
         self._hung_sent = False
         self._progress_sent_at = -1e9
@@ -151,10 +224,17 @@ class ArbiterLink:
                         hung: bool) -> None:
         """The latest progress; sent at most every ``progress_interval`` (at once if hung
         changed)."""
+        self.step_times.step(p)
         self._progress = self.proto.progress(p, seconds_since_progress, hung, time.time())
+        fill_step_times(self._progress, *self.step_times.means())
         if not self._progress_new or hung != self._hung_sent:
             self._wake.set()  # the writer sleeps until the next due time, at most once
         self._progress_new = True
+
+    def observe_timing(self, obs: Observation) -> None:
+        """A collective's or a phase's timing (``CollectiveSample``, ``PhaseTiming``):
+        the waits of the step in progress, summarised in the next ProgressSummary."""
+        self.step_times.observe(obs)
 
     def report_exit(self, exit: ProcessExit, generation: int) -> None:
         self._send(self.proto.exit(exit, generation), keep=True)

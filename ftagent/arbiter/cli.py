@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ftagent.arbiter.policy import PolicyConfig
+from ftagent.arbiter.straggler import StragglerAction
 from ftagent.config import (
     PORT_OR_OFF,
     POSITIVE_SECONDS,
@@ -37,6 +38,7 @@ from ftagent.config import (
     ConfigError,
     HelpFormatter,
     OneLineParser,
+    Range,
     add_group,
     host,
     opt,
@@ -102,6 +104,18 @@ class ArbiterConfig:
     stacks_timeout: float = opt(
         15.0, "--stacks-timeout", "on a job hang, how long to wait for every rank's stacks "
         "before restarting without them", check=POSITIVE_SECONDS, metavar="SECONDS")
+    straggler_ratio: float = opt(
+        0.8, "--straggler-ratio", "a rank whose own work per step (step time minus its wait "
+        "in collectives) runs below this fraction of the other ranks' median speed is slow",
+        check=Range(0, 1, lo_open=True), metavar="RATIO")
+    straggler_window: float = opt(
+        300.0, "--straggler-window", "a rank slow this long is named a straggler (a "
+        "warning on the timeline, in status, ftagent_rank_straggler); slow for twice this "
+        "long it is persistent", check=POSITIVE_SECONDS, metavar="SECONDS")
+    straggler_action: str = opt(
+        "alert", "--straggler-action", "what a persistent straggler leads to: alert only, "
+        "or replace its pod (spends a restart; never once the budget is spent)",
+        choices=tuple(a.value for a in StragglerAction))
     token: str = opt("", "--token", "secret: peers present it (admin) or a job token "
                      "derived from it (`ftagent token --job JOB`)", metavar="SECRET")
     tls_cert: str = opt("", "--tls-cert", "server certificate (enables TLS)", metavar="PATH")
@@ -139,7 +153,10 @@ class ArbiterConfig:
             policy=PolicyConfig(max_restarts=self.max_restarts,
                                 barrier_timeout=self.barrier_timeout,
                                 nic_replace_after=self.nic_replace_after,
-                                stacks_timeout=self.stacks_timeout))
+                                stacks_timeout=self.stacks_timeout,
+                                straggler_ratio=self.straggler_ratio,
+                                straggler_window=self.straggler_window,
+                                straggler_action=StragglerAction(self.straggler_action)))
 
 
 def build_parser() -> OneLineParser:

@@ -25,9 +25,10 @@ import grpc
 from ftagent.arbiter import barrier, convert, policy
 from ftagent.arbiter.history import History, JobRecord, JobStats, shown_state
 from ftagent.arbiter.state import Decision, JobPhase, JobState, RankState, Verdict, apply
+from ftagent.arbiter.straggler import JobTimings, RankTiming, StragglerConfig, StragglerWatch
 from ftagent.arbiter.timeline import Timeline
 from ftagent.metrics import ArbiterMetrics, JobSnapshot
-from ftagent.model import Fault
+from ftagent.model import Fault, FaultKind, Scope, Severity
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.wire import limits
 from ftagent.wire.checks import Refused, check_fault, check_hello, progress_in_range
@@ -37,6 +38,7 @@ log = logging.getLogger("ftagent.arbiter.registry")
 # Seconds a job with no agent left keeps its live state (a Hello continues it); then
 # only its history record is kept, until --history-retention after its last agent left.
 FORGET_AFTER = 3600.0
+STRAGGLER_EVERY = 5.0  # seconds between straggler assessments (the agents' summary interval)
 _SLOTS = {Verdict.RESTART: "life", Verdict.REJOIN: "life", Verdict.STOP: "life",
           Verdict.REPLACE: "life", Verdict.RELEASE_BARRIER: "release",
           Verdict.DUMP_STACKS: "dump"}
@@ -119,6 +121,9 @@ class Registry:
         self.timeline.seed(self.history.load())
         self.timeline.sink = self.history.entry
         self.stats: dict[tuple[str, str], tuple[JobState, JobStats]] = {}
+        # Per job: latest step timings per rank and who is a straggler (straggler.py).
+        self.timings: dict[tuple[str, str], tuple[JobState, JobTimings]] = {}
+        self._stragglers_at = 0.0
         # Cluster hooks (report_fault, ranks_on_node, rank_of_pod, add_decision_listener):
         # indexes from Hellos, checked against the rank's state on every lookup.
         self._listeners: list[DecisionListener] = []
@@ -235,6 +240,9 @@ class Registry:
             rs.samples_per_second, rs.tokens_per_second = p.samples_per_second, \
                 p.tokens_per_second
             rs.last_step_at = now - max(0.0, p.seconds_since_progress)
+            if p.timed_steps > 0:
+                self._timings(job).note(RankTiming(rs.rank, rs.node, p.step_seconds,
+                                                   p.collective_seconds, p.data_seconds), now)
         elif body == "fault":
             self._fault(conn, job, rs, m.fault, now, received)
         elif body == "arrival":
@@ -404,11 +412,15 @@ class Registry:
     def tick(self) -> None:
         """Deadlines (stacks, links, barriers) and forgetting jobs nobody runs any more."""
         now = self.clock()
+        if now >= self._stragglers_at:
+            self._stragglers_at = now + STRAGGLER_EVERY
+            self._assess_stragglers(now)
         for key, job in list(self.jobs.items()):
             self.execute(job, policy.decide_tick(job, now, self.cfg), now)
             if job.connected == 0 and now - job.last_seen > min(FORGET_AFTER,
                                                                  self.history.retention):
                 del self.jobs[key]
+                self.timings.pop(key, None)
                 self._unindex(key)
                 got = self.stats.pop(key, None)
                 self.history.retire(job, got[1] if got else None)
@@ -563,10 +575,12 @@ class Registry:
             barrier=barrier.barrier_summary(job, now))
         if not ranks:
             return info
+        stragglers = set(self.stragglers_of(job))
         for r in sorted(job.ranks.values(), key=lambda r: r.rank):
             age = r.progress_age(now)
+            shown = f"{r.state} (straggler)" if r.rank in stragglers else r.state
             ri = info.ranks.add(
-                rank=r.rank, pod=r.pod, node=r.node, connected=r.connected, state=r.state,
+                rank=r.rank, pod=r.pod, node=r.node, connected=r.connected, state=shown,
                 step=r.step, samples_per_second=r.samples_per_second,
                 tokens_per_second=r.tokens_per_second,
                 progress_age_seconds=-1.0 if age is None else age, hung=r.hung,
@@ -638,14 +652,49 @@ class Registry:
                     state = "gone"
                 running = sum(1 for r in j.ranks.values() if r.connected and
                               r.state == "running")
+                slow = self.stragglers_of(j)
+                nodes = {r.rank: r.node for r in j.ranks.values()}
                 out.append(JobSnapshot(j.job, j.namespace, state, j.generation, j.restarts,
                                        dict(s.restarts_by_reason), s.seconds_lost,
-                                       j.world_size, j.connected, running))
+                                       j.world_size, j.connected, running,
+                                       tuple((r, nodes.get(r, "")) for r in slow)))
             else:
                 out.append(JobSnapshot(j.job, j.namespace, j.phase if j.finished else "gone",
                                        j.generation, j.restarts, dict(j.restarts_by_reason),
                                        j.seconds_lost, j.world_size, 0, 0))
         return out
+
+    # ------------------------------------------------------------------ stragglers
+
+    def _timings(self, job: JobState) -> JobTimings:
+        key = (job.namespace, job.job)
+        got = self.timings.get(key)
+        if got is None or got[0] is not job:  # a new run of the job starts over
+            cfg = StragglerConfig(self.cfg.straggler_ratio, self.cfg.straggler_window,
+                                  self.cfg.straggler_action)
+            got = self.timings[key] = (job, JobTimings(StragglerWatch(cfg), job.generation))
+        return got[1]
+
+    def stragglers_of(self, job: JobState) -> list[int]:
+        """Ranks named stragglers and still slow (status, the exporter)."""
+        got = self.timings.get((job.namespace, job.job))
+        return got[1].watch.current if got is not None and got[0] is job else []
+
+    def _assess_stragglers(self, now: float) -> None:
+        """Every running job's timings against its median; a finding is a STRAGGLER fault
+        (a warning the policy records; see policy.decide_fault for --straggler-action)."""
+        for key, (job, jt) in list(self.timings.items()):
+            if self.jobs.get(key) is not job:
+                del self.timings[key]
+                continue
+            if job.phase is not JobPhase.RUNNING:
+                continue
+            ranks = [r.rank for r in job.ranks.values()
+                     if r.connected and not r.hung and r.generation == job.generation]
+            for f in jt.assess_job(job.generation, ranks, now):
+                fault = Fault(FaultKind.STRAGGLER, f.message, severity=Severity.WARNING,
+                              scope=Scope.POD, evidence=f.evidence, detected_at=now)
+                self.report_fault(job.namespace, job.job, fault, now, rank=f.rank)
 
     def _gauges(self) -> None:
         if self.metrics:

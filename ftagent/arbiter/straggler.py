@@ -181,3 +181,34 @@ def _finding(t: RankTiming, since: float, slow_for: float, ev: dict[str, Any], *
     evidence = dict(ev, rank=t.rank, node=t.node, slow_in=where, slow_for_seconds=round(
         slow_for, 1), persistent=persistent)
     return Straggler(t.rank, t.node, since, persistent, message, evidence)
+
+
+STALE_AFTER = 30.0  # seconds: a rank whose last timed summary is older is left out
+
+
+@dataclass
+class JobTimings:
+    """One job's latest timings per rank (from its ProgressSummaries) and its watch; the
+    registry holds one per job and assesses it every few seconds (``assess_job``)."""
+
+    watch: StragglerWatch
+    generation: int = 0
+    latest: dict[int, tuple[float, RankTiming]] = field(default_factory=dict)
+
+    def note(self, timing: RankTiming, received: float) -> None:
+        self.latest[timing.rank] = (received, timing)
+
+    def assess_job(self, generation: int, ranks: Iterable[int], now: float) -> list[Straggler]:
+        """Findings among ``ranks`` (connected, training, not hung: the registry's choice)
+        at the job's ``generation``; a new generation starts every rank over."""
+        if generation != self.generation:
+            self.generation = generation
+            self.watch.reset()
+            self.latest.clear()
+            return []
+        fresh = []
+        for rank in ranks:
+            got = self.latest.get(rank)
+            if got is not None and now - got[0] <= STALE_AFTER:
+                fresh.append(got[1])
+        return self.watch.update(fresh, now)

@@ -92,4 +92,7 @@ def progress_in_range(p: pb.ProgressSummary) -> bool:
     return (-1 <= p.step <= limits.MAX_STEP
             and all(math.isfinite(v) and v >= 0 for v in (
                 p.samples_per_second, p.tokens_per_second, p.seconds_since_progress))
-            and (not p.HasField("loss") or not math.isinf(p.loss)))
+            and (not p.HasField("loss") or not math.isinf(p.loss))
+            and all(0 <= v <= limits.MAX_SECONDS for v in (   # NaN fails too
+                p.step_seconds, p.collective_seconds, p.data_seconds))
+            and 0 <= p.timed_steps <= limits.MAX_TIMED_STEPS)

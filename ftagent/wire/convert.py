@@ -92,6 +92,17 @@ def progress_to_proto(p: Progress, seconds_since_progress: float, hung: bool,
     return msg
 
 
+def fill_step_times(msg: pb.ProgressSummary, step_seconds: float, collective_seconds: float,
+                    data_seconds: float, timed_steps: int) -> None:
+    """Where a step's time goes (means per step, ``timed_steps`` steps), within the limits
+    the arbiter checks: each finite, in [0, MAX_SECONDS], waits at most the step."""
+    step = min(_rate(step_seconds), limits.MAX_SECONDS)
+    msg.step_seconds = step
+    msg.collective_seconds = min(_rate(collective_seconds), step)
+    msg.data_seconds = min(_rate(data_seconds), step)
+    msg.timed_steps = min(max(timed_steps, 0), limits.MAX_TIMED_STEPS)
+
+
 def _rate(v: float | None) -> float:
     return v if v is not None and math.isfinite(v) and v >= 0 else 0.0
 

@@ -127,3 +127,58 @@ def test_reset_forgets_the_previous_generation() -> None:
     run(watch, synced({0: 0.3}), 0, 45)
     watch.reset()
     assert watch.update(synced({0: 0.3}), 50) == []
+
+
+# --------------------------------------------------------------------------- the agent's side
+
+
+def test_step_times_means_per_step_from_steps_and_waits() -> None:
+    from ftagent.agent.reporter import StepTimes
+    from ftagent.model import CollectiveSample, PhaseTiming, Progress
+
+    st = StepTimes(keep=4)
+    assert st.means() == (0.0, 0.0, 0.0, 0)
+    st.step(Progress(0, ts=10.0))
+    for i in range(1, 7):
+        st.observe(CollectiveSample("all_reduce", 1024, 0.05, 2))
+        st.observe(CollectiveSample("all_reduce", 1024, 0.05, 2, count=2))
+        st.observe(PhaseTiming("data", 0.02))
+        st.observe(PhaseTiming("forward", 0.5))  # not a wait
+        st.step(Progress(i, ts=10.0 + 0.3 * i))
+    step, coll, data, n = st.means()
+    assert n == 4 and abs(step - 0.3) < 1e-9 and abs(coll - 0.1) < 1e-9
+    assert abs(data - 0.02) < 1e-9
+    st.step(Progress(0, ts=20.0))  # a new attempt starts over
+    assert st.means()[3] == 0
+
+
+# --------------------------------------------------------------------------- the policy
+
+
+def _job_and_report(persistent: bool, restarts: int = 0):  # type: ignore[no-untyped-def]
+    from ftagent.arbiter.policy import FaultReport
+    from ftagent.arbiter.state import JobPhase, JobState
+    from ftagent.model import Fault, FaultKind, Severity
+
+    job = JobState("j", world_size=4, phase=JobPhase.RUNNING, restarts=restarts)
+    f = Fault(FaultKind.STRAGGLER, "rank 2 slow", severity=Severity.WARNING,
+              evidence={"persistent": persistent})
+    return job, FaultReport(f, 2, 0)
+
+
+def test_policy_alerts_by_default_and_replaces_only_a_persistent_one_when_asked() -> None:
+    from ftagent.arbiter.policy import PolicyConfig, decide_fault
+    from ftagent.arbiter.state import Verdict
+    from ftagent.arbiter.straggler import StragglerAction
+
+    replace = PolicyConfig(straggler_action=StragglerAction.REPLACE)
+    for cfg, persistent, want in ((PolicyConfig(), True, Verdict.ALERT_ONLY),
+                                  (replace, False, Verdict.ALERT_ONLY),
+                                  (replace, True, Verdict.REPLACE)):
+        job, rep = _job_and_report(persistent)
+        got = decide_fault(job, rep, 0.0, cfg)
+        assert [d.verdict for d in got] == [want]
+        if want is Verdict.REPLACE:
+            assert got[0].rank == 2
+    job, rep = _job_and_report(True, restarts=3)  # budget spent: never a STOP for slowness
+    assert [d.verdict for d in decide_fault(job, rep, 0.0, replace)] == [Verdict.ALERT_ONLY]
