@@ -15,6 +15,7 @@ from ftagent import __version__
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("ftagent.agent.run_cli", "supervise a training command: ftagent run [flags] -- CMD"),
     "arbiter": ("ftagent.arbiter.cli", "run the central arbiter that decides for whole jobs"),
+    "node": ("ftagent.node.cli", "host agent (DaemonSet): node GPU/NIC faults and conditions"),
     "status": ("ftagent.arbiter.status_cli", "show jobs, ranks and timelines from an arbiter"),
     "token": ("ftagent.arbiter.token_cli", "print the token that speaks for one job only"),
     "webhook": ("ftagent.kube.webhook_cli", "admission webhook that injects ftagent into pods"),

@@ -12,6 +12,10 @@ Credentials, from the arbiter's ``--token`` (its *secret*):
   namespace and job) speaks for that one job only: it may Connect as that job, read it
   with GetJob and WatchEvents, and ListJobs shows only it. ``ftagent token --job NAME``
   derives it; the arbiter stores nothing per job and checks it with compare_digest.
+* a **node token** ``ftn1.<node>.<mac>`` (same encoding, its own MAC context) speaks for
+  one node's agent (``ftagent node``): it may only ReportNode for that node (``*``: for
+  every node, the DaemonSet's one shared credential), never register ranks, read a job
+  or list jobs. ``ftagent token --node NAME`` derives it.
 * the **secret itself** is the admin: every job, every RPC.
 * a **client certificate** (mutual TLS, ``--tls-client-ca``) without a token is the
   admin, but only on an arbiter without a secret: with a secret every call needs a token
@@ -51,6 +55,9 @@ log = logging.getLogger("ftagent.arbiter.auth")
 
 TOKEN_VERSION = "ftj1"
 _MAC_CONTEXT = b"ftagent job token v1\x00"
+NODE_TOKEN_VERSION = "ftn1"
+_NODE_MAC_CONTEXT = b"ftagent node token v1\x00"
+ALL_NODES = "*"  # a node token for every node (one Secret for the whole DaemonSet)
 MIN_SECRET = 16  # shorter secrets work but are warned about: job tokens are only as strong
 
 
@@ -66,10 +73,14 @@ class Principal:
     admin: bool = False
     namespace: str | None = None
     job: str | None = None
+    node: str | None = None  # a node agent's: reports for this node only (ALL_NODES: any)
 
     def scope(self) -> str:
         if self.admin:
             return "every job"
+        if self.node is not None:
+            return "every node's reports" if self.node == ALL_NODES else \
+                f"the reports of node {self.node!r}"
         if self.job is None:
             return f"the jobs of namespace {self.namespace!r}"
         return f"job {_job_name(self.namespace or '', self.job)}"
@@ -84,6 +95,13 @@ def authorize(p: Principal, namespace: str, job: str) -> bool:
         return True
     return p.namespace is not None and p.namespace == namespace and (
         p.job is None or p.job == job)
+
+
+def authorize_node(p: Principal, node: str) -> bool:
+    """May ``p`` report node-scoped faults for ``node`` (ReportNode)? The admin and that
+    node's token (or the every-node token); a job token never: a pod must not be able to
+    fault the node its job shares with others."""
+    return p.admin or p.node is not None and p.node in (ALL_NODES, node)
 
 
 def _job_name(namespace: str, job: str) -> str:
@@ -132,6 +150,35 @@ def parse_job_token(token: str) -> tuple[str, str, bytes] | None:
         return None
     try:
         return ns.decode(), job.decode(), mac
+    except UnicodeDecodeError:
+        return None
+
+
+def _node_mac(secret: str, node: str) -> bytes:
+    name = node.encode()
+    return hmac.new(secret.encode(), _NODE_MAC_CONTEXT + struct.pack(">I", len(name)) + name,
+                    hashlib.sha256).digest()
+
+
+def node_token(secret: str, node: str) -> str:
+    """The token that speaks for the node agent of ``node`` (``ALL_NODES``: any node)."""
+    if not secret:
+        raise ValueError("no secret to derive a node token from")
+    if not node:
+        raise ValueError("a node token needs a node name (or * for every node)")
+    return ".".join((NODE_TOKEN_VERSION, _b64(node.encode()), _b64(_node_mac(secret, node))))
+
+
+def parse_node_token(token: str) -> tuple[str, bytes] | None:
+    """(node, mac) of a well-formed node token, unverified; None otherwise."""
+    parts = token.split(".")
+    if len(parts) != 3 or parts[0] != NODE_TOKEN_VERSION:
+        return None
+    node, mac = (_unb64(p) for p in parts[1:])
+    if not node or mac is None or len(mac) != hashlib.sha256().digest_size:
+        return None
+    try:
+        return node.decode(), mac
     except UnicodeDecodeError:
         return None
 
@@ -185,6 +232,22 @@ class JobTokens:
         return Principal(f"job {_job_name(namespace, job)}", namespace=namespace, job=job)
 
 
+class NodeTokens:
+    """Node tokens derived from the secret (``node_token``)."""
+
+    def __init__(self, secret: str) -> None:
+        self._secret = secret
+
+    async def authenticate(self, presented: Presented) -> Principal | None:
+        parsed = parse_node_token(presented.bearer or "")
+        if parsed is None:
+            return None
+        node, mac = parsed
+        if not hmac.compare_digest(mac, _node_mac(self._secret, node)):
+            return None
+        return Principal(f"node {node}", node=node)
+
+
 class Secret:
     """The arbiter's secret itself: the admin."""
 
@@ -235,7 +298,7 @@ class Chain:
 def authenticator_for(secret: str, client_ca: str) -> Chain:
     """The chain an arbiter with this ``--token`` and ``--tls-client-ca`` uses."""
     if secret:
-        return Chain([JobTokens(secret), Secret(secret)])
+        return Chain([JobTokens(secret), NodeTokens(secret), Secret(secret)])
     if client_ca:
         return Chain([ClientCertificate()])
     return Chain([Anyone()])

@@ -11,6 +11,11 @@ its handler runs, and the handler asks ``auth.authorize`` before it touches a jo
 at Hello, GetJob and WatchEvents for the job asked, ListJobs and WatchEvents per job
 shown). A Hello's fields (``wire.checks``) and the generations of later messages
 (``wire.limits``) are range-checked here, where they enter, before the registry sees them.
+
+ReportNode takes a node agent's faults (``ftagent node``): checked whole
+(``check_node_report``), allowed for the admin and that node's token only
+(``authorize_node``), then each fault is decided for every live job with ranks on the
+node (``node_report_ack``).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import os
 import socket
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
@@ -38,6 +43,7 @@ from ftagent.arbiter.auth import (
     Principal,
     authenticator_for,
     authorize,
+    authorize_node,
     has_credentials,
     listens_on_loopback,
     server_credentials,
@@ -45,11 +51,12 @@ from ftagent.arbiter.auth import (
 from ftagent.arbiter.history import RETENTION, History
 from ftagent.arbiter.policy import PolicyConfig
 from ftagent.arbiter.registry import Connection, Registry, Reject
+from ftagent.arbiter.state import RankState
 from ftagent.arbiter.timeline import Entry, Timeline
 from ftagent.metrics import ArbiterMetrics, JobSnapshot
 from ftagent.v1 import ftagent_pb2 as pb
-from ftagent.wire.checks import Refused, check_hello, check_message
-from ftagent.wire.limits import OutOfRange
+from ftagent.wire.checks import Refused, check_hello, check_message, check_node_report
+from ftagent.wire.limits import OutOfRange, clip
 
 log = logging.getLogger("ftagent.arbiter")
 
@@ -150,6 +157,7 @@ class ArbiterServer:
             "ListJobs": grpc.unary_unary_rpc_method_handler(guard(self._list_jobs)),
             "GetJob": grpc.unary_unary_rpc_method_handler(guard(self._get_job)),
             "WatchEvents": grpc.unary_stream_rpc_method_handler(guard(self._watch)),
+            "ReportNode": grpc.unary_unary_rpc_method_handler(guard(self._report_node)),
         }),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         host = s.listen.rpartition(":")[0]
@@ -380,6 +388,25 @@ class ArbiterServer:
         finally:
             self.timeline.unwatch(w)
 
+    async def _report_node(self, raw: bytes, context: grpc.aio.ServicerContext,
+                           principal: Principal) -> bytes:
+        req = await self._parse(pb.NodeReport, raw, context)
+        try:
+            check_node_report(req)
+        except Refused as e:
+            self.metrics.rejected.labels(reason=e.reason).inc()
+            await context.abort(e.code, str(e))
+            return b""
+        if not authorize_node(principal, req.node):
+            self.metrics.rejected.labels(reason="permission_denied").inc()
+            log.info("denied %s (%s) to report for node %s", context.peer(), principal.name,
+                     req.node)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"these credentials "
+                                f"({principal.name}) speak for {principal.scope()}: they may "
+                                f"not report for node {req.node!r}")
+            return b""
+        return node_report_ack(self.registry, req, self.arbiter_id).SerializeToString()
+
     async def _parse(self, cls: Any, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         try:
             return cls.FromString(raw)
@@ -387,6 +414,48 @@ class ArbiterServer:
             self.metrics.rejected.labels(reason="invalid_argument").inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"not an ftagent.v1.{cls.__name__}")
+
+
+def node_report_ack(registry: Registry, req: pb.NodeReport, arbiter_id: str) -> pb.NodeReportAck:
+    """Decide each fault of a (checked) node report for every live job with ranks on the node.
+
+    One decision per job and fault, about the job's lowest rank on the node: a REPLACE
+    moves that rank's pod, the job's other ranks (there too, or elsewhere) restart in place;
+    a second decision for another rank of the same job would spend the budget twice for
+    one fault. A fault seen before the job's current generation began (its wall time
+    before the barrier opened) is decided as of the generation before, so it is ignored
+    when the pod agent's own report of it already restarted the job. A node with no job
+    is recorded in the log and acknowledged: nothing to decide.
+    """
+    now = registry.clock()
+    on_node = registry.ranks_on_node(req.node)
+    lowest: dict[tuple[str, str], RankState] = {}
+    for job, rs in on_node:  # sorted by job, then rank
+        lowest.setdefault((job.namespace, job.job), rs)
+    ack = pb.NodeReportAck(arbiter_id=arbiter_id, ranks=len(on_node))
+    for m in req.faults:
+        try:
+            fault = convert.fault_from_proto(m)
+        except ValueError as e:
+            ack.acks.add(fault_id=m.id, final=True, outcome=f"ignored: {e}")
+            continue
+        fault = replace(fault, message=f"node {req.node}: {fault.message}")
+        outcomes = []
+        for (namespace, name), rs in lowest.items():
+            job = registry.jobs[(namespace, name)]
+            g = job.generation
+            if g > 0 and job.barrier is not None and fault.detected_at < job.barrier.opened_at:
+                g -= 1
+            decided = registry.report_fault(namespace, name, fault, now, rank=rs.rank,
+                                            generation=g)
+            what = decided[0].verdict.value if decided else "already received"
+            outcomes.append(f"{_name(namespace, name)} rank {rs.rank}: {what}")
+        if not outcomes:
+            log.info("node %s: %s fault %s, and no job has ranks on it: recorded (%s)",
+                     req.node, fault.kind.value, fault.id, clip(fault.message, 300))
+            outcomes.append(f"no job has ranks on node {req.node}: recorded")
+        ack.acks.add(fault_id=m.id, final=True, outcome=clip("; ".join(outcomes), 200))
+    return ack
 
 
 def _name(namespace: str, job: str) -> str:

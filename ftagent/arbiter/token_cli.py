@@ -7,6 +7,10 @@ arbiter stores nothing per job: give each job's agents their own token (as their
 that job, read it (``ftagent status JOB``) and watch its timeline, nothing else. The
 secret itself is the admin credential: every job, every call; keep it for the arbiter
 and its operators. Prints the token on stdout (one line, nothing else).
+
+``ftagent token --node NAME`` instead prints a node token for the node agent of NAME
+(``ftagent node``): it may only report node-scoped faults for that node, nothing else;
+``--node '*'`` makes one for every node, the DaemonSet's single credential.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from ftagent.arbiter.auth import MIN_SECRET, job_token
+from ftagent.arbiter.auth import ALL_NODES, MIN_SECRET, job_token, node_token
 from ftagent.config import ConfigError, OneLineParser, add_group, opt, resolve_group
 from ftagent.wire.limits import OutOfRange, check_name
 
@@ -36,6 +40,9 @@ class TokenConfig:
     namespace: str = opt("", "--namespace", "the job's namespace, as the agents register "
                          "(their --namespace, else $POD_NAMESPACE; empty when neither)",
                          check=_name, metavar="NS")
+    node: str = opt("", "--node", "instead of --job: a node token for the node agent of NODE "
+                    "(`ftagent node --node NODE`); '*' for every node", check=_name,
+                    metavar="NODE")
     token: str = opt("", "--token", "the arbiter's secret (its --token; prefer the "
                      "FTAGENT_TOKEN variable: flags show in ps)", metavar="SECRET")
 
@@ -46,8 +53,11 @@ def main(argv: list[str]) -> int:
     ns = parser.parse_args(argv)
     try:
         cfg = resolve_group(ns, TokenConfig, os.environ)
-        if not cfg.job:
-            raise ConfigError("--job is required (env FTAGENT_JOB)")
+        if bool(cfg.job) == bool(cfg.node):
+            raise ConfigError("one of --job (env FTAGENT_JOB) or --node (env FTAGENT_NODE) "
+                              "is required, not both")
+        if cfg.node and cfg.namespace:
+            raise ConfigError("--namespace is for job tokens; a node token has none")
         if not cfg.token:
             raise ConfigError("no secret: pass the arbiter's --token or set FTAGENT_TOKEN")
     except ConfigError as e:
@@ -57,5 +67,8 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"ftagent token: warning: the secret is {len(cfg.token)} characters "
                          f"long; job tokens are only as strong as it is (use {MIN_SECRET} or "
                          "more random characters)\n")
-    print(job_token(cfg.token, cfg.namespace, cfg.job))
+    if cfg.node:
+        print(node_token(cfg.token, ALL_NODES if cfg.node == ALL_NODES else cfg.node))
+    else:
+        print(job_token(cfg.token, cfg.namespace, cfg.job))
     return 0

@@ -87,6 +87,26 @@ def check_fault(m: pb.Fault) -> None:
         raise limits.OutOfRange("fault detected_at is not finite")
 
 
+def check_node_report(r: pb.NodeReport) -> None:
+    """Raises Refused (INVALID_ARGUMENT, the whole report) for a NodeReport no node agent of
+    this release sends: no or a bad node name, too many faults, a fault out of range. A
+    node agent clips what it sends (``convert.fault_to_proto``), so a refusal is a bug or
+    a hostile peer; refusing it whole keeps the arbiter from deciding half of it."""
+    try:
+        limits.check_name("NodeReport.node", r.node, required=True)
+        limits.check_name("NodeReport.agent_instance", r.agent_instance, limits.MAX_ID)
+        limits.check_name("NodeReport.agent_version", r.agent_version, 64)
+        if len(r.faults) > limits.MAX_NODE_FAULTS:
+            raise limits.OutOfRange(f"NodeReport carries {len(r.faults)} faults; at most "
+                                    f"{limits.MAX_NODE_FAULTS} (send the rest in the next)")
+        for f in r.faults:
+            check_fault(f)
+            if f.kind == pb.FAULT_KIND_UNSPECIFIED:
+                raise limits.OutOfRange(f"fault {f.id} has no kind")
+    except limits.OutOfRange as e:
+        raise _invalid(e, "NodeReport") from None
+
+
 def progress_in_range(p: pb.ProgressSummary) -> bool:
     """False for a summary with a step or rate no trainer has (it is dropped)."""
     return (-1 <= p.step <= limits.MAX_STEP

@@ -1,0 +1,17 @@
+"""``ftagent node``: the host agent (a DaemonSet, one per GPU node).
+
+It runs the pod agent's GPU and NIC sources and detectors for the whole host and sends
+what they conclude three ways::
+
+    GpuSource (NVML, /dev/kmsg) --> GpuDetector --+--> NodeReporter --ReportNode--> every arbiter
+    NicSource (netlink), Rdma   --> NicDetector --+      shard (wire), re-sent until acked
+                                                  +--> NodeConditions --> Node status
+                                                  |      (FtagentGPUHealthy, FtagentNICHealthy)
+                                                  +--> /metrics (GPU/NIC series, label node)
+
+The arbiter applies each node fault to every job with ranks on the node (the agents'
+``Hello.node``). Modules: ``cli`` (flags, composition), ``agent`` (the loop), ``reports``
+(the arbiter side), ``conditions`` (the Kubernetes side). Nothing here imports the
+arbiter; like the pod agent it stands on ``wire/``, ``model.py``, ``config.py`` and the
+sources and detectors.
+"""
