@@ -129,21 +129,33 @@ class LabelFold:
 class AgentMetrics:
     """The per-agent series, bound to this agent's identity labels."""
 
-    def __init__(self, registry: CollectorRegistry, identity: dict[str, str]) -> None:
+    def __init__(self, registry: CollectorRegistry, identity: dict[str, str], *,
+                 share: AgentMetrics | None = None) -> None:
+        """``identity`` may add labels to IDENTITY_LABELS (the launcher's ``local_rank``);
+        ``share``: another worker's metrics of the same pod, whose families (one per
+        name in a registry) these series join with their own label values."""
         self.registry = registry
         self.identity = dict(identity)
-        ids = list(IDENTITY_LABELS)
+        ids = list(IDENTITY_LABELS) + [k for k in identity if k not in IDENTITY_LABELS]
+        self._families: dict[str, Any] = share._families if share is not None else {}
+        fams = self._families
 
         def gauge(name: str, doc: str, extra: Iterable[str] = ()) -> Gauge:
-            return Gauge(name, doc, ids + list(extra), registry=registry)
+            if name not in fams:
+                fams[name] = Gauge(name, doc, ids + list(extra), registry=registry)
+            return fams[name]
 
         def counter(name: str, doc: str, extra: Iterable[str] = ()) -> Counter:
-            return Counter(name, doc, ids + list(extra), registry=registry)
+            if name not in fams:
+                fams[name] = Counter(name, doc, ids + list(extra), registry=registry)
+            return fams[name]
 
         def hist(name: str, doc: str, buckets: tuple[float, ...],
                  extra: Iterable[str] = ()) -> Histogram:
-            return Histogram(name, doc, ids + list(extra), buckets=buckets,
-                             registry=registry)
+            if name not in fams:
+                fams[name] = Histogram(name, doc, ids + list(extra), buckets=buckets,
+                                       registry=registry)
+            return fams[name]
 
         i = self.identity
         self._ids = tuple(i[k] for k in ids)

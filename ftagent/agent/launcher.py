@@ -315,3 +315,12 @@ def visible_gpus(environ: Mapping[str, str]) -> int:
         return len([n for n in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", n)])
     except OSError:
         return 0
+
+
+def free_tcp_port(host: str = "127.0.0.1") -> int:
+    """A port free now on ``host`` (--standalone's store, as torchrun picks one)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])

@@ -12,16 +12,19 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, start_http_server
 
 from ftagent.agent.agent import Agent
+from ftagent.agent.launcher import normalize_flags
 from ftagent.agent.metrics_sink import MetricsSink
 from ftagent.config import (
     RUN_GROUPS,
     ConfigError,
     HelpFormatter,
+    LaunchConfig,
     OneLineParser,
     RunConfig,
     add_group,
@@ -31,6 +34,10 @@ from ftagent.config import (
 )
 from ftagent.metrics import AgentMetrics
 from ftagent.model import PhaseMarker, Progress
+
+if TYPE_CHECKING:
+    from ftagent.agent.launcher import NodePlace
+    from ftagent.agent.tee import Writer
 
 log = logging.getLogger("ftagent")
 
@@ -65,6 +72,7 @@ def build_parser() -> OneLineParser:
 def parse(argv: Sequence[str], environ: Mapping[str, str]) -> RunConfig:
     """Flags + environment -> RunConfig; raises ConfigError for the user to read."""
     opts, command = split_command(argv)
+    opts = normalize_flags(opts)  # torchrun's spellings; its flags ftagent does not take
     parser = build_parser()
     ns = parser.parse_args(opts)
     if not command:
@@ -83,8 +91,13 @@ def setup_logging(level: str, rank: int) -> None:
         datefmt="%H:%M:%S", stream=sys.stderr)
 
 
-def build_agent(cfg: RunConfig, environ: Mapping[str, str], rundir: str) -> Agent:
-    """Raises ConfigError for settings only checkable here (e.g. TLS files)."""
+def build_agent(cfg: RunConfig, environ: Mapping[str, str], rundir: str, *,
+                registry: CollectorRegistry | None = None, local_rank: int | None = None,
+                share: AgentMetrics | None = None, node_sources: bool = True) -> Agent:
+    """One agent (the trainer's, or one launcher worker's with ``local_rank``: its series
+    join ``share``'s families in the pod's ``registry``, and ``node_sources`` says whether
+    it carries the node's GPU and NIC sources). Raises ConfigError for settings only
+    checkable here (e.g. TLS files)."""
     if cfg.arbiter.arbiter:
         from ftagent.agent.arbitrated import ArbitratedAgent
 
@@ -94,17 +107,126 @@ def build_agent(cfg: RunConfig, environ: Mapping[str, str], rundir: str) -> Agen
     ids = cfg.identity
     labels = {"job": ids.job, "namespace": ids.namespace, "pod": ids.pod, "node": ids.node,
               "rank": str(ids.rank)}
-    registry = CollectorRegistry()
-    metrics = AgentMetrics(registry, labels)
+    if local_rank is not None:
+        labels["local_rank"] = str(local_rank)
+        agent.events.static["local_rank"] = local_rank
+    serve = registry is None
+    registry = CollectorRegistry() if registry is None else registry
+    metrics = AgentMetrics(registry, labels, share=share)
     sink = MetricsSink(metrics)
     agent.observers.append(sink)
     agent.fault_hooks.append(sink.on_fault)
     agent.metrics = metrics  # type: ignore[attr-defined]
     add_progress(agent, cfg, metrics, rundir)
-    add_nic(agent, cfg, environ, registry, labels)
-    add_gpu(agent, cfg, environ, registry, labels)
-    start_metrics(cfg, registry, agent)
+    if node_sources:
+        add_nic(agent, cfg, environ, registry, labels)
+        add_gpu(agent, cfg, environ, registry, labels)
+    if serve:
+        start_metrics(cfg, registry, agent)
     return agent
+
+
+def build_workers(cfg: RunConfig, environ: Mapping[str, str], rundir: str) -> list[Agent]:
+    """``--nproc-per-node N``: N agents, one per local rank, with torchrun's environment
+    (agent/launcher.py), sharing one reaper, one /metrics port and, without an arbiter,
+    one local group (agent/worker.py). Raises ConfigError for the user to read."""
+    import dataclasses
+
+    from ftagent.agent import launcher
+    from ftagent.agent.worker import WORKER_VAR, WorkerGroup, worker_tree
+
+    launch = cfg.launch
+    place = launcher.node_place(launch, cfg.identity, environ,
+                                gpus=launcher.visible_gpus(environ))
+    if place.master_port == 0:  # --standalone
+        place = dataclasses.replace(place, master_port=launcher.free_tcp_port())
+    command = launcher.worker_command(launch, cfg.command, environ, os.getcwd())
+    group = None if cfg.arbiter.arbiter else WorkerGroup()
+    registry = CollectorRegistry()
+    workers: list[Agent] = []
+    logroot = ""
+    if launch.log_dir or any(launcher.std_of(launch.tee, i) or
+                             launcher.std_of(launch.redirects, i) for i in range(place.nproc)):
+        base = launch.log_dir or rundir
+        os.makedirs(base, exist_ok=True)
+        logroot = tempfile.mkdtemp(prefix=f"{place.run_id}_", dir=base)
+    shown = launcher.ranks_filter(launch.local_ranks_filter)
+    for i in range(place.nproc):
+        ident = dataclasses.replace(cfg.identity, rank=place.rank(i),
+                                    world_size=place.world_size,
+                                    job=cfg.identity.job if cfg.identity.job != "local"
+                                    or place.run_id == "none" else place.run_id)
+        wcfg = dataclasses.replace(cfg, command=command, identity=ident)
+        wdir = os.path.join(rundir, f"worker{i}")
+        os.makedirs(wdir, exist_ok=True)
+        env = launcher.worker_env(environ, place, i, restart_count=0,
+                                  max_restarts=cfg.supervisor.max_restarts)
+        env[WORKER_VAR] = str(i)
+        share = workers[0].metrics if workers else None  # type: ignore[attr-defined]
+        w = build_agent(wcfg, env, wdir, registry=registry, local_rank=i, share=share,
+                        node_sources=i == 0)
+        if workers:
+            w.reaper = workers[0].reaper  # one SIGCHLD handler reaps every worker
+        w.tree = worker_tree(w, i)
+        w.attempt_env = _attempt_env(wdir)
+        w.outputs = _outputs(launch, place, i, logroot, shown, environ)
+        if group is not None:
+            group.add(w)
+        workers.append(w)
+    start_metrics(cfg, registry, workers[0])
+    log.info("launching %d worker(s): ranks %d-%d of %d, master %s:%d, run id %s",
+             place.nproc, place.rank(0), place.rank(place.nproc - 1), place.world_size,
+             place.master_addr, place.master_port, place.run_id)
+    return workers
+
+
+def _attempt_env(wdir: str) -> Callable[[int], dict[str, str]]:
+    """torchrun's per-attempt variables: the restart count and the error file (where
+    ``@record`` writes the worker's traceback)."""
+
+    def env(attempt: int) -> dict[str, str]:
+        d = os.path.join(wdir, f"attempt_{attempt}")
+        os.makedirs(d, exist_ok=True)
+        return {"TORCHELASTIC_RESTART_COUNT": str(attempt),
+                "TORCHELASTIC_ERROR_FILE": os.path.join(d, "error.json")}
+
+    return env
+
+
+def _outputs(launch: LaunchConfig, place: NodePlace, i: int, logroot: str,
+             shown: set[int] | None, environ: Mapping[str, str]
+             ) -> Callable[[int], tuple[int | Writer, int | Writer]]:
+    """Where worker ``i``'s streams go, per attempt, as torchrun's --tee/--redirects/
+    --log-dir/--local-ranks-filter say: the console (prefixed when tee'd) and/or
+    LOGROOT/attempt_N/LOCAL_RANK/{stdout,stderr}.log."""
+    from ftagent.agent import launcher
+    from ftagent.agent.tee import WorkerOutput
+
+    tee, red = launcher.std_of(launch.tee, i), launcher.std_of(launch.redirects, i)
+    prefix = launcher.line_prefix(place, i, environ)
+    visible = shown is None or i in shown
+    opened: list[WorkerOutput] = []
+
+    def outputs(attempt: int) -> tuple[int | Writer, int | Writer]:
+        for o in opened:  # the previous attempt's pumps have drained
+            o.close()
+        opened.clear()
+        if not (tee | red) and visible:
+            return 1, 2  # as is: byte for byte, no prefix (torchrun's default)
+        d = os.path.join(logroot, f"attempt_{attempt}", str(i)) if logroot else ""
+        if d:
+            os.makedirs(d, exist_ok=True)
+        streams: list[int | Writer] = []
+        for bit, fd, name in ((1, 1, "stdout"), (2, 2, "stderr")):
+            to_file = bool((tee | red) & bit)
+            console = fd if visible and (tee & bit or not red & bit) else None
+            out = WorkerOutput(console, prefix if tee & bit else b"",
+                               os.path.join(d, f"{name}.log") if to_file and d else None)
+            opened.append(out)
+            streams.append(out)
+        return streams[0], streams[1]
+
+    return outputs
 
 
 def add_progress(agent: Agent, cfg: RunConfig, metrics: AgentMetrics, rundir: str) -> None:
@@ -230,10 +352,17 @@ def main(argv: Sequence[str]) -> int:
     rundir = tempfile.mkdtemp(prefix="ftagent-")
     try:
         try:
-            agent = build_agent(cfg, environ, rundir)
+            if cfg.launch.nproc_per_node:
+                workers = build_workers(cfg, environ, rundir)
+            else:
+                agent = build_agent(cfg, environ, rundir)
         except ConfigError as e:
             sys.stderr.write(f"ftagent run: error: {e} (see ftagent run --help)\n")
             return 2
+        if cfg.launch.nproc_per_node:
+            from ftagent.agent.worker import run_workers
+
+            return asyncio.run(run_workers(workers))
         return asyncio.run(agent.run())
     finally:
         shutil.rmtree(rundir, ignore_errors=True)
