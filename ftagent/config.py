@@ -312,6 +312,22 @@ class HangConfig:
 
 
 @dataclass(frozen=True)
+class LossConfig:
+    """Loss anomalies: NaN/inf and spikes of the training loss (see detect/loss.py)."""
+
+    loss_action: str = opt(
+        "alert", "--loss-action", "what a NaN/inf loss or a loss spike does: alert (a LOSS "
+        "fault, recorded and alerted), restart (the arbiter restarts the job), off (not "
+        "watched)", choices=("alert", "restart", "off"))
+    loss_spike_window: int = opt(
+        100, "--loss-spike-window", "steps whose losses the spike score's median and MAD "
+        "are taken over", check=Range(5, 100_000), metavar="STEPS")
+    loss_spike_threshold: float = opt(
+        10.0, "--loss-spike-threshold", "robust z-score, (loss - median) / (1.4826 x MAD), "
+        "above which a loss is a spike", check=Range(0, 1e6, lo_open=True), metavar="SCORE")
+
+
+@dataclass(frozen=True)
 class ArbiterClientConfig:
     """How the agent reaches the arbiter; without --arbiter the local policy decides."""
 
@@ -486,6 +502,7 @@ class RunConfig:
     identity: IdentityConfig = IdentityConfig()
     metrics: MetricsConfig = MetricsConfig()
     hang: HangConfig = HangConfig()
+    loss: LossConfig = LossConfig()
     arbiter: ArbiterClientConfig = ArbiterClientConfig()
     nic: NicConfig = NicConfig()
     gpu: GpuConfig = GpuConfig()
@@ -497,6 +514,7 @@ RUN_GROUPS: dict[str, tuple[str, type[Any]]] = {
     "identity": ("identity (labels, arbiter registration)", IdentityConfig),
     "metrics": ("metrics", MetricsConfig),
     "hang": ("progress and hang detection", HangConfig),
+    "loss": ("loss anomalies", LossConfig),
     "arbiter": ("arbiter connection", ArbiterClientConfig),
     "nic": ("network links", NicConfig),
     "gpu": ("GPUs (NVML, kernel log)", GpuConfig),

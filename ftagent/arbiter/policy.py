@@ -32,6 +32,8 @@ NIC link back (evidence        RESTART
 CRASH/HANG while a link is     IGNORE (deferred): restarting cannot rendezvous over a
   down                           dead link; the link's recovery or replacement restarts
 BARRIER, AGENT                 ALERT_ONLY
+LOSS (NaN/inf, spike)          ALERT_ONLY, unless the agent runs --loss-action restart
+                                 (evidence {"action": "restart"}): then as a CRASH
 STRAGGLER (straggler.py)       ALERT_ONLY; a persistent one (slow for two windows) with
                                  --straggler-action replace: REPLACE that rank (alert
                                  only once the restart budget is spent: never a STOP)
@@ -105,6 +107,8 @@ def decide_fault(job: JobState, rep: FaultReport, now: float, cfg: PolicyConfig)
                    f"already moved to generation {g})", g, rep)]
     if f.kind is FaultKind.NIC:
         return _nic(job, rep, where, now, cfg)
+    if f.kind is FaultKind.LOSS and f.evidence.get("action") != "restart":
+        return [_d(Verdict.ALERT_ONLY, where, g, rep)]
     if f.kind is FaultKind.STRAGGLER and f.evidence.get("persistent") is True and \
             rep.rank >= 0 and cfg.straggler_action is StragglerAction.REPLACE and \
             job.restarts < job.max_restarts:  # a slow job beats a stopped one
