@@ -1,0 +1,309 @@
+"""A faithful fake Kubernetes API server for tests: real HTTP/1.1 + JSON on loopback.
+
+Drive it with the REAL ``kubernetes`` client (or ``ftagent.kube.client.api_client(url=...)``);
+it answers as the real server does: ``Status`` objects for every error (so the client raises
+``ApiException`` with the right ``status`` and ``reason``), a global string
+``resourceVersion``, 409 AlreadyExists / Conflict, 404 NotFound, strategic-merge /
+JSON-merge / JSON-patch, graceful pod deletion, and chunked watch streams with resume,
+bookmarks, ``timeoutSeconds`` and 410 Expired in-stream once a version left the history.
+
+Use::
+
+    from tests.kube_fake import FakeKube
+
+    @pytest.fixture
+    def fake_kube() -> Iterator[FakeKube]:
+        with FakeKube() as fake:  # a fresh server per test, stopped after it
+            yield fake
+
+    def test_x(fake_kube: FakeKube) -> None:
+        api = kubernetes.client.CoreV1Api(fake_kube.client())
+        fake_kube.add_node("n1")
+        fake_kube.add_pod("ns", "p0", labels={"app": "a"}, node="n1")
+        ...
+
+    with FakeKube(token="s3cret", history=100) as fake:   # or as a context manager
+        fake.url                                          # "http://127.0.0.1:PORT"
+
+Resources served (RBAC names): pods, pods/status, nodes, nodes/status, events (core/v1 and
+events.k8s.io/v1: one storage, two views, as on the real server), configmaps, secrets,
+namespaces, services, deployments.apps, jobs.batch, leases.coordination.k8s.io,
+mutatingwebhookconfigurations.admissionregistration.k8s.io, and as custom resources (no
+strategic merge: 415, as for real CRDs) pytorchjobs/tfjobs/mpijobs/paddlejobs/mxjobs/
+xgboostjobs.kubeflow.org (v1), trainjobs.trainer.kubeflow.org (v1alpha1),
+jobsets.jobset.x-k8s.io (v1alpha2), jobs.batch.volcano.sh (v1alpha1). Verbs: get, list (label
+selectors ``k``, ``!k``, ``k=v``, ``k!=v``, ``k in (a,b)``, ``k notin (a)``; field selectors
+on the kind's real fields, e.g. ``spec.nodeName``, ``metadata.name``, ``status.phase``;
+``limit``/``continue``; ``resourceVersion`` with ``resourceVersionMatch``), watch, create,
+update (PUT: stale ``metadata.resourceVersion`` → 409 Conflict), patch, delete
+(``gracePeriodSeconds``, ``preconditions``). Writes to the main resource keep the old
+``status`` for kinds with a /status subresource and vice versa; a no-op write keeps the
+resourceVersion and sends no watch event. Not built (stubs): deletecollection (405),
+server-side apply (415), namespace existence checks (any namespace is accepted), field
+managers, admission.
+
+Control API of :class:`FakeKube` (thread-safe; objects are plain dicts as on the wire):
+
+* ``url``, ``token``, ``client(**config) -> kubernetes.client.ApiClient``, ``stop()``.
+* ``create(resource, obj, namespace=None)``, ``get(resource, name, namespace=None)`` (None if
+  absent), ``list(resource, namespace=None, label_selector=None)``, ``update(resource, obj)``,
+  ``patch(resource, name, body, namespace=None, content_type=MERGE)``,
+  ``delete(resource, name, namespace=None, grace=0)``; ``resource`` as RBAC names it
+  (``"pods"``, ``"leases.coordination.k8s.io"``, ``"pytorchjobs.kubeflow.org"``).
+* ``add_pod(namespace, name, labels=None, node=None, phase="Running", owner=None, **spec)``,
+  ``add_node(name, ready=True, labels=None)``,
+  ``set_node_ready(name, status="False", reason="KubeletNotReady", message=...)``
+  (status True/False/Unknown or a bool), ``set_node_condition(name, type, status, ...)``,
+  ``set_pod_phase(namespace, name, phase, reason=None, message=None)``,
+  ``set_pod_condition(namespace, name, type, status="True", reason=None, message=None)``
+  (e.g. ``DisruptionTarget`` with reason ``PreemptionByScheduler``),
+  ``finish_termination(namespace, name)`` (the kubelet's final delete of a Terminating pod),
+  ``events(namespace=None, involved=None) -> list`` (core/v1 shape).
+* Faults: ``forbid(verb, resource, namespace=None, name=None, times=None)`` (403 with the real
+  RBAC message for user ``system:serviceaccount:ftagent:arbiter``),
+  ``fail(verb, resource, code=500, times=1, retry_after=None, message=None)`` (500, 503,
+  429 with ``Retry-After`` and ``details.retryAfterSeconds``, any code), ``clear_faults()``,
+  ``drop_watches()`` (every open watch is cut mid-stream, no final chunk),
+  ``compact()`` (forget the history: older versions get 410), ``send_bookmarks()``
+  (a BOOKMARK now on every watch that allowed them; also every ``bookmark_interval`` s),
+  ``atomically()`` (a context manager holding the store lock: several writes, a compaction
+  and a drop that no watch sees in between).
+* Request log: ``requests`` (list of :class:`Request`: verb, resource, namespace, name,
+  query, headers, body, code), ``count(verb=None, resource=None)`` with verbs as RBAC names
+  them (a watch is ``"watch"``, a list ``"list"``), ``wait_for_request(verb=None,
+  resource=None, after=0, timeout=10.0) -> Request``, ``mark() -> int`` (an index to pass as
+  ``after``), ``open_watches(resource=None) -> int`` and ``wait_for_watches(n=1,
+  resource=None, timeout=10.0)`` (a watch counts once its stream is registered, so a
+  ``drop_watches()`` after it surely cuts it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from .faults import Faults, Request
+from .resources import Kind, kind_for, parse_label_selector
+from .server import FakeHTTPServer
+from .store import ApiError, Store, now_rfc3339
+
+MERGE = "application/merge-patch+json"
+STRATEGIC = "application/strategic-merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+__all__ = ["FakeKube", "Request", "ApiError", "MERGE", "STRATEGIC", "JSON_PATCH"]
+
+
+class FakeKube:
+    """The fake API server and its control API (see the module docstring)."""
+
+    def __init__(self, token: str | None = None, history: int = 1000,
+                 bookmark_interval: float = 1.0,
+                 user: str = "system:serviceaccount:ftagent:arbiter") -> None:
+        self.store = Store(history=history)
+        self.faults = Faults(user=user)
+        self.token = token
+        self._http = FakeHTTPServer(self.store, self.faults, token, bookmark_interval)
+        self.url = f"http://127.0.0.1:{self._http.server_address[1]}"
+        self._thread = threading.Thread(target=self._http.serve_forever,
+                                        kwargs={"poll_interval": 0.05},
+                                        name="fake-kube-api", daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> FakeKube:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._http.stopping.set()
+        self.store.wake()
+        self._http.shutdown()
+        self._http.close_all()
+        self._http.server_close()
+        self._thread.join(timeout=5)
+
+    def client(self, **config: Any) -> Any:
+        """A real ``kubernetes.client.ApiClient`` pointed at this server."""
+        from kubernetes import client
+
+        cfg = client.Configuration()
+        cfg.host = self.url
+        if self.token:
+            cfg.api_key = {"authorization": self.token}
+            cfg.api_key_prefix = {"authorization": "Bearer"}
+        for k, v in config.items():
+            setattr(cfg, k, v)
+        return client.ApiClient(cfg)
+
+    # ------------------------------------------------------------------ objects
+    def _kind(self, resource: str) -> Kind:
+        return kind_for(resource)
+
+    def create(self, resource: str, obj: dict[str, Any],
+               namespace: str | None = None) -> dict[str, Any]:
+        ns = namespace or (obj.get("metadata") or {}).get("namespace")
+        return self.store.create(self._kind(resource), ns, obj)
+
+    def get(self, resource: str, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+        try:
+            return self.store.get(self._kind(resource), namespace, name)
+        except ApiError:
+            return None
+
+    def list(self, resource: str, namespace: str | None = None,
+             label_selector: str | None = None) -> list[dict[str, Any]]:
+        out = self.store.list(self._kind(resource), namespace,
+                              parse_label_selector(label_selector), [])
+        return list(out["items"])
+
+    def update(self, resource: str, obj: dict[str, Any], subresource: str | None = None
+               ) -> dict[str, Any]:
+        meta = obj["metadata"]
+        return self.store.update(self._kind(resource), meta.get("namespace"), meta["name"], obj,
+                                 subresource)
+
+    def patch(self, resource: str, name: str, body: Any, namespace: str | None = None,
+              content_type: str = MERGE, subresource: str | None = None) -> dict[str, Any]:
+        return self.store.patch(self._kind(resource), namespace, name, content_type, body,
+                                subresource)
+
+    def delete(self, resource: str, name: str, namespace: str | None = None,
+               grace: int | None = 0) -> dict[str, Any]:
+        return self.store.delete(self._kind(resource), namespace, name, grace)
+
+    def finish_termination(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.store.finish_termination(self._kind("pods"), namespace, name)
+
+    def add_pod(self, namespace: str, name: str, labels: dict[str, str] | None = None,
+                node: str | None = None, phase: str = "Running",
+                owner: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+        meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels or {}}
+        if owner:
+            meta["ownerReferences"] = [owner]
+        body: dict[str, Any] = {"metadata": meta, "spec": {
+            "containers": [{"name": "trainer", "image": "trainer:latest"}], **spec}}
+        if node:
+            body["spec"]["nodeName"] = node
+        self.create("pods", body)
+        return self.set_pod_phase(namespace, name, phase)
+
+    def add_node(self, name: str, ready: bool = True,
+                 labels: dict[str, str] | None = None) -> dict[str, Any]:
+        self.create("nodes", {"metadata": {"name": name, "labels": labels or {}}, "spec": {}})
+        return self.set_node_ready(name, ready, reason="KubeletReady" if ready else
+                                   "KubeletNotReady")
+
+    def set_node_condition(self, name: str, type_: str, status: str, reason: str = "",
+                           message: str = "") -> dict[str, Any]:
+        now = now_rfc3339()
+        old = self.get("nodes", name) or {}
+        prev = next((c for c in (old.get("status") or {}).get("conditions") or []
+                     if c.get("type") == type_), None)
+        moved = prev is None or prev.get("status") != status
+        cond = {"type": type_, "status": status, "reason": reason, "message": message,
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": now if moved else prev.get("lastTransitionTime", now)}
+        return self.patch("nodes", name, {"status": {"conditions": [cond]}},
+                          content_type=STRATEGIC, subresource="status")
+
+    def set_node_ready(self, name: str, status: bool | str = "False",
+                       reason: str = "KubeletNotReady",
+                       message: str = "") -> dict[str, Any]:
+        s = ("True" if status else "False") if isinstance(status, bool) else status
+        msg = message or ("kubelet is posting ready status" if s == "True" else
+                          "Kubelet stopped posting node status." if s == "Unknown" else
+                          "container runtime network not ready")
+        if s == "Unknown" and reason == "KubeletNotReady":
+            reason = "NodeStatusUnknown"
+        return self.set_node_condition(name, "Ready", s, reason, msg)
+
+    def set_pod_phase(self, namespace: str, name: str, phase: str, reason: str | None = None,
+                      message: str | None = None) -> dict[str, Any]:
+        status: dict[str, Any] = {"phase": phase, "reason": reason, "message": message}
+        return self.patch("pods", name, {"status": status}, namespace, STRATEGIC, "status")
+
+    def set_pod_condition(self, namespace: str, name: str, type_: str, status: str = "True",
+                          reason: str | None = None, message: str | None = None
+                          ) -> dict[str, Any]:
+        cond = {"type": type_, "status": status, "reason": reason, "message": message,
+                "lastTransitionTime": now_rfc3339()}
+        return self.patch("pods", name, {"status": {"conditions": [cond]}}, namespace,
+                          STRATEGIC, "status")
+
+    def events(self, namespace: str | None = None,
+               involved: str | None = None) -> list[dict[str, Any]]:
+        evs = self.list("events", namespace)
+        return [e for e in evs if involved in (None, (e.get("involvedObject") or {}).get("name"))]
+
+    # ------------------------------------------------------------------- faults
+    def forbid(self, verb: str, resource: str, namespace: str | None = None,
+               name: str | None = None, times: int | None = None) -> None:
+        self.faults.add(verb, resource, 403, namespace=namespace, name=name, times=times)
+
+    def fail(self, verb: str, resource: str, code: int = 500, times: int | None = 1,
+             retry_after: int | None = None, message: str | None = None,
+             namespace: str | None = None, name: str | None = None) -> None:
+        self.faults.add(verb, resource, code, namespace=namespace, name=name, times=times,
+                        retry_after=retry_after, message=message)
+
+    def clear_faults(self) -> None:
+        self.faults.clear()
+
+    def drop_watches(self) -> None:
+        self.store.drop_watches()
+
+    def compact(self) -> None:
+        self.store.compact()
+
+    def send_bookmarks(self) -> None:
+        self._http.bookmark_epoch += 1
+        self.store.wake()
+
+    @contextlib.contextmanager
+    def atomically(self) -> Iterator[None]:
+        with self.store.lock:
+            yield
+
+    @property
+    def resource_version(self) -> int:
+        return self.store.rv
+
+    # -------------------------------------------------------------- request log
+    @property
+    def requests(self) -> list[Request]:
+        with self.faults.lock:
+            return list(self.faults.requests)
+
+    def count(self, verb: str | None = None, resource: str | None = None) -> int:
+        return self.faults.count(verb, resource)
+
+    def open_watches(self, resource: str | None = None) -> int:
+        """How many watches are open now (on ``resource`` if given)."""
+        kind = self._kind(resource) if resource else None
+        with self.store.lock:
+            return sum(1 for w in self.store.watchers if kind in (None, w.kind))
+
+    def wait_for_watches(self, n: int = 1, resource: str | None = None,
+                         timeout: float = 10.0) -> None:
+        """Until at least ``n`` watches are open (a drop before that would miss them)."""
+        deadline = time.monotonic() + timeout
+        with self.store.lock:
+            while self.open_watches(resource) < n:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(f"{self.open_watches(resource)} watches open on "
+                                         f"{resource or 'any resource'}, wanted {n}")
+                self.store.changed.wait(left)
+
+    def mark(self) -> int:
+        with self.faults.lock:
+            return len(self.faults.requests)
+
+    def wait_for_request(self, verb: str | None = None, resource: str | None = None,
+                         after: int = 0, timeout: float = 10.0) -> Request:
+        return self.faults.wait_for(verb, resource, after, timeout)
