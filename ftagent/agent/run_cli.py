@@ -268,6 +268,10 @@ def add_progress(agent: Agent, cfg: RunConfig, metrics: AgentMetrics, rundir: st
                             metrics=metrics, emit=agent.raise_fault)
     watch = HangWatch(detector, metrics, parser, verifier=verifier)
     agent.detectors.append(watch)
+    if cfg.loss.loss_action != "off":  # NaN/inf and spikes of the loss (detect/loss.py)
+        from ftagent.detect.loss import LossDetector, LossSettings
+
+        agent.detectors.append(LossDetector(LossSettings.of(cfg.loss)))
     if hasattr(agent, "hang_state"):  # the arbiter's progress summaries carry it
         agent.hang_state = watch.state
     if verifier is not None and hasattr(agent, "stack_capture"):  # DUMP_STACKS + liveness
