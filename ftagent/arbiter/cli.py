@@ -25,7 +25,7 @@ import signal
 import socket
 import ssl
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +73,9 @@ examples:
 
 class StartError(Exception):
     """The system refused to start the arbiter (a port in use, ...): one line, exit 1."""
+
+
+LEASE_SECONDS = Range(0.1, 3600.0)
 
 
 def listen_address(v: str) -> str:
@@ -140,6 +143,34 @@ class ArbiterConfig:
         "its timeline) after its last agent left", check=POSITIVE_SECONDS, metavar="SECONDS")
     log_level: str = opt("info", "--log-level", "the arbiter's messages on stderr",
                          choices=("debug", "info", "warning", "error"))
+    kube_api: str = opt("", "--kube-api", "Kubernetes API server (e.g. http://127.0.0.1:8001 "
+                        "behind kubectl proxy); empty: in-cluster config, else --kubeconfig",
+                        metavar="URL")
+    kubeconfig: str = opt("", "--kubeconfig", "kubeconfig file for the Kubernetes API "
+                          "(default: in-cluster, then $KUBECONFIG / ~/.kube/config)",
+                          metavar="FILE")
+    leader_elect: bool = opt(False, "--leader-elect", "run as one of several replicas: only "
+                             "the holder of a coordination.k8s.io Lease serves agents and "
+                             "decides; the others are not ready and stand by")
+    leader_elect_lease: str = opt("ftagent-arbiter", "--leader-elect-lease", "name of the "
+                                  "Lease (one per shard)", metavar="NAME")
+    leader_elect_namespace: str = opt(
+        "", "--leader-elect-namespace", "namespace of the Lease (default: the pod's, from "
+        "POD_NAMESPACE or the service account)", metavar="NS")
+    leader_elect_lease_duration: float = opt(
+        15.0, "--leader-elect-lease-duration", "seconds a standby waits after the leader's "
+        "last renewal before taking over", check=LEASE_SECONDS, metavar="SECONDS")
+    leader_elect_renew_deadline: float = opt(
+        10.0, "--leader-elect-renew-deadline", "seconds the leader keeps trying to renew "
+        "before it stops acting (less than the lease duration)", check=LEASE_SECONDS,
+        metavar="SECONDS")
+    leader_elect_retry_period: float = opt(
+        2.0, "--leader-elect-retry-period", "seconds between tries to acquire or renew",
+        check=LEASE_SECONDS, metavar="SECONDS")
+    history_namespace: str = opt(
+        "", "--history-namespace", "keep job history in Kubernetes, one bounded ConfigMap "
+        "per job (ftagent-job.NS.JOB) in this namespace, read back when leading; the "
+        "cluster's --state-dir", metavar="NS")
 
     def settings(self) -> ServerSettings:
         from ftagent.arbiter.server import ServerSettings
@@ -149,7 +180,7 @@ class ArbiterConfig:
             tls_key=self.tls_key, tls_client_ca=self.tls_client_ca,
             metrics_port=self.metrics_port, metrics_addr=self.metrics_addr,
             insecure=self.insecure, state_dir=self.state_dir,
-            history_retention=self.history_retention,
+            history_retention=self.history_retention, leader_elect=self.leader_elect,
             policy=PolicyConfig(max_restarts=self.max_restarts,
                                 barrier_timeout=self.barrier_timeout,
                                 nic_replace_after=self.nic_replace_after,
@@ -293,14 +324,52 @@ def check_bindable(listen: str, flag: str = "--listen") -> None:
 # --------------------------------------------------------------------------- start
 
 
-def start_metrics(cfg: ArbiterConfig, registry: Any) -> Any:
-    """Serve /metrics from ``registry``; returns the HTTP server (None when off)."""
+def _http_app(registry: Any, ready: Callable[[], bool]) -> Any:
+    """/metrics, plus /healthz (alive: 200) and /readyz (200 only while serving agents: the
+    leader; 503 on a standby, so the Service sends agents to the leader only)."""
+    from prometheus_client import make_wsgi_app
+
+    metrics = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        path = environ.get("PATH_INFO", "")
+        if path in ("/healthz", "/readyz"):
+            ok = path == "/healthz" or ready()
+            body = (b"ok\n" if ok else b"standby: not the leader\n")
+            start_response("200 OK" if ok else "503 Service Unavailable",
+                           [("Content-Type", "text/plain"),
+                            ("Content-Length", str(len(body)))])
+            return [body]
+        return metrics(environ, start_response)
+
+    return app
+
+
+def _serve_http(port: int, addr: str, app: Any) -> Any:
+    """prometheus_client's own threaded WSGI server, with our app."""
+    import threading
+    from wsgiref.simple_server import make_server
+
+    from prometheus_client.exposition import ThreadingWSGIServer, _get_best_family, _SilentHandler
+
+    class Server(ThreadingWSGIServer):
+        pass
+
+    Server.address_family, addr = _get_best_family(addr, port)
+    httpd = make_server(addr, port, app, Server, handler_class=_SilentHandler)
+    threading.Thread(target=httpd.serve_forever, daemon=True, name="metrics-http").start()
+    return httpd
+
+
+def start_metrics(cfg: ArbiterConfig, registry: Any,
+                  ready: Callable[[], bool] = lambda: True) -> Any:
+    """Serve /metrics from ``registry`` (and /healthz, /readyz); returns the HTTP server
+    (None when off)."""
     if cfg.metrics_port < 0:
         return None
-    from prometheus_client import start_http_server
-
     try:
-        httpd, _ = start_http_server(cfg.metrics_port, cfg.metrics_addr, registry=registry)
+        httpd = _serve_http(cfg.metrics_port, cfg.metrics_addr,
+                            _http_app(registry, ready))
     except (OSError, UnicodeError) as e:
         why = _why(e) if isinstance(e, OSError) else str(e)
         if isinstance(e, OSError) and e.errno == errno.EADDRINUSE:
@@ -322,17 +391,27 @@ async def run(cfg: ArbiterConfig) -> int:
     check_authority(cfg)
     check_tls(cfg)
     check_bindable(cfg.listen)
+    election = election_config(cfg)  # ConfigError for durations that cannot elect safely
 
     from ftagent.arbiter.server import ArbiterServer, serve_until
+
+    kube = kube_client(cfg) if cfg.leader_elect or cfg.history_namespace else None
+    store = None
+    if cfg.history_namespace:
+        from ftagent.kube.job_record import ConfigMaps, JobRecords
+
+        store = JobRecords(ConfigMaps(kube, cfg.history_namespace))
 
     # /metrics is served here rather than by ArbiterServer.start(), so that it is bound
     # before the gRPC port and released if that fails (start() binds it after gRPC).
     try:
-        server = ArbiterServer(dataclasses.replace(cfg.settings(), metrics_port=-1))
+        server = ArbiterServer(dataclasses.replace(cfg.settings(), metrics_port=-1),
+                               history_store=store)
     except OSError as e:  # --state-dir cannot be created, read or written
         raise StartError(f"cannot keep history in --state-dir {cfg.state_dir}: "
                          f"{e.strerror or e}") from None
-    httpd = start_metrics(cfg, server.prom)
+    httpd = start_metrics(cfg, server.prom, lambda: server.ready)
+    elector = None
     try:
         try:
             address = await server.start()
@@ -353,10 +432,75 @@ async def run(cfg: ArbiterConfig) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        if election is not None:
+            from ftagent.kube.lease import LeaderElector, LeaseApi
+
+            elector = LeaderElector(LeaseApi(kube, election), election, loop,
+                                    lambda: asyncio.ensure_future(server.lead()),
+                                    server.step_down)
+            elector.start()
         await serve_until(server, stop)
     finally:
+        if elector is not None:  # after the server stopped acting: hand the Lease over
+            await asyncio.get_running_loop().run_in_executor(None, elector.stop)
         _close(httpd)
     return 0
+
+
+def election_config(cfg: ArbiterConfig) -> Any:
+    """The Lease settings (None without --leader-elect); ConfigError when unsafe."""
+    if not cfg.leader_elect:
+        return None
+    from ftagent.kube.lease import ElectionConfig, identity
+
+    e = ElectionConfig(name=cfg.leader_elect_lease,
+                       namespace=cfg.leader_elect_namespace or pod_namespace(),
+                       identity=identity(), lease_duration=cfg.leader_elect_lease_duration,
+                       renew_deadline=cfg.leader_elect_renew_deadline,
+                       retry_period=cfg.leader_elect_retry_period)
+    problem = e.problem()
+    if problem:
+        raise ConfigError(problem)
+    return e
+
+
+SA_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def pod_namespace() -> str:
+    """The pod's namespace: POD_NAMESPACE (downward API), the service account's, else
+    "default" (as client-go's in-cluster namespace)."""
+    ns = os.environ.get("POD_NAMESPACE", "")
+    if not ns:
+        with contextlib.suppress(OSError), open(SA_NAMESPACE) as f:
+            ns = f.read(256).strip()
+    return ns or "default"
+
+
+def kube_client(cfg: ArbiterConfig) -> Any:
+    """A ``kubernetes`` ApiClient: --kube-api URL, else in-cluster, else --kubeconfig."""
+    try:
+        from kubernetes import client, config
+    except ImportError:
+        raise StartError("--leader-elect and --history-namespace need the kubernetes client: "
+                         "pip install 'ftagent[arbiter]'") from None
+    if cfg.kube_api:
+        c = client.Configuration()
+        c.host = cfg.kube_api.rstrip("/")
+        return client.ApiClient(c)
+    try:
+        if not cfg.kubeconfig:
+            try:
+                config.load_incluster_config()
+                return client.ApiClient()
+            except config.ConfigException:
+                pass
+        c = client.Configuration()
+        config.load_kube_config(config_file=cfg.kubeconfig or None, client_configuration=c)
+        return client.ApiClient(c)
+    except (config.ConfigException, OSError, ValueError) as e:
+        raise StartError(f"no Kubernetes API: not in a cluster and no usable kubeconfig "
+                         f"({e}); give --kube-api URL or --kubeconfig FILE") from None
 
 
 def main(argv: list[str]) -> int:

@@ -27,6 +27,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -48,7 +49,7 @@ from ftagent.arbiter.auth import (
     listens_on_loopback,
     server_credentials,
 )
-from ftagent.arbiter.history import RETENTION, History
+from ftagent.arbiter.history import RETENTION, History, HistoryStore, NoStore
 from ftagent.arbiter.policy import PolicyConfig
 from ftagent.arbiter.registry import Connection, Registry, Reject
 from ftagent.arbiter.state import RankState
@@ -96,6 +97,8 @@ class ServerSettings:
     insecure: bool = False
     state_dir: str = ""  # job history across restarts (history_file.py); "" keeps it in memory
     history_retention: float = RETENTION
+    # Start as a standby: serve nothing but health until lead() (the Lease is ours).
+    leader_elect: bool = False
 
 
 def exposure_problem(s: ServerSettings) -> str:
@@ -111,21 +114,29 @@ def exposure_problem(s: ServerSettings) -> str:
 
 class ArbiterServer:
     def __init__(self, settings: ServerSettings,
-                 authenticator: Authenticator | None = None) -> None:
-        """``authenticator`` replaces the one ``settings`` imply (token, client CA)."""
+                 authenticator: Authenticator | None = None,
+                 history_store: HistoryStore | None = None) -> None:
+        """``authenticator`` replaces the one ``settings`` imply (token, client CA);
+        ``history_store`` the one ``--state-dir`` implies (e.g. kube/job_record.py)."""
         self.settings = settings
         self.arbiter_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.prom = CollectorRegistry()
         self.metrics = ArbiterMetrics(self.prom)
-        self.timeline = Timeline()
-        store = None
-        if settings.state_dir:  # raises OSError when the directory cannot be used
+        store = history_store
+        if store is None and settings.state_dir:  # raises OSError if the directory is unusable
             from ftagent.arbiter.history_file import FileHistory
 
             store = FileHistory(settings.state_dir)
-        self.history = History(store, retention=settings.history_retention)
-        self.registry = Registry(settings.policy, self.timeline, self.metrics, self.arbiter_id,
-                                 history=self.history)
+        self._store = store
+        # Leader election: a standby serves only health and holds an empty registry; each
+        # term as leader starts from a fresh one (history read again, agents re-register),
+        # so nothing of an earlier term can act. Cluster hooks re-attach via on_registry.
+        self.leading = not settings.leader_elect
+        self._term = 0
+        self._conns: set[Connection] = set()
+        self.on_registry: list[Callable[[Registry], None]] = []
+        self.timeline, self.history, self.registry = self._new_registry(
+            store if self.leading else None)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.metrics.watch_jobs(self._job_snapshots)
         self.health = health.aio.HealthServicer()
@@ -137,6 +148,80 @@ class ArbiterServer:
         self._server: grpc.aio.Server | None = None
         self._tick: asyncio.Task[None] | None = None
         self._metrics_http: Any = None
+
+    def _new_registry(self, store: HistoryStore | None
+                      ) -> tuple[Timeline, History, Registry]:
+        """A registry with its timeline and history (reads the store: blocking)."""
+        timeline = Timeline()
+        history = History(store or NoStore(), retention=self.settings.history_retention)
+        registry = Registry(self.settings.policy, timeline, self.metrics, self.arbiter_id,
+                            history=history)
+        return timeline, history, registry
+
+    def _install(self, parts: tuple[Timeline, History, Registry]) -> None:
+        self.timeline, self.history, self.registry = parts
+        for fn in self.on_registry:
+            try:
+                fn(self.registry)
+            except Exception:  # a hook's bug must not keep the arbiter from leading
+                log.exception("registry hook %r failed", fn)
+
+    @property
+    def ready(self) -> bool:
+        """Ready for agents (/readyz): serving and, with --leader-elect, the leader."""
+        return self.leading and self._server is not None
+
+    async def lead(self) -> None:
+        """The Lease is ours: load history, start deciding, report SERVING."""
+        if self.leading:
+            return
+        self._term += 1
+        term = self._term
+        loop = asyncio.get_running_loop()
+        parts = await loop.run_in_executor(None, self._new_registry, self._store)
+        if term != self._term:  # stepped down while loading
+            return
+        self._install(parts)
+        self.leading = True
+        for name in ("", SERVICE):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.warning("leading: serving agents and deciding (%d job%s in history)",
+                    len(self.history.past), "" if len(self.history.past) == 1 else "s")
+
+    def step_down(self, why: str = "lost the leader lease") -> None:
+        """Stop acting at once (sync, so it runs in the loop's next turn): NOT_SERVING,
+        every agent stream ended with UNAVAILABLE (agents retry and reach the leader), no
+        more ticks; the registry is dropped and unwritten history discarded."""
+        self._term += 1
+        was = self.leading
+        self.leading = False
+        for name in ("", SERVICE):
+            asyncio.ensure_future(self.health.set(name,
+                                                  health_pb2.HealthCheckResponse.NOT_SERVING))
+        streams = len(self._conns)
+        for conn in list(self._conns):
+            conn.reject(grpc.StatusCode.UNAVAILABLE, f"this arbiter {why}: reconnect (the "
+                        "Service sends you to the leader)", "not_leader")
+        discard = getattr(self._store, "discard_pending", None)
+        if callable(discard):
+            discard()
+        self._install(self._new_registry(None))
+        if was:
+            log.error("standing by (%s): closed %d agent stream%s, deciding nothing",
+                      why, streams, "" if streams == 1 else "s")
+
+    def _leader_only(self, fn: Any) -> Any:
+        """A standby answers UNAVAILABLE: agents retry with backoff until the Service sends
+        them to the leader."""
+        async def call(request: Any, context: grpc.aio.ServicerContext,
+                       principal: Principal) -> Any:
+            if not self.leading:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "this arbiter is the "
+                                    "standby (not the leader): retry; the Service sends "
+                                    "you to the leader")
+            return await fn(request, context, principal)
+
+        return call
 
     async def start(self) -> str:
         """Bind and serve; returns the bound HOST:PORT (port 0 picks a free one)."""
@@ -153,11 +238,16 @@ class ArbiterServer:
         server = grpc.aio.server(options=SERVER_OPTIONS)
         guard = self.guard
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
-            "Connect": grpc.stream_stream_rpc_method_handler(guard(self._connect)),
-            "ListJobs": grpc.unary_unary_rpc_method_handler(guard(self._list_jobs)),
-            "GetJob": grpc.unary_unary_rpc_method_handler(guard(self._get_job)),
-            "WatchEvents": grpc.unary_stream_rpc_method_handler(guard(self._watch)),
-            "ReportNode": grpc.unary_unary_rpc_method_handler(guard(self._report_node)),
+            "Connect": grpc.stream_stream_rpc_method_handler(
+                guard(self._leader_only(self._connect))),
+            "ListJobs": grpc.unary_unary_rpc_method_handler(
+                guard(self._leader_only(self._list_jobs))),
+            "GetJob": grpc.unary_unary_rpc_method_handler(
+                guard(self._leader_only(self._get_job))),
+            "WatchEvents": grpc.unary_stream_rpc_method_handler(
+                guard(self._leader_only(self._watch))),
+            "ReportNode": grpc.unary_unary_rpc_method_handler(
+                guard(self._leader_only(self._report_node))),
         }),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         host = s.listen.rpartition(":")[0]
@@ -171,8 +261,10 @@ class ArbiterServer:
                           "another with --listen") from None
         await server.start()
         self._server = server
+        serving = health_pb2.HealthCheckResponse.SERVING if self.leading \
+            else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", SERVICE):
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+            await self.health.set(name, serving)
         if s.metrics_port >= 0:
             self._metrics_http, _ = start_http_server(s.metrics_port, s.metrics_addr,
                                                       registry=self.prom)
@@ -190,6 +282,8 @@ class ArbiterServer:
         if self._metrics_http is not None:
             self._metrics_http.shutdown()
         self.history.close()
+        if self._store is not None and self._store is not self.history.store:
+            self._store.close()  # a standby's: its history is an empty NoStore
 
     def _job_snapshots(self) -> list[JobSnapshot]:
         """The registry's jobs for a scrape: read on the event loop, which alone touches
@@ -216,6 +310,8 @@ class ArbiterServer:
     async def _ticker(self) -> None:
         while True:
             await asyncio.sleep(TICK_SECONDS)
+            if not self.leading:
+                continue
             try:
                 self.registry.tick()
             except Exception:  # a bug in a deadline must not stop the others
@@ -226,6 +322,8 @@ class ArbiterServer:
     async def _connect(self, _requests: Any, context: grpc.aio.ServicerContext,
                        principal: Principal) -> None:
         conn = Connection(context.peer())
+        registry = self.registry  # this term's: a step-down installs another
+        self._conns.add(conn)
         reader = asyncio.create_task(self._read_loop(conn, context, principal))
         try:
             while True:
@@ -247,11 +345,13 @@ class ArbiterServer:
                     fan.done()
         finally:
             reader.cancel()
-            self.registry.disconnect(conn)
+            self._conns.discard(conn)
+            registry.disconnect(conn)
 
     async def _read_loop(self, conn: Connection, context: grpc.aio.ServicerContext,
                          principal: Principal) -> None:
         """Parse and dispatch the agent's messages; problems end the stream via a Reject."""
+        registry = self.registry  # this term's (see _connect)
         job = namespace = ""
         try:
             while True:
@@ -289,7 +389,7 @@ class ArbiterServer:
                                     "permission_denied")
                         return
                     try:
-                        self.registry.hello(conn, h)
+                        registry.hello(conn, h)
                     except Refused as e:  # e.g. the rank is held by another live agent
                         conn.reject(e.code, str(e), e.reason)
                         return
@@ -314,7 +414,7 @@ class ArbiterServer:
                     conn.reject(grpc.StatusCode.INVALID_ARGUMENT, str(e), "out_of_range")
                     return
                 try:
-                    self.registry.handle(conn, m, received)
+                    registry.handle(conn, m, received)
                 except Exception:  # a bug on one message must not take the stream down
                     log.exception("handling %s from %s failed", body, conn.peer)
         except asyncio.CancelledError:
