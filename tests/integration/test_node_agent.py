@@ -120,8 +120,8 @@ def test_carrier_loss_in_a_netns_is_a_node_fault_and_sets_the_condition() -> Non
                     assert down is not None and down["reason"] == "CarrierLost"
                     assert "ftn0" in down["message"]
                     # the kubelet's own conditions are left alone (strategic merge by type)
-                    ready_cond = [c for c in kube.get("nodes", "node-0")["status"]["conditions"]
-                                  if c["type"] == "Ready"]
+                    node = kube.get("nodes", "node-0") or {}
+                    ready_cond = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
                     assert ready_cond and ready_cond[0]["status"] == "True"
                     await wait_until(lambda: b"gpt rank 0: wait" in err, 30,
                                      "the arbiter waiting for the node's link")
@@ -169,7 +169,7 @@ def test_node_agent_keeps_running_when_the_condition_write_is_forbidden() -> Non
 def _fault(i: int = 0, **kw: Any) -> pb.Fault:
     base = dict(id=f"f{i}", kind=pb.FAULT_KIND_GPU, severity=pb.SEVERITY_FATAL,
                 scope=pb.SCOPE_NODE, message="Xid 79", detected_at=1.0)
-    return pb.Fault(**{**base, **kw})  # type: ignore[arg-type]
+    return pb.Fault(**{**base, **kw})
 
 
 def test_report_for_a_node_the_token_does_not_cover_is_refused() -> None:

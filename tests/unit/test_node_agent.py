@@ -1,0 +1,74 @@
+"""What the node agent sends, keeps local, and says in its NIC condition (pure parts)."""
+
+from __future__ import annotations
+
+from ftagent.config import NicConfig
+from ftagent.detect.gpu import GpuDetector
+from ftagent.detect.nic import NicDetector
+from ftagent.model import Fault, FaultKind, GpuEvent, LinkEvent, Scope, Severity
+from ftagent.node.agent import NicWatch, NodeAgent, reportable
+from ftagent.node.cli import parse, physical_links
+from ftagent.node.reports import MAX_PENDING, NodeReporter
+from ftagent.sources.nic import NicSource, link_event, select_links
+
+
+def gpu_faults(xid: int) -> list[Fault]:
+    return GpuDetector().observe(GpuEvent(gpu=0, kind="xid", xid=xid, ts=1.0))
+
+
+def test_fatal_gpu_faults_go_out_with_node_scope_application_xids_stay_local() -> None:
+    (fatal,) = gpu_faults(79)
+    sent = reportable(fatal)
+    assert sent is not None and sent.scope is Scope.NODE and sent.id == fatal.id
+    (reset,) = gpu_faults(95)
+    assert reset.scope is Scope.POD and reportable(reset).scope is Scope.NODE  # type: ignore[union-attr]
+    (app,) = gpu_faults(13)
+    assert app.severity is Severity.ERROR and reportable(app) is None
+
+
+def test_faults_are_queued_for_every_shard_and_bounded() -> None:
+    reporter = NodeReporter(["a:1", "b:2"], "n1", "inst")
+    agent = NodeAgent("n1", reporter=reporter)
+    (fatal,) = gpu_faults(79)
+    agent.on_fault(fatal)
+    agent.on_fault(gpu_faults(13)[0])
+    assert [list(s.pending) for s in reporter.shards] == [[fatal.id], [fatal.id]]
+    assert agent.kept_local == 1
+    for _ in range(MAX_PENDING + 5):
+        reporter.report(gpu_faults(79)[0])
+    assert all(len(s.pending) == MAX_PENDING and s.dropped == 6 for s in reporter.shards)
+
+
+def test_nic_condition_follows_the_detector() -> None:
+    det = NicDetector(0.5, scope=Scope.NODE)
+    source = NicSource(NicConfig(nic=("eth0",)), {})
+    agent = NodeAgent("n1", nic=NicWatch(source, det))
+    assert agent.health() == []  # no link seen yet: no condition
+    # what the source's first netlink dump does (the netns integration test runs it for real)
+    source.selection = select_links(("eth0",), {}, [])
+    source._update(2, link_event("eth0", 0x10003, index=2), None, lambda _: None)
+    det.observe(LinkEvent("eth0", True, True, ts=1.0))
+    (h,) = agent.health()
+    assert h.healthy and h.reason == "LinksUp"
+    det.observe(LinkEvent("eth0", True, False, ts=2.0))
+    assert agent.health()[0].healthy, "within the grace: a flap, not a problem"
+    (f,) = det.tick(3.0)
+    assert f.kind is FaultKind.NIC and f.scope is Scope.NODE
+    (h,) = agent.health()
+    assert not h.healthy and h.reason == "CarrierLost" and h.message == "link eth0 lost carrier"
+
+
+def test_flags_node_name_and_default_links(tmp_path: object) -> None:
+    s = parse(["--arbiter", "a:1,b:2"], {"NODE_NAME": "gpu-7"})
+    assert s.node.node == "gpu-7" and s.nic.nic_scope == "node" and s.node.metrics_port == 9432
+    assert parse(["--node", "x"], {"NODE_NAME": "gpu-7"}).node.node == "x"
+    import os
+    from pathlib import Path
+
+    root = Path(str(tmp_path))
+    (root / "devices/pci0000:00/net/eth0").mkdir(parents=True)
+    (root / "devices/virtual/net/veth1").mkdir(parents=True)
+    (root / "net").mkdir()
+    os.symlink(root / "devices/pci0000:00/net/eth0", root / "net/eth0")
+    os.symlink(root / "devices/virtual/net/veth1", root / "net/veth1")
+    assert physical_links(str(root / "net")) == ("eth0",)

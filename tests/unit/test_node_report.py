@@ -1,0 +1,106 @@
+"""The arbiter's side of ReportNode, pure: which jobs a node fault reaches, and once."""
+
+from __future__ import annotations
+
+from ftagent.arbiter.policy import PolicyConfig
+from ftagent.arbiter.registry import Connection, Registry
+from ftagent.arbiter.server import node_report_ack
+from ftagent.arbiter.state import Verdict
+from ftagent.arbiter.timeline import Timeline
+from ftagent.v1 import ftagent_pb2 as pb
+
+
+class Clock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def registry(clock: Clock) -> Registry:
+    return Registry(PolicyConfig(max_restarts=5), Timeline(), None, "arb-1", clock=clock)
+
+
+def hello(reg: Registry, job: str, rank: int, world: int, node: str) -> Connection:
+    conn = Connection(f"peer-{job}-{rank}")
+    reg.hello(conn, pb.Hello(job=job, rank=rank, world_size=world, node=node, pod=f"{job}-{rank}",
+                             agent_instance=f"{job}-{rank}"))
+    return conn
+
+
+def fault(fid: str, detected_at: float, kind: pb.FaultKind = pb.FAULT_KIND_GPU) -> pb.Fault:
+    return pb.Fault(id=fid, kind=kind, severity=pb.SEVERITY_FATAL, scope=pb.SCOPE_NODE,
+                    message="GPU 0: Xid 79", detected_at=detected_at)
+
+
+def test_one_decision_per_job_about_its_lowest_rank_on_the_node() -> None:
+    clock = Clock()
+    reg = registry(clock)
+    for r, node in enumerate(["n1", "n1", "n2"]):
+        hello(reg, "a", r, 3, node)
+    hello(reg, "b", 0, 1, "n1")
+    hello(reg, "c", 0, 1, "n3")
+    ack = node_report_ack(reg, pb.NodeReport(node="n1", faults=[fault("x", 999.0)]), "arb-1")
+    assert ack.ranks == 3 and ack.arbiter_id == "arb-1"
+    assert ack.acks[0].final and ack.acks[0].outcome == "a rank 0: replace; b rank 0: replace"
+    a, b, c = (reg.jobs[("", j)] for j in "abc")
+    assert (a.generation, a.restarts, b.generation, c.generation) == (1, 1, 1, 0)
+    again = node_report_ack(reg, pb.NodeReport(node="n1", faults=[fault("x", 999.0)]), "arb-1")
+    assert again.acks[0].outcome == "a rank 0: already received; b rank 0: already received"
+    assert (a.generation, a.restarts) == (1, 1), "a repeated report spends nothing"
+
+
+def test_a_fault_the_job_already_restarted_for_is_ignored() -> None:
+    """The pod agent reported the same Xid first: its job is at a new generation, opened
+    after the node saw the fault, so the node's report must not restart it again."""
+    clock = Clock()
+    reg = registry(clock)
+    conn = hello(reg, "a", 0, 1, "n1")
+    reg.handle(conn, pb.AgentMessage(fault=fault("pod-says", 1000.0)), 0.0)  # from the pod
+    job = reg.jobs[("", "a")]
+    assert job.generation == 1
+    clock.t = 1001.0
+    late = node_report_ack(reg, pb.NodeReport(node="n1", faults=[fault("node-says", 999.9)]),
+                           "arb-1")
+    assert late.acks[0].outcome == "a rank 0: ignore"
+    assert (job.generation, job.restarts) == (1, 1)
+    fresh = node_report_ack(reg, pb.NodeReport(node="n1", faults=[fault("later", 1000.9)]),
+                            "arb-1")
+    assert fresh.acks[0].outcome == "a rank 0: replace", "a fault after the restart counts"
+    assert job.generation == 2
+
+
+def test_node_without_jobs_is_recorded_and_a_nic_outage_waits_then_restarts() -> None:
+    clock = Clock()
+    reg = registry(clock)
+    none = node_report_ack(reg, pb.NodeReport(node="empty", faults=[fault("x", 1.0)]), "arb-1")
+    assert none.ranks == 0 and none.acks[0].final
+    assert none.acks[0].outcome == "no job has ranks on node empty: recorded"
+    hello(reg, "a", 0, 2, "n1")
+    hello(reg, "a", 1, 2, "n2")
+    down = pb.Fault(id="down", kind=pb.FAULT_KIND_NIC, severity=pb.SEVERITY_ERROR,
+                    scope=pb.SCOPE_NODE, message="link eth0 lost carrier",
+                    evidence_json='{"device": "eth0", "reason": "carrier_lost"}',
+                    detected_at=1000.0)
+    up = pb.Fault(id="up", kind=pb.FAULT_KIND_NIC, severity=pb.SEVERITY_INFO,
+                  scope=pb.SCOPE_NODE, message="link eth0 is up again",
+                  evidence_json='{"device": "eth0", "recovered": true, "outage_seconds": 3}',
+                  detected_at=1003.0)
+    got = node_report_ack(reg, pb.NodeReport(node="n2", faults=[down]), "arb-1")
+    assert got.acks[0].outcome == "a rank 1: wait"
+    job = reg.jobs[("", "a")]
+    assert 1 in job.nic_outages and job.generation == 0
+    got = node_report_ack(reg, pb.NodeReport(node="n2", faults=[up]), "arb-1")
+    assert got.acks[0].outcome == "a rank 1: restart" and job.generation == 1
+    last = [e for e in reg.timeline.entries("a", "", 0) if e.kind == "decision"][-1]
+    assert last.action == Verdict.RESTART.value and "link back" in last.message
+
+
+def test_a_fault_without_a_known_kind_is_acknowledged_as_ignored() -> None:
+    reg = registry(Clock())
+    hello(reg, "a", 0, 1, "n1")
+    ack = node_report_ack(reg, pb.NodeReport(node="n1", faults=[
+        pb.Fault(id="odd", kind=99, detected_at=1.0)]), "arb-1")  # type: ignore[arg-type]
+    assert ack.acks[0].final and ack.acks[0].outcome.startswith("ignored: ")
+    assert reg.jobs[("", "a")].generation == 0
