@@ -33,7 +33,8 @@ from ftagent.config import (
     split_command,
 )
 from ftagent.metrics import AgentMetrics
-from ftagent.model import PhaseMarker, Progress
+from ftagent.model import Progress
+from ftagent.sources.progress import LogObservation
 
 if TYPE_CHECKING:
     from ftagent.agent.launcher import NodePlace
@@ -319,10 +320,10 @@ def add_gpu(agent: Agent, cfg: RunConfig, environ: Mapping[str, str],
                                    detector.healthy, lambda: dict(source.event_counts)))
 
 
-def latest_progress(batch: list[Progress | PhaseMarker]) -> list[Progress | PhaseMarker]:
+def latest_progress(batch: list[LogObservation]) -> list[LogObservation]:
     """Lines read together share one timestamp, so of consecutive steps in a batch only
     the last carries information (their zero intervals are pipe buffering, not steps);
-    phase markers keep their place between them."""
+    phase markers (and Megatron's timings) keep their place between them."""
     return [o for i, o in enumerate(batch)
             if not (isinstance(o, Progress) and i + 1 < len(batch)
                     and isinstance(batch[i + 1], Progress))]

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from ftagent.model import PhaseMarker, Progress
+from ftagent.model import PhaseMarker, PhaseTiming, Progress
 from ftagent.wire.limits import MAX_DIGITS, MAX_STEP
 
 
@@ -40,7 +40,7 @@ class Claimed:
 
 
 CLAIMED: Final = Claimed()
-Parsed = Progress | PhaseMarker | Claimed | None
+Parsed = Progress | PhaseMarker | PhaseTiming | Claimed | None
 
 ANSI_RE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
 
@@ -130,6 +130,8 @@ class ParseState:
     eval_interval: int = 0  # Megatron --eval-interval, from the argument dump
     eval_iters: int = 0  # Megatron --eval-iters
     consumed: tuple[int, int] | None = None  # Megatron (iteration, consumed samples)
+    iteration: int | None = None  # Megatron's last logged iteration
+    log_interval: int = 1  # iterations between its last two logged ones (timers average)
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,28 @@ MEGATRON_SAVED = re.compile(r"\bsuccessfully saved checkpoint (?:from|at) iterat
 MEGATRON_VALID = re.compile(r"\bvalidation loss at iteration\s+\d+")
 MEGATRON_ARG = re.compile(r"^\s*(eval_interval|eval_iters)\s\.{3,}\s*(\d+)\s*$")
 MEGATRON_LOSS = ("lm loss", "reduced_train_loss", "loss", "train_loss")
+MEGATRON_TFLOPS = "throughput per gpu (tflop/s/gpu)"
+# A timer line after "(min, max) time across ranks (ms):" or "max time across ranks (ms):":
+# "    forward-backward ......: (26094.39, 26095.09)" or "    optimizer .....: 3409.92".
+_MS = r"([0-9]{1,12}(?:\.[0-9]{0,6})?)"
+MEGATRON_TIMER = re.compile(r"^([a-z][a-z0-9/-]{0,60}) \.{2,80}: \(?" + _MS
+                            + r"(?:, " + _MS + r"\))?$")
+# The timers that are parts of a training step -> the phase label (forward, backward,
+# optimizer and data as ftagent.torch names them; the rest keep Megatron's names). A
+# fixed set: other timers (setup, checkpoint saves: a declared phase already) are not
+# exported, so the label stays bounded whatever a log says.
+MEGATRON_TIMERS = {
+    "forward-backward": "forward-backward", "forward-compute": "forward",
+    "backward-compute": "backward", "batch-generator": "data", "optimizer": "optimizer",
+    **{t: t for t in (
+        "all-grads-sync", "params-all-gather", "layernorm-grads-all-reduce",
+        "embedding-grads-all-reduce", "optimizer-copy-to-main-grad",
+        "optimizer-unscale-and-check-inf", "optimizer-clip-main-grad",
+        "optimizer-count-zeros", "optimizer-inner-step",
+        "optimizer-copy-main-to-model-params", "forward-recv", "forward-send",
+        "backward-recv", "backward-send", "forward-send-backward-recv",
+        "backward-send-forward-recv")},
+}
 
 
 def parse_megatron(text: str, ts: float, st: ParseState) -> Parsed:
@@ -199,6 +223,9 @@ def parse_megatron(text: str, ts: float, st: ParseState) -> Parsed:
             batch = (consumed - prev_consumed) / (step - prev_step)
     if consumed is not None:
         st.consumed = (step, count_of(consumed) or 0)
+    if st.iteration is not None and 0 < step - st.iteration <= 1_000_000:
+        st.log_interval = step - st.iteration
+    st.iteration = step
     sps = batch / step_seconds if batch and step_seconds else None
     if (not nemo and st.eval_interval and st.eval_iters and step % st.eval_interval == 0):
         # Megatron evaluates right after logging this iteration and prints nothing until
@@ -209,7 +236,26 @@ def parse_megatron(text: str, ts: float, st: ParseState) -> Parsed:
     total = None if nemo else count(m.group(2))
     return Progress(step=step, loss=pick_loss(kv, MEGATRON_LOSS), samples_per_second=_rate(sps),
                     step_seconds=step_seconds, total_steps=total,
-                    source="nemo" if nemo else "megatron", ts=ts)
+                    source="nemo" if nemo else "megatron", ts=ts,
+                    tflops_per_gpu=_rate(number(kv.get(MEGATRON_TFLOPS))))
+
+
+def parse_megatron_timer(text: str, ts: float, st: ParseState) -> Parsed:
+    """One of Megatron's timer lines (``timers.log``): milliseconds per iteration averaged
+    over the log interval, the slowest rank's (max) when it prints (min, max). It becomes
+    the interval's total: ``log_interval`` occurrences of that many seconds."""
+    m = MEGATRON_TIMER.match(text)
+    if m is None:
+        return None
+    phase = MEGATRON_TIMERS.get(m.group(1))
+    if phase is None:
+        return CLAIMED
+    ms = number(m.group(3) or m.group(2))
+    if ms is None or not 0.0 <= ms < 1e9:
+        return CLAIMED
+    n = st.log_interval
+    return PhaseTiming(phase=phase, seconds=ms / 1000.0 * n, count=n, source="megatron",
+                       ts=ts)
 
 
 def _megatron_other(text: str, ts: float, st: ParseState) -> Parsed:
@@ -490,6 +536,7 @@ def parse_generic(text: str, ts: float, st: ParseState) -> Parsed:
 # of a format must cover every line its parse function can turn into an observation.
 FORMATS: tuple[LogFormat, ...] = (  # "tep" is in "step" and "Step"
     LogFormat("megatron", "megatron", ("iter", "heckpoint"), parse_megatron, ("interval",)),
+    LogFormat("megatron_timer", "megatron", ("..: ",), parse_megatron_timer),
     LogFormat("deepspeed", "deepspeed", ("tep", "heckpoint"), parse_deepspeed),
     LogFormat("torchtitan", "torchtitan", ("tep", "heckpoint"), parse_torchtitan),
     LogFormat("tqdm", "tqdm", ("%|",), parse_tqdm),

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from ftagent.config import ConfigError
-from ftagent.model import PhaseMarker, Progress
+from ftagent.model import PhaseMarker, PhaseTiming, Progress
 from ftagent.sources.logformats import (
     ALWAYS_NEEDLES,
     ANSI_RE,
@@ -57,6 +57,8 @@ log = logging.getLogger("ftagent.progress")
 MAX_LINE = 16 * 1024  # no trainer prints a progress line longer; longer lines are skipped
 LOCK_AFTER = 3  # steps from one format before the needles narrow to its family
 UNLOCK_AFTER = 5.0  # seconds without a step before every needle is looked for again
+
+LogObservation = Progress | PhaseMarker | PhaseTiming  # what a trainer's log line can say
 
 USER_GROUPS = ("step", "loss", "samples_per_second", "tokens_per_second")
 
@@ -192,7 +194,7 @@ class LogProgress:
         running every other format's regex; the rest still follow for mixed logs."""
         return self._locked_dispatch if self._is_locked(ts) else _DISPATCH
 
-    def parse(self, line: bytes, ts: float) -> Progress | PhaseMarker | None:
+    def parse(self, line: bytes, ts: float) -> LogObservation | None:
         """One line (bytes, no terminator) → at most one observation."""
         for u in self.user:
             if len(line) <= MAX_LINE:
@@ -210,11 +212,11 @@ class LogProgress:
                 return self._parse_candidate(line, ts)
         return None
 
-    def parse_lines(self, lines: Sequence[bytes], ts: float) -> list[Progress | PhaseMarker]:
+    def parse_lines(self, lines: Sequence[bytes], ts: float) -> list[LogObservation]:
         """A batch of lines that arrived together → their observations, in order."""
         return self.parse_blob(b"\n".join(lines), ts)
 
-    def parse_blob(self, buf: bytes, ts: float) -> list[Progress | PhaseMarker]:
+    def parse_blob(self, buf: bytes, ts: float) -> list[LogObservation]:
         """Lines joined by ``\\n`` (as the output tee delivers them) → observations, in
         order; with a budget, of the batch's last lines only when it cannot pay for all."""
         if self.budget is None or not buf:
@@ -238,7 +240,7 @@ class LogProgress:
             self._cost = max(1e-10, 0.5 * self._cost + 0.5 * spent / len(buf))
         return out
 
-    def _parse_blob(self, buf: bytes, ts: float) -> list[Progress | PhaseMarker]:
+    def _parse_blob(self, buf: bytes, ts: float) -> list[LogObservation]:
         """Every line of ``buf``. Scanning for needles costs nothing per line without one."""
         if self.user:
             return [o for o in (self.parse(line, ts) for line in buf.split(b"\n") if line)
@@ -256,7 +258,7 @@ class LogProgress:
                 if end < 0:
                     break
                 i = find(needle, end)
-        out: list[Progress | PhaseMarker] = []
+        out: list[LogObservation] = []
         for s in sorted(starts):
             e = buf.find(b"\n", s)
             obs = self._parse_candidate(buf[s:] if e < 0 else buf[s:e], ts)
@@ -266,7 +268,7 @@ class LogProgress:
 
     # ------------------------------------------------------------------ internals
 
-    def _parse_candidate(self, raw: bytes, ts: float) -> Progress | PhaseMarker | None:
+    def _parse_candidate(self, raw: bytes, ts: float) -> LogObservation | None:
         if len(raw) > MAX_LINE:
             self._skip(raw, "line too long")
             return None
@@ -292,7 +294,7 @@ class LogProgress:
             self._skip(raw, "parser failed")
         return None
 
-    def _seen(self, family: str, obs: Progress | PhaseMarker) -> None:
+    def _seen(self, family: str, obs: LogObservation) -> None:
         if not isinstance(obs, Progress):
             return
         self._last_step_ts = obs.ts
@@ -323,7 +325,7 @@ class LogProgress:
                         why, len(raw), self.skipped, exc_info=why == "parser failed")
 
 
-def in_bounds(obs: Progress | PhaseMarker) -> bool:
+def in_bounds(obs: LogObservation) -> bool:
     """A step and total a float, JSON and the arbiter carry exactly (``MAX_STEP``); an
     epoch-based global step can exceed it even when each of its counts is bounded."""
     if not isinstance(obs, Progress):
