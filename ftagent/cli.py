@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "node": ("ftagent.node.cli", "host agent (DaemonSet): node GPU/NIC faults and conditions"),
     "status": ("ftagent.arbiter.status_cli", "show jobs, ranks and timelines from an arbiter"),
     "token": ("ftagent.arbiter.token_cli", "print the token that speaks for one job only"),
+    "report": ("ftagent.report", "one HTML page about a job: steps, faults, downtime, goodput"),
     "webhook": ("ftagent.kube.webhook_cli", "admission webhook that injects ftagent into pods"),
     "demo": ("ftagent.demo", "local demo: arbiter + agents + a real training job with faults"),
 }
