@@ -168,3 +168,32 @@ def test_dockerfile_ships_what_the_webhook_copies() -> None:
             for src in line.split()[1:-1]:
                 assert (ROOT / src).exists(), src
     assert "packaging/build_bundle.py" in text and "[kube]" in text
+
+
+@needs_kubectl
+def test_node_daemonset_runs_ftagent_node_with_what_it_reads() -> None:
+    from ftagent.node.cli import parse
+
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in kustomize("deploy/overlays/node")}
+    spec = objs[("DaemonSet", "ftagent-node")]["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    assert spec["hostNetwork"] and c["args"][0] == "node"
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["FTAGENT_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "ftagent-node-token", \
+        "a node token, never the arbiter's secret"
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert mounts["/dev/kmsg"]["readOnly"]
+    vols = {v["name"]: v for v in spec["volumes"]}
+    assert vols[mounts["/dev/kmsg"]["name"]]["hostPath"] == {"path": "/dev/kmsg",
+                                                              "type": "CharDevice"}
+    plain = {k: v["value"] for k, v in env.items() if "value" in v}
+    s = parse(c["args"][1:], {**plain, "NODE_NAME": "gpu-1", "FTAGENT_TOKEN": "t"})
+    assert s.node.kube_api == "in-cluster" and s.node.metrics_port == 9432
+    assert len(s.arbiter.arbiter.split(",")) == 2, "every shard gets the reports"
+    binding = objs[("ClusterRoleBinding", "ftagent-node")]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ftagent-node",
+                                    "namespace": "ftagent-system"}]
+    rules = objs[("ClusterRole", binding["roleRef"]["name"])]["rules"]
+    assert {"resources": ["nodes/status"], "verbs": ["patch"], "apiGroups": [""]} in rules
