@@ -1,0 +1,443 @@
+"""The arbiter in the cluster: node and pod events -> faults, decisions -> Kubernetes actions.
+
+``Cluster`` is what ``ftagent arbiter --kube`` plugs into the registry, and the registry
+never imports it: pod and node events (``on_pod``, ``on_node``, from the watches) become
+faults through ``Registry.report_fault`` (``cluster_faults.py`` says which), so the policy
+decides them like every fault; each executed decision comes back through the registry's
+decision listener and turns into actions:
+
+* REPLACE: cordon + taint the rank's node (unless the fault was the pod's own --
+  preempted, evicted, deleted -- or the circuit breaker refuses), then delete the pod(s)
+  so their controller recreates them; the other ranks restart in place (their commands
+  were queued before the listener ran) and the barrier waits for the replacement;
+* every fault decision and barrier release: an Event on the pod and the job object;
+* pods of the job's ranks: annotated with their ftagent state (coalesced, latest wins).
+
+Everything on the loop is memory only; API calls go to two small thread pools (actions
+first, Events and annotations in the background), so a slow or failing API server never
+delays a decision the agents are waiting for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from ftagent.arbiter.registry import Registry
+from ftagent.arbiter.state import Decision, JobState, Verdict
+from ftagent.kube.actuator import STATE_ANNOTATION, Actuator, Forbidden, GaveUp
+from ftagent.kube.breaker import CordonBreaker
+from ftagent.kube.cluster_faults import (
+    ClusterFault,
+    NodeFaults,
+    PodFaults,
+    get,
+    parse_time,
+    pending_fault,
+)
+from ftagent.kube.recorder import JOB_KINDS, ObjectRef, Recorder, job_owner, pod_ref
+from ftagent.model import Scope
+
+log = logging.getLogger("ftagent.kube.cluster")
+
+JOB_LABEL = "ftagent.io/job"  # the pod watch selects ftagent pods by this label
+CONTEXT_KEPT = 10_000
+# Event reasons per decision, in the users' words (type, reason).
+REASONS = {Verdict.RESTART: ("Warning", "FaultRestart"),
+           Verdict.REPLACE: ("Warning", "FaultReplacePod"),
+           Verdict.STOP: ("Warning", "JobStopped"),
+           Verdict.ALERT_ONLY: ("Warning", "FaultRecorded"),
+           Verdict.DUMP_STACKS: ("Warning", "HangCollectingStacks"),
+           Verdict.WAIT: ("Warning", "LinkDownWaiting")}
+_QUIET_STATES = ("replacing", "exited", "succeeded", "stopping")
+
+
+@dataclass(frozen=True)
+class KubeSettings:
+    """What ``ftagent arbiter``'s --kube flags say (arbiter/cli.py)."""
+
+    node_notready_grace: float = 40.0
+    force_delete_after: float = -1.0  # off
+    max_cordon_fraction: float = 0.1
+    pending_grace: float = 300.0
+    component: str = "ftagent-arbiter"
+
+
+class Cluster:
+    def __init__(self, registry: Registry, api_client: Any, settings: KubeSettings, *,
+                 clock: Callable[[], float] = time.time, actuator: Actuator | None = None
+                 ) -> None:
+        self.registry, self.settings, self.clock = registry, settings, clock
+        self.actuator = actuator or Actuator(api_client, clock=clock)
+        self.recorder = Recorder(api_client, self.actuator, component=settings.component,
+                                 instance=registry.arbiter_id, clock=clock)
+        self.breaker = CordonBreaker(settings.max_cordon_fraction)
+        self.nodes = NodeFaults(settings.node_notready_grace)
+        self.pods = PodFaults()
+        self.pod_cache: dict[tuple[str, str], dict[str, Any]] = {}
+        self.node_names: set[str] = set()
+        self._context: OrderedDict[str, tuple[ClusterFault, tuple[tuple[str, str, str], ...]]] \
+            = OrderedDict()
+        self._replacing: dict[tuple[str, str], float] = {}
+        self._pending_seen: set[str] = set()
+        self._terminating: dict[tuple[str, str], float] = {}
+        self._force_deleted: set[str] = set()
+        self._owners: dict[str, ObjectRef | None] = {}
+        self._annotations: dict[tuple[str, str], dict[str, str]] = {}
+        self._annotating = False
+        self._lock = threading.Lock()
+        self._actions = ThreadPoolExecutor(2, thread_name_prefix="ftagent-kube-act")
+        self._background = ThreadPoolExecutor(2, thread_name_prefix="ftagent-kube-bg")
+        self._flushing = False
+        registry.add_decision_listener(self.on_decision)
+
+    def close(self, wait: bool = True) -> None:
+        """Stop the workers (calls under way finish, queued ones are dropped)."""
+        self._actions.shutdown(wait=wait, cancel_futures=True)
+        self._background.shutdown(wait=wait, cancel_futures=True)
+
+    # ------------------------------------------------------------------ events in
+
+    def on_node(self, type_: str, node: Any) -> None:
+        """A node watch event (ADDED / MODIFIED / DELETED), on the loop."""
+        name = get(node, "metadata", "name")
+        if not isinstance(name, str):
+            return
+        deleted = type_ == "DELETED"
+        (self.node_names.discard if deleted else self.node_names.add)(name)
+        # a node nobody runs on is watched for its Ready condition all the same (cheap),
+        # but a deleted node matters only when ranks ran there
+        if deleted and not self.registry.ranks_on_node(name):
+            self.nodes.observe(node, self.clock(), deleted=False)
+            return
+        for cf in self.nodes.observe(node, self.clock(), deleted=deleted):
+            self._report_node(cf)
+
+    def on_pod(self, type_: str, pod: Any) -> None:
+        """A pod watch event, on the loop."""
+        ns, name = get(pod, "metadata", "namespace"), get(pod, "metadata", "name")
+        if not isinstance(ns, str) or not isinstance(name, str):
+            return
+        deleted = type_ == "DELETED"
+        key = (ns, name)
+        if deleted:
+            self.pod_cache.pop(key, None)
+            self._terminating.pop(key, None)
+        elif isinstance(pod, dict):
+            self.pod_cache[key] = pod
+            gone_at = parse_time(get(pod, "metadata", "deletionTimestamp"))
+            if gone_at is not None:  # Terminating since the delete: its deadline less grace
+                grace = get(pod, "metadata", "deletionGracePeriodSeconds")
+                if isinstance(grace, int) and 0 <= grace <= 10**6:
+                    gone_at -= grace
+                self._terminating.setdefault(key, gone_at)
+        found = self.registry.rank_of_pod(ns, name)
+        if found is None:
+            return
+        job, rs = found
+        if job.finished or rs.state in _QUIET_STATES:
+            return
+        for cf in self.pods.observe(pod, deleted=deleted):
+            self._remember(cf, ((ns, name, cf.uid),))
+            self.registry.report_fault(job.namespace, job.job, cf.fault, self.clock(),
+                                       rank=rs.rank)
+
+    def _report_node(self, cf: ClusterFault) -> None:
+        by_job: dict[tuple[str, str], list[Any]] = {}
+        for job, rs in self.registry.ranks_on_node(cf.node):
+            if not job.finished:
+                by_job.setdefault((job.namespace, job.job), []).append(rs)
+        for (ns, name), ranks in by_job.items():
+            pods = tuple((ns, r.pod, self._uid(ns, r.pod)) for r in ranks if r.pod)
+            ev = {**cf.fault.evidence, "ranks": [r.rank for r in ranks][:64],
+                  "pods": [p[1] for p in pods][:64]}
+            fault = dataclasses.replace(cf.fault, evidence=ev)
+            self._remember(cf, pods)
+            self.registry.report_fault(ns, name, fault, self.clock(), rank=ranks[0].rank)
+
+    def _remember(self, cf: ClusterFault, pods: tuple[tuple[str, str, str], ...]) -> None:
+        self._context[cf.fault.id] = (cf, pods)
+        while len(self._context) > CONTEXT_KEPT:
+            self._context.popitem(last=False)
+
+    def _uid(self, ns: str, pod: str) -> str:
+        uid = get(self.pod_cache.get((ns, pod)), "metadata", "uid")
+        return uid if isinstance(uid, str) else ""
+
+    # ------------------------------------------------------------------ deadlines
+
+    def tick(self) -> None:
+        """On the loop, every half second: nodes past their grace, replacements stuck
+        Pending, pods stuck Terminating, Events waiting for the rate limit."""
+        now = self.clock()
+        for cf in self.nodes.due(now):
+            self._report_node(cf)
+        for (ns, name), since in list(self._replacing.items()):
+            job = self.registry.jobs.get((ns, name))
+            if job is None or job.finished or job.barrier is None or job.barrier.released:
+                del self._replacing[(ns, name)]
+                continue
+            for (pns, _), pod in self.pod_cache.items():
+                if pns != ns or get(pod, "metadata", "labels", JOB_LABEL) != name:
+                    continue
+                stuck = pending_fault(pod, now, since, self.settings.pending_grace,
+                                      self._pending_seen)
+                if stuck is not None:
+                    self.registry.report_fault(ns, name, stuck.fault, now)
+        after = self.settings.force_delete_after
+        if after >= 0:
+            for key, gone_at in list(self._terminating.items()):
+                uid = self._uid(*key)
+                if now - gone_at >= after and uid not in self._force_deleted:
+                    self._force_deleted.add(uid)
+                    self._submit(self._actions, self._force_delete, key[0], key[1], uid,
+                                 now - gone_at)
+        if not self._flushing and self.recorder.dirty():
+            self._flush_events()
+
+    # ------------------------------------------------------------------ decisions out
+
+    def on_decision(self, job: JobState, d: Decision, now: float) -> None:
+        """The registry's decision listener (on the loop, commands already queued)."""
+        self._events_for(job, d, now)
+        if d.verdict is Verdict.REPLACE and d.rank is not None:
+            self._replace(job, d, now)
+        if d.verdict in (Verdict.RESTART, Verdict.REPLACE, Verdict.STOP) or (
+                d.verdict is Verdict.RELEASE_BARRIER and not d.targets):
+            self._annotate(job)
+
+    def _replace(self, job: JobState, d: Decision, now: float) -> None:
+        rs = job.ranks.get(d.rank) if d.rank is not None else None
+        got = self._context.get(d.fault_id)
+        cf: ClusterFault | None = got[0] if got is not None else None
+        pods = got[1] if got is not None else ()
+        if not pods and rs is not None and rs.pod:
+            pods = ((job.namespace, rs.pod, self._uid(job.namespace, rs.pod)),)
+        node = cf.node if cf is not None and cf.node else (rs.node if rs is not None else "")
+        cordon = bool(node) and (cf is None or cf.fault.scope is Scope.NODE)
+        kind = self.registry.fault_kind(job, d.fault_id) or "node"
+        who = f"{job.namespace}/{job.job}" if job.namespace else job.job
+        if cordon:
+            job_nodes = len({r.node for r in job.ranks.values() if r.node})
+            v = self.breaker.check(node, who, job_nodes, len(self.node_names), now)
+            if v.allowed:
+                self.breaker.record(node, who, now)
+            else:
+                cordon = False
+                msg = f"node {node} not cordoned: {v.reason}"
+                log.warning("%s (job %s)", msg, who)
+                self.registry.timeline.add(now, job.job, job.namespace, job.generation,
+                                           "decision", msg, rank=d.rank, fault_id=d.fault_id)
+                self._event(job, rs.pod if rs else "", "Warning", "CordonSkipped", msg, now)
+        for _, _, uid in pods:
+            self.pods.deleted_by_us(uid)
+        self._replacing[(job.namespace, job.job)] = now
+        self._submit(self._actions, self._carry_out_replace, job, node if cordon else "",
+                     kind, d.reason, d.fault_id, who, pods, now)
+
+    def _carry_out_replace(self, job: JobState, node: str, kind: str, reason: str,
+                           fault_id: str, who: str, pods: tuple[tuple[str, str, str], ...],
+                           now: float) -> None:
+        """In a worker: cordon first (so the new pod lands elsewhere), then delete."""
+        if node:
+            try:
+                if self.actuator.cordon(node, kind, reason, fault_id, who, now):
+                    self._event(job, pods[0][1] if pods else "", "Warning", "NodeCordoned",
+                                f"node {node} cordoned and tainted ftagent.io/fault={kind}:"
+                                f"NoSchedule: {reason}", now)
+            except (Forbidden, GaveUp):
+                pass
+            except Exception:
+                log.exception("cordoning node %s failed", node)
+        for ns, name, uid in pods:
+            try:
+                if self.actuator.delete_pod(ns, name, uid):
+                    self._event(job, name, "Warning", "PodDeleted", f"pod {name} deleted so "
+                                "that its controller replaces it: " + reason, now)
+            except (Forbidden, GaveUp):
+                pass
+            except Exception:
+                log.exception("deleting pod %s/%s failed", ns, name)
+
+    def _force_delete(self, ns: str, name: str, uid: str, stuck: float) -> None:
+        try:
+            if self.actuator.delete_pod(ns, name, uid, grace=0):
+                log.warning("force-deleted pod %s/%s, Terminating for %.0fs (past "
+                            "--force-delete-after)", ns, name, stuck)
+        except (Forbidden, GaveUp):
+            pass
+
+    # ------------------------------------------------------------------ Events, annotations
+
+    def _events_for(self, job: JobState, d: Decision, now: float) -> None:
+        if d.verdict is Verdict.RELEASE_BARRIER and not d.targets and job.restarts:
+            self._event(job, "", "Normal", "TrainingResumed", d.reason, now)
+            return
+        got = REASONS.get(d.verdict)
+        if got is None:
+            return
+        rs = job.ranks.get(d.rank) if d.rank is not None else None
+        self._event(job, rs.pod if rs is not None else "", got[0], got[1], d.reason, now)
+
+    def _event(self, job: JobState, pod: str, type_: str, reason: str, message: str,
+               now: float) -> None:
+        """An Event on ``pod`` (if known) and on the job object (from the loop or a worker:
+        the recorder is thread-safe; the pod cache is only read here)."""
+        obj = self.pod_cache.get((job.namespace, pod)) if pod else None
+        if obj is not None and (ref := pod_ref(obj)) is not None:
+            self.recorder.record(ref, reason, message, type_, now)
+        if obj is None:  # any pod of the job tells its owner
+            obj = next((self.pod_cache[(job.namespace, r.pod)] for r in list(job.ranks.values())
+                        if (job.namespace, r.pod) in self.pod_cache), None)
+        owner = self._owner(obj) if obj is not None else None
+        if owner is not None:
+            self.recorder.record(owner, reason, message, type_, now)
+        self._flush_events()
+
+    def _owner(self, pod: dict[str, Any]) -> ObjectRef | None:
+        uid = str(get(pod, "metadata", "uid") or "")
+        if uid in self._owners:
+            return self._owners[uid]
+        # owners that need a read (batch Job -> JobSet -> TrainJob) are resolved in the
+        # background; until then the pod's own controller (if a job kind) stands in
+        ref = job_owner(pod, lambda _ref: None)
+        self._owners[uid] = ref
+        if len(self._owners) > CONTEXT_KEPT:
+            self._owners.pop(next(iter(self._owners)))
+        if ref is not None and (ref.group, ref.kind) not in JOB_KINDS:
+            return None
+        return ref
+
+    def _flush_events(self) -> None:
+        if self._flushing:
+            return
+        self._flushing = True
+
+        def run() -> None:
+            try:
+                self.recorder.flush()
+            finally:
+                self._flushing = False
+
+        self._submit(self._background, run)
+
+    def _annotate(self, job: JobState) -> None:
+        for r in job.ranks.values():
+            if r.pod and (job.namespace, r.pod) in self.pod_cache:
+                self._annotations[(job.namespace, r.pod)] = {
+                    STATE_ANNOTATION: r.state or "unknown",
+                    "ftagent.io/generation": str(job.generation)}
+        if self._annotations and not self._annotating:
+            self._annotating = True
+            self._submit(self._background, self._drain_annotations)
+
+    def _drain_annotations(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if not self._annotations:
+                        return
+                    key = next(iter(self._annotations))
+                    notes = self._annotations.pop(key)
+                try:
+                    self.actuator.annotate_pod(key[0], key[1], notes)
+                except (Forbidden, GaveUp):
+                    with self._lock:
+                        self._annotations.clear()
+                    return
+                except Exception as e:
+                    log.debug("annotating %s/%s: %s", key[0], key[1], e)
+        finally:
+            self._annotating = False
+
+    def _submit(self, pool: ThreadPoolExecutor, fn: Callable[..., None], *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # shut down
+            pool.submit(self._guarded, fn, *args)
+
+    @staticmethod
+    def _guarded(fn: Callable[..., None], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("kube action %s failed", getattr(fn, "__name__", fn))
+
+
+async def tick_forever(cluster: Cluster, interval: float = 0.5) -> None:
+    """The cluster's deadlines on the loop (the arbiter's ticker runs its own)."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            cluster.tick()
+        except Exception:
+            log.exception("cluster tick failed")
+
+
+# --------------------------------------------------------------------------- watches
+# A minimal list+watch per kind (relist on 410 or a dropped stream, backoff): a stand-in
+# until ftagent/kube/informer.py (resume, bookmarks, jitter) is wired in its place.
+
+
+def watch_kind(list_fn: Callable[..., Any], handler: Callable[[str, Any], None],
+               loop: asyncio.AbstractEventLoop, stop: threading.Event,
+               **selectors: str) -> None:
+    """In a thread: list, hand every object to ``handler`` on ``loop`` (ADDED), then watch
+    and hand each event; relist from scratch when the watch ends or fails."""
+    import json
+
+    from kubernetes import watch
+
+    backoff = 0.2
+    while not stop.is_set():
+        try:
+            resp = list_fn(_preload_content=False, _request_timeout=30, **selectors)
+            listed = json.loads(resp.data)
+            version = str(get(listed, "metadata", "resourceVersion") or "")
+            for obj in listed.get("items") or []:
+                loop.call_soon_threadsafe(handler, "ADDED", obj)
+            w = watch.Watch()
+            for ev in w.stream(list_fn, resource_version=version, timeout_seconds=300,
+                               _preload_content=False, **selectors):
+                if stop.is_set():
+                    w.stop()
+                    return
+                raw = ev.get("raw_object") if isinstance(ev, dict) else None
+                kind = ev.get("type") if isinstance(ev, dict) else None
+                if kind in ("ADDED", "MODIFIED", "DELETED") and isinstance(raw, dict):
+                    loop.call_soon_threadsafe(handler, kind, raw)
+                elif kind == "ERROR":
+                    break  # 410 Expired and the like: relist
+            backoff = 0.2
+        except Exception as e:
+            if stop.is_set():
+                return
+            log.debug("watch %s: %s (relisting in %.1fs)", getattr(list_fn, "__name__", ""),
+                      e, backoff)
+            stop.wait(backoff)
+            backoff = min(backoff * 2, 10.0)
+
+
+def start_watches(cluster: Cluster, api_client: Any, loop: asyncio.AbstractEventLoop,
+                  stop: threading.Event) -> list[threading.Thread]:
+    """One pod watch (by the ftagent.io/job label, every namespace) and one node watch."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client)
+    threads = [
+        threading.Thread(target=watch_kind, args=(core.list_pod_for_all_namespaces,
+                                                  cluster.on_pod, loop, stop),
+                         kwargs={"label_selector": JOB_LABEL}, daemon=True,
+                         name="ftagent-watch-pods"),
+        threading.Thread(target=watch_kind, args=(core.list_node, cluster.on_node, loop, stop),
+                         daemon=True, name="ftagent-watch-nodes")]
+    for t in threads:
+        t.start()
+    return threads

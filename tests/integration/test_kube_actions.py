@@ -1,0 +1,267 @@
+"""Cluster faults and actions: the real ``kubernetes`` client against the fake API server
+(real HTTP, real watch streams), a real Registry deciding, simulated agent connections."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from ftagent.arbiter.policy import PolicyConfig
+from ftagent.arbiter.registry import Connection, Registry
+from ftagent.arbiter.state import JobPhase
+from ftagent.arbiter.timeline import Timeline
+from ftagent.kube.actuator import Actuator
+from ftagent.kube.cluster import JOB_LABEL, Cluster, KubeSettings, start_watches, tick_forever
+from ftagent.v1 import ftagent_pb2 as pb
+from tests.arbiter_helpers import wait_until
+from tests.kube_fake import FakeKube
+
+NS = "train"
+OWNER = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "llm",
+         "uid": "job-uid", "controller": True}
+
+
+@dataclass
+class Setup:
+    fake: FakeKube
+    reg: Registry
+    cluster: Cluster
+    conns: list[Connection]
+
+    def events(self) -> list[dict[str, Any]]:
+        got: Any = self.fake.events(NS)  # (FakeKube.list shadows the builtin for mypy)
+        return list(got)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        got: Any = self.fake.list("nodes")
+        return list(got)
+
+    def requests(self) -> list[Any]:
+        got: Any = self.fake.requests
+        return list(got)
+
+    def commands(self, rank: int) -> list[pb.Command]:
+        out = []
+        c = self.conns[rank]
+        while not c.outbox.empty():
+            item = c.outbox.get_nowait()
+            if isinstance(item, tuple):
+                m = pb.ArbiterMessage.FromString(item[0])
+                if m.WhichOneof("body") == "command":
+                    out.append(m.command)
+        return out
+
+
+@asynccontextmanager
+async def cluster(world: int = 4, per_node: int = 1, nodes: int = 8,
+                  **settings: Any) -> AsyncIterator[Setup]:
+    fake = FakeKube()
+    for n in range(nodes):
+        fake.add_node(f"node-{n}")
+    reg = Registry(PolicyConfig(max_restarts=5), Timeline(), None, "arb")
+    conns = []
+    for r in range(world):
+        fake.add_pod(NS, f"llm-worker-{r}", labels={JOB_LABEL: "llm"},
+                     node=f"node-{r // per_node}", owner=OWNER)
+        c = Connection(f"peer-{r}")
+        reg.hello(c, pb.Hello(job="llm", namespace=NS, rank=r, world_size=world,
+                              agent_instance=f"i{r}", pod=f"llm-worker-{r}",
+                              node=f"node-{r // per_node}"))
+        conns.append(c)
+    for c in conns:
+        reg.handle(c, pb.AgentMessage(arrival=pb.BarrierArrival(generation=0)), 0.0)
+    api = fake.client()
+    cl = Cluster(reg, api, KubeSettings(**settings),
+                 actuator=Actuator(api, backoff=0.01, max_backoff=0.05))
+    stop = threading.Event()
+    loop = asyncio.get_running_loop()
+    threads = start_watches(cl, api, loop, stop)
+    ticker = asyncio.create_task(tick_forever(cl, 0.05))
+    s = Setup(fake, reg, cl, conns)
+    try:
+        await wait_until(lambda: len(cl.pod_cache) == world and len(cl.node_names) == nodes,
+                         20, "the watches to list pods and nodes")
+        for r in range(world):
+            s.commands(r)
+        yield s
+    finally:
+        ticker.cancel()
+        stop.set()
+        fake.drop_watches()
+        cl.close()
+        for t in threads:
+            t.join(10)
+        fake.stop()
+
+
+def run(coro: Callable[[], Any]) -> None:
+    asyncio.run(coro())
+
+
+def test_node_not_ready_past_the_grace_replaces_its_rank_cordons_taints_and_deletes() -> None:
+    async def body() -> None:
+        async with cluster(node_notready_grace=0.5) as s:
+            s.fake.set_node_ready("node-2", "Unknown")
+            job = s.reg.jobs[(NS, "llm")]
+            await wait_until(lambda: job.generation == 1, 20, "the node fault's decision")
+            assert job.phase is JobPhase.RESTARTING
+            kinds = {r: [c.kind for c in s.commands(r)] for r in range(4)}
+            assert kinds[2] == [pb.COMMAND_KIND_REPLACE]
+            assert all(kinds[r] == [pb.COMMAND_KIND_RESTART] for r in (0, 1, 3))
+
+            def cordoned() -> bool:
+                n = s.fake.get("nodes", "node-2") or {}
+                return bool((n.get("spec") or {}).get("unschedulable"))
+
+            await wait_until(cordoned, 20, "node-2 cordoned")
+            n = s.fake.get("nodes", "node-2") or {}
+            assert {"key": "ftagent.io/fault", "value": "node", "effect": "NoSchedule"}.items() \
+                <= n["spec"]["taints"][0].items()
+            notes = n["metadata"]["annotations"]
+            assert notes["ftagent.io/fault-job"] == f"{NS}/llm" and "not Ready" in \
+                notes["ftagent.io/fault"]
+            await wait_until(lambda: (p := s.fake.get("pods", "llm-worker-2", NS)) is None or
+                             bool(p["metadata"].get("deletionTimestamp")), 20, "pod deleted")
+            # the deletion was ours: no second fault, the budget spent once
+            await asyncio.sleep(0)  # noqa: ASYNC110 -- one loop turn for queued events
+            assert job.restarts == 1
+            entries = s.reg.timeline.entries("llm", NS, 0)
+            assert any(e.kind == "fault" and "node node-2 not Ready" in e.message
+                       for e in entries)
+
+            def reasons() -> set[str]:
+                return {e["reason"] for e in s.events()}
+
+            await wait_until(lambda: {"FaultReplacePod", "NodeCordoned", "PodDeleted"}
+                             <= reasons(), 20, "Events recorded")
+            on_job = [e for e in s.events() if e["involvedObject"]["kind"] ==
+                      "PyTorchJob"]
+            assert on_job and on_job[0]["involvedObject"]["name"] == "llm"
+    run(body)
+
+
+def test_a_preempted_pod_replaces_its_rank_without_cordoning_its_node() -> None:
+    async def body() -> None:
+        async with cluster() as s:
+            s.fake.set_pod_condition(NS, "llm-worker-1", "DisruptionTarget",
+                                     reason="PreemptionByScheduler",
+                                     message="preempted by train/urgent")
+            job = s.reg.jobs[(NS, "llm")]
+            await wait_until(lambda: job.generation == 1, 20, "the preemption's decision")
+            assert [c.kind for c in s.commands(0)] == [pb.COMMAND_KIND_RESTART]
+            await wait_until(lambda: s.fake.count("delete", "pods") >= 1, 20, "pod deleted")
+            assert s.fake.count("update", "nodes") == 0
+            assert any("preempted by the scheduler" in e.message
+                       for e in s.reg.timeline.entries("llm", NS, 0))
+    run(body)
+
+
+def test_forbidden_is_one_log_line_and_the_decision_still_reaches_the_agents(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def body() -> None:
+        async with cluster(node_notready_grace=0.2, max_cordon_fraction=0.5) as s:
+            s.fake.forbid("update", "nodes")
+            s.fake.forbid("delete", "pods")
+            for node in ("node-1", "node-3"):
+                s.fake.set_node_ready(node, "False")
+            job = s.reg.jobs[(NS, "llm")]
+            await wait_until(lambda: job.generation >= 1, 20, "a decision")
+            assert any(c.kind == pb.COMMAND_KIND_RESTART for c in s.commands(0))
+            await wait_until(lambda: s.fake.count("delete", "pods") >= 1, 20, "delete tried")
+            await wait_until(lambda: job.generation == 2, 20, "the second node's decision")
+            await wait_until(lambda: s.fake.count("delete", "pods") >= 2, 20, "2nd delete")
+            await wait_until(lambda: s.fake.count("update", "nodes") >= 2, 20, "2nd cordon")
+    with caplog.at_level(logging.ERROR, logger="ftagent.kube.actuator"):
+        run(body)
+    lines = [r.getMessage() for r in caplog.records if "403 Forbidden" in r.getMessage()]
+    assert len([x for x in lines if "update nodes" in x]) == 1
+    assert len([x for x in lines if "delete pods" in x]) == 1
+    assert any("lacks RBAC permission 'update' on 'nodes'" in x for x in lines)
+
+
+def test_a_conflict_is_retried_with_the_fresh_node_and_a_500_with_backoff() -> None:
+    async def body() -> None:
+        async with cluster() as s:
+            s.fake.fail("update", "nodes", code=409, times=1)
+            s.fake.fail("get", "nodes", code=500, times=2)
+            s.fake.set_pod_phase(NS, "llm-worker-0", "Failed", reason="Evicted",
+                                 message="The node was low on resource: memory.")
+            await wait_until(lambda: s.fake.count("delete", "pods") >= 1, 20, "delete")
+            assert s.fake.count("update", "nodes") == 0  # kubelet eviction: no cordon
+            # a GPU fault from the agent: REPLACE, cordon through one 409 and two 500s
+            f = pb.Fault(id="gpu-1", kind=pb.FAULT_KIND_GPU, severity=pb.SEVERITY_FATAL,
+                         scope=pb.SCOPE_NODE, message="Xid 79: fallen off the bus",
+                         generation=1)
+            s.reg.handle(s.conns[3], pb.AgentMessage(fault=f), time.monotonic())
+            await wait_until(lambda: bool(((s.fake.get("nodes", "node-3") or {}).get("spec")
+                                           or {}).get("unschedulable")), 20, "cordon")
+            n = s.fake.get("nodes", "node-3") or {}
+            assert n["spec"]["taints"][0]["value"] == "gpu"
+            assert s.fake.count("update", "nodes") == 2
+    run(body)
+
+
+def test_the_circuit_breaker_stops_a_rule_that_blames_every_node() -> None:
+    async def body() -> None:
+        async with cluster(world=8, nodes=8, max_cordon_fraction=0.25) as s:
+            for r in range(8):  # a bad rule: every rank's GPU is "fatal"
+                job = s.reg.jobs[(NS, "llm")]
+                f = pb.Fault(id=f"bad-{r}", kind=pb.FAULT_KIND_GPU, scope=pb.SCOPE_NODE,
+                             severity=pb.SEVERITY_FATAL, message="bogus",
+                             generation=job.generation)
+                s.reg.handle(s.conns[r], pb.AgentMessage(fault=f), time.monotonic())
+            await wait_until(lambda: s.fake.count("delete", "pods") >= 5, 20, "deletes")
+            cordoned = [n["metadata"]["name"] for n in s.nodes()
+                        if (n.get("spec") or {}).get("unschedulable")]
+            assert len(cordoned) == 2
+            skipped = [e for e in s.reg.timeline.entries("llm", NS, 0)
+                       if "not cordoned: circuit breaker" in e.message]
+            assert len(skipped) == 3  # budget 5: five REPLACEs, two cordons
+    run(body)
+
+
+def test_events_aggregate_into_one_series_whose_count_grows() -> None:
+    async def body() -> None:
+        async with cluster() as s:
+            for i in range(3):
+                job = s.reg.jobs[(NS, "llm")]
+                f = pb.Fault(id=f"crash-{i}", kind=pb.FAULT_KIND_CRASH, message="exit 1",
+                             generation=job.generation, exit_status=1)
+                s.reg.handle(s.conns[1], pb.AgentMessage(fault=f), time.monotonic())
+
+            def series() -> list[dict[str, Any]]:
+                return [e for e in s.events() if e["reason"] == "FaultRestart"]
+
+            await wait_until(lambda: [e.get("count") for e in series()
+                                      if e["involvedObject"]["kind"] == "Pod"] == [3], 20,
+                             "one Pod series with count 3")
+            on_job = [e for e in series() if e["involvedObject"]["kind"] == "PyTorchJob"]
+            assert [e["count"] for e in on_job] == [3]
+            assert s.fake.count("create", "events") == 2
+    run(body)
+
+
+def test_a_pod_stuck_terminating_is_force_deleted_past_the_limit() -> None:
+    async def body() -> None:
+        async with cluster(force_delete_after=0.3) as s:
+            s.fake.delete("pods", "llm-worker-3", NS, grace=30)  # someone deletes it
+            job = s.reg.jobs[(NS, "llm")]
+            await wait_until(lambda: job.generation == 1, 20, "the deletion's decision")
+
+            def forced() -> bool:
+                return any(r.verb == "delete" and r.resource == "pods" and
+                           r.query.get("gracePeriodSeconds") == "0"
+                           for r in s.requests())
+
+            await wait_until(forced, 20, "force delete")
+            await wait_until(lambda: s.fake.get("pods", "llm-worker-3", NS) is None, 20,
+                             "the pod gone")
+    run(body)
