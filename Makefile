@@ -24,6 +24,7 @@ deps:
 	@missing=""; \
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing:$$missing"; \

@@ -24,12 +24,10 @@ def events_files(tmp_path: Path) -> list[str]:
     paths = []
     for rank in (0, 1):
         lines = [rec(0, "state", "running", "trainer running", rank=rank)]
-        step = 0
-        for i in range(60):
-            t = i * 0.5 if i * 0.5 < 30 else 40 + (i * 0.5 - 30)
+        for step in range(60):
+            t = step * 0.5 if step * 0.5 < 30 else 40 + (step * 0.5 - 30)
             lines.append(rec(t, "progress", step=step, rank=rank, step_seconds=0.5,
                              collective_seconds=0.1, data_seconds=0.05))
-            step += 1
         if rank == 1:
             lines.append(rec(30, "fault", "crash", "exit code 139", rank=1, fault_id="f1"))
         lines.append(rec(30.2, "action", "restart", "every rank restarts", rank=rank))
