@@ -10,6 +10,8 @@ Knobs (all optional):
   TRAIN_PG_TIMEOUT=120       process-group timeout (gloo raises after it)
   TRAIN_LOG_FORMAT=generic   generic | megatron (progress line style)
   TRAIN_SDK=0                1: also report steps/phases/collectives through ftagent's SDK
+  INSTRUMENT=0               1: ftagent.torch.instrument(model, optimizer, data loader):
+                             collective busbw, DDP buckets, forward/backward/optimizer/data
 Faults (only on rank FAULT_RANK, default 0, and only while FTAGENT_RESTART_COUNT equals
 FAULT_ATTEMPT, default 0, so the job heals after a restart):
   FAULT_EVERY_ATTEMPT=1      inject on every attempt instead (a fault that never heals)
@@ -39,6 +41,8 @@ import gc
 import os
 import sys
 import time
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 
 def env_int(name: str, default: int) -> int:
@@ -194,13 +198,21 @@ def main() -> int:
         model = DDP(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     batch = 16
+    batches = None
+    if os.environ.get("INSTRUMENT", "0") == "1":
+        import ftagent.torch
+
+        data = torch.utils.data.TensorDataset(torch.randn(batch * 64, 32))
+        loader = torch.utils.data.DataLoader(data, batch_size=batch, drop_last=True)
+        ftagent.torch.instrument(model=model, optimizer=opt, dataloader=loader)
+        batches = _cycle(loader)
     log(f"started: world={WORLD} attempt={ATTEMPT} steps={steps}")
 
     last = time.monotonic()
     for step in range(1, steps + 1):
         if fault_at("FAULT_DATA_STALL_AT_STEP", step):
             wait_for_data(step)
-        x = torch.randn(batch, 32)
+        x = next(batches)[0] if batches is not None else torch.randn(batch, 32)
         y = x.sum(dim=1, keepdim=True)
         time.sleep(step_sleep * slow)
         if step == 1 and first_step > 0:
@@ -248,6 +260,12 @@ def main() -> int:
         del model, opt  # DDP's reducer goes before its process group (see shutdown)
         shutdown()
     return 0
+
+
+def _cycle(loader: Iterable[Any]) -> Iterator[Any]:
+    """Batches from ``loader`` forever (a new epoch when one ends)."""
+    while True:
+        yield from loader
 
 
 def shutdown() -> None:
