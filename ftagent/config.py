@@ -107,6 +107,18 @@ def regex(v: str) -> str:
     return v
 
 
+_MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", re.ASCII)
+
+
+def modules(v: str) -> str:
+    """Comma-separated dotted module names (``torch,transformers.models``)."""
+    for part in v.split(","):
+        if part.strip() and (len(part.strip()) > 200
+                             or not _MODULE_NAME.fullmatch(part.strip())):
+            raise ConfigError(f"has {shown(part.strip())}, which is not a module name")
+    return v
+
+
 def name(v: str) -> str:
     """A job, namespace, pod or node name: what the wire accepts (``limits.check_name``)."""
     try:
@@ -203,11 +215,24 @@ class SupervisorConfig:
         0, "--max-restarts", "restarts allowed after a failure (local policy; the arbiter "
         "counts per job)", check=RESTARTS, metavar="N")
     restart_backoff: float = opt(
-        1.0, "--restart-backoff", "seconds before the first local restart; doubles each "
-        "time up to --restart-backoff-max", check=SECONDS, metavar="SECONDS")
+        1.0, "--restart-backoff", "seconds before a local restart after a failure that "
+        "repeats within --restart-backoff-window (the first one restarts at once); doubles "
+        "with each further repeat up to --restart-backoff-max", check=SECONDS,
+        metavar="SECONDS")
     restart_backoff_max: float = opt(
         30.0, "--restart-backoff-max", "cap on the local restart backoff",
         check=SECONDS, metavar="SECONDS")
+    restart_backoff_window: float = opt(
+        120.0, "--restart-backoff-window", "a failure this soon after the previous one is "
+        "a repeat and backs off; after a longer healthy stretch the restart is immediate",
+        check=SECONDS, metavar="SECONDS")
+    warm_restart: bool = opt(
+        True, "--warm-restart", "keep a standby interpreter per worker that has imported "
+        "the trainer's modules and becomes the next attempt (Python commands, when a "
+        "restart can happen; --no-warm-restart: every start is cold)")
+    warm_imports: tuple[str, ...] = opt(
+        (), "--warm-imports", "modules the standby imports, comma-separated (default: "
+        "learned from the script's import statements)", check=modules, metavar="MODULES")
     stop_timeout: float = opt(
         30.0, "--stop-timeout", "grace after SIGTERM before every process of the trainer's "
         "tree is SIGKILLed", check=SECONDS, metavar="SECONDS")

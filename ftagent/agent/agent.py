@@ -27,7 +27,7 @@ import psutil
 
 from ftagent.agent import supervisor
 from ftagent.agent.events import EventsFile
-from ftagent.agent.local_policy import decide
+from ftagent.agent.local_policy import FailureStreak, decide
 from ftagent.agent.supervisor import ChildReaper, SpawnError, TrainerProcess
 from ftagent.agent.tee import LastLines, LineBacklog, Writer
 from ftagent.config import RunConfig
@@ -101,6 +101,8 @@ class Agent:
         self._armed: set[tuple[int, float]] = set()  # (id(detector), deadline) timers
         self._backlog: LineBacklog | None = None  # the running trainer's output on its way
         self._hang_faults: set[str] = set()  # ids of this attempt's hang faults
+        # quick repeats of failures: the backoff grows only with these (local_policy)
+        self.failures = FailureStreak(cfg.supervisor.restart_backoff_window)
         # -- what the launcher (agent/worker.py) sets per worker; alone, the defaults
         self.tree: Callable[[], list[psutil.Process]] = supervisor.tree  # this trainer's
         self.group: WorkerGroup | None = None  # the node's workers restart together
@@ -304,7 +306,8 @@ class Agent:
                         max_restarts=self.cfg.supervisor.max_restarts,
                         backoff_base=self.cfg.supervisor.restart_backoff,
                         backoff_cap=self.cfg.supervisor.restart_backoff_max,
-                        hang_action=self.cfg.hang.hang_action)
+                        hang_action=self.cfg.hang.hang_action,
+                        repeats=self.failures.record(time.monotonic()))
         # the generation it leads to: a local restart counts up (events and status say so)
         gen = self.generation + 1 if action.kind == ActionKind.RESTART else self.generation
         self._local_actions.add(action.id)  # its exit status is the trainer's (_exit_code_of)

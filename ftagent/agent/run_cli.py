@@ -119,6 +119,9 @@ def build_agent(cfg: RunConfig, environ: Mapping[str, str], rundir: str, *,
     agent.fault_hooks.append(sink.on_fault)
     agent.metrics = metrics  # type: ignore[attr-defined]
     add_progress(agent, cfg, metrics, rundir)
+    from ftagent.agent.standby import use_warm_restarts
+
+    use_warm_restarts(agent, cfg, rundir)  # the spawn seam: a warm standby, else cold
     if node_sources:
         add_nic(agent, cfg, environ, registry, labels)
         add_gpu(agent, cfg, environ, registry, labels)

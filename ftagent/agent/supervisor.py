@@ -48,6 +48,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple, Protocol
 
 import psutil
 
@@ -166,11 +167,13 @@ def resolve(command: Sequence[str], env: Mapping[str, str]) -> str:
     return path
 
 
-def spawn(command: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+def spawn(command: Sequence[str], env: Mapping[str, str],
+          pass_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:
     """Start ``command`` in its own session with pipes for stdout/stderr.
 
     Its own session (and so process group) lets the agent signal the whole group at once
     and keeps a terminal's Ctrl-C going to the agent, which decides what to forward.
+    ``pass_fds``: kept open in the command (a standby's control pipes, see ``standby``).
     """
     resolve(command, env)
     c = containment.current()
@@ -180,7 +183,7 @@ def spawn(command: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[by
     try:
         popen = subprocess.Popen(
             shim, env=c.trainer_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            start_new_session=True, close_fds=True,
+            start_new_session=True, close_fds=True, pass_fds=tuple(pass_fds),
         )
     except OSError as e:
         raise SpawnError(f"cannot start {command[0]}: {e.strerror or e}", 126) from None
@@ -188,14 +191,30 @@ def spawn(command: Sequence[str], env: Mapping[str, str]) -> subprocess.Popen[by
     return popen
 
 
+# Standby interpreters (``standby``) waiting to become a trainer: the agent's children, but
+# no part of the trainer's tree until they get the go, so a stop, an evidence capture or
+# the end of an attempt never touches them. Per process, like the kernel's list of
+# children it mirrors (and like ``containment.current()``).
+_hidden: set[int] = set()
+
+
+def hide_from_tree(pid: int) -> None:
+    _hidden.add(pid)
+
+
+def show_in_tree(pid: int) -> None:
+    _hidden.discard(pid)
+
+
 def tree() -> list[psutil.Process]:
     """Every live descendant of the agent: the trainer and all it started (sub-reaper);
-    not the watchdog, which is the agent's child but no part of the trainer's tree."""
+    not the watchdog, which is the agent's child but no part of the trainer's tree, nor
+    the standbys waiting for a restart."""
     c = containment.peek()
-    skip = c.watchdog_pid if c is not None else None
+    skip = {c.watchdog_pid} if c is not None else set()
     try:
         procs = [p for p in psutil.Process().children(recursive=True)
-                 if p.pid != skip and _alive(p)]
+                 if p.pid not in skip and p.pid not in _hidden and _alive(p)]
     except psutil.Error:
         return []
     if not procs and c is not None:
@@ -267,18 +286,58 @@ async def kill_tree(pgid: int | None, poll: float = 0.01, timeout: float = 5.0,
         await asyncio.sleep(poll)
 
 
+def grow_go_pipe(fd: int, size: int) -> None:
+    """Make a pipe hold ``size`` bytes, so one write of that much never blocks."""
+    if size > 65536:
+        with contextlib.suppress(OSError):
+            import fcntl
+
+            fcntl.fcntl(fd, 1031, size)  # F_SETPIPE_SZ
+
+
+class Started(NamedTuple):
+    """A trainer process as a starter hands it over: started cold, or a standby's."""
+
+    popen: subprocess.Popen[bytes]
+    exited: asyncio.Future[ProcessExit]
+    how: str  # "cold" | "standby"
+
+
+class Starter(Protocol):
+    """The spawn path's seam: a cold exec, or a warm standby (``standby.WarmStarter``).
+    ``slot``: the worker's place (its local rank), one standby per slot."""
+
+    def start(self, command: Sequence[str], env: Mapping[str, str], reaper: ChildReaper,
+              slot: int = 0) -> Started: ...
+
+
+class ColdStarter:
+    """The exec shim, every time."""
+
+    def start(self, command: Sequence[str], env: Mapping[str, str], reaper: ChildReaper,
+              slot: int = 0) -> Started:
+        popen = spawn(command, env)
+        return Started(popen, reaper.watch(popen.pid), "cold")
+
+
 class TrainerProcess:
-    """One run of the trainer: the process, its exit future and its output pumps."""
+    """One run of the trainer: the process, its exit future and its output pumps.
+
+    ``starter`` picks the process (cold by default; ``standby.WarmStarter`` hands over a
+    warm standby for ``slot``): the rest is the same for both."""
 
     def __init__(self, command: Sequence[str], env: Mapping[str, str], reaper: ChildReaper,
                  on_lines: LinesCallback, *, stdout_fd: int | Writer = 1,
                  stderr_fd: int | Writer = 2,
-                 max_line: int = MAX_LINE) -> None:
-        self.popen = spawn(command, env)
+                 max_line: int = MAX_LINE, starter: Starter | None = None,
+                 slot: int = 0) -> None:
+        started = (starter or ColdStarter()).start(command, env, reaper, slot)
+        self.popen = started.popen
+        self.how = started.how
         self.pid = self.popen.pid
         self.pgid = self.pid  # start_new_session: the trainer leads its own group
         self.started = time.monotonic()
-        self.exited: asyncio.Future[ProcessExit] = reaper.watch(self.pid)
+        self.exited: asyncio.Future[ProcessExit] = started.exited
         assert self.popen.stdout is not None and self.popen.stderr is not None
         out_fd = os.dup(self.popen.stdout.fileno())
         err_fd = os.dup(self.popen.stderr.fileno())
