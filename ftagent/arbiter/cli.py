@@ -32,9 +32,11 @@ from typing import TYPE_CHECKING, Any
 from ftagent.arbiter.policy import PolicyConfig
 from ftagent.arbiter.straggler import StragglerAction
 from ftagent.config import (
+    MAX_SECONDS,
     PORT_OR_OFF,
     POSITIVE_SECONDS,
     RESTARTS,
+    SECONDS,
     ConfigError,
     HelpFormatter,
     OneLineParser,
@@ -167,6 +169,25 @@ class ArbiterConfig:
     leader_elect_retry_period: float = opt(
         2.0, "--leader-elect-retry-period", "seconds between tries to acquire or renew",
         check=LEASE_SECONDS, metavar="SECONDS")
+    kube: bool = opt(False, "--kube", "act in the cluster: watch ftagent pods (label "
+                     "ftagent.io/job) and nodes, turn NotReady nodes and preempted, evicted or "
+                     "deleted pods into faults; REPLACE cordons + taints the node and deletes "
+                     "the pod; Events on pods and jobs")
+    node_notready_grace: float = opt(
+        40.0, "--node-notready-grace", "seconds a node may stay NotReady before its ranks "
+        "are replaced (with --kube)", check=SECONDS, metavar="SECONDS")
+    force_delete_after: float = opt(
+        -1.0, "--force-delete-after", "force-delete (grace 0) an ftagent pod stuck "
+        "Terminating this long; -1 never (with --kube)",
+        check=Range(0, MAX_SECONDS, also=((-1, "never"),)), metavar="SECONDS")
+    max_cordon_fraction: float = opt(
+        0.1, "--max-cordon-fraction", "circuit breaker: within an hour, cordon at most this "
+        "fraction (at least one node) of the nodes a job uses and of the cluster; 0 never "
+        "cordons (with --kube)", check=Range(0, 1), metavar="FRACTION")
+    replacement_pending_grace: float = opt(
+        300.0, "--replacement-pending-grace", "seconds a replacement pod may stay Pending "
+        "before the timeline and an Event say why it is not scheduled (with --kube)",
+        check=POSITIVE_SECONDS, metavar="SECONDS")
     history_namespace: str = opt(
         "", "--history-namespace", "keep job history in Kubernetes, one bounded ConfigMap "
         "per job (ftagent-job.NS.JOB) in this namespace, read back when leading; the "
@@ -395,7 +416,8 @@ async def run(cfg: ArbiterConfig) -> int:
 
     from ftagent.arbiter.server import ArbiterServer, serve_until
 
-    kube = kube_client(cfg) if cfg.leader_elect or cfg.history_namespace else None
+    kube = kube_client(cfg) if cfg.leader_elect or cfg.history_namespace or cfg.kube \
+        else None
     store = None
     if cfg.history_namespace:
         from ftagent.kube.job_record import ConfigMaps, JobRecords
@@ -420,6 +442,8 @@ async def run(cfg: ArbiterConfig) -> int:
         except (OSError, RuntimeError) as e:
             raise StartError(str(e) if isinstance(e, OSError) else
                              f"cannot listen on {cfg.listen}: {e}") from None
+        if cfg.kube:
+            attach_cluster(cfg, server, kube)
         sys.stderr.write(f"listening on {address}\n")
         if httpd is not None:
             sys.stderr.write(f"metrics on http://{cfg.metrics_addr}:{httpd.server_port}"
@@ -475,6 +499,24 @@ def pod_namespace() -> str:
         with contextlib.suppress(OSError), open(SA_NAMESPACE) as f:
             ns = f.read(256).strip()
     return ns or "default"
+
+
+def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
+    """--kube: plug kube.cluster.Cluster into the server's registry, start the pod and
+    node watches (threads) and the cluster's ticker (a task on this loop)."""
+    import threading
+
+    from ftagent.kube.cluster import Cluster, KubeSettings, start_watches, tick_forever
+
+    cluster = Cluster(server.registry, kube, KubeSettings(
+        node_notready_grace=cfg.node_notready_grace,
+        force_delete_after=cfg.force_delete_after,
+        max_cordon_fraction=cfg.max_cordon_fraction,
+        pending_grace=cfg.replacement_pending_grace))
+    loop = asyncio.get_running_loop()
+    start_watches(cluster, kube, loop, threading.Event())
+    cluster.ticker = loop.create_task(tick_forever(cluster))
+    return cluster
 
 
 def kube_client(cfg: ArbiterConfig) -> Any:

@@ -98,6 +98,7 @@ class Cluster:
         self._actions = ThreadPoolExecutor(2, thread_name_prefix="ftagent-kube-act")
         self._background = ThreadPoolExecutor(2, thread_name_prefix="ftagent-kube-bg")
         self._flushing = False
+        self.ticker: asyncio.Task[None] | None = None  # tick_forever, when started for it
         registry.add_decision_listener(self.on_decision)
 
     def close(self, wait: bool = True) -> None:
