@@ -1,12 +1,12 @@
 """``ftagent node [flags]``: the host agent's flags and composition root (see ftagent/node/).
 
-Every flag also has its FTAGENT_* variable. Reads the host's GPUs (``--gpu-backend``, as
-``ftagent run``: NVML, the kernel log, or a simulated timeline for drills and tests) and
-NICs (``--nic``; default: the host's physical links, never the pods' veths, which come
-and go), reports node-scoped faults to every arbiter in ``--arbiter`` (jobs are sharded
-over them; ranks of any shard may run here), writes the ``FtagentGPUHealthy`` and
-``FtagentNICHealthy`` conditions of the Node with ``--kube-api``, and serves the GPU and
-NIC series on ``--metrics-port`` with the label ``node``.
+Every flag also has its FTAGENT_* variable. Reads the host's GPUs (--gpu-backend, as
+ftagent run: NVML, the kernel log, or a simulated timeline for drills and tests) and
+NICs (--nic; default: the host's physical links, never the pods' veths, which come and
+go), reports node-scoped faults to every arbiter in --arbiter (jobs are sharded over
+them; ranks of any shard may run here), writes the FtagentGPUHealthy and
+FtagentNICHealthy conditions of the Node with --kube-api, and serves the GPU and NIC
+series on --metrics-port with the label node. A bad flag is one line and exit 2.
 """
 
 from __future__ import annotations

@@ -237,3 +237,47 @@ def test_bad_and_oversized_reports_get_a_clear_error_and_the_arbiter_keeps_servi
                                               timeout=10)
                 assert "already received" in again.acks[0].outcome  # idempotent
         asyncio.run(body())
+
+
+def test_every_shard_gets_the_report_and_the_gpu_condition_and_metrics_say_it(
+        tmp_path: Path) -> None:
+    """Jobs are sharded over arbiters: the node agent reports to each; its /metrics has the
+    GPU series with the node label; FtagentGPUHealthy goes False on the fatal Xid."""
+    import re
+    import urllib.request
+
+    script = tmp_path / "gpu.txt"
+    script.write_text("gpus 2\nt=1.5s gpu=0 xid=48\n")
+    with ArbiterProcess() as one, ArbiterProcess() as two, FakeKube() as kube:
+        kube.add_node("node-0")
+
+        async def body() -> None:
+            async with running_links(one.address, "j1", 1, ranks=[0]) as a, \
+                    running_links(two.address, "j2", 1, ranks=[0]) as b:
+                with node_agent("--node", "node-0", "--arbiter", f"{one.address},{two.address}",
+                                "--gpu-backend", f"simulated:{script}", "--nic", "none",
+                                "--kube-api", kube.url, "--metrics-port", "0") as (_, err):
+                    assert (await next_action(a[0])).kind is ActionKind.REPLACE
+                    assert (await next_action(b[0])).kind is ActionKind.REPLACE
+                    await wait_until(lambda: b"metrics on http" in err, 20, "metrics port")
+                    m = re.search(rb"metrics on http://[^:]+:(\d+)/metrics", bytes(err.data))
+                    assert m is not None
+                    text = urllib.request.urlopen(
+                        f"http://127.0.0.1:{int(m.group(1))}/metrics", timeout=10).read().decode()
+                    xids = [ln for ln in text.splitlines()
+                            if ln.startswith("ftagent_gpu_xid_errors_total{")]
+                    assert any('node="node-0"' in ln and 'gpu="0"' in ln and 'xid="48"' in ln
+                               and ln.endswith(" 1.0") for ln in xids), xids
+
+                    def gpu_cond() -> dict[str, Any] | None:
+                        conds = (kube.get("nodes", "node-0") or {}).get("status", {}).get(
+                            "conditions", [])
+                        return next((c for c in conds if c["type"] == "FtagentGPUHealthy"),
+                                    None)
+
+                    await wait_until(lambda: (c := gpu_cond()) is not None and
+                                     c["status"] == "False", 30, "FtagentGPUHealthy=False")
+                    cond = gpu_cond()
+                    assert cond is not None and cond["reason"] == "Xid48"
+                    assert "GPU 0" in cond["message"]
+        asyncio.run(body())
