@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import select
 import socket
 import threading
 import time
@@ -248,6 +249,8 @@ class _Handler(BaseHTTPRequestHandler):
             now = time.monotonic()
             if now >= deadline:
                 break
+            if self._client_gone():
+                raise Dropped()  # as Go's server cancels the request of a closed connection
             wait = min(deadline - now, 0.2)
             if bookmarks:
                 wait = min(wait, max(0.0, srv.bookmark_interval - (now - last_bookmark)))
@@ -264,6 +267,13 @@ class _Handler(BaseHTTPRequestHandler):
                 last_bookmark, seen_epoch = time.monotonic(), srv.bookmark_epoch
         if srv.stopping.is_set():
             raise Dropped()
+
+    def _client_gone(self) -> bool:
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
 
     def _end(self) -> None:
         self.wfile.write(b"0\r\n\r\n")
