@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Sequence
 
 import pytest
 
@@ -16,7 +17,7 @@ from ftagent.detect.loss import LossDetector, LossSettings
 from ftagent.model import Fault, FaultKind, Progress, Severity, TrainerStart
 
 
-def feed(d: LossDetector, losses: list[float | None], start: int = 1) -> list[Fault]:
+def feed(d: LossDetector, losses: Sequence[float | None], start: int = 1) -> list[Fault]:
     out: list[Fault] = []
     for i, loss in enumerate(losses):
         out += d.observe(Progress(step=start + i, loss=loss))
