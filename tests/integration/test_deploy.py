@@ -71,7 +71,7 @@ def test_kustomization_builds_and_validates(path: str) -> None:
     for obj in objs:
         validate(obj)
     kinds = {o["kind"] for o in objs}
-    assert {"Namespace", "StatefulSet", "Deployment", "Service", "PodDisruptionBudget",
+    assert {"Namespace", "Deployment", "Service", "PodDisruptionBudget",
             "MutatingWebhookConfiguration"} <= kinds
 
 
@@ -82,13 +82,15 @@ def test_rbac_is_least_privilege() -> None:
             for rule in obj.get("rules", []) if obj["kind"] in ("Role", "ClusterRole") else []:
                 for key in ("verbs", "resources", "apiGroups"):
                     assert "*" not in rule.get(key, []), (path, obj["metadata"]["name"])
-                assert set(rule["verbs"]) <= {"get", "create", "patch"}
+                assert set(rule["verbs"]) <= {"get", "list", "watch", "create", "update",
+                                              "patch", "delete"}
     objs = {(o["kind"], o["metadata"]["name"]): o for o in kustomize("deploy")}
     mwc_rule = objs[("ClusterRole", "ftagent-webhook")]["rules"][0]
     assert mwc_rule["resourceNames"] == ["ftagent"]  # its own configuration only
     cert_manager = {(o["kind"], o["metadata"]["name"]) for o in
                     kustomize("deploy/overlays/cert-manager")}
-    assert not {k for k in cert_manager if k[0] in ("Role", "ClusterRole")}
+    assert not {k for k in cert_manager if k[0] in ("Role", "ClusterRole")
+                and k[1] == "ftagent-webhook"}  # cert-manager writes the webhook's certificate
 
 
 @needs_kubectl
@@ -108,12 +110,60 @@ def test_webhook_configuration() -> None:
     env = {e["name"]: e for e in c["env"]}
     assert env["FTAGENT_IMAGE"]["value"] == c["image"]  # the init container = this image
     assert env["FTAGENT_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "ftagent-secret"
-    arbiter = objs[("StatefulSet", "ftagent-arbiter")]
-    assert arbiter["spec"]["replicas"] == 2
-    assert objs[("Service", "ftagent-arbiter")]["spec"]["clusterIP"] == "None"
+    # every agent dials the one Service, whose Ready endpoint is the leader
     addresses = next(a for a in c["args"] if a.startswith("--arbiter=")).split("=", 1)[1]
-    assert addresses.split(",") == [
-        f"ftagent-arbiter-{i}.ftagent-arbiter.ftagent-system.svc:9400" for i in range(2)]
+    assert addresses == "ftagent-arbiter.ftagent-system.svc:9400"
+
+
+@needs_kubectl
+def test_the_arbiter_is_an_active_passive_pair() -> None:
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in kustomize("deploy")}
+    assert ("StatefulSet", "ftagent-arbiter") not in objs
+    arbiter = objs[("Deployment", "ftagent-arbiter")]
+    assert arbiter["spec"]["replicas"] == 2
+    assert arbiter["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pod = arbiter["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert "--leader-elect" in c["args"] and "--leader-elect-lease=ftagent-arbiter" in c["args"]
+    assert "--history-namespace=$(POD_NAMESPACE)" in c["args"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert f"--metrics-port={ports['metrics']}" in c["args"]
+    assert pod["serviceAccountName"] == "ftagent-arbiter"
+    assert pod.get("automountServiceAccountToken", True)  # it calls the API now
+    svc = objs[("Service", "ftagent-arbiter")]["spec"]
+    assert svc.get("clusterIP") != "None" and not svc.get("publishNotReadyAddresses")
+    pdb = objs[("PodDisruptionBudget", "ftagent-arbiter")]["spec"]
+    assert pdb["unhealthyPodEvictionPolicy"] == "AlwaysAllow"  # the standby is not Ready
+
+
+def _rules(obj: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for rule in obj["rules"] for g in rule["apiGroups"]
+            for r in rule["resources"] for v in rule["verbs"]}
+
+
+@needs_kubectl
+def test_the_arbiter_may_do_exactly_what_it_calls() -> None:
+    """The verbs of kube/lease.py, kube/job_record.py (namespaced) and of the cluster
+    actions (kube/actuator.py, recorder.py, cluster.py's watches), nothing more."""
+    objs = {(o["kind"], o["metadata"]["name"]): o for o in kustomize("deploy")}
+    role = objs[("Role", "ftagent-arbiter")]
+    assert role["metadata"]["namespace"] == "ftagent-system"
+    assert _rules(role) == {
+        ("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")} | {
+        ("", "configmaps", v) for v in ("get", "list", "create", "update", "delete")}
+    assert _rules(objs[("ClusterRole", "ftagent-arbiter")]) == {
+        ("", "pods", v) for v in ("list", "watch", "delete", "patch")} | {
+        ("", "nodes", v) for v in ("get", "list", "watch", "update")} | {
+        ("", "events", v) for v in ("create", "patch")}
+    for kind in ("RoleBinding", "ClusterRoleBinding"):
+        b = objs[(kind, "ftagent-arbiter")]
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": "ftagent-arbiter",
+                                  "namespace": "ftagent-system"}]
 
 
 @needs_kubectl
