@@ -54,6 +54,7 @@ from ftagent.kube.identity import (
 )
 
 INJECTED = "ftagent.io/injected"
+JOB_LABEL = "ftagent.io/job"  # set on injected pods: the arbiter watches pods by it
 VOLUME = "ftagent"
 INIT_NAME = "ftagent-install"
 PORT_NAME = "ftagent-metrics"
@@ -113,8 +114,9 @@ def _working_copy(pod: dict[str, Any]) -> dict[str, Any]:
     A deep copy of the whole pod was the webhook's largest cost."""
     meta = pod.get("metadata")
     new = {**pod, "metadata": dict(meta) if isinstance(meta, dict) else {}}
-    if isinstance(new["metadata"].get("annotations"), dict):
-        new["metadata"]["annotations"] = dict(new["metadata"]["annotations"])
+    for key in ("annotations", "labels"):
+        if isinstance(new["metadata"].get(key), dict):
+            new["metadata"][key] = dict(new["metadata"][key])
     spec = new["spec"] = dict(pod["spec"])
     for key in ("initContainers", "volumes"):
         if isinstance(spec.get(key), list):
@@ -189,6 +191,9 @@ def _inject(pod: dict[str, Any], namespace: str, s: Settings) -> tuple[str, list
     for k, v in (("prometheus.io/scrape", "true"), ("prometheus.io/port", str(port)),
                  ("prometheus.io/path", "/metrics")):
         annotations.setdefault(k, v)
+    if not isinstance(meta.get("labels"), dict):
+        meta["labels"] = {}
+    meta["labels"].setdefault(JOB_LABEL, name)  # the arbiter's pod watch selects on it
     mode = "monitor only" if monitor_only else ident.kind
     return f"true ({mode}, container {trainer.get('name')}, {how})", []
 
@@ -318,19 +323,20 @@ def diff(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
     per key, whole init containers / volumes lists, whole containers that changed."""
     ops: list[dict[str, Any]] = []
     old_meta, new_meta = old.get("metadata") or {}, new.get("metadata") or {}
-    old_notes = old_meta.get("annotations")
-    new_notes = new_meta.get("annotations") or {}
     if "metadata" not in old:
         ops.append({"op": "add", "path": "/metadata", "value": {}})
-    if not isinstance(old_notes, dict):
-        if new_notes:
-            ops.append({"op": "add" if old_notes is None else "replace",
-                        "path": "/metadata/annotations", "value": new_notes})
-    else:
-        for k, v in new_notes.items():
-            if old_notes.get(k) != v:
-                ops.append({"op": "add", "path": _pointer("metadata", "annotations", k),
-                            "value": v})
+    for part in ("annotations", "labels"):
+        old_map = old_meta.get(part)
+        new_map = new_meta.get(part) or {}
+        if not isinstance(old_map, dict):
+            if new_map:
+                ops.append({"op": "add" if old_map is None else "replace",
+                            "path": _pointer("metadata", part), "value": new_map})
+        else:
+            for k, v in new_map.items():
+                if old_map.get(k) != v:
+                    ops.append({"op": "add", "path": _pointer("metadata", part, k),
+                                "value": v})
     old_spec, new_spec = old["spec"], new["spec"]
     for key in ("initContainers", "volumes"):
         if old_spec.get(key) != new_spec.get(key):

@@ -52,6 +52,9 @@ def test_example_pod_is_injected(ex: ExamplePod) -> None:
     assert c.get("args") == original.get("args")
     env = env_of(c)
     assert env["FTAGENT_JOB"] == ex.job
+    # the arbiter's pod watch (--kube) selects on this label; the others are kept
+    assert pod["metadata"]["labels"] == {**before["metadata"].get("labels", {}),
+                                         "ftagent.io/job": ex.job}
     assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
