@@ -322,7 +322,10 @@ class Instrumentation:
 
     def ddp_hook(self, ddp: Any) -> None:
         """Time DDP's gradient buckets with a comm hook doing DDP's default all-reduce."""
-        if getattr(ddp, "_comm_hooks", None):
+        hooks = getattr(ddp, "_comm_hooks", None) or []
+        if any(getattr(h, "__ftagent__", False) for h, _ in hooks):
+            return  # ours, from an earlier instrument() (DDP cannot unregister a hook)
+        if hooks:
             _warn("the DDP model already has a comm hook: left as it is, its buckets are "
                   "not timed (call instrument() before registering it to time them)")
             return
@@ -358,6 +361,7 @@ class Instrumentation:
             return fut.then(done)
 
         hook.__annotations__ = {}  # DDP checks them against dist.GradBucket, not strings
+        hook.__ftagent__ = True  # type: ignore[attr-defined]
         try:
             ddp.register_comm_hook(None, hook)
         except Exception as e:  # noqa: BLE001 - a builtin hook is there, or static graph
