@@ -37,6 +37,11 @@ from tests.kube_fake import FakeKube
 NS = "ftagent-system"
 
 
+def must(obj: dict[str, Any] | None) -> dict[str, Any]:
+    assert obj is not None, "no such object in the fake API server"
+    return obj
+
+
 @pytest.fixture
 def fake_kube() -> Iterator[FakeKube]:
     with FakeKube() as fake:
@@ -136,7 +141,7 @@ def test_written_debounced_and_read_back(fake_kube: FakeKube) -> None:
         # an update after load replaces the object it read (no 409 loop, no duplicate)
         again.record(entry(202))
         assert again.flush(10)
-        _, back, _ = decode(fake_kube.get(CM, "ftagent-job.team.llama", NS)["data"])
+        _, back, _ = decode(must(fake_kube.get(CM, "ftagent-job.team.llama", NS))["data"])
         assert back[-1].seq == 202
         again.forget("team", "llama")
         assert again.flush(10)
@@ -150,13 +155,13 @@ def test_a_conflict_rereads_and_writes_again(fake_kube: FakeKube) -> None:
     try:
         store.record(record())
         assert store.flush(10)
-        cm = fake_kube.get(CM, "ftagent-job.team.llama", NS)
+        cm = must(fake_kube.get(CM, "ftagent-job.team.llama", NS))
         cm["metadata"]["labels"]["someone"] = "else"  # another writer bumps the version
         fake_kube.update(CM, cm)
         store.record(entry(1))
         assert store.flush(10)
         assert fake_kube.count("update", CM) >= 2  # the 409, then the write that won
-        _, back, _ = decode(fake_kube.get(CM, "ftagent-job.team.llama", NS)["data"])
+        _, back, _ = decode(must(fake_kube.get(CM, "ftagent-job.team.llama", NS))["data"])
         assert [e.seq for e in back] == [1]
     finally:
         store.close()

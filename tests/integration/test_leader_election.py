@@ -25,6 +25,11 @@ from tests.arbiter_helpers import ArbiterProcess, running_links, wait_until
 from tests.kube_fake import FakeKube
 
 NS = "ftagent-system"
+
+
+def must(obj: dict[str, Any] | None) -> dict[str, Any]:
+    assert obj is not None, "no such object in the fake API server"
+    return obj
 LEASE = "ftagent-arbiter"
 LEASES = "leases.coordination.k8s.io"
 # Short settings so the test is quick: take-over within DURATION of the leader's death.
@@ -214,7 +219,7 @@ def test_sigkill_the_leader_and_the_standby_decides_for_every_agent(
 async def _takeover(fake: FakeKube, arbiters: list[Arbiter]) -> None:
     leader = await the_leader(arbiters, 20)
     standby = next(a for a in arbiters if a is not leader)
-    first = fake.get(LEASES, LEASE, NS)["spec"]
+    first = must(fake.get(LEASES, LEASE, NS))["spec"]
     async with service(arbiters) as svc, running_links(svc.address, "llama", 3) as links:
         ids = {lk.arbiter_id for lk in links}
         assert len(ids) == 1
@@ -226,7 +231,7 @@ async def _takeover(fake: FakeKube, arbiters: list[Arbiter]) -> None:
         assert took < DURATION + 2 * RETRY + 2, took  # within the lease duration (+ a try)
         await wait_until(lambda: all(lk.connected and lk.arbiter_id not in ids
                                      for lk in links), 20, "every agent on the new leader")
-        spec = fake.get(LEASES, LEASE, NS)["spec"]
+        spec = must(fake.get(LEASES, LEASE, NS))["spec"]
         assert spec["holderIdentity"] != first["holderIdentity"]
         assert spec["leaseTransitions"] == first["leaseTransitions"] + 1
         # a fault decided by the new leader reaches every agent
