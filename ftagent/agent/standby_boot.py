@@ -90,10 +90,15 @@ def _stat(path: str) -> tuple[int, int, int] | None:
     return (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
-def _is_local(origin: str | None) -> bool:
-    if not origin:
+def _is_local(spec: Any) -> bool:
+    """Found through ``sys.path[0]`` (beside the script, or in the working directory for
+    ``-m``): the user's own code, whose import runs it; such modules are followed, never
+    imported early."""
+    locs = list(spec.submodule_search_locations or ())
+    where = locs[0] if locs else spec.origin
+    if not where or not isinstance(where, str):
         return False
-    return os.path.realpath(origin).startswith(_PATH0.rstrip("/") + "/")
+    return os.path.realpath(os.path.dirname(where)) == os.path.realpath(_PATH0)
 
 
 def _learn(path: str) -> list[str]:
@@ -120,8 +125,7 @@ def _learn(path: str) -> list[str]:
                 continue
             if spec is None:
                 continue  # not installed: the script fails on it, or never needs it
-            if _is_local(spec.origin) or any(_is_local(p) for p in
-                                              (spec.submodule_search_locations or ())):
+            if _is_local(spec):
                 files += _local_files(spec, name)
             elif name not in found:
                 found.append(name)
