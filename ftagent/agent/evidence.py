@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,6 +39,10 @@ from ftagent.detect.liveness import Frame, ProcessSample, ThreadSample
 
 MAX_STACK = 256 * 1024  # characters of py-spy output kept per process
 MAX_THREADS = 16  # concurrent dumps
+# The trainer's tree is every descendant of the agent, so it holds the agent's own py-spy
+# while another capture runs (a verification sample beside a DUMP_STACKS answer): such an
+# entry is left out, as the verification sampler leaves it out.
+OWN_PY_SPY = "the agent's own py-spy"
 
 
 def find_py_spy(name: str = "py-spy") -> str | None:
@@ -74,7 +79,8 @@ async def capture(pids: Sequence[int], deadline_seconds: float,
     processes = []
     for pid, fut in zip(pids, futures, strict=True):
         if fut in done and fut.exception() is None:
-            processes.append(fut.result())
+            if fut.result()["error"] != OWN_PY_SPY:
+                processes.append(fut.result())
         else:
             entry = _empty(pid)
             entry["error"] = f"evidence capture did not finish within {deadline_seconds:g}s"
@@ -115,6 +121,9 @@ def _capture_one(pid: int, exe: str | None, deadline: float) -> dict[str, Any]:
         errors.append(f"process state: access denied ({e})")
     except Exception as e:  # noqa: BLE001 - evidence is best effort
         errors.append(f"process state: {e!r}")
+    if entry["name"] == "py-spy":  # the agent's own dump of another process, not the trainer
+        entry["error"] = OWN_PY_SPY
+        return entry
     entry["stack"], stack_error = _dump(pid, exe, deadline)
     if stack_error:
         errors.append(stack_error)
@@ -132,28 +141,91 @@ def _capture_one(pid: int, exe: str | None, deadline: float) -> dict[str, Any]:
 
 def _dump(pid: int, exe: str | None, deadline: float) -> tuple[str | None, str | None]:
     """(stack, error) from ``py-spy dump --pid``."""
+    out, err = _py_spy(exe, ["dump", "--pid", str(pid)], pid, deadline)
+    return (out[:MAX_STACK] if out is not None else None), err
+
+
+ATTEMPTS = 8  # py-spy runs per process and capture, while the deadline allows
+RETRY_PAUSE = 0.05  # seconds before the first retry, doubling up to RETRY_PAUSE_MAX
+RETRY_PAUSE_MAX = 0.25  # all retries span ~1.3 s: another py-spy lets go within 0.1 s
+
+
+def _py_spy(exe: str | None, args: list[str], pid: int, deadline: float
+            ) -> tuple[str | None, str | None]:
+    """(stdout, error) of ``py-spy ARGS`` on ``pid`` before ``deadline``; a failed
+    attach is retried while the deadline allows.
+
+    Why the retry: py-spy stops the process with ptrace, and a process has one tracer at a
+    time. Another py-spy on the same pid (the verification window's sampler and the
+    DUMP_STACKS answer, or an operator's own py-spy) makes the second attach fail at once
+    with ``Failed to suspend process: EPERM`` -- measured here, about 1 in 7 of two dumps
+    started together -- and a thread exiting during the attach fails it with ESRCH. Both are
+    gone a few milliseconds later; without the retry a rank's capture had no frames and the
+    arbiter could not name the culprit. A dump that timed out is not retried (the deadline
+    is spent), nor one of a process that is gone.
+    """
     if exe is None:
         return None, "py-spy not found (pip install py-spy, or pass its path)"
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        return None, "deadline passed before py-spy could run"
-    try:
-        r = subprocess.run([exe, "dump", "--pid", str(pid)], capture_output=True,
-                           stdin=subprocess.DEVNULL, timeout=remaining, check=False)
-    except subprocess.TimeoutExpired:
-        return None, f"py-spy dump timed out after {remaining:.1f}s"
-    except OSError as e:
-        return None, f"py-spy could not run: {e}"
-    out = r.stdout.decode("utf-8", "replace").strip()
-    if out:
-        return out[:MAX_STACK], None
-    err = r.stderr.decode("utf-8", "replace").strip().splitlines()
-    why = err[-1] if err else "no output"
-    if "ermission" in why or "ptrace" in why.lower():
+    why = "deadline passed before py-spy could run"
+    for attempt in range(ATTEMPTS):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return None, why if attempt == 0 else f"{why} ({attempt} attempts, deadline passed)"
+        try:
+            r = subprocess.run([exe, *args], capture_output=True,
+                               stdin=subprocess.DEVNULL, timeout=remaining, check=False)
+        except subprocess.TimeoutExpired:
+            return None, f"py-spy dump timed out after {remaining:.1f}s"
+        except OSError as e:
+            return None, f"py-spy could not run: {e}"
+        out = r.stdout.decode("utf-8", "replace").strip()
+        if _STACK.search(out):
+            return out, None
+        if not psutil.pid_exists(pid):
+            return None, "py-spy dump failed: no such process (it exited during the dump)"
+        why = "py-spy dump failed: " + py_spy_error(r.stderr.decode("utf-8", "replace"))
+        if attempt + 1 < ATTEMPTS:
+            if not _transient(why):
+                break
+            pause = min(RETRY_PAUSE * 2 ** attempt, RETRY_PAUSE_MAX)
+            time.sleep(min(pause, max(deadline - time.monotonic(), 0)))
+    return None, why + (f" ({attempt + 1} attempts)" if attempt else "")
+
+
+# What a dump that worked printed: a thread (text) or a list of threads (--json). A failed
+# plain dump still prints its "Process P: CMD" and "Python vX" header on stdout before the
+# error on stderr; counting that header as a stack gave captures without frames.
+_STACK = re.compile(r"^Thread \S+|^\[", re.M)
+
+
+def py_spy_error(stderr: str) -> str:
+    """The reason in py-spy's stderr: its ``Error:`` line and the ``Caused by`` chain, not
+    the Rust backtrace that follows them (whose last line, ``9: main``, says nothing)."""
+    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
+    parts: list[str] = []
+    for ln in lines:
+        if ln.startswith("Stack backtrace"):
+            break
+        if ln.startswith("Error:"):
+            parts.append(ln.removeprefix("Error:").strip())
+        elif parts and re.match(r"^\d+: ", ln):  # "0: Failed to suspend process"
+            cause = ln.split(": ", 1)[1]
+            if cause not in parts:
+                parts.append(cause)
+    why = ": ".join(parts)[:300] or (lines[-1][:300] if lines else "no output")
+    denied = "ermission" in why or "ptrace" in why.lower() or "EPERM" in why
+    if denied and "suspend" not in why:  # a tracer already attached is no missing capability
         why += " (py-spy needs ptrace: run the agent as root or add the SYS_PTRACE capability)"
-    if not psutil.pid_exists(pid):
-        why = "no such process (it exited during the dump)"
-    return None, f"py-spy dump failed: {why}"
+    return why
+
+
+def _transient(why: str) -> bool:
+    """A failed attach that a retry can cure: the process was being traced by someone else
+    or changing its threads (py-spy's 'Failed to suspend process', EPERM, ESRCH, a torn
+    read of its memory)."""
+    return any(s in why for s in ("suspend", "EPERM", "ESRCH", "No such process",
+                                  "Failed to get stack traces", "Failed to copy",
+                                  "failed to read"))
 
 
 # --------------------------------------------------------------------------- verification
@@ -229,33 +301,14 @@ def _dump_json(pid: int, exe: str | None, deadline: float,
                tasks: dict[int, tuple[str, float]]
                ) -> tuple[tuple[ThreadSample, ...] | None, str | None, str | None]:
     """(threads, py-spy-like text, error) from ``py-spy dump --json --pid``."""
-    if exe is None:
-        return None, None, "py-spy not found (pip install py-spy, or pass its path)"
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        return None, None, "deadline passed before py-spy could run"
+    out, err = _py_spy(exe, ["dump", "--json", "--locals", "--pid", str(pid)], pid, deadline)
+    if out is None:
+        return None, None, err
     try:
-        r = subprocess.run([exe, "dump", "--json", "--locals", "--pid", str(pid)],
-                           capture_output=True,
-                           stdin=subprocess.DEVNULL, timeout=remaining, check=False)
-    except subprocess.TimeoutExpired:
-        return None, None, f"py-spy dump timed out after {remaining:.1f}s"
-    except OSError as e:
-        return None, None, f"py-spy could not run: {e}"
-    out = r.stdout.decode("utf-8", "replace").strip()
-    if out:
-        try:
-            threads = parse_py_spy_json(json.loads(out), tasks)
-        except (ValueError, TypeError, KeyError, AttributeError) as e:
-            return None, None, f"py-spy output not understood: {e!r}"
-        return threads, render(pid, threads)[:MAX_STACK], None
-    err = r.stderr.decode("utf-8", "replace").strip().splitlines()
-    why = err[-1] if err else "no output"
-    if "ermission" in why or "ptrace" in why.lower():
-        why += " (py-spy needs ptrace: run the agent as root or add the SYS_PTRACE capability)"
-    if not psutil.pid_exists(pid):
-        why = "no such process (it exited during the dump)"
-    return None, None, f"py-spy dump failed: {why}"
+        threads = parse_py_spy_json(json.loads(out), tasks)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        return None, None, f"py-spy output not understood: {e!r}"
+    return threads, render(pid, threads)[:MAX_STACK], None
 
 
 LIB_PATH = ("site-packages", "dist-packages", "/lib/python")
