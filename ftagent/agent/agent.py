@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import psutil
 
 from ftagent.agent import supervisor
-from ftagent.agent.events import EventsFile
+from ftagent.agent.events import EventsFile, ProgressLog
 from ftagent.agent.local_policy import FailureStreak, decide
 from ftagent.agent.supervisor import ChildReaper, SpawnError, TrainerProcess
 from ftagent.agent.tee import LastLines, LineBacklog, Writer
@@ -82,7 +82,7 @@ class Agent:
         self.actions: asyncio.Queue[Action] = asyncio.Queue()
         self.sources: list[Source] = []
         self.detectors: list[Detector] = []
-        self.observers: list[Observer] = []
+        self.observers: list[Observer] = [ProgressLog(self.events)] if sup.events_file else []
         # (stream, blob of complete lines joined by b"\n", monotonic time of the read)
         self.line_handlers: list[Callable[[str, bytes, float], None]] = []
         self.fault_hooks: list[Callable[[Fault], None]] = []  # metrics, reporter

@@ -35,9 +35,11 @@ from ftagent.config import RunConfig
 from ftagent.model import (
     Action,
     ActionKind,
+    CollectiveSample,
     Fault,
     FaultKind,
     Observation,
+    PhaseTiming,
     ProcessExit,
     Progress,
     Severity,
@@ -217,6 +219,8 @@ class _LinkObserver:
             link.report_progress(obs, seconds_since_progress=since, hung=hung)
         elif isinstance(obs, ProcessExit):
             link.report_exit(obs, self.agent.generation)
+        elif isinstance(obs, (CollectiveSample, PhaseTiming)):
+            link.observe_timing(obs)  # where the step's time goes: stragglers at the arbiter
 
     def on_state(self, state: TrainerState, restarts: int) -> None:
         link = self.agent.link

@@ -57,3 +57,32 @@ class EventsFile:
             with contextlib.suppress(OSError):
                 self._fh.close()
             self._fh = None
+
+
+class ProgressLog:
+    """Progress into the events file, at most one line per ``every`` seconds (the step, the
+    loss, the mean step time over the interval), so ``ftagent report`` can draw steps over
+    time from an events file without the file growing with every step."""
+
+    def __init__(self, events: EventsFile, every: float = 2.0,
+                 clock: Any = time.monotonic) -> None:
+        self.events = events
+        self.every = every
+        self.clock = clock
+        self._last: tuple[float, int] | None = None  # (clock, step) of the last line
+
+    def observe(self, obs: Any) -> None:
+        from ftagent.model import Progress
+
+        if not isinstance(obs, Progress) or self.events._fh is None:
+            return
+        now = self.clock()
+        if self._last is not None and now - self._last[0] < self.every:
+            return
+        fields: dict[str, Any] = {"step": obs.step}
+        if obs.loss is not None and obs.loss == obs.loss and abs(obs.loss) != float("inf"):
+            fields["loss"] = obs.loss
+        if self._last is not None and obs.step > self._last[1]:
+            fields["step_seconds"] = round((now - self._last[0]) / (obs.step - self._last[1]), 6)
+        self._last = (now, obs.step)
+        self.events.write("progress", "step", "", **fields)
