@@ -373,7 +373,7 @@ class WarmStarter:
             return self._boot
         try:
             source = resources.files("ftagent.agent").joinpath("standby_boot.py").read_bytes()
-        except (OSError, ModuleNotFoundError) as e:
+        except Exception as e:  # a bundle without the file (packaging must add it as data)
             log.warning("warm restarts off: standby_boot.py is not available (%s)", e)
             self.warm = False
             return None

@@ -1,0 +1,321 @@
+"""Crash -> every rank training again: torchrun against ftagent cold and ftagent warm.
+
+The real job: examples/train.py, 2 ranks, gloo on CPU. Each repetition starts the job under
+each launcher in turn (alternating, so load drift hits all three alike), waits until both
+ranks train steadily, crashes rank 0 at its next step (FAULT_CRASH_ON_FILE), and measures
+from the crash line to the first step line of the next attempt on *every* rank.
+
+  (a) torchrun --standalone --nproc-per-node 2 --max-restarts 3, with
+      TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (its only working configuration on torch 2.13);
+      its default (the store shared across attempts) is run too, for its failure rate
+  (b) ftagent cold: one `ftagent run --no-warm-restart` per rank under an arbiter
+      (tests/e2e/jobs.py's shape), which restarts both ranks at the next generation
+  (c) ftagent warm: the same with the default --warm-restart: each rank's restart is its
+      standby interpreter, which had imported torch (learned from train.py's imports)
+
+Also the standby's memory (PSS) per worker, next to the trainer's, while (c) trains.
+
+    .venv/bin/python bench/restart.py [--reps 5] [--default-reps 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = str(ROOT / "examples" / "train.py")
+STEP_SLEEP = 0.1
+STEP = re.compile(r"\[rank(\d+)\] step=(\d+)/")
+STARTED = re.compile(r"\[rank(\d+)\] started: world=\d+")
+CRASH = re.compile(r"\[rank0\] step \d+: \(fault\) crashing")
+STEADY_STEPS = 20  # both ranks past this step before the crash
+AGAIN_TIMEOUT = 60.0  # crash -> training again, else counted as a failed restart
+
+
+@dataclass
+class Launched:
+    """A process this bench started, with its output lines and their arrival times."""
+
+    proc: subprocess.Popen[bytes]
+    lines: list[tuple[float, str]] = field(default_factory=list)
+
+    def read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            self.lines.append((time.monotonic(), raw.decode("utf-8", "replace").rstrip("\n")))
+
+
+def launch(cmd: list[str], env: dict[str, str]) -> Launched:
+    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    lp = Launched(proc)
+    threading.Thread(target=lp.read, daemon=True).start()
+    return lp
+
+
+def stop(lps: list[Launched], grace: float = 15.0) -> None:
+    trees = []
+    for lp in lps:
+        with contextlib.suppress(psutil.Error):
+            trees += psutil.Process(lp.proc.pid).children(recursive=True)
+        if lp.proc.poll() is None:
+            lp.proc.send_signal(signal.SIGTERM)
+    for lp in lps:
+        try:
+            lp.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            lp.proc.kill()
+            lp.proc.wait()
+    for p in trees:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def base_env(crash_file: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("FAULT_", "FTAGENT_", "TORCHELASTIC_"))}
+    env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", TRAIN_STEPS="100000",
+               TRAIN_STEP_SLEEP=str(STEP_SLEEP), TRAIN_PG_TIMEOUT="30", FAULT_RANK="0",
+               FAULT_CRASH_ON_FILE=str(crash_file), **extra)
+    return env
+
+
+def steps_of(lines: list[tuple[float, str]], rank: int) -> list[tuple[float, int]]:
+    return [(ts, int(m.group(2))) for ts, t in lines for m in STEP.finditer(t)
+            if int(m.group(1)) == rank]
+
+
+def recovery(lines: list[tuple[float, str]], crash_ts: float) -> float | None:
+    """Crash line -> the first step of a new attempt (a 'started' line after the crash),
+    the later of the two ranks."""
+    worst = 0.0
+    for rank in (0, 1):
+        started = next((ts for ts, t in lines if ts > crash_ts
+                        and any(int(m.group(1)) == rank for m in STARTED.finditer(t))), None)
+        if started is None:
+            return None
+        first = next((ts for ts, _ in steps_of(lines, rank) if ts > started), None)
+        if first is None:
+            return None
+        worst = max(worst, first - crash_ts)
+    return worst
+
+
+def all_lines(lps: list[Launched]) -> list[tuple[float, str]]:
+    return sorted(line for lp in lps for line in lp.lines)
+
+
+def wait(cond: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def standby_memory(agents: list[Launched]) -> list[tuple[int, int]]:
+    """(standby PSS, trainer PSS) in bytes per rank, while attempt 0 trains."""
+    out = []
+    for lp in agents:
+        try:
+            kids = psutil.Process(lp.proc.pid).children()
+        except psutil.Error:
+            continue
+        sb = [p for p in kids if any("ftagent_standby" in a for a in _cmdline(p))]
+        tr = [p for p in kids if TRAIN in _cmdline(p)]
+        if sb and tr:
+            with contextlib.suppress(psutil.Error):
+                out.append((sb[0].memory_full_info().pss, tr[0].memory_full_info().pss))
+    return out
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:
+        return []
+
+
+def standby_ready(agents: list[Launched]) -> bool:
+    """Every rank has a standby that has loaded torch's library (it imports, then waits)."""
+    n = 0
+    for lp in agents:
+        try:
+            kids = psutil.Process(lp.proc.pid).children()
+        except psutil.Error:
+            return False
+        for p in kids:
+            if any("ftagent_standby" in a for a in _cmdline(p)):
+                try:
+                    maps = Path(f"/proc/{p.pid}/maps").read_text()
+                except OSError:
+                    continue
+                if "libtorch" in maps and p.status() == psutil.STATUS_SLEEPING:
+                    n += 1
+    return n == len(agents)
+
+
+def one_run(kind: str, tmp: Path, arbiter: str) -> dict[str, Any]:
+    """Start the job under ``kind``, crash rank 0 mid-run, measure, stop."""
+    crash = tmp / f"crash-{kind}-{time.monotonic_ns()}"
+    port = free_port()
+    result: dict[str, Any] = {"kind": kind}
+    if kind.startswith("torchrun"):
+        extra = {} if kind == "torchrun-default" else {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+        env = base_env(crash, **extra)
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node=2", "--max-restarts=3", TRAIN]
+        procs = [launch(cmd, env)]
+    else:
+        flags = ["--no-warm-restart"] if kind == "ftagent-cold" else []
+        procs = []
+        job = f"bench-{kind}-{time.monotonic_ns()}"
+        for rank in (0, 1):
+            env = base_env(crash, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                           MASTER_PORT=str(port), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+            cmd = [sys.executable, "-m", "ftagent", "run", "--metrics-port=-1",
+                   "--log-level=warning", "--arbiter", arbiter, "--job", job,
+                   "--rank", str(rank), "--world-size", "2", "--max-restarts", "3",
+                   f"--events-file={tmp / f'{job}-{rank}.jsonl'}", *flags,
+                   "--", sys.executable, TRAIN]
+            procs.append(launch(cmd, env))
+    try:
+        steady = wait(lambda: all(any(s >= STEADY_STEPS for _, s in
+                                      steps_of(all_lines(procs), r)) for r in (0, 1)), 90)
+        if kind == "ftagent-warm" and steady:
+            steady = wait(lambda: standby_ready(procs), 60)
+            result["memory"] = standby_memory(procs)
+        if not steady:
+            result["error"] = "never trained steadily"
+            return result
+        crash.touch()
+        wait(lambda: any(CRASH.search(t) for _, t in all_lines(procs)), 30)
+        crash.unlink()  # torchrun's attempts all say attempt 0: only the first crashes
+        crash_ts = next((ts for ts, t in all_lines(procs) if CRASH.search(t)), None)
+        if crash_ts is None:
+            result["error"] = "no crash seen"
+            return result
+        result["again"] = None
+        wait(lambda: recovery(all_lines(procs), crash_ts) is not None, AGAIN_TIMEOUT)
+        result["again"] = recovery(all_lines(procs), crash_ts)
+        lines = all_lines(procs)
+        started = [next((ts for ts, t in lines if ts > crash_ts and any(
+            int(m.group(1)) == r for m in STARTED.finditer(t))), None) for r in (0, 1)]
+        if None not in started:  # crash -> model and process group ready on both ranks
+            result["started"] = max(started) - crash_ts  # type: ignore[type-var,operator]
+        if kind.startswith("ftagent"):
+            evs = []
+            for p in tmp.glob(f"{job}-*.jsonl"):
+                evs += [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
+            result["starts"] = sorted(e["kind"] for e in evs if e["event"] == "standby")
+        return result
+    finally:
+        stop(procs)
+
+
+def machine() -> str:
+    import torch
+
+    return (f"{platform.node()}: {platform.platform()}, {os.cpu_count()} CPUs, "
+            f"{psutil.virtual_memory().total / 2**30:.0f} GiB, Python "
+            f"{platform.python_version()}, torch {torch.__version__}, load "
+            f"{os.getloadavg()[0]:.1f}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=5, help="repetitions per launcher (>= 5)")
+    ap.add_argument("--default-reps", type=int, default=4,
+                    help="runs of torchrun's default configuration (failure rate)")
+    args = ap.parse_args()
+    from ftagent.arbiter.process import ArbiterProcess
+
+    print(f"machine: {machine()}")
+    print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
+    print(f"job: examples/train.py, 2 ranks, gloo (CPU), {STEP_SLEEP} s steps, crash of "
+          f"rank 0 after step {STEADY_STEPS}", flush=True)
+    kinds = ["torchrun", "ftagent-cold", "ftagent-warm"]
+    runs: dict[str, list[dict[str, Any]]] = {k: [] for k in [*kinds, "torchrun-default"]}
+    with tempfile.TemporaryDirectory(prefix="bench-restart-") as d, ArbiterProcess() as arb:
+        tmp = Path(d)
+        for rep in range(max(args.reps, args.default_reps)):
+            order = kinds[rep % 3:] + kinds[:rep % 3]  # alternate who goes first
+            if rep < args.default_reps:
+                order.append("torchrun-default")
+            for kind in order:
+                if kind != "torchrun-default" and rep >= args.reps:
+                    continue
+                r = one_run(kind, tmp, arb.address)
+                runs[kind].append(r)
+                print(f"  rep {rep + 1} {kind:17s} "
+                      f"{_fmt(r.get('again'))} (started {_fmt(r.get('started'))}) "
+                      f"{r.get('error', '')} "
+                      f"{' '.join(r.get('starts', []))}", flush=True)
+    report(runs)
+    return 0
+
+
+def _fmt(v: float | None) -> str:
+    return "failed" if v is None else f"{v:6.2f} s"
+
+
+def report(runs: dict[str, list[dict[str, Any]]]) -> None:
+    med: dict[str, float] = {}
+    print("\ncrash -> every rank training again (median, min-max over the runs that worked):")
+    for kind, rs in runs.items():
+        ok = [r["again"] for r in rs if r.get("again") is not None]
+        failed = len(rs) - len(ok)
+        if ok:
+            med[kind] = statistics.median(ok)
+            print(f"  {kind:17s} {med[kind]:5.2f} s  ({min(ok):.2f}-{max(ok):.2f}, "
+                  f"{len(ok)} runs, {failed} failed)")
+        else:
+            print(f"  {kind:17s} no run worked ({failed} failed)")
+    for kind, rs in runs.items():
+        st = [r["started"] for r in rs if r.get("started") is not None]
+        if st:
+            print(f"  {kind:17s} of which to 'started' (respawn, imports, model, DDP): "
+                  f"{statistics.median(st):.2f} s")
+    if "torchrun" in med:
+        for kind in ("ftagent-warm", "ftagent-cold"):
+            if kind in med:
+                print(f"  {kind} / torchrun: {med[kind] / med['torchrun']:.2f}")
+    warm = [s for r in runs["ftagent-warm"] for s in r.get("starts", [])]
+    print(f"  ftagent-warm restarts: {warm.count('warm')} warm, {warm.count('cold')} cold "
+          "(each rank's start, from the events files)")
+    mem = [m for r in runs["ftagent-warm"] for m in r.get("memory", [])]
+    if mem:
+        sb = statistics.median(m[0] for m in mem) / 2**20
+        tr = statistics.median(m[1] for m in mem) / 2**20
+        print(f"standby memory per worker: PSS {sb:.0f} MiB (median of {len(mem)}), the "
+              f"training process beside it {tr:.0f} MiB; --no-warm-restart saves it")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
