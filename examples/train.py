@@ -12,6 +12,19 @@ Knobs (all optional):
   TRAIN_SDK=0                1: also report steps/phases/collectives through ftagent's SDK
   INSTRUMENT=0               1: ftagent.torch.instrument(model, optimizer, data loader):
                              collective busbw, DDP buckets, forward/backward/optimizer/data
+  TRAIN_SEQ_LEN=0            N > 0: tokens per sample; progress lines also carry tokens/s
+                             (generic) or TFLOP/s per GPU (megatron: 6 x parameters x
+                             tokens/s, Megatron's estimate), for the dashboard's panels
+Checkpoints (real ones, so that "recovered" means resumed from the last saved step):
+  CHECKPOINT_DIR=DIR         resume from DIR/ckpt.pt if it is there (every rank reads it:
+                             model, optimizer and step); rank 0 writes it atomically (a
+                             temporary file, fsync, rename), so a reader sees a whole one
+  CHECKPOINT_EVERY=K         with CHECKPOINT_DIR: save after every K steps
+  SIGTERM                    with CHECKPOINT_DIR: every rank stops at the same step (the stop
+                             flag is all-reduced each step, one 4-byte collective), rank 0
+                             saves it, and the trainer exits 143 (128 + SIGTERM, as a process
+                             killed by it reports; TRAIN_SIGTERM_EXIT=0 to exit 0 instead).
+                             Without CHECKPOINT_DIR, SIGTERM kills the process as by default.
 Faults (only on rank FAULT_RANK, default 0, and only while FTAGENT_RESTART_COUNT equals
 FAULT_ATTEMPT, default 0, so the job heals after a restart):
   FAULT_EVERY_ATTEMPT=1      inject on every attempt instead (a fault that never heals)
@@ -163,6 +176,71 @@ def burn(seconds: float) -> None:
         n += sum(i * i for i in range(1000))
 
 
+class Checkpoints:
+    """DIR/ckpt.pt: model + optimizer state and the last completed step."""
+
+    def __init__(self, directory: str) -> None:
+        self.dir = directory
+        self.path = os.path.join(directory, "ckpt.pt")
+
+    def load(self, model: Any, opt: Any) -> int:
+        """Restore into ``model`` (before DDP wraps it) and ``opt``; the step saved, or 0."""
+        import torch
+
+        if not os.path.exists(self.path):
+            return 0
+        state = torch.load(self.path, map_location="cpu", weights_only=True)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        step = int(state["step"])
+        log(f"resumed from checkpoint at step {step} ({self.path})")
+        return step
+
+    def save(self, model: Any, opt: Any, step: int) -> None:
+        """Rank 0 only: write a temporary file, fsync it, rename it over the last one."""
+        import torch
+
+        os.makedirs(self.dir, exist_ok=True)
+        tmp = f"{self.path}.tmp.{os.getpid()}"
+        with open(tmp, "wb") as f:
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                        "step": step}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        fd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # the rename itself survives a crash of the node
+        finally:
+            os.close(fd)
+        log(f"checkpoint saved at step {step} ({self.path})")
+
+
+class StopFlag:
+    """SIGTERM (Kubernetes deleting the pod) asks for a stop at the next step boundary."""
+
+    def __init__(self) -> None:
+        import signal
+
+        self.asked = False
+        signal.signal(signal.SIGTERM, self._on_term)
+
+    def _on_term(self, signum: int, frame: object) -> None:
+        self.asked = True
+
+    def agreed(self, world: int) -> bool:
+        """Whether any rank was asked (all ranks then stop at the same step: a rank that
+        stopped alone would leave the others waiting in their next all-reduce)."""
+        if world <= 1:
+            return self.asked
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([1 if self.asked else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
 def checkpoint(step: int, seconds: float) -> None:
     log(f"saving checkpoint at iteration {step} to /tmp/ckpt")
     time.sleep(seconds)
@@ -188,15 +266,22 @@ def main() -> int:
     eval_seconds = env_float("EVAL_SECONDS", 12.0)
     eval_rank = env_int("EVAL_RANK", -1)
     first_step = env_float("FIRST_STEP_SECONDS", 0.0)
+    seq_len = env_int("TRAIN_SEQ_LEN", 0)
     timeout = datetime.timedelta(seconds=env_float("TRAIN_PG_TIMEOUT", 120.0))
 
     torch.manual_seed(1234 + RANK)
     if WORLD > 1:
         dist.init_process_group("gloo", timeout=timeout)
     model: nn.Module = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ckpt_dir = os.environ.get("CHECKPOINT_DIR", "")
+    ckpts = Checkpoints(ckpt_dir) if ckpt_dir else None
+    save_every = env_int("CHECKPOINT_EVERY", 0)
+    stop = StopFlag() if ckpts is not None else None
+    start = ckpts.load(model, opt) if ckpts is not None else 0
+    plain = model  # what is saved: the module without DDP's wrapper
     if WORLD > 1:
         model = DDP(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
     batch = 16
     batches = None
     if os.environ.get("INSTRUMENT", "0") == "1":
@@ -206,10 +291,10 @@ def main() -> int:
         loader = torch.utils.data.DataLoader(data, batch_size=batch, drop_last=True)
         ftagent.torch.instrument(model=model, optimizer=opt, dataloader=loader)
         batches = _cycle(loader)
-    log(f"started: world={WORLD} attempt={ATTEMPT} steps={steps}")
+    log(f"started: world={WORLD} attempt={ATTEMPT} steps={steps} from_step={start}")
 
     last = time.monotonic()
-    for step in range(1, steps + 1):
+    for step in range(start + 1, steps + 1):
         if fault_at("FAULT_DATA_STALL_AT_STEP", step):
             wait_for_data(step)
         x = next(batches)[0] if batches is not None else torch.randn(batch, 32)
@@ -240,9 +325,12 @@ def main() -> int:
         value = float(loss.item())
         if FMT == "megatron":
             log(f" iteration {step:8d}/{steps:8d} | consumed samples: {step * batch * WORLD} | "
-                f"elapsed time per iteration (ms): {dt * 1000:.1f} | lm loss: {value:.6E} |")
+                f"elapsed time per iteration (ms): {dt * 1000:.1f} | lm loss: {value:.6E} |"
+                + (f" throughput per GPU (TFLOP/s/GPU): {tflops(model, batch * seq_len / dt):.6f} |"
+                   if seq_len > 0 else ""))
         else:
-            log(f"step={step}/{steps} loss={value:.4f} samples_per_second={batch / dt:.1f}")
+            log(f"step={step}/{steps} loss={value:.4f} samples_per_second={batch / dt:.1f}"
+                + (f" tokens_per_second={batch * seq_len / dt:.1f}" if seq_len > 0 else ""))
         if sdk is not None:
             sdk.step(step, loss=value, samples=batch)
         if eval_every and step % eval_every == 0 and step < steps and eval_rank in (-1, RANK):
@@ -255,11 +343,30 @@ def main() -> int:
             else:
                 checkpoint(step, ckpt_factor * (step_sleep + 0.005))
             last = time.monotonic()
+        if ckpts is not None and stop is not None:
+            if stop.agreed(WORLD):
+                if RANK == 0:
+                    ckpts.save(plain, opt, step)
+                log(f"stopping at step {step} on SIGTERM")
+                if WORLD > 1:
+                    del model, opt
+                    shutdown()
+                return env_int("TRAIN_SIGTERM_EXIT", 143)
+            if save_every and step % save_every == 0 and step < steps and RANK == 0:
+                ckpts.save(plain, opt, step)
+    if ckpts is not None and RANK == 0 and start < steps:
+        ckpts.save(plain, opt, steps)
     log("finished")
     if WORLD > 1:
         del model, opt  # DDP's reducer goes before its process group (see shutdown)
         shutdown()
     return 0
+
+
+def tflops(model: Any, tokens_per_second: float) -> float:
+    """Megatron's estimate of model TFLOP/s: 6 FLOPs per parameter per token (forward and
+    backward), however tiny the model."""
+    return 6.0 * sum(p.numel() for p in model.parameters()) * tokens_per_second / 1e12
 
 
 def _cycle(loader: Iterable[Any]) -> Iterator[Any]:
