@@ -513,6 +513,8 @@ def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
         force_delete_after=cfg.force_delete_after,
         max_cordon_fraction=cfg.max_cordon_fraction,
         pending_grace=cfg.replacement_pending_grace))
+    cluster.active = lambda: bool(server.leading)
+    server.on_registry.append(cluster.rebind)  # each term as leader has its own registry
     loop = asyncio.get_running_loop()
     start_watches(cluster, kube, loop, threading.Event())
     cluster.ticker = loop.create_task(tick_forever(cluster))

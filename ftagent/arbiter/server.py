@@ -181,8 +181,8 @@ class ArbiterServer:
         parts = await loop.run_in_executor(None, self._new_registry, self._store)
         if term != self._term:  # stepped down while loading
             return
+        self.leading = True  # first: the registry hooks (cluster) see a leader
         self._install(parts)
-        self.leading = True
         for name in ("", SERVICE):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.warning("leading: serving agents and deciding (%d job%s in history)",

@@ -77,6 +77,9 @@ class Cluster:
                  clock: Callable[[], float] = time.time, actuator: Actuator | None = None
                  ) -> None:
         self.registry, self.settings, self.clock = registry, settings, clock
+        # With --leader-elect: acts only while this replica leads (a standby only keeps
+        # what its watches see: no faults reported, no ticks, so it never cordons or deletes)
+        self.active: Callable[[], bool] = lambda: True
         self.actuator = actuator or Actuator(api_client, clock=clock)
         self.recorder = Recorder(api_client, self.actuator, component=settings.component,
                                  instance=registry.arbiter_id, clock=clock)
@@ -85,6 +88,7 @@ class Cluster:
         self.pods = PodFaults()
         self.pod_cache: dict[tuple[str, str], dict[str, Any]] = {}
         self.node_names: set[str] = set()
+        self.node_cache: dict[str, Any] = {}  # the watch's nodes (one entry per node)
         self._context: OrderedDict[str, tuple[ClusterFault, tuple[tuple[str, str, str], ...]]] \
             = OrderedDict()
         self._replacing: dict[tuple[str, str], float] = {}
@@ -101,6 +105,17 @@ class Cluster:
         self.ticker: asyncio.Task[None] | None = None  # tick_forever, when started for it
         registry.add_decision_listener(self.on_decision)
 
+    def rebind(self, registry: Registry) -> None:
+        """A new registry (a term as leader began or ended): faults go to it, its
+        decisions are acted on. What the watches saw (pods, nodes) is kept."""
+        self.registry = registry
+        self._replacing.clear()
+        registry.add_decision_listener(self.on_decision)
+        if self.active():  # a term as leader: what the nodes are now, judged afresh
+            self.nodes = NodeFaults(self.settings.node_notready_grace)
+            for node in list(self.node_cache.values()):
+                self.on_node("MODIFIED", node)
+
     def close(self, wait: bool = True) -> None:
         """Stop the workers (calls under way finish, queued ones are dropped)."""
         self._actions.shutdown(wait=wait, cancel_futures=True)
@@ -115,6 +130,12 @@ class Cluster:
             return
         deleted = type_ == "DELETED"
         (self.node_names.discard if deleted else self.node_names.add)(name)
+        if deleted:
+            self.node_cache.pop(name, None)
+        elif isinstance(node, dict):
+            self.node_cache[name] = node
+        if not self.active():  # a standby only keeps its caches (replayed when it leads)
+            return
         # a node nobody runs on is watched for its Ready condition all the same (cheap),
         # but a deleted node matters only when ranks ran there
         if deleted and not self.registry.ranks_on_node(name):
@@ -141,6 +162,8 @@ class Cluster:
                 if isinstance(grace, int) and 0 <= grace <= 10**6:
                     gone_at -= grace
                 self._terminating.setdefault(key, gone_at)
+        if not self.active():
+            return
         found = self.registry.rank_of_pod(ns, name)
         if found is None:
             return
@@ -377,7 +400,8 @@ async def tick_forever(cluster: Cluster, interval: float = 0.5) -> None:
     while True:
         await asyncio.sleep(interval)
         try:
-            cluster.tick()
+            if cluster.active():
+                cluster.tick()
         except Exception:
             log.exception("cluster tick failed")
 

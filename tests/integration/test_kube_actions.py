@@ -265,3 +265,41 @@ def test_a_pod_stuck_terminating_is_force_deleted_past_the_limit() -> None:
             await wait_until(lambda: s.fake.get("pods", "llm-worker-3", NS) is None, 20,
                              "the pod gone")
     run(body)
+
+
+def test_a_new_term_as_leader_rebinds_the_cluster_and_a_standby_does_not_tick() -> None:
+    """--leader-elect swaps the registry at each term: the node fault goes to the new
+    one (whose agents get the commands); while not leading the ticks do nothing."""
+    async def body() -> None:
+        async with cluster(node_notready_grace=0.5) as s:
+            leading = [False]
+            s.cluster.active = lambda: leading[0]
+            old = s.reg
+            new = Registry(PolicyConfig(max_restarts=5), Timeline(), None, "arb-2")
+            conns = []
+            for r in range(4):
+                c = Connection(f"peer2-{r}")
+                new.hello(c, pb.Hello(job="llm", namespace=NS, rank=r, world_size=4,
+                                      agent_instance=f"j{r}", pod=f"llm-worker-{r}",
+                                      node=f"node-{r}"))
+                new.handle(c, pb.AgentMessage(arrival=pb.BarrierArrival(generation=0)), 0.0)
+                conns.append(c)
+            s.cluster.rebind(new)  # a standby's (here: already populated) registry
+            s.fake.set_node_ready("node-1", "False")
+            await wait_until(lambda: get_ready(s.cluster.node_cache["node-1"]) == "False", 20,
+                             "the standby's watch to see the node NotReady")
+            t0 = time.monotonic()  # past the grace, but a standby reports and ticks nothing
+            await wait_until(lambda: time.monotonic() - t0 > 1.0, 5, "a second past the grace")
+            assert new.jobs[(NS, "llm")].generation == 0
+            leading[0] = True
+            s.cluster.rebind(new)  # the term as leader begins: the nodes judged afresh
+            await wait_until(lambda: new.jobs[(NS, "llm")].generation == 1, 20,
+                             "the new registry's decision")
+            assert old.jobs[(NS, "llm")].generation == 0  # the old term decides nothing
+
+    run(body)
+
+
+def get_ready(node: dict[str, Any]) -> str:
+    return next((c.get("status", "") for c in node.get("status", {}).get("conditions", [])
+                 if c.get("type") == "Ready"), "")
