@@ -26,9 +26,9 @@ from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
 from ftagent.wire import limits
 from tests.arbiter_helpers import ArbiterProcess, running_links, wait_until
-from tests.conftest import PY, Collector
+from tests.conftest import PY, Collector, wait_for
 from tests.kube_fake import FakeKube
-from tests.netns import ip, namespaces, require_netns, veth
+from tests.netns import ip, link_up, namespaces, require_netns, veth
 
 SECRET = "node-agent-test-secret-0123456789"
 
@@ -97,6 +97,9 @@ def test_carrier_loss_in_a_netns_is_a_node_fault_and_sets_the_condition() -> Non
     with namespaces(2) as (ns_a, ns_b), FakeKube() as kube, ArbiterProcess() as arb:
         veth(ns_a, "ftn0", ns_b, "ftn1")
         kube.add_node("node-0")
+        # The link settled (carrier up) before the agent's first dump: events racing a
+        # pyroute2 dump in another namespace could leave the dump unanswered.
+        wait_for(lambda: link_up(ns_a, "ftn0"), 10, "ftn0 up with carrier")
 
         def condition(node: dict[str, Any] | None) -> dict[str, Any] | None:
             conds = ((node or {}).get("status") or {}).get("conditions") or []
