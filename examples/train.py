@@ -42,6 +42,11 @@ FAULT_ATTEMPT, default 0, so the job heals after a restart):
                              iteration N" line); on every rank, or only on EVAL_RANK=R
                              (the other ranks then wait for it in the next all-reduce)
   FIRST_STEP_SECONDS=S       the first step computes S seconds longer (a compile-like start)
+Faults a test or benchmark triggers at a moment of its choosing (any rank, any attempt):
+  FAULT_TRIGGER_DIR=DIR      at each step, a file DIR/KIND.RANK injects KIND on this rank:
+                             crash (exit 3), hang (before the all-reduce), stall ("waiting
+                             for data" forever), each once (the file is removed when taken);
+                             slow (steps take the file's number times longer while it exists)
 Faults that verification must call a hang (same FAULT_RANK / attempt rules):
   FAULT_DEADLOCK_AT_STEP=N   a lock-order deadlock with a helper thread at step N
   FAULT_SPIN_AT_STEP=N       a tight infinite loop at one line at step N (CPU burning)
@@ -97,6 +102,34 @@ def crash_on_file() -> bool:
     path = os.environ.get("FAULT_CRASH_ON_FILE", "")
     return (bool(path) and env_int("FAULT_RANK", 0) == RANK and ATTEMPT == 0
             and os.path.exists(path))
+
+
+class Triggers:
+    """FAULT_TRIGGER_DIR: faults at the moment a file appears (a drill's schedule)."""
+
+    def __init__(self, directory: str) -> None:
+        self.dir = directory
+
+    def take(self, kind: str) -> bool:
+        """DIR/KIND.RANK exists: remove it (once) and say so."""
+        if not self.dir:
+            return False
+        try:
+            os.unlink(os.path.join(self.dir, f"{kind}.{RANK}"))
+        except FileNotFoundError:
+            return False
+        log(f"(fault) triggered: {kind}")
+        return True
+
+    def slow(self) -> float:
+        """The factor in DIR/slow.RANK while it exists, else 1."""
+        if not self.dir:
+            return 1.0
+        try:
+            with open(os.path.join(self.dir, f"slow.{RANK}")) as f:
+                return max(1.0, float(f.read().strip() or 1))
+        except (OSError, ValueError):
+            return 1.0
 
 
 def hang_before_collective(step: int) -> None:
@@ -293,20 +326,21 @@ def main() -> int:
         batches = _cycle(loader)
     log(f"started: world={WORLD} attempt={ATTEMPT} steps={steps} from_step={start}")
 
+    trig = Triggers(os.environ.get("FAULT_TRIGGER_DIR", ""))
     last = time.monotonic()
     for step in range(start + 1, steps + 1):
-        if fault_at("FAULT_DATA_STALL_AT_STEP", step):
+        if fault_at("FAULT_DATA_STALL_AT_STEP", step) or trig.take("stall"):
             wait_for_data(step)
         x = next(batches)[0] if batches is not None else torch.randn(batch, 32)
         y = x.sum(dim=1, keepdim=True)
-        time.sleep(step_sleep * slow)
+        time.sleep(step_sleep * slow * trig.slow())
         if step == 1 and first_step > 0:
             burn(first_step)
         if fault_at("FAULT_DEADLOCK_AT_STEP", step):
             deadlock(step)
         if fault_at("FAULT_SPIN_AT_STEP", step):
             spin(step)
-        if fault_at("FAULT_CRASH_AT_STEP", step) or crash_on_file():
+        if fault_at("FAULT_CRASH_AT_STEP", step) or crash_on_file() or trig.take("crash"):
             log(f"step {step}: (fault) crashing with exit code "
                 f"{env_int('FAULT_EXIT_CODE', 3)}")
             # die at once, as a segfault or an OOM kill would: a normal exit with a live
@@ -314,7 +348,7 @@ def main() -> int:
             # peers' collectives fail first and the order of the faults becomes a race
             sys.stderr.flush()
             os._exit(env_int("FAULT_EXIT_CODE", 3))
-        if fault_at("FAULT_HANG_AT_STEP", step):
+        if fault_at("FAULT_HANG_AT_STEP", step) or trig.take("hang"):
             hang_before_collective(step)
         loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
