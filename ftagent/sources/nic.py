@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pyroute2 import AsyncIPRoute
+from pyroute2 import config as pyroute2_config
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import RTMGRP_LINK
 
@@ -38,6 +39,13 @@ from ftagent.config import NicConfig
 from ftagent.metrics import NicStats
 from ftagent.model import LinkEvent, Observation
 from ftagent.sources.netstats import LinkRates, read_sysfs_counters
+
+# A socket in another network namespace comes from a child pyroute2 forks, which it ends
+# with SIGTERM. Forked from an asyncio process, that child keeps the loop's signal handler
+# and wakeup fd: its SIGTERM was written to the *parent's* wakeup socket, and the parent
+# ran its own SIGTERM handler (``ftagent node --nic-netns`` stopped itself at start, about
+# one start in two). Default SIGTERM in the child: it just dies.
+pyroute2_config.disable_mp_signal = True
 
 log = logging.getLogger("ftagent.sources.nic")
 
