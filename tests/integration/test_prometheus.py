@@ -7,7 +7,6 @@ import shutil
 import signal
 import subprocess
 import textwrap
-import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -86,58 +85,5 @@ def test_prometheus_scrapes_agent_series(agent: tuple[subprocess.Popen[bytes], i
         prom.wait(timeout=30)
 
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "ftagent-dashboard.json"
-
-
-def dashboard_exprs() -> list[str]:
-    dash = json.loads(DASHBOARD.read_text())
-    return [t["expr"].replace("$job", "promtest").replace("$namespace", ".*")
-            for p in dash["panels"] for t in p["targets"]]
-
-
-def test_dashboard_queries_name_only_exported_series() -> None:
-    import re
-
-    from prometheus_client import CollectorRegistry
-
-    from ftagent.metrics import AgentMetrics, IbPortStats, NicCollector, NicStats
-
-    reg = CollectorRegistry()
-    AgentMetrics(reg, {"job": "j", "namespace": "", "pod": "p", "node": "n", "rank": "0"})
-    reg.register(NicCollector({"job": "j"}, lambda: [NicStats("e", True, True, 0, 0, 0, 0, 0)],
-                              lambda: [IbPortStats("m", "1", 4, 5, 0, 0, 0)]))
-    # families with extra labels have no samples yet: derive the names from the families
-    exported = {m.name + suffix for m in reg.collect()
-                for suffix in ("", "_total", "_bucket", "_sum", "_count")}
-    for expr in dashboard_exprs():
-        for name in re.findall(r"\b(ftagent_[a-z_]+)\b", expr):
-            assert name in exported, f"{name} in dashboard is not exported"
-
-
-def test_dashboard_queries_parse_in_prometheus(agent: tuple[subprocess.Popen[bytes], int],
-                                                tmp_path: Path) -> None:
-    prom_port = free_port()
-    cfg = tmp_path / "prometheus.yml"
-    cfg.write_text("global:\n  scrape_interval: 1s\n")
-    prom = subprocess.Popen(
-        ["prometheus", f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{prom_port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for(lambda: query_status(prom_port, "up") == "success", 60, "Prometheus up")
-        for expr in dashboard_exprs():
-            assert query_status(prom_port, expr) == "success", expr
-    finally:
-        prom.terminate()
-        prom.wait(timeout=30)
-
-
-def query_status(prom: int, expr: str) -> str:
-    url = f"http://127.0.0.1:{prom}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return str(json.load(r)["status"])
-    except urllib.error.HTTPError as e:
-        return f"error {e.code}: {e.read()[:200]!r}"
-    except OSError:
-        return "unreachable"
+# The dashboard's queries (parse, name exported series, return data from a real job):
+# tests/integration/test_dashboard.py.
