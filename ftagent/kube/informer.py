@@ -372,16 +372,17 @@ class Informer(Generic[T]):
         key = key_of(obj)
         change: Change[T] | None = None
         with self._lock:
+            known = key in self._cache  # (a projection may be None or falsy)
             if typ == DELETED:
                 old = self._cache.pop(key, None)
                 self._versions.pop(key, None)
-                if old is not None:
+                if known:
                     change = Change(DELETED, key, self._project(obj), old)
             elif self._versions.get(key) != str(version):  # a replayed event is no change
                 new = self._project(obj)
                 old = self._cache.get(key)
                 self._cache[key], self._versions[key] = new, str(version)
-                change = Change(MODIFIED if old is not None else ADDED, key, new, old)
+                change = Change(MODIFIED if known else ADDED, key, new, old)
             if version:
                 self.resource_version = str(version)
         self.stats.events += 1

@@ -94,6 +94,17 @@ def test_list_then_watch_sees_adds_modifies_deletes(fake: FakeKube,
     assert (fake.count("list", "pods"), fake.count("watch", "pods")) == (1, 1)
 
 
+def test_a_falsy_projection_is_still_known(fake: FakeKube,
+                                           informers: list[Informer[Any]]) -> None:
+    fake.add_pod("ns", "a", {JOB: "j"})
+    seen = Seen()
+    inf = _pods(fake, informers, seen, project=lambda o: o["metadata"].get("annotations"))
+    assert inf.get("ns/a") is None and len(inf) == 1
+    fake.patch("pods", "a", {"metadata": {"annotations": {"k": "v"}}}, "ns")
+    fake.delete("pods", "a", "ns")
+    wait_for(lambda: seen.of("ns/a") == ["ADDED", "MODIFIED", "DELETED"], what="a's changes")
+
+
 def test_resume_after_a_dropped_watch_misses_and_repeats_nothing(
         fake: FakeKube, informers: list[Informer[Any]]) -> None:
     fake.add_pod("ns", "a", {JOB: "j"})

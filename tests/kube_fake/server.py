@@ -89,6 +89,12 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: FakeHTTPServer
 
+    def setup(self) -> None:
+        super().setup()
+        # Go's net package sets TCP_NODELAY on every connection; without it Nagle holds
+        # each small watch event until the client's delayed ACK (~40 ms)
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
         pass  # the request log is Faults.requests
 
