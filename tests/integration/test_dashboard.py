@@ -159,6 +159,25 @@ def test_dashboard_names_only_exported_series() -> None:
             assert name in exported, f"{name} in {what} is not exported"
 
 
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (with kustomize) missing")
+def test_dashboard_configmap_for_the_grafana_sidecar() -> None:
+    """``kubectl apply -k deploy/grafana``: one valid ConfigMap holding the very JSON, with
+    the label Grafana's dashboard sidecar selects; the file provisioning config parses."""
+    import kubernetes_validate
+    import yaml
+
+    r = subprocess.run(["kubectl", "kustomize", str(DASHBOARD.parent)], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    objs = [d for d in yaml.safe_load_all(r.stdout) if d]
+    assert [o["kind"] for o in objs] == ["ConfigMap"]
+    kubernetes_validate.validate(objs[0], "1.32", strict=True)
+    assert objs[0]["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(objs[0]["data"]["ftagent-dashboard.json"]) == load()
+    prov = yaml.safe_load((DASHBOARD.parent / "provisioning" / "dashboards.yaml").read_text())
+    assert prov["apiVersion"] == 1 and prov["providers"][0]["type"] == "file"
+
+
 # --------------------------------------------------------------------------- the live job
 
 
