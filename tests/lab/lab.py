@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -64,13 +65,17 @@ def _clean_env() -> dict[str, str]:
 
 class Lab:
     def __init__(self, tmp: Path, nodes: int = 2, *, job: str = "lab",
-                 arbiter_args: Sequence[str] = (), prometheus: bool = False) -> None:
+                 arbiter_args: Sequence[str] = (), prometheus: bool = False,
+                 arbiter: bool = True, stamp: bool = False) -> None:
         self.tmp = tmp
         self.job = job
         self.world = nodes
         self.net = Network(nodes)
         self.arbiter_args = list(arbiter_args)
         self.want_prometheus = prometheus
+        self.want_arbiter = arbiter
+        self.stamp = stamp  # prefix every output line with its arrival time (benchmarks)
+        self._pumps: list[threading.Thread] = []
         self.arbiter: subprocess.Popen[bytes] | None = None
         self.arbiter_starts = 0
         self.address = ""
@@ -95,7 +100,8 @@ class Lab:
         try:
             self.net.create()
             self.triggers.mkdir(parents=True, exist_ok=True)
-            self.start_arbiter()
+            if self.want_arbiter:
+                self.start_arbiter()
             if self.want_prometheus:
                 self.start_prometheus()
         except BaseException:
@@ -125,10 +131,18 @@ class Lab:
         guard.unregister(self)
 
     def _spawn(self, cmd: Sequence[str], log: Path, env: Mapping[str, str] | None = None,
-               ) -> subprocess.Popen[bytes]:
+               stamp: bool = False) -> subprocess.Popen[bytes]:
+        full_env = {**_clean_env(), **(env or {})}
+        if stamp:  # "UNIX_TIME line": when each line reached us (the trainer's clock aside)
+            p = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, env=full_env, start_new_session=True)
+            t = threading.Thread(target=_pump, args=(p, log), daemon=True)
+            t.start()
+            self._pumps.append(t)
+            return p
         with log.open("ab") as out:
             return subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env={**_clean_env(), **(env or {})},
+                                    stdin=subprocess.DEVNULL, env=full_env,
                                     start_new_session=True)  # one group to kill
 
     # ------------------------------------------------------------------ the arbiter
@@ -219,9 +233,13 @@ class Lab:
         for r in range(self.world):
             self.start_rank(r)
 
-    def start_rank(self, r: int, extra: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+    def start_rank(self, r: int, extra: Sequence[str] = (),
+                   launcher: Callable[[int], list[str]] | None = None
+                   ) -> subprocess.Popen[bytes]:
         """Start (or, after ``kill_agent``, replace) the agent of rank ``r`` on node ``r``;
-        ``extra`` flags for this agent only (a simulated GPU timeline, say)."""
+        ``extra`` flags for this agent only (a simulated GPU timeline, say). ``launcher``
+        (benchmarks): the command in front of ``python train.py`` instead of ftagent's,
+        e.g. torchrun's, or [] for the bare trainer."""
         n = self.incarnation.get(r, -1) + 1
         self.incarnation[r] = n
         ns = self.net.namespaces[r]
@@ -236,7 +254,9 @@ class Lab:
                "--world-size", str(self.world), "--arbiter", self.address, "--job", self.job,
                "--pod", f"{self.job}-worker-{r}", "--node", f"node-{r}", "--nic", "eth0",
                *self.flags, *extra, "--", PY, TRAIN]
-        p = self._spawn(cmd, self.log_path(r, n), env)
+        if launcher is not None:
+            cmd = ["ip", "netns", "exec", ns, *launcher(r), TRAIN]
+        p = self._spawn(cmd, self.log_path(r, n), env, stamp=self.stamp)
         self.agents[r] = p
         return p
 
@@ -375,6 +395,14 @@ class Lab:
             parts.append(f"--- {p.name}\n{p.read_text(errors='replace')[-2500:]}")
         tl = "\n".join(line_of(e) for e in self.timeline()[-40:])
         return "\n".join(parts) + f"\n--- timeline\n{tl}"
+
+
+def _pump(p: subprocess.Popen[bytes], log: Path) -> None:
+    assert p.stdout is not None
+    with log.open("ab") as out:
+        for line in p.stdout:
+            out.write(f"{time.time():.3f} ".encode() + line)
+            out.flush()
 
 
 def line_of(e: Mapping[str, Any]) -> str:

@@ -1,0 +1,33 @@
+"""Drills: every fault class end to end on a real job spread over simulated nodes.
+
+Each module runs one lab (tests/lab) and, where honest, one long-running job with its
+faults in sequence, so the set stays within a few minutes on 2 cores. Run the set with
+``pytest tests/drills`` (or ``-m drill``). Without CAP_NET_ADMIN a drill is skipped with the
+reason; with ``FTAGENT_REQUIRE_NETNS=1`` (CI, as root) that is a failure instead.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.jobs import HAVE_TORCH
+from tests.netns import require_netns
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "drill: a fault drill on the lab (tests/drills)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/drills/" in str(item.fspath).replace("\\", "/"):
+            item.add_marker(pytest.mark.drill)
+            item.add_marker(pytest.mark.netns)
+            item.add_marker(pytest.mark.torch)
+
+
+def require_lab() -> None:
+    """Skip (or, with FTAGENT_REQUIRE_NETNS=1, fail) where a lab cannot run."""
+    if not HAVE_TORCH:
+        pytest.skip("needs torch (make venv installs it)")
+    require_netns()
