@@ -82,7 +82,9 @@ def substitute(expr: str, range_s: float) -> str:
     """Grafana's variable interpolation for this job: $x and ${x}, longest names first."""
     values = {"__rate_interval": RATE_INTERVAL, "__interval": INTERVAL,
               "__range": f"{max(int(range_s), 1)}s", "namespace": NAMESPACE,
-              "job": JOB, "rank": "|".join(str(r) for r in range(WORLD))}
+              "job": JOB,
+              # a multi-value variable as Grafana formats it for Prometheus: (a|b)
+              "rank": "(" + "|".join(str(r) for r in range(WORLD)) + ")"}
     for name in sorted(values, key=len, reverse=True):
         expr = re.sub(r"\$\{" + name + r"\}|\$" + name + r"\b", values[name], expr)
     assert "$" not in expr, f"a variable the test does not know: {expr}"
