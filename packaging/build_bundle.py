@@ -22,7 +22,7 @@ STAMP = OUT / "inputs.sha256"
 # Not for `ftagent run`: the webhook's and the tests' dependencies stay out of the bundle.
 EXCLUDE = ["kubernetes", "cryptography", "yaml", "torch", "numpy", "hypothesis", "pytest",
            "jsonpatch", "jsonschema", "kubernetes_validate", "tkinter", "grpc_tools",
-           "setuptools", "pip", "mypy", "ftagent.demo"]
+           "setuptools", "pip", "mypy", "ftagent.demo", "ftagent.report", "matplotlib", "PIL"]
 
 
 def inputs_hash() -> str:
@@ -43,7 +43,9 @@ def build() -> Path:
            "--name", "ftagent", "--distpath", str(OUT), "--workpath", str(work),
            "--specpath", str(work), "--log-level", "WARN",
            "--runtime-hook", str(ROOT / "packaging" / "rthook_env.py"),
-           "--collect-submodules", "ftagent", "--paths", str(ROOT)]
+           "--collect-submodules", "ftagent", "--paths", str(ROOT),
+           # warm restarts: the trainer's own Python runs this file by path (a copy)
+           "--add-data", f"{ROOT / 'ftagent' / 'agent' / 'standby_boot.py'}:ftagent/agent"]
     for mod in EXCLUDE:
         cmd += ["--exclude-module", mod]
     subprocess.run([*cmd, str(ROOT / "packaging" / "entry.py")], check=True, cwd=ROOT)

@@ -111,3 +111,26 @@ def test_bundle_has_py_spy_beside_it(bundle: Path) -> None:
     assert (bundle.parent / "py-spy").is_file()
     r = subprocess.run([str(bundle), "--version"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.startswith("ftagent ")
+
+
+def test_warm_restart_from_the_bundle(bundle: Path, tmp_path: Path) -> None:
+    """The bundle carries the standby bootstrap (data, not code the bundle runs): the
+    system Python's trainer restarts warm, and sees a fresh start's argv and path."""
+    script = tmp_path / "train.py"
+    script.write_text("import json, os, sys\n"
+                      "n = int(os.environ['FTAGENT_RESTART_COUNT'])\n"
+                      "print('attempt', n, sys.argv[1:], sys.path[0] == os.path.dirname("
+                      "os.path.abspath(__file__)), flush=True)\n"
+                      "sys.exit(7 if n == 0 else 0)\n")
+    events = tmp_path / "events.jsonl"
+    assert TRAINER_PY is not None
+    r = run_isolated([str(bundle), "run", "--metrics-port", "-1", "--max-restarts", "1",
+                      "--events-file", str(events), "--warm-imports", "json",
+                      "--", TRAINER_PY, str(script), "--lr", "3"],
+                     {"PATH": "/usr/bin:/bin"}, tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split("\n")[:2] == ["attempt 0 ['--lr', '3'] True",
+                                        "attempt 1 ['--lr', '3'] True"]
+    starts = [json.loads(x) for x in events.read_text().splitlines()
+              if json.loads(x)["event"] == "standby"]
+    assert [s["kind"] for s in starts][-1:] == ["warm"], starts
