@@ -27,6 +27,7 @@ import json
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -216,6 +217,8 @@ class Informer(Generic[T]):
             except _Refused as e:
                 self._count(e.status)
                 if e.status == 410:
+                    if need_list:  # the list itself expired (a stale continue): not in a loop
+                        self._wait(self._backoff.next())
                     need_list = True
                     continue
                 self._wait(self._delay_for(e))
@@ -333,6 +336,7 @@ class Informer(Generic[T]):
                                             self._watch_timeout + self._request_timeout))
         self.stats.watches += 1
         self._resp = resp
+        started, healthy = time.monotonic(), False
         try:
             if self._stop.is_set():
                 return
@@ -340,7 +344,10 @@ class Informer(Generic[T]):
                 if self._stop.is_set():
                     return
                 self._on_line(line)
+                healthy = True
         finally:
+            if healthy or time.monotonic() - started >= 10.0:
+                self._backoff.reset()  # a drop after a working watch starts from the base
             self._resp = None
             resp.close()  # a half-read stream must not go back to the pool as reusable
             resp.release_conn()

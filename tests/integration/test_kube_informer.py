@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import random
 import threading
 import time
@@ -14,7 +16,7 @@ import pytest
 
 pytest.importorskip("kubernetes")
 
-from ftagent.kube.client import api_client  # noqa: E402
+from ftagent.kube.client import KubeConfigError, api_client, retry_after  # noqa: E402
 from ftagent.kube.informer import (  # noqa: E402
     Backoff,
     Change,
@@ -254,3 +256,64 @@ def test_backoff_is_full_jitter_under_a_cap() -> None:
     assert max(waits) > 0.5  # it grows
     b.reset()
     assert b.next() <= 0.5
+
+
+# ----------------------------------------------------------------- api_client
+
+
+def test_api_client_over_tls_with_a_ca_file_and_a_rotating_token_file(tmp_path: Any) -> None:
+    from kubernetes import client
+
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    with FakeKube(tls=True, token="first") as fake:
+        fake.add_node("n1")
+        assert fake.ca_file is not None
+        api = api_client(fake.url, token_file=str(token), ca_file=fake.ca_file)
+        core = client.CoreV1Api(api)
+        assert [n.metadata.name for n in core.list_node().items] == ["n1"]
+        fake.token = "second"  # the kubelet rotated the projected token
+        token.write_text("second\n")
+        os.utime(token, ns=(time.time_ns(), time.time_ns() + 1_000_000_000))
+        assert [n.metadata.name for n in core.list_node().items] == ["n1"]
+        assert fake.requests[-1].headers["authorization"] == "Bearer second"
+        # the server's certificate is checked: without the CA the client refuses it
+        with pytest.raises(Exception, match="CERTIFICATE_VERIFY_FAILED"):
+            client.CoreV1Api(api_client(fake.url, token="second",
+                                        connect_retries=0)).list_node()
+
+
+def test_api_client_from_a_kubeconfig(fake: FakeKube, tmp_path: Any) -> None:
+    from kubernetes import client
+
+    fake.token = "kc-token"
+    cfg = tmp_path / "config"
+    cfg.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": fake.url}}],
+        "users": [{"name": "arbiter", "user": {"token": "kc-token"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "arbiter"}}]}))
+    fake.add_node("n1")
+    api = api_client(kubeconfig=str(cfg), in_cluster=False)
+    assert client.CoreV1Api(api).read_node("n1").metadata.name == "n1"
+
+
+def test_api_client_without_any_config_says_what_to_give(tmp_path: Any) -> None:
+    with pytest.raises(KubeConfigError, match="--kube-api URL"):
+        api_client(kubeconfig=str(tmp_path / "missing"), in_cluster=False)
+    with pytest.raises(KubeConfigError, match="does not exist"):
+        api_client("https://10.0.0.1:6443", token_file=str(tmp_path / "none"))
+
+
+def test_retry_after_reads_the_header_then_the_status() -> None:
+    from kubernetes.client.rest import ApiException
+
+    e = ApiException(status=429)
+    e.headers = {"Retry-After": "3"}
+    assert retry_after(e) == 3.0
+    e = ApiException(status=429, body=json.dumps({"kind": "Status", "details": {
+        "retryAfterSeconds": 9999}}))
+    assert retry_after(e, cap=60) == 60.0
+    e.headers = {"Retry-After": "nan"}
+    assert retry_after(e) is None
+    assert retry_after(ApiException(status=429)) is None

@@ -24,6 +24,8 @@ Use::
 
     with FakeKube(token="s3cret", history=100) as fake:   # or as a context manager
         fake.url                                          # "http://127.0.0.1:PORT"
+    with FakeKube(tls=True) as fake:   # https://localhost:PORT, its CA in fake.ca_file
+        ...
 
 Resources served (RBAC names): pods, pods/status, nodes, nodes/status, events (core/v1 and
 events.k8s.io/v1: one storage, two views, as on the real server), configmaps, secrets,
@@ -38,13 +40,16 @@ on the kind's real fields, e.g. ``spec.nodeName``, ``metadata.name``, ``status.p
 update (PUT: stale ``metadata.resourceVersion`` → 409 Conflict), patch, delete
 (``gracePeriodSeconds``, ``preconditions``). Writes to the main resource keep the old
 ``status`` for kinds with a /status subresource and vice versa; a no-op write keeps the
-resourceVersion and sends no watch event. Not built (stubs): deletecollection (405),
-server-side apply (415), namespace existence checks (any namespace is accepted), field
-managers, admission.
+resourceVersion and sends no watch event. As on the real server, a core/v1 Event read through
+events.k8s.io/v1 carries ``"eventTime": null``, which the Python client's ``EventsV1Event``
+model refuses: write events.k8s.io Events with ``eventTime`` set. Not built (stubs):
+deletecollection (405), server-side apply (415), namespace existence checks (any namespace
+is accepted), field managers, admission.
 
 Control API of :class:`FakeKube` (thread-safe; objects are plain dicts as on the wire):
 
-* ``url``, ``token``, ``client(**config) -> kubernetes.client.ApiClient``, ``stop()``.
+* ``url``, ``ca_file`` (with ``tls=True``), ``token`` (settable: a rotation),
+  ``client(**config) -> kubernetes.client.ApiClient``, ``stop()``.
 * ``create(resource, obj, namespace=None)``, ``get(resource, name, namespace=None)`` (None if
   absent), ``list(resource, namespace=None, label_selector=None)``, ``update(resource, obj)``,
   ``patch(resource, name, body, namespace=None, content_type=MERGE)``,
@@ -79,10 +84,14 @@ Control API of :class:`FakeKube` (thread-safe; objects are plain dicts as on the
 
 from __future__ import annotations
 
+import builtins
 import contextlib
+import ssl
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from .faults import Faults, Request
@@ -102,16 +111,43 @@ class FakeKube:
 
     def __init__(self, token: str | None = None, history: int = 1000,
                  bookmark_interval: float = 1.0,
-                 user: str = "system:serviceaccount:ftagent:arbiter") -> None:
+                 user: str = "system:serviceaccount:ftagent:arbiter",
+                 tls: bool = False) -> None:
         self.store = Store(history=history)
         self.faults = Faults(user=user)
-        self.token = token
-        self._http = FakeHTTPServer(self.store, self.faults, token, bookmark_interval)
-        self.url = f"http://127.0.0.1:{self._http.server_address[1]}"
+        self.ca_file: str | None = None
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        ctx = self._tls_context() if tls else None
+        self._http = FakeHTTPServer(self.store, self.faults, token, bookmark_interval, ctx)
+        port = self._http.server_address[1]
+        self.url = f"https://localhost:{port}" if tls else f"http://127.0.0.1:{port}"
         self._thread = threading.Thread(target=self._http.serve_forever,
                                         kwargs={"poll_interval": 0.05},
                                         name="fake-kube-api", daemon=True)
         self._thread.start()
+
+    def _tls_context(self) -> ssl.SSLContext:
+        from ftagent.kube.certs import self_signed
+
+        pems = self_signed(["localhost"])
+        self._tmp = tempfile.TemporaryDirectory(prefix="fake-kube-")
+        d = Path(self._tmp.name)
+        (d / "ca.crt").write_bytes(pems.ca)
+        (d / "tls.crt").write_bytes(pems.cert)
+        (d / "tls.key").write_bytes(pems.key)
+        self.ca_file = str(d / "ca.crt")
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(d / "tls.crt", d / "tls.key")
+        return ctx
+
+    @property
+    def token(self) -> str | None:
+        return self._http.token
+
+    @token.setter
+    def token(self, value: str | None) -> None:
+        """Change the accepted bearer token at runtime (a rotation)."""
+        self._http.token = value
 
     def __enter__(self) -> FakeKube:
         return self
@@ -126,6 +162,8 @@ class FakeKube:
         self._http.close_all()
         self._http.server_close()
         self._thread.join(timeout=5)
+        if self._tmp is not None:
+            self._tmp.cleanup()
 
     def client(self, **config: Any) -> Any:
         """A real ``kubernetes.client.ApiClient`` pointed at this server."""
@@ -133,6 +171,7 @@ class FakeKube:
 
         cfg = client.Configuration()
         cfg.host = self.url
+        cfg.ssl_ca_cert = self.ca_file
         if self.token:
             cfg.api_key = {"authorization": self.token}
             cfg.api_key_prefix = {"authorization": "Bearer"}
@@ -157,7 +196,7 @@ class FakeKube:
 
     def list(self, resource: str, namespace: str | None = None,
              label_selector: str | None = None) -> list[dict[str, Any]]:
-        out = self.store.list(self._kind(resource), namespace,
+        out = self.store.list_objects(self._kind(resource), namespace,
                               parse_label_selector(label_selector), [])
         return list(out["items"])
 
@@ -204,10 +243,10 @@ class FakeKube:
         old = self.get("nodes", name) or {}
         prev = next((c for c in (old.get("status") or {}).get("conditions") or []
                      if c.get("type") == type_), None)
-        moved = prev is None or prev.get("status") != status
+        since = now if prev is None or prev.get("status") != status else \
+            prev.get("lastTransitionTime", now)
         cond = {"type": type_, "status": status, "reason": reason, "message": message,
-                "lastHeartbeatTime": now,
-                "lastTransitionTime": now if moved else prev.get("lastTransitionTime", now)}
+                "lastHeartbeatTime": now, "lastTransitionTime": since}
         return self.patch("nodes", name, {"status": {"conditions": [cond]}},
                           content_type=STRATEGIC, subresource="status")
 
@@ -236,7 +275,7 @@ class FakeKube:
                           STRATEGIC, "status")
 
     def events(self, namespace: str | None = None,
-               involved: str | None = None) -> list[dict[str, Any]]:
+               involved: str | None = None) -> builtins.list[dict[str, Any]]:
         evs = self.list("events", namespace)
         return [e for e in evs if involved in (None, (e.get("involvedObject") or {}).get("name"))]
 
@@ -275,7 +314,7 @@ class FakeKube:
 
     # -------------------------------------------------------------- request log
     @property
-    def requests(self) -> list[Request]:
+    def requests(self) -> builtins.list[Request]:
         with self.faults.lock:
             return list(self.faults.requests)
 

@@ -6,6 +6,7 @@ import contextlib
 import json
 import select
 import socket
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -63,8 +64,11 @@ class FakeHTTPServer(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, store: Store, faults: Faults, token: str | None,
-                 bookmark_interval: float) -> None:
+                 bookmark_interval: float, tls: ssl.SSLContext | None = None) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
+        if tls is not None:  # the handshake happens in the handler's thread, not accept()
+            self.socket = tls.wrap_socket(self.socket, server_side=True,
+                                          do_handshake_on_connect=False)
         self.store, self.faults, self.token = store, faults, token
         self.bookmark_interval = bookmark_interval
         self.bookmark_epoch = 0
@@ -192,7 +196,7 @@ class _Handler(BaseHTTPRequestHandler):
         if verb == "list":
             labels, fields = self._selectors(r, query)
             limit = int(query["limit"]) if query.get("limit", "").isdigit() else None
-            return 200, store.list(r.kind, r.namespace, labels, fields, limit,
+            return 200, store.list_objects(r.kind, r.namespace, labels, fields, limit,
                                    query.get("continue") or None, query.get("resourceVersion"),
                                    query.get("resourceVersionMatch"))
         if verb == "create":
@@ -275,9 +279,15 @@ class _Handler(BaseHTTPRequestHandler):
             raise Dropped()
 
     def _client_gone(self) -> bool:
+        """A watch client sends nothing after its request: readable means closed (for TLS,
+        where a peek is not possible, any readable byte is the close_notify)."""
         try:
             readable, _, _ = select.select([self.connection], [], [], 0)
-            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+            if not readable:
+                return False
+            if isinstance(self.connection, ssl.SSLSocket):
+                return True
+            return self.connection.recv(1, socket.MSG_PEEK) == b""
         except (OSError, ValueError):
             return True
 

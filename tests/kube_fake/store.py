@@ -100,6 +100,7 @@ def to_view(kind: Kind, obj: Obj) -> Obj:
         for core, new in _EVENT_FIELDS:
             if core in obj:
                 out[new] = obj[core]
+        out.setdefault("eventTime", None)  # MicroTime without omitempty: null, as served
     else:
         out = dict(obj)
     out["apiVersion"], out["kind"] = kind.api_version, kind.kind
@@ -225,7 +226,7 @@ class Store:
         with self.lock:
             return to_view(kind, self._existing(kind, ns, name))
 
-    def list(self, kind: Kind, ns: str | None, labels: list[Requirement],
+    def list_objects(self, kind: Kind, ns: str | None, labels: list[Requirement],
              fields: list[tuple[str, str, str]], limit: int | None = None,
              cont: str | None = None, rv: str | None = None,
              rv_match: str | None = None) -> Obj:
@@ -253,7 +254,7 @@ class Store:
                                        {"reason": "ResourceVersionTooLarge",
                                         "message": "Too large resource version"}],
                                        "retryAfterSeconds": 1})
-            items = []
+            items: list[Obj] = []
             for key in sorted(self._bucket(kind)):
                 if start is not None and key <= start:
                     continue
