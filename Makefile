@@ -7,7 +7,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-stamp
 PROTO   := proto/ftagent/v1/ftagent.proto
 
-.PHONY: all venv deps demo test lint typecheck unit integration e2e proto proto-check bench gpu-check bundle image clean
+.PHONY: all venv deps demo test lint typecheck unit integration e2e proto proto-check bench gpu-check bundle image clean drills goodput
 
 all: test
 
@@ -68,6 +68,15 @@ test: venv deps lint typecheck bundle
 
 unit: venv
 	$(BIN)/pytest -q tests/unit
+
+# The fault drills on a lab of simulated nodes (needs root: network namespaces); `make
+# test` runs them too. FTAGENT_REQUIRE_NETNS=1 makes a missing netns a failure, not a skip.
+drills: venv deps
+	FTAGENT_REQUIRE_NETNS=1 $(BIN)/pytest -q -p no:cacheprovider tests/drills
+
+# Goodput and overhead of ftagent vs torchrun on the lab (root; ~30 min; not in CI).
+goodput: venv deps
+	$(BIN)/python bench/goodput.py --minutes 10
 
 bench: venv
 	$(BIN)/python bench/passthrough.py
