@@ -94,10 +94,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .errors import ApiError, now_rfc3339
 from .faults import Faults, Request
 from .resources import Kind, kind_for, parse_label_selector
 from .server import FakeHTTPServer
-from .store import ApiError, Store, now_rfc3339
+from .store import Store
 
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"

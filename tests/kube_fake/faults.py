@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .store import ApiError
+from .errors import ApiError
 
 
 @dataclass

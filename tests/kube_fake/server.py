@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from .errors import ApiError
 from .faults import Faults, Request
 from .resources import (
     Kind,
@@ -21,7 +22,7 @@ from .resources import (
     parse_field_selector,
     parse_label_selector,
 )
-from .store import ApiError, Dropped, Store
+from .store import Dropped, Store
 
 MAX_BODY = 3 * 1024 * 1024  # the real server's request size limit (3 MiB)
 
