@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import json
 import os
 import platform
@@ -46,6 +47,25 @@ STEP_SLEEP = 0.1
 STEP = re.compile(r"\[rank(\d+)\] step=(\d+)/")
 STARTED = re.compile(r"\[rank(\d+)\] started: world=\d+")
 CRASH = re.compile(r"\[rank0\] step \d+: \(fault\) crashing")
+TIMING = re.compile(r"\[rank(\d+)\] timing: (\w+) t=([\d.]+)")
+ARBITER_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) \w+ "
+                          r"ftagent\.arbiter\.timeline: (\S+) g(\d+) (.*)$", re.M)
+# the restart's path, in order: (mark, what it is). Offsets are from the crash (the
+# crashing trainer's own time.time()), the later of the two ranks where both have one.
+STAGES = [
+    ("exit_seen", "rank 0's agent reaped the crashed trainer (events file)"),
+    ("fault_at_arbiter", "the crash fault in the arbiter's timeline"),
+    ("decision", "the arbiter's RESTART decision (timeline)"),
+    ("peer_stopped", "rank 1's trainer exited (stopped by its agent, or failed in gloo)"),
+    ("arrived", "both agents at the barrier of the next generation (events files)"),
+    ("released", "the barrier released, both agents told (events files)"),
+    ("go", "the next trainer handed over (standby go, or cold spawn)"),
+    ("script", "the script's first line runs"),
+    ("imported", "torch imported (top of main())"),
+    ("process_group", "init_process_group returned (rendezvous of both ranks)"),
+    ("ddp", "DDP constructed"),
+    ("first_step", "the first training step done"),
+]
 STEADY_STEPS = 20  # both ranks past this step before the crash
 AGAIN_TIMEOUT = 60.0  # crash -> training again, else counted as a failed restart
 
@@ -101,6 +121,7 @@ def base_env(crash_file: Path, **extra: str) -> dict[str, str]:
            if not k.startswith(("FAULT_", "FTAGENT_", "TORCHELASTIC_"))}
     env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", TRAIN_STEPS="100000",
                TRAIN_STEP_SLEEP=str(STEP_SLEEP), TRAIN_PG_TIMEOUT="30", FAULT_RANK="0",
+               TRAIN_TIMING="1",
                FAULT_CRASH_ON_FILE=str(crash_file), **extra)
     return env
 
@@ -181,7 +202,60 @@ def standby_ready(agents: list[Launched]) -> bool:
     return n == len(agents)
 
 
-def one_run(kind: str, tmp: Path, arbiter: str) -> dict[str, Any]:
+def trainer_marks(lines: list[tuple[float, str]], crash_wall: float) -> dict[str, float]:
+    """The trainers' own timing lines of the attempt after the crash: the later rank's."""
+    per: dict[str, dict[int, float]] = {}
+    for _, t in lines:
+        for m in TIMING.finditer(t):
+            ts = float(m.group(3))
+            if m.group(2) != "crash" and ts > crash_wall:
+                per.setdefault(m.group(2), {}).setdefault(int(m.group(1)), ts)
+    return {k: max(v.values()) - crash_wall for k, v in per.items() if len(v) == 2}
+
+
+def agent_marks(events: dict[int, list[dict[str, Any]]], timeline: list[tuple[float, str]],
+                crash_wall: float) -> dict[str, float]:
+    """The agents' events files and the arbiter's timeline, between crash and restart."""
+    out: dict[str, float] = {}
+
+    def first(rank: int, pred: Any) -> float | None:
+        return next((e["ts"] for e in events.get(rank, []) if e["ts"] >= crash_wall - 0.5
+                     and pred(e)), None)
+
+    def both(pred: Any) -> float | None:
+        ts = [first(r, pred) for r in (0, 1)]
+        return None if None in ts else max(ts)  # type: ignore[type-var]
+
+    marks = {
+        "exit_seen": first(0, lambda e: e["event"] == "state" and e["kind"] == "exited"),
+        "peer_stopped": first(1, lambda e: e["event"] == "state" and e["kind"] == "exited"),
+        "arrived": both(lambda e: e["event"] == "state" and e["kind"] == "barrier"),
+        "released": both(lambda e: e["event"] == "state" and e["kind"] == "released"),
+        "go": both(lambda e: e["event"] == "state" and e["kind"] == "running"),
+        "fault_at_arbiter": next((ts for ts, msg in timeline if ts >= crash_wall - 0.5
+                                  and "crash (" in msg), None),
+        "decision": next((ts for ts, msg in timeline if ts >= crash_wall - 0.5
+                          and "every rank restarts at generation" in msg), None),
+    }
+    for k, v in marks.items():
+        if v is not None:
+            out[k] = v - crash_wall
+    return out
+
+
+def arbiter_timeline(log_text: str, job: str) -> list[tuple[float, str]]:
+    """(wall time, message) of ``job``'s timeline entries in the arbiter's log (its
+    asctime is local time, milliseconds)."""
+    out = []
+    for m in ARBITER_LINE.finditer(log_text):
+        if m.group(2) == job:
+            ts = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            out.append((ts, m.group(4)))
+    return out
+
+
+def one_run(kind: str, tmp: Path, arbiter: str,
+            arbiter_log: Any = lambda: "") -> dict[str, Any]:
     """Start the job under ``kind``, crash rank 0 mid-run, measure, stop."""
     crash = tmp / f"crash-{kind}-{time.monotonic_ns()}"
     port = free_port()
@@ -229,11 +303,22 @@ def one_run(kind: str, tmp: Path, arbiter: str) -> dict[str, Any]:
             int(m.group(1)) == r for m in STARTED.finditer(t))), None) for r in (0, 1)]
         if None not in started:  # crash -> model and process group ready on both ranks
             result["started"] = max(started) - crash_ts  # type: ignore[type-var,operator]
+        crash_wall = next((float(m.group(3)) for _, t in lines for m in TIMING.finditer(t)
+                           if m.group(2) == "crash"), None)
+        if crash_wall is not None:
+            result["marks"] = trainer_marks(lines, crash_wall)
         if kind.startswith("ftagent"):
             evs = []
-            for p in tmp.glob(f"{job}-*.jsonl"):
-                evs += [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
+            per_rank: dict[int, list[dict[str, Any]]] = {}
+            for rank in (0, 1):
+                p = tmp / f"{job}-{rank}.jsonl"
+                rank_evs = [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
+                per_rank[rank] = rank_evs
+                evs += rank_evs
             result["starts"] = sorted(e["kind"] for e in evs if e["event"] == "standby")
+            if crash_wall is not None:
+                result["marks"].update(agent_marks(
+                    per_rank, arbiter_timeline(arbiter_log(), job), crash_wall))
         return result
     finally:
         stop(procs)
@@ -271,7 +356,7 @@ def main() -> int:
             for kind in order:
                 if kind != "torchrun-default" and rep >= args.reps:
                     continue
-                r = one_run(kind, tmp, arb.address)
+                r = one_run(kind, tmp, arb.address, arb.log_text)
                 runs[kind].append(r)
                 print(f"  rep {rep + 1} {kind:17s} "
                       f"{_fmt(r.get('again'))} (started {_fmt(r.get('started'))}) "
@@ -306,6 +391,7 @@ def report(runs: dict[str, list[dict[str, Any]]]) -> None:
         for kind in ("ftagent-warm", "ftagent-cold"):
             if kind in med:
                 print(f"  {kind} / torchrun: {med[kind] / med['torchrun']:.2f}")
+    breakdown(runs)
     warm = [s for r in runs["ftagent-warm"] for s in r.get("starts", [])]
     print(f"  ftagent-warm restarts: {warm.count('warm')} warm, {warm.count('cold')} cold "
           "(each rank's start, from the events files)")
@@ -315,6 +401,20 @@ def report(runs: dict[str, list[dict[str, Any]]]) -> None:
         tr = statistics.median(m[1] for m in mem) / 2**20
         print(f"standby memory per worker: PSS {sb:.0f} MiB (median of {len(mem)}), the "
               f"training process beside it {tr:.0f} MiB; --no-warm-restart saves it")
+
+
+def breakdown(runs: dict[str, list[dict[str, Any]]]) -> None:
+    """Where the restart's time goes: each mark's median offset from the crash, per
+    launcher (torchrun's trainers print the same timing lines; its agent keeps no events)."""
+    kinds = [k for k in ("torchrun", "ftagent-cold", "ftagent-warm") if runs.get(k)]
+    print("\nbreakdown: seconds after the crash (median over the runs; the later rank):")
+    print(f"  {'mark':17s}" + "".join(f"{k:>14s}" for k in kinds) + "  what")
+    for mark, what in STAGES:
+        cells = []
+        for k in kinds:
+            vals = [r["marks"][mark] for r in runs[k] if mark in r.get("marks", {})]
+            cells.append(f"{statistics.median(vals):14.2f}" if vals else f"{'-':>14s}")
+        print(f"  {mark:17s}" + "".join(cells) + f"  {what}")
 
 
 if __name__ == "__main__":

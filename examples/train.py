@@ -42,6 +42,10 @@ FAULT_ATTEMPT, default 0, so the job heals after a restart):
                              iteration N" line); on every rank, or only on EVAL_RANK=R
                              (the other ranks then wait for it in the next all-reduce)
   FIRST_STEP_SECONDS=S       the first step computes S seconds longer (a compile-like start)
+  TRAIN_TIMING=0             1: "timing: NAME t=WALL" lines (time.time()) at the script's
+                             first line, after importing torch, after init_process_group,
+                             after DDP, at the first step and at an injected crash: where
+                             a restart's time goes (bench/restart.py)
 Faults a test or benchmark triggers at a moment of its choosing (any rank, any attempt):
   FAULT_TRIGGER_DIR=DIR      at each step, a file DIR/KIND.RANK injects KIND on this rank:
                              crash (exit 3), hang (before the all-reduce), stall ("waiting
@@ -62,6 +66,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+T_SCRIPT = time.time()  # the script's first lines ran: a restart's "started again" point
+
 
 def env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
@@ -78,10 +84,18 @@ FAULTY = env_int("FAULT_RANK", 0) == RANK and (
     env_int("FAULT_ATTEMPT", 0) == ATTEMPT or os.environ.get("FAULT_EVERY_ATTEMPT") == "1")
 FMT = os.environ.get("TRAIN_LOG_FORMAT", "generic")
 USE_SDK = os.environ.get("TRAIN_SDK", "0") == "1"
+TIMING = os.environ.get("TRAIN_TIMING", "0") == "1"
 
 
 def log(msg: str) -> None:
     print(f"[rank{RANK}] {msg}", flush=True)
+
+
+def timing(name: str, ts: float | None = None) -> None:
+    """TRAIN_TIMING=1: when this point of the start-up was reached (wall clock, so that
+    the bench can put it beside the agents' events files and the arbiter's log)."""
+    if TIMING:
+        log(f"timing: {name} t={time.time() if ts is None else ts:.6f}")
 
 
 def fault_at(name: str, step: int) -> bool:
@@ -286,6 +300,8 @@ def main() -> int:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    timing("script", T_SCRIPT)
+    timing("imported")
     sdk = None
     if USE_SDK:
         import ftagent as sdk  # type: ignore[no-redef]
@@ -305,6 +321,7 @@ def main() -> int:
     torch.manual_seed(1234 + RANK)
     if WORLD > 1:
         dist.init_process_group("gloo", timeout=timeout)
+        timing("process_group")
     model: nn.Module = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     ckpt_dir = os.environ.get("CHECKPOINT_DIR", "")
@@ -315,6 +332,7 @@ def main() -> int:
     plain = model  # what is saved: the module without DDP's wrapper
     if WORLD > 1:
         model = DDP(model)
+        timing("ddp")
     batch = 16
     batches = None
     if os.environ.get("INSTRUMENT", "0") == "1":
@@ -341,6 +359,7 @@ def main() -> int:
         if fault_at("FAULT_SPIN_AT_STEP", step):
             spin(step)
         if fault_at("FAULT_CRASH_AT_STEP", step) or crash_on_file() or trig.take("crash"):
+            timing("crash")
             log(f"step {step}: (fault) crashing with exit code "
                 f"{env_int('FAULT_EXIT_CODE', 3)}")
             # die at once, as a segfault or an OOM kill would: a normal exit with a live
@@ -357,6 +376,8 @@ def main() -> int:
         now = time.monotonic()
         dt, last = now - last, now
         value = float(loss.item())
+        if step == start + 1:
+            timing("first_step")
         if FMT == "megatron":
             log(f" iteration {step:8d}/{steps:8d} | consumed samples: {step * batch * WORLD} | "
                 f"elapsed time per iteration (ms): {dt * 1000:.1f} | lm loss: {value:.6E} |"

@@ -16,8 +16,11 @@ argv: ``KIND TARGET SPEC_JSON`` (KIND ``script`` or ``module``). SPEC: ``go`` an
 2. Import the warm modules (``--warm-imports``, or learned from the script with ``ast``:
    every absolute import statement not inside a ``try`` or ``if TYPE_CHECKING``, in the
    script and in the local modules it imports, skipping local modules themselves, which
-   run user code), under SCHED_IDLE when the priority can be restored later. Only imports:
-   nothing here initialises CUDA.
+   run user code), under SCHED_IDLE when the priority can be restored later. Learned
+   imports also bring the modules a framework imports lazily on first use
+   (:data:`LAZY_COMPANIONS`: ``torch._dynamo`` for torch, which the first optimizer built
+   imports: ~800 modules, sympy among them, 1.1-3.4 s of a restart measured by
+   bench/restart.py). Only imports: nothing here initialises CUDA.
 3. Write ``ready`` on the status pipe, block on the go pipe. EOF without a message: the
    agent dropped this standby; exit.
 4. The go carries the final argv, working directory and the environment's difference to
@@ -63,6 +66,12 @@ PR_SET_PDEATHSIG = 1
 MAX_LEARN_FILES = 64  # local files followed for imports
 MAX_SOURCE = 4 << 20  # bytes of one file parsed
 CAP_SYS_NICE = 23
+# Imported after a learned import of the key: what that package imports lazily, at a
+# first use every training script makes, so a warm start would still pay for it. Each is
+# import-only and reads no per-attempt variable at import (RANK, MASTER_ADDR, ...).
+# torch._dynamo: the first optimizer built imports it (torch.optim.optimizer, and
+# torch._disable_dynamo on the methods torch.optim decorates).
+LAZY_COMPANIONS = {"torch": ("torch._dynamo",)}
 
 _spec = json.loads(sys.argv[3])
 _GO, _STATUS, _AGENT = int(_spec["go"]), int(_spec["status"]), int(_spec["agent"])
@@ -203,6 +212,9 @@ def _prepare() -> tuple[list[str], dict[str, float], list[str], Inputs]:
             except (ImportError, ValueError):
                 origin = None
         names = _learn(origin) if origin else []
+        for top, extra in LAZY_COMPANIONS.items():
+            if any(n == top or n.startswith(top + ".") for n in names):
+                names += [m for m in extra if m not in names]
     idle = bool(_spec.get("idle")) and hasattr(os, "SCHED_IDLE") and _can_restore_priority()
     old = None
     if idle:
