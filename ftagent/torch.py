@@ -14,10 +14,17 @@ What it measures, and how:
   call is timed around the call; ``async_op=True`` is timed to the *completion* of its
   work (a callback on ``work.get_future()``), not to its launch. Bytes as nccl-tests
   count them (all_gather / reduce_scatter: the total over ranks), the group's own size.
-* DDP's gradient buckets, through a comm hook (``model=`` a DDP module) that all-reduces
-  each bucket as DDP's default does and times it to completion: op ``all_reduce_ddp``. A
-  comm hook the user registered first is left alone (one warning); one registered later
-  runs inside ours, untimed.
+* DDP's gradient buckets (``model=`` a DDP module), op ``all_reduce_ddp``, timed by DDP's
+  own reducer timer, not by a comm hook: a Python comm hook replaces DDP's C++ all-reduce
+  with a Python call per bucket and a Python callback on the backend's thread (the GIL
+  twice per bucket), which cost ~7 % of a 4 ms step here (bench/instrument.py). The
+  reducer times the span from the first bucket's launch to the last one's completion on
+  1 step in ``DDP_SAMPLE_EVERY`` (10; ``close()`` restores DDP's 100). Counts and bytes
+  are exact (every synced backward, every bucket); the *seconds are sampled*: the latest
+  sampled span stands for the steps since the previous report, shared among the buckets
+  by bytes (so each bucket's busbw is the step's effective reduction bandwidth). Steps
+  before DDP's first sample wait for it. A user's comm hook is never replaced, and is
+  timed the same way.
 * Phases (``ftagent_phase_duration_seconds{phase}``): ``forward`` (module pre/post forward
   hooks), ``backward`` (from the gradient reaching the model's output to the end of the
   backward pass, DDP's last all-reduce wait included), ``optimizer`` (step pre/post hooks),
@@ -52,6 +59,8 @@ FLUSH_SECONDS = 0.25  # at most 4 reports a second
 MAX_DATAGRAMS_PER_FLUSH = 6  # the agent's queue may hold only 10 (max_dgram_qlen)
 MAX_PENDING_EVENTS = 4096  # CUDA event pairs waiting for completion; older are dropped
 DDP_OP = "all_reduce_ddp"  # DDP's bucket all-reduce (busbw factor of all_reduce)
+DDP_SAMPLE_EVERY = 10  # DDP's reducer times 1 step in this many (and its first 10)
+DDP_DEFAULT_SAMPLE_EVERY = 100  # DDP's own default, restored by close()
 
 # op -> (index of the positional argument whose bytes are counted, how: "one" tensor,
 # "list" of tensors summed, "times_n" one tensor times the group size)
@@ -109,15 +118,17 @@ class Aggregator:
         self.next_flush = clock() + interval
         self.sent = 0
 
-    def collective(self, op: str, nbytes: int, seconds: float, world: int) -> None:
+    def collective(self, op: str, nbytes: int, seconds: float, world: int,
+                   count: int = 1) -> None:
+        """``count`` collectives of ``nbytes`` bytes each taking ``seconds`` in total."""
         key = (op, world, _bucket(nbytes))
         with self.lock:
             acc = self.collectives.get(key)
             if acc is None:
-                self.collectives[key] = [1, nbytes, seconds]
+                self.collectives[key] = [count, nbytes * count, seconds]
             else:
-                acc[0] += 1
-                acc[1] += nbytes
+                acc[0] += count
+                acc[1] += nbytes * count
                 acc[2] += seconds
         self.maybe_flush()
 
@@ -210,6 +221,7 @@ class Instrumentation:
         self.patched: dict[str, Callable[..., Any]] = {}  # name -> original function
         self.objects: set[int] = set()  # ids of modules/optimizers/loaders instrumented
         self.local = threading.local()
+        self.ddp_timers: list[_DDPTimer] = []
 
     # ------------------------------------------------------------------ recording
 
@@ -226,9 +238,17 @@ class Instrumentation:
         except Exception:  # noqa: BLE001
             pass
 
+    def record_phase_cpu(self, name: str, seconds: float) -> None:
+        try:  # noqa: SIM105 - cheaper than suppress() on a hot path
+            self.agg.phase(name, seconds)
+        except Exception:  # noqa: BLE001
+            pass
+
     def flush(self) -> None:
+        """Send everything now (tests, exit); call it from the training thread."""
         try:
             self.clock.poll()
+            self.poll_ddp()
             self.agg.flush(limit=1 << 30)
         except Exception:  # noqa: BLE001
             pass
@@ -320,114 +340,106 @@ class Instrumentation:
 
     # ------------------------------------------------------------------ DDP
 
-    def ddp_hook(self, ddp: Any) -> None:
-        """Time DDP's gradient buckets with a comm hook doing DDP's default all-reduce."""
-        hooks = getattr(ddp, "_comm_hooks", None) or []
-        if any(getattr(h, "__ftagent__", False) for h, _ in hooks):
-            return  # ours, from an earlier instrument() (DDP cannot unregister a hook)
-        if hooks:
-            _warn("the DDP model already has a comm hook: left as it is, its buckets are "
-                  "not timed (call instrument() before registering it to time them)")
-            return
-        import torch.distributed as dist
-
-        group = getattr(ddp, "process_group", None)
-        all_reduce = self.patched.get("all_reduce", dist.all_reduce)
-        later: list[tuple[Callable[..., Any], Any]] = []  # a user's hook registered after us
-        inst = self
-
-        def hook(state: Any, bucket: Any) -> Any:
-            if later:
-                user_hook, user_state = later[0]
-                return user_hook(user_state, bucket)
-            tensor = bucket.buffer()
-            world = dist.get_world_size(group)
-            tensor.div_(world)
-            try:
-                token = inst.clock.start(bool(tensor.is_cuda))
-                nbytes = _nbytes(tensor)
-            except Exception:  # noqa: BLE001
-                token = None
-            fut = all_reduce(tensor, group=group, async_op=True).get_future()
-
-            def done(f: Any) -> Any:
-                if token is not None:
-                    try:  # noqa: SIM105 - cheaper than suppress() on a hot path
-                        inst.clock.stop(token, lambda s: inst.record(DDP_OP, nbytes, s, world))
-                    except Exception:  # noqa: BLE001
-                        pass
-                return f.value()[0]
-
-            return fut.then(done)
-
-        hook.__annotations__ = {}  # DDP checks them against dist.GradBucket, not strings
-        hook.__ftagent__ = True  # type: ignore[attr-defined]
+    def ddp_timer(self, ddp: Any) -> _DDPTimer | None:
+        """Time DDP's gradient buckets with DDP's own reducer timer, no comm hook."""
         try:
-            ddp.register_comm_hook(None, hook)
-        except Exception as e:  # noqa: BLE001 - a builtin hook is there, or static graph
-            _warn(f"could not register a comm hook on the DDP model ({e}); its buckets "
-                  "are not timed")
-            return
-        original = ddp.register_comm_hook
+            import torch.distributed as dist
 
-        def register_comm_hook(state: Any, hook: Callable[..., Any]) -> None:
-            ddp._check_comm_hook(hook)
-            _warn("a comm hook registered after instrument() runs inside ftagent's; its "
-                  "buckets are not timed")
-            later[:] = [(hook, state)]
+            timer = _DDPTimer(ddp, dist.get_world_size(getattr(ddp, "process_group", None)))
+            ddp._set_ddp_runtime_logging_sample_rate(DDP_SAMPLE_EVERY)
+        except Exception as e:  # noqa: BLE001 - a DDP without its logger: not timed
+            _warn(f"cannot time the DDP model's buckets ({type(e).__name__}: {e})")
+            return None
+        self.ddp_timers.append(timer)
+        return timer
 
-        register_comm_hook.__wrapped__ = original  # type: ignore[attr-defined]
-        ddp.register_comm_hook = register_comm_hook
+    def poll_ddp(self) -> None:
+        """Turn the steps DDP reduced since the last poll into ``all_reduce_ddp``
+        aggregates (main thread only: DDP's logging data is read where it is written)."""
+        for timer in self.ddp_timers:
+            try:  # noqa: SIM105 - cheaper than suppress() on a hot path
+                timer.poll(self.agg)
+            except Exception:  # noqa: BLE001
+                pass
 
     # ------------------------------------------------------------------ phases
 
-    def model_hooks(self, model: Any) -> None:
+    def model_hooks(self, model: Any, ddp: _DDPTimer | None = None) -> None:
+        """Forward pre/post hooks and, from the post hook, a gradient hook on the output
+        that starts the backward timing. All closures are made here, once: a step runs
+        three small functions and allocates a token, nothing else."""
         cuda = _on_cuda(model.parameters())
         inst = self
-        started: list[Any] = [None]
+        clock = self.clock
+        agg = self.agg
+        perf = time.perf_counter
+        forward_at: list[Any] = [None]
+        backward_at: list[Any] = [None]
+        synced = [False]  # this forward's backward reduces gradients (not no_sync())
+        engine: list[Any] = []
+
+        def record_forward(s: float) -> None:
+            inst.record_phase("forward", s)
+
+        def record_backward(s: float) -> None:
+            inst.record_phase("backward", s)
 
         def pre(module: Any, args: Any) -> None:
             try:
-                inst.clock.poll()
-                started[0] = inst.clock.start(cuda)
+                if clock.pending:
+                    clock.poll()
+                if ddp is not None and agg.clock() >= ddp.next_poll:
+                    ddp.next_poll = agg.clock() + agg.interval
+                    inst.poll_ddp()
+                forward_at[0] = perf() if not cuda else clock.start(True)
             except Exception:  # noqa: BLE001
-                started[0] = None
+                forward_at[0] = None
+
+        def end() -> None:
+            token, backward_at[0] = backward_at[0], None
+            try:
+                if token is None:
+                    return
+                if cuda:
+                    clock.stop(token, record_backward)
+                else:
+                    record_backward(perf() - token)
+            except Exception:  # noqa: BLE001
+                pass
+
+        def queue_end() -> None:  # queued from a callback: runs after DDP's own one
+            engine[0].queue_callback(end)
+
+        def on_grad(grad: Any) -> None:
+            try:
+                backward_at[0] = perf() if not cuda else clock.start(True)
+                if ddp is not None and synced[0]:
+                    ddp.steps += 1
+                engine[0].queue_callback(queue_end)
+            except Exception:  # noqa: BLE001
+                pass
 
         def post(module: Any, args: Any, output: Any) -> None:
-            token, started[0] = started[0], None
+            token, forward_at[0] = forward_at[0], None
             try:
                 if token is not None:
-                    inst.clock.stop(token, lambda s: inst.record_phase("forward", s))
+                    if cuda:
+                        clock.stop(token, record_forward)
+                    else:
+                        inst.record_phase_cpu("forward", perf() - token)
                 out = _first_grad_tensor(output)
                 if out is not None:
-                    out.register_hook(inst._backward_start(cuda))
+                    if not engine:
+                        from torch.autograd import Variable
+
+                        engine.append(Variable._execution_engine)
+                    synced[0] = bool(getattr(module, "require_backward_grad_sync", True))
+                    out.register_hook(on_grad)
             except Exception:  # noqa: BLE001
                 pass
 
         self.handles.append(model.register_forward_pre_hook(pre))
         self.handles.append(model.register_forward_hook(post))
-
-    def _backward_start(self, cuda: bool) -> Callable[[Any], None]:
-        """A gradient hook on the model's output: backward reaches the model now; its
-        end is a callback queued twice, so it runs after DDP's own end-of-backward one
-        (which waits for the last bucket's all-reduce)."""
-        inst = self
-
-        def on_grad(grad: Any) -> None:
-            try:
-                from torch.autograd import Variable
-
-                token = inst.clock.start(cuda)
-                engine = Variable._execution_engine
-
-                def end() -> None:
-                    inst.clock.stop(token, lambda s: inst.record_phase("backward", s))
-
-                engine.queue_callback(lambda: engine.queue_callback(end))
-            except Exception:  # noqa: BLE001
-                pass
-
-        return on_grad
 
     def optimizer_hooks(self, optimizer: Any) -> None:
         params = (p for g in getattr(optimizer, "param_groups", ()) for p in g["params"])
@@ -490,6 +502,12 @@ class Instrumentation:
         for h in self.handles:
             h.remove()
         self.handles.clear()
+        for timer in self.ddp_timers:
+            try:  # noqa: SIM105 - as the rest of this module
+                timer.ddp._set_ddp_runtime_logging_sample_rate(DDP_DEFAULT_SAMPLE_EVERY)
+            except Exception:  # noqa: BLE001
+                pass
+        self.ddp_timers.clear()
         if self.patched:
             import torch.distributed as dist
 
@@ -498,6 +516,43 @@ class Instrumentation:
             self.patched.clear()
         if _active is self:
             _active = None
+
+
+class _DDPTimer:
+    """DDP's gradient reduction, timed by DDP itself: the reducer's runtime statistics
+    (host clock on CPU, CUDA events on CUDA) time the span from the first bucket's
+    all-reduce launch to the last one's completion on a sampled step (1 in
+    ``DDP_SAMPLE_EVERY``, and DDP's first 10). Counts and bytes are exact (every synced
+    backward, every bucket); the seconds of the steps since the last poll are the latest
+    sample's span times their number, shared among the buckets by their bytes, so
+    busbw per bucket is the step's effective bandwidth. A comm hook, the user's own
+    included, is timed the same way and never replaced."""
+
+    def __init__(self, ddp: Any, world: int) -> None:
+        self.ddp = ddp
+        self.world = world
+        self.steps = 0  # synced backward passes not yet reported (on_grad counts them)
+        self.span: float | None = None  # seconds of the latest sampled step's reduction
+        self.iteration: Any = None
+        self.sizes: list[int] = []
+        self.next_poll = 0.0
+
+    def poll(self, agg: Aggregator) -> None:
+        if not self.steps:
+            return
+        data = self.ddp._get_ddp_logging_data()
+        comm = data.get("backward_comm_time")
+        if isinstance(comm, int) and comm > 0 and data.get("iteration") != self.iteration:
+            self.iteration, self.span = data.get("iteration"), comm / 1e9
+        sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or ""
+        self.sizes = [int(x) for x in str(sizes).split(",") if x.strip().isdigit()][:1024]
+        total = sum(self.sizes)
+        if self.span is None or not total:
+            return  # no sampled step yet: the steps wait for one
+        steps, self.steps = self.steps, 0
+        for size in self.sizes:
+            agg.collective(DDP_OP, size, steps * self.span * size / total, self.world,
+                           count=steps)
 
 
 class _TimedIterable:
@@ -578,9 +633,10 @@ def _instrument_objects(inst: Instrumentation, model: Any, optimizer: Any,
             _warn("this model is already instrumented: the second call ignores it")
         else:
             inst.objects.add(id(model))
-            inst.model_hooks(model)
-            if hasattr(model, "register_comm_hook") and hasattr(model, "reducer"):
-                inst.ddp_hook(model)
+            timer = None
+            if hasattr(model, "_get_ddp_logging_data") and hasattr(model, "reducer"):
+                timer = inst.ddp_timer(model)
+            inst.model_hooks(model, timer)
     if optimizer is not None:
         if not hasattr(optimizer, "register_step_pre_hook"):
             _warn(f"optimizer= takes a torch.optim.Optimizer, not {type(optimizer).__name__}: "

@@ -261,15 +261,28 @@ def test_world_size_one_ddp_buckets_and_a_users_own_comm_hook(
         theirs.register_comm_hook(None, their_hook)
         with caplog.at_level(logging.WARNING, logger="ftagent.torch"):
             ft.instrument(model=ddp)
-            ft.instrument(model=theirs)  # their hook stays: one warning
-            for m in (ddp, theirs):
-                m(torch.randn(4, 8)).sum().backward()
+            ft.instrument(model=theirs)  # their hook stays, and is timed too: no warning
+            for _ in range(3):
+                for m in (ddp, theirs):
+                    m(torch.randn(4, 8)).sum().backward()
+            with ddp.no_sync():  # gradient accumulation: no reduction, not counted
+                ddp(torch.randn(4, 8)).sum().backward()
             dist.all_reduce(torch.ones(256))  # world size 1: busbw 0, still reported
             ft._active.flush()  # type: ignore[union-attr]
-        assert calls == [1]
-        assert len(caplog.records) == 1 and "comm hook" in caplog.records[0].getMessage()
-        colls = {o.op: o for o in received(sdk_socket) if not isinstance(o, PhaseTiming)}
-        assert colls["all_reduce_ddp"].nbytes == (8 * 4 + 4) * 4  # one bucket, once
-        assert colls["all_reduce_ddp"].count == 1 and colls["all_reduce"].world_size == 1
+        assert calls == [1, 1, 1]
+        assert caplog.records == []
+        # two models, each one bucket of (8*4 + 4) floats, 3 synced steps each: counts and
+        # bytes exact; seconds from DDP's own sampled timer (> 0: it ran)
+        got = [o for o in received(sdk_socket) if not isinstance(o, PhaseTiming)]
+        ddp_rec = [o for o in got if o.op == "all_reduce_ddp"]  # type: ignore[attr-defined]
+        colls = {o.op: o for o in got}  # type: ignore[attr-defined]
+        assert sum(o.count for o in ddp_rec) == 6
+        assert sum(o.nbytes for o in ddp_rec) == 6 * (8 * 4 + 4) * 4
+        assert all(o.seconds > 0 for o in ddp_rec)
+        assert colls["all_reduce"].world_size == 1
+        # close() restores DDP's sampling; instrumenting it again is silent
+        ft._active.close()  # type: ignore[union-attr]
+        assert ft.instrument(model=ddp) is not None and caplog.records == []
+        ft._active.close()  # type: ignore[union-attr]
     finally:
         dist.destroy_process_group()
