@@ -522,29 +522,17 @@ def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
 
 
 def kube_client(cfg: ArbiterConfig) -> Any:
-    """A ``kubernetes`` ApiClient: --kube-api URL, else in-cluster, else --kubeconfig."""
+    """A ``kubernetes`` ApiClient (ftagent/kube/client.py): --kube-api URL, else
+    in-cluster, else --kubeconfig."""
     try:
-        from kubernetes import client, config
+        from ftagent.kube.client import KubeConfigError, api_client
     except ImportError:
-        raise StartError("--leader-elect and --history-namespace need the kubernetes client: "
-                         "pip install 'ftagent[arbiter]'") from None
-    if cfg.kube_api:
-        c = client.Configuration()
-        c.host = cfg.kube_api.rstrip("/")
-        return client.ApiClient(c)
+        raise StartError("--kube, --leader-elect and --history-namespace need the kubernetes "
+                         "client: pip install 'ftagent[arbiter]'") from None
     try:
-        if not cfg.kubeconfig:
-            try:
-                config.load_incluster_config()
-                return client.ApiClient()
-            except config.ConfigException:
-                pass
-        c = client.Configuration()
-        config.load_kube_config(config_file=cfg.kubeconfig or None, client_configuration=c)
-        return client.ApiClient(c)
-    except (config.ConfigException, OSError, ValueError) as e:
-        raise StartError(f"no Kubernetes API: not in a cluster and no usable kubeconfig "
-                         f"({e}); give --kube-api URL or --kubeconfig FILE") from None
+        return api_client(cfg.kube_api or None, kubeconfig=cfg.kubeconfig or None)
+    except KubeConfigError as e:
+        raise StartError(f"no Kubernetes API: {e}") from None
 
 
 def main(argv: list[str]) -> int:

@@ -407,62 +407,39 @@ async def tick_forever(cluster: Cluster, interval: float = 0.5) -> None:
 
 
 # --------------------------------------------------------------------------- watches
-# A minimal list+watch per kind (relist on 410 or a dropped stream, backoff): a stand-in
-# until ftagent/kube/informer.py (resume, bookmarks, jitter) is wired in its place.
 
 
-def watch_kind(list_fn: Callable[..., Any], handler: Callable[[str, Any], None],
-               loop: asyncio.AbstractEventLoop, stop: threading.Event,
-               **selectors: str) -> None:
-    """In a thread: list, hand every object to ``handler`` on ``loop`` (ADDED), then watch
-    and hand each event; relist from scratch when the watch ends or fails."""
-    import json
+class _Watch:
+    """An informer as the callers of ``start_watches`` hold it: ``join`` after ``stop``
+    is set stops it (the read in progress is cut) and waits for its thread."""
 
-    from kubernetes import watch
+    def __init__(self, informer: Any) -> None:
+        self.informer = informer
 
-    backoff = 0.2
-    while not stop.is_set():
-        try:
-            resp = list_fn(_preload_content=False, _request_timeout=30, **selectors)
-            listed = json.loads(resp.data)
-            version = str(get(listed, "metadata", "resourceVersion") or "")
-            for obj in listed.get("items") or []:
-                loop.call_soon_threadsafe(handler, "ADDED", obj)
-            w = watch.Watch()
-            for ev in w.stream(list_fn, resource_version=version, timeout_seconds=300,
-                               _preload_content=False, **selectors):
-                if stop.is_set():
-                    w.stop()
-                    return
-                raw = ev.get("raw_object") if isinstance(ev, dict) else None
-                kind = ev.get("type") if isinstance(ev, dict) else None
-                if kind in ("ADDED", "MODIFIED", "DELETED") and isinstance(raw, dict):
-                    loop.call_soon_threadsafe(handler, kind, raw)
-                elif kind == "ERROR":
-                    break  # 410 Expired and the like: relist
-            backoff = 0.2
-        except Exception as e:
-            if stop.is_set():
-                return
-            log.debug("watch %s: %s (relisting in %.1fs)", getattr(list_fn, "__name__", ""),
-                      e, backoff)
-            stop.wait(backoff)
-            backoff = min(backoff * 2, 10.0)
+    def join(self, timeout: float | None = None) -> None:
+        self.informer.stop(10.0 if timeout is None else timeout)
 
 
 def start_watches(cluster: Cluster, api_client: Any, loop: asyncio.AbstractEventLoop,
-                  stop: threading.Event) -> list[threading.Thread]:
-    """One pod watch (by the ftagent.io/job label, every namespace) and one node watch."""
-    from kubernetes import client
+                  stop: threading.Event) -> list[_Watch]:
+    """One pod informer (the ftagent.io/job label, every namespace) and one node informer
+    (ftagent/kube/informer.py: list + watch, resume, bookmarks, 410 -> relist with the
+    difference handed over, backoff with jitter), handing changes to the cluster on
+    ``loop``. ``stop`` set, then ``join``: they end."""
+    from ftagent.kube.informer import node_informer, pod_informer
 
-    core = client.CoreV1Api(api_client)
-    threads = [
-        threading.Thread(target=watch_kind, args=(core.list_pod_for_all_namespaces,
-                                                  cluster.on_pod, loop, stop),
-                         kwargs={"label_selector": JOB_LABEL}, daemon=True,
-                         name="ftagent-watch-pods"),
-        threading.Thread(target=watch_kind, args=(core.list_node, cluster.on_node, loop, stop),
-                         daemon=True, name="ftagent-watch-nodes")]
-    for t in threads:
-        t.start()
-    return threads
+    pods = pod_informer(api_client, label_selector=JOB_LABEL, loop=loop,
+                        handler=lambda c: cluster.on_pod(c.type, c.obj))
+    nodes = node_informer(api_client, loop=loop,
+                          handler=lambda c: cluster.on_node(c.type, c.obj))
+    watches = [_Watch(pods), _Watch(nodes)]
+    for w in watches:
+        w.informer.start()
+
+    def stopper() -> None:  # ``stop`` set: end both (callers may also join)
+        stop.wait()
+        for w in watches:
+            w.informer.stop(5.0)
+
+    threading.Thread(target=stopper, daemon=True, name="ftagent-watch-stop").start()
+    return watches
