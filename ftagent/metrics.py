@@ -358,6 +358,9 @@ class ArbiterMetrics:
         self.rejected = Counter("ftagent_arbiter_rejected_requests",
                                 "Requests rejected (auth, malformed, wrong job).", ["reason"],
                                 registry=registry)
+        self.cordons = Counter("ftagent_arbiter_cordons",
+                               "Nodes cordoned and tainted by this arbiter (--kube), by node "
+                               "and fault kind.", ["node", "kind"], registry=registry)
 
     def watch_jobs(self, snapshot: Callable[[], Iterable[JobSnapshot]]) -> None:
         """Export every job ``snapshot`` returns at scrape time (``JobCollector``)."""

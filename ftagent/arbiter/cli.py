@@ -514,6 +514,8 @@ def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
         max_cordon_fraction=cfg.max_cordon_fraction,
         pending_grace=cfg.replacement_pending_grace))
     cluster.active = lambda: bool(server.leading)
+    cluster.on_cordon = lambda node, kind: server.metrics.cordons.labels(
+        node=node[:253], kind=kind[:64]).inc()  # prometheus_client counters: thread-safe
     server.on_registry.append(cluster.rebind)  # each term as leader has its own registry
     loop = asyncio.get_running_loop()
     start_watches(cluster, kube, loop, threading.Event())

@@ -80,6 +80,8 @@ class Cluster:
         # With --leader-elect: acts only while this replica leads (a standby only keeps
         # what its watches see: no faults reported, no ticks, so it never cordons or deletes)
         self.active: Callable[[], bool] = lambda: True
+        # A cordon made (node, fault kind): the arbiter counts it in its /metrics
+        self.on_cordon: Callable[[str, str], None] = lambda node, kind: None
         self.actuator = actuator or Actuator(api_client, clock=clock)
         self.recorder = Recorder(api_client, self.actuator, component=settings.component,
                                  instance=registry.arbiter_id, clock=clock)
@@ -275,6 +277,7 @@ class Cluster:
         if node:
             try:
                 if self.actuator.cordon(node, kind, reason, fault_id, who, now):
+                    self.on_cordon(node, kind)
                     self._event(job, pods[0][1] if pods else "", "Warning", "NodeCordoned",
                                 f"node {node} cordoned and tainted ftagent.io/fault={kind}:"
                                 f"NoSchedule: {reason}", now)

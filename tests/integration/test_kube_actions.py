@@ -303,3 +303,15 @@ def test_a_new_term_as_leader_rebinds_the_cluster_and_a_standby_does_not_tick() 
 def get_ready(node: dict[str, Any]) -> str:
     return next((c.get("status", "") for c in node.get("status", {}).get("conditions", [])
                  if c.get("type") == "Ready"), "")
+
+
+def test_a_cordon_made_is_counted_by_node_and_kind() -> None:
+    async def body() -> None:
+        async with cluster(node_notready_grace=0.5) as s:
+            seen: list[tuple[str, str]] = []
+            s.cluster.on_cordon = lambda node, kind: seen.append((node, kind))
+            s.fake.set_node_ready("node-3", "Unknown")
+            await wait_until(lambda: len(seen) > 0, 20, "the cordon to be counted")
+            assert seen == [("node-3", "node")]
+
+    run(body)
