@@ -72,6 +72,11 @@ class KubeSettings:
     component: str = "ftagent-arbiter"
 
 
+# Owners read to find a pod's job object: batch Job -> JobSet -> TrainJob (get on them)
+CLIMB = {("batch", "Job"), ("jobset.x-k8s.io", "JobSet")}
+MAX_OWNER_BYTES = 1 << 20
+
+
 class Cluster:
     def __init__(self, registry: Registry, api_client: Any, settings: KubeSettings, *,
                  clock: Callable[[], float] = time.time, actuator: Actuator | None = None
@@ -82,6 +87,7 @@ class Cluster:
         self.active: Callable[[], bool] = lambda: True
         # A cordon made (node, fault kind): the arbiter counts it in its /metrics
         self.on_cordon: Callable[[str, str], None] = lambda node, kind: None
+        self.api_client = api_client
         self.actuator = actuator or Actuator(api_client, clock=clock)
         self.recorder = Recorder(api_client, self.actuator, component=settings.component,
                                  instance=registry.arbiter_id, clock=clock)
@@ -340,9 +346,43 @@ class Cluster:
         self._owners[uid] = ref
         if len(self._owners) > CONTEXT_KEPT:
             self._owners.pop(next(iter(self._owners)))
+        if ref is not None and (ref.group, ref.kind) in CLIMB:
+            def climb() -> None:
+                found = job_owner(pod, self._read_owner)
+                with self._lock:
+                    if uid in self._owners:
+                        self._owners[uid] = found
+            self._submit(self._background, climb)
         if ref is not None and (ref.group, ref.kind) not in JOB_KINDS:
             return None
         return ref
+
+    def _read_owner(self, ref: ObjectRef) -> dict[str, Any] | None:
+        """In a worker: a batch Job or a JobSet, to read its own controller (None when it
+        cannot be read: RBAC, gone; the Event then stays on the object below)."""
+        import json
+
+        from kubernetes import client
+
+        resp: Any
+        try:
+            if (ref.group, ref.kind) == ("batch", "Job"):
+                resp = client.BatchV1Api(self.api_client).read_namespaced_job(
+                    ref.name, ref.namespace, _preload_content=False, _request_timeout=10)
+            else:
+                group, _, version = ref.api_version.partition("/")
+                resp = client.CustomObjectsApi(self.api_client).get_namespaced_custom_object(
+                    group, version, ref.namespace, "jobsets", ref.name,
+                    _preload_content=False, _request_timeout=10)
+            raw = resp.data[:MAX_OWNER_BYTES + 1]
+            if len(raw) > MAX_OWNER_BYTES:
+                return None
+            obj = json.loads(raw)
+            return obj if isinstance(obj, dict) else None
+        except Exception as e:  # best effort: the Event lands on the Job instead
+            log.debug("cannot read %s %s/%s for its owner: %s", ref.kind, ref.namespace,
+                      ref.name, e)
+            return None
 
     def _flush_events(self) -> None:
         if self._flushing:

@@ -159,7 +159,8 @@ def test_the_arbiter_may_do_exactly_what_it_calls() -> None:
     assert _rules(objs[("ClusterRole", "ftagent-arbiter")]) == {
         ("", "pods", v) for v in ("list", "watch", "delete", "patch")} | {
         ("", "nodes", v) for v in ("get", "list", "watch", "update")} | {
-        ("", "events", v) for v in ("create", "patch")}
+        ("", "events", v) for v in ("create", "patch")} | {
+        ("batch", "jobs", "get"), ("jobset.x-k8s.io", "jobsets", "get")}
     for kind in ("RoleBinding", "ClusterRoleBinding"):
         b = objs[(kind, "ftagent-arbiter")]
         assert b["subjects"] == [{"kind": "ServiceAccount", "name": "ftagent-arbiter",

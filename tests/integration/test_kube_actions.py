@@ -315,3 +315,34 @@ def test_a_cordon_made_is_counted_by_node_and_kind() -> None:
             assert seen == [("node-3", "node")]
 
     run(body)
+
+
+def test_a_pod_of_a_trainjob_finds_it_through_its_job_and_jobset() -> None:
+    """Trainer v2: pod -> batch Job -> JobSet -> TrainJob, read through the API (get on
+    jobs and jobsets): the job-level Events land on the TrainJob users look at."""
+    async def body() -> None:
+        async with cluster() as s:
+            def ref(api: str, kind: str, name: str) -> dict[str, Any]:
+                return {"apiVersion": api, "kind": kind, "name": name, "uid": f"{name}-uid",
+                        "controller": True}
+
+            s.fake.create("trainjobs.trainer.kubeflow.org", {
+                "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                "metadata": {"name": "tj", "namespace": NS}})
+            s.fake.create("jobsets.jobset.x-k8s.io", {
+                "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+                "metadata": {"name": "tj", "namespace": NS, "ownerReferences": [
+                    ref("trainer.kubeflow.org/v1alpha1", "TrainJob", "tj")]}})
+            s.fake.create("jobs.batch", {
+                "apiVersion": "batch/v1", "kind": "Job",
+                "metadata": {"name": "tj-node-0", "namespace": NS, "ownerReferences": [
+                    ref("jobset.x-k8s.io/v1alpha2", "JobSet", "tj")]}})
+            pod = {"metadata": {"name": "tj-node-0-0", "namespace": NS, "uid": "pod-uid",
+                                "ownerReferences": [ref("batch/v1", "Job", "tj-node-0")]}}
+            first = s.cluster._owner(pod)
+            assert first is not None and first.kind == "Job"  # stands in until read
+            await wait_until(lambda: getattr(s.cluster._owners.get("pod-uid"), "kind", "")
+                             == "TrainJob", 20, "the owner climb")
+            assert s.cluster._owner(pod).name == "tj"  # type: ignore[union-attr]
+
+    run(body)
