@@ -1,15 +1,16 @@
 """Cost of ftagent.torch.instrument(): step time of real 2-rank gloo DDP jobs with it on
 vs off, and the busbw it reports vs the value computed by hand from the same timings.
 
-    .venv/bin/python bench/instrument.py [--steps 100] [--rounds 10] [--model both]
+    .venv/bin/python bench/instrument.py [--block 5] [--pairs 20] [--rounds 10] [--model both]
 
 Two jobs: ``small`` (the issue's MLP 256-512-256, batch 32: a few ms a step) and
-``large`` (MLP 1024-2048-1024, batch 256: tens of ms). Each rank runs ``--rounds``
-rounds of one block of ``--steps`` steps with instrument() (model + optimizer hooks,
-collectives patched, DDP's buckets timed) and one without (``Instrumentation.close``
-removes it all), in ABBA order so a drift in the machine's load hits both alike, on the
-*same* DDP model. Per round: the median step time on / off; overall: the median of all
-on steps / all off steps. The SDK socket is a real unix datagram socket read by the
+``large`` (MLP 1024-1024-1024, batch 64: tens of ms). On the *same* DDP model, blocks of
+``--block`` steps with instrument() (model + optimizer hooks, collectives patched, DDP's
+buckets timed; ``Instrumentation.close`` removes it all) and without alternate in ABBA
+order, so a change in the machine's load (other jobs on a shared machine) hits both
+alike; ``--pairs`` pairs make a round. Per round: the median step time on / off;
+overall: the median of all on steps / all off steps (and of the training thread's CPU
+time per step, less exposed to the load). The SDK socket is a real unix datagram socket read by the
 bench (what the agent would receive): the DDP bucket counts reported are checked against
 the steps run, and busbw is computed by the agent's formula from what was reported and
 by hand from the trainer's own timings of the same all-reduces (perf_counter around
@@ -39,34 +40,37 @@ RANK = textwrap.dedent("""
     import torch, torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
     import ftagent.torch as ft
-    steps, rounds, width, hidden, batch = (int(a) for a in sys.argv[1:6])
+    block_steps, pairs, rounds, width, hidden, batch = (int(a) for a in sys.argv[1:7])
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(width, hidden), torch.nn.ReLU(),
                                     torch.nn.Linear(hidden, width)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(batch, width)
-    def block(n):
-        out = []
+    def block(n, wall, cpu):
         for _ in range(n):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             loss = model(x).pow(2).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
-            out.append(time.perf_counter() - t0)
-        return out
-    block(max(10, steps // 5))  # warm-up (DDP rebuilds its buckets after the first step)
-    on, off = [], []
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.thread_time() - c0)
+    block(20, [], [])  # warm-up (DDP rebuilds its buckets after the first step)
+    # per round: on and off steps; blocks of a few steps alternate in ABBA order, so a
+    # change in the machine's load hits both alike
+    on, off, cpu_on, cpu_off = [], [], [], []
     for r in range(rounds):
-        for timed in ((False, True) if r % 2 == 0 else (True, False)):  # ABBA: drift cancels
-            dist.barrier()
-            if timed:
-                inst = ft.instrument(model=model, optimizer=opt)
-                on.append(block(steps))
-                inst.close()
-            else:
-                off.append(block(steps))
+        on.append([]), off.append([])
+        for p in range(pairs):
+            for timed in ((False, True) if p % 2 == 0 else (True, False)):
+                dist.barrier()
+                if timed:
+                    inst = ft.instrument(model=model, optimizer=opt)
+                    block(block_steps, on[-1], cpu_on)
+                    inst.close()
+                else:
+                    block(block_steps, off[-1], cpu_off)
     buckets = [int(b) for b in (model._get_ddp_logging_data().get("rebuilt_bucket_sizes")
                                 or model._get_ddp_logging_data()["bucket_sizes"]).split(",")]
     # busbw: 200 all-reduces of 4 MiB, instrumented, timed by hand around each call too
@@ -78,16 +82,17 @@ RANK = textwrap.dedent("""
         hand += time.perf_counter() - t0
     inst.close()
     print(json.dumps({"on": on, "off": off, "buckets": buckets,
+                      "cpu_on": statistics.median(cpu_on), "cpu_off": statistics.median(cpu_off),
                       "hand_seconds": hand, "hand_bytes": 200 * (4 << 20)}), flush=True)
     dist.barrier()
     dist.destroy_process_group()
 """)
 
 # name -> (width, hidden, batch): the issue's tiny job (~4 ms a step here) and a larger one
-MODELS = {"small": (256, 512, 32), "large": (1024, 2048, 256)}
+MODELS = {"small": (256, 512, 32), "large": (1024, 1024, 64)}
 
 
-def run(model: str, steps: int, rounds: int) -> dict[str, Any]:
+def run(model: str, block: int, pairs: int, rounds: int) -> dict[str, Any]:
     """One 2-rank gloo job: rank 0's step times and what its SDK socket received."""
     from ftagent.sources.sdk_socket import check_datagram
     from tests.conftest import free_port
@@ -106,7 +111,8 @@ def run(model: str, steps: int, rounds: int) -> dict[str, Any]:
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
                "FTAGENT_SDK_SOCKET": path, "PYTHONPATH": str(ROOT)}
         procs.append(subprocess.Popen(
-            [sys.executable, "-c", RANK, str(steps), str(rounds), *map(str, MODELS[model])],
+            [sys.executable, "-c", RANK, str(block), str(pairs), str(rounds),
+             *map(str, MODELS[model])],
             env=env, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL))
     received: list[object] = []
     out = b""
@@ -141,10 +147,12 @@ def run(model: str, steps: int, rounds: int) -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=100, help="steps per block (STEPS)")
-    ap.add_argument("--rounds", type=int, default=10, help="on/off block pairs (N)")
-    ap.add_argument("--large-steps", type=int, default=50,
-                    help="steps per block of the large model (STEPS)")
+    ap.add_argument("--block", type=int, default=5,
+                    help="steps per block: blocks on and off alternate (STEPS)")
+    ap.add_argument("--pairs", type=int, default=20, help="on/off block pairs a round (N)")
+    ap.add_argument("--rounds", type=int, default=10, help="rounds, a ratio each (N)")
+    ap.add_argument("--large-pairs", type=int, default=10,
+                    help="on/off block pairs a round for the large model (N)")
     ap.add_argument("--model", choices=[*MODELS, "both"], default="both",
                     help="which job: small, large or both")
     args = ap.parse_args()
@@ -156,12 +164,13 @@ def main() -> int:
           f"load {os.getloadavg()[0]:.1f}, python {platform.python_version()}")
     print(f"command: {' '.join([os.path.relpath(sys.executable), *sys.argv])}")
     for name in (MODELS if args.model == "both" else [args.model]):
-        steps = args.steps if name == "small" else args.large_steps
-        r = run(name, steps, args.rounds)
+        pairs = args.pairs if name == "small" else args.large_pairs
+        r = run(name, args.block, pairs, args.rounds)
         width, hidden, batch = MODELS[name]
+        steps = args.block * pairs
         print(f"{name}: 2-rank gloo DDP (MLP {width}-{hidden}-{width}, batch {batch}, "
-              f"buckets {r['buckets']} bytes), {args.rounds} rounds of {steps} steps on "
-              f"and off, alternating (ABBA)")
+              f"buckets {r['buckets']} bytes); {args.rounds} rounds of {steps} steps on and "
+              f"{steps} off, in blocks of {args.block} alternating ABBA")
         per = []
         for i, (on, off) in enumerate(zip(r["on"], r["off"], strict=True)):
             ratio = statistics.median(on) / statistics.median(off)
@@ -177,6 +186,11 @@ def main() -> int:
               f"{statistics.median(off_all) * 1e3:.3f} ms, on {statistics.median(on_all) * 1e3:.3f}"
               f" ms: ratio {overall:.3f} ({verdict} the goal <= 1.02); median of the round "
               f"ratios {statistics.median(per):.3f}; means {mean_ratio:.3f}")
+        print(f"  training thread's CPU time per step (thread_time, medians: what instrument() "
+              f"adds, less exposed to the machine's load): off {r['cpu_off'] * 1e6:.0f} us, on "
+              f"{r['cpu_on'] * 1e6:.0f} us: +{(r['cpu_on'] - r['cpu_off']) * 1e6:.0f} us, "
+              f"{(r['cpu_on'] - r['cpu_off']) / statistics.median(off_all) * 100:.2f} % of "
+              "the median step")
         rec = r["received"]
         ddp = [o for o in rec if getattr(o, "op", "") == "all_reduce_ddp"]
         n_ddp = sum(getattr(o, "count", 0) for o in ddp)

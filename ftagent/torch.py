@@ -19,7 +19,9 @@ What it measures, and how:
   with a Python call per bucket and a Python callback on the backend's thread (the GIL
   twice per bucket), which cost ~7 % of a 4 ms step here (bench/instrument.py). The
   reducer times the span from the first bucket's launch to the last one's completion on
-  1 step in ``DDP_SAMPLE_EVERY`` (10; ``close()`` restores DDP's 100). Counts and bytes
+  1 step in ``DDP_SAMPLE_EVERY`` (10, on CPU; ``close()`` restores DDP's 100) or in DDP's
+  own 100 on CUDA (its events are read with a host wait: no more of those than DDP's
+  default; the CUDA path is not exercised by this repository's tests). Counts and bytes
   are exact (every synced backward, every bucket); the *seconds are sampled*: the latest
   sampled span stands for the steps since the previous report, shared among the buckets
   by bytes (so each bucket's busbw is the step's effective reduction bandwidth). Steps
@@ -77,6 +79,7 @@ _OPS: dict[str, tuple[int, str]] = {
     "reduce_scatter_single": (1, "one"),
 }
 
+_Tensor: Any = None  # torch.Tensor, once torch is imported (a forward hook's fast check)
 _active: Instrumentation | None = None  # the process's one instrumentation (like sdk._client)
 _warned: set[str] = set()
 
@@ -346,7 +349,11 @@ class Instrumentation:
             import torch.distributed as dist
 
             timer = _DDPTimer(ddp, dist.get_world_size(getattr(ddp, "process_group", None)))
-            ddp._set_ddp_runtime_logging_sample_rate(DDP_SAMPLE_EVERY)
+            if not _on_cuda(ddp.parameters()):
+                # on CUDA DDP reads its events with a host wait at the next forward of a
+                # sampled step: its own rate (100) is kept there, no more host waits
+                ddp._set_ddp_runtime_logging_sample_rate(DDP_SAMPLE_EVERY)
+                timer.resample = True
         except Exception as e:  # noqa: BLE001 - a DDP without its logger: not timed
             _warn(f"cannot time the DDP model's buckets ({type(e).__name__}: {e})")
             return None
@@ -445,19 +452,27 @@ class Instrumentation:
         params = (p for g in getattr(optimizer, "param_groups", ()) for p in g["params"])
         cuda = _on_cuda(params)
         inst = self
+        clock = self.clock
+        perf = time.perf_counter
         started: list[Any] = [None]
+
+        def record(s: float) -> None:
+            inst.record_phase("optimizer", s)
 
         def pre(opt: Any, args: Any, kwargs: Any) -> None:
             try:
-                started[0] = inst.clock.start(cuda)
+                started[0] = perf() if not cuda else clock.start(True)
             except Exception:  # noqa: BLE001
                 started[0] = None
 
         def post(opt: Any, args: Any, kwargs: Any) -> None:
             token, started[0] = started[0], None
             if token is not None:
-                try:  # noqa: SIM105 - cheaper than suppress() on a hot path
-                    inst.clock.stop(token, lambda s: inst.record_phase("optimizer", s))
+                try:
+                    if cuda:
+                        clock.stop(token, record)
+                    else:
+                        inst.record_phase_cpu("optimizer", perf() - token)
                 except Exception:  # noqa: BLE001
                     pass
 
@@ -503,8 +518,9 @@ class Instrumentation:
             h.remove()
         self.handles.clear()
         for timer in self.ddp_timers:
-            try:  # noqa: SIM105 - as the rest of this module
-                timer.ddp._set_ddp_runtime_logging_sample_rate(DDP_DEFAULT_SAMPLE_EVERY)
+            try:
+                if timer.resample:
+                    timer.ddp._set_ddp_runtime_logging_sample_rate(DDP_DEFAULT_SAMPLE_EVERY)
             except Exception:  # noqa: BLE001
                 pass
         self.ddp_timers.clear()
@@ -521,12 +537,12 @@ class Instrumentation:
 class _DDPTimer:
     """DDP's gradient reduction, timed by DDP itself: the reducer's runtime statistics
     (host clock on CPU, CUDA events on CUDA) time the span from the first bucket's
-    all-reduce launch to the last one's completion on a sampled step (1 in
-    ``DDP_SAMPLE_EVERY``, and DDP's first 10). Counts and bytes are exact (every synced
-    backward, every bucket); the seconds of the steps since the last poll are the latest
-    sample's span times their number, shared among the buckets by their bytes, so
-    busbw per bucket is the step's effective bandwidth. A comm hook, the user's own
-    included, is timed the same way and never replaced."""
+    all-reduce launch to the last one's completion on a sampled step (DDP's first 10, then
+    1 in ``DDP_SAMPLE_EVERY`` on CPU, 1 in DDP's default 100 on CUDA). Counts and bytes
+    are exact (every synced backward, every bucket); the seconds of the steps since the
+    last poll are the latest sample's span times their number, shared among the buckets
+    by their bytes, so busbw per bucket is the step's effective bandwidth. A comm hook,
+    the user's own included, is timed the same way and never replaced."""
 
     def __init__(self, ddp: Any, world: int) -> None:
         self.ddp = ddp
@@ -536,6 +552,7 @@ class _DDPTimer:
         self.iteration: Any = None
         self.sizes: list[int] = []
         self.next_poll = 0.0
+        self.resample = False  # DDP's sampling rate was raised (CPU): close() restores it
 
     def poll(self, agg: Aggregator) -> None:
         if not self.steps:
@@ -581,9 +598,12 @@ def _on_cuda(params: Any) -> bool:
 def _first_grad_tensor(output: Any, depth: int = 0) -> Any:
     """The first tensor requiring grad in a forward's output (a tensor, a tuple/list, a
     dict or an HF ``ModelOutput``), at most 3 levels deep; None if there is none."""
-    import torch
+    global _Tensor
+    if _Tensor is None:
+        import torch
 
-    if isinstance(output, torch.Tensor):
+        _Tensor = torch.Tensor
+    if isinstance(output, _Tensor):
         return output if output.requires_grad else None
     if depth >= 3:
         return None

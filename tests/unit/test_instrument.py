@@ -9,6 +9,7 @@ import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -286,3 +287,45 @@ def test_world_size_one_ddp_buckets_and_a_users_own_comm_hook(
         ft._active.close()  # type: ignore[union-attr]
     finally:
         dist.destroy_process_group()
+
+
+class FakeDDPLogging:
+    """What ``DistributedDataParallel._get_ddp_logging_data()`` returns (the keys and
+    types of torch's: ints in ns, bucket sizes as a comma-separated string), scripted."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, object] = {"bucket_sizes": "8406016", "iteration": 0}
+
+    def _get_ddp_logging_data(self) -> dict[str, object]:
+        return dict(self.data)
+
+
+def test_ddp_buckets_exact_counts_and_bytes_with_sampled_seconds_shared_by_bytes() -> None:
+    from ftagent.torch import DDP_OP, Aggregator, _DDPTimer
+
+    sent: list[tuple[Any, ...]] = []
+    agg = Aggregator(clock=FakeClock(), send_collectives=lambda *a: sent.append(a),
+                     send_phase=lambda *a: None)
+    ddp = FakeDDPLogging()
+    timer = _DDPTimer(ddp, world=4)
+    timer.steps = 1
+    timer.poll(agg)  # DDP has no sampled step yet: the step waits, nothing is invented
+    agg.flush()
+    assert sent == [] and timer.steps == 1
+    # DDP rebuilt its buckets and timed a step: 2 ms from first launch to last completion
+    ddp.data.update({"rebuilt_bucket_sizes": "1000, 3000", "iteration": 1,
+                     "backward_comm_time": 2_000_000})
+    timer.steps = 10
+    timer.poll(agg)
+    agg.flush()
+    got = {nbytes: (op, count, seconds, world) for op, count, nbytes, seconds, world in sent}
+    assert got == {10 * 1000: (DDP_OP, 10, pytest.approx(10 * 0.002 * 0.25), 4),
+                   10 * 3000: (DDP_OP, 10, pytest.approx(10 * 0.002 * 0.75), 4)}
+    # no new sample: the latest one stands for the next steps; a garbage value is ignored
+    sent.clear()
+    ddp.data["backward_comm_time"] = "junk"
+    timer.steps = 5
+    timer.poll(agg)
+    agg.flush()
+    assert sum(c for _, c, _, _, _ in sent) == 10  # 5 steps x 2 buckets
+    assert sum(s for _, _, _, s, _ in sent) == pytest.approx(5 * 0.002)
