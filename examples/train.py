@@ -24,6 +24,8 @@ Checkpoints (real ones, so that "recovered" means resumed from the last saved st
                              flag is all-reduced each step, one 4-byte collective), rank 0
                              saves it, and the trainer exits 143 (128 + SIGTERM, as a process
                              killed by it reports; TRAIN_SIGTERM_EXIT=0 to exit 0 instead).
+                             A rank inside an injected fault (hang, stall, deadlock, spin)
+                             exits 143 at once, without a new checkpoint.
                              Without CHECKPOINT_DIR, SIGTERM kills the process as by default.
 Faults (only on rank FAULT_RANK, default 0, and only while FTAGENT_RESTART_COUNT equals
 FAULT_ATTEMPT, default 0, so the job heals after a restart):
@@ -87,6 +89,9 @@ USE_SDK = os.environ.get("TRAIN_SDK", "0") == "1"
 TIMING = os.environ.get("TRAIN_TIMING", "0") == "1"
 
 
+IN_FAULT = False  # inside an injected fault that never reaches the next step (see StopFlag)
+
+
 def log(msg: str) -> None:
     print(f"[rank{RANK}] {msg}", flush=True)
 
@@ -148,6 +153,8 @@ class Triggers:
 
 def hang_before_collective(step: int) -> None:
     """Stands for a rank stuck before a collective (a deadlock, a lost peer)."""
+    global IN_FAULT
+    IN_FAULT = True
     log(f"step {step}: (fault) hanging before all-reduce")
     while True:
         time.sleep(3600)
@@ -155,6 +162,8 @@ def hang_before_collective(step: int) -> None:
 
 def wait_for_data(step: int) -> None:
     """Stands for a stuck data loader that keeps logging while no step advances."""
+    global IN_FAULT
+    IN_FAULT = True
     while True:
         log(f"step {step}: waiting for data ...")
         time.sleep(1.0)
@@ -165,6 +174,8 @@ def deadlock(step: int) -> None:
     thread (a metrics flusher, say) holds B and wants A. Both park with still stacks."""
     import threading
 
+    global IN_FAULT
+    IN_FAULT = True
     a, b = threading.Lock(), threading.Lock()
     b_held = threading.Event()
 
@@ -184,6 +195,8 @@ def deadlock(step: int) -> None:
 
 def spin(step: int) -> None:
     """Stands for a bug that loops forever at one line, burning CPU."""
+    global IN_FAULT
+    IN_FAULT = True
     log(f"step {step}: (fault) spinning forever")
     n = 0
     while n >= 0:
@@ -264,7 +277,14 @@ class Checkpoints:
 
 
 class StopFlag:
-    """SIGTERM (Kubernetes deleting the pod) asks for a stop at the next step boundary."""
+    """SIGTERM (Kubernetes deleting the pod) asks for a stop at the next step boundary.
+
+    A rank inside an injected fault (a hang, a data stall, a deadlock, a spin) never
+    reaches that boundary: there the handler exits 143 at once, without a new checkpoint
+    (else a restart of a hung job waits the agent's whole --stop-timeout for its SIGKILL).
+    A peer blocked in a collective with it then fails when it goes, and exits too. No
+    watcher thread: it would show in every stack dump the agent takes of this trainer.
+    """
 
     def __init__(self) -> None:
         import signal
@@ -274,6 +294,10 @@ class StopFlag:
 
     def _on_term(self, signum: int, frame: object) -> None:
         self.asked = True
+        if IN_FAULT:
+            log("SIGTERM inside an injected fault: exiting without a checkpoint")
+            sys.stderr.flush()
+            os._exit(env_int("TRAIN_SIGTERM_EXIT", 143))
 
     def agreed(self, world: int) -> bool:
         """Whether any rank was asked (all ranks then stop at the same step: a rank that

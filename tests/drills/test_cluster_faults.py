@@ -117,6 +117,7 @@ def reasons(kube: FakeKube) -> set[str]:
 
 def test_1_node_not_ready_replaces_its_rank_cordons_and_the_new_pod_takes_over(
         lab: Lab, kube: FakeKube) -> None:
+    lab.settled()
     trained_past(lab, CKPT_EVERY + 3, timeout=180)
     n = len(decisions(lab, "replace"))
     kube.set_node_ready("node-1", "Unknown")
@@ -134,6 +135,7 @@ def test_1_node_not_ready_replaces_its_rank_cordons_and_the_new_pod_takes_over(
 
 def test_2_preempted_pod_replaces_its_rank_without_cordoning_the_node(
         lab: Lab, kube: FakeKube) -> None:
+    lab.settled()
     n = len(decisions(lab, "replace"))
     kube.set_pod_condition(NS, "lab-worker-0", "DisruptionTarget",
                            reason="PreemptionByScheduler", message="preempted by train/urgent")

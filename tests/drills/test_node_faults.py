@@ -83,6 +83,7 @@ def back_training(lab: Lab, gen: int, before: int) -> None:
 
 
 def test_1_carrier_loss_shorter_than_the_grace_is_a_flap_not_a_restart(lab: Lab) -> None:
+    lab.settled()
     trained_past(lab, CKPT_EVERY + 3, timeout=180)
     lab.link_down(1)
     time.sleep(0.3)  # the outage itself: a fixed, short length is what is drilled
@@ -94,6 +95,7 @@ def test_1_carrier_loss_shorter_than_the_grace_is_a_flap_not_a_restart(lab: Lab)
 
 
 def test_2_carrier_loss_longer_than_the_grace_waits_then_restarts_once_back(lab: Lab) -> None:
+    lab.settled()
     at = lab.steps(1)
     lab.link_down(1)
     try:
@@ -111,6 +113,7 @@ def test_2_carrier_loss_longer_than_the_grace_waits_then_restarts_once_back(lab:
 
 
 def test_3_link_down_past_the_replace_limit_replaces_the_rank(lab: Lab) -> None:
+    lab.settled()
     at = lab.steps(1)
     lab.link_down(1)
     try:
@@ -127,6 +130,7 @@ def test_3_link_down_past_the_replace_limit_replaces_the_rank(lab: Lab) -> None:
 
 
 def test_4_fatal_xid_through_the_simulated_gpu_backend_replaces_the_rank(lab: Lab) -> None:
+    lab.settled()
     timeline = lab.tmp / "gpus.txt"
     # the backend's clock starts with the agent: the Xid comes once the job trains again
     timeline.write_text("gpus 1\nt=20s rank=1 gpu=0 xid=79\n")
@@ -147,6 +151,7 @@ def test_4_fatal_xid_through_the_simulated_gpu_backend_replaces_the_rank(lab: La
 
 def test_5_agent_sigkilled_its_trainer_dies_and_the_job_restarts_with_the_new_pod(
         lab: Lab) -> None:
+    lab.settled()
     running = [e for e in lab.events(1) if e["event"] == "state" and e["kind"] == "running"]
     trainer = int(running[-1]["pid"])
     assert psutil.pid_exists(trainer)

@@ -102,6 +102,7 @@ def restarts_metric(lab: Lab, at_least: float) -> float:
 
 
 def test_1_crash_on_one_rank_restarts_every_rank_from_the_last_checkpoint(lab: Lab) -> None:
+    lab.settled()
     trained_past(lab, CKPT_EVERY + 3, timeout=180)
     wait(lambda: len(lab.query('ftagent_trainer_running{job="lab"}')) == 2, 60,
          "Prometheus scraping both agents", lab)
@@ -118,6 +119,7 @@ def test_1_crash_on_one_rank_restarts_every_rank_from_the_last_checkpoint(lab: L
 
 
 def test_2_hang_in_a_collective_names_the_rank_and_restarts(lab: Lab) -> None:
+    lab.settled()
     at = lab.steps(1)
     lab.trigger("hang", 1)
     restart = wait(lambda: len(decisions(lab, "restart")) >= 2 and decisions(lab, "restart"),
@@ -133,6 +135,7 @@ def test_2_hang_in_a_collective_names_the_rank_and_restarts(lab: Lab) -> None:
 
 
 def test_3_data_stall_with_chatty_logs_is_a_hang_not_progress(lab: Lab) -> None:
+    lab.settled()
     at = lab.steps(0)
     lab.trigger("stall", 0)
     restart = wait(lambda: len(decisions(lab, "restart")) >= 3 and decisions(lab, "restart"),
@@ -150,6 +153,7 @@ def test_3_data_stall_with_chatty_logs_is_a_hang_not_progress(lab: Lab) -> None:
 
 
 def test_4_two_crashes_at_once_are_one_decision_and_one_restart(lab: Lab) -> None:
+    lab.settled()
     at = min(lab.steps(0), lab.steps(1))
     before = len(decisions(lab, "restart"))
     lab.trigger("crash", 0)
@@ -163,6 +167,7 @@ def test_4_two_crashes_at_once_are_one_decision_and_one_restart(lab: Lab) -> Non
 
 
 def test_5_slow_rank_is_named_a_straggler_and_not_restarted(lab: Lab) -> None:
+    lab.settled()
     gen = generation(lab)
     lab.trigger("slow", 1, "4")
     try:
@@ -177,6 +182,7 @@ def test_5_slow_rank_is_named_a_straggler_and_not_restarted(lab: Lab) -> None:
 
 
 def test_6_arbiter_killed_and_restarted_mid_run_loses_nothing(lab: Lab) -> None:
+    lab.settled()
     gen, restarts = generation(lab), len(decisions(lab, "restart"))
     lab.kill_arbiter()
     at = lab.steps(0)
@@ -193,6 +199,7 @@ def test_6_arbiter_killed_and_restarted_mid_run_loses_nothing(lab: Lab) -> None:
 
 
 def test_7_sigterm_to_every_agent_stops_cleanly_with_a_checkpoint(lab: Lab) -> None:
+    lab.settled()
     trained_past(lab, lab.steps(0) + 3)
     start = time.monotonic()
     lab.signal_agents(signal.SIGTERM)

@@ -283,9 +283,34 @@ class Lab:
         return out
 
     def steps(self, r: int) -> int:
-        """The last step rank ``r`` logged (0 before the first)."""
-        found = re.findall(r"step=(\d+)/", self.log(r)[-4000:])
-        return int(found[-1]) if found else 0
+        """The last step rank ``r``'s current attempt logged: after its last ``started:``
+        line, so a restarted attempt that has not stepped yet reads as the step it resumed
+        from, never as the dead attempt's last step (0 before any)."""
+        text = self.log(r)
+        cut = text.rfind("] started: ")
+        if cut < 0:
+            return 0
+        found = re.findall(r"\] step=(\d+)/", text[cut:])
+        if found:
+            return int(found[-1])
+        m = re.search(r"from_step=(\d+)", text[cut:])
+        return int(m.group(1)) if m else 0
+
+    def attempt_steps(self, r: int) -> int:
+        """Steps rank ``r``'s current attempt has made since it started (or resumed)."""
+        text = self.log(r)
+        cut = text.rfind("] started: ")
+        if cut < 0:
+            return 0
+        m = re.search(r"from_step=(\d+)", text[cut:])
+        return self.steps(r) - (int(m.group(1)) if m else 0)
+
+    def settled(self, steps: int = 8, timeout: float = 180) -> None:
+        """Wait until every rank's current attempt is ``steps`` steps in: past the hang
+        detector's warm-up (--hang-warmup-steps 5), so the next drill starts from a
+        training job whatever the previous drill left (a failed drill does not cascade)."""
+        wait(lambda: all(self.attempt_steps(r) >= steps for r in range(self.world)), timeout,
+             f"every rank {steps} steps into its attempt", self)
 
     def trigger(self, kind: str, rank: int, value: str = "") -> None:
         """Inject ``kind`` (crash, hang, stall, slow) on ``rank`` at its next step."""
