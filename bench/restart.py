@@ -16,6 +16,12 @@ from the crash line to the first step line of the next attempt on *every* rank.
 Also the standby's memory (PSS) per worker, next to the trainer's, while (c) trains.
 
     .venv/bin/python bench/restart.py [--reps 5] [--default-reps 4]
+    .venv/bin/python bench/restart.py --overhead [--reps 3] [--window 30]
+
+--overhead: the launcher's own steady-state CPU and PSS on the same job, one launcher for
+both workers (``torchrun --nproc-per-node 2`` against ``ftagent run --nproc-per-node 2``
+with its defaults): psutil CPU times of the launcher process only (not the trainers),
+PSS from /proc/PID/smaps_rollup; ftagent's watchdog and standbys are printed apart.
 """
 
 from __future__ import annotations
@@ -202,6 +208,22 @@ def standby_ready(agents: list[Launched]) -> bool:
     return n == len(agents)
 
 
+def _what_happened(tmp: Path, job: str, lines: list[tuple[float, str]]) -> str:
+    """Why a run went wrong, for its report line: the agents' faults and actions, else the
+    last output lines."""
+    what = []
+    for p in sorted(tmp.glob(f"{job}-*.jsonl")) if job else []:
+        for ln in p.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                e = json.loads(ln)
+                if e.get("event") in ("fault", "action"):
+                    what.append(f"rank {e.get('rank')} {e['event']} {e['kind']}: "
+                                f"{str(e.get('message'))[:100]}")
+    if not what:
+        what = [t[:120] for _, t in lines[-3:]]
+    return ": " + "; ".join(what[:4])
+
+
 def trainer_marks(lines: list[tuple[float, str]], crash_wall: float) -> dict[str, float]:
     """The trainers' own timing lines of the attempt after the crash: the later rank's."""
     per: dict[str, dict[int, float]] = {}
@@ -293,7 +315,8 @@ def one_run(kind: str, tmp: Path, arbiter: str,
         crash.unlink()  # torchrun's attempts all say attempt 0: only the first crashes
         crash_ts = next((ts for ts, t in all_lines(procs) if CRASH.search(t)), None)
         if crash_ts is None:
-            result["error"] = "no crash seen"
+            result["error"] = "no crash seen" + _what_happened(tmp, job if kind.startswith(
+                "ftagent") else "", all_lines(procs))
             return result
         result["again"] = None
         wait(lambda: recovery(all_lines(procs), crash_ts) is not None, AGAIN_TIMEOUT)
@@ -316,12 +339,125 @@ def one_run(kind: str, tmp: Path, arbiter: str,
                 per_rank[rank] = rank_evs
                 evs += rank_evs
             result["starts"] = sorted(e["kind"] for e in evs if e["event"] == "standby")
+            result["cold_reasons"] = sorted({str(e.get("reason"))[:120] for e in evs
+                                             if e["event"] == "standby" and e["kind"] == "cold"})
             if crash_wall is not None:
                 result["marks"].update(agent_marks(
                     per_rank, arbiter_timeline(arbiter_log(), job), crash_wall))
         return result
     finally:
         stop(procs)
+
+
+def pss(pid: int) -> int:
+    """Proportional set size in bytes, from /proc/PID/smaps_rollup (0 if gone)."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return 0
+    m = re.search(r"^Pss:\s+(\d+) kB", text, re.M)
+    return int(m.group(1)) * 1024 if m else 0
+
+
+def own_cpu(p: psutil.Process) -> float:
+    """CPU seconds of the process itself (user + system), not of its children."""
+    t = p.cpu_times()
+    return float(t.user + t.system)
+
+
+def overhead_run(kind: str, tmp: Path, window: float) -> dict[str, Any]:
+    """One launcher for both workers on this node: ``torchrun --nproc-per-node 2`` or
+    ``ftagent run --nproc-per-node 2`` (defaults: warm standbys, /metrics served). Once
+    both ranks train steadily (and ftagent's standbys are ready), the launcher process's
+    own CPU over ``window`` seconds and its PSS; ftagent's helpers (the containment
+    watchdog) and standbys apart."""
+    env = base_env(tmp / "never", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    if kind == "torchrun":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node=2", "--max-restarts=3", TRAIN]
+    else:
+        cmd = [sys.executable, "-m", "ftagent", "run", "--nproc-per-node=2",
+               "--max-restarts=3", "--metrics-port=0", "--log-level=warning",
+               "--master-port", str(free_port()), "--", sys.executable, TRAIN]
+    lp = launch(cmd, env)
+    result: dict[str, Any] = {"kind": kind}
+    try:
+        steady = wait(lambda: all(any(s >= STEADY_STEPS for _, s in
+                                      steps_of(lp.lines, r)) for r in (0, 1)), 120)
+        if steady and kind == "ftagent":
+            steady = wait(lambda: _ready_standbys(lp.proc.pid) >= 2, 90)
+        if not steady:
+            result["error"] = "never trained steadily"
+            return result
+        me = psutil.Process(lp.proc.pid)
+        kids = me.children()
+        helpers = [k for k in kids if TRAIN not in _cmdline(k)
+                   and not any("ftagent_standby" in a for a in _cmdline(k))]
+        standbys = [k for k in kids if any("ftagent_standby" in a for a in _cmdline(k))]
+        c0, h0, w0 = own_cpu(me), sum(own_cpu(h) for h in helpers), time.monotonic()
+        steps0 = len(steps_of(lp.lines, 0))
+        time.sleep(window)  # the measurement window itself, not a synchronisation
+        wall = time.monotonic() - w0
+        result.update(
+            cpu=100 * (own_cpu(me) - c0) / wall, pss=pss(me.pid),
+            helper_cpu=100 * (sum(own_cpu(h) for h in helpers) - h0) / wall,
+            helper_pss=sum(pss(h.pid) for h in helpers),
+            standby_pss=sum(pss(p.pid) for p in standbys), standbys=len(standbys),
+            steps_per_s=(len(steps_of(lp.lines, 0)) - steps0) / wall)
+        return result
+    finally:
+        stop([lp])
+
+
+def _ready_standbys(pid: int) -> int:
+    n = 0
+    with contextlib.suppress(psutil.Error):
+        for p in psutil.Process(pid).children():
+            if any("ftagent_standby" in a for a in _cmdline(p)):
+                with contextlib.suppress(OSError, psutil.Error):
+                    if "libtorch" in Path(f"/proc/{p.pid}/maps").read_text() \
+                            and p.status() == psutil.STATUS_SLEEPING:
+                        n += 1
+    return n
+
+
+def overhead(reps: int, window: float) -> None:
+    """--overhead: the launcher's own steady-state CPU and PSS, torchrun against ftagent."""
+    runs: dict[str, list[dict[str, Any]]] = {"torchrun": [], "ftagent": []}
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as d:
+        for rep in range(reps):
+            for kind in (["torchrun", "ftagent"] if rep % 2 == 0 else ["ftagent", "torchrun"]):
+                r = overhead_run(kind, Path(d), window)
+                runs[kind].append(r)
+                if "error" in r:
+                    print(f"  rep {rep + 1} {kind:9s} {r['error']}", flush=True)
+                    continue
+                print(f"  rep {rep + 1} {kind:9s} launcher CPU {r['cpu']:5.2f} %  PSS "
+                      f"{r['pss'] / 2**20:5.0f} MiB  (helpers {r['helper_cpu']:.2f} % "
+                      f"{r['helper_pss'] / 2**20:.0f} MiB; {r['standbys']} standbys "
+                      f"{r['standby_pss'] / 2**20:.0f} MiB; {r['steps_per_s']:.1f} steps/s)",
+                      flush=True)
+    print(f"\nlauncher's own steady state, one launcher for 2 workers ({window:.0f} s "
+          f"windows, median of {reps}):")
+    med: dict[str, dict[str, float]] = {}
+    for kind, rs in runs.items():
+        ok = [r for r in rs if "error" not in r]
+        if not ok:
+            print(f"  {kind:9s} no run worked")
+            continue
+        med[kind] = {k: statistics.median(r[k] for r in ok)
+                     for k in ("cpu", "pss", "helper_cpu", "helper_pss", "standby_pss")}
+        m = med[kind]
+        print(f"  {kind:9s} CPU {m['cpu']:5.2f} %  PSS {m['pss'] / 2**20:4.0f} MiB" + (
+            f"   + watchdog {m['helper_cpu']:.2f} % / {m['helper_pss'] / 2**20:.0f} MiB, "
+            f"standbys {m['standby_pss'] / 2**20:.0f} MiB (--no-warm-restart: none)"
+            if kind == "ftagent" else ""))
+    if len(med) == 2:
+        t, f = med["torchrun"], med["ftagent"]
+        print(f"  ftagent / torchrun: CPU {f['cpu'] / max(t['cpu'], 1e-9):.2f}, PSS "
+              f"{f['pss'] / max(t['pss'], 1):.2f} (launcher process alone); with the "
+              f"watchdog: CPU {(f['cpu'] + f['helper_cpu']) / max(t['cpu'], 1e-9):.2f}, "
+              f"PSS {(f['pss'] + f['helper_pss']) / max(t['pss'], 1):.2f}")
 
 
 def machine() -> str:
@@ -338,8 +474,21 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5, help="repetitions per launcher (>= 5)")
     ap.add_argument("--default-reps", type=int, default=4,
                     help="runs of torchrun's default configuration (failure rate)")
+    ap.add_argument("--overhead", action="store_true",
+                    help="measure instead the launcher's own steady-state CPU and PSS "
+                    "(torchrun vs ftagent --nproc-per-node 2), REPS runs each")
+    ap.add_argument("--window", type=float, default=30.0,
+                    help="SECONDS of each --overhead measurement")
     args = ap.parse_args()
     from ftagent.arbiter.process import ArbiterProcess
+
+    if args.overhead:
+        print(f"machine: {machine()}")
+        print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
+        print(f"job: examples/train.py, 2 ranks, gloo (CPU), {STEP_SLEEP} s steps, "
+              "a progress line per step", flush=True)
+        overhead(args.reps, args.window)
+        return 0
 
     print(f"machine: {machine()}")
     print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
@@ -361,7 +510,8 @@ def main() -> int:
                 print(f"  rep {rep + 1} {kind:17s} "
                       f"{_fmt(r.get('again'))} (started {_fmt(r.get('started'))}) "
                       f"{r.get('error', '')} "
-                      f"{' '.join(r.get('starts', []))}", flush=True)
+                      f"{' '.join(r.get('starts', []))} "
+                      f"{'; '.join(r.get('cold_reasons', []))}", flush=True)
     report(runs)
     return 0
 
