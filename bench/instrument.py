@@ -40,7 +40,7 @@ RANK = textwrap.dedent("""
     import torch, torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
     import ftagent.torch as ft
-    block_steps, pairs, rounds, width, hidden, batch = (int(a) for a in sys.argv[1:7])
+    block_steps, settle, pairs, rounds, width, hidden, batch = (int(a) for a in sys.argv[1:8])
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(width, hidden), torch.nn.ReLU(),
@@ -65,11 +65,13 @@ RANK = textwrap.dedent("""
         for p in range(pairs):
             for timed in ((False, True) if p % 2 == 0 else (True, False)):
                 dist.barrier()
-                if timed:
+                if timed:  # the first steps after a switch settle, untimed, in both
                     inst = ft.instrument(model=model, optimizer=opt)
+                    block(settle, [], [])
                     block(block_steps, on[-1], cpu_on)
                     inst.close()
                 else:
+                    block(settle, [], [])
                     block(block_steps, off[-1], cpu_off)
     buckets = [int(b) for b in (model._get_ddp_logging_data().get("rebuilt_bucket_sizes")
                                 or model._get_ddp_logging_data()["bucket_sizes"]).split(",")]
@@ -92,7 +94,7 @@ RANK = textwrap.dedent("""
 MODELS = {"small": (256, 512, 32), "large": (1024, 1024, 64)}
 
 
-def run(model: str, block: int, pairs: int, rounds: int) -> dict[str, Any]:
+def run(model: str, block: int, settle: int, pairs: int, rounds: int) -> dict[str, Any]:
     """One 2-rank gloo job: rank 0's step times and what its SDK socket received."""
     from ftagent.sources.sdk_socket import check_datagram
     from tests.conftest import free_port
@@ -111,7 +113,7 @@ def run(model: str, block: int, pairs: int, rounds: int) -> dict[str, Any]:
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
                "FTAGENT_SDK_SOCKET": path, "PYTHONPATH": str(ROOT)}
         procs.append(subprocess.Popen(
-            [sys.executable, "-c", RANK, str(block), str(pairs), str(rounds),
+            [sys.executable, "-c", RANK, str(block), str(settle), str(pairs), str(rounds),
              *map(str, MODELS[model])],
             env=env, stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL))
     received: list[object] = []
@@ -149,6 +151,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--block", type=int, default=5,
                     help="steps per block: blocks on and off alternate (STEPS)")
+    ap.add_argument("--settle", type=int, default=2,
+                    help="untimed steps after each switch, on and off alike (STEPS)")
     ap.add_argument("--pairs", type=int, default=20, help="on/off block pairs a round (N)")
     ap.add_argument("--rounds", type=int, default=10, help="rounds, a ratio each (N)")
     ap.add_argument("--large-pairs", type=int, default=10,
@@ -165,12 +169,12 @@ def main() -> int:
     print(f"command: {' '.join([os.path.relpath(sys.executable), *sys.argv])}")
     for name in (MODELS if args.model == "both" else [args.model]):
         pairs = args.pairs if name == "small" else args.large_pairs
-        r = run(name, args.block, pairs, args.rounds)
+        r = run(name, args.block, args.settle, pairs, args.rounds)
         width, hidden, batch = MODELS[name]
         steps = args.block * pairs
         print(f"{name}: 2-rank gloo DDP (MLP {width}-{hidden}-{width}, batch {batch}, "
               f"buckets {r['buckets']} bytes); {args.rounds} rounds of {steps} steps on and "
-              f"{steps} off, in blocks of {args.block} alternating ABBA")
+              f"{steps} off, in blocks of {args.block} (after {args.settle} untimed) in ABBA order")
         per = []
         for i, (on, off) in enumerate(zip(r["on"], r["off"], strict=True)):
             ratio = statistics.median(on) / statistics.median(off)
@@ -194,8 +198,9 @@ def main() -> int:
         rec = r["received"]
         ddp = [o for o in rec if getattr(o, "op", "") == "all_reduce_ddp"]
         n_ddp = sum(getattr(o, "count", 0) for o in ddp)
+        ran_on = (args.block + args.settle) * pairs * args.rounds  # settling steps included
         print(f"  rank 0's socket: {len(rec)} datagrams; DDP bucket all-reduces reported "
-              f"{n_ddp} of {len(on_all) * len(r['buckets'])} run instrumented (counts exact, "
+              f"{n_ddp} of {ran_on * len(r['buckets'])} run instrumented (counts exact, "
               f"timing sampled 1 in 10 steps by DDP)")
         ar = [o for o in rec if getattr(o, "op", "") == "all_reduce"]
         nbytes = sum(o.nbytes for o in ar)
