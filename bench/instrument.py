@@ -10,11 +10,13 @@ buckets timed; ``Instrumentation.close`` removes it all) and without alternate i
 order, so a change in the machine's load (other jobs on a shared machine) hits both
 alike; ``--pairs`` pairs make a round. Per round: the median step time on / off;
 overall: the median of all on steps / all off steps (and of the training thread's CPU
-time per step, less exposed to the load). The SDK socket is a real unix datagram socket read by the
-bench (what the agent would receive): the DDP bucket counts reported are checked against
-the steps run, and busbw is computed by the agent's formula from what was reported and
-by hand from the trainer's own timings of the same all-reduces (perf_counter around
-each call).
+time per step, less exposed to the load). A third figure is instrument()'s own CPU cost
+per step, measured where load can only add to it: one process (world size 1), the least
+CPU time per step over alternating blocks on and off, divided by the 2-rank step. The
+SDK socket is a real unix datagram socket read by the bench (what the agent would
+receive): the DDP bucket counts reported are checked against the steps run, and busbw
+is computed by the agent's formula from what was reported and by hand from the
+trainer's own timings of the same all-reduces (perf_counter around each call).
 """
 
 from __future__ import annotations
@@ -90,6 +92,60 @@ RANK = textwrap.dedent("""
     dist.destroy_process_group()
 """)
 
+MICRO = textwrap.dedent("""
+    import json, os, sys, time
+    import torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    import ftagent.torch as ft
+    width, hidden, batch, rounds = (int(a) for a in sys.argv[1:5])
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(width, hidden), torch.nn.ReLU(),
+                                    torch.nn.Linear(hidden, width)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(batch, width)
+    def block(n):
+        c0 = time.thread_time()
+        for _ in range(n):
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return (time.thread_time() - c0) / n
+    block(20)
+    best = {"off": 1.0, "on": 1.0}
+    for r in range(rounds):
+        for timed in ((False, True) if r % 2 == 0 else (True, False)):
+            if timed:
+                inst = ft.instrument(model=model, optimizer=opt)
+                block(2)
+                best["on"] = min(best["on"], block(20))
+                inst.close()
+            else:
+                block(2)
+                best["off"] = min(best["off"], block(20))
+    print(json.dumps(best), flush=True)
+    dist.destroy_process_group()
+""")
+
+
+def micro(model: str, rounds: int) -> dict[str, float]:
+    """instrument()'s own CPU cost per step, robust to the machine's load: one process,
+    world size 1 (no peer to wait for), the least training-thread CPU time per step over
+    ``rounds`` alternating blocks of 20 steps on and off (load only ever adds time)."""
+    from tests.conftest import free_port
+
+    path = os.path.join(tempfile.mkdtemp(prefix="bench-instrument-"), "sdk.sock")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    s.bind(path)  # unread: the SDK drops what does not fit, as with a busy agent
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "OMP_NUM_THREADS": "1", "FTAGENT_SDK_SOCKET": path, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", MICRO, *map(str, MODELS[model]), str(rounds)],
+                         env=env, capture_output=True, check=True, timeout=600)
+    s.close()
+    result: dict[str, float] = json.loads(out.stdout.decode().strip().splitlines()[-1])
+    return result
+
+
 # name -> (width, hidden, batch): the issue's tiny job (~4 ms a step here) and a larger one
 MODELS = {"small": (256, 512, 32), "large": (1024, 1024, 64)}
 
@@ -157,6 +213,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=10, help="rounds, a ratio each (N)")
     ap.add_argument("--large-pairs", type=int, default=10,
                     help="on/off block pairs a round for the large model (N)")
+    ap.add_argument("--micro-rounds", type=int, default=30,
+                    help="alternating blocks of the world-size-1 CPU-cost measurement (N)")
     ap.add_argument("--model", choices=[*MODELS, "both"], default="both",
                     help="which job: small, large or both")
     args = ap.parse_args()
@@ -195,6 +253,13 @@ def main() -> int:
               f"{r['cpu_on'] * 1e6:.0f} us: +{(r['cpu_on'] - r['cpu_off']) * 1e6:.0f} us, "
               f"{(r['cpu_on'] - r['cpu_off']) / statistics.median(off_all) * 100:.2f} % of "
               "the median step")
+        m = micro(name, args.micro_rounds)
+        added = m["on"] - m["off"]
+        print(f"  instrument()'s own CPU per step (1 process, world size 1, least of "
+              f"{args.micro_rounds} blocks): off {m['off'] * 1e6:.0f} us, on "
+              f"{m['on'] * 1e6:.0f} us: +{added * 1e6:.1f} us = "
+              f"{added / statistics.median(off_all) * 100:.2f} % of the 2-rank median step: "
+              f"ratio {1 + added / statistics.median(off_all):.3f} from the cost alone")
         rec = r["received"]
         ddp = [o for o in rec if getattr(o, "op", "") == "all_reduce_ddp"]
         n_ddp = sum(getattr(o, "count", 0) for o in ddp)
