@@ -32,7 +32,7 @@ from tests.lab import Lab, line_of, wait
 pytestmark = pytest.mark.timeout(600)
 
 GRACE = 1.5  # --nic-grace
-REPLACE_AFTER = 6.0  # --nic-replace-after
+REPLACE_AFTER = 3.0  # --nic-replace-after
 CKPT_EVERY = 10
 ARBITER = ["--max-restarts", "20", "--nic-replace-after", str(REPLACE_AFTER)]
 AGENT = ["--hang-timeout-min", "5", "--max-restarts", "20", "--nic-grace", str(GRACE)]

@@ -1,0 +1,498 @@
+"""Goodput side by side: the same job and the same fault schedule under each launcher.
+
+The job: examples/train.py, PyTorch DDP over gloo on CPU, 2 ranks on 2 simulated nodes
+(tests/lab: network namespaces on a bridge, gloo on each node's own eth0), checkpoints
+every ``--ckpt-every`` steps (every launcher resumes from the last one: the trainer does
+it, not the launcher). The schedule, the same for every launcher: after ``--warmup``
+seconds of training, rank 1 crashes; once training is back (and ``--gap`` seconds later)
+rank 1 hangs before an all-reduce; once back again, rank 1's link loses its carrier for
+``--outage`` seconds; the run ends ``--minutes`` after training first started (or when the
+last fault is recovered plus ``--gap``, if that is later). Faults are trigger files the
+trainer reads at its next step (FAULT_TRIGGER_DIR), so they land at the same point of the
+job under every launcher.
+
+Launchers (one lab each, alternated over ``--rounds``):
+
+* **ftagent**: one ``ftagent run`` per node, a real arbiter, warm restarts as by default,
+  ``--hang-timeout-min 2``, ``--nic-grace 2``.
+* **torchrun**: ``torchrun --nnodes 2 --nproc-per-node 1 --max-restarts 5`` per node
+  (c10d rendezvous on node 0), ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (its best
+  chance: without it restarts fail, see below) and the trainer's own process-group timeout
+  ``--pg-timeout`` (30 s): torchrun notices a hang only when gloo's timeout kills a rank.
+* **nvidia-resiliency-ext ft_launcher / dlrover-run**: run only if importable here; the
+  output says why a column is missing.
+
+Per fault class: **detect** = injection -> the launcher's first sign (ftagent: the fault
+on the arbiter's timeline; torchrun: its agent's first log line about the failure),
+**training again** = injection -> the first step line of the attempt that follows (or, when
+nothing restarts, the first step after the outage), **lost steps** = the last step before
+the fault minus the step resumed from. **Goodput** = steps kept x the median healthy step
+time / the run's training window. Ratios are against torchrun in the same run.
+
+Also: the **default torchrun restart failure rate** (``--default-trials`` restarts
+without TORCH_DISABLE_SHARE_RDZV_TCP_STORE, each a crash after a few steps: a restart that
+does not train again within 60 s fails), and **overhead** on a healthy job of
+``--overhead-steps`` steps: median step time under ftagent (SDK on, NIC watch, hang
+verification, Prometheus scraping the agents every second) vs the bare trainer, and the
+launcher's own CPU and PSS (ftagent agent vs torchrun agent).
+
+Needs root (network namespaces). Not run in CI.
+
+    sudo .venv/bin/python bench/goodput.py --minutes 10
+    sudo .venv/bin/python bench/goodput.py --minutes 2 --rounds 1 --default-trials 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import platform
+import re
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import psutil  # noqa: E402
+
+from tests.lab import FAST_ENV, Lab  # noqa: E402
+from tests.lab.lab import MASTER_PORT, PY  # noqa: E402
+from tests.netns import netns_unavailable  # noqa: E402
+
+STEP = re.compile(r"^(\d+\.\d+) \[rank(\d)\] step=(\d+)/\d+ loss=\S+ samples_per_second=(\S+)")
+STARTED = re.compile(r"^(\d+\.\d+) \[rank(\d)\] started: .* from_step=(\d+)")
+BATCH = 16  # examples/train.py's batch: step seconds = BATCH / samples_per_second
+
+
+@dataclass
+class Fault:
+    kind: str
+    at: float  # wall time injected
+    before: int  # last step rank 0 logged before it
+    detect: float | None = None
+    back: float | None = None
+    resumed: int | None = None
+    end: float | None = None  # outage: when the link came back
+
+    @property
+    def lost(self) -> int:
+        return 0 if self.resumed is None else max(0, self.before - self.resumed)
+
+
+@dataclass
+class Run:
+    launcher: str
+    faults: list[Fault] = field(default_factory=list)
+    start: float = 0.0
+    end: float = 0.0
+    kept: int = 0
+    step_seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def goodput(self) -> float:
+        window = self.end - self.start
+        return self.kept * self.step_seconds / window if window > 0 else 0.0
+
+
+# ---------------------------------------------------------------------- reading the logs
+
+
+def lines(lab: Lab, r: int) -> list[str]:
+    return lab.log(r).splitlines()
+
+
+def steps(lab: Lab, r: int = 0) -> list[tuple[float, int, float]]:
+    """(arrival time, step, step seconds) of rank ``r``'s step lines."""
+    out = []
+    for ln in lines(lab, r):
+        m = STEP.match(ln)
+        if m:
+            sps = float(m.group(4))
+            out.append((float(m.group(1)), int(m.group(3)), BATCH / sps if sps > 0 else 0.0))
+    return out
+
+
+def last_step(lab: Lab) -> int:
+    s = steps(lab)
+    return s[-1][1] if s else 0
+
+
+def wait(pred: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.1)
+
+
+def training_again(lab: Lab, f: Fault) -> bool:
+    """Fill ``f.back``/``f.resumed`` once rank 0 trains again after ``f``: the first step of
+    an attempt started after the fault (a restart), else -- nothing restarted -- the first
+    step after a stall (a gap of over 1 s or 10 median steps) that began after the fault
+    (the link back, a hang that resolved). A step or two that ranks finish after the
+    injection, before the fault bites, are not "training again"."""
+    started = [(float(m.group(1)), int(m.group(3))) for ln in lines(lab, 0)
+               if (m := STARTED.match(ln)) and float(m.group(1)) > f.at]
+    all_steps = steps(lab)
+    if started:
+        after = [(t, s) for t, s, _ in all_steps if t > started[-1][0] and s > started[-1][1]]
+        if after:
+            f.back, f.resumed = after[0][0], started[-1][1]
+            return True
+        return False
+    dts = sorted(dt for _, _, dt in all_steps[-200:] if dt > 0)
+    stall = max(1.0, 10 * dts[len(dts) // 2]) if dts else 1.0
+    prev = None
+    for t, _, _ in all_steps:
+        if prev is not None and prev >= f.at - stall and t > (f.end or f.at) \
+                and t - prev > stall:
+            f.back = t
+            return True
+        prev = t
+    return False
+
+
+def ftagent_detect(lab: Lab, f: Fault) -> float | None:
+    words = {"crash": "crash ", "hang": "hang ", "nic": "nic ("}[f.kind]
+    ts = [float(e["ts"]) for e in lab.timeline() if e["kind"] == "fault"
+          and str(e["message"]).startswith(words) and float(e["ts"]) >= f.at]
+    return min(ts) if ts else None
+
+
+TORCHRUN_FAILED = re.compile(r"failed|FAILED|exitcode|Restarting|Rendezvous|SignalException"
+                             r"|Timed out|Connection")
+
+
+def launcher_detect(lab: Lab, f: Fault) -> float | None:
+    """The first launcher (not trainer) line after the injection that is about a failure."""
+    first = None
+    for r in (0, 1):
+        for ln in lines(lab, r):
+            t_s, _, rest = ln.partition(" ")
+            try:
+                t = float(t_s)
+            except ValueError:
+                continue
+            if t < f.at or rest.startswith("[rank"):
+                continue
+            if TORCHRUN_FAILED.search(rest) and (first is None or t < first):
+                first = t
+                break
+    return first
+
+
+# ---------------------------------------------------------------------- launchers
+
+
+def torchrun(lab: Lab, max_restarts: int = 5) -> Any:
+    def cmd(r: int) -> list[str]:
+        # c10d rendezvous, as torchrun recommends for several nodes (the static one
+        # ignores TORCH_DISABLE_SHARE_RDZV_TCP_STORE); node 0 hosts it
+        return [PY, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                "--node-rank", str(r), "--rdzv-backend", "c10d", "--rdzv-id", "goodput",
+                "--rdzv-endpoint", f"{lab.net.data_ip(0)}:{MASTER_PORT + 1}",
+                # node 0 hosts the store: torchrun guesses it from the hostname, which a
+                # namespace shares with every other node of the lab
+                "--rdzv-conf", f"is_host={'true' if r == 0 else 'false'}",
+                "--local-addr", lab.net.data_ip(r),  # else the workers' store is the hostname's
+                "--max-restarts", str(max_restarts), "--monitor-interval", "0.1"]
+    return cmd
+
+
+def bare(lab: Lab) -> Any:
+    return lambda r: [PY]
+
+
+def launch(lab: Lab, name: str, env: dict[str, str], args: argparse.Namespace) -> None:
+    flags = ["--hang-timeout-min", "2", "--nic-grace", "2", "--max-restarts", "10"]
+    if name == "ftagent":
+        lab.start_job(env, flags)
+    elif name in ("torchrun", "torchrun-default"):
+        lab.env = {**FAST_ENV, **env}  # the trainer's knobs exactly as ftagent's run has them
+        for r in range(lab.world):
+            lab.start_rank(r, launcher=torchrun(lab))
+    elif name == "bare":
+        lab.env = {**FAST_ENV, **env}
+        for r in range(lab.world):
+            lab.start_rank(r, launcher=bare(lab))
+    else:
+        raise ValueError(name)
+
+
+# ---------------------------------------------------------------------- one scheduled run
+
+
+def run_schedule(name: str, args: argparse.Namespace, tmp: Path) -> Run:
+    run = Run(name)
+    env = {"TRAIN_STEPS": "100000000", "CHECKPOINT_EVERY": str(args.ckpt_every),
+           "TRAIN_STEP_SLEEP": str(args.step_sleep), "TRAIN_PG_TIMEOUT": str(args.pg_timeout),
+           "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    arbiter_args = ["--max-restarts", "10", "--nic-replace-after", "600"]
+    with Lab(tmp, 2, job="goodput", arbiter=name == "ftagent", arbiter_args=arbiter_args,
+             stamp=True) as lab:
+        launch(lab, name, env, args)
+        wait(lambda: steps(lab, 0) and steps(lab, 1), 180, f"{name}: first steps")
+        run.start = steps(lab, 0)[0][0]
+        deadline = run.start + args.minutes * 60
+        wait_until(run.start + args.warmup)
+        for kind in ("crash", "hang", "nic"):
+            f = Fault(kind, time.time(), last_step(lab))
+            if kind == "nic":
+                lab.link_down(1)
+                time.sleep(args.outage)
+                lab.link_up(1)
+                f.end = time.time()
+            else:
+                lab.trigger(kind, 1)
+            run.faults.append(f)
+            try:
+                wait(lambda f=f: training_again(lab, f), args.pg_timeout * 3 + 120,
+                     f"{name}: training again after the {kind}")
+            except TimeoutError as e:
+                run.notes.append(str(e))
+                break
+            f.detect = (ftagent_detect if name == "ftagent" else launcher_detect)(lab, f)
+            wait_until(time.time() + args.gap)
+        wait_until(max(deadline, time.time()))
+        run.end = time.time()
+        all_steps = steps(lab, 0)
+        run.kept = all_steps[-1][1] - all_steps[0][1] if all_steps else 0
+        healthy = [dt for t, _, dt in all_steps if dt > 0 and not any(
+            f.at - 1 <= t <= (f.back or run.end) + 1 for f in run.faults)]
+        run.step_seconds = statistics.median(healthy) if healthy else 0.0
+    return run
+
+
+def wait_until(t: float) -> None:
+    while time.time() < t:
+        time.sleep(min(0.2, t - time.time()) if t > time.time() else 0)
+
+
+# ---------------------------------------------------------------------- torchrun's default
+
+
+def default_restart_trials(trials: int, args: argparse.Namespace, tmp: Path) -> tuple[int, int]:
+    """(failed, trials): torchrun restarts without TORCH_DISABLE_SHARE_RDZV_TCP_STORE."""
+    failed = 0
+    for i in range(trials):
+        env = {"TRAIN_STEPS": "100000000", "TRAIN_STEP_SLEEP": str(args.step_sleep),
+               "TRAIN_PG_TIMEOUT": "30", "PYTHONUNBUFFERED": "1"}
+        d = tmp / f"default{i}"
+        d.mkdir()
+        with Lab(d, 2, arbiter=False, stamp=True) as lab:
+            # torch reads only "1" as set: "0" is torchrun's default behaviour
+            lab.env = {**FAST_ENV, **env, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"}
+            for r in range(2):
+                lab.start_rank(r, launcher=torchrun(lab, max_restarts=1))
+            try:
+                wait(lambda lab=lab: last_step(lab) >= 5, 120, "first steps")
+                f = Fault("crash", time.time(), last_step(lab))
+                lab.trigger("crash", 1)
+                wait(lambda lab=lab, f=f: training_again(lab, f), 60, "training again")
+            except TimeoutError:
+                failed += 1
+    return failed, trials
+
+
+# ---------------------------------------------------------------------- overhead
+
+
+def pss_kib(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for ln in fh:
+                if ln.startswith("Pss:"):
+                    return float(ln.split()[1])
+    except OSError:
+        pass
+    return float("nan")
+
+
+def launcher_procs(root: int) -> list[psutil.Process]:
+    """The launcher's own processes on a node: ``root`` and its descendants except the
+    trainer's tree (a process running train.py that is not ftagent's warm standby). The
+    standby counts as the launcher's: it is memory ftagent spends to restart faster."""
+    try:
+        top = psutil.Process(root)
+        kids = top.children(recursive=True)
+    except psutil.Error:
+        return []
+    trainer: set[int] = set()
+    for k in kids:
+        try:
+            cmd = " ".join(k.cmdline())
+        except psutil.Error:
+            continue
+        if "train.py" in cmd and "standby" not in cmd:
+            trainer.add(k.pid)
+            trainer.update(c.pid for c in k.children(recursive=True))
+    return [top, *(k for k in kids if k.pid not in trainer)]
+
+
+def cpu_seconds(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def overhead(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, float]:
+    """Median step seconds over a healthy job; the launcher's CPU % and PSS (rank 0)."""
+    env = {"TRAIN_STEPS": str(args.overhead_steps), "TRAIN_STEP_SLEEP": str(args.step_sleep),
+           "TRAIN_PG_TIMEOUT": "60", "PYTHONUNBUFFERED": "1", "TRAIN_SDK": "1",
+           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    with Lab(tmp, 2, job="overhead", arbiter=name == "ftagent", stamp=True,
+             prometheus=name == "ftagent") as lab:
+        launch(lab, name, env, args)
+        wait(lambda: len(steps(lab, 0)) >= 20, 180, f"{name}: steps")
+        root = lab.agents[0].pid
+        procs = launcher_procs(root)
+        cpu0, t0 = cpu_seconds(procs), time.monotonic()
+        pss = []
+        while lab.agents[0].poll() is None and len(steps(lab, 0)) < args.overhead_steps - 20:
+            pss.append(sum(pss_kib(p.pid) for p in launcher_procs(root)))
+            time.sleep(1.0)
+        cpu1, t1 = cpu_seconds(procs), time.monotonic()
+        lab.wait_agents(120)
+        dts = [dt for _, s, dt in steps(lab, 0) if s > 20 and dt > 0]
+    cpu = (cpu1 - cpu0) / max(t1 - t0, 1e-9)
+    return {"step": statistics.median(dts) if dts else float("nan"),
+            "cpu_percent": 100 * cpu if name != "bare" else float("nan"),
+            "pss_mib": statistics.median(pss) / 1024 if pss and name != "bare" else float("nan"),
+            "steps": float(len(dts))}
+
+
+# ---------------------------------------------------------------------- report
+
+
+def missing_columns() -> list[str]:
+    out = []
+    for pkg, module, col in (("nvidia-resiliency-ext", "nvidia_resiliency_ext", "ft_launcher"),
+                             ("dlrover", "dlrover", "dlrover-run")):
+        if importlib.util.find_spec(module) is None:
+            out.append(f"{col}: not installed here (pip install {pkg}); column left out")
+        else:
+            out.append(f"{col}: installed but not wired into this benchmark yet; column left out")
+    return out
+
+
+def fmt(x: float | None, unit: str = "s") -> str:
+    return "-" if x is None else f"{x:.1f} {unit}".strip()
+
+
+def report(runs: list[Run], trials: tuple[int, int] | None,
+           over: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
+    print(f"\nmachine: {platform.node()} {platform.processor() or platform.machine()}, "
+          f"{psutil.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
+          f"load {os.getloadavg()[0]:.1f}; torch gloo CPU, 2 ranks on 2 netns nodes, steps "
+          f"{args.step_sleep}s + compute, checkpoint every {args.ckpt_every} steps")
+    print(f"command: {' '.join(sys.argv)}")
+    by: dict[str, list[Run]] = {}
+    for r in runs:
+        by.setdefault(r.launcher, []).append(r)
+
+    def mean(xs: list[float]) -> float | None:
+        return statistics.mean(xs) if xs else None
+
+    print("\n| fault | launcher | detect | training again | lost steps |")
+    print("|---|---|---|---|---|")
+    for kind in ("crash", "hang", "nic"):
+        for name, rs in by.items():
+            fs = [f for r in rs for f in r.faults if f.kind == kind]
+            det = mean([f.detect - f.at for f in fs if f.detect is not None])
+            back = mean([f.back - f.at for f in fs if f.back is not None])
+            lost = mean([float(f.lost) for f in fs if f.back is not None])
+            print(f"| {kind} | {name} | {fmt(det)} | {fmt(back)} | "
+                  f"{'-' if lost is None else f'{lost:.0f}'} |")
+    base = mean([r.goodput for r in by.get("torchrun", [])])
+    print("\n| launcher | goodput | vs torchrun | window |")
+    print("|---|---|---|---|")
+    for name, rs in by.items():
+        g = mean([r.goodput for r in rs]) or 0.0
+        ratio = f"{g / base:.2f}x" if base else "-"
+        window = mean([r.end - r.start for r in rs]) or 0.0
+        print(f"| {name} | {100 * g:.1f} % | {ratio} | {window:.0f} s |")
+    for col in missing_columns():
+        print(f"missing column -- {col}")
+    for r in runs:
+        for n in r.notes:
+            print(f"note ({r.launcher}): {n}")
+    if trials is not None:
+        print(f"\ntorchrun with default settings (no TORCH_DISABLE_SHARE_RDZV_TCP_STORE): "
+              f"{trials[0]}/{trials[1]} restarts failed to train again within 60 s")
+    if over:
+        b = over.get("bare", {}).get("step", float("nan"))
+        print("\n| healthy job | median step | vs bare | launcher CPU | launcher PSS |")
+        print("|---|---|---|---|---|")
+        for name, o in over.items():
+            print(f"| {name} | {1000 * o['step']:.1f} ms | {o['step'] / b:.3f}x | "
+                  f"{o['cpu_percent']:.2f} % | {o['pss_mib']:.0f} MiB |")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=10.0, help="training window per run")
+    ap.add_argument("--rounds", type=int, default=1, help="runs per launcher, alternated")
+    ap.add_argument("--launchers", default="ftagent,torchrun")
+    ap.add_argument("--warmup", type=float, default=20.0, help="seconds before the first fault")
+    ap.add_argument("--gap", type=float, default=10.0, help="healthy seconds between faults")
+    ap.add_argument("--outage", type=float, default=10.0, help="seconds the link is down")
+    ap.add_argument("--pg-timeout", type=float, default=30.0, help="the trainer's own")
+    ap.add_argument("--step-sleep", type=float, default=0.05)
+    ap.add_argument("--ckpt-every", type=int, default=20)
+    ap.add_argument("--default-trials", type=int, default=3)
+    ap.add_argument("--overhead-steps", type=int, default=600)
+    ap.add_argument("--no-overhead", action="store_true")
+    args = ap.parse_args()
+    why = netns_unavailable()
+    if why:
+        print(f"goodput: {why}", file=sys.stderr)
+        return 2
+    tmp = Path(tempfile.mkdtemp(prefix="ftagent-goodput-"))
+    print(f"logs in {tmp}")
+    runs: list[Run] = []
+    names = [n.strip() for n in args.launchers.split(",") if n.strip()]
+    for rnd in range(args.rounds):
+        order = names if rnd % 2 == 0 else names[::-1]  # alternate who goes first
+        for name in order:
+            d = tmp / f"{name}-{rnd}"
+            d.mkdir()
+            print(f"round {rnd + 1}: {name} ...", flush=True)
+            try:
+                runs.append(run_schedule(name, args, d))
+            except TimeoutError as e:  # say so in the table instead of losing the others
+                failed = Run(name)
+                failed.notes.append(f"run failed: {e} (logs in {d})")
+                runs.append(failed)
+    trials = None
+    if args.default_trials > 0:
+        print("torchrun default-settings restart trials ...", flush=True)
+        trials = default_restart_trials(args.default_trials, args, tmp)
+    over: dict[str, dict[str, float]] = {}
+    if not args.no_overhead:
+        for name in ("bare", "ftagent", "torchrun"):
+            print(f"overhead: {name} ...", flush=True)
+            d = tmp / f"overhead-{name}"
+            d.mkdir()
+            over[name] = overhead(name, args, d)
+    report(runs, trials, over, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
