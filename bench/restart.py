@@ -13,7 +13,10 @@ from the crash line to the first step line of the next attempt on *every* rank.
   (c) ftagent warm: the same with the default --warm-restart: each rank's restart is its
       standby interpreter, which had imported torch (learned from train.py's imports)
 
-Also the standby's memory (PSS) per worker, next to the trainer's, while (c) trains.
+Also the standby's memory (PSS) per worker, next to the trainer's, while (c) trains, and
+the breakdown of each launcher's restart: every mark's offset from the crash, from the
+trainers' own ``timing:`` lines (examples/train.py TRAIN_TIMING=1, time.time()), both
+agents' events files and the arbiter's timeline (its log), medians over the runs.
 
     .venv/bin/python bench/restart.py [--reps 5] [--default-reps 4]
     .venv/bin/python bench/restart.py --overhead [--reps 3] [--window 30]
