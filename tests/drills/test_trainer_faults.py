@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -49,6 +50,8 @@ ENV = {"TRAIN_STEPS": "1000000", "CHECKPOINT_EVERY": str(CKPT_EVERY), "INSTRUMEN
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     require_lab()
+    if shutil.which("prometheus") is None:
+        pytest.skip("prometheus missing: `make deps` installs Debian's prometheus package")
     with Lab(tmp_path_factory.mktemp("lab"), 2, arbiter_args=ARBITER, prometheus=True) as lab:
         lab.start_job(ENV, AGENT)
         yield lab
