@@ -135,3 +135,31 @@ def test_policy_alerts_on_loss_faults_unless_restart_was_asked() -> None:
     restart = feed(d, [1.0] * 30 + [math.nan])[0]
     assert restart.severity is Severity.ERROR
     assert _decide(restart) is Verdict.RESTART
+
+
+def test_cached_window_statistics_decide_the_same_spikes_as_fresh_ones() -> None:
+    """The median and scale are recomputed every few steps; a candidate is re-scored on
+    fresh ones: the spikes found are those a fresh computation on every step finds."""
+    import statistics as st
+
+    from ftagent.detect.loss import MAD_TO_SIGMA, SCALE_FLOOR
+
+    rng = random.Random(7)
+    losses = [5.0 * 0.999 ** i + rng.gauss(0, 0.02) for i in range(3000)]
+    for i in rng.sample(range(200, 3000), 25):
+        losses[i] *= rng.choice((1.3, 2.0, 6.0))  # some spikes, some merely bumps
+    det = LossDetector(LossSettings(window=100, threshold=10.0))
+    found = {f.evidence["step"] for i, x in enumerate(losses)
+             for f in det.observe(Progress(i, loss=x))}
+    window: list[float] = []
+    expected, until = set(), -1
+    for i, x in enumerate(losses):
+        if len(window) >= max(det.s.min_history, 2):
+            med = st.median(window)
+            scale = max(MAD_TO_SIGMA * st.median([abs(v - med) for v in window]),
+                        SCALE_FLOOR * abs(med), 1e-12)
+            if (x - med) / scale > 10.0 and i >= until:
+                expected.add(i)
+                until = i + 100
+        window = (window + [x])[-100:]
+    assert found == expected and len(found) >= 5
