@@ -224,13 +224,14 @@ class LogProgress:
         avail = min(self.budget.available(), PARSE_SLICE)
         start = 0
         if avail < self._cost * len(buf):  # parse the freshest lines the budget pays for
+            # ... and always the freshest line itself (at most MAX_LINE): the last thing a
+            # trainer printed before going quiet must be seen, or its last step would be
+            # missed for good and read as a hang (seen under a CPU hog)
             keep = int(avail / self._cost) if avail > 0 else 0
-            start = len(buf) if keep <= 0 else buf.find(b"\n", len(buf) - keep) + 1
-            if start <= 0:
-                start = len(buf) if keep <= 0 else buf.rfind(b"\n") + 1
-            self._count_skip("budget", buf.count(b"\n", 0, start) + (start == len(buf)))
-            if start >= len(buf):
-                return []
+            last = buf.rfind(b"\n") + 1
+            start = last if keep <= 0 else max(0, min(last, buf.find(b"\n", len(buf) - keep)
+                                                      + 1))
+            self._count_skip("budget", buf.count(b"\n", 0, start))
             buf = buf[start:]
         t0 = self.budget.clock()
         out = self._parse_blob(buf, ts)
