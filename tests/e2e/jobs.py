@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -83,3 +84,32 @@ def start_job(tmp: Path, world: int, flags: Sequence[str] = (), env: dict[str, s
         job.procs.append(subprocess.Popen(cmd, env=e, stdout=out, stderr=subprocess.STDOUT))
         out.close()
     return job
+
+
+# Under a real arbiter (moved here from the e2e tests the drills in tests/drills replaced)
+FAST = {"TRAIN_STEP_SLEEP": "0.05", "TRAIN_PG_TIMEOUT": "120"}
+
+
+def status(address: str, job: str = "e2e") -> dict[str, Any]:
+    r = subprocess.run([PY, "-m", "ftagent", "status", "--arbiter", address, job, "--json"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return dict(json.loads(r.stdout))
+
+
+def connected(address: str) -> int:
+    """Agents connected for the job; 0 while the (restarted) arbiter does not know it yet."""
+    r = subprocess.run([PY, "-m", "ftagent", "status", "--arbiter", address, "e2e", "--json"],
+                       capture_output=True, text=True, timeout=30)
+    return int(json.loads(r.stdout)["connected"]) if r.returncode == 0 else 0
+
+
+def timeline_text(st: dict[str, Any]) -> str:
+    """The timeline as lines, for an assertion message a person can read."""
+    return "\n".join(f"{e['kind']:9} {e.get('action', ''):16} g{e['generation']} "
+                     f"r{e.get('rank', '-')} {e['message']}" for e in st["timeline"])
+
+
+def kinds(st: dict[str, Any]) -> list[str]:
+    """Timeline kinds, decisions by their action (restart, dump_stacks, stop, ...)."""
+    return [e["action"] if e["kind"] == "decision" else e["kind"] for e in st["timeline"]]

@@ -13,8 +13,7 @@ from pathlib import Path
 
 from tests.arbiter_helpers import ArbiterProcess
 from tests.conftest import wait_for
-from tests.e2e.jobs import needs_torch, start_job
-from tests.e2e.test_arbiter_job import FAST, connected, kinds, status, timeline_text
+from tests.e2e.jobs import FAST, connected, kinds, needs_torch, start_job, status, timeline_text
 
 pytestmark = needs_torch
 

@@ -14,8 +14,7 @@ import pytest
 
 from tests.arbiter_helpers import ArbiterProcess
 from tests.conftest import wait_for
-from tests.e2e.jobs import Job, needs_torch, start_job
-from tests.e2e.test_arbiter_job import status
+from tests.e2e.jobs import Job, needs_torch, start_job, status
 
 pytestmark = needs_torch
 
