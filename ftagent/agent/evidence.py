@@ -175,6 +175,8 @@ def _py_spy(exe: str | None, args: list[str], pid: int, deadline: float
             r = subprocess.run([exe, *args], capture_output=True,
                                stdin=subprocess.DEVNULL, timeout=remaining, check=False)
         except subprocess.TimeoutExpired:
+            if attempt:  # the retries ran out of time: the reason is the earlier failure's
+                return None, f"{why} ({attempt} attempts, then the deadline passed)"
             return None, f"py-spy dump timed out after {remaining:.1f}s"
         except OSError as e:
             return None, f"py-spy could not run: {e}"

@@ -97,8 +97,9 @@ def test_a_tracer_that_never_lets_go_is_named_in_words(
         stuck: subprocess.Popen[bytes]) -> None:
     tracer = hold(stuck.pid, 60)
     try:
-        result = asyncio.run(capture([stuck.pid], deadline_seconds=1.0))
-        sample, entry = sample_process(stuck.pid, find_py_spy(), deadline=_in(1.0))
+        # deadlines long enough for every retry on a loaded machine (the tracer holds 60 s)
+        result = asyncio.run(capture([stuck.pid], deadline_seconds=6.0))
+        sample, entry = sample_process(stuck.pid, find_py_spy(), deadline=_in(6.0))
     finally:
         tracer.kill()
         tracer.wait()
