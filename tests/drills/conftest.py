@@ -8,9 +8,13 @@ reason; with ``FTAGENT_REQUIRE_NETNS=1`` (CI, as root) that is a failure instead
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import pytest
 
 from tests.e2e.jobs import HAVE_TORCH
+from tests.lab import Lab, wait
 from tests.netns import require_netns
 
 
@@ -31,3 +35,26 @@ def require_lab() -> None:
     if not HAVE_TORCH:
         pytest.skip("needs torch (make venv installs it)")
     require_netns()
+
+
+# What every drill module reads off its lab
+
+
+def decisions(lab: Lab, action: str) -> list[dict[str, Any]]:
+    return [e for e in lab.timeline() if e["kind"] == "decision" and e["action"] == action]
+
+
+def generation(lab: Lab) -> int:
+    """The job's generation, from the last barrier the arbiter released (-1: none yet)."""
+    return max((int(e["generation"]) for e in lab.timeline()
+                if e.get("action") == "release_barrier"), default=-1)
+
+
+def trained_past(lab: Lab, step: int, timeout: float = 120) -> None:
+    wait(lambda: all(lab.steps(r) > step for r in (0, 1)), timeout,
+         f"both ranks past step {step}", lab)
+
+
+def resumed(lab: Lab, r: int) -> list[int]:
+    """The steps rank ``r``'s attempts resumed from (examples/train.py's checkpoint line)."""
+    return [int(s) for s in re.findall(r"resumed from checkpoint at step (\d+)", lab.log(r))]

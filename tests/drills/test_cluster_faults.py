@@ -21,7 +21,6 @@ test_trainer_faults.py shows for a restarted arbiter).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,7 +28,13 @@ import pytest
 
 from ftagent.kube.cluster import JOB_LABEL
 from ftagent.model import EXIT_REPLACE
-from tests.drills.conftest import require_lab
+from tests.drills.conftest import (
+    decisions,
+    generation,
+    require_lab,
+    resumed,
+    trained_past,
+)
 from tests.kube_fake import FakeKube
 from tests.lab import Lab, line_of, wait
 
@@ -65,24 +70,6 @@ def lab(kube: FakeKube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[La
     with Lab(tmp_path_factory.mktemp("lab"), 2, arbiter_args=args) as lab:
         lab.start_job(ENV, AGENT)
         yield lab
-
-
-def decisions(lab: Lab, action: str) -> list[dict[str, Any]]:
-    return [e for e in lab.timeline() if e["kind"] == "decision" and e["action"] == action]
-
-
-def generation(lab: Lab) -> int:
-    return max((int(e["generation"]) for e in lab.timeline()
-                if e.get("action") == "release_barrier"), default=-1)
-
-
-def trained_past(lab: Lab, step: int, timeout: float = 120) -> None:
-    wait(lambda: all(lab.steps(r) > step for r in (0, 1)), timeout,
-         f"both ranks past step {step}", lab)
-
-
-def resumed(lab: Lab, r: int) -> list[int]:
-    return [int(s) for s in re.findall(r"resumed from checkpoint at step (\d+)", lab.log(r))]
 
 
 def replaced_and_back(lab: Lab, kube: FakeKube, rank: int, pod: str, node: str,

@@ -17,7 +17,6 @@ test_cluster_faults.py.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,7 +25,13 @@ import psutil
 import pytest
 
 from ftagent.model import EXIT_REPLACE
-from tests.drills.conftest import require_lab
+from tests.drills.conftest import (
+    decisions,
+    generation,
+    require_lab,
+    resumed,
+    trained_past,
+)
 from tests.lab import Lab, line_of, wait
 
 pytestmark = pytest.mark.timeout(600)
@@ -47,27 +52,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         yield lab
 
 
-def decisions(lab: Lab, action: str) -> list[dict[str, Any]]:
-    return [e for e in lab.timeline() if e["kind"] == "decision" and e["action"] == action]
-
-
 def nic_faults(lab: Lab, severity: str = "error") -> list[dict[str, Any]]:
     return [e for e in lab.timeline() if e["kind"] == "fault"
             and str(e["message"]).startswith(f"nic ({severity}")]
-
-
-def generation(lab: Lab) -> int:
-    return max((int(e["generation"]) for e in lab.timeline()
-                if e.get("action") == "release_barrier"), default=-1)
-
-
-def trained_past(lab: Lab, step: int, timeout: float = 120) -> None:
-    wait(lambda: all(lab.steps(r) > step for r in (0, 1)), timeout,
-         f"both ranks past step {step}", lab)
-
-
-def resumed(lab: Lab, r: int) -> list[int]:
-    return [int(s) for s in re.findall(r"resumed from checkpoint at step (\d+)", lab.log(r))]
 
 
 def back_training(lab: Lab, gen: int, before: int) -> None:

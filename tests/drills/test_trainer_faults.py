@@ -35,7 +35,13 @@ from typing import Any
 
 import pytest
 
-from tests.drills.conftest import require_lab
+from tests.drills.conftest import (
+    decisions,
+    generation,
+    require_lab,
+    resumed,
+    trained_past,
+)
 from tests.lab import Lab, line_of, wait
 
 pytestmark = pytest.mark.timeout(600)
@@ -57,38 +63,19 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         yield lab
 
 
-def decisions(lab: Lab, action: str) -> list[dict[str, Any]]:
-    return [e for e in lab.timeline() if e["kind"] == "decision" and e["action"] == action]
-
-
 def faults(lab: Lab, kind: str) -> list[dict[str, Any]]:
     return [e for e in lab.timeline() if e["kind"] == "fault"
             and str(e["message"]).startswith(f"{kind} ")]
-
-
-def generation(lab: Lab) -> int:
-    released = [int(e["generation"]) for e in lab.timeline()
-                if e.get("action") == "release_barrier"]
-    return max(released, default=-1)
-
-
-def trained_past(lab: Lab, step: int, timeout: float = 120) -> None:
-    wait(lambda: all(lab.steps(r) > step for r in (0, 1)), timeout,
-         f"both ranks past step {step}", lab)
-
-
-def resumed_at(lab: Lab, r: int) -> list[int]:
-    return [int(s) for s in re.findall(r"resumed from checkpoint at step (\d+)", lab.log(r))]
 
 
 def recovered(lab: Lab, gen: int, before: int) -> int:
     """Generation ``gen`` released, both ranks resumed from one checkpoint at or below
     ``before`` (the step the fault hit) and trained past it; that checkpoint's step."""
     wait(lambda: generation(lab) >= gen, 120, f"generation {gen} released", lab)
-    wait(lambda: all(len(resumed_at(lab, r)) >= gen for r in (0, 1)), 120,
+    wait(lambda: all(len(resumed(lab, r)) >= gen for r in (0, 1)), 120,
          f"both ranks resumed in generation {gen}", lab)
-    step = resumed_at(lab, 0)[-1]
-    assert resumed_at(lab, 1)[-1] == step, lab.dump()
+    step = resumed(lab, 0)[-1]
+    assert resumed(lab, 1)[-1] == step, lab.dump()
     assert 0 < step <= before and step % CKPT_EVERY == 0, (step, before)
     assert before - step <= CKPT_EVERY + 2, (step, before)  # lost steps: one interval at most
     # past the hang detector's warm-up (--hang-warmup-steps 5) of the new attempt, so the
