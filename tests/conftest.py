@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -109,3 +111,14 @@ class Collector:
 
     def __contains__(self, needle: bytes) -> bool:
         return needle in bytes(self.data)
+
+
+def prom_query(port: int, expr: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """An instant query on the Prometheus at 127.0.0.1:``port``: its result vector, or []
+    while Prometheus is not up yet."""
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return list(json.load(r)["data"]["result"])
+    except OSError:
+        return []

@@ -41,7 +41,7 @@ from typing import Any
 import pytest
 
 from tests.arbiter_helpers import ArbiterProcess
-from tests.conftest import PY, ROOT, free_port, ftagent_cmd, wait_for
+from tests.conftest import PY, ROOT, free_port, ftagent_cmd, prom_query, wait_for
 
 try:
     import torch  # noqa: F401
@@ -296,7 +296,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         # the crash once Prometheus has seen both ranks train (so that it sees the
         # counters before and after it, as it would in a long job)
         training = f'count(ftagent_training_step{{job="{JOB}"}}) == {WORLD}'
-        wait_for(lambda: instant(w, training), 120, "Prometheus to see both ranks train",
+        wait_for(lambda: prom_query(w.prom, training), 120, "Prometheus to see both ranks train",
                  interval=0.5)
         crash.touch()
         yield w
@@ -313,15 +313,6 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         arbiter.stop()
         prom.terminate()
         prom.wait(timeout=30)
-
-
-def instant(w: World, expr: str) -> list[dict[str, Any]]:
-    url = f"http://127.0.0.1:{w.prom}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return list(json.load(r)["data"]["result"])
-    except OSError:
-        return []
 
 
 def has_data(w: World, expr: str) -> tuple[str, list[dict[str, Any]]] | None:

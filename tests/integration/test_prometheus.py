@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import signal
 import subprocess
 import textwrap
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.conftest import PY, free_port, ftagent_cmd, popen, read_events, wait_for
+from tests.conftest import PY, free_port, ftagent_cmd, popen, prom_query, read_events, wait_for
 
 pytestmark = pytest.mark.skipif(
     shutil.which("prometheus") is None,
@@ -45,15 +41,6 @@ def agent(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     proc.wait(timeout=30)
 
 
-def query(prom: int, expr: str) -> list[dict[str, Any]]:
-    url = f"http://127.0.0.1:{prom}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            return list(json.load(r)["data"]["result"])
-    except OSError:
-        return []
-
-
 def test_prometheus_scrapes_agent_series(agent: tuple[subprocess.Popen[bytes], int],
                                          tmp_path: Path) -> None:
     _, port = agent
@@ -73,12 +60,13 @@ def test_prometheus_scrapes_agent_series(agent: tuple[subprocess.Popen[bytes], i
          f"--web.listen-address=127.0.0.1:{prom_port}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        running = wait_for(lambda: query(prom_port, 'ftagent_trainer_running{job="promtest"}'),
-                           60, "Prometheus to scrape the agent")
+        running = wait_for(lambda: prom_query(
+            prom_port, 'ftagent_trainer_running{job="promtest"}', timeout=5), 60,
+            "Prometheus to scrape the agent")
         labels = running[0]["metric"]
         assert labels["rank"] == "3" and labels["job"] == "promtest"
         assert running[0]["value"][1] == "1"
-        info = query(prom_port, "ftagent_agent_info")
+        info = prom_query(prom_port, "ftagent_agent_info", timeout=5)
         assert info and info[0]["metric"]["version"]
     finally:
         prom.terminate()
