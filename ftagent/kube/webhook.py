@@ -161,19 +161,18 @@ class WebhookServer:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.server.wait_closed(), 2.0)
 
-    def answer(self, method: str, path: str, body: bytes) -> tuple[int, bytes, bool]:
-        """(status, payload, close) for one parsed request."""
+    def answer(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
+        """(status, payload) for one parsed request."""
         route = path.split("?", 1)[0]
         if route == "/mutate":
             if method != "POST":
-                return 405, _error("POST an AdmissionReview"), False
-            status, payload = self.handle(body)
-            return status, payload, False
+                return 405, _error("POST an AdmissionReview")
+            return self.handle(body)
         if route in ("/healthz", "/readyz") and method == "GET":
-            return 200, b'{"ok":true}', False
+            return 200, b'{"ok":true}'
         if route == "/metrics" and method == "GET":
-            return 200, self._metrics(), False
-        return 404, _error(f"no {route[:80]}"), False
+            return 200, self._metrics()
+        return 404, _error(f"no {route[:80]}")
 
     def _metrics(self) -> bytes:
         lines = ["# HELP ftagent_webhook_reviews_total AdmissionReviews answered, by outcome",
@@ -267,8 +266,8 @@ class _Connection(asyncio.Protocol):
         body = bytes(self.buf[:length])
         del self.buf[:length]
         self.head = None
-        status, payload, close = self.server.answer(method, path, body)
-        self._finish(status, payload, close or not keep)
+        status, payload = self.server.answer(method, path, body)
+        self._finish(status, payload, not keep)
         if not self.closed:
             self._arm(self.server.idle_timeout)
         return not self.closed
