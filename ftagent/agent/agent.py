@@ -8,26 +8,27 @@ their results to it.
 
 Extension points, each a list the agent iterates: ``sources`` (``async run(emit)``),
 ``detectors`` (``observe(obs) -> faults``, ``tick(now) -> faults``) and ``observers``
-(``observe(obs)``, e.g. the metrics sink).
+(``observe(obs)``, e.g. the metrics sink). Who decides about faults and when an attempt
+may start is the agent's ``decider`` (decider.py: the local policy, or the arbiter link),
+chosen at start by run_cli.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import signal
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import psutil
 
 from ftagent.agent import supervisor
+from ftagent.agent.decider import Decider, LocalDecider
 from ftagent.agent.events import EventsFile, ProgressLog
-from ftagent.agent.local_policy import FailureStreak, decide
 from ftagent.agent.supervisor import ChildReaper, SpawnError, TrainerProcess
 from ftagent.agent.tee import LastLines, LineBacklog, Writer
 from ftagent.config import RunConfig
@@ -42,9 +43,6 @@ from ftagent.model import (
     TrainerStart,
     TrainerState,
 )
-
-if TYPE_CHECKING:
-    from ftagent.agent.worker import WorkerGroup
 
 log = logging.getLogger("ftagent.agent")
 
@@ -101,11 +99,10 @@ class Agent:
         self._armed: set[tuple[int, float]] = set()  # (id(detector), deadline) timers
         self._backlog: LineBacklog | None = None  # the running trainer's output on its way
         self._hang_faults: set[str] = set()  # ids of this attempt's hang faults
-        # quick repeats of failures: the backoff grows only with these (local_policy)
-        self.failures = FailureStreak(cfg.supervisor.restart_backoff_window)
+        # the local policy, unless run_cli chooses another (the arbiter's, the group's)
+        self.decider: Decider = LocalDecider(self)
         # -- what the launcher (agent/worker.py) sets per worker; alone, the defaults
         self.tree: Callable[[], list[psutil.Process]] = supervisor.tree  # this trainer's
-        self.group: WorkerGroup | None = None  # the node's workers restart together
         # per attempt: environment on top of extra_env (torchrun's restart count)
         self.attempt_env: Callable[[int], dict[str, str]] = lambda attempt: {}
         # per attempt: where stdout/stderr go (fds as is, or the launcher's WorkerOutput)
@@ -128,22 +125,26 @@ class Agent:
 
     async def run_worker(self) -> int:
         """Supervise this trainer to its end; the reaper and signals are installed."""
-        for src in self.sources:
-            self._tasks.append(asyncio.create_task(self._run_source(src)))
-        self._tasks.append(asyncio.create_task(self._ticker()))
+        self.decider.start()
         try:
-            code = await self._control_loop()
+            for src in self.sources:
+                self._tasks.append(asyncio.create_task(self._run_source(src)))
+            self._tasks.append(asyncio.create_task(self._ticker()))
+            try:
+                code = await self._control_loop()
+            finally:
+                for t in self._tasks:
+                    t.cancel()
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+                if self.tree():  # nothing of this trainer outlives its worker
+                    await supervisor.kill_tree(self.trainer.pgid if self.trainer else None,
+                                               procs=self.tree)
+            self.events.write("exit", self.state.value, f"ftagent exits with {code}",
+                              exit_status=code, restarts=self.restarts)
+            self.events.close()
+            return code
         finally:
-            for t in self._tasks:
-                t.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-            if self.tree():  # nothing of this trainer outlives its worker
-                await supervisor.kill_tree(self.trainer.pgid if self.trainer else None,
-                                           procs=self.tree)
-        self.events.write("exit", self.state.value, f"ftagent exits with {code}",
-                          exit_status=code, restarts=self.restarts)
-        self.events.close()
-        return code
+            await self.decider.close()
 
     def tree_pids(self) -> list[int]:
         """The pids of this trainer's tree (evidence, verification, DUMP_STACKS)."""
@@ -247,7 +248,7 @@ class Agent:
                 else b.decode("utf-8", "replace") for s, b in lines]
 
     async def raise_fault(self, fault: Fault, *, decide: bool = True) -> None:
-        """Record a fault (with evidence) and ask the policy what to do about it.
+        """Record a fault (with evidence) and ask the decider what to do about it.
 
         ``decide`` False: a decision is already at hand (it arrived with the trainer's
         exit); the fault is recorded and reported, not decided again."""
@@ -278,13 +279,10 @@ class Agent:
                 hook(fault)
             except Exception:
                 log.exception("fault hook failed")
-        if not decide:
-            self.report_only(fault)
-        elif not self.decide_remotely(fault):
-            self.decide_locally(fault)
-
-    def report_only(self, fault: Fault) -> None:
-        """Tell whoever decides about ``fault`` without asking for a decision (arbiter)."""
+        if decide:
+            self.decider.decide(fault)
+        else:
+            self.decider.report(fault)
 
     def _exited_by_itself(self) -> bool:
         """The trainer's own exit wins over a hang raised after it, or while the exit is
@@ -297,31 +295,6 @@ class Agent:
             log.info("hang fault dropped: the trainer (pid %d) exited by itself", t.pid)
         return gone
 
-    def decide_locally(self, fault: Fault) -> None:
-        """The local policy's action for ``fault`` goes on the action queue (of every
-        worker of the node, for a restart or stop of the launcher's group)."""
-        if self.group is not None:
-            self.group.decide(self, fault)
-            return
-        self.actions.put_nowait(self.local_action(fault))
-
-    def local_action(self, fault: Fault) -> Action:
-        """What the local policy does about ``fault`` (pure but for this attempt's state)."""
-        action = decide(fault, restarts_done=self.restarts,
-                        max_restarts=self.cfg.supervisor.max_restarts,
-                        backoff_base=self.cfg.supervisor.restart_backoff,
-                        backoff_cap=self.cfg.supervisor.restart_backoff_max,
-                        hang_action=self.cfg.hang.hang_action,
-                        repeats=self.failures.record(time.monotonic()))
-        # the generation it leads to: a local restart counts up (events and status say so)
-        gen = self.generation + 1 if action.kind == ActionKind.RESTART else self.generation
-        self._local_actions.add(action.id)  # its exit status is the trainer's (_exit_code_of)
-        return dataclasses.replace(action, generation=gen)
-
-    def decide_remotely(self, fault: Fault) -> bool:
-        """True when an arbiter will answer this fault with a command (see reporter)."""
-        return False
-
     # ----------------------------------------------------------------- the control loop
 
     async def _control_loop(self) -> int:
@@ -329,7 +302,7 @@ class Agent:
             if self.stop_signal is not None:
                 return 128 + self.stop_signal
             self._set_state(TrainerState.WAITING, attempt=self.restarts)
-            go = await self.before_start()
+            go = await self.decider.before_start()
             if go is not None:  # the arbiter said STOP/REPLACE before we started
                 return self._exit_code_of(go, None)
             if self.stop_signal is not None:
@@ -342,8 +315,8 @@ class Agent:
                                   exit_status=e.exit_status)
                 return e.exit_status
             action, exit_ = await self._supervise(self.trainer)
-            if action is None and exit_ is not None and exit_.ok and self.group is not None:
-                action = await self.group.finished(self)  # a peer's failure restarts all
+            if action is None and exit_ is not None and exit_.ok:
+                action = await self.decider.finished()  # a peer's failure restarts all
             if action is None:  # finished: success, or stopped by a signal
                 assert exit_ is not None
                 return exit_.exit_status
@@ -356,13 +329,6 @@ class Agent:
                 await self._interruptible_sleep(action.backoff_seconds)
                 continue
             return self._exit_code_of(action, exit_)
-
-    async def before_start(self) -> Action | None:
-        """Hook for the job barrier (arbiter); locally, start once every worker of the
-        node is ready (the launcher), else at once."""
-        if self.group is not None:
-            return await self.group.barrier(self)
-        return None
 
     def _exit_code_of(self, action: Action, exit_: ProcessExit | None) -> int:
         """REPLACE exits --exit-replace; the arbiter's STOP --exit-stop (unless -1); what
@@ -481,16 +447,13 @@ class Agent:
                 action = held
                 self._record_action(action)
                 if action.kind in (ActionKind.ALERT_ONLY, ActionKind.DUMP_STACKS):
-                    await self.on_minor_action(action)
+                    await self.decider.on_minor_action(action)
                     continue
                 exit_ = await self._stop_trainer(
                     trainer, time.monotonic() + self.cfg.supervisor.stop_timeout)
                 return action, exit_
         finally:
             stop_wait.cancel()
-
-    async def on_minor_action(self, action: Action) -> None:
-        """ALERT_ONLY and DUMP_STACKS leave the trainer running (reporter overrides)."""
 
     async def _next_action(self, held: Action | None = None) -> Action:
         """The decision that ends this attempt after the trainer exited by itself (``held``:
@@ -509,7 +472,7 @@ class Agent:
             self._record_action(action)
             if action.kind not in (ActionKind.ALERT_ONLY, ActionKind.DUMP_STACKS):
                 return action
-            await self.on_minor_action(action)
+            await self.decider.on_minor_action(action)
 
     def _record_action(self, action: Action) -> None:
         log.info("action %s: %s", action.kind.value, action.reason)

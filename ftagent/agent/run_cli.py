@@ -39,6 +39,7 @@ from ftagent.sources.progress import LogObservation
 if TYPE_CHECKING:
     from ftagent.agent.launcher import NodePlace
     from ftagent.agent.tee import Writer
+    from ftagent.agent.worker import WorkerGroup
 
 log = logging.getLogger("ftagent")
 
@@ -94,17 +95,24 @@ def setup_logging(level: str, rank: int) -> None:
 
 def build_agent(cfg: RunConfig, environ: Mapping[str, str], rundir: str, *,
                 registry: CollectorRegistry | None = None, local_rank: int | None = None,
-                share: AgentMetrics | None = None, node_sources: bool = True) -> Agent:
+                share: AgentMetrics | None = None, node_sources: bool = True,
+                group: WorkerGroup | None = None) -> Agent:
     """One agent (the trainer's, or one launcher worker's with ``local_rank``: its series
-    join ``share``'s families in the pod's ``registry``, and ``node_sources`` says whether
-    it carries the node's GPU and NIC sources). Raises ConfigError for settings only
-    checkable here (e.g. TLS files)."""
-    if cfg.arbiter.arbiter:
-        from ftagent.agent.arbitrated import ArbitratedAgent
+    join ``share``'s families in the pod's ``registry``, ``node_sources`` says whether it
+    carries the node's GPU and NIC sources, and its local policy decides with the node's
+    ``group``). Its decider: the arbiter link with --arbiter (failing open to the local
+    policy), else the local policy. Raises ConfigError for settings only checkable here
+    (e.g. TLS files)."""
+    from ftagent.agent.decider import LocalDecider
 
-        agent: Agent = ArbitratedAgent(cfg, environ)
+    agent = Agent(cfg, environ)
+    local = LocalDecider(agent, group)
+    if cfg.arbiter.arbiter:
+        from ftagent.agent.arbiter_decider import ArbiterDecider
+
+        agent.decider = ArbiterDecider(agent, local)
     else:
-        agent = Agent(cfg, environ)
+        agent.decider = local
     ids = cfg.identity
     labels = {"job": ids.job, "namespace": ids.namespace, "pod": ids.pod, "node": ids.node,
               "rank": str(ids.rank)}
@@ -132,8 +140,9 @@ def build_agent(cfg: RunConfig, environ: Mapping[str, str], rundir: str, *,
 
 def build_workers(cfg: RunConfig, environ: Mapping[str, str], rundir: str) -> list[Agent]:
     """``--nproc-per-node N``: N agents, one per local rank, with torchrun's environment
-    (agent/launcher.py), sharing one reaper, one /metrics port and, without an arbiter,
-    one local group (agent/worker.py). Raises ConfigError for the user to read."""
+    (agent/launcher.py), sharing one reaper, one /metrics port and one local group
+    (agent/worker.py: what the local policy decides, alone or failing open under an
+    arbiter, stops and restarts them all). Raises ConfigError for the user to read."""
     import dataclasses
 
     from ftagent.agent import launcher
@@ -145,7 +154,7 @@ def build_workers(cfg: RunConfig, environ: Mapping[str, str], rundir: str) -> li
     if place.master_port == 0:  # --standalone
         place = dataclasses.replace(place, master_port=launcher.free_tcp_port())
     command = launcher.worker_command(launch, cfg.command, environ, os.getcwd())
-    group = None if cfg.arbiter.arbiter else WorkerGroup()
+    group = WorkerGroup()
     registry = CollectorRegistry()
     workers: list[Agent] = []
     logroot = ""
@@ -168,14 +177,12 @@ def build_workers(cfg: RunConfig, environ: Mapping[str, str], rundir: str) -> li
         env[WORKER_VAR] = str(i)
         share = workers[0].metrics if workers else None  # type: ignore[attr-defined]
         w = build_agent(wcfg, env, wdir, registry=registry, local_rank=i, share=share,
-                        node_sources=i == 0)
+                        node_sources=i == 0, group=group)
         if workers:
             w.reaper = workers[0].reaper  # one SIGCHLD handler reaps every worker
         w.tree = worker_tree(w, i)
         w.attempt_env = _attempt_env(wdir)
         w.outputs = _outputs(launch, place, i, logroot, shown, environ)
-        if group is not None:
-            group.add(w)
         workers.append(w)
     start_metrics(cfg, registry, workers[0])
     log.info("launching %d worker(s): ranks %d-%d of %d, master %s:%d, run id %s",
@@ -276,10 +283,11 @@ def add_progress(agent: Agent, cfg: RunConfig, metrics: AgentMetrics, rundir: st
         from ftagent.detect.loss import LossDetector, LossSettings
 
         agent.detectors.append(LossDetector(LossSettings.of(cfg.loss)))
-    if hasattr(agent, "hang_state"):  # the arbiter's progress summaries carry it
-        agent.hang_state = watch.state
-    if verifier is not None and hasattr(agent, "stack_capture"):  # DUMP_STACKS + liveness
-        agent.stack_capture = verifier.stacks_for_arbiter
+    decider = agent.decider
+    if hasattr(decider, "hang_state"):  # the arbiter's progress summaries carry it
+        decider.hang_state = watch.state
+    if verifier is not None and hasattr(decider, "stack_capture"):  # DUMP_STACKS + liveness
+        decider.stack_capture = verifier.stacks_for_arbiter
     agent.evidence = evidence_hook(cfg.hang.hang_dump_timeout, agent.tail)
 
 

@@ -7,12 +7,14 @@ barrier then holds every rank of the job, this node's included). What they share
 process: one SIGCHLD reaper, the stop signals, one /metrics port, and the node's GPU and
 NIC sources (on local rank 0's worker).
 
-Without an arbiter the workers are one ``WorkerGroup``, as torchrun's local group: the
-first failure of a generation is decided once (restart all, within --max-restarts, or
-stop all), every worker's trainer is stopped, and none starts the next generation before
-every worker of the node has arrived at the group's barrier, i.e. every trainer of the
-failed generation has exited and its tree is gone. A worker whose trainer succeeded
-waits for its peers: a later failure of one of them restarts it too.
+The workers' local policy is one ``WorkerGroup``, as torchrun's local group (each
+worker's ``decider.LocalDecider`` decides through it: alone, or under an arbiter when it
+fails open): the first failure of a generation is decided once (restart all, within
+--max-restarts, or stop all), every worker's trainer is stopped, and none starts the next
+generation before every worker of the node has arrived at the group's barrier, i.e. every
+trainer of the failed generation has exited and its tree is gone. Without an arbiter, a
+worker whose trainer succeeded waits for its peers: a later failure of one of them
+restarts it too.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import psutil
 
 from ftagent.agent import supervisor
 from ftagent.agent.agent import Agent, install_process_parts
-from ftagent.model import Action, ActionKind, Fault
+from ftagent.model import Action, ActionKind
 
 log = logging.getLogger("ftagent.worker")
 
@@ -62,26 +64,25 @@ class WorkerGroup:
     def __init__(self) -> None:
         self.workers: list[Agent] = []
         self.decided: dict[int, Action] = {}  # generation -> the decision that ends it
-        self._arrived: dict[int, set[int]] = {}
+        self._arrived: dict[int, int] = {}  # local rank -> the latest generation it reached
         self._released: dict[int, asyncio.Event] = {}
         self._finished: dict[int, asyncio.Future[Action | None]] = {}  # by local rank
         self._gone: set[int] = set()  # workers whose supervision ended for good
 
     def add(self, worker: Agent) -> None:
         self.workers.append(worker)
-        worker.group = self
 
-    def decide(self, worker: Agent, fault: Fault) -> None:
-        """The first group decision of a generation goes to every worker; what a peer
-        raises after it (its own crash, caused by the first) is already answered."""
-        action = worker.local_action(fault)
+    def decide(self, worker: Agent, action: Action) -> None:
+        """The first group decision of a generation (the local policy's ``action`` about
+        a fault of ``worker``) goes to every worker; what a peer raises after it (its own
+        crash, caused by the first) is already answered."""
         if action.kind not in GROUP_ACTIONS:  # alert only: this worker's alone
             worker.actions.put_nowait(action)
             return
         gen = worker.generation
         if gen in self.decided:
-            log.info("%s of local rank %d: the group's decision for generation %d stands",
-                     fault.kind.value, self.workers.index(worker), gen)
+            log.info("local rank %d: the group's decision for generation %d stands (%s)",
+                     self.workers.index(worker), gen, action.reason)
             return
         self.decided[gen] = action
         log.info("local group: %s for every worker (%s)", action.kind.value, action.reason)
@@ -93,10 +94,19 @@ class WorkerGroup:
             elif w.generation == gen and i not in self._gone:
                 w.actions.put_nowait(action)
 
+    def arrive(self, worker: Agent) -> None:
+        """``worker`` is at the barrier of its generation: its trainers of every earlier
+        one have exited. It counts for that generation's barrier and every earlier one's
+        (under an arbiter a worker may be told a higher generation than its peers')."""
+        i = self.workers.index(worker)
+        self._arrived[i] = max(self._arrived.get(i, worker.generation), worker.generation)
+        for gen in list(self._released):
+            self._check(gen)
+
     async def barrier(self, worker: Agent) -> Action | None:
         """Return once every live worker arrived at this generation (or a stop signal)."""
-        gen, i = worker.generation, self.workers.index(worker)
-        self._arrived.setdefault(gen, set()).add(i)
+        gen = worker.generation
+        self.arrive(worker)
         released = self._released.setdefault(gen, asyncio.Event())
         self._check(gen)
         if not released.is_set():
@@ -123,7 +133,7 @@ class WorkerGroup:
         """The worker's supervision ended (success, stop, a trainer that cannot start):
         the barrier and the all-finished check stop counting it."""
         self._gone.add(self.workers.index(worker))
-        for gen in list(self._arrived):
+        for gen in list(self._released):
             self._check(gen)
         self._check_done()
 
@@ -141,7 +151,7 @@ class WorkerGroup:
 
     def _check(self, gen: int) -> None:
         live = set(range(len(self.workers))) - self._gone
-        if live <= self._arrived.get(gen, set()):
+        if all(self._arrived.get(i, -1) >= gen for i in live):
             self._released.setdefault(gen, asyncio.Event()).set()
 
     def _check_done(self) -> None:
@@ -175,15 +185,9 @@ async def run_workers(workers: Sequence[Agent], on_close: Callable[[], None] = l
 
     install_process_parts(reaper, on_signal)
 
-    async def one(w: Agent) -> int:
-        try:
-            return await w.run_worker()
-        finally:
-            if w.group is not None:
-                w.group.gone(w)
-
-    try:
-        codes = await asyncio.gather(*(one(w) for w in workers), return_exceptions=True)
+    try:  # a worker's decider leaves the group when its run ends (decider.close)
+        codes = await asyncio.gather(*(w.run_worker() for w in workers),
+                                     return_exceptions=True)
     finally:
         if supervisor.tree():  # nothing of any trainer outlives the agent
             await supervisor.kill_tree(None)

@@ -3,10 +3,11 @@
 What is real: the arbiter's ``Registry`` (with its policy and barrier), the agent's
 ``LinkProtocol`` (what it keeps, sends and accepts), the proto messages serialised as on
 the wire. What is simulated: the streams (ordered queues that a break empties), the clock,
-and the supervisor around each link, a small model of ``ArbitratedAgent``: it arrives at
-the barrier, starts on release or fails open after ``FAIL_OPEN`` seconds offline, stops
-its trainer on RESTART, defers a crash to the arbiter and decides locally when the
-arbiter stays away, exits on STOP/REPLACE.
+and the supervisor around each link, a small model of the agent with its
+``ArbiterDecider`` (agent/arbiter_decider.py): it arrives at the barrier, starts on
+release or fails open after ``FAIL_OPEN`` seconds offline, stops its trainer on RESTART,
+defers a crash to the arbiter and decides locally when the arbiter stays away, exits on
+STOP/REPLACE.
 
 The checks are the protocol's promises (ftagent/arbiter/barrier.py, DESIGN.md):
 
@@ -59,7 +60,8 @@ class Stream:
 
 
 class SimAgent:
-    """The supervisor's side of ArbitratedAgent, reduced to what the protocol sees."""
+    """The supervisor's side of the agent and its ArbiterDecider, reduced to what the
+    protocol sees."""
 
     def __init__(self, world: World, rank: int) -> None:
         self.world = world
@@ -117,7 +119,7 @@ class SimAgent:
         self.report(Fault(FaultKind.HANG, f"rank {self.rank} hung"))
 
     def report(self, fault: Fault) -> None:
-        """ArbitratedAgent.decide_remotely: to the arbiter, decided alone once failed open."""
+        """ArbiterDecider.decide: to the arbiter, decided alone once failed open."""
         self.send(self.proto.fault(fault, self.generation))
         if self.still_online():
             self.undecided = fault

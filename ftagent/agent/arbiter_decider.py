@@ -1,6 +1,6 @@
-"""The agent when an arbiter decides for the job (``ftagent run --arbiter HOST:PORT``).
+"""The decider when an arbiter decides for the job (``ftagent run --arbiter HOST:PORT``).
 
-What changes against the local agent, and only this:
+What changes against the local policy (decider.LocalDecider), and only this:
 
 * **Barrier**: before every (re)start the agent arrives at the job barrier of its
   generation once its previous trainer has fully exited, and starts only when the arbiter
@@ -16,6 +16,9 @@ What changes against the local agent, and only this:
   the link has been down that long. Faults stay kept in the link and reach the arbiter
   (or its successor) when it is back, until settled. A trainer started without the
   barrier says so in the agent's Hello, and the arbiter reconciles (barrier.reconcile).
+  Alone is the node's local group with ``--nproc-per-node N``: a decision taken alone
+  stops and restarts every local worker together, and a start without the arbiter waits
+  at the group's barrier for every local worker's previous trainer to be gone.
 """
 
 from __future__ import annotations
@@ -25,13 +28,12 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
-from ftagent.agent.agent import Agent
+from ftagent.agent.decider import LocalDecider
 from ftagent.agent.evidence import capture
 from ftagent.agent.reporter import ArbiterLink
-from ftagent.config import RunConfig
 from ftagent.model import (
     Action,
     ActionKind,
@@ -46,116 +48,140 @@ from ftagent.model import (
     TrainerState,
 )
 
-log = logging.getLogger("ftagent.arbitrated")
+if TYPE_CHECKING:
+    from ftagent.agent.agent import Agent
+
+log = logging.getLogger("ftagent.arbiter_decider")
 
 POLL = 0.25
 
 
-class ArbitratedAgent(Agent):
-    def __init__(self, cfg: RunConfig, environ: Mapping[str, str]) -> None:
-        super().__init__(cfg, environ)
+class ArbiterDecider:
+    """The arbiter link as the agent's decider; ``local`` decides when failing open."""
+
+    def __init__(self, agent: Agent, local: LocalDecider | None = None) -> None:
+        cfg = agent.cfg
+        self.agent = agent
+        self.local = local if local is not None else LocalDecider(agent)
         self.link = ArbiterLink(cfg.arbiter, cfg.identity,
                                 max_restarts=cfg.supervisor.max_restarts or None)
         self.hang_state: Callable[[], tuple[float, bool]] = lambda: (0.0, False)
         # DUMP_STACKS: stacks of the tree (run_cli adds the liveness verdict, agent/verify.py)
         self.stack_capture: Callable[[Sequence[int]], Awaitable[dict[str, Any]]] = \
-            lambda pids: capture(pids, self.cfg.hang.hang_dump_timeout)
+            lambda pids: capture(pids, cfg.hang.hang_dump_timeout)
         self.fail_open_after = cfg.arbiter.arbiter_fail_open_after
+        self.released_start = False  # the current trainer was started by the barrier
         self._undecided: Fault | None = None
-        self._released_start = False  # the current trainer was started by the barrier
-        self.observers.append(_LinkObserver(self))
+        self._tasks: list[asyncio.Task[Any]] = []
+        agent.observers.append(_LinkObserver(self))
 
-    async def run_worker(self) -> int:
-        link_task = asyncio.create_task(self.link.run())
-        forward = asyncio.create_task(self._forward_commands())
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self.link.run()),
+                       asyncio.create_task(self._forward_commands())]
+
+    async def close(self) -> None:
+        """Tell the arbiter how this rank ended (a moment's flush), then close the link."""
         try:
-            code = await super().run_worker()
+            await self.local.close()
+            if self._tasks:
+                await self._flush(2.0)
         finally:
-            await self._flush(2.0)
-            forward.cancel()
-            await self.link.close()
-            link_task.cancel()
-            await asyncio.gather(link_task, forward, return_exceptions=True)
-        return code
+            if self._tasks:
+                link_task, forward = self._tasks
+                forward.cancel()
+                await self.link.close()
+                link_task.cancel()
+                await asyncio.gather(link_task, forward, return_exceptions=True)
 
     async def _forward_commands(self) -> None:
         while True:
             action = await self.link.commands.get()
             self._undecided = None
-            self.actions.put_nowait(action)
+            self.agent.actions.put_nowait(action)
 
-    # ------------------------------------------------------------------ hooks of Agent
+    # ------------------------------------------------------------------ the hooks
 
     async def before_start(self) -> Action | None:
         """Meet the other ranks at the barrier of this generation (or fail open)."""
-        gen = self.generation
-        self._released_start = False
+        agent = self.agent
+        gen = agent.generation
+        self.released_start = False
         self.link.arrive(gen)  # kept and re-sent on every stream until released
+        self.local.arrived()
         if not await self._online():
             log.warning("no arbiter for %.0fs: starting generation %d without the barrier",
                         self.fail_open_after, gen)
-            return None
-        self.events.write("state", "barrier", f"waiting at the barrier of generation {gen}",
-                          generation=gen)
+            return await self.local.before_start()
+        agent.events.write("state", "barrier", f"waiting at the barrier of generation {gen}",
+                           generation=gen)
         t0 = time.monotonic()
         while True:
             if await self.link.wait_released(gen, POLL):
-                self.generation = max(gen, self.link.released_generation)
-                self._released_start = True
-                self.events.write("state", "released",
-                                  f"barrier of generation {gen} released",
-                                  generation=self.generation,
-                                  barrier_seconds=round(time.monotonic() - t0, 3))
+                agent.generation = max(gen, self.link.released_generation)
+                self.released_start = True
+                agent.events.write("state", "released",
+                                   f"barrier of generation {gen} released",
+                                   generation=agent.generation,
+                                   barrier_seconds=round(time.monotonic() - t0, 3))
                 return None
-            if self.stop_signal is not None:
+            if agent.stop_signal is not None:
                 return None
             decisive = self._take_decisive()
             if decisive is not None:
                 if decisive.kind == ActionKind.RESTART and decisive.generation > gen:
-                    gen = self.generation = decisive.generation
+                    gen = agent.generation = decisive.generation
                     self.link.arrive(gen)
+                    self.local.arrived()
                     continue
                 if decisive.kind in (ActionKind.STOP, ActionKind.REPLACE):
-                    self._record_action(decisive)
+                    agent._record_action(decisive)
                     return decisive
             if not self._still_online():
                 log.warning("arbiter unreachable for %.0fs during the barrier: starting "
                             "generation %d alone", self.fail_open_after, gen)
-                return None
+                return await self.local.before_start()
 
-    def decide_remotely(self, fault: Fault) -> bool:
-        if fault.kind == FaultKind.HANG and self.cfg.hang.hang_action == "alert":
+    def decide(self, fault: Fault) -> None:
+        if not self._decide_remotely(fault):
+            self.local.decide(fault)
+
+    def _decide_remotely(self, fault: Fault) -> bool:
+        """True when the arbiter will answer ``fault`` with a command (or the watchdog
+        decides locally after all)."""
+        agent = self.agent
+        if fault.kind == FaultKind.HANG and agent.cfg.hang.hang_action == "alert":
             # --hang-action alert: the arbiter records a WARNING and decides nothing; the
             # local policy records ALERT_ONLY. (Crashes are still the arbiter's to decide.)
             self.link.report_fault(dataclasses.replace(fault, severity=Severity.WARNING),
-                                   generation=self.generation)
+                                   generation=agent.generation)
             return False
-        self.link.report_fault(fault, generation=self.generation)
+        self.link.report_fault(fault, generation=agent.generation)
         if fault.evidence.get("recovered"):
             return True  # an all-clear: the arbiter may act on it, locally nothing to do
         if not self._still_online():
             return False  # failing open already: queued for the arbiter, decided here now
         self._undecided = fault
-        self._spawn(self._decision_watchdog(fault, (self.generation, self.restarts)))
+        agent._spawn(self._decision_watchdog(fault, (agent.generation, agent.restarts)))
         return True
 
-    def report_only(self, fault: Fault) -> None:
-        self.link.report_fault(fault, generation=self.generation)
+    def report(self, fault: Fault) -> None:
+        self.link.report_fault(fault, generation=self.agent.generation)
 
     async def _decision_watchdog(self, fault: Fault, attempt: tuple[int, int]) -> None:
         """Decide locally after all if the arbiter stays away, or settles a crash without
         a command for this rank (alert only, say): a dead trainer must not wait forever.
         Once the attempt the fault was raised in is over (a decision that arrived with
         the trainer's exit was carried out), there is nothing left to decide."""
+        agent = self.agent
         while self._undecided is fault:
-            if (self.generation, self.restarts) != attempt:
+            if (agent.generation, agent.restarts) != attempt:
                 self._undecided = None
                 return
             if not self._still_online():
                 log.warning("arbiter unreachable for %.0fs before deciding about %s; "
                             "deciding locally", self.fail_open_after, fault.kind.value)
                 self._undecided = None
-                self.decide_locally(fault)
+                self.local.decide(fault)
                 return
             outcome = self.link.outcome(fault.id)
             if outcome is not None and self.link.commands.empty():
@@ -166,14 +192,18 @@ class ArbitratedAgent(Agent):
                 log.info("the arbiter settled the %s without a command for this rank (%s)",
                          fault.kind.value, outcome)
                 if fault.kind == FaultKind.CRASH:
-                    self.decide_locally(fault)  # the trainer is gone: the local policy
+                    self.local.decide(fault)  # the trainer is gone: the local policy
                 return
             await self.link.wait_settled(POLL)
 
     async def on_minor_action(self, action: Action) -> None:
         if action.kind == ActionKind.DUMP_STACKS:
-            captured = await self.stack_capture(self.tree_pids())
+            captured = await self.stack_capture(self.agent.tree_pids())
             self.link.report_stacks(action.id, json.dumps(captured, default=str))
+
+    async def finished(self) -> Action | None:
+        """The trainer succeeded: the worker ends (the arbiter heard of the exit)."""
+        return None
 
     # ------------------------------------------------------------------ helpers
 
@@ -186,8 +216,9 @@ class ArbitratedAgent(Agent):
 
     def _take_decisive(self) -> Action | None:
         """A STOP/REPLACE/RESTART that arrived while waiting at the barrier."""
-        while not self.actions.empty():
-            action = self.actions.get_nowait()
+        actions = self.agent.actions
+        while not actions.empty():
+            action = actions.get_nowait()
             if action.kind in (ActionKind.STOP, ActionKind.REPLACE, ActionKind.RESTART):
                 return action
         return None
@@ -209,25 +240,24 @@ class ArbitratedAgent(Agent):
 class _LinkObserver:
     """Tells the arbiter about progress, exits and the trainer's state."""
 
-    def __init__(self, agent: ArbitratedAgent) -> None:
-        self.agent = agent
+    def __init__(self, decider: ArbiterDecider) -> None:
+        self.decider = decider
 
     def observe(self, obs: Observation) -> None:
-        link = self.agent.link
+        link = self.decider.link
         if isinstance(obs, Progress):
-            since, hung = self.agent.hang_state()
+            since, hung = self.decider.hang_state()
             link.report_progress(obs, seconds_since_progress=since, hung=hung)
         elif isinstance(obs, ProcessExit):
-            link.report_exit(obs, self.agent.generation)
+            link.report_exit(obs, self.decider.agent.generation)
         elif isinstance(obs, (CollectiveSample, PhaseTiming)):
             link.observe_timing(obs)  # where the step's time goes: stragglers at the arbiter
 
     def on_state(self, state: TrainerState, restarts: int) -> None:
-        link = self.agent.link
+        link = self.decider.link
         link.trainer_state = state.value
         link.restarts = max(link.restarts, restarts)
         if state is TrainerState.RUNNING:
-            link.started(self.agent.generation, released=self.agent._released_start)
+            link.started(self.decider.agent.generation, released=self.decider.released_start)
         else:
             link.proto.trainer_running = False
-
