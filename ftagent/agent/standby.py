@@ -34,9 +34,9 @@ itself *before* importing a warm module (``os.environ["OMP_NUM_THREADS"] = ...``
 environment, or use ``--no-warm-restart``; ``/proc/PID/cmdline`` shows the bootstrap.
 
 Cost: one idle interpreter with the warm modules per worker (measured by bench/restart.py:
-the standby's PSS), kept only when a restart is possible (``--max-restarts`` > 0 or an
-arbiter). If the agent is SIGKILLed, the standby dies with it (PDEATHSIG, and the
-watchdog's sweep of its session and marker).
+the standby's PSS), kept only while a restart can follow the running attempt (an
+arbiter, or ``--max-restarts`` not spent yet). If the agent is SIGKILLed, the standby
+dies with it (PDEATHSIG, and the watchdog's sweep of its session and marker).
 """
 
 from __future__ import annotations
@@ -304,9 +304,11 @@ class WarmStarter:
     a fresh standby per slot for the next attempt. ``warm=False``: always cold."""
 
     def __init__(self, *, warm: bool = True, imports: tuple[str, ...] = (),
-                 record: Record | None = None, workdir: str | None = None) -> None:
+                 record: Record | None = None, workdir: str | None = None,
+                 wanted: Callable[[], bool] = lambda: True) -> None:
         self.warm = warm
         self.imports = imports
+        self._wanted = wanted  # can the attempt being started be followed by a restart?
         self._record = record
         self._workdir = workdir  # where the bootstrap copy goes (None: a temp dir of its own)
         self._standbys: dict[int, Standby] = {}
@@ -335,7 +337,7 @@ class WarmStarter:
             if self._record is not None:
                 self._record("standby", "cold", f"trainer cold start ({why})",
                              pid=started.popen.pid, reason=why)
-        if self.warm:
+        if self.warm and self._wanted():
             self._prepare(slot, command, env, reaper)
         return started
 
@@ -343,8 +345,8 @@ class WarmStarter:
                env: Mapping[str, str]) -> str | None:
         if sb is None:
             return "no standby"
-        if not sb.alive:
-            return "the standby died"
+        if not sb.alive or _exited_unreaped(sb.pid):
+            return "the standby died" + _how(sb.exited)
         if tuple(command) != sb.command:
             return "the command changed"
         if os.getcwd() != sb.cwd:
@@ -398,15 +400,36 @@ class WarmStarter:
             self._dir = self._boot = None
 
 
+def _exited_unreaped(pid: int) -> bool:
+    """``pid`` has exited and its SIGCHLD is not handled yet (a peek: the reaper reaps)."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return info is not None and info.si_pid == pid
+
+
+def _how(exited: asyncio.Future[ProcessExit]) -> str:
+    if not exited.done() or exited.cancelled():
+        return ""
+    e = exited.result()
+    if e.signal is not None:
+        return f" (killed by signal {e.signal}, {signal.Signals(e.signal).name})"
+    return f" (exit status {e.exit_status})"
+
+
 def use_warm_restarts(agent: Any, cfg: Any, rundir: str) -> WarmStarter:
     """Wire one agent (or launcher worker) to start its trainers through a WarmStarter:
-    warm when ``--warm-restart`` and a restart can happen at all (``--max-restarts`` > 0 or
-    an arbiter; a standby nobody will use costs memory and CPU for nothing). The bootstrap
-    copy lives in ``rundir``, removed with it; the standbys die with the agent (PDEATHSIG)."""
+    warm when ``--warm-restart`` and a restart can follow the attempt being started (an
+    arbiter, or ``--max-restarts`` not spent yet; a standby nobody will use costs memory
+    and CPU for nothing). The bootstrap copy lives in ``rundir``, removed with it; the
+    standbys die with the agent (PDEATHSIG)."""
     sup = cfg.supervisor
-    restarts_possible = sup.max_restarts > 0 or bool(cfg.arbiter.arbiter)
+    arbiter = bool(cfg.arbiter.arbiter)
+    restarts_possible = sup.max_restarts > 0 or arbiter
     starter = WarmStarter(warm=sup.warm_restart and restarts_possible,
                           imports=parse_warm_imports(sup.warm_imports),
-                          record=agent.events.write, workdir=rundir)
+                          record=agent.events.write, workdir=rundir,
+                          wanted=lambda: arbiter or agent.restarts < sup.max_restarts)
     agent.spawn_trainer = functools.partial(supervisor.TrainerProcess, starter=starter)
     return starter
