@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -307,9 +308,9 @@ class Events(list[LinkEvent]):
         self.append(obs)
 
 
-async def started(kernel: FakeKernel, **cfg: Any) -> tuple[NicSource, Events,
-                                                           asyncio.Task[None]]:
-    src = NicSource(NicConfig(**cfg), {}, clock=time.monotonic)
+async def started(kernel: FakeKernel, sysfs_net: str = "/nonexistent", **cfg: Any
+                  ) -> tuple[NicSource, Events, asyncio.Task[None]]:
+    src = NicSource(NicConfig(**cfg), {}, clock=time.monotonic, sysfs_net=sysfs_net)
     src._open = kernel.open  # type: ignore[method-assign]
     events = Events()
     task = asyncio.create_task(src.run(events.emit))
@@ -372,6 +373,59 @@ def test_socket_failure_reconnects_and_redumps() -> None:
         await until(lambda: k.opened == 2 and not events[-1].up)
         assert not task.done()
         assert src.snapshot()[0].transmit_bytes == 200
+        task.cancel()
+
+    asyncio.run(main())
+
+
+def _sysfs_link(root: Path, name: str, index: int, rx: int, tx: int) -> None:
+    stats = root / name / "statistics"
+    stats.mkdir(parents=True, exist_ok=True)
+    (root / name / "ifindex").write_text(f"{index}\n")
+    (stats / "rx_bytes").write_text(f"{rx}\n")
+    (stats / "tx_bytes").write_text(f"{tx}\n")
+
+
+def test_counters_come_from_sysfs_where_it_shows_this_namespace(tmp_path: Path) -> None:
+    async def main() -> None:
+        k = FakeKernel()
+        k.set(2, "eth0", UPF, announce=False, rx=1, tx=2)
+        _sysfs_link(tmp_path, "eth0", 2, 10, 20)
+        src, _, task = await started(k, sysfs_net=str(tmp_path), nic_poll_interval=0.01)
+        _sysfs_link(tmp_path, "eth0", 2, 1000, 2000)  # netlink still says 1 and 2
+        await until(lambda: src.snapshot()[0].transmit_bytes == 2000)
+        assert src.snapshot()[0].receive_bytes == 1000
+        task.cancel()
+
+    asyncio.run(main())
+
+
+def test_sysfs_of_another_namespace_is_not_used_for_counters(tmp_path: Path) -> None:
+    """A /sys whose eth0 has another ifindex (the host's, mounted into a pod) must not
+    stand in for this namespace's eth0: the counters stay netlink's."""
+    async def main() -> None:
+        k = FakeKernel()
+        k.set(2, "eth0", UPF, announce=False, rx=1, tx=2)
+        _sysfs_link(tmp_path, "eth0", 7, 10, 20)
+        src, _, task = await started(k, sysfs_net=str(tmp_path), nic_poll_interval=0.01)
+        k.set(2, "eth0", UPF, announce=False, rx=3, tx=4)  # the kernel's counters move
+        await until(lambda: src.snapshot()[0].transmit_bytes == 4)
+        assert not src._sysfs_counters
+        task.cancel()
+
+    asyncio.run(main())
+
+
+def test_unreadable_sysfs_counters_fall_back_to_netlink(tmp_path: Path) -> None:
+    async def main() -> None:
+        k = FakeKernel()
+        k.set(2, "eth0", UPF, announce=False, rx=1, tx=2)
+        _sysfs_link(tmp_path, "eth0", 2, 10, 20)
+        src, _, task = await started(k, sysfs_net=str(tmp_path), nic_poll_interval=0.01)
+        await until(lambda: src._sysfs_counters)
+        (tmp_path / "eth0" / "statistics" / "tx_bytes").unlink()
+        k.set(2, "eth0", UPF, announce=False, rx=5, tx=6)
+        await until(lambda: src.snapshot()[0].transmit_bytes == 6)
         task.cancel()
 
     asyncio.run(main())
