@@ -345,8 +345,9 @@ class WarmStarter:
                env: Mapping[str, str]) -> str | None:
         if sb is None:
             return "no standby"
-        if not sb.alive or _exited_unreaped(sb.pid):
-            return "the standby died" + _how(sb.exited)
+        died = _death(sb)
+        if died is not None:
+            return "the standby died" + died
         if tuple(command) != sb.command:
             return "the command changed"
         if os.getcwd() != sb.cwd:
@@ -400,22 +401,33 @@ class WarmStarter:
             self._dir = self._boot = None
 
 
-def _exited_unreaped(pid: int) -> bool:
-    """``pid`` has exited and its SIGCHLD is not handled yet (a peek: the reaper reaps)."""
+def _death(sb: Standby) -> str | None:
+    """How the standby died (`` (killed by signal 9, SIGKILL)``, or ``""`` when unknown),
+    or None while it lives. Also when its SIGCHLD is not handled yet: a peek (WNOWAIT),
+    the reaper still reaps it; without it such a standby would be told to go, fail, and
+    be reported as one that could not be told."""
+    if sb.exited.done():
+        if sb.exited.cancelled():
+            return ""
+        e = sb.exited.result()
+        return _described(e.signal, e.code)
     try:
-        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        info = os.waitid(os.P_PID, sb.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:
-        return False
-    return info is not None and info.si_pid == pid
+        info = None
+    if info is not None and info.si_pid == sb.pid:
+        if info.si_code == os.CLD_EXITED:
+            return _described(None, info.si_status)
+        return _described(info.si_status, None)
+    return None if sb.alive else ""
 
 
-def _how(exited: asyncio.Future[ProcessExit]) -> str:
-    if not exited.done() or exited.cancelled():
-        return ""
-    e = exited.result()
-    if e.signal is not None:
-        return f" (killed by signal {e.signal}, {signal.Signals(e.signal).name})"
-    return f" (exit status {e.exit_status})"
+def _described(sig: int | None, code: int | None) -> str:
+    if sig is not None:
+        with contextlib.suppress(ValueError):
+            return f" (killed by signal {sig}, {signal.Signals(sig).name})"
+        return f" (killed by signal {sig})"
+    return f" (exit status {code})"
 
 
 def use_warm_restarts(agent: Any, cfg: Any, rundir: str) -> WarmStarter:

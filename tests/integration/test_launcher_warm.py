@@ -11,16 +11,19 @@ per process here); one real 2-rank gloo job with torch.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
+import types
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 
+from ftagent.agent import standby
 from tests.conftest import free_port, ftagent_cmd, pid_gone, read_events, wait_for
 from tests.e2e.jobs import TRAIN, needs_torch
 from tests.integration.test_launcher import clean_env
@@ -88,8 +91,8 @@ class Job:
         self.log = open(tmp / "agent.log", "wb")  # noqa: SIM115 - closed in stop()
         self.agent = subprocess.Popen(
             ftagent_cmd("--events-file", str(self.events), "--nproc-per-node", str(n),
-                        "--max-restarts", str(max_restarts), "--restart-backoff", "0", "--log-level",
-                        "warning", "--progress", "none", *flags, cmd=cmd),
+                        "--max-restarts", str(max_restarts), "--restart-backoff", "0",
+                        "--log-level", "warning", "--progress", "none", *flags, cmd=cmd),
             cwd=tmp, env=env, stdout=self.log, stderr=subprocess.STDOUT)
 
     def output(self) -> str:
@@ -225,7 +228,7 @@ def test_a_dead_standby_means_a_cold_start_for_its_worker_only(tmp_path: Path) -
         ev = wait_for(lambda: len(standby_events(read_events(job.events))) == 3 and
                       standby_events(read_events(job.events)), 30, "3 standby events")
         assert (ev[0]["kind"], ev[1]["kind"], ev[2]["kind"]) == ("warm", "warm", "cold")
-        assert ev[2]["reason"].startswith("the standby died"), ev[2]
+        assert ev[2]["reason"] == "the standby died (killed by signal 9, SIGKILL)", ev[2]
         assert ev[2]["pid"] == second[2]["pid"]
         # --warm-imports: only what it names (learning would also bring json)
         assert ev[0]["warm_imports"] == ev[1]["warm_imports"] == ["warmmark"]
@@ -235,6 +238,24 @@ def test_a_dead_standby_means_a_cold_start_for_its_worker_only(tmp_path: Path) -
         assert job.agent.wait(60) == 0, job.output()
     finally:
         job.stop()
+
+
+def test_a_standby_dead_before_its_sigchld_is_handled_is_known_dead() -> None:
+    """The race the events above cannot show: the standby died, the loop has not reaped
+    it yet (its exit future is pending), and the restart asks whether it is fit."""
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        loop = asyncio.new_event_loop()
+        sb = types.SimpleNamespace(pid=child.pid, exited=loop.create_future(), alive=True)
+        assert standby._death(sb) is None  # type: ignore[arg-type]
+        child.send_signal(signal.SIGKILL)
+        wait_for(lambda: pid_gone(child.pid), 30, "sleep killed")
+        assert standby._death(sb) == " (killed by signal 9, SIGKILL)"  # type: ignore[arg-type]
+        assert child.poll() == -signal.SIGKILL  # the peek left it to be reaped
+        loop.close()
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_no_standby_is_kept_once_the_restart_budget_is_spent(tmp_path: Path) -> None:
