@@ -232,6 +232,7 @@ class Standby:
         if sent != len(msg):  # a partial message fails the standby's JSON: it exits
             return False
         supervisor.show_in_tree(self.pid)
+        leave_idle(self.pid)
         return True
 
     def kill(self) -> None:
@@ -399,6 +400,29 @@ class WarmStarter:
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = self._boot = None
+
+
+def leave_idle(pid: int) -> int:
+    """At the go: every thread of the standby back from SCHED_IDLE to the agent's own
+    policy (the one the standby inherited), its main thread first; returns how many.
+    A go that comes while its imports still run would otherwise finish them at idle
+    priority, behind any busy process of the node; it restores its threads itself once
+    they are done (``standby_boot._restore_threads``)."""
+    idle = getattr(os, "SCHED_IDLE", None)
+    if idle is None:
+        return 0
+    try:
+        policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+        tids = sorted((int(t) for t in os.listdir(f"/proc/{pid}/task")), key=lambda t: t != pid)
+    except (OSError, ValueError):
+        return 0
+    moved = 0
+    for tid in tids:
+        with contextlib.suppress(OSError):  # a thread that ended, or no permission
+            if os.sched_getscheduler(tid) == idle:
+                os.sched_setscheduler(tid, policy, param)
+                moved += 1
+    return moved
 
 
 def _death(sb: Standby) -> str | None:

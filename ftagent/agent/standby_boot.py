@@ -16,7 +16,9 @@ argv: ``KIND TARGET SPEC_JSON`` (KIND ``script`` or ``module``). SPEC: ``go`` an
 2. Import the warm modules (``--warm-imports``, or learned from the script with ``ast``:
    every absolute import statement not inside a ``try`` or ``if TYPE_CHECKING``, in the
    script and in the local modules it imports, skipping local modules themselves, which
-   run user code), under SCHED_IDLE when the priority can be restored later. Learned
+   run user code), under SCHED_IDLE when the priority can be restored later (every
+   thread of the process is restored after the imports, or by the agent at the go if it
+   comes first). Learned
    imports also bring the modules a framework imports lazily on first use
    (:data:`LAZY_COMPANIONS`: ``torch._dynamo`` for torch, which the first optimizer built
    imports: ~800 modules, sympy among them, 1.1-3.4 s of a restart measured by
@@ -192,6 +194,39 @@ def _can_restore_priority() -> bool:
         return False
 
 
+def _restore_threads(policy: int, param: Any) -> bool:
+    """Every thread of this process back from SCHED_IDLE, this one first. A thread that an
+    import started (torch's starts one) inherited SCHED_IDLE, and ``sched_setscheduler(0)``
+    moves only the calling thread: it would stay idle for the whole training. The agent
+    does the same from outside at the go (``standby.leave_idle``), for a go that comes
+    while imports still run."""
+    me = os.getpid()
+    try:
+        tids = sorted((int(t) for t in os.listdir("/proc/self/task")), key=lambda t: t != me)
+    except (OSError, ValueError):
+        tids = [me]
+    ok = True
+    for tid in tids:
+        try:
+            if os.sched_getscheduler(tid) == os.SCHED_IDLE:
+                os.sched_setscheduler(tid, policy, param)
+        except ProcessLookupError:
+            continue  # the thread ended
+        except OSError:
+            ok = False
+    return ok
+
+
+def _go_waiting() -> bool:
+    """The go (or the agent's EOF) is already in the pipe."""
+    import select
+
+    try:
+        return bool(select.select([_GO], [], [], 0)[0])
+    except (OSError, ValueError):
+        return False
+
+
 def _prepare() -> tuple[list[str], dict[str, float], list[str], Inputs]:
     """Import the warm modules; returns (failures, fingerprint of the inputs)."""
     script = os.path.realpath(_TARGET) if _KIND == "script" else None
@@ -223,6 +258,8 @@ def _prepare() -> tuple[list[str], dict[str, float], list[str], Inputs]:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
         except OSError:
             old = None
+        if old is not None and _go_waiting():  # the go came first: no idle imports
+            _restore_threads(*old)
     failures, took = [], {}
     for name in names:
         t0 = time.monotonic()
@@ -232,11 +269,8 @@ def _prepare() -> tuple[list[str], dict[str, float], list[str], Inputs]:
             if name in explicit or not isinstance(e, ModuleNotFoundError):
                 failures.append(f"{name}: {type(e).__name__}: {e}"[:300])
         took[name] = round(time.monotonic() - t0, 3)
-    if old is not None:
-        try:
-            os.sched_setscheduler(0, old[0], old[1])
-        except OSError:
-            failures.append("cannot leave SCHED_IDLE")
+    if old is not None and not _restore_threads(*old):
+        failures.append("cannot leave SCHED_IDLE")
     for m in list(sys.modules.values()):
         f = getattr(m, "__file__", None)
         if isinstance(f, str) and f not in inputs:

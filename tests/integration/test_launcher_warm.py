@@ -28,11 +28,21 @@ from tests.conftest import free_port, ftagent_cmd, pid_gone, read_events, wait_f
 from tests.e2e.jobs import TRAIN, needs_torch
 from tests.integration.test_launcher import clean_env
 
-# Imported by trainers and standbys alike: a marker named after the importing pid.
+# Imported by trainers and standbys alike: a marker named after the importing pid, and a
+# thread started at import (as torch's import starts one). HOLD_IMPORT: a standby importing
+# at idle priority stays inside the import until that priority is lifted (the go's job).
 WARMMARK = """
-import os
+import os, threading, time
 MARK_PID = os.getpid()
+threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()
 open(os.path.join(os.environ["MARK_DIR"], "imported.%d" % MARK_PID), "w").close()
+IDLE = getattr(os, "SCHED_IDLE", -1)
+IDLE_AT_IMPORT = os.sched_getscheduler(0) == IDLE
+if IDLE_AT_IMPORT and os.environ.get("HOLD_IMPORT"):
+    deadline = time.monotonic() + 60
+    while os.sched_getscheduler(0) == IDLE and time.monotonic() < deadline:
+        time.sleep(0.01)
+LIFTED_IN_IMPORT = IDLE_AT_IMPORT and os.sched_getscheduler(0) != IDLE
 """
 
 # Attempt 0: local rank CRASH_RANK exits 3 once GO_DIR/crash exists, the others wait to be
@@ -49,7 +59,10 @@ keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "FTAGENT_LOCAL_R
         "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_ERROR_FILE", "FTAGENT_SDK_SOCKET")
 report = {"pre": PRE, "mark_pid": warmmark.MARK_PID, "pid": os.getpid(), "argv": sys.argv,
           "path0": sys.path[0], "cwd": os.getcwd(), "file": __file__,
-          "env": {k: os.environ.get(k) for k in keys}}
+          "env": {k: os.environ.get(k) for k in keys},
+          "idle_at_import": warmmark.IDLE_AT_IMPORT, "lifted": warmmark.LIFTED_IN_IMPORT,
+          "idle_threads": [t for t in os.listdir("/proc/self/task")
+                           if os.sched_getscheduler(int(t)) == warmmark.IDLE]}
 dump = os.environ["DUMP_DIR"]
 with open(os.path.join(dump, ".%d.%d" % (lr, attempt)), "w") as f:
     json.dump(report, f)
@@ -74,7 +87,7 @@ class Job:
     """One ``ftagent run --nproc-per-node N`` of WORKER, and what it leaves on disk."""
 
     def __init__(self, tmp: Path, n: int, *flags: str, module: bool = False,
-                 max_restarts: int = 2) -> None:
+                 max_restarts: int = 2, **extra: str) -> None:
         self.tmp, self.n = tmp, n
         (tmp / "lib").mkdir()
         (tmp / "lib" / "warmmark.py").write_text(WARMMARK)
@@ -86,7 +99,7 @@ class Job:
         cmd = ["worker" if module else str(self.script), "--lr", "3"]
         flags = ("-m", *flags) if module else flags  # python -m worker, sys.path[0] the cwd
         env = clean_env(MARK_DIR=str(tmp / "mark"), DUMP_DIR=str(tmp / "dump"),
-                        GO_DIR=str(tmp / "go"), CRASH_RANK="1")
+                        GO_DIR=str(tmp / "go"), CRASH_RANK="1", **extra)
         env["PYTHONPATH"] += os.pathsep + str(tmp / "lib")
         self.log = open(tmp / "agent.log", "wb")  # noqa: SIM115 - closed in stop()
         self.agent = subprocess.Popen(
@@ -190,6 +203,7 @@ def test_every_worker_restarts_from_its_own_standby(tmp_path: Path, n: int, end:
                 assert d[key] == old[key], (lr, key)
             assert d["argv"][1:] == ["--lr", "3"] and d["cwd"] == str(tmp_path)
             assert d["path0"] == str(tmp_path)
+            assert d["idle_threads"] == []  # none left at the imports' idle priority
         # standbys for the next generation, one per worker again
         sb1 = job.wait_standbys({d["pid"] for d in second.values()})
         check_started_for(sb1, n, 1)
@@ -256,6 +270,26 @@ def test_a_standby_dead_before_its_sigchld_is_handled_is_known_dead() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_go_during_the_warm_imports_lifts_their_idle_priority(tmp_path: Path) -> None:
+    job = Job(tmp_path, 2, HOLD_IMPORT="1")
+    try:
+        first = job.wait_dumps(0)
+        sb0 = job.wait_standbys({d["pid"] for d in first.values()})  # inside the import
+        job.touch("crash")
+        second = job.wait_dumps(1)
+        assert {d["pid"] for d in second.values()} == {p.pid for p in sb0.values()}
+        if not all(d["idle_at_import"] for d in second.values()):
+            pytest.skip("standbys import at normal priority here (no CAP_SYS_NICE and "
+                        "an RLIMIT_NICE that does not allow leaving SCHED_IDLE)")
+        # the go lifted it while the import still ran: not left to finish at idle
+        assert [d["lifted"] for d in second.values()] == [True, True]
+        assert [d["idle_threads"] for d in second.values()] == [[], []]
+        job.touch("finish")
+        assert job.agent.wait(60) == 0, job.output()
+    finally:
+        job.stop()
 
 
 def test_no_standby_is_kept_once_the_restart_budget_is_spent(tmp_path: Path) -> None:
