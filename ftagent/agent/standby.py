@@ -236,10 +236,15 @@ class Standby:
         return True
 
     def kill(self) -> None:
+        """Drop it (unfit, or the agent is done): it never becomes a trainer."""
         self._close_go()  # EOF: it exits by itself even if the signal is lost
         if not self.exited.done():
             supervisor.signal_group(self.pid, signal.SIGKILL)
         supervisor.show_in_tree(self.pid)
+        for pipe in (self.popen.stdout, self.popen.stderr):  # nobody will pump them
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
 
     def started(self) -> Started:
         assert self.popen.stdout is not None

@@ -79,6 +79,8 @@ def wait(name):
 if attempt == 0:
     wait("crash" if lr == int(os.environ["CRASH_RANK"]) else "never")
     sys.exit(3)
+import ftagent.sdk  # learned, so imported by the standby: reaches this worker's agent
+ftagent.sdk.step(100 + lr)
 wait("finish")
 """
 
@@ -105,7 +107,7 @@ class Job:
         self.agent = subprocess.Popen(
             ftagent_cmd("--events-file", str(self.events), "--nproc-per-node", str(n),
                         "--max-restarts", str(max_restarts), "--restart-backoff", "0",
-                        "--log-level", "warning", "--progress", "none", *flags, cmd=cmd),
+                        "--log-level", "warning", *flags, cmd=cmd),
             cwd=tmp, env=env, stdout=self.log, stderr=subprocess.STDOUT)
 
     def output(self) -> str:
@@ -204,6 +206,13 @@ def test_every_worker_restarts_from_its_own_standby(tmp_path: Path, n: int, end:
             assert d["argv"][1:] == ["--lr", "3"] and d["cwd"] == str(tmp_path)
             assert d["path0"] == str(tmp_path)
             assert d["idle_threads"] == []  # none left at the imports' idle priority
+        # each warm trainer's SDK steps reach its own worker (its socket, its rank)
+        wait_for(lambda: {e["local_rank"]: e["step"] for e in read_events(job.events)
+                          if e["event"] == "progress"} == {lr: 100 + lr for lr in range(n)},
+                 30, "an SDK step from every warm trainer")
+        for lr, d in second.items():
+            assert d["env"]["FTAGENT_SDK_SOCKET"] == first[lr]["env"]["FTAGENT_SDK_SOCKET"]
+            assert d["env"]["FTAGENT_SDK_SOCKET"].endswith(f"worker{lr}{os.sep}sdk.sock")
         # standbys for the next generation, one per worker again
         sb1 = job.wait_standbys({d["pid"] for d in second.values()})
         check_started_for(sb1, n, 1)
