@@ -26,7 +26,7 @@ error comes from the trainer as it would. Only Python commands are warmed (``pyt
 ``-c``, ``-i``, ``-x``, stdin and anything else start cold.
 
 Known differences from a cold start, by design: ``sys.modules`` already holds the warm
-modules (and the bootstrap's few stdlib modules: ast, json, ctypes, atexit); a warm
+modules (and the bootstrap's few stdlib modules: ast, json, ctypes, atexit, select); a warm
 module read the *previous* attempt's values of the :data:`PER_ATTEMPT` variables if it
 looked at them at import (torch does not); an environment variable the script sets
 itself *before* importing a warm module (``os.environ["OMP_NUM_THREADS"] = ...`` above
