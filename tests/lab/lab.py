@@ -282,28 +282,33 @@ class Lab:
                         break
         return out
 
-    def steps(self, r: int) -> int:
-        """The last step rank ``r``'s current attempt logged: after its last ``started:``
-        line, so a restarted attempt that has not stepped yet reads as the step it resumed
-        from, never as the dead attempt's last step (0 before any)."""
+    def _attempt(self, r: int) -> tuple[str, int]:
+        """Rank ``r``'s current attempt: its output since the attempt's first line and the
+        step it started from. The first line is ``resumed from checkpoint`` where there is a
+        checkpoint (it comes before ``started:``), else ``started:``; cutting at ``started:``
+        alone would read a resumed attempt that has not printed it yet as the dead one."""
         text = self.log(r)
-        cut = text.rfind("] started: ")
+        resumed, started = text.rfind("] resumed from checkpoint at step "), \
+            text.rfind("] started: ")
+        cut = max(resumed, started)
         if cut < 0:
-            return 0
-        found = re.findall(r"\] step=(\d+)/", text[cut:])
-        if found:
-            return int(found[-1])
-        m = re.search(r"from_step=(\d+)", text[cut:])
-        return int(m.group(1)) if m else 0
+            return "", 0
+        m = re.search(r"(?:resumed from checkpoint at step |from_step=)(\d+)", text[cut:])
+        return text[cut:], int(m.group(1)) if m else 0
+
+    def steps(self, r: int) -> int:
+        """The last step rank ``r``'s current attempt logged, so a restarted attempt that
+        has not stepped yet reads as the step it resumed from, never as the dead attempt's
+        last step (0 before any)."""
+        text, start = self._attempt(r)
+        found = re.findall(r"\] step=(\d+)/", text)
+        return int(found[-1]) if found else start
 
     def attempt_steps(self, r: int) -> int:
         """Steps rank ``r``'s current attempt has made since it started (or resumed)."""
-        text = self.log(r)
-        cut = text.rfind("] started: ")
-        if cut < 0:
-            return 0
-        m = re.search(r"from_step=(\d+)", text[cut:])
-        return self.steps(r) - (int(m.group(1)) if m else 0)
+        text, start = self._attempt(r)
+        found = re.findall(r"\] step=(\d+)/", text)
+        return int(found[-1]) - start if found else 0
 
     def settled(self, steps: int = 8, timeout: float = 180) -> None:
         """Wait until every rank's current attempt is ``steps`` steps in: past the hang
