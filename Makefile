@@ -64,7 +64,7 @@ image:
 
 test: venv deps lint typecheck bundle
 	@if [ -f $(PROTO) ]; then $(MAKE) --no-print-directory proto-check; fi
-	$(BIN)/pytest -q -p no:cacheprovider tests
+	$(BIN)/pytest -q -p no:cacheprovider --durations=25 tests
 
 unit: venv
 	$(BIN)/pytest -q tests/unit
