@@ -30,7 +30,7 @@ from ftagent.agent import supervisor
 from ftagent.agent.decider import Decider, LocalDecider
 from ftagent.agent.events import EventsFile, ProgressLog
 from ftagent.agent.supervisor import ChildReaper, SpawnError, TrainerProcess
-from ftagent.agent.tee import LastLines, LineBacklog, Writer
+from ftagent.agent.tee import BACKLOG_BYTES, BACKLOG_LINES, LastLines, LineBacklog, Writer
 from ftagent.config import RunConfig
 from ftagent.model import (
     Action,
@@ -43,10 +43,11 @@ from ftagent.model import (
     TrainerStart,
     TrainerState,
 )
+from ftagent.timegrid import sleep_on_grid
 
 log = logging.getLogger("ftagent.agent")
 
-TICK_SECONDS = 0.25
+TICK_SECONDS = 0.5
 EVIDENCE_LINES = 50  # last lines attached to a fault (the events file keeps them too)
 EVIDENCE_STDERR_LINES = 20  # and the last of stderr alone: where tracebacks are
 DRAIN_BATCHES = 16  # output batches handled per loop callback before timers get a turn
@@ -161,13 +162,12 @@ class Agent:
             self.events.write("fault", FaultKind.AGENT.value, f"source {name} failed: {e}")
 
     async def _ticker(self) -> None:
-        # On a shared grid of the loop's clock, not TICK_SECONDS after each worker's own
-        # start: the launcher's N workers then tick in one loop wake-up, not N (each
-        # wake-up of the agent costs ~0.3 ms of CPU on a loaded 2-core VM: bench/restart.py
-        # --overhead). The interval between two ticks stays TICK_SECONDS.
-        loop = asyncio.get_running_loop()
+        # On the process's grid (timegrid.py): the launcher's N workers tick in one loop
+        # wake-up, not N, and the NIC and GPU polls share it.
         while True:
-            await asyncio.sleep(TICK_SECONDS - loop.time() % TICK_SECONDS)
+            await sleep_on_grid(TICK_SECONDS)
+            if self._backlog is not None and len(self._backlog):
+                self._drain_lines(self._backlog, DRAIN_BATCHES)  # see _lines_threadsafe
             now = self.detector_now()
             for d in self.detectors:
                 self._tick_detector(d, now)
@@ -363,16 +363,22 @@ class Agent:
         return trainer
 
     def _lines_threadsafe(self) -> Callable[[str, bytes, float], None]:
-        """The pumps' callback: queue the batch in a bounded backlog, never block, and wake
-        the loop only when the backlog was empty.
+        """The pumps' callback: queue the batch in a bounded backlog, never block.
 
-        Under heavy output the loop lags a little and one wake-up then carries many
-        batches instead of one self-pipe write and read per batch. A drain handles at most
+        The loop is not woken per batch: the ticker drains the backlog every
+        TICK_SECONDS, on the grid every worker shares, so N workers' output costs one
+        loop wake-up per tick instead of one self-pipe write and read per line (the
+        launcher's own CPU against torchrun's: bench/restart.py --overhead). What that
+        delays is only the *handling*: each batch keeps its read time, the detectors'
+        "now" stays at the oldest batch not yet handled (detector_now), and a trainer's
+        exit drains everything before its crash is judged. A backlog growing past an
+        eighth of its bounds wakes the loop at once; a drain handles at most
         ``DRAIN_BATCHES`` and yields (timers, the trainer's exit, signals get their turn);
         past the backlog's bounds the oldest batches are dropped, never the trainer slowed.
         """
         loop = asyncio.get_running_loop()
-        backlog = self._backlog = LineBacklog()
+        backlog = self._backlog = LineBacklog(wake_bytes=BACKLOG_BYTES // 8,
+                                              wake_lines=BACKLOG_LINES // 8)
 
         def hop(stream: str, blob: bytes, ts: float) -> None:
             if backlog.put(stream, blob, ts):
@@ -492,6 +498,8 @@ class Agent:
 
     async def _after_exit(self, trainer: TrainerProcess, exit_: ProcessExit) -> None:
         """The main process is gone: clean up what it left, read its last output."""
+        if self._backlog is not None:  # what it printed before it exited comes first
+            self._drain_lines(self._backlog, 1 << 30)
         self.observe(exit_)
         self.events.write("state", "exited", f"trainer exited with status {exit_.exit_status}",
                           exit_status=exit_.exit_status, exit_code=exit_.code,

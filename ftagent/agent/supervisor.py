@@ -53,7 +53,15 @@ from typing import NamedTuple, Protocol
 import psutil
 
 from ftagent.agent import containment
-from ftagent.agent.tee import MAX_LINE, LinesCallback, OutputPump, Writer, grow_pipe
+from ftagent.agent.tee import (
+    MAX_LINE,
+    OUTPUT_INTERVAL,
+    PIPE_SIZE,
+    LinesCallback,
+    OutputPump,
+    Writer,
+    grow_pipe,
+)
 from ftagent.model import ProcessExit
 
 log = logging.getLogger("ftagent.supervisor")
@@ -341,13 +349,15 @@ class TrainerProcess:
         assert self.popen.stdout is not None and self.popen.stderr is not None
         out_fd = os.dup(self.popen.stdout.fileno())
         err_fd = os.dup(self.popen.stderr.fileno())
-        grow_pipe(out_fd)
-        grow_pipe(err_fd)
+        # Coalesced reads only where the pipe holds a lot more than an interval's output
+        # of any sane trainer (1 MiB: 4 MB/s before a write could wait on the pump).
+        interval = OUTPUT_INTERVAL if min(grow_pipe(out_fd), grow_pipe(err_fd)) >= PIPE_SIZE \
+            else 0.0
         self.popen.stdout.close()
         self.popen.stderr.close()
         self.pumps = [
-            OutputPump(out_fd, stdout_fd, "stdout", on_lines, max_line),
-            OutputPump(err_fd, stderr_fd, "stderr", on_lines, max_line),
+            OutputPump(out_fd, stdout_fd, "stdout", on_lines, max_line, interval),
+            OutputPump(err_fd, stderr_fd, "stderr", on_lines, max_line, interval),
         ]
         for p in self.pumps:
             p.start()
@@ -355,6 +365,8 @@ class TrainerProcess:
 
     def _mark_popen(self, fut: asyncio.Future[ProcessExit]) -> None:
         # The reaper collected the status; tell Popen so it does not wait or warn later.
+        for p in self.pumps:  # its last output is wanted now (the crash's evidence)
+            p.hurry.set()
         containment.current().trainer_exited(self.pid)
         if not fut.cancelled():
             self.popen.returncode = fut.result().exit_status

@@ -182,7 +182,8 @@ class HangDetector:
         self.hung = False
         self.last_step = None
         self._source = ""
-        self._events = 0  # steps this attempt
+        self._events = 0  # steps this attempt (advanced, not observations: see _progress)
+        self._observed = 0  # progress observations this attempt
         self._ref = ts  # deadlines count from here (last step, phase end, start)
         self._last_progress = ts
         self._tainted = False  # a phase happened since the last step
@@ -201,9 +202,14 @@ class HangDetector:
         self._rewind = None
         ts = max(p.ts, self._ref)  # sources may deliver slightly out of order
         interval = ts - self._ref
-        self._events += 1
+        # Warm-up counts steps, not observations: lines read together (pipe buffering,
+        # the output pump's coalesced reads) arrive as one observation of their last
+        # step, and a trainer printing 10 steps a second must not need 10x the warm-up.
+        self._events += 1 if self.last_step is None or p.step <= self.last_step \
+            else p.step - self.last_step
+        self._observed += 1
         ended = self._end_all_phases(ts)
-        clean = not self._tainted and not ended and self._events >= 2
+        clean = not self._tainted and not ended and self._observed >= 2
         if clean and not self.hung and self._events > max(self.cfg.hang_warmup_steps, 1):
             self.intervals.append(interval)
             self.longest = max(self.longest, interval)

@@ -45,6 +45,7 @@ from ftagent.sources.gpu_calls import NvmlCalls, WatchedGpu
 from ftagent.sources.gpu_devices import select_gpus
 from ftagent.sources.gpu_handoff import Handoff
 from ftagent.sources.nvml_backend import Nvml, event_types
+from ftagent.timegrid import sleep_on_grid
 
 log = logging.getLogger("ftagent.sources.gpu")
 
@@ -151,7 +152,7 @@ class GpuSource:
             while True:
                 for h in await loop.run_in_executor(None, self.poll):
                     emit(h)
-                await asyncio.sleep(self.cfg.gpu_poll_interval)
+                await sleep_on_grid(self.cfg.gpu_poll_interval)
         finally:
             self.stop()
 

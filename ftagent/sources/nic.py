@@ -40,6 +40,7 @@ from ftagent.config import NicConfig
 from ftagent.metrics import NicStats
 from ftagent.model import LinkEvent, Observation
 from ftagent.sources.netstats import LinkRates, read_int, read_sysfs_counters
+from ftagent.timegrid import sleep_on_grid
 
 # A socket in another network namespace comes from a child pyroute2 forks, which it ends
 # with SIGTERM. Forked from an asyncio process, that child keeps the loop's signal handler
@@ -329,7 +330,7 @@ class NicSource:
         every = max(1, round(RECONCILE_SECONDS / self.cfg.nic_poll_interval))
         polls = 0
         while True:
-            await asyncio.sleep(self.cfg.nic_poll_interval)
+            await sleep_on_grid(self.cfg.nic_poll_interval)
             polls += 1
             if self._sysfs_counters and polls % every and self._read_sysfs():
                 continue

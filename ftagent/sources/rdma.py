@@ -33,6 +33,7 @@ from ftagent.metrics import IbPortStats
 from ftagent.model import LinkEvent, Observation
 from ftagent.sources.netstats import LinkRates, read_ib_data_counters
 from ftagent.sources.nic import NameList
+from ftagent.timegrid import sleep_on_grid
 
 log = logging.getLogger("ftagent.sources.rdma")
 
@@ -162,7 +163,7 @@ class RdmaSource:
             ports = await asyncio.to_thread(scan, self.root, self.hca)
             for ev in self._apply(ports):
                 emit(ev)
-            await asyncio.sleep(self.cfg.nic_poll_interval)
+            await sleep_on_grid(self.cfg.nic_poll_interval)
 
     def snapshot(self) -> list[IbPortStats]:
         """The ports now, for the scrape-time collector (safe from the metrics thread:

@@ -47,7 +47,7 @@ if mode == "crash" and lr == 2 and attempt == 0:
 if mode in ("crash", "hang"):
     for step in range(1, 1000):
         print(f"step={step} loss=0.5", flush=True)
-        if mode == "hang" and lr == 1 and step == 4 and attempt == 0:
+        if mode == "hang" and lr == 1 and step == 8 and attempt == 0:
             stuck_here()
         if mode == "crash" and attempt == 0 and lr != 2:
             time.sleep(0.1)

@@ -333,3 +333,19 @@ def test_without_a_total_the_same_silence_is_a_hang() -> None:
     det = HangDetector(DEFAULT)
     events = steps([0.2] * 50)
     assert run(det, events, until=last_ts(events) + 60)
+
+
+def test_warmup_counts_steps_not_observations() -> None:
+    """Lines read together reach the detector as one observation of their last step (the
+    output pump reads at most every 0.25 s): four steps in two observations are four
+    steps of warm-up, and the learned budget applies after them."""
+    cfg = dataclasses.replace(DEFAULT, hang_warmup_steps=2, hang_timeout_min=1.0,
+                              hang_factor=2.0, hang_first_step_timeout=600.0)
+    det = HangDetector(cfg)
+    events: list[Observation] = [TrainerStart(pid=1, attempt=0, ts=0.0),
+                                 Progress(step=1, source="log", ts=0.1),
+                                 Progress(step=4, source="log", ts=0.4)]
+    faults = run(det, events, until=10.0)
+    assert faults, "a stall after the warm-up is a hang on the learned budget"
+    assert faults[0][0] <= 0.4 + 1.0 + TICK
+    assert faults[0][1].evidence["steps_this_attempt"] == 4

@@ -102,6 +102,58 @@ def test_backlog_is_bounded_and_accounts_for_every_line() -> None:
     assert bl.oldest_ts() is None and len(bl) == 0 and bl.put("stderr", b"x", 1000.0)
 
 
+def test_backlog_with_wake_marks_wakes_only_when_it_grows_past_one() -> None:
+    """The agent's ticker drains the backlog; the pump wakes the loop only when output
+    piles up past a mark, once per crossing, not on every batch into an empty backlog."""
+    from ftagent.agent.tee import LineBacklog
+
+    bl = LineBacklog(wake_bytes=100, wake_lines=20)
+    assert not bl.put("stdout", b"step=1", 0.0)  # empty, but below the marks: no wake
+    assert not bl.put("stdout", b"step=2", 0.1)
+    assert bl.put("stdout", b"x" * 100, 0.2)  # past the byte mark: wake
+    assert not bl.put("stdout", b"step=3", 0.3)  # still past it: no second wake
+    bl.take(1 << 30)
+    assert not bl.put("stdout", b"step=4", 0.4)
+    assert bl.put("stdout", b"\n".join([b"l"] * 25), 0.5)  # past the line mark
+    plain = LineBacklog()
+    assert plain.put("stdout", b"step=1", 0.0) and not plain.put("stdout", b"step=2", 0.1)
+
+
+def test_coalescing_pump_reads_after_its_interval_or_at_once_when_hurried() -> None:
+    """With an interval the pump waits after a short read, so lines printed meanwhile
+    arrive as one batch; ``hurry`` (the trainer exited) ends the wait at once."""
+    import os
+    import threading
+    import time
+
+    from ftagent.agent.tee import OutputPump
+
+    r, w = os.pipe()
+    sink_r, sink_w = os.pipe()
+    batches: list[bytes] = []
+    got = threading.Event()
+
+    def on_lines(stream: str, blob: bytes, ts: float) -> None:
+        batches.append(blob)
+        got.set()
+
+    pump = OutputPump(r, sink_w, "stdout", on_lines, interval=60.0)
+    pump.start()
+    os.write(w, b"step=1\n")
+    assert got.wait(10)  # the first line after a quiet spell passes at once
+    os.write(w, b"step=2\n")
+    os.write(w, b"step=3\n")
+    time.sleep(0.2)  # not a synchronisation: lines written while the pump waits
+    assert batches == [b"step=1"]  # still waiting out its interval
+    pump.hurry.set()
+    os.close(w)
+    assert pump.eof.wait(10)
+    assert batches == [b"step=1", b"step=2\nstep=3"]
+    os.close(sink_w)
+    assert os.read(sink_r, 1 << 16) == b"step=1\nstep=2\nstep=3\n"
+    os.close(sink_r)
+
+
 def test_pump_hands_lines_over_before_writing_them() -> None:
     """The batch is handed over (stamped with its read time) before it is written, so a
     reader of the agent's output that blocks does not hide progress already read."""
