@@ -7,6 +7,8 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import PY, free_port, ftagent_cmd, read_events, wait_for
 
 FINAL_STEP = 400
@@ -35,6 +37,15 @@ def hostile_payload() -> bytes:
     return "".join(parts).replace("\r\n", "\r").encode()
 
 
+@pytest.fixture(scope="module")
+def payload(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, Path]:
+    """The payload and a file holding it: built once for the module (~120 MB)."""
+    data = hostile_payload()
+    path = tmp_path_factory.mktemp("hostile") / "hostile.log"
+    path.write_bytes(data)
+    return data, path
+
+
 def trainer(payload: Path, then: str) -> list[str]:
     code = (
         "import sys\n"
@@ -48,16 +59,15 @@ def trainer(payload: Path, then: str) -> list[str]:
     return [PY, "-c", code]
 
 
-def test_flood_then_exit_42_passes_42_through_with_no_hang(tmp_path: Path) -> None:
-    data = hostile_payload()
-    payload = tmp_path / "hostile.log"
-    payload.write_bytes(data)
+def test_flood_then_exit_42_passes_42_through_with_no_hang(
+        tmp_path: Path, payload: tuple[bytes, Path]) -> None:
+    data, path = payload
     events = tmp_path / "ev.jsonl"
     # a 1 s hang budget: a loop that ran 1 s behind and judged on stale data would hang
     r = subprocess.run(
         ftagent_cmd("--log-level", "warning", "--events-file", str(events), "--max-restarts",
                     "0", "--hang-timeout-min", "1", "--hang-warmup-steps", "1",
-                    cmd=trainer(payload, "")),
+                    cmd=trainer(path, "")),
         capture_output=True, timeout=300)
     assert r.returncode == 42, r.stderr[-2000:]
     assert r.stdout == data
@@ -80,16 +90,15 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
-def test_lines_not_parsed_are_counted_and_the_last_step_is_seen(tmp_path: Path) -> None:
-    data = hostile_payload()
+def test_lines_not_parsed_are_counted_and_the_last_step_is_seen(
+        payload: tuple[bytes, Path]) -> None:
+    data, path = payload
     lines = data.replace(b"\r", b"\n").count(b"\n")
-    payload = tmp_path / "hostile.log"
-    payload.write_bytes(data)
     port = free_port()
     proc = subprocess.Popen(
         ftagent_cmd("--log-level", "warning", f"--metrics-port={port}", "--metrics-addr",
                     "127.0.0.1", "--hang-timeout-min", "300",
-                    cmd=trainer(payload, "sys.stdin.read()")),
+                    cmd=trainer(path, "sys.stdin.read()")),
         stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         m = wait_for(lambda: (s := scrape_or_none(port)) and
