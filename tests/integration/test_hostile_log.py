@@ -15,7 +15,7 @@ FINAL_STEP = 400
 
 
 def hostile_payload() -> bytes:
-    """~24 MB: every line is step-like for some parser (varied numbers, 4,400-digit and
+    """~120 MB: every line is step-like for some parser (varied numbers, 4,400-digit and
     above-int64 steps, tqdm ``\\r`` bars, 8 KB lines of digits); real progress every block."""
     digits = "".join(str((i * 7919) % 10) for i in range(4400))
     parts = []
