@@ -116,6 +116,9 @@ class Progress:
     source: str = "log"  # "log" | "sdk" | the log format's name
     ts: float = 0.0
     tflops_per_gpu: float | None = None  # model TFLOP/s per GPU, when the trainer prints it
+    # (step, loss) of earlier steps read in the same batch and folded into this one (their
+    # intervals are buffering, not steps): the loss detector still judges each of them
+    folded_losses: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ sinks an agent gets from its configuration.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import shutil
@@ -333,11 +334,21 @@ def add_gpu(agent: Agent, cfg: RunConfig, environ: Mapping[str, str],
 
 def latest_progress(batch: list[LogObservation]) -> list[LogObservation]:
     """Lines read together share one timestamp, so of consecutive steps in a batch only
-    the last carries information (their zero intervals are pipe buffering, not steps);
-    phase markers (and Megatron's timings) keep their place between them."""
-    return [o for i, o in enumerate(batch)
-            if not (isinstance(o, Progress) and i + 1 < len(batch)
-                    and isinstance(batch[i + 1], Progress))]
+    the last carries timing (their zero intervals are pipe buffering, not steps); phase
+    markers (and Megatron's timings) keep their place between them. The folded steps'
+    losses ride along on the last (``Progress.folded_losses``) for the loss detector."""
+    out: list[LogObservation] = []
+    folded: list[tuple[int, float]] = []
+    for i, o in enumerate(batch):
+        if isinstance(o, Progress) and i + 1 < len(batch) and isinstance(batch[i + 1], Progress):
+            if o.loss is not None:
+                folded.append((o.step, o.loss))
+            continue
+        if folded and isinstance(o, Progress):
+            o = dataclasses.replace(o, folded_losses=tuple(folded))
+        folded = []
+        out.append(o)
+    return out
 
 
 def start_metrics(cfg: RunConfig, registry: CollectorRegistry, agent: Agent) -> None:

@@ -86,29 +86,36 @@ class LossDetector:
         if isinstance(obs, TrainerStart):
             self.reset()
             return []
-        if not isinstance(obs, Progress) or obs.loss is None:
+        if not isinstance(obs, Progress):
             return []
-        if self.last_step is not None and obs.step <= self.last_step:
-            return []  # a redraw of the same step, or a step back: not a new loss
-        self.last_step = obs.step
+        faults = [f for step, loss in obs.folded_losses  # steps read in the same batch
+                  if (f := self._one(step, loss)) is not None]
+        if obs.loss is not None and (f := self._one(obs.step, obs.loss)) is not None:
+            faults.append(f)
+        return faults
+
+    def _one(self, step: int, raw: object) -> Fault | None:
+        if self.last_step is not None and step <= self.last_step:
+            return None  # a redraw of the same step, or a step back: not a new loss
+        self.last_step = step
         try:
-            loss = float(obs.loss)
+            loss = float(raw)  # type: ignore[arg-type]
         except (TypeError, ValueError, OverflowError):
-            return []
-        self.recent.append((obs.step, loss))
+            return None
+        self.recent.append((step, loss))
         if not math.isfinite(loss):
             if self.in_nan:
-                return []
+                return None
             self.in_nan = True
             self.nan_faults += 1
             what = "NaN" if loss != loss else "infinite"
-            return [self._fault(f"training loss is {what} at step {obs.step}",
-                                reason="nan" if loss != loss else "inf", step=obs.step)]
+            return self._fault(f"training loss is {what} at step {step}",
+                               reason="nan" if loss != loss else "inf", step=step)
         self.in_nan = False
-        fault = self._spike(obs.step, loss)
+        fault = self._spike(step, loss)
         self.window.append(loss)
         self._since += 1
-        return [fault] if fault is not None else []
+        return fault
 
     def tick(self, now: float) -> list[Fault]:
         return []

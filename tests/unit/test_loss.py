@@ -163,3 +163,24 @@ def test_cached_window_statistics_decide_the_same_spikes_as_fresh_ones() -> None
                 until = i + 100
         window = (window + [x])[-100:]
     assert found == expected and len(found) >= 5
+
+
+def test_a_spike_in_a_step_folded_into_a_later_one_is_still_judged() -> None:
+    """Steps read in one batch reach the detectors as their last step, with the earlier
+    steps' losses folded in (run_cli.latest_progress): a spike among them is found at its
+    own step, and the same losses give the same faults as one observation per step."""
+    from ftagent.agent.run_cli import latest_progress
+
+    losses = noisy(300, seed=1)
+    losses[199] = 4.0  # step 200: the middle of the read of steps 199-201
+    batched: list[Fault] = []
+    d = LossDetector()
+    for start in range(0, 300, 3):  # three steps per read, as the output pump coalesces
+        batch = [Progress(step=i + 1, loss=losses[i], ts=float(start))
+                 for i in range(start, min(start + 3, 300))]
+        (obs,) = latest_progress(list(batch))
+        assert isinstance(obs, Progress) and len(obs.folded_losses) == len(batch) - 1
+        batched += d.observe(obs)
+    one_by_one = feed(LossDetector(), losses)
+    assert [f.evidence["step"] for f in batched] == [f.evidence["step"] for f in one_by_one]
+    assert [f.evidence["step"] for f in batched] == [200]
