@@ -2,7 +2,10 @@
 
 A budget running out only makes the agent suspect a hang; it verifies over
 --hang-verify-window (default 2 s) before acting. Floors are lowered (--hang-timeout-min 2)
-so that each job takes seconds; everything else is the default.
+so that each job takes seconds; everything else is the default. The hang in a collective
+and the data-loader stall here are also the plain detection tests (tests/e2e/test_hang.py
+had a copy of each with the same job: merged here, with its last-lines and
+one-fault-per-episode checks).
 """
 
 from __future__ import annotations
@@ -49,7 +52,8 @@ def test_undeclared_evaluation_on_every_rank_is_no_fault_and_is_learned(
             assert f"undeclared phase at step {p['step']}, " in p["message"]
         # the evaluation taught no step budget: a hang is still suspected after ~2 s
         alive = job.records(r, "verify", "alive")[0]
-        assert 2.0 <= alive["stall_seconds"] - alive["window_seconds"] <= 3.0, alive
+        # (a budget learned from the 6 s evaluation would read >= 6; 3.5: a loaded machine)
+        assert 2.0 <= alive["stall_seconds"] - alive["window_seconds"] <= 3.5, alive
 
 
 def test_undeclared_evaluation_on_one_rank_is_no_restart_under_the_arbiter(
@@ -107,12 +111,15 @@ def test_real_hangs_are_declared_with_still_stacks(tmp_path: Path, world: int, f
         assert not any(t["moved"] for t in v["processes"][0]["threads"]
                        if t["name"] == "MainThread")
         assert where in "\n".join(p.get("stack") or "" for p in f["processes"])
+        assert f["last_lines"]
         # suspected at the budget, declared one window later
         assert f["stall_seconds"] <= f["budget_seconds"] + 2.0 + 1.5, f
         if world == 2:  # the victim waits in the all-reduce: hung as well
             g = wait_for(lambda: faults(job, 1 - rank), 60, "the peer's fault",
                          interval=0.2)[0]
             assert g["verdict"] == "hung" and "_engine_run_backward" in g["where"]
+            assert g["last_lines"]
+            assert len(faults(job, 1 - rank)) == 1, "one fault per hang episode"
         if fault == "FAULT_DATA_STALL_AT_STEP":
             assert "waiting for data" in job.log(0)  # chatty logs, no progress
     finally:
