@@ -16,7 +16,8 @@ pytestmark = needs_torch
 
 def test_demo_recovers_from_crash_and_hang_and_cleans_up() -> None:
     tag = uuid.uuid4().hex  # every process the demo starts inherits it
-    r = subprocess.run([PY, "-m", "ftagent", "demo", "--steps", "30"], capture_output=True,
+    r = subprocess.run([PY, "-m", "ftagent", "demo", "--steps", "30", "--step-time", "0.05"],
+                       capture_output=True,
                        text=True, timeout=180, env=dict(os.environ, FTAGENT_DEMO_TAG=tag))
     out = r.stdout
     assert r.returncode == 0, out[-3000:] + r.stderr[-2000:]
