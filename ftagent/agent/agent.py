@@ -356,7 +356,8 @@ class Agent:
         self._hang_faults.clear()
         out, err = self.outputs(self.restarts)
         trainer = self.spawn_trainer(self.cfg.command, env, self.reaper,
-                                     self._lines_threadsafe(), stdout_fd=out, stderr_fd=err)
+                                     self._lines_threadsafe(), stdout_fd=out, stderr_fd=err,
+                                     output_interval=self.cfg.supervisor.output_interval)
         self._set_state(TrainerState.RUNNING, pid=trainer.pid, attempt=self.restarts)
         self.observe(TrainerStart(trainer.pid, self.restarts, self.generation,
                                   ts=trainer.started))

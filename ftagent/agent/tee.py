@@ -19,9 +19,10 @@ sample, their count reported) instead of the trainer being slowed.
 
 Wake-ups are what an idle agent pays for (each ~0.1 ms of CPU on a 2-core VM): a pump
 given an ``interval`` waits that long after a short read before reading again, so lines
-printed meanwhile cost one wake-up, and reach the console up to ``OUTPUT_INTERVAL``
-(0.25 s) later; a big read (output flowing) or the trainer's exit (``hurry``) ends the
-wait. The trainer never waits on it: the pipe holds 1 MiB.
+printed meanwhile cost one wake-up, and reach the console up to ``--output-interval``
+(0.5 s) later; the first line after a quiet spell passes at once, and a big read (output
+flowing) or the trainer's exit (``hurry``) ends the wait. The trainer never waits on it:
+the pipe holds 1 MiB.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ BACKLOG_LINES = 1 << 16
 SAMPLE_BYTES = 16 << 10  # of a dropped batch, its last lines up to this many bytes are kept
 # After a short read the pump waits this long before the next (see OutputPump): the
 # trainer's lines then reach the console up to this much later, in fewer wake-ups.
-OUTPUT_INTERVAL = 0.25
+# ``ftagent run --output-interval`` sets it (config.py holds the default there too).
+OUTPUT_INTERVAL = 0.5
 COALESCE_BELOW = 64 << 10  # a read this big or bigger: output is flowing, no wait
 
 

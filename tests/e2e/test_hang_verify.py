@@ -1,8 +1,8 @@
 """Suspect -> verify -> declare on real PyTorch DDP jobs (gloo, CPU), one agent per rank.
 
 A budget running out only makes the agent suspect a hang; it verifies over
---hang-verify-window (default 2 s) before acting. Floors are lowered (--hang-timeout-min 2)
-so that each job takes seconds; everything else is the default. The hang in a collective
+--hang-verify-window (default 2 s) before acting. Floors are lowered (--hang-timeout-min 2,
+--output-interval 0.1) so that each job takes seconds; everything else is the default. The hang in a collective
 and the data-loader stall here are also the plain detection tests (tests/e2e/test_hang.py
 had a copy of each with the same job: merged here, with its last-lines and
 one-fault-per-episode checks).
@@ -22,7 +22,10 @@ from tests.e2e.jobs import Job, needs_torch, start_job, status
 pytestmark = needs_torch
 
 FAST = {"TRAIN_STEP_SLEEP": "0.05", "TRAIN_PG_TIMEOUT": "300"}
-FLOOR = ["--hang-timeout-min", "2"]
+# Steps are observed at most every --output-interval (0.5 s by default), so the learned
+# budget is at least --hang-factor (10) x that: with the floor lowered to 2 s, the output
+# interval goes down with it, or the budget would be 5 s, not 2.
+FLOOR = ["--hang-timeout-min", "2", "--output-interval", "0.1"]
 
 
 def faults(job: Job, rank: int) -> list[dict[str, Any]]:

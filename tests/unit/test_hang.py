@@ -337,7 +337,7 @@ def test_without_a_total_the_same_silence_is_a_hang() -> None:
 
 def test_warmup_counts_steps_not_observations() -> None:
     """Lines read together reach the detector as one observation of their last step (the
-    output pump reads at most every 0.25 s): four steps in two observations are four
+    output pump coalesces reads, --output-interval): four steps in two observations are four
     steps of warm-up, and the learned budget applies after them."""
     cfg = dataclasses.replace(DEFAULT, hang_warmup_steps=2, hang_timeout_min=1.0,
                               hang_factor=2.0, hang_first_step_timeout=600.0)
