@@ -2,10 +2,10 @@
 
 A budget running out only makes the agent suspect a hang; it verifies over
 --hang-verify-window (default 2 s) before acting. Floors are lowered (--hang-timeout-min 2,
---output-interval 0.1) so that each job takes seconds; everything else is the default. The
-hang in a collective and the data-loader stall here are also the plain detection tests (tests/e2e/test_hang.py
-had a copy of each with the same job: merged here, with its last-lines and
-one-fault-per-episode checks).
+--output-interval 0.1) so that each job takes seconds; everything else is the default.
+The hang in a collective and the data-loader stall here are also the plain detection
+tests (tests/e2e/test_hang.py had a copy of each with the same job: merged here, with its
+last-lines and one-fault-per-episode checks).
 """
 
 from __future__ import annotations
