@@ -55,7 +55,6 @@ import psutil
 from ftagent.agent import containment
 from ftagent.agent.tee import (
     MAX_LINE,
-    OUTPUT_INTERVAL,
     PIPE_SIZE,
     LinesCallback,
     OutputPump,
@@ -338,7 +337,7 @@ class TrainerProcess:
                  on_lines: LinesCallback, *, stdout_fd: int | Writer = 1,
                  stderr_fd: int | Writer = 2,
                  max_line: int = MAX_LINE, starter: Starter | None = None,
-                 slot: int = 0, output_interval: float = OUTPUT_INTERVAL) -> None:
+                 slot: int = 0, output_interval: float = 0.0) -> None:
         started = (starter or ColdStarter()).start(command, env, reaper, slot)
         self.popen = started.popen
         self.how = started.how
@@ -349,8 +348,9 @@ class TrainerProcess:
         assert self.popen.stdout is not None and self.popen.stderr is not None
         out_fd = os.dup(self.popen.stdout.fileno())
         err_fd = os.dup(self.popen.stderr.fileno())
-        # Coalesced reads (--output-interval) only where the pipe holds far more than an
-        # interval's output of any sane trainer (1 MiB: 2 MB/s before a write could wait).
+        # Coalesced reads (``output_interval``: the agent passes --output-interval) only
+        # where the pipe holds far more than an interval's output of any sane trainer
+        # (1 MiB: 2 MB/s before a write could wait).
         interval = output_interval if min(grow_pipe(out_fd), grow_pipe(err_fd)) >= PIPE_SIZE \
             else 0.0
         self.popen.stdout.close()

@@ -47,10 +47,6 @@ F_SETPIPE_SZ = 1031
 BACKLOG_BYTES = 2 << 20  # lines read but not yet handled by the loop, at most
 BACKLOG_LINES = 1 << 16
 SAMPLE_BYTES = 16 << 10  # of a dropped batch, its last lines up to this many bytes are kept
-# After a short read the pump waits this long before the next (see OutputPump): the
-# trainer's lines then reach the console up to this much later, in fewer wake-ups.
-# ``ftagent run --output-interval`` sets it (config.py holds the default there too).
-OUTPUT_INTERVAL = 0.5
 COALESCE_BELOW = 64 << 10  # a read this big or bigger: output is flowing, no wait
 
 
@@ -237,7 +233,7 @@ class LineBacklog:
             self.peak_bytes = max(self.peak_bytes, self._bytes)
             if self.wake_bytes is None and self.wake_lines is None:
                 return was_empty
-            return (was_empty or below) and self._over_mark()
+            return below and self._over_mark()
 
     def _over_mark(self) -> bool:
         return ((self.wake_bytes is not None and self._bytes > self.wake_bytes)
