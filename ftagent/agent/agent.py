@@ -400,6 +400,11 @@ class Agent:
         if n < 1 << 30 and len(backlog):
             asyncio.get_running_loop().call_soon(self._drain_lines, backlog, n)
 
+    def _drain_all(self) -> None:
+        """Everything the pumps have queued, handled now (the trainer's exit)."""
+        if self._backlog is not None:
+            self._drain_lines(self._backlog, 1 << 30)
+
     def _count_skipped(self, reason: str, lines: int) -> None:
         """Output lines not parsed for progress, in ``ftagent_log_lines_skipped_total``."""
         metrics = getattr(self, "metrics", None)  # set by run_cli.build_agent
@@ -499,8 +504,7 @@ class Agent:
 
     async def _after_exit(self, trainer: TrainerProcess, exit_: ProcessExit) -> None:
         """The main process is gone: clean up what it left, read its last output."""
-        if self._backlog is not None:  # what it printed before it exited comes first
-            self._drain_lines(self._backlog, 1 << 30)
+        self._drain_all()  # what it printed before it exited comes first
         self.observe(exit_)
         self.events.write("state", "exited", f"trainer exited with status {exit_.exit_status}",
                           exit_status=exit_.exit_status, exit_code=exit_.code,
@@ -514,8 +518,7 @@ class Agent:
                 log.warning("SIGKILLed %d leftover process(es) of the trainer", killed)
         if not await trainer.drain(2.0):
             log.warning("trainer output did not reach EOF; last lines may be missing")
-        if self._backlog is not None:  # the last lines before the crash fault's evidence
-            self._drain_lines(self._backlog, 1 << 30)
+        self._drain_all()  # the last lines before the crash fault's evidence
 
     async def _stop_trainer(self, trainer: TrainerProcess, deadline: float) -> ProcessExit:
         """SIGTERM the trainer's group and tree, SIGKILL whatever is left at ``deadline``."""
