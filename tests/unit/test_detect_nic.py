@@ -386,12 +386,20 @@ def _sysfs_link(root: Path, name: str, index: int, rx: int, tx: int) -> None:
     (stats / "tx_bytes").write_text(f"{tx}\n")
 
 
+async def eth0_with_sysfs(root: Path, sysfs_ifindex: int) -> tuple[
+        FakeKernel, NicSource, asyncio.Task[None]]:
+    """eth0 (index 2; netlink counters 1 and 2) and a sysfs tree at ``root`` naming it
+    with ``sysfs_ifindex`` (counters 10 and 20), watched by a started source."""
+    k = FakeKernel()
+    k.set(2, "eth0", UPF, announce=False, rx=1, tx=2)
+    _sysfs_link(root, "eth0", sysfs_ifindex, 10, 20)
+    src, _, task = await started(k, sysfs_net=str(root), nic_poll_interval=0.01)
+    return k, src, task
+
+
 def test_counters_come_from_sysfs_where_it_shows_this_namespace(tmp_path: Path) -> None:
     async def main() -> None:
-        k = FakeKernel()
-        k.set(2, "eth0", UPF, announce=False, rx=1, tx=2)
-        _sysfs_link(tmp_path, "eth0", 2, 10, 20)
-        src, _, task = await started(k, sysfs_net=str(tmp_path), nic_poll_interval=0.01)
+        _, src, task = await eth0_with_sysfs(tmp_path, 2)
         _sysfs_link(tmp_path, "eth0", 2, 1000, 2000)  # netlink still says 1 and 2
         await until(lambda: src.snapshot()[0].transmit_bytes == 2000)
         assert src.snapshot()[0].receive_bytes == 1000
@@ -404,10 +412,7 @@ def test_sysfs_of_another_namespace_is_not_used_for_counters(tmp_path: Path) -> 
     """A /sys whose eth0 has another ifindex (the host's, mounted into a pod) must not
     stand in for this namespace's eth0: the counters stay netlink's."""
     async def main() -> None:
-        k = FakeKernel()
-        k.set(2, "eth0", UPF, announce=False, rx=1, tx=2)
-        _sysfs_link(tmp_path, "eth0", 7, 10, 20)
-        src, _, task = await started(k, sysfs_net=str(tmp_path), nic_poll_interval=0.01)
+        k, src, task = await eth0_with_sysfs(tmp_path, 7)
         k.set(2, "eth0", UPF, announce=False, rx=3, tx=4)  # the kernel's counters move
         await until(lambda: src.snapshot()[0].transmit_bytes == 4)
         assert not src._sysfs_counters
@@ -418,10 +423,7 @@ def test_sysfs_of_another_namespace_is_not_used_for_counters(tmp_path: Path) -> 
 
 def test_unreadable_sysfs_counters_fall_back_to_netlink(tmp_path: Path) -> None:
     async def main() -> None:
-        k = FakeKernel()
-        k.set(2, "eth0", UPF, announce=False, rx=1, tx=2)
-        _sysfs_link(tmp_path, "eth0", 2, 10, 20)
-        src, _, task = await started(k, sysfs_net=str(tmp_path), nic_poll_interval=0.01)
+        k, src, task = await eth0_with_sysfs(tmp_path, 2)
         await until(lambda: src._sysfs_counters)
         (tmp_path / "eth0" / "statistics" / "tx_bytes").unlink()
         k.set(2, "eth0", UPF, announce=False, rx=5, tx=6)
