@@ -434,6 +434,12 @@ async def run(cfg: ArbiterConfig) -> int:
                          f"{e.strerror or e}") from None
     httpd = start_metrics(cfg, server.prom, lambda: server.ready)
     elector = None
+    # SIGTERM/SIGINT are handled before "listening on" is printed: whoever starts the
+    # arbiter may stop it as soon as it reads that line, and must get a clean exit 0.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     try:
         try:
             address = await server.start()
@@ -452,10 +458,6 @@ async def run(cfg: ArbiterConfig) -> int:
         if unauthenticated_beyond_loopback(cfg):
             log.warning("listening on %s without authentication (--insecure): any peer "
                         "can speak for any job", address)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
         if election is not None:
             from ftagent.kube.lease import LeaderElector, LeaseApi
 

@@ -165,6 +165,11 @@ async def serve(cfg: WebhookConfig, tls: ssl.SSLContext, *, port: int | None = N
     stderr, as a single server does)."""
     server = _server(cfg)
     host, listen_port = split_host_port(cfg.listen)
+    # Handled before the server announces itself, so a stop sent on "listening on" exits 0.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     try:
         bound = await server.start(host, listen_port if port is None else port, tls,
                                    reuse_port=port is not None)
@@ -179,10 +184,6 @@ async def serve(cfg: WebhookConfig, tls: ssl.SSLContext, *, port: int | None = N
     else:
         sys.stderr.write(f"listening on {host}:{bound}\n")
         sys.stderr.flush()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await server.close()
     return 0
