@@ -19,7 +19,10 @@ A thread, over the samples of the window, is one of:
 * **waiting** -- its stack moves, but mostly between waits (a "waiting for data" retry loop
   that logs every second);
 * **working** -- its stack moves and it mostly runs: frames or lines change between samples,
-  not all within one function (an evaluation loop through the model's code);
+  not all within one function (an evaluation loop through the model's code); or its stack
+  moves through frames that are not waits while the OS mostly finds it off-CPU and its
+  process burns CPU (the same loop whose matmuls run in torch's intra-op pool, on a loaded
+  machine: the thread sleeps at the pool's barrier, inside ``Linear.forward``);
 * **spinning** -- it runs, but within one function at no more than ``spin_lines`` lines (a
   tight loop), or it runs at one still line with CPU advancing (a tight loop, or one long
   native call: the two look alike from outside) -- unless the locals of an *outer* frame
@@ -458,17 +461,19 @@ def _without_motion(stacked: Sequence[ProcessSample], cores: float | None, th: T
 def _threads(stacked: Sequence[ProcessSample], th: Thresholds,
              cores: float | None) -> list[ThreadVerdict]:
     series: OrderedDict[int, list[ThreadSample]] = OrderedDict()
+    times: dict[int, list[float]] = {}
     for s in stacked:
         for t in s.threads or ():
             series.setdefault(t.tid, []).append(t)
+            times.setdefault(t.tid, []).append(s.ts)
     out = []
     for tid, ts in series.items():
-        out.append(_thread(tid, ts, th, cores))
+        out.append(_thread(tid, ts, th, cores, times[tid]))
     return out
 
 
 def _thread(tid: int, ts: Sequence[ThreadSample], th: Thresholds,
-            cores: float | None) -> ThreadVerdict:
+            cores: float | None, at: Sequence[float] | None = None) -> ThreadVerdict:
     name = ts[-1].name
     stacks = [t.frames for t in ts]
     place = place_of(stacks)
@@ -492,7 +497,7 @@ def _thread(tid: int, ts: Sequence[ThreadSample], th: Thresholds,
                 place = place_of(stacks, moving=True)
                 where = place.where() if place else where
     elif running * 2 <= len(ts):
-        state = "waiting"
+        state = "working" if _computing(ts, th, cores, at) else "waiting"
     else:
         inner = {(s[0].name, s[0].file) for s in stacks if s}
         outer = {s[1:] for s in stacks}
@@ -505,6 +510,23 @@ def _thread(tid: int, ts: Sequence[ThreadSample], th: Thresholds,
         else:
             state = "working"
     return ThreadVerdict(tid, name, state, len(ts), moved, where, place, running)
+
+
+def _computing(ts: Sequence[ThreadSample], th: Thresholds, cores: float | None,
+               at: Sequence[float] | None) -> bool:
+    """A moving stack the OS mostly finds off-CPU, yet not in a wait frame: compute the
+    thread hands to a pool and waits on (torch's intra-op threads under a loaded machine:
+    the OMP master sleeps at its barrier inside ``Linear.forward``). It is working when
+    most samples are outside a wait frame, its process burns ``busy_cores`` and the thread
+    itself at least ``idle_cores`` -- a retry loop that sleeps in a frame not named as a
+    wait uses next to no CPU of its own, and busy polling shows a wait frame."""
+    declared = sum(1 for t in ts if waits(t.frames[0] if t.frames else None))
+    if declared * 2 > len(ts) or cores is None or cores < th.busy_cores:
+        return False
+    own = None
+    if at is not None:
+        _, own = _rate(list(zip(at, (t.cpu for t in ts), strict=True)))
+    return own is None or own >= th.idle_cores
 
 
 def _outer_locals_changed(ts: Sequence[ThreadSample]) -> bool:

@@ -128,6 +128,38 @@ def test_a_lock_shows_only_the_with_line_the_idle_flag_says_it_waits() -> None:
     assert judge(snaps).state is Liveness.HUNG
 
 
+def loaded_eval(thread_cores: float, frames: Sequence[tuple[Frame, ...]] | None = None,
+                process_cores: float = 0.56) -> list[Snapshot]:
+    """An evaluation loop on a machine a CPU hog shares (the e2e failure this reproduces:
+    rank 1 judged "waiting" 3 of 5): its stack moves through the model's frames, but py-spy
+    finds the thread idle in 3 of 5 samples -- asleep at the intra-op pool's barrier."""
+    active = [True, False, False, True, False]
+    stacks = frames or [eval_stack(i) for i in range(5)]
+    return window([[proc(i * 0.5, process_cores * i * 0.5,
+                         [thread(stacks[i], active=active[i], cpu=thread_cores * i * 0.5)])]
+                   for i in range(5)])
+
+
+def test_an_evaluation_mostly_off_cpu_inside_the_model_on_a_loaded_machine_is_alive() -> None:
+    v = judge(loaded_eval(thread_cores=0.3))
+    assert v.state is Liveness.ALIVE, v.reason
+    assert v.where is not None and v.where.startswith("evaluate (train.py:"), v.where
+
+
+def test_a_moving_stack_off_cpu_outside_waits_with_no_cpu_of_its_own_is_hung() -> None:
+    """The process burns (a native poller), but the thread itself hardly runs: a retry
+    loop that sleeps in a function not named as a wait, not a computation."""
+    retry = [(Frame("fetch_batch", "train.py", 61 + i % 2),) + MAIN for i in range(5)]
+    assert judge(loaded_eval(thread_cores=0.01, frames=retry)).state is Liveness.HUNG
+
+
+def test_busy_polling_in_a_moving_wait_loop_is_hung_despite_the_cpu() -> None:
+    polling = [((Frame("wait_for_data", "train.py", 95),) if i % 2 else ALLREDUCE[:1])
+               + MAIN for i in range(5)]
+    assert judge(loaded_eval(thread_cores=0.5, frames=polling,
+                             process_cores=1.0)).state is Liveness.HUNG
+
+
 def test_a_chatty_wait_loop_moves_between_waits_and_is_hung() -> None:
     sleeping = (Frame("wait_for_data", "train.py", 95),) + MAIN
     printing = (Frame("log", "train.py", 50),) + sleeping[1:]
