@@ -287,10 +287,14 @@ def name_culprit(steps: Mapping[int, int], stacks: Mapping[int, str]) -> tuple[l
 
 
 # Frames of a rank blocked in communication (torch.distributed, DDP's reducer, gloo/NCCL
-# waits): such a rank waits for a peer rather than being the cause.
+# waits): such a rank waits for a peer rather than being the cause. A ``wait`` counts only
+# in torch.distributed's own files: ``wait (threading.py)`` is any helper thread's idle
+# Condition (a pin-memory thread, a watchdog) and ``wait_for_data`` a stalled loader -- a
+# rank showing either alone is the culprit, not a peer waiting for one.
 COMMUNICATION = re.compile(
     r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|barrier|"
-    r"\bwait\w*|\brecv\b|\bsend\b|synchronize|finalize_backward|_sync_params|"
+    r"\bwait\w* \((?:distributed_c10d|c10d_logger|_functional_collectives|\w*nccl\w*|"
+    r"\w*gloo\w*)\.py:|\brecv\b|\bsend\b|synchronize|finalize_backward|_sync_params|"
     r"\bbackward \(|run_backward|_engine_run_backward", re.I)
 
 # A frame line of ``py-spy dump`` text: "    name (path/file.py:123)"

@@ -242,6 +242,21 @@ def test_name_culprit() -> None:
     assert name_culprit({0: 4, 1: 4, 2: 5}, {})[0] == []  # a majority behind: no culprit
 
 
+def test_a_stalled_loader_or_an_idle_helper_thread_is_not_waiting_in_a_collective() -> None:
+    """``wait`` names count as communication only in torch.distributed's files: a rank in
+    its loader's ``wait_for_data`` beside a pin-memory thread in ``wait (threading.py)`` is
+    the culprit while its peer waits in the backward's all-reduce."""
+    helper = "wait (threading.py:320) < get (queue.py:171) < _pin_memory_loop (pin_memory.py:49)"
+    stalled = ("live=hung where=wait_for_data (train.py:168) :: "
+               "wait_for_data (train.py:168) < main (train.py:375) | " + helper)
+    victim = ("live=hung where=_engine_run_backward (graph.py:829) :: _engine_run_backward "
+              "(graph.py:829) < backward (__init__.py:353) < main (train.py:397) | " + helper)
+    ranks, why = name_culprit({0: 41, 1: 41}, {0: stalled, 1: victim})
+    assert ranks == [0] and "rank 0 is not in a collective (in " in why, why
+    async_wait = "wait (distributed_c10d.py:2890) < step (train.py:70)"
+    assert name_culprit({0: 5, 1: 5}, {0: "spin (train.py:200)", 1: async_wait})[0] == [0]
+
+
 def test_stack_signature_ignores_ids_and_thread_order() -> None:
     def dump(pid: int, inner: str) -> str:
         return json.dumps([
