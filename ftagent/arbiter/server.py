@@ -202,6 +202,8 @@ class ArbiterServer:
         for conn in list(self._conns):
             conn.reject(grpc.StatusCode.UNAVAILABLE, f"this arbiter {why}: reconnect (the "
                         "Service sends you to the leader)", "not_leader")
+        self.timeline.end_watches(f"this arbiter {why}: watch again (the Service sends you "
+                                  "to the leader)")
         discard = getattr(self._store, "discard_pending", None)
         if callable(discard):
             discard()
@@ -479,6 +481,9 @@ class ArbiterServer:
                         await context.write(convert.entry_to_proto(e).SerializeToString())
             while True:
                 got = await w.queue.get()
+                if got is None and w.ended:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, w.ended)
+                    return
                 if got is None:
                     await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "this watcher "
                                         "fell too far behind: reconnect")

@@ -42,6 +42,9 @@ class Watcher:
         self.job = job
         self.namespace = namespace
         self.queue: asyncio.Queue[Entry | None] = asyncio.Queue(WATCH_QUEUE)
+        # why the stream ends though the watcher keeps up ("" while it does not): with
+        # None queued, the server ends the stream UNAVAILABLE with this, not "fell behind"
+        self.ended = ""
 
     def wants(self, e: Entry) -> bool:
         return (not self.job or e.job == self.job) and (
@@ -113,3 +116,16 @@ class Timeline:
 
     def unwatch(self, w: Watcher) -> None:
         self._watchers.discard(w)
+
+    def end_watches(self, why: str) -> None:
+        """End every watcher's stream after what it was sent (an arbiter that stops
+        leading: this timeline gets nothing more, and a follower waiting on it would wait
+        forever). The end is queued behind the entries; a full queue is dropped for it."""
+        for w in list(self._watchers):
+            self._watchers.discard(w)
+            w.ended = why
+            try:
+                w.queue.put_nowait(None)
+            except asyncio.QueueFull:  # not waiting on get(): the next get() sees this
+                w.queue = asyncio.Queue(1)
+                w.queue.put_nowait(None)

@@ -21,6 +21,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ftagent.model import ActionKind, Fault, FaultKind
+from ftagent.v1 import ftagent_pb2 as pb
+from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
 from tests.arbiter_helpers import ArbiterProcess, running_links, wait_until
 from tests.kube_fake import FakeKube
 
@@ -248,11 +250,22 @@ def test_a_leader_that_cannot_renew_stops_acting(fake_kube: FakeKube) -> None:
 
 async def _cannot_renew(fake: FakeKube, arbiters: list[Arbiter]) -> None:
     leader = await the_leader(arbiters, 20)
-    async with running_links(leader.address, "llama", 2) as links:
+    async with running_links(leader.address, "llama", 2) as links, \
+            grpc.aio.insecure_channel(leader.address) as ch:
+        watch = pb_grpc.ArbiterStub(ch).WatchEvents(pb.WatchEventsRequest(job="llama"))
         fake.forbid("update", LEASES)  # every renewal (and take-over) now gets 403
         fake.forbid("create", LEASES)
         await wait_until(lambda: not any(lk.connected for lk in links), DEADLINE + 10,
                          "the leader to close every agent stream", interval=0.05)
+
+        async def follow() -> None:
+            async for _ in watch:
+                pass
+        # a follower of the timeline is told too, not left waiting on a standby forever
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await asyncio.wait_for(follow(), 10)
+        assert ended.value.code() == grpc.StatusCode.UNAVAILABLE, ended.value
+        assert "lost the leader lease" in str(ended.value.details()), ended.value
         assert not leader.ready()
         assert grpc_health(leader.address) == health_pb2.HealthCheckResponse.NOT_SERVING
         log = leader.proc.log_text()
