@@ -27,6 +27,7 @@ from typing import Any, NoReturn, TypeVar, get_type_hints
 
 from ftagent.model import EXIT_REPLACE, EXIT_STOP
 from ftagent.wire.limits import (
+    MAX_GPUS,
     MAX_NAME,
     MAX_RESTARTS,
     MAX_WORLD_SIZE,
@@ -117,6 +118,33 @@ def modules(v: str) -> str:
                              or not _MODULE_NAME.fullmatch(part.strip())):
             raise ConfigError(f"has {shown(part.strip())}, which is not a module name")
     return v
+
+
+_GPU_ID = re.compile(r"(?:GPU|MIG)-[0-9A-Za-z/-]{1,59}|\d{1,4}", re.ASCII)
+
+
+def gpu_ids(v: str) -> str:
+    """Comma-separated GPU ids as the device plugin names them: UUIDs (``GPU-...``,
+    ``MIG-...``) or the node's GPU indices; at most MAX_GPUS."""
+    parts = [p.strip() for p in v.split(",") if p.strip()]
+    if len(parts) > MAX_GPUS:
+        raise ConfigError(f"names {len(parts)} GPUs; at most {MAX_GPUS}")
+    for part in parts:
+        if not _GPU_ID.fullmatch(part):
+            raise ConfigError(f"has {shown(part)}, which is neither a GPU UUID (GPU-..., "
+                              "MIG-...) nor a GPU index")
+    return v
+
+
+def visible_gpu_ids(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The GPUs the NVIDIA device plugin gave this container ($NVIDIA_VISIBLE_DEVICES:
+    UUIDs by default, indices with deviceIDStrategy=index); () for all, none, void, unset
+    or anything else, which say nothing about which GPUs."""
+    parts = tuple(p.strip() for p in environ.get("NVIDIA_VISIBLE_DEVICES", "").split(",")
+                  if p.strip())
+    if not parts or len(parts) > MAX_GPUS or not all(_GPU_ID.fullmatch(p) for p in parts):
+        return ()
+    return parts
 
 
 def name(v: str) -> str:
@@ -281,6 +309,11 @@ class IdentityConfig:
         -1, "--world-size", "agents in the job; the barrier waits for all of them "
         "(default: $WORLD_SIZE, $PET_NNODES, else 1)",
         check=Range(1, MAX_WORLD_SIZE, also=((-1, "unset"),)), metavar="N")
+    gpus: tuple[str, ...] = opt(
+        (), "--gpus", "the GPUs this pod holds, comma-separated UUIDs (GPU-..., MIG-...) or "
+        "the node's GPU indices, so that a node agent's GPU fault reaches only the ranks on "
+        "that GPU (default: $NVIDIA_VISIBLE_DEVICES as the NVIDIA device plugin sets it; "
+        "unknown: every rank on the node counts as on it)", check=gpu_ids, metavar="GPUS")
 
 
 @dataclass(frozen=True)
@@ -784,6 +817,9 @@ def identity(cfg: IdentityConfig, environ: Mapping[str, str],
     if not 0 <= rank < world:
         raise ConfigError(f"rank {_short(rank)} (from {rank_from}) must be in [0, {world}): the "
                           f"world size is {world} (from {world_from})")
+    gpus = tuple(p.strip() for g in cfg.gpus for p in g.split(",") if p.strip())
+    if len(gpus) > MAX_GPUS:
+        raise ConfigError(f"--gpus names {len(gpus)} GPUs; at most {MAX_GPUS}")
     host = _env_name(environ, "HOSTNAME") or os.uname().nodename
     return dataclasses.replace(
         cfg,
@@ -793,4 +829,5 @@ def identity(cfg: IdentityConfig, environ: Mapping[str, str],
         node=cfg.node or _env_name(environ, "NODE_NAME") or host,
         rank=rank,
         world_size=world,
+        gpus=gpus or visible_gpu_ids(environ),
     )

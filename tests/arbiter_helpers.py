@@ -34,16 +34,18 @@ async def wait_until(cond: Callable[[], bool | Awaitable[bool]], timeout: float,
 async def running_links(address: str, job: str, world_size: int, *, ranks: Sequence[int] = (),
                         token: str = "", tls_ca: str = "", tls_cert: str = "",
                         tls_key: str = "", connect_timeout: float = 10.0,
+                        node: str = "", gpus: Sequence[str] = (),
                         **kwargs: Any) -> AsyncIterator[list[ArbiterLink]]:
     """Simulated agents: one running ArbiterLink per rank, connected before the body runs.
 
+    Rank r runs in pod-r on ``node`` (default node-r), its pod holding ``gpus``.
     ``kwargs`` go to ArbiterLink (max_restarts, alert_only, progress_interval).
     """
     client = ArbiterClientConfig(arbiter=address, token=token, tls_ca=tls_ca,
                                  tls_cert=tls_cert, tls_key=tls_key)
     links = [ArbiterLink(client,
                          IdentityConfig(job=job, rank=r, world_size=world_size, pod=f"pod-{r}",
-                                        node=f"node-{r}"), **kwargs)
+                                        node=node or f"node-{r}", gpus=tuple(gpus)), **kwargs)
              for r in (ranks or range(world_size))]
     tasks = [asyncio.create_task(link.run()) for link in links]
     try:

@@ -82,7 +82,8 @@ class LinkProtocol:
                      world_size=i.world_size, restart_count=self.restarts,
                      generation=self.generation, agent_version=self.version,
                      alert_only=self.alert_only, state=self.trainer_state,
-                     agent_instance=self.instance, trainer_running=self.trainer_running)
+                     agent_instance=self.instance, trainer_running=self.trainer_running,
+                     gpus=i.gpus)
         if self.released_generation >= 0:
             h.released_generation = self.released_generation
         if self.max_restarts is not None:

@@ -187,6 +187,7 @@ class Registry:
         if rs.instance != h.agent_instance:
             rs.commanded = -1  # a new agent process: it was told nothing yet
         rs.pod, rs.node, rs.state, rs.instance = h.pod, h.node, h.state, h.agent_instance
+        rs.gpus = tuple(h.gpus)
         self._index(key, rs)
         released = h.released_generation if h.HasField("released_generation") else -1
         rs.generation, rs.released_generation = h.generation, released

@@ -75,6 +75,7 @@ class RankState:
     rank: int
     pod: str = ""
     node: str = ""
+    gpus: tuple[str, ...] = ()  # GPU ids the rank's pod holds (Hello.gpus; (): unknown)
     connected: bool = False
     state: str = ""
     generation: int = 0  # the generation the agent's trainer runs or waits for

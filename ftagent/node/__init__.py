@@ -10,8 +10,9 @@ what they conclude three ways::
                                                   +--> /metrics (GPU/NIC series, label node)
 
 The arbiter applies each node fault to every job with ranks on the node (the agents'
-``Hello.node``). Modules: ``cli`` (flags, composition), ``agent`` (the loop), ``reports``
-(the arbiter side), ``conditions`` (the Kubernetes side). Nothing here imports the
-arbiter; like the pod agent it stands on ``wire/``, ``model.py``, ``config.py`` and the
-sources and detectors.
+``Hello.node``), a GPU's only to the ranks whose pods hold it (``Hello.gpus``).
+Modules: ``cli`` (flags, composition), ``agent`` (the loop), ``reports`` (the arbiter
+side), ``conditions`` (the Kubernetes side). Nothing here imports the arbiter; like the
+pod agent it stands on ``wire/``, ``model.py``, ``config.py`` and the sources and
+detectors.
 """

@@ -10,9 +10,11 @@ Which faults go to the arbiter (``reportable``):
 * NIC: a link down past ``--nic-grace`` and its recovery (scope NODE): the arbiter waits
   for the link, then restarts, or replaces a rank on the node after ``--nic-replace-after``;
 * GPU: faults of the reset-GPU and replace-node classes (severity FATAL), sent with scope
-  NODE: the node agent cannot tell which pod holds which GPU (that needs the kubelet's
-  pod-resources API, not read here), so every job with ranks on the node loses a rank
-  there. Application-level Xids (13, 31, 43, ...: the restart class) are counted and
+  NODE and the GPU's index and UUID in the evidence. The node agent cannot tell which pod
+  holds which GPU (the kubelet's pod-resources API is not read here); the arbiter can,
+  from the GPUs each pod's agent names in its Hello (``--gpus``, $NVIDIA_VISIBLE_DEVICES),
+  and decides for those ranks only; a pod that names none counts as holding every GPU of
+  the node. Application-level Xids (13, 31, 43, ...: the restart class) are counted and
   logged but not sent: they are the error of the process using the GPU, which its own
   pod agent sees and decides (restarting every job on a node for one job's bad kernel
   would be wrong).

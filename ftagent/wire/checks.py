@@ -45,6 +45,9 @@ def check_hello(h: pb.Hello) -> None:
         limits.check_name("state", h.state, 32)
         limits.check_name("agent_instance", h.agent_instance, limits.MAX_ID)
         limits.check_name("agent_version", h.agent_version, 64)
+        limits.check_int("the number of gpus", len(h.gpus), 0, limits.MAX_GPUS)
+        for g in h.gpus:
+            limits.check_name("gpus", g, limits.MAX_GPU_ID)
         limits.check_int("generation", h.generation, 0, limits.MAX_GENERATION)
         limits.check_int("restart_count", h.restart_count, 0, limits.MAX_RESTARTS)
         if h.HasField("max_restarts"):

@@ -25,6 +25,8 @@ MAX_MESSAGE = 4096  # a fault's or a command's human message
 MAX_EVIDENCE = 256 * 1024  # a fault's evidence JSON
 MAX_ID = 128  # fault and command ids, agent instance ids
 MAX_OPEN_FAULTS = 10_000  # per job: faults awaiting a decision (stacks, a link down)
+MAX_GPUS = 64  # GPU ids in one Hello (a node has <= 16 GPUs; MIG slices up to 7 each)
+MAX_GPU_ID = 64  # one GPU id: GPU-<uuid> is 40 characters, MIG-<uuid> 41
 MAX_NODE_FAULTS = 64  # faults in one NodeReport (a node agent sends the rest next)
 MAX_DIGITS = 20  # a number in a log line longer than this is not a step
 MAX_SDK_DATAGRAM = 512  # one SDK datagram (the SDK's own are < 200 bytes)

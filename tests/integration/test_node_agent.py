@@ -78,6 +78,31 @@ def test_fatal_xid_on_a_node_replaces_its_rank_and_restarts_the_others(tmp_path:
         asyncio.run(body())
 
 
+def test_a_fatal_xid_replaces_only_the_pod_on_that_gpu(tmp_path: Path) -> None:
+    """Two one-GPU pods of two jobs on one node, each naming its GPU in its Hello (as
+    $NVIDIA_VISIBLE_DEVICES gives it): an Xid 79 on GPU 1 replaces the pod on GPU 1; the
+    job on GPU 0 is not told anything."""
+    script = tmp_path / "gpu.txt"
+    script.write_text("gpus 2\nt=1s gpu=1 xid=79\n")
+    uuid = "GPU-00000000-0000-4000-8000-{:012x}".format  # the simulated backend's UUIDs
+    with ArbiterProcess() as arb:
+        async def body() -> None:
+            async with running_links(arb.address, "on-gpu0", 1, node="node-1",
+                                     gpus=[uuid(0)]) as spared, \
+                    running_links(arb.address, "on-gpu1", 1, node="node-1",
+                                  gpus=[uuid(1)]) as hit:
+                with node_agent("--node", "node-1", "--arbiter", arb.address,
+                                "--gpu-backend", f"simulated:{script}", "--nic", "none",
+                                "--report-interval", "0.5") as (_, err):
+                    replaced = await next_action(hit[0])
+                    assert replaced.kind is ActionKind.REPLACE, replaced
+                    assert "Xid 79" in replaced.reason, replaced
+                    await wait_until(lambda: b"on-gpu1 rank 0: replace; on-gpu0: not on that "
+                                     b"GPU" in err, 20, "the node agent logging the outcome")
+                    assert spared[0].commands.empty(), spared[0].commands.get_nowait()
+        asyncio.run(body())
+
+
 def test_node_fault_with_no_job_on_the_node_is_recorded(tmp_path: Path) -> None:
     script = tmp_path / "gpu.txt"
     script.write_text("gpus 1\nt=0.5s gpu=0 xid=95\n")

@@ -259,6 +259,45 @@ def test_names_within_limits_pass() -> None:
     assert (ids.job, ids.pod, ids.node, ids.namespace) == ("j" * MAX_NAME, "p-0", "n1", "ml")
 
 
+U1, U2 = "GPU-6f3a1c2e-88d1-4f3e-9a2b-1c2d3e4f5a6b", "GPU-0b1c2d3e-4f5a-6b7c-8d9e-0f1a2b3c4d5e"
+
+
+@pytest.mark.parametrize(("argv", "environ", "wanted"), [
+    ([], {}, ()),
+    ([], {"NVIDIA_VISIBLE_DEVICES": f"{U1},{U2}"}, (U1, U2)),  # the device plugin's default
+    ([], {"NVIDIA_VISIBLE_DEVICES": "0,3"}, ("0", "3")),  # deviceIDStrategy=index
+    ([], {"NVIDIA_VISIBLE_DEVICES": "all"}, ()),  # says nothing about which GPUs
+    ([], {"NVIDIA_VISIBLE_DEVICES": "none"}, ()),
+    ([], {"NVIDIA_VISIBLE_DEVICES": "void"}, ()),
+    ([], {"NVIDIA_VISIBLE_DEVICES": f"{U1},all"}, ()),
+    (["--gpus", U2], {"NVIDIA_VISIBLE_DEVICES": U1}, (U2,)),  # the flag wins
+    (["--gpus", f"{U1}, {U2}"], {}, (U1, U2)),
+    (["--gpus", "1", "--gpus", "2"], {}, ("1", "2")),
+    ([], {"FTAGENT_GPUS": f"{U1},{U2}"}, (U1, U2)),
+    ([], {"FTAGENT_GPUS": "MIG-5c2a9c1e-7d4b-5e8f-a1b2-c3d4e5f6a7b8"},
+     ("MIG-5c2a9c1e-7d4b-5e8f-a1b2-c3d4e5f6a7b8",)),
+])
+def test_the_pods_gpus_from_the_flag_or_the_device_plugin(
+        argv: list[str], environ: dict[str, str], wanted: tuple[str, ...]) -> None:
+    assert ident(argv, environ).gpus == wanted
+
+
+@pytest.mark.parametrize(("argv", "environ", "words"), [
+    (["--gpus", "cuda:0"], {}, ["--gpus", "'cuda:0'", "neither a GPU UUID"]),
+    (["--gpus", "GPU-a\nb"], {}, ["--gpus"]),
+    ([], {"FTAGENT_GPUS": "x" * 100}, ["FTAGENT_GPUS", "(100 characters)"]),
+    (["--gpus", ",".join(str(i) for i in range(65))], {}, ["65 GPUs", "at most 64"]),
+    ([f"--gpus={i}" for i in range(65)], {}, ["--gpus names 65 GPUs"]),
+])
+def test_bad_gpu_ids_are_refused_in_one_line(argv: list[str], environ: dict[str, str],
+                                             words: list[str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        ident(argv, environ)
+    for w in words:
+        assert w in str(info.value), info.value
+    assert "\n" not in str(info.value)
+
+
 def test_identity_without_origins_names_the_flag() -> None:
     with pytest.raises(ConfigError, match=r"rank 4 \(from --rank\)"):
         identity(IdentityConfig(rank=4, world_size=2), {})

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+
+import pytest
+
 from ftagent.arbiter.policy import PolicyConfig
 from ftagent.arbiter.registry import Connection, Registry
-from ftagent.arbiter.server import node_report_ack
+from ftagent.arbiter.server import holds_gpu, node_report_ack
 from ftagent.arbiter.state import Verdict
 from ftagent.arbiter.timeline import Timeline
 from ftagent.v1 import ftagent_pb2 as pb
@@ -22,16 +27,62 @@ def registry(clock: Clock) -> Registry:
     return Registry(PolicyConfig(max_restarts=5), Timeline(), None, "arb-1", clock=clock)
 
 
-def hello(reg: Registry, job: str, rank: int, world: int, node: str) -> Connection:
+def hello(reg: Registry, job: str, rank: int, world: int, node: str,
+          gpus: Sequence[str] = ()) -> Connection:
     conn = Connection(f"peer-{job}-{rank}")
     reg.hello(conn, pb.Hello(job=job, rank=rank, world_size=world, node=node, pod=f"{job}-{rank}",
-                             agent_instance=f"{job}-{rank}"))
+                             agent_instance=f"{job}-{rank}", gpus=gpus))
     return conn
 
 
-def fault(fid: str, detected_at: float, kind: pb.FaultKind = pb.FAULT_KIND_GPU) -> pb.Fault:
+def fault(fid: str, detected_at: float, kind: pb.FaultKind = pb.FAULT_KIND_GPU,
+          evidence: dict[str, object] | None = None) -> pb.Fault:
     return pb.Fault(id=fid, kind=kind, severity=pb.SEVERITY_FATAL, scope=pb.SCOPE_NODE,
-                    message="GPU 0: Xid 79", detected_at=detected_at)
+                    message="GPU 0: Xid 79", detected_at=detected_at,
+                    evidence_json=json.dumps(evidence) if evidence else "")
+
+
+U = ["GPU-6f3a1c2e-88d1-4f3e-9a2b-1c2d3e4f5a6b", "GPU-0b1c2d3e-4f5a-6b7c-8d9e-0f1a2b3c4d5e"]
+
+
+def test_a_gpu_fault_reaches_only_the_jobs_whose_pods_hold_that_gpu() -> None:
+    """Eight one-GPU pods of three jobs on one node: an Xid 79 on GPU 1 replaces the pod
+    that holds GPU 1 and leaves the job on GPU 0 running; a job whose pod says nothing of
+    its GPUs is decided as before (it may hold the GPU)."""
+    clock = Clock()
+    reg = registry(clock)
+    hello(reg, "a", 0, 2, "n1", gpus=[U[0]])
+    hello(reg, "a", 1, 2, "n1", gpus=[U[1].upper()])
+    hello(reg, "b", 0, 1, "n1", gpus=[U[0]])
+    hello(reg, "c", 0, 1, "n1")  # GPUs unknown
+    hello(reg, "d", 0, 1, "n1", gpus=["0"])  # indices (deviceIDStrategy=index)
+    hello(reg, "e", 0, 1, "n1", gpus=["1"])
+    xid = fault("x", 999.0, evidence={"gpu": 1, "uuid": U[1], "xid": 79})
+    ack = node_report_ack(reg, pb.NodeReport(node="n1", faults=[xid]), "arb-1")
+    assert ack.acks[0].outcome == ("a rank 1: replace; c rank 0: replace; e rank 0: replace; "
+                                   "b, d: not on that GPU"), ack.acks[0].outcome
+    gens = {j: reg.jobs[("", j)].generation for j in "abcde"}
+    assert gens == {"a": 1, "b": 0, "c": 1, "d": 0, "e": 1}
+    replaced = [e for e in reg.timeline.entries("a", "", 0) if e.kind == "decision"][-1]
+    assert replaced.rank == 1, replaced
+
+
+@pytest.mark.parametrize(("gpus", "evidence", "held"), [
+    ([U[0]], {"gpu": 0, "uuid": U[0]}, True),
+    ([U[0]], {"gpu": 0, "uuid": U[0].upper()}, True),
+    ([U[0]], {"gpu": 1, "uuid": U[1]}, False),
+    (U, {"gpu": 1, "uuid": U[1]}, True),
+    (["0", "1"], {"gpu": 1, "uuid": U[1]}, True),
+    (["0"], {"gpu": 1, "uuid": U[1]}, False),
+    ([], {"gpu": 1, "uuid": U[1]}, None),  # the pod did not say
+    ([U[0]], {"gpu": -1, "uuid": ""}, None),  # an NVSwitch: every GPU
+    ([U[0]], {"gpu": 1, "uuid": ""}, None),  # a UUID to compare with no UUID
+    (["MIG-5c2a9c1e-7d4b-5e8f-a1b2-c3d4e5f6a7b8"], {"gpu": 1, "uuid": U[1]}, None),
+    ([U[0]], {}, None),
+    ([U[0]], {"gpu": "1", "uuid": U[1]}, None),
+])
+def test_holds_gpu(gpus: list[str], evidence: dict[str, object], held: bool | None) -> None:
+    assert holds_gpu(gpus, evidence) is held
 
 
 def test_one_decision_per_job_about_its_lowest_rank_on_the_node() -> None:

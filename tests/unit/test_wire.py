@@ -10,9 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ftagent.agent.link_protocol import LinkProtocol
 from ftagent.arbiter.policy import PolicyConfig
 from ftagent.arbiter.registry import Connection, Registry
 from ftagent.arbiter.timeline import Timeline
+from ftagent.config import IdentityConfig
 from ftagent.model import Fault, FaultKind, Progress
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.wire import limits
@@ -30,6 +32,8 @@ def hello(**kw: object) -> pb.Hello:
     {"max_restarts": -1}, {"released_generation": 2**40}, {"job": "x" * 300},
     {"job": "a\nb"}, {"pod": "\x00"}, {"rank": 2}, {"rank": -1}, {"world_size": 0},
     {"world_size": 2_000_000}, {"job": ""}, {"agent_instance": "i" * 500},
+    {"gpus": [f"GPU-{i}" for i in range(65)]}, {"gpus": ["GPU-" + "f" * 100]},
+    {"gpus": ["GPU-1\x00"]},
 ])
 def test_hellos_no_agent_sends_are_refused_with_the_field_named(bad: dict[str, object]) -> None:
     with pytest.raises(Refused) as e:
@@ -38,6 +42,16 @@ def test_hellos_no_agent_sends_are_refused_with_the_field_named(bad: dict[str, o
     named = next(iter(bad))
     assert named.split("_")[0] in str(e.value) or "rank" in str(e.value) or "job" in str(
         e.value)
+
+
+def test_the_pods_gpus_go_in_the_hello_and_are_accepted() -> None:
+    gpus = ("GPU-00000000-0000-4000-8000-000000000001", "3")
+    h = LinkProtocol(IdentityConfig(job="j", rank=0, world_size=1, gpus=gpus)).hello()
+    assert tuple(h.gpus) == gpus
+    check_hello(h)
+    reg = Registry(PolicyConfig(), Timeline(), None, "arb")
+    reg.hello(Connection("p"), h)
+    assert reg.jobs[("", "j")].ranks[0].gpus == gpus
 
 
 def test_a_huge_generation_never_becomes_state_and_the_listing_still_works() -> None:
