@@ -83,6 +83,15 @@ def reportable(f: Fault) -> Fault | None:
     return None
 
 
+def lasting_key(f: Fault) -> str:
+    """What a sent fault lasts as, for pods that come later (``NodeReporter.report``): a
+    link's outage until its recovery, a fatal GPU fault until the agent restarts (a GPU
+    marked unhealthy stays so, see above): one per link or GPU, the latest."""
+    if f.kind is FaultKind.NIC:
+        return f"nic:{f.evidence.get('device', '')}"
+    return f"gpu:{f.evidence.get('uuid') or f.evidence.get('gpu', '')}"
+
+
 class NodeAgent:
     """Holds the watches and the two sinks; ``run()`` until cancelled."""
 
@@ -126,7 +135,11 @@ class NodeAgent:
         log.log(level, "node %s: %s fault (%s): %s", self.node, f.kind.value,
                 f.severity.value, f.message)
         if self.reporter is not None:
-            self.reporter.report(sent)
+            key = lasting_key(sent)
+            if sent.kind is FaultKind.NIC and sent.evidence.get("recovered"):
+                self.reporter.settle(key)
+                key = ""
+            self.reporter.report(sent, lasting=key)
 
     def health(self) -> list[Health]:
         """The conditions of the areas watched now (none for an area that is off)."""

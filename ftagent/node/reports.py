@@ -14,6 +14,13 @@ Fault ids make it idempotent: a report repeated after a lost answer is decided o
 job. The queue is bounded (``MAX_PENDING``, oldest dropped with a log line) so an
 arbiter that is away for a day cannot grow the agent. A report the arbiter refuses as
 malformed (INVALID_ARGUMENT) is dropped with an error line instead of being retried forever.
+
+A fault that *lasts* (a GPU marked unhealthy, a link still down: ``report(lasting=KEY)``
+until ``settle(KEY)``) is sent again, same id, to a shard whose heartbeat says it knows
+more ranks on the node than at its previous answer: pods that came later (a new job, a
+replacement pod, agents re-registering with an arbiter that restarted) would otherwise
+never hear of it -- the first report found no job there, or another arbiter took it.
+Jobs that already received it answer "already received"; bounded (``MAX_LASTING``).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ CALL_TIMEOUT = 10.0
 MAX_PENDING = 1000  # per shard; a node raises a handful of faults a day
 BACKOFF_FIRST, BACKOFF_CAP = 0.2, 10.0
 KEPT_OUTCOMES = 1000
+MAX_LASTING = 64  # faults that still hold (a node has <= 16 GPUs and a few links)
 
 
 @dataclass
@@ -77,11 +85,19 @@ class NodeReporter:
         self._creds = channel_credentials(tls_ca, tls_cert, tls_key)
         self._rng = rng or random.Random()
         self.outcomes: OrderedDict[tuple[str, str], str] = OrderedDict()  # (shard, id) ->
+        self.lasting: OrderedDict[str, pb.Fault] = OrderedDict()  # key -> the fault
+        self.resent = 0  # lasting faults sent again to a shard that knows more ranks
         self._tasks: list[asyncio.Task[None]] = []
 
-    def report(self, fault: Fault) -> None:
-        """Queue ``fault`` for every shard (sent at once unless a shard is backing off)."""
+    def report(self, fault: Fault, *, lasting: str = "") -> None:
+        """Queue ``fault`` for every shard (sent at once unless a shard is backing off);
+        with ``lasting``, it is kept under that key until ``settle``, for pods to come."""
         msg = fault_to_proto(fault, 0)
+        if lasting:
+            self.lasting.pop(lasting, None)
+            self.lasting[lasting] = msg
+            while len(self.lasting) > MAX_LASTING:
+                self.lasting.popitem(last=False)
         for s in self.shards:
             s.pending[msg.id] = msg
             while len(s.pending) > MAX_PENDING:
@@ -90,6 +106,10 @@ class NodeReporter:
                 log.error("arbiter %s unreachable with %d node faults queued: dropped the "
                           "oldest (%s)", s.address, MAX_PENDING, fid)
             s.wake.set()
+
+    def settle(self, lasting: str) -> None:
+        """The fault kept under ``lasting`` holds no more (the link is back)."""
+        self.lasting.pop(lasting, None)
 
     def unacked(self) -> int:
         return sum(len(s.pending) for s in self.shards)
@@ -160,11 +180,20 @@ class NodeReporter:
             log.info("arbiter %s (%s) takes node reports for %s; it knows %d rank(s) here",
                      s.address, ack.arbiter_id, self.node, ack.ranks)
         s.up, s.last_error, s.reports = True, "", s.reports + 1
-        s.arbiter_id, s.ranks = ack.arbiter_id, ack.ranks
+        before, s.arbiter_id, s.ranks = s.ranks, ack.arbiter_id, ack.ranks
         for a in ack.acks:
             if s.pending.pop(a.fault_id, None) is not None:
                 log.info("arbiter %s: node fault %s: %s", s.address, a.fault_id, a.outcome)
                 self.outcomes[(s.address, a.fault_id)] = a.outcome
                 while len(self.outcomes) > KEPT_OUTCOMES:
                     self.outcomes.popitem(last=False)
+        if before >= 0 and ack.ranks > before:
+            again = [m for m in self.lasting.values() if m.id not in s.pending]
+            for m in again:
+                s.pending[m.id] = m
+            if again:
+                self.resent += len(again)
+                log.info("arbiter %s knows %d rank(s) on %s (was %d): sending again the %d "
+                         "node fault(s) that still hold", s.address, ack.ranks, self.node,
+                         before, len(again))
         return True

@@ -117,6 +117,28 @@ def test_node_fault_with_no_job_on_the_node_is_recorded(tmp_path: Path) -> None:
         assert "no job has ranks on it: recorded" in arb.log_text()
 
 
+def test_a_gpu_fault_that_still_holds_reaches_a_pod_that_comes_later(tmp_path: Path) -> None:
+    """The Xid comes while no job runs on the node (recorded); then a job's pod lands
+    there: the node agent's heartbeat sees the arbiter know more ranks on the node and
+    sends the fault again, so the new pod is moved off the broken GPU."""
+    script = tmp_path / "gpu.txt"
+    script.write_text("gpus 1\nt=0.2s gpu=0 xid=79\n")
+    with ArbiterProcess() as arb, node_agent(
+            "--node", "node-7", "--arbiter", arb.address, "--gpu-backend",
+            f"simulated:{script}", "--nic", "none", "--report-interval", "0.3") as (_, err):
+        async def body() -> None:
+            await wait_until(lambda: b"no job has ranks on node node-7: recorded" in err, 30,
+                             "the fault recorded with no job on the node")
+            async with running_links(arb.address, "late", 1, node="node-7") as links:
+                replaced = await next_action(links[0])
+                assert replaced.kind is ActionKind.REPLACE, replaced
+                assert "node node-7" in replaced.reason and "Xid 79" in replaced.reason
+                await wait_until(lambda: b"sending again the 1 node fault(s) that still hold"
+                                 in err and b"late rank 0: replace" in err, 20,
+                                 "the node agent logging the re-sent fault's outcome")
+        asyncio.run(body())
+
+
 def test_carrier_loss_in_a_netns_is_a_node_fault_and_sets_the_condition() -> None:
     require_netns()
     with namespaces(2) as (ns_a, ns_b), FakeKube() as kube, ArbiterProcess() as arb:

@@ -8,7 +8,7 @@ from ftagent.detect.nic import NicDetector
 from ftagent.model import Fault, FaultKind, GpuEvent, LinkEvent, Scope, Severity
 from ftagent.node.agent import NicWatch, NodeAgent, reportable
 from ftagent.node.cli import parse, physical_links
-from ftagent.node.reports import MAX_PENDING, NodeReporter
+from ftagent.node.reports import MAX_LASTING, MAX_PENDING, NodeReporter
 from ftagent.sources.nic import NicSource, link_event, select_links
 
 
@@ -37,6 +37,30 @@ def test_faults_are_queued_for_every_shard_and_bounded() -> None:
     for _ in range(MAX_PENDING + 5):
         reporter.report(gpu_faults(79)[0])
     assert all(len(s.pending) == MAX_PENDING and s.dropped == 6 for s in reporter.shards)
+
+
+def test_what_still_holds_is_kept_for_later_pods_and_a_link_back_settles_it() -> None:
+    reporter = NodeReporter(["a:1"], "n1", "inst")
+    agent = NodeAgent("n1", reporter=reporter)
+    (first,) = gpu_faults(79)
+    agent.on_fault(first)
+    (again,) = gpu_faults(79)  # the same GPU: the latest one is kept
+    agent.on_fault(again)
+    assert [m.id for m in reporter.lasting.values()] == [again.id]
+    det = NicDetector(0.5, scope=Scope.NODE)
+    det.observe(LinkEvent("eth0", True, True, ts=1.0))
+    det.observe(LinkEvent("eth0", True, False, ts=2.0))
+    (down,) = det.tick(3.0)
+    agent.on_fault(down)
+    assert "nic:eth0" in reporter.lasting
+    (back,) = det.observe(LinkEvent("eth0", True, True, ts=4.0))
+    assert back.evidence.get("recovered")
+    agent.on_fault(back)
+    assert list(reporter.lasting) == ["gpu:0"], "the link is back: nothing to send again"
+    assert back.id in reporter.shards[0].pending  # the recovery itself is sent
+    for i in range(MAX_LASTING + 3):
+        reporter.report(first, lasting=f"k{i}")
+    assert len(reporter.lasting) == MAX_LASTING
 
 
 def test_nic_condition_follows_the_detector() -> None:
