@@ -268,7 +268,10 @@ def name_culprit(steps: Mapping[int, int], stacks: Mapping[int, str]) -> tuple[l
         waiting = {r for r, s in stacks.items() if COMMUNICATION.search(s)}
         odd = sorted(set(stacks) - waiting)
         if waiting and odd and len(odd) * 2 <= len(stacks):
-            where = stacks[odd[0]].split(" | ")[0].split(" < ")[0]
+            # the agent's verdict says where the trainer's own thread is (its main thread
+            # first); the signature's first thread is whichever py-spy listed first
+            where = liveness_of(original[odd[0]])[1] or \
+                stacks[odd[0]].split(" | ")[0].split(" < ")[0]
             return odd, (f"rank {rank_list(odd)} is not in a collective (in {where}) while "
                          f"{len(waiting)} other rank(s) wait in one")
         sig, n = Counter(stacks.values()).most_common(1)[0]
