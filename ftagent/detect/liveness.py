@@ -66,6 +66,13 @@ How each signal lies, and what is done about it:
   a thread that is not the trainer's (a log shipper): any working thread counts as life, so
   a hung main thread beside a truly working thread is seen as alive until that thread
   stops (re-checked every budget).
+* **py-spy's idle flag** -- a thread whose compute runs in torch's intra-op pool sleeps at
+  the pool's barrier, and on a loaded machine py-spy finds it idle in most samples though
+  its stack moves through the model: with CPU burning in the process and in the thread
+  itself, off-CPU outside wait frames is work (``_computing``). The blind spot this
+  leaves: a polling loop that sleeps in a frame not named as a wait, beside a native
+  thread spinning in the same process (an NCCL proxy), reads as working; it is re-checked
+  every budget like any undeclared phase.
 * **Stacks** -- py-spy sees Python frames only: a long native call (a huge matmul, a
   compile) sits at one line like a tight loop (hence *spinning*, not hung); a loop that
   spends its time in one native call shows the same frames in every sample (hence the
