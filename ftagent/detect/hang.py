@@ -10,7 +10,9 @@ The budget for the next step, measured from the last progress (or the end of a p
 * **learned** — after that, ``max(hang_timeout_min, hang_factor × p(hang_percentile) of the
   last 200 step intervals, 2 × the longest interval ever survived)``. The last term
   remembers rare long steps that recur (an undeclared checkpoint every N steps) after
-  they have dropped out of the window. Intervals of warm-up steps, intervals that span
+  they have dropped out of the window. An observation that advances k steps at once
+  (lines read together) is one interval of gap/k for the percentile, and its whole gap
+  for the longest. Intervals of warm-up steps, intervals that span
   a phase and intervals declared a hang are not recorded: they say nothing about a
   normal step;
 * **in a phase** (checkpoint, eval, from a PhaseMarker) — the phase's own budget,
@@ -62,7 +64,7 @@ class Observed:
     """What one observation changed, for metrics (step duration, phase duration)."""
 
     new_progress: bool = False
-    step_interval: float | None = None  # seconds since the previous step, if a clean one
+    step_interval: float | None = None  # seconds per step since the previous one, if clean
     phase: str | None = None  # a phase that ended
     phase_seconds: float | None = None
 
@@ -201,18 +203,25 @@ class HangDetector:
             return None
         self._rewind = None
         ts = max(p.ts, self._ref)  # sources may deliver slightly out of order
-        interval = ts - self._ref
-        # Warm-up counts steps, not observations: lines read together (pipe buffering,
-        # the output pump's coalesced reads) arrive as one observation of their last
-        # step, and a trainer printing 10 steps a second must not need 10x the warm-up.
-        self._events += 1 if self.last_step is None or p.step <= self.last_step \
+        gap = ts - self._ref
+        # Lines read together (pipe buffering, the output pump's coalesced reads) arrive
+        # as one observation of their last step. Warm-up counts steps, not observations
+        # (a trainer printing 10 steps a second must not need 10x the warm-up), and the
+        # percentile takes the gap per step: a fold of k steps in 0.5 s is k steps of
+        # 0.5/k s, not one step of 0.5 s (which made every budget >= 10 x the output
+        # interval). A pause is not hidden by it: the first line after a quiet spell is
+        # read at once, alone. ``longest`` keeps the whole gap: the budget never falls
+        # below 2 x the longest wait for an observation a healthy trainer has made.
+        advanced = 1 if self.last_step is None or p.step <= self.last_step \
             else p.step - self.last_step
+        interval = gap / advanced
+        self._events += advanced
         self._observed += 1
         ended = self._end_all_phases(ts)
         clean = not self._tainted and not ended and self._observed >= 2
         if clean and not self.hung and self._events > max(self.cfg.hang_warmup_steps, 1):
             self.intervals.append(interval)
-            self.longest = max(self.longest, interval)
+            self.longest = max(self.longest, gap)
             self._pct = None
         self._ref = self._last_progress = ts
         self.last_step = p.step

@@ -349,3 +349,23 @@ def test_warmup_counts_steps_not_observations() -> None:
     assert faults, "a stall after the warm-up is a hang on the learned budget"
     assert faults[0][0] <= 0.4 + 1.0 + TICK
     assert faults[0][1].evidence["steps_this_attempt"] == 4
+
+
+def test_steps_read_together_are_learned_per_step_not_per_read() -> None:
+    """A trainer stepping every 70 ms behind the output pump's 0.5 s reads: each
+    observation folds 7 steps. The budget is learned from 0.5/7 s per step (floored by the
+    minimum and by 2 x the 0.5 s wait for a read), not 10 x 0.5 s per read; a real stall
+    is flagged after the floor, and the 0.5 s reads themselves never are."""
+    cfg = dataclasses.replace(DEFAULT, hang_timeout_min=2.0, hang_warmup_steps=5)
+    det = HangDetector(cfg)
+    events: list[Observation] = [TrainerStart(pid=1, attempt=0, ts=0.0)]
+    events += [Progress(step=7 * (i + 1), source="log", ts=0.5 * (i + 1)) for i in range(60)]
+    stalled_at = last_ts(events)
+    faults = run(det, events, until=stalled_at + 10.0)
+    assert det.interval_percentile() == pytest.approx(0.5 / 7)
+    assert det.budget(stalled_at) == pytest.approx(2.0), "the floor, not 10 x 0.5 s"
+    assert len(faults) == 1 and 2.0 <= faults[0][0] - stalled_at <= 2.0 + TICK, faults
+    # the whole 0.5 s gap still bounds the budget from below (a floor under it)
+    low = HangDetector(dataclasses.replace(cfg, hang_timeout_min=0.1))
+    run(low, events, until=stalled_at)
+    assert low.budget(stalled_at) == pytest.approx(2 * 0.5)
