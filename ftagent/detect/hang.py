@@ -208,10 +208,11 @@ class HangDetector:
         # as one observation of their last step. Warm-up counts steps, not observations
         # (a trainer printing 10 steps a second must not need 10x the warm-up), and the
         # percentile takes the gap per step: a fold of k steps in 0.5 s is k steps of
-        # 0.5/k s, not one step of 0.5 s (which made every budget >= 10 x the output
-        # interval). A pause is not hidden by it: the first line after a quiet spell is
-        # read at once, alone. ``longest`` keeps the whole gap: the budget never falls
-        # below 2 x the longest wait for an observation a healthy trainer has made.
+        # 0.5/k s, not one step of 0.5 s. A pause is not hidden by it: the first line
+        # after a quiet spell is read at once, alone. (A line read alone after the pump's
+        # wait still counts the wait: the read time is all that is known of it.)
+        # ``longest`` keeps the whole gap: the budget never falls below 2 x the longest
+        # wait for an observation a healthy trainer has made.
         advanced = 1 if self.last_step is None or p.step <= self.last_step \
             else p.step - self.last_step
         interval = gap / advanced
