@@ -361,10 +361,11 @@ def cpu_seconds(procs: list[psutil.Process]) -> float:
 def overhead(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     """Median step seconds over a healthy job; the launcher's CPU % and PSS (rank 0)."""
     env = {"TRAIN_STEPS": str(args.overhead_steps), "TRAIN_STEP_SLEEP": str(args.step_sleep),
-           "TRAIN_PG_TIMEOUT": "60", "PYTHONUNBUFFERED": "1", "TRAIN_SDK": "1",
+           "TRAIN_PG_TIMEOUT": "60", "PYTHONUNBUFFERED": "1",
+           "TRAIN_SDK": "0" if args.overhead_no_sdk else "1",
            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     with Lab(tmp, 2, job="overhead", arbiter=name == "ftagent", stamp=True,
-             prometheus=name == "ftagent") as lab:
+             prometheus=name == "ftagent" and not args.overhead_no_prometheus) as lab:
         launch(lab, name, env, args)
         wait(lambda: len(steps(lab, 0)) >= 20, 180, f"{name}: steps")
         root = lab.agents[0].pid
@@ -475,6 +476,10 @@ def main() -> int:
     ap.add_argument("--overhead-steps", type=int, default=600)
     ap.add_argument("--overhead-rounds", type=int, default=2, help="alternated rounds")
     ap.add_argument("--no-overhead", action="store_true")
+    ap.add_argument("--overhead-no-sdk", action="store_true",
+                    help="the healthy job without ftagent.step() (progress from its log)")
+    ap.add_argument("--overhead-no-prometheus", action="store_true",
+                    help="no Prometheus scraping ftagent's agents (the lab's is every 1 s)")
     args = ap.parse_args()
     why = netns_unavailable()
     if why:
