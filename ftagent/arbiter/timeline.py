@@ -90,9 +90,7 @@ class Timeline:
                 try:
                     w.queue.put_nowait(e)
                 except asyncio.QueueFull:  # a watcher that does not read loses its stream
-                    self._watchers.discard(w)
-                    w.queue = asyncio.Queue(1)
-                    w.queue.put_nowait(None)
+                    self._end(w)
         return e
 
     def entries(self, job: str, namespace: str, limit: int = 0) -> list[Entry]:
@@ -122,10 +120,15 @@ class Timeline:
         leading: this timeline gets nothing more, and a follower waiting on it would wait
         forever). The end is queued behind the entries; a full queue is dropped for it."""
         for w in list(self._watchers):
-            self._watchers.discard(w)
-            w.ended = why
-            try:
-                w.queue.put_nowait(None)
-            except asyncio.QueueFull:  # not waiting on get(): the next get() sees this
-                w.queue = asyncio.Queue(1)
-                w.queue.put_nowait(None)
+            self._end(w, why)
+
+    def _end(self, w: Watcher, why: str = "") -> None:
+        """No more entries for ``w``: None queued (behind what it has, or alone if its
+        queue is full: then it is not waiting on get(), and its next get() sees it)."""
+        self._watchers.discard(w)
+        w.ended = why
+        try:
+            w.queue.put_nowait(None)
+        except asyncio.QueueFull:
+            w.queue = asyncio.Queue(1)
+            w.queue.put_nowait(None)
