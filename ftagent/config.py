@@ -123,10 +123,14 @@ def modules(v: str) -> str:
 _GPU_ID = re.compile(r"(?:GPU|MIG)-[0-9A-Za-z/-]{1,59}|\d{1,4}", re.ASCII)
 
 
+def _gpu_list(text: str) -> list[str]:
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
 def gpu_ids(v: str) -> str:
     """Comma-separated GPU ids as the device plugin names them: UUIDs (``GPU-...``,
     ``MIG-...``) or the node's GPU indices; at most MAX_GPUS."""
-    parts = [p.strip() for p in v.split(",") if p.strip()]
+    parts = _gpu_list(v)
     if len(parts) > MAX_GPUS:
         raise ConfigError(f"names {len(parts)} GPUs; at most {MAX_GPUS}")
     for part in parts:
@@ -140,8 +144,7 @@ def visible_gpu_ids(environ: Mapping[str, str]) -> tuple[str, ...]:
     """The GPUs the NVIDIA device plugin gave this container ($NVIDIA_VISIBLE_DEVICES:
     UUIDs by default, indices with deviceIDStrategy=index); () for all, none, void, unset
     or anything else, which say nothing about which GPUs."""
-    parts = tuple(p.strip() for p in environ.get("NVIDIA_VISIBLE_DEVICES", "").split(",")
-                  if p.strip())
+    parts = tuple(_gpu_list(environ.get("NVIDIA_VISIBLE_DEVICES", "")))
     if not parts or len(parts) > MAX_GPUS or not all(_GPU_ID.fullmatch(p) for p in parts):
         return ()
     return parts
@@ -817,7 +820,7 @@ def identity(cfg: IdentityConfig, environ: Mapping[str, str],
     if not 0 <= rank < world:
         raise ConfigError(f"rank {_short(rank)} (from {rank_from}) must be in [0, {world}): the "
                           f"world size is {world} (from {world_from})")
-    gpus = tuple(p.strip() for g in cfg.gpus for p in g.split(",") if p.strip())
+    gpus = tuple(p for g in cfg.gpus for p in _gpu_list(g))
     if len(gpus) > MAX_GPUS:
         raise ConfigError(f"--gpus names {len(gpus)} GPUs; at most {MAX_GPUS}")
     host = _env_name(environ, "HOSTNAME") or os.uname().nodename
