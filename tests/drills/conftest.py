@@ -58,3 +58,10 @@ def trained_past(lab: Lab, step: int, timeout: float = 120) -> None:
 def resumed(lab: Lab, r: int) -> list[int]:
     """The steps rank ``r``'s attempts resumed from (examples/train.py's checkpoint line)."""
     return [int(s) for s in re.findall(r"resumed from checkpoint at step (\d+)", lab.log(r))]
+
+
+def before_last_resume(lab: Lab, r: int) -> str:
+    """Rank ``r``'s log up to its latest resume: the attempts before it, whole once it
+    resumed (the log trails the trainer by the agent's output batching)."""
+    text = lab.log(r)
+    return text[:text.rfind("] resumed from checkpoint at step ")]

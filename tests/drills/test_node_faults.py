@@ -27,6 +27,7 @@ import pytest
 
 from ftagent.model import EXIT_REPLACE
 from tests.drills.conftest import (
+    before_last_resume,
     decisions,
     generation,
     require_lab,
@@ -61,9 +62,7 @@ def nic_faults(lab: Lab, severity: str = "error") -> list[dict[str, Any]]:
 def last_saved(lab: Lab) -> int | None:
     """The step of the last checkpoint rank 0 saved before its latest resume (None if
     none): what "resumed from the last checkpoint" must mean."""
-    text = lab.log(0)
-    found = re.findall(r"checkpoint saved at step (\d+)",
-                       text[:text.rfind("resumed from checkpoint at step ")])
+    found = re.findall(r"checkpoint saved at step (\d+)", before_last_resume(lab, 0))
     return int(found[-1]) if found else None
 
 

@@ -36,6 +36,7 @@ from typing import Any
 import pytest
 
 from tests.drills.conftest import (
+    before_last_resume,
     decisions,
     generation,
     require_lab,
@@ -75,11 +76,7 @@ def hit(lab: Lab) -> int | None:
     """The step a fault hit, from the dead attempt's own line (``step N: (fault) ...``,
     ``step N: waiting for data``) on either rank: read once both resumed, so the logs,
     which trail the trainers by the agent's output batching, hold that attempt whole."""
-    found = []
-    for r in (0, 1):
-        text = lab.log(r)
-        found += [int(n) for n in FAULT_LINE.findall(
-            text[:text.rfind("] resumed from checkpoint at step ")])]
+    found = [int(n) for r in (0, 1) for n in FAULT_LINE.findall(before_last_resume(lab, r))]
     return max(found) if found else None
 
 
