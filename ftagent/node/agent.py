@@ -50,6 +50,7 @@ from ftagent.node.reports import NodeReporter
 from ftagent.sources.gpu import GpuSource
 from ftagent.sources.nic import NicSource
 from ftagent.sources.rdma import RdmaSource
+from ftagent.timegrid import sleep_on_grid
 
 log = logging.getLogger("ftagent.node")
 
@@ -192,7 +193,7 @@ class NodeAgent:
         try:
             while True:
                 self.tick(time.monotonic())
-                await asyncio.sleep(TICK_SECONDS)
+                await sleep_on_grid(TICK_SECONDS)  # wakes with the NIC and GPU polls
         finally:
             for t in tasks:
                 t.cancel()

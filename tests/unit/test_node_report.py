@@ -46,9 +46,9 @@ U = ["GPU-6f3a1c2e-88d1-4f3e-9a2b-1c2d3e4f5a6b", "GPU-0b1c2d3e-4f5a-6b7c-8d9e-0f
 
 
 def test_a_gpu_fault_reaches_only_the_jobs_whose_pods_hold_that_gpu() -> None:
-    """Eight one-GPU pods of three jobs on one node: an Xid 79 on GPU 1 replaces the pod
-    that holds GPU 1 and leaves the job on GPU 0 running; a job whose pod says nothing of
-    its GPUs is decided as before (it may hold the GPU)."""
+    """Six one-GPU pods of five jobs on one node: an Xid 79 on GPU 1 replaces the pods
+    that hold GPU 1 (by UUID or by index) and leaves the jobs on GPU 0 running; a job whose
+    pod says nothing of its GPUs is decided as before (it may hold the GPU)."""
     clock = Clock()
     reg = registry(clock)
     hello(reg, "a", 0, 2, "n1", gpus=[U[0]])
