@@ -141,16 +141,22 @@ def test_2_hang_in_a_collective_names_the_rank_and_restarts(lab: Lab) -> None:
 def test_3_data_stall_with_chatty_logs_is_a_hang_not_progress(lab: Lab) -> None:
     lab.settled()
     at = lab.steps(0)
+    since = time.time()
     lab.trigger("stall", 0)
     restart = wait(lambda: len(decisions(lab, "restart")) >= 3 and decisions(lab, "restart"),
                    90, "a restart after the data stall", lab)[-1]
     assert "waiting for data" in lab.log(0)
     assert "job hang" in restart["message"], line_of(restart)
-    # rank 0's own fault carries the stack of the stalled loader
-    hang = [e for e in lab.events(0) if e["event"] == "fault" and e["kind"] == "hang"]
-    assert hang and "wait_for_data" in json.dumps(hang[-1]), hang
-    # the arbiter names the stalled rank: its peer waits in the backward's all-reduce
-    assert "rank 0 is not in a collective (in " in restart["message"], line_of(restart)
+    # the arbiter names the stalled rank from the stack it sent: its peer waits in the
+    # backward's all-reduce
+    assert "rank 0 is not in a collective (in wait_for_data (train.py:" in \
+        restart["message"], line_of(restart)
+    # Whichever rank's budget runs out first starts the job hang, and the restart can come
+    # before the other's own detector fires (rank 1 first: CI, 2.9 s against rank 0's 5 s
+    # budget). If rank 0 raised its own fault in this drill, it carries the loader's stack.
+    hang = [e for e in lab.events(0) if e["event"] == "fault" and e["kind"] == "hang"
+            and e["ts"] >= since]
+    assert all("wait_for_data" in json.dumps(e) for e in hang), hang
     recovered(lab, 3, at + 2)
     assert restarts_metric(lab, 3) == 3
 
