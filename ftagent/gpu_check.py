@@ -84,7 +84,7 @@ async def check(cfg: GpuConfig, seconds: float, out: TextIO) -> int:
     say(f"running for {seconds:g}s (poll every {cfg.gpu_poll_interval:g}s)...")
     await asyncio.sleep(seconds)
     registry = CollectorRegistry()
-    registry.register(GpuCollector({"job": "gpu-check"}, source.readings, detector.xid_counts,
+    registry.register(GpuCollector({"job_name": "gpu-check"}, source.readings, detector.xid_counts,
                                    detector.healthy, lambda: dict(source.event_counts)))
     metrics = generate_latest(registry).decode()
     for g in source.gpus:  # the calls the poll makes only when needed: try each once

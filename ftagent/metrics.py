@@ -1,8 +1,10 @@
 """Every Prometheus series ftagent exports, declared in one place.
 
 Names are ``ftagent_*`` in base units (``_seconds``, ``_bytes``, ``_total``). Agent series
-carry the identity labels ``job, namespace, pod, node, rank`` (+ ``phase``, ``kind``,
-``device``, ``direction``, ``op``); arbiter series describe the arbiter itself.
+carry the identity labels ``job_name, namespace, pod, node, rank`` (+ ``phase``, ``kind``,
+``device``, ``direction``, ``op``); arbiter series describe the arbiter itself. The
+training job is ``job_name`` (kube-state-metrics' name for it), never ``job``: Prometheus
+sets ``job`` to the scrape job, and without ``honor_labels`` it would rename ours.
 
 Values that already live in a source (NIC counters, RDMA ports) are read at scrape time
 by collectors that call a snapshot function, instead of being copied into gauges.
@@ -40,7 +42,7 @@ from ftagent.wire.limits import MAX_OPS, MAX_PHASES, OTHER
 
 log = logging.getLogger("ftagent.metrics")
 
-IDENTITY_LABELS = ("job", "namespace", "pod", "node", "rank")
+IDENTITY_LABELS = ("job_name", "namespace", "pod", "node", "rank")
 
 # Step times from ~1 ms (tiny CPU jobs) to ~10 min (huge models); phases longer.
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -406,7 +408,7 @@ class JobCollector(Collector):
         self.snapshot = snapshot
 
     def collect(self) -> Iterator[Any]:
-        job = ["job", "namespace"]
+        job = ["job_name", "namespace"]
         state = GaugeMetricFamily("ftagent_job_state", "1 for the job's current state.",
                                   labels=job + ["state"])
         gen = GaugeMetricFamily("ftagent_job_generation", "The job's generation (restarts "

@@ -115,7 +115,7 @@ def build_agent(cfg: RunConfig, environ: Mapping[str, str], rundir: str, *,
     else:
         agent.decider = local
     ids = cfg.identity
-    labels = {"job": ids.job, "namespace": ids.namespace, "pod": ids.pod, "node": ids.node,
+    labels = {"job_name": ids.job, "namespace": ids.namespace, "pod": ids.pod, "node": ids.node,
               "rank": str(ids.rank)}
     if local_rank is not None:
         labels["local_rank"] = str(local_rank)

@@ -100,7 +100,7 @@ def recovered(lab: Lab, gen: int, before: int) -> int:
 
 def restarts_metric(lab: Lab, at_least: float) -> float:
     """The arbiter's restart count for the job, as Prometheus scraped it."""
-    return float(wait(lambda: (v := lab.value('sum(ftagent_job_restarts_total{job="lab"})'))
+    return float(wait(lambda: (v := lab.value('sum(ftagent_job_restarts_total{job_name="lab"})'))
                       is not None and v >= at_least and v, 30,
                       f"ftagent_job_restarts_total >= {at_least} in Prometheus", lab))
 
@@ -108,7 +108,7 @@ def restarts_metric(lab: Lab, at_least: float) -> float:
 def test_1_crash_on_one_rank_restarts_every_rank_from_the_last_checkpoint(lab: Lab) -> None:
     lab.settled()
     trained_past(lab, CKPT_EVERY + 3, timeout=180)
-    wait(lambda: len(lab.query('ftagent_trainer_running{job="lab"}')) == 2, 60,
+    wait(lambda: len(lab.query('ftagent_trainer_running{job_name="lab"}')) == 2, 60,
          "Prometheus scraping both agents", lab)
     at = lab.steps(1)
     lab.trigger("crash", 1)
@@ -134,7 +134,7 @@ def test_2_hang_in_a_collective_names_the_rank_and_restarts(lab: Lab) -> None:
     assert faults(lab, "hang"), lab.dump()
     recovered(lab, 2, at + 2)
     assert restarts_metric(lab, 2) == 2
-    hangs = lab.value('sum(ftagent_faults_total{job="lab",kind="hang"})')
+    hangs = lab.value('sum(ftagent_faults_total{job_name="lab",kind="hang"})')
     assert hangs is not None and hangs >= 1
 
 
@@ -183,7 +183,7 @@ def test_5_slow_rank_is_named_a_straggler_and_not_restarted(lab: Lab) -> None:
         found = wait(lambda: [e for e in lab.timeline() if "straggler" in str(e["message"])
                               and e.get("rank") == 1], 60, "rank 1 named a straggler", lab)
         assert found[0]["generation"] == gen
-        wait(lambda: lab.value('max(ftagent_rank_straggler{job="lab",rank="1"})') == 1, 30,
+        wait(lambda: lab.value('max(ftagent_rank_straggler{job_name="lab",rank="1"})') == 1, 30,
              "ftagent_rank_straggler for rank 1", lab)
     finally:
         lab.clear_trigger("slow", 1)

@@ -12,7 +12,9 @@ the GPUs are the simulated NVML (``--gpu-backend simulated:FILE``: one Xid 63 ea
 the RDMA port is a sysfs tree in a temporary directory (``--rdma-sysfs``) in the kernel's
 format. The NIC watched is ``lo`` (there on every machine).
 
-Then every query is substituted the way Grafana does it ($job, $namespace, $rank,
+The arbiter is sent one message that is not a NodeReport (a rejected request, for the
+arbiter row). Then every query is substituted the way Grafana does it ($job_name,
+$namespace, $node, $pod, $rank,
 $__rate_interval, $__interval, $__range) and sent to Prometheus' HTTP API as a range query
 over the job's life (Grafana's time series panels and annotations ask for ranges): it
 must parse, and its result must hold at least one finite value. Panels whose series need
@@ -59,8 +61,13 @@ RATE_INTERVAL = f"{4 * SCRAPE}s"
 INTERVAL = f"{2 * SCRAPE}s"
 DEADLINE = 240.0  # seconds from the job's start for every query to have data
 
-# Panel title -> why its series cannot exist here (hardware the test cannot drive).
-NEEDS_HARDWARE: dict[str, str] = {}
+# Panel title -> why its series cannot exist here (hardware or a cluster the test cannot
+# drive).
+NEEDS_HARDWARE: dict[str, str] = {
+    "Nodes cordoned by ftagent": "cordons need --kube and an API server "
+                                 "(tests/integration/test_kube_actions.py counts them)"}
+# Panels of the arbiter itself: every job's, so not filtered by $job_name.
+ARBITER_ROW = "Arbiter"
 
 
 def load() -> dict[str, Any]:
@@ -82,8 +89,9 @@ def substitute(expr: str, range_s: float) -> str:
     """Grafana's variable interpolation for this job: $x and ${x}, longest names first."""
     values = {"__rate_interval": RATE_INTERVAL, "__interval": INTERVAL,
               "__range": f"{max(int(range_s), 1)}s", "namespace": NAMESPACE,
-              "job": JOB,
+              "job_name": JOB, "node": ".*",  # "All"
               # a multi-value variable as Grafana formats it for Prometheus: (a|b)
+              "pod": "(" + "|".join(f"{JOB}-{r}" for r in range(WORLD)) + ")",
               "rank": "(" + "|".join(str(r) for r in range(WORLD)) + ")"}
     for name in sorted(values, key=len, reverse=True):
         expr = re.sub(r"\$\{" + name + r"\}|\$" + name + r"\b", values[name], expr)
@@ -101,8 +109,9 @@ def test_dashboard_layout_and_variables() -> None:
     assert len(ids) == len(set(ids)), "panel ids repeat"
     rows = [p["title"] for p in panels if p["type"] == "row"]
     assert rows == ["Progress", "Where the time goes", "Communication", "Health",
-                    "Faults and restarts"]
+                    "Faults and restarts", ARBITER_ROW]
     cells: set[tuple[int, int]] = set()
+    row = ""
     for p in panels:
         g = p["gridPos"]
         assert g["x"] + g["w"] <= 24, p["title"]
@@ -111,17 +120,26 @@ def test_dashboard_layout_and_variables() -> None:
         assert not mine & cells, f"{p['title']!r} overlaps another panel"
         cells |= mine
         if p["type"] == "row":
+            row = p["title"]
             continue
         assert p["description"] and p["datasource"]["uid"] == "${datasource}", p["title"]
         for t in p["targets"]:
             assert t["datasource"]["uid"] == "${datasource}"
-            assert 'job="$job"' in t["expr"] and 'namespace=~"$namespace"' in t["expr"], t
+            # the training job is job_name: Prometheus' `job` is the scrape job's
+            assert 'job=' not in t["expr"] and '$job"' not in t["expr"], t
+            if row != ARBITER_ROW:
+                assert 'job_name="$job_name"' in t["expr"], t
+                assert 'namespace=~"$namespace"' in t["expr"], t
+            if 'rank=~"$rank"' in t["expr"]:  # the arbiter's per-rank series have no pod
+                assert 'node=~"$node", pod=~"$pod", rank=~"$rank"' in t["expr"] or \
+                    'ftagent_rank_straggler{' in t["expr"] and 'node=~"$node"' in t["expr"], t
             # counters and histograms go through rate()/increase() over $__rate_interval
             for window in re.findall(r"\[([^\]]+)\]", t["expr"]):
                 assert window == "$__rate_interval", t["expr"]
     names = {v["name"]: v for v in dash["templating"]["list"]}
-    assert set(names) == {"datasource", "job", "namespace", "rank"}
-    assert names["rank"]["multi"] and names["rank"]["allValue"] == ".*"
+    assert list(names) == ["datasource", "job_name", "namespace", "node", "pod", "rank"]
+    for multi in ("node", "pod", "rank"):
+        assert names[multi]["multi"] and names[multi]["allValue"] == ".*", multi
     assert names["namespace"]["allValue"] == ".*"
     for title in NEEDS_HARDWARE:  # no stale entries
         assert title in {p["title"] for p in panels}, title
@@ -145,7 +163,7 @@ def test_dashboard_names_only_exported_series() -> None:
     )
 
     reg = CollectorRegistry()
-    ids = {"job": "j", "namespace": "n", "pod": "p", "node": "n", "rank": "0"}
+    ids = {"job_name": "j", "namespace": "n", "pod": "p", "node": "n", "rank": "0"}
     AgentMetrics(reg, ids)
     reg.register(NicCollector(ids, lambda: [NicStats("e", True, True, 0, 0, 0, 0, 0)],
                               lambda: [IbPortStats("m", "1", 4, 5, 0, 0, 0)]))
@@ -248,11 +266,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
           evaluation_interval: {SCRAPE}s
         scrape_configs:
           - job_name: ftagent-agents
-            honor_labels: true   # our `job` label is the training job, not the scrape job
             static_configs:
               - targets: {json.dumps([f"127.0.0.1:{p}" for p in agent_ports])}
           - job_name: ftagent-arbiter
-            honor_labels: true
             static_configs:
               - targets: ["127.0.0.1:{arbiter_metrics}"]
     """))
@@ -295,10 +311,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             out.close()
         # the crash once Prometheus has seen both ranks train (so that it sees the
         # counters before and after it, as it would in a long job)
-        training = f'count(ftagent_training_step{{job="{JOB}"}}) == {WORLD}'
+        training = f'count(ftagent_training_step{{job_name="{JOB}"}}) == {WORLD}'
         wait_for(lambda: prom_query(w.prom, training), 120, "Prometheus to see both ranks train",
                  interval=0.5)
         crash.touch()
+        reject_one(arbiter.address)
         yield w
     finally:
         for p in w.procs:
@@ -313,6 +330,17 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         arbiter.stop()
         prom.terminate()
         prom.wait(timeout=30)
+
+
+def reject_one(address: str) -> None:
+    """Bytes that are no NodeReport to the arbiter: one request rejected (invalid_argument)."""
+    import grpc
+
+    with grpc.insecure_channel(address) as ch:
+        call = ch.unary_unary("/ftagent.v1.Arbiter/ReportNode")
+        with pytest.raises(grpc.RpcError) as e:
+            call(b"\xff\xff\xff", timeout=10)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value
 
 
 def has_data(w: World, expr: str) -> tuple[str, list[dict[str, Any]]] | None:
@@ -338,7 +366,8 @@ def test_query_returns_data(world: World, what: str, expr: str) -> None:
 def test_variables_list_the_job_and_its_ranks(world: World) -> None:
     """The template variables' label_values() queries, as Grafana sends them (the series
     API with match[]): the job, its namespace and both ranks are offered."""
-    want = {"job": {JOB}, "namespace": {NAMESPACE}, "rank": {"0", "1"}}
+    want = {"job_name": {JOB}, "namespace": {NAMESPACE}, "rank": {"0", "1"},
+            "node": {"node-0", "node-1"}, "pod": {f"{JOB}-0", f"{JOB}-1"}}
     for var in load()["templating"]["list"]:
         if var["type"] != "query":
             continue
@@ -366,7 +395,7 @@ def test_driven_faults_carry_their_labels(world: World) -> None:
         return {s["metric"].get(label, "") for s in found[1]} if found else set()
 
     left = max(world.start + DEADLINE - time.time(), 5.0)
-    sel = f'job="{JOB}", namespace="{NAMESPACE}"'
+    sel = f'job_name="{JOB}", namespace="{NAMESPACE}"'
     wait_for(lambda: labels(f"ftagent_rank_straggler{{{sel}}}", "rank") == {"1"}, left,
              "rank 1 named the straggler, and only it", interval=0.5)
     assert "crash" in labels(f"ftagent_job_restarts_total{{{sel}}}", "reason")

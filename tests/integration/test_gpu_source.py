@@ -33,7 +33,7 @@ def aio(fn: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
     return run
 
 
-LABELS = {"job": "j", "namespace": "", "pod": "p", "node": "n", "rank": "0"}
+LABELS = {"job_name": "j", "namespace": "", "pod": "p", "node": "n", "rank": "0"}
 
 
 class Run:
@@ -91,7 +91,7 @@ async def test_an_xid_from_nvml_and_the_kernel_log_is_one_fault(tmp_path: Path) 
         text = run.metrics()
         assert 'ftagent_gpu_xid_errors_total{UUID="GPU-00000000-0000-4000-8000-000000000001"' \
             in text
-        assert 'gpu="1",job="j",modelName="NVIDIA H100 80GB HBM3",namespace="",node="n",' \
+        assert 'gpu="1",job_name="j",modelName="NVIDIA H100 80GB HBM3",namespace="",node="n",' \
             'pci_bus_id="00000000:2A:00.0",pod="p",rank="0",xid="79"} 1.0' in text
         assert 'ftagent_gpu_healthy{UUID="GPU-00000000-0000-4000-8000-000000000001"' in text
     assert gpu_threads() == []  # both threads stopped with the source

@@ -27,7 +27,7 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 def job_series(got: dict[tuple[str, tuple[tuple[str, str], ...]], float], job: str,
                name: str, **labels: str) -> float:
-    want = tuple(sorted({"job": job, "namespace": "", **labels}.items()))
+    want = tuple(sorted({"job_name": job, "namespace": "", **labels}.items()))
     return got[(name, want)]
 
 
@@ -54,7 +54,7 @@ def test_job_series_through_a_crash_and_restart() -> None:
             got = scrape(port)
             series = {(k[0], dict(k[1]).get("state") or dict(k[1]).get("kind") or
                        dict(k[1]).get("reason")): v for k, v in got.items()
-                      if dict(k[1])["job"] == "exported"}
+                      if dict(k[1])["job_name"] == "exported"}
             assert series[("ftagent_job_state", "running")] == 1
             assert sum(v for (n, _), v in series.items() if n == "ftagent_job_state") == 1
             assert series[("ftagent_job_generation", None)] == 1

@@ -50,8 +50,7 @@ def test_prometheus_scrapes_agent_series(agent: tuple[subprocess.Popen[bytes], i
         global:
           scrape_interval: 1s
         scrape_configs:
-          - job_name: ftagent
-            honor_labels: true   # our `job` label is the training job, not the scrape job
+          - job_name: ftagent   # no honor_labels: the training job is `job_name`
             static_configs:
               - targets: ["127.0.0.1:{port}"]
     """))
@@ -61,10 +60,12 @@ def test_prometheus_scrapes_agent_series(agent: tuple[subprocess.Popen[bytes], i
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         running = wait_for(lambda: prom_query(
-            prom_port, 'ftagent_trainer_running{job="promtest"}', timeout=5), 60,
+            prom_port, 'ftagent_trainer_running{job_name="promtest"}', timeout=5), 60,
             "Prometheus to scrape the agent")
         labels = running[0]["metric"]
-        assert labels["rank"] == "3" and labels["job"] == "promtest"
+        assert labels["rank"] == "3" and labels["job_name"] == "promtest"
+        # Prometheus' own `job` stays the scrape job: nothing of ours was renamed
+        assert labels["job"] == "ftagent" and "exported_job" not in labels
         assert running[0]["value"][1] == "1"
         info = prom_query(prom_port, "ftagent_agent_info", timeout=5)
         assert info and info[0]["metric"]["version"]

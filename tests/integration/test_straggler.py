@@ -78,9 +78,9 @@ def test_synchronous_job_slow_compute_rank_named_not_its_waiting_peers() -> None
             finally:
                 task.cancel()
             text = scrape(port)
-            assert re.search(r'ftagent_rank_straggler\{job="synced",namespace="",node="node-1",'
-                             r'rank="1"\} 1\.0', text), text
-            assert re.search(r'ftagent_job_stragglers\{job="synced",namespace=""\} 1\.0', text)
+            assert re.search(r'ftagent_rank_straggler\{job_name="synced",namespace="",'
+                             r'node="node-1",rank="1"\} 1\.0', text), text
+            assert re.search(r'ftagent_job_stragglers\{job_name="synced",namespace=""\} 1\.0', text)
             found = await asyncio.to_thread(stragglers, address, "synced")
         assert [e["rank"] for e in found] == [1]
         msg = found[0]["message"]

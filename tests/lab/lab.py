@@ -389,11 +389,9 @@ class Lab:
               evaluation_interval: 1s
             scrape_configs:
               - job_name: agents
-                honor_labels: true
                 static_configs:
                   - targets: [{", ".join(agents)}]
               - job_name: arbiter
-                honor_labels: true
                 static_configs:
                   - targets: ["{host}:{self.arbiter_metrics_port}"]
         """))

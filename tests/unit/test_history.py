@@ -212,11 +212,11 @@ def test_the_collector_names_restarts_it_did_not_see_unknown() -> None:
     ArbiterMetrics(prom).watch_jobs(lambda: [JobSnapshot("j", "ns", "running", 4, 3,
                                                          {"crash": 1}, 2.5, 8, 8, 7)])
     text = generate_latest(prom).decode()
-    assert 'ftagent_job_restarts_total{job="j",namespace="ns",reason="crash"} 1.0' in text
-    assert 'ftagent_job_restarts_total{job="j",namespace="ns",reason="unknown"} 2.0' in text
-    assert 'ftagent_job_state{job="j",namespace="ns",state="running"} 1.0' in text
-    assert 'ftagent_job_ranks{job="j",kind="running",namespace="ns"} 7.0' in text
-    assert 'ftagent_job_seconds_lost_to_faults_total{job="j",namespace="ns"} 2.5' in text
+    assert 'ftagent_job_restarts_total{job_name="j",namespace="ns",reason="crash"} 1.0' in text
+    assert 'ftagent_job_restarts_total{job_name="j",namespace="ns",reason="unknown"} 2.0' in text
+    assert 'ftagent_job_state{job_name="j",namespace="ns",state="running"} 1.0' in text
+    assert 'ftagent_job_ranks{job_name="j",kind="running",namespace="ns"} 7.0' in text
+    assert 'ftagent_job_seconds_lost_to_faults_total{job_name="j",namespace="ns"} 2.5' in text
 
     def broken() -> list[JobSnapshot]:
         raise RuntimeError("registry exploded")

@@ -20,7 +20,7 @@ from ftagent.model import PhaseTiming, Progress
 from ftagent.sources.progress import LogProgress
 from ftagent.sources.sdk_socket import check_datagram
 
-IDS = {"job": "j", "namespace": "n", "pod": "p", "node": "h", "rank": "0"}
+IDS = {"job_name": "j", "namespace": "n", "pod": "p", "node": "h", "rank": "0"}
 
 
 class FakeClock:

@@ -492,14 +492,14 @@ def test_metrics_count_verifications_and_show_what_was_learned() -> None:
 
     async def go() -> str:
         reg = CollectorRegistry()
-        ids = {"job": "j", "namespace": "", "pod": "p", "node": "n", "rank": "0"}
+        ids = {"job_name": "j", "namespace": "", "pod": "p", "node": "n", "rank": "0"}
         r = Rig(busy_eval(), metrics=AgentMetrics(reg, ids))
         await r.run_until(r.now[0] + 8.0)
         r.progress(0.2)
         return generate_latest(reg).decode()
 
     text = asyncio.run(go())
-    assert 'ftagent_hang_verifications_total{job="j",namespace="",node="n",pod="p",rank="0",' \
+    assert 'ftagent_hang_verifications_total{job_name="j",namespace="",node="n",pod="p",rank="0",' \
         'verdict="alive"} 1.0' in text
     assert "ftagent_undeclared_phases_total{" in text and "} 1.0" in text
     assert 'where="evaluate (train.py:88)"' in text

@@ -24,7 +24,7 @@ from ftagent.model import (
 )
 from ftagent.wire.limits import MAX_OPS, MAX_PHASES, OTHER
 
-IDS = {"job": "j", "namespace": "ns", "pod": "p", "node": "n", "rank": "0"}
+IDS = {"job_name": "j", "namespace": "ns", "pod": "p", "node": "n", "rank": "0"}
 
 
 class Clock:

@@ -436,7 +436,7 @@ def test_source_exports_drops_and_folds_through_the_agents_metrics(sock_path: st
     from prometheus_client import CollectorRegistry
 
     reg = CollectorRegistry()
-    m = AgentMetrics(reg, {"job": "j", "namespace": "", "pod": "p", "node": "n", "rank": "0"})
+    m = AgentMetrics(reg, {"job_name": "j", "namespace": "", "pod": "p", "node": "n", "rank": "0"})
     src = SdkSocketSource(sock_path, metrics=m)
     src.bind()
     try:
