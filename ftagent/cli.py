@@ -40,7 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     name = args[0]
     if name not in COMMANDS:
         sys.stderr.write(f"ftagent: error: unknown command {name!r}; one of: "
-                         f"{', '.join(COMMANDS)} (see ftagent --help)\n")
+                         f"{', '.join(COMMANDS)}; to supervise a training command: "
+                         "ftagent run [flags] -- CMD (see ftagent --help)\n")
         return 2
     module = importlib.import_module(COMMANDS[name][0])
     return int(module.main(args[1:]))

@@ -20,6 +20,7 @@ import dataclasses
 import math
 import os
 import re
+import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -698,6 +699,9 @@ def add_group(parser: argparse.ArgumentParser, title: str, cls: type[Any],
             kwargs["metavar"] = metavar
         if multi:
             kwargs["action"] = "append"
+        elif typ in (bool, "bool") and str(meta["flag"]).startswith("--no-"):
+            # already a negation (torchrun's --no-python): one flag, no "--no-no-python"
+            kwargs.update(action="store_const", const=True)
         elif typ in (bool, "bool"):
             kwargs["action"] = argparse.BooleanOptionalAction
         flags = [meta["short"], meta["flag"]] if meta.get("short") else [meta["flag"]]
@@ -753,6 +757,19 @@ def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
         i = argv.index("--")
         return argv[:i], argv[i + 1:]
     return argv, []
+
+
+def unrecognized(extra: Sequence[str], separated: bool, prog: str = "ftagent run") -> str:
+    """The error for arguments no flag took. Without a ``--``, words that are not flags
+    are most likely the command itself: say where it goes (argparse alone says only
+    "unrecognized arguments")."""
+    words = " ".join(shlex.quote(w) for w in extra)
+    if len(words) > 200:
+        words = words[:200] + "..."
+    if separated or extra[0].startswith("-"):
+        return f"unrecognized arguments: {words}"
+    return (f"unrecognized arguments: {words}; put the command after --: "
+            f"{prog} [flags] -- {words}")
 
 
 def env_first(environ: Mapping[str, str], *names: str) -> str:

@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,7 @@ from ftagent.config import (
     identity,
     resolve_group,
     split_command,
+    unrecognized,
 )
 from ftagent.metrics import AgentMetrics
 from ftagent.model import Progress
@@ -77,7 +79,9 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]) -> RunConfig:
     opts, command = split_command(argv)
     opts = normalize_flags(opts)  # torchrun's spellings; its flags ftagent does not take
     parser = build_parser()
-    ns = parser.parse_args(opts)
+    ns, extra = parser.parse_known_args(opts)
+    if extra:
+        raise ConfigError(unrecognized(extra, separated="--" in argv))
     if not command:
         raise ConfigError("no command to run: ftagent run [flags] -- CMD [ARGS...]")
     origins: dict[str, str] = {}
@@ -165,6 +169,7 @@ def build_workers(cfg: RunConfig, environ: Mapping[str, str], rundir: str) -> li
         os.makedirs(base, exist_ok=True)
         logroot = tempfile.mkdtemp(prefix=f"{place.run_id}_", dir=base)
     shown = launcher.ranks_filter(launch.local_ranks_filter)
+    console_lock = threading.Lock()  # every worker's prefixed lines go out whole
     for i in range(place.nproc):
         ident = dataclasses.replace(cfg.identity, rank=place.rank(i),
                                     world_size=place.world_size,
@@ -183,7 +188,7 @@ def build_workers(cfg: RunConfig, environ: Mapping[str, str], rundir: str) -> li
             w.reaper = workers[0].reaper  # one SIGCHLD handler reaps every worker
         w.tree = worker_tree(w, i)
         w.attempt_env = _attempt_env(wdir)
-        w.outputs = _outputs(launch, place, i, logroot, shown, environ)
+        w.outputs = _outputs(launch, place, i, logroot, shown, environ, console_lock)
         workers.append(w)
     start_metrics(cfg, registry, workers[0])
     log.info("launching %d worker(s): ranks %d-%d of %d, master %s:%d, run id %s",
@@ -206,7 +211,8 @@ def _attempt_env(wdir: str) -> Callable[[int], dict[str, str]]:
 
 
 def _outputs(launch: LaunchConfig, place: NodePlace, i: int, logroot: str,
-             shown: set[int] | None, environ: Mapping[str, str]
+             shown: set[int] | None, environ: Mapping[str, str],
+             console_lock: threading.Lock | None = None,
              ) -> Callable[[int], tuple[int | Writer, int | Writer]]:
     """Where worker ``i``'s streams go, per attempt, as torchrun's --tee/--redirects/
     --log-dir/--local-ranks-filter say: the console (prefixed when tee'd) and/or
@@ -233,7 +239,8 @@ def _outputs(launch: LaunchConfig, place: NodePlace, i: int, logroot: str,
             to_file = bool((tee | red) & bit)
             console = fd if visible and (tee & bit or not red & bit) else None
             out = WorkerOutput(console, prefix if tee & bit else b"",
-                               os.path.join(d, f"{name}.log") if to_file and d else None)
+                               os.path.join(d, f"{name}.log") if to_file and d else None,
+                               console_lock)
             opened.append(out)
             streams.append(out)
         return streams[0], streams[1]

@@ -354,6 +354,12 @@ class OutputPump(threading.Thread):
             rest = self.splitter.flush()
             if rest:
                 self._deliver(rest, time.monotonic())
+            flush = getattr(self.write, "flush", None)  # a WorkerOutput's held partial line
+            if flush is not None and self._dst_ok:
+                try:
+                    flush()
+                except OSError as e:
+                    log.warning("agent %s is not writable (%s)", self.stream, e)
         finally:
             with contextlib.suppress(OSError):
                 os.close(self.src_fd)
@@ -368,34 +374,65 @@ class OutputPump(threading.Thread):
 
 class PrefixedLines:
     """A ``Writer`` that starts every line with ``prefix`` (torchrun's ``[default0]:``)
-    on its way to ``fd``; a partial line gets its prefix once, where it begins."""
+    on its way to ``fd``, and writes only whole lines: several workers share one console,
+    so a partial line written as it comes would let another worker's line land in its
+    middle (``--tee 3`` did, in 2 of 4 runs). The partial last line waits for its end;
+    complete lines go out in one write under ``lock``, which every worker's writer to the
+    same console shares. A line longer than ``max_line`` without a newline is written as
+    it is (a progress bar must not grow memory), and ``flush`` writes what is left when
+    the stream ends."""
 
-    def __init__(self, fd: int, prefix: bytes) -> None:
+    def __init__(self, fd: int, prefix: bytes, lock: threading.Lock | None = None,
+                 max_line: int = MAX_LINE) -> None:
         self.fd = fd
         self.prefix = prefix
-        self._at_start = True
+        self.lock = lock if lock is not None else threading.Lock()
+        self.max_line = max_line
+        self._partial = b""
+        self._mid_line = False  # an over-long line was written before its end
 
     def __call__(self, data: bytes) -> None:
         if not data:
             return
-        out = data.replace(b"\n", b"\n" + self.prefix)
-        if self._at_start:
+        data = self._partial + data
+        cut = data.rfind(b"\n") + 1
+        if len(data) - cut > self.max_line:  # an over-long line: out it goes as it is
+            cut = len(data)
+        self._partial = data[cut:]
+        if cut:
+            self._write(data[:cut])
+
+    def flush(self) -> None:
+        """The last partial line (the trainer exited without a newline), prefixed."""
+        if self._partial:
+            rest, self._partial = self._partial, b""
+            self._write(rest)
+
+    def _write(self, chunk: bytes) -> None:
+        out = chunk.replace(b"\n", b"\n" + self.prefix)
+        if not self._mid_line:
             out = self.prefix + out
-        self._at_start = data.endswith(b"\n")
-        if self._at_start:  # the prefix of a line not begun yet waits for its bytes
+        self._mid_line = not chunk.endswith(b"\n")
+        if not self._mid_line:  # the prefix of a line not begun yet waits for its bytes
             out = out[:len(out) - len(self.prefix)]
-        write_all(self.fd, out)
+        with self.lock:
+            write_all(self.fd, out)
 
 
 class WorkerOutput:
     """One launcher worker's stream: to the console (as is, or prefixed), to a log file,
     both (``--tee``), or the file alone (``--redirects``); closed with the attempt."""
 
-    def __init__(self, console: int | None, prefix: bytes, path: str | None) -> None:
+    def __init__(self, console: int | None, prefix: bytes, path: str | None,
+                 console_lock: threading.Lock | None = None) -> None:
+        """``console_lock``: shared by every worker's output to the same console, so that
+        prefixed lines go out whole."""
         self.console: Writer | None = None
-        if console is not None:
-            self.console = (PrefixedLines(console, prefix) if prefix
-                            else functools.partial(write_all, console))
+        self._prefixed: PrefixedLines | None = None
+        if console is not None and prefix:
+            self.console = self._prefixed = PrefixedLines(console, prefix, console_lock)
+        elif console is not None:
+            self.console = functools.partial(write_all, console)
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) \
             if path else -1
 
@@ -409,7 +446,13 @@ class WorkerOutput:
         if self.console is not None:
             self.console(data)
 
+    def flush(self) -> None:
+        """The stream ended (the pump's EOF): a partial last line goes out."""
+        if self._prefixed is not None:
+            self._prefixed.flush()
+
     def close(self) -> None:
+        self.flush()
         if self.fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(self.fd)
