@@ -401,3 +401,33 @@ def test_driven_faults_carry_their_labels(world: World) -> None:
     assert "crash" in labels(f"ftagent_job_restarts_total{{{sel}}}", "reason")
     assert "crash" in labels(f"ftagent_faults_total{{{sel}}}", "kind")
     assert labels(f"ftagent_gpu_xid_errors_total{{{sel}}}", "xid") == {"63"}
+
+
+def test_step_rate_panel_counts_steps_not_output_reads(world: World) -> None:
+    """The "Step rate" panel against the steps themselves: over the last 20 s, rank 0's
+    step number (as scraped) grew by N, so its rate is N/20 steps/s, and the panel's
+    average over the same 20 s must agree within 25 % (in a window with no restart). The
+    old panel counted the step-time histogram's observations, one per output read
+    (--output-interval coalesces a trainer's lines): 1.75 against 4.63 steps/s here."""
+    panel = next(p for p in load()["panels"] if p["title"].startswith("Step rate per rank"))
+    expr = substitute(panel["targets"][0]["expr"], 60)
+    sel = f'job_name="{JOB}", namespace="{NAMESPACE}", rank="0"'
+    true_rate = f"delta(ftagent_training_step{{{sel}}}[20s]) / 20"
+    shown = f'avg_over_time(({expr})[20s:1s])'
+
+    # a window with no restart in it: the step number only grew, and was there throughout
+    steady = (f"resets(ftagent_training_step{{{sel}}}[25s]) == 0 and "
+              f"count_over_time(ftagent_training_step{{{sel}}}[25s]) >= 20")
+
+    def both() -> tuple[float, float] | None:
+        if not prom_query(world.prom, steady):
+            return None
+        t, s = prom_query(world.prom, true_rate), prom_query(world.prom, shown)
+        rank0 = [float(r["value"][1]) for r in s if r["metric"].get("rank") == "0"]
+        if not t or not rank0 or float(t[0]["value"][1]) <= 0:
+            return None
+        return float(t[0]["value"][1]), rank0[0]
+
+    left = max(world.start + DEADLINE - time.time(), 30.0)
+    true, panel_rate = wait_for(both, left, "both step rates", interval=0.5)
+    assert abs(panel_rate - true) <= 0.25 * true, (panel_rate, true)
