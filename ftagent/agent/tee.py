@@ -380,7 +380,8 @@ class PrefixedLines:
     complete lines go out in one write under ``lock``, which every worker's writer to the
     same console shares. A line longer than ``max_line`` without a newline is written as
     it is (a progress bar must not grow memory), and ``flush`` writes what is left when
-    the stream ends."""
+    the stream ends, with the newline it lacked (prefixed lines are a line-by-line view;
+    the log files of --tee keep the bytes as they came)."""
 
     def __init__(self, fd: int, prefix: bytes, lock: threading.Lock | None = None,
                  max_line: int = MAX_LINE) -> None:
@@ -403,10 +404,12 @@ class PrefixedLines:
             self._write(data[:cut])
 
     def flush(self) -> None:
-        """The last partial line (the trainer exited without a newline), prefixed."""
-        if self._partial:
+        """The last partial line (the trainer exited without a newline), prefixed and
+        ended with a newline: the console is shared, and another worker's next line must
+        not continue it."""
+        if self._partial or self._mid_line:
             rest, self._partial = self._partial, b""
-            self._write(rest)
+            self._write(rest + b"\n")
 
     def _write(self, chunk: bytes) -> None:
         out = chunk.replace(b"\n", b"\n" + self.prefix)

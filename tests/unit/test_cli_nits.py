@@ -70,13 +70,14 @@ def test_prefixed_partial_lines_of_two_workers_do_not_interleave(tmp_path: Path)
     w0(b"ss 2.5\nstep 2")
     w1(b"step 2 loss 1.9\nno newline at exit")
     w0(b" loss 2.4\n")
-    w1.flush()
+    w1.flush()  # ended with the newline it lacked: the next line is not glued to it
     w0.flush()  # nothing held: writes nothing
     os.close(fd)
     assert path.read_bytes().splitlines() == [
         b"[default1]:step 1 loss 2.0", b"[default0]:step 1 loss 2.5",
         b"[default1]:step 2 loss 1.9", b"[default0]:step 2 loss 2.4",
         b"[default1]:no newline at exit"]
+    assert path.read_bytes().endswith(b"exit\n")
 
 
 def test_an_overlong_line_without_newline_is_not_held_forever(tmp_path: Path) -> None:
@@ -97,4 +98,4 @@ def test_worker_output_close_writes_the_held_partial_line(tmp_path: Path) -> Non
     assert path.read_bytes() == b""  # held until its end
     out.close()
     os.close(fd)
-    assert path.read_bytes() == b"[default0]:done"
+    assert path.read_bytes() == b"[default0]:done\n"  # ended: the console is shared
