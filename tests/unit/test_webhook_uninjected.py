@@ -14,7 +14,14 @@ pytest.importorskip("kubernetes")
 from prometheus_client import CollectorRegistry  # noqa: E402
 
 from ftagent.kube.client import api_client  # noqa: E402
-from ftagent.kube.uninjected import METRIC, watch_uninjected, without_agent  # noqa: E402
+from ftagent.kube.uninjected import (  # noqa: E402
+    METRIC,
+    PodView,
+    count,
+    view,
+    watch_uninjected,
+    without_agent,
+)
 from tests.conftest import wait_for  # noqa: E402
 from tests.kube_fake import FakeKube  # noqa: E402
 
@@ -44,6 +51,36 @@ def pod(ns: str = "ml", labels: dict[str, str] | None = None, injected: str | No
 ])
 def test_which_pods_run_without_the_agent(p: dict[str, Any], expected: Any) -> None:
     assert without_agent(p) == expected
+
+
+def injected(name: str, arbiter: bool = True, start: str = "2026-01-01T00:00:00Z"
+             ) -> dict[str, Any]:
+    p = pod(injected="true (kubeflow)")
+    p["metadata"]["name"] = name
+    p["status"]["startTime"] = start
+    if arbiter:
+        p["spec"]["containers"][0]["env"] = [{"name": "FTAGENT_ARBITER", "value": "a:9400"}]
+    return p
+
+
+T0 = 1767225600.0  # 2026-01-01T00:00:00Z
+
+
+def test_an_injected_pod_whose_agent_never_connects() -> None:
+    """Injected with an arbiter (the agent fell back in its image, or cannot reach the
+    arbiter): counted once it has run past the grace, with no stream of its pod, while
+    this arbiter leads; pods without an arbiter to report to are never counted."""
+    assert view(injected("a")) == PodView("ml", "a", "", T0)
+    assert view(injected("b", arbiter=False)) is None
+    assert view(injected("c", start="garbage")) == PodView("ml", "c", "", None)
+    pods = [("ml/a", view(injected("a"))), ("ml/b", view(injected("b", arbiter=False))),
+            ("ml/m", view(pod())), ("x/a", PodView("x", "a", "", T0))]
+    opted = {"ml"}
+    assert count(pods, opted, set(), T0 + 121) == {("ml", "agent not connected"): 1,
+                                                   ("ml", "not reviewed"): 1}
+    assert count(pods, opted, {("ml", "a")}, T0 + 121) == {("ml", "not reviewed"): 1}
+    assert count(pods, opted, set(), T0 + 60) == {("ml", "not reviewed"): 1}  # in grace
+    assert count(pods, opted, None, T0 + 121) == {("ml", "not reviewed"): 1}  # follower
 
 
 @pytest.fixture
