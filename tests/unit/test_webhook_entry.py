@@ -131,3 +131,45 @@ def test_no_command(tmp_path: Path) -> None:
     r = subprocess.run(["/bin/sh", str(install(tmp_path / "agent")), "--"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "no command" in r.stderr
+
+
+def test_the_injected_commands_run_as_the_kubelet_would(tmp_path: Path) -> None:
+    """The patch's own commands, run for real: the init container's script copies the
+    bundle (shim and agent) and writes the CA from its env; the trainer container's new
+    command then runs the trainer under the agent, which finds the CA where
+    FTAGENT_TLS_CA says."""
+    import copy
+
+    import jsonpatch
+
+    from ftagent.kube.inject import Settings, mutate
+
+    bundle, agent_dir = tmp_path / "bundle", tmp_path / "agent"
+    install(bundle)
+    shutil.copy(shutil.which("ftagent") or ROOT / ".venv" / "bin" / "ftagent",
+                bundle / "ftagent")
+    agent_dir.mkdir()
+    ca = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----"
+    s = Settings(arbiter="127.0.0.1:9", arbiter_ca=lambda: ca, bundle_dir=str(bundle),
+                 agent_dir=str(agent_dir))
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "p", "labels": {"ftagent.io/inject": "true"}},
+           "spec": {"containers": [{"name": "main", "image": "x", "command": TRAINER[:3],
+                                    "args": TRAINER[3:]}]}}
+    new = jsonpatch.apply_patch(pod, mutate(copy.deepcopy(pod), "ml", s).patch)
+    init = new["spec"]["initContainers"][0]
+    init_env = {e["name"]: e["value"] for e in init["env"]}
+    subprocess.run(init["command"], env={"PATH": os.environ["PATH"], **init_env},
+                   check=True, timeout=60)
+    assert (agent_dir / "ca.crt").read_text() == ca + "\n"
+    assert (agent_dir / "ftagent-entry").read_bytes() == SHIM.read_bytes()
+    c = new["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+    assert env["FTAGENT_TLS_CA"] == str(agent_dir / "ca.crt")
+    env = {**env, "PATH": os.environ["PATH"], "FTAGENT_METRICS_PORT": "0",
+           "FTAGENT_MAX_RESTARTS": "0", "FTAGENT_ARBITER": "", "FTAGENT_TOKEN_FILE": "",
+           "HOME": str(tmp_path), "FTAGENT_FALLBACK_FILE": str(tmp_path / "fallback")}
+    r = subprocess.run([*c["command"], *c["args"]], capture_output=True, text=True,
+                       env=env, timeout=60)
+    assert r.returncode == 7 and r.stdout == ARGS_SEEN, r.stderr
+    assert "[ftagent" in r.stderr and not (tmp_path / "fallback").exists()
