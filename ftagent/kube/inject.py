@@ -88,7 +88,6 @@ CA_FILE = "ca.crt"
 PORT_NAME = "ftagent-metrics"
 MAX_PORT_SPAN = 1000
 MAX_COMMAND_NOTE = 16 * 1024  # ftagent.io/command: longer is not parsed (nor deep JSON)
-NON_ROOT_UID = 65532  # the init container's user (the image's USER, numeric)
 
 # Why a pod was not injected: the bounded set of the webhook metrics' ``reason`` label.
 SKIP_REASONS = ("not a pod", "opted out", "no containers", "no trainer container",
@@ -287,8 +286,9 @@ RESTRICTED_CONTEXT: Mapping[str, Any] = {
     # Pod Security "restricted", container level, whatever the pod sets
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},
+    # the image's numeric USER (65532) runs it; no runAsUser here, which OpenShift's
+    # restricted SCC (a UID range per namespace) would refuse
     "runAsNonRoot": True,
-    "runAsUser": NON_ROOT_UID,
     "seccompProfile": {"type": "RuntimeDefault"},
     "readOnlyRootFilesystem": True,
 }
