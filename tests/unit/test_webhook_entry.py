@@ -173,3 +173,42 @@ def test_the_injected_commands_run_as_the_kubelet_would(tmp_path: Path) -> None:
                        env=env, timeout=60)
     assert r.returncode == 7 and r.stdout == ARGS_SEEN, r.stderr
     assert "[ftagent" in r.stderr and not (tmp_path / "fallback").exists()
+
+
+def test_an_agent_that_hangs_is_given_up_on(tmp_path: Path) -> None:
+    """A probe that never answers (a loader stuck on a network file system, say) is killed
+    after FTAGENT_PROBE_TIMEOUT seconds and the trainer starts."""
+    entry = install(tmp_path / "agent")
+    agent = tmp_path / "agent" / "ftagent"
+    agent.write_text("#!/bin/sh\nexec sleep 600\n")
+    agent.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "FTAGENT_PROBE_TIMEOUT": "1",
+           "FTAGENT_FALLBACK_FILE": str(tmp_path / "fallback")}
+    r = subprocess.run(["/bin/sh", str(entry), "--", *TRAINER], capture_output=True,
+                       text=True, env=env, timeout=30)
+    assert_fell_back(r, tmp_path, "no answer to --version within 1 s")
+
+
+SHELLS = [s for s in (["dash"], ["bash", "--posix"], ["busybox", "sh"])
+          if shutil.which(s[0])]
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=[s[0] for s in SHELLS])
+def test_the_shells_of_training_images(shell: list[str], tmp_path: Path) -> None:
+    """Debian/Ubuntu's dash, RHEL's bash, Alpine's busybox ash: the same fallback (a hung
+    probe included) and the same wrapping by the real agent."""
+    entry = install(tmp_path / "agent")
+    agent = tmp_path / "agent" / "ftagent"
+    agent.write_text("#!/bin/sh\nexec sleep 600\n")
+    agent.chmod(0o755)
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "FTAGENT_PROBE_TIMEOUT": "1",
+           "FTAGENT_FALLBACK_FILE": str(tmp_path / "fallback"), "FTAGENT_MAX_RESTARTS": "0",
+           "FTAGENT_METRICS_PORT": "0"}
+    r = subprocess.run([*shell, str(entry), "--", *TRAINER], capture_output=True,
+                       text=True, env=env, timeout=30)
+    assert_fell_back(r, tmp_path, "no answer to --version within 1 s")
+    agent.unlink()
+    agent.symlink_to(shutil.which("ftagent") or ROOT / ".venv" / "bin" / "ftagent")
+    r = subprocess.run([*shell, str(entry), "--", *TRAINER], capture_output=True,
+                       text=True, env=env, timeout=60)
+    assert r.returncode == 7 and r.stdout == ARGS_SEEN and "[ftagent" in r.stderr
