@@ -159,7 +159,9 @@ def _server(cfg: WebhookConfig) -> WebhookServer:
     settings = Settings(image=cfg.image, arbiter=cfg.arbiter,
                         arbiter_ca=CaFile(cfg.arbiter_ca) if cfg.arbiter_ca else None,
                         token_audience=cfg.token_audience,
-                        image_pull_secrets=cfg.image_pull_secrets,
+                        image_pull_secrets=tuple(  # repeated, each maybe comma-separated
+                            n.strip() for v in cfg.image_pull_secrets for n in v.split(",")
+                            if n.strip()),
                         metrics_port=cfg.metrics_port,
                         metrics_port_span=cfg.metrics_port_span)
     return WebhookServer(settings, max_body=cfg.max_body,

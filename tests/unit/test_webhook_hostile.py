@@ -317,3 +317,13 @@ def test_image_pull_secrets_for_the_init_image() -> None:
     new = jsonpatch.apply_patch(pod, m.patch)
     assert new["spec"]["imagePullSecrets"] == [{"name": "mine"}, {"name": "regcred"}]
     assert mutate(copy.deepcopy(new), "ml", s).patch == []
+
+
+def test_image_pull_secret_flag_repeats_and_splits() -> None:
+    from ftagent.kube.webhook_cli import _server, parse
+
+    cfg = parse(["--self-signed", "--image-pull-secret", "a,b", "--image-pull-secret", "c"],
+                {})
+    assert _server(cfg).settings.image_pull_secrets == ("a", "b", "c")
+    cfg = parse(["--self-signed"], {"FTAGENT_IMAGE_PULL_SECRET": "x, y"})
+    assert _server(cfg).settings.image_pull_secrets == ("x", "y")
