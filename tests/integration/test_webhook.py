@@ -332,3 +332,30 @@ def test_rotated_certificate_is_served_without_a_restart(tmp_path: Path) -> None
     finally:
         w.stop()
     assert w.proc.returncode == 0
+
+
+def test_arbiter_ca_is_re_read_when_its_file_changes(tmp_path: Path) -> None:
+    """The CA pods get follows --arbiter-ca's file (a mounted Secret the kubelet
+    updates): a new CA reaches the next pod, a removed file means none, no restart."""
+    w = Webhook(tmp_path)
+    try:
+        pod = next(p for p in PODS if p.arbitrated).pod
+
+        def ca_of_next_pod() -> str | None:
+            new = patched(w.review(admission_review(pod)), pod)
+            init = new["spec"]["initContainers"][0]
+            return next((e["value"] for e in init.get("env", [])
+                         if e["name"] == "FTAGENT_CA_PEM"), None)
+
+        assert ca_of_next_pod() == w.arbiter_ca.read_text().strip()
+        rotated = certs.self_signed(["ftagent-arbiter"]).ca
+        tmp = w.arbiter_ca.with_suffix(".new")
+        tmp.write_bytes(rotated)
+        os.replace(tmp, w.arbiter_ca)
+        assert ca_of_next_pod() == rotated.decode().strip()
+        w.arbiter_ca.write_text("not a certificate")  # refused: the last good one stays
+        assert ca_of_next_pod() == rotated.decode().strip()
+        w.arbiter_ca.unlink()
+        assert ca_of_next_pod() is None
+    finally:
+        w.stop()
