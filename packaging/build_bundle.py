@@ -28,6 +28,7 @@ EXCLUDE = ["kubernetes", "cryptography", "yaml", "torch", "numpy", "hypothesis",
 def inputs_hash() -> str:
     h = hashlib.sha256(sys.version.encode())
     files = sorted([*ROOT.glob("ftagent/**/*.py"), *ROOT.glob("packaging/*.py"),
+                    ROOT / "packaging" / "ftagent-entry.sh",
                     ROOT / "pyproject.toml"])
     for f in files:
         h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
@@ -52,6 +53,7 @@ def build() -> Path:
     py_spy = shutil.which("py-spy", path=str(Path(sys.executable).parent))
     if py_spy:  # evidence.find_py_spy looks beside sys.executable: the bundle's program
         shutil.copy2(py_spy, DIST / "py-spy")
+    shutil.copy2(ROOT / "packaging" / "ftagent-entry.sh", DIST / "ftagent-entry")  # the shim
     STAMP.write_text(digest)
     return DIST
 

@@ -234,3 +234,20 @@ def admission_review(pod: dict[str, Any], namespace: str = "ml", kind: str = "Po
 
 def load_all(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def pods_named(example: str, name: str) -> list[ExamplePod]:
+    """The pods of ``deploy/examples/<example>`` with its job renamed to ``name`` (a
+    55-character PyTorchJob, a Job called ``2024-sweep``), made as the controller would."""
+    docs = load_all(EXAMPLES / example)
+    job = next(d for d in docs if d["kind"] not in ("TrainingRuntime", "ConfigMap"))
+    job["metadata"]["name"] = name
+    builders = {"PyTorchJob": _kubeflow, "TFJob": _kubeflow, "PaddleJob": _kubeflow,
+                "MXJob": _kubeflow, "MPIJob": _mpi}
+    if job["kind"] in builders:
+        return builders[job["kind"]](job, example)
+    if job["kind"] == "JobSet":
+        return _jobset_pods(name, job["spec"]["replicatedJobs"], example)
+    if job["apiVersion"] == "batch.volcano.sh/v1alpha1":
+        return _volcano(job, example)
+    return _indexed(job, example)

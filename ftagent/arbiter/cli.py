@@ -521,6 +521,11 @@ def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
     server.on_registry.append(cluster.rebind)  # each term as leader has its own registry
     loop = asyncio.get_running_loop()
     start_watches(cluster, kube, loop, threading.Event())
+    from ftagent.kube.uninjected import watch_uninjected  # pods injection missed (gauge)
+
+    watch_uninjected(kube, loop, server.prom, connected=lambda: {
+        (j.namespace, r.pod) for j in list(cluster.registry.jobs.values())
+        for r in list(j.ranks.values()) if r.connected} if server.leading else None)
     cluster.ticker = loop.create_task(tick_forever(cluster))
     return cluster
 

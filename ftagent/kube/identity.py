@@ -40,6 +40,7 @@ supervised for crashes only (``--progress none``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -62,8 +63,11 @@ NOT_TRAINING_JOBS = frozenset({"dataset-initializer", "model-initializer", "init
 TF_ORDER = ("chief", "master", "worker", "ps")
 MX_ORDER = ("scheduler", "server", "worker")
 
-DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?\Z")
-MAX_JOB_NAME = 50  # derived names (pods, services: JOB-worker-123) must stay within 63
+# A label value (Kubernetes' validation.IsValidLabelValue): at most 63 characters, empty or
+# alphanumerics with '-', '_', '.' inside.
+LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?\Z")
+MAX_LABEL_VALUE = 63
+HASH_CHARS = 10
 
 
 @dataclass(frozen=True)
@@ -80,12 +84,17 @@ class Identity:
     skip: str = ""  # why this pod is not injected at all ("" when it is)
 
 
+def _meta(pod: Any) -> Mapping[str, Any]:
+    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+    return meta if isinstance(meta, Mapping) else {}  # `metadata: null` is no metadata
+
+
 def labels_of(pod: Mapping[str, Any]) -> dict[str, str]:
-    return _str_map(pod.get("metadata", {}).get("labels"))
+    return _str_map(_meta(pod).get("labels"))
 
 
 def annotations_of(pod: Mapping[str, Any]) -> dict[str, str]:
-    return _str_map(pod.get("metadata", {}).get("annotations"))
+    return _str_map(_meta(pod).get("annotations"))
 
 
 def _str_map(v: Any) -> dict[str, str]:
@@ -110,17 +119,17 @@ def _int(v: str | None) -> int | None:
     return int(v.strip())
 
 
-def check_job_name(job: str) -> str | None:
-    """None if ``job`` is a usable job name, else the denial message."""
-    if len(job) > MAX_JOB_NAME:
-        return (f"ftagent: job name {job[:60]!r} is {len(job)} characters long; at most "
-                f"{MAX_JOB_NAME} (names derived from it must fit 63): rename the job or set "
-                "the pod label ftagent.io/job")
-    if not DNS1035.match(job):
-        return (f"ftagent: job name {job[:60]!r} is not a DNS-1035 label (lower-case letters, "
-                "digits and '-', starting with a letter, ending with a letter or digit): "
-                "rename the job or set the pod label ftagent.io/job")
-    return None
+def job_label_value(job: str) -> str:
+    """``job`` as a label value: itself when it is one, else a readable prefix and a hash
+    (a valid job never gets denied for its name: a 55-character PyTorchJob, a Job named
+    ``2024-sweep``, a 253-character ``FTAGENT_JOB``). The full name is kept in the pod's
+    ``ftagent.io/job-name`` annotation and in ``FTAGENT_JOB``."""
+    if LABEL_VALUE.match(job) and len(job) <= MAX_LABEL_VALUE:
+        return job
+    digest = hashlib.sha256(job.encode("utf-8", "replace")).hexdigest()[:HASH_CHARS]
+    head = re.sub(r"[^-A-Za-z0-9_.]", "-", job[:MAX_LABEL_VALUE - HASH_CHARS - 1])
+    head = head.strip("-_.")
+    return f"{head}-{digest}" if head else digest
 
 
 def identify(pod: Mapping[str, Any], env: Mapping[str, str], *,
@@ -278,7 +287,8 @@ def trainer_index(pod: Mapping[str, Any], role: str) -> tuple[int | None, str]:
     (replica type, replicated job, task spec); else one named by convention
     (``TRAINER_NAMES``); else the only container.
     """
-    containers = pod.get("spec", {}).get("containers")
+    spec = pod.get("spec")
+    containers = spec.get("containers") if isinstance(spec, dict) else None
     if not isinstance(containers, list) or not containers:
         return None, "the pod has no containers"
     names = [c.get("name") if isinstance(c, dict) else None for c in containers]

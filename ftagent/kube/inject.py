@@ -7,19 +7,29 @@ denial. The webhook (``webhook.py``) only carries it over HTTPS.
 What an injected pod gets:
 
 * an init container ``ftagent-install`` (the ftagent image) that copies the
-  self-contained agent into the ``emptyDir`` ``ftagent``, mounted read-only at
-  ``/opt/ftagent`` in the trainer (annotation ``ftagent.io/agent: image``: the image has
-  ftagent on its PATH; nothing is copied);
-* the trainer container's ``command`` becomes ``/opt/ftagent/ftagent run -- <command>``
-  (its ``args`` stay as they are). A container without ``command`` runs its image's
-  ENTRYPOINT, which admission cannot see: it is left alone with a warning and the
-  annotation ``ftagent.io/injected: "skipped: no command"``, unless the annotation
-  ``ftagent.io/command`` (a JSON list) says what the image runs;
+  self-contained agent and its entry shim (``packaging/ftagent-entry.sh``) into the
+  ``emptyDir`` ``ftagent``, mounted read-only at ``/opt/ftagent`` in the trainer, and
+  writes the arbiter's CA there (``ca.crt``) when the webhook has one (``--arbiter-ca``,
+  re-read when the file changes). It meets Pod Security "restricted" on its own: no
+  privilege escalation, every capability dropped, non-root, seccomp ``RuntimeDefault``,
+  read-only root. (Annotation ``ftagent.io/agent: image``: the image has ftagent on its
+  PATH; nothing is copied);
+* the trainer container's ``command`` becomes ``/bin/sh /opt/ftagent/ftagent-entry --
+  <command>`` (its ``args`` stay as they are): the shim runs ``ftagent run -- <command>``,
+  or, when the agent cannot start in this image (old glibc, noexec mount, another
+  architecture), the command itself, saying why on stderr: the trainer always starts.
+  A container without ``command`` runs its image's ENTRYPOINT, which admission cannot see:
+  it is left alone with a warning and the annotation ``ftagent.io/injected: "skipped: no
+  command"``, unless the annotation ``ftagent.io/command`` (a JSON list) says what the
+  image runs;
+* credentials: none written. An arbitrated pod gets the projected ServiceAccount token
+  volume ``ftagent-token`` (audience ``ftagent``, one hour, rotated by the kubelet)
+  read-only at ``/var/run/secrets/ftagent`` and ``FTAGENT_TOKEN_FILE`` naming it; the
+  arbiter checks it with a TokenReview, so a pod can only ever speak as itself;
 * env: ``POD_NAME``, ``POD_NAMESPACE``, ``NODE_NAME``, ``POD_IP`` (downward API),
   ``FTAGENT_JOB``/``_RANK``/``_WORLD_SIZE`` where the job's labels and env tell
-  (``identity.py``), ``FTAGENT_ARBITER`` and the job's own token ``FTAGENT_TOKEN``
-  (derived from the arbiter's secret; never the secret), ``FTAGENT_PROGRESS=none`` for
-  roles without steps, ``FTAGENT_METRICS_PORT``. What the container already sets wins;
+  (``identity.py``), ``FTAGENT_ARBITER``, ``FTAGENT_TLS_CA``, ``FTAGENT_PROGRESS=none``
+  for roles without steps, ``FTAGENT_METRICS_PORT``. What the container already sets wins;
 * the named port ``ftagent-metrics`` and ``prometheus.io/scrape|port|path`` annotations.
   In its own network namespace every pod uses the base port (9430, or the next one no
   container of the pod declares). **hostNetwork pods** share the node's ports: each gets
@@ -29,8 +39,19 @@ What an injected pod gets:
   get distinct ports up to ``span`` ranks, beyond that two ranks whose ports are equal
   just never share a node. Prometheus finds each agent by the port's name (PodMonitor)
   or the annotations;
+* the label ``ftagent.io/job`` (the job's name, or a prefix and a hash when the name is no
+  label value: a valid job is never denied) and the annotation ``ftagent.io/job-name``;
 * ``ftagent.io/fault-tolerance: "false"`` (pod label or annotation) makes it monitor and
   alert only: no arbiter, no restarts, ``--hang-action alert``.
+
+Which pods: those of a job kind ``identity.py`` knows and those labelled
+``ftagent.io/inject: "true"`` (or ``ftagent.io/job``); a plain (non-indexed) batch Job in
+an opted-in namespace is left alone. Nothing in this module denies a pod: every outcome
+is "injected" or "skipped" with a reason from :data:`SKIP_REASONS` (a bounded set, the
+``reason`` label of the webhook's metrics).
+
+The namespace of anything derived (the hostNetwork port's hash) is the AdmissionReview's
+``request.namespace`` only, never a value from the pod.
 
 The mutation is idempotent: a pod already injected gets an empty patch.
 """
@@ -46,8 +67,8 @@ from typing import Any
 from ftagent.kube.identity import (
     Identity,
     annotations_of,
-    check_job_name,
     identify,
+    job_label_value,
     labels_of,
     literal_env,
     trainer_index,
@@ -55,10 +76,23 @@ from ftagent.kube.identity import (
 
 INJECTED = "ftagent.io/injected"
 JOB_LABEL = "ftagent.io/job"  # set on injected pods: the arbiter watches pods by it
+JOB_NAME_NOTE = "ftagent.io/job-name"  # the job's full name when the label had to hash it
 VOLUME = "ftagent"
+TOKEN_VOLUME = "ftagent-token"  # contract C2
+TOKEN_DIR = "/var/run/secrets/ftagent"
+TOKEN_AUDIENCE = "ftagent"
+TOKEN_SECONDS = 3600
 INIT_NAME = "ftagent-install"
+ENTRY = "ftagent-entry"  # the shim beside the agent in the bundle
+CA_FILE = "ca.crt"
 PORT_NAME = "ftagent-metrics"
 MAX_PORT_SPAN = 1000
+MAX_COMMAND_NOTE = 16 * 1024  # ftagent.io/command: longer is not parsed (nor deep JSON)
+
+# Why a pod was not injected: the bounded set of the webhook metrics' ``reason`` label.
+SKIP_REASONS = ("not a pod", "opted out", "no containers", "no trainer container",
+                "not a training pod", "plain job", "not a training rank", "no command",
+                "already injected", "unreadable pod")
 
 
 @dataclass(frozen=True)
@@ -67,7 +101,11 @@ class Settings:
 
     image: str = "ghcr.io/ftagent/ftagent:0.1.0"
     arbiter: str = ""  # HOST:PORT for FTAGENT_ARBITER ("" : agents decide locally)
-    token_for: Callable[[str, str], str] | None = None  # (namespace, job) -> job token
+    # the arbiter's CA (PEM) as of now, "" for none: the webhook re-reads its file
+    arbiter_ca: Callable[[], str] | None = None
+    token_audience: str = TOKEN_AUDIENCE
+    token_seconds: int = TOKEN_SECONDS
+    image_pull_secrets: tuple[str, ...] = ()  # for the init container's image
     agent_dir: str = "/opt/ftagent"  # where the trainer finds the agent
     bundle_dir: str = "/opt/ftagent-bundle"  # where the image holds it
     metrics_port: int = 9430
@@ -82,8 +120,12 @@ class Settings:
 class Mutation:
     patch: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    denied: str = ""  # a denial message ("" : allowed)
     status: str = ""  # the value written to ftagent.io/injected (or why nothing was done)
+    reason: str = ""  # one of SKIP_REASONS when skipped, "" when injected
+
+    @property
+    def injected(self) -> bool:
+        return not self.reason
 
 
 def _false(v: str | None) -> bool:
@@ -91,21 +133,27 @@ def _false(v: str | None) -> bool:
 
 
 def mutate(pod: Any, namespace: str, settings: Settings) -> Mutation:
-    """The patch that injects ftagent into ``pod`` (the AdmissionReview's object)."""
+    """The patch that injects ftagent into ``pod`` (the AdmissionReview's object).
+    ``namespace``: the review's ``request.namespace``, the only namespace trusted."""
     if not isinstance(pod, dict) or not isinstance(pod.get("spec"), dict):
-        return Mutation(status="not a pod")
+        return Mutation(status="skipped: not a pod", reason="not a pod")
     labels = labels_of(pod)
     if _false(labels.get("ftagent.io/inject")):
-        return Mutation(status="opted out (ftagent.io/inject=false)")
-    new = _working_copy(pod)
-    status, warnings = _inject(new, namespace or _str(pod, "metadata", "namespace"), settings)
-    if status.startswith("denied: "):
-        return Mutation(denied=status.removeprefix("denied: "), status="denied")
-    meta = new.setdefault("metadata", {})
+        return Mutation(status="skipped: opted out (ftagent.io/inject=false)",
+                        reason="opted out")
+    try:
+        new = _working_copy(pod)
+        status, reason, warnings = _inject(new, namespace, settings)
+    except RecursionError:  # JSON nested deeper than any pod: nothing to inject into
+        return Mutation(status="skipped: unreadable pod (nested too deep)",
+                        reason="unreadable pod")
+    if reason == "already injected":  # a reinvocation: nothing more to do
+        return Mutation(status=status, reason=reason)
+    meta = new["metadata"]
     if not isinstance(meta.get("annotations"), dict):
         meta["annotations"] = {}
     meta["annotations"][INJECTED] = status
-    return Mutation(patch=diff(pod, new), warnings=warnings, status=status)
+    return Mutation(patch=diff(pod, new), warnings=warnings, status=status, reason=reason)
 
 
 def _working_copy(pod: dict[str, Any]) -> dict[str, Any]:
@@ -140,62 +188,82 @@ def _str(obj: Any, *path: str) -> str:
     return obj if isinstance(obj, str) else ""
 
 
-def _inject(pod: dict[str, Any], namespace: str, s: Settings) -> tuple[str, list[str]]:
-    """Mutate ``pod`` in place; (the ftagent.io/injected value or "denied: ...", warnings)."""
+def _inject(pod: dict[str, Any], namespace: str, s: Settings
+            ) -> tuple[str, str, list[str]]:
+    """Mutate ``pod`` in place; (the ftagent.io/injected value, the skip reason or "",
+    warnings)."""
     spec = pod["spec"]
     notes, labels = annotations_of(pod), labels_of(pod)
     containers = spec.get("containers")
     if not isinstance(containers, list) or not containers or \
             not all(isinstance(c, dict) for c in containers):
-        return "skipped: no containers", ["ftagent: the pod has no containers; not injected"]
+        return ("skipped: no containers", "no containers",
+                ["ftagent: the pod has no containers; not injected"])
     # identity needs the trainer's env, the trainer's choice needs the role: role first
     probe = identify(pod, {}, labels=labels, notes=notes)
     index, how = trainer_index(pod, probe.role if probe else "")
     if index is None:
-        return f"skipped: {how}", [f"ftagent: not injected: {how}"]
+        return f"skipped: {how}", "no trainer container", [f"ftagent: not injected: {how}"]
     trainer = containers[index]
     env = literal_env(trainer)
     found = identify(pod, env, labels=labels, notes=notes)
-    if found is None and labels.get("ftagent.io/inject", "").lower() != "true":
-        return "skipped: no job (no known job kind, no ftagent.io/inject label)", []
+    asked = labels.get("ftagent.io/inject", "").strip().lower() == "true" or \
+        bool(labels.get(JOB_LABEL))
+    if found is None and not asked:
+        return ("skipped: not a training pod (no known job kind, no ftagent.io/inject "
+                "label)", "not a training pod", [])
+    if found is not None and found.kind == "job" and not asked:
+        return ("skipped: plain Job (not indexed, no training job kind): label its pods "
+                "ftagent.io/inject=true to inject", "plain job", [])
     ident = found or Identity("pod", _str(pod, "metadata", "name")
-                              or _str(pod, "metadata", "generateName").rstrip("-"))
+                              or _str(pod, "metadata", "generateName").rstrip("-")
+                              or "pod")
     if ident.skip:
-        return f"skipped: {ident.skip}", []
+        return f"skipped: {ident.skip}", "not a training rank", []
     name = env.get("FTAGENT_JOB") or ident.job
-    namespace = env.get("FTAGENT_NAMESPACE") or namespace
-    denial = check_job_name(name) if name else None
-    if denial:
-        return "denied: " + denial, []
     command = _command(trainer, notes)
     if command is None:
         what = "args but no command" if trainer.get("args") else "no command"
-        return (f"skipped: {what}",
-                [f"ftagent: container {trainer.get('name')!r} has {what} (image entrypoint "
-                 "unknown): runs without ftagent; set command or ftagent.io/command"])
+        return (f"skipped: {what}", "no command",
+                [f"ftagent: container {str(trainer.get('name'))[:63]!r} has {what} (image "
+                 "entrypoint unknown): runs without ftagent; set command or "
+                 "ftagent.io/command"])
     from_image = notes.get("ftagent.io/agent", "").strip().lower() == "image"
-    agent = "ftagent" if from_image else f"{s.agent_dir}/ftagent"
-    if command[:2] != [agent, "run"]:
-        trainer["command"] = [agent, "run", "--", *command]
-    if not from_image:
-        _add_bundle(spec, trainer, s)
+    if _wrapped(command, s):
+        return "skipped: already injected", "already injected", []
+    if from_image:
+        trainer["command"] = ["ftagent", "run", "--", *command]
+    else:
+        trainer["command"] = ["/bin/sh", f"{s.agent_dir}/{ENTRY}", "--", *command]
     monitor_only = _false(labels.get("ftagent.io/fault-tolerance")) or \
         _false(notes.get("ftagent.io/fault-tolerance"))
+    arbitrated = ident.arbitrated and bool(s.arbiter) and not monitor_only
+    ca = (s.arbiter_ca() if s.arbiter_ca is not None else "") if arbitrated else ""
+    if not from_image or ca:
+        _add_bundle(spec, trainer, s, ca, copy_agent=not from_image)
+    if arbitrated:
+        _add_token(spec, trainer, s)
     port = _metrics_port(pod, env, namespace, ident, s)
-    _add_env(trainer, _env(ident, name, namespace, port, monitor_only, s))
+    _add_env(trainer, _env(ident, name, port, monitor_only, arbitrated, bool(ca), s))
     _add_port(trainer, port, bool(spec.get("hostNetwork")))
-    meta = pod.setdefault("metadata", {})
+    meta = pod["metadata"]
     if not isinstance(meta.get("annotations"), dict):
         meta["annotations"] = {}
     annotations = meta["annotations"]
     for k, v in (("prometheus.io/scrape", "true"), ("prometheus.io/port", str(port)),
-                 ("prometheus.io/path", "/metrics")):
+                 ("prometheus.io/path", "/metrics"), (JOB_NAME_NOTE, name)):
         annotations.setdefault(k, v)
     if not isinstance(meta.get("labels"), dict):
         meta["labels"] = {}
-    meta["labels"].setdefault(JOB_LABEL, name)  # the arbiter's pod watch selects on it
+    meta["labels"].setdefault(JOB_LABEL, job_label_value(name))  # the arbiter's pod watch
     mode = "monitor only" if monitor_only else ident.kind
-    return f"true ({mode}, container {trainer.get('name')}, {how})", []
+    return f"true ({mode}, container {str(trainer.get('name'))[:63]}, {how})", "", []
+
+
+def _wrapped(command: list[str], s: Settings) -> bool:
+    """Already injected (a reinvocation, or a pod made from an injected one)."""
+    return command[:2] in (["/bin/sh", f"{s.agent_dir}/{ENTRY}"],
+                           [f"{s.agent_dir}/ftagent", "run"], ["ftagent", "run"])
 
 
 def _command(c: Mapping[str, Any], notes: Mapping[str, str]) -> list[str] | None:
@@ -204,34 +272,81 @@ def _command(c: Mapping[str, Any], notes: Mapping[str, str]) -> list[str] | None
     if isinstance(command, list) and command and all(isinstance(x, str) for x in command):
         return list(command)
     raw = notes.get("ftagent.io/command")
-    if raw:
+    if raw and len(raw) <= MAX_COMMAND_NOTE:
         try:
             given = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than a command
             return None
         if isinstance(given, list) and given and all(isinstance(x, str) for x in given):
             return given
     return None
 
 
-def _add_bundle(spec: dict[str, Any], trainer: dict[str, Any], s: Settings) -> None:
+RESTRICTED_CONTEXT: Mapping[str, Any] = {
+    # Pod Security "restricted", container level, whatever the pod sets
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    # the image's numeric USER (65532) runs it; no runAsUser here, which OpenShift's
+    # restricted SCC (a UID range per namespace) would refuse
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+    "readOnlyRootFilesystem": True,
+}
+
+
+def _install_script(s: Settings, ca: str, copy_agent: bool) -> str:
+    """The init container's ``sh -c`` script: copy the bundle, write the CA (from its env,
+    never from a file of the pod)."""
+    steps = []
+    if copy_agent:
+        steps.append(f'cp -R "{s.bundle_dir}/." "{s.agent_dir}/"')
+    if ca:
+        steps.append(f'printf "%s\\n" "$FTAGENT_CA_PEM" > "{s.agent_dir}/{CA_FILE}"')
+    return " && ".join(steps)
+
+
+def _add_bundle(spec: dict[str, Any], trainer: dict[str, Any], s: Settings, ca: str, *,
+                copy_agent: bool) -> None:
     volumes = spec["volumes"] = list(spec.get("volumes") or [])
     if not any(isinstance(v, dict) and v.get("name") == VOLUME for v in volumes):
         volumes.append({"name": VOLUME, "emptyDir": {"sizeLimit": "512Mi"}})
     inits = spec["initContainers"] = list(spec.get("initContainers") or [])
     if not any(isinstance(c, dict) and c.get("name") == INIT_NAME for c in inits):
-        inits.insert(0, {
+        init: dict[str, Any] = {
             "name": INIT_NAME, "image": s.image, "imagePullPolicy": s.pull_policy,
-            "command": ["cp", "-a", f"{s.bundle_dir}/.", s.agent_dir + "/"],
+            "command": ["/bin/sh", "-c", _install_script(s, ca, copy_agent)],
             "volumeMounts": [{"name": VOLUME, "mountPath": s.agent_dir}],
             "resources": _json_copy(dict(s.init_resources)),
-            "securityContext": {"allowPrivilegeEscalation": False,
-                                "readOnlyRootFilesystem": True,
-                                "capabilities": {"drop": ["ALL"]}},
-        })
-    mounts = trainer.setdefault("volumeMounts", [])
-    if not any(isinstance(m, dict) and m.get("name") == VOLUME for m in mounts):
-        mounts.append({"name": VOLUME, "mountPath": s.agent_dir, "readOnly": True})
+            "securityContext": _json_copy(dict(RESTRICTED_CONTEXT)),
+        }
+        if ca:
+            init["env"] = [{"name": "FTAGENT_CA_PEM", "value": ca.strip()}]
+        inits.insert(0, init)
+    if s.image_pull_secrets:
+        pulls = spec["imagePullSecrets"] = list(spec.get("imagePullSecrets") or [])
+        have = {p.get("name") for p in pulls if isinstance(p, dict)}
+        pulls.extend({"name": n} for n in s.image_pull_secrets if n not in have)
+    _mount(trainer, {"name": VOLUME, "mountPath": s.agent_dir, "readOnly": True})
+
+
+def _add_token(spec: dict[str, Any], trainer: dict[str, Any], s: Settings) -> None:
+    """Contract C2: the pod's own ServiceAccount token for the arbiter, projected by the
+    kubelet (audience-bound, short-lived, rotated); the webhook never sees a credential."""
+    volumes = spec["volumes"] = list(spec.get("volumes") or [])
+    if not any(isinstance(v, dict) and v.get("name") == TOKEN_VOLUME for v in volumes):
+        volumes.append({"name": TOKEN_VOLUME, "projected": {"sources": [
+            {"serviceAccountToken": {"audience": s.token_audience,
+                                     "expirationSeconds": s.token_seconds,
+                                     "path": "token"}}]}})
+    _mount(trainer, {"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True})
+
+
+def _mount(c: dict[str, Any], mount: dict[str, Any]) -> None:
+    mounts = c.get("volumeMounts")
+    if not isinstance(mounts, list):
+        mounts = c["volumeMounts"] = []
+    if not any(isinstance(m, dict) and m.get("name") == mount["name"] for m in mounts):
+        mounts.append(mount)
 
 
 def metrics_port_for(namespace: str, job: str, rank: int, s: Settings) -> int:
@@ -248,9 +363,9 @@ def _metrics_port(pod: Mapping[str, Any], env: Mapping[str, str], namespace: str
     if given.isdigit() and 0 < int(given) < 65536:
         return int(given)
     spec = pod["spec"]
-    used = {p.get("containerPort") for c in spec.get("containers", []) + spec.get(
-        "initContainers", []) if isinstance(c, dict) for p in c.get("ports", []) or []
-        if isinstance(p, dict) and p.get("name") != PORT_NAME}
+    every = [*_list(spec.get("containers")), *_list(spec.get("initContainers"))]
+    used = {p.get("containerPort") for c in every if isinstance(c, dict)
+            for p in _list(c.get("ports")) if isinstance(p, dict) and p.get("name") != PORT_NAME}
     if spec.get("hostNetwork"):
         rank = ident.rank if ident.rank is not None else int.from_bytes(hashlib.sha256(
             _str(pod, "metadata", "name").encode()).digest()[:4], "big")
@@ -262,8 +377,12 @@ def _metrics_port(pod: Mapping[str, Any], env: Mapping[str, str], namespace: str
     return port
 
 
-def _env(ident: Identity, job: str, namespace: str, port: int, monitor_only: bool,
-         s: Settings) -> list[dict[str, Any]]:
+def _list(v: Any) -> list[Any]:
+    return v if isinstance(v, list) else []
+
+
+def _env(ident: Identity, job: str, port: int, monitor_only: bool, arbitrated: bool,
+         ca: bool, s: Settings) -> list[dict[str, Any]]:
     def field_ref(path: str) -> dict[str, Any]:
         return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
 
@@ -284,10 +403,11 @@ def _env(ident: Identity, job: str, namespace: str, port: int, monitor_only: boo
     if monitor_only:
         env += [{"name": "FTAGENT_HANG_ACTION", "value": "alert"},
                 {"name": "FTAGENT_MAX_RESTARTS", "value": "0"}]
-    elif ident.arbitrated and s.arbiter:
-        env.append({"name": "FTAGENT_ARBITER", "value": s.arbiter})
-        if s.token_for is not None:
-            env.append({"name": "FTAGENT_TOKEN", "value": s.token_for(namespace, job)})
+    elif arbitrated:
+        env += [{"name": "FTAGENT_ARBITER", "value": s.arbiter},
+                {"name": "FTAGENT_TOKEN_FILE", "value": f"{TOKEN_DIR}/token"}]
+        if ca:
+            env.append({"name": "FTAGENT_TLS_CA", "value": f"{s.agent_dir}/{CA_FILE}"})
     return env
 
 
@@ -323,7 +443,7 @@ def diff(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
     per key, whole init containers / volumes lists, whole containers that changed."""
     ops: list[dict[str, Any]] = []
     old_meta, new_meta = old.get("metadata") or {}, new.get("metadata") or {}
-    if "metadata" not in old:
+    if not isinstance(old.get("metadata"), dict):  # absent or null: "add" sets it
         ops.append({"op": "add", "path": "/metadata", "value": {}})
     for part in ("annotations", "labels"):
         old_map = old_meta.get(part)
@@ -338,12 +458,12 @@ def diff(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
                     ops.append({"op": "add", "path": _pointer("metadata", part, k),
                                 "value": v})
     old_spec, new_spec = old["spec"], new["spec"]
-    for key in ("initContainers", "volumes"):
+    for key in ("initContainers", "volumes", "imagePullSecrets"):
         if old_spec.get(key) != new_spec.get(key):
             ops.append({"op": "add" if key not in old_spec else "replace",
                         "path": _pointer("spec", key), "value": new_spec[key]})
-    for i, (a, b) in enumerate(zip(old_spec["containers"], new_spec["containers"],
-                                   strict=True)):
+    for i, (a, b) in enumerate(zip(_list(old_spec.get("containers")),
+                                   _list(new_spec.get("containers")), strict=True)):
         if a != b:
             ops.append({"op": "replace", "path": _pointer("spec", "containers", i),
                         "value": b})

@@ -14,9 +14,10 @@ a body over ``max_body`` bytes               413, connection closed (body never 
 headers over 16 KiB, a bad request line      400/431, connection closed
 a kind other than Pod, a non-pod object,     200 allowed, no patch, the reason in
 an operation other than CREATE               ``auditAnnotations``
-a pod with no containers / no command        200 allowed, only the ``ftagent.io/injected``
-                                             annotation, with a warning
-an invalid job name                          200 denied with the reason (the one denial)
+a pod with no containers / no command,       200 allowed, only the ``ftagent.io/injected``
+``metadata: null``, nesting past any pod     annotation, with a warning where the user
+                                             can act
+any pod at all                               200 allowed: nothing is ever denied
 a TLS handshake never finished, a client     dropped after ``handshake_timeout`` /
 silent mid-request                           ``idle_timeout``; other clients unaffected
 ===========================================  ============================================
@@ -29,6 +30,7 @@ import base64
 import contextlib
 import json
 import logging
+import os
 import ssl
 import time
 from collections.abc import Callable
@@ -43,14 +45,21 @@ MAX_HEADER = 16 * 1024
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 
 
+RESULTS = ("injected", "skipped", "error", "malformed")
+OTHER_REASONS = ("not create",)  # beside inject.SKIP_REASONS
+MAX_UID = 128
+
+
 @dataclass
 class Counters:
-    """What the webhook did, by outcome (served on /metrics as plain text)."""
+    """What the webhook did, by result and reason (served on /metrics): a bounded set of
+    series, so that a pod that runs without the agent is visible and alertable."""
 
-    reviews: dict[str, int] = field(default_factory=dict)
+    reviews: dict[tuple[str, str], int] = field(default_factory=dict)
 
-    def count(self, outcome: str) -> None:
-        self.reviews[outcome] = self.reviews.get(outcome, 0) + 1
+    def count(self, result: str, reason: str = "") -> None:
+        key = (result, reason)
+        self.reviews[key] = self.reviews.get(key, 0) + 1
 
 
 def _error(message: str) -> bytes:
@@ -59,50 +68,59 @@ def _error(message: str) -> bytes:
 
 def review(body: bytes, settings: Settings, counters: Counters | None = None
            ) -> tuple[int, bytes]:
-    """(HTTP status, response body) for one AdmissionReview request body."""
+    """(HTTP status, response body) for one AdmissionReview request body. Every review
+    with a uid gets a well-formed AdmissionReview answer that allows the pod: ftagent
+    never stands between a job and its pods."""
     try:
         doc = json.loads(body)
     except (ValueError, RecursionError) as e:
-        return _count(counters, "malformed", 400, _error(f"not JSON: {str(e)[:200]}"))
+        return _count(counters, "malformed", "", 400, _error(f"not JSON: {str(e)[:200]}"))
     request = doc.get("request") if isinstance(doc, dict) else None
     if not isinstance(request, dict) or doc.get("kind") != "AdmissionReview":
-        return _count(counters, "malformed", 400, _error("not an AdmissionReview request"))
+        return _count(counters, "malformed", "", 400,
+                      _error("not an AdmissionReview request"))
     uid = request.get("uid")
-    if not isinstance(uid, str) or not uid:
-        return _count(counters, "malformed", 400, _error("AdmissionReview request without uid"))
+    if not isinstance(uid, str) or not uid or len(uid) > MAX_UID:
+        return _count(counters, "malformed", "", 400,
+                      _error("AdmissionReview request without a uid (or one over 128 "
+                             "characters)"))
     version = doc.get("apiVersion") if doc.get("apiVersion") in API_VERSIONS else API_VERSIONS[0]
     kind = request.get("kind")
     kind_name = kind.get("kind") if isinstance(kind, dict) else None
     raw_ns = request.get("namespace")
     namespace = raw_ns if isinstance(raw_ns, str) else ""
     if kind_name != "Pod" or request.get("subResource"):
-        outcome, m = "ignored", Mutation(status=f"not a pod ({str(kind_name)[:60]})")
+        m = Mutation(status=f"skipped: not a pod ({str(kind_name)[:60]})", reason="not a pod")
     elif request.get("operation", "CREATE") != "CREATE":
-        outcome, m = "ignored", Mutation(status=f"operation {str(request.get('operation'))[:20]}")
+        m = Mutation(status=f"skipped: operation {str(request.get('operation'))[:20]}",
+                     reason="not create")
     else:
         try:
             m = mutate(request.get("object"), namespace, settings)
         except Exception as e:  # a bug must never stop pods: allowed unchanged, and logged
             log.exception("mutation failed for %s", uid)
-            m = Mutation(status=f"internal error: {type(e).__name__}")
-            outcome = "error"
-        else:
-            outcome = "denied" if m.denied else "patched" if m.patch else "unchanged"
-    return _count(counters, outcome, 200, _response(version, uid, m))
+            m = Mutation(status=f"internal error: {type(e).__name__}", reason="error",
+                         warnings=["ftagent: internal error: the pod runs without ftagent"])
+            return _count(counters, "error", "", 200, _response(version, uid, m))
+    try:
+        answer = _response(version, uid, m)
+    except (RecursionError, ValueError):  # a patch nested deeper than JSON encodes
+        m = Mutation(status="skipped: unreadable pod (nested too deep)",
+                     reason="unreadable pod")
+        answer = _response(version, uid, m)
+    return _count(counters, "injected" if m.injected else "skipped", m.reason, 200, answer)
 
 
-def _count(counters: Counters | None, outcome: str, status: int,
+def _count(counters: Counters | None, result: str, reason: str, status: int,
            body: bytes) -> tuple[int, bytes]:
     if counters is not None:
-        counters.count(outcome)
+        counters.count(result, reason)
     return status, body
 
 
 def _response(version: str, uid: str, m: Mutation) -> bytes:
-    resp: dict[str, Any] = {"uid": uid, "allowed": not m.denied}
-    if m.denied:
-        resp["status"] = {"code": 403, "reason": "Forbidden", "message": m.denied}
-    elif m.patch:
+    resp: dict[str, Any] = {"uid": uid, "allowed": True}
+    if m.patch:
         resp["patchType"] = "JSONPatch"
         resp["patch"] = base64.b64encode(json.dumps(m.patch, separators=(",", ":")).encode()
                                          ).decode()
@@ -175,10 +193,11 @@ class WebhookServer:
         return 404, _error(f"no {route[:80]}")
 
     def _metrics(self) -> bytes:
-        lines = ["# HELP ftagent_webhook_reviews_total AdmissionReviews answered, by outcome",
+        lines = ["# HELP ftagent_webhook_reviews_total AdmissionReviews answered, by result "
+                 "(injected, skipped, error, malformed) and the reason a pod was skipped",
                  "# TYPE ftagent_webhook_reviews_total counter"]
-        lines += [f'ftagent_webhook_reviews_total{{outcome="{k}"}} {v}'
-                  for k, v in sorted(self.counters.reviews.items())]
+        lines += [f'ftagent_webhook_reviews_total{{result="{r}",reason="{why}"}} {v}'
+                  for (r, why), v in sorted(self.counters.reviews.items())]
         return ("\n".join(lines) + "\n").encode()
 
 
@@ -316,3 +335,82 @@ def tls_context(cert: str, key: str) -> ssl.SSLContext:
     ctx.load_cert_chain(cert, key)
     ctx.set_alpn_protocols(["http/1.1"])
     return ctx
+
+
+def _stamp(*paths: str) -> tuple[tuple[int, int, int], ...] | None:
+    """What changes when a file is rewritten or its kubelet symlink swapped (``..data``)."""
+    try:
+        return tuple((st.st_ino, st.st_size, st.st_mtime_ns) for st in map(os.stat, paths))
+    except OSError:
+        return None
+
+
+class CertReloader:
+    """Keeps a serving context on the certificate files as they are now: cert-manager and
+    the kubelet rotate them in place, and a webhook that read them once would fail every
+    handshake after a rotation (``failurePolicy: Ignore``: injection stops, unnoticed).
+
+    ``check()`` (every few seconds) loads changed files into the live context: OpenSSL
+    copies the context's certificate into each new connection, so new handshakes serve the
+    new pair and open connections keep theirs. A pair that does not load (a half-written
+    rotation, a key that does not match) is first tried in a scratch context and never
+    touches the live one: the old pair stays until a good one appears."""
+
+    def __init__(self, ctx: ssl.SSLContext, cert: str, key: str) -> None:
+        self.ctx, self.cert, self.key = ctx, cert, key
+        self.seen = _stamp(cert, key)
+        self.reloads = 0
+
+    def check(self) -> bool:
+        """True when the context now serves a new pair."""
+        now = _stamp(self.cert, self.key)
+        if now is None or now == self.seen:
+            return False
+        try:
+            tls_context(self.cert, self.key)  # all of it loads, or nothing changes
+            self.ctx.load_cert_chain(self.cert, self.key)
+        except (OSError, ssl.SSLError) as e:
+            log.warning("rotated certificate %s does not load yet (%s); still serving the "
+                        "previous one", self.cert, e)
+            return False
+        self.seen = now
+        self.reloads += 1
+        log.info("serving the rotated certificate %s", self.cert)
+        return True
+
+
+class CaFile:
+    """The arbiter's CA bundle that pods get, re-read when its file changes (a mounted
+    Secret key is rotated by the kubelet). A missing or unreadable file means no CA (the
+    Secret is optional); a file that is not PEM certificates is refused, keeping the last
+    good one."""
+
+    MAX = 256 * 1024
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.seen: tuple[tuple[int, int, int], ...] | None = None
+        self.pem = ""
+
+    def __call__(self) -> str:
+        now = _stamp(self.path)
+        if now is None:
+            if self.seen is not None:
+                log.warning("arbiter CA %s is gone; pods get none", self.path)
+            self.seen, self.pem = None, ""
+            return ""
+        if now != self.seen:
+            self.seen = now
+            try:
+                with open(self.path, "rb") as f:
+                    data = f.read(self.MAX + 1)
+                text = data.decode("ascii")
+            except (OSError, UnicodeDecodeError) as e:
+                log.warning("arbiter CA %s unreadable (%s)", self.path, e)
+                return self.pem
+            if len(data) > self.MAX or "-----BEGIN CERTIFICATE-----" not in text:
+                log.warning("arbiter CA %s is not a PEM certificate bundle; kept the "
+                            "previous one", self.path)
+                return self.pem
+            self.pem = text.strip()
+        return self.pem

@@ -6,10 +6,12 @@ and certificate made at start-up; with ``--webhook-config`` they are shared by e
 replica through the Secret ``--tls-secret`` and the CA is written into that
 MutatingWebhookConfiguration's ``caBundle`` (needs the RBAC in deploy/). On start it prints
 ``listening on HOST:PORT`` on stderr. Exit status 2 for a bad flag or TLS file, 1 when the
-address cannot be bound or the cluster refuses the certificate set-up.
+address cannot be bound or the cluster refuses the certificate set-up. Rotated
+``--tls-cert/--tls-key`` files are served from the next handshake on.
 
-Agents get their job's own token, derived here from the arbiter's secret (``--token`` /
-FTAGENT_TOKEN, as the arbiter's), never the secret itself.
+The webhook holds and mints no credential: an injected agent authenticates with its pod's
+own projected ServiceAccount token (audience ``--token-audience``), which the kubelet
+writes, and verifies the arbiter with the CA from ``--arbiter-ca``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import socket
 import ssl
 import sys
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,14 +42,14 @@ from ftagent.config import (
 )
 
 if TYPE_CHECKING:
-    from ftagent.kube.webhook import WebhookServer
+    from ftagent.kube.webhook import CertReloader, WebhookServer
 
 PROG = "ftagent webhook"
 
 EPILOG = """\
 examples:
   ftagent webhook --self-signed --ca-bundle-out ca.pem --listen 127.0.0.1:8443
-  FTAGENT_TOKEN=$SECRET ftagent webhook --tls-cert tls.crt --tls-key tls.key \\
+  ftagent webhook --tls-cert tls.crt --tls-key tls.key --arbiter-ca /etc/ftagent-ca/ca.crt \\
       --arbiter ftagent-arbiter.ftagent-system.svc:9400 --image ghcr.io/ftagent/ftagent:0.1.0
 """
 
@@ -75,8 +77,18 @@ class WebhookConfig:
                      "container that copies the agent into the pod", metavar="IMAGE")
     arbiter: str = opt("", "--arbiter", "arbiter HOST:PORT the agents connect to (none: "
                        "agents decide locally)", check=host_port, metavar="HOST:PORT")
-    token: str = opt("", "--token", "the arbiter's secret, to derive each job's token from "
-                     "(prefer FTAGENT_TOKEN)", metavar="SECRET")
+    arbiter_ca: str = opt("", "--arbiter-ca", "the arbiter's CA bundle (PEM) that agents "
+                          "verify it with; re-read when it changes; absent file: none",
+                          metavar="FILE")
+    token_audience: str = opt("ftagent", "--token-audience", "audience of the projected "
+                              "ServiceAccount token agents present (the arbiter's)",
+                              metavar="AUDIENCE")
+    image_pull_secrets: tuple[str, ...] = opt((), "--image-pull-secret", "Secret in the "
+                                              "pod's namespace to pull --image with "
+                                              "(repeat, or comma-separated)", metavar="NAME")
+    tls_reload_interval: float = opt(10.0, "--tls-reload-interval", "how often to look for "
+                                     "rotated --tls-cert/--tls-key files",
+                                     check=Range(0.05, 3600), metavar="SECONDS")
     metrics_port: int = opt(9430, "--agent-metrics-port", "agents' /metrics port; "
                             "hostNetwork pods get one of PORT..PORT+SPAN-1",
                             check=Range(1, 65535 - 1000), metavar="PORT")
@@ -95,8 +107,9 @@ class WebhookConfig:
 
 
 def build_parser() -> OneLineParser:
+    # no abbreviations: the removed --token must not become --token-audience
     parser = OneLineParser(prog=PROG, description=__doc__, epilog=EPILOG,
-                           formatter_class=HelpFormatter)
+                           formatter_class=HelpFormatter, allow_abbrev=False)
     add_group(parser, "webhook", WebhookConfig)
     return parser
 
@@ -112,14 +125,6 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]) -> WebhookConfig:
     if not cfg.self_signed and not (cfg.tls_cert and cfg.tls_key):
         raise ConfigError("--tls-cert and --tls-key go together")
     return cfg
-
-
-def token_deriver(secret: str) -> Callable[[str, str], str] | None:
-    if not secret:
-        return None
-    from ftagent.arbiter.auth import job_token
-
-    return lambda namespace, job: job_token(secret, namespace, job)
 
 
 def tls_files(cfg: WebhookConfig, environ: Mapping[str, str]) -> tuple[str, str]:
@@ -149,17 +154,28 @@ def tls_files(cfg: WebhookConfig, environ: Mapping[str, str]) -> tuple[str, str]
 
 def _server(cfg: WebhookConfig) -> WebhookServer:
     from ftagent.kube.inject import Settings
-    from ftagent.kube.webhook import WebhookServer
+    from ftagent.kube.webhook import CaFile, WebhookServer
 
     settings = Settings(image=cfg.image, arbiter=cfg.arbiter,
-                        token_for=token_deriver(cfg.token), metrics_port=cfg.metrics_port,
+                        arbiter_ca=CaFile(cfg.arbiter_ca) if cfg.arbiter_ca else None,
+                        token_audience=cfg.token_audience,
+                        image_pull_secrets=tuple(  # repeated, each maybe comma-separated
+                            n.strip() for v in cfg.image_pull_secrets for n in v.split(",")
+                            if n.strip()),
+                        metrics_port=cfg.metrics_port,
                         metrics_port_span=cfg.metrics_port_span)
     return WebhookServer(settings, max_body=cfg.max_body,
                          handshake_timeout=cfg.handshake_timeout)
 
 
+async def _reload(reloader: CertReloader, interval: float) -> None:
+    while True:
+        await asyncio.sleep(interval)
+        reloader.check()
+
+
 async def serve(cfg: WebhookConfig, tls: ssl.SSLContext, *, port: int | None = None,
-                ready_fd: int | None = None) -> int:
+                ready_fd: int | None = None, reloader: CertReloader | None = None) -> int:
     """Serve until SIGTERM/SIGINT. ``port`` given: one worker of several on that port,
     which says it listens by writing a byte to ``ready_fd`` (-1: says nothing; None: on
     stderr, as a single server does)."""
@@ -184,12 +200,17 @@ async def serve(cfg: WebhookConfig, tls: ssl.SSLContext, *, port: int | None = N
     else:
         sys.stderr.write(f"listening on {host}:{bound}\n")
         sys.stderr.flush()
+    watch = asyncio.ensure_future(_reload(reloader, cfg.tls_reload_interval)) \
+        if reloader is not None else None
     await stop.wait()
+    if watch is not None:
+        watch.cancel()
     await server.close()
     return 0
 
 
-def serve_workers(cfg: WebhookConfig, tls: ssl.SSLContext) -> int:
+def serve_workers(cfg: WebhookConfig, tls: ssl.SSLContext,
+                  reloader: CertReloader | None = None) -> int:
     """``--workers N``: N forked processes, each with its own SO_REUSEPORT socket on one
     port (chosen here, reserved by a bound socket that never listens, so port 0 works).
     A worker that dies is started again; SIGTERM/SIGINT stop them all."""
@@ -224,7 +245,8 @@ def serve_workers(cfg: WebhookConfig, tls: ssl.SSLContext) -> int:
                 os.close(ready_r)
             code = 1
             try:
-                code = asyncio.run(serve(cfg, tls, port=port, ready_fd=ready))
+                code = asyncio.run(serve(cfg, tls, port=port, ready_fd=ready,
+                                         reloader=reloader))
             finally:
                 os._exit(code)
         return pid
@@ -282,13 +304,14 @@ def main(argv: Sequence[str]) -> int:
     except Exception as e:  # the cluster refused (RBAC, API down): one line
         sys.stderr.write(f"{PROG}: error: self-signed certificate set-up failed: {e}\n")
         return 1
-    from ftagent.kube.webhook import tls_context
+    from ftagent.kube.webhook import CertReloader, tls_context
 
     try:
         tls = tls_context(cert, key)
     except (OSError, ssl.SSLError) as e:
         sys.stderr.write(f"{PROG}: error: cannot load --tls-cert/--tls-key: {e}\n")
         return 2
+    reloader = None if cfg.self_signed else CertReloader(tls, cert, key)
     if cfg.workers > 1:
-        return serve_workers(cfg, tls)
-    return asyncio.run(serve(cfg, tls))
+        return serve_workers(cfg, tls, reloader)
+    return asyncio.run(serve(cfg, tls, reloader=reloader))

@@ -1,0 +1,192 @@
+"""Training pods in opted-in namespaces that run without the agent: injection that failed
+open, made visible.
+
+The webhook's ``failurePolicy: Ignore`` keeps pods starting when the webhook is down, slow
+or its certificate broken, and the webhook skips pods it cannot wrap (no command, several
+containers): in both cases the pod trains without fault tolerance and nothing fails. The
+arbiter (``--kube``) watches every pod and the namespaces labelled
+``ftagent.io/inject=true``, and exports at scrape time
+
+    ftagent_training_pods_without_agent{namespace, reason}
+
+for Running pods of a training job kind (``identity.identify``: not a plain batch Job) or
+labelled ``ftagent.io/inject=true``, not opted out, in an opted-in namespace, where
+``reason`` is
+
+* ``not reviewed``: no ``ftagent.io/injected`` annotation: the webhook never answered for
+  this pod (down, timed out, TLS failing), and the API server let it through;
+* ``skipped``: the webhook saw it and left it alone (its annotation says why);
+* ``agent not connected``: injected with an arbiter to report to, Running for longer than
+  ``AGENT_GRACE``, and no agent of that pod holds a stream to this (leading) arbiter:
+  typically the agent could not start in the training image and the entry shim ran the
+  trainer alone (it says why on the pod's stderr), or the agent cannot reach or
+  authenticate to the arbiter. Counted only while this arbiter leads (followers have no
+  streams).
+
+Pure at the core (:func:`without_agent` takes a pod, returns a reason or None); the
+informers (``informer.py``) keep one small projection per pod, and the collector counts
+them when Prometheus scrapes, as client_python's custom collectors do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ftagent.kube.identity import annotations_of, identify, labels_of
+
+OPT_IN = "ftagent.io/inject"
+INJECTED = "ftagent.io/injected"
+METRIC = "ftagent_training_pods_without_agent"
+NOT_REVIEWED, SKIPPED, NOT_CONNECTED = "not reviewed", "skipped", "agent not connected"
+REASONS = (NOT_REVIEWED, SKIPPED, NOT_CONNECTED)
+INJECTED_OK = ""  # injected, with an arbiter its agent should be connected to
+AGENT_GRACE = 120.0  # seconds Running before an injected pod's agent must have connected
+
+
+@dataclass(frozen=True)
+class PodView:
+    """What the informer keeps of a running training pod (None for every other pod)."""
+
+    namespace: str
+    name: str
+    reason: str  # one of REASONS, or INJECTED_OK
+    since: float | None = None  # status.startTime (epoch seconds) when INJECTED_OK
+
+
+def view(pod: Mapping[str, Any]) -> PodView | None:
+    """The informer's projection: :func:`without_agent`, and injected pods whose agent
+    should connect (a container with a literal ``FTAGENT_ARBITER``)."""
+    found = without_agent(pod)
+    meta = pod.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    if not isinstance(name, str):
+        return None
+    if found is not None:
+        return PodView(found[0], name, found[1])
+    namespace = meta.get("namespace") if isinstance(meta, Mapping) else None
+    status = pod.get("status")
+    if not isinstance(namespace, str) or not isinstance(status, Mapping) or \
+            status.get("phase") != "Running" or \
+            not annotations_of(pod).get(INJECTED, "").startswith("true"):
+        return None
+    spec = pod.get("spec")
+    containers = spec.get("containers") if isinstance(spec, Mapping) else None
+    if not any(_arbitrated(c) for c in _list(containers)):
+        return None
+    return PodView(namespace, name, INJECTED_OK, _epoch(status.get("startTime")))
+
+
+def _list(v: Any) -> list[Any]:
+    return v if isinstance(v, list) else []
+
+
+def _arbitrated(c: Any) -> bool:
+    return isinstance(c, Mapping) and any(
+        isinstance(e, Mapping) and e.get("name") == "FTAGENT_ARBITER" and bool(e.get("value"))
+        for e in _list(c.get("env")))
+
+
+def _epoch(raw: Any) -> float | None:
+    if not isinstance(raw, str) or len(raw) > 40:
+        return None
+    try:
+        return datetime.datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def without_agent(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(namespace, reason) for a running training pod that the webhook did not inject,
+    else None."""
+    status = pod.get("status")
+    if not isinstance(status, Mapping) or status.get("phase") != "Running":
+        return None
+    labels = labels_of(pod)
+    opt = labels.get(OPT_IN, "").strip().lower()
+    if opt == "false":
+        return None
+    if opt != "true":
+        found = identify(pod, {}, labels=labels)
+        if found is None or found.kind == "job" or found.skip:
+            return None  # no training pod: not the webhook's to inject
+    meta = pod.get("metadata")
+    namespace = meta.get("namespace") if isinstance(meta, Mapping) else None
+    if not isinstance(namespace, str):
+        return None
+    note = annotations_of(pod).get(INJECTED)
+    if note is None:
+        return namespace, NOT_REVIEWED
+    if note.startswith("true"):
+        return None
+    return namespace, SKIPPED
+
+
+def count(pods: list[tuple[str, PodView | None]], opted_in: set[str],
+          connected: set[tuple[str, str]] | None, now: float,
+          grace: float = AGENT_GRACE) -> Counter[tuple[str, str]]:
+    """Pods without the agent per (namespace, reason), opted-in namespaces only.
+    ``connected``: (namespace, pod) of every agent with a stream, None when not leading."""
+    out: Counter[tuple[str, str]] = Counter()
+    for _, v in pods:
+        if v is None or v.namespace not in opted_in:
+            continue
+        if v.reason != INJECTED_OK:
+            out[(v.namespace, v.reason)] += 1
+        elif connected is not None and v.since is not None and now - v.since > grace \
+                and (v.namespace, v.name) not in connected:
+            out[(v.namespace, NOT_CONNECTED)] += 1
+    return out
+
+
+class UninjectedCollector:
+    """The gauge, read from the two informers' caches at each scrape (thread-safe: the
+    caches are). ``connected``: the (namespace, pod) of every agent with a stream to this
+    arbiter, None while it does not lead."""
+
+    def __init__(self, pods: Any, namespaces: Any,
+                 connected: Callable[[], set[tuple[str, str]] | None] = lambda: None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.pods, self.namespaces = pods, namespaces
+        self.connected, self.clock = connected, clock
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        family = GaugeMetricFamily(
+            METRIC, "Running training pods in namespaces labelled ftagent.io/inject=true "
+            "without a working agent, by namespace and why (not reviewed: the webhook never "
+            "answered for it; skipped: the webhook left it alone; agent not connected: "
+            "injected, but no agent of the pod reports to the leading arbiter).",
+            labels=["namespace", "reason"])
+        opted_in = {name for _, name in self.namespaces.items()}
+        by = count(self.pods.items(), opted_in, self.connected(), self.clock())
+        for ns in sorted(opted_in):  # a zero for every opted-in namespace: alerts see 0
+            for reason in REASONS:
+                family.add_metric([ns, reason], by.get((ns, reason), 0))
+        yield family
+
+
+def watch_uninjected(api_client: Any, loop: asyncio.AbstractEventLoop | None,
+                     registry: Any,
+                     connected: Callable[[], set[tuple[str, str]] | None] = lambda: None
+                     ) -> list[Any]:
+    """Start the pod and namespace informers and register the gauge in ``registry``
+    (needs list/watch on pods and namespaces). Returns the informers (``stop()`` them)."""
+    from kubernetes import client
+
+    from ftagent.kube.informer import Informer, pod_informer
+
+    pods = pod_informer(api_client, project=view, loop=loop)
+    namespaces = Informer(client.CoreV1Api(api_client).list_namespace, name="namespaces",
+                          label_selector=f"{OPT_IN}=true", loop=loop,
+                          project=lambda o: str(o["metadata"]["name"]))
+    for inf in (pods, namespaces):
+        inf.start()
+    registry.register(UninjectedCollector(pods, namespaces, connected))
+    return [pods, namespaces]
