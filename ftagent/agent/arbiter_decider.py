@@ -54,6 +54,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ftagent.arbiter_decider")
 
 POLL = 0.25
+EXIT_FLUSH = 2.0  # seconds for the trainer's exit to reach a connected arbiter
 
 
 class ArbiterDecider:
@@ -80,11 +81,21 @@ class ArbiterDecider:
                        asyncio.create_task(self._forward_commands())]
 
     async def close(self) -> None:
-        """Tell the arbiter how this rank ended (a moment's flush), then close the link."""
+        """Tell the arbiter how this rank ended (a moment's flush), then close the link.
+
+        A link that is down at the end (an arbiter restarting or failing over) is given
+        ``--arbiter-fail-open-after`` to come back first (what a fault waits before it is
+        decided alone): otherwise a job that finished while its arbiter was away reads
+        "gone (was running)", not succeeded."""
         try:
             await self.local.close()
-            if self._tasks:
-                await self._flush(2.0)
+            if self._tasks and self.link.connected:
+                await self._flush(EXIT_FLUSH)
+            elif self._tasks and self.link.arbiter_id and self.link.pending():
+                # it was reached once: it may be back (a restart, a failover)
+                log.warning("the arbiter is away at exit: waiting up to %.0fs for it to "
+                            "hear how this rank ended", self.fail_open_after)
+                await self._flush(self.fail_open_after)
         finally:
             if self._tasks:
                 link_task, forward = self._tasks
@@ -143,7 +154,14 @@ class ArbiterDecider:
 
     def decide(self, fault: Fault) -> None:
         if not self._decide_remotely(fault):
-            self.local.decide(fault)
+            self._decide_locally(fault)
+
+    def _decide_locally(self, fault: Fault) -> None:
+        """The local policy decides (the arbiter away or silent for this rank). A restart
+        it decides is one of the job's restarts: the link counts it, and the next Hello
+        tells the arbiter (the only other count is the arbiter's, which commands carry)."""
+        if self.local.decide_action(fault).kind is ActionKind.RESTART:
+            self.link.proto.restarted_locally()
 
     def _decide_remotely(self, fault: Fault) -> bool:
         """True when the arbiter will answer ``fault`` with a command (or the watchdog
@@ -181,7 +199,7 @@ class ArbiterDecider:
                 log.warning("arbiter unreachable for %.0fs before deciding about %s; "
                             "deciding locally", self.fail_open_after, fault.kind.value)
                 self._undecided = None
-                self.local.decide(fault)
+                self._decide_locally(fault)
                 return
             outcome = self.link.outcome(fault.id)
             if outcome is not None and self.link.commands.empty():
@@ -192,7 +210,7 @@ class ArbiterDecider:
                 log.info("the arbiter settled the %s without a command for this rank (%s)",
                          fault.kind.value, outcome)
                 if fault.kind == FaultKind.CRASH:
-                    self.local.decide(fault)  # the trainer is gone: the local policy
+                    self._decide_locally(fault)  # the trainer is gone: the local policy
                 return
             await self.link.wait_settled(POLL)
 
@@ -209,10 +227,13 @@ class ArbiterDecider:
 
     async def _flush(self, timeout: float) -> None:
         """Give the link a moment to send what is queued (the trainer's exit) before
-        closing: the arbiter should hear how this rank ended."""
+        closing, reconnecting if it must: the arbiter should hear how this rank ended."""
         deadline = time.monotonic() + timeout
-        while self.link.connected and self.link.pending() and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        while self.link.pending() and (left := deadline - time.monotonic()) > 0:
+            if self.link.connected:
+                await asyncio.sleep(0.02)
+            else:
+                await self.link.wait_connected(left)
 
     def _take_decisive(self) -> Action | None:
         """A STOP/REPLACE/RESTART that arrived while waiting at the barrier."""
@@ -254,9 +275,11 @@ class _LinkObserver:
             link.observe_timing(obs)  # where the step's time goes: stragglers at the arbiter
 
     def on_state(self, state: TrainerState, restarts: int) -> None:
+        # (``restarts`` counts this worker's attempts, rejoins included: not the job's
+        # restart count, which the link keeps from the arbiter's commands and local
+        # decisions)
         link = self.decider.link
         link.trainer_state = state.value
-        link.restarts = max(link.restarts, restarts)
         if state is TrainerState.RUNNING:
             link.started(self.decider.agent.generation, released=self.decider.released_start)
         else:

@@ -92,11 +92,17 @@ class LocalDecider:
     def decide(self, fault: Fault) -> None:
         """The local policy's action for ``fault`` goes on the action queue (of every
         worker of the node, for a restart or stop of the launcher's group)."""
+        self.decide_action(fault)
+
+    def decide_action(self, fault: Fault) -> Action:
+        """``decide``, returning the action queued (the arbiter decider counts a restart
+        it took alone)."""
         action = self.action(fault)
         if self.group is not None:
             self.group.decide(self.agent, action)
         else:
             self.agent.actions.put_nowait(action)
+        return action
 
     def report(self, fault: Fault) -> None:
         pass

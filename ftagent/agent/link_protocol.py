@@ -136,6 +136,11 @@ class LinkProtocol:
         self.arrival = pb.BarrierArrival(generation=generation, previous_trainer_exited=True)
         return pb.AgentMessage(arrival=self.arrival)
 
+    def restarted_locally(self) -> None:
+        """The local policy restarted the trainer (the arbiter away): one restart of the
+        job's budget, which the next Hello reports."""
+        self.restarts += 1
+
     def started(self, generation: int, *, released: bool) -> None:
         """A trainer of ``generation`` runs now; ``released`` False: failing open."""
         self.generation = max(self.generation, generation)
@@ -176,7 +181,9 @@ class LinkProtocol:
             if cmd.generation <= max(self.generation, self._restart_generation):
                 return  # already there (a repeated or stale REJOIN): nothing to restart
             self._restart_generation = cmd.generation
-            self.restarts += 1
+            # the arbiter's count (an older arbiter sends none: count the command)
+            self.restarts = max(self.restarts, cmd.restarts) if cmd.HasField("restarts") \
+                else self.restarts + 1
             self.trainer_running = False
             self._cover(got, lambda f: f.generation < cmd.generation,
                         f"covered by the restart to generation {cmd.generation}")

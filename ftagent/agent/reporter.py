@@ -237,6 +237,12 @@ class ArbiterLink:
         self.step_times.observe(obs)
 
     def report_exit(self, exit: ProcessExit, generation: int) -> None:
+        """The trainer exited: its last progress goes first (a summary is due only every
+        ``progress_interval``, and the arbiter should show the step the trainer ended
+        at), then the exit; both kept for the next stream while disconnected."""
+        if self._progress is not None and self._progress_new:
+            self._progress_new = False
+            self._send(pb.AgentMessage(progress=self._progress), keep=True)
         self._send(self.proto.exit(exit, generation), keep=True)
 
     def report_stacks(self, command_id: str, stacks_json: str) -> None:

@@ -25,11 +25,16 @@ _COMMAND_KINDS = {
 }
 
 
-def command_for(d: Decision, command_id: str, *, replace: bool = False) -> pb.ArbiterMessage:
-    """The command a decision sends; for REPLACE, ``replace`` picks the target's variant."""
+def command_for(d: Decision, command_id: str, *, replace: bool = False,
+                restarts: int | None = None) -> pb.ArbiterMessage:
+    """The command a decision sends; for REPLACE, ``replace`` picks the target's variant.
+    ``restarts``: the job's restart count once ``d`` is applied (restarting commands)."""
     kind = _COMMAND_KINDS[d.verdict]
     cmd = pb.Command(id=command_id, kind=kind, generation=d.generation, reason=d.reason,
                      fault_id=d.fault_id)
+    if restarts is not None and d.verdict in (Verdict.RESTART, Verdict.REPLACE,
+                                              Verdict.REJOIN):
+        cmd.restarts = restarts
     if d.verdict is Verdict.REPLACE:
         if replace:
             cmd.exit_code = EXIT_REPLACE

@@ -370,7 +370,7 @@ class Registry:
                 continue
             targets = d.targets or tuple(job.ranks)
             cid = uuid.uuid4().hex
-            data = convert.command_for(d, cid).SerializeToString()
+            data = convert.command_for(d, cid, restarts=job.restarts).SerializeToString()
             fan = None
             if received is not None and d.verdict in _TIMED and self.metrics:
                 n = sum(1 for r in targets if (rs := job.ranks.get(r)) and rs.conn is not None)
@@ -381,7 +381,8 @@ class Registry:
                     continue
                 if d.verdict is Verdict.REPLACE and r == d.rank:
                     self._command(rs, d.verdict, cid + "-replace", convert.command_for(
-                        d, cid + "-replace", replace=True).SerializeToString(), fan,
+                        d, cid + "-replace", replace=True, restarts=job.restarts
+                    ).SerializeToString(), fan,
                         d.generation)
                 else:
                     self._command(rs, d.verdict, cid, data, fan, d.generation)

@@ -262,7 +262,7 @@ class FaultAck(_message.Message):
     def __init__(self, fault_id: _Optional[str] = ..., final: _Optional[bool] = ..., outcome: _Optional[str] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("id", "kind", "generation", "exit_code", "reason", "fault_id", "target_rank")
+    __slots__ = ("id", "kind", "generation", "exit_code", "reason", "fault_id", "target_rank", "restarts")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -270,6 +270,7 @@ class Command(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     FAULT_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_RANK_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
     id: str
     kind: CommandKind
     generation: int
@@ -277,7 +278,8 @@ class Command(_message.Message):
     reason: str
     fault_id: str
     target_rank: int
-    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., generation: _Optional[int] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., fault_id: _Optional[str] = ..., target_rank: _Optional[int] = ...) -> None: ...
+    restarts: int
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., generation: _Optional[int] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., fault_id: _Optional[str] = ..., target_rank: _Optional[int] = ..., restarts: _Optional[int] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
     __slots__ = ()

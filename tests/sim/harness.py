@@ -131,6 +131,8 @@ class SimAgent:
         """local_policy.decide with --max-restarts = the job's budget."""
         self.undecided = None
         if self.restarts < self.world.budget:
+            self.world.restarted_into.add(self.generation + 1)
+            self.proto.restarted_locally()  # as ArbiterDecider._decide_locally does
             self.restart(self.generation + 1)
         else:
             self.exit(3)
@@ -202,6 +204,9 @@ class World:
         self.arbiters = 0
         self.registry = self._new_registry()
         self.restart_generations: dict[str, set[int]] = {}  # fault id -> RESTART targets
+        # generations some agent restarted into for a fault (an arbiter's RESTART or
+        # REPLACE, or its own local decision): what the job's restart count must equal
+        self.restarted_into: set[int] = set()
         self.agents = [SimAgent(self, r) for r in range(size)]
 
     def _new_registry(self) -> Registry:
@@ -275,6 +280,7 @@ class World:
             if action.kind is ActionKind.RESTART and action.fault_id:
                 self.restart_generations.setdefault(action.fault_id, set()).add(
                     action.generation)
+                self.restarted_into.add(action.generation)
             a.actions.append(action)
         a.tick()
 
@@ -338,6 +344,10 @@ class World:
                 for a in live:
                     assert not a.proto.faults, (
                         f"rank {a.rank} still holds unsettled faults {list(a.proto.faults)}")
+                # one restart per generation restarted into, across any arbiter restart
+                assert job.restarts == len(self.restarted_into), (
+                    f"the job counts {job.restarts} restarts; agents restarted into "
+                    f"generations {sorted(self.restarted_into)}")
                 return
             if job is not None and job.phase is JobPhase.STOPPED and not live:
                 return

@@ -163,6 +163,26 @@ def test_stacks_lost_with_a_broken_stream_are_decided_at_the_probes_deadline() -
     assert w.registry.jobs[("", JOB)].phase is JobPhase.STOPPED
 
 
+def test_restarts_are_counted_once_per_generation_across_arbiter_restarts() -> None:
+    """Found by the search (issue 23: 3 real restarts counted as 5 under arbiter chaos):
+    agents counted every restarting command they got, a rejoin included, and a restarted
+    arbiter adopted the highest count from their Hellos. Commands now carry the job's
+    count; heal_and_check compares it with the generations restarted into."""
+    w = World(2, budget=1)
+    w.heal_and_check()
+    w.restart_arbiter()
+    w.connect(0)
+    w.connect(1)
+    w.agents[0].crash()
+    for r in range(2):
+        w.flush(r)
+    w.restart_arbiter()
+    w.heal_and_check()
+    job = w.registry.jobs[("", JOB)]
+    assert job.restarts == 1 and job.generation == 1
+    assert {a.proto.restarts for a in w.agents} == {1}
+
+
 # --------------------------------------------------------------------------- the search
 
 EXAMPLES = int(os.environ.get("FTAGENT_SIM_EXAMPLES", "60"))
