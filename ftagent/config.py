@@ -471,6 +471,12 @@ class GpuConfig:
         (), "--gpu-xid-action", "override a row of the Xid table: XID=restart|reset_gpu|"
         "replace_node|ignore, or default=ACTION for Xids not in it (repeatable)",
         check=xid_action, metavar="XID=ACTION")
+    accelerator: str = opt(
+        "auto", "--accelerator", "which accelerators to watch: auto (what the node has: "
+        "Ascend where npu-smi or /dev/davinci* is, Kunlunxin where xpu-smi or /dev/xpu* is, "
+        "else NVIDIA), nvidia, ascend or kunlunxin (sources/accel.py); --gpu-backend "
+        "simulated:FILE then drives that vendor's simulated tool",
+        choices=("auto", "nvidia", "ascend", "kunlunxin"))
     kmsg: str = opt(
         "auto", "--kmsg", "kernel log read for NVRM Xid lines: auto (/dev/kmsg where "
         "readable, new lines only), none, or a PATH (a FIFO or a file, read from its start)",

@@ -47,6 +47,7 @@ from ftagent.node.conditions import (
     reason_of,
 )
 from ftagent.node.reports import NodeReporter
+from ftagent.sources.accel import VendorSource
 from ftagent.sources.gpu import GpuSource
 from ftagent.sources.nic import NicSource
 from ftagent.sources.rdma import RdmaSource
@@ -61,7 +62,7 @@ WRITE_RETRY_CAP = 30.0
 
 @dataclass
 class GpuWatch:
-    source: GpuSource
+    source: GpuSource | VendorSource
     detector: GpuDetector
 
 
