@@ -342,12 +342,14 @@ def add_gpu(agent: Agent, cfg: RunConfig, environ: Mapping[str, str],
 def add_vendor(agent: Agent, cfg: RunConfig, environ: Mapping[str, str],
                registry: CollectorRegistry, labels: dict[str, str], accelerator: str) -> None:
     """Ascend or Kunlunxin devices: the vendor source, its detector, the same GPU series."""
+    from ftagent.agent import supervisor
     from ftagent.detect.accel import AccelDetector, code_label
     from ftagent.detect.gpu import parse_xid_actions
     from ftagent.metrics import GpuCollector
     from ftagent.sources.accel import VendorSource, make_backend
 
-    backend = make_backend(accelerator, cfg.gpu, cfg.identity.rank)  # ConfigError
+    backend = make_backend(accelerator, cfg.gpu, cfg.identity.rank,  # ConfigError
+                           hide=supervisor.hide_from_tree, show=supervisor.show_in_tree)
     if backend is None:
         return
     try:

@@ -97,26 +97,40 @@ class Backend(Protocol):
 class Tool:
     """A vendor command line: ``run(args)`` -> (exit status, stdout, stderr), bounded."""
 
-    def __init__(self, argv: Sequence[str], name: str, timeout: float = TOOL_TIMEOUT) -> None:
+    def __init__(self, argv: Sequence[str], name: str, timeout: float = TOOL_TIMEOUT,
+                 hide: Callable[[int], None] | None = None,
+                 show: Callable[[int], None] | None = None) -> None:
+        """``hide`` / ``show``: told each tool process's pid when it starts and ends, so
+        the agent keeps it out of the trainer's tree (a restart must not kill it)."""
         self.argv = list(argv)
         self.name = name
         self.timeout = timeout
+        self.hide = hide
+        self.show = show
         self.runs = 0
 
     def run(self, args: Sequence[str]) -> tuple[int, str, str]:
         self.runs += 1
         try:
-            p = subprocess.run(self.argv + list(args), capture_output=True,
-                               timeout=self.timeout, stdin=subprocess.DEVNULL, check=False)
+            p = subprocess.Popen(self.argv + list(args), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
         except FileNotFoundError:
             raise BackendUnavailable(f"{self.name} is not installed (not on PATH)") from None
         except PermissionError:
             raise BackendUnavailable(f"{self.name}: permission denied") from None
+        if self.hide is not None:
+            self.hide(p.pid)
+        try:
+            stdout, stderr = p.communicate(timeout=self.timeout)
         except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
             return 124, "", f"{self.name} timed out after {self.timeout:g}s"
-        out = p.stdout[:TOOL_OUTPUT].decode("utf-8", "replace")
-        err = p.stderr[:4096].decode("utf-8", "replace")
-        return p.returncode, out, err
+        finally:
+            if self.show is not None:
+                self.show(p.pid)
+        out = stdout[:TOOL_OUTPUT].decode("utf-8", "replace")
+        return p.returncode, out, stderr[:4096].decode("utf-8", "replace")
 
 
 def tool_command(accelerator: str, gpu_backend: str, rank: int, t0: float | None = None
@@ -158,8 +172,11 @@ def pick(cfg: GpuConfig, environ: Mapping[str, str]) -> str:
     return detect(environ)
 
 
-def make_backend(accelerator: str, cfg: GpuConfig, rank: int = 0) -> Backend | None:
-    """The vendor backend (None for ``--gpu-backend none``); ConfigError for a bad FILE."""
+def make_backend(accelerator: str, cfg: GpuConfig, rank: int = 0,
+                 hide: Callable[[int], None] | None = None,
+                 show: Callable[[int], None] | None = None) -> Backend | None:
+    """The vendor backend (None for ``--gpu-backend none``); ConfigError for a bad FILE.
+    ``hide`` / ``show``: see ``Tool``."""
     if cfg.gpu_backend == "none":
         return None
     if cfg.gpu_backend == "nvml":
@@ -169,10 +186,10 @@ def make_backend(accelerator: str, cfg: GpuConfig, rank: int = 0) -> Backend | N
     if accelerator == "ascend":
         from ftagent.sources.ascend import AscendBackend
 
-        return AscendBackend(Tool(argv, what))
+        return AscendBackend(Tool(argv, what, hide=hide, show=show))
     from ftagent.sources.kunlunxin import KunlunxinBackend
 
-    return KunlunxinBackend(Tool(argv, what))
+    return KunlunxinBackend(Tool(argv, what, hide=hide, show=show))
 
 
 # ---------------------------------------------------------------------- visible devices
