@@ -83,9 +83,11 @@ bench: venv
 
 # On a machine with an NVIDIA GPU and driver: the real NVML source for 30 s; prints the
 # devices, the calls that worked or are not supported, the events registered and the
-# metrics; exits non-zero if NVML could not be used.
+# metrics; exits non-zero if NVML could not be used. On an Ascend or Kunlunxin node:
+# make gpu-check ACCELERATOR=ascend (npu-smi) or ACCELERATOR=kunlunxin (xpu-smi).
+ACCELERATOR ?= nvidia
 gpu-check: venv
-	$(BIN)/python -m ftagent.gpu_check --seconds 30
+	$(BIN)/python -m ftagent.gpu_check --seconds 30 --accelerator $(ACCELERATOR)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

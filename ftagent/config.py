@@ -143,11 +143,28 @@ def gpu_ids(v: str) -> str:
 def visible_gpu_ids(environ: Mapping[str, str]) -> tuple[str, ...]:
     """The GPUs the NVIDIA device plugin gave this container ($NVIDIA_VISIBLE_DEVICES:
     UUIDs by default, indices with deviceIDStrategy=index); () for all, none, void, unset
-    or anything else, which say nothing about which GPUs."""
+    or anything else, which say nothing about which GPUs. Without it, the Ascend NPUs the
+    Ascend Docker Runtime mounted ($ASCEND_VISIBLE_DEVICES: the node's NPU ids, ranges
+    such as 0-3 allowed), as indices: what a node agent's NPU fault names."""
     parts = tuple(_gpu_list(environ.get("NVIDIA_VISIBLE_DEVICES", "")))
+    if not parts:
+        parts = tuple(_npu_ids(environ.get("ASCEND_VISIBLE_DEVICES", "")))
     if not parts or len(parts) > MAX_GPUS or not all(_GPU_ID.fullmatch(p) for p in parts):
         return ()
     return parts
+
+
+def _npu_ids(text: str) -> list[str]:
+    out: list[str] = []
+    for part in _gpu_list(text[:1024]):
+        m = re.fullmatch(r"(\d{1,4})-(\d{1,4})", part)
+        if m is None:
+            out.append(part)
+        elif int(m.group(2)) - int(m.group(1)) <= MAX_GPUS:
+            out += [str(i) for i in range(int(m.group(1)), int(m.group(2)) + 1)]
+        else:
+            return []
+    return out
 
 
 def name(v: str) -> str:

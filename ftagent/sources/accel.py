@@ -272,6 +272,7 @@ class VendorSource:
         self.off_reason = ""
         self.driver = ""
         self.ready = asyncio.Event()
+        self.polled = asyncio.Event()  # set after each poll's events are emitted
         self.event_counts: dict[tuple[int, str], int] = {}
         self.calls: dict[tuple[int, str], str] = {}
         self._watched: list[WatchedDevice] = []
@@ -395,6 +396,7 @@ class VendorSource:
         while True:
             for ev in await loop.run_in_executor(None, self.poll):
                 emit(ev)
+            self.polled.set()
             await sleep_on_grid(self.cfg.gpu_poll_interval)
 
     def stop(self) -> None:
