@@ -156,7 +156,7 @@ async def check_vendor(cfg: GpuConfig, accelerator: str, seconds: float,
     await asyncio.sleep(seconds)
     try:  # at least one whole poll, however slow the tool
         await asyncio.wait_for(source.polled.wait(), 4 * TOOL_TIMEOUT)
-    except TimeoutError:
+    except asyncio.TimeoutError:  # TimeoutError from 3.11 on; 3.10 is supported
         say(f"no poll finished in {4 * TOOL_TIMEOUT:g}s")
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
