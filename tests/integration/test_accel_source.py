@@ -136,3 +136,23 @@ def test_run_without_the_vendor_tool_says_so_once_and_trains(accelerator: str) -
     off = [ln for ln in r.stderr.splitlines() if f"{accelerator} watch off" in ln]
     assert len(off) == 1 and "is not installed" in off[0], r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_tool_process_is_kept_out_of_the_trainers_tree() -> None:
+    """The agent stops its trainer by signalling every descendant it has (supervisor.tree):
+    a vendor tool running at that moment must not be one of them. (Before ``hide``, a
+    restart in place SIGTERMed a running npu-smi: 'exit status -15' in the drill.)"""
+    from ftagent.agent import supervisor
+
+    seen: list[tuple[int, list[int]]] = []
+
+    def hide(pid: int) -> None:
+        supervisor.hide_from_tree(pid)
+        seen.append((pid, supervisor.tree_pids()))
+
+    tool = Tool(["sh", "-c", "sleep 0.2; echo ok"], "sh", hide=hide,
+                show=supervisor.show_in_tree)
+    assert tool.run([]) == (0, "ok\n", "")
+    ((pid, tree),) = seen
+    assert pid not in tree
+    assert pid not in supervisor._hidden  # shown again once it exited
