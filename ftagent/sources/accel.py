@@ -42,6 +42,7 @@ TOOLS = {"ascend": "npu-smi", "kunlunxin": "xpu-smi"}
 DEVICE_GLOBS = {"ascend": "/dev/davinci[0-9]*", "kunlunxin": "/dev/xpu[0-9]*"}
 TOOL_TIMEOUT = 10.0  # seconds a vendor tool may take before the call counts as failed
 TOOL_OUTPUT = 1 << 20  # bytes of a tool's output read; the rest is not parsed
+TIMED_OUT = 124  # Tool.run's exit status for a call that ran past its timeout
 MAX_CODES = 32  # error codes taken from one device's sample
 
 
@@ -87,7 +88,9 @@ class Backend(Protocol):
         ...
 
     def sample(self, devices: Sequence[GpuDevice]) -> list[Sample]:
-        """One sample per device; a device that does not answer is ``lost``."""
+        """One sample per device the tool answered for: ``lost`` when it says the device
+        is gone; none at all for a device whose query timed out (a slow tool is not a
+        lost device: that would replace a node for a busy ``npu-smi``)."""
         ...
 
 
@@ -125,7 +128,7 @@ class Tool:
         except subprocess.TimeoutExpired:
             p.kill()
             p.communicate()
-            return 124, "", f"{self.name} timed out after {self.timeout:g}s"
+            return TIMED_OUT, "", f"{self.name} timed out after {self.timeout:g}s"
         finally:
             if self.show is not None:
                 self.show(p.pid)

@@ -13,6 +13,7 @@ One statement a line; ``#`` starts a comment; times are seconds from the backend
     t=2s dev=1 health=Critical                # OK | Warning | Alarm | Critical (Ascend)
     t=3s dev=1 clear                          # codes cleared, health back to OK
     t=5s dev=0 lost                           # the device stops answering
+    t=5s dev=1 hang                           # its queries hang (until the caller's timeout)
     t=4s dev=0 temp=70 power=300 util=90 mem_used=30000 ecc_uncorrected+=1
 
 ``npu=`` and ``xpu=`` are spellings of ``dev=``. The state at a time is the replay of
@@ -45,6 +46,7 @@ class DeviceState:
     health: str = "OK"
     codes: list[int] = field(default_factory=list)
     lost: bool = False
+    hung: bool = False
     temp: int = 40
     power: float = 90.0
     util: int = 0
@@ -94,6 +96,8 @@ def _apply(d: DeviceState, ops: tuple[tuple[str, str, str], ...]) -> None:
     for key, op, value in ops:
         if key == "lost":
             d.lost = True
+        elif key == "hang":
+            d.hung = True
         elif key == "clear":
             d.codes, d.health = [], "OK"
         elif key == "fault":
@@ -128,7 +132,8 @@ def _check(key: str, value: str) -> None:
 
 
 _DEV_KEYS = ("dev", "npu", "xpu")
-_KEYS = {"lost", "clear", "fault", "health", "power"} | _NUMERIC
+_FLAGS = ("lost", "clear", "hang")
+_KEYS = {*_FLAGS, "fault", "health", "power"} | _NUMERIC
 
 
 def parse(text: str, name: str = "<timeline>") -> Timeline:
@@ -197,9 +202,9 @@ def _line(tl: Timeline, raw: str, lineno: int) -> None:
             continue
         if key not in _KEYS:
             raise ValueError(f"unknown {key!r} (known: {', '.join(sorted(_KEYS))})")
-        if key in ("lost", "clear") and sep:
+        if key in _FLAGS and sep:
             raise ValueError(f"{key} takes no value")
-        if key not in ("lost", "clear"):
+        if key not in _FLAGS:
             if not sep:
                 raise ValueError(f"{key} needs a value")
             _check(key, value)

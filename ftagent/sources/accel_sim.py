@@ -158,7 +158,12 @@ def main(argv: list[str]) -> int:
         return 2
     tool, path, t0, rank = argv[0], argv[1], float(argv[2]), int(argv[3])
     tl = load(path)
-    rc, out, err = run(tool, tl, time.time() - t0, rank, argv[4:])
+    now = time.time() - t0
+    dev = _arg(argv[4:], "-i")
+    devs = tl.state(now, rank)
+    if dev is not None and dev.isdigit() and int(dev) < len(devs) and devs[int(dev)].hung:
+        time.sleep(3600)  # a tool stuck on a sick device: the caller's timeout ends it
+    rc, out, err = run(tool, tl, now, rank, argv[4:])
     sys.stdout.write(out)
     sys.stderr.write(err)
     return rc

@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from ftagent.detect.gpu import GpuDevice
 from ftagent.sources.accel import (
     MAX_CODES,
+    TIMED_OUT,
     BackendUnavailable,
     Sample,
     Tool,
@@ -162,6 +163,8 @@ class AscendBackend:
                 continue
             rc, out, _ = self.cmd.run(["info", "-t", "health", "-i", str(d.index), "-c",
                                        str(self._chip.get(d.index, 0))])
+            if rc == TIMED_OUT:
+                continue  # no sample this poll
             if rc != 0:
                 samples.append(Sample(d.index, "unknown", lost=True))
                 continue

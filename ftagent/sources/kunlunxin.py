@@ -26,7 +26,13 @@ import re
 from collections.abc import Mapping, Sequence
 
 from ftagent.detect.gpu import GpuDevice
-from ftagent.sources.accel import BackendUnavailable, Sample, Tool, select_visible
+from ftagent.sources.accel import (
+    TIMED_OUT,
+    BackendUnavailable,
+    Sample,
+    Tool,
+    select_visible,
+)
 from ftagent.sources.ascend import MIB, parse_codes, parse_kv
 
 _BUS = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]$")
@@ -93,6 +99,8 @@ class KunlunxinBackend:
         for d in devices:
             r = table.get(d.index)
             rc, q, _ = self.cmd.run(["-q", "-i", str(d.index)]) if r else (1, "", "")
+            if rc == TIMED_OUT:
+                continue  # no sample this poll
             if r is None or rc != 0:
                 samples.append(Sample(d.index, "unknown", lost=True))
                 continue

@@ -156,3 +156,21 @@ def test_a_tool_process_is_kept_out_of_the_trainers_tree() -> None:
     ((pid, tree),) = seen
     assert pid not in tree
     assert pid not in supervisor._hidden  # shown again once it exited
+
+
+def test_a_hung_tool_call_is_no_sample_not_a_lost_device(tmp_path: Path) -> None:
+    """npu-smi stuck on one NPU: that device has no sample this poll (no event), the other
+    is read; only the tool saying the device is gone makes it lost."""
+    from ftagent.sources.ascend import AscendBackend
+
+    tl = tmp_path / "tl.txt"
+    tl.write_text("devices 2\n")
+    cfg = GpuConfig(accelerator="ascend", gpu_backend=f"simulated:{tl}")
+    backend = make_backend("ascend", cfg)
+    assert isinstance(backend, AscendBackend)
+    backend.cmd.timeout = 1.5
+    src = VendorSource(cfg, {}, backend)
+    assert src.start()
+    tl.write_text("devices 2\nt=0 npu=1 hang\n")
+    assert src.poll() == [] and not src.gpus[1].lost
+    assert [s.index for s in backend.sample([w.dev for w in src.gpus])] == [0]
