@@ -478,9 +478,11 @@ class GpuConfig:
     """The trainer's GPUs, watched through NVML and the kernel log (sources/gpu.py)."""
 
     gpu_backend: str = opt(
-        "auto", "--gpu-backend", "auto (NVML where a driver is, else off), nvml, none, or "
-        "simulated:FILE (a scripted timeline of Xids, ECC errors, lost GPUs: drills, "
-        "alerting tests)", check=gpu_backend, metavar="auto|nvml|none|simulated:FILE")
+        "auto", "--gpu-backend", "auto (NVML where a driver is, or the --accelerator's "
+        "tool, npu-smi / xpu-smi; else off), nvml, none, or simulated:FILE (a scripted "
+        "timeline of Xids, ECC errors, lost GPUs -- or of NPU/XPU error codes with "
+        "--accelerator ascend|kunlunxin: drills, alerting tests)", check=gpu_backend,
+        metavar="auto|nvml|none|simulated:FILE")
     gpu_poll_interval: float = opt(
         5.0, "--gpu-poll-interval", "ECC, row remapping, NVLink, throttle and recovery "
         "action polling interval", check=Range(0.05, MAX_SECONDS), metavar="SECONDS")
