@@ -19,12 +19,14 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# System packages the tests use: ip (network namespaces), promtool + prometheus.
+# System packages the tests use: ip (network namespaces), promtool + prometheus, a C
+# compiler (a fake libdcmi.so for the Ascend DCMI binding's tests).
 deps:
 	@missing=""; \
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v cc >/dev/null || missing="$$missing gcc"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing:$$missing"; \

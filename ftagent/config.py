@@ -496,6 +496,11 @@ class GpuConfig:
         "else NVIDIA), nvidia, ascend or kunlunxin (sources/accel.py); --gpu-backend "
         "simulated:FILE then drives that vendor's simulated tool",
         choices=("auto", "nvidia", "ascend", "kunlunxin"))
+    dcmi_library: str = opt(
+        "auto", "--dcmi-library", "Ascend: read health and error codes through the DCMI "
+        "library instead of a npu-smi process per NPU: auto (libdcmi.so where it loads; "
+        "not with --gpu-backend simulated:FILE), none, or a PATH",
+        metavar="auto|none|PATH")
     kmsg: str = opt(
         "auto", "--kmsg", "kernel log read for NVRM Xid lines: auto (/dev/kmsg where "
         "readable, new lines only), none, or a PATH (a FIFO or a file, read from its start)",

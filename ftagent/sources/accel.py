@@ -188,8 +188,19 @@ def make_backend(accelerator: str, cfg: GpuConfig, rank: int = 0,
     argv, what = tool_command(accelerator, cfg.gpu_backend, rank)
     if accelerator == "ascend":
         from ftagent.sources.ascend import AscendBackend
+        from ftagent.sources.dcmi import DEFAULT_PATHS, Dcmi
 
-        return AscendBackend(Tool(argv, what, hide=hide, show=show))
+        dcmi = None
+        lib = cfg.dcmi_library
+        simulated = cfg.gpu_backend.startswith("simulated:")
+        if lib != "none" and not (lib == "auto" and simulated):
+            dcmi, why = Dcmi.load(DEFAULT_PATHS if lib == "auto" else (lib,))
+            if dcmi is None:
+                log.log(logging.INFO if lib == "auto" else logging.WARNING,
+                        "DCMI library not used (%s); npu-smi answers health and codes", why)
+            else:
+                log.info("health and error codes through the DCMI library %s", dcmi.path)
+        return AscendBackend(Tool(argv, what, hide=hide, show=show), dcmi)
     from ftagent.sources.kunlunxin import KunlunxinBackend
 
     return KunlunxinBackend(Tool(argv, what, hide=hide, show=show))

@@ -19,14 +19,16 @@ Visible devices: ``ASCEND_VISIBLE_DEVICES`` (Ascend Docker Runtime, physical ids
 allowed: ``0-3``) and ``ASCEND_RT_VISIBLE_DEVICES`` (CANN runtime: indices into those).
 Link state (HCCS/RoCE, ``hccn_tool -i ID -link -g``) is not read yet.
 
-The DCMI library (``libdcmi.so``, ``dcmi_get_device_health``, ``dcmi_get_device_errorcode_v2``)
-answers the same questions without a process per call; it is not bound here (no public
-Python binding; ctypes against a header we cannot test is left for a node that has one).
-Every parser is linear in its input and ignores what it does not recognise.
+Where the DCMI library loads (``--dcmi-library``, sources/dcmi.py), health and error
+codes come from ``dcmi_get_device_health`` / ``dcmi_get_device_errorcode_v2`` instead of
+a ``npu-smi info -t health`` process per NPU (a failing call falls back to npu-smi); the
+table (telemetry, bus ids) still comes from ``npu-smi info``. Every parser is linear in
+its input and ignores what it does not recognise.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping, Sequence
 
@@ -39,6 +41,9 @@ from ftagent.sources.accel import (
     Tool,
     select_visible,
 )
+from ftagent.sources.dcmi import Dcmi, DcmiError
+
+log = logging.getLogger("ftagent.sources.ascend")
 
 HEALTH = {"OK": "ok", "Warning": "warning", "Alarm": "alarm", "Critical": "critical",
           "UNKNOWN": "unknown"}
@@ -122,10 +127,12 @@ def _unavailable(rc: int, out: str, err: str, tool: str) -> BackendUnavailable:
 class AscendBackend:
     accelerator = "ascend"
 
-    def __init__(self, tool: Tool) -> None:
+    def __init__(self, tool: Tool, dcmi: Dcmi | None = None) -> None:
         self.cmd = tool
         self.tool = tool.name
+        self.dcmi = dcmi
         self._chip: dict[int, int] = {}
+        self._dcmi_warned = False
 
     def inventory(self) -> tuple[list[GpuDevice], str]:
         rc, out, err = self.cmd.run(["info"])
@@ -161,24 +168,44 @@ class AscendBackend:
             if r is None or r["health"] == "unknown":
                 samples.append(Sample(d.index, "unknown", lost=True))
                 continue
-            rc, out, _ = self.cmd.run(["info", "-t", "health", "-i", str(d.index), "-c",
-                                       str(self._chip.get(d.index, 0))])
-            if rc == TIMED_OUT:
-                continue  # no sample this poll
-            if rc != 0:
+            read = self._health(d.index, str(r["health"]))
+            if read is None:
+                continue  # no sample this poll (the query timed out)
+            health, codes = read
+            if health == "gone":
                 samples.append(Sample(d.index, "unknown", lost=True))
                 continue
-            kv = parse_kv(out)
-            health = HEALTH.get(kv.get("Health Status", ""), str(r["health"]))
             mem = r.get("hbm") or r.get("mem")
             used, total = mem if isinstance(mem, tuple) else (None, None)
             util = r.get("util")
             power, temp = r.get("power"), r.get("temp")
             samples.append(Sample(
-                d.index, health, parse_codes(kv.get("Error Code", "")),
+                d.index, health, codes,
                 temperature_celsius=float(temp) if isinstance(temp, float) else None,
                 power_watts=float(power) if isinstance(power, float) else None,
                 utilization=util / 100.0 if isinstance(util, int) else None,
                 memory_used_bytes=used * MIB if used is not None else None,
                 memory_total_bytes=total * MIB if total is not None else None))
         return samples
+
+    def _health(self, index: int, table_health: str) -> tuple[str, tuple[int, ...]] | None:
+        """(health, codes) of one NPU: through DCMI where loaded, else ``npu-smi info -t
+        health``; health "gone" when the device no longer exists; None: no answer."""
+        chip = self._chip.get(index, 0)
+        if self.dcmi is not None:
+            try:
+                health = self.dcmi.health(index, chip)
+                return health, () if health == "gone" else self.dcmi.codes(index, chip)[
+                    :MAX_CODES]
+            except DcmiError as e:
+                if not self._dcmi_warned:
+                    self._dcmi_warned = True
+                    log.warning("%s; asking npu-smi instead", e)
+        rc, out, _ = self.cmd.run(["info", "-t", "health", "-i", str(index), "-c", str(chip)])
+        if rc == TIMED_OUT:
+            return None
+        if rc != 0:
+            return "gone", ()
+        kv = parse_kv(out)
+        return HEALTH.get(kv.get("Health Status", ""), table_health), parse_codes(
+            kv.get("Error Code", ""))

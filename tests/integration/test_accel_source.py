@@ -174,3 +174,69 @@ def test_a_hung_tool_call_is_no_sample_not_a_lost_device(tmp_path: Path) -> None
     tl.write_text("devices 2\nt=0 npu=1 hang\n")
     assert src.poll() == [] and not src.gpus[1].lost
     assert [s.index for s in backend.sample([w.dev for w in src.gpus])] == [0]
+
+
+@pytest.fixture(scope="module")
+def fake_dcmi(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/fixtures/fake_dcmi.c built into a shared library (needs a C compiler)."""
+    import shutil
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler (make deps installs gcc)")
+    out = tmp_path_factory.mktemp("dcmi") / "libdcmi.so"
+    src = Path(__file__).parent.parent / "fixtures" / "fake_dcmi.c"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out), str(src)], check=True,
+                   timeout=60)
+    return out
+
+
+def test_ascend_health_and_codes_through_the_dcmi_library(
+        tmp_path: Path, fake_dcmi: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the library loaded, health and codes are the library's (the simulated npu-smi
+    says nothing wrong: what is raised can only have come from DCMI); a chip the library
+    says does not exist is lost; a call that fails falls back to npu-smi."""
+    state = tmp_path / "dcmi-state"
+    state.write_text("0 0 0\n1 0 0\n")
+    monkeypatch.setenv("FAKE_DCMI_STATE", str(state))
+    tl = tmp_path / "tl.txt"
+    tl.write_text("devices 2\n")
+    cfg = GpuConfig(accelerator="ascend", gpu_backend=f"simulated:{tl}",
+                    dcmi_library=str(fake_dcmi))
+    from ftagent.sources.ascend import AscendBackend
+
+    backend = make_backend("ascend", cfg)
+    assert isinstance(backend, AscendBackend) and backend.dcmi is not None
+    src = VendorSource(cfg, {}, backend)
+    det = AccelDetector("ascend", devices=src.device)
+    assert src.start() and src.poll() == []
+    runs = backend.cmd.runs
+    state.write_text("0 0 3 80CB8002 8C084E00\n1 0 0\n")
+    events = src.poll()
+    assert [(e.gpu, e.kind, e.xid) for e in events] == [
+        (0, "vendor_code", 0x80CB8002), (0, "vendor_code", 0x8C084E00)]
+    assert events[0].detail == "health critical"
+    assert backend.cmd.runs == runs + 1  # the npu-smi table only: no health processes
+    assert [f.evidence["action"] for e in events for f in det.observe(e)] == [
+        "replace_node", "restart"]
+    state.write_text("0 0 3 80CB8002 8C084E00\n1 0 4294967295\n")
+    (lost,) = src.poll()
+    assert (lost.gpu, lost.kind) == (1, "lost")
+    state.write_text("")  # every call fails (-8005): npu-smi answers, nothing is lost
+    assert src.poll() == [] and not src.gpus[0].lost
+
+
+def test_a_dcmi_library_that_does_not_init_leaves_npu_smi(
+        tmp_path: Path, fake_dcmi: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from ftagent.sources.ascend import AscendBackend
+
+    monkeypatch.setenv("FAKE_DCMI_INIT_RC", "-8005")
+    tl = tmp_path / "tl.txt"
+    tl.write_text("devices 1\n")
+    cfg = GpuConfig(accelerator="ascend", gpu_backend=f"simulated:{tl}",
+                    dcmi_library=str(fake_dcmi))
+    with caplog.at_level(logging.INFO, "ftagent.sources.accel"):
+        backend = make_backend("ascend", cfg)
+    assert isinstance(backend, AscendBackend) and backend.dcmi is None
+    assert any("dcmi_init returned -8005" in r.message for r in caplog.records)
