@@ -8,7 +8,8 @@ utilisation, memory, temperature, power, ECC counters, link state -- which ``Ven
 turns into the observations the GPU detector already takes (``GpuEvent``), and into the
 ``GpuReading`` the metrics collector exports under the same ``ftagent_gpu_*`` families,
 with an ``accelerator`` label. The NVML path keeps its own source (events, not polling);
-this module's ``pick`` chooses between them (``--accelerator``).
+this module's ``pick`` chooses between them (``--accelerator``), and both sources are an
+``AcceleratorSource`` to the agents that hold them.
 
 Vendor tools are separate processes (the vendors' Python bindings are not on PyPI): each
 call runs with a timeout and a bounded read, and a tool that is absent, cannot reach its
@@ -252,6 +253,27 @@ def select_visible(environ: Mapping[str, str], devices: Sequence[GpuDevice],
 
 
 # ---------------------------------------------------------------------- the source
+
+
+class DeviceView(Protocol):
+    @property
+    def dev(self) -> GpuDevice: ...
+
+
+class AcceleratorSource(Protocol):
+    """What the pod agent, the node agent and gpu-check use of an accelerator source:
+    ``gpu.GpuSource`` (NVML) and ``VendorSource`` (Ascend, Kunlunxin) both are one."""
+
+    off_reason: str
+    ready: asyncio.Event
+    event_counts: dict[tuple[int, str], int]
+
+    @property
+    def gpus(self) -> Sequence[DeviceView]: ...
+    def device(self, index: int) -> GpuDevice | None: ...
+    def readings(self) -> list[GpuReading]: ...
+    async def run(self, emit: Callable[[Observation], None]) -> None: ...
+    def stop(self) -> None: ...
 
 
 @dataclass
