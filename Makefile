@@ -19,12 +19,14 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# System packages the tests use: ip (network namespaces), promtool + prometheus.
+# System packages the tests use: ip (network namespaces), promtool + prometheus, a C
+# compiler (a fake libdcmi.so for the Ascend DCMI binding's tests).
 deps:
 	@missing=""; \
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v cc >/dev/null || missing="$$missing gcc"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing:$$missing"; \
@@ -83,9 +85,11 @@ bench: venv
 
 # On a machine with an NVIDIA GPU and driver: the real NVML source for 30 s; prints the
 # devices, the calls that worked or are not supported, the events registered and the
-# metrics; exits non-zero if NVML could not be used.
+# metrics; exits non-zero if NVML could not be used. On an Ascend or Kunlunxin node:
+# make gpu-check ACCELERATOR=ascend (npu-smi) or ACCELERATOR=kunlunxin (xpu-smi).
+ACCELERATOR ?= nvidia
 gpu-check: venv
-	$(BIN)/python -m ftagent.gpu_check --seconds 30
+	$(BIN)/python -m ftagent.gpu_check --seconds 30 --accelerator $(ACCELERATOR)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

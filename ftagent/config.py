@@ -144,11 +144,28 @@ def gpu_ids(v: str) -> str:
 def visible_gpu_ids(environ: Mapping[str, str]) -> tuple[str, ...]:
     """The GPUs the NVIDIA device plugin gave this container ($NVIDIA_VISIBLE_DEVICES:
     UUIDs by default, indices with deviceIDStrategy=index); () for all, none, void, unset
-    or anything else, which say nothing about which GPUs."""
+    or anything else, which say nothing about which GPUs. Without it, the Ascend NPUs the
+    Ascend Docker Runtime mounted ($ASCEND_VISIBLE_DEVICES: the node's NPU ids, ranges
+    such as 0-3 allowed), as indices: what a node agent's NPU fault names."""
     parts = tuple(_gpu_list(environ.get("NVIDIA_VISIBLE_DEVICES", "")))
+    if not parts:
+        parts = tuple(_npu_ids(environ.get("ASCEND_VISIBLE_DEVICES", "")))
     if not parts or len(parts) > MAX_GPUS or not all(_GPU_ID.fullmatch(p) for p in parts):
         return ()
     return parts
+
+
+def _npu_ids(text: str) -> list[str]:
+    out: list[str] = []
+    for part in _gpu_list(text[:1024]):
+        m = re.fullmatch(r"(\d{1,4})-(\d{1,4})", part)
+        if m is None:
+            out.append(part)
+        elif int(m.group(2)) - int(m.group(1)) <= MAX_GPUS:
+            out += [str(i) for i in range(int(m.group(1)), int(m.group(2)) + 1)]
+        else:
+            return []
+    return out
 
 
 def name(v: str) -> str:
@@ -462,9 +479,11 @@ class GpuConfig:
     """The trainer's GPUs, watched through NVML and the kernel log (sources/gpu.py)."""
 
     gpu_backend: str = opt(
-        "auto", "--gpu-backend", "auto (NVML where a driver is, else off), nvml, none, or "
-        "simulated:FILE (a scripted timeline of Xids, ECC errors, lost GPUs: drills, "
-        "alerting tests)", check=gpu_backend, metavar="auto|nvml|none|simulated:FILE")
+        "auto", "--gpu-backend", "auto (NVML where a driver is, or the --accelerator's "
+        "tool, npu-smi / xpu-smi; else off), nvml, none, or simulated:FILE (a scripted "
+        "timeline of Xids, ECC errors, lost GPUs -- or of NPU/XPU error codes with "
+        "--accelerator ascend|kunlunxin: drills, alerting tests)", check=gpu_backend,
+        metavar="auto|nvml|none|simulated:FILE")
     gpu_poll_interval: float = opt(
         5.0, "--gpu-poll-interval", "ECC, row remapping, NVLink, throttle and recovery "
         "action polling interval", check=Range(0.05, MAX_SECONDS), metavar="SECONDS")
@@ -472,6 +491,17 @@ class GpuConfig:
         (), "--gpu-xid-action", "override a row of the Xid table: XID=restart|reset_gpu|"
         "replace_node|ignore, or default=ACTION for Xids not in it (repeatable)",
         check=xid_action, metavar="XID=ACTION")
+    accelerator: str = opt(
+        "auto", "--accelerator", "which accelerators to watch: auto (what the node has: "
+        "Ascend where npu-smi or /dev/davinci* is, Kunlunxin where xpu-smi or /dev/xpu* is, "
+        "else NVIDIA), nvidia, ascend or kunlunxin (sources/accel.py); --gpu-backend "
+        "simulated:FILE then drives that vendor's simulated tool",
+        choices=("auto", "nvidia", "ascend", "kunlunxin"))
+    dcmi_library: str = opt(
+        "auto", "--dcmi-library", "Ascend: read health and error codes through the DCMI "
+        "library instead of a npu-smi process per NPU: auto (libdcmi.so where it loads; "
+        "not with --gpu-backend simulated:FILE), none, or a PATH",
+        metavar="auto|none|PATH")
     kmsg: str = opt(
         "auto", "--kmsg", "kernel log read for NVRM Xid lines: auto (/dev/kmsg where "
         "readable, new lines only), none, or a PATH (a FIFO or a file, read from its start)",

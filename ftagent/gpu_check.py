@@ -13,8 +13,16 @@ nvidia-ml-py), and prints:
   (turned off for that GPU, as the agent does) or the error;
 * the Prometheus samples the GPU collector produces.
 
-Exit status 0 when NVML was usable and at least one GPU was watched, 1 when not (no
-library, no driver, no GPU for this process), 2 for a bad flag.
+With ``--accelerator ascend|kunlunxin`` (``make gpu-check ACCELERATOR=ascend``) it runs
+the vendor source instead (sources/accel.py: ``npu-smi`` / ``xpu-smi``, or their
+simulators with ``--gpu-backend simulated:FILE``) and prints the tool's driver, the
+devices it shows and the ones this process may use (``ASCEND_VISIBLE_DEVICES`` /
+``ASCEND_RT_VISIBLE_DEVICES``, ``XPU_VISIBLE_DEVICES``), every event and fault, how many
+tool calls were made and what each device's last sample said, and the metrics.
+
+Exit status 0 when NVML (or the vendor tool) was usable and at least one device was
+watched, 1 when not (no library or tool, no driver, no permission, no device for this
+process), 2 for a bad flag.
 """
 
 from __future__ import annotations
@@ -25,14 +33,17 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 from prometheus_client import CollectorRegistry, generate_latest
 
 from ftagent.config import GpuConfig
+from ftagent.detect.accel import AccelDetector, code_label
 from ftagent.detect.gpu import GpuDetector
 from ftagent.metrics import GpuCollector
 from ftagent.model import GpuEvent, GpuHealth, Observation
+from ftagent.sources.accel import TOOL_TIMEOUT, VendorSource, make_backend, pick
 from ftagent.sources.gpu import GpuSource, open_backend
 
 
@@ -41,6 +52,9 @@ async def check(cfg: GpuConfig, seconds: float, out: TextIO) -> int:
         out.write(text + "\n")
         out.flush()
 
+    accelerator = pick(cfg, os.environ)
+    if accelerator != "nvidia":
+        return await check_vendor(cfg, accelerator, seconds, say)
     factory, feed = open_backend(cfg)
     if factory is None:
         say("--gpu-backend none: nothing to check")
@@ -108,6 +122,63 @@ async def check(cfg: GpuConfig, seconds: float, out: TextIO) -> int:
     return 0
 
 
+async def check_vendor(cfg: GpuConfig, accelerator: str, seconds: float,
+                       say: Callable[[str], None]) -> int:
+    """The vendor source for ``seconds``: devices, events, faults, samples, metrics."""
+    backend = make_backend(accelerator, cfg)
+    if backend is None:
+        say("--gpu-backend none: nothing to check")
+        return 1
+    source = VendorSource(cfg, os.environ, backend)
+    detector = AccelDetector(accelerator, devices=source.device)
+    started = time.monotonic()
+
+    def emit(obs: Observation) -> None:
+        at = f"[+{time.monotonic() - started:6.2f}s]"
+        if isinstance(obs, GpuEvent):
+            code = code_label(accelerator)(obs.xid) if obs.xid is not None else "-"
+            say(f"{at} event: device {obs.gpu} {obs.kind} code={code} {obs.detail[:100]}")
+        for f in detector.observe(obs):
+            say(f"{at} FAULT ({f.severity.value}, {f.scope.value}): {f.message}")
+
+    task = asyncio.create_task(source.run(emit))
+    await source.ready.wait()
+    if source.off_reason or not source.gpus:
+        say(f"{backend.tool} could not be used: {source.off_reason or 'no device'}")
+        await asyncio.gather(task, return_exceptions=True)
+        return 1
+    say(f"{accelerator}: {backend.tool}, driver {source.driver or '?'}; "
+        f"{len(source.gpus)} device(s) watched:")
+    for w in source.gpus:
+        say(f"  device {w.dev.index}: {w.dev.name}, serial {w.dev.uuid or '?'}, "
+            f"bus {w.dev.pci_bus_id or '?'}")
+    say(f"running for {seconds:g}s (poll every {cfg.gpu_poll_interval:g}s)...")
+    await asyncio.sleep(seconds)
+    try:  # at least one whole poll, however slow the tool
+        await asyncio.wait_for(source.polled.wait(), 4 * TOOL_TIMEOUT)
+    except asyncio.TimeoutError:  # TimeoutError from 3.11 on; 3.10 is supported
+        say(f"no poll finished in {4 * TOOL_TIMEOUT:g}s")
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    runs = getattr(getattr(backend, "cmd", None), "runs", 0)
+    say(f"{runs} {backend.tool} calls")
+    for r in source.readings():
+        say(f"  device {r.gpu}: lost={r.lost} temperature={r.temperature_celsius} "
+            f"power={r.power_watts} utilization={r.utilization} "
+            f"memory={r.memory_used_bytes}/{r.memory_total_bytes}")
+    registry = CollectorRegistry()
+    registry.register(GpuCollector({"job_name": "gpu-check"}, source.readings,
+                                   detector.xid_counts, detector.healthy,
+                                   lambda: dict(source.event_counts),
+                                   accelerator=accelerator,
+                                   code_label=code_label(accelerator)))
+    say("metrics:")
+    for line in generate_latest(registry).decode().splitlines():
+        if line and not line.startswith("#"):
+            say("  " + line)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ftagent.gpu_check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -115,14 +186,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-backend", default="nvml", help="nvml (default) or simulated:FILE")
     ap.add_argument("--gpu-poll-interval", type=float, default=5.0)
     ap.add_argument("--kmsg", default="auto")
+    ap.add_argument("--accelerator", default=os.environ.get("FTAGENT_ACCELERATOR", "nvidia"),
+                    choices=("auto", "nvidia", "ascend", "kunlunxin"),
+                    help="nvidia (default; NVML), ascend (npu-smi), kunlunxin (xpu-smi), "
+                    "or auto (what this machine has)")
     args = ap.parse_args(argv)
     if not 0 <= args.seconds <= 3600 or not 0.05 <= args.gpu_poll_interval <= 3600:
         ap.error("--seconds in [0, 3600] and --gpu-poll-interval in [0.05, 3600]")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="[gpu-check %(asctime)s] %(levelname)s %(message)s",
                         datefmt="%H:%M:%S")
-    cfg = GpuConfig(gpu_backend=args.gpu_backend, gpu_poll_interval=args.gpu_poll_interval,
-                    kmsg=args.kmsg)
+    backend = args.gpu_backend
+    if args.accelerator in ("ascend", "kunlunxin", "auto") and backend == "nvml":
+        backend = "auto"  # the vendor's tool (nvml is NVIDIA's)
+    cfg = GpuConfig(gpu_backend=backend, gpu_poll_interval=args.gpu_poll_interval,
+                    kmsg=args.kmsg, accelerator=args.accelerator)
     try:
         return asyncio.run(check(cfg, args.seconds, sys.stdout))
     except ValueError as e:  # a malformed simulated:FILE (ConfigError)

@@ -583,23 +583,30 @@ MAX_XID_SERIES = 512  # (GPU, Xid) pairs exported per scrape
 
 
 class GpuCollector(Collector):
-    """DCGM-exporter-like GPU series (labels ``gpu``, ``UUID``, ``pci_bus_id``,
-    ``modelName``): NVML values read at scrape time, Xid counts and health from the GPU
-    detector, NVML event counts from the source."""
+    """DCGM-exporter-like GPU series (labels ``accelerator``, ``gpu``, ``UUID``,
+    ``pci_bus_id``, ``modelName``): NVML values read at scrape time, Xid counts and health
+    from the GPU detector, NVML event counts from the source. Ascend NPUs and Kunlunxin
+    XPUs (sources/accel.py) fill the same families: ``accelerator`` says which, ``gpu`` is
+    the device index, ``UUID`` its serial, and ``xid`` the vendor's error code as
+    ``code_label`` writes it (Ascend: 8 hex digits)."""
 
     def __init__(self, identity: dict[str, str], readings: Callable[[], Iterable[GpuReading]],
                  xids: Callable[[], dict[tuple[int, int], int]],
                  healthy: Callable[[int], bool],
-                 events: Callable[[], dict[tuple[int, str], int]] = dict) -> None:
+                 events: Callable[[], dict[tuple[int, str], int]] = dict,
+                 accelerator: str = "nvidia",
+                 code_label: Callable[[int], str] = str) -> None:
         self.identity = identity
         self.readings = readings
         self.xids = xids
         self.healthy = healthy
         self.events = events
+        self.accelerator = accelerator
+        self.code_label = code_label
 
     def collect(self) -> Iterator[Any]:
-        ids = list(self.identity) + ["gpu", "UUID", "pci_bus_id", "modelName"]
-        vals = list(self.identity.values())
+        ids = list(self.identity) + ["accelerator", "gpu", "UUID", "pci_bus_id", "modelName"]
+        vals = list(self.identity.values()) + [self.accelerator]
         fams: dict[str, Any] = {}
 
         def fam(kind: type[Any], name: str, doc: str, extra: tuple[str, ...] = ()) -> Any:
@@ -622,7 +629,8 @@ class GpuCollector(Collector):
                 self._reading(fam, lv, r)
             for (gpu, xid), n in sorted(self.xids().items())[:MAX_XID_SERIES]:
                 if gpu >= 0 and gpu in labels_of:
-                    fams["ftagent_gpu_xid_errors"].add_metric(labels_of[gpu] + [str(xid)], n)
+                    fams["ftagent_gpu_xid_errors"].add_metric(
+                        labels_of[gpu] + [self.code_label(xid)], n)
                 elif gpu < 0:
                     fam(C, "ftagent_nvswitch_sxid_errors", "NVSwitch SXid errors seen in the "
                         "kernel log.", ("sxid",)).add_metric(

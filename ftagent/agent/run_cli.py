@@ -319,11 +319,18 @@ def add_nic(agent: Agent, cfg: RunConfig, environ: Mapping[str, str],
 
 def add_gpu(agent: Agent, cfg: RunConfig, environ: Mapping[str, str],
             registry: CollectorRegistry, labels: dict[str, str]) -> None:
-    """The trainer's GPUs through NVML and the kernel log, one Xid detector for both."""
+    """The trainer's GPUs through NVML and the kernel log, one Xid detector for both; or,
+    with --accelerator (or auto on a node that has them), Ascend NPUs or Kunlunxin XPUs
+    through their vendor tool (sources/accel.py)."""
     from ftagent.detect.gpu import GpuDetector, parse_xid_actions
     from ftagent.metrics import GpuCollector
+    from ftagent.sources.accel import pick
     from ftagent.sources.gpu import GpuSource, open_backend
 
+    accelerator = pick(cfg.gpu, environ)
+    if accelerator != "nvidia":
+        add_vendor(agent, cfg, environ, registry, labels, accelerator)
+        return
     factory, feed = open_backend(cfg.gpu, cfg.identity.rank)  # ConfigError: a bad FILE
     if factory is None:
         return
@@ -337,6 +344,34 @@ def add_gpu(agent: Agent, cfg: RunConfig, environ: Mapping[str, str],
     agent.detectors.append(detector)
     registry.register(GpuCollector(labels, source.readings, detector.xid_counts,
                                    detector.healthy, lambda: dict(source.event_counts)))
+
+
+def add_vendor(agent: Agent, cfg: RunConfig, environ: Mapping[str, str],
+               registry: CollectorRegistry, labels: dict[str, str], accelerator: str) -> None:
+    """Ascend or Kunlunxin devices: the vendor source, its detector, the same GPU series."""
+    from ftagent.agent import supervisor
+    from ftagent.detect.accel import AccelDetector, code_label
+    from ftagent.detect.gpu import parse_xid_actions
+    from ftagent.metrics import GpuCollector
+    from ftagent.sources.accel import VendorSource, make_backend
+
+    backend = make_backend(accelerator, cfg.gpu, cfg.identity.rank,  # ConfigError
+                           hide=supervisor.hide_from_tree, show=supervisor.show_in_tree)
+    if backend is None:
+        return
+    try:
+        overrides, default = parse_xid_actions(cfg.gpu.gpu_xid_action)
+    except ValueError as e:
+        raise ConfigError(f"--gpu-xid-action {e}") from None
+    source = VendorSource(cfg.gpu, environ, backend)
+    detector = AccelDetector(accelerator, overrides=overrides, default=default,
+                             devices=source.device)
+    agent.sources.append(source)
+    agent.detectors.append(detector)
+    registry.register(GpuCollector(labels, source.readings, detector.xid_counts,
+                                   detector.healthy, lambda: dict(source.event_counts),
+                                   accelerator=accelerator,
+                                   code_label=code_label(accelerator)))
 
 
 def latest_progress(batch: list[LogObservation]) -> list[LogObservation]:

@@ -47,7 +47,7 @@ from ftagent.node.conditions import (
     reason_of,
 )
 from ftagent.node.reports import NodeReporter
-from ftagent.sources.gpu import GpuSource
+from ftagent.sources.accel import AcceleratorSource
 from ftagent.sources.nic import NicSource
 from ftagent.sources.rdma import RdmaSource
 from ftagent.timegrid import sleep_on_grid
@@ -61,7 +61,7 @@ WRITE_RETRY_CAP = 30.0
 
 @dataclass
 class GpuWatch:
-    source: GpuSource
+    source: AcceleratorSource  # gpu.GpuSource (NVML) or accel.VendorSource
     detector: GpuDetector
 
 

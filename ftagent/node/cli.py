@@ -155,10 +155,12 @@ def physical_links(sysfs_net: str = SYSFS_NET) -> tuple[str, ...]:
 
 def build(s: NodeSettings, environ: Mapping[str, str]) -> tuple[NodeAgent, CollectorRegistry]:
     """The agent and its metrics registry; ConfigError for a bad file or flag combination."""
+    from ftagent.detect.accel import AccelDetector, code_label
     from ftagent.detect.gpu import GpuDetector, parse_xid_actions
     from ftagent.detect.nic import NicDetector
     from ftagent.metrics import GpuCollector, NicCollector
     from ftagent.model import Scope
+    from ftagent.sources.accel import VendorSource, make_backend, pick
     from ftagent.sources.gpu import GpuSource, open_backend
     from ftagent.sources.nic import NicSource
     from ftagent.sources.rdma import RdmaSource
@@ -167,7 +169,22 @@ def build(s: NodeSettings, environ: Mapping[str, str]) -> tuple[NodeAgent, Colle
     labels = {"node": node}
     registry = CollectorRegistry()
     gpu = None
-    factory, feed = open_backend(s.gpu)  # ConfigError: a bad simulated:FILE
+    accelerator = pick(s.gpu, environ)
+    factory, feed = (None, None) if accelerator != "nvidia" else open_backend(s.gpu)
+    backend = make_backend(accelerator, s.gpu) if accelerator != "nvidia" else None
+    if backend is not None:  # Ascend / Kunlunxin: every device the vendor tool shows
+        try:
+            overrides, default = parse_xid_actions(s.gpu.gpu_xid_action)
+        except ValueError as e:
+            raise ConfigError(f"--gpu-xid-action {e}") from None
+        vendor = VendorSource(s.gpu, {}, backend)
+        gpu = GpuWatch(vendor, AccelDetector(accelerator, overrides=overrides,
+                                             default=default, devices=vendor.device))
+        registry.register(GpuCollector(labels, vendor.readings, gpu.detector.xid_counts,
+                                       gpu.detector.healthy,
+                                       lambda: dict(vendor.event_counts),
+                                       accelerator=accelerator,
+                                       code_label=code_label(accelerator)))
     if factory is not None:
         try:
             overrides, default = parse_xid_actions(s.gpu.gpu_xid_action)
@@ -249,6 +266,6 @@ def main(argv: Sequence[str]) -> int:
             log.warning("metrics disabled: cannot listen on %s:%d (%s); use --metrics-port",
                         s.node.metrics_addr, port, e.strerror or e)
     log.info("node agent for %s: GPUs %s, links %s, conditions %s", agent.node,
-             s.gpu.gpu_backend, ",".join(s.nic.nic) or "physical",
+             f"{s.gpu.accelerator}:{s.gpu.gpu_backend}", ",".join(s.nic.nic) or "physical",
              s.node.kube_api or "off")
     return asyncio.run(serve(agent))

@@ -46,3 +46,28 @@ def test_a_bad_timeline_is_exit_2(tmp_path: Path) -> None:
     timeline.write_text("t=1s gpu=0 melt\n")
     r = check("--seconds", "0", "--gpu-backend", f"simulated:{timeline}")
     assert r.returncode == 2 and f"{timeline}:1:" in r.stderr
+
+
+def test_the_ascend_check_on_the_simulated_npu_smi(tmp_path: Path) -> None:
+    timeline = tmp_path / "npus.txt"
+    timeline.write_text("devices 2\ndevice npu=1 serial=2102312NNA10N5000123\n"
+                        "t=0 npu=1 fault=80CB8002 health=Critical\n")
+    r = check("--seconds", "0.5", "--gpu-poll-interval", "0.2", "--accelerator", "ascend",
+              "--gpu-backend", f"simulated:{timeline}")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "ascend: simulated npu-smi" in out and "driver 23.0.6; 2 device(s) watched:" in out
+    assert "device 1: Ascend 910B3, serial 2102312NNA10N5000123, bus 0000:01:00.0" in out
+    assert "event: device 1 vendor_code code=80CB8002 health critical" in out
+    assert "FAULT (fatal, node): GPU 1 (Ascend 910B3" in out
+    assert 'accelerator="ascend"' in out and 'xid="80CB8002"} 1.0' in out
+
+
+def test_the_kunlunxin_check_exits_1_without_the_driver(tmp_path: Path) -> None:
+    timeline = tmp_path / "xpus.txt"
+    timeline.write_text("driver not_loaded\n")
+    r = check("--seconds", "0", "--accelerator", "kunlunxin", "--gpu-backend",
+              f"simulated:{timeline}")
+    assert r.returncode == 1, r.stderr
+    assert "could not be used: simulated xpu-smi" in r.stdout
+    assert "cannot reach the XPU driver (xpu-smi: failed to initialize" in r.stdout

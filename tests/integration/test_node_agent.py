@@ -331,3 +331,30 @@ def test_every_shard_gets_the_report_and_the_gpu_condition_and_metrics_say_it(
                     assert cond is not None and cond["reason"] == "Xid48"
                     assert "GPU 0" in cond["message"]
         asyncio.run(body())
+
+
+@pytest.mark.parametrize(("accelerator", "event", "words"), [
+    ("ascend", "fault=80CB8002 health=Critical", "code:80CB8002"),
+    ("kunlunxin", "lost", "kunlunxin device is lost"),
+])
+def test_a_fatal_npu_or_xpu_error_on_a_node_replaces_its_rank(
+        tmp_path: Path, accelerator: str, event: str, words: str) -> None:
+    """`ftagent node --accelerator ascend|kunlunxin` runs the simulated npu-smi / xpu-smi
+    (every device the tool shows: the node agent has no visible-devices variable)."""
+    script = tmp_path / "devices.txt"
+    script.write_text(f"devices 2\nt=0.5s dev=1 {event}\n")
+    with ArbiterProcess() as arb:
+        async def body() -> None:
+            async with running_links(arb.address, "llama", 2) as links:  # node-0, node-1
+                with node_agent("--node", "node-1", "--arbiter", arb.address,
+                                "--accelerator", accelerator, "--gpu-backend",
+                                f"simulated:{script}", "--gpu-poll-interval", "0.2",
+                                "--nic", "none", "--report-interval", "0.5") as (_, err):
+                    replaced = await next_action(links[1])
+                    restarted = await next_action(links[0])
+                    assert replaced.kind is ActionKind.REPLACE, replaced
+                    assert restarted.kind is ActionKind.RESTART, restarted
+                    assert "node node-1" in replaced.reason and words in replaced.reason
+                    await wait_until(lambda: b"llama rank 1: replace" in err, 20,
+                                     "the node agent logging the arbiter's outcome")
+        asyncio.run(body())

@@ -270,6 +270,9 @@ U1, U2 = "GPU-6f3a1c2e-88d1-4f3e-9a2b-1c2d3e4f5a6b", "GPU-0b1c2d3e-4f5a-6b7c-8d9
     ([], {"NVIDIA_VISIBLE_DEVICES": "none"}, ()),
     ([], {"NVIDIA_VISIBLE_DEVICES": "void"}, ()),
     ([], {"NVIDIA_VISIBLE_DEVICES": f"{U1},all"}, ()),
+    ([], {"ASCEND_VISIBLE_DEVICES": "2,5-7"}, ("2", "5", "6", "7")),  # Ascend Docker Runtime
+    ([], {"ASCEND_VISIBLE_DEVICES": "0-99999"}, ()),
+    ([], {"NVIDIA_VISIBLE_DEVICES": "0", "ASCEND_VISIBLE_DEVICES": "3"}, ("0",)),
     (["--gpus", U2], {"NVIDIA_VISIBLE_DEVICES": U1}, (U2,)),  # the flag wins
     (["--gpus", f"{U1}, {U2}"], {}, (U1, U2)),
     (["--gpus", "1", "--gpus", "2"], {}, ("1", "2")),
