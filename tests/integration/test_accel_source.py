@@ -23,7 +23,7 @@ from ftagent.model import Scope, Severity
 from ftagent.sources.accel import BackendUnavailable, Tool, VendorSource, make_backend
 from tests.conftest import PY, ftagent_cmd
 
-LABELS = {"job": "j", "namespace": "", "pod": "p", "node": "n", "rank": "0"}
+LABELS = {"job_name": "j", "namespace": "", "pod": "p", "node": "n", "rank": "0"}
 
 
 def source(tmp_path: Path, accelerator: str, text: str,
