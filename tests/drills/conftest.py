@@ -50,6 +50,14 @@ def generation(lab: Lab) -> int:
                 if e.get("action") == "release_barrier"), default=-1)
 
 
+def ready(lab: Lab, checkpoint_every: int) -> None:
+    """The job settled and past its first checkpoint: where every drill starts, so that a
+    drill run alone (``pytest tests/drills -k NAME``) finds what one run after the others
+    does. Counts a drill checks (generations, decisions, restarts) are taken from here on."""
+    lab.settled()
+    trained_past(lab, checkpoint_every + 3, timeout=180)
+
+
 def trained_past(lab: Lab, step: int, timeout: float = 120) -> None:
     wait(lambda: all(lab.steps(r) > step for r in (0, 1)), timeout,
          f"both ranks past step {step}", lab)

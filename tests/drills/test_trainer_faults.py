@@ -39,6 +39,7 @@ from tests.drills.conftest import (
     before_last_resume,
     decisions,
     generation,
+    ready,
     require_lab,
     resumed,
     trained_past,
@@ -105,46 +106,54 @@ def restarts_metric(lab: Lab, at_least: float) -> float:
                       f"ftagent_job_restarts_total >= {at_least} in Prometheus", lab))
 
 
+def counts(lab: Lab) -> tuple[int, int]:
+    """The job's generation and its restart decisions so far: what a drill adds to."""
+    return generation(lab), len(decisions(lab, "restart"))
+
+
 def test_1_crash_on_one_rank_restarts_every_rank_from_the_last_checkpoint(lab: Lab) -> None:
-    lab.settled()
-    trained_past(lab, CKPT_EVERY + 3, timeout=180)
+    ready(lab, CKPT_EVERY)
     wait(lambda: len(lab.query('ftagent_trainer_running{job_name="lab"}')) == 2, 60,
          "Prometheus scraping both agents", lab)
+    gen, restarts = counts(lab)
     at = lab.steps(1)
     lab.trigger("crash", 1)
-    (crash,) = wait(lambda: faults(lab, "crash"), 60, "the crash on the timeline", lab)
-    assert crash["rank"] == 1 and crash["generation"] == 0, line_of(crash)
-    wait(lambda: decisions(lab, "restart"), 30, "a restart decision", lab)
-    recovered(lab, 1, at + 2)
-    assert len(decisions(lab, "restart")) == 1
-    assert restarts_metric(lab, 1) == 1
+    (crash,) = wait(lambda: [f for f in faults(lab, "crash") if f["generation"] == gen], 60,
+                    "the crash on the timeline", lab)
+    assert crash["rank"] == 1, line_of(crash)
+    wait(lambda: len(decisions(lab, "restart")) > restarts, 30, "a restart decision", lab)
+    recovered(lab, gen + 1, at + 2)
+    assert len(decisions(lab, "restart")) == restarts + 1
+    assert restarts_metric(lab, restarts + 1) == restarts + 1
     ev = [e for e in lab.events(1) if e["event"] == "fault" and e["kind"] == "crash"]
-    assert ev and ev[0]["exit_code"] == 3
+    assert ev and ev[-1]["exit_code"] == 3
 
 
 def test_2_hang_in_a_collective_names_the_rank_and_restarts(lab: Lab) -> None:
-    lab.settled()
+    ready(lab, CKPT_EVERY)
+    gen, restarts = counts(lab)
     at = lab.steps(1)
     lab.trigger("hang", 1)
-    restart = wait(lambda: len(decisions(lab, "restart")) >= 2 and decisions(lab, "restart"),
-                   90, "a restart after the hang", lab)[-1]
+    restart = wait(lambda: len(decisions(lab, "restart")) > restarts and
+                   decisions(lab, "restart"), 90, "a restart after the hang", lab)[-1]
     assert decisions(lab, "dump_stacks"), lab.dump()
     assert "rank 1 is not in a collective" in restart["message"], line_of(restart)
     assert "hang_before_collective" in restart["message"], line_of(restart)
     assert faults(lab, "hang"), lab.dump()
-    recovered(lab, 2, at + 2)
-    assert restarts_metric(lab, 2) == 2
+    recovered(lab, gen + 1, at + 2)
+    assert restarts_metric(lab, restarts + 1) == restarts + 1
     hangs = lab.value('sum(ftagent_faults_total{job_name="lab",kind="hang"})')
     assert hangs is not None and hangs >= 1
 
 
 def test_3_data_stall_with_chatty_logs_is_a_hang_not_progress(lab: Lab) -> None:
-    lab.settled()
+    ready(lab, CKPT_EVERY)
+    gen, restarts = counts(lab)
     at = lab.steps(0)
     since = time.time()
     lab.trigger("stall", 0)
-    restart = wait(lambda: len(decisions(lab, "restart")) >= 3 and decisions(lab, "restart"),
-                   90, "a restart after the data stall", lab)[-1]
+    restart = wait(lambda: len(decisions(lab, "restart")) > restarts and
+                   decisions(lab, "restart"), 90, "a restart after the data stall", lab)[-1]
     assert "waiting for data" in lab.log(0)
     assert "job hang" in restart["message"], line_of(restart)
     # the arbiter names the stalled rank from the stack it sent: its peer waits in the
@@ -157,27 +166,27 @@ def test_3_data_stall_with_chatty_logs_is_a_hang_not_progress(lab: Lab) -> None:
     hang = [e for e in lab.events(0) if e["event"] == "fault" and e["kind"] == "hang"
             and e["ts"] >= since]
     assert all("wait_for_data" in json.dumps(e) for e in hang), hang
-    recovered(lab, 3, at + 2)
-    assert restarts_metric(lab, 3) == 3
+    recovered(lab, gen + 1, at + 2)
+    assert restarts_metric(lab, restarts + 1) == restarts + 1
 
 
 def test_4_two_crashes_at_once_are_one_decision_and_one_restart(lab: Lab) -> None:
-    lab.settled()
+    ready(lab, CKPT_EVERY)
+    gen, restarts = counts(lab)
     at = min(lab.steps(0), lab.steps(1))
-    before = len(decisions(lab, "restart"))
     lab.trigger("crash", 0)
     lab.trigger("crash", 1)
-    wait(lambda: len({e["rank"] for e in faults(lab, "crash") if e["generation"] == 3}) == 2
-         or generation(lab) >= 4, 60, "both crashes reported", lab)
-    recovered(lab, 4, at + 3)
-    assert len(decisions(lab, "restart")) == before + 1, lab.dump()
-    assert generation(lab) == 4
-    assert restarts_metric(lab, 4) == 4
+    wait(lambda: len({e["rank"] for e in faults(lab, "crash") if e["generation"] == gen}) == 2
+         or generation(lab) >= gen + 1, 60, "both crashes reported", lab)
+    recovered(lab, gen + 1, at + 3)
+    assert len(decisions(lab, "restart")) == restarts + 1, lab.dump()
+    assert generation(lab) == gen + 1
+    assert restarts_metric(lab, restarts + 1) == restarts + 1
 
 
 def test_5_slow_rank_is_named_a_straggler_and_not_restarted(lab: Lab) -> None:
-    lab.settled()
-    gen = generation(lab)
+    ready(lab, CKPT_EVERY)
+    gen, restarts = counts(lab)
     lab.trigger("slow", 1, "4")
     try:
         found = wait(lambda: [e for e in lab.timeline() if "straggler" in str(e["message"])
@@ -187,11 +196,11 @@ def test_5_slow_rank_is_named_a_straggler_and_not_restarted(lab: Lab) -> None:
              "ftagent_rank_straggler for rank 1", lab)
     finally:
         lab.clear_trigger("slow", 1)
-    assert generation(lab) == gen and len(decisions(lab, "restart")) == 4, lab.dump()
+    assert counts(lab) == (gen, restarts), lab.dump()
 
 
 def test_6_arbiter_killed_and_restarted_mid_run_loses_nothing(lab: Lab) -> None:
-    lab.settled()
+    ready(lab, CKPT_EVERY)
     gen, restarts = generation(lab), len(decisions(lab, "restart"))
     lab.kill_arbiter()
     at = lab.steps(0)
@@ -208,7 +217,7 @@ def test_6_arbiter_killed_and_restarted_mid_run_loses_nothing(lab: Lab) -> None:
 
 
 def test_7_sigterm_to_every_agent_stops_cleanly_with_a_checkpoint(lab: Lab) -> None:
-    lab.settled()
+    ready(lab, CKPT_EVERY)
     trained_past(lab, lab.steps(0) + 3)
     start = time.monotonic()
     lab.signal_agents(signal.SIGTERM)
