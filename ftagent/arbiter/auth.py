@@ -28,21 +28,34 @@ The standard health service is exempt: Kubernetes' gRPC probes cannot send metad
 and health says nothing about jobs. Rejections are counted in
 ``ftagent_arbiter_rejected_requests`` (reasons ``unauthenticated``, ``permission_denied``).
 
-A Kubernetes authenticator (the pod's projected service-account token, audience
-``ftagent``, checked with a TokenReview) is one more ``Authenticator`` in the chain; it is
-asynchronous for that reason.
+In Kubernetes (``--kube``), ``TokenReviews`` is one more ``Authenticator`` in the chain: a
+pod's projected ServiceAccount token (audience ``--token-audience``, bound to the pod) is
+checked with a TokenReview, and the caller becomes that *pod* (namespace, name, uid, node:
+the review's, never what the caller says). A pod principal may act for its namespace's jobs
+only as its own pod: the server checks its Hello against that identity and takes the job and
+rank from the pod as the arbiter's watch sees it. A token of the node agents' ServiceAccount
+(``ftagent-node`` in the arbiter's namespace) bound to a pod on node N becomes N's node
+agent. The review call itself is plugged in by the composition root (``kube/tokenreview.py``):
+the arbiter never imports kube. Answers are cached (bounded; never past the token's own
+expiry); an API server that cannot answer makes the call UNAVAILABLE (the agent retries),
+never anonymous.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import dataclasses
 import hashlib
 import hmac
 import ipaddress
+import json
 import logging
 import struct
-from collections.abc import Awaitable, Callable, Sequence
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -74,6 +87,11 @@ class Principal:
     namespace: str | None = None
     job: str | None = None
     node: str | None = None  # a node agent's: reports for this node only (ALL_NODES: any)
+    # A pod's own credential (TokenReview): the verified pod, its uid and its node. Such a
+    # principal registers only as that pod, for the job and rank its labels give.
+    pod: str | None = None
+    pod_uid: str = ""
+    pod_node: str = ""
 
     def scope(self) -> str:
         if self.admin:
@@ -81,6 +99,8 @@ class Principal:
         if self.node is not None:
             return "every node's reports" if self.node == ALL_NODES else \
                 f"the reports of node {self.node!r}"
+        if self.pod is not None:
+            return f"pod {self.namespace}/{self.pod} (uid {self.pod_uid}) only"
         if self.job is None:
             return f"the jobs of namespace {self.namespace!r}"
         return f"job {_job_name(self.namespace or '', self.job)}"
@@ -273,9 +293,16 @@ class ClientCertificate:
 
 
 class Anyone:
-    """No credentials configured: every caller is the admin."""
+    """No credentials configured: every caller is the admin. With ``tokenless`` only a
+    caller that presents no token at all (behind an authenticator that checks tokens, a
+    token it refused must not fall through to here)."""
+
+    def __init__(self, tokenless: bool = False) -> None:
+        self.tokenless = tokenless
 
     async def authenticate(self, presented: Presented) -> Principal | None:
+        if self.tokenless and presented.bearer is not None:
+            return None
         return ANONYMOUS
 
 
@@ -293,6 +320,175 @@ class Chain:
             if p is not None:
                 return p
         return None
+
+
+# --------------------------------------------------------------------------- TokenReview
+
+EXTRA = "authentication.kubernetes.io/"
+MAX_TOKEN = 16 * 1024  # a projected token is ~1 KB; anything far larger is not one
+
+
+class ReviewUnavailable(Exception):
+    """The API server could not review the token (outage, 5xx, 403 for tokenreviews): the
+    call is refused UNAVAILABLE (retry), never let through."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reviewed:
+    """What a TokenReview said (``status``), flattened; built by kube/tokenreview.py."""
+
+    authenticated: bool
+    username: str = ""
+    audiences: tuple[str, ...] = ()
+    extra: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    error: str = ""
+
+    def one(self, key: str) -> str:
+        """The single value of extra ``authentication.kubernetes.io/<key>`` ("" if not one)."""
+        v = self.extra.get(EXTRA + key) or ()
+        return v[0] if len(v) == 1 else ""
+
+
+Review = Callable[[str], Awaitable[Reviewed]]
+
+
+def token_expiry(token: str) -> float | None:
+    """The ``exp`` claim of a JWT-shaped token, unverified (only to bound a cache entry's
+    life: the API server alone says whether the token is valid)."""
+    parts = token.split(".")
+    if len(parts) != 3 or len(parts[1]) > MAX_TOKEN:
+        return None
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except (ValueError, binascii.Error):
+        return None
+    exp = claims.get("exp") if isinstance(claims, dict) else None
+    return float(exp) if isinstance(exp, (int, float)) and not isinstance(exp, bool) else None
+
+
+def principal_of(r: Reviewed, audience: str, node_namespace: str,
+                 node_account: str = "ftagent-node") -> Principal | None:
+    """The principal a review vouches for, or None. Only pod-bound ServiceAccount tokens
+    for ``audience`` count: a token that names no pod could be anyone's."""
+    if not r.authenticated or audience not in r.audiences:
+        return None
+    prefix, _, rest = r.username.partition("system:serviceaccount:")
+    namespace, _, account = rest.partition(":")
+    pod, uid, node = r.one("pod-name"), r.one("pod-uid"), r.one("node-name")
+    if prefix or not namespace or not account or not pod or not uid:
+        return None
+    if namespace == node_namespace and account == node_account:
+        if not node:
+            return None
+        return Principal(f"node agent {namespace}/{pod} on node {node}", node=node)
+    return Principal(f"pod {namespace}/{pod}", namespace=namespace, pod=pod, pod_uid=uid,
+                     pod_node=node)
+
+
+class TokenReviews:
+    """Pod-bound projected ServiceAccount tokens, checked with ``review`` (a TokenReview).
+
+    Answers are cached by the token's SHA-256 for ``ttl`` seconds, never past the token's
+    ``exp`` (kubelet-rotated tokens are fresh strings; a deleted pod's token stops working
+    within ``ttl``); refusals for ``negative_ttl`` so a flood of bad tokens costs the API
+    server one review each per window. At most ``max_entries`` are kept (least recently
+    used first out). Concurrent calls with one token share one review."""
+
+    def __init__(self, review: Review, *, audience: str = "ftagent",
+                 node_namespace: str = "", node_account: str = "ftagent-node",
+                 ttl: float = 60.0, negative_ttl: float = 5.0, max_entries: int = 50_000,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._review = review
+        self.audience, self.node_namespace, self.node_account = (audience, node_namespace,
+                                                                 node_account)
+        self.ttl, self.negative_ttl, self.max_entries = ttl, negative_ttl, max_entries
+        self.clock = clock
+        self._cache: OrderedDict[bytes, tuple[float, Principal | None]] = OrderedDict()
+        self._inflight: dict[bytes, asyncio.Future[Principal | None]] = {}
+        self.reviews = 0  # calls made to the API server (for tests and the bench)
+
+    async def authenticate(self, presented: Presented) -> Principal | None:
+        token = presented.bearer
+        if not token or len(token) > MAX_TOKEN or token.count(".") != 2:
+            return None  # not a JWT: no review (and no API call for garbage)
+        key = hashlib.sha256(token.encode()).digest()
+        now = self.clock()
+        hit = self._cache.get(key)
+        if hit is not None:
+            if hit[0] > now:
+                self._cache.move_to_end(key)
+                return hit[1]
+            del self._cache[key]
+        pending = self._inflight.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        fut: asyncio.Future[Principal | None] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = fut
+        try:
+            self.reviews += 1
+            reviewed = await self._review(token)
+            p = principal_of(reviewed, self.audience, self.node_namespace, self.node_account)
+            life = self.ttl if p is not None else self.negative_ttl
+            exp = token_expiry(token)
+            until = min(now + life, exp) if exp is not None else now + life
+            self._cache[key] = (until, p)
+            while len(self._cache) > self.max_entries:
+                self._cache.popitem(last=False)
+            fut.set_result(p)
+            return p
+        except BaseException as e:
+            fut.set_exception(e)
+            fut.exception()  # retrieved: no "never retrieved" warning without waiters
+            raise
+        finally:
+            del self._inflight[key]
+
+
+@dataclass(frozen=True, slots=True)
+class PodFacts:
+    """A pod as the arbiter's pod watch sees it (kube/cluster.py builds it from its labels
+    with kube/identity.py): the job and rank it is, where it runs."""
+
+    uid: str
+    job: str
+    node: str = ""
+    rank: int | None = None  # None: its labels do not say (then the Hello's, held by uid)
+    world_size: int | None = None
+
+
+PodLookup = Callable[[str, str], "PodFacts | None"]  # (namespace, pod) -> facts
+
+
+def identity_problem(p: Principal, namespace: str, pod: str, node: str, job: str, rank: int,
+                     world_size: int, facts: PodFacts | None) -> tuple[str, bool]:
+    """Why a pod principal may not register with this Hello ("" when it may), and whether
+    it is worth retrying (the watch has not seen the pod yet). Every value of the Hello is
+    compared with the verified identity (the review's) and the pod as the watch sees it."""
+    if p.pod is None:
+        return "", False
+    said = [("namespace", namespace, p.namespace or ""), ("pod", pod, p.pod)]
+    if p.pod_node:
+        said.append(("node", node, p.pod_node))
+    for what, claimed, verified in said:
+        if claimed != verified:
+            return (f"Hello says {what} {claimed!r} but these credentials are pod "
+                    f"{p.namespace}/{p.pod} on node {p.pod_node or '?'}: {what} mismatch"), False
+    if facts is None:
+        return (f"pod {p.namespace}/{p.pod} is not (yet) in the arbiter's watch of ftagent "
+                "pods (label ftagent.io/job): retry"), True
+    if facts.uid != p.pod_uid:
+        return (f"pod {p.namespace}/{p.pod} is now uid {facts.uid}, these credentials are "
+                f"uid {p.pod_uid}: a replaced pod's token"), facts.uid == ""
+    if job != facts.job:
+        return (f"Hello says job {job!r} but pod {p.namespace}/{p.pod} belongs to job "
+                f"{facts.job!r} (its labels): job mismatch"), False
+    if facts.rank is not None and rank != facts.rank:
+        return (f"Hello says rank {rank} but pod {p.namespace}/{p.pod} is rank {facts.rank} "
+                "(its labels): rank mismatch"), False
+    if facts.world_size is not None and world_size > facts.world_size:
+        return (f"Hello says world size {world_size} but job {facts.job!r} has "
+                f"{facts.world_size} (pod {p.pod}'s labels): world size mismatch"), False
+    return "", False
 
 
 def authenticator_for(secret: str, client_ca: str) -> Chain:
@@ -344,7 +540,15 @@ class Guard:
     async def principal(self, context: grpc.aio.ServicerContext) -> Principal | None:
         presented = Presented.from_call(context.invocation_metadata(),
                                         context.peer_identities())
-        p = await self.authenticator.authenticate(presented)
+        try:
+            p = await self.authenticator.authenticate(presented)
+        except ReviewUnavailable as e:
+            log.warning("cannot authenticate a call from %s: %s", context.peer(), e)
+            if self.metrics:
+                self.metrics.rejected.labels(reason="unavailable").inc()
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot check credentials now "
+                                f"({e}): retry")
+            return None
         if p is None:
             why = presented.problem or ("no token" if presented.bearer is None else
                                         "token not accepted")

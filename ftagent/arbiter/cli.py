@@ -128,8 +128,32 @@ class ArbiterConfig:
     tls_client_ca: str = opt("", "--tls-client-ca", "CA that agents' client certificates "
                              "must chain to (enables mutual TLS)", metavar="PATH")
     insecure: bool = opt(False, "--insecure", "allow listening beyond loopback without "
-                         "authentication (no --token, no --tls-client-ca): any peer that "
-                         "reaches the port can speak for any job")
+                         "authentication (no --token, no --tls-client-ca, no --kube): any "
+                         "peer that reaches the port can speak for any job; with --kube, "
+                         "allow plaintext gRPC (no TLS)")
+    tls_secret: str = opt("", "--tls-secret", "with --kube: serve TLS with the Secret of "
+                          "this name in the arbiter's namespace (tls.crt, tls.key, ca.crt); "
+                          "created with a self-signed CA at first start if absent",
+                          metavar="NAME")
+    tls_service: str = opt("ftagent-arbiter", "--tls-service", "the Service agents dial: "
+                           "the certificate --tls-secret creates is for its DNS names",
+                           metavar="NAME")
+    token_audience: str = opt("ftagent", "--token-audience", "with --kube: the audience "
+                              "of the pods' projected ServiceAccount tokens, checked with a "
+                              "TokenReview", metavar="AUDIENCE")
+    node_service_account: str = opt(
+        "ftagent-node", "--node-service-account", "with --kube: the ServiceAccount (in the "
+        "arbiter's namespace) of the node agents; its pod-bound tokens report for their "
+        "node only", metavar="NAME")
+    restart_ceiling: int = opt(
+        100, "--restart-ceiling", "the most restarts a job's agents may ask for (their "
+        "--max-restarts is cut to it)", check=RESTARTS, metavar="N")
+    max_ranks_per_job: int = opt(
+        100_000, "--max-ranks-per-job", "ranks one job may register (a Hello with a larger "
+        "world size is refused)", check=Range(1, 1_000_000), metavar="N")
+    max_streams_per_identity: int = opt(
+        1024, "--max-streams-per-identity", "agent streams one credential (a pod, a job "
+        "token) may hold open at once", check=Range(1, 1_000_000), metavar="N")
     metrics_port: int = opt(
         9431, "--metrics-port", "Prometheus /metrics port; 0 picks a free port, -1 turns "
         "metrics off", check=PORT_OR_OFF, metavar="PORT")
@@ -202,6 +226,9 @@ class ArbiterConfig:
             metrics_port=self.metrics_port, metrics_addr=self.metrics_addr,
             insecure=self.insecure, state_dir=self.state_dir,
             history_retention=self.history_retention, leader_elect=self.leader_elect,
+            kube_identity=self.kube,
+            restart_ceiling=self.restart_ceiling, max_ranks_per_job=self.max_ranks_per_job,
+            max_streams_per_identity=self.max_streams_per_identity,
             policy=PolicyConfig(max_restarts=self.max_restarts,
                                 barrier_timeout=self.barrier_timeout,
                                 nic_replace_after=self.nic_replace_after,
@@ -232,7 +259,17 @@ def check_authority(cfg: ArbiterConfig) -> None:
     of ``auth``, which the server applies again; here it is one line and exit 2)."""
     from ftagent.arbiter.auth import has_credentials, listens_on_loopback
 
-    if cfg.insecure or has_credentials(cfg.token, cfg.tls_client_ca) \
+    if cfg.kube and not (cfg.insecure or cfg.tls_cert or cfg.tls_secret
+                         or listens_on_loopback(cfg.listen)):
+        raise ConfigError(f"refusing plaintext gRPC on {cfg.listen} with --kube: agents "
+                          "send their tokens over it. Set --tls-secret ftagent-arbiter-tls "
+                          "(FTAGENT_TLS_SECRET) or --tls-cert/--tls-key, or pass --insecure")
+    if cfg.tls_secret and not cfg.kube:
+        raise ConfigError("--tls-secret reads a Kubernetes Secret: it needs --kube")
+    if cfg.tls_secret and (cfg.tls_cert or cfg.tls_key):
+        raise ConfigError("--tls-secret and --tls-cert/--tls-key are two sources of one "
+                          "certificate: give one")
+    if cfg.insecure or cfg.kube or has_credentials(cfg.token, cfg.tls_client_ca) \
             or listens_on_loopback(cfg.listen):
         return
     _, port = split_host_port(cfg.listen)
@@ -244,7 +281,7 @@ def check_authority(cfg: ArbiterConfig) -> None:
 def unauthenticated_beyond_loopback(cfg: ArbiterConfig) -> bool:
     from ftagent.arbiter.auth import has_credentials, listens_on_loopback
 
-    return not has_credentials(cfg.token, cfg.tls_client_ca) \
+    return not cfg.kube and not has_credentials(cfg.token, cfg.tls_client_ca) \
         and not listens_on_loopback(cfg.listen)
 
 
@@ -424,11 +461,17 @@ async def run(cfg: ArbiterConfig) -> int:
 
         store = JobRecords(ConfigMaps(kube, cfg.history_namespace))
 
+    authenticator = None
+    if cfg.kube:
+        authenticator = kube_authenticator(cfg, kube)
+    if cfg.tls_secret:
+        cfg = tls_from_secret(cfg, kube)
+
     # /metrics is served here rather than by ArbiterServer.start(), so that it is bound
     # before the gRPC port and released if that fails (start() binds it after gRPC).
     try:
         server = ArbiterServer(dataclasses.replace(cfg.settings(), metrics_port=-1),
-                               history_store=store)
+                               authenticator=authenticator, history_store=store)
     except OSError as e:  # --state-dir cannot be created, read or written
         raise StartError(f"cannot keep history in --state-dir {cfg.state_dir}: "
                          f"{e.strerror or e}") from None
@@ -516,6 +559,7 @@ def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
         max_cordon_fraction=cfg.max_cordon_fraction,
         pending_grace=cfg.replacement_pending_grace))
     cluster.active = lambda: bool(server.leading)
+    server.pod_lookup = cluster.pod_facts
     cluster.on_cordon = lambda node, kind: server.metrics.cordons.labels(
         node=node[:253], kind=kind[:64]).inc()  # prometheus_client counters: thread-safe
     server.on_registry.append(cluster.rebind)  # each term as leader has its own registry
@@ -523,6 +567,51 @@ def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
     start_watches(cluster, kube, loop, threading.Event())
     cluster.ticker = loop.create_task(tick_forever(cluster))
     return cluster
+
+
+def kube_authenticator(cfg: ArbiterConfig, kube: Any) -> Any:
+    """--kube: pods' projected ServiceAccount tokens (TokenReview) beside what --token and
+    --tls-client-ca allow; anonymous callers only on loopback without either."""
+    from ftagent.arbiter import auth
+    from ftagent.kube.tokenreview import reviewer
+
+    chain: list[Any] = []
+    if cfg.token:
+        chain += [auth.JobTokens(cfg.token), auth.NodeTokens(cfg.token), auth.Secret(cfg.token)]
+    chain.append(auth.TokenReviews(reviewer(kube, cfg.token_audience),
+                                   audience=cfg.token_audience,
+                                   node_namespace=pod_namespace(),
+                                   node_account=cfg.node_service_account))
+    if cfg.tls_client_ca and not cfg.token:
+        chain.append(auth.ClientCertificate())
+    elif not cfg.token and not cfg.tls_client_ca and auth.listens_on_loopback(cfg.listen):
+        chain.append(auth.Anyone(tokenless=True))
+    return auth.Chain(chain)
+
+
+def tls_from_secret(cfg: ArbiterConfig, kube: Any) -> ArbiterConfig:
+    """--tls-secret: read (or create) the Secret, write its certificate and key to a
+    private temporary directory, and serve them as --tls-cert/--tls-key."""
+    import tempfile
+    from pathlib import Path
+
+    from ftagent.kube.certs import ensure_secret, service_names
+
+    namespace = pod_namespace()
+    try:
+        pems, created = ensure_secret(kube, namespace, cfg.tls_secret,
+                                      service_names(cfg.tls_service, namespace))
+    except Exception as e:
+        raise StartError(f"--tls-secret {namespace}/{cfg.tls_secret}: {e}") from None
+    if created:
+        log.warning("created Secret %s/%s with a self-signed CA for the Service %s (agents "
+                    "verify with its ca.crt)", namespace, cfg.tls_secret, cfg.tls_service)
+    d = Path(tempfile.mkdtemp(prefix="ftagent-arbiter-tls-"))
+    (d / "tls.crt").write_bytes(pems.cert)
+    key = d / "tls.key"
+    key.touch(mode=0o600)
+    key.write_bytes(pems.key)
+    return dataclasses.replace(cfg, tls_cert=str(d / "tls.crt"), tls_key=str(key))
 
 
 def kube_client(cfg: ArbiterConfig) -> Any:

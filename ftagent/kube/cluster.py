@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from ftagent.arbiter.auth import PodFacts
 from ftagent.arbiter.registry import Registry
 from ftagent.arbiter.state import Decision, JobState, Verdict
 from ftagent.kube.actuator import STATE_ANNOTATION, Actuator, Forbidden, GaveUp
@@ -44,6 +45,7 @@ from ftagent.kube.cluster_faults import (
     parse_time,
     pending_fault,
 )
+from ftagent.kube.identity import identify, literal_env, trainer_index
 from ftagent.kube.recorder import JOB_KINDS, ObjectRef, Recorder, job_owner, pod_ref
 from ftagent.model import Scope
 
@@ -112,6 +114,36 @@ class Cluster:
         self._flushing = False
         self.ticker: asyncio.Task[None] | None = None  # tick_forever, when started for it
         registry.add_decision_listener(self.on_decision)
+        registry.pod_alive = self.pod_alive
+
+    # ------------------------------------------------------------------ verified pods
+
+    def pod_facts(self, namespace: str, name: str) -> PodFacts | None:
+        """The pod as the watch sees it (job, rank, node, uid), for the server to check a
+        pod credential's Hello against; None when the watch has not seen it (or it is
+        gone). The job and rank come from its labels (kube/identity.py), the job label
+        ``ftagent.io/job`` first: never from anything the agent says."""
+        pod = self.pod_cache.get((namespace, name))
+        if not isinstance(pod, dict):
+            return None
+        uid = get(pod, "metadata", "uid")
+        job = get(pod, "metadata", "labels", JOB_LABEL)
+        if not isinstance(uid, str) or not isinstance(job, str):
+            return None
+        found = identify(pod, {})
+        index, _ = trainer_index(pod, found.role if found else "")
+        containers = get(pod, "spec", "containers")
+        if found is not None and index is not None and isinstance(containers, list):
+            found = identify(pod, literal_env(containers[index]))
+        node = get(pod, "spec", "nodeName")
+        return PodFacts(uid=uid, job=job, node=node if isinstance(node, str) else "",
+                        rank=found.rank if found else None,
+                        world_size=found.world_size if found else None)
+
+    def pod_alive(self, namespace: str, name: str, uid: str) -> bool:
+        """Is pod ``namespace/name`` with ``uid`` still in the watch (a rank it registered
+        stays its own until it is gone)?"""
+        return self._uid(namespace, name) == uid
 
     def rebind(self, registry: Registry) -> None:
         """A new registry (a term as leader began or ended): faults go to it, its
@@ -119,6 +151,7 @@ class Cluster:
         self.registry = registry
         self._replacing.clear()
         registry.add_decision_listener(self.on_decision)
+        registry.pod_alive = self.pod_alive
         if self.active():  # a term as leader: what the nodes are now, judged afresh
             self.nodes = NodeFaults(self.settings.node_notready_grace)
             for node in list(self.node_cache.values()):

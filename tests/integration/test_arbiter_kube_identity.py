@@ -1,0 +1,197 @@
+"""Identity from the cluster (issue 20): the real ``ftagent arbiter --kube`` against the
+fake API server, agents presenting real pod-bound projected ServiceAccount tokens checked
+with TokenReview. Every attack of the issue that these cover succeeded on the code before
+(a job token or any bearer was taken at its Hello's word): here it is refused, with the
+mismatch named."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+pytest.importorskip("kubernetes")
+
+from ftagent.v1 import ftagent_pb2 as pb  # noqa: E402
+from ftagent.v1 import ftagent_pb2_grpc as pb_grpc  # noqa: E402
+from ftagent.wire.credentials import bearer  # noqa: E402
+from tests.arbiter_helpers import ArbiterProcess  # noqa: E402
+from tests.integration.test_arbiter_security import hello, stream_status  # noqa: E402
+from tests.kube_fake import FakeKube  # noqa: E402
+
+SECRET = "admin-secret-0123456789"  # so that no anonymous caller exists
+NS = "team"
+ARBITER_NS = "ftagent"
+JOB = "ftagent.io/job"
+
+
+def _pod(fake: FakeKube, name: str, job: str, node: str, rank: int | None = None) -> None:
+    notes = {} if rank is None else {"ftagent.io/rank": str(rank), "ftagent.io/world-size": "2"}
+    fake.add_pod(NS, name, labels={JOB: job}, node=node)
+    if notes:
+        fake.patch("pods", name, {"metadata": {"annotations": notes}}, NS)
+
+
+@pytest.fixture(scope="module")
+def kube() -> Iterator[FakeKube]:
+    with FakeKube() as fake:
+        for n in ("n1", "n2"):
+            fake.add_node(n)
+        _pod(fake, "a-0", "alpha", "n1", rank=0)
+        _pod(fake, "a-1", "alpha", "n2", rank=1)
+        _pod(fake, "b-0", "beta", "n2", rank=0)
+        _pod(fake, "free-0", "gamma", "n1")  # labels give no rank
+        _pod(fake, "free-1", "gamma", "n2")
+        fake.add_pod(ARBITER_NS, "node-agent-n1", node="n1")
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def arbiter(kube: FakeKube) -> Iterator[ArbiterProcess]:
+    with ArbiterProcess("--kube", "--kube-api", kube.url, "--token", SECRET,
+                        "--restart-ceiling", "7", "--metrics-port", "-1",
+                        env={"POD_NAMESPACE": ARBITER_NS}) as a:
+        yield a
+
+
+def token(kube: FakeKube, pod: str, namespace: str = NS, **kw: object) -> str:
+    sa = "ftagent-node" if namespace == ARBITER_NS else "trainer"
+    return kube.mint_token(namespace, sa, pod=pod, **kw).token  # type: ignore[arg-type]
+
+
+def connect(arbiter: ArbiterProcess, tok: str, msg: pb.AgentMessage,
+            timeout: float = 15.0) -> tuple[grpc.StatusCode, str]:
+    """Connect with ``tok`` and say ``msg``; UNAVAILABLE (the pod watch has not seen the pod
+    yet) is retried, as the agent retries it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        code, details = stream_status(arbiter.address, [msg.SerializeToString()], tok,
+                                      welcome_ends=True)
+        if code != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+            return code, details
+        time.sleep(0.1)
+
+
+def own(pod: str, job: str, rank: int, node: str, **kw: object) -> pb.AgentMessage:
+    return hello(job, rank=rank, world=2, namespace=NS, pod=pod, node=node, **kw)
+
+
+def test_a_pod_registers_as_itself(kube: FakeKube, arbiter: ArbiterProcess) -> None:
+    code, details = connect(arbiter, token(kube, "a-0"), own("a-0", "alpha", 0, "n1"))
+    assert code == grpc.StatusCode.OK, details
+
+
+@pytest.mark.parametrize(("claim", "what"), [
+    (dict(pod="a-1"), "pod mismatch"),            # another rank's pod of the same job
+    (dict(node="n2"), "node mismatch"),           # a node it does not run on
+    (dict(job="beta"), "job mismatch"),           # another job of its namespace
+    (dict(namespace="kube-system", job="coredns"), "namespace mismatch"),
+    (dict(rank=1), "rank mismatch"),              # its labels say rank 0
+])
+def test_a_hello_that_disagrees_with_the_verified_pod_is_refused(
+        kube: FakeKube, arbiter: ArbiterProcess, claim: dict[str, object], what: str) -> None:
+    h = pb.Hello(job="alpha", rank=0, world_size=2, namespace=NS, pod="a-0", node="n1")
+    for k, v in claim.items():
+        setattr(h, k, v)
+    msg = pb.AgentMessage(hello=h)
+    code, details = connect(arbiter, token(kube, "a-0"), msg)
+    assert code == grpc.StatusCode.PERMISSION_DENIED, details
+    assert what in details
+
+
+@pytest.mark.parametrize("bad", ["audience", "expired", "deleted", "forged"])
+def test_tokens_the_api_server_refuses_are_unauthenticated(
+        kube: FakeKube, arbiter: ArbiterProcess, bad: str) -> None:
+    if bad == "audience":
+        tok = token(kube, "b-0", audiences=("vault",))
+    elif bad == "expired":
+        tok = token(kube, "b-0", expiration_seconds=-1)
+    elif bad == "deleted":
+        _pod(kube, "gone-0", "beta", "n1")
+        tok = token(kube, "gone-0")
+        kube.delete("pods", "gone-0", NS)
+    else:
+        head, body, _ = token(kube, "b-0").split(".")
+        tok = f"{head}.{body}.AAAA"
+    code, details = connect(arbiter, tok, own("b-0", "beta", 0, "n2"))
+    assert code == grpc.StatusCode.UNAUTHENTICATED, details
+
+
+def test_a_rank_belongs_to_the_pod_that_registered_it(kube: FakeKube,
+                                                       arbiter: ArbiterProcess) -> None:
+    assert connect(arbiter, token(kube, "free-0"), own("free-0", "gamma", 0, "n1"))[0] \
+        == grpc.StatusCode.OK  # registered, then disconnected (the call ended)
+    # another pod of the job, its agent just gone: the rank is not free to take
+    code, details = connect(arbiter, token(kube, "free-1"), own("free-1", "gamma", 0, "n2"))
+    assert code == grpc.StatusCode.PERMISSION_DENIED, details
+    assert "belongs to pod free-0" in details
+    # nor for the job's HMAC token holder (the admin secret here: any credential)
+    code, details = connect(arbiter, SECRET, own("free-1", "gamma", 0, "n2"))
+    assert code == grpc.StatusCode.PERMISSION_DENIED, details
+    # the pod gone (replaced), its successor takes the rank
+    kube.delete("pods", "free-0", NS)
+    deadline = time.monotonic() + 15
+    while True:
+        code, details = connect(arbiter, token(kube, "free-1"), own("free-1", "gamma", 0, "n2"))
+        if code == grpc.StatusCode.OK or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert code == grpc.StatusCode.OK, details
+
+
+def test_restart_budget_is_capped_by_the_arbiter(kube: FakeKube, arbiter: ArbiterProcess
+                                                 ) -> None:
+    _pod(kube, "d-0", "delta", "n1", rank=0)
+    tok = token(kube, "d-0")
+    msg = own("d-0", "delta", 0, "n1", max_restarts=1_000_000)
+    deadline = time.monotonic() + 15
+    while True:
+        with grpc.insecure_channel(arbiter.address) as ch:
+            call = ch.stream_stream("/ftagent.v1.Arbiter/Connect")(
+                iter([msg.SerializeToString()]), metadata=bearer(tok), timeout=10)
+            try:
+                first = pb.ArbiterMessage.FromString(next(iter(call)))
+                call.cancel()
+                break
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    raise
+        time.sleep(0.1)
+    assert first.welcome.max_restarts == 7
+
+
+def test_review_outage_is_unavailable_never_anonymous(kube: FakeKube,
+                                                      arbiter: ArbiterProcess) -> None:
+    kube.forbid("create", "tokenreviews.authentication.k8s.io", times=None)
+    try:
+        code, details = stream_status(arbiter.address,
+                                      [own("b-0", "beta", 0, "n2").SerializeToString()],
+                                      token(kube, "b-0"))
+        assert code == grpc.StatusCode.UNAVAILABLE, details
+        assert "tokenreviews" in details
+    finally:
+        kube.clear_faults()
+    code, details = connect(arbiter, token(kube, "b-0"), own("b-0", "beta", 0, "n2"))
+    assert code == grpc.StatusCode.OK, details
+
+
+def test_node_agent_token_reports_only_for_its_node(kube: FakeKube,
+                                                    arbiter: ArbiterProcess) -> None:
+    tok = token(kube, "node-agent-n1", namespace=ARBITER_NS)
+    with grpc.insecure_channel(arbiter.address) as ch:
+        stub = pb_grpc.ArbiterStub(ch)
+        for node, ok in (("n2", False), ("n1", True)):
+            try:
+                stub.ReportNode(pb.NodeReport(node=node), metadata=bearer(tok), timeout=10)
+                assert ok, f"a report for {node} was accepted"
+            except grpc.RpcError as e:
+                assert not ok, e.details()
+                assert e.code() == grpc.StatusCode.PERMISSION_DENIED, e.details()
+        # and a pod's own token reports for no node at all, not even its own
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ReportNode(pb.NodeReport(node="n1"), metadata=bearer(token(kube, "a-0")),
+                            timeout=10)
+        assert err.value.code() in (grpc.StatusCode.PERMISSION_DENIED,
+                                    grpc.StatusCode.UNAVAILABLE)
