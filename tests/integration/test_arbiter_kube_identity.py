@@ -6,8 +6,11 @@ mismatch named."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -17,7 +20,7 @@ pytest.importorskip("kubernetes")
 from ftagent.v1 import ftagent_pb2 as pb  # noqa: E402
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc  # noqa: E402
 from ftagent.wire.credentials import bearer  # noqa: E402
-from tests.arbiter_helpers import ArbiterProcess  # noqa: E402
+from tests.arbiter_helpers import ArbiterProcess, ftagent_cmd  # noqa: E402
 from tests.integration.test_arbiter_security import hello, stream_status  # noqa: E402
 from tests.kube_fake import FakeKube  # noqa: E402
 
@@ -27,8 +30,10 @@ ARBITER_NS = "ftagent"
 JOB = "ftagent.io/job"
 
 
-def _pod(fake: FakeKube, name: str, job: str, node: str, rank: int | None = None) -> None:
-    notes = {} if rank is None else {"ftagent.io/rank": str(rank), "ftagent.io/world-size": "2"}
+def _pod(fake: FakeKube, name: str, job: str, node: str, rank: int | None = None,
+         world: int = 2) -> None:
+    notes = {} if rank is None else {"ftagent.io/rank": str(rank),
+                                     "ftagent.io/world-size": str(world)}
     fake.add_pod(NS, name, labels={JOB: job}, node=node)
     if notes:
         fake.patch("pods", name, {"metadata": {"annotations": notes}}, NS)
@@ -195,3 +200,34 @@ def test_node_agent_token_reports_only_for_its_node(kube: FakeKube,
                             timeout=10)
         assert err.value.code() in (grpc.StatusCode.PERMISSION_DENIED,
                                     grpc.StatusCode.UNAVAILABLE)
+
+
+def test_agent_presents_its_token_file_and_the_trainer_never_sees_it(
+        kube: FakeKube, arbiter: ArbiterProcess, tmp_path: Path) -> None:
+    """C2: ``ftagent run --token-file`` (FTAGENT_TOKEN_FILE, as the webhook sets it) reads the
+    projected token at connect; FTAGENT_TOKEN and FTAGENT_TOKEN_FILE are not in the
+    trainer's environment; ``ftagent status --token-file`` reads the pod's own job."""
+    _pod(kube, "e-0", "echo", "n1", rank=0, world=1)
+    path = kube.token_file(tmp_path / "ftagent", NS, "e-0", service_account="trainer")
+    env = {**os.environ, "FTAGENT_TOKEN_FILE": str(path), "FTAGENT_TOKEN": "not-this-one",
+           "POD_NAMESPACE": NS, "POD_NAME": "e-0", "NODE_NAME": "n1"}
+    trainer = ("import os; print('CREDENTIALS', sorted(k for k in os.environ "
+               "if k.startswith('FTAGENT_TOKEN')))")
+    deadline = time.monotonic() + 60
+    while True:  # the arbiter's pod watch may not have seen e-0 yet (UNAVAILABLE: retry)
+        out = subprocess.run(
+            [*ftagent_cmd("run", "--arbiter", arbiter.address, "--job", "echo", "--rank", "0",
+                          "--world-size", "1", "--metrics-port", "-1",
+                          "--arbiter-fail-open-after", "30", "--", "python3", "-c", trainer)],
+            env=env, capture_output=True, text=True, timeout=90)
+        if "CREDENTIALS" in out.stdout or time.monotonic() > deadline:
+            break
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "CREDENTIALS []" in out.stdout, out.stdout
+    status = subprocess.run([*ftagent_cmd("status", "--arbiter", arbiter.address,
+                                          "--token-file", str(path), "echo", "--json")],
+                            env={k: v for k, v in os.environ.items()
+                                 if not k.startswith("FTAGENT_")},
+                            capture_output=True, text=True, timeout=30)
+    assert status.returncode == 0, status.stderr
+    assert '"job": "echo"' in status.stdout and "e-0" in status.stdout, status.stdout[-2000:]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from pathlib import Path
 
 import grpc
 import pytest
@@ -29,6 +30,7 @@ from ftagent.arbiter.registry import Connection, Registry
 from ftagent.arbiter.timeline import Timeline
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.wire.checks import Refused
+from ftagent.wire.credentials import current_token
 
 
 def jwt(exp: float, n: int = 0) -> str:
@@ -175,3 +177,17 @@ def test_registry_caps_restarts_ranks_and_keeps_a_rank_its_pods() -> None:
         assert reg.jobs[("ns", "j")].ranks[1].pod_uid == "u7"
 
     asyncio.run(main())
+
+
+def test_current_token_reads_the_projected_file_fresh(tmp_path: Path) -> None:
+    from tests.kube_fake.tokens import write_projected
+
+    assert current_token("tok", "") == "tok"
+    path = write_projected(tmp_path / "v", "first\n")
+    assert current_token("ignored", str(path)) == "first"
+    write_projected(tmp_path / "v", "second")  # the kubelet rotated it
+    assert current_token("ignored", str(path)) == "second"
+    assert current_token("ignored", str(tmp_path / "missing")) == ""  # refused, retried
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * (64 * 1024 + 1))
+    assert current_token("", str(big)) == ""
