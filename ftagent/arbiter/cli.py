@@ -208,6 +208,10 @@ class ArbiterConfig:
         0.1, "--max-cordon-fraction", "circuit breaker: within an hour, cordon at most this "
         "fraction (at least one node) of the nodes a job uses and of the cluster; 0 never "
         "cordons (with --kube)", check=Range(0, 1), metavar="FRACTION")
+    max_cordons: int = opt(
+        10, "--max-cordons", "circuit breaker: within an hour, cordon at most this many "
+        "nodes in the whole cluster, whatever the fraction allows (with --kube)",
+        check=Range(0, 1_000_000), metavar="N")
     replacement_pending_grace: float = opt(
         300.0, "--replacement-pending-grace", "seconds a replacement pod may stay Pending "
         "before the timeline and an Event say why it is not scheduled (with --kube)",
@@ -556,10 +560,11 @@ def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
     cluster = Cluster(server.registry, kube, KubeSettings(
         node_notready_grace=cfg.node_notready_grace,
         force_delete_after=cfg.force_delete_after,
-        max_cordon_fraction=cfg.max_cordon_fraction,
+        max_cordon_fraction=cfg.max_cordon_fraction, max_cordons=cfg.max_cordons,
         pending_grace=cfg.replacement_pending_grace))
     cluster.active = lambda: bool(server.leading)
     server.pod_lookup = cluster.pod_facts
+    server.on_node_report.append(cluster.node_reported)
     cluster.on_cordon = lambda node, kind: server.metrics.cordons.labels(
         node=node[:253], kind=kind[:64]).inc()  # prometheus_client counters: thread-safe
     server.on_registry.append(cluster.rebind)  # each term as leader has its own registry
@@ -571,7 +576,8 @@ def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
 
 def kube_authenticator(cfg: ArbiterConfig, kube: Any) -> Any:
     """--kube: pods' projected ServiceAccount tokens (TokenReview) beside what --token and
-    --tls-client-ca allow; anonymous callers only on loopback without either."""
+    --tls-client-ca allow; callers without any token are the admin only without either,
+    and only on loopback or with --insecure (a token refused never falls through)."""
     from ftagent.arbiter import auth
     from ftagent.kube.tokenreview import reviewer
 
@@ -584,7 +590,8 @@ def kube_authenticator(cfg: ArbiterConfig, kube: Any) -> Any:
                                    node_account=cfg.node_service_account))
     if cfg.tls_client_ca and not cfg.token:
         chain.append(auth.ClientCertificate())
-    elif not cfg.token and not cfg.tls_client_ca and auth.listens_on_loopback(cfg.listen):
+    elif not cfg.token and not cfg.tls_client_ca and (
+            cfg.insecure or auth.listens_on_loopback(cfg.listen)):
         chain.append(auth.Anyone(tokenless=True))
     return auth.Chain(chain)
 

@@ -155,6 +155,9 @@ class ArbiterServer:
         # --kube: the pod as the arbiter's watch sees it (kube/cluster.py); a pod
         # principal's job comes from it, and its Hello is checked against it.
         self.pod_lookup: PodLookup | None = None
+        # A node agent's report for a node was accepted (node, fault ids, kinds), before
+        # its faults are decided: node-scope evidence for the cluster (kube/cluster.py).
+        self.on_node_report: list[Callable[[str, list[str], set[str]], None]] = []
         self.on_registry: list[Callable[[Registry], None]] = []
         self.timeline, self.history, self.registry = self._new_registry(
             store if self.leading else None)
@@ -575,6 +578,15 @@ class ArbiterServer:
                                 f"({principal.name}) speak for {principal.scope()}: they may "
                                 f"not report for node {req.node!r}")
             return b""
+        if req.faults and (principal.node is not None or principal.admin):
+            ids = [m.id for m in req.faults]
+            kinds = {pb.FaultKind.Name(m.kind).removeprefix("FAULT_KIND_").lower()
+                     for m in req.faults if m.kind in pb.FaultKind.values()}
+            for hook in self.on_node_report:
+                try:
+                    hook(req.node, ids, kinds)
+                except Exception:  # a hook's bug must not lose the report
+                    log.exception("node report hook %r failed", hook)
         return node_report_ack(self.registry, req, self.arbiter_id).SerializeToString()
 
     async def _parse(self, cls: Any, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
