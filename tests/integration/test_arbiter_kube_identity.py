@@ -231,3 +231,41 @@ def test_agent_presents_its_token_file_and_the_trainer_never_sees_it(
                             capture_output=True, text=True, timeout=30)
     assert status.returncode == 0, status.stderr
     assert '"job": "echo"' in status.stdout and "e-0" in status.stdout, status.stdout[-2000:]
+
+
+def test_tls_secret_is_created_at_first_start_and_agents_verify_it(kube: FakeKube,
+                                                                  tmp_path: Path) -> None:
+    """C4: ``--tls-secret`` with no Secret yet: the arbiter creates it (self-signed CA, a
+    certificate for the Service's names) and serves TLS; a client verifying with the
+    Secret's ca.crt connects, a plaintext client does not. A second arbiter reads the same
+    Secret. Beyond loopback, --kube without TLS or --insecure refuses to start."""
+    import base64
+
+    args = ("--kube", "--kube-api", kube.url, "--token", SECRET, "--metrics-port", "-1",
+            "--tls-secret", "ftagent-arbiter-tls", "--tls-service", "localhost")
+    env = {"POD_NAMESPACE": ARBITER_NS}
+    with ArbiterProcess(*args, env=env) as a:
+        secret = kube.get("secrets", "ftagent-arbiter-tls", ARBITER_NS)
+        assert secret is not None and secret["type"] == "kubernetes.io/tls"
+        ca = base64.b64decode(secret["data"]["ca.crt"])
+        port = a.address.rpartition(":")[2]
+        creds = grpc.ssl_channel_credentials(root_certificates=ca)
+        with grpc.secure_channel(f"localhost:{port}", creds) as ch:
+            got = pb_grpc.ArbiterStub(ch).ListJobs(pb.ListJobsRequest(),
+                                                   metadata=bearer(SECRET), timeout=10)
+            assert got is not None
+        with grpc.insecure_channel(a.address) as ch, pytest.raises(grpc.RpcError):
+            pb_grpc.ArbiterStub(ch).ListJobs(pb.ListJobsRequest(), metadata=bearer(SECRET),
+                                             timeout=5)
+    # the next start reads it and makes none (what a second replica does)
+    from ftagent.kube.certs import ensure_secret
+
+    pems, created = ensure_secret(kube.client(), ARBITER_NS, "ftagent-arbiter-tls", ["x"])
+    assert not created and pems.ca == ca
+    # beyond loopback: plaintext --kube is refused (exit 2, the remedy named)
+    from ftagent.arbiter.cli import check_authority, parse
+    from ftagent.config import ConfigError
+
+    with pytest.raises(ConfigError, match="--tls-secret .*--insecure"):
+        check_authority(parse(["--kube", "--listen", "0.0.0.0:9400"], {}))
+    check_authority(parse(["--kube", "--listen", "0.0.0.0:9400", "--insecure"], {}))
