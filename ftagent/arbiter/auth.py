@@ -12,6 +12,11 @@ Credentials, from the arbiter's ``--token`` (its *secret*):
   namespace and job) speaks for that one job only: it may Connect as that job, read it
   with GetJob and WatchEvents, and ListJobs shows only it. ``ftagent token --job NAME``
   derives it; the arbiter stores nothing per job and checks it with compare_digest.
+  ``ftagent token --ttl SECONDS`` (the default: 30 days) makes an expiring one,
+  ``ftj2.<ns>.<job>.<expiry>.<mac>``, the unix expiry inside the MAC: refused from then on.
+* **rotation**: ``--previous-token OLD`` beside ``--token NEW`` accepts what either secret
+  derived (job and node tokens, the secret as admin) while the agents move to tokens of the
+  new one; remove it to end the window.
 * a **node token** ``ftn1.<node>.<mac>`` (same encoding, its own MAC context) speaks for
   one node's agent (``ftagent node``): it may only ReportNode for that node (``*``: for
   every node, the DaemonSet's one shared credential), never register ranks, read a job
@@ -66,8 +71,10 @@ from ftagent.wire.credentials import read_file
 
 log = logging.getLogger("ftagent.arbiter.auth")
 
-TOKEN_VERSION = "ftj1"
+TOKEN_VERSION = "ftj1"  # no expiry (``ftagent token --ttl 0``, and tokens made before)
 _MAC_CONTEXT = b"ftagent job token v1\x00"
+EXPIRING_VERSION = "ftj2"  # ftj2.<ns>.<job>.<expiry>.<mac>: the MAC covers the expiry
+_EXPIRING_CONTEXT = b"ftagent job token v2\x00"
 NODE_TOKEN_VERSION = "ftn1"
 _NODE_MAC_CONTEXT = b"ftagent node token v1\x00"
 ALL_NODES = "*"  # a node token for every node (one Secret for the whole DaemonSet)
@@ -150,14 +157,45 @@ def _mac(secret: str, namespace: str, job: str) -> bytes:
     return hmac.new(secret.encode(), msg, hashlib.sha256).digest()
 
 
-def job_token(secret: str, namespace: str, job: str) -> str:
-    """The token that speaks for ``job`` in ``namespace`` (derived, nothing is stored)."""
+def _expiring_mac(secret: str, namespace: str, job: str, expires: int) -> bytes:
+    ns, name = namespace.encode(), job.encode()
+    msg = (_EXPIRING_CONTEXT + struct.pack(">I", len(ns)) + ns + struct.pack(">I", len(name))
+           + name + struct.pack(">Q", expires))
+    return hmac.new(secret.encode(), msg, hashlib.sha256).digest()
+
+
+def job_token(secret: str, namespace: str, job: str, expires: int | None = None) -> str:
+    """The token that speaks for ``job`` in ``namespace`` (derived, nothing is stored);
+    with ``expires`` (unix seconds) it is refused from then on."""
     if not secret:
         raise ValueError("no secret to derive a job token from")
     if not job:
         raise ValueError("a job token needs a job name")
+    if expires is not None:
+        if not 0 < expires < 2**63:
+            raise ValueError("a token's expiry is a positive unix time")
+        return ".".join((EXPIRING_VERSION, _b64(namespace.encode()), _b64(job.encode()),
+                         _b64(str(expires).encode()),
+                         _b64(_expiring_mac(secret, namespace, job, expires))))
     return ".".join((TOKEN_VERSION, _b64(namespace.encode()), _b64(job.encode()),
                      _b64(_mac(secret, namespace, job))))
+
+
+def parse_expiring_token(token: str) -> tuple[str, str, int, bytes] | None:
+    """(namespace, job, expires, mac) of a well-formed ftj2 token, unverified."""
+    parts = token.split(".")
+    if len(parts) != 5 or parts[0] != EXPIRING_VERSION:
+        return None
+    ns, job, exp, mac = (_unb64(p) for p in parts[1:])
+    if ns is None or not job or exp is None or mac is None \
+            or len(mac) != hashlib.sha256().digest_size:
+        return None
+    if not 0 < len(exp) <= 19 or not exp.isdigit() or exp.startswith(b"0"):
+        return None
+    try:
+        return ns.decode(), job.decode(), int(exp), mac
+    except UnicodeDecodeError:
+        return None
 
 
 def parse_job_token(token: str) -> tuple[str, str, bytes] | None:
@@ -236,18 +274,37 @@ class Authenticator(Protocol):
     async def authenticate(self, presented: Presented) -> Principal | None: ...
 
 
-class JobTokens:
-    """Job tokens derived from the secret (``job_token``)."""
+def _secrets(secret: str | Sequence[str]) -> tuple[str, ...]:
+    """The secrets accepted: the current one and, during a rotation, the previous one
+    (``--previous-token``): tokens derived from either are valid until it is removed."""
+    return (secret,) if isinstance(secret, str) else tuple(s for s in secret if s)
 
-    def __init__(self, secret: str) -> None:
-        self._secret = secret
+
+class JobTokens:
+    """Job tokens derived from the secret (``job_token``); ftj2 ones until their expiry."""
+
+    def __init__(self, secret: str | Sequence[str],
+                 clock: Callable[[], float] = time.time) -> None:
+        self._secrets = _secrets(secret)
+        self.clock = clock
 
     async def authenticate(self, presented: Presented) -> Principal | None:
-        parsed = parse_job_token(presented.bearer or "")
+        token = presented.bearer or ""
+        expiring = parse_expiring_token(token)
+        if expiring is not None:
+            namespace, job, expires, mac = expiring
+            if not any(hmac.compare_digest(mac, _expiring_mac(s, namespace, job, expires))
+                       for s in self._secrets):
+                return None
+            if self.clock() >= expires:
+                log.info("job token for %s expired at %d", _job_name(namespace, job), expires)
+                return None
+            return Principal(f"job {_job_name(namespace, job)}", namespace=namespace, job=job)
+        parsed = parse_job_token(token)
         if parsed is None:
             return None
         namespace, job, mac = parsed
-        if not hmac.compare_digest(mac, _mac(self._secret, namespace, job)):
+        if not any(hmac.compare_digest(mac, _mac(s, namespace, job)) for s in self._secrets):
             return None
         return Principal(f"job {_job_name(namespace, job)}", namespace=namespace, job=job)
 
@@ -255,29 +312,30 @@ class JobTokens:
 class NodeTokens:
     """Node tokens derived from the secret (``node_token``)."""
 
-    def __init__(self, secret: str) -> None:
-        self._secret = secret
+    def __init__(self, secret: str | Sequence[str]) -> None:
+        self._secrets = _secrets(secret)
 
     async def authenticate(self, presented: Presented) -> Principal | None:
         parsed = parse_node_token(presented.bearer or "")
         if parsed is None:
             return None
         node, mac = parsed
-        if not hmac.compare_digest(mac, _node_mac(self._secret, node)):
+        if not any(hmac.compare_digest(mac, _node_mac(s, node)) for s in self._secrets):
             return None
         return Principal(f"node {node}", node=node)
 
 
 class Secret:
-    """The arbiter's secret itself: the admin."""
+    """The arbiter's secret itself (either, during a rotation): the admin."""
 
-    def __init__(self, secret: str) -> None:
-        self._secret = secret.encode()
+    def __init__(self, secret: str | Sequence[str]) -> None:
+        self._secrets = tuple(s.encode() for s in _secrets(secret))
 
     async def authenticate(self, presented: Presented) -> Principal | None:
         if presented.bearer is None:
             return None
-        if hmac.compare_digest(presented.bearer.encode(), self._secret):
+        given = presented.bearer.encode()
+        if any(hmac.compare_digest(given, s) for s in self._secrets):
             return Principal("admin (the arbiter's secret)", admin=True)
         return None
 
@@ -491,10 +549,12 @@ def identity_problem(p: Principal, namespace: str, pod: str, node: str, job: str
     return "", False
 
 
-def authenticator_for(secret: str, client_ca: str) -> Chain:
-    """The chain an arbiter with this ``--token`` and ``--tls-client-ca`` uses."""
+def authenticator_for(secret: str, client_ca: str, previous: str = "") -> Chain:
+    """The chain an arbiter with this ``--token`` (and ``--previous-token`` during a
+    rotation) and ``--tls-client-ca`` uses."""
     if secret:
-        return Chain([JobTokens(secret), NodeTokens(secret), Secret(secret)])
+        both = (secret, previous)
+        return Chain([JobTokens(both), NodeTokens(both), Secret(both)])
     if client_ca:
         return Chain([ClientCertificate()])
     return Chain([Anyone()])

@@ -131,6 +131,10 @@ class ArbiterConfig:
                          "authentication (no --token, no --tls-client-ca, no --kube): any "
                          "peer that reaches the port can speak for any job; with --kube, "
                          "allow plaintext gRPC (no TLS)")
+    previous_token: str = opt(
+        "", "--previous-token", "during a secret rotation: the old secret, accepted beside "
+        "--token (and the job and node tokens derived from it) until removed",
+        metavar="SECRET")
     tls_secret: str = opt("", "--tls-secret", "with --kube: serve TLS with the Secret of "
                           "this name in the arbiter's namespace (tls.crt, tls.key, ca.crt); "
                           "created with a self-signed CA at first start if absent",
@@ -225,7 +229,8 @@ class ArbiterConfig:
         from ftagent.arbiter.server import ServerSettings
 
         return ServerSettings(
-            listen=self.listen, token=self.token, tls_cert=self.tls_cert,
+            listen=self.listen, token=self.token, previous_token=self.previous_token,
+            tls_cert=self.tls_cert,
             tls_key=self.tls_key, tls_client_ca=self.tls_client_ca,
             metrics_port=self.metrics_port, metrics_addr=self.metrics_addr,
             insecure=self.insecure, state_dir=self.state_dir,
@@ -583,7 +588,8 @@ def kube_authenticator(cfg: ArbiterConfig, kube: Any) -> Any:
 
     chain: list[Any] = []
     if cfg.token:
-        chain += [auth.JobTokens(cfg.token), auth.NodeTokens(cfg.token), auth.Secret(cfg.token)]
+        both = (cfg.token, cfg.previous_token)
+        chain += [auth.JobTokens(both), auth.NodeTokens(both), auth.Secret(both)]
     chain.append(auth.TokenReviews(reviewer(kube, cfg.token_audience),
                                    audience=cfg.token_audience,
                                    node_namespace=pod_namespace(),

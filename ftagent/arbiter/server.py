@@ -97,6 +97,7 @@ class ServerSettings:
 
     listen: str = "127.0.0.1:0"
     token: str = ""  # the secret: the admin credential, and the key of every job token
+    previous_token: str = ""  # during a rotation: the old secret, accepted beside it
     tls_cert: str = ""
     tls_key: str = ""
     tls_client_ca: str = ""
@@ -164,9 +165,8 @@ class ArbiterServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.metrics.watch_jobs(self._job_snapshots)
         self.health = health.aio.HealthServicer()
-        self.guard = Guard(authenticator or authenticator_for(settings.token,
-                                                              settings.tls_client_ca),
-                           self.metrics)
+        self.guard = Guard(authenticator or authenticator_for(
+            settings.token, settings.tls_client_ca, settings.previous_token), self.metrics)
         self.port = 0
         self.metrics_port = 0
         self._server: grpc.aio.Server | None = None
