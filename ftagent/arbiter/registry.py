@@ -158,11 +158,6 @@ class Registry:
         key = (h.namespace, h.job)
         job = self.jobs.get(key)
         rs = job.ranks.get(h.rank) if job is not None else None
-        if (rs is not None and rs.pod_uid and conn.pod_uid != rs.pod_uid
-                and self.pod_alive(h.namespace, rs.pod, rs.pod_uid)):
-            raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"rank {h.rank} of job {h.job} "
-                          f"belongs to pod {rs.pod} (uid {rs.pod_uid}), which still exists: "
-                          "another pod's credentials cannot take it over", "rank_owned")
         if h.world_size > self.max_ranks_per_job or (
                 rs is None and job is not None and len(job.ranks) >= self.max_ranks_per_job):
             raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"job {h.job} may have at most "
@@ -174,6 +169,11 @@ class Registry:
                           f"held by another live agent ({rs.pod or 'unknown pod'}): refused; "
                           "a second agent for one rank is a misconfiguration (check --rank)",
                           "rank_taken")
+        if (rs is not None and rs.pod_uid and conn.pod_uid != rs.pod_uid
+                and self.pod_alive(h.namespace, rs.pod, rs.pod_uid)):
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"rank {h.rank} of job {h.job} "
+                          f"belongs to pod {rs.pod} (uid {rs.pod_uid}), which still exists: "
+                          "another pod's credentials cannot take it over", "rank_owned")
         if job is not None and job.finished and job.connected == 0:
             # Every agent of the finished run is gone: this Hello starts a new run.
             self._note(job, now, "agent", f"a new run of the job starts (the previous one "
