@@ -478,28 +478,25 @@ class TokenReviews:
                 return hit[1]
             del self._cache[key]
         pending = self._inflight.get(key)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        fut: asyncio.Future[Principal | None] = asyncio.get_running_loop().create_future()
-        self._inflight[key] = fut
+        if pending is None:  # one review per token at a time, not tied to any one caller
+            pending = self._inflight[key] = asyncio.ensure_future(self._ask(token, key, now))
+            # an outage's error is read even when every caller went away meanwhile
+            pending.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return await asyncio.shield(pending)
+
+    async def _ask(self, token: str, key: bytes, now: float) -> Principal | None:
         try:
             self.reviews += 1
             reviewed = await self._review(token)
-            p = principal_of(reviewed, self.audience, self.node_namespace, self.node_account)
-            life = self.ttl if p is not None else self.negative_ttl
-            exp = token_expiry(token)
-            until = min(now + life, exp) if exp is not None else now + life
-            self._cache[key] = (until, p)
-            while len(self._cache) > self.max_entries:
-                self._cache.popitem(last=False)
-            fut.set_result(p)
-            return p
-        except BaseException as e:
-            fut.set_exception(e)
-            fut.exception()  # retrieved: no "never retrieved" warning without waiters
-            raise
         finally:
-            del self._inflight[key]
+            self._inflight.pop(key, None)
+        p = principal_of(reviewed, self.audience, self.node_namespace, self.node_account)
+        life = self.ttl if p is not None else self.negative_ttl
+        exp = token_expiry(token)
+        self._cache[key] = (min(now + life, exp) if exp is not None else now + life, p)
+        while len(self._cache) > self.max_entries:
+            self._cache.popitem(last=False)
+        return p
 
 
 @dataclass(frozen=True, slots=True)
@@ -617,7 +614,8 @@ class Guard:
                 self.metrics.rejected.labels(reason="unauthenticated").inc()
             await context.abort(grpc.StatusCode.UNAUTHENTICATED,
                                 f"{why}: pass the arbiter's --token or a job token from "
-                                "`ftagent token --job NAME` (env FTAGENT_TOKEN)")
+                                "`ftagent token --job NAME` (env FTAGENT_TOKEN); in "
+                                "Kubernetes the pod's projected token (--token-file)")
         return p
 
     async def deny(self, context: grpc.aio.ServicerContext, p: Principal, namespace: str,
