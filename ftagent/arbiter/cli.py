@@ -156,8 +156,9 @@ class ArbiterConfig:
         100_000, "--max-ranks-per-job", "ranks one job may register (a Hello with a larger "
         "world size is refused)", check=Range(1, 1_000_000), metavar="N")
     max_streams_per_identity: int = opt(
-        1024, "--max-streams-per-identity", "agent streams one credential (a pod, a job "
-        "token) may hold open at once", check=Range(1, 1_000_000), metavar="N")
+        1024, "--max-streams-per-identity", "agent streams one pod's (or node agent's) "
+        "credential may hold open at once; a job token may hold --max-ranks-per-job",
+        check=Range(1, 1_000_000), metavar="N")
     metrics_port: int = opt(
         9431, "--metrics-port", "Prometheus /metrics port; 0 picks a free port, -1 turns "
         "metrics off", check=PORT_OR_OFF, metavar="PORT")

@@ -114,7 +114,8 @@ class ServerSettings:
     kube_identity: bool = False
     restart_ceiling: int = RESTART_CEILING  # the most restarts a job's Hello gets
     max_ranks_per_job: int = MAX_RANKS_PER_JOB
-    # Open agent streams per credential (a pod, a job token); the admin is not counted.
+    # Open agent streams per credential: a pod's or node agent's token (a job token: up to
+    # max_ranks_per_job); the admin is not counted.
     max_streams_per_identity: int = MAX_STREAMS_PER_IDENTITY
 
 
@@ -368,12 +369,16 @@ class ArbiterServer:
         conn = Connection(context.peer(), principal.pod_uid)
         registry = self.registry  # this term's: a step-down installs another
         who = "" if principal.admin else principal.name
-        cap = self.settings.max_streams_per_identity
+        # a pod's or a node agent's credential: a few streams; a job token is the job's
+        # every rank: one stream per rank
+        cap, flag = (self.settings.max_streams_per_identity, "--max-streams-per-identity") \
+            if principal.pod is not None or principal.node is not None or principal.job is None \
+            else (self.settings.max_ranks_per_job, "--max-ranks-per-job")
         if who and self._streams.get(who, 0) >= cap:
             self.metrics.rejected.labels(reason="too_many_streams").inc()
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"these credentials "
                                 f"({principal.name}) have {cap} streams open already "
-                                "(--max-streams-per-identity)")
+                                f"({flag})")
             return
         if who:
             self._streams[who] = self._streams.get(who, 0) + 1

@@ -33,9 +33,10 @@ def test_the_arbiter_accepts_the_previous_secrets_tokens_during_a_rotation() -> 
 
 
 def test_one_credential_holds_at_most_max_streams_per_identity() -> None:
-    """Issue 20: one token could open unbounded streams. With a cap of 2, a job token's
-    third stream is RESOURCE_EXHAUSTED; closing one frees its place; the admin is not
-    counted."""
+    """Issue 20: one token could open unbounded streams. A job token holds at most one
+    stream per rank (--max-ranks-per-job, 2 here): its third is RESOURCE_EXHAUSTED;
+    closing one frees its place; the admin is not counted. (A pod's token: at most
+    --max-streams-per-identity.)"""
     import asyncio
 
     from tests.arbiter_helpers import wait_until
@@ -44,13 +45,13 @@ def test_one_credential_holds_at_most_max_streams_per_identity() -> None:
     tok = job_token(NEW, "", "capped")
 
     async def body(address: str) -> None:
-        async with held_stream(address, hello("capped", 0, 4), tok), \
-                held_stream(address, hello("capped", 1, 4), tok):
+        async with held_stream(address, hello("capped", 0, 2), tok), \
+                held_stream(address, hello("capped", 1, 2), tok):
             code, details = await asyncio.to_thread(
-                stream_status, address, [hello("capped", 2, 4).SerializeToString()], tok,
+                stream_status, address, [hello("capped", 1, 2).SerializeToString()], tok,
                 welcome_ends=True)
             assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
-            assert "--max-streams-per-identity" in details
+            assert "--max-ranks-per-job" in details
             async with held_stream(address, hello("other", 0, 1), NEW), \
                     held_stream(address, hello("other2", 0, 1), NEW), \
                     held_stream(address, hello("other3", 0, 1), NEW):
@@ -58,11 +59,11 @@ def test_one_credential_holds_at_most_max_streams_per_identity() -> None:
         # the two closed (the server notices the cancel on its own time): room again
         async def room() -> bool:
             code, _ = await asyncio.to_thread(
-                stream_status, address, [hello("capped", 2, 4).SerializeToString()], tok,
+                stream_status, address, [hello("capped", 1, 2).SerializeToString()], tok,
                 welcome_ends=True)
             return code == grpc.StatusCode.OK
 
         await wait_until(room, 10, "the closed streams' places to free")
 
-    with ArbiterProcess("--token", NEW, "--max-streams-per-identity", "2") as a:
+    with ArbiterProcess("--token", NEW, "--max-ranks-per-job", "2") as a:
         asyncio.run(body(a.address))
