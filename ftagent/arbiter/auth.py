@@ -537,12 +537,20 @@ def identity_problem(p: Principal, namespace: str, pod: str, node: str, job: str
     if job != facts.job:
         return (f"Hello says job {job!r} but pod {p.namespace}/{p.pod} belongs to job "
                 f"{facts.job!r} (its labels): job mismatch"), False
-    if facts.rank is not None and rank != facts.rank:
-        return (f"Hello says rank {rank} but pod {p.namespace}/{p.pod} is rank {facts.rank} "
-                "(its labels): rank mismatch"), False
-    if facts.world_size is not None and world_size > facts.world_size:
-        return (f"Hello says world size {world_size} but job {facts.job!r} has "
-                f"{facts.world_size} (pod {p.pod}'s labels): world size mismatch"), False
+    # The labels count pods; with --nproc-per-node each pod runs world/pods ranks, pod k
+    # the ranks k*per_pod .. (k+1)*per_pod-1 (torchrun's contract).
+    per_pod = 1
+    if facts.world_size:
+        if world_size % facts.world_size:
+            return (f"Hello says world size {world_size} but job {facts.job!r} has "
+                    f"{facts.world_size} pods (pod {p.pod}'s labels), and {world_size} is no "
+                    "multiple of it: world size mismatch"), False
+        per_pod = world_size // facts.world_size
+    if facts.rank is not None and rank // per_pod != facts.rank:
+        mine = f"rank {facts.rank}" if per_pod == 1 else \
+            f"ranks {facts.rank * per_pod}-{(facts.rank + 1) * per_pod - 1}"
+        return (f"Hello says rank {rank} but pod {p.namespace}/{p.pod} is {mine} (its "
+                "labels): rank mismatch"), False
     return "", False
 
 

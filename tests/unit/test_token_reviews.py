@@ -143,6 +143,11 @@ def test_identity_problem_names_each_mismatch() -> None:
         args[i] = bad
         problem, retry = identity_problem(p, *args, facts=facts)  # type: ignore[arg-type,misc]
         assert f"{word} mismatch" in problem and not retry
+    # --nproc-per-node 4: pod rank 0 of 2 pods runs ranks 0-3 of 8
+    assert identity_problem(p, "team", "p0", "n1", "alpha", 3, 8, facts) == ("", False)
+    for rank, world in ((4, 8), (5, 8)):
+        assert "rank mismatch" in identity_problem(p, "team", "p0", "n1", "alpha", rank,
+                                                   world, facts)[0]
     assert identity_problem(p, *ok, None)[1] is True  # not seen yet: retry
     stale = identity_problem(p, *ok, PodFacts(uid="u9", job="alpha"))
     assert "replaced pod" in stale[0] and not stale[1]
