@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -169,15 +170,43 @@ def test_restart_budget_is_capped_by_the_arbiter(kube: FakeKube, arbiter: Arbite
 
 def test_review_outage_is_unavailable_never_anonymous(kube: FakeKube,
                                                       arbiter: ArbiterProcess) -> None:
-    kube.forbid("create", "tokenreviews.authentication.k8s.io", times=None)
-    try:
-        code, details = stream_status(arbiter.address,
-                                      [own("b-0", "beta", 0, "n2").SerializeToString()],
-                                      token(kube, "b-0"))
-        assert code == grpc.StatusCode.UNAVAILABLE, details
-        assert "tokenreviews" in details
-    finally:
-        kube.clear_faults()
+    # an established stream (pod a-1, reviewed before the outage) is kept through it
+    held_token = token(kube, "a-1")
+    assert connect(arbiter, held_token, own("a-1", "alpha", 1, "n2"))[0] == grpc.StatusCode.OK
+    with grpc.insecure_channel(arbiter.address) as ch:
+        msgs = [own("a-1", "alpha", 1, "n2"),
+                pb.AgentMessage(progress=pb.ProgressSummary(step=7))]
+        done = threading.Event()
+
+        def requests() -> Iterator[bytes]:  # then keep the stream open (no half-close)
+            yield from (m.SerializeToString() for m in msgs)
+            done.wait(30)
+
+        call = ch.stream_stream("/ftagent.v1.Arbiter/Connect")(
+            requests(), metadata=bearer(held_token), timeout=30)
+        replies = iter(call)
+        assert pb.ArbiterMessage.FromString(next(replies)).WhichOneof("body") == "welcome"
+        kube.forbid("create", "tokenreviews.authentication.k8s.io", times=None)
+        try:
+            code, details = stream_status(arbiter.address,
+                                          [own("b-0", "beta", 0, "n2").SerializeToString()],
+                                          token(kube, "b-0"))
+            assert code == grpc.StatusCode.UNAVAILABLE, details
+            assert "tokenreviews" in details
+            stub = pb_grpc.ArbiterStub(ch)
+            deadline = time.monotonic() + 10
+            while True:  # the held stream's progress still arrives during the outage
+                info = stub.GetJob(pb.GetJobRequest(job="alpha", namespace=NS),
+                                   metadata=bearer(SECRET), timeout=10)
+                rank1 = next(r for r in info.ranks if r.rank == 1)
+                if (rank1.connected and rank1.step == 7) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            assert rank1.connected and rank1.step == 7, info
+        finally:
+            kube.clear_faults()
+            done.set()
+            call.cancel()
     code, details = connect(arbiter, token(kube, "b-0"), own("b-0", "beta", 0, "n2"))
     assert code == grpc.StatusCode.OK, details
 
