@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -298,3 +299,69 @@ def test_tls_secret_is_created_at_first_start_and_agents_verify_it(kube: FakeKub
     with pytest.raises(ConfigError, match="--tls-secret .*--insecure"):
         check_authority(parse(["--kube", "--listen", "0.0.0.0:9400"], {}))
     check_authority(parse(["--kube", "--listen", "0.0.0.0:9400", "--insecure"], {}))
+
+
+def test_a_verified_node_agents_xid_replaces_and_cordons_end_to_end(
+        kube: FakeKube, arbiter: ArbiterProcess, tmp_path: Path) -> None:
+    """The whole chain with real processes and real token files: two ranks (ArbiterLinks
+    with --token-file) on node n3, the node agent (`ftagent node --token-file`, its
+    ServiceAccount ftagent-node, bound to a pod on n3) reports a fatal Xid: the job's rank
+    there is replaced, its pod deleted with its uid, and n3 cordoned (node-scope evidence:
+    the node's own agent)."""
+    import asyncio
+    import signal
+
+    from ftagent.agent.reporter import ArbiterLink
+    from ftagent.config import ArbiterClientConfig, IdentityConfig
+    from ftagent.model import ActionKind
+    from tests.arbiter_helpers import wait_until
+
+    kube.add_node("n3")
+    for r in range(2):
+        _pod(kube, f"z-{r}", "zeta", "n3", rank=r)
+    kube.add_pod(ARBITER_NS, "node-agent-n3", node="n3")
+    node_token_file = kube.token_file(tmp_path / "node", ARBITER_NS, "node-agent-n3",
+                                      service_account="ftagent-node")
+    script = tmp_path / "gpu.txt"
+    script.write_text("gpus 2\nt=1s gpu=1 xid=79\n")
+
+    async def body() -> None:
+        links = []
+        for r in range(2):
+            path = kube.token_file(tmp_path / f"z{r}", NS, f"z-{r}", service_account="trainer")
+            links.append(ArbiterLink(
+                ArbiterClientConfig(arbiter=arbiter.address, token_file=str(path)),
+                IdentityConfig(job="zeta", namespace=NS, rank=r, world_size=2, pod=f"z-{r}",
+                               node="n3")))
+        tasks = [asyncio.create_task(link.run()) for link in links]
+        try:
+            await wait_until(lambda: all(link.connected for link in links), 30,
+                             "both ranks registered with their pods' tokens")
+            proc = subprocess.Popen(
+                [*ftagent_cmd("node", "--metrics-port", "-1", "--node", "n3", "--arbiter",
+                              arbiter.address, "--token-file", str(node_token_file),
+                              "--gpu-backend", f"simulated:{script}", "--nic", "none",
+                              "--report-interval", "0.5")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                replaced = await asyncio.wait_for(links[0].commands.get(), 30)
+                assert replaced.kind is ActionKind.REPLACE and "Xid 79" in replaced.reason
+                await wait_until(lambda: bool(((kube.get("nodes", "n3") or {}).get("spec")
+                                               or {}).get("unschedulable")), 30, "n3 cordoned")
+
+                def deletes() -> list[Any]:
+                    return [q for q in kube.requests if q.verb == "delete"
+                            and q.resource == "pods" and q.name == "z-0"]
+
+                await wait_until(lambda: bool(deletes()), 30, "z-0 deleted (after the cordon)")
+                uid = deletes()[0].body["preconditions"]["uid"]
+                assert uid and uid != (kube.get("pods", "z-1", NS) or {})["metadata"]["uid"]
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(30)
+        finally:
+            for link in links:
+                await link.close()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(body())
