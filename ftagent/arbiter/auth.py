@@ -467,8 +467,9 @@ class TokenReviews:
 
     async def authenticate(self, presented: Presented) -> Principal | None:
         token = presented.bearer
-        if not token or len(token) > MAX_TOKEN or token.count(".") != 2:
-            return None  # not a JWT: no review (and no API call for garbage)
+        if not token or len(token) > MAX_TOKEN or token.count(".") != 2 \
+                or not token.startswith("eyJ"):  # a JWT's header is base64url of '{"'
+            return None  # not a JWT: no review (and no API call for garbage, or ftn1)
         key = hashlib.sha256(token.encode()).digest()
         now = self.clock()
         hit = self._cache.get(key)
