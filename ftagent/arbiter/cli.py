@@ -97,7 +97,8 @@ class ArbiterConfig:
                       metavar="HOST:PORT")
     max_restarts: int = opt(
         3, "--max-restarts", "restarts allowed per job (all ranks together) before it is "
-        "stopped; an agent's own --max-restarts overrides it for its job",
+        "stopped; an agent's own --max-restarts overrides it for its job, up to "
+        "--restart-ceiling",
         check=RESTARTS, metavar="N")
     barrier_timeout: float = opt(
         300.0, "--barrier-timeout", "seconds a (re)start waits for every rank to arrive "
