@@ -1,6 +1,7 @@
 """How far one arbiter process goes: CPU and memory per agent, fan-out and barrier latency.
 
     .venv/bin/python bench/arbiter_scale.py [--levels 1000,5000,10000] [--workers 4]
+        [--identity none|tokenreview]
 
 The arbiter runs in its own process (``python -m ftagent arbiter``); simulated agents
 run in ``--workers`` client processes, one gRPC stream each (one TCP connection per
@@ -13,6 +14,11 @@ steady state; then ``--rounds`` times, one rank of a 1,000-rank job reports a CR
 we time fault -> RESTART received by every rank (p50/p99/max) and the barrier (last
 arrival sent -> last RELEASE received; first arrival -> last release). Loopback only;
 everything stops by itself within ``--max-seconds``.
+
+``--identity tokenreview`` runs the arbiter as in a cluster (``--kube`` against the
+project's fake API server, tests/kube_fake, in this process): every agent presents its
+own pod-bound projected token, checked with a TokenReview (cached), its Hello checked
+against its pod as the arbiter's pod watch sees it. Compare its rows with ``none``'s.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ import psutil
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 JOB_SIZE = 1000
+NAMESPACE = "bench"
+NODES = 64
 CONNECT = "/ftagent.v1.Arbiter/Connect"
 
 
@@ -75,8 +83,9 @@ class Worker:
             cmd = msg[0]
             if cmd == "add":
                 t = time.monotonic()
-                for job, rank in msg[1]:
-                    self.tasks.append(asyncio.create_task(self._agent(job, rank)))
+                for job, rank, pod, node, token in msg[1]:
+                    self.tasks.append(asyncio.create_task(self._agent(job, rank, pod, node,
+                                                                      token)))
                 want = len(self.agents) + len(msg[1])
                 while self.connected < want and time.monotonic() - t < 120:
                     await asyncio.sleep(0.05)
@@ -98,23 +107,36 @@ class Worker:
                 p = psutil.Process()
                 self.pipe.send(("cpu", sum(p.cpu_times()[:2])))
             elif cmd == "stop":
-                for t in self.tasks:
-                    t.cancel()
+                for task in self.tasks:
+                    task.cancel()
                 for ch, _ in self.channels:
                     await ch.close(None)
                 self.pipe.send(("stopped",))
                 return
 
-    async def _agent(self, job: str, rank: int) -> None:
+    async def _agent(self, job: str, rank: int, pod: str = "", node: str = "",
+                     token: str = "") -> None:
         pb = self.pb
-        call = self._channel().stream_stream(CONNECT)()
+        namespace = NAMESPACE if token else ""
+        hello = pb.AgentMessage(hello=pb.Hello(job=job, rank=rank, world_size=JOB_SIZE,
+                                               max_restarts=1_000_000, namespace=namespace,
+                                               pod=pod, node=node))
+        channel = self._channel()
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        until = time.monotonic() + 120
+        while True:  # UNAVAILABLE until the arbiter's pod watch has seen the pod: retry
+            call = channel.stream_stream(CONNECT)(metadata=metadata)
+            await call.write(hello.SerializeToString())
+            raw = await call.read()
+            if raw is not self.grpc.aio.EOF:
+                break
+            if time.monotonic() > until:
+                raise RuntimeError(f"{job} rank {rank}: {await call.details()}")
+            await asyncio.sleep(0.2)
+        first = pb.ArbiterMessage.FromString(raw)
+        assert first.WhichOneof("body") == "welcome"
         lock = asyncio.Lock()  # grpc.aio allows one write at a time per call
         self.agents[(job, rank)] = a = {"call": call, "gen": 0, "lock": lock}
-        hello = pb.AgentMessage(hello=pb.Hello(job=job, rank=rank, world_size=JOB_SIZE,
-                                               max_restarts=1_000_000))
-        await call.write(hello.SerializeToString())
-        first = pb.ArbiterMessage.FromString(await call.read())
-        assert first.WhichOneof("body") == "welcome"
         self.connected += 1
         writer = asyncio.create_task(self._progress(call, lock))
         try:
@@ -165,8 +187,20 @@ class Bench:
         from ftagent.arbiter.process import ArbiterProcess
 
         self.args = args
+        self.kube: Any = None
+        extra: list[str] = []
+        env: dict[str, str] = {}
+        if args.identity == "tokenreview":
+            from tests.kube_fake import FakeKube
+
+            self.kube = FakeKube()
+            for n in range(NODES):
+                self.kube.add_node(f"node-{n}")
+            extra = ["--kube", "--kube-api", self.kube.url]
+            env = {"POD_NAMESPACE": "ftagent"}
         self.arbiter = ArbiterProcess("--log-level", os.environ.get("BENCH_LOG", "warning"),
-                                      "--metrics-port", "0", "--metrics-addr", "127.0.0.1")
+                                      "--metrics-port", "0", "--metrics-addr", "127.0.0.1",
+                                      *extra, env=env)
         self.pipes: list[Connection] = []
         self.procs: list[Any] = []
         self.total = 0
@@ -198,10 +232,10 @@ class Bench:
     def grow(self, n: int) -> float:
         """Add agents up to ``n`` (whole 1,000-rank jobs, ranks spread over workers)."""
         t = time.monotonic()
-        new: list[list[tuple[str, int]]] = [[] for _ in self.pipes]
+        new: list[list[tuple[str, int, str, str, str]]] = [[] for _ in self.pipes]
         for j in range(self.total // JOB_SIZE, n // JOB_SIZE):
             for r in range(JOB_SIZE):
-                new[r % len(self.pipes)].append((f"job-{j}", r))
+                new[r % len(self.pipes)].append((f"job-{j}", r, *self.pod(f"job-{j}", r)))
             self.generation[f"job-{j}"] = 0
         for p, batch in zip(self.pipes, new, strict=True):
             p.send(("add", batch))
@@ -209,6 +243,22 @@ class Bench:
         self.total = sum(g[1] for g in got)
         # initial barriers: nobody arrives at generation 0 in this bench, which is fine
         return time.monotonic() - t
+
+    def pod(self, job: str, rank: int) -> tuple[str, str, str]:
+        """(pod, node, token) of a rank: with --identity tokenreview a pod in the fake API
+        server, labelled for its job and rank, and its pod-bound token; else nothing."""
+        if self.kube is None:
+            return "", "", ""
+        name, node = f"{job}-{rank}", f"node-{rank % NODES}"
+        self.kube.create("pods", {
+            "metadata": {"name": name, "namespace": NAMESPACE,
+                         "labels": {"ftagent.io/job": job},
+                         "annotations": {"ftagent.io/rank": str(rank),
+                                         "ftagent.io/world-size": str(JOB_SIZE)}},
+            "spec": {"nodeName": node, "containers": [{"name": "trainer", "image": "t"}]},
+            "status": {"phase": "Running"}})
+        token = self.kube.mint_token(NAMESPACE, "trainer", pod=name).token
+        return name, node, token
 
     def measure(self, window: float) -> tuple[float, float, float]:
         proc = psutil.Process(self.arbiter.proc.pid)  # type: ignore[union-attr]
@@ -311,6 +361,8 @@ class Bench:
                 p.kill()
         self.arbiter.stop()
         shutil.rmtree(self.arbiter.log_dir, ignore_errors=True)
+        if self.kube is not None:
+            self.kube.stop()
 
 
 def main() -> int:
@@ -323,11 +375,14 @@ def main() -> int:
     ap.add_argument("--window", type=float, default=15.0, help="steady-state CPU window")
     ap.add_argument("--rounds", type=int, default=3, help="fault -> restart rounds per level")
     ap.add_argument("--max-seconds", type=float, default=300.0)
+    ap.add_argument("--identity", choices=("none", "tokenreview"), default="none",
+                    help="tokenreview: --kube against the fake API server, a pod-bound "
+                    "token per agent, checked with a TokenReview (cached)")
     args = ap.parse_args()
     bench = Bench(args)
     print(f"command: {' '.join([sys.executable, *sys.argv])}")
     print(f"machine: {os.cpu_count()} CPUs; arbiter and {args.workers} client processes share "
-          "them (loopback)")
+          f"them (loopback); identity: {args.identity}")
     try:
         bench.run()
     finally:

@@ -422,6 +422,10 @@ class ArbiterClientConfig:
     token: str = opt("", "--token", "token the arbiter requires: this job's token "
                      "(`ftagent token --job JOB`) or the arbiter's secret (prefer the "
                      "FTAGENT_TOKEN variable: flags show in ps)", metavar="TOKEN")
+    token_file: str = opt("", "--token-file", "read the token from this file at every "
+                          "(re)connect (in Kubernetes the pod's projected ServiceAccount "
+                          "token, which the kubelet rotates); overrides --token",
+                          metavar="PATH")
     tls_ca: str = opt("", "--tls-ca", "CA bundle to verify the arbiter (enables TLS)",
                       metavar="PATH")
     tls_cert: str = opt("", "--tls-cert", "client certificate for mTLS", metavar="PATH")
@@ -433,7 +437,7 @@ class ArbiterClientConfig:
 
 
 # What `ftagent status` uses of ArbiterClientConfig: the address and the credentials.
-CONNECTION_FIELDS = ("arbiter", "token", "tls_ca", "tls_cert", "tls_key")
+CONNECTION_FIELDS = ("arbiter", "token", "token_file", "tls_ca", "tls_cert", "tls_key")
 
 
 @dataclass(frozen=True)

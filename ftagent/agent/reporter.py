@@ -48,7 +48,7 @@ from ftagent.model import (
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
 from ftagent.wire.convert import fill_step_times
-from ftagent.wire.credentials import bearer, channel_credentials
+from ftagent.wire.credentials import bearer, channel_credentials, current_token
 from ftagent.wire.shard import pick_arbiter
 
 log = logging.getLogger("ftagent.reporter")
@@ -342,7 +342,8 @@ class ArbiterLink:
             channel = grpc.aio.secure_channel(self.address, self._creds, options=CHANNEL_OPTIONS)
         welcomed = False
         try:
-            call = pb_grpc.ArbiterStub(channel).Connect(metadata=bearer(self.cfg.token))
+            call = pb_grpc.ArbiterStub(channel).Connect(
+                metadata=bearer(current_token(self.cfg.token, self.cfg.token_file)))
             await call.write(pb.AgentMessage(hello=self.proto.hello()))
             first = await asyncio.wait_for(call.read(), WELCOME_TIMEOUT)
             if first is grpc.aio.EOF:

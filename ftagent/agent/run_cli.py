@@ -410,6 +410,19 @@ def start_metrics(cfg: RunConfig, registry: CollectorRegistry, agent: Agent) -> 
                        metrics_port=bound)
 
 
+# The agent's credential, never the trainer's (user code): read into the config, then gone
+# from the environment every child process is started with.
+CREDENTIAL_VARS = ("FTAGENT_TOKEN", "FTAGENT_TOKEN_FILE")
+
+
+def scrub_credentials(environ: dict[str, str]) -> None:
+    """Drop the agent's credential variables from ``environ`` (the trainer's environment)
+    and from this process's own (what any other child inherits)."""
+    for name in CREDENTIAL_VARS:
+        environ.pop(name, None)
+        os.environ.pop(name, None)
+
+
 def main(argv: Sequence[str]) -> int:
     environ = dict(os.environ)
     try:
@@ -418,6 +431,7 @@ def main(argv: Sequence[str]) -> int:
         sys.stderr.write(f"ftagent run: error: {e} (see ftagent run --help)\n")
         return 2
     setup_logging(cfg.supervisor.log_level, cfg.identity.rank)
+    scrub_credentials(environ)
     rundir = tempfile.mkdtemp(prefix="ftagent-")
     try:
         try:

@@ -97,7 +97,8 @@ class ArbiterConfig:
                       metavar="HOST:PORT")
     max_restarts: int = opt(
         3, "--max-restarts", "restarts allowed per job (all ranks together) before it is "
-        "stopped; an agent's own --max-restarts overrides it for its job",
+        "stopped; an agent's own --max-restarts overrides it for its job, up to "
+        "--restart-ceiling",
         check=RESTARTS, metavar="N")
     barrier_timeout: float = opt(
         300.0, "--barrier-timeout", "seconds a (re)start waits for every rank to arrive "
@@ -128,8 +129,37 @@ class ArbiterConfig:
     tls_client_ca: str = opt("", "--tls-client-ca", "CA that agents' client certificates "
                              "must chain to (enables mutual TLS)", metavar="PATH")
     insecure: bool = opt(False, "--insecure", "allow listening beyond loopback without "
-                         "authentication (no --token, no --tls-client-ca): any peer that "
-                         "reaches the port can speak for any job")
+                         "authentication (no --token, no --tls-client-ca, no --kube): any "
+                         "peer that reaches the port can speak for any job; with --kube, "
+                         "allow plaintext gRPC (no TLS)")
+    previous_token: str = opt(
+        "", "--previous-token", "during a secret rotation: the old secret, accepted beside "
+        "--token (and the job and node tokens derived from it) until removed",
+        metavar="SECRET")
+    tls_secret: str = opt("", "--tls-secret", "with --kube: serve TLS with the Secret of "
+                          "this name in the arbiter's namespace (tls.crt, tls.key, ca.crt); "
+                          "created with a self-signed CA at first start if absent",
+                          metavar="NAME")
+    tls_service: str = opt("ftagent-arbiter", "--tls-service", "the Service agents dial: "
+                           "the certificate --tls-secret creates is for its DNS names",
+                           metavar="NAME")
+    token_audience: str = opt("ftagent", "--token-audience", "with --kube: the audience "
+                              "of the pods' projected ServiceAccount tokens, checked with a "
+                              "TokenReview", metavar="AUDIENCE")
+    node_service_account: str = opt(
+        "ftagent-node", "--node-service-account", "with --kube: the ServiceAccount (in the "
+        "arbiter's namespace) of the node agents; its pod-bound tokens report for their "
+        "node only", metavar="NAME")
+    restart_ceiling: int = opt(
+        100, "--restart-ceiling", "the most restarts a job's agents may ask for (their "
+        "--max-restarts is cut to it)", check=RESTARTS, metavar="N")
+    max_ranks_per_job: int = opt(
+        100_000, "--max-ranks-per-job", "ranks one job may register (a Hello with a larger "
+        "world size is refused)", check=Range(1, 1_000_000), metavar="N")
+    max_streams_per_identity: int = opt(
+        1024, "--max-streams-per-identity", "agent streams one pod's (or node agent's) "
+        "credential may hold open at once; a job token may hold --max-ranks-per-job",
+        check=Range(1, 1_000_000), metavar="N")
     metrics_port: int = opt(
         9431, "--metrics-port", "Prometheus /metrics port; 0 picks a free port, -1 turns "
         "metrics off", check=PORT_OR_OFF, metavar="PORT")
@@ -184,6 +214,10 @@ class ArbiterConfig:
         0.1, "--max-cordon-fraction", "circuit breaker: within an hour, cordon at most this "
         "fraction (at least one node) of the nodes a job uses and of the cluster; 0 never "
         "cordons (with --kube)", check=Range(0, 1), metavar="FRACTION")
+    max_cordons: int = opt(
+        10, "--max-cordons", "circuit breaker: within an hour, cordon at most this many "
+        "nodes in the whole cluster, whatever the fraction allows (with --kube)",
+        check=Range(0, 1_000_000), metavar="N")
     replacement_pending_grace: float = opt(
         300.0, "--replacement-pending-grace", "seconds a replacement pod may stay Pending "
         "before the timeline and an Event say why it is not scheduled (with --kube)",
@@ -197,11 +231,15 @@ class ArbiterConfig:
         from ftagent.arbiter.server import ServerSettings
 
         return ServerSettings(
-            listen=self.listen, token=self.token, tls_cert=self.tls_cert,
+            listen=self.listen, token=self.token, previous_token=self.previous_token,
+            tls_cert=self.tls_cert,
             tls_key=self.tls_key, tls_client_ca=self.tls_client_ca,
             metrics_port=self.metrics_port, metrics_addr=self.metrics_addr,
             insecure=self.insecure, state_dir=self.state_dir,
             history_retention=self.history_retention, leader_elect=self.leader_elect,
+            kube_identity=self.kube,
+            restart_ceiling=self.restart_ceiling, max_ranks_per_job=self.max_ranks_per_job,
+            max_streams_per_identity=self.max_streams_per_identity,
             policy=PolicyConfig(max_restarts=self.max_restarts,
                                 barrier_timeout=self.barrier_timeout,
                                 nic_replace_after=self.nic_replace_after,
@@ -232,7 +270,17 @@ def check_authority(cfg: ArbiterConfig) -> None:
     of ``auth``, which the server applies again; here it is one line and exit 2)."""
     from ftagent.arbiter.auth import has_credentials, listens_on_loopback
 
-    if cfg.insecure or has_credentials(cfg.token, cfg.tls_client_ca) \
+    if cfg.kube and not (cfg.insecure or cfg.tls_cert or cfg.tls_secret
+                         or listens_on_loopback(cfg.listen)):
+        raise ConfigError(f"refusing plaintext gRPC on {cfg.listen} with --kube: agents "
+                          "send their tokens over it. Set --tls-secret ftagent-arbiter-tls "
+                          "(FTAGENT_TLS_SECRET) or --tls-cert/--tls-key, or pass --insecure")
+    if cfg.tls_secret and not cfg.kube:
+        raise ConfigError("--tls-secret reads a Kubernetes Secret: it needs --kube")
+    if cfg.tls_secret and (cfg.tls_cert or cfg.tls_key):
+        raise ConfigError("--tls-secret and --tls-cert/--tls-key are two sources of one "
+                          "certificate: give one")
+    if cfg.insecure or cfg.kube or has_credentials(cfg.token, cfg.tls_client_ca) \
             or listens_on_loopback(cfg.listen):
         return
     _, port = split_host_port(cfg.listen)
@@ -244,7 +292,7 @@ def check_authority(cfg: ArbiterConfig) -> None:
 def unauthenticated_beyond_loopback(cfg: ArbiterConfig) -> bool:
     from ftagent.arbiter.auth import has_credentials, listens_on_loopback
 
-    return not has_credentials(cfg.token, cfg.tls_client_ca) \
+    return not cfg.kube and not has_credentials(cfg.token, cfg.tls_client_ca) \
         and not listens_on_loopback(cfg.listen)
 
 
@@ -424,11 +472,17 @@ async def run(cfg: ArbiterConfig) -> int:
 
         store = JobRecords(ConfigMaps(kube, cfg.history_namespace))
 
+    authenticator = None
+    if cfg.kube:
+        authenticator = kube_authenticator(cfg, kube)
+    if cfg.tls_secret:
+        cfg = tls_from_secret(cfg, kube)
+
     # /metrics is served here rather than by ArbiterServer.start(), so that it is bound
     # before the gRPC port and released if that fails (start() binds it after gRPC).
     try:
         server = ArbiterServer(dataclasses.replace(cfg.settings(), metrics_port=-1),
-                               history_store=store)
+                               authenticator=authenticator, history_store=store)
     except OSError as e:  # --state-dir cannot be created, read or written
         raise StartError(f"cannot keep history in --state-dir {cfg.state_dir}: "
                          f"{e.strerror or e}") from None
@@ -513,9 +567,11 @@ def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
     cluster = Cluster(server.registry, kube, KubeSettings(
         node_notready_grace=cfg.node_notready_grace,
         force_delete_after=cfg.force_delete_after,
-        max_cordon_fraction=cfg.max_cordon_fraction,
+        max_cordon_fraction=cfg.max_cordon_fraction, max_cordons=cfg.max_cordons,
         pending_grace=cfg.replacement_pending_grace))
     cluster.active = lambda: bool(server.leading)
+    server.pod_lookup = cluster.pod_facts
+    server.on_node_report.append(cluster.node_reported)
     cluster.on_cordon = lambda node, kind: server.metrics.cordons.labels(
         node=node[:253], kind=kind[:64]).inc()  # prometheus_client counters: thread-safe
     server.on_registry.append(cluster.rebind)  # each term as leader has its own registry
@@ -528,6 +584,54 @@ def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
         for r in list(j.ranks.values()) if r.connected} if server.leading else None)
     cluster.ticker = loop.create_task(tick_forever(cluster))
     return cluster
+
+
+def kube_authenticator(cfg: ArbiterConfig, kube: Any) -> Any:
+    """--kube: pods' projected ServiceAccount tokens (TokenReview) beside what --token and
+    --tls-client-ca allow; callers without any token are the admin only without either,
+    and only on loopback or with --insecure (a token refused never falls through)."""
+    from ftagent.arbiter import auth
+    from ftagent.kube.tokenreview import reviewer
+
+    chain: list[Any] = []
+    if cfg.token:
+        both = (cfg.token, cfg.previous_token)
+        chain += [auth.JobTokens(both), auth.NodeTokens(both), auth.Secret(both)]
+    chain.append(auth.TokenReviews(reviewer(kube, cfg.token_audience),
+                                   audience=cfg.token_audience,
+                                   node_namespace=pod_namespace(),
+                                   node_account=cfg.node_service_account))
+    if cfg.tls_client_ca and not cfg.token:
+        chain.append(auth.ClientCertificate())
+    elif not cfg.token and not cfg.tls_client_ca and (
+            cfg.insecure or auth.listens_on_loopback(cfg.listen)):
+        chain.append(auth.Anyone(tokenless=True))
+    return auth.Chain(chain)
+
+
+def tls_from_secret(cfg: ArbiterConfig, kube: Any) -> ArbiterConfig:
+    """--tls-secret: read (or create) the Secret, write its certificate and key to a
+    private temporary directory, and serve them as --tls-cert/--tls-key."""
+    import tempfile
+    from pathlib import Path
+
+    from ftagent.kube.certs import ensure_secret, service_names
+
+    namespace = pod_namespace()
+    try:
+        pems, created = ensure_secret(kube, namespace, cfg.tls_secret,
+                                      service_names(cfg.tls_service, namespace))
+    except Exception as e:
+        raise StartError(f"--tls-secret {namespace}/{cfg.tls_secret}: {e}") from None
+    if created:
+        log.warning("created Secret %s/%s with a self-signed CA for the Service %s (agents "
+                    "verify with its ca.crt)", namespace, cfg.tls_secret, cfg.tls_service)
+    d = Path(tempfile.mkdtemp(prefix="ftagent-arbiter-tls-"))
+    (d / "tls.crt").write_bytes(pems.cert)
+    key = d / "tls.key"
+    key.touch(mode=0o600)
+    key.write_bytes(pems.key)
+    return dataclasses.replace(cfg, tls_cert=str(d / "tls.crt"), tls_key=str(key))
 
 
 def kube_client(cfg: ArbiterConfig) -> Any:

@@ -38,6 +38,9 @@ log = logging.getLogger("ftagent.arbiter.registry")
 # Seconds a job with no agent left keeps its live state (a Hello continues it); then
 # only its history record is kept, until --history-retention after its last agent left.
 FORGET_AFTER = 3600.0
+# Defaults of --restart-ceiling and --max-ranks-per-job: what one job's agents may ask for.
+RESTART_CEILING = 100
+MAX_RANKS_PER_JOB = 100_000
 STRAGGLER_EVERY = 5.0  # seconds between straggler assessments (the agents' summary interval)
 _SLOTS = {Verdict.RESTART: "life", Verdict.REJOIN: "life", Verdict.STOP: "life",
           Verdict.REPLACE: "life", Verdict.RELEASE_BARRIER: "release",
@@ -84,11 +87,15 @@ class Connection:
     same rank), a ``Reject`` ends it with an error status.
     """
 
-    __slots__ = ("id", "peer", "key", "rank", "outbox")
+    __slots__ = ("id", "peer", "key", "rank", "outbox", "pod_uid")
 
-    def __init__(self, peer: str = "") -> None:
+    def __init__(self, peer: str = "", pod_uid: str = "") -> None:
         self.id = uuid.uuid4().hex[:8]
         self.peer = peer
+        # The verified pod (TokenReview) this stream speaks for; "" when the credential
+        # names no pod (HMAC job token, admin). A rank first registered by a pod stays that
+        # pod's while the pod exists.
+        self.pod_uid = pod_uid
         self.key: tuple[str, str] | None = None  # (namespace, job) once Hello was accepted
         self.rank = -1
         self.outbox: asyncio.Queue[Outgoing] = asyncio.Queue()
@@ -107,8 +114,16 @@ class Registry:
     def __init__(self, cfg: policy.PolicyConfig, timeline: Timeline,
                  metrics: ArbiterMetrics | None, arbiter_id: str,
                  clock: Callable[[], float] = time.time,
-                 history: History | None = None) -> None:
+                 history: History | None = None, *, restart_ceiling: int = RESTART_CEILING,
+                 max_ranks_per_job: int = MAX_RANKS_PER_JOB) -> None:
         self.cfg = cfg
+        # What a Hello may ask for: a restart budget up to the ceiling (more is cut to it),
+        # ranks up to the cap (more are refused).
+        self.restart_ceiling = restart_ceiling
+        self.max_ranks_per_job = max_ranks_per_job
+        # Is the pod with this uid still there (namespace, pod, uid)? Plugged in by the
+        # cluster (its pod watch); without one a pod's rank stays its own.
+        self.pod_alive: Callable[[str, str, str], bool] = lambda ns, pod, uid: True
         self.timeline = timeline
         self.metrics = metrics
         self.arbiter_id = arbiter_id
@@ -143,12 +158,22 @@ class Registry:
         key = (h.namespace, h.job)
         job = self.jobs.get(key)
         rs = job.ranks.get(h.rank) if job is not None else None
+        if h.world_size > self.max_ranks_per_job or (
+                rs is None and job is not None and len(job.ranks) >= self.max_ranks_per_job):
+            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"job {h.job} may have at most "
+                          f"{self.max_ranks_per_job} ranks (--max-ranks-per-job); rank "
+                          f"{h.rank} of world size {h.world_size} refused", "too_many_ranks")
         if (rs is not None and rs.conn is not None and rs.conn is not conn and rs.instance
                 and h.agent_instance != rs.instance):
             raise Refused(grpc.StatusCode.ALREADY_EXISTS, f"rank {h.rank} of job {h.job} is "
                           f"held by another live agent ({rs.pod or 'unknown pod'}): refused; "
                           "a second agent for one rank is a misconfiguration (check --rank)",
                           "rank_taken")
+        if (rs is not None and rs.pod_uid and conn.pod_uid != rs.pod_uid
+                and self.pod_alive(h.namespace, rs.pod, rs.pod_uid)):
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"rank {h.rank} of job {h.job} "
+                          f"belongs to pod {rs.pod} (uid {rs.pod_uid}), which still exists: "
+                          "another pod's credentials cannot take it over", "rank_owned")
         if job is not None and job.finished and job.connected == 0:
             # Every agent of the finished run is gone: this Hello starts a new run.
             self._note(job, now, "agent", f"a new run of the job starts (the previous one "
@@ -157,7 +182,11 @@ class Registry:
             del self.jobs[key]
             job = rs = None
         if job is None:
-            budget = h.max_restarts if h.HasField("max_restarts") else self.cfg.max_restarts
+            budget = min(h.max_restarts, self.restart_ceiling) if h.HasField("max_restarts") \
+                else min(self.cfg.max_restarts, self.restart_ceiling)
+            if h.HasField("max_restarts") and h.max_restarts > self.restart_ceiling:
+                log.info("job %s asks for %d restarts: the arbiter's ceiling is %d",
+                         h.job, h.max_restarts, self.restart_ceiling)
             job = self.jobs[key] = JobState(job=h.job, namespace=h.namespace,
                                             world_size=h.world_size, max_restarts=budget)
             barrier.open_barrier(job, now)
@@ -187,6 +216,8 @@ class Registry:
         if rs.instance != h.agent_instance:
             rs.commanded = -1  # a new agent process: it was told nothing yet
         rs.pod, rs.node, rs.state, rs.instance = h.pod, h.node, h.state, h.agent_instance
+        if conn.pod_uid:
+            rs.pod_uid = conn.pod_uid
         rs.gpus = tuple(h.gpus)
         self._index(key, rs)
         released = h.released_generation if h.HasField("released_generation") else -1

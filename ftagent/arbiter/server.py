@@ -41,17 +41,25 @@ from ftagent.arbiter.auth import (
     MIN_SECRET,
     Authenticator,
     Guard,
+    PodLookup,
     Principal,
     authenticator_for,
     authorize,
     authorize_node,
     has_credentials,
+    identity_problem,
     listens_on_loopback,
     server_credentials,
 )
 from ftagent.arbiter.history import RETENTION, History, HistoryStore, NoStore
 from ftagent.arbiter.policy import PolicyConfig
-from ftagent.arbiter.registry import Connection, Registry, Reject
+from ftagent.arbiter.registry import (
+    MAX_RANKS_PER_JOB,
+    RESTART_CEILING,
+    Connection,
+    Registry,
+    Reject,
+)
 from ftagent.arbiter.state import RankState
 from ftagent.arbiter.timeline import Entry, Timeline
 from ftagent.metrics import ArbiterMetrics, JobSnapshot
@@ -64,6 +72,7 @@ log = logging.getLogger("ftagent.arbiter")
 
 SERVICE = "ftagent.v1.Arbiter"
 TICK_SECONDS = 0.5
+MAX_STREAMS_PER_IDENTITY = 1024
 SERVER_OPTIONS = [
     # gRPC sets SO_REUSEPORT by default: a second arbiter on the same port would then
     # silently take half of the agents and decide for them on its own.
@@ -88,6 +97,7 @@ class ServerSettings:
 
     listen: str = "127.0.0.1:0"
     token: str = ""  # the secret: the admin credential, and the key of every job token
+    previous_token: str = ""  # during a rotation: the old secret, accepted beside it
     tls_cert: str = ""
     tls_key: str = ""
     tls_client_ca: str = ""
@@ -100,12 +110,20 @@ class ServerSettings:
     history_retention: float = RETENTION
     # Start as a standby: serve nothing but health until lead() (the Lease is ours).
     leader_elect: bool = False
+    # --kube: callers authenticate with pod-bound ServiceAccount tokens (TokenReview)
+    kube_identity: bool = False
+    restart_ceiling: int = RESTART_CEILING  # the most restarts a job's Hello gets
+    max_ranks_per_job: int = MAX_RANKS_PER_JOB
+    # Open agent streams per credential: a pod's or node agent's token (a job token: up to
+    # max_ranks_per_job); the admin is not counted.
+    max_streams_per_identity: int = MAX_STREAMS_PER_IDENTITY
 
 
 def exposure_problem(s: ServerSettings) -> str:
     """Why these settings must not be served ("" when they may): an arbiter reachable from
     other machines without credentials lets anyone stop any job."""
-    if s.insecure or has_credentials(s.token, s.tls_client_ca) or listens_on_loopback(s.listen):
+    if s.insecure or s.kube_identity or has_credentials(s.token, s.tls_client_ca) \
+            or listens_on_loopback(s.listen):
         return ""
     return (f"refusing to listen on {s.listen} without credentials: anyone who reaches it "
             "could stop any job. Set --token SECRET (env FTAGENT_TOKEN) and give agents "
@@ -135,15 +153,21 @@ class ArbiterServer:
         self.leading = not settings.leader_elect
         self._term = 0
         self._conns: set[Connection] = set()
+        self._streams: dict[str, int] = {}  # open Connect streams per principal name
+        # --kube: the pod as the arbiter's watch sees it (kube/cluster.py); a pod
+        # principal's job comes from it, and its Hello is checked against it.
+        self.pod_lookup: PodLookup | None = None
+        # A node agent's report for a node was accepted (node, fault ids, kinds), before
+        # its faults are decided: node-scope evidence for the cluster (kube/cluster.py).
+        self.on_node_report: list[Callable[[str, list[str], set[str]], None]] = []
         self.on_registry: list[Callable[[Registry], None]] = []
         self.timeline, self.history, self.registry = self._new_registry(
             store if self.leading else None)
         self._loop: asyncio.AbstractEventLoop | None = None
         self.metrics.watch_jobs(self._job_snapshots)
         self.health = health.aio.HealthServicer()
-        self.guard = Guard(authenticator or authenticator_for(settings.token,
-                                                              settings.tls_client_ca),
-                           self.metrics)
+        self.guard = Guard(authenticator or authenticator_for(
+            settings.token, settings.tls_client_ca, settings.previous_token), self.metrics)
         self.port = 0
         self.metrics_port = 0
         self._server: grpc.aio.Server | None = None
@@ -156,7 +180,8 @@ class ArbiterServer:
         timeline = Timeline()
         history = History(store or NoStore(), retention=self.settings.history_retention)
         registry = Registry(self.settings.policy, timeline, self.metrics, self.arbiter_id,
-                            history=history)
+                            history=history, restart_ceiling=self.settings.restart_ceiling,
+                            max_ranks_per_job=self.settings.max_ranks_per_job)
         return timeline, history, registry
 
     def _install(self, parts: tuple[Timeline, History, Registry]) -> None:
@@ -222,9 +247,26 @@ class ArbiterServer:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "this arbiter is the "
                                     "standby (not the leader): retry; the Service sends "
                                     "you to the leader")
+            if principal.pod is not None:
+                principal = await self._pod_principal(principal, context)
             return await fn(request, context, principal)
 
         return call
+
+    async def _pod_principal(self, p: Principal, context: grpc.aio.ServicerContext
+                             ) -> Principal:
+        """A pod's credential speaks for the job its pod belongs to as the watch sees it
+        (never for what the caller names): the principal narrowed to that job."""
+        facts = self.pod_lookup(p.namespace or "", p.pod or "") \
+            if self.pod_lookup is not None else None
+        if facts is None or facts.uid != p.pod_uid:
+            why = "is not (yet) in the arbiter's watch of ftagent pods" if facts is None \
+                else f"is now uid {facts.uid}, not the credentials' {p.pod_uid}"
+            self.metrics.rejected.labels(reason="unavailable").inc()
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"pod {p.namespace}/{p.pod} "
+                                f"{why}: retry")
+        assert facts is not None
+        return replace(p, job=facts.job, name=f"{p.name} (job {facts.job})")
 
     async def start(self) -> str:
         """Bind and serve; returns the bound HOST:PORT (port 0 picks a free one)."""
@@ -324,8 +366,22 @@ class ArbiterServer:
 
     async def _connect(self, _requests: Any, context: grpc.aio.ServicerContext,
                        principal: Principal) -> None:
-        conn = Connection(context.peer())
+        conn = Connection(context.peer(), principal.pod_uid)
         registry = self.registry  # this term's: a step-down installs another
+        who = "" if principal.admin else principal.name
+        # a pod's or a node agent's credential: a few streams; a job token is the job's
+        # every rank: one stream per rank
+        cap, flag = (self.settings.max_streams_per_identity, "--max-streams-per-identity") \
+            if principal.pod is not None or principal.node is not None or principal.job is None \
+            else (self.settings.max_ranks_per_job, "--max-ranks-per-job")
+        if who and self._streams.get(who, 0) >= cap:
+            self.metrics.rejected.labels(reason="too_many_streams").inc()
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"these credentials "
+                                f"({principal.name}) have {cap} streams open already "
+                                f"({flag})")
+            return
+        if who:
+            self._streams[who] = self._streams.get(who, 0) + 1
         self._conns.add(conn)
         reader = asyncio.create_task(self._read_loop(conn, context, principal))
         try:
@@ -349,6 +405,12 @@ class ArbiterServer:
         finally:
             reader.cancel()
             self._conns.discard(conn)
+            if who:
+                left = self._streams.get(who, 1) - 1
+                if left > 0:
+                    self._streams[who] = left
+                else:
+                    self._streams.pop(who, None)
             registry.disconnect(conn)
 
     async def _read_loop(self, conn: Connection, context: grpc.aio.ServicerContext,
@@ -383,6 +445,16 @@ class ArbiterServer:
                         check_hello(h)  # before authorize: its message names what it got
                     except Refused as e:
                         conn.reject(e.code, str(e), e.reason)
+                        return
+                    facts = self.pod_lookup(h.namespace, h.pod) \
+                        if self.pod_lookup is not None and principal.pod is not None else None
+                    problem, retry = identity_problem(
+                        principal, h.namespace, h.pod, h.node, h.job, h.rank, h.world_size,
+                        facts)
+                    if problem:
+                        conn.reject(grpc.StatusCode.UNAVAILABLE if retry else
+                                    grpc.StatusCode.PERMISSION_DENIED, problem,
+                                    "identity_mismatch")
                         return
                     if not authorize(principal, h.namespace, h.job):
                         self.metrics.rejected.labels(reason="permission_denied").inc()
@@ -511,6 +583,15 @@ class ArbiterServer:
                                 f"({principal.name}) speak for {principal.scope()}: they may "
                                 f"not report for node {req.node!r}")
             return b""
+        if req.faults and (principal.node is not None or principal.admin):
+            ids = [m.id for m in req.faults]
+            kinds = {pb.FaultKind.Name(m.kind).removeprefix("FAULT_KIND_").lower()
+                     for m in req.faults if m.kind in pb.FaultKind.values()}
+            for hook in self.on_node_report:
+                try:
+                    hook(req.node, ids, kinds)
+                except Exception:  # a hook's bug must not lose the report
+                    log.exception("node report hook %r failed", hook)
         return node_report_ack(self.registry, req, self.arbiter_id).SerializeToString()
 
     async def _parse(self, cls: Any, raw: bytes, context: grpc.aio.ServicerContext) -> Any:

@@ -74,6 +74,7 @@ class RankState:
 
     rank: int
     pod: str = ""
+    pod_uid: str = ""  # the verified pod (TokenReview) that registered it; "" unverified
     node: str = ""
     gpus: tuple[str, ...] = ()  # GPU ids the rank's pod holds (Hello.gpus; (): unknown)
     connected: bool = False

@@ -35,7 +35,7 @@ from ftagent.config import (
 )
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
-from ftagent.wire.credentials import bearer, channel_credentials
+from ftagent.wire.credentials import bearer, channel_credentials, current_token
 from ftagent.wire.shard import pick_arbiter
 
 TIMEOUT = 10.0
@@ -158,7 +158,8 @@ def _follow(cfg: ArbiterClientConfig, address: str, job: str, namespace: str,
     stub = _stub(cfg, address)
     req = pb.WatchEventsRequest(job=job, namespace=namespace, replay=True)
     try:
-        for e in stub.WatchEvents(req, metadata=bearer(cfg.token)):
+        token = current_token(cfg.token, cfg.token_file)
+        for e in stub.WatchEvents(req, metadata=bearer(token)):
             print(json.dumps(to_dict(e)) if as_json else format_entry(e), flush=True)
     except KeyboardInterrupt:
         return 0
@@ -178,7 +179,8 @@ def run(cfg: ArbiterClientConfig, job: str, namespace: str, as_json: bool, follo
             return _follow(cfg, address, job, namespace, as_json)
         stub = _stub(cfg, address)
         info = _call(address, stub.GetJob, pb.GetJobRequest(
-            job=job, namespace=namespace, timeline_limit=limit), cfg.token)
+            job=job, namespace=namespace, timeline_limit=limit),
+            current_token(cfg.token, cfg.token_file))
         print(json.dumps(to_dict(info), indent=2) if as_json else format_job(info))
         return 0
     if follow:
@@ -187,7 +189,8 @@ def run(cfg: ArbiterClientConfig, job: str, namespace: str, as_json: bool, follo
         return _follow(cfg, replicas[0], "", namespace, as_json)
     jobs: list[pb.JobInfo] = []
     for address in replicas:
-        got = _call(address, _stub(cfg, address).ListJobs, pb.ListJobsRequest(), cfg.token)
+        got = _call(address, _stub(cfg, address).ListJobs, pb.ListJobsRequest(),
+                    current_token(cfg.token, cfg.token_file))
         jobs += [j for j in got.jobs if not namespace or j.namespace == namespace]
     if as_json:
         print(json.dumps({"jobs": [to_dict(j) for j in jobs]}, indent=2))

@@ -11,17 +11,24 @@ and its operators. Prints the token on stdout (one line, nothing else).
 ``ftagent token --node NAME`` instead prints a node token for the node agent of NAME
 (``ftagent node``): it may only report node-scoped faults for that node, nothing else;
 ``--node '*'`` makes one for every node, the DaemonSet's single credential.
+
+A job token expires after ``--ttl`` seconds (default 30 days; 0: never). To rotate the
+secret, start the arbiter with the new ``--token`` and the old one as ``--previous-token``,
+hand out tokens of the new secret, then drop ``--previous-token``.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from dataclasses import dataclass
 
 from ftagent.arbiter.auth import ALL_NODES, MIN_SECRET, job_token, node_token
-from ftagent.config import ConfigError, OneLineParser, add_group, opt, resolve_group
+from ftagent.config import ConfigError, OneLineParser, Range, add_group, opt, resolve_group
 from ftagent.wire.limits import OutOfRange, check_name
+
+DEFAULT_TTL = 30 * 86400  # a month: long jobs, and a rotation revokes what it must
 
 
 def _name(v: str) -> str:
@@ -45,6 +52,10 @@ class TokenConfig:
                     metavar="NODE")
     token: str = opt("", "--token", "the arbiter's secret (its --token; prefer the "
                      "FTAGENT_TOKEN variable: flags show in ps)", metavar="SECRET")
+    ttl: int = opt(DEFAULT_TTL, "--ttl", "a job token's life in seconds (the arbiter refuses "
+                   "it after); 0 never expires", env="FTAGENT_TOKEN_TTL",
+                   check=Range(0, 10 * 365 * 86400),
+                   metavar="SECONDS")
 
 
 def main(argv: list[str]) -> int:
@@ -70,5 +81,9 @@ def main(argv: list[str]) -> int:
     if cfg.node:
         print(node_token(cfg.token, ALL_NODES if cfg.node == ALL_NODES else cfg.node))
     else:
-        print(job_token(cfg.token, cfg.namespace, cfg.job))
+        expires = int(time.time()) + cfg.ttl if cfg.ttl else None
+        if expires is None:
+            sys.stderr.write("ftagent token: warning: --ttl 0: this job token never expires; "
+                             "only a new secret revokes it\n")
+        print(job_token(cfg.token, cfg.namespace, cfg.job, expires))
     return 0

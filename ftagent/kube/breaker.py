@@ -3,9 +3,17 @@
 Within any ``window`` (an hour), ftagent cordons at most ``--max-cordon-fraction`` of the
 nodes one job uses, and of the cluster's nodes, each rounded down but at least one node
 (a job on 4 nodes with 0.1 may still lose its one broken node). A fraction of 0 never
-cordons. A node already cordoned by ftagent in the window costs nothing again. When the
-breaker refuses, the pod is still deleted and replaced; only the cordon (and taint) is
-skipped, with the reason in the timeline, the log and a Kubernetes Event.
+cordons. Beside the fractions, at most ``max_nodes`` nodes in the whole cluster per window
+(``--max-cordons``: a fraction of a large cluster is still many nodes). A node already
+cordoned by ftagent in the window costs nothing again. The counts are of nodes the API
+server knows (the node watch), never of nodes a peer names.
+
+The breaker's memory is the cluster itself: every cordon ftagent makes is annotated on the
+node (``ftagent.io/cordoned-at``, ``ftagent.io/fault-job``), and ``seed`` takes those back
+from the node watch, so a new leader (or a restarted arbiter) counts what its predecessor
+did within the window. When the breaker refuses, the pod is still deleted and replaced;
+only the cordon (and taint) is skipped, with the reason in the timeline, the log and a
+Kubernetes Event.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 WINDOW = 3600.0
+MAX_NODES = 10  # default of --max-cordons: nodes cordoned cluster-wide per window
 
 
 @dataclass(frozen=True)
@@ -27,6 +36,7 @@ class Verdict:
 class CordonBreaker:
     max_fraction: float
     window: float = WINDOW
+    max_nodes: int = MAX_NODES
     # (time, node, job) of each cordon made, oldest first
     _made: deque[tuple[float, str, str]] = field(default_factory=deque)
 
@@ -58,6 +68,10 @@ class CordonBreaker:
                            f"(--max-cordon-fraction {self.max_fraction:g} allows "
                            f"{allowed_job})")
         every = {n for _, n, _ in self._made}
+        if len(every) + 1 > self.max_nodes:
+            return Verdict(False, f"circuit breaker: {len(every)} nodes already cordoned in "
+                           f"the cluster in the last {self.window / 60:.0f} min (--max-cordons "
+                           f"{self.max_nodes})")
         total = cluster_nodes or job_nodes
         allowed_all = self.limit(self.max_fraction, max(total, 1))
         if len(every) + 1 > allowed_all:
@@ -71,6 +85,15 @@ class CordonBreaker:
         """A cordon was made (call after ``check`` allowed it)."""
         self._expire(now)
         self._made.append((now, node, job))
+
+    def seed(self, node: str, job: str, at: float, now: float) -> None:
+        """A cordon found on a node (its annotations, from the watch): counted while within
+        the window, once per node."""
+        self._expire(now)
+        if now - at >= self.window or any(n == node for _, n, _ in self._made):
+            return
+        self._made.append((at, node, job))
+        self._made = deque(sorted(self._made))
 
     def cordoned(self, now: float) -> list[str]:
         """Nodes cordoned within the window, oldest first."""

@@ -29,7 +29,8 @@ def service_names(service: str, namespace: str) -> list[str]:
             f"{service}.{namespace}.svc.cluster.local"]
 
 
-def self_signed(dns_names: Sequence[str], days: int = 3650) -> Pems:
+def self_signed(dns_names: Sequence[str], days: int = 3650,
+                ca_common_name: str = "ftagent-webhook-ca") -> Pems:
     """A CA and a certificate for ``dns_names`` signed by it (ECDSA P-256)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -39,7 +40,7 @@ def self_signed(dns_names: Sequence[str], days: int = 3650) -> Pems:
     now = datetime.datetime.now(datetime.timezone.utc)
     until = now + datetime.timedelta(days=days)
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ftagent-webhook-ca")])
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ca_common_name)])
     ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
           .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
           .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(until)
@@ -89,6 +90,40 @@ def ca_bundle_patch(config: dict[str, Any], ca: bytes) -> list[dict[str, Any]]:
     return [{"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": bundle}
             for i, w in enumerate(config.get("webhooks") or [])
             if (w.get("clientConfig") or {}).get("caBundle") != bundle]
+
+
+def ensure_secret(api_client: Any, namespace: str, secret: str,
+                  dns_names: Sequence[str]) -> tuple[Pems, bool]:
+    """The arbiter's serving certificate from Secret ``namespace/secret`` (``tls.crt``,
+    ``tls.key``, ``ca.crt``: cert-manager's layout), made (self-signed CA + a certificate
+    for ``dns_names``) and created there when absent; (pems, created). Two replicas starting
+    at once: the first create wins, the other reads it (409 -> read again)."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    core = client.CoreV1Api(api_client)
+    for _ in range(3):
+        try:
+            found = core.read_namespaced_secret(secret, namespace)
+            pems = from_secret_data(found.data or {})
+            if pems is None:
+                raise ValueError(f"secret {namespace}/{secret} lacks tls.crt, tls.key or "
+                                 "ca.crt (cert-manager's layout)")
+            return pems, False
+        except ApiException as e:
+            if e.status != 404:
+                raise
+        made = self_signed(dns_names, ca_common_name="ftagent-arbiter-ca")
+        body: Any = {"metadata": {"name": secret, "namespace": namespace,
+                                  "labels": {"app.kubernetes.io/managed-by": "ftagent"}},
+                     "type": "kubernetes.io/tls", "data": secret_data(made)}
+        try:
+            core.create_namespaced_secret(namespace, body)
+            return made, True
+        except ApiException as e:
+            if e.status != 409:
+                raise
+    raise RuntimeError(f"secret {namespace}/{secret}: created and deleted under us")
 
 
 def ensure_shared(namespace: str, secret: str, webhook_config: str,

@@ -6,10 +6,13 @@ faults through ``Registry.report_fault`` (``cluster_faults.py`` says which), so 
 decides them like every fault; each executed decision comes back through the registry's
 decision listener and turns into actions:
 
-* REPLACE: cordon + taint the rank's node (unless the fault was the pod's own --
-  preempted, evicted, deleted -- or the circuit breaker refuses), then delete the pod(s)
-  so their controller recreates them; the other ranks restart in place (their commands
-  were queued before the listener ran) and the barrier waits for the replacement;
+* REPLACE: delete the rank's pod -- only the pod of the verified identity as the watch
+  sees it (labelled for the job, the registering pod's uid), always with its uid as a
+  precondition -- so its controller recreates it; cordon + taint that pod's
+  ``spec.nodeName`` only on node-scope evidence (``node_scope.py``: the node watch, the
+  node's own agent, or two jobs) and within the circuit breaker; the other ranks restart
+  in place (their commands were queued before the listener ran) and the barrier waits
+  for the replacement;
 * every fault decision and barrier release: an Event on the pod and the job object;
 * pods of the job's ranks: annotated with their ftagent state (coalesced, latest wins).
 
@@ -32,9 +35,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from ftagent.arbiter.auth import PodFacts
 from ftagent.arbiter.registry import Registry
 from ftagent.arbiter.state import Decision, JobState, Verdict
-from ftagent.kube.actuator import STATE_ANNOTATION, Actuator, Forbidden, GaveUp
+from ftagent.kube.actuator import ANNOTATIONS, STATE_ANNOTATION, Actuator, Forbidden, GaveUp
 from ftagent.kube.breaker import CordonBreaker
 from ftagent.kube.cluster_faults import (
     ClusterFault,
@@ -44,6 +48,8 @@ from ftagent.kube.cluster_faults import (
     parse_time,
     pending_fault,
 )
+from ftagent.kube.identity import identify, literal_env, trainer_index
+from ftagent.kube.node_scope import NodeEvidence
 from ftagent.kube.recorder import JOB_KINDS, ObjectRef, Recorder, job_owner, pod_ref
 from ftagent.model import Scope
 
@@ -68,6 +74,8 @@ class KubeSettings:
     node_notready_grace: float = 40.0
     force_delete_after: float = -1.0  # off
     max_cordon_fraction: float = 0.1
+    max_cordons: int = 10  # nodes cordoned cluster-wide per breaker window
+    node_evidence_window: float = 300.0
     pending_grace: float = 300.0
     component: str = "ftagent-arbiter"
 
@@ -91,7 +99,9 @@ class Cluster:
         self.actuator = actuator or Actuator(api_client, clock=clock)
         self.recorder = Recorder(api_client, self.actuator, component=settings.component,
                                  instance=registry.arbiter_id, clock=clock)
-        self.breaker = CordonBreaker(settings.max_cordon_fraction)
+        self.breaker = CordonBreaker(settings.max_cordon_fraction,
+                                     max_nodes=settings.max_cordons)
+        self.evidence = NodeEvidence(settings.node_evidence_window)
         self.nodes = NodeFaults(settings.node_notready_grace)
         self.pods = PodFaults()
         self.pod_cache: dict[tuple[str, str], dict[str, Any]] = {}
@@ -112,6 +122,36 @@ class Cluster:
         self._flushing = False
         self.ticker: asyncio.Task[None] | None = None  # tick_forever, when started for it
         registry.add_decision_listener(self.on_decision)
+        registry.pod_alive = self.pod_alive
+
+    # ------------------------------------------------------------------ verified pods
+
+    def pod_facts(self, namespace: str, name: str) -> PodFacts | None:
+        """The pod as the watch sees it (job, rank, node, uid), for the server to check a
+        pod credential's Hello against; None when the watch has not seen it (or it is
+        gone). The job and rank come from its labels (kube/identity.py), the job label
+        ``ftagent.io/job`` first: never from anything the agent says."""
+        pod = self.pod_cache.get((namespace, name))
+        if not isinstance(pod, dict):
+            return None
+        uid = get(pod, "metadata", "uid")
+        job = get(pod, "metadata", "labels", JOB_LABEL)
+        if not isinstance(uid, str) or not isinstance(job, str):
+            return None
+        found = identify(pod, {})
+        index, _ = trainer_index(pod, found.role if found else "")
+        containers = get(pod, "spec", "containers")
+        if found is not None and index is not None and isinstance(containers, list):
+            found = identify(pod, literal_env(containers[index]))
+        node = get(pod, "spec", "nodeName")
+        return PodFacts(uid=uid, job=job, node=node if isinstance(node, str) else "",
+                        rank=found.rank if found else None,
+                        world_size=found.world_size if found else None)
+
+    def pod_alive(self, namespace: str, name: str, uid: str) -> bool:
+        """Is pod ``namespace/name`` with ``uid`` still in the watch (a rank it registered
+        stays its own until it is gone)?"""
+        return self._uid(namespace, name) == uid
 
     def rebind(self, registry: Registry) -> None:
         """A new registry (a term as leader began or ended): faults go to it, its
@@ -119,6 +159,7 @@ class Cluster:
         self.registry = registry
         self._replacing.clear()
         registry.add_decision_listener(self.on_decision)
+        registry.pod_alive = self.pod_alive
         if self.active():  # a term as leader: what the nodes are now, judged afresh
             self.nodes = NodeFaults(self.settings.node_notready_grace)
             for node in list(self.node_cache.values()):
@@ -142,6 +183,13 @@ class Cluster:
             self.node_cache.pop(name, None)
         elif isinstance(node, dict):
             self.node_cache[name] = node
+            notes = get(node, "metadata", "annotations")
+            if isinstance(notes, dict) and notes.get(ANNOTATIONS + "cordoned-by") \
+                    == "ftagent-arbiter":  # the breaker's memory across leaders
+                at = parse_time(notes.get(ANNOTATIONS + "cordoned-at"))
+                if at is not None:
+                    self.breaker.seed(name, str(notes.get(ANNOTATIONS + "fault-job", "")), at,
+                                      self.clock())
         if not self.active():  # a standby only keeps its caches (replayed when it leads)
             return
         # a node nobody runs on is watched for its Ready condition all the same (cheap),
@@ -254,27 +302,100 @@ class Cluster:
         pods = got[1] if got is not None else ()
         if not pods and rs is not None and rs.pod:
             pods = ((job.namespace, rs.pod, self._uid(job.namespace, rs.pod)),)
-        node = cf.node if cf is not None and cf.node else (rs.node if rs is not None else "")
-        cordon = bool(node) and (cf is None or cf.fault.scope is Scope.NODE)
+        pods = self._verified_pods(job, rs, pods, now)
         kind = self.registry.fault_kind(job, d.fault_id) or "node"
         who = f"{job.namespace}/{job.job}" if job.namespace else job.job
+        # the node is where the watch says the pod runs, never what a Hello said
+        node = cf.node if cf is not None and cf.node else next(
+            (n for ns, name, _ in pods if (n := self._node_of(ns, name))), "")
+        if cf is not None:  # the API server's own view: its scope decides
+            cordon, why = bool(node) and cf.fault.scope is Scope.NODE, ""
+        elif node:
+            cordon, why = self.evidence.verdict(node, who, kind, d.fault_id, now)
+        else:
+            cordon, why = False, ""
+        if node and not cordon and why:
+            msg = f"node {node} not cordoned: {why}"
+            self.registry.timeline.add(now, job.job, job.namespace, job.generation,
+                                       "decision", msg, rank=d.rank, fault_id=d.fault_id)
+            self._event(job, pods[0][1] if pods else "", "Normal", "NodeNotCordoned", msg,
+                        now)
         if cordon:
-            job_nodes = len({r.node for r in job.ranks.values() if r.node})
-            v = self.breaker.check(node, who, job_nodes, len(self.node_names), now)
-            if v.allowed:
-                self.breaker.record(node, who, now)
-            else:
-                cordon = False
-                msg = f"node {node} not cordoned: {v.reason}"
-                log.warning("%s (job %s)", msg, who)
-                self.registry.timeline.add(now, job.job, job.namespace, job.generation,
-                                           "decision", msg, rank=d.rank, fault_id=d.fault_id)
-                self._event(job, rs.pod if rs else "", "Warning", "CordonSkipped", msg, now)
+            cordon = self._breaker_allows(job, rs, node, who, d, now)
         for _, _, uid in pods:
             self.pods.deleted_by_us(uid)
         self._replacing[(job.namespace, job.job)] = now
         self._submit(self._actions, self._carry_out_replace, job, node if cordon else "",
                      kind, d.reason, d.fault_id, who, pods, now)
+
+    def _breaker_allows(self, job: JobState, rs: Any, node: str, who: str, d: Decision,
+                        now: float) -> bool:
+        job_nodes = len(self._job_nodes(job))
+        v = self.breaker.check(node, who, job_nodes, len(self.node_names), now)
+        if v.allowed:
+            self.breaker.record(node, who, now)
+            return True
+        msg = f"node {node} not cordoned: {v.reason}"
+        log.warning("%s (job %s)", msg, who)
+        self.registry.timeline.add(now, job.job, job.namespace, job.generation,
+                                   "decision", msg, rank=d.rank, fault_id=d.fault_id)
+        self._event(job, rs.pod if rs else "", "Warning", "CordonSkipped", msg, now)
+        return False
+
+    def _job_nodes(self, job: JobState) -> set[str]:
+        """The nodes the job's pods run on, as the watch sees them (what the breaker counts:
+        never the nodes its agents name)."""
+        return {n for (ns, _), pod in self.pod_cache.items()
+                if ns == job.namespace and get(pod, "metadata", "labels", JOB_LABEL) == job.job
+                and isinstance(n := get(pod, "spec", "nodeName"), str) and n}
+
+    def _node_of(self, namespace: str, pod: str) -> str:
+        node = get(self.pod_cache.get((namespace, pod)), "spec", "nodeName")
+        return node if isinstance(node, str) else ""
+
+    def _verified_pods(self, job: JobState, rs: Any, pods: tuple[tuple[str, str, str], ...],
+                       now: float) -> tuple[tuple[str, str, str], ...]:
+        """Only pods the watch sees in the job's namespace, labelled for the job, with the
+        uid the rank registered from (when a pod credential registered it): a Hello that
+        named another pod (another job's, kube-system's) deletes nothing."""
+        out = []
+        for ns, name, uid in pods:
+            pod = self.pod_cache.get((ns, name))
+            live = get(pod, "metadata", "uid")
+            why = ""
+            if ns != job.namespace or pod is None:
+                why = "not in the job's namespace as the watch sees it"
+            elif get(pod, "metadata", "labels", JOB_LABEL) != job.job:
+                why = f"not labelled {JOB_LABEL}={job.job}"
+            elif not isinstance(live, str) or not live or (uid and uid != live):
+                why = "replaced since (another uid)"
+            elif rs is not None and rs.pod_uid and rs.pod == name and rs.pod_uid != live:
+                why = "not the pod that registered the rank (another uid)"
+            if why:
+                log.warning("job %s/%s: pod %s/%s not deleted: %s", job.namespace, job.job,
+                            ns, name, why)
+                continue
+            out.append((ns, name, live))
+        return tuple(out)
+
+    def node_reported(self, node: str, fault_ids: list[str], kinds: set[str]) -> None:
+        """A node agent's report for ``node`` was accepted (the server's ReportNode hook,
+        on the loop, before it decides them): node-scope evidence for it. Pod faults of
+        those kinds that replaced a pod there without a cordon get the cordon now."""
+        if not self.active():
+            return
+        now = self.clock()
+        self.evidence.node_agent(node, kinds, fault_ids, now)
+        for p in self.evidence.confirmations(node, kinds, now):
+            ns, _, name = p.job.partition("/")
+            job = self.registry.jobs.get((ns, name) if name else ("", ns))
+            if job is None:
+                continue
+            d = Decision(Verdict.REPLACE, reason=f"node {node}'s agent confirmed the {p.kind} "
+                         "fault", generation=job.generation, fault_id=p.fault_id)
+            if self._breaker_allows(job, None, node, p.job, d, now):
+                self._submit(self._actions, self._carry_out_replace, job, node, p.kind,
+                             d.reason, p.fault_id, p.job, (), now)
 
     def _carry_out_replace(self, job: JobState, node: str, kind: str, reason: str,
                            fault_id: str, who: str, pods: tuple[tuple[str, str, str], ...],

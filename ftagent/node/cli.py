@@ -210,7 +210,8 @@ def build(s: NodeSettings, environ: Mapping[str, str]) -> tuple[NodeAgent, Colle
     if s.arbiter.arbiter:
         try:
             reporter = NodeReporter(s.arbiter.arbiter.split(","), node, uuid.uuid4().hex[:12],
-                                    token=s.arbiter.token, tls_ca=s.arbiter.tls_ca,
+                                    token=s.arbiter.token,
+                                    token_file=s.arbiter.token_file, tls_ca=s.arbiter.tls_ca,
                                     tls_cert=s.arbiter.tls_cert, tls_key=s.arbiter.tls_key,
                                     heartbeat=s.node.report_interval)
         except ValueError as e:

@@ -42,7 +42,7 @@ from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
 from ftagent.wire import limits
 from ftagent.wire.convert import fault_to_proto
-from ftagent.wire.credentials import bearer, channel_credentials
+from ftagent.wire.credentials import bearer, channel_credentials, current_token
 
 log = logging.getLogger("ftagent.node.reports")
 
@@ -74,13 +74,13 @@ class NodeReporter:
     """Sends node faults to every shard in ``addresses``. Create and use it on one loop."""
 
     def __init__(self, addresses: Sequence[str], node: str, instance: str, *, token: str = "",
-                 tls_ca: str = "", tls_cert: str = "", tls_key: str = "",
+                 token_file: str = "", tls_ca: str = "", tls_cert: str = "", tls_key: str = "",
                  heartbeat: float = HEARTBEAT, version: str = __version__,
                  rng: random.Random | None = None) -> None:
         """Raises ValueError for unusable TLS files (a start-up error)."""
         self.shards = [Shard(a.strip()) for a in addresses if a.strip()]
         self.node, self.instance, self.version = node, instance, version
-        self.token = token
+        self.token, self.token_file = token, token_file
         self.heartbeat = heartbeat
         self._creds = channel_credentials(tls_ca, tls_cert, tls_key)
         self._rng = rng or random.Random()
@@ -156,7 +156,8 @@ class NodeReporter:
         req = pb.NodeReport(node=self.node, agent_instance=self.instance,
                             agent_version=self.version, faults=batch)
         try:
-            ack = await stub.ReportNode(req, timeout=CALL_TIMEOUT, metadata=bearer(self.token))
+            token = current_token(self.token, self.token_file)  # fresh: the kubelet rotates it
+            ack = await stub.ReportNode(req, timeout=CALL_TIMEOUT, metadata=bearer(token))
         except grpc.aio.AioRpcError as e:
             s.failures += 1
             code, details = e.code(), (e.details() or "")[:300]

@@ -1,15 +1,43 @@
 """A client's credentials towards the arbiter: the bearer token and TLS (agent and status).
 
 The token is either a job token (``ftagent token --job NAME``: it speaks for that job
-only, what an agent should hold) or the arbiter's secret (the admin: every job). The
-client sends both the same way; the arbiter tells them apart.
+only, what an agent should hold), the arbiter's secret (the admin: every job), or in
+Kubernetes the pod's projected ServiceAccount token read from ``--token-file`` (it speaks
+for that pod only). The client sends them all the same way; the arbiter tells them apart.
+The file is read again at every (re)connect: the kubelet rotates it.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import grpc
+
+log = logging.getLogger("ftagent.credentials")
+
+
+MAX_TOKEN_FILE = 64 * 1024  # a projected token is ~1 KB
+
+
+def current_token(token: str, token_file: str) -> str:
+    """The token to present now: ``token_file``'s content when given (read fresh: the
+    kubelet rotates it; unreadable -> "" and the arbiter refuses, the caller retries),
+    else ``token``."""
+    if not token_file:
+        return token
+    try:
+        with open(token_file, "rb") as f:
+            raw = f.read(MAX_TOKEN_FILE + 1)
+    except OSError as e:
+        log.warning("--token-file %s: %s: connecting without a token", token_file,
+                    e.strerror or e)
+        return ""
+    if len(raw) > MAX_TOKEN_FILE:
+        log.warning("--token-file %s is over %d bytes: not a token", token_file,
+                    MAX_TOKEN_FILE)
+        return ""
+    return raw.decode("ascii", errors="replace").strip()
 
 
 def bearer(token: str) -> tuple[tuple[str, str], ...]:

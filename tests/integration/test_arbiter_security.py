@@ -20,7 +20,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from ftagent.arbiter.auth import job_token
+from ftagent.arbiter.auth import job_token, parse_expiring_token
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
 from ftagent.wire.credentials import bearer
@@ -318,9 +318,11 @@ def test_ftagent_token_round_trip_through_the_cli(arbiter: ArbiterProcess) -> No
                                        FTAGENT_TOKEN=SECRET)
         assert made.returncode == 0 and made.stderr == "", made.stderr
         token = made.stdout.strip()
-        assert made.stdout == token + "\n" and token == job_token(SECRET, "", "cli-job")
+        # expiring by default (--ttl: 30 days), the expiry inside the MAC
+        exp = (parse_expiring_token(token) or ("", "", 0, b""))[2]
+        assert made.stdout == token + "\n" and token == job_token(SECRET, "", "cli-job", exp)
         flag = await asyncio.to_thread(ftagent, "token", "--job", "cli-job", "--namespace",
-                                       "ml", "--token", SECRET)
+                                       "ml", "--token", SECRET, "--ttl", "0")
         assert flag.returncode == 0 and flag.stdout.strip() == job_token(SECRET, "ml",
                                                                          "cli-job")
         none = await asyncio.to_thread(ftagent, "token", "--job", "cli-job")

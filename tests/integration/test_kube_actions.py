@@ -196,7 +196,9 @@ def test_a_conflict_is_retried_with_the_fresh_node_and_a_500_with_backoff() -> N
                                  message="The node was low on resource: memory.")
             await wait_until(lambda: s.fake.count("delete", "pods") >= 1, 20, "delete")
             assert s.fake.count("update", "nodes") == 0  # kubelet eviction: no cordon
-            # a GPU fault from the agent: REPLACE, cordon through one 409 and two 500s
+            # a GPU fault from the agent, which the node agent confirms: REPLACE, cordon
+            # through one 409 and two 500s
+            s.cluster.node_reported("node-3", ["node-agent-xid"], {"gpu"})
             f = pb.Fault(id="gpu-1", kind=pb.FAULT_KIND_GPU, severity=pb.SEVERITY_FATAL,
                          scope=pb.SCOPE_NODE, message="Xid 79: fallen off the bus",
                          generation=1)
@@ -212,7 +214,8 @@ def test_a_conflict_is_retried_with_the_fresh_node_and_a_500_with_backoff() -> N
 def test_the_circuit_breaker_stops_a_rule_that_blames_every_node() -> None:
     async def body() -> None:
         async with cluster(world=8, nodes=8, max_cordon_fraction=0.25) as s:
-            for r in range(8):  # a bad rule: every rank's GPU is "fatal"
+            for r in range(8):  # a bad rule: every node's GPU is "fatal" (node agents too)
+                s.cluster.node_reported(f"node-{r}", [f"node-bad-{r}"], {"gpu"})
                 job = s.reg.jobs[(NS, "llm")]
                 f = pb.Fault(id=f"bad-{r}", kind=pb.FAULT_KIND_GPU, scope=pb.SCOPE_NODE,
                              severity=pb.SEVERITY_FATAL, message="bogus",

@@ -30,7 +30,9 @@ Use::
 Resources served (RBAC names): pods, pods/status, nodes, nodes/status, events (core/v1 and
 events.k8s.io/v1: one storage, two views, as on the real server), configmaps, secrets,
 namespaces, services, deployments.apps, jobs.batch, leases.coordination.k8s.io,
-mutatingwebhookconfigurations.admissionregistration.k8s.io, and as custom resources (no
+mutatingwebhookconfigurations.admissionregistration.k8s.io, tokenreviews.authentication.k8s.io
+(create only, never stored: projected ServiceAccount tokens from ``mint_token``/``token_file``
+are reviewed as the real server reviews them, see tokens.py), and as custom resources (no
 strategic merge: 415, as for real CRDs) pytorchjobs/tfjobs/mpijobs/paddlejobs/mxjobs/
 xgboostjobs.kubeflow.org (v1), trainjobs.trainer.kubeflow.org (v1alpha1),
 jobsets.jobset.x-k8s.io (v1alpha2), jobs.batch.volcano.sh (v1alpha1). Verbs: get, list (label
@@ -64,6 +66,9 @@ Control API of :class:`FakeKube` (thread-safe; objects are plain dicts as on the
   (e.g. ``DisruptionTarget`` with reason ``PreemptionByScheduler``),
   ``finish_termination(namespace, name)`` (the kubelet's final delete of a Terminating pod),
   ``events(namespace=None, involved=None) -> list`` (core/v1 shape).
+* Tokens: ``mint_token(namespace, service_account="default", pod=None, audiences=("ftagent",),
+  expiration_seconds=3600) -> Minted``, ``token_file(directory, namespace, pod, ...)`` (a
+  projected-volume token file; call again to rotate), ``issuer.clock`` (settable: expiry).
 * Faults: ``forbid(verb, resource, namespace=None, name=None, times=None)`` (403 with the real
   RBAC message for user ``system:serviceaccount:ftagent:arbiter``),
   ``fail(verb, resource, code=500, times=1, retry_after=None, message=None)`` (500, 503,
@@ -99,12 +104,14 @@ from .faults import Faults, Request
 from .resources import Kind, kind_for, parse_label_selector
 from .server import FakeHTTPServer
 from .store import Store
+from .tokens import Issuer, Minted, write_projected
 
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 
-__all__ = ["FakeKube", "Request", "ApiError", "MERGE", "STRATEGIC", "JSON_PATCH"]
+__all__ = ["FakeKube", "Request", "ApiError", "MERGE", "STRATEGIC", "JSON_PATCH", "Minted",
+           "write_projected"]
 
 
 class FakeKube:
@@ -120,6 +127,8 @@ class FakeKube:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         ctx = self._tls_context() if tls else None
         self._http = FakeHTTPServer(self.store, self.faults, token, bookmark_interval, ctx)
+        self.issuer = Issuer(self.get)
+        self._http.issuer = self.issuer
         port = self._http.server_address[1]
         self.url = f"https://localhost:{port}" if tls else f"http://127.0.0.1:{port}"
         self._thread = threading.Thread(target=self._http.serve_forever,
@@ -279,6 +288,24 @@ class FakeKube:
                involved: str | None = None) -> builtins.list[dict[str, Any]]:
         evs = self.list("events", namespace)
         return [e for e in evs if involved in (None, (e.get("involvedObject") or {}).get("name"))]
+
+    # ------------------------------------------------------------------- tokens
+    def mint_token(self, namespace: str, service_account: str = "default", *,
+                   pod: str | None = None, audiences: tuple[str, ...] = ("ftagent",),
+                   expiration_seconds: int = 3600) -> Minted:
+        """A projected ServiceAccount token (bound to ``pod`` and its node when given) that
+        this server's TokenReview recognises (see tokens.py)."""
+        return self.issuer.mint(namespace, service_account, pod=pod, audiences=audiences,
+                                expiration_seconds=expiration_seconds)
+
+    def token_file(self, directory: str | Path, namespace: str, pod: str,
+                   service_account: str = "default", audiences: tuple[str, ...] = ("ftagent",),
+                   expiration_seconds: int = 3600) -> Path:
+        """Mint a pod-bound token and write it as the kubelet does into ``directory`` (a
+        projected volume: ``token`` through ``..data``); call again to rotate it."""
+        minted = self.mint_token(namespace, service_account, pod=pod, audiences=audiences,
+                                 expiration_seconds=expiration_seconds)
+        return write_projected(directory, minted.token)
 
     # ------------------------------------------------------------------- faults
     def forbid(self, verb: str, resource: str, namespace: str | None = None,

@@ -73,6 +73,7 @@ class FakeHTTPServer(ThreadingHTTPServer):
         self.store, self.faults, self.token = store, faults, token
         self.bookmark_interval = bookmark_interval
         self.bookmark_epoch = 0
+        self.issuer: Any = None  # tokens.Issuer: answers TokenReviews
         self.stopping = threading.Event()
         self.conns: set[socket.socket] = set()
         self.conns_lock = threading.Lock()
@@ -192,6 +193,13 @@ class _Handler(BaseHTTPRequestHandler):
     def _verb(self, verb: str, r: _Route, query: dict[str, str], body: Any,
               ctype: str) -> tuple[int, Any]:
         store = self.server.store
+        if r.kind.plural == "tokenreviews":  # create-only, never stored (as for real)
+            if verb != "create" or r.name is not None:
+                raise ApiError(405, "MethodNotAllowed", "the server does not allow this "
+                               "method on the requested resource")
+            if not isinstance(body, dict) or not isinstance(body.get("spec"), dict):
+                raise ApiError(400, "BadRequest", "TokenReview has no spec")
+            return 201, self.server.issuer.review(body)
         if verb == "get":
             return 200, store.get(r.kind, r.namespace, r.name or "")
         if verb == "list":

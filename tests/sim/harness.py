@@ -14,6 +14,12 @@ The checks are the protocol's promises (ftagent/arbiter/barrier.py, DESIGN.md):
 * ``check_safety`` after every step: no trainer started through a barrier runs beside
   one of another generation; one fault never leads to restarts into two generations;
   the budget is never exceeded by fault-driven restarts.
+* Identity (issue 20): every stream carries a verified pod (its uid, as a TokenReview
+  would give it) and each Hello passes the server's check against the pod as the watch
+  sees it (``auth.identity_problem``); ``impostor`` plays a pod of the job that claims
+  another rank, pod or node and then reports a fatal fault. ``check_safety`` also checks
+  that no impostor was ever welcomed, no decision ever followed an impostor's fault, and
+  every registered rank still belongs to its own agent's pod.
 * ``heal_and_check`` at the end: once every agent can reach the arbiter and time passes,
   the job trains again (every rank runs one generation) or stops with a reason, and no
   running agent still holds an unsettled fault. As in a real job, a trainer whose peers
@@ -29,6 +35,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from ftagent.agent.link_protocol import LinkProtocol
+from ftagent.arbiter.auth import PodFacts, Principal, identity_problem
 from ftagent.arbiter.policy import PolicyConfig
 from ftagent.arbiter.registry import Connection, Registry, Reject
 from ftagent.arbiter.state import JobPhase
@@ -66,7 +73,8 @@ class SimAgent:
     def __init__(self, world: World, rank: int) -> None:
         self.world = world
         self.rank = rank
-        self.proto = LinkProtocol(IdentityConfig(job=JOB, rank=rank, world_size=world.size),
+        self.proto = LinkProtocol(IdentityConfig(job=JOB, rank=rank, world_size=world.size,
+                                                 pod=f"pod-{rank}", node=f"node-{rank}"),
                                   max_restarts=world.budget, version="sim",
                                   instance=f"agent-{rank}")
         self.generation = 0
@@ -202,6 +210,13 @@ class World:
         self.cfg = PolicyConfig(max_restarts=budget, barrier_timeout=BARRIER_TIMEOUT,
                                 stacks_timeout=STACKS_TIMEOUT)
         self.arbiters = 0
+        # the pod watch: every rank's pod (labels give job and rank), and the intruder's,
+        # a pod of the same job whose labels give no rank
+        self.pods = {f"pod-{r}": PodFacts(uid=f"uid-{r}", job=JOB, node=f"node-{r}", rank=r,
+                                          world_size=size) for r in range(size)}
+        self.pods["pod-x"] = PodFacts(uid="uid-x", job=JOB, node="node-x")
+        self.impostor_welcomed = 0
+        self.impostor_decisions = 0
         self.registry = self._new_registry()
         self.restart_generations: dict[str, set[int]] = {}  # fault id -> RESTART targets
         # generations some agent restarted into for a fault (an arbiter's RESTART or
@@ -211,8 +226,62 @@ class World:
 
     def _new_registry(self) -> Registry:
         self.arbiters += 1
-        return Registry(self.cfg, Timeline(), None, f"arbiter-{self.arbiters}",
-                        clock=lambda: self.now)
+        reg = Registry(self.cfg, Timeline(), None, f"arbiter-{self.arbiters}",
+                       clock=lambda: self.now)
+        reg.pod_alive = lambda ns, pod, uid: (f := self.pods.get(pod)) is not None \
+            and f.uid == uid
+
+        def watch(job: object, d: object, now: float) -> None:
+            if getattr(d, "fault_id", "").startswith("intruder"):
+                self.impostor_decisions += 1
+
+        reg.add_decision_listener(watch)
+        return reg
+
+    @staticmethod
+    def principal(pod: str, uid: str, node: str) -> Principal:
+        """What a TokenReview of that pod's token makes the caller."""
+        return Principal(f"pod {pod}", namespace="", pod=pod, pod_uid=uid, pod_node=node)
+
+    def admit(self, conn: Connection, p: Principal, h: pb.Hello) -> bool:
+        """The server's Hello check (server._read_loop): the claim against the verified
+        pod as the watch sees it, then the registry (rank ownership). False: refused."""
+        problem, retry = identity_problem(p, h.namespace, h.pod, h.node, h.job, h.rank,
+                                          h.world_size, self.pods.get(p.pod or ""))
+        if problem:
+            conn.reject(grpc.StatusCode.UNAVAILABLE if retry else
+                        grpc.StatusCode.PERMISSION_DENIED, problem, "identity_mismatch")
+            return False
+        try:
+            self.registry.hello(conn, h)
+        except Refused as e:
+            conn.reject(e.code, str(e), e.reason)
+            return False
+        return True
+
+    def impostor(self, victim: int, claim: str) -> None:
+        """Pod ``pod-x`` of the job, with its own valid token, says Hello as rank ``victim``
+        claiming the victim's pod, node, or (``rank``) only the rank; if welcomed it would
+        report a fatal GPU fault. It must be refused, and nothing decided."""
+        v = self.agents[victim]
+        pod, node = ("pod-x", "node-x")
+        if claim == "pod":
+            pod = f"pod-{victim}"
+        elif claim == "node":
+            node = f"node-{victim}"
+        elif claim == "both":
+            pod, node = f"pod-{victim}", f"node-{victim}"
+        conn = Connection("intruder", pod_uid="uid-x")
+        h = pb.Hello(job=JOB, rank=victim, world_size=self.size, pod=pod, node=node,
+                     agent_instance=v.proto.instance if claim == "instance" else "intruder",
+                     generation=v.generation)
+        if self.admit(conn, self.principal("pod-x", "uid-x", "node-x"), h):
+            self.impostor_welcomed += 1
+            f = pb.Fault(id=f"intruder-{victim}-{claim}", kind=pb.FAULT_KIND_GPU,
+                         severity=pb.SEVERITY_FATAL, scope=pb.SCOPE_NODE, message="forged",
+                         generation=self.registry.jobs[("", JOB)].generation)
+            self.registry.handle(conn, pb.AgentMessage(fault=f), 0.0)
+            self.registry.disconnect(conn)
 
     # ------------------------------------------------------------------ the wire
 
@@ -220,7 +289,7 @@ class World:
         a = self.agents[r]
         if a.stream is not None or a.phase is Phase.EXITED:
             return
-        a.stream = Stream(Connection(f"sim-{r}"))
+        a.stream = Stream(Connection(f"sim-{r}", pod_uid=f"uid-{r}"))
         a.stream.up.append(pb.AgentMessage(hello=a.proto.hello()))
 
     def break_stream(self, r: int, *, notify: bool = True) -> None:
@@ -242,10 +311,7 @@ class World:
             return False
         m = pb.AgentMessage.FromString(s.up.popleft().SerializeToString())
         if m.WhichOneof("body") == "hello":
-            try:
-                self.registry.hello(s.conn, m.hello)
-            except Refused as e:
-                s.conn.reject(e.code, str(e), e.reason)
+            self.admit(s.conn, self.principal(f"pod-{r}", f"uid-{r}", f"node-{r}"), m.hello)
         else:
             self.registry.handle(s.conn, m, 0.0)
         return True
@@ -304,6 +370,12 @@ class World:
     # ------------------------------------------------------------------ the promises
 
     def check_safety(self) -> None:
+        assert self.impostor_welcomed == 0, "a pod claiming another rank/pod/node got in"
+        assert self.impostor_decisions == 0, "an impostor's fault was decided"
+        job = self.registry.jobs.get(("", JOB))
+        for rs in (job.ranks.values() if job is not None else ()):
+            assert rs.pod_uid in ("", f"uid-{rs.rank}"), (
+                f"rank {rs.rank} is held by {rs.pod_uid}, not its own pod")
         released = {a.rank: a.generation for a in self.agents
                     if a.phase is Phase.RUNNING and a.started_released}
         assert len(set(released.values())) <= 1, (

@@ -183,6 +183,24 @@ def test_restarts_are_counted_once_per_generation_across_arbiter_restarts() -> N
     assert {a.proto.restarts for a in w.agents} == {1}
 
 
+def test_a_pod_claiming_another_rank_pod_or_node_never_gets_in_nor_acts() -> None:
+    """Issue 20: a pod of the job with its own valid token claims rank 1 -- its pod, its
+    node, or only the rank, while rank 1's agent is connected and after it disconnected
+    (a free rank was anyone's to take). Refused every time; nothing decided; the job
+    trains on."""
+    w = start(3)
+    for claim in ("rank", "pod", "node", "both", "instance"):
+        w.impostor(1, claim)
+        w.check_safety()
+    w.break_stream(1)  # rank 1's agent is away: its rank is still its pod's
+    for claim in ("rank", "pod", "node", "both", "instance"):
+        w.impostor(1, claim)
+        w.check_safety()
+    w.heal_and_check()
+    assert {a.generation for a in w.agents} == {0}
+    assert w.registry.jobs[("", JOB)].restarts == 0
+
+
 # --------------------------------------------------------------------------- the search
 
 EXAMPLES = int(os.environ.get("FTAGENT_SIM_EXAMPLES", "60"))
@@ -208,6 +226,12 @@ class Protocol(RuleBasedStateMachine):
     @rule(r=st.integers(0, 15))
     def hang(self, r: int) -> None:
         self.world.agents[self._rank(r)].hang()
+
+    @rule(r=st.integers(0, 15),
+          claim=st.sampled_from(["rank", "pod", "node", "both", "instance"]))
+    def impostor(self, r: int, claim: str) -> None:
+        if ("", JOB) in self.world.registry.jobs:
+            self.world.impostor(self._rank(r), claim)
 
     @rule()
     def restart_arbiter(self) -> None:
