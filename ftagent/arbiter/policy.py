@@ -300,8 +300,15 @@ COMMUNICATION = re.compile(
     r"\w*gloo\w*)\.py:|\brecv\b|\bsend\b|synchronize|finalize_backward|_sync_params|"
     r"\bbackward \(|run_backward|_engine_run_backward", re.I)
 
-# A frame line of ``py-spy dump`` text: "    name (path/file.py:123)"
-_TEXT_FRAME = re.compile(r"^\s+(\S+) \((?:.*/)?([^/()]+:\d+)\)\s*$", re.M)
+# A frame line of ``py-spy dump`` text: "    name (path/file.py:123)". Matched against one
+# line at a time (``_text_frames``): a pattern run over the whole text with ``re.M`` let
+# ``\s+`` cross newlines, and 36 KB of whitespace lines from a peer took seconds (issue 20).
+_TEXT_FRAME = re.compile(r"\s+(\S+) \(([^()]*:\d+)\)\s*")
+_FRAME_LINE_MAX = 4096  # longer lines are no py-spy frame: skipped unread
+
+MAX_STACKS = 1024 * 1024
+"""Bytes of one Stacks message the arbiter reads (py-spy text of a node's trainer tree is
+tens of KB); a larger one is taken as a capture without frames, never parsed."""
 
 
 def job_busy(stacks: Mapping[int, str]) -> tuple[list[int], str] | None:
@@ -351,7 +358,7 @@ def stack_signature(stacks_json: str, frames_per_thread: int = 4) -> str:
     try:
         data = json.loads(stacks_json)
     except (ValueError, TypeError):
-        return stacks_json.strip()
+        return stacks_json.strip()[:2000]
     tag = ""
     if isinstance(data, dict) and isinstance(data.get("liveness"), dict):
         live = data.pop("liveness")
@@ -369,7 +376,7 @@ def stack_signature(stacks_json: str, frames_per_thread: int = 4) -> str:
             text = node.get("stack")
             if isinstance(text, str):
                 for thread in text.split("\nThread ")[:8]:
-                    found = _TEXT_FRAME.findall(thread)[:frames_per_thread]
+                    found = _text_frames(thread, frames_per_thread)
                     if found:
                         threads.append(" < ".join(f"{n} ({loc})" for n, loc in found))
             for k, v in node.items():
@@ -386,6 +393,21 @@ def stack_signature(stacks_json: str, frames_per_thread: int = 4) -> str:
 
 
 NO_STACK = "no stack: "
+
+
+def _text_frames(thread: str, limit: int) -> list[tuple[str, str]]:
+    """The first ``limit`` frames (name, file:line) of one thread of py-spy text, in time
+    linear in the text: each line is matched alone, so no match spans lines."""
+    found: list[tuple[str, str]] = []
+    for line in thread.split("\n"):
+        if len(line) > _FRAME_LINE_MAX:
+            continue
+        m = _TEXT_FRAME.fullmatch(line)
+        if m is not None:
+            found.append((m.group(1), m.group(2).rsplit("/", 1)[-1]))
+            if len(found) >= limit:
+                break
+    return found
 
 
 def _capture_errors(data: Any) -> str:

@@ -31,7 +31,13 @@ from ftagent.metrics import ArbiterMetrics, JobSnapshot
 from ftagent.model import Fault, FaultKind, Scope, Severity
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.wire import limits
-from ftagent.wire.checks import Refused, check_fault, check_hello, progress_in_range
+from ftagent.wire.checks import (
+    Refused,
+    check_fault,
+    check_generation_claim,
+    check_hello,
+    progress_in_range,
+)
 
 log = logging.getLogger("ftagent.arbiter.registry")
 
@@ -142,6 +148,7 @@ class Registry:
         now = self.clock()
         key = (h.namespace, h.job)
         job = self.jobs.get(key)
+        check_generation_claim(h, job.generation if job is not None else -1)
         rs = job.ranks.get(h.rank) if job is not None else None
         if (rs is not None and rs.conn is not None and rs.conn is not conn and rs.instance
                 and h.agent_instance != rs.instance):
@@ -248,7 +255,7 @@ class Registry:
             self._fault(conn, job, rs, m.fault, now, received)
         elif body == "arrival":
             a = m.arrival.generation
-            if not 0 <= a <= limits.MAX_GENERATION:
+            if not 0 <= a <= max(job.generation, limits.MAX_CLAIMED_GENERATION):
                 return  # no agent sends this (the server refuses it at the edge too)
             if a > rs.generation and rs.released_generation >= 0:
                 rs.restarts += 1  # it ran a trainer and now waits to start a newer one
@@ -274,7 +281,11 @@ class Registry:
                 if cid == m.ack.command_id:
                     del rs.pending[slot]
         elif body == "stacks":
-            rs.stack = policy.stack_signature(m.stacks.json)
+            if job.hang_probe is None or rs.stack is not None:
+                return  # unsolicited (no probe, or this rank already answered): unread
+            size = len(m.stacks.json)
+            rs.stack = policy.stack_signature(m.stacks.json) if size <= policy.MAX_STACKS \
+                else f"{policy.NO_STACK}stacks of {size} bytes (over {policy.MAX_STACKS})"
             self._note(job, now, "stacks", f"stacks received ({len(m.stacks.json)} bytes)",
                        rank=rs.rank)
             self.execute(job, policy.decide_stacks(job, now, self.cfg), now)

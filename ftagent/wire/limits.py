@@ -7,7 +7,10 @@ of range is refused with a message that names the field and the range; it never 
 state. Values are chosen far above anything real and far below what breaks a type:
 
 * steps, samples, tokens: < 2**53, so they survive a float (JSON, Prometheus) exactly;
-* generations and restart counts: < 2**31, far from int64's edge even after +1;
+* generations and restart counts: < 2**31, far from int64's edge even after +1; a peer
+  may raise a job's generation only to MAX_CLAIMED_GENERATION (2**30 - 1), so the
+  generations the arbiter makes itself keep 2**30 of headroom below MAX_GENERATION
+  (a restart a second for 34 years) and no Hello can push a job to the ceiling;
 * world size: 1..1,000,000 ranks;
 * names (job, namespace, pod, node, phase, op): short printable strings.
 * phase and op names as label values: the first MAX_PHASES / MAX_OPS distinct ones.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 MAX_STEP = 2**53 - 1  # steps, samples and tokens: exact in a float64
 MAX_GENERATION = 2**31 - 1
+MAX_CLAIMED_GENERATION = 2**30 - 1  # the highest a peer may raise a job's generation to
 MAX_RESTARTS = 2**31 - 1
 MAX_WORLD_SIZE = 1_000_000
 MAX_NAME = 253  # a Kubernetes object name (DNS subdomain); jobs, pods, nodes

@@ -1,0 +1,136 @@
+"""What one peer sends cannot stall the arbiter or lock other agents out (issue 20).
+
+Each test reproduces a finding against the real Registry and policy (no server: the
+registry is what the server runs for every message on its event loop).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import grpc
+import pytest
+
+from ftagent.arbiter import policy
+from ftagent.arbiter.policy import PolicyConfig
+from ftagent.arbiter.registry import Connection, Registry
+from ftagent.arbiter.state import HangProbe
+from ftagent.arbiter.timeline import Timeline
+from ftagent.v1 import ftagent_pb2 as pb
+from ftagent.wire import limits
+from ftagent.wire.checks import Refused, check_message
+
+# 36 KB of whitespace lines in py-spy text: the message that froze the arbiter 2.4-4.4 s
+WHITESPACE_STACKS = json.dumps({"processes": [{"pid": 1, "stack": " \n" * 18_000}]})
+
+
+def hello(rank: int, generation: int = 0, **kw: object) -> pb.Hello:
+    base: dict[str, object] = {"job": "j", "rank": rank, "world_size": 2,
+                               "agent_instance": f"a{rank}", "generation": generation}
+    return pb.Hello(**{**base, **kw})
+
+
+def two_ranks(clock: list[float]) -> tuple[Registry, list[Connection]]:
+    reg = Registry(PolicyConfig(max_restarts=5), Timeline(), None, "arb",
+                   clock=lambda: clock[0])
+    conns = [Connection(f"p{r}") for r in range(2)]
+    for r, c in enumerate(conns):
+        reg.hello(c, hello(r))
+    return reg, conns
+
+
+def test_a_stack_signature_of_whitespace_lines_is_linear() -> None:
+    """Today's pattern ran ``\\s+`` across lines: 36 KB took seconds (7 s on this
+    machine), 100 times more than the bound; a linear parser takes milliseconds."""
+    t0 = time.perf_counter()
+    sig = policy.stack_signature(WHITESPACE_STACKS)
+    took = time.perf_counter() - t0
+    assert sig.startswith(policy.NO_STACK)
+    assert took < 0.25, f"36 KB of whitespace lines took {took:.2f}s"
+
+
+def test_py_spy_text_frames_are_still_read() -> None:
+    text = ("Thread 12 (idle): \"MainThread\"\n"
+            "    wait (torch/distributed/distributed_c10d.py:3000)\n"
+            "    all_reduce (torch/distributed/distributed_c10d.py:2500)\n"
+            "    step (/app/train.py:42)\n")
+    sig = policy.stack_signature(json.dumps({"processes": [{"stack": text}]}))
+    assert sig == ("wait (distributed_c10d.py:3000) < all_reduce (distributed_c10d.py:2500)"
+                   " < step (train.py:42)")
+
+
+def test_unsolicited_stacks_are_dropped_before_they_are_parsed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1000.0]
+    reg, conns = two_ranks(clock)
+    parsed: list[str] = []
+
+    def parse(stacks_json: str, frames_per_thread: int = 4) -> str:
+        parsed.append(stacks_json)
+        return "x"
+
+    monkeypatch.setattr(policy, "stack_signature", parse)
+    before = len(reg.timeline.entries("j", ""))
+    reg.handle(conns[0], pb.AgentMessage(stacks=pb.Stacks(command_id="c",
+                                                          json=WHITESPACE_STACKS)), 0.0)
+    assert parsed == []
+    assert reg.jobs[("", "j")].ranks[0].stack is None
+    assert len(reg.timeline.entries("j", "")) == before  # not even a timeline entry
+
+
+def test_oversized_stacks_count_as_a_capture_without_frames() -> None:
+    clock = [1000.0]
+    reg, conns = two_ranks(clock)
+    job = reg.jobs[("", "j")]
+    job.hang_probe = HangProbe("f", 0, clock[0] + 15)  # stacks were asked for
+    huge = json.dumps({"stack": "x" * (policy.MAX_STACKS + 1)})
+    reg.handle(conns[0], pb.AgentMessage(stacks=pb.Stacks(command_id="c", json=huge)), 0.0)
+    assert job.ranks[0].stack is not None
+    assert job.ranks[0].stack.startswith(policy.NO_STACK)
+    # a second answer of the same rank in the same probe is unsolicited
+    reg.handle(conns[0], pb.AgentMessage(stacks=pb.Stacks(command_id="c", json="[]")), 0.0)
+    assert "over" in job.ranks[0].stack
+
+
+def test_a_hello_at_the_generation_ceiling_cannot_lock_the_real_agents_out() -> None:
+    """A job token's Hello at generation 2**31-1 raised the job to the ceiling; the next
+    restart commanded 2**31, and every real agent's arrival and re-Hello at that
+    generation was then out of range: the job was locked out. Either the claim is refused,
+    or the job keeps room for what the arbiter does next."""
+    clock = [1000.0]
+    reg = Registry(PolicyConfig(max_restarts=5), Timeline(), None, "arb",
+                   clock=lambda: clock[0])
+    real = Connection("real")
+    reg.hello(real, hello(0))
+    try:
+        reg.hello(Connection("attacker"), hello(1, generation=2**31 - 1))
+    except Refused as e:
+        assert e.code is grpc.StatusCode.INVALID_ARGUMENT
+        assert str(limits.MAX_CLAIMED_GENERATION) in str(e)
+    job = reg.jobs[("", "j")]
+    reg.handle(real, pb.AgentMessage(fault=pb.Fault(
+        id="crash-1", kind=pb.FAULT_KIND_CRASH, severity=pb.SEVERITY_ERROR,
+        generation=job.generation, message="exit 1")), 0.0)
+    g = job.generation
+    arrival = pb.AgentMessage(arrival=pb.BarrierArrival(generation=g))
+    check_message(arrival)  # the server's edge check of the real agent's arrival
+    reg.handle(real, arrival, 0.0)
+    assert job.ranks[0].generation == g
+    reg.disconnect(real)
+    reg.hello(Connection("real-again"), hello(0, generation=g))  # its reconnect
+
+
+def test_a_claim_up_to_the_peer_limit_is_adopted_and_leaves_headroom() -> None:
+    clock = [1000.0]
+    reg = Registry(PolicyConfig(max_restarts=5), Timeline(), None, "arb",
+                   clock=lambda: clock[0])
+    reg.hello(Connection("a"), hello(0, generation=limits.MAX_CLAIMED_GENERATION))
+    c = Connection("b")
+    reg.hello(c, hello(1, generation=limits.MAX_CLAIMED_GENERATION))
+    job = reg.jobs[("", "j")]
+    assert job.generation == limits.MAX_CLAIMED_GENERATION
+    with pytest.raises(Refused):
+        reg.hello(Connection("c"), hello(1, generation=limits.MAX_CLAIMED_GENERATION + 1,
+                                         agent_instance="other"))
+    assert limits.MAX_GENERATION - job.generation >= 2**30
