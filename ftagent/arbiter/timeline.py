@@ -13,7 +13,9 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from ftagent.wire.limits import printable
 
 log = logging.getLogger("ftagent.arbiter.timeline")
 
@@ -63,6 +65,8 @@ class Timeline:
     def seed(self, entries: Iterable[Entry]) -> None:
         """Entries kept from before a restart (in seq order); new ones number after them."""
         for e in entries:
+            if not e.message.isprintable():  # a history written before escaping
+                e = replace(e, message=printable(e.message))
             q = self._jobs.get((e.namespace, e.job))
             if q is None:
                 q = self._jobs[(e.namespace, e.job)] = deque(maxlen=self._keep)
@@ -73,8 +77,8 @@ class Timeline:
             message: str, *, rank: int | None = None, fault_id: str = "",
             action: str = "") -> Entry:
         self._seq += 1
-        e = Entry(self._seq, now, job, namespace, generation, kind, message, rank, fault_id,
-                  action)
+        e = Entry(self._seq, now, job, namespace, generation, kind, printable(message), rank,
+                  fault_id, action)
         q = self._jobs.get((namespace, job))
         if q is None:
             q = self._jobs[(namespace, job)] = deque(maxlen=self._keep)

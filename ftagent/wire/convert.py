@@ -74,7 +74,7 @@ def fault_from_proto(m: pb.Fault) -> Fault:
             evidence = loaded if isinstance(loaded, dict) else {"value": loaded}
         except ValueError:
             evidence = {"raw": m.evidence_json[:4000]}
-    return Fault(kind=kind, message=m.message, severity=severity, scope=scope,
+    return Fault(kind=kind, message=limits.printable(m.message), severity=severity, scope=scope,
                  evidence=evidence, id=m.id, detected_at=m.detected_at)
 
 

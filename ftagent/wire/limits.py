@@ -81,3 +81,18 @@ def check_generation(name: str, value: int) -> int:
 def clip(text: str, limit: int) -> str:
     """``text`` cut to ``limit`` characters, marked when cut (for messages, not names)."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable (C0/C1 controls such as ESC,
+    newlines, bidi overrides, other format characters) written as a Python escape: a
+    peer's message shown by ``ftagent status``, a report, the timeline or a log line can
+    move no cursor, colour no terminal and hide nothing. Linear; unchanged when clean."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escape(c) for c in text)
+
+
+def _escape(c: str) -> str:
+    n = ord(c)
+    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"

@@ -134,3 +134,58 @@ def test_a_claim_up_to_the_peer_limit_is_adopted_and_leaves_headroom() -> None:
         reg.hello(Connection("c"), hello(1, generation=limits.MAX_CLAIMED_GENERATION + 1,
                                          agent_instance="other"))
     assert limits.MAX_GENERATION - job.generation >= 2**30
+
+
+ESCAPES = "rank 3 \x1b[2J\x1b[31mall good\x1b[0m\r\nrank 0: \u202eok\x07"
+
+
+def test_terminal_escapes_in_a_fault_reach_no_timeline_status_or_log(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 20: a fault message carried ESC sequences into ``ftagent status`` and the
+    arbiter's log (clear the screen, forge a line, reverse the text)."""
+    from ftagent.arbiter import status_cli
+    from ftagent.arbiter.convert import entry_to_proto
+
+    clock = [1000.0]
+    reg, conns = two_ranks(clock)
+    with caplog.at_level("INFO", logger="ftagent.arbiter.timeline"):
+        reg.handle(conns[1], pb.AgentMessage(fault=pb.Fault(
+            id="f1", kind=pb.FAULT_KIND_HANG, severity=pb.SEVERITY_ERROR, message=ESCAPES)), 0.0)
+    shown = [status_cli.format_entry(entry_to_proto(e))
+             for e in reg.timeline.entries("j", "")]
+    info = reg.info(reg.jobs[("", "j")], ranks=True)
+    shown.append(status_cli.format_job(info))
+    shown.append(caplog.text)
+    for text in shown:
+        for bad in ("\x1b", "\r", "\u202e", "\x07"):
+            assert bad not in text, (bad, text)
+    assert any("\\x1b[2J" in t for t in shown[:-2])  # escaped, still readable
+
+
+def test_status_escapes_what_an_arbiter_sends() -> None:
+    """An arbiter of another release (or a history written before) may hold raw text."""
+    from ftagent.arbiter import status_cli
+
+    e = pb.TimelineEntry(ts=1.0, generation=1, kind="fault", message=ESCAPES)
+    j = pb.JobInfo(job="j\x1b]0;pwned\x07", state="running\x1b[1A", barrier="x\x1b[2K")
+    j.ranks.add(rank=0, pod="p\x1b[1m", last_fault="crash\x1b[2J")
+    for text in (status_cli.format_entry(e), status_cli.format_job(j),
+                 status_cli.format_jobs([j])):
+        assert "\x1b" not in text and "\x07" not in text and "\r" not in text
+
+
+def test_report_pages_escape_control_characters() -> None:
+    from ftagent.report import esc, from_job_info
+
+    d = from_job_info({"job": "j", "timeline": [
+        {"ts": 1.0, "kind": "fault", "message": ESCAPES, "fault_id": "f"}]}, 2.0)
+    assert "\x1b" not in d.faults[0].message
+    assert "\x1b" not in esc("a\x1b[31mb") and "&lt;" in esc("<")
+
+
+def test_printable_is_linear_and_leaves_clean_text_alone() -> None:
+    clean = "rank 0: Xid 79 — GPU fell off the bus (é, 漢字)"
+    assert limits.printable(clean) is clean
+    t0 = time.perf_counter()
+    out = limits.printable("\x1b" * 1_000_000)
+    assert time.perf_counter() - t0 < 1.0 and out == "\\x1b" * 1_000_000
