@@ -478,7 +478,7 @@ class ArbiterServer:
 
         try:
             if req.replay:
-                for e in sorted(self.timeline.all_entries(), key=lambda e: e.seq):
+                for e in self.timeline.replay(req.job, namespace):  # one job's worth
                     if shown(e):
                         await context.write(convert.entry_to_proto(e).SerializeToString())
             while True:

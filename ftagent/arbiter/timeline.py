@@ -10,6 +10,8 @@ the timeline.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -107,6 +109,18 @@ class Timeline:
     def all_entries(self) -> Iterator[Entry]:
         for q in self._jobs.values():
             yield from q
+
+    def replay(self, job: str, namespace: str, limit: int = KEEP_PER_JOB) -> list[Entry]:
+        """What a new watcher of ``job`` in ``namespace`` ("" for any) is sent first: the
+        newest ``limit`` matching entries, oldest first. The cost is that of one job's
+        timeline (a merge of the newest ends of the matching jobs), never a sort of
+        every job's, so a watcher cannot make the arbiter's event loop sort them all."""
+        queues = [q for (ns, name), q in self._jobs.items()
+                  if (not job or name == job) and (not namespace or ns == namespace)]
+        newest = heapq.merge(*(reversed(q) for q in queues), key=lambda e: -e.seq)
+        out = list(itertools.islice(newest, max(0, limit)))
+        out.reverse()
+        return out
 
     def forget(self, job: str, namespace: str) -> None:
         self._jobs.pop((namespace, job), None)

@@ -39,3 +39,22 @@ def test_ending_the_watches_comes_after_what_was_sent_even_on_a_full_queue() -> 
         add(t, 1)
         assert keeping_up.queue.empty()
     asyncio.run(body())
+
+
+def test_a_watch_replays_one_jobs_timeline_at_most() -> None:
+    """Issue 20: a WatchEvents replay sorted every job's entries on the event loop (500
+    jobs x 1000 entries for every new watcher). It is one job's worth now: the newest
+    KEEP_PER_JOB matching entries, oldest first, whatever the number of jobs."""
+    from ftagent.arbiter.timeline import KEEP_PER_JOB
+
+    t = Timeline()
+    for i in range(3 * KEEP_PER_JOB):
+        t.add(float(i), f"job-{i % 3}", "ns" if i % 2 else "other", 0, "agent", f"m{i}")
+    mine = t.replay("job-1", "ns")
+    assert [e.message for e in mine] == [f"m{i}" for i in range(3 * KEEP_PER_JOB)
+                                         if i % 3 == 1 and i % 2][-KEEP_PER_JOB:]
+    every = t.replay("", "")
+    assert len(every) == KEEP_PER_JOB
+    assert [e.seq for e in every] == list(range(2 * KEEP_PER_JOB + 1, 3 * KEEP_PER_JOB + 1))
+    assert [e.job for e in t.replay("job-2", "")] == ["job-2"] * KEEP_PER_JOB
+    assert t.replay("nobody", "") == []
