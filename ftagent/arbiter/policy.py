@@ -63,6 +63,7 @@ from ftagent.arbiter.barrier import barrier_expired, rank_list
 from ftagent.arbiter.state import Decision, JobState, Verdict
 from ftagent.arbiter.straggler import StragglerAction
 from ftagent.model import Fault, FaultKind, Scope, Severity
+from ftagent.wire import limits
 
 
 @dataclass(frozen=True)
@@ -311,9 +312,9 @@ _SCAN_PER_THREAD = 16 * 1024  # characters of one thread's py-spy text read for 
 _SCAN_BUDGET = 256 * 1024  # characters of py-spy text read in one Stacks message
 _MAX_THREADS = 64  # threads in one signature
 
-MAX_STACKS = 1024 * 1024
-"""Bytes of one Stacks message the arbiter reads (py-spy text of a node's trainer tree is
-tens of KB); a larger one is taken as a capture without frames, never parsed."""
+MAX_STACKS = limits.MAX_STACKS
+"""Characters of one Stacks message the arbiter reads (an agent clips what it sends to
+it: ``wire.convert.stacks_json``); a larger one is a capture without frames, unparsed."""
 
 
 def job_busy(stacks: Mapping[int, str]) -> tuple[list[int], str] | None:

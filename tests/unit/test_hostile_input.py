@@ -207,3 +207,26 @@ def test_listing_a_job_of_a_million_ranks_costs_what_its_ranks_sent() -> None:
     assert time.perf_counter() - t0 < 0.5  # was 20 x ~60 ms here, more on a loaded box
     assert "waiting for rank 0, 1, 2" in infos[1].barrier and infos[1].barrier.endswith("...")
     assert barrier.first_missing(5, {0, 2}, 10) == [1, 3, 4]
+
+
+def test_an_agents_stacks_answer_fits_what_the_arbiter_reads() -> None:
+    """The arbiter reads at most MAX_STACKS of a Stacks message (a larger one is a capture
+    without frames), so the agent clips its answer: a big tree's stacks keep the frames
+    the arbiter compares, and a usual one is sent unchanged."""
+    from ftagent.wire.convert import stacks_json
+
+    thread = ("Thread 7 (idle): \"MainThread\"\n"
+              "    wait (torch/distributed/distributed_c10d.py:3000)\n"
+              "    step (/app/train.py:42)\n" + "    deep (/app/lib.py:1)\n" * 4000)
+    big = {"processes": [{"pid": p, "stack": thread * 3} for p in range(40)],
+           "liveness": {"state": "hung"}}
+    assert len(json.dumps(big)) > 4 * limits.MAX_STACKS
+    sent = stacks_json(big)
+    assert len(sent) <= limits.MAX_STACKS
+    sig = policy.stack_signature(sent)
+    assert sig.startswith("live=hung :: wait (distributed_c10d.py:3000) < step (train.py:42)")
+    usual = {"processes": [{"pid": 1, "stack": thread[:200]}]}
+    assert stacks_json(usual) == json.dumps(usual)
+    few = stacks_json({"processes": [{"stack": "x"}] * 10}, limit=60)
+    got = json.loads(few)
+    assert len(few) <= 60 and got["left_out"] + len(got["processes"]) == 10
