@@ -283,10 +283,11 @@ class Registry:
         elif body == "stacks":
             if job.hang_probe is None or rs.stack is not None:
                 return  # unsolicited (no probe, or this rank already answered): unread
-            size = len(m.stacks.json)
-            rs.stack = policy.stack_signature(m.stacks.json) if size <= policy.MAX_STACKS \
+            text = m.stacks.json  # one copy out of the message (1 MiB at most is read)
+            size = len(text)
+            rs.stack = policy.stack_signature(text) if size <= policy.MAX_STACKS \
                 else f"{policy.NO_STACK}stacks of {size} bytes (over {policy.MAX_STACKS})"
-            self._note(job, now, "stacks", f"stacks received ({len(m.stacks.json)} bytes)",
+            self._note(job, now, "stacks", f"stacks received ({size} bytes)",
                        rank=rs.rank)
             self.execute(job, policy.decide_stacks(job, now, self.cfg), now)
 
