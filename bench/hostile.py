@@ -1,6 +1,6 @@
 """The arbiter's control plane while one peer sends its worst legal messages.
 
-    .venv/bin/python bench/hostile.py [--seconds 10] [--stacks-bytes 1048576]
+    .venv/bin/python bench/hostile.py [--seconds 10] [--stacks-bytes N] [--attacks A,B]
 
 A real arbiter (``python -m ftagent arbiter`` on loopback, /healthz on its metrics port)
 and, in this process, a prober that calls ``ListJobs`` and ``GET /healthz`` (a new
@@ -40,6 +40,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 CONNECT = "/ftagent.v1.Arbiter/Connect"
 LIST_JOBS = "/ftagent.v1.Arbiter/ListJobs"
 DEADLINE = 2.0  # a call that takes longer counts as this long
+MAX_STACKS = 512 * 1024  # ftagent.wire.limits.MAX_STACKS (not imported: the bench runs
+# against older trees too, to compare)
 GOAL = 0.100
 
 
@@ -259,7 +261,7 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))] if s else float("nan")
 
 
-def measure(seconds: float = 10.0, stacks_bytes: int = 1024 * 1024,
+def measure(seconds: float = 10.0, stacks_bytes: int = MAX_STACKS,
             interval: float = 0.02, arbiter_args: tuple[str, ...] = (),
             attacks: tuple[str, ...] = ATTACKS) -> Result:
     from ftagent.arbiter.process import ArbiterProcess
@@ -317,7 +319,8 @@ def report(r: Result) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=10.0, help="of each phase")
-    ap.add_argument("--stacks-bytes", type=int, default=1024 * 1024)
+    ap.add_argument("--stacks-bytes", type=int, default=MAX_STACKS,
+                    help="size of each Stacks message (default: the largest the arbiter reads)")
     ap.add_argument("--interval", type=float, default=0.02)
     ap.add_argument("--attacks", default=",".join(ATTACKS),
                     help=f"which, comma-separated (default: all of {','.join(ATTACKS)})")
