@@ -18,6 +18,10 @@ peers, in its own process (``--attacker``) -- sends, as fast as the arbiter take
 
 It prints the worst and p99 latency of each call idle and under attack in the same run,
 and their ratio; the goal (issue 20) is a worst latency under attack of at most 100 ms.
+With ``--lease`` the arbiter runs with ``--leader-elect`` against the project's fake API
+server (tests/kube_fake: real HTTP, the real kubernetes client; renewal every 0.5 s) and
+the prober also reads the Lease: the longest gap between two renewals in each phase, and
+whether the arbiter stayed the holder.
 ``measure`` is what ``tests/integration/test_hostile_bench.py`` runs, shorter.
 """
 
@@ -180,14 +184,34 @@ class Latencies:
     list_jobs: list[float] = field(default_factory=list)
     healthz: list[float] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)  # failed calls, by what failed
+    renewals: list[tuple[float, str]] = field(default_factory=list)  # (seen at, holder)
 
 
-async def probe(address: str, http_port: int, seconds: float, interval: float) -> Latencies:
+LEASE_NS, LEASE = "ftagent-system", "ftagent-arbiter"
+RETRY = 0.5
+
+
+def lease_args(url: str) -> tuple[str, ...]:
+    return ("--leader-elect", "--kube-api", url, "--leader-elect-namespace", LEASE_NS,
+            "--leader-elect-lease", LEASE, "--leader-elect-lease-duration", "3",
+            "--leader-elect-renew-deadline", "2", "--leader-elect-retry-period", str(RETRY))
+
+
+def max_gap(renewals: list[tuple[float, str]], start: float, end: float) -> float:
+    """The longest time between renewals seen in [start, end] (edges included)."""
+    times = [start] + [t for t, _ in renewals if start <= t <= end] + [end]
+    return max(b - a for a, b in zip(times, times[1:], strict=False))
+
+
+async def probe(address: str, http_port: int, seconds: float, interval: float,
+                lease: Any = None) -> Latencies:
+    """Calls every ``interval`` for ``seconds``; ``lease()`` -> (renewTime, holder) too."""
     import grpc
 
     from ftagent.v1 import ftagent_pb2 as pb
 
     out = Latencies()
+    last_renew = ""
     channel = grpc.aio.insecure_channel(address)
     list_jobs = channel.unary_unary(LIST_JOBS)
     request = pb.ListJobsRequest().SerializeToString()
@@ -220,6 +244,11 @@ async def probe(address: str, http_port: int, seconds: float, interval: float) -
             out.healthz.append(DEADLINE)
             what = f"healthz {type(e).__name__}"
             out.errors[what] = out.errors.get(what, 0) + 1
+        if lease is not None:
+            renew, holder = await asyncio.to_thread(lease)
+            if renew != last_renew:
+                out.renewals.append((time.monotonic(), holder))
+                last_renew = renew
         await asyncio.sleep(interval)
     await channel.close(None)
     return out
@@ -250,6 +279,8 @@ class Result:
     idle: Latencies
     hostile: Latencies
     sent: dict[str, int]
+    seconds: float = 0.0
+    lease: bool = False
 
     def worst(self, which: str, phase: str) -> float:
         values: list[float] = getattr(getattr(self, phase), which)
@@ -263,7 +294,22 @@ def pct(values: list[float], q: float) -> float:
 
 def measure(seconds: float = 10.0, stacks_bytes: int = MAX_STACKS,
             interval: float = 0.02, arbiter_args: tuple[str, ...] = (),
-            attacks: tuple[str, ...] = ATTACKS) -> Result:
+            attacks: tuple[str, ...] = ATTACKS, lease: bool = False) -> Result:
+    if not lease:
+        return _measure(seconds, stacks_bytes, interval, arbiter_args, attacks, None)
+    from tests.kube_fake import FakeKube
+
+    with FakeKube() as fake:
+        def read() -> tuple[str, str]:
+            spec = (fake.get("leases.coordination.k8s.io", LEASE, LEASE_NS) or {}).get("spec", {})
+            return str(spec.get("renewTime", "")), str(spec.get("holderIdentity", ""))
+
+        return _measure(seconds, stacks_bytes, interval, arbiter_args + lease_args(fake.url),
+                        attacks, read)
+
+
+def _measure(seconds: float, stacks_bytes: int, interval: float,
+             arbiter_args: tuple[str, ...], attacks: tuple[str, ...], lease: Any) -> Result:
     from ftagent.arbiter.process import ArbiterProcess
 
     with ArbiterProcess("--metrics-port", "0", "--metrics-addr", "127.0.0.1",
@@ -274,14 +320,20 @@ def measure(seconds: float = 10.0, stacks_bytes: int = MAX_STACKS,
         http_port = int(m.group(1))
 
         async def run() -> Result:
+            if lease is not None:  # leading: it serves agents only then
+                deadline = time.monotonic() + 30
+                while not (await asyncio.to_thread(lease))[1]:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("the arbiter never took the Lease")
+                    await asyncio.sleep(0.05)
             channel, _calls = await quiet_job(arbiter.address)
-            idle = await probe(arbiter.address, http_port, seconds, interval)
+            idle = await probe(arbiter.address, http_port, seconds, interval, lease)
             attacker = await asyncio.create_subprocess_exec(
                 sys.executable, os.path.abspath(__file__), "--attacker", arbiter.address,
                 "--seconds", str(seconds), "--stacks-bytes", str(stacks_bytes),
                 "--attacks", ",".join(attacks), stdout=subprocess.PIPE)
             try:
-                hostile = await probe(arbiter.address, http_port, seconds, interval)
+                hostile = await probe(arbiter.address, http_port, seconds, interval, lease)
                 out, _ = await asyncio.wait_for(attacker.communicate(), seconds + 30)
             finally:
                 if attacker.returncode is None:
@@ -290,7 +342,7 @@ def measure(seconds: float = 10.0, stacks_bytes: int = MAX_STACKS,
             await channel.close(None)
             lines = out.decode().strip().splitlines()
             sent = json.loads(lines[-1]) if lines else {}
-            return Result(idle, hostile, sent)
+            return Result(idle, hostile, sent, seconds, lease is not None)
 
         return asyncio.run(run())
 
@@ -304,6 +356,14 @@ def report(r: Result) -> str:
         rows.append(f"{which:<10} {pct(idle, 99) * 1000:>8.1f}ms {max(idle) * 1000:>9.1f}ms "
                     f"{pct(bad, 99) * 1000:>10.1f}ms {max(bad) * 1000:>12.1f}ms "
                     f"{ratio:>13.1f}x")
+    if r.lease:
+        for phase in ("idle", "hostile"):
+            ren = getattr(r, phase).renewals
+            span = (ren[0][0], ren[-1][0]) if ren else (0.0, 0.0)
+            holders = {h for _, h in ren}
+            rows.append(f"lease ({phase}): {len(ren)} renewals seen, longest gap "
+                        f"{max_gap(ren, *span):.2f}s (retry period {RETRY}s), holder "
+                        f"{'kept' if len(holders) == 1 else 'CHANGED: ' + str(holders)}")
     worst = max(r.worst("list_jobs", "hostile"), r.worst("healthz", "hostile"))
     rows.append(f"samples: idle {len(r.idle.list_jobs)}, hostile {len(r.hostile.list_jobs)}; "
                 f"median ListJobs idle {statistics.median(r.idle.list_jobs) * 1000:.1f}ms")
@@ -324,6 +384,8 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=0.02)
     ap.add_argument("--attacks", default=",".join(ATTACKS),
                     help=f"which, comma-separated (default: all of {','.join(ATTACKS)})")
+    ap.add_argument("--lease", action="store_true", help="--leader-elect against the fake "
+                    "API server; report the Lease's renewals in each phase")
     ap.add_argument("--attacker", metavar="ADDRESS", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.attacker:
@@ -335,7 +397,8 @@ def main() -> int:
     unknown = sorted(set(attacks) - set(ATTACKS))
     if unknown:
         ap.error(f"unknown attack {unknown[0]!r}: choose from {', '.join(ATTACKS)}")
-    r = measure(args.seconds, args.stacks_bytes, args.interval, attacks=attacks)
+    r = measure(args.seconds, args.stacks_bytes, args.interval, attacks=attacks,
+                lease=args.lease)
     print(report(r))
     return 0
 
