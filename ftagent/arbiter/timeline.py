@@ -17,11 +17,13 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 
-from ftagent.wire.limits import printable
+from ftagent.wire.limits import clip, printable
 
 log = logging.getLogger("ftagent.arbiter.timeline")
 
 KEEP_PER_JOB = 1000
+MAX_ENTRY_MESSAGE = 1000  # characters of an entry's message (escaped) kept: a job's
+# timeline holds at most ~1 MB of text whatever its peers send (a fault's is 4 KiB)
 WATCH_QUEUE = 10_000  # entries a slow watcher may lag behind before it is dropped
 
 
@@ -79,8 +81,8 @@ class Timeline:
             message: str, *, rank: int | None = None, fault_id: str = "",
             action: str = "") -> Entry:
         self._seq += 1
-        e = Entry(self._seq, now, job, namespace, generation, kind, printable(message), rank,
-                  fault_id, action)
+        e = Entry(self._seq, now, job, namespace, generation, kind,
+                  clip(printable(message), MAX_ENTRY_MESSAGE), rank, fault_id, action)
         q = self._jobs.get((namespace, job))
         if q is None:
             q = self._jobs[(namespace, job)] = deque(maxlen=self._keep)

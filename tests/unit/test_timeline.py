@@ -58,3 +58,15 @@ def test_a_watch_replays_one_jobs_timeline_at_most() -> None:
     assert [e.seq for e in every] == list(range(2 * KEEP_PER_JOB + 1, 3 * KEEP_PER_JOB + 1))
     assert [e.job for e in t.replay("job-2", "")] == ["job-2"] * KEEP_PER_JOB
     assert t.replay("nobody", "") == []
+
+
+def test_an_entry_keeps_a_bounded_escaped_message() -> None:
+    """A job's timeline is 1000 entries; a peer's 4 KiB fault messages (or their escapes,
+    four times longer) would make it 16 MB a job: each message is cut at 1000."""
+    from ftagent.arbiter.timeline import MAX_ENTRY_MESSAGE
+
+    t = Timeline()
+    e = t.add(1.0, "j", "", 0, "fault", "\x1b" * 4096)
+    assert len(e.message) == MAX_ENTRY_MESSAGE and e.message.startswith("\\x1b\\x1b")
+    assert e.message.endswith("…")
+    assert t.add(2.0, "j", "", 0, "fault", "short").message == "short"
