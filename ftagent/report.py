@@ -44,6 +44,7 @@ from ftagent.config import (
     resolve_group,
     shown,
 )
+from ftagent.wire.limits import printable
 
 PROG = "ftagent report"
 MAX_RECORDS = 1_000_000  # lines read from events files, in all (a bigger file is cut)
@@ -175,8 +176,8 @@ def _record(line: str) -> dict[str, Any] | None:
 def _take(d: ReportData, rec: Mapping[str, Any], parts: dict[str, float]) -> None:
     ts = float(rec["ts"])
     rank = _int(rec.get("rank"))
-    event, kind = str(rec.get("event", "")), str(rec.get("kind", ""))[:64]
-    message = str(rec.get("message", ""))[:500]
+    event, kind = str(rec.get("event", "")), printable(str(rec.get("kind", ""))[:64])
+    message = printable(str(rec.get("message", ""))[:500])
     if event == "progress":
         step = _int(rec.get("step"))
         if step is not None:
@@ -204,7 +205,7 @@ def from_job_info(info: Mapping[str, Any], now: float) -> ReportData:
             continue
         rank = _int(e.get("rank"))
         kind, action = str(e.get("kind", "")), str(e.get("action", ""))
-        msg = str(e.get("message", ""))[:500]
+        msg = printable(str(e.get("message", ""))[:500])
         if kind == "fault":
             fk = msg.split(" ", 1)[0] if msg else "fault"
             d.faults.append(Mark(ts, rank, fk, msg, str(e.get("fault_id", ""))))
@@ -412,5 +413,6 @@ def utc(ts: float) -> str:
 
 
 def esc(text: object) -> str:
-    return html.escape(str(text), quote=True)
+    """HTML-escaped, and control characters written as escapes (``limits.printable``)."""
+    return html.escape(printable(str(text)), quote=True)
 

@@ -29,6 +29,7 @@ import psutil
 from ftagent.agent import supervisor
 from ftagent.agent.decider import Decider, LocalDecider
 from ftagent.agent.events import EventsFile, ProgressLog
+from ftagent.agent.evidence import redact_secrets
 from ftagent.agent.supervisor import ChildReaper, SpawnError, TrainerProcess
 from ftagent.agent.tee import BACKLOG_BYTES, BACKLOG_LINES, LastLines, LineBacklog, Writer
 from ftagent.config import RunConfig
@@ -241,11 +242,11 @@ class Agent:
 
     def tail(self, n: int = EVIDENCE_LINES, stream: str | None = None) -> list[str]:
         """The last output lines as text; stderr lines are marked unless asked for alone."""
-        lines = self.last_lines.tail(n, stream)
+        lines = [(s, redact_secrets(b.decode("utf-8", "replace")))
+                 for s, b in self.last_lines.tail(n, stream)]
         if stream is not None:
-            return [b.decode("utf-8", "replace") for _, b in lines]
-        return [f"{s}: {b.decode('utf-8', 'replace')}" if s == "stderr"
-                else b.decode("utf-8", "replace") for s, b in lines]
+            return [text for _, text in lines]
+        return [f"{s}: {text}" if s == "stderr" else text for s, text in lines]
 
     async def raise_fault(self, fault: Fault, *, decide: bool = True) -> None:
         """Record a fault (with evidence) and ask the decider what to do about it.

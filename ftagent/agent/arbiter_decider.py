@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -47,6 +46,7 @@ from ftagent.model import (
     Severity,
     TrainerState,
 )
+from ftagent.wire.convert import stacks_json
 
 if TYPE_CHECKING:
     from ftagent.agent.agent import Agent
@@ -217,7 +217,7 @@ class ArbiterDecider:
     async def on_minor_action(self, action: Action) -> None:
         if action.kind == ActionKind.DUMP_STACKS:
             captured = await self.stack_capture(self.agent.tree_pids())
-            self.link.report_stacks(action.id, json.dumps(captured, default=str))
+            self.link.report_stacks(action.id, stacks_json(captured))
 
     async def finished(self) -> Action | None:
         """The trainer succeeded: the worker ends (the arbiter heard of the exit)."""

@@ -17,8 +17,9 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
+from ftagent import metrics_http
 from ftagent.agent.agent import Agent
 from ftagent.agent.launcher import normalize_flags
 from ftagent.agent.metrics_sink import MetricsSink
@@ -399,7 +400,8 @@ def start_metrics(cfg: RunConfig, registry: CollectorRegistry, agent: Agent) -> 
     if port < 0:
         return
     try:
-        server, _ = start_http_server(port, cfg.metrics.metrics_addr, registry=registry)
+        server, _ = metrics_http.start_http_server(port, cfg.metrics.metrics_addr,
+                                                   registry=registry)
     except OSError as e:
         log.warning("metrics disabled: cannot listen on %s:%d (%s); use --metrics-port",
                     cfg.metrics.metrics_addr, port, e.strerror or e)

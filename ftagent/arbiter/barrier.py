@@ -150,12 +150,14 @@ def barrier_expired(job: JobState, now: float, timeout: float) -> list[Decision]
     b = job.barrier
     if b is None or b.released or job.finished or now - b.opened_at < timeout:
         return []
-    missing = sorted(set(range(job.world_size)) - b.arrived)
-    shown = rank_list(missing, 20)
+    first = first_missing(job.world_size, b.arrived, 20)
+    shown = ", ".join(map(str, first))
+    more = job.world_size - len(b.arrived) - len(first)
+    shown += f" and {more} more" if more > 0 else ""
     return [Decision(Verdict.STOP, f"barrier of generation {b.generation} timed out after "
                      f"{timeout:.0f}s: {len(b.arrived)}/{job.world_size} ranks arrived; missing "
                      f"rank {shown} (is its pod running? see `ftagent status {job.job}`)",
-                     job.generation, exit_code=1, rank=missing[0] if missing else None)]
+                     job.generation, exit_code=1, rank=first[0] if first else None)]
 
 
 def barrier_summary(job: JobState, now: float) -> str:
@@ -165,10 +167,23 @@ def barrier_summary(job: JobState, now: float) -> str:
         return ""
     if b.released:
         return f"generation {b.generation}: released"
-    missing = sorted(set(range(job.world_size)) - b.arrived)
+    missing = first_missing(job.world_size, b.arrived, 11)
     head = ", ".join(str(r) for r in missing[:10]) + (" ..." if len(missing) > 10 else "")
     return (f"generation {b.generation}: {len(b.arrived)}/{job.world_size} arrived, open "
             f"{now - b.opened_at:.0f}s" + (f", waiting for rank {head}" if missing else ""))
+
+
+def first_missing(world_size: int, arrived: set[int], n: int) -> list[int]:
+    """The lowest ``n`` ranks below ``world_size`` not in ``arrived``, in time linear in
+    ``len(arrived) + n``: never a set of every rank (a Hello may say 1,000,000 ranks, and
+    ListJobs shows every job's barrier; issue 20)."""
+    out: list[int] = []
+    r = 0
+    while len(out) < n and r < world_size:
+        if r not in arrived:
+            out.append(r)
+        r += 1
+    return out
 
 
 def _release_if_full(job: JobState, b: BarrierState) -> list[Decision]:

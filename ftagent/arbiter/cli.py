@@ -415,19 +415,10 @@ def _http_app(registry: Any, ready: Callable[[], bool]) -> Any:
 
 
 def _serve_http(port: int, addr: str, app: Any) -> Any:
-    """prometheus_client's own threaded WSGI server, with our app."""
-    import threading
-    from wsgiref.simple_server import make_server
+    """A threaded WSGI server with our app and a bounded number of connections."""
+    from ftagent import metrics_http
 
-    from prometheus_client.exposition import ThreadingWSGIServer, _get_best_family, _SilentHandler
-
-    class Server(ThreadingWSGIServer):
-        pass
-
-    Server.address_family, addr = _get_best_family(addr, port)
-    httpd = make_server(addr, port, app, Server, handler_class=_SilentHandler)
-    threading.Thread(target=httpd.serve_forever, daemon=True, name="metrics-http").start()
-    return httpd
+    return metrics_http.serve(port, addr, app)
 
 
 def start_metrics(cfg: ArbiterConfig, registry: Any,

@@ -51,6 +51,7 @@ faulting rank's exit status (1 when it has none), so Kubernetes sees the failure
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections import Counter
@@ -62,6 +63,7 @@ from ftagent.arbiter.barrier import barrier_expired, rank_list
 from ftagent.arbiter.state import Decision, JobState, Verdict
 from ftagent.arbiter.straggler import StragglerAction
 from ftagent.model import Fault, FaultKind, Scope, Severity
+from ftagent.wire import limits
 
 
 @dataclass(frozen=True)
@@ -300,8 +302,19 @@ COMMUNICATION = re.compile(
     r"\w*gloo\w*)\.py:|\brecv\b|\bsend\b|synchronize|finalize_backward|_sync_params|"
     r"\bbackward \(|run_backward|_engine_run_backward", re.I)
 
-# A frame line of ``py-spy dump`` text: "    name (path/file.py:123)"
-_TEXT_FRAME = re.compile(r"^\s+(\S+) \((?:.*/)?([^/()]+:\d+)\)\s*$", re.M)
+# A frame line of ``py-spy dump`` text: "    name (path/file.py:123)". No part of the
+# pattern can match a newline, so a match attempt never leaves its line and the scan is
+# linear: the earlier pattern's ``\s+`` crossed newlines, and 36 KB of whitespace lines
+# from a peer took seconds (issue 20).
+_TEXT_FRAME = re.compile(r"^[ \t]+([^\s]+) \(([^()\n]*:\d+)\)[ \t\r]*$", re.M)
+
+_SCAN_PER_THREAD = 16 * 1024  # characters of one thread's py-spy text read for frames
+_SCAN_BUDGET = 256 * 1024  # characters of py-spy text read in one Stacks message
+_MAX_THREADS = 64  # threads in one signature
+
+MAX_STACKS = limits.MAX_STACKS
+"""Characters of one Stacks message the arbiter reads (an agent clips what it sends to
+it: ``wire.convert.stacks_json``); a larger one is a capture without frames, unparsed."""
 
 
 def job_busy(stacks: Mapping[int, str]) -> tuple[list[int], str] | None:
@@ -350,8 +363,8 @@ def stack_signature(stacks_json: str, frames_per_thread: int = 4) -> str:
     """
     try:
         data = json.loads(stacks_json)
-    except (ValueError, TypeError):
-        return stacks_json.strip()
+    except (ValueError, TypeError, RecursionError):  # not JSON, or nested past the stack
+        return stacks_json.strip()[:2000]
     tag = ""
     if isinstance(data, dict) and isinstance(data.get("liveness"), dict):
         live = data.pop("liveness")
@@ -360,16 +373,24 @@ def stack_signature(stacks_json: str, frames_per_thread: int = 4) -> str:
             where = str(live.get("where") or "").replace(" :: ", " : ")[:200]
             tag = f"live={state}" + (f" where={where}" if where else "") + " :: "
     threads: list[str] = []
+    # What a peer sends is read within bounds: the first frames of each thread are at the
+    # start of its text, so a thread is read for at most _SCAN_PER_THREAD characters and
+    # a message for _SCAN_BUDGET, whatever padding it carries (issue 20).
+    budget = [_SCAN_BUDGET]
 
     def walk(node: Any) -> None:
+        if len(threads) >= _MAX_THREADS:
+            return
         if isinstance(node, dict):
             frames = node.get("frames")
             if isinstance(frames, list):
                 threads.append(" < ".join(_frame(fr) for fr in frames[:frames_per_thread]))
             text = node.get("stack")
             if isinstance(text, str):
-                for thread in text.split("\nThread ")[:8]:
-                    found = _TEXT_FRAME.findall(thread)[:frames_per_thread]
+                for thread in text.split("\nThread ", 8)[:8]:
+                    scan = min(len(thread), _SCAN_PER_THREAD, budget[0])
+                    budget[0] -= scan
+                    found = _text_frames(thread, frames_per_thread, scan)
                     if found:
                         threads.append(" < ".join(f"{n} ({loc})" for n, loc in found))
             for k, v in node.items():
@@ -380,12 +401,20 @@ def stack_signature(stacks_json: str, frames_per_thread: int = 4) -> str:
                 walk(v)
 
     walk(data)
+    del threads[_MAX_THREADS:]
     if not threads:  # a capture that failed (py-spy timed out, the process exited): say so
         return tag + NO_STACK + _capture_errors(data)
     return tag + " | ".join(threads)
 
 
 NO_STACK = "no stack: "
+
+
+def _text_frames(thread: str, limit: int, end: int) -> list[tuple[str, str]]:
+    """The first ``limit`` frames (name, file:line) in ``thread[:end]``, one thread of
+    py-spy text, in time linear in ``end`` (``_TEXT_FRAME`` never matches across lines)."""
+    return [(m.group(1), m.group(2).rsplit("/", 1)[-1])
+            for m in itertools.islice(_TEXT_FRAME.finditer(thread, 0, end), limit)]
 
 
 def _capture_errors(data: Any) -> str:

@@ -31,7 +31,13 @@ from ftagent.metrics import ArbiterMetrics, JobSnapshot
 from ftagent.model import Fault, FaultKind, Scope, Severity
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.wire import limits
-from ftagent.wire.checks import Refused, check_fault, check_hello, progress_in_range
+from ftagent.wire.checks import (
+    Refused,
+    check_fault,
+    check_generation_claim,
+    check_hello,
+    progress_in_range,
+)
 
 log = logging.getLogger("ftagent.arbiter.registry")
 
@@ -157,6 +163,7 @@ class Registry:
         now = self.clock()
         key = (h.namespace, h.job)
         job = self.jobs.get(key)
+        check_generation_claim(h, job.generation if job is not None else -1)
         rs = job.ranks.get(h.rank) if job is not None else None
         if h.world_size > self.max_ranks_per_job or (
                 rs is None and job is not None and len(job.ranks) >= self.max_ranks_per_job):
@@ -279,7 +286,7 @@ class Registry:
             self._fault(conn, job, rs, m.fault, now, received)
         elif body == "arrival":
             a = m.arrival.generation
-            if not 0 <= a <= limits.MAX_GENERATION:
+            if not 0 <= a <= max(job.generation, limits.MAX_CLAIMED_GENERATION):
                 return  # no agent sends this (the server refuses it at the edge too)
             if a > rs.generation and rs.released_generation >= 0:
                 rs.restarts += 1  # it ran a trainer and now waits to start a newer one
@@ -305,8 +312,13 @@ class Registry:
                 if cid == m.ack.command_id:
                     del rs.pending[slot]
         elif body == "stacks":
-            rs.stack = policy.stack_signature(m.stacks.json)
-            self._note(job, now, "stacks", f"stacks received ({len(m.stacks.json)} bytes)",
+            if job.hang_probe is None or rs.stack is not None:
+                return  # unsolicited (no probe, or this rank already answered): unread
+            text = m.stacks.json  # one copy out of the message (1 MiB at most is read)
+            size = len(text)
+            rs.stack = policy.stack_signature(text) if size <= policy.MAX_STACKS \
+                else f"{policy.NO_STACK}stacks of {size} bytes (over {policy.MAX_STACKS})"
+            self._note(job, now, "stacks", f"stacks received ({size} bytes)",
                        rank=rs.rank)
             self.execute(job, policy.decide_stacks(job, now, self.cfg), now)
 

@@ -34,8 +34,9 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
+from ftagent import metrics_http
 from ftagent.arbiter import convert
 from ftagent.arbiter.auth import (
     MIN_SECRET,
@@ -311,8 +312,8 @@ class ArbiterServer:
         for name in ("", SERVICE):
             await self.health.set(name, serving)
         if s.metrics_port >= 0:
-            self._metrics_http, _ = start_http_server(s.metrics_port, s.metrics_addr,
-                                                      registry=self.prom)
+            self._metrics_http, _ = metrics_http.start_http_server(
+                s.metrics_port, s.metrics_addr, registry=self.prom)
             self.metrics_port = self._metrics_http.server_port
         self._tick = asyncio.create_task(self._ticker())
         return f"{host}:{self.port}"
@@ -549,7 +550,7 @@ class ArbiterServer:
 
         try:
             if req.replay:
-                for e in sorted(self.timeline.all_entries(), key=lambda e: e.seq):
+                for e in self.timeline.replay(req.job, namespace):  # one job's worth
                     if shown(e):
                         await context.write(convert.entry_to_proto(e).SerializeToString())
             while True:

@@ -36,6 +36,7 @@ from ftagent.config import (
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
 from ftagent.wire.credentials import bearer, channel_credentials, current_token
+from ftagent.wire.limits import printable
 from ftagent.wire.shard import pick_arbiter
 
 TIMEOUT = 10.0
@@ -94,6 +95,7 @@ def _age(seconds: float) -> str:
 
 
 def _table(rows: list[list[str]]) -> str:
+    rows = [[printable(c) for c in r] for r in rows]  # a peer's text moves no cursor
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
     return "\n".join(line.rstrip() for line in lines)
@@ -124,16 +126,17 @@ def format_entry(e: pb.TimelineEntry) -> str:
     ts = time.strftime("%H:%M:%S", time.localtime(e.ts)) + f".{int(e.ts % 1 * 1000):03d}"
     who = f"rank {e.rank}" if e.HasField("rank") else ""
     kind = entry_kind(e)
-    return f"{ts}  g{e.generation:<3} {who:<9} {kind:<12} {e.message}"
+    return f"{ts}  g{e.generation:<3} {who:<9} {printable(kind):<12} {printable(e.message)}"
 
 
 def format_job(j: pb.JobInfo) -> str:
-    out = [f"job {j.job}" + (f" (namespace {j.namespace})" if j.namespace else "") +
-           f": {j.state}, generation {j.generation}, restarts {j.restarts}/{j.max_restarts}, "
+    head = printable(f"job {j.job}" + (f" (namespace {j.namespace})" if j.namespace else "")
+                     + f": {j.state}")
+    out = [head + f", generation {j.generation}, restarts {j.restarts}/{j.max_restarts}, "
            f"{j.connected}/{j.world_size} ranks connected" +
            (", alert only" if j.alert_only else "")]
     if j.barrier:
-        out.append(f"barrier: {j.barrier}")
+        out.append(f"barrier: {printable(j.barrier)}")
     rows = [["RANK", "POD", "NODE", "STATE", "STEP", "LOSS", "LAST STEP", "RESTARTS", "GEN",
              "LAST FAULT"]]
     for r in j.ranks:

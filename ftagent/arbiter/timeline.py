@@ -10,14 +10,20 @@ the timeline.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+from ftagent.wire.limits import clip, printable
 
 log = logging.getLogger("ftagent.arbiter.timeline")
 
 KEEP_PER_JOB = 1000
+MAX_ENTRY_MESSAGE = 1000  # characters of an entry's message (escaped) kept: a job's
+# timeline holds at most ~1 MB of text whatever its peers send (a fault's is 4 KiB)
 WATCH_QUEUE = 10_000  # entries a slow watcher may lag behind before it is dropped
 
 
@@ -63,6 +69,8 @@ class Timeline:
     def seed(self, entries: Iterable[Entry]) -> None:
         """Entries kept from before a restart (in seq order); new ones number after them."""
         for e in entries:
+            if not e.message.isprintable():  # a history written before escaping
+                e = replace(e, message=printable(e.message))
             q = self._jobs.get((e.namespace, e.job))
             if q is None:
                 q = self._jobs[(e.namespace, e.job)] = deque(maxlen=self._keep)
@@ -73,8 +81,8 @@ class Timeline:
             message: str, *, rank: int | None = None, fault_id: str = "",
             action: str = "") -> Entry:
         self._seq += 1
-        e = Entry(self._seq, now, job, namespace, generation, kind, message, rank, fault_id,
-                  action)
+        e = Entry(self._seq, now, job, namespace, generation, kind,
+                  clip(printable(message), MAX_ENTRY_MESSAGE), rank, fault_id, action)
         q = self._jobs.get((namespace, job))
         if q is None:
             q = self._jobs[(namespace, job)] = deque(maxlen=self._keep)
@@ -103,6 +111,18 @@ class Timeline:
     def all_entries(self) -> Iterator[Entry]:
         for q in self._jobs.values():
             yield from q
+
+    def replay(self, job: str, namespace: str, limit: int = KEEP_PER_JOB) -> list[Entry]:
+        """What a new watcher of ``job`` in ``namespace`` ("" for any) is sent first: the
+        newest ``limit`` matching entries, oldest first. The cost is that of one job's
+        timeline (a merge of the newest ends of the matching jobs), never a sort of
+        every job's, so a watcher cannot make the arbiter's event loop sort them all."""
+        queues = [q for (ns, name), q in self._jobs.items()
+                  if (not job or name == job) and (not namespace or ns == namespace)]
+        newest = heapq.merge(*(reversed(q) for q in queues), key=lambda e: -e.seq)
+        out = list(itertools.islice(newest, max(0, limit)))
+        out.reverse()
+        return out
 
     def forget(self, job: str, namespace: str) -> None:
         self._jobs.pop((namespace, job), None)

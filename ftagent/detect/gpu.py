@@ -55,6 +55,12 @@ from ftagent.model import Fault, FaultKind, GpuEvent, GpuHealth, Observation, Sc
 log = logging.getLogger("ftagent.detect.gpu")
 
 EPISODE_QUIET = 60.0  # seconds without an occurrence that end a (GPU, cause) episode
+SXID_UNKNOWN_DEVICE = "kmsg-unknown-device"
+"""``GpuEvent.source`` of a kernel-log SXid whose PCI address is no NVIDIA device of this
+host (sources/gpu.py): anyone who can make the kernel log text can write an SXid line, so
+such an SXid is counted and never node-fatal; NVML's own NVLink checks of the GPUs
+(inactive links, NVLink Xids) still raise their faults."""
+
 MAX_KEYS = 4096  # (GPU, cause) pairs tracked; more fold into the GPU's "other" Xid
 OTHER_XID = -1
 DETAIL_CHARS = 500
@@ -192,6 +198,7 @@ class _Episode:
     last: float
     counts: dict[str, int] = field(default_factory=dict)  # by source (nvml, kmsg, poll)
     faulted: bool = False
+    ignored: bool = False  # logged once as ignored; a cause that acts may still fault
 
     def occurrences(self) -> int:
         return max(self.counts.values(), default=0)
@@ -275,6 +282,11 @@ class GpuDetector:
             return _Cause(f"xid:{ev.xid}", info.meaning, action, ev.xid)
         if ev.kind == "sxid" and ev.xid is not None:  # NVSwitch: the node's fabric
             fatal = "non-fatal" not in ev.detail.lower() and "fatal" in ev.detail.lower()
+            if ev.source == SXID_UNKNOWN_DEVICE:
+                return _Cause(f"sxid:{ev.xid}", "NVSwitch " + ("fatal" if fatal else
+                              "non-fatal") + " error of a device that is none of this "
+                              "node's (counted; not acted on without NVML's word)",
+                              GpuAction.IGNORE, ev.xid)
             return _Cause(f"sxid:{ev.xid}", "NVSwitch " + ("fatal" if fatal else "non-fatal")
                           + " error", GpuAction.REPLACE_NODE if fatal else GpuAction.IGNORE,
                           ev.xid)
@@ -313,11 +325,13 @@ class GpuDetector:
         ep.counts[source] = ep.counts.get(source, 0) + max(1, count)
         if ep.faulted:
             return []
-        ep.faulted = True
         if cause.action is GpuAction.IGNORE:
-            log.info("GPU %d: %s (%s): ignored (counted in ftagent_gpu_xid_errors_total)",
-                     gpu, _what(cause), cause.meaning)
+            if not ep.ignored:
+                log.info("GPU %d: %s (%s): ignored (counted in ftagent_gpu_xid_errors_total)",
+                         gpu, _what(cause), cause.meaning)
+            ep.ignored = True
             return []
+        ep.faulted = True
         if cause.action is not GpuAction.RESTART and gpu >= 0:
             self._unhealthy.setdefault(gpu, _what(cause))
         return [self._fault(gpu, cause, ep, ts, detail)]

@@ -13,9 +13,13 @@ finished job's timeline back from the API server. This is a ``HistoryStore``
   read is skipped with one log line;
 * ``forget`` deletes the job's ConfigMap (its retention is over).
 
-One ConfigMap ``ftagent-job.<namespace>.<job>`` (``ftagent-job.<job>`` without a
-namespace; dots cannot occur in either name, so the name is unambiguous; a name that
-would not be a valid object name is hashed) in the arbiter's own namespace, labelled
+One ConfigMap ``ftagent-job.<namespace>.<job>.<hash>`` (``ftagent-job.<job>.<hash>``
+without a namespace; names that are not DNS labels are shown folded to one) in the
+arbiter's own namespace: the hash (80 bits of SHA-256 of the exact namespace and job)
+makes two jobs' names differ whatever they are called -- the readable part alone did not
+(a job named like another job's hashed name took over its record). Records under the
+names of earlier releases (no hash) are read back, rewritten under the new name and
+removed. Labelled
 ``ftagent.io/history=job``. Its ``data``: ``record.json`` (the job's ``JobRecord`` plus
 ``dropped``: how many older entries are no longer in it) and ``timeline.jsonl`` (the
 newest entries that fit ``max_bytes``, oldest first, messages clipped). Writes are a full
@@ -56,7 +60,18 @@ _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 def configmap_name(namespace: str, job: str) -> str:
-    """``ftagent-job.<namespace>.<job>``; hashed when the names are not DNS labels."""
+    """``ftagent-job.<namespace>.<job>.<hash of both>``: distinct for distinct jobs."""
+    digest = hashlib.sha256(f"{namespace}\0{job}".encode()).hexdigest()[:20]
+    parts = [p for p in (namespace, job) if p]
+    if not all(len(p) <= 63 and _NAME.match(p) for p in parts):
+        readable = re.sub(r"[^a-z0-9-]+", "-", job.lower()).strip("-")[:40].strip("-")
+        parts = [readable] if readable else []
+    return ".".join([PREFIX, *parts, digest])
+
+
+def legacy_configmap_name(namespace: str, job: str) -> str:
+    """The name earlier releases gave a job's record (no hash unless the names were not
+    DNS labels): read back at load, then replaced by ``configmap_name``."""
     parts = [p for p in (namespace, job) if p]
     name = ".".join([PREFIX, *parts])
     if all(len(p) <= 63 and _NAME.match(p) for p in parts) and len(name) <= 253:
@@ -256,6 +271,7 @@ class JobRecords:
         bad: list[str] = []
         jobs: dict[tuple[str, str], _Job] = {}
         versions: dict[str, str] = {}
+        moved: dict[str, tuple[str, str]] = {}  # an earlier release's name -> its job
         for item in items:
             got = item.get("metadata")
             meta: dict[str, Any] = got if isinstance(got, dict) else {}
@@ -265,10 +281,23 @@ class JobRecords:
             except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
                 bad.append(name)
                 continue
-            j = jobs[rec.key] = _Job(rec, deque(entries, maxlen=KEEP_PER_JOB), dropped,
-                                     rec.last_seen)
-            versions[configmap_name(*rec.key)] = str(meta.get("resourceVersion", ""))
+            current = configmap_name(*rec.key)
+            if name != current:
+                if name != legacy_configmap_name(*rec.key):
+                    bad.append(name)  # not where this release or an earlier one puts it
+                    continue
+                moved[name] = rec.key
+            old = jobs.get(rec.key)
+            if old is not None:  # under both names (moved, then a restart): the newer
+                if old.last >= rec.last_seen:
+                    continue
+                out.jobs.remove(old.record)  # type: ignore[arg-type]
+            jobs[rec.key] = _Job(rec, deque(entries, maxlen=KEEP_PER_JOB), dropped,
+                                 rec.last_seen)
+            if name == current:
+                versions[current] = str(meta.get("resourceVersion", ""))
             out.jobs.append(rec)
+        for j in jobs.values():
             out.entries.extend(j.entries)
         if bad:
             log.warning("job records: skipped %d ConfigMap%s that are not records we can "
@@ -277,6 +306,11 @@ class JobRecords:
             self._jobs = jobs
             self._versions = versions
             self._dirty.clear()
+            # a record under an earlier release's name: written under its own, then removed
+            self._dirty.update(k for k in moved.values() if k in jobs)
+            self._deletes.update(moved)
+            if moved:
+                self._cond.notify()
         out.entries.sort(key=lambda e: e.seq)
         return out
 

@@ -20,8 +20,9 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
+from ftagent import metrics_http
 from ftagent.config import (
     CONNECTION_FIELDS,
     PORT_OR_OFF,
@@ -261,7 +262,8 @@ def main(argv: Sequence[str]) -> int:
     port = s.node.metrics_port
     if port >= 0:
         try:
-            server, _ = start_http_server(port, s.node.metrics_addr, registry=registry)
+            server, _ = metrics_http.start_http_server(port, s.node.metrics_addr,
+                                                       registry=registry)
             log.info("metrics on http://%s:%d/metrics", s.node.metrics_addr, server.server_port)
         except OSError as e:
             log.warning("metrics disabled: cannot listen on %s:%d (%s); use --metrics-port",

@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from ftagent.config import ConfigError, GpuConfig
-from ftagent.detect.gpu import GpuDevice
+from ftagent.detect.gpu import SXID_UNKNOWN_DEVICE, GpuDevice
 from ftagent.metrics import GpuReading
 from ftagent.model import GpuEvent, GpuHealth, Observation
 from ftagent.sources import kmsg as kmsg_mod
@@ -341,9 +341,10 @@ class GpuSource:
         found = kmsg_mod.parse_line(line)
         if found is None:
             return
-        if found.sxid:
+        if found.sxid:  # an NVSwitch: acted on only if it is this host's (detect/gpu.py)
+            source = "kmsg" if kmsg_mod.nvidia_pci_device(found.pci) else SXID_UNKNOWN_DEVICE
             self._put(GpuEvent(-1, "sxid", xid=found.xid, detail=f"{found.switch}: "
-                               f"{found.detail}", ts=ts, source="kmsg"))
+                               f"{found.detail}", ts=ts, source=source))
             return
         g = self._by_pci.get(found.pci)
         if g is not None:

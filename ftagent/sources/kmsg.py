@@ -10,8 +10,11 @@ the bus, an event queue that overflowed)::
 
 as ``/dev/kmsg`` records (``6,1234,5678901,-;NVRM: ...``), ``dmesg`` lines
 (``[ 5678.901234] NVRM: ...``) or journal lines (``... kernel: NVRM: ...``).
-``parse_line`` reads all of these; ``pci_key`` makes the kernel's ``0000:3b:00`` and
-NVML's ``00000000:3B:00.0`` the same GPU.
+``parse_line`` reads all of these, with the Xid where the kernel message starts (never text
+quoted inside another message); ``pci_key`` makes the kernel's ``0000:3b:00`` and NVML's
+``00000000:3B:00.0`` the same GPU, and an Xid of a bus id that is none of this host's
+GPUs is dropped by the GPU source. Records user space wrote into ``/dev/kmsg`` are not
+read.
 
 ``KmsgReader`` reads in a thread: ``/dev/kmsg`` (a character device) from *now* on -- old
 records are stale: replaying them would re-raise faults fixed long ago -- one record per
@@ -41,8 +44,22 @@ FILE_POLL = 0.25  # seconds between looks at a regular file that reached its end
 MAX_LINE = 4096  # longer lines (not the kernel's) are cut before parsing
 
 _PCI = r"(?:PCI:)?([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.([0-7]))?"
-_XID = re.compile(r"NVRM: Xid \(" + _PCI + r"\): (\d{1,5})\b,?\s*(.*)")
-_SXID = re.compile(r"(nvidia-nvswitch\d*): SXid \(" + _PCI + r"\): (\d{1,5})\b,?\s*(.*)")
+# Where a kernel message starts in the line shapes we read: a /dev/kmsg record's header
+# (``6,1234,5678901,-;``), dmesg's time stamp (``[ 5678.901234] ``, ``-T``'s ``[Wed ...]``),
+# a journal or syslog line's ``... HOST kernel: ``. Xid and SXid must be where the
+# message starts: text quoted inside another message (``tmpfs: Unknown parameter 'NVRM:
+# Xid (PCI:0000:18:00): 79'``, which any user who may mount can make the kernel log) is
+# not the driver speaking. Every part is bounded and the classes are disjoint, so a match
+# is linear in the line.
+_START = (r"(?:\d{1,3},\d{1,20},\d{1,20},[^;]{0,40};"
+          r"|\[[^\]\n]{1,40}\] ?"
+          r"|(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.+-]{8,32})"
+          r" [^ ]{1,253} kernel: (?:\[[^\]\n]{1,40}\] ?)?)?")
+_XID = re.compile(_START + r"NVRM: Xid \(" + _PCI + r"\): (\d{1,5})\b,?\s*(.*)")
+_SXID = re.compile(_START + r"(nvidia-nvswitch\d{0,3}): SXid \(" + _PCI +
+                   r"\): (\d{1,5})\b,?\s*(.*)")
+PCI_DEVICES = "/sys/bus/pci/devices"
+NVIDIA_VENDOR = "0x10de"
 
 
 @dataclass(frozen=True)
@@ -69,11 +86,11 @@ def parse_line(line: str) -> KmsgXid | None:
     if "Xid" not in line:
         return None
     text = line[:MAX_LINE]
-    m = _XID.search(text)
+    m = _XID.match(text)
     if m is not None:
         pci = (int(m.group(1), 16), int(m.group(2), 16), int(m.group(3), 16))
         return KmsgXid(pci, int(m.group(5)), m.group(6).strip())
-    m = _SXID.search(text)
+    m = _SXID.match(text)
     if m is not None:
         pci = (int(m.group(2), 16), int(m.group(3), 16), int(m.group(4), 16))
         return KmsgXid(pci, int(m.group(6)), m.group(7).strip(), sxid=True,
@@ -86,6 +103,33 @@ def _message(record: bytes) -> str:
     head, sep, rest = record.partition(b";")
     body = rest if sep and b"," in head else record
     return body.split(b"\n", 1)[0].decode("utf-8", "replace")
+
+
+def from_kernel(record: bytes) -> bool:
+    """Whether a /dev/kmsg record was logged by the kernel: its PRI is facility * 8 +
+    level, and the kernel's facility is 0; a record written into /dev/kmsg from user
+    space has facility 1 (LOG_USER) or more, whatever its text says."""
+    pri = record.split(b",", 1)[0]
+    return pri.isdigit() and len(pri) <= 4 and int(pri) < 8
+
+
+def nvidia_pci_device(pci: tuple[int, int, int], root: str = PCI_DEVICES) -> bool:
+    """Whether this host has an NVIDIA PCI device (a GPU, an NVSwitch) at ``pci``
+    (domain, bus, device; any function), from sysfs: an SXid naming a device that is not
+    here is not about this node."""
+    prefix = f"{pci[0]:04x}:{pci[1]:02x}:{pci[2]:02x}."
+    try:
+        names = [n for n in os.listdir(root) if n.lower().startswith(prefix)]
+    except OSError:
+        return False
+    for name in names:
+        try:
+            with open(os.path.join(root, name, "vendor")) as f:
+                if f.read(16).strip().lower() == NVIDIA_VENDOR:
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 class KmsgReader:
@@ -166,7 +210,8 @@ class KmsgReader:
                     continue
                 raise
             self.lines += 1
-            on_line(self.clock(), _message(record))
+            if from_kernel(record):
+                on_line(self.clock(), _message(record))
 
     def _stream(self, on_line: Callable[[float, str], None]) -> None:
         pending = b""

@@ -59,6 +59,21 @@ def check_hello(h: pb.Hello) -> None:
         raise _invalid(e, "Hello") from None
 
 
+def check_generation_claim(h: pb.Hello, job_generation: int) -> None:
+    """Raises Refused for a Hello that would raise its job's generation above
+    ``limits.MAX_CLAIMED_GENERATION``: the job's own generation (what this arbiter
+    commanded) is echoed freely, but a peer's claim above it is capped below the ceiling,
+    so the generations the arbiter adds on restarts never reach ``MAX_GENERATION`` and the
+    real agents' messages stay in range (issue 20: a Hello at 2**31-1 locked them out)."""
+    ceiling = max(job_generation, limits.MAX_CLAIMED_GENERATION)
+    claimed = max(h.generation, h.released_generation if h.HasField("released_generation")
+                  else -1)
+    if claimed > ceiling:
+        raise Refused(grpc.StatusCode.INVALID_ARGUMENT, f"Hello: generation {claimed} is "
+                      f"above the job's {job_generation} and the highest a peer may raise "
+                      f"it to ({limits.MAX_CLAIMED_GENERATION})", "out_of_range")
+
+
 def check_message(m: pb.AgentMessage) -> None:
     """The generations and ids of a message after Hello within their ranges.
 

@@ -58,6 +58,33 @@ def evidence_json(evidence: dict[str, Any], limit: int = limits.MAX_EVIDENCE) ->
     return json.dumps({"truncated": True, "keys": sorted(evidence)[:50]})[:limit]
 
 
+def stacks_json(captured: Any, limit: int = limits.MAX_STACKS,
+                per_text: int = limits.MAX_STACK_TEXT) -> str:
+    """A DUMP_STACKS answer the arbiter will read: every py-spy ``stack`` text cut to
+    ``per_text`` characters (the arbiter reads the first frames of each process's first
+    threads, well inside that), then processes left out from the end until the JSON is
+    at most ``limit`` characters (a larger message is read as a capture without frames).
+    """
+    def clip(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: (v[:per_text] if k == "stack" and isinstance(v, str) else clip(v))
+                    for k, v in node.items()}
+        if isinstance(node, list):
+            return [clip(v) for v in node]
+        return node
+
+    data = clip(captured)
+    text = json.dumps(data, default=str)
+    procs = data.get("processes") if isinstance(data, dict) else None
+    while len(text) > limit and isinstance(procs, list) and procs:
+        procs.pop()
+        data["left_out"] = data.get("left_out", 0) + 1
+        text = json.dumps(data, default=str)
+    if len(text) > limit:
+        return json.dumps({"error": f"stacks of {len(text)} characters, over {limit}"})
+    return text
+
+
 def fault_from_proto(m: pb.Fault) -> Fault:
     """The model Fault; raises ValueError when it lacks an id or a kind."""
     if not m.id:
@@ -74,7 +101,7 @@ def fault_from_proto(m: pb.Fault) -> Fault:
             evidence = loaded if isinstance(loaded, dict) else {"value": loaded}
         except ValueError:
             evidence = {"raw": m.evidence_json[:4000]}
-    return Fault(kind=kind, message=m.message, severity=severity, scope=scope,
+    return Fault(kind=kind, message=limits.printable(m.message), severity=severity, scope=scope,
                  evidence=evidence, id=m.id, detected_at=m.detected_at)
 
 

@@ -7,7 +7,10 @@ of range is refused with a message that names the field and the range; it never 
 state. Values are chosen far above anything real and far below what breaks a type:
 
 * steps, samples, tokens: < 2**53, so they survive a float (JSON, Prometheus) exactly;
-* generations and restart counts: < 2**31, far from int64's edge even after +1;
+* generations and restart counts: < 2**31, far from int64's edge even after +1; a peer
+  may raise a job's generation only to MAX_CLAIMED_GENERATION (2**30 - 1), so the
+  generations the arbiter makes itself keep 2**30 of headroom below MAX_GENERATION
+  (a restart a second for 34 years) and no Hello can push a job to the ceiling;
 * world size: 1..1,000,000 ranks;
 * names (job, namespace, pod, node, phase, op): short printable strings.
 * phase and op names as label values: the first MAX_PHASES / MAX_OPS distinct ones.
@@ -17,12 +20,16 @@ from __future__ import annotations
 
 MAX_STEP = 2**53 - 1  # steps, samples and tokens: exact in a float64
 MAX_GENERATION = 2**31 - 1
+MAX_CLAIMED_GENERATION = 2**30 - 1  # the highest a peer may raise a job's generation to
 MAX_RESTARTS = 2**31 - 1
 MAX_WORLD_SIZE = 1_000_000
 MAX_NAME = 253  # a Kubernetes object name (DNS subdomain); jobs, pods, nodes
 MAX_LABEL_NAME = 64  # phase and op names from the SDK or a log (as the SDK caps them)
 MAX_MESSAGE = 4096  # a fault's or a command's human message
 MAX_EVIDENCE = 256 * 1024  # a fault's evidence JSON
+MAX_STACKS = 512 * 1024  # one Stacks message's JSON (an agent clips what it sends to it)
+MAX_STACK_TEXT = 32 * 1024  # one process's py-spy text in a Stacks message: the first
+# frames of its first 8 threads, which is what the arbiter compares (16 processes fit)
 MAX_ID = 128  # fault and command ids, agent instance ids
 MAX_OPEN_FAULTS = 10_000  # per job: faults awaiting a decision (stacks, a link down)
 MAX_GPUS = 64  # GPU ids in one Hello (a node has <= 16 GPUs; MIG slices up to 7 each)
@@ -77,3 +84,18 @@ def check_generation(name: str, value: int) -> int:
 def clip(text: str, limit: int) -> str:
     """``text`` cut to ``limit`` characters, marked when cut (for messages, not names)."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable (C0/C1 controls such as ESC,
+    newlines, bidi overrides, other format characters) written as a Python escape: a
+    peer's message shown by ``ftagent status``, a report, the timeline or a log line can
+    move no cursor, colour no terminal and hide nothing. Linear; unchanged when clean."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escape(c) for c in text)
+
+
+def _escape(c: str) -> str:
+    n = ord(c)
+    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +23,7 @@ from ftagent.kube.job_record import (
     configmap_name,
     decode,
     encode,
+    legacy_configmap_name,
 )
 from tests.arbiter_helpers import ArbiterProcess, wait_until
 from tests.conftest import wait_for
@@ -47,6 +49,7 @@ def fake_kube() -> Iterator[FakeKube]:
     with FakeKube() as fake:
         yield fake
 CM = "configmaps"
+LLAMA = configmap_name("team", "llama")
 
 
 def entry(seq: int, job: str = "llama", namespace: str = "team", msg: str = "") -> Entry:
@@ -65,12 +68,12 @@ def record(job: str = "llama", namespace: str = "team", phase: str = "succeeded"
 
 
 def test_names_are_unambiguous_valid_object_names() -> None:
-    assert configmap_name("team", "llama") == "ftagent-job.team.llama"
-    assert configmap_name("", "llama") == "ftagent-job.llama"
+    assert re.fullmatch(r"ftagent-job\.team\.llama\.[0-9a-f]{20}", LLAMA)
+    assert re.fullmatch(r"ftagent-job\.llama\.[0-9a-f]{20}", configmap_name("", "llama"))
     # a-b/c and a/b-c would collide with '-' as the separator
     assert configmap_name("a-b", "c") != configmap_name("a", "b-c")
     odd = configmap_name("Team_A", "Llama 70B/run")
-    assert odd.startswith("ftagent-job.llama-70b-run-") and len(odd) <= 253
+    assert odd.startswith("ftagent-job.llama-70b-run.") and len(odd) <= 253
     assert odd == configmap_name("Team_A", "Llama 70B/run")
     assert odd != configmap_name("team_a", "Llama 70B/run")
     assert len(configmap_name("n" * 63, "j" * 300)) <= 253
@@ -125,7 +128,7 @@ def test_written_debounced_and_read_back(fake_kube: FakeKube) -> None:
         store.record(record())
         assert store.flush(10)
         assert 1 <= store.writes <= 3, store.writes
-        cm = fake_kube.get(CM, "ftagent-job.team.llama", NS)
+        cm = fake_kube.get(CM, LLAMA, NS)
         assert cm is not None and cm["metadata"]["labels"][LABEL] == "job"
         assert cm["metadata"]["annotations"]["ftagent.io/job"] == "llama"
         store.record(entry(201))
@@ -141,11 +144,11 @@ def test_written_debounced_and_read_back(fake_kube: FakeKube) -> None:
         # an update after load replaces the object it read (no 409 loop, no duplicate)
         again.record(entry(202))
         assert again.flush(10)
-        _, back, _ = decode(must(fake_kube.get(CM, "ftagent-job.team.llama", NS))["data"])
+        _, back, _ = decode(must(fake_kube.get(CM, LLAMA, NS))["data"])
         assert back[-1].seq == 202
         again.forget("team", "llama")
         assert again.flush(10)
-        assert fake_kube.get(CM, "ftagent-job.team.llama", NS) is None
+        assert fake_kube.get(CM, LLAMA, NS) is None
     finally:
         again.close()
 
@@ -155,13 +158,13 @@ def test_a_conflict_rereads_and_writes_again(fake_kube: FakeKube) -> None:
     try:
         store.record(record())
         assert store.flush(10)
-        cm = must(fake_kube.get(CM, "ftagent-job.team.llama", NS))
+        cm = must(fake_kube.get(CM, LLAMA, NS))
         cm["metadata"]["labels"]["someone"] = "else"  # another writer bumps the version
         fake_kube.update(CM, cm)
         store.record(entry(1))
         assert store.flush(10)
         assert fake_kube.count("update", CM) >= 2  # the 409, then the write that won
-        _, back, _ = decode(must(fake_kube.get(CM, "ftagent-job.team.llama", NS))["data"])
+        _, back, _ = decode(must(fake_kube.get(CM, LLAMA, NS))["data"])
         assert [e.seq for e in back] == [1]
     finally:
         store.close()
@@ -174,7 +177,7 @@ def test_api_errors_are_retried_and_logged_once(fake_kube: FakeKube,
     store = records(fake_kube, debounce=0.05)
     try:
         store.record(record())
-        wait_for(lambda: fake_kube.get(CM, "ftagent-job.team.llama", NS) is not None, 20,
+        wait_for(lambda: fake_kube.get(CM, LLAMA, NS) is not None, 20,
                  "the record written once the 403s stop")
         warnings = [r.getMessage() for r in caplog.records]
         assert len(warnings) == 1 and "configmaps" in warnings[0] and "403" in warnings[0]
@@ -201,6 +204,43 @@ def test_unreadable_records_are_skipped_and_an_unreachable_server_starts_empty(
         store.close()
 
 
+def test_two_jobs_names_never_collide() -> None:
+    """Issue 20: job ``Llama`` in namespace ``team`` (no DNS label: hashed) was stored as
+    ``ftagent-job.llama-<hash>``, which is also the plain name of a job called
+    ``llama-<hash>`` with no namespace: that job's records replaced the other's."""
+    victim = ("team", "Llama")
+    hashed = legacy_configmap_name(*victim)
+    attacker = ("", hashed.removeprefix("ftagent-job."))
+    assert legacy_configmap_name(*attacker) == hashed  # the old names collided
+    names = {configmap_name(*k) for k in (victim, attacker, ("team", "llama"),
+                                          ("", "team.llama"), ("team.llama", ""))}
+    assert len(names) == 5
+    assert all(len(n) <= 253 and re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", n)
+               for n in names)
+
+
+def test_records_under_earlier_names_are_read_and_moved(fake_kube: FakeKube) -> None:
+    good, _ = encode(record(), [entry(1)], 0)
+    old = legacy_configmap_name("team", "llama")
+    fake_kube.create(CM, {"metadata": {"name": old, "labels": {LABEL: "job"}},
+                          "data": good}, NS)
+    store = records(fake_kube)
+    try:
+        got = store.load()
+        assert [r.key for r in got.jobs] == [("team", "llama")] and len(got.entries) == 1
+        assert store.flush(10)
+        assert fake_kube.get(CM, old, NS) is None
+        _, back, _ = decode(must(fake_kube.get(CM, LLAMA, NS))["data"])
+        assert [e.seq for e in back] == [1]
+    finally:
+        store.close()
+    again = records(fake_kube)  # read back from the new name only
+    try:
+        assert [r.key for r in again.load().jobs] == [("team", "llama")]
+    finally:
+        again.close()
+
+
 # ------------------------------------------------------------------ a real arbiter
 
 
@@ -216,10 +256,10 @@ def test_a_finished_job_is_shown_after_an_arbiter_restart(fake_kube: FakeKube) -
         check_shown(arbiter.address)
         before = status(arbiter.address, "fine")["timeline"]
         # debounced: the records land within a second or so
-        wait_for(lambda: (cm := fake_kube.get(CM, "ftagent-job.fine", NS)) is not None
+        wait_for(lambda: (cm := fake_kube.get(CM, configmap_name("", "fine"), NS)) is not None
                  and "job succeeded" in cm["data"]["timeline.jsonl"], 20,
                  "the finished job's record")
-        wait_for(lambda: fake_kube.get(CM, "ftagent-job.halted", NS) is not None, 20,
+        wait_for(lambda: fake_kube.get(CM, configmap_name("", "halted"), NS) is not None, 20,
                  "the stopped job's record")
         arbiter.kill()
         arbiter.start()

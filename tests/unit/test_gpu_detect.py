@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ftagent.detect.gpu import (
+    SXID_UNKNOWN_DEVICE,
     XID_CATALOG,
     GpuAction,
     GpuDetector,
@@ -155,6 +156,18 @@ def test_sxid_fatal_replaces_non_fatal_is_ignored() -> None:
     (f,) = d.observe(GpuEvent(-1, "sxid", xid=20034, detail="Fatal, Link 30 LTSSM", ts=1))
     assert f.scope is Scope.NODE and f.message.startswith("NVSwitch: SXid 20034")
     assert d.xid_counts() == {(-1, 12028): 1, (-1, 20034): 1}
+
+
+def test_an_sxid_of_a_device_not_on_this_node_is_counted_never_node_fatal() -> None:
+    """Issue 20: an SXid line naming an NVSwitch this host does not have was node-fatal
+    (the node cordoned). It is counted; the same SXid from this node's switch still acts."""
+    d = det()
+    fatal = "nvidia-nvswitch0: Fatal, Link 30 LTSSM"
+    assert d.observe(GpuEvent(-1, "sxid", xid=20034, detail=fatal, ts=1,
+                              source=SXID_UNKNOWN_DEVICE)) == []
+    assert d.xid_counts() == {(-1, 20034): 1}
+    (f,) = d.observe(GpuEvent(-1, "sxid", xid=20034, detail=fatal, ts=2, source="kmsg"))
+    assert f.scope is Scope.NODE
 
 
 def test_other_observations_are_not_gpu_business() -> None:

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from ftagent.sources.kmsg import KmsgReader, _message, parse_line, pci_key
+from ftagent.sources.kmsg import (
+    KmsgReader,
+    _message,
+    from_kernel,
+    nvidia_pci_device,
+    parse_line,
+    pci_key,
+)
 from tests.conftest import wait_for
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "kmsg"
@@ -108,3 +115,52 @@ def test_dev_kmsg_starts_at_now_and_stops_cleanly() -> None:
     reader.stop()  # blocked in poll: the wake-up pipe ends it at once
     assert reader._thread is not None and not reader._thread.is_alive()
     assert all("Linux version" not in g for g in got)  # the boot log is not replayed
+
+
+@pytest.mark.parametrize("line", [
+    # the kernel quotes a mount option a user chose (issue 20: parsed as Xid 79, the node
+    # cordoned): the Xid is not where the message starts
+    "tmpfs: Unknown parameter 'NVRM: Xid (PCI:0000:18:00): 79'",
+    "[ 100.1] tmpfs: Unknown parameter 'NVRM: Xid (PCI:0000:18:00): 79'",
+    "6,812,9000,-;tmpfs: Unknown parameter 'NVRM: Xid (PCI:0000:18:00): 79'",
+    "Nov 20 21:33:01 node-7 kernel: tmpfs: Unknown parameter 'NVRM: Xid (PCI:0000:18:00): 79'",
+    "Nov 20 21:33:01 node-7 sshd[42]: NVRM: Xid (PCI:0000:18:00): 79, from a user process",
+    "[ 1.0] usb 1-1: Product: nvidia-nvswitch0: SXid (PCI:0000:83:00.0): 20034, Fatal",
+    "x NVRM: Xid (PCI:0000:18:00): 79, pid=0",
+])
+def test_an_xid_quoted_inside_another_message_is_not_an_xid(line: str) -> None:
+    assert parse_line(line) is None
+
+
+def test_an_xid_after_the_kernel_prefixes_of_dmesg_minus_t_and_iso_journals() -> None:
+    for line in ("[Wed Dec  2 01:00:00 2026] NVRM: Xid (PCI:0000:18:00): 79, pid=0",
+                 "2026-12-02T01:00:00.123456+00:00 node-7 kernel: NVRM: Xid "
+                 "(PCI:0000:18:00): 79, pid=0"):
+        got = parse_line(line)
+        assert got is not None and got.xid == 79, line
+
+
+def test_a_long_line_of_prefix_like_text_parses_in_linear_time() -> None:
+    import time
+    line = "[" * 4000 + "Nov 20 21:33:01 " * 300 + "NVRM: Xid"
+    t0 = time.perf_counter()
+    assert parse_line(line) is None
+    assert time.perf_counter() - t0 < 0.05
+
+
+def test_records_user_space_wrote_into_dev_kmsg_are_not_the_kernels() -> None:
+    assert from_kernel(b"4,2345,123456789,-;NVRM: Xid (PCI:0000:3b:00): 48, x")
+    assert from_kernel(b"0,1,2,-;x")
+    # `echo 'NVRM: Xid ...' > /dev/kmsg` is logged with facility LOG_USER: PRI 8..15
+    assert not from_kernel(b"12,2346,123456790,-;NVRM: Xid (PCI:0000:3b:00): 79, x")
+    assert not from_kernel(b"plain line")
+
+
+def test_an_nvidia_device_on_this_host_is_found_in_sysfs(tmp_path: Path) -> None:
+    for name, vendor in (("0000:83:00.0", "0x10de"), ("0000:84:00.0", "0x8086")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "vendor").write_text(vendor + "\n")
+    assert nvidia_pci_device((0, 0x83, 0), str(tmp_path))
+    assert not nvidia_pci_device((0, 0x84, 0), str(tmp_path))  # not NVIDIA's
+    assert not nvidia_pci_device((0, 0xC6, 0), str(tmp_path))  # not here
+    assert not nvidia_pci_device((0, 0x83, 0), str(tmp_path / "missing"))
