@@ -224,7 +224,7 @@ class ArbiterConfig:
         check=POSITIVE_SECONDS, metavar="SECONDS")
     history_namespace: str = opt(
         "", "--history-namespace", "keep job history in Kubernetes, one bounded ConfigMap "
-        "per job (ftagent-job.NS.JOB) in this namespace, read back when leading; the "
+        "per job (ftagent-job.NS.JOB.HASH) in this namespace, read back when leading; the "
         "cluster's --state-dir", metavar="NS")
 
     def settings(self) -> ServerSettings:
