@@ -63,11 +63,10 @@ ORDER = ("arbiter", "webhook", "cert-manager", "node", "node-kmsg", *EXTRAS)
 # Every combination of the components that depend on each other (the arbiter with no, a
 # self-signed or a cert-manager webhook, with no node agent, one, or one reading
 # /dev/kmsg), each with all the extras (which only add objects or patch what is there);
-# the arbiter alone, each extra alone or with the arbiter. (The default, and the default
-# with cert-manager, are rendered by the tests below.)
+# the default; the arbiter alone, each extra alone or with the arbiter.
 CORE = [("arbiter", *w, *n) for w in ((), ("webhook",), ("webhook", "cert-manager"))
         for n in ((), ("node",), ("node", "node-kmsg"))]
-COMBOS = [c + EXTRAS for c in CORE] + [("arbiter",), ("arbiter", "monitoring"),
+COMBOS = [c + EXTRAS for c in CORE] + [DEFAULT, ("arbiter",), ("arbiter", "monitoring"),
                                         ("network-policies",), ("image-pull-secret",)]
 # Referenced, not rendered, on purpose: the registry credential a user creates
 # (components/image-pull-secret).
