@@ -21,15 +21,17 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# System packages the tests use: ip (network namespaces), promtool + prometheus, chromium;
-# and what `make image` builds with: mmdebstrap (the root filesystem), umoci (the OCI image).
+# System packages the tests use: ip (network namespaces), promtool + prometheus, a C
+# compiler (a fake libdcmi.so for the Ascend DCMI binding's tests).
+# `make image` builds with mmdebstrap (the root filesystem) and umoci (the OCI image).
 deps:
 	@missing=""; \
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
-	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
-	command -v umoci >/dev/null || missing="$$missing umoci"; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v cc >/dev/null || missing="$$missing gcc"; \
+	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
+	command -v umoci >/dev/null || missing="$$missing umoci"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing:$$missing"; \

@@ -327,6 +327,9 @@ def test_image_pull_secret_on_every_ftagent_pod() -> None:
     objs = render((*DEFAULT, "image-pull-secret"))
     for w, spec in pod_templates(objs):
         assert spec["imagePullSecrets"] == [{"name": "ftagent-registry"}], w["metadata"]["name"]
+    webhook = index(objs)[("Deployment", "ftagent-webhook")]["spec"]["template"]["spec"]
+    # and the init container injected into training pods pulls with it
+    assert "--image-pull-secret=ftagent-registry" in webhook["containers"][0]["args"]
 
 
 # ------------------------------------------------------------------ Pod Security
