@@ -23,15 +23,14 @@ venv: $(STAMP)
 
 # System packages the tests use: ip (network namespaces), promtool + prometheus, a C
 # compiler (a fake libdcmi.so for the Ascend DCMI binding's tests).
-# `make image` builds with mmdebstrap (the root filesystem) and umoci (the OCI image).
 deps:
 	@missing=""; \
+	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
+	command -v umoci >/dev/null || missing="$$missing umoci"; \
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v cc >/dev/null || missing="$$missing gcc"; \
-	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
-	command -v umoci >/dev/null || missing="$$missing umoci"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing:$$missing"; \
@@ -71,7 +70,8 @@ dist: venv
 
 # The ftagent image deploy/ references, ghcr.io/ftagent/ftagent:$(VERSION), as an OCI archive
 # (build/image/ftagent-$(VERSION).oci.tar) from Debian packages, the wheel and the bundle,
-# without a container runtime (root: mmdebstrap, chroot). Push it with
+# without a container runtime (root: mmdebstrap, chroot; umoci; `make deps` installs both).
+# Push it with
 #   skopeo copy oci-archive:build/image/ftagent-$(VERSION).oci.tar:$(VERSION) \
 #     docker://REGISTRY/ftagent:$(VERSION)
 image: venv deps
