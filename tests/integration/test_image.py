@@ -4,7 +4,8 @@ and layers), the layers unpacked into a root filesystem, and the image's own ``f
 run in it under ``chroot`` as the image's numeric user, in a mount namespace where the root
 filesystem is read-only (as deploy/ runs it: readOnlyRootFilesystem) with /proc, /dev and a
 writable /tmp mounted, as a runtime would. The arbiter and the webhook, started there on
-loopback, answer a real client from this virtualenv.
+loopback, answer a real client from this virtualenv; the node agent, in a network namespace
+of its own, sees a veth link go down.
 
 Skipped when the archive is missing (``make image``; ``make test`` builds it first and CI
 sets FTAGENT_REQUIRE_IMAGE=1, which makes a missing archive or tool a failure) or when not
@@ -17,6 +18,7 @@ import base64
 import http.client
 import json
 import os
+import shlex
 import shutil
 import ssl
 import stat
@@ -96,16 +98,30 @@ class Image:
         """``args`` run as the image's user inside the root filesystem, after its entry
         point (or ``entry``)."""
         cfg = self.config["config"]
-        r = str(self.rootfs)
-        # a runtime makes the mount points the image lacks (no /dev in the layer)
-        setup = (f"mkdir -p {r}/dev {r}/proc {r}/tmp && "
-                 f"mount --bind {r} {r} && mount -o remount,bind,ro {r} && "
-                 f"mount -t proc proc {r}/proc && mount --rbind /dev {r}/dev && "
-                 f"mount --bind {tmp} {r}/tmp && ")
         env = ["env", "-i", *cfg["Env"], "HOME=/tmp"]
         return ["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
-                setup + 'exec "$@"', "sh", "chroot", f"--userspec={cfg['User']}", r,
-                *env, *(entry or cfg["Entrypoint"]), *args]
+                self.setup(tmp) + 'exec "$@"', "sh", "chroot", f"--userspec={cfg['User']}",
+                str(self.rootfs), *env, *(entry or cfg["Entrypoint"]), *args]
+
+    def setup(self, tmp: Path) -> str:
+        """What a runtime does before the entry point: the mount points the image lacks
+        (no /dev in the layer), the root read-only, /proc, /dev, a writable /tmp."""
+        r = str(self.rootfs)
+        return (f"mkdir -p {r}/dev {r}/proc {r}/tmp && "
+                f"mount --bind {r} {r} && mount -o remount,bind,ro {r} && "
+                f"mount -t proc proc {r}/proc && mount --rbind /dev {r}/dev && "
+                f"mount --bind {tmp} {r}/tmp && ")
+
+    def shell(self, script: str, tmp: Path) -> list[str]:
+        """``script`` run by root's sh in fresh mount, PID and network namespaces (only
+        ``lo``, up; everything started there ends with it), where ``inside CMD...`` runs
+        CMD as the image's user in its root filesystem."""
+        cfg = self.config["config"]
+        env = " ".join(shlex.quote(e) for e in [*cfg["Env"], "HOME=/tmp"])
+        inside = (f"inside() {{ chroot --userspec={cfg['User']} {self.rootfs} env -i {env} "
+                  '"$@"; }; ')
+        return ["unshare", "--mount", "--net", "--pid", "--fork", "--propagation", "private",
+                "/bin/sh", "-c", self.setup(tmp) + "ip link set lo up && " + inside + script]
 
 
 @pytest.fixture(scope="module")
@@ -235,3 +251,44 @@ def test_webhook_answers_from_the_image(image: Image, tmp: Path, served: list[Se
     patch = json.loads(base64.b64decode(answer["patch"]))
     assert any(op["path"].startswith("/spec/initContainers") for op in patch), patch
     assert hook.stop() == 0, hook.err.read_text()[-3000:]
+
+
+# Polls a /metrics page (inside the image, with its Python) until a line appears.
+PROBE = """
+import sys, time, urllib.request
+url, want = sys.argv[1], sys.argv[2]
+deadline = time.monotonic() + 60
+while True:
+    try:
+        body = urllib.request.urlopen(url, timeout=5).read().decode()
+    except OSError:
+        body = ""
+    if want in body.splitlines():
+        print("seen:", want)
+        break
+    if time.monotonic() > deadline:
+        sys.exit(f"never seen: {want!r}")
+    time.sleep(0.1)
+"""
+
+
+def test_node_agent_reads_links_from_the_image_unprivileged(image: Image, tmp: Path) -> None:
+    """The node agent as deploy/ runs it (UID 65532, no capability): netlink and sysfs
+    need none. A veth link in a fresh network namespace, flipped down under it."""
+    if shutil.which("ip") is None:
+        pytest.skip("no ip (iproute2): make deps")
+    (tmp / "probe.py").write_text(PROBE)
+    url = "http://127.0.0.1:9555/metrics"
+    script = (
+        "ip link add d0 type veth peer name d1 && ip link set d1 up && ip link set d0 up && "
+        "{ inside ftagent node --node=n1 --nic=d0 --gpu-backend=none --kmsg=none "
+        "--arbiter=127.0.0.1:9 --metrics-port=9555 --metrics-addr=127.0.0.1 "
+        "2>/tmp/node.err & } && "
+        f"inside python3 /tmp/probe.py {url} 'ftagent_nic_up{{device=\"d0\",node=\"n1\"}} 1.0'"
+        " && ip link set d0 down && "
+        f"inside python3 /tmp/probe.py {url} 'ftagent_nic_up{{device=\"d0\",node=\"n1\"}} 0.0'"
+    )
+    r = subprocess.run(image.shell(script, tmp), capture_output=True, text=True, timeout=180)
+    err = (tmp / "node.err").read_text() if (tmp / "node.err").exists() else ""
+    assert r.returncode == 0, r.stdout + r.stderr + err[-3000:]
+    assert r.stdout.count("seen:") == 2, r.stdout
