@@ -19,7 +19,7 @@ Made from the project's files and the package registries alone:
 deploy/Dockerfile builds the same layout (/opt/venv, /opt/ftagent-bundle, UID 65532) for
 builders with a registry. Needs root (mmdebstrap's root mode, chroot), mmdebstrap and umoci
 (``make deps``). Skips the build when its inputs are unchanged since the last one (a hash
-in build/image/inputs.sha256). Prints the image's size.
+in build/image/inputs.sha256, see inputs_hash). Prints the image's size.
 """
 
 from __future__ import annotations
@@ -76,13 +76,15 @@ def wheels(ver: str) -> Path:
     return house
 
 
-def inputs_hash(house: Path, bundle: Path) -> str:
+def inputs_hash() -> str:
+    """The sources (the bundle's inputs: ftagent/, packaging/, pyproject.toml, the Python),
+    this script, the suite, LICENSE and README.md (in the wheel). Not the versions the
+    index would resolve today: `rm build/image/inputs.sha256` rebuilds with the newest."""
     h = hashlib.sha256(SUITE.encode())
     h.update(Path(__file__).read_bytes())
-    for f in sorted(house.iterdir()):  # a wheel's name carries its version
-        h.update(f.name.encode() + b"\0")
-    h.update((ROOT / "build" / "bundle" / "inputs.sha256").read_bytes())
-    h.update(hashlib.sha256((ROOT / "ftagent" / "__init__.py").read_bytes()).digest())
+    h.update(build_bundle.inputs_hash().encode())
+    for name in ("LICENSE", "README.md"):
+        h.update(hashlib.sha256((ROOT / name).read_bytes()).digest())
     return h.hexdigest()
 
 
@@ -164,14 +166,14 @@ def describe(out: Path) -> str:
 def build() -> Path:
     ver = version()
     OUT.mkdir(parents=True, exist_ok=True)
-    bundle = build_bundle.build()
-    house = wheels(ver)
-    digest = inputs_hash(house, bundle)
+    digest = inputs_hash()
     out = archive_path(ver)
     if out.is_file() and STAMP.is_file() and STAMP.read_text() == digest:
         print(f"up to date: {describe(out)}")
         return out
     STAMP.unlink(missing_ok=True)
+    bundle = build_bundle.build()
+    house = wheels(ver)
     tar = rootfs(house, bundle, ver)
     out = commit(tar, ver)
     (OUT / "image.json").write_text(json.dumps({"unpacked_bytes": tar.stat().st_size}))
