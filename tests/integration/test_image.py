@@ -125,9 +125,11 @@ class Image:
 
 
 @pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
+def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Image]:
     _check_prerequisites()
-    return Image(ARCHIVE, tmp_path_factory.mktemp("image"))
+    where = tmp_path_factory.mktemp("image")
+    yield Image(ARCHIVE, where)
+    shutil.rmtree(where)  # ~0.5 GB: not left for pytest's last three runs to keep
 
 
 @pytest.fixture
