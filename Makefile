@@ -6,8 +6,10 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-stamp
 PROTO   := proto/ftagent/v1/ftagent.proto
+# one version source: ftagent/__init__.py
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' ftagent/__init__.py)
 
-.PHONY: all venv deps demo test lint typecheck unit integration e2e proto proto-check bench gpu-check bundle image clean drills goodput
+.PHONY: all venv deps demo test lint typecheck unit integration e2e proto proto-check bench gpu-check bundle image image-test docker-image dist clean drills goodput
 
 all: test
 
@@ -23,6 +25,8 @@ venv: $(STAMP)
 # compiler (a fake libdcmi.so for the Ascend DCMI binding's tests).
 deps:
 	@missing=""; \
+	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
+	command -v umoci >/dev/null || missing="$$missing umoci"; \
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
@@ -60,12 +64,31 @@ proto-check: venv
 bundle: venv
 	$(BIN)/python packaging/build_bundle.py
 
-# The ftagent image (wheel + bundle): docker build -f deploy/Dockerfile .
-image:
-	docker build -f deploy/Dockerfile -t ghcr.io/ftagent/ftagent:0.1.0 .
+# The wheel and the sdist (dist/).
+dist: venv
+	$(BIN)/python -m build --outdir dist .
+
+# The ftagent image deploy/ references, ghcr.io/ftagent/ftagent:$(VERSION), as an OCI archive
+# (build/image/ftagent-$(VERSION).oci.tar) from Debian packages, the wheel and the bundle,
+# without a container runtime (root: mmdebstrap, chroot; umoci; `make deps` installs both).
+# Push it with
+#   skopeo copy oci-archive:build/image/ftagent-$(VERSION).oci.tar:$(VERSION) \
+#     docker://REGISTRY/ftagent:$(VERSION)
+image: venv deps
+	$(BIN)/python packaging/build_image.py
+
+# Its smoke test: unpacked, `ftagent --version`, the arbiter and the webhook on loopback.
+image-test: image
+	FTAGENT_REQUIRE_IMAGE=1 $(BIN)/pytest -q -p no:cacheprovider tests/integration/test_image.py
+
+# The same image where a Docker daemon and a registry are at hand.
+docker-image:
+	docker build -f deploy/Dockerfile -t ghcr.io/ftagent/ftagent:$(VERSION) .
 
 test: venv deps lint typecheck bundle
 	@if [ -f $(PROTO) ]; then $(MAKE) --no-print-directory proto-check; fi
+	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory image; \
+	  else echo "not root: no image built (tests/integration/test_image.py skips)"; fi
 	$(BIN)/pytest -q -p no:cacheprovider --durations=25 tests
 
 unit: venv

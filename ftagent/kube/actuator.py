@@ -115,9 +115,10 @@ class Actuator:
                 return
             self._forbidden.add((verb, resource))
         log.error("Kubernetes refused to %s %s (403 Forbidden) while %s: the arbiter's "
-                  "service account lacks RBAC permission '%s' on '%s' (see deploy/base "
-                  "RBAC); this action is skipped from now on, the arbiter keeps deciding "
-                  "through its agents", verb, resource, doing, verb, resource)
+                  "service account lacks RBAC permission '%s' on '%s' (see "
+                  "deploy/components/arbiter/rbac.yaml); this action is skipped from now on, "
+                  "the arbiter keeps deciding through its agents", verb, resource, doing, verb,
+                  resource)
 
     def _json(self, resp: Any) -> dict[str, Any]:
         obj = json.loads(resp.data)

@@ -155,7 +155,7 @@ def describe(status: int | None, node: str, reason: str | None = "") -> str:
     """One line for a failed write, naming what to fix."""
     if status == 403:
         return (f"forbidden: the service account may not patch nodes/status (node {node}); "
-                "grant verbs [get, patch] on resources [nodes/status] (deploy/overlays/node)")
+                "grant verbs [get, patch] on resources [nodes/status] (deploy/components/node)")
     if status == 404:
         return f"node {node} does not exist: check --node (default $NODE_NAME)"
     if status == 401:
