@@ -86,7 +86,8 @@ STAGES = [
     ("first_step", "the first training step done"),
 ]
 STEADY_STEPS = 20  # both ranks past this step before the crash
-KINDS = ("torchrun", "ftagent-cold", "ftagent-warm", "ftagent-launcher")
+KINDS = ("torchrun", "ftagent-cold", "ftagent-warm", "ftagent-launcher", "ftagent-baseline")
+BASELINE_ROOT = [""]  # --baseline-root: a checkout whose ftagent/ the baseline kind runs
 AGAIN_TIMEOUT = 60.0  # crash -> training again, else counted as a failed restart
 
 
@@ -318,9 +319,11 @@ def one_run(kind: str, tmp: Path, arbiter: str,
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node=2", "--max-restarts=3", TRAIN]
         procs = [launch(cmd, env)]
-    elif kind == "ftagent-launcher":
+    elif kind in ("ftagent-launcher", "ftagent-baseline"):
         job = f"bench-{kind}-{time.monotonic_ns()}"
         env = base_env(crash, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+        if kind == "ftagent-baseline":  # the same, from another checkout's ftagent/
+            env["PYTHONPATH"] = BASELINE_ROOT[0]
         cmd = [sys.executable, "-m", "ftagent", "run", "--standalone", "--nproc-per-node=2",
                "--max-restarts=3", "--metrics-port=-1", "--log-level=warning",
                f"--events-file={tmp / f'{job}-0.jsonl'}", "--", sys.executable, TRAIN]
@@ -342,7 +345,7 @@ def one_run(kind: str, tmp: Path, arbiter: str,
         steady = wait(lambda: all(any(s >= STEADY_STEPS for _, s in
                                       steps_of(all_lines(procs), r)) for r in (0, 1)), 90)
         result["first"] = first_start(all_lines(procs), launched_wall)
-        if kind in ("ftagent-warm", "ftagent-launcher") and steady:
+        if kind in ("ftagent-warm", "ftagent-launcher", "ftagent-baseline") and steady:
             steady = wait(lambda: standby_ready(procs, 2), 60)
             result["memory"] = standby_memory(procs)
         if not steady:
@@ -384,7 +387,7 @@ def one_run(kind: str, tmp: Path, arbiter: str,
                 rank_evs = [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
                 per_rank[rank] = rank_evs
                 evs += rank_evs
-            if kind == "ftagent-launcher":
+            if kind in ("ftagent-launcher", "ftagent-baseline"):
                 per_rank = {r: [e for e in evs if e.get("local_rank") == r] for r in (0, 1)}
             result["starts"] = sorted(e["kind"] for e in evs if e["event"] == "standby")
             result["cold_reasons"] = sorted({str(e.get("reason"))[:120] for e in evs
@@ -527,9 +530,15 @@ def main() -> int:
                     "(torchrun vs ftagent --nproc-per-node 2), REPS runs each")
     ap.add_argument("--window", type=float, default=30.0,
                     help="SECONDS of each --overhead measurement")
-    ap.add_argument("--kinds", default=",".join(KINDS),
+    ap.add_argument("--kinds", default=",".join(KINDS[:4]),
                     help=f"launchers to run, comma-separated, of {','.join(KINDS)}")
+    ap.add_argument("--baseline-root", default="",
+                    help="DIR of another checkout (e.g. before a change): kind "
+                    "ftagent-baseline runs ftagent-launcher with its ftagent/ package")
     args = ap.parse_args()
+    BASELINE_ROOT[0] = os.path.abspath(args.baseline_root) if args.baseline_root else ""
+    if "ftagent-baseline" in args.kinds.split(",") and not args.baseline_root:
+        ap.error("--kinds ftagent-baseline needs --baseline-root DIR")
     from ftagent.arbiter.process import ArbiterProcess
 
     if args.overhead:
@@ -595,7 +604,7 @@ def report(runs: dict[str, list[dict[str, Any]]]) -> None:
             print(f"  {kind:17s} of which to 'started' (respawn, imports, model, DDP): "
                   f"{statistics.median(st):.2f} s")
     if "torchrun" in med:
-        for kind in ("ftagent-warm", "ftagent-cold", "ftagent-launcher"):
+        for kind in KINDS[1:]:
             if kind in med:
                 print(f"  {kind} / torchrun: {med[kind] / med['torchrun']:.2f}")
     first: dict[str, float] = {}
@@ -608,11 +617,11 @@ def report(runs: dict[str, list[dict[str, Any]]]) -> None:
             print(f"  {kind:17s} {first[kind]:5.2f} s  ({min(ok):.2f}-{max(ok):.2f}, "
                   f"{len(ok)} runs)")
     if "torchrun" in first:
-        for kind in ("ftagent-warm", "ftagent-cold", "ftagent-launcher"):
+        for kind in KINDS[1:]:
             if kind in first:
                 print(f"  {kind} / torchrun: {first[kind] / first['torchrun']:.2f}")
     breakdown(runs)
-    for kind in ("ftagent-warm", "ftagent-launcher"):
+    for kind in ("ftagent-warm", "ftagent-launcher", "ftagent-baseline"):
         warm = [s for r in runs.get(kind, []) for s in r.get("starts", [])]
         if runs.get(kind):
             print(f"  {kind} restarts: {warm.count('warm')} warm, {warm.count('cold')} "
