@@ -33,10 +33,19 @@ itself *before* importing a warm module (``os.environ["OMP_NUM_THREADS"] = ...``
 ``import torch``) is not seen by that import -- set such variables in the pod's
 environment, or use ``--no-warm-restart``; ``/proc/PID/cmdline`` shows the bootstrap.
 
+When: the standby for attempt g+1 is started once attempt g reached its first step (a
+progress line or an SDK step: :class:`FirstStep`), or :data:`STANDBY_AFTER_SECONDS`
+after g started without one, never beside the trainer's own start-up: its imports would
+compete with the trainers' for the CPU and slow every job's first start (issue 26).
+
 Cost: one idle interpreter with the warm modules per worker (measured by bench/restart.py:
-the standby's PSS), kept only while a restart can follow the running attempt (an
-arbiter, or ``--max-restarts`` not spent yet). If the agent is SIGKILLed, the standby
-dies with it (PDEATHSIG, and the watchdog's sweep of its session and marker).
+the standby's PSS, ~230 MB with torch; the gauge ``ftagent_standby_memory_bytes``),
+kept only while a restart can follow the running attempt (an arbiter, or
+``--max-restarts`` not spent yet), and started only if the container's memory cgroup
+can afford it (``standby_memory.StandbyBudget``, ``--warm-restart-memory-share``). The
+agent closes its standbys when it ends (``Agent.on_close``: killed and reaped); if it
+is SIGKILLed, the standby dies with it (PDEATHSIG, and the watchdog's sweep of its
+session and marker).
 """
 
 from __future__ import annotations
@@ -196,8 +205,10 @@ class Standby:
 
     def __init__(self, command: Sequence[str], env: Mapping[str, str], py: PythonCommand,
                  boot: str, imports: tuple[str, ...], reaper: ChildReaper,
-                 record: Record | None) -> None:
+                 record: Record | None,
+                 on_ready: Callable[[Standby], None] | None = None) -> None:
         self.command = tuple(command)
+        self._on_ready = on_ready  # once its imports are done (the budget measures it)
         self.env = dict(env)
         self.py = py
         self.cwd = os.getcwd()
@@ -293,6 +304,11 @@ class Standby:
             with contextlib.suppress(ValueError):
                 self.ready = json.loads(rest)
             log.debug("standby %d ready: %s", self.pid, rest[:300])
+            if self._on_ready is not None:
+                try:
+                    self._on_ready(self)
+                except Exception:
+                    log.exception("standby ready hook failed")
         elif word in ("warm", "cold"):
             self.outcome = line
             how = "warm start" if word == "warm" else f"cold start ({rest})"
@@ -429,7 +445,7 @@ class WarmStarter:
             return
         try:
             self._standbys[slot] = Standby(command, env, py, boot, self.imports, reaper,
-                                           self._record)
+                                           self._record, self._measure)
         except (OSError, supervisor.SpawnError) as e:
             log.warning("no standby for the next restart (%s): it will start cold", e)
 
@@ -460,15 +476,14 @@ class WarmStarter:
 
     def memory_bytes(self) -> float:
         """PSS of the live standbys (the ``ftagent_standby_memory_bytes`` gauge, read at
-        scrape time); a ready one's tells the budget what the next will cost."""
-        total = 0
-        for sb in list(self._standbys.values()):
-            if sb.alive:
-                pss = pss_bytes(sb.pid)
-                total += pss
-                if sb.ready is not None and self._budget is not None:
-                    self._budget.measured(pss)
-        return float(total)
+        scrape time)."""
+        return float(sum(pss_bytes(sb.pid) for sb in list(self._standbys.values())
+                         if sb.alive))
+
+    def _measure(self, sb: Standby) -> None:
+        """A standby is ready, its imports done: what the next ones are expected to cost."""
+        if self._budget is not None:
+            self._budget.measured(pss_bytes(sb.pid))
 
     def close(self) -> list[asyncio.Future[ProcessExit]]:
         """Kill every standby, start no more, remove the bootstrap copy (the agent is

@@ -9,12 +9,14 @@ import sys
 from pathlib import Path
 
 from ftagent.agent.standby import WarmStarter
+from ftagent.agent.standby_memory import DEFAULT_STANDBY_BYTES, StandbyBudget
 from ftagent.agent.supervisor import ChildReaper
 from tests.conftest import pid_gone
 
 
-async def started(tmp: Path, after: float, *, step: bool,
-                  wait_exit: bool = False) -> tuple[WarmStarter, dict[int, int], int, bool]:
+async def started(tmp: Path, after: float, *, step: bool, wait_exit: bool = False,
+                  budget: StandbyBudget | None = None
+                  ) -> tuple[WarmStarter, dict[int, int], int, bool]:
     """Start a sleeping trainer through a WarmStarter; optionally report a step or let
     the trainer end first; return the starter, its standbys once settled, the trainer's
     pid and whether every standby was reaped after ``aclose``."""
@@ -24,7 +26,7 @@ async def started(tmp: Path, after: float, *, step: bool,
     loop = asyncio.get_running_loop()
     reaper = ChildReaper()
     reaper.install(loop)
-    starter = WarmStarter(workdir=str(tmp), after=after)
+    starter = WarmStarter(workdir=str(tmp), after=after, budget=budget)
     try:
         arg = "exit" if wait_exit else "sleep"
         s = starter.start([sys.executable, str(script), arg], {"PATH": "/usr/bin:/bin"},
@@ -40,6 +42,10 @@ async def started(tmp: Path, after: float, *, step: bool,
                 await asyncio.sleep(0.01)
             assert loop.time() - t0 >= after * 0.9  # a timer may fire a hair early
         pids = starter.standby_pids()
+        if budget is not None:  # its imports done, the standby is measured
+            t0 = loop.time()
+            while starter.importing() and loop.time() - t0 < 30:
+                await asyncio.sleep(0.01)
         await starter.aclose()
         reaped = all(pid_gone(p) for p in pids.values())
         if s.exited.done() is False:
@@ -51,9 +57,12 @@ async def started(tmp: Path, after: float, *, step: bool,
 
 
 def test_the_first_step_starts_the_standby_and_aclose_reaps_it(tmp_path: Path) -> None:
-    starter, pids, _, reaped = asyncio.run(started(tmp_path, 60.0, step=True))
+    budget = StandbyBudget(0.9, read=lambda: None)
+    starter, pids, _, reaped = asyncio.run(started(tmp_path, 60.0, step=True, budget=budget))
     assert list(pids) == [0] and reaped
     assert starter.standby_pids() == {}
+    # measured once ready: a Python that imported json, far below torch's default guess
+    assert 0 < budget.expected < DEFAULT_STANDBY_BYTES // 4
 
 
 def test_without_a_step_the_standby_starts_after_the_delay(tmp_path: Path) -> None:
