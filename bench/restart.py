@@ -224,6 +224,18 @@ def standby_ready(agents: list[Launched], want: int | None = None) -> bool:
     return n == (len(agents) if want is None else want)
 
 
+def tree_cpu(pids: list[int]) -> float:
+    """CPU seconds (user + system) of these processes and every live descendant."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            top = psutil.Process(pid)
+            for p in [top, *top.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    total += own_cpu(p)
+    return total
+
+
 def first_start(lines: list[tuple[float, str]], launched_wall: float) -> float | None:
     """Launch -> the first training step of attempt 0 on both ranks (the later one), on
     the trainers' own clocks: their first ``timing: first_step`` line."""
@@ -342,6 +354,10 @@ def one_run(kind: str, tmp: Path, arbiter: str,
                    "--", sys.executable, TRAIN]
             procs.append(launch(cmd, env))
     try:
+        # the CPU the launch took up to its first step (launcher, trainers, standbys,
+        # helpers): unlike the wall time, barely moved by what else loads the machine
+        if wait(lambda: first_start(all_lines(procs), launched_wall) is not None, 90):
+            result["first_cpu"] = tree_cpu([lp.proc.pid for lp in procs])
         steady = wait(lambda: all(any(s >= STEADY_STEPS for _, s in
                                       steps_of(all_lines(procs), r)) for r in (0, 1)), 90)
         result["first"] = first_start(all_lines(procs), launched_wall)
@@ -566,7 +582,8 @@ def main() -> int:
                     continue
                 r = one_run(kind, tmp, arb.address, arb.log_text)
                 runs[kind].append(r)
-                print(f"  rep {rep + 1} {kind:17s} first start {_fmt(r.get('first'))}, "
+                print(f"  rep {rep + 1} {kind:17s} first start {_fmt(r.get('first'))} "
+                      f"({r.get('first_cpu', 0):.1f} CPU s), "
                       f"crash -> training {_fmt(r.get('again'))} "
                       f"(started {_fmt(r.get('started'))}) "
                       f"{r.get('error', '')} "
@@ -620,6 +637,13 @@ def report(runs: dict[str, list[dict[str, Any]]]) -> None:
         for kind in KINDS[1:]:
             if kind in first:
                 print(f"  {kind} / torchrun: {first[kind] / first['torchrun']:.2f}")
+    print("  CPU seconds of the launch up to its first step (launcher, trainers, standbys, "
+          "helpers; median):")
+    for kind, rs in runs.items():
+        cpu = [r["first_cpu"] for r in rs if r.get("first_cpu") is not None]
+        if cpu:
+            print(f"  {kind:17s} {statistics.median(cpu):5.2f} s  ({min(cpu):.2f}-"
+                  f"{max(cpu):.2f})")
     breakdown(runs)
     for kind in ("ftagent-warm", "ftagent-launcher", "ftagent-baseline"):
         warm = [s for r in runs.get(kind, []) for s in r.get("starts", [])]
