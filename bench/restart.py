@@ -219,9 +219,18 @@ def standby_ready(agents: list[Launched], want: int | None = None) -> bool:
                     maps = Path(f"/proc/{p.pid}/maps").read_text()
                 except OSError:
                     continue
-                if "libtorch" in maps and p.status() == psutil.STATUS_SLEEPING:
+                if "libtorch" in maps and waits_for_go(p.pid):
                     n += 1
     return n == (len(agents) if want is None else want)
+
+
+def waits_for_go(pid: int) -> bool:
+    """The standby's imports are done: it is blocked reading its go pipe (``sleeping``
+    alone is also true of a standby waiting for a page or a lock mid-import)."""
+    try:
+        return Path(f"/proc/{pid}/wchan").read_text().endswith("pipe_read")
+    except OSError:
+        return False
 
 
 def tree_cpu(pids: list[int]) -> float:
@@ -336,8 +345,13 @@ def one_run(kind: str, tmp: Path, arbiter: str,
         env = base_env(crash, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
         if kind == "ftagent-baseline":  # the same, from another checkout's ftagent/
             env["PYTHONPATH"] = BASELINE_ROOT[0]
+        # --restart-backoff 0: the restart path, not the backoff policy, is measured (as
+        # torchrun restarts at once); alert-only faults (a link of another test deleted
+        # on this host) count towards the local policy's quick-repeat backoff, which
+        # turned 2 of 10 restarts into 30 s waits on a shared machine
         cmd = [sys.executable, "-m", "ftagent", "run", "--standalone", "--nproc-per-node=2",
-               "--max-restarts=3", "--metrics-port=-1", "--log-level=warning",
+               "--max-restarts=3", "--restart-backoff=0", "--metrics-port=-1",
+               "--log-level=warning",
                f"--events-file={tmp / f'{job}-0.jsonl'}", "--", sys.executable, TRAIN]
         procs = [launch(cmd, env)]
     else:
@@ -483,7 +497,7 @@ def _ready_standbys(pid: int) -> int:
             if any("ftagent_standby" in a for a in _cmdline(p)):
                 with contextlib.suppress(OSError, psutil.Error):
                     if "libtorch" in Path(f"/proc/{p.pid}/maps").read_text() \
-                            and p.status() == psutil.STATUS_SLEEPING:
+                            and waits_for_go(p.pid):
                         n += 1
     return n
 
