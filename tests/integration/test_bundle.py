@@ -129,7 +129,7 @@ def test_warm_restart_from_the_bundle(bundle: Path, tmp_path: Path) -> None:
                       "            c = open('/proc/%s/cmdline' % p, 'rb').read()\n"
                       "        except OSError:\n"
                       "            continue\n"
-                      "        if int(st.split()[1]) == os.getppid() and b'standby' in c:\n"
+                      "        if int(st.split()[1]) == os.getppid() and b'ftagent_standby' in c:\n"
                       "            return True\n"
                       "t = time.monotonic() + 60\n"
                       "while n == 0 and not standby() and time.monotonic() < t:\n"
