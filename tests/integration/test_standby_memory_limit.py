@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ftagent.agent.standby_memory import memory_cgroup
-from tests.conftest import PY, ftagent_cmd, read_events
+from tests.conftest import PY, ftagent_cmd, read_events, wait_for
 from tests.integration.test_launcher import clean_env
 
 # Attempt 0 steps, and waits until the agent wrote down why it keeps no standby (what it
@@ -61,8 +61,17 @@ def limited_cgroup() -> Iterator[str]:
             pytest.skip(f"cannot limit a memory cgroup here ({e})")
         yield os.path.join(d, "cgroup.procs")
     finally:
-        with contextlib.suppress(OSError):
-            os.rmdir(d)
+        # the agent's watchdog outlives it by its sweep: the cgroup empties a moment later
+        wait_for(lambda: not _procs(d), 30, "the limited cgroup empty")
+        os.rmdir(d)
+
+
+def _procs(d: str) -> list[str]:
+    try:
+        with open(os.path.join(d, "cgroup.procs")) as f:
+            return f.read().split()
+    except FileNotFoundError:
+        return []
 
 
 def test_tight_memory_runs_without_standbys_and_says_so_once(tmp_path: Path) -> None:
