@@ -261,8 +261,8 @@ class SupervisorConfig:
         True, "--warm-restart", "keep a standby interpreter per worker that has imported "
         "the trainer's modules and becomes the next attempt (Python commands, when a "
         "restart can happen), started once the attempt reached its first step; it costs "
-        "host memory, ~250 MB per worker with torch, counted against the pod's limit "
-        "(default: on; --no-warm-restart: every start is cold)")
+        "host memory, ~250 MB per worker with torch, counted against the pod's limit; "
+        "--no-warm-restart: every start is cold (default: on)")
     warm_imports: tuple[str, ...] = opt(
         (), "--warm-imports", "modules the standby imports, comma-separated (default: "
         "learned from the script's import statements)", check=modules, metavar="MODULES")
