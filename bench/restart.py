@@ -14,13 +14,21 @@ clocks (their ``timing:`` lines); when those lines were read from the launcher's
       (tests/e2e/jobs.py's shape), which restarts both ranks at the next generation
   (c) ftagent warm: the same with the default --warm-restart: each rank's restart is its
       standby interpreter, which had imported torch (learned from train.py's imports)
+  (d) ftagent launcher: ``ftagent run --standalone --nproc-per-node 2`` with its defaults
+      (warm restarts on), the same shape as (a): one launcher for both workers
+
+Every run also measures the job's *first* start: from the launcher's start to the first
+training step on both ranks, on the trainers' own clocks (their ``timing: first_step``
+lines against the bench's ``time.time()`` at launch). Standbys start only once the
+attempt reached its first step (issue 26), so ftagent's first start should be
+torchrun's; the report prints each launcher's first start against torchrun's.
 
 Also the standby's memory (PSS) per worker, next to the trainer's, while (c) trains, and
 the breakdown of each launcher's restart: every mark's offset from the crash, from the
 trainers' own ``timing:`` lines (examples/train.py TRAIN_TIMING=1, time.time()), both
 agents' events files and the arbiter's timeline (its log), medians over the runs.
 
-    .venv/bin/python bench/restart.py [--reps 5] [--default-reps 4]
+    .venv/bin/python bench/restart.py [--reps 5] [--default-reps 4] [--kinds K,K...]
     .venv/bin/python bench/restart.py --overhead [--reps 3] [--window 30]
 
 --overhead: the launcher's own steady-state CPU and PSS on the same job, one launcher for
@@ -78,6 +86,8 @@ STAGES = [
     ("first_step", "the first training step done"),
 ]
 STEADY_STEPS = 20  # both ranks past this step before the crash
+KINDS = ("torchrun", "ftagent-cold", "ftagent-warm", "ftagent-launcher", "ftagent-baseline")
+BASELINE_ROOT = [""]  # --baseline-root: a checkout whose ftagent/ the baseline kind runs
 AGAIN_TIMEOUT = 60.0  # crash -> training again, else counted as a failed restart
 
 
@@ -181,9 +191,9 @@ def standby_memory(agents: list[Launched]) -> list[tuple[int, int]]:
             continue
         sb = [p for p in kids if any("ftagent_standby" in a for a in _cmdline(p))]
         tr = [p for p in kids if TRAIN in _cmdline(p)]
-        if sb and tr:
+        for s, t in zip(sb, tr, strict=False):  # the launcher: one pair per worker
             with contextlib.suppress(psutil.Error):
-                out.append((sb[0].memory_full_info().pss, tr[0].memory_full_info().pss))
+                out.append((s.memory_full_info().pss, t.memory_full_info().pss))
     return out
 
 
@@ -194,8 +204,9 @@ def _cmdline(p: psutil.Process) -> list[str]:
         return []
 
 
-def standby_ready(agents: list[Launched]) -> bool:
-    """Every rank has a standby that has loaded torch's library (it imports, then waits)."""
+def standby_ready(agents: list[Launched], want: int | None = None) -> bool:
+    """Every rank has a standby that has loaded torch's library (it imports, then waits):
+    ``want`` of them (default: one per agent)."""
     n = 0
     for lp in agents:
         try:
@@ -208,9 +219,43 @@ def standby_ready(agents: list[Launched]) -> bool:
                     maps = Path(f"/proc/{p.pid}/maps").read_text()
                 except OSError:
                     continue
-                if "libtorch" in maps and p.status() == psutil.STATUS_SLEEPING:
+                if "libtorch" in maps and waits_for_go(p.pid):
                     n += 1
-    return n == len(agents)
+    return n == (len(agents) if want is None else want)
+
+
+def waits_for_go(pid: int) -> bool:
+    """The standby's imports are done: it is blocked reading its go pipe (``sleeping``
+    alone is also true of a standby waiting for a page or a lock mid-import)."""
+    try:
+        return Path(f"/proc/{pid}/wchan").read_text().endswith("pipe_read")
+    except OSError:
+        return False
+
+
+def tree_cpu(pids: list[int]) -> float:
+    """CPU seconds (user + system) of these processes and every live descendant."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            top = psutil.Process(pid)
+            for p in [top, *top.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    total += own_cpu(p)
+    return total
+
+
+def first_start(lines: list[tuple[float, str]], launched_wall: float) -> float | None:
+    """Launch -> the first training step of attempt 0 on both ranks (the later one), on
+    the trainers' own clocks: their first ``timing: first_step`` line."""
+    firsts: dict[int, float] = {}
+    for _, t in lines:
+        for m in TIMING.finditer(t):
+            if m.group(2) == "first_step":
+                firsts.setdefault(int(m.group(1)), float(m.group(3)))
+    if len(firsts) < 2:
+        return None
+    return max(firsts.values()) - launched_wall
 
 
 def _what_happened(tmp: Path, job: str, lines: list[tuple[float, str]]) -> str:
@@ -287,11 +332,27 @@ def one_run(kind: str, tmp: Path, arbiter: str,
     crash = tmp / f"crash-{kind}-{time.monotonic_ns()}"
     port = free_port()
     result: dict[str, Any] = {"kind": kind}
+    job = ""
+    launched_wall = time.time()
     if kind.startswith("torchrun"):
         extra = {} if kind == "torchrun-default" else {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
         env = base_env(crash, **extra)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc-per-node=2", "--max-restarts=3", TRAIN]
+        procs = [launch(cmd, env)]
+    elif kind in ("ftagent-launcher", "ftagent-baseline"):
+        job = f"bench-{kind}-{time.monotonic_ns()}"
+        env = base_env(crash, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+        if kind == "ftagent-baseline":  # the same, from another checkout's ftagent/
+            env["PYTHONPATH"] = BASELINE_ROOT[0]
+        # --restart-backoff 0: the restart path, not the backoff policy, is measured (as
+        # torchrun restarts at once); alert-only faults (a link of another test deleted
+        # on this host) count towards the local policy's quick-repeat backoff, which
+        # turned 2 of 10 restarts into 30 s waits on a shared machine
+        cmd = [sys.executable, "-m", "ftagent", "run", "--standalone", "--nproc-per-node=2",
+               "--max-restarts=3", "--restart-backoff=0", "--metrics-port=-1",
+               "--log-level=warning",
+               f"--events-file={tmp / f'{job}-0.jsonl'}", "--", sys.executable, TRAIN]
         procs = [launch(cmd, env)]
     else:
         flags = ["--no-warm-restart"] if kind == "ftagent-cold" else []
@@ -307,10 +368,15 @@ def one_run(kind: str, tmp: Path, arbiter: str,
                    "--", sys.executable, TRAIN]
             procs.append(launch(cmd, env))
     try:
+        # the CPU the launch took up to its first step (launcher, trainers, standbys,
+        # helpers): unlike the wall time, barely moved by what else loads the machine
+        if wait(lambda: first_start(all_lines(procs), launched_wall) is not None, 90):
+            result["first_cpu"] = tree_cpu([lp.proc.pid for lp in procs])
         steady = wait(lambda: all(any(s >= STEADY_STEPS for _, s in
                                       steps_of(all_lines(procs), r)) for r in (0, 1)), 90)
-        if kind == "ftagent-warm" and steady:
-            steady = wait(lambda: standby_ready(procs), 60)
+        result["first"] = first_start(all_lines(procs), launched_wall)
+        if kind in ("ftagent-warm", "ftagent-launcher", "ftagent-baseline") and steady:
+            steady = wait(lambda: standby_ready(procs, 2), 60)
             result["memory"] = standby_memory(procs)
         if not steady:
             result["error"] = "never trained steadily"
@@ -346,9 +412,13 @@ def one_run(kind: str, tmp: Path, arbiter: str,
             per_rank: dict[int, list[dict[str, Any]]] = {}
             for rank in (0, 1):
                 p = tmp / f"{job}-{rank}.jsonl"
+                if not p.exists():  # the launcher: one events file, local_rank per line
+                    continue
                 rank_evs = [json.loads(ln) for ln in p.read_text().splitlines() if ln.strip()]
                 per_rank[rank] = rank_evs
                 evs += rank_evs
+            if kind in ("ftagent-launcher", "ftagent-baseline"):
+                per_rank = {r: [e for e in evs if e.get("local_rank") == r] for r in (0, 1)}
             result["starts"] = sorted(e["kind"] for e in evs if e["event"] == "standby")
             result["cold_reasons"] = sorted({str(e.get("reason"))[:120] for e in evs
                                              if e["event"] == "standby" and e["kind"] == "cold"})
@@ -427,7 +497,7 @@ def _ready_standbys(pid: int) -> int:
             if any("ftagent_standby" in a for a in _cmdline(p)):
                 with contextlib.suppress(OSError, psutil.Error):
                     if "libtorch" in Path(f"/proc/{p.pid}/maps").read_text() \
-                            and p.status() == psutil.STATUS_SLEEPING:
+                            and waits_for_go(p.pid):
                         n += 1
     return n
 
@@ -490,7 +560,15 @@ def main() -> int:
                     "(torchrun vs ftagent --nproc-per-node 2), REPS runs each")
     ap.add_argument("--window", type=float, default=30.0,
                     help="SECONDS of each --overhead measurement")
+    ap.add_argument("--kinds", default=",".join(KINDS[:4]),
+                    help=f"launchers to run, comma-separated, of {','.join(KINDS)}")
+    ap.add_argument("--baseline-root", default="",
+                    help="DIR of another checkout (e.g. before a change): kind "
+                    "ftagent-baseline runs ftagent-launcher with its ftagent/ package")
     args = ap.parse_args()
+    BASELINE_ROOT[0] = os.path.abspath(args.baseline_root) if args.baseline_root else ""
+    if "ftagent-baseline" in args.kinds.split(",") and not args.baseline_root:
+        ap.error("--kinds ftagent-baseline needs --baseline-root DIR")
     from ftagent.arbiter.process import ArbiterProcess
 
     if args.overhead:
@@ -505,12 +583,12 @@ def main() -> int:
     print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
     print(f"job: examples/train.py, 2 ranks, gloo (CPU), {STEP_SLEEP} s steps, crash of "
           f"rank 0 after step {STEADY_STEPS}", flush=True)
-    kinds = ["torchrun", "ftagent-cold", "ftagent-warm"]
+    kinds = [k for k in KINDS if k in args.kinds.split(",")]
     runs: dict[str, list[dict[str, Any]]] = {k: [] for k in [*kinds, "torchrun-default"]}
     with tempfile.TemporaryDirectory(prefix="bench-restart-") as d, ArbiterProcess() as arb:
         tmp = Path(d)
         for rep in range(max(args.reps, args.default_reps)):
-            order = kinds[rep % 3:] + kinds[:rep % 3]  # alternate who goes first
+            order = kinds[rep % len(kinds):] + kinds[:rep % len(kinds)]  # who goes first
             if rep < args.default_reps:
                 order.append("torchrun-default")
             for kind in order:
@@ -518,8 +596,10 @@ def main() -> int:
                     continue
                 r = one_run(kind, tmp, arb.address, arb.log_text)
                 runs[kind].append(r)
-                print(f"  rep {rep + 1} {kind:17s} "
-                      f"{_fmt(r.get('again'))} (started {_fmt(r.get('started'))}) "
+                print(f"  rep {rep + 1} {kind:17s} first start {_fmt(r.get('first'))} "
+                      f"({r.get('first_cpu', 0):.1f} CPU s), "
+                      f"crash -> training {_fmt(r.get('again'))} "
+                      f"(started {_fmt(r.get('started'))}) "
                       f"{r.get('error', '')} "
                       f"{' '.join(r.get('starts', []))} "
                       f"{'; '.join(r.get('cold_reasons', []))}", flush=True)
@@ -555,14 +635,37 @@ def report(runs: dict[str, list[dict[str, Any]]]) -> None:
             print(f"  {kind:17s} of which to 'started' (respawn, imports, model, DDP): "
                   f"{statistics.median(st):.2f} s")
     if "torchrun" in med:
-        for kind in ("ftagent-warm", "ftagent-cold"):
+        for kind in KINDS[1:]:
             if kind in med:
                 print(f"  {kind} / torchrun: {med[kind] / med['torchrun']:.2f}")
+    first: dict[str, float] = {}
+    print("\nfirst start -> first step on both ranks, the trainers' own clocks (median, "
+          "min-max):")
+    for kind, rs in runs.items():
+        ok = [r["first"] for r in rs if r.get("first") is not None]
+        if ok:
+            first[kind] = statistics.median(ok)
+            print(f"  {kind:17s} {first[kind]:5.2f} s  ({min(ok):.2f}-{max(ok):.2f}, "
+                  f"{len(ok)} runs)")
+    if "torchrun" in first:
+        for kind in KINDS[1:]:
+            if kind in first:
+                print(f"  {kind} / torchrun: {first[kind] / first['torchrun']:.2f}")
+    print("  CPU seconds of the launch up to its first step (launcher, trainers, standbys, "
+          "helpers; median):")
+    for kind, rs in runs.items():
+        cpu = [r["first_cpu"] for r in rs if r.get("first_cpu") is not None]
+        if cpu:
+            print(f"  {kind:17s} {statistics.median(cpu):5.2f} s  ({min(cpu):.2f}-"
+                  f"{max(cpu):.2f})")
     breakdown(runs)
-    warm = [s for r in runs["ftagent-warm"] for s in r.get("starts", [])]
-    print(f"  ftagent-warm restarts: {warm.count('warm')} warm, {warm.count('cold')} cold "
-          "(each rank's start, from the events files)")
-    mem = [m for r in runs["ftagent-warm"] for m in r.get("memory", [])]
+    for kind in ("ftagent-warm", "ftagent-launcher", "ftagent-baseline"):
+        warm = [s for r in runs.get(kind, []) for s in r.get("starts", [])]
+        if runs.get(kind):
+            print(f"  {kind} restarts: {warm.count('warm')} warm, {warm.count('cold')} "
+                  "cold (each rank's start, from the events files)")
+    mem = [m for k in ("ftagent-warm", "ftagent-launcher") for r in runs.get(k, [])
+           for m in r.get("memory", [])]
     if mem:
         sb = statistics.median(m[0] for m in mem) / 2**20
         tr = statistics.median(m[1] for m in mem) / 2**20
@@ -573,7 +676,7 @@ def report(runs: dict[str, list[dict[str, Any]]]) -> None:
 def breakdown(runs: dict[str, list[dict[str, Any]]]) -> None:
     """Where the restart's time goes: each mark's median offset from the crash, per
     launcher (torchrun's trainers print the same timing lines; its agent keeps no events)."""
-    kinds = [k for k in ("torchrun", "ftagent-cold", "ftagent-warm") if runs.get(k)]
+    kinds = [k for k in KINDS if runs.get(k)]
     print("\nbreakdown: seconds after the crash (median over the runs; the later rank):")
     print(f"  {'mark':17s}" + "".join(f"{k:>14s}" for k in kinds) + "  what")
     for mark, what in STAGES:

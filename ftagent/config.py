@@ -278,10 +278,17 @@ class SupervisorConfig:
     warm_restart: bool = opt(
         True, "--warm-restart", "keep a standby interpreter per worker that has imported "
         "the trainer's modules and becomes the next attempt (Python commands, when a "
-        "restart can happen; --no-warm-restart: every start is cold)")
+        "restart can happen), started once the attempt reached its first step; it costs "
+        "host memory, ~250 MB per worker with torch, counted against the pod's limit; "
+        "--no-warm-restart: every start is cold (default: on)")
     warm_imports: tuple[str, ...] = opt(
         (), "--warm-imports", "modules the standby imports, comma-separated (default: "
         "learned from the script's import statements)", check=modules, metavar="MODULES")
+    warm_restart_memory_share: float = opt(
+        0.9, "--warm-restart-memory-share", "start a standby only while the container's "
+        "memory (cgroup working set, plus the standbys it adds) stays under this share of "
+        "its memory limit; else restarts start cold (0: no check; no limit: no check)",
+        check=Range(0, 1), metavar="SHARE")
     stop_timeout: float = opt(
         30.0, "--stop-timeout", "grace after SIGTERM before every process of the trainer's "
         "tree is SIGKILLed", check=SECONDS, metavar="SECONDS")

@@ -191,6 +191,11 @@ class AgentMetrics:
         self.faults = counter("ftagent_faults", "Faults detected, by kind.", ["kind"])
         self.generation = gauge(
             "ftagent_job_generation", "The job generation this agent runs (arbiter).").labels(**i)
+        self.standby_memory = gauge(
+            "ftagent_standby_memory_bytes",
+            "Proportional set size (PSS) of the warm standby interpreters kept for the next "
+            "restart; host memory counted against the pod's limit (0: none, "
+            "--no-warm-restart).").labels(**i)
         # -- progress
         # The attempt's progress: absent until this attempt reports it (reset_progress).
         self._step = gauge("ftagent_training_step", "Last training step seen.")

@@ -21,7 +21,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 import psutil
@@ -112,6 +112,9 @@ class Agent:
             lambda attempt: (1, 2)
         # the one place a trainer is spawned: the seam warm standbys replace
         self.spawn_trainer: Callable[..., TrainerProcess] = TrainerProcess
+        # awaited when this worker's supervision ends, however it ends (the standbys'
+        # close): what they started is gone before the agent exits
+        self.on_close: list[Callable[[], Awaitable[None]]] = []
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -141,6 +144,11 @@ class Agent:
                 if self.tree():  # nothing of this trainer outlives its worker
                     await supervisor.kill_tree(self.trainer.pgid if self.trainer else None,
                                                procs=self.tree)
+                for close in self.on_close:
+                    try:
+                        await close()
+                    except Exception:
+                        log.exception("closing %r failed", close)
             self.events.write("exit", self.state.value, f"ftagent exits with {code}",
                               exit_status=code, restarts=self.restarts)
             self.events.close()

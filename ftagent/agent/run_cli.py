@@ -42,6 +42,7 @@ from ftagent.sources.progress import LogObservation
 
 if TYPE_CHECKING:
     from ftagent.agent.launcher import NodePlace
+    from ftagent.agent.standby_memory import StandbyBudget
     from ftagent.agent.tee import Writer
     from ftagent.agent.worker import WorkerGroup
 
@@ -102,7 +103,8 @@ def setup_logging(level: str, rank: int) -> None:
 def build_agent(cfg: RunConfig, environ: Mapping[str, str], rundir: str, *,
                 registry: CollectorRegistry | None = None, local_rank: int | None = None,
                 share: AgentMetrics | None = None, node_sources: bool = True,
-                group: WorkerGroup | None = None) -> Agent:
+                group: WorkerGroup | None = None,
+                budget: StandbyBudget | None = None) -> Agent:
     """One agent (the trainer's, or one launcher worker's with ``local_rank``: its series
     join ``share``'s families in the pod's ``registry``, ``node_sources`` says whether it
     carries the node's GPU and NIC sources, and its local policy decides with the node's
@@ -134,8 +136,11 @@ def build_agent(cfg: RunConfig, environ: Mapping[str, str], rundir: str, *,
     agent.metrics = metrics  # type: ignore[attr-defined]
     add_progress(agent, cfg, metrics, rundir)
     from ftagent.agent.standby import use_warm_restarts
+    from ftagent.agent.standby_memory import StandbyBudget
 
-    use_warm_restarts(agent, cfg, rundir)  # the spawn seam: a warm standby, else cold
+    if budget is None:  # one per process: the launcher's workers share theirs
+        budget = StandbyBudget(cfg.supervisor.warm_restart_memory_share)
+    use_warm_restarts(agent, cfg, rundir, budget)  # the spawn seam: a warm standby, else cold
     if node_sources:
         add_nic(agent, cfg, environ, registry, labels)
         add_gpu(agent, cfg, environ, registry, labels)
@@ -162,6 +167,9 @@ def build_workers(cfg: RunConfig, environ: Mapping[str, str], rundir: str) -> li
     command = launcher.worker_command(launch, cfg.command, environ, os.getcwd())
     group = WorkerGroup()
     registry = CollectorRegistry()
+    from ftagent.agent.standby_memory import StandbyBudget
+
+    budget = StandbyBudget(cfg.supervisor.warm_restart_memory_share)
     workers: list[Agent] = []
     logroot = ""
     if launch.log_dir or any(launcher.std_of(launch.tee, i) or
@@ -184,7 +192,7 @@ def build_workers(cfg: RunConfig, environ: Mapping[str, str], rundir: str) -> li
         env[WORKER_VAR] = str(i)
         share = workers[0].metrics if workers else None  # type: ignore[attr-defined]
         w = build_agent(wcfg, env, wdir, registry=registry, local_rank=i, share=share,
-                        node_sources=i == 0, group=group)
+                        node_sources=i == 0, group=group, budget=budget)
         if workers:
             w.reaper = workers[0].reaper  # one SIGCHLD handler reaps every worker
         w.tree = worker_tree(w, i)

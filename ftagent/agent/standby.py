@@ -33,10 +33,19 @@ itself *before* importing a warm module (``os.environ["OMP_NUM_THREADS"] = ...``
 ``import torch``) is not seen by that import -- set such variables in the pod's
 environment, or use ``--no-warm-restart``; ``/proc/PID/cmdline`` shows the bootstrap.
 
+When: the standby for attempt g+1 is started once attempt g reached its first step (a
+progress line or an SDK step: :class:`FirstStep`), or :data:`STANDBY_AFTER_SECONDS`
+after g started without one, never beside the trainer's own start-up: its imports would
+compete with the trainers' for the CPU and slow every job's first start (issue 26).
+
 Cost: one idle interpreter with the warm modules per worker (measured by bench/restart.py:
-the standby's PSS), kept only while a restart can follow the running attempt (an
-arbiter, or ``--max-restarts`` not spent yet). If the agent is SIGKILLed, the standby
-dies with it (PDEATHSIG, and the watchdog's sweep of its session and marker).
+the standby's PSS, ~230 MB with torch; the gauge ``ftagent_standby_memory_bytes``),
+kept only while a restart can follow the running attempt (an arbiter, or
+``--max-restarts`` not spent yet), and started only if the container's memory cgroup
+can afford it (``standby_memory.StandbyBudget``, ``--warm-restart-memory-share``). The
+agent closes its standbys when it ends (``Agent.on_close``: killed and reaped); if it
+is SIGKILLed, the standby dies with it (PDEATHSIG, and the watchdog's sweep of its
+session and marker).
 """
 
 from __future__ import annotations
@@ -57,8 +66,9 @@ from importlib import resources
 from typing import Any
 
 from ftagent.agent import containment, supervisor
+from ftagent.agent.standby_memory import StandbyBudget, pss_bytes
 from ftagent.agent.supervisor import ChildReaper, Started
-from ftagent.model import ProcessExit
+from ftagent.model import ProcessExit, Progress
 
 log = logging.getLogger("ftagent.standby")
 
@@ -75,6 +85,20 @@ _NO_ARG_FLAGS = set("bBdEIOPqsSuv")  # python flags that take no argument and ar
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 Record = Callable[..., None]  # events.write(event, kind, message, **fields)
+# A start without any step this long is given its standby anyway (--progress none, or
+# output no log format reads): the trainer's own start-up is most likely past by then.
+STANDBY_AFTER_SECONDS = 30.0
+
+
+@dataclass
+class _Pending:
+    """A standby to start once the attempt it follows reached its first step."""
+
+    command: tuple[str, ...]
+    env: dict[str, str]
+    reaper: ChildReaper
+    exited: asyncio.Future[ProcessExit]  # the attempt's trainer: no standby once it ended
+    timer: asyncio.TimerHandle
 
 
 @dataclass(frozen=True)
@@ -181,8 +205,10 @@ class Standby:
 
     def __init__(self, command: Sequence[str], env: Mapping[str, str], py: PythonCommand,
                  boot: str, imports: tuple[str, ...], reaper: ChildReaper,
-                 record: Record | None) -> None:
+                 record: Record | None,
+                 on_ready: Callable[[Standby], None] | None = None) -> None:
         self.command = tuple(command)
+        self._on_ready = on_ready  # once its imports are done (the budget measures it)
         self.env = dict(env)
         self.py = py
         self.cwd = os.getcwd()
@@ -278,6 +304,11 @@ class Standby:
             with contextlib.suppress(ValueError):
                 self.ready = json.loads(rest)
             log.debug("standby %d ready: %s", self.pid, rest[:300])
+            if self._on_ready is not None:
+                try:
+                    self._on_ready(self)
+                except Exception:
+                    log.exception("standby ready hook failed")
         elif word in ("warm", "cold"):
             self.outcome = line
             how = "warm start" if word == "warm" else f"cold start ({rest})"
@@ -311,16 +342,25 @@ class WarmStarter:
 
     def __init__(self, *, warm: bool = True, imports: tuple[str, ...] = (),
                  record: Record | None = None, workdir: str | None = None,
-                 wanted: Callable[[], bool] = lambda: True) -> None:
+                 wanted: Callable[[], bool] = lambda: True,
+                 budget: StandbyBudget | None = None,
+                 after: float = STANDBY_AFTER_SECONDS) -> None:
         self.warm = warm
         self.imports = imports
         self._wanted = wanted  # can the attempt being started be followed by a restart?
         self._record = record
         self._workdir = workdir  # where the bootstrap copy goes (None: a temp dir of its own)
+        self._budget = budget  # may the container afford one more standby? (None: yes)
+        self._after = after  # seconds after a start without a step before preparing anyway
         self._standbys: dict[int, Standby] = {}
+        self._pending: dict[int, _Pending] = {}  # slot -> the standby to start at its step
         self._dir: str | None = None
         self._boot: str | None = None
+        self._closed = False
+        self._refused = False  # the budget said no once (recorded once)
         self.last_how: dict[int, str] = {}  # slot -> "standby" | "cold: REASON"
+        if budget is not None:
+            budget.add(self)
 
     def start(self, command: Sequence[str], env: Mapping[str, str], reaper: ChildReaper,
               slot: int = 0) -> Started:
@@ -343,9 +383,42 @@ class WarmStarter:
             if self._record is not None:
                 self._record("standby", "cold", f"trainer cold start ({why})",
                              pid=started.popen.pid, reason=why)
-        if self.warm and self._wanted():
-            self._prepare(slot, command, env, reaper)
+        self._defer(slot, command, env, reaper, started.exited)
         return started
+
+    def _defer(self, slot: int, command: Sequence[str], env: Mapping[str, str],
+               reaper: ChildReaper, exited: asyncio.Future[ProcessExit]) -> None:
+        """The next standby starts when this attempt reached its first step
+        (:meth:`stepped`), or ``after`` seconds without one: never beside the trainer's
+        own start-up (its imports, model, rendezvous), which it would slow (issue 26)."""
+        old = self._pending.pop(slot, None)
+        if old is not None:
+            old.timer.cancel()
+        if not (self.warm and self._wanted()) or self._closed:
+            return
+        timer = asyncio.get_running_loop().call_later(self._after, self._due, slot)
+        self._pending[slot] = _Pending(tuple(command), dict(env), reaper, exited, timer)
+
+    def stepped(self) -> None:
+        """The running attempt reached a step: its standbys may start now."""
+        for slot in list(self._pending):
+            self._due(slot)
+
+    def _due(self, slot: int) -> None:
+        p = self._pending.pop(slot, None)
+        if p is None:
+            return
+        p.timer.cancel()
+        if p.exited.done() or self._closed or not self.warm:
+            return  # that attempt is over: a standby now is no faster than a cold start
+        if self._budget is not None and not self._budget.allow():
+            if not self._refused and self._record is not None:  # once per worker
+                self._record("standby", "off", "no standby: the container's memory is "
+                             "tight (--warm-restart-memory-share); restarts start cold",
+                             expected_bytes=self._budget.expected)
+            self._refused = True
+            return
+        self._prepare(slot, p.command, p.env, p.reaper)
 
     def _unfit(self, sb: Standby | None, command: Sequence[str],
                env: Mapping[str, str]) -> str | None:
@@ -372,7 +445,7 @@ class WarmStarter:
             return
         try:
             self._standbys[slot] = Standby(command, env, py, boot, self.imports, reaper,
-                                           self._record)
+                                           self._record, self._measure)
         except (OSError, supervisor.SpawnError) as e:
             log.warning("no standby for the next restart (%s): it will start cold", e)
 
@@ -397,14 +470,44 @@ class WarmStarter:
         """slot -> pid of the live standbys (tests, the bench)."""
         return {s: sb.pid for s, sb in self._standbys.items() if sb.alive}
 
-    def close(self) -> None:
-        """Kill every standby and remove the bootstrap copy (the agent is done)."""
+    def importing(self) -> int:
+        """Live standbys not ready yet: memory the cgroup may not show yet."""
+        return sum(1 for sb in self._standbys.values() if sb.alive and sb.ready is None)
+
+    def memory_bytes(self) -> float:
+        """PSS of the live standbys (the ``ftagent_standby_memory_bytes`` gauge, read at
+        scrape time)."""
+        return float(sum(pss_bytes(sb.pid) for sb in list(self._standbys.values())
+                         if sb.alive))
+
+    def _measure(self, sb: Standby) -> None:
+        """A standby is ready, its imports done: what the next ones are expected to cost."""
+        if self._budget is not None:
+            self._budget.measured(pss_bytes(sb.pid))
+
+    def close(self) -> list[asyncio.Future[ProcessExit]]:
+        """Kill every standby, start no more, remove the bootstrap copy (the agent is
+        done); returns the standbys' exits, to wait for (:meth:`aclose`)."""
+        self._closed = True
+        for p in self._pending.values():
+            p.timer.cancel()
+        self._pending.clear()
+        exits = []
         for sb in self._standbys.values():
             sb.kill()
+            exits.append(sb.exited)
         self._standbys.clear()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = self._boot = None
+        return exits
+
+    async def aclose(self, timeout: float = 5.0) -> None:
+        """:meth:`close`, then wait until every standby is reaped: the agent leaves
+        nothing for the containment watchdog's last-resort sweep."""
+        exits = [f for f in self.close() if not f.done()]
+        if exits:
+            await asyncio.wait(exits, timeout=timeout)
 
 
 def leave_idle(pid: int) -> int:
@@ -459,18 +562,40 @@ def _described(sig: int | None, code: int | None) -> str:
     return f" (exit status {code})"
 
 
-def use_warm_restarts(agent: Any, cfg: Any, rundir: str) -> WarmStarter:
+def use_warm_restarts(agent: Any, cfg: Any, rundir: str,
+                      budget: StandbyBudget | None = None) -> WarmStarter:
     """Wire one agent (or launcher worker) to start its trainers through a WarmStarter:
     warm when ``--warm-restart`` and a restart can follow the attempt being started (an
     arbiter, or ``--max-restarts`` not spent yet; a standby nobody will use costs memory
-    and CPU for nothing). The bootstrap copy lives in ``rundir``, removed with it; the
-    standbys die with the agent (PDEATHSIG)."""
+    and CPU for nothing), each started at the attempt's first step if ``budget`` (the
+    process's, shared by the launcher's workers) says the container can afford it. The
+    bootstrap copy lives in ``rundir``; the agent closes the standbys when it ends
+    (``agent.on_close``), and they die with it if it is killed (PDEATHSIG, the watchdog);
+    ``agent.metrics.standby_memory`` (if any) reads their PSS."""
     sup = cfg.supervisor
     arbiter = bool(cfg.arbiter.arbiter)
     restarts_possible = sup.max_restarts > 0 or arbiter
     starter = WarmStarter(warm=sup.warm_restart and restarts_possible,
                           imports=parse_warm_imports(sup.warm_imports),
                           record=agent.events.write, workdir=rundir,
-                          wanted=lambda: arbiter or agent.restarts < sup.max_restarts)
+                          wanted=lambda: arbiter or agent.restarts < sup.max_restarts,
+                          budget=budget)
     agent.spawn_trainer = functools.partial(supervisor.TrainerProcess, starter=starter)
+    agent.observers.append(FirstStep(starter))
+    agent.on_close.append(starter.aclose)
+    gauge = getattr(getattr(agent, "metrics", None), "standby_memory", None)
+    if gauge is not None:
+        gauge.set_function(starter.memory_bytes)
     return starter
+
+
+class FirstStep:
+    """An agent observer: the attempt's first step (a log line or the SDK) lets its
+    standby start (``WarmStarter.stepped``)."""
+
+    def __init__(self, starter: WarmStarter) -> None:
+        self.starter = starter
+
+    def observe(self, obs: object) -> None:
+        if isinstance(obs, Progress):
+            self.starter.stepped()

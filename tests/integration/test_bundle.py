@@ -117,10 +117,23 @@ def test_warm_restart_from_the_bundle(bundle: Path, tmp_path: Path) -> None:
     """The bundle carries the standby bootstrap (data, not code the bundle runs): the
     system Python's trainer restarts warm, and sees a fresh start's argv and path."""
     script = tmp_path / "train.py"
-    script.write_text("import json, os, sys\n"
+    script.write_text("import json, os, sys, time\n"
                       "n = int(os.environ['FTAGENT_RESTART_COUNT'])\n"
                       "print('attempt', n, sys.argv[1:], sys.path[0] == os.path.dirname("
                       "os.path.abspath(__file__)), flush=True)\n"
+                      "print('step=1 loss=1.0', flush=True)\n"  # the standby starts now
+                      "def standby():\n"
+                      "    for p in filter(str.isdigit, os.listdir('/proc')):\n"
+                      "        try:\n"
+                      "            st = open('/proc/%s/stat' % p).read().rsplit(')', 1)[1]\n"
+                      "            c = open('/proc/%s/cmdline' % p, 'rb').read()\n"
+                      "        except OSError:\n"
+                      "            continue\n"
+                      "        if int(st.split()[1]) == os.getppid() and b'ftagent_standby' in c:\n"
+                      "            return True\n"
+                      "t = time.monotonic() + 60\n"
+                      "while n == 0 and not standby() and time.monotonic() < t:\n"
+                      "    time.sleep(0.01)\n"
                       "sys.exit(7 if n == 0 else 0)\n")
     events = tmp_path / "events.jsonl"
     assert TRAINER_PY is not None
@@ -129,8 +142,8 @@ def test_warm_restart_from_the_bundle(bundle: Path, tmp_path: Path) -> None:
                       "--", TRAINER_PY, str(script), "--lr", "3"],
                      {"PATH": "/usr/bin:/bin"}, tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split("\n")[:2] == ["attempt 0 ['--lr', '3'] True",
-                                        "attempt 1 ['--lr', '3'] True"]
+    assert r.stdout.split("\n")[:4:2] == ["attempt 0 ['--lr', '3'] True",
+                                          "attempt 1 ['--lr', '3'] True"]
     starts = [json.loads(x) for x in events.read_text().splitlines()
               if json.loads(x)["event"] == "standby"]
     assert [s["kind"] for s in starts][-1:] == ["warm"], starts

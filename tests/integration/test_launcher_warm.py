@@ -77,11 +77,18 @@ def wait(name):
         time.sleep(0.01)
 
 if attempt == 0:
+    print("step=1 loss=1.0", flush=True)  # the first step: the worker's standby starts
     wait("crash" if lr == int(os.environ["CRASH_RANK"]) else "never")
     sys.exit(3)
 import ftagent.sdk  # learned, so imported by the standby: reaches this worker's agent
-ftagent.sdk.step(100 + lr)
-wait("finish")
+deadline = time.monotonic() + 120
+while not os.path.exists(os.path.join(os.environ["GO_DIR"], "finish")):
+    # stepping until told to finish: the events file keeps a step per 2 s at most, and
+    # attempt 0's step may have been less than that before
+    ftagent.sdk.step(100 + lr)
+    if time.monotonic() > deadline:
+        sys.exit("no finish within 120 s")
+    time.sleep(0.05)
 """
 
 
@@ -309,13 +316,27 @@ def test_no_standby_is_kept_once_the_restart_budget_is_spent(tmp_path: Path) -> 
         job.touch("crash")
         second = job.wait_dumps(1)
         assert {d["pid"] for d in second.values()} == {p.pid for p in sb0.values()}
-        # a standby is spawned with the trainer it would follow, before that trainer runs
-        # a line of the script: none now, as no restart can follow this attempt
+        # a standby is spawned in the same loop callback as the attempt's first step is
+        # written to the events file: none once every worker's step is, as no restart can
+        # follow this attempt
+        wait_for(lambda: {e["local_rank"] for e in read_events(job.events)
+                          if e["event"] == "progress" and e["step"] >= 100} == {0, 1},
+                 30, "an SDK step from every warm trainer")
         assert job.standbys({d["pid"] for d in second.values()}) == {}
         job.touch("finish")
         assert job.agent.wait(60) == 0, job.output()
     finally:
         job.stop()
+
+
+def standby_count(agent: int) -> int:
+    n = 0
+    for p in psutil.Process(agent).children():
+        try:
+            n += any("ftagent_standby" in a for a in p.cmdline())
+        except psutil.Error:
+            continue
+    return n
 
 
 @needs_torch
@@ -325,10 +346,23 @@ def test_real_gloo_job_of_two_workers_heals_warm(tmp_path: Path) -> None:
                       "--master-port", str(free_port()), "--max-restarts", "1",
                       "--restart-backoff", "0", "--log-dir", str(logs), "--tee", "3",
                       cmd=[TRAIN])
-    env = clean_env(TRAIN_STEPS="6", TRAIN_STEP_SLEEP="0.05", FAULT_RANK="1",
-                    FAULT_CRASH_AT_STEP="3", TRAIN_PG_TIMEOUT="60")
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr[-4000:]
+    crash = tmp_path / "crash"
+    env = clean_env(TRAIN_STEPS="40", TRAIN_STEP_SLEEP="0.05", FAULT_RANK="1",
+                    FAULT_CRASH_ON_FILE=str(crash), TRAIN_PG_TIMEOUT="60")
+    agent = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        # the standbys start at the workers' first step, not beside their start-up: rank 1
+        # crashes once both exist (a crash before that restarts cold)
+        wait_for(lambda: agent.poll() is not None or standby_count(agent.pid) == 2,
+                 120, "a standby per worker after the first step")
+        crash.touch()
+        _, err = agent.communicate(timeout=300)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+    assert agent.returncode == 0, err[-4000:]
     ev = read_events(events)
     crashes = [e for e in ev if e["event"] == "fault" and e["kind"] == "crash"]
     assert [(e["local_rank"], e["exit_code"]) for e in crashes] == [(1, 3)]
@@ -343,4 +377,4 @@ def test_real_gloo_job_of_two_workers_heals_warm(tmp_path: Path) -> None:
     (root,) = logs.iterdir()
     for lr in (0, 1):  # both ranks trained again, to the last step
         out = (root / "attempt_1" / str(lr) / "stdout.log").read_text()
-        assert f"[rank{lr}] step=6/6" in out, out[-2000:]
+        assert f"[rank{lr}] step=40/40" in out, out[-2000:]

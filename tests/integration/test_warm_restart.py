@@ -34,9 +34,26 @@ PRE = "warmmark" in sys.modules
 import json, time
 import warmmark
 
+def standbys():  # the agent's standbys: siblings of this trainer
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/stat" % pid, "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                if ppid == os.getppid() and b"ftagent_standby" in f.read():
+                    out.append(int(pid))
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
 def main():
     attempt = int(os.environ["FTAGENT_RESTART_COUNT"])
     if attempt == 0:
+        # no standby beside the trainer's own start-up: it comes at the first step
+        with open(os.environ["MARK_DIR"] + "/../early", "w") as f:
+            f.write(str(len(standbys())))
+        print("step=1 loss=1.0", flush=True)
         deadline = time.monotonic() + 60
         mark = os.environ["MARK_DIR"]
         while not [f for f in os.listdir(mark) if f != "imported.%d" % os.getpid()
@@ -80,7 +97,7 @@ def run_agent(tmp: Path, script: Path, env: dict[str, str], *flags: str,
               ) -> tuple[subprocess.CompletedProcess[bytes], list[dict[str, Any]]]:
     events = tmp / f"events{len(list(tmp.glob('events*')))}.jsonl"
     cmd = ftagent_cmd("--max-restarts", "1", "--events-file", str(events), "--log-level",
-                      "error", "--progress", "none", *flags, cmd=[PY, str(script), *args])
+                      "error", *flags, cmd=[PY, str(script), *args])
     r = subprocess.run(cmd, capture_output=True, timeout=timeout, cwd=tmp,
                        env=dict(os.environ, **env))
     return r, read_events(events)
@@ -100,6 +117,8 @@ def test_warm_worker_is_the_standby_and_looks_like_a_fresh_start(tmp_path: Path)
     assert r.returncode == 0, r.stderr.decode()
     warm = report(tmp_path)
     assert [e["kind"] for e in standby_events(events)] == ["warm"]
+    # the standby was started at the first step, not beside the trainer's start-up
+    assert (tmp_path / "early").read_text() == "0"
     # warmmark was imported before the go, by this very process (learned from the script)
     assert warm["pre"] is True and warm["mark_pid"] == warm["pid"]
     assert (tmp_path / "mark" / f"imported.{warm['pid']}").exists()
@@ -183,9 +202,10 @@ def test_a_failing_warm_import_starts_cold(tmp_path: Path) -> None:
 
 
 def test_sigkill_of_the_agent_leaves_no_standby(tmp_path: Path) -> None:
-    script, env = setup(tmp_path, "import time, warmmark\ntime.sleep(120)\n")
-    agent = popen(ftagent_cmd("--max-restarts", "3", "--progress", "none",
-                              cmd=[PY, str(script)]), env=env, cwd=tmp_path,
+    script, env = setup(tmp_path, "import time, warmmark\nprint('step=1 loss=1.0', "
+                        "flush=True)\ntime.sleep(120)\n")
+    agent = popen(ftagent_cmd("--max-restarts", "3", cmd=[PY, str(script)]), env=env,
+                  cwd=tmp_path,
                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         marks = wait_for(lambda: len(os.listdir(tmp_path / "mark")) >= 2 and
