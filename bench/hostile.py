@@ -47,6 +47,8 @@ DEADLINE = 2.0  # a call that takes longer counts as this long
 MAX_STACKS = 512 * 1024  # ftagent.wire.limits.MAX_STACKS (not imported: the bench runs
 # against older trees too, to compare)
 GOAL = 0.100
+MAX_RANKS_PER_JOB = 100_000  # ftagent.arbiter.registry's (--max-ranks-per-job): the largest
+# world a Hello may claim
 
 
 def whitespace_stacks(size: int) -> str:
@@ -156,7 +158,7 @@ async def attack(address: str, seconds: float, stacks_bytes: int,
         while time.monotonic() < end:
             n += 1
             c = channel.stream_stream(CONNECT)()
-            await c.write(hello(f"hostile-job-{n}", n % 1000, 1_000_000))
+            await c.write(hello(f"hostile-job-{n}", n % 1000, MAX_RANKS_PER_JOB))
             await c.read()
             sent["hellos"] += 1
             c.cancel()
