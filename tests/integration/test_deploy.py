@@ -507,8 +507,8 @@ def _rules(obj: dict[str, Any]) -> set[tuple[str, str, str]]:
 @needs_kubectl
 def test_the_arbiter_may_do_exactly_what_it_calls() -> None:
     """The verbs of kube/lease.py, kube/job_record.py, the TLS Secret (namespaced) and of the
-    cluster actions (kube/actuator.py, recorder.py, cluster.py's watches, TokenReviews),
-    nothing more."""
+    cluster actions (kube/actuator.py, recorder.py, cluster.py's watches, TokenReviews,
+    uninjected.py's namespace watch), nothing more."""
     objs = index(kustomize("deploy"))
     role = objs[("Role", "ftagent-arbiter")]
     assert role["metadata"]["namespace"] == "ftagent-system"
@@ -523,6 +523,7 @@ def test_the_arbiter_may_do_exactly_what_it_calls() -> None:
         ("", "pods", v) for v in ("list", "watch", "delete", "patch")} | {
         ("", "nodes", v) for v in ("get", "list", "watch", "update")} | {
         ("", "events", v) for v in ("create", "patch")} | {
+        ("", "namespaces", v) for v in ("list", "watch")} | {
         ("batch", "jobs", "get"), ("jobset.x-k8s.io", "jobsets", "get"),
         ("authentication.k8s.io", "tokenreviews", "create")}
     for kind in ("RoleBinding", "ClusterRoleBinding"):
