@@ -64,6 +64,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ftagent import __version__
 from ftagent.kube.identity import (
     Identity,
     annotations_of,
@@ -99,7 +100,7 @@ SKIP_REASONS = ("not a pod", "opted out", "no containers", "no trainer container
 class Settings:
     """How the webhook injects (flags of ``ftagent webhook``)."""
 
-    image: str = "ghcr.io/ftagent/ftagent:0.1.0"
+    image: str = f"ghcr.io/ftagent/ftagent:{__version__}"
     arbiter: str = ""  # HOST:PORT for FTAGENT_ARBITER ("" : agents decide locally)
     # the arbiter's CA (PEM) as of now, "" for none: the webhook re-reads its file
     arbiter_ca: Callable[[], str] | None = None

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ftagent import __version__
 from ftagent.config import (
     ConfigError,
     HelpFormatter,
@@ -73,8 +74,9 @@ class WebhookConfig:
                               "MutatingWebhookConfiguration", metavar="NAME")
     tls_secret: str = opt("ftagent-webhook-tls", "--tls-secret", "Secret the replicas share "
                           "the self-signed certificate in", metavar="NAME")
-    image: str = opt("ghcr.io/ftagent/ftagent:0.1.0", "--image", "ftagent image of the init "
-                     "container that copies the agent into the pod", metavar="IMAGE")
+    image: str = opt(f"ghcr.io/ftagent/ftagent:{__version__}", "--image", "ftagent image "
+                     "of the init container that copies the agent into the pod",
+                     metavar="IMAGE")
     arbiter: str = opt("", "--arbiter", "arbiter HOST:PORT the agents connect to (none: "
                        "agents decide locally)", check=host_port, metavar="HOST:PORT")
     arbiter_ca: str = opt("", "--arbiter-ca", "the arbiter's CA bundle (PEM) that agents "
