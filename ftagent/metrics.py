@@ -371,6 +371,18 @@ class ArbiterMetrics:
         self.cordons = Counter("ftagent_arbiter_cordons",
                                "Nodes cordoned and tainted by this arbiter (--kube), by node "
                                "and fault kind.", ["node", "kind"], registry=registry)
+        self.cordons_skipped = Counter(
+            "ftagent_arbiter_cordons_skipped",
+            "Cordons the circuit breaker skipped (--max-cordon-fraction, --max-cordons): the "
+            "pods were still replaced.", registry=registry)
+        self.actions_failed = Counter(
+            "ftagent_arbiter_actions_failed",
+            "Cluster actions of a decision that could not be carried out (refused by RBAC, "
+            "retries spent, an error), by action: cordon, delete_pod, force_delete.",
+            ["action"], registry=registry)
+        self.leader = Gauge(
+            "ftagent_arbiter_leader", "1 while this replica leads: holds the Lease "
+            "(--leader-elect), or runs without leader election.", registry=registry)
 
     def watch_jobs(self, snapshot: Callable[[], Iterable[JobSnapshot]]) -> None:
         """Export every job ``snapshot`` returns at scrape time (``JobCollector``)."""

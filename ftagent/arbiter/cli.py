@@ -565,6 +565,9 @@ def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
     server.on_node_report.append(cluster.node_reported)
     cluster.on_cordon = lambda node, kind: server.metrics.cordons.labels(
         node=node[:253], kind=kind[:64]).inc()  # prometheus_client counters: thread-safe
+    cluster.on_action_failed = lambda action: server.metrics.actions_failed.labels(
+        action=action).inc()
+    cluster.on_cordon_skipped = server.metrics.cordons_skipped.inc
     server.on_registry.append(cluster.rebind)  # each term as leader has its own registry
     loop = asyncio.get_running_loop()
     start_watches(cluster, kube, loop, threading.Event())

@@ -152,6 +152,7 @@ class ArbiterServer:
         # term as leader starts from a fresh one (history read again, agents re-register),
         # so nothing of an earlier term can act. Cluster hooks re-attach via on_registry.
         self.leading = not settings.leader_elect
+        self.metrics.leader.set_function(lambda: float(self.leading))
         self._term = 0
         self._conns: set[Connection] = set()
         self._streams: dict[str, int] = {}  # open Connect streams per principal name

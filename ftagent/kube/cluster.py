@@ -95,6 +95,10 @@ class Cluster:
         self.active: Callable[[], bool] = lambda: True
         # A cordon made (node, fault kind): the arbiter counts it in its /metrics
         self.on_cordon: Callable[[str, str], None] = lambda node, kind: None
+        # a cluster action that could not be carried out (cordon, delete_pod, force_delete),
+        # and a cordon the breaker skipped: the arbiter's metrics count them
+        self.on_action_failed: Callable[[str], None] = lambda action: None
+        self.on_cordon_skipped: Callable[[], None] = lambda: None
         self.api_client = api_client
         self.actuator = actuator or Actuator(api_client, clock=clock)
         self.recorder = Recorder(api_client, self.actuator, component=settings.component,
@@ -337,6 +341,7 @@ class Cluster:
             return True
         msg = f"node {node} not cordoned: {v.reason}"
         log.warning("%s (job %s)", msg, who)
+        self.on_cordon_skipped()
         self.registry.timeline.add(now, job.job, job.namespace, job.generation,
                                    "decision", msg, rank=d.rank, fault_id=d.fault_id)
         self._event(job, rs.pod if rs else "", "Warning", "CordonSkipped", msg, now)
@@ -409,8 +414,9 @@ class Cluster:
                                 f"node {node} cordoned and tainted ftagent.io/fault={kind}:"
                                 f"NoSchedule: {reason}", now)
             except (Forbidden, GaveUp):
-                pass
+                self.on_action_failed("cordon")
             except Exception:
+                self.on_action_failed("cordon")
                 log.exception("cordoning node %s failed", node)
         for ns, name, uid in pods:
             try:
@@ -418,8 +424,9 @@ class Cluster:
                     self._event(job, name, "Warning", "PodDeleted", f"pod {name} deleted so "
                                 "that its controller replaces it: " + reason, now)
             except (Forbidden, GaveUp):
-                pass
+                self.on_action_failed("delete_pod")
             except Exception:
+                self.on_action_failed("delete_pod")
                 log.exception("deleting pod %s/%s failed", ns, name)
 
     def _force_delete(self, ns: str, name: str, uid: str, stuck: float) -> None:
@@ -428,7 +435,7 @@ class Cluster:
                 log.warning("force-deleted pod %s/%s, Terminating for %.0fs (past "
                             "--force-delete-after)", ns, name, stuck)
         except (Forbidden, GaveUp):
-            pass
+            self.on_action_failed("force_delete")
 
     # ------------------------------------------------------------------ Events, annotations
 

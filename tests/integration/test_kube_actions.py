@@ -168,6 +168,7 @@ def test_forbidden_is_one_log_line_and_the_decision_still_reaches_the_agents(
         caplog: pytest.LogCaptureFixture) -> None:
     async def body() -> None:
         async with cluster(node_notready_grace=0.2, max_cordon_fraction=0.5) as s:
+            s.cluster.on_action_failed = failed.append
             s.fake.forbid("update", "nodes")
             s.fake.forbid("delete", "pods")
             for node in ("node-1", "node-3"):
@@ -179,6 +180,11 @@ def test_forbidden_is_one_log_line_and_the_decision_still_reaches_the_agents(
             await wait_until(lambda: job.generation == 2, 20, "the second node's decision")
             await wait_until(lambda: s.fake.count("delete", "pods") >= 2, 20, "2nd delete")
             await wait_until(lambda: s.fake.count("update", "nodes") >= 2, 20, "2nd cordon")
+            # what ftagent_arbiter_actions_failed_total{action} counts: each refused action
+            await wait_until(lambda: sorted(failed) == ["cordon", "cordon", "delete_pod",
+                                                        "delete_pod"], 20, "failures counted")
+
+    failed: list[str] = []
     with caplog.at_level(logging.ERROR, logger="ftagent.kube.actuator"):
         run(body)
     lines = [r.getMessage() for r in caplog.records if "403 Forbidden" in r.getMessage()]
@@ -214,6 +220,8 @@ def test_a_conflict_is_retried_with_the_fresh_node_and_a_500_with_backoff() -> N
 def test_the_circuit_breaker_stops_a_rule_that_blames_every_node() -> None:
     async def body() -> None:
         async with cluster(world=8, nodes=8, max_cordon_fraction=0.25) as s:
+            skips: list[None] = []
+            s.cluster.on_cordon_skipped = lambda: skips.append(None)
             for r in range(8):  # a bad rule: every node's GPU is "fatal" (node agents too)
                 s.cluster.node_reported(f"node-{r}", [f"node-bad-{r}"], {"gpu"})
                 job = s.reg.jobs[(NS, "llm")]
@@ -228,6 +236,7 @@ def test_the_circuit_breaker_stops_a_rule_that_blames_every_node() -> None:
             skipped = [e for e in s.reg.timeline.entries("llm", NS, 0)
                        if "not cordoned: circuit breaker" in e.message]
             assert len(skipped) == 3  # budget 5: five REPLACEs, two cordons
+            assert len(skips) == 3  # ftagent_arbiter_cordons_skipped_total
     run(body)
 
 

@@ -210,6 +210,15 @@ async def _standby_refuses(fake: FakeKube, arbiters: list[Arbiter]) -> None:
     assert grpc_health(standby.address) == health_pb2.HealthCheckResponse.NOT_SERVING
     assert http_status(standby.metrics, "/readyz") == 503
     assert http_status(standby.metrics, "/healthz") == 200
+    # what the "no leader" alert reads: one leader, one standby
+    assert [leader_gauge(a.metrics) for a in (leader, standby)] == [1.0, 0.0]
+
+
+def leader_gauge(port: int) -> float | None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+        text = r.read().decode()
+    m = re.search(r"^ftagent_arbiter_leader (\S+)$", text, re.M)
+    return float(m.group(1)) if m else None
 
 
 def test_sigkill_the_leader_and_the_standby_decides_for_every_agent(
