@@ -1,0 +1,169 @@
+"""The goodput ledger (arbiter/ledger.py): each fault's shape, categories that sum to the
+wall time, recomputed steps equal to the steps redone (pure, injected times)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftagent.arbiter.ledger import CATEGORIES, Ledger
+
+
+def steps(led: Ledger, gen: int, first: int, last: int, t0: float, dt: float,
+          ranks: int = 2) -> float:
+    """Every rank completes steps first..last, one every ``dt`` from ``t0``; returns the
+    time of the last one."""
+    t = t0
+    for s in range(first, last + 1):
+        t = t0 + (s - first) * dt
+        for r in range(ranks):
+            led.progress(r, gen, s, t)
+    return t
+
+
+def check_sum(led: Ledger, now: float) -> dict[str, float]:
+    b = led.breakdown(now)
+    assert set(b.seconds) == set(CATEGORIES)
+    assert sum(b.seconds.values()) == pytest.approx(b.wall, abs=1e-9)
+    assert b.wall == pytest.approx(now - led.start, abs=1e-9)
+    assert all(v >= 0 for v in b.seconds.values()), b.seconds
+    return b.seconds
+
+
+def test_no_fault_startup_then_productive() -> None:
+    led = Ledger(100.0, world_size=2)
+    led.progress(0, 0, 1, 110.0)
+    assert check_sum(led, 111.0)["startup"] == pytest.approx(11.0)  # rank 1 not there yet
+    led.progress(1, 0, 1, 112.0)
+    last = steps(led, 0, 2, 50, 113.0, 1.0)
+    led.end(last)
+    s = check_sum(led, last)
+    assert led.breakdown(500.0).seconds == s  # ended: later time does not count
+    assert s["startup"] == pytest.approx(12.0)
+    assert s["productive"] == pytest.approx(last - 112.0)
+    assert led.breakdown(500.0).recomputed_steps == 0
+    assert led.breakdown(500.0).ettr == pytest.approx((last - 112.0) / (last - 100.0))
+
+
+def test_crash_shape_and_recomputed_steps() -> None:
+    """Steps 1..40 at 1 s each from t=10; checkpoint at 30; crash at step 40 (t=49.5);
+    the agent sees it at once, the barrier is released at 52, the new generation's first
+    step is 31 at 60."""
+    led = Ledger(0.0, world_size=2)
+    steps(led, 0, 1, 40, 10.0, 1.0)
+    led.restart(1, 50.0, kind="crash", onset=49.5, detected=49.5)
+    led.released(1, 52.0)
+    assert check_sum(led, 55.0)["restart"] == pytest.approx(3.0)
+    steps(led, 1, 31, 45, 60.0, 1.0)
+    s = check_sum(led, 74.0)
+    b = led.breakdown(74.0)
+    assert s["startup"] == pytest.approx(10.0)
+    assert s["detection"] == pytest.approx(0.0)
+    assert s["decision"] == pytest.approx(2.5)  # 49.5 -> 52
+    assert s["restart"] == pytest.approx(8.0)  # 52 -> 60
+    # step 30 was done at t=39: 39 -> 49.5 was redone
+    assert s["recomputed"] == pytest.approx(10.5)
+    assert s["productive"] == pytest.approx((39.0 - 10.0) + (74.0 - 60.0))
+    assert b.recomputed_steps == 10  # steps 31..40
+    (inc,) = b.incidents
+    assert inc.resume_source == "first_step" and inc.resumed == 30 and inc.reached == 40
+    d = inc.durations()
+    assert d == {"detect": 0.0, "decide": pytest.approx(2.5), "restart": pytest.approx(8.0),
+                 "recompute": pytest.approx(10.5)}
+
+
+def test_hang_detection_runs_from_the_last_step() -> None:
+    led = Ledger(0.0, world_size=2)
+    steps(led, 0, 1, 20, 5.0, 1.0)  # last step at 24
+    led.restart(1, 60.0, kind="hang", onset=24.0, detected=59.0)
+    led.released(1, 65.0)
+    steps(led, 1, 1, 3, 70.0, 1.0)  # no checkpoint: starts over from step 1
+    s = check_sum(led, 72.0)
+    assert s["detection"] == pytest.approx(35.0)
+    assert s["decision"] == pytest.approx(6.0)
+    assert s["restart"] == pytest.approx(5.0)
+    assert s["recomputed"] == pytest.approx(19.0)  # everything after step 0: 5 -> 24
+    assert s["productive"] == pytest.approx(2.0)
+    assert led.breakdown(72.0).recomputed_steps == 20
+
+
+def test_reported_resume_step_wins_over_the_first_step() -> None:
+    led = Ledger(0.0, world_size=1)
+    steps(led, 0, 1, 10, 0.0, 1.0, ranks=1)  # step 1 at 0 ... step 10 at 9
+    led.restart(1, 10.0, kind="crash", onset=9.0, detected=9.0)
+    led.resumed(1, 5)  # "loaded checkpoint from iteration 5"
+    led.released(1, 11.0)
+    steps(led, 1, 8, 9, 12.0, 1.0, ranks=1)  # first summary seen at step 8
+    b = led.breakdown(13.0)
+    assert b.recomputed_steps == 5
+    assert b.seconds["recomputed"] == pytest.approx(5.0)  # step 5 at 4 -> 9
+    assert b.incidents[0].resume_source == "reported"
+
+
+def test_two_restarts_before_progress_is_kept_again() -> None:
+    """Gen 1 crashes before passing the checkpoint gen 0 had: the recompute of the second
+    incident reaches back over gen 1 into gen 0 without counting anything twice."""
+    led = Ledger(0.0, world_size=1)
+    steps(led, 0, 1, 20, 0.0, 1.0, ranks=1)  # step 20 at 19
+    led.restart(1, 20.0, onset=19.0, detected=19.0)
+    led.released(1, 21.0)
+    steps(led, 1, 11, 15, 22.0, 1.0, ranks=1)  # resumed after 10; step 15 at 26
+    led.restart(2, 27.0, onset=26.0, detected=26.0)
+    led.released(2, 28.0)
+    steps(led, 1, 11, 11, 0.0, 1.0, ranks=1)  # a late summary of gen 1: ignored
+    steps(led, 2, 6, 7, 29.0, 1.0, ranks=1)  # resumed after 5
+    b = led.breakdown(30.0)
+    check_sum(led, 30.0)
+    assert [i.recomputed_steps for i in b.incidents] == [10, 10]
+    assert b.recomputed_steps == 20
+    # gen 0: step 5 at 4 -> 19 redone (15 s); gen 1: 22 -> 26 (4 s)
+    assert b.seconds["recomputed"] == pytest.approx(19.0)
+    assert b.seconds["productive"] == pytest.approx(4.0 + 1.0)
+
+
+def test_skewed_agent_clocks_stay_inside_the_wall_time() -> None:
+    led = Ledger(100.0, world_size=1)
+    led.progress(0, 0, 1, -1e12)  # a step "before" the job started
+    steps(led, 0, 2, 5, 101.0, 1.0, ranks=1)
+    led.restart(1, 110.0, onset=1e12, detected=-5.0)  # nonsense fault times
+    led.released(1, 109.0)  # released "before" the decision
+    led.progress(0, 1, 3, 1e12)
+    s = check_sum(led, 1e12 + 1)
+    assert s["restart"] >= 0
+
+
+def test_unknown_resume_is_none_not_guessed() -> None:
+    led = Ledger(0.0, world_size=2)
+    steps(led, 0, 1, 5, 1.0, 1.0)
+    led.restart(1, 10.0, onset=6.0, detected=6.0)
+    b = led.breakdown(12.0)
+    assert b.incidents[0].recomputed_steps is None  # the new generation has no step yet
+    assert b.recomputed_steps == 0
+    led.released(1, 11.0)
+    check_sum(led, 12.0)
+
+
+def test_exported_counters_never_go_down() -> None:
+    led = Ledger(0.0, world_size=1)
+    steps(led, 0, 1, 10, 0.0, 1.0, ranks=1)
+    before = led.exported(9.0)["productive"]
+    led.restart(1, 10.0, onset=9.0, detected=9.0)
+    led.released(1, 10.0)
+    steps(led, 1, 1, 2, 11.0, 1.0, ranks=1)
+    after = led.exported(12.0)
+    assert after["productive"] >= before
+    assert led.breakdown(12.0).seconds["productive"] < before
+
+
+def test_carried_totals_continue_after_an_arbiter_restart() -> None:
+    led = Ledger(1000.0, world_size=1, carried={"productive": 50.0, "startup": 5.0})
+    led.progress(0, 3, 100, 1010.0)  # the job went on while the arbiter was away
+    s = check_sum_carried(led, 1020.0, 55.0)
+    assert s["productive"] == pytest.approx(60.0)
+    assert s["unattributed"] == pytest.approx(10.0)
+
+
+def check_sum_carried(led: Ledger, now: float, carried: float) -> dict[str, float]:
+    b = led.breakdown(now)
+    assert sum(b.seconds.values()) == pytest.approx(b.wall, abs=1e-9)
+    assert b.wall == pytest.approx(now - led.start + carried)
+    return b.seconds
