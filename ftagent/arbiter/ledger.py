@@ -30,13 +30,14 @@ between adjacent categories at most, never outside the job's wall time.
 from __future__ import annotations
 
 import enum
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 CATEGORIES = ("startup", "productive", "recomputed", "detection", "decision", "restart",
               "unattributed")
 SAMPLES_KEPT = 4096  # (time, step) points kept per training stretch, for interpolation
 INCIDENTS_KEPT = 64  # per job, the newest
+FAULTS_KEPT = 64  # faults remembered until a decision names them
 
 
 class Mode(str, enum.Enum):
@@ -129,11 +130,12 @@ class Ledger:
     """One job's wall time, placed as events arrive (see the module docstring).
 
     ``carried``: seconds per category from before an arbiter restart (the job's history
-    record); they are added to what this ledger places from ``start`` on.
+    record); they are added to what this ledger places from ``start`` on. ``midway``: the
+    job was already running when the ledger started (no startup to attribute).
     """
 
     def __init__(self, start: float, world_size: int = 1,
-                 carried: dict[str, float] | None = None) -> None:
+                 carried: dict[str, float] | None = None, midway: bool = False) -> None:
         self.start = start
         self.world_size = max(1, world_size)
         self.totals = dict.fromkeys(CATEGORIES, 0.0)
@@ -144,9 +146,12 @@ class Ledger:
         self.first_steps: dict[int, tuple[int, float]] = {}  # rank -> (step, at) this gen
         self.stretches: list[Stretch] = []
         self.incidents: deque[Incident] = deque(maxlen=INCIDENTS_KEPT)
+        self.faults: OrderedDict[str, tuple[str, float, float]] = OrderedDict()
         self._exported: dict[str, float] = {}
-        if any(self.carried.values()):  # continued after an arbiter restart: a training
-            self.mode = Mode.OFF       # stretch resumes at the next progress
+        if midway or any(self.carried.values()):
+            # met midway (an arbiter restarted under a running job): until every rank's
+            # next step, the ledger cannot say what the job is doing
+            self.mode = Mode.OFF
         self.ended: float | None = None
 
     # ------------------------------------------------------------------ events
@@ -182,12 +187,22 @@ class Ledger:
         if inc is not None and inc.first_step_at is None:
             inc.resumed, inc.resume_source = step, "reported"
 
-    def restart(self, generation: int, now: float, *, kind: str = "", onset: float | None
-                = None, detected: float | None = None) -> None:
+    def fault(self, fault_id: str, kind: str, onset: float, detected: float) -> None:
+        """A fault arrived: it began at ``onset`` (a hang: the rank's last step) and was
+        detected at ``detected``; a restart that names it uses these times."""
+        self.faults[fault_id] = (kind, onset, detected)
+        while len(self.faults) > FAULTS_KEPT:
+            self.faults.popitem(last=False)
+
+    def restart(self, generation: int, now: float, *, fault_id: str = "", kind: str = "",
+                onset: float | None = None, detected: float | None = None) -> None:
         """A RESTART/REPLACE decision moves the job to ``generation`` at ``now``; the fault
-        that led to it began at ``onset`` and the agent saw it at ``detected``."""
+        that led to it (``fault_id``, else ``kind``, ``onset``, ``detected``) began at
+        ``onset`` and the agent saw it at ``detected`` (unknown: ``now``)."""
         if self.ended is not None or generation <= self.generation:
             return
+        if fault_id in self.faults:
+            kind, onset, detected = self.faults[fault_id]
         now = max(now, self.since)
         cur = self._current()
         lo = max(self.since, cur.start) if cur is not None else self.since

@@ -3,9 +3,22 @@ wall time, recomputed steps equal to the steps redone (pure, injected times)."""
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from ftagent.arbiter.history import History
+from ftagent.arbiter.history_file import FileHistory
 from ftagent.arbiter.ledger import CATEGORIES, Ledger
+from ftagent.arbiter.policy import PolicyConfig
+from ftagent.arbiter.registry import Connection, Registry
+from ftagent.arbiter.status_cli import format_goodput, to_dict
+from ftagent.arbiter.timeline import Timeline
+from ftagent.metrics import JobCollector
+from ftagent.model import Fault, FaultKind
+from ftagent.v1 import ftagent_pb2 as pb
+from ftagent.wire.convert import fault_to_proto
 
 
 def steps(led: Ledger, gen: int, first: int, last: int, t0: float, dt: float,
@@ -167,3 +180,101 @@ def check_sum_carried(led: Ledger, now: float, carried: float) -> dict[str, floa
     assert sum(b.seconds.values()) == pytest.approx(b.wall, abs=1e-9)
     assert b.wall == pytest.approx(now - led.start + carried)
     return b.seconds
+
+
+# ---------------------------------------------------------------- fed by the registry
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _registry(clock: Clock, history: History) -> Registry:
+    return Registry(PolicyConfig(max_restarts=3), Timeline(), None, "a", clock=clock,
+                    history=history)
+
+
+def _progress(reg: Registry, conns: list[Connection], step: int, clock: Clock) -> None:
+    for c in conns:
+        reg.handle(c, pb.AgentMessage(progress=pb.ProgressSummary(
+            step=step, ts=clock.now, seconds_since_progress=0.0)), 0.0)
+
+
+def _crash_job(reg: Registry, clock: Clock) -> list[Connection]:
+    """Two ranks: 5 s startup, steps 1..20 (1 s each), a crash at step 20 (+0.5 s),
+    3 s to the barrier's release, 4 s to the first step (11: resumed after 10)."""
+    conns = [Connection(f"peer-{r}") for r in range(2)]
+    for r, c in enumerate(conns):
+        reg.hello(c, pb.Hello(job="j", rank=r, world_size=2, agent_instance=f"i{r}"))
+    for c in conns:
+        reg.handle(c, pb.AgentMessage(arrival=pb.BarrierArrival(generation=0)), 0.0)
+    clock.now += 5
+    for step in range(1, 21):
+        _progress(reg, conns, step, clock)
+        clock.now += 1
+    clock.now -= 0.5
+    f = fault_to_proto(Fault(FaultKind.CRASH, "boom", detected_at=clock.now), 0,
+                       exit_status=1)
+    reg.handle(conns[1], pb.AgentMessage(fault=f), 0.0)
+    clock.now += 3
+    for c in conns:
+        reg.handle(c, pb.AgentMessage(arrival=pb.BarrierArrival(generation=1)), 0.0)
+    clock.now += 4
+    for step in range(11, 16):
+        _progress(reg, conns, step, clock)
+        clock.now += 1
+    return conns
+
+
+def test_the_registry_feeds_the_ledger_into_status_and_metrics() -> None:
+    clock = Clock()
+    start = clock.now
+    reg = _registry(clock, History())
+    _crash_job(reg, clock)
+    g = reg.job_info(reg.jobs[("", "j")], ranks=False).goodput
+    assert g.wall_seconds == pytest.approx(clock.now - start)
+    assert sum(g.seconds.values()) == pytest.approx(g.wall_seconds)
+    assert g.seconds["startup"] == pytest.approx(5.0)
+    assert g.seconds["decision"] == pytest.approx(3.0)
+    assert g.seconds["restart"] == pytest.approx(4.0)
+    assert g.seconds["recomputed"] == pytest.approx(10.5)  # step 10 (+14 s) -> crash (+24.5)
+    assert g.recomputed_steps == 10 and g.incidents == 1
+    assert g.ratio == pytest.approx(g.seconds["productive"] / g.wall_seconds)
+    text = format_goodput(g)
+    assert text.startswith("goodput: ") and "10 steps recomputed" in text
+    assert to_dict(pb.JobInfo(goodput=g))["goodput"]["seconds"]["restart"] == \
+        pytest.approx(4.0)
+    assert to_dict(pb.JobInfo())["goodput"] is None
+
+    registry_ = CollectorRegistry()
+    registry_.register(JobCollector(reg.job_snapshots))
+    out = generate_latest(registry_).decode()
+    assert 'ftagent_job_goodput_seconds_total{category="restart",job_name="j",' \
+        'namespace=""} 4.0' in out
+    assert 'ftagent_job_goodput_ratio{job_name="j",namespace=""}' in out
+
+
+def test_the_ledger_survives_an_arbiter_restart(tmp_path: Path) -> None:
+    clock = Clock()
+    start = clock.now
+    reg = _registry(clock, History(FileHistory(str(tmp_path))))
+    conns = _crash_job(reg, clock)
+    before = reg.job_info(reg.jobs[("", "j")], ranks=False).goodput
+    reg.history.close()
+    clock.now += 30  # the arbiter is away for 30 s
+    reg2 = _registry(clock, History(FileHistory(str(tmp_path))))
+    conns = [Connection(f"peer-{r}") for r in range(2)]
+    for r, c in enumerate(conns):
+        reg2.hello(c, pb.Hello(job="j", rank=r, world_size=2, agent_instance=f"i{r}",
+                               generation=1, released_generation=1, trainer_running=True,
+                               restart_count=1))
+    _progress(reg2, conns, 50, clock)
+    g = reg2.job_info(reg2.jobs[("", "j")], ranks=False).goodput
+    assert g.wall_seconds == pytest.approx(clock.now - start, abs=1.5)
+    assert g.seconds["restart"] == pytest.approx(before.seconds["restart"])
+    assert g.seconds["startup"] == pytest.approx(5.0)
+    assert g.seconds["productive"] >= 30.0 + before.seconds["productive"]  # it went on
