@@ -245,7 +245,14 @@ class Registry:
             rs.last_step_at = now - max(0.0, p.seconds_since_progress)
             led = self._ledger(job, now)
             led.world_size, mode = job.world_size, led.mode
-            led.progress(rs.rank, rs.generation, p.step, rs.last_step_at)
+            # when the step was seen: the summary's own stamp (it may wait up to a
+            # progress interval to be sent), never later than its arrival
+            at = min(now, p.ts) if p.ts > 0 else rs.last_step_at
+            # a rank that arrived for a generation not released to it yet still reports
+            # its previous trainer (lines read after that trainer's exit)
+            g = rs.generation if rs.released_generation >= rs.generation else \
+                max(0, rs.released_generation)
+            led.progress(rs.rank, g, p.step, at)
             if led.mode is not mode:  # the record says where time goes (arbiter restart)
                 self.history.update(job, self._stats(job), now)
             if p.timed_steps > 0:

@@ -278,3 +278,31 @@ def test_the_ledger_survives_an_arbiter_restart(tmp_path: Path) -> None:
     assert g.seconds["restart"] == pytest.approx(before.seconds["restart"])
     assert g.seconds["startup"] == pytest.approx(5.0)
     assert g.seconds["productive"] >= 30.0 + before.seconds["productive"]  # it went on
+
+
+def test_a_rank_waiting_at_the_barrier_still_reports_its_previous_trainer() -> None:
+    """Lines the crashed trainer printed are read after its exit: the agent has arrived for
+    generation 1 already, but that step is generation 0's (the step it had reached), not
+    the first step of generation 1."""
+    clock = Clock()
+    reg = _registry(clock, History())
+    conns = [Connection(f"peer-{r}") for r in range(2)]
+    for r, c in enumerate(conns):
+        reg.hello(c, pb.Hello(job="j", rank=r, world_size=2, agent_instance=f"i{r}"))
+    for c in conns:
+        reg.handle(c, pb.AgentMessage(arrival=pb.BarrierArrival(generation=0)), 0.0)
+    for step in range(1, 21):
+        _progress(reg, conns, step, clock)
+        clock.now += 1
+    f = fault_to_proto(Fault(FaultKind.CRASH, "boom", detected_at=clock.now), 0,
+                       exit_status=1)
+    reg.handle(conns[1], pb.AgentMessage(fault=f), 0.0)
+    reg.handle(conns[1], pb.AgentMessage(arrival=pb.BarrierArrival(generation=1)), 0.0)
+    _progress(reg, conns[1:], 21, clock)  # generation 0's last line, read late
+    clock.now += 1
+    reg.handle(conns[0], pb.AgentMessage(arrival=pb.BarrierArrival(generation=1)), 0.0)
+    clock.now += 2
+    _progress(reg, conns, 11, clock)
+    g = reg.job_info(reg.jobs[("", "j")], ranks=False).goodput
+    assert g.recomputed_steps == 11  # steps 11..21 are done twice
+    assert g.seconds["restart"] == pytest.approx(2.0)
