@@ -306,3 +306,20 @@ def test_a_rank_waiting_at_the_barrier_still_reports_its_previous_trainer() -> N
     g = reg.job_info(reg.jobs[("", "j")], ranks=False).goodput
     assert g.recomputed_steps == 11  # steps 11..21 are done twice
     assert g.seconds["restart"] == pytest.approx(2.0)
+
+
+def test_the_report_shows_the_ledger_from_the_arbiter() -> None:
+    pytest.importorskip("matplotlib")
+    from ftagent import report
+
+    info = {"job": "llama", "timeline": [], "goodput": {
+        "wall_seconds": 100.0, "ratio": 0.8, "recomputed_steps": 12,
+        "seconds": {"productive": 80.0, "restart": 15.0, "<b>x</b>": 5.0, "bad": "1"}}}
+    d = report.from_job_info(info, now=1.0)
+    assert d.ledger == {"productive": 80.0, "restart": 15.0, "<b>x</b>": 5.0}
+    page = report.render(d)
+    assert '<table id="ledger">' in page and "80.0% of 100 s" in page
+    assert "12 steps recomputed" in page and "<b>x</b>" not in page
+    assert "<td>restart</td><td>15.0</td><td>15.0%</td>" in page
+    assert '<table id="ledger">' not in report.render(report.from_job_info(
+        {"job": "j", "goodput": None}, now=1.0))
