@@ -1,11 +1,12 @@
 """The goodput ledger on a real 2-rank PyTorch job (gloo, CPU) under a real arbiter.
 
-Rank 1 crashes at step 45 with a checkpoint every 10 steps: both ranks restart, resume
-from the checkpoint of step 40 and redo the steps after it. The ledger's categories must
-sum to the job's wall time (from the arbiter's first registration to "job succeeded", as
-its timeline stamps them) within 1 %, and its recomputed steps must equal the steps the
-trainers actually did twice (their logs: the last step before the crash minus the step of
-"resumed from checkpoint at step N").
+A checkpoint every 5 steps; rank 1 crashes at step 24 (first attempt), then hangs before
+the all-reduce of step 28 (second attempt): each time both ranks restart, resume from the
+last checkpoint and redo the steps after it. The ledger's categories must sum to the job's
+wall time (from the arbiter's first registration to "job succeeded", as its timeline
+stamps them) within 1 %, and its recomputed steps must equal the steps the trainers
+actually did twice (their logs: the last step before each restart minus the step of the
+next "resumed from checkpoint at step N").
 """
 
 from __future__ import annotations
@@ -21,24 +22,29 @@ pytestmark = needs_torch
 
 
 def redone(log: str) -> int:
-    """Steps done twice, from one rank's log: the last step its first run printed minus
-    the step its second run resumed after."""
-    first, _, second = log.partition("resumed from checkpoint at step ")
-    assert second, log[-2000:]
-    reached = max(int(s) for s in re.findall(r"step=(\d+)/", first))
-    resumed = int(second.split(" ", 1)[0])
-    return reached - resumed
+    """Steps done twice, from one rank's log: for each restart, the last step the run
+    before it printed minus the step the next run resumed after."""
+    runs = log.split("resumed from checkpoint at step ")
+    assert len(runs) == 3, log[-3000:]
+    total = 0
+    for before, after in zip(runs, runs[1:], strict=False):
+        reached = max(int(s) for s in re.findall(r"step=(\d+)/", before))
+        total += reached - int(after.split(" ", 1)[0])
+    return total
 
 
-def test_a_crash_is_accounted_second_by_second_and_step_by_step(tmp_path: Path) -> None:
+def test_a_crash_and_a_hang_are_accounted_second_by_second_and_step_by_step(
+        tmp_path: Path) -> None:
     with ArbiterProcess(log_dir=str(tmp_path)) as arb:
         launched = time.time()
         job = start_job(tmp_path, 2, flags=["--arbiter", arb.address, "--job", "e2e",
-                                            "--max-restarts", "3"],
-                        env={**FAST, "TRAIN_STEPS": "30", "TRAIN_STEP_SLEEP": "0.6",
+                                            "--max-restarts", "3", "--hang-timeout-min", "2",
+                                            "--stop-timeout", "10"],
+                        env={**FAST, "TRAIN_STEPS": "32", "TRAIN_STEP_SLEEP": "0.6",
                              "CHECKPOINT_DIR": str(tmp_path / "ckpt"),
                              "CHECKPOINT_EVERY": "5", "FAULT_RANK": "1",
-                             "FAULT_CRASH_AT_STEP": "24"})
+                             "FAULT_CRASH_AT_STEP": "24", "FAULT_HANG_AT_STEP": "28",
+                             "FAULT_HANG_ATTEMPT": "1"})
         try:
             assert job.wait(180) == [0, 0], (job.log(0)[-1500:], job.log(1)[-1500:])
         finally:
@@ -61,8 +67,8 @@ def test_a_crash_is_accounted_second_by_second_and_step_by_step(tmp_path: Path) 
     # every redone step is counted, no more
     want = {redone(job.log(r)) for r in (0, 1)}
     assert want == {g["recomputed_steps"]}, (want, g, timeline_text(st))
-    assert g["incidents"] == 1 and st["restarts"] == 1
-    for c in ("startup", "productive", "recomputed", "decision", "restart"):
+    assert g["incidents"] == 2 and st["restarts"] == 2, timeline_text(st)
+    for c in ("startup", "productive", "recomputed", "detection", "decision", "restart"):
         assert seconds[c] > 0, (c, g)
     assert 0 < g["ratio"] < 1
     print(f"\nwall {wall:.2f}s (outside {ended - launched:.2f}s); goodput "
