@@ -30,6 +30,7 @@ between adjacent categories at most, never outside the job's wall time.
 from __future__ import annotations
 
 import enum
+import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
@@ -165,7 +166,7 @@ class Ledger:
             return
         if generation > self.generation:  # a generation no decision announced (reconcile)
             self._new_generation(generation, self.since)
-        at = self._clamp(at)
+        at = self._clamp(_finite(at, self.since))
         if rank not in self.first_steps:
             self.first_steps[rank] = (step, at)
             if len(self.first_steps) >= self.world_size and self.mode in (
@@ -203,7 +204,9 @@ class Ledger:
             return
         if fault_id in self.faults:
             kind, onset, detected = self.faults[fault_id]
-        now = max(now, self.since)
+        now = max(_finite(now, self.since), self.since)
+        onset = None if onset is None else _finite(onset, now)
+        detected = None if detected is None else _finite(detected, now)
         cur = self._current()
         lo = max(self.since, cur.start) if cur is not None else self.since
         detected = min(max(detected if detected is not None else now, lo), now)
@@ -226,7 +229,7 @@ class Ledger:
         inc = self._incident(generation)
         if inc is None or inc.released is not None or self.ended is not None:
             return
-        inc.released = max(now, self.since)
+        inc.released = max(_finite(now, self.since), self.since)
         if self.mode is Mode.DECISION and generation == self.generation:
             self._close(inc.released, Mode.RESTART)
 
@@ -234,26 +237,18 @@ class Ledger:
         """The job ended (succeeded or stopped): the ledger stops at ``now``."""
         if self.ended is not None:
             return
-        now = max(now, self.since)
+        now = max(_finite(now, self.since), self.since)
         cur = self._current()
         if cur is not None and cur.end is None:
             cur.end = now
         self._close(now, Mode.OFF)
         self.ended = now
 
-    def stopped(self, now: float) -> None:
-        """No more training is coming (a STOP of the whole job): later time is unattributed
-        until ``end``."""
-        if self.ended is None:
-            cur = self._current()
-            if cur is not None and cur.end is None:
-                cur.end = max(now, self.since)
-            self._close(max(now, self.since), Mode.OFF)
-
     # ------------------------------------------------------------------ answers
 
     def breakdown(self, now: float) -> Breakdown:
-        end = self.ended if self.ended is not None else max(now, self.since)
+        end = self.ended if self.ended is not None else max(_finite(now, self.since),
+                                                            self.since)
         secs = {c: self.totals[c] + self.carried[c] for c in CATEGORIES}
         secs[self.mode.value] += end - self.since
         wall = end - self.start + sum(self.carried.values())
@@ -354,3 +349,8 @@ class Ledger:
         self.totals["productive"] -= moved
         self.totals["recomputed"] += moved
         inc.recompute_seconds = moved
+
+
+def _finite(t: float, default: float) -> float:
+    """``t``, or ``default`` for NaN and infinities (nothing then moves or goes missing)."""
+    return t if math.isfinite(t) else default

@@ -144,6 +144,21 @@ def test_skewed_agent_clocks_stay_inside_the_wall_time() -> None:
     assert s["restart"] >= 0
 
 
+def test_non_finite_times_move_nothing() -> None:
+    nan, inf = float("nan"), float("inf")
+    led = Ledger(0.0, world_size=1)
+    led.progress(0, 0, 1, nan)
+    steps(led, 0, 2, 5, 1.0, 1.0, ranks=1)
+    led.fault("f", "crash", nan, -inf)
+    led.restart(1, 10.0, fault_id="f")
+    led.released(1, inf)
+    led.progress(0, 1, 3, inf)
+    s = check_sum(led, 12.0)
+    assert all(v == v for v in s.values())
+    led.end(nan)
+    assert sum(led.breakdown(nan).seconds.values()) == pytest.approx(led.breakdown(0).wall)
+
+
 def test_unknown_resume_is_none_not_guessed() -> None:
     led = Ledger(0.0, world_size=2)
     steps(led, 0, 1, 5, 1.0, 1.0)
