@@ -249,9 +249,10 @@ class Registry:
             # progress interval to be sent), never later than its arrival
             at = min(now, p.ts) if p.ts > 0 else rs.last_step_at
             # a rank that arrived for a generation not released to it yet still reports
-            # its previous trainer (lines read after that trainer's exit)
-            g = rs.generation if rs.released_generation >= rs.generation else \
-                max(0, rs.released_generation)
+            # its previous trainer (lines read after that trainer's exit), unless its
+            # Hello said a trainer of that generation runs (started failing open)
+            g = rs.generation if rs.released_generation >= rs.generation or rs.running \
+                else max(0, rs.released_generation)
             led.progress(rs.rank, g, p.step, at)
             if led.mode is not mode:  # the record says where time goes (arbiter restart)
                 self.history.update(job, self._stats(job), now)

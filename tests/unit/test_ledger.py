@@ -338,3 +338,20 @@ def test_the_report_shows_the_ledger_from_the_arbiter() -> None:
     assert "<td>restart</td><td>15.0</td><td>15.0%</td>" in page
     assert '<table id="ledger">' not in report.render(report.from_job_info(
         {"job": "j", "goodput": None}, now=1.0))
+
+
+def test_a_trainer_started_failing_open_reports_its_own_generation() -> None:
+    """Agents that restarted into generation 1 while no arbiter answered (released up to
+    0, a trainer of 1 running): their steps are generation 1's, with no startup."""
+    clock = Clock()
+    reg = _registry(clock, History())
+    c = Connection()
+    reg.hello(c, pb.Hello(job="j", rank=0, world_size=1, agent_instance="i", generation=1,
+                          released_generation=0, trainer_running=True, restart_count=1))
+    clock.now += 1
+    _progress(reg, [c], 7, clock)
+    clock.now += 1
+    led = reg.stats[("", "j")][1].ledger
+    assert led is not None and led.generation == 1
+    g = reg.job_info(reg.jobs[("", "j")], ranks=False).goodput
+    assert g.seconds["startup"] == 0.0 and g.seconds["productive"] == pytest.approx(1.0)
