@@ -119,11 +119,13 @@ def _clip(text: str, n: int) -> str:
 def format_jobs(jobs: list[pb.JobInfo]) -> str:
     if not jobs:
         return "no jobs (agents register when `ftagent run --arbiter ...` starts)"
-    rows = [["JOB", "NAMESPACE", "STATE", "GENERATION", "RESTARTS", "CONNECTED", "BARRIER"]]
+    rows = [["JOB", "NAMESPACE", "STATE", "GENERATION", "RESTARTS", "CONNECTED", "GOODPUT",
+             "BARRIER"]]
     for j in jobs:
         state = _clip(j.state, 60) + (" (alert only)" if j.alert_only else "")
+        gp = f"{100 * j.goodput.ratio:.1f}%" if j.HasField("goodput") else "-"
         rows.append([j.job, j.namespace or "-", state, str(j.generation),
-                     f"{j.restarts}/{j.max_restarts}", f"{j.connected}/{j.world_size}",
+                     f"{j.restarts}/{j.max_restarts}", f"{j.connected}/{j.world_size}", gp,
                      j.barrier or "-"])
     return _table(rows)
 

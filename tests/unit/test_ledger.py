@@ -13,7 +13,7 @@ from ftagent.arbiter.history_file import FileHistory
 from ftagent.arbiter.ledger import CATEGORIES, Ledger
 from ftagent.arbiter.policy import PolicyConfig
 from ftagent.arbiter.registry import Connection, Registry
-from ftagent.arbiter.status_cli import format_goodput, to_dict
+from ftagent.arbiter.status_cli import format_goodput, format_jobs, to_dict
 from ftagent.arbiter.timeline import Timeline
 from ftagent.metrics import JobCollector
 from ftagent.model import Fault, FaultKind
@@ -259,6 +259,8 @@ def test_the_registry_feeds_the_ledger_into_status_and_metrics() -> None:
     assert g.seconds["recomputed"] == pytest.approx(10.5)  # step 10 (+14 s) -> crash (+24.5)
     assert g.recomputed_steps == 10 and g.incidents == 1
     assert g.ratio == pytest.approx(g.seconds["productive"] / g.wall_seconds)
+    listing = format_jobs([reg.job_info(reg.jobs[("", "j")], ranks=False), pb.JobInfo(job="x")])
+    assert "GOODPUT" in listing and f"{100 * g.ratio:.1f}%" in listing
     text = format_goodput(g)
     assert text.startswith("goodput: ") and "10 steps recomputed" in text
     assert to_dict(pb.JobInfo(goodput=g))["goodput"]["seconds"]["restart"] == \
