@@ -75,6 +75,8 @@ class JobRecord:
     # The goodput ledger's seconds per category as of ``last_seen`` (ledger.CATEGORIES).
     goodput: dict[str, float] = field(default_factory=dict)
     goodput_mode: str = ""  # the category time went to when it was written
+    goodput_steps: int | None = None  # recomputed steps (None: unknown or no ledger)
+    goodput_restarts: int = 0  # restarts the ledger placed
 
     @property
     def key(self) -> tuple[str, str]:
@@ -114,6 +116,11 @@ class JobRecord:
             raise ValueError("goodput seconds out of range")
         if rec.goodput_mode and rec.goodput_mode not in CATEGORIES:
             rec.goodput_mode = "unattributed"
+        for n in ("goodput_steps", "goodput_restarts"):
+            v = getattr(rec, n)
+            if not (v is None and n == "goodput_steps") and not (
+                    isinstance(v, int) and 0 <= v <= 10**15):
+                raise ValueError(f"{n} is not a count")
         return rec
 
 
@@ -125,8 +132,15 @@ def record_of(job: JobState, stats: JobStats | None, last_seen: float) -> JobRec
                      phase=job.phase.value, stop_reason=job.stop_reason[:MAX_REASON],
                      last_seen=last_seen, restarts_by_reason=dict(s.restarts_by_reason),
                      seconds_lost=s.seconds_lost,
-                     goodput=s.ledger.breakdown(last_seen).seconds if s.ledger else {},
-                     goodput_mode=s.ledger.mode.value if s.ledger else "")
+                     **_goodput(s.ledger, last_seen))
+
+
+def _goodput(led: Ledger | None, at: float) -> dict[str, Any]:
+    if led is None:
+        return {}
+    b = led.breakdown(at)
+    return {"goodput": b.seconds, "goodput_mode": led.mode.value,
+            "goodput_steps": b.recomputed_steps, "goodput_restarts": b.restarts}
 
 
 def shown_state(phase: str, stop_reason: str, gone_for: float) -> str:
@@ -213,7 +227,7 @@ class History:
         summary = (rec.world_size, rec.generation, rec.restarts, rec.max_restarts,
                    rec.alert_only, rec.phase, rec.stop_reason, job.connected == 0,
                    tuple(sorted(rec.restarts_by_reason.items())), round(rec.seconds_lost, 3),
-                   rec.goodput_mode)
+                   rec.goodput_mode, rec.goodput_steps, rec.goodput_restarts)
         if self._written.get(rec.key) != summary:
             self._written[rec.key] = summary
             self.store.record(rec)

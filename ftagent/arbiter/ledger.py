@@ -119,7 +119,8 @@ class Breakdown:
     wall: float
     seconds: dict[str, float]
     recomputed_steps: int | None  # None: some restart's resume step is unknown
-    incidents: tuple[Incident, ...]
+    incidents: tuple[Incident, ...]  # this ledger's (not those carried over)
+    restarts: int = 0  # restarts placed, carried ones included
 
     @property
     def ettr(self) -> float:
@@ -131,16 +132,19 @@ class Ledger:
     """One job's wall time, placed as events arrive (see the module docstring).
 
     ``carried``: seconds per category from before an arbiter restart (the job's history
-    record); they are added to what this ledger places from ``start`` on. ``midway``: the
-    job was already running when the ledger started (no startup to attribute).
+    record); they are added to what this ledger places from ``start`` on, as are
+    ``carried_steps`` (recomputed steps; None: unknown) and ``carried_restarts``.
+    ``midway``: the job was already running when the ledger started (no startup).
     """
 
     def __init__(self, start: float, world_size: int = 1,
-                 carried: dict[str, float] | None = None, midway: bool = False) -> None:
+                 carried: dict[str, float] | None = None, midway: bool = False, *,
+                 carried_steps: int | None = 0, carried_restarts: int = 0) -> None:
         self.start = start
         self.world_size = max(1, world_size)
         self.totals = dict.fromkeys(CATEGORIES, 0.0)
         self.carried = {c: float((carried or {}).get(c, 0.0)) for c in CATEGORIES}
+        self.carried_steps, self.carried_restarts = carried_steps, carried_restarts
         self.mode = Mode.STARTUP
         self.since = start  # start of the open interval (in ``mode``)
         self.generation = 0
@@ -252,8 +256,8 @@ class Ledger:
         secs = {c: self.totals[c] + self.carried[c] for c in CATEGORIES}
         secs[self.mode.value] += end - self.since
         wall = end - self.start + sum(self.carried.values())
-        steps: int | None = 0
-        for inc in self.incidents:
+        steps = self.carried_steps
+        for inc in self.incidents if steps is not None else ():
             n = inc.recomputed_steps
             if n is None:
                 if inc.first_step_at is not None:
@@ -262,7 +266,8 @@ class Ledger:
                 continue
             assert steps is not None
             steps += n
-        return Breakdown(self.start, wall, secs, steps, tuple(self.incidents))
+        return Breakdown(self.start, wall, secs, steps, tuple(self.incidents),
+                         self.carried_restarts + len(self.incidents))
 
     def exported(self, now: float) -> dict[str, float]:
         """Per category, for Prometheus counters: never lower than a value exported

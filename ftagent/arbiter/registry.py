@@ -582,7 +582,8 @@ class Registry:
             wall = sum(job.goodput.values())
             info.goodput.CopyFrom(pb.Goodput(
                 wall_seconds=wall, seconds=job.goodput,
-                ratio=job.goodput.get("productive", 0.0) / wall if wall > 0 else 0.0))
+                ratio=job.goodput.get("productive", 0.0) / wall if wall > 0 else 0.0,
+                recomputed_steps=job.goodput_steps, incidents=job.goodput_restarts))
         if ranks:
             for e in self.timeline.entries(job.job, job.namespace, timeline_limit):
                 info.timeline.append(convert.entry_to_proto(e))
@@ -604,7 +605,7 @@ class Registry:
             b = led.breakdown(now)
             info.goodput.CopyFrom(pb.Goodput(
                 wall_seconds=b.wall, seconds=b.seconds, ratio=b.ettr,
-                recomputed_steps=b.recomputed_steps, incidents=len(b.incidents)))
+                recomputed_steps=b.recomputed_steps, incidents=b.restarts))
         if not ranks:
             return info
         stragglers = set(self.stragglers_of(job))
@@ -669,7 +670,9 @@ class Registry:
                 carried = dict(rec.goodput)
                 gap = rec.goodput_mode if generation == rec.generation else "unattributed"
                 carried[gap] = carried.get(gap, 0.0) + max(0.0, now - rec.last_seen)
-            s.ledger = Ledger(now, job.world_size, carried, midway=midway)
+            s.ledger = Ledger(now, job.world_size, carried, midway=midway,
+                              carried_steps=rec.goodput_steps if rec else 0,
+                              carried_restarts=rec.goodput_restarts if rec else 0)
             s.carried = None
         return s.ledger
 

@@ -295,6 +295,20 @@ def test_the_ledger_survives_an_arbiter_restart(tmp_path: Path) -> None:
     assert g.seconds["restart"] == pytest.approx(before.seconds["restart"])
     assert g.seconds["startup"] == pytest.approx(5.0)
     assert g.seconds["productive"] >= 30.0 + before.seconds["productive"]  # it went on
+    assert (g.recomputed_steps, g.incidents) == (10, 1)  # carried over
+    # and once its agents are gone, the history's record says the same
+    for c in conns:
+        reg2.handle(c, pb.AgentMessage(exit=pb.TrainerExit(generation=1, exit_code=0)), 0.0)
+        reg2.disconnect(c)
+    clock.now += 4000
+    reg2.tick()
+    assert not reg2.jobs
+    past = reg2.find_any("j", "")
+    assert past is not None
+    gp = reg2.info(past, ranks=False).goodput
+    assert (gp.recomputed_steps, gp.incidents) == (10, 1)
+    assert gp.wall_seconds == pytest.approx(sum(gp.seconds.values()))
+    assert gp.seconds["productive"] == pytest.approx(g.seconds["productive"], abs=0.01)
 
 
 def test_a_rank_waiting_at_the_barrier_still_reports_its_previous_trainer() -> None:
