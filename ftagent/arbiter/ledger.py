@@ -3,7 +3,7 @@
 For one job the ledger attributes wall time, from the job's first registration to now (or
 its end), to categories that sum to that wall time exactly:
 
-- ``startup``: job start until every rank's first step of generation 0;
+- ``startup``: job start until the first step of generation 0;
 - ``productive``: training whose steps were kept;
 - ``recomputed``: training whose steps were redone after a restart (from the step the job
   resumed at to the step it had reached when the fault began);
@@ -12,6 +12,12 @@ its end), to categories that sum to that wall time exactly:
 - ``decision``: the agent's fault until the arbiter released the barrier of the new
   generation (transit, policy, stack probes, the barrier's wait on every rank);
 - ``restart``: barrier released until every rank's first step of the new generation;
+
+"Every rank" is every rank that reports steps: many trainers print progress on one rank
+only, so a generation trains once each rank that reported steps before it has reported
+one in it (generation 0: the first step any rank reports, which in synchronous training
+every rank has done too), or once a rank reports a second time (one that went silent does
+not hold the ledger in ``restart``).
 - ``unattributed``: time the ledger cannot place (an arbiter that was down, a generation
   change no fault explains, and after the job stopped for good).
 
@@ -149,6 +155,9 @@ class Ledger:
         self.since = start  # start of the open interval (in ``mode``)
         self.generation = 0
         self.first_steps: dict[int, tuple[int, float]] = {}  # rank -> (step, at) this gen
+        self.reporters: set[int] = set()  # ranks that ever reported a step
+        self._expected: set[int] = set()  # reporters known when this generation began
+        self._reports: dict[int, int] = {}  # rank -> summaries in this generation
         self.stretches: list[Stretch] = []
         self.incidents: deque[Incident] = deque(maxlen=INCIDENTS_KEPT)
         self.faults: OrderedDict[str, tuple[str, float, float]] = OrderedDict()
@@ -171,11 +180,14 @@ class Ledger:
         if generation > self.generation:  # a generation no decision announced (reconcile)
             self._new_generation(generation, self.since)
         at = self._clamp(_finite(at, self.since))
+        if len(self.reporters) < self.world_size:
+            self.reporters.add(rank)
+        n = self._reports[rank] = self._reports.get(rank, 0) + 1
         if rank not in self.first_steps:
             self.first_steps[rank] = (step, at)
-            if len(self.first_steps) >= self.world_size and self.mode in (
-                    Mode.STARTUP, Mode.RESTART, Mode.OFF):
-                self._begin_training(max(t for _, t in self.first_steps.values()))
+        if self.mode in (Mode.STARTUP, Mode.RESTART, Mode.OFF) and (
+                self._expected <= self.first_steps.keys() or n >= 2):
+            self._begin_training(max(t for _, t in self.first_steps.values()))
         cur = self._current()
         if cur is not None and at >= cur.start and (not cur.samples
                                                      or step > cur.samples[-1][1]):
@@ -305,7 +317,8 @@ class Ledger:
                 cur.end = max(at, self.since)
             self._close(at, Mode.OFF)
         self.generation = generation
-        self.first_steps = {}
+        self.first_steps, self._reports = {}, {}
+        self._expected = set(self.reporters)
 
     def _late(self, generation: int, step: int) -> None:
         """A step of a generation already restarted from (its agent's last summary, sent

@@ -44,17 +44,38 @@ def check_sum(led: Ledger, now: float) -> dict[str, float]:
 
 def test_no_fault_startup_then_productive() -> None:
     led = Ledger(100.0, world_size=2)
+    assert check_sum(led, 109.0)["startup"] == pytest.approx(9.0)
+    # generation 0 trains from the first step any rank reports (synchronous training:
+    # the other rank did it too, it may just not print it)
     led.progress(0, 0, 1, 110.0)
-    assert check_sum(led, 111.0)["startup"] == pytest.approx(11.0)  # rank 1 not there yet
-    led.progress(1, 0, 1, 112.0)
-    last = steps(led, 0, 2, 50, 113.0, 1.0)
+    led.progress(1, 0, 1, 110.2)
+    last = steps(led, 0, 2, 50, 111.0, 1.0)
     led.end(last)
     s = check_sum(led, last)
     assert led.breakdown(500.0).seconds == s  # ended: later time does not count
-    assert s["startup"] == pytest.approx(12.0)
-    assert s["productive"] == pytest.approx(last - 112.0)
+    assert s["startup"] == pytest.approx(10.0)
+    assert s["productive"] == pytest.approx(last - 110.0)
     assert led.breakdown(500.0).recomputed_steps == 0
-    assert led.breakdown(500.0).ettr == pytest.approx((last - 112.0) / (last - 100.0))
+    assert led.breakdown(500.0).ettr == pytest.approx((last - 110.0) / (last - 100.0))
+
+
+def test_a_restart_waits_for_every_rank_that_reports_steps_and_no_silent_one() -> None:
+    """Ranks 0 and 1 print steps, rank 2 never does (a trainer that logs on some ranks)."""
+    led = Ledger(0.0, world_size=3)
+    steps(led, 0, 1, 10, 1.0, 1.0)  # ranks 0 and 1
+    led.restart(1, 11.0, onset=10.5, detected=10.5)
+    led.released(1, 12.0)
+    led.progress(0, 1, 6, 15.0)
+    assert check_sum(led, 16.0)["restart"] == pytest.approx(4.0)  # rank 1 not yet
+    led.progress(1, 1, 6, 16.5)
+    s = check_sum(led, 17.0)
+    assert s["restart"] == pytest.approx(4.5) and s["productive"] > 0
+    # a rank that went silent holds nothing: the next summary of another one starts it
+    led.restart(2, 20.0, onset=19.0, detected=19.0)
+    led.released(2, 21.0)
+    led.progress(0, 2, 6, 23.0)
+    led.progress(0, 2, 7, 24.0)
+    assert check_sum(led, 25.0)["restart"] == pytest.approx(4.5 + 2.0)
 
 
 def test_crash_shape_and_recomputed_steps() -> None:
