@@ -158,7 +158,8 @@ def format_goodput(g: pb.Goodput) -> str:
         v = g.seconds[c]
         if v > 0 or c == "productive":
             share = 100 * v / g.wall_seconds if g.wall_seconds > 0 else 0.0
-            out.append(f"  {c:<13} {_duration(v):>8}  {share:5.1f}%")
+            name = "".join(ch if ch.isprintable() else "?" for ch in c[:32])
+            out.append(f"  {name:<13} {_duration(v):>8}  {share:5.1f}%")
     return "\n".join(out)
 
 

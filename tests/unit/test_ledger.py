@@ -283,6 +283,8 @@ def test_the_registry_feeds_the_ledger_into_status_and_metrics() -> None:
     listing = format_jobs([reg.job_info(reg.jobs[("", "j")], ranks=False), pb.JobInfo(job="x")])
     assert "GOODPUT" in listing and f"{100 * g.ratio:.1f}%" in listing
     text = format_goodput(g)
+    odd = pb.Goodput(wall_seconds=1.0, seconds={"x\x1b[2Jy" + "z" * 100: 1.0})
+    assert "\x1b" not in format_goodput(odd) and "z" * 40 not in format_goodput(odd)
     assert text.startswith("goodput: ") and "10 steps recomputed" in text
     assert to_dict(pb.JobInfo(goodput=g))["goodput"]["seconds"]["restart"] == \
         pytest.approx(4.0)
