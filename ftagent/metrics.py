@@ -410,6 +410,10 @@ class JobSnapshot:
     running: int
     # Ranks named stragglers and still slow (arbiter/straggler.py): (rank, node).
     stragglers: tuple[tuple[int, str], ...] = ()
+    # The goodput ledger (arbiter/ledger.py): seconds per category (monotone, as
+    # exported) and the effective training time ratio (None: no wall time yet).
+    goodput: tuple[tuple[str, float], ...] = ()
+    goodput_ratio: float | None = None
 
 
 class JobCollector(Collector):
@@ -444,6 +448,14 @@ class JobCollector(Collector):
         straggler = GaugeMetricFamily("ftagent_rank_straggler", "1 for each rank named a "
                                       "straggler and still slow.",
                                       labels=job + ["rank", "node"])
+        goodput = CounterMetricFamily(
+            "ftagent_job_goodput_seconds", "The job's wall time by where it went: startup, "
+            "productive (steps kept), recomputed (steps redone after a restart), detection, "
+            "decision (and barrier), restart, unattributed. Productive holds its highest "
+            "value when a restart moves time to recomputed.", labels=job + ["category"])
+        ratio = GaugeMetricFamily("ftagent_job_goodput_ratio", "Effective training time "
+                                  "ratio: productive seconds over the job's wall time.",
+                                  labels=job)
         try:
             for j in self.snapshot():
                 lv = [j.job, j.namespace]
@@ -463,9 +475,13 @@ class JobCollector(Collector):
                 stragglers.add_metric(lv, len(j.stragglers))
                 for rank, node in j.stragglers:
                     straggler.add_metric(lv + [str(rank), node], 1.0)
+                for category, seconds in j.goodput:
+                    goodput.add_metric(lv + [category], seconds)
+                if j.goodput_ratio is not None:
+                    ratio.add_metric(lv, j.goodput_ratio)
         except Exception:  # a scrape must never fail because the registry did
             log.exception("job snapshot failed")
-        yield from (state, gen, restarts, ranks, lost, stragglers, straggler)
+        yield from (state, gen, restarts, ranks, lost, stragglers, straggler, goodput, ratio)
 
 
 # --------------------------------------------------------------------------- scrape-time collectors

@@ -73,6 +73,12 @@ class ReportData:
     releases: list[float] = field(default_factory=list)  # every rank training again
     step_parts: dict[str, float] = field(default_factory=dict)  # compute/collectives/data
     skipped: int = 0  # lines that were not records
+    # The arbiter's goodput ledger (JobInfo.goodput): seconds per category, its wall time,
+    # ratio and recomputed steps (None: unknown); empty from events files.
+    ledger: dict[str, float] = field(default_factory=dict)
+    ledger_wall: float = 0.0
+    ledger_ratio: float = 0.0
+    recomputed_steps: int | None = None
 
     def span(self) -> tuple[float, float]:
         ts = [t for pts in self.steps.values() for t, _ in pts]
@@ -217,7 +223,33 @@ def from_job_info(info: Mapping[str, Any], now: float) -> ReportData:
         step, rank = _int(r.get("step")), _int(r.get("rank"))
         if step is not None and step >= 0 and rank is not None:
             d.steps[rank] = [(now, step)]
+    g = info.get("goodput")
+    if isinstance(g, Mapping) and isinstance(g.get("seconds"), Mapping):
+        for k, raw in list(g["seconds"].items())[:32]:
+            v = _num(raw)
+            if v is not None and v >= 0:
+                d.ledger[str(k)[:32]] = v
+        d.ledger_wall = _num(g.get("wall_seconds")) or 0.0
+        d.ledger_ratio = _num(g.get("ratio")) or 0.0
+        d.recomputed_steps = _int(g.get("recomputed_steps"))
     return d
+
+
+def ledger_table(d: ReportData) -> str:
+    """The arbiter's ledger as an HTML table ("" without one)."""
+    if not d.ledger:
+        return ""
+    wall = d.ledger_wall or sum(d.ledger.values())
+    rows = "".join(
+        f"<tr><td>{esc(c)}</td><td>{v:.1f}</td>"
+        f"<td>{100 * v / wall if wall > 0 else 0.0:.1f}%</td></tr>"
+        for c, v in sorted(d.ledger.items(), key=lambda kv: -kv[1]))
+    steps = "unknown" if d.recomputed_steps is None else str(d.recomputed_steps)
+    return (f"<h2>Where the wall time went</h2><p>The arbiter's goodput ledger: "
+            f"{d.ledger_ratio:.1%} of {wall:.0f} s was kept training progress; "
+            f"{esc(steps)} steps recomputed after restarts.</p>"
+            f'<table id="ledger"><tr><th>category</th><th>seconds</th><th>share</th></tr>'
+            f"{rows}</table>")
 
 
 def fetch_job(cfg: ArbiterClientConfig, job: str, namespace: str) -> dict[str, Any]:
@@ -338,6 +370,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}
 <p>From the {esc(d.source)}, made {esc(utc(time.time()))} by <code>ftagent report</code>.</p>
 <ul id="summary">{summary}</ul>
 {pictures}
+{ledger_table(d)}
 <h2>Faults and decisions</h2>
 <table id="timeline"><tr><th>time</th><th>what</th><th>rank</th><th>kind</th><th>message</th>
 </tr>{rows}</table>

@@ -262,8 +262,11 @@ class ArbiterLink:
         self._send(msg)
 
     def started(self, generation: int, *, released: bool) -> None:
-        """A trainer of ``generation`` runs now (``released`` False: without the barrier)."""
+        """A trainer of ``generation`` runs now (``released`` False: without the barrier).
+        Its first progress is sent at once, not coalesced: the arbiter's goodput ledger
+        takes the generation's first step as where it resumed and when it trains again."""
         self.proto.started(generation, released=released)
+        self._progress_sent_at = -1e9
 
     async def wait_released(self, generation: int, timeout: float | None = None) -> bool:
         """True once every rank arrived for ``generation`` (or a later one); False on

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
+from ftagent.arbiter.ledger import CATEGORIES, Ledger
 from ftagent.arbiter.state import JobPhase, JobState
 from ftagent.arbiter.timeline import Entry
 
@@ -46,6 +47,8 @@ class JobStats:
     # recent faults received: id -> (wall time, kind); the restart they lead to is
     # counted under the kind, and the time lost starts at their arrival
     faults: OrderedDict[str, tuple[float, str]] = field(default_factory=OrderedDict)
+    ledger: Ledger | None = None  # where the job's wall time went (ledger.py)
+    carried: JobRecord | None = None  # the job's record before an arbiter restart
 
     def fault(self, fault_id: str, at: float, kind: str) -> None:
         self.faults[fault_id] = (at, kind)
@@ -69,6 +72,11 @@ class JobRecord:
     last_seen: float = 0.0  # wall time the job was last heard of (its last agent left)
     restarts_by_reason: dict[str, int] = field(default_factory=dict)
     seconds_lost: float = 0.0
+    # The goodput ledger's seconds per category as of ``last_seen`` (ledger.CATEGORIES).
+    goodput: dict[str, float] = field(default_factory=dict)
+    goodput_mode: str = ""  # the category time went to when it was written
+    goodput_steps: int | None = None  # recomputed steps (None: unknown or no ledger)
+    goodput_restarts: int = 0  # restarts the ledger placed
 
     @property
     def key(self) -> tuple[str, str]:
@@ -101,6 +109,18 @@ class JobRecord:
             raise ValueError("restarts_by_reason is not an object")
         rec.restarts_by_reason = {str(k)[:64]: int(v) for k, v in
                                   list(rec.restarts_by_reason.items())[:64]}
+        if not isinstance(rec.goodput, dict):
+            raise ValueError("goodput is not an object")
+        rec.goodput = {c: float(rec.goodput[c]) for c in CATEGORIES if c in rec.goodput}
+        if not all(0.0 <= v < 1e12 for v in rec.goodput.values()):
+            raise ValueError("goodput seconds out of range")
+        if rec.goodput_mode and rec.goodput_mode not in CATEGORIES:
+            rec.goodput_mode = "unattributed"
+        for n in ("goodput_steps", "goodput_restarts"):
+            v = getattr(rec, n)
+            if not (v is None and n == "goodput_steps") and not (
+                    isinstance(v, int) and 0 <= v <= 10**15):
+                raise ValueError(f"{n} is not a count")
         return rec
 
 
@@ -111,7 +131,16 @@ def record_of(job: JobState, stats: JobStats | None, last_seen: float) -> JobRec
                      max_restarts=job.max_restarts, alert_only=job.alert_only,
                      phase=job.phase.value, stop_reason=job.stop_reason[:MAX_REASON],
                      last_seen=last_seen, restarts_by_reason=dict(s.restarts_by_reason),
-                     seconds_lost=s.seconds_lost)
+                     seconds_lost=s.seconds_lost,
+                     **_goodput(s.ledger, last_seen))
+
+
+def _goodput(led: Ledger | None, at: float) -> dict[str, Any]:
+    if led is None:
+        return {}
+    b = led.breakdown(at)
+    return {"goodput": b.seconds, "goodput_mode": led.mode.value,
+            "goodput_steps": b.recomputed_steps, "goodput_restarts": b.restarts}
 
 
 def shown_state(phase: str, stop_reason: str, gone_for: float) -> str:
@@ -197,7 +226,8 @@ class History:
         rec = record_of(job, stats, now)
         summary = (rec.world_size, rec.generation, rec.restarts, rec.max_restarts,
                    rec.alert_only, rec.phase, rec.stop_reason, job.connected == 0,
-                   tuple(sorted(rec.restarts_by_reason.items())), round(rec.seconds_lost, 3))
+                   tuple(sorted(rec.restarts_by_reason.items())), round(rec.seconds_lost, 3),
+                   rec.goodput_mode, rec.goodput_steps, rec.goodput_restarts)
         if self._written.get(rec.key) != summary:
             self._written[rec.key] = summary
             self.store.record(rec)

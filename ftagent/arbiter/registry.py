@@ -24,6 +24,7 @@ import grpc
 
 from ftagent.arbiter import barrier, convert, policy
 from ftagent.arbiter.history import History, JobRecord, JobStats, shown_state
+from ftagent.arbiter.ledger import Ledger
 from ftagent.arbiter.state import Decision, JobPhase, JobState, RankState, Verdict, apply
 from ftagent.arbiter.straggler import JobTimings, RankTiming, StragglerConfig, StragglerWatch
 from ftagent.arbiter.timeline import Timeline
@@ -197,6 +198,7 @@ class Registry:
             job = self.jobs[key] = JobState(job=h.job, namespace=h.namespace,
                                             world_size=h.world_size, max_restarts=budget)
             barrier.open_barrier(job, now)
+            self._ledger(job, now, h.generation, midway=h.generation > 0 or h.trainer_running)
             self._gauges()
         elif h.HasField("max_restarts") and h.max_restarts != job.max_restarts:
             self._note(job, now, "agent", f"asks for a restart budget of {h.max_restarts}; "
@@ -279,6 +281,19 @@ class Registry:
             rs.samples_per_second, rs.tokens_per_second = p.samples_per_second, \
                 p.tokens_per_second
             rs.last_step_at = now - max(0.0, p.seconds_since_progress)
+            led = self._ledger(job, now)
+            led.world_size, mode = job.world_size, led.mode
+            # when the step was seen: the summary's own stamp (it may wait up to a
+            # progress interval to be sent), never later than its arrival
+            at = min(now, p.ts) if p.ts > 0 else rs.last_step_at
+            # a rank that arrived for a generation not released to it yet still reports
+            # its previous trainer (lines read after that trainer's exit), unless its
+            # Hello said a trainer of that generation runs (started failing open)
+            g = rs.generation if rs.released_generation >= rs.generation or rs.running \
+                else max(0, rs.released_generation)
+            led.progress(rs.rank, g, p.step, at)
+            if led.mode is not mode:  # the record says where time goes (arbiter restart)
+                self.history.update(job, self._stats(job), now)
             if p.timed_steps > 0:
                 self._timings(job).note(RankTiming(rs.rank, rs.node, p.step_seconds,
                                                    p.collective_seconds, p.data_seconds), now)
@@ -343,6 +358,7 @@ class Registry:
         if self.metrics:
             self.metrics.faults.labels(kind=fault.kind.value).inc()
         self._stats(job).fault(fault.id, now, fault.kind.value)
+        self._ledger_fault(job, rs, fault, now)
         rs.last_fault = f"{fault.kind.value}: {fault.message}"[:300]
         self._note(job, now, "fault", f"{fault.kind.value} ({fault.severity.value}, "
                    f"generation {m.generation}): {fault.message}", rank=rs.rank,
@@ -388,6 +404,7 @@ class Registry:
                        if r.state == "succeeded" and r.generation == job.generation)
             if done >= job.world_size and not job.finished:
                 job.phase = JobPhase.SUCCEEDED
+                self._ledger(job, now).end(now)
                 self._note(job, now, "decision", f"every rank exited 0: job succeeded at "
                            f"generation {job.generation}", action="succeeded")
 
@@ -499,6 +516,7 @@ class Registry:
         if self.metrics:
             self.metrics.faults.labels(kind=fault.kind.value).inc()
         self._stats(j).fault(fault.id, now, fault.kind.value)
+        self._ledger_fault(j, rs, fault, now)
         if rs is not None:
             rs.last_fault = f"{fault.kind.value}: {fault.message}"[:300]
         self._note(j, now, "fault", f"{fault.kind.value} ({fault.severity.value}, generation "
@@ -603,6 +621,12 @@ class Registry:
             restarts=job.restarts, max_restarts=job.max_restarts, world_size=job.world_size,
             connected=0, alert_only=job.alert_only,
             state=shown_state(job.phase, job.stop_reason, self.clock() - job.last_seen))
+        if job.goodput:
+            wall = sum(job.goodput.values())
+            info.goodput.CopyFrom(pb.Goodput(
+                wall_seconds=wall, seconds=job.goodput,
+                ratio=job.goodput.get("productive", 0.0) / wall if wall > 0 else 0.0,
+                recomputed_steps=job.goodput_steps, incidents=job.goodput_restarts))
         if ranks:
             for e in self.timeline.entries(job.job, job.namespace, timeline_limit):
                 info.timeline.append(convert.entry_to_proto(e))
@@ -618,6 +642,13 @@ class Registry:
             restarts=job.restarts, max_restarts=job.max_restarts, world_size=job.world_size,
             connected=job.connected, state=state, alert_only=job.alert_only,
             barrier=barrier.barrier_summary(job, now))
+        got = self.stats.get((job.namespace, job.job))
+        led = got[1].ledger if got is not None and got[0] is job else None
+        if led is not None:
+            b = led.breakdown(now)
+            info.goodput.CopyFrom(pb.Goodput(
+                wall_seconds=b.wall, seconds=b.seconds, ratio=b.ettr,
+                recomputed_steps=b.recomputed_steps, incidents=b.restarts))
         if not ranks:
             return info
         stragglers = set(self.stragglers_of(job))
@@ -665,12 +696,55 @@ class Registry:
         if rec is not None and not rec.finished:
             s.restarts_by_reason = dict(rec.restarts_by_reason)
             s.seconds_lost = rec.seconds_lost
+            s.carried = rec if rec.goodput else None
         self.stats[key] = (job, s)
         return s
+
+    def _ledger(self, job: JobState, now: float, generation: int = -1,
+                midway: bool = False) -> Ledger:
+        """The job's goodput ledger (ledger.py), started at its first registration, or
+        continued from its record after an arbiter restart: the time since the record
+        was written goes where time went then if the agents' generation is the record's
+        (the job went on as it was), else it is unattributed."""
+        s = self._stats(job)
+        if s.ledger is None:
+            carried, rec = None, s.carried
+            if rec is not None:
+                carried = dict(rec.goodput)
+                gap = rec.goodput_mode if generation == rec.generation else "unattributed"
+                carried[gap] = carried.get(gap, 0.0) + max(0.0, now - rec.last_seen)
+            s.ledger = Ledger(now, job.world_size, carried, midway=midway,
+                              carried_steps=rec.goodput_steps if rec else 0,
+                              carried_restarts=rec.goodput_restarts if rec else 0)
+            s.carried = None
+        return s.ledger
+
+    def _ledger_fault(self, job: JobState, rs: RankState | None, fault: Fault,
+                      now: float) -> None:
+        """A fault's onset (a hang: the rank's last step) and detection, for the ledger;
+        the agent's clock is not trusted beyond the ledger's clamping and ``now``."""
+        detected = min(fault.detected_at, now)
+        onset = detected
+        if fault.kind is FaultKind.HANG:
+            last = rs.last_step_at if rs is not None else min(
+                (r.last_step_at for r in job.ranks.values() if r.last_step_at is not None),
+                default=None)
+            onset = min(last, detected) if last is not None else detected
+        self._ledger(job, now).fault(fault.id, fault.kind.value, onset, detected)
+
+    def _ledger_decision(self, job: JobState, d: Decision, now: float) -> None:
+        led = self._ledger(job, now)
+        if d.verdict in (Verdict.RESTART, Verdict.REPLACE):
+            led.restart(d.generation, now, fault_id=d.fault_id)
+        elif d.verdict is Verdict.RELEASE_BARRIER and not d.targets:
+            led.released(d.generation, now)
+        elif d.verdict is Verdict.STOP and not d.targets:
+            led.end(now)
 
     def _account(self, job: JobState, d: Decision, now: float) -> None:
         """Restarts by fault kind; seconds from a fault to every rank training again."""
         s = self._stats(job)
+        self._ledger_decision(job, d, now)
         if d.verdict in (Verdict.RESTART, Verdict.REPLACE):
             seen = s.faults.get(d.fault_id)
             reason = seen[1] if seen else "other"
@@ -699,14 +773,22 @@ class Registry:
                               r.state == "running")
                 slow = self.stragglers_of(j)
                 nodes = {r.rank: r.node for r in j.ranks.values()}
+                now = self.clock()
+                gp = s.ledger.exported(now) if s.ledger else {}
+                ratio = s.ledger.breakdown(now).ettr if s.ledger else None
                 out.append(JobSnapshot(j.job, j.namespace, state, j.generation, j.restarts,
                                        dict(s.restarts_by_reason), s.seconds_lost,
                                        j.world_size, j.connected, running,
-                                       tuple((r, nodes.get(r, "")) for r in slow)))
+                                       tuple((r, nodes.get(r, "")) for r in slow),
+                                       tuple(gp.items()), ratio))
             else:
+                wall = sum(j.goodput.values())
                 out.append(JobSnapshot(j.job, j.namespace, j.phase if j.finished else "gone",
                                        j.generation, j.restarts, dict(j.restarts_by_reason),
-                                       j.seconds_lost, j.world_size, 0, 0))
+                                       j.seconds_lost, j.world_size, 0, 0,
+                                       goodput=tuple(j.goodput.items()),
+                                       goodput_ratio=j.goodput.get("productive", 0.0) / wall
+                                       if wall > 0 else None))
         return out
 
     # ------------------------------------------------------------------ stragglers

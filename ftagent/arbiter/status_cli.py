@@ -72,6 +72,10 @@ def to_dict(m: Message) -> dict[str, Any]:
         value = getattr(m, f.name)
         if f.has_presence and f.message_type is None and not m.HasField(f.name):
             out[f.name] = None
+        elif f.message_type is not None and f.message_type.GetOptions().map_entry:
+            out[f.name] = dict(value)
+        elif f.message_type is not None and not _repeated(f) and not m.HasField(f.name):
+            out[f.name] = None  # a message field that is not there (JobInfo.goodput)
         elif f.message_type is not None:
             out[f.name] = [to_dict(v) for v in value] if _repeated(f) else to_dict(value)
         else:
@@ -94,6 +98,15 @@ def _age(seconds: float) -> str:
     return f"{seconds / 3600:.1f}h ago"
 
 
+def _duration(seconds: float) -> str:
+    s = max(0.0, seconds)
+    if s < 120:
+        return f"{s:.1f}s"
+    if s < 7200:
+        return f"{s // 60:.0f}m{s % 60:02.0f}s"
+    return f"{s // 3600:.0f}h{s % 3600 // 60:02.0f}m"
+
+
 def _table(rows: list[list[str]]) -> str:
     rows = [[printable(c) for c in r] for r in rows]  # a peer's text moves no cursor
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -108,11 +121,13 @@ def _clip(text: str, n: int) -> str:
 def format_jobs(jobs: list[pb.JobInfo]) -> str:
     if not jobs:
         return "no jobs (agents register when `ftagent run --arbiter ...` starts)"
-    rows = [["JOB", "NAMESPACE", "STATE", "GENERATION", "RESTARTS", "CONNECTED", "BARRIER"]]
+    rows = [["JOB", "NAMESPACE", "STATE", "GENERATION", "RESTARTS", "CONNECTED", "GOODPUT",
+             "BARRIER"]]
     for j in jobs:
         state = _clip(j.state, 60) + (" (alert only)" if j.alert_only else "")
+        gp = f"{100 * j.goodput.ratio:.1f}%" if j.HasField("goodput") else "-"
         rows.append([j.job, j.namespace or "-", state, str(j.generation),
-                     f"{j.restarts}/{j.max_restarts}", f"{j.connected}/{j.world_size}",
+                     f"{j.restarts}/{j.max_restarts}", f"{j.connected}/{j.world_size}", gp,
                      j.barrier or "-"])
     return _table(rows)
 
@@ -129,6 +144,27 @@ def format_entry(e: pb.TimelineEntry) -> str:
     return f"{ts}  g{e.generation:<3} {who:<9} {printable(kind):<12} {printable(e.message)}"
 
 
+GOODPUT_ORDER = ("productive", "startup", "recomputed", "detection", "decision", "restart",
+                 "unattributed")
+
+
+def format_goodput(g: pb.Goodput) -> str:
+    """``goodput: 93.1% of 2h03m`` and one line per category with time in it."""
+    out = [f"goodput: {100 * g.ratio:.1f}% of {_duration(g.wall_seconds)} wall time"
+           f" ({g.incidents} restart{'' if g.incidents == 1 else 's'}"
+           + (f", {g.recomputed_steps} steps recomputed)" if g.HasField("recomputed_steps")
+              else ", recomputed steps unknown)")]
+    names = [c for c in GOODPUT_ORDER if c in g.seconds] + \
+        sorted(c for c in g.seconds if c not in GOODPUT_ORDER)
+    for c in names:
+        v = g.seconds[c]
+        if v > 0 or c == "productive":
+            share = 100 * v / g.wall_seconds if g.wall_seconds > 0 else 0.0
+            name = "".join(ch if ch.isprintable() else "?" for ch in c[:32])
+            out.append(f"  {name:<13} {_duration(v):>8}  {share:5.1f}%")
+    return "\n".join(out)
+
+
 def format_job(j: pb.JobInfo) -> str:
     head = printable(f"job {j.job}" + (f" (namespace {j.namespace})" if j.namespace else "")
                      + f": {j.state}")
@@ -137,6 +173,8 @@ def format_job(j: pb.JobInfo) -> str:
            (", alert only" if j.alert_only else "")]
     if j.barrier:
         out.append(f"barrier: {printable(j.barrier)}")
+    if j.HasField("goodput"):
+        out += ["", format_goodput(j.goodput)]
     rows = [["RANK", "POD", "NODE", "STATE", "STEP", "LOSS", "LAST STEP", "RESTARTS", "GEN",
              "LAST FAULT"]]
     for r in j.ranks:

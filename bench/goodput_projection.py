@@ -1,0 +1,181 @@
+"""A projection, not a measurement: ETTR of a 16,384-GPU job under three recovery strategies.
+
+    python bench/goodput_projection.py                 # the defaults below
+    python bench/goodput_projection.py --gpus 4096 --checkpoint-interval 900
+    python bench/goodput_projection.py --json
+
+The failure rate and mix are Llama 3's (466 interruptions in 54 days on 16,384 H100, 419
+of them unexpected; about 59 % GPU/HBM, as summarised in the field notes), scaled
+linearly with the GPU count. The hardware share is restarted on a new node; the rest
+(network, host, software) in place. The per-fault costs of each strategy
+(detection, decision, restart in place or on a new node) are **assumptions** printed beside
+the result: the ten-minute side-by-side bench that would measure them (issue 24, part 3)
+is not written yet. Replace them with measured values (``--set ftagent.detect_hang=45``)
+when there are some.
+
+Model, per strategy, for a job long enough that its start-up does not matter:
+
+* interruptions per second ``r`` = rate per GPU-second x GPUs;
+* each one costs detection (a crash or a hang, by ``hang_share``) + decision + restart
+  (on a new node for the hardware share of the mix, in place otherwise) + the work since
+  the last checkpoint (half an interval on average) + loading the checkpoint;
+* checkpoint saves block ``checkpoint_save`` seconds per interval;
+* ETTR = (1 - r x cost) x interval / (interval + save), floored at 0.
+
+Pure functions of the inputs (``project``); the output names every input it used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """What one fault costs under a recovery strategy (seconds; assumptions)."""
+
+    name: str
+    detect_crash: float  # a process dies -> the recovery starts
+    detect_hang: float  # a collective hangs -> declared (a watchdog or NCCL timeout)
+    decide: float  # decision and barrier
+    restart_in_place: float  # every rank training again on the same nodes
+    restart_new_node: float  # a node is replaced (hardware faults)
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Inputs:
+    gpus: int = 16_384
+    # Llama 3 (Dubey et al. 2024, section 3.3.4): 466 interruptions in 54 days, 16,384 GPUs
+    interruptions: float = 466.0
+    days: float = 54.0
+    reference_gpus: int = 16_384
+    hardware_share: float = 0.59  # GPU/HBM: the node is replaced
+    hang_share: float = 0.10  # of all interruptions, those that hang instead of crashing
+    checkpoint_interval: float = 1800.0
+    checkpoint_save: float = 10.0  # blocking seconds per save
+    checkpoint_load: float = 60.0
+    strategies: tuple[Strategy, ...] = field(default_factory=lambda: (
+        Strategy("ftagent", detect_crash=1.0, detect_hang=60.0, decide=2.0,
+                 restart_in_place=20.0, restart_new_node=180.0,
+                 note="in-place warm restart; REPLACE reschedules one pod on a spare"),
+        Strategy("torchrun --max-restarts", detect_crash=1.0, detect_hang=600.0, decide=0.0,
+                 restart_in_place=90.0, restart_new_node=1200.0,
+                 note="NCCL timeout for hangs; a dead node needs the job recreated"),
+        Strategy("scheduler recreates the job", detect_crash=30.0, detect_hang=600.0,
+                 decide=0.0, restart_in_place=600.0, restart_new_node=900.0,
+                 note="every pod deleted and scheduled again, images pulled, cold start"),
+    ))
+
+
+@dataclass(frozen=True)
+class Result:
+    strategy: str
+    interruptions_per_day: float
+    seconds_per_interruption: float
+    lost_to_faults: float  # share of wall time
+    lost_to_checkpoints: float  # share of wall time
+    ettr: float
+
+
+def per_fault(i: Inputs, s: Strategy) -> float:
+    """Mean seconds one interruption costs under ``s``."""
+    detect = i.hang_share * s.detect_hang + (1 - i.hang_share) * s.detect_crash
+    restart = i.hardware_share * s.restart_new_node + (1 - i.hardware_share) * \
+        s.restart_in_place
+    return detect + s.decide + restart + i.checkpoint_interval / 2 + i.checkpoint_load
+
+
+def project(i: Inputs) -> list[Result]:
+    if i.days <= 0 or i.reference_gpus <= 0 or i.checkpoint_interval <= 0:
+        raise ValueError("days, reference GPUs and the checkpoint interval must be > 0")
+    rate = i.interruptions / (i.days * DAY) / i.reference_gpus * i.gpus  # per second
+    ckpt = i.checkpoint_save / (i.checkpoint_interval + i.checkpoint_save)
+    out = []
+    for s in i.strategies:
+        cost = per_fault(i, s)
+        faults = min(1.0, rate * cost)
+        out.append(Result(s.name, rate * DAY, cost, faults, ckpt * (1 - faults),
+                          max(0.0, (1 - faults) * (1 - ckpt))))
+    return out
+
+
+def with_overrides(i: Inputs, sets: list[str]) -> Inputs:
+    """``strategy.field=value`` (the strategy's name up to its first space) or
+    ``field=value`` for a top-level input."""
+    for item in sets:
+        key, _, value = item.partition("=")
+        if not value:
+            raise ValueError(f"--set {item!r}: expected NAME=VALUE")
+        if "." in key:
+            who, attr = key.split(".", 1)
+            found = [s for s in i.strategies if s.name.split(" ")[0] == who]
+            if not found or attr not in Strategy.__dataclass_fields__ or attr == "name":
+                raise ValueError(f"--set {item!r}: no strategy field {key!r}")
+            new = replace(found[0], **{attr: float(value)})  # type: ignore[arg-type]
+            i = replace(i, strategies=tuple(new if s is found[0] else s
+                                            for s in i.strategies))
+        elif key in Inputs.__dataclass_fields__ and key != "strategies":
+            kind = type(getattr(i, key))
+            i = replace(i, **{key: kind(float(value))})
+        else:
+            raise ValueError(f"--set {item!r}: no input {key!r}")
+    return i
+
+
+def render(i: Inputs, results: list[Result]) -> str:
+    lines = ["PROJECTION (a model, not a measurement): ETTR of one long job", "",
+             "inputs:"]
+    for k, v in asdict(i).items():
+        if k != "strategies":
+            lines.append(f"  {k:<22} {v}")
+    lines += ["", "per-fault costs (seconds; ASSUMPTIONS, not measured):",
+              f"  {'strategy':<30} {'crash':>6} {'hang':>6} {'decide':>6} {'in place':>9} "
+              f"{'new node':>9}  note"]
+    for s in i.strategies:
+        lines.append(f"  {s.name:<30} {s.detect_crash:>6.0f} {s.detect_hang:>6.0f} "
+                     f"{s.decide:>6.0f} {s.restart_in_place:>9.0f} {s.restart_new_node:>9.0f}"
+                     f"  {s.note}")
+    lines += ["", "outputs:",
+              f"  {'strategy':<30} {'faults/day':>10} {'s/fault':>8} {'to faults':>10} "
+              f"{'to ckpt':>8} {'ETTR':>7}"]
+    for r in results:
+        lines.append(f"  {r.strategy:<30} {r.interruptions_per_day:>10.2f} "
+                     f"{r.seconds_per_interruption:>8.0f} {100 * r.lost_to_faults:>9.1f}% "
+                     f"{100 * r.lost_to_checkpoints:>7.1f}% {100 * r.ettr:>6.1f}%")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--gpus", type=int, default=Inputs.gpus)
+    p.add_argument("--checkpoint-interval", type=float, default=Inputs.checkpoint_interval)
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                   help="any other input, or STRATEGY.FIELD (e.g. ftagent.detect_hang=45)")
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args(argv)
+    try:
+        i = with_overrides(replace(Inputs(), gpus=a.gpus,
+                                   checkpoint_interval=a.checkpoint_interval), a.set)
+        results = project(i)
+    except ValueError as e:
+        print(f"goodput_projection: {e}", file=sys.stderr)
+        return 2
+    if a.json:
+        out: dict[str, Any] = {"projection": True, "inputs": asdict(i),
+                               "results": [asdict(r) for r in results]}
+        print(json.dumps(out, indent=2))
+    else:
+        print(render(i, results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,374 @@
+"""Where every second of a job went: a goodput ledger (issue 24).
+
+For one job the ledger attributes wall time, from the job's first registration to now (or
+its end), to categories that sum to that wall time exactly:
+
+- ``startup``: job start until the first step of generation 0;
+- ``productive``: training whose steps were kept;
+- ``recomputed``: training whose steps were redone after a restart (from the step the job
+  resumed at to the step it had reached when the fault began);
+- ``detection``: a fault's onset (a crash: when the agent saw it; a hang: the hung rank's
+  last step) until the agent's fault;
+- ``decision``: the agent's fault until the arbiter released the barrier of the new
+  generation (transit, policy, stack probes, the barrier's wait on every rank);
+- ``restart``: barrier released until every rank's first step of the new generation;
+
+"Every rank" is every rank that reports steps: many trainers print progress on one rank
+only, so a generation trains once each rank that reported steps before it has reported
+one in it (generation 0: the first step any rank reports, which in synchronous training
+every rank has done too), or once a rank reports a second time (one that went silent does
+not hold the ledger in ``restart``).
+- ``unattributed``: time the ledger cannot place (an arbiter that was down, a generation
+  change no fault explains, and after the job stopped for good).
+
+The resume step comes from the job itself: an explicit report (``resumed``: a "loaded
+checkpoint ... iteration N" line or an SDK call), else the first step of the new
+generation (its first step F means step F - 1 was the last one kept). Where neither is
+known the recomputed steps are ``None`` ("unknown"), never guessed, and the old
+generation's training stays ``productive``.
+
+Pure: no I/O, time passed in (wall-clock seconds, the registry's clock), so a test replays
+a job's events with an injected clock. Values from agents (step times, fault times) are
+clamped into the interval the ledger is placing, so a skewed or hostile clock moves time
+between adjacent categories at most, never outside the job's wall time.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+CATEGORIES = ("startup", "productive", "recomputed", "detection", "decision", "restart",
+              "unattributed")
+SAMPLES_KEPT = 4096  # (time, step) points kept per training stretch, for interpolation
+INCIDENTS_KEPT = 64  # per job, the newest
+FAULTS_KEPT = 64  # faults remembered until a decision names them
+
+
+class Mode(str, enum.Enum):
+    STARTUP = "startup"
+    TRAINING = "productive"
+    DETECTION = "detection"
+    DECISION = "decision"
+    RESTART = "restart"
+    OFF = "unattributed"  # stopped, or waiting on something the ledger cannot explain
+
+
+@dataclass(slots=True)
+class Stretch:
+    """Training time [start, end) of one generation, with its steps over time."""
+
+    generation: int
+    start: float
+    first_step: int  # the lowest first step of its ranks
+    end: float | None = None
+    samples: deque[tuple[float, int]] = field(
+        default_factory=lambda: deque(maxlen=SAMPLES_KEPT))
+    kept_until: float | None = None  # after this time its steps were redone (None: end)
+
+    def reached(self) -> int | None:
+        return self.samples[-1][1] if self.samples else None
+
+    def time_of(self, step: int) -> float:
+        """When this stretch completed ``step``: linear between the kept samples, its start
+        for a step at or before its first, its last sample's time for one after."""
+        prev: tuple[float, int] = (self.start, self.first_step)
+        if step <= prev[1]:
+            return self.start
+        for t, s in self.samples:
+            if s >= step:
+                if s == prev[1]:
+                    return t
+                return prev[0] + (t - prev[0]) * (step - prev[1]) / (s - prev[1])
+            prev = (max(t, prev[0]), s)
+        return prev[0]
+
+
+@dataclass(slots=True)
+class Incident:
+    """One restart: the fault's times, the decision, the new generation's first step."""
+
+    generation: int  # the generation restarted into
+    kind: str
+    onset: float
+    detected: float
+    decided: float
+    released: float | None = None
+    first_step_at: float | None = None
+    reached: int | None = None  # the step the old generation had reached
+    resumed: int | None = None  # the last step kept (the new generation starts after it)
+    resume_source: str = ""  # "reported" | "first_step" | "" (unknown)
+    recompute_seconds: float = 0.0
+
+    @property
+    def recomputed_steps(self) -> int | None:
+        if self.reached is None or self.resumed is None:
+            return None
+        return max(0, self.reached - self.resumed)
+
+    def durations(self) -> dict[str, float | None]:
+        """Seconds per stage (None: not reached yet)."""
+        return {
+            "detect": self.detected - self.onset,
+            "decide": None if self.released is None else self.released - self.detected,
+            "restart": None if self.first_step_at is None or self.released is None
+            else self.first_step_at - self.released,
+            "recompute": self.recompute_seconds,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Breakdown:
+    start: float
+    wall: float
+    seconds: dict[str, float]
+    recomputed_steps: int | None  # None: some restart's resume step is unknown
+    incidents: tuple[Incident, ...]  # this ledger's (not those carried over)
+    restarts: int = 0  # restarts placed, carried ones included
+
+    @property
+    def ettr(self) -> float:
+        """Effective training time ratio: productive / wall (0 before any time passed)."""
+        return self.seconds["productive"] / self.wall if self.wall > 0 else 0.0
+
+
+class Ledger:
+    """One job's wall time, placed as events arrive (see the module docstring).
+
+    ``carried``: seconds per category from before an arbiter restart (the job's history
+    record); they are added to what this ledger places from ``start`` on, as are
+    ``carried_steps`` (recomputed steps; None: unknown) and ``carried_restarts``.
+    ``midway``: the job was already running when the ledger started (no startup).
+    """
+
+    def __init__(self, start: float, world_size: int = 1,
+                 carried: dict[str, float] | None = None, midway: bool = False, *,
+                 carried_steps: int | None = 0, carried_restarts: int = 0) -> None:
+        self.start = start
+        self.world_size = max(1, world_size)
+        self.totals = dict.fromkeys(CATEGORIES, 0.0)
+        self.carried = {c: float((carried or {}).get(c, 0.0)) for c in CATEGORIES}
+        self.carried_steps, self.carried_restarts = carried_steps, carried_restarts
+        self.mode = Mode.STARTUP
+        self.since = start  # start of the open interval (in ``mode``)
+        self.generation = 0
+        self.first_steps: dict[int, tuple[int, float]] = {}  # rank -> (step, at) this gen
+        self.reporters: set[int] = set()  # ranks that ever reported a step
+        self._expected: set[int] = set()  # reporters known when this generation began
+        self._reports: dict[int, int] = {}  # rank -> summaries in this generation
+        self.stretches: list[Stretch] = []
+        self.incidents: deque[Incident] = deque(maxlen=INCIDENTS_KEPT)
+        self.faults: OrderedDict[str, tuple[str, float, float]] = OrderedDict()
+        self._exported: dict[str, float] = {}
+        if midway or any(self.carried.values()):
+            # met midway (an arbiter restarted under a running job): until every rank's
+            # next step, the ledger cannot say what the job is doing
+            self.mode = Mode.OFF
+        self.ended: float | None = None
+
+    # ------------------------------------------------------------------ events
+
+    def progress(self, rank: int, generation: int, step: int, at: float) -> None:
+        """Rank ``rank`` of ``generation`` completed ``step`` at ``at`` (its last step)."""
+        if self.ended is not None or step < 0:
+            return
+        if generation < self.generation:
+            self._late(generation, step)
+            return
+        if generation > self.generation:  # a generation no decision announced (reconcile)
+            self._new_generation(generation, self.since)
+        at = self._clamp(_finite(at, self.since))
+        if len(self.reporters) < self.world_size:
+            self.reporters.add(rank)
+        n = self._reports[rank] = self._reports.get(rank, 0) + 1
+        if rank not in self.first_steps:
+            self.first_steps[rank] = (step, at)
+        if self.mode in (Mode.STARTUP, Mode.RESTART, Mode.OFF) and (
+                self._expected <= self.first_steps.keys() or n >= 2):
+            self._begin_training(max(t for _, t in self.first_steps.values()))
+        cur = self._current()
+        if cur is not None and at >= cur.start and (not cur.samples
+                                                     or step > cur.samples[-1][1]):
+            cur.samples.append((max(at, cur.samples[-1][0] if cur.samples else at), step))
+
+    def resumed(self, generation: int, step: int) -> None:
+        """The job says generation ``generation`` resumed after ``step`` (a checkpoint
+        loaded at iteration ``step``, an SDK call): preferred over the first step seen.
+        Call it before the generation's first step (such lines come before it); later,
+        the first step has already decided."""
+        if step < 0 or generation < self.generation:
+            return
+        inc = self._incident(generation)
+        if inc is not None and inc.first_step_at is None:
+            inc.resumed, inc.resume_source = step, "reported"
+
+    def fault(self, fault_id: str, kind: str, onset: float, detected: float) -> None:
+        """A fault arrived: it began at ``onset`` (a hang: the rank's last step) and was
+        detected at ``detected``; a restart that names it uses these times."""
+        self.faults[fault_id] = (kind, onset, detected)
+        while len(self.faults) > FAULTS_KEPT:
+            self.faults.popitem(last=False)
+
+    def restart(self, generation: int, now: float, *, fault_id: str = "", kind: str = "",
+                onset: float | None = None, detected: float | None = None) -> None:
+        """A RESTART/REPLACE decision moves the job to ``generation`` at ``now``; the fault
+        that led to it (``fault_id``, else ``kind``, ``onset``, ``detected``) began at
+        ``onset`` and the agent saw it at ``detected`` (unknown: ``now``)."""
+        if self.ended is not None or generation <= self.generation:
+            return
+        if fault_id in self.faults:
+            kind, onset, detected = self.faults[fault_id]
+        now = max(_finite(now, self.since), self.since)
+        onset = None if onset is None else _finite(onset, now)
+        detected = None if detected is None else _finite(detected, now)
+        cur = self._current()
+        lo = max(self.since, cur.start) if cur is not None else self.since
+        detected = min(max(detected if detected is not None else now, lo), now)
+        onset = min(max(onset if onset is not None else detected, lo), detected)
+        reached = cur.reached() if cur is not None else None
+        if self.mode is Mode.TRAINING:
+            self._close(onset, Mode.DETECTION)
+            if cur is not None:
+                cur.end = onset
+        else:
+            onset = detected = max(self.since, onset)
+            self._close(onset, Mode.DETECTION)
+        self._close(detected, Mode.DECISION)
+        self._new_generation(generation, now)
+        self.incidents.append(Incident(generation, kind or "unknown", onset, detected, now,
+                                       reached=reached))
+
+    def released(self, generation: int, now: float) -> None:
+        """The barrier of ``generation`` was released: its trainers start."""
+        inc = self._incident(generation)
+        if inc is None or inc.released is not None or self.ended is not None:
+            return
+        inc.released = max(_finite(now, self.since), self.since)
+        if self.mode is Mode.DECISION and generation == self.generation:
+            self._close(inc.released, Mode.RESTART)
+
+    def end(self, now: float) -> None:
+        """The job ended (succeeded or stopped): the ledger stops at ``now``."""
+        if self.ended is not None:
+            return
+        now = max(_finite(now, self.since), self.since)
+        cur = self._current()
+        if cur is not None and cur.end is None:
+            cur.end = now
+        self._close(now, Mode.OFF)
+        self.ended = now
+
+    # ------------------------------------------------------------------ answers
+
+    def breakdown(self, now: float) -> Breakdown:
+        end = self.ended if self.ended is not None else max(_finite(now, self.since),
+                                                            self.since)
+        secs = {c: self.totals[c] + self.carried[c] for c in CATEGORIES}
+        secs[self.mode.value] += end - self.since
+        wall = end - self.start + sum(self.carried.values())
+        steps = self.carried_steps
+        for inc in self.incidents if steps is not None else ():
+            n = inc.recomputed_steps
+            if n is None:
+                if inc.first_step_at is not None:
+                    steps = None
+                    break
+                continue
+            assert steps is not None
+            steps += n
+        return Breakdown(self.start, wall, secs, steps, tuple(self.incidents),
+                         self.carried_restarts + len(self.incidents))
+
+    def exported(self, now: float) -> dict[str, float]:
+        """Per category, for Prometheus counters: never lower than a value exported
+        before (a restart moves time from productive to recomputed; the counter of
+        productive then holds until kept training passes it again)."""
+        for c, v in self.breakdown(now).seconds.items():
+            self._exported[c] = max(self._exported.get(c, 0.0), v)
+        return dict(self._exported)
+
+    # ------------------------------------------------------------------ internals
+
+    def _clamp(self, at: float) -> float:
+        return at if at >= self.since else self.since
+
+    def _current(self) -> Stretch | None:
+        s = self.stretches[-1] if self.stretches else None
+        return s if s is not None and s.generation == self.generation and s.end is None \
+            else None
+
+    def _incident(self, generation: int) -> Incident | None:
+        for inc in reversed(self.incidents):
+            if inc.generation == generation:
+                return inc
+        return None
+
+    def _close(self, at: float, mode: Mode) -> None:
+        at = max(at, self.since)
+        self.totals[self.mode.value] += at - self.since
+        self.since, self.mode = at, mode
+
+    def _new_generation(self, generation: int, at: float) -> None:
+        if self.mode is Mode.TRAINING:  # no fault explains it: say so
+            cur = self._current()
+            if cur is not None:
+                cur.end = max(at, self.since)
+            self._close(at, Mode.OFF)
+        self.generation = generation
+        self.first_steps, self._reports = {}, {}
+        self._expected = set(self.reporters)
+
+    def _late(self, generation: int, step: int) -> None:
+        """A step of a generation already restarted from (its agent's last summary, sent
+        with its exit, may come after the fault): the step it had reached, while the
+        restart's first step is not seen yet."""
+        inc = self.incidents[-1] if self.incidents else None
+        st = self.stretches[-1] if self.stretches else None
+        if (inc is None or inc.first_step_at is not None or st is None
+                or st.generation != generation or st.end is None or st.end > inc.onset):
+            return
+        if inc.reached is None or step > inc.reached:
+            inc.reached = step
+            st.samples.append((st.end, step))
+
+    def _begin_training(self, at: float) -> None:
+        at = max(at, self.since)
+        self._close(at, Mode.TRAINING)
+        first = min(s for s, _ in self.first_steps.values())
+        st = Stretch(self.generation, at, first)
+        self.stretches.append(st)
+        del self.stretches[:-SAMPLES_KEPT]
+        inc = self._incident(self.generation)
+        if inc is not None and inc.first_step_at is None:
+            inc.first_step_at = at
+            if inc.resume_source == "reported" and inc.resumed is not None:
+                self._recompute(inc, inc.resumed, "reported")
+            else:
+                self._recompute(inc, first - 1, "first_step")
+
+    def _recompute(self, inc: Incident, resumed: int, source: str) -> None:
+        """The job resumed after step ``resumed``: training before this incident that
+        completed later steps was redone; that time moves from productive to recomputed
+        (walking back over earlier stretches while they too lie after the resume step)."""
+        inc.resumed, inc.resume_source = resumed, source
+        moved = 0.0
+        for st in reversed(self.stretches):
+            if st.generation >= inc.generation or st.end is None:
+                continue
+            top = st.end if st.kept_until is None else st.kept_until
+            t = min(max(st.time_of(resumed), st.start), top)
+            moved += top - t
+            st.kept_until = t
+            if st.first_step <= resumed + 1:
+                break
+        moved = max(0.0, min(moved, self.totals["productive"]))
+        self.totals["productive"] -= moved
+        self.totals["recomputed"] += moved
+        inc.recompute_seconds = moved
+
+
+def _finite(t: float, default: float) -> float:
+    """``t``, or ``default`` for NaN and infinities (nothing then moves or goes missing)."""
+    return t if math.isfinite(t) else default

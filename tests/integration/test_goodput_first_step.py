@@ -1,0 +1,53 @@
+"""A new trainer's first step reaches the arbiter at once (agent/reporter.py, issue 24).
+
+Progress summaries are coalesced to one per progress interval; the goodput ledger takes
+the first step every rank reports in a new generation as the step the job resumed at and
+the moment it trains again. Coalesced, that first summary waited for the next slot and
+then carried a later step: the resume step came out too high and the restart too long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from ftagent.model import ProcessExit, Progress
+from ftagent.v1 import ftagent_pb2 as pb
+from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
+from tests.arbiter_helpers import ArbiterProcess, running_links, wait_until
+
+
+async def step_at_arbiter(address: str, job: str) -> int | None:
+    async with grpc.aio.insecure_channel(address) as ch:
+        try:
+            info = await pb_grpc.ArbiterStub(ch).GetJob(pb.GetJobRequest(job=job), timeout=5)
+        except grpc.aio.AioRpcError:
+            return None
+    return info.ranks[0].step if info.ranks else None
+
+
+def test_the_first_step_of_a_new_trainer_is_not_held_for_the_next_slot() -> None:
+    async def body(arbiter: ArbiterProcess) -> None:
+        async with running_links(arbiter.address, "first", 1, progress_interval=60) as (lk,):
+            lk.arrive(0)
+            assert await lk.wait_released(0, 5)
+            lk.started(0, released=True)
+            lk.report_progress(Progress(step=1), seconds_since_progress=0, hung=False)
+
+            async def at(step: int) -> bool:
+                return await step_at_arbiter(arbiter.address, "first") == step
+
+            await wait_until(lambda: at(1), 5, "step 1 at the arbiter", interval=0.05)
+            lk.report_progress(Progress(step=7), seconds_since_progress=0, hung=False)
+            lk.report_exit(ProcessExit(pid=1, code=1, signal=None), 0)  # flushes step 7
+            await wait_until(lambda: at(7), 5, "step 7 with the exit", interval=0.05)
+            lk.arrive(1)
+            assert await lk.wait_released(1, 5)
+            lk.started(1, released=True)
+            # the next slot is 60 s away: the new trainer's first step goes now anyway
+            lk.report_progress(Progress(step=6), seconds_since_progress=0, hung=False)
+            await wait_until(lambda: at(6), 5, "generation 1's first step", interval=0.05)
+
+    with ArbiterProcess() as arbiter:
+        asyncio.run(body(arbiter))

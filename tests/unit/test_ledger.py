@@ -1,0 +1,396 @@
+"""The goodput ledger (arbiter/ledger.py): each fault's shape, categories that sum to the
+wall time, recomputed steps equal to the steps redone (pure, injected times)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from ftagent.arbiter.history import History
+from ftagent.arbiter.history_file import FileHistory
+from ftagent.arbiter.ledger import CATEGORIES, Ledger
+from ftagent.arbiter.policy import PolicyConfig
+from ftagent.arbiter.registry import Connection, Registry
+from ftagent.arbiter.status_cli import format_goodput, format_jobs, to_dict
+from ftagent.arbiter.timeline import Timeline
+from ftagent.metrics import JobCollector
+from ftagent.model import Fault, FaultKind
+from ftagent.v1 import ftagent_pb2 as pb
+from ftagent.wire.convert import fault_to_proto
+
+
+def steps(led: Ledger, gen: int, first: int, last: int, t0: float, dt: float,
+          ranks: int = 2) -> float:
+    """Every rank completes steps first..last, one every ``dt`` from ``t0``; returns the
+    time of the last one."""
+    t = t0
+    for s in range(first, last + 1):
+        t = t0 + (s - first) * dt
+        for r in range(ranks):
+            led.progress(r, gen, s, t)
+    return t
+
+
+def check_sum(led: Ledger, now: float) -> dict[str, float]:
+    b = led.breakdown(now)
+    assert set(b.seconds) == set(CATEGORIES)
+    assert sum(b.seconds.values()) == pytest.approx(b.wall, abs=1e-9)
+    assert b.wall == pytest.approx(now - led.start, abs=1e-9)
+    assert all(v >= 0 for v in b.seconds.values()), b.seconds
+    return b.seconds
+
+
+def test_no_fault_startup_then_productive() -> None:
+    led = Ledger(100.0, world_size=2)
+    assert check_sum(led, 109.0)["startup"] == pytest.approx(9.0)
+    # generation 0 trains from the first step any rank reports (synchronous training:
+    # the other rank did it too, it may just not print it)
+    led.progress(0, 0, 1, 110.0)
+    led.progress(1, 0, 1, 110.2)
+    last = steps(led, 0, 2, 50, 111.0, 1.0)
+    led.end(last)
+    s = check_sum(led, last)
+    assert led.breakdown(500.0).seconds == s  # ended: later time does not count
+    assert s["startup"] == pytest.approx(10.0)
+    assert s["productive"] == pytest.approx(last - 110.0)
+    assert led.breakdown(500.0).recomputed_steps == 0
+    assert led.breakdown(500.0).ettr == pytest.approx((last - 110.0) / (last - 100.0))
+
+
+def test_a_restart_waits_for_every_rank_that_reports_steps_and_no_silent_one() -> None:
+    """Ranks 0 and 1 print steps, rank 2 never does (a trainer that logs on some ranks)."""
+    led = Ledger(0.0, world_size=3)
+    steps(led, 0, 1, 10, 1.0, 1.0)  # ranks 0 and 1
+    led.restart(1, 11.0, onset=10.5, detected=10.5)
+    led.released(1, 12.0)
+    led.progress(0, 1, 6, 15.0)
+    assert check_sum(led, 16.0)["restart"] == pytest.approx(4.0)  # rank 1 not yet
+    led.progress(1, 1, 6, 16.5)
+    s = check_sum(led, 17.0)
+    assert s["restart"] == pytest.approx(4.5) and s["productive"] > 0
+    # a rank that went silent holds nothing: the next summary of another one starts it
+    led.restart(2, 20.0, onset=19.0, detected=19.0)
+    led.released(2, 21.0)
+    led.progress(0, 2, 6, 23.0)
+    led.progress(0, 2, 7, 24.0)
+    assert check_sum(led, 25.0)["restart"] == pytest.approx(4.5 + 2.0)
+
+
+def test_crash_shape_and_recomputed_steps() -> None:
+    """Steps 1..40 at 1 s each from t=10; checkpoint at 30; crash at step 40 (t=49.5);
+    the agent sees it at once, the barrier is released at 52, the new generation's first
+    step is 31 at 60."""
+    led = Ledger(0.0, world_size=2)
+    steps(led, 0, 1, 40, 10.0, 1.0)
+    led.restart(1, 50.0, kind="crash", onset=49.5, detected=49.5)
+    led.released(1, 52.0)
+    assert check_sum(led, 55.0)["restart"] == pytest.approx(3.0)
+    steps(led, 1, 31, 45, 60.0, 1.0)
+    s = check_sum(led, 74.0)
+    b = led.breakdown(74.0)
+    assert s["startup"] == pytest.approx(10.0)
+    assert s["detection"] == pytest.approx(0.0)
+    assert s["decision"] == pytest.approx(2.5)  # 49.5 -> 52
+    assert s["restart"] == pytest.approx(8.0)  # 52 -> 60
+    # step 30 was done at t=39: 39 -> 49.5 was redone
+    assert s["recomputed"] == pytest.approx(10.5)
+    assert s["productive"] == pytest.approx((39.0 - 10.0) + (74.0 - 60.0))
+    assert b.recomputed_steps == 10  # steps 31..40
+    (inc,) = b.incidents
+    assert inc.resume_source == "first_step" and inc.resumed == 30 and inc.reached == 40
+    d = inc.durations()
+    assert d == {"detect": 0.0, "decide": pytest.approx(2.5), "restart": pytest.approx(8.0),
+                 "recompute": pytest.approx(10.5)}
+
+
+def test_hang_detection_runs_from_the_last_step() -> None:
+    led = Ledger(0.0, world_size=2)
+    steps(led, 0, 1, 20, 5.0, 1.0)  # last step at 24
+    led.restart(1, 60.0, kind="hang", onset=24.0, detected=59.0)
+    led.released(1, 65.0)
+    steps(led, 1, 1, 3, 70.0, 1.0)  # no checkpoint: starts over from step 1
+    s = check_sum(led, 72.0)
+    assert s["detection"] == pytest.approx(35.0)
+    assert s["decision"] == pytest.approx(6.0)
+    assert s["restart"] == pytest.approx(5.0)
+    assert s["recomputed"] == pytest.approx(19.0)  # everything after step 0: 5 -> 24
+    assert s["productive"] == pytest.approx(2.0)
+    assert led.breakdown(72.0).recomputed_steps == 20
+
+
+def test_reported_resume_step_wins_over_the_first_step() -> None:
+    led = Ledger(0.0, world_size=1)
+    steps(led, 0, 1, 10, 0.0, 1.0, ranks=1)  # step 1 at 0 ... step 10 at 9
+    led.restart(1, 10.0, kind="crash", onset=9.0, detected=9.0)
+    led.resumed(1, 5)  # "loaded checkpoint from iteration 5"
+    led.released(1, 11.0)
+    steps(led, 1, 8, 9, 12.0, 1.0, ranks=1)  # first summary seen at step 8
+    b = led.breakdown(13.0)
+    assert b.recomputed_steps == 5
+    assert b.seconds["recomputed"] == pytest.approx(5.0)  # step 5 at 4 -> 9
+    assert b.incidents[0].resume_source == "reported"
+
+
+def test_two_restarts_before_progress_is_kept_again() -> None:
+    """Gen 1 crashes before passing the checkpoint gen 0 had: the recompute of the second
+    incident reaches back over gen 1 into gen 0 without counting anything twice."""
+    led = Ledger(0.0, world_size=1)
+    steps(led, 0, 1, 20, 0.0, 1.0, ranks=1)  # step 20 at 19
+    led.restart(1, 20.0, onset=19.0, detected=19.0)
+    led.released(1, 21.0)
+    steps(led, 1, 11, 15, 22.0, 1.0, ranks=1)  # resumed after 10; step 15 at 26
+    led.restart(2, 27.0, onset=26.0, detected=26.0)
+    led.released(2, 28.0)
+    steps(led, 1, 11, 11, 0.0, 1.0, ranks=1)  # a late summary of gen 1: ignored
+    steps(led, 2, 6, 7, 29.0, 1.0, ranks=1)  # resumed after 5
+    b = led.breakdown(30.0)
+    check_sum(led, 30.0)
+    assert [i.recomputed_steps for i in b.incidents] == [10, 10]
+    assert b.recomputed_steps == 20
+    # gen 0: step 5 at 4 -> 19 redone (15 s); gen 1: 22 -> 26 (4 s)
+    assert b.seconds["recomputed"] == pytest.approx(19.0)
+    assert b.seconds["productive"] == pytest.approx(4.0 + 1.0)
+
+
+def test_skewed_agent_clocks_stay_inside_the_wall_time() -> None:
+    led = Ledger(100.0, world_size=1)
+    led.progress(0, 0, 1, -1e12)  # a step "before" the job started
+    steps(led, 0, 2, 5, 101.0, 1.0, ranks=1)
+    led.restart(1, 110.0, onset=1e12, detected=-5.0)  # nonsense fault times
+    led.released(1, 109.0)  # released "before" the decision
+    led.progress(0, 1, 3, 1e12)
+    s = check_sum(led, 1e12 + 1)
+    assert s["restart"] >= 0
+
+
+def test_non_finite_times_move_nothing() -> None:
+    nan, inf = float("nan"), float("inf")
+    led = Ledger(0.0, world_size=1)
+    led.progress(0, 0, 1, nan)
+    steps(led, 0, 2, 5, 1.0, 1.0, ranks=1)
+    led.fault("f", "crash", nan, -inf)
+    led.restart(1, 10.0, fault_id="f")
+    led.released(1, inf)
+    led.progress(0, 1, 3, inf)
+    s = check_sum(led, 12.0)
+    assert all(v == v for v in s.values())
+    led.end(nan)
+    assert sum(led.breakdown(nan).seconds.values()) == pytest.approx(led.breakdown(0).wall)
+
+
+def test_unknown_resume_is_none_not_guessed() -> None:
+    led = Ledger(0.0, world_size=2)
+    steps(led, 0, 1, 5, 1.0, 1.0)
+    led.restart(1, 10.0, onset=6.0, detected=6.0)
+    b = led.breakdown(12.0)
+    assert b.incidents[0].recomputed_steps is None  # the new generation has no step yet
+    assert b.recomputed_steps == 0
+    led.released(1, 11.0)
+    check_sum(led, 12.0)
+
+
+def test_exported_counters_never_go_down() -> None:
+    led = Ledger(0.0, world_size=1)
+    steps(led, 0, 1, 10, 0.0, 1.0, ranks=1)
+    before = led.exported(9.0)["productive"]
+    led.restart(1, 10.0, onset=9.0, detected=9.0)
+    led.released(1, 10.0)
+    steps(led, 1, 1, 2, 11.0, 1.0, ranks=1)
+    after = led.exported(12.0)
+    assert after["productive"] >= before
+    assert led.breakdown(12.0).seconds["productive"] < before
+
+
+def test_carried_totals_continue_after_an_arbiter_restart() -> None:
+    led = Ledger(1000.0, world_size=1, carried={"productive": 50.0, "startup": 5.0})
+    led.progress(0, 3, 100, 1010.0)  # the job went on while the arbiter was away
+    s = check_sum_carried(led, 1020.0, 55.0)
+    assert s["productive"] == pytest.approx(60.0)
+    assert s["unattributed"] == pytest.approx(10.0)
+
+
+def check_sum_carried(led: Ledger, now: float, carried: float) -> dict[str, float]:
+    b = led.breakdown(now)
+    assert sum(b.seconds.values()) == pytest.approx(b.wall, abs=1e-9)
+    assert b.wall == pytest.approx(now - led.start + carried)
+    return b.seconds
+
+
+# ---------------------------------------------------------------- fed by the registry
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _registry(clock: Clock, history: History) -> Registry:
+    return Registry(PolicyConfig(max_restarts=3), Timeline(), None, "a", clock=clock,
+                    history=history)
+
+
+def _progress(reg: Registry, conns: list[Connection], step: int, clock: Clock) -> None:
+    for c in conns:
+        reg.handle(c, pb.AgentMessage(progress=pb.ProgressSummary(
+            step=step, ts=clock.now, seconds_since_progress=0.0)), 0.0)
+
+
+def _crash_job(reg: Registry, clock: Clock) -> list[Connection]:
+    """Two ranks: 5 s startup, steps 1..20 (1 s each), a crash at step 20 (+0.5 s),
+    3 s to the barrier's release, 4 s to the first step (11: resumed after 10)."""
+    conns = [Connection(f"peer-{r}") for r in range(2)]
+    for r, c in enumerate(conns):
+        reg.hello(c, pb.Hello(job="j", rank=r, world_size=2, agent_instance=f"i{r}"))
+    for c in conns:
+        reg.handle(c, pb.AgentMessage(arrival=pb.BarrierArrival(generation=0)), 0.0)
+    clock.now += 5
+    for step in range(1, 21):
+        _progress(reg, conns, step, clock)
+        clock.now += 1
+    clock.now -= 0.5
+    f = fault_to_proto(Fault(FaultKind.CRASH, "boom", detected_at=clock.now), 0,
+                       exit_status=1)
+    reg.handle(conns[1], pb.AgentMessage(fault=f), 0.0)
+    clock.now += 3
+    for c in conns:
+        reg.handle(c, pb.AgentMessage(arrival=pb.BarrierArrival(generation=1)), 0.0)
+    clock.now += 4
+    for step in range(11, 16):
+        _progress(reg, conns, step, clock)
+        clock.now += 1
+    return conns
+
+
+def test_the_registry_feeds_the_ledger_into_status_and_metrics() -> None:
+    clock = Clock()
+    start = clock.now
+    reg = _registry(clock, History())
+    _crash_job(reg, clock)
+    g = reg.job_info(reg.jobs[("", "j")], ranks=False).goodput
+    assert g.wall_seconds == pytest.approx(clock.now - start)
+    assert sum(g.seconds.values()) == pytest.approx(g.wall_seconds)
+    assert g.seconds["startup"] == pytest.approx(5.0)
+    assert g.seconds["decision"] == pytest.approx(3.0)
+    assert g.seconds["restart"] == pytest.approx(4.0)
+    assert g.seconds["recomputed"] == pytest.approx(10.5)  # step 10 (+14 s) -> crash (+24.5)
+    assert g.recomputed_steps == 10 and g.incidents == 1
+    assert g.ratio == pytest.approx(g.seconds["productive"] / g.wall_seconds)
+    listing = format_jobs([reg.job_info(reg.jobs[("", "j")], ranks=False), pb.JobInfo(job="x")])
+    assert "GOODPUT" in listing and f"{100 * g.ratio:.1f}%" in listing
+    text = format_goodput(g)
+    odd = pb.Goodput(wall_seconds=1.0, seconds={"x\x1b[2Jy" + "z" * 100: 1.0})
+    assert "\x1b" not in format_goodput(odd) and "z" * 40 not in format_goodput(odd)
+    assert text.startswith("goodput: ") and "10 steps recomputed" in text
+    assert to_dict(pb.JobInfo(goodput=g))["goodput"]["seconds"]["restart"] == \
+        pytest.approx(4.0)
+    assert to_dict(pb.JobInfo())["goodput"] is None
+
+    registry_ = CollectorRegistry()
+    registry_.register(JobCollector(reg.job_snapshots))
+    out = generate_latest(registry_).decode()
+    assert 'ftagent_job_goodput_seconds_total{category="restart",job_name="j",' \
+        'namespace=""} 4.0' in out
+    assert 'ftagent_job_goodput_ratio{job_name="j",namespace=""}' in out
+
+
+def test_the_ledger_survives_an_arbiter_restart(tmp_path: Path) -> None:
+    clock = Clock()
+    start = clock.now
+    reg = _registry(clock, History(FileHistory(str(tmp_path))))
+    conns = _crash_job(reg, clock)
+    before = reg.job_info(reg.jobs[("", "j")], ranks=False).goodput
+    reg.history.close()
+    clock.now += 30  # the arbiter is away for 30 s
+    reg2 = _registry(clock, History(FileHistory(str(tmp_path))))
+    conns = [Connection(f"peer-{r}") for r in range(2)]
+    for r, c in enumerate(conns):
+        reg2.hello(c, pb.Hello(job="j", rank=r, world_size=2, agent_instance=f"i{r}",
+                               generation=1, released_generation=1, trainer_running=True,
+                               restart_count=1))
+    _progress(reg2, conns, 50, clock)
+    g = reg2.job_info(reg2.jobs[("", "j")], ranks=False).goodput
+    assert g.wall_seconds == pytest.approx(clock.now - start, abs=1.5)
+    assert g.seconds["restart"] == pytest.approx(before.seconds["restart"])
+    assert g.seconds["startup"] == pytest.approx(5.0)
+    assert g.seconds["productive"] >= 30.0 + before.seconds["productive"]  # it went on
+    assert (g.recomputed_steps, g.incidents) == (10, 1)  # carried over
+    # and once its agents are gone, the history's record says the same
+    for c in conns:
+        reg2.handle(c, pb.AgentMessage(exit=pb.TrainerExit(generation=1, exit_code=0)), 0.0)
+        reg2.disconnect(c)
+    clock.now += 4000
+    reg2.tick()
+    assert not reg2.jobs
+    past = reg2.find_any("j", "")
+    assert past is not None
+    gp = reg2.info(past, ranks=False).goodput
+    assert (gp.recomputed_steps, gp.incidents) == (10, 1)
+    assert gp.wall_seconds == pytest.approx(sum(gp.seconds.values()))
+    assert gp.seconds["productive"] == pytest.approx(g.seconds["productive"], abs=0.01)
+
+
+def test_a_rank_waiting_at_the_barrier_still_reports_its_previous_trainer() -> None:
+    """Lines the crashed trainer printed are read after its exit: the agent has arrived for
+    generation 1 already, but that step is generation 0's (the step it had reached), not
+    the first step of generation 1."""
+    clock = Clock()
+    reg = _registry(clock, History())
+    conns = [Connection(f"peer-{r}") for r in range(2)]
+    for r, c in enumerate(conns):
+        reg.hello(c, pb.Hello(job="j", rank=r, world_size=2, agent_instance=f"i{r}"))
+    for c in conns:
+        reg.handle(c, pb.AgentMessage(arrival=pb.BarrierArrival(generation=0)), 0.0)
+    for step in range(1, 21):
+        _progress(reg, conns, step, clock)
+        clock.now += 1
+    f = fault_to_proto(Fault(FaultKind.CRASH, "boom", detected_at=clock.now), 0,
+                       exit_status=1)
+    reg.handle(conns[1], pb.AgentMessage(fault=f), 0.0)
+    reg.handle(conns[1], pb.AgentMessage(arrival=pb.BarrierArrival(generation=1)), 0.0)
+    _progress(reg, conns[1:], 21, clock)  # generation 0's last line, read late
+    clock.now += 1
+    reg.handle(conns[0], pb.AgentMessage(arrival=pb.BarrierArrival(generation=1)), 0.0)
+    clock.now += 2
+    _progress(reg, conns, 11, clock)
+    g = reg.job_info(reg.jobs[("", "j")], ranks=False).goodput
+    assert g.recomputed_steps == 11  # steps 11..21 are done twice
+    assert g.seconds["restart"] == pytest.approx(2.0)
+
+
+def test_the_report_shows_the_ledger_from_the_arbiter() -> None:
+    pytest.importorskip("matplotlib")
+    from ftagent import report
+
+    info = {"job": "llama", "timeline": [], "goodput": {
+        "wall_seconds": 100.0, "ratio": 0.8, "recomputed_steps": 12,
+        "seconds": {"productive": 80.0, "restart": 15.0, "<b>x</b>": 5.0, "bad": "1"}}}
+    d = report.from_job_info(info, now=1.0)
+    assert d.ledger == {"productive": 80.0, "restart": 15.0, "<b>x</b>": 5.0}
+    page = report.render(d)
+    assert '<table id="ledger">' in page and "80.0% of 100 s" in page
+    assert "12 steps recomputed" in page and "<b>x</b>" not in page
+    assert "<td>restart</td><td>15.0</td><td>15.0%</td>" in page
+    assert '<table id="ledger">' not in report.render(report.from_job_info(
+        {"job": "j", "goodput": None}, now=1.0))
+
+
+def test_a_trainer_started_failing_open_reports_its_own_generation() -> None:
+    """Agents that restarted into generation 1 while no arbiter answered (released up to
+    0, a trainer of 1 running): their steps are generation 1's, with no startup."""
+    clock = Clock()
+    reg = _registry(clock, History())
+    c = Connection()
+    reg.hello(c, pb.Hello(job="j", rank=0, world_size=1, agent_instance="i", generation=1,
+                          released_generation=0, trainer_running=True, restart_count=1))
+    clock.now += 1
+    _progress(reg, [c], 7, clock)
+    clock.now += 1
+    led = reg.stats[("", "j")][1].ledger
+    assert led is not None and led.generation == 1
+    g = reg.job_info(reg.jobs[("", "j")], ranks=False).goodput
+    assert g.seconds["startup"] == 0.0 and g.seconds["productive"] == pytest.approx(1.0)
