@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -147,3 +148,32 @@ def test_warm_restart_from_the_bundle(bundle: Path, tmp_path: Path) -> None:
     starts = [json.loads(x) for x in events.read_text().splitlines()
               if json.loads(x)["event"] == "standby"]
     assert [s["kind"] for s in starts][-1:] == ["warm"], starts
+
+
+def glibc_floor(root: Path) -> tuple[int, int]:
+    """The newest ``GLIBC_x.y`` symbol version any binary of the bundle needs: the oldest
+    glibc a training image may have for the injected agent to start there."""
+    newest = (2, 0)
+    for f in root.parent.rglob("*"):
+        if not f.is_file() or f.is_symlink():
+            continue
+        with f.open("rb") as fh:
+            if fh.read(4) != b"\x7fELF":
+                continue
+        out = subprocess.run(["objdump", "-T", str(f)], capture_output=True, text=True,
+                             timeout=60).stdout
+        for major, minor in re.findall(r"\bGLIBC_(\d+)\.(\d+)\b", out):
+            newest = max(newest, (int(major), int(minor)))
+    return newest
+
+
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="no objdump (binutils)")
+def test_the_glibc_floor_the_docs_state_is_the_bundles(bundle: Path) -> None:
+    """Issue 21: a training image with an older glibc than the bundle needs cannot start
+    the agent (the entry shim then runs the trainer without it). The compatibility page
+    states the floor of the bundle `make bundle` / `make image` build here; this reads it
+    from the binaries, so the page cannot drift."""
+    major, minor = glibc_floor(bundle)
+    page = (ROOT / "docs" / "compatibility.md").read_text()
+    row = next(line for line in page.splitlines() if line.startswith("| glibc"))
+    assert f"make image`: {major}.{minor}" in row, (f"bundle needs glibc {major}.{minor}", row)
