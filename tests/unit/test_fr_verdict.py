@@ -1,0 +1,160 @@
+"""Flight-recorder summaries and the verdict, on dumps recorded from real gloo jobs
+(tests/fixtures/flight_recorder/record.py says how) and on hand-built summaries."""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+from typing import Any
+
+import pytest
+
+from ftagent.agent.fr_summary import DumpError, load_dump, summarize
+from ftagent.arbiter.fr_verdict import decide
+
+FIX = os.path.join(os.path.dirname(__file__), "..", "fixtures", "flight_recorder")
+
+
+def recorded(scenario: str) -> dict[int, dict[str, Any]]:
+    d = os.path.join(FIX, scenario)
+    out = {}
+    for name in sorted(os.listdir(d)):
+        rank = int(name.removeprefix("rank").removesuffix(".pkl"))
+        with open(os.path.join(d, name), "rb") as f:
+            out[rank] = summarize(load_dump(f.read()), rank)
+    return out
+
+
+def test_summary_of_a_real_dump_is_bounded_plain_json() -> None:
+    s = recorded("behind")[0]
+    (g,) = s["groups"]
+    assert (g["name"], g["enqueued"], g["completed"]) == ("0", 4, 3)
+    assert [e["seq"] for e in g["entries"]] == [1, 2, 3, 4]
+    last = g["entries"][-1]
+    assert (last["op"], last["in_sizes"], last["dtypes"]) == ("all_reduce", [[4]], ["Float"])
+    assert last["frames"] and "record.py" in last["frames"][-1]
+    import json
+    assert json.loads(json.dumps(s)) == s
+
+
+def test_rank_that_never_enqueued_the_collective_is_named() -> None:
+    v = decide(recorded("behind"), world=2)
+    assert (v.kind, v.culprits) == ("behind", (1,))
+    assert "rank 1 at #3 never reached collective #4 (all_reduce) of process group 0" \
+        in v.message
+
+
+def test_op_mismatch_names_both_calls() -> None:
+    v = decide(recorded("mismatch_op"), world=2)
+    assert (v.kind, v.culprits) == ("mismatch", (0, 1))
+    assert "mismatch (op) at #4" in v.message
+    assert "rank 0 all_reduce([4] Float)" in v.message
+    assert "rank 1 all_gather([4] Float)" in v.message
+
+
+def test_size_mismatch_names_both_sizes() -> None:
+    # gloo aborts on a size mismatch before a dump (record.py): NCCL hangs; build it
+    s = recorded("behind")
+    s[1] = copy.deepcopy(s[0])
+    s[1]["rank"] = 1
+    s[1]["groups"][0]["entries"][-1]["in_sizes"] = [[8]]
+    v = decide(s, world=2)
+    assert (v.kind, v.culprits) == ("mismatch", (0, 1))
+    assert "mismatch (sizes) at #4" in v.message and "all_reduce([8] Float)" in v.message
+
+
+def test_inner_group_culprit_found_before_the_world_group() -> None:
+    v = decide(recorded("inner"), world=4)
+    assert (v.kind, v.culprits) == ("behind", (3,))
+    assert "rank 3 at #1 never reached collective #2 (all_reduce) of process group 2" \
+        in v.message
+    waiting = [f for f in v.findings if f.kind == "waiting"]
+    assert [(f.group, f.ranks) for f in waiting] == [("0", (2,))]
+
+
+def _group(name: str, enq: int, done: int, op: str = "all_reduce",
+           sizes: list[list[int]] | None = None) -> dict[str, Any]:
+    return {"name": name, "desc": "", "ranks": [], "enqueued": enq, "started": -1,
+            "completed": done,
+            "entries": [{"seq": enq, "op": op, "in_sizes": sizes or [[4]], "out_sizes": [],
+                         "dtypes": ["Float"], "state": "scheduled", "frames": []}]}
+
+
+def test_three_groups_hand_built_inner_culprit() -> None:
+    # world {0..3}; dp {0,1} and {2,3}. Rank 0 never enqueues dp-1 #7: rank 1 waits in
+    # it; ranks 2,3 (done with their dp) wait in world #5, where 0 and 1 are behind.
+    s = {0: {"rank": 0, "groups": [_group("0", 4, 4), _group("1", 6, 6)]},
+         1: {"rank": 1, "groups": [_group("0", 4, 4), _group("1", 7, 6)]},
+         2: {"rank": 2, "groups": [_group("0", 5, 4), _group("2", 7, 7)]},
+         3: {"rank": 3, "groups": [_group("0", 5, 4), _group("2", 7, 7)]}}
+    v = decide(s, world=4)
+    assert (v.kind, v.culprits) == ("behind", (0,))
+    assert "process group 1" in v.message
+    world = [f for f in v.findings if f.group == "0"]
+    assert {(f.kind, f.ranks) for f in world} == {("waiting", (1,)), ("behind", (0,))}
+
+
+def test_everyone_inside_the_same_collective_is_a_stall() -> None:
+    s = {r: {"rank": r, "groups": [_group("0", 9, 8)]} for r in range(2)}
+    v = decide(s, world=2)
+    assert (v.kind, v.culprits) == ("stall", (0, 1))
+    assert "inside collective #9" in v.message
+
+
+def test_rank_without_a_dump_is_unresponsive() -> None:
+    s: dict[int, Any] = {0: {"rank": 0, "groups": [_group("0", 9, 8)]}, 1: None}
+    v = decide(s, world=3)
+    assert (v.kind, v.culprits) == ("unresponsive", (1, 2))
+
+
+def test_no_one_stuck_is_no_verdict() -> None:
+    s = {r: {"rank": r, "groups": [_group("0", 9, 9)]} for r in range(2)}
+    assert decide(s, world=2).kind == "none"
+
+
+@pytest.mark.parametrize("junk", [None, 7, "x", {"groups": "x"}, {"groups": [None, 3]},
+                                  {"groups": [{"name": 5, "enqueued": "9", "entries": 4}]}])
+def test_junk_summaries_are_no_dump_not_a_crash(junk: Any) -> None:
+    good = {"rank": 0, "groups": [_group("0", 9, 8)]}
+    v = decide({0: good, 1: junk}, world=2)
+    assert v.kind in ("unresponsive", "stall", "behind")
+
+
+class _Boom:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, ("touch /tmp/ftagent-fr-pwned",))
+
+
+def test_malicious_pickle_is_refused_and_never_runs(tmp_path: Any) -> None:
+    data = pickle.dumps({"entries": [], "x": _Boom()})
+    with pytest.raises(DumpError, match="names a callable"):
+        load_dump(data)
+    assert not os.path.exists("/tmp/ftagent-fr-pwned")
+
+
+@pytest.mark.parametrize("data", [b"", b"not a pickle", pickle.dumps([1, 2]),
+                                  pickle.dumps({"entries": 3})])
+def test_unreadable_dumps_are_a_clear_error(data: bytes) -> None:
+    with pytest.raises(DumpError):
+        load_dump(data)
+
+
+def test_oversized_dump_is_refused_before_parsing(monkeypatch: Any) -> None:
+    from ftagent.agent import fr_summary
+
+    monkeypatch.setattr(fr_summary, "MAX_DUMP_BYTES", 100)
+    with pytest.raises(DumpError, match="over the 100 limit"):
+        load_dump(pickle.dumps({"entries": [], "pad": "x" * 200}))
+
+
+def test_summary_bounds_a_huge_dump() -> None:
+    e = {"collective_seq_id": 1, "profiling_name": "gloo:" + "a" * 10_000, "pg_id": 0,
+         "process_group": ("0", "default_pg"), "input_sizes": [[1] * 100] * 100,
+         "input_dtypes": ["Float"] * 100, "frames": [{"filename": "f", "line": 1}] * 100}
+    s = summarize({"entries": [e] * 1000, "pg_status": {str(i): {} for i in range(500)}}, 0)
+    assert len(s["groups"]) == 64
+    g = s["groups"][0]
+    assert len(g["entries"]) == 4
+    assert len(g["entries"][0]["op"]) <= 160 and len(g["entries"][0]["in_sizes"]) == 8
+    assert len(g["entries"][0]["frames"]) == 6
