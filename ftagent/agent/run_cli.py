@@ -135,6 +135,9 @@ def build_agent(cfg: RunConfig, environ: Mapping[str, str], rundir: str, *,
     from ftagent.agent.standby import use_warm_restarts
 
     use_warm_restarts(agent, cfg, rundir)  # the spawn seam: a warm standby, else cold
+    from ftagent.agent.flight_recorder import use_flight_recorder
+
+    use_flight_recorder(agent, cfg, rundir)  # TORCH_FR_* env, per-attempt dumps, trigger
     if node_sources:
         add_nic(agent, cfg, environ, registry, labels)
         add_gpu(agent, cfg, environ, registry, labels)
