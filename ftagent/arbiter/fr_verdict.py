@@ -21,6 +21,7 @@ finding is kept for the message.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -133,7 +134,8 @@ def decide(summaries: Mapping[int, Any], world: int | None = None) -> Verdict:
     ranks = set(list(summaries)[:MAX_RANKS])
     if world is not None:
         ranks |= set(range(min(world, MAX_RANKS)))
-    silent = sorted(r for r in ranks if not isinstance(summaries.get(r), Mapping))
+    silent = sorted(r for r in ranks if not isinstance(summaries.get(r), Mapping)
+                    or not isinstance(summaries[r].get("groups"), list))
     groups = _groups(summaries)
     order = sorted(groups, key=lambda n: (len(groups[n]), n))
     findings: list[Finding] = []
@@ -209,3 +211,22 @@ def _mismatch(name: str, members: Mapping[int, _Rank], low_done: int) -> Finding
 def _list(ranks: Any) -> str:
     rs = sorted(ranks)
     return ", ".join(map(str, rs[:16])) + (f" and {len(rs) - 16} more" if len(rs) > 16 else "")
+
+
+def summary_of(stacks_json: str, rank: int) -> dict[str, Any] | None:
+    """The ``flight_recorder`` part of a rank's DUMP_STACKS answer (agent/flight_recorder.py)
+    as the summary of ``rank`` itself: None when the agent sent none (recorder off, an old
+    agent), ``{}`` when it sent the key but no dump of its own rank came. A summary that
+    claims another rank is not taken: one agent speaks for its own rank only."""
+    try:
+        data = json.loads(stacks_json)
+    except (ValueError, TypeError, RecursionError):
+        return None
+    fr = data.get("flight_recorder") if isinstance(data, dict) else None
+    if not isinstance(fr, dict):
+        return None
+    listed = fr.get("summaries")
+    for s in listed[:64] if isinstance(listed, list) else []:
+        if isinstance(s, dict) and _int(s.get("rank")) == rank:
+            return s
+    return {}

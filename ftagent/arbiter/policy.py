@@ -58,6 +58,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ftagent.arbiter import fr_verdict
 from ftagent.arbiter.barrier import barrier_expired, rank_list
 from ftagent.arbiter.state import Decision, JobState, Verdict
 from ftagent.arbiter.straggler import StragglerAction
@@ -221,7 +222,7 @@ def decide_stacks(job: JobState, now: float, cfg: PolicyConfig, *,
         ranks, why = busy
         return [Decision(Verdict.ALERT_ONLY, f"job busy, not hung ({got}): {why}; no restart",
                          job.generation, rank=ranks[0], fault_id=probe.fault_id)]
-    culprits, why = name_culprit(steps, stacks)
+    culprits, why = flight_recorder_culprit(job) or name_culprit(steps, stacks)
     rep = FaultReport(Fault(FaultKind.HANG, "job hang", id=probe.fault_id), probe.rank,
                       job.generation, probe.exit_status)
     culprit = culprits[0] if len(culprits) == 1 else None
@@ -242,6 +243,19 @@ def decide_tick(job: JobState, now: float, cfg: PolicyConfig) -> list[Decision]:
                                    f"{now - outage.since:.0f}s: replacing rank {rank}", rep,
                                    cfg, replace=rank)
     return barrier_expired(job, now, cfg.barrier_timeout)
+
+
+def flight_recorder_culprit(job: JobState) -> tuple[list[int], str] | None:
+    """The flight recorder's culprit (arbiter/fr_verdict.py) when every rank that sent
+    stacks sent its summary too and it names one: a rank that never reached collective #N
+    of a group, or a collective mismatch. Else None: the stacks decide (name_culprit)."""
+    sent = {r.rank: r.fr for r in job.ranks.values() if r.stack is not None}
+    if len(sent) < 2 or any(s is None for s in sent.values()):
+        return None
+    v = fr_verdict.decide(sent)
+    if v.kind in ("mismatch", "behind") and v.culprits:
+        return list(v.culprits), f"flight recorder: {v.message}"
+    return None
 
 
 def name_culprit(steps: Mapping[int, int], stacks: Mapping[int, str]) -> tuple[list[int], str]:
@@ -353,6 +367,8 @@ def stack_signature(stacks_json: str, frames_per_thread: int = 4) -> str:
     except (ValueError, TypeError):
         return stacks_json.strip()
     tag = ""
+    if isinstance(data, dict):  # the flight recorder's summaries are not stacks
+        data.pop("flight_recorder", None)
     if isinstance(data, dict) and isinstance(data.get("liveness"), dict):
         live = data.pop("liveness")
         state = "hung" if live.get("declared") else str(live.get("state") or "unknown")

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from ftagent.arbiter import barrier, convert, policy
+from ftagent.arbiter import barrier, convert, fr_verdict, policy
 from ftagent.arbiter.history import History, JobRecord, JobStats, shown_state
 from ftagent.arbiter.state import Decision, JobPhase, JobState, RankState, Verdict, apply
 from ftagent.arbiter.straggler import JobTimings, RankTiming, StragglerConfig, StragglerWatch
@@ -275,6 +275,7 @@ class Registry:
                     del rs.pending[slot]
         elif body == "stacks":
             rs.stack = policy.stack_signature(m.stacks.json)
+            rs.fr = fr_verdict.summary_of(m.stacks.json, rs.rank)
             self._note(job, now, "stacks", f"stacks received ({len(m.stacks.json)} bytes)",
                        rank=rs.rank)
             self.execute(job, policy.decide_stacks(job, now, self.cfg), now)

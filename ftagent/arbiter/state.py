@@ -22,6 +22,7 @@ from __future__ import annotations
 import enum
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 SEEN_FAULTS_KEPT = 10_000  # per job; duplicate ids older than this are long acknowledged
 
@@ -93,6 +94,9 @@ class RankState:
     last_fault: str = ""
     last_exit_status: int | None = None
     stack: str | None = None  # signature of the stacks sent for the current hang probe
+    # its flight-recorder summary sent with those stacks (fr_verdict.summary_of); read
+    # only while ``stack`` is set, so the resets of ``stack`` retire it too
+    fr: dict[str, Any] | None = None
     # Commands sent but not acknowledged, re-sent on reconnect: slot -> (id, bytes).
     pending: dict[str, tuple[str, bytes]] = field(default_factory=dict)
     conn: object | None = None  # the registry's live connection, if any

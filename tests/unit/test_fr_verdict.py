@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 import pickle
 from typing import Any
@@ -34,7 +35,6 @@ def test_summary_of_a_real_dump_is_bounded_plain_json() -> None:
     last = g["entries"][-1]
     assert (last["op"], last["in_sizes"], last["dtypes"]) == ("all_reduce", [[4]], ["Float"])
     assert last["frames"] and "record.py" in last["frames"][-1]
-    import json
     assert json.loads(json.dumps(s)) == s
 
 
@@ -158,3 +158,66 @@ def test_summary_bounds_a_huge_dump() -> None:
     assert len(g["entries"]) == 4
     assert len(g["entries"][0]["op"]) <= 160 and len(g["entries"][0]["in_sizes"]) == 8
     assert len(g["entries"][0]["frames"]) == 6
+
+
+# ------------------------------------------------------------------ at the arbiter
+
+
+def _job_hang_with(stacks_json: dict[int, str]) -> Any:
+    from ftagent.arbiter.policy import PolicyConfig, decide_stacks
+    from ftagent.arbiter.state import HangProbe, JobPhase, JobState, RankState
+
+    j = JobState(job="j", world_size=len(stacks_json), max_restarts=3,
+                 phase=JobPhase.RUNNING)
+    j.hang_probe = HangProbe(fault_id="f", rank=0, deadline=1e9)
+    for r, sj in stacks_json.items():
+        from ftagent.arbiter.fr_verdict import summary_of
+        from ftagent.arbiter.policy import stack_signature
+
+        j.ranks[r] = RankState(rank=r, connected=True, step=10)
+        j.ranks[r].stack = stack_signature(sj)
+        j.ranks[r].fr = summary_of(sj, r)
+    (d,) = decide_stacks(j, 0.0, PolicyConfig(max_restarts=3))
+    return d
+
+
+WAITING = {"processes": [{"stack": "Thread 1 (idle): \"MainThread\"\n    all_reduce "
+                                   "(torch/distributed/distributed_c10d.py:3252)\n"}]}
+
+
+def test_arbiter_names_a_mismatch_the_stacks_cannot() -> None:
+    # both ranks wait in a collective: by stacks, "no single culprit" (issue 22)
+    s = recorded("mismatch_op")
+    plain = {r: json.dumps(WAITING) for r in s}
+    assert "no single culprit" in _job_hang_with(plain).reason
+    with_fr = {r: json.dumps({**WAITING, "flight_recorder": {"summaries": [s[r]]}})
+               for r in s}
+    d = _job_hang_with(with_fr)
+    assert "flight recorder: collective mismatch (op) at #4" in d.reason
+    assert "rank 1 all_gather" in d.reason
+
+
+def test_arbiter_names_the_rank_behind_from_the_flight_recorder() -> None:
+    s = recorded("behind")
+    d = _job_hang_with({r: json.dumps({**WAITING, "flight_recorder": {"summaries": [s[r]]}})
+                        for r in s})
+    assert d.rank == 1 and "flight recorder: rank 1 at #3 never reached" in d.reason
+
+
+def test_summary_of_takes_only_the_senders_own_rank() -> None:
+    from ftagent.arbiter.fr_verdict import summary_of
+
+    s = recorded("behind")
+    sj = json.dumps({"flight_recorder": {"summaries": [s[1]]}})
+    assert summary_of(sj, 1) == s[1]
+    assert summary_of(sj, 0) == {}  # a claim for another rank: no dump of its own
+    assert summary_of(json.dumps(WAITING), 0) is None  # recorder off: stacks decide
+    assert summary_of("not json", 0) is None
+
+
+def test_stack_signature_ignores_the_flight_recorder() -> None:
+    from ftagent.arbiter.policy import stack_signature
+
+    s = recorded("behind")
+    assert stack_signature(json.dumps({**WAITING, "flight_recorder": {"summaries": [s[0]]}})) \
+        == stack_signature(json.dumps(WAITING))
