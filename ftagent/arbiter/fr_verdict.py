@@ -166,8 +166,7 @@ def decide(summaries: Mapping[int, Any], world: int | None = None) -> Verdict:
                 findings.append(Finding(
                     "behind", name, tuple(named), top, op,
                     f"{where} never reached collective #{top} ({op}) of process group "
-                    f"{name}; ranks {_list(r for r in members if r not in behind)} "
-                    f"wait in it"))
+                    f"{name}; {_waiters(r for r in members if r not in behind)}"))
                 culprits["behind"].extend(named)
         inside = [r for r, st in members.items() if st.enqueued == top and st.completed < top]
         for r in inside:
@@ -206,6 +205,11 @@ def _mismatch(name: str, members: Mapping[int, _Rank], low_done: int) -> Finding
                            f"collective mismatch ({what}) at #{seq} of process group {name}: "
                            f"{first.describe()} but {other.describe()}")
     return None
+
+
+def _waiters(ranks: Any) -> str:
+    rs = sorted(ranks)
+    return f"rank {rs[0]} waits in it" if len(rs) == 1 else f"ranks {_list(rs)} wait in it"
 
 
 def _list(ranks: Any) -> str:
