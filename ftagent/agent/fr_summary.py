@@ -93,13 +93,16 @@ def op_name(profiling_name: str) -> str:
 
 
 def _frames(v: Any) -> list[str]:
+    """Innermost first, torch's own frames left out: the first is the program's call."""
     out = []
     if isinstance(v, list):
-        for f in v[-MAX_FRAMES:]:  # the innermost frames are first: keep the user's end
-            if isinstance(f, dict):
+        for f in v[:256]:
+            if isinstance(f, dict) and "/torch/" not in _text(f.get("filename")):
                 out.append(f"{_text(f.get('filename'))}:{_int(f.get('line'), 0)} "
                            f"{_text(f.get('name'))}")
-    return out[:MAX_FRAMES]
+                if len(out) == MAX_FRAMES:
+                    break
+    return out
 
 
 def _entry(e: dict[str, Any]) -> dict[str, Any]:

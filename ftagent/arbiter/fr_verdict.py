@@ -75,6 +75,7 @@ class Verdict:
     culprits: tuple[int, ...]
     message: str
     findings: tuple[Finding, ...] = field(default_factory=tuple)
+    key: str = ""  # a mismatch's place (group, #N, both calls): equal when it recurs
 
 
 def _int(v: Any, default: int = -1) -> int:
@@ -95,7 +96,7 @@ def _call(rank: int, e: Any) -> Call | None:
                 tuple(tuple(_int(d, 0) for d in s[:8]) for s in sizes[:8]
                       if isinstance(s, list)) if isinstance(sizes, list) else (),
                 tuple(_text(d) for d in dtypes[:8]) if isinstance(dtypes, list) else (),
-                _text(frames[-1]) if isinstance(frames, list) and frames else "")
+                _text(frames[0]) if isinstance(frames, list) and frames else "")
 
 
 def _groups(summaries: Mapping[int, Any]) -> dict[str, dict[int, _Rank]]:
@@ -185,8 +186,11 @@ def decide(summaries: Mapping[int, Any], world: int | None = None) -> Verdict:
     for kind, rs in (("mismatch", culprits["mismatch"]), ("behind", culprits["behind"]),
                      ("unresponsive", silent), ("stall", culprits["stall"])):
         if rs:
-            lead = [f.message for f in findings if f.kind == kind]
-            return Verdict(kind, tuple(sorted(set(rs))), "; ".join(lead[:4]), tuple(findings))
+            lead = [f for f in findings if f.kind == kind]
+            key = f"{lead[0].group}#{lead[0].seq}: {lead[0].message}" \
+                if kind == "mismatch" else ""
+            return Verdict(kind, tuple(sorted(set(rs))), "; ".join(f.message for f in lead[:4]),
+                           tuple(findings), key)
     return Verdict("none", (), "the flight recorder shows no rank stuck in a collective",
                    tuple(findings))
 

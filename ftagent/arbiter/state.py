@@ -66,6 +66,9 @@ class Decision:
     # The fault's decision is still open (stacks awaited, a link still down): its agent
     # keeps it and re-sends it after a reconnect, to this arbiter or its successor.
     pending: bool = False
+    # RESTART for a collective mismatch: its place (fr_verdict.Verdict.key), remembered so
+    # that the same mismatch after the restart STOPs the job (a program error)
+    mismatch: str = ""
 
 
 @dataclass(slots=True)
@@ -154,6 +157,7 @@ class JobState:
     # neither is pending they are settled with a final FaultAck to their rank.
     open_faults: dict[str, int] = field(default_factory=dict)
     stop_reason: str = ""
+    mismatch: str = ""  # the collective mismatch the last restart was for (Decision.mismatch)
     connected: int = 0
     last_seen: float = 0.0
 
@@ -172,6 +176,7 @@ def apply(job: JobState, d: Decision, now: float) -> None:
     v = d.verdict
     if v in (Verdict.RESTART, Verdict.REPLACE):
         job.restarts += 1
+        job.mismatch = d.mismatch
         _new_generation(job, d.generation, now)
     elif v in (Verdict.RECONCILE, Verdict.REJOIN) and d.generation > job.generation:
         # Not a fault's decision: the budget is not spent. RECONCILE adopts a generation

@@ -34,7 +34,7 @@ def test_summary_of_a_real_dump_is_bounded_plain_json() -> None:
     assert [e["seq"] for e in g["entries"]] == [1, 2, 3, 4]
     last = g["entries"][-1]
     assert (last["op"], last["in_sizes"], last["dtypes"]) == ("all_reduce", [[4]], ["Float"])
-    assert last["frames"] and "record.py" in last["frames"][-1]
+    assert last["frames"][0].endswith("record.py:70 _rank_main")  # the call, not torch's
     assert json.loads(json.dumps(s)) == s
 
 
@@ -157,27 +157,26 @@ def test_summary_bounds_a_huge_dump() -> None:
     g = s["groups"][0]
     assert len(g["entries"]) == 4
     assert len(g["entries"][0]["op"]) <= 160 and len(g["entries"][0]["in_sizes"]) == 8
-    assert len(g["entries"][0]["frames"]) == 6
+    assert len(g["entries"][0]["frames"]) == 6 and g["entries"][0]["frames"][0] == "f:1 "
 
 
 # ------------------------------------------------------------------ at the arbiter
 
 
-def _job_hang_with(stacks_json: dict[int, str]) -> Any:
-    from ftagent.arbiter.policy import PolicyConfig, decide_stacks
-    from ftagent.arbiter.state import HangProbe, JobPhase, JobState, RankState
+def _job_hang_with(stacks_json: dict[int, str], job: Any = None) -> Any:
+    from ftagent.arbiter.fr_verdict import summary_of
+    from ftagent.arbiter.policy import PolicyConfig, decide_stacks, stack_signature
+    from ftagent.arbiter.state import HangProbe, JobPhase, JobState, RankState, apply
 
-    j = JobState(job="j", world_size=len(stacks_json), max_restarts=3,
-                 phase=JobPhase.RUNNING)
+    j = job or JobState(job="j", world_size=len(stacks_json), max_restarts=3,
+                        phase=JobPhase.RUNNING)
     j.hang_probe = HangProbe(fault_id="f", rank=0, deadline=1e9)
     for r, sj in stacks_json.items():
-        from ftagent.arbiter.fr_verdict import summary_of
-        from ftagent.arbiter.policy import stack_signature
-
         j.ranks[r] = RankState(rank=r, connected=True, step=10)
         j.ranks[r].stack = stack_signature(sj)
         j.ranks[r].fr = summary_of(sj, r)
     (d,) = decide_stacks(j, 0.0, PolicyConfig(max_restarts=3))
+    apply(j, d, 0.0)
     return d
 
 
@@ -221,3 +220,36 @@ def test_stack_signature_ignores_the_flight_recorder() -> None:
     s = recorded("behind")
     assert stack_signature(json.dumps({**WAITING, "flight_recorder": {"summaries": [s[0]]}})) \
         == stack_signature(json.dumps(WAITING))
+
+
+def test_the_same_mismatch_after_a_restart_stops_the_job() -> None:
+    from ftagent.arbiter.state import JobPhase, JobState, Verdict
+
+    s = recorded("mismatch_op")
+    answers = {r: json.dumps({**WAITING, "flight_recorder": {"summaries": [s[r]]}})
+               for r in s}
+    j = JobState(job="j", world_size=2, max_restarts=3, phase=JobPhase.RUNNING)
+    first = _job_hang_with(answers, j)
+    assert first.verdict is Verdict.RESTART and first.mismatch and j.mismatch == first.mismatch
+    again = _job_hang_with(answers, j)
+    assert again.verdict is Verdict.STOP and again.exit_code == 1
+    assert "the same collective mismatch as before the last restart" in again.reason
+    assert "rank 1 all_gather([4] Float) at " in again.reason
+
+
+def test_a_different_mismatch_or_another_hang_between_restarts_again() -> None:
+    from ftagent.arbiter.state import JobPhase, JobState, Verdict
+
+    s = recorded("mismatch_op")
+    answers = {r: json.dumps({**WAITING, "flight_recorder": {"summaries": [s[r]]}})
+               for r in s}
+    j = JobState(job="j", world_size=2, max_restarts=10, phase=JobPhase.RUNNING)
+    _job_hang_with(answers, j)
+    b = recorded("behind")
+    behind = _job_hang_with({r: json.dumps({**WAITING, "flight_recorder": {
+        "summaries": [b[r]]}}) for r in b}, j)
+    assert behind.verdict is Verdict.RESTART and j.mismatch == ""  # the memory is cleared
+    assert _job_hang_with(answers, j).verdict is Verdict.RESTART
+    s[1]["groups"][0]["entries"][-1]["op"] = "broadcast"  # another mismatch: restart
+    other = {r: json.dumps({**WAITING, "flight_recorder": {"summaries": [s[r]]}}) for r in s}
+    assert _job_hang_with(other, j).verdict is Verdict.RESTART
