@@ -231,8 +231,8 @@ def decide_stacks(job: JobState, now: float, cfg: PolicyConfig, *,
     culprit = culprits[0] if len(culprits) == 1 else None
     if fr is not None and fr.key and fr.key == job.mismatch:  # a program error: no retry
         return [Decision(Verdict.STOP, f"job hang ({got}): {why}; the same collective "
-                         "mismatch as before the last restart: stopping every rank with exit "
-                         "code 1 (fix the program)", job.generation, exit_code=1,
+                         "mismatch as before the last restart: a program error, stopping every "
+                         "rank", job.generation, exit_code=1,
                          fault_id=probe.fault_id, rank=culprit)]
     out = restart_or_stop(job, f"job hang ({got}): {why}", rep, cfg, culprit=culprit)
     if fr is not None and fr.key:

@@ -5,9 +5,13 @@ flight recorders through the sitecustomize trigger when the arbiter asks for sta
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
+from ftagent.model import EXIT_STOP
 from tests.arbiter_helpers import ArbiterProcess
+from tests.conftest import PY, free_port, ftagent_cmd
 from tests.e2e.jobs import FAST, needs_torch, start_job, status
 
 pytestmark = needs_torch
@@ -37,3 +41,51 @@ def test_rank_that_never_enqueues_the_allreduce_is_named_by_the_flight_recorder(
         (f,) = job.faults(r, "hang")
         fr = f["flight_recorder"]
         assert [s["rank"] for s in fr["summaries"]] == [r], fr
+
+
+# A user's program with a bug: at step 10 rank 1 calls all_gather where rank 0 calls
+# all_reduce. Nothing in it knows of ftagent; progress is its own "step=N/M" lines.
+MISMATCH = """
+import datetime, os, time, torch, torch.distributed as dist
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+rank = dist.get_rank()
+t = torch.ones(4)
+for step in range(1, 31):
+    if step == 10 and rank == 1:
+        dist.all_gather([torch.empty(4), torch.empty(4)], t)
+    else:
+        dist.all_reduce(t)
+    time.sleep(0.05)
+    print(f"step={step}/30 loss=1.0", flush=True)
+"""
+
+
+def test_a_collective_mismatch_is_named_restarted_once_then_stops(tmp_path: Path) -> None:
+    script = tmp_path / "mismatch.py"
+    script.write_text(MISMATCH)
+    port = free_port()
+    with ArbiterProcess(log_dir=str(tmp_path)) as arb:
+        procs = []
+        for r in range(2):
+            env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+            cmd = ftagent_cmd("--arbiter", arb.address, "--job", "e2e", "--rank", str(r),
+                              "--world-size", "2", *FLOOR, cmd=[PY, str(script)])
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
+        try:
+            codes = [p.wait(timeout=240) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        st = status(arb.address)
+    decisions = [e for e in st["timeline"] if e.get("kind") == "decision"
+                 and e.get("action") in ("restart", "stop")]
+    assert [e["action"] for e in decisions] == ["restart", "stop"], decisions
+    restart, stop = decisions[0]["message"], decisions[1]["message"]
+    assert "flight recorder: collective mismatch (op) at #10 of process group 0: " \
+        "rank 0 all_reduce([4] Float) but rank 1 all_gather([4] Float)" in restart, restart
+    assert "the same collective mismatch as before the last restart" in stop, stop
+    assert codes == [EXIT_STOP, EXIT_STOP]  # the agents' --exit-stop: a permanent failure
