@@ -15,8 +15,9 @@ them (standby.py's ``env_blockers``), and each attempt's dumps stay apart.
 
 The trigger: ``fr_boot.py`` runs as ``sitecustomize`` in the trainer's Python (its copy
 in ``FR_DIR/site`` is first on ``PYTHONPATH``) and serves a FIFO per process in
-``FR_DIR/trigger``; :meth:`FlightRecorder.snapshot` writes a byte to each, waits briefly
-for the dumps, and returns bounded summaries (``fr_summary.py``). It joins the hang
+``FR_DIR/trigger``; :meth:`FlightRecorder.snapshot` writes a byte to each, waits until
+each process answered (``<fifo>.done``: its dump's path, or none) or 2 s passed, and
+returns bounded summaries (``fr_summary.py``). It joins the hang
 fault's evidence and the DUMP_STACKS answer (``flight_recorder`` key) the arbiter reads.
 A trainer run with ``python -I``/``-S`` does not read it: stacks only, as before.
 """
@@ -34,7 +35,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
-from ftagent.agent.fr_summary import DumpError, load_dump, summarize
+from ftagent.agent.fr_summary import MAX_DUMP_BYTES, DumpError, load_dump, summarize
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,6 @@ PAIRS = (("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"),
 DUMP_PREFIX = "rank_"
 PIPE_PREFIX = "pipe_"
 SNAPSHOT_TIMEOUT = 2.0  # seconds a snapshot waits for the dumps
-QUIET = 0.3  # seconds with no new dump after the first: the rest are not coming
 POLL = 0.05
 _RANK_FILE = re.compile(r"(\d{1,7})")
 
@@ -116,17 +116,21 @@ class FlightRecorder:
         os.symlink(os.path.basename(real), tmp)
         os.replace(tmp, link)  # atomic: a dump never lands between two attempts' dirs
 
-    def trigger(self) -> int:
-        """A byte to every trainer process's FIFO; the number reached. A FIFO with no
-        reader (its process is gone) is removed."""
+    def trigger(self) -> list[str]:
+        """A byte to every trainer process's FIFO, after removing its last answer; the
+        FIFOs reached. A FIFO with no reader (its process is gone) is removed."""
         tdir = os.path.join(self.dir, "trigger")
-        reached = 0
+        reached = []
         try:
             names = os.listdir(tdir)
         except OSError:
-            return 0
+            return []
         for name in names[:4096]:
+            if not name.endswith(".fifo"):
+                continue
             path = os.path.join(tdir, name)
+            with contextlib.suppress(OSError):
+                os.unlink(path + ".done")
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
             except OSError as e:
@@ -136,61 +140,59 @@ class FlightRecorder:
                 continue
             try:
                 os.write(fd, b"d")
-                reached += 1
+                reached.append(path)
             except OSError:
                 pass
             finally:
                 os.close(fd)
         return reached
 
-    def dumps_since(self, t0: float) -> dict[int, str]:
-        """rank -> dump file written at or after ``t0`` (this attempt's directory)."""
-        if not self.prefix:
-            return {}
-        d, base = os.path.split(self.prefix)
-        out = {}
+    def _answer(self, fifo: str) -> tuple[bool, int | None]:
+        """(answered, the rank of its dump): a path is taken only if it is this attempt's
+        dump file (``<prefix><rank>``), whatever the trainer wrote."""
         try:
-            names = os.listdir(d)
+            with open(fifo + ".done", encoding="utf-8") as f:
+                path = f.read(4096)
         except OSError:
-            return {}
-        for name in names:
-            m = _RANK_FILE.fullmatch(name[len(base):]) if name.startswith(base) else None
-            path = os.path.join(d, name)
-            with contextlib.suppress(OSError):
-                if m and os.stat(path).st_mtime >= t0:
-                    out[int(m.group(1))] = path
-        return out
+            return False, None
+        if self.prefix and path.startswith(self.prefix):
+            m = _RANK_FILE.fullmatch(path[len(self.prefix):])
+            if m:
+                return True, int(m.group(1))
+        return True, None
 
     async def snapshot(self, timeout: float = SNAPSHOT_TIMEOUT,
                        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep
                        ) -> dict[str, Any]:
-        """Trigger, wait for the dumps (until ``timeout``, or ``QUIET`` s with no new one
-        after the first), read them safely: ``{"summaries": [...], "errors": [...],
-        "seconds": ...}``."""
+        """Trigger, wait until every process reached answered (or ``timeout``), read the
+        dumps safely: ``{"summaries": [...], "errors": [...], "seconds": ...}``."""
         t0 = self.clock()
-        t0_file = time.time() - 1.0  # mtime granularity and clock skew: a second's slack
         reached = self.trigger()
-        seen: dict[int, str] = {}
-        last_new = t0
-        while reached and self.clock() - t0 < timeout:
+        answers: dict[str, int | None] = {}
+        while len(answers) < len(reached) and self.clock() - t0 < timeout:
             await sleep(POLL)
-            now = self.dumps_since(t0_file)
-            if len(now) > len(seen):
-                seen, last_new = now, self.clock()
-            elif seen and self.clock() - last_new >= QUIET:
-                break
+            for fifo in reached:
+                if fifo not in answers:
+                    done, rank = self._answer(fifo)
+                    if done:
+                        answers[fifo] = rank
         summaries, errors = [], []
-        for rank, path in sorted(seen.items()):
+        for rank in sorted({r for r in answers.values() if r is not None}):
             try:
-                with open(path, "rb") as f:
-                    summaries.append(summarize(load_dump(f.read(1 << 26)), rank))
+                with open(f"{self.prefix}{rank}", "rb") as f:
+                    summaries.append(summarize(load_dump(f.read(MAX_DUMP_BYTES + 1)), rank))
             except (OSError, DumpError) as e:
                 errors.append(f"rank {rank}: {e}"[:300])
+        silent = len(reached) - len(answers)
+        if silent:
+            errors.append(f"{silent} trainer process(es) did not answer within {timeout}s "
+                          "(a stuck interpreter holding the GIL?)")
         if not summaries and not self._told:
             self._told = True
-            log.warning("no flight-recorder dump came (%d trainer process(es) reached): "
-                        "torch without a flight recorder, no process group yet, or a "
-                        "stuck interpreter; hang evidence from stacks only", reached)
+            log.warning("no flight-recorder dump came (%d trainer process(es) reached, %d "
+                        "answered): torch without a flight recorder, no process group yet, "
+                        "or a stuck interpreter; hang evidence from stacks only",
+                        len(reached), len(answers))
         return {"summaries": summaries, "errors": errors,
                 "seconds": round(self.clock() - t0, 3)}
 

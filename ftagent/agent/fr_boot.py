@@ -70,10 +70,24 @@ def _serve(fifo: str) -> None:
         finally:
             os.close(fd)
         if wake:
+            path = None
             try:
-                dump_now()
+                path = dump_now()
             except Exception as e:  # never into the trainer: say it once per trigger
                 print(f"ftagent: flight-recorder dump failed: {e}", file=sys.stderr)
+            _answer(fifo, path or "")
+
+
+def _answer(fifo: str, path: str) -> None:
+    """``<fifo>.done``: this process answered (with its dump's path, or none), so the
+    agent stops waiting as soon as every process it reached has answered."""
+    tmp = f"{fifo}.done.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(path)
+        os.replace(tmp, f"{fifo}.done")
+    except OSError:
+        pass
 
 
 def _install() -> None:

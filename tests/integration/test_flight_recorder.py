@@ -117,14 +117,16 @@ def test_no_torch_no_dump_and_the_trainers_own_sitecustomize_still_runs(
         line = p.stdout.readline().decode().split()
         assert line == ["1", str(user / "sitecustomize.py")]
         wait_for(lambda: os.listdir(tmp_path / "fr" / "trigger"), 10, "the trigger FIFO")
-        got = asyncio.run(fr.snapshot(timeout=0.5))
+        got = asyncio.run(fr.snapshot(timeout=20))
         assert got["summaries"] == [] and got["errors"] == []
+        # it answered "no dump" at once: the snapshot did not wait out its timeout
+        assert got["seconds"] < 10, got
         stop.touch()
         assert p.wait(30) == 7  # the trainer's exit code, untouched
     finally:
         p.kill()
         p.wait()
-    assert fr.trigger() == 0  # its FIFO had no reader any more: removed
+    assert fr.trigger() == []  # its FIFO had no reader any more: removed
     assert os.listdir(tmp_path / "fr" / "trigger") == []
 
 
@@ -146,3 +148,14 @@ def test_the_wrapper_gives_its_trainer_the_flight_recorder_env(tmp_path: Path) -
                        capture_output=True, timeout=60, cwd=tmp_path, env=dict(os.environ))
     assert r.returncode == 0, r.stderr.decode()
     assert not [k for k in json.loads(r.stdout) if k.startswith(("TORCH_FR", "FTAGENT_FR"))]
+
+
+def test_an_answer_names_only_this_attempts_dump_file(tmp_path: Path) -> None:
+    fr = FlightRecorder(str(tmp_path), {"TORCH_FR_DUMP_TEMP_FILE": str(tmp_path / "rank_")})
+    fifo = str(tmp_path / "1.fifo")
+    assert fr._answer(fifo) == (False, None)  # not answered yet
+    for path, rank in ((str(tmp_path / "rank_3"), 3), ("/etc/shadow", None),
+                       (str(tmp_path / "rank_3/../../x"), None), ("", None),
+                       (str(tmp_path / "rank_") + "9" * 20, None)):
+        Path(fifo + ".done").write_text(path)
+        assert fr._answer(fifo) == (True, rank), path
