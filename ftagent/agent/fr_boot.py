@@ -149,7 +149,15 @@ def _chain() -> None:
         sys.path[:] = saved
 
 
+def _leave_path() -> None:
+    """The program sees the ``sys.path`` a direct run has (``PYTHONPATH`` keeps this
+    directory, so the trainer's own Python children load the trigger too)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+
+
 if __name__ == "sitecustomize":
     _drop_legacy_names()
     _install()
     _chain()
+    _leave_path()
