@@ -160,3 +160,31 @@ def test_an_answer_names_only_this_attempts_dump_file(tmp_path: Path) -> None:
                        (str(tmp_path / "rank_") + "9" * 20, None)):
         Path(fifo + ".done").write_text(path)
         assert fr._answer(fifo) == (True, rank), path
+
+
+def test_a_stopped_trainer_costs_the_snapshot_its_timeout_and_nothing_else(
+        tmp_path: Path) -> None:
+    # SIGSTOP stands for an interpreter that cannot run the trigger thread (a main thread
+    # holding the GIL in C code): no answer, an error in the snapshot, no hang of the agent
+    import signal
+
+    fr = FlightRecorder(str(tmp_path / "fr"), {})
+    env = fr_env({}, 100, fr.dir)
+    fr = FlightRecorder(fr.dir, env)
+    assert fr.prepare()
+    fr.begin_attempt(0)
+    p = popen([PY, "-c", "import time\nwhile True: time.sleep(1)"], env=dict(os.environ, **env))
+    try:
+        wait_for(lambda: os.listdir(tmp_path / "fr" / "trigger"), 10, "the trigger FIFO")
+        p.send_signal(signal.SIGSTOP)
+        got = asyncio.run(fr.snapshot(timeout=1.0))
+        assert got["summaries"] == []
+        assert got["errors"] == ["1 trainer process(es) did not answer within 1.0s "
+                                 "(a stuck interpreter holding the GIL?)"]
+        assert 1.0 <= got["seconds"] < 5.0
+        p.send_signal(signal.SIGCONT)  # resumed, it answers the trigger it had missed
+        got = asyncio.run(fr.snapshot(timeout=20))
+        assert got["errors"] == [] and got["seconds"] < 10
+    finally:
+        p.kill()
+        p.wait()
