@@ -11,8 +11,8 @@ from pathlib import Path
 
 from ftagent.model import EXIT_STOP
 from tests.arbiter_helpers import ArbiterProcess
-from tests.conftest import PY, free_port, ftagent_cmd
-from tests.e2e.jobs import FAST, needs_torch, start_job, status
+from tests.conftest import PY, free_port, ftagent_cmd, wait_for
+from tests.e2e.jobs import FAST, connected, needs_torch, start_job, status
 
 pytestmark = needs_torch
 
@@ -89,3 +89,51 @@ def test_a_collective_mismatch_is_named_restarted_once_then_stops(tmp_path: Path
         "rank 0 all_reduce([4] Float) but rank 1 all_gather([4] Float)" in restart, restart
     assert "the same collective mismatch as before the last restart" in stop, stop
     assert codes == [EXIT_STOP, EXIT_STOP]  # the agents' --exit-stop: a permanent failure
+
+
+# Two data-parallel groups {0,1} and {2,3} inside the world group; at step 10 rank 3
+# skips its data-parallel all-reduce: rank 2 waits in it, ranks 0, 1 and 3 in the world's
+# all-reduce. Every rank's stack shows a collective; by stacks alone (--fr-buffer-size 0)
+# the arbiter blames rank 2, a victim: "rank 2 stack differs from the other 3 ranks".
+INNER = """
+import datetime, time, torch, torch.distributed as dist
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+rank = dist.get_rank()
+dp = [dist.new_group([0, 1]), dist.new_group([2, 3])][rank // 2]
+t = torch.ones(4)
+for step in range(1, 1000):
+    if not (step == 10 and rank == 3):
+        dist.all_reduce(t, group=dp)
+    dist.all_reduce(t)
+    time.sleep(0.05)
+    print(f"step={step}/1000 loss=1.0", flush=True)
+"""
+
+
+def test_the_culprit_is_found_in_the_inner_group(tmp_path: Path) -> None:
+    script = tmp_path / "inner.py"
+    script.write_text(INNER)
+    port = free_port()
+    with ArbiterProcess(log_dir=str(tmp_path)) as arb:
+        procs = []
+        for r in range(4):
+            env = dict(os.environ, RANK=str(r), WORLD_SIZE="4", MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+            cmd = ftagent_cmd("--arbiter", arb.address, "--job", "e2e", "--rank", str(r),
+                              "--world-size", "4", *FLOOR, cmd=[PY, str(script)])
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
+        try:
+            wait_for(lambda: connected(arb.address) == 4, 120, "4 agents registered",
+                     interval=0.2)
+            restart = wait_for(lambda: [e for e in status(arb.address)["timeline"]
+                                        if e.get("action") == "restart"], 180,
+                               "the job hang's restart", interval=0.5)[0]
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+    text = restart["message"]
+    assert "flight recorder: rank 3 at #9 never reached collective #10 (all_reduce) of " \
+        "process group 2; rank 2 waits in it" in text, text
+    assert restart["rank"] == 3, restart
