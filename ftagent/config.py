@@ -401,6 +401,12 @@ class HangConfig:
         120.0, "--hang-spin-timeout", "a trainer verified busy in a tight loop (one "
         "function, a few lines) is declared hung once stalled this long, unless a longer "
         "stall there was learned", check=POSITIVE_SECONDS, metavar="SECONDS")
+    fr_buffer_size: int = opt(
+        2000, "--fr-buffer-size", "entries of PyTorch's flight recorder (TORCH_FR_BUFFER_SIZE, "
+        "set only where the environment does not), dumped on a suspected hang so the "
+        "arbiter can name who never reached which collective; 0 turns the recorder, its "
+        "dump trigger and the TORCH_* variables off", check=Range(0, 1_000_000),
+        metavar="ENTRIES")
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,9 @@ def build() -> Path:
            "--runtime-hook", str(ROOT / "packaging" / "rthook_env.py"),
            "--collect-submodules", "ftagent", "--paths", str(ROOT),
            # warm restarts: the trainer's own Python runs this file by path (a copy)
-           "--add-data", f"{ROOT / 'ftagent' / 'agent' / 'standby_boot.py'}:ftagent/agent"]
+           "--add-data", f"{ROOT / 'ftagent' / 'agent' / 'standby_boot.py'}:ftagent/agent",
+           # the flight-recorder trigger: copied as the trainer's sitecustomize.py
+           "--add-data", f"{ROOT / 'ftagent' / 'agent' / 'fr_boot.py'}:ftagent/agent"]
     for mod in EXCLUDE:
         cmd += ["--exclude-module", mod]
     subprocess.run([*cmd, str(ROOT / "packaging" / "entry.py")], check=True, cwd=ROOT)

@@ -141,6 +141,9 @@ def build_agent(cfg: RunConfig, environ: Mapping[str, str], rundir: str, *,
     if budget is None:  # one per process: the launcher's workers share theirs
         budget = StandbyBudget(cfg.supervisor.warm_restart_memory_share)
     use_warm_restarts(agent, cfg, rundir, budget)  # the spawn seam: a warm standby, else cold
+    from ftagent.agent.flight_recorder import use_flight_recorder
+
+    use_flight_recorder(agent, cfg, rundir)  # TORCH_FR_* env, per-attempt dumps, trigger
     if node_sources:
         add_nic(agent, cfg, environ, registry, labels)
         add_gpu(agent, cfg, environ, registry, labels)

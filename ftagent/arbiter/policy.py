@@ -51,6 +51,7 @@ faulting rank's exit status (1 when it has none), so Kubernetes sees the failure
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import re
@@ -59,6 +60,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ftagent.arbiter import fr_verdict
 from ftagent.arbiter.barrier import barrier_expired, rank_list
 from ftagent.arbiter.state import Decision, JobState, Verdict
 from ftagent.arbiter.straggler import StragglerAction
@@ -223,11 +225,21 @@ def decide_stacks(job: JobState, now: float, cfg: PolicyConfig, *,
         ranks, why = busy
         return [Decision(Verdict.ALERT_ONLY, f"job busy, not hung ({got}): {why}; no restart",
                          job.generation, rank=ranks[0], fault_id=probe.fault_id)]
-    culprits, why = name_culprit(steps, stacks)
+    fr = flight_recorder_verdict(job)
+    culprits, why = (list(fr.culprits), f"flight recorder: {fr.message}") if fr is not None \
+        else name_culprit(steps, stacks)
     rep = FaultReport(Fault(FaultKind.HANG, "job hang", id=probe.fault_id), probe.rank,
                       job.generation, probe.exit_status)
     culprit = culprits[0] if len(culprits) == 1 else None
-    return restart_or_stop(job, f"job hang ({got}): {why}", rep, cfg, culprit=culprit)
+    if fr is not None and fr.key and fr.key == job.mismatch:  # a program error: no retry
+        return [Decision(Verdict.STOP, f"job hang ({got}): {why}; the same collective "
+                         "mismatch as before the last restart: a program error, stopping every "
+                         "rank", job.generation, exit_code=1,
+                         fault_id=probe.fault_id, rank=culprit)]
+    out = restart_or_stop(job, f"job hang ({got}): {why}", rep, cfg, culprit=culprit)
+    if fr is not None and fr.key:
+        out = [dataclasses.replace(d, mismatch=fr.key) for d in out]
+    return out
 
 
 def decide_tick(job: JobState, now: float, cfg: PolicyConfig) -> list[Decision]:
@@ -244,6 +256,18 @@ def decide_tick(job: JobState, now: float, cfg: PolicyConfig) -> list[Decision]:
                                    f"{now - outage.since:.0f}s: replacing rank {rank}", rep,
                                    cfg, replace=rank)
     return barrier_expired(job, now, cfg.barrier_timeout)
+
+
+def flight_recorder_verdict(job: JobState) -> fr_verdict.Verdict | None:
+    """The flight recorder's verdict (arbiter/fr_verdict.py) when every rank that sent
+    stacks sent its summary too and it names culprits: a rank that never reached
+    collective #N of a group, or a collective mismatch (restarted once; the same mismatch
+    again STOPs). Else None: the stacks decide (name_culprit)."""
+    sent = {r.rank: r.fr for r in job.ranks.values() if r.stack is not None}
+    if len(sent) < 2 or any(s is None for s in sent.values()):
+        return None
+    v = fr_verdict.decide(sent)
+    return v if v.kind in ("mismatch", "behind") and v.culprits else None
 
 
 def name_culprit(steps: Mapping[int, int], stacks: Mapping[int, str]) -> tuple[list[int], str]:
@@ -366,6 +390,8 @@ def stack_signature(stacks_json: str, frames_per_thread: int = 4) -> str:
     except (ValueError, TypeError, RecursionError):  # not JSON, or nested past the stack
         return stacks_json.strip()[:2000]
     tag = ""
+    if isinstance(data, dict):  # the flight recorder's summaries are not stacks
+        data.pop("flight_recorder", None)
     if isinstance(data, dict) and isinstance(data.get("liveness"), dict):
         live = data.pop("liveness")
         state = "hung" if live.get("declared") else str(live.get("state") or "unknown")

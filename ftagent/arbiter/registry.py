@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from ftagent.arbiter import barrier, convert, policy
+from ftagent.arbiter import barrier, convert, fr_verdict, policy
 from ftagent.arbiter.history import History, JobRecord, JobStats, shown_state
 from ftagent.arbiter.ledger import Ledger
 from ftagent.arbiter.state import Decision, JobPhase, JobState, RankState, Verdict, apply
@@ -333,6 +333,8 @@ class Registry:
             size = len(text)
             rs.stack = policy.stack_signature(text) if size <= policy.MAX_STACKS \
                 else f"{policy.NO_STACK}stacks of {size} bytes (over {policy.MAX_STACKS})"
+            rs.fr = fr_verdict.summary_of(text, rs.rank) if size <= policy.MAX_STACKS \
+                else None
             self._note(job, now, "stacks", f"stacks received ({size} bytes)",
                        rank=rs.rank)
             self.execute(job, policy.decide_stacks(job, now, self.cfg), now)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import enum
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Any
 
 SEEN_FAULTS_KEPT = 10_000  # per job; duplicate ids older than this are long acknowledged
 
@@ -65,6 +66,9 @@ class Decision:
     # The fault's decision is still open (stacks awaited, a link still down): its agent
     # keeps it and re-sends it after a reconnect, to this arbiter or its successor.
     pending: bool = False
+    # RESTART for a collective mismatch: its place (fr_verdict.Verdict.key), remembered so
+    # that the same mismatch after the restart STOPs the job (a program error)
+    mismatch: str = ""
 
 
 @dataclass(slots=True)
@@ -94,6 +98,9 @@ class RankState:
     last_fault: str = ""
     last_exit_status: int | None = None
     stack: str | None = None  # signature of the stacks sent for the current hang probe
+    # its flight-recorder summary sent with those stacks (fr_verdict.summary_of); read
+    # only while ``stack`` is set, so the resets of ``stack`` retire it too
+    fr: dict[str, Any] | None = None
     # Commands sent but not acknowledged, re-sent on reconnect: slot -> (id, bytes).
     pending: dict[str, tuple[str, bytes]] = field(default_factory=dict)
     conn: object | None = None  # the registry's live connection, if any
@@ -151,6 +158,7 @@ class JobState:
     # neither is pending they are settled with a final FaultAck to their rank.
     open_faults: dict[str, int] = field(default_factory=dict)
     stop_reason: str = ""
+    mismatch: str = ""  # the collective mismatch the last restart was for (Decision.mismatch)
     connected: int = 0
     last_seen: float = 0.0
 
@@ -169,6 +177,7 @@ def apply(job: JobState, d: Decision, now: float) -> None:
     v = d.verdict
     if v in (Verdict.RESTART, Verdict.REPLACE):
         job.restarts += 1
+        job.mismatch = d.mismatch
         _new_generation(job, d.generation, now)
     elif v in (Verdict.RECONCILE, Verdict.REJOIN) and d.generation > job.generation:
         # Not a fault's decision: the budget is not spent. RECONCILE adopts a generation

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from ftagent.agent.flight_recorder import fr_env
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "packaging"))
@@ -92,8 +93,14 @@ def test_trainer_sees_what_a_direct_run_sees(bundle: Path, tmp_path: Path,
     assert wrapped.returncode == 0, wrapped.stderr[-3000:]
     d, w = view(tmp_path / "d"), view(tmp_path / "w")
     assert w["path"] == d["path"] and w["exe"] == d["exe"]
-    added = {k for k in w["env"] if k.startswith(ADDED)}
-    assert {k: v for k, v in w["env"].items() if k not in added} == d["env"]
+    # the flight recorder's (agent/flight_recorder.py): torch's variables, and its
+    # trigger first on PYTHONPATH (but not on the program's sys.path, compared above)
+    fr = set(fr_env({}, 1, "/x")) - {"PYTHONPATH"}
+    added = {k for k in w["env"] if k.startswith(ADDED) or k in fr}
+    seen = {k: v for k, v in w["env"].items() if k not in added}
+    ours, theirs = seen["PYTHONPATH"].split(os.pathsep, 1)
+    assert ours.endswith("/fr/site")
+    assert {**seen, "PYTHONPATH": theirs} == d["env"]
     assert "FTAGENT_RESTART_COUNT" in added  # the agent did wrap it
     assert not any(k.startswith("_PYI") or k.endswith("_ORIG") for k in w["env"])
 

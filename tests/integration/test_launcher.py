@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ftagent.agent.flight_recorder import fr_env
 from tests.conftest import PY, ROOT, free_port, ftagent_cmd, read_events
 from tests.e2e.jobs import TRAIN, needs_torch
 
@@ -110,6 +111,12 @@ def test_workers_see_exactly_torchruns_environment(tmp_path: Path) -> None:
         # (torchrun passes python -u instead)
         b = {k: v for k, v in b.items() if not k.startswith("FTAGENT_")
              and k != "PYTHONUNBUFFERED"}
+        # and the flight recorder's (agent/flight_recorder.py): torch's variables, its
+        # trigger first on PYTHONPATH
+        fr = fr_env({}, 1, "/x")
+        assert b["TORCH_FR_BUFFER_SIZE"] == "2000" and "FTAGENT_FR_DIR" in ours[key]["env"]
+        b = {k: v for k, v in b.items() if k not in fr or k == "PYTHONPATH"}
+        b["PYTHONPATH"] = b["PYTHONPATH"].split(os.pathsep, 1)[1]
         assert set(a) == set(b), (key, set(a) ^ set(b))
         assert {k: a[k] for k in a if k not in DIFFERENT} == \
             {k: b[k] for k in b if k not in DIFFERENT}, key

@@ -1,0 +1,240 @@
+"""PyTorch's flight recorder on, for every trainer, with no change to the training script.
+
+Env (:func:`fr_env`, pure): the trace buffer (``TORCH_FR_BUFFER_SIZE`` and the pre-2.8
+``TORCH_NCCL_TRACE_BUFFER_SIZE``), NCCL's dump on timeout, the dump file prefix
+(``TORCH_FR_DUMP_TEMP_FILE`` / ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``: torch appends the
+global rank), NCCL's dump pipe (``TORCH_NCCL_DEBUG_INFO_PIPE_FILE``: ``<prefix><rank>.pipe``,
+its directory must exist before ``init_process_group``), ``TORCH_INCLUDE_STACK_TRACE=0``
+(capturing Python frames needs the GIL) -- each only where the user's environment does
+not set it (for a renamed pair: neither name). ``--fr-buffer-size 0`` turns all of it off.
+
+Per attempt: the prefixes point into ``FR_DIR/current/``, a symlink the agent re-points
+to ``FR_DIR/attempt_N/`` before each start. The variables stay the same across attempts,
+so a warm standby (started before the attempt's values are known) is not ruled out by
+them (standby.py's ``env_blockers``), and each attempt's dumps stay apart.
+
+The trigger: ``fr_boot.py`` runs as ``sitecustomize`` in the trainer's Python (its copy
+in ``FR_DIR/site`` is first on ``PYTHONPATH``) and serves a FIFO per process in
+``FR_DIR/trigger``; :meth:`FlightRecorder.snapshot` writes a byte to each, waits until
+each process answered (``<fifo>.done``: its dump's path, or none) or 2 s passed, and
+returns bounded summaries (``fr_summary.py``). It joins the hang
+fault's evidence and the DUMP_STACKS answer (``flight_recorder`` key) the arbiter reads.
+A trainer run with ``python -I``/``-S`` does not read it: stacks only, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from importlib import resources
+from typing import Any
+
+from ftagent.agent.fr_summary import MAX_DUMP_BYTES, DumpError, load_dump, summarize
+
+log = logging.getLogger(__name__)
+
+PAIRS = (("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"),
+         ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"))
+DUMP_PREFIX = "rank_"
+PIPE_PREFIX = "pipe_"
+SNAPSHOT_TIMEOUT = 2.0  # seconds a snapshot waits for the dumps
+POLL = 0.05
+_RANK_FILE = re.compile(r"(\d{1,7})")
+
+
+def fr_env(environ: Mapping[str, str], buffer_size: int, fr_dir: str) -> dict[str, str]:
+    """The variables to add to the trainer's environment (module docstring); {} when off."""
+    if buffer_size <= 0:
+        return {}
+    cur = os.path.join(fr_dir, "current")
+    want = {
+        PAIRS[0]: str(buffer_size),
+        PAIRS[1]: os.path.join(cur, DUMP_PREFIX),
+    }
+    out: dict[str, str] = {}
+    legacy = []
+    for names, value in want.items():
+        if not any(n in environ for n in names):
+            out.update({n: value for n in names})
+            legacy.append(names[1])
+    if legacy:  # fr_boot drops them under torch >= 2.8, which warns about each
+        out["FTAGENT_FR_LEGACY"] = ",".join(legacy)
+    for name, value in (("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),
+                        ("TORCH_NCCL_DEBUG_INFO_PIPE_FILE", os.path.join(cur, PIPE_PREFIX)),
+                        ("TORCH_INCLUDE_STACK_TRACE", "0")):
+        if name not in environ:
+            out[name] = value
+    out["FTAGENT_FR_DIR"] = fr_dir
+    site = os.path.join(fr_dir, "site")
+    old = environ.get("PYTHONPATH", "")
+    out["PYTHONPATH"] = site + (os.pathsep + old if old else "")
+    return out
+
+
+def dump_prefix(env: Mapping[str, str]) -> str:
+    return env.get("TORCH_FR_DUMP_TEMP_FILE") or env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE") or ""
+
+
+class FlightRecorder:
+    """One agent's (one worker's) flight-recorder directory, trigger and reader."""
+
+    def __init__(self, fr_dir: str, env: Mapping[str, str], *,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.dir = fr_dir
+        self.prefix = dump_prefix(env)
+        self.clock = clock
+        self._told = False
+
+    def prepare(self) -> bool:
+        """Create the directories and the ``sitecustomize`` copy; False (logged) if not."""
+        try:
+            source = resources.files("ftagent.agent").joinpath("fr_boot.py").read_bytes()
+            for sub in ("site", "trigger"):
+                os.makedirs(os.path.join(self.dir, sub), mode=0o700, exist_ok=True)
+            with open(os.path.join(self.dir, "site", "sitecustomize.py"), "wb") as f:
+                f.write(source)
+        except Exception as e:  # a bundle without the file, a read-only dir: stacks only
+            log.warning("flight-recorder trigger unavailable (%s); hang evidence from "
+                        "stacks only", e)
+            return False
+        return True
+
+    def begin_attempt(self, attempt: int) -> None:
+        """Point ``current`` at this attempt's directory (created: NCCL's pipe needs it)."""
+        real = os.path.join(self.dir, f"attempt_{attempt}")
+        os.makedirs(real, mode=0o700, exist_ok=True)
+        link = os.path.join(self.dir, "current")
+        tmp = f"{link}.{os.getpid()}.tmp"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        os.symlink(os.path.basename(real), tmp)
+        os.replace(tmp, link)  # atomic: a dump never lands between two attempts' dirs
+
+    def trigger(self) -> list[str]:
+        """A byte to every trainer process's FIFO, after removing its last answer; the
+        FIFOs reached. A FIFO with no reader (its process is gone) is removed."""
+        tdir = os.path.join(self.dir, "trigger")
+        reached = []
+        try:
+            names = os.listdir(tdir)
+        except OSError:
+            return []
+        for name in names[:4096]:
+            if not name.endswith(".fifo"):
+                continue
+            path = os.path.join(tdir, name)
+            with contextlib.suppress(OSError):
+                os.unlink(path + ".done")
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError as e:
+                if e.errno == errno.ENXIO:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+                continue
+            try:
+                os.write(fd, b"d")
+                reached.append(path)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        return reached
+
+    def _answer(self, fifo: str) -> tuple[bool, int | None]:
+        """(answered, the rank of its dump): a path is taken only if it is this attempt's
+        dump file (``<prefix><rank>``), whatever the trainer wrote."""
+        try:
+            with open(fifo + ".done", encoding="utf-8") as f:
+                path = f.read(4096)
+        except OSError:
+            return False, None
+        if self.prefix and path.startswith(self.prefix):
+            m = _RANK_FILE.fullmatch(path[len(self.prefix):])
+            if m:
+                return True, int(m.group(1))
+        return True, None
+
+    async def snapshot(self, timeout: float = SNAPSHOT_TIMEOUT,
+                       sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep
+                       ) -> dict[str, Any]:
+        """Trigger, wait until every process reached answered (or ``timeout``), read the
+        dumps safely: ``{"summaries": [...], "errors": [...], "seconds": ...}``."""
+        t0 = self.clock()
+        reached = self.trigger()
+        answers: dict[str, int | None] = {}
+        while len(answers) < len(reached) and self.clock() - t0 < timeout:
+            await sleep(POLL)
+            for fifo in reached:
+                if fifo not in answers:
+                    done, rank = self._answer(fifo)
+                    if done:
+                        answers[fifo] = rank
+        summaries, errors = [], []
+        for rank in sorted({r for r in answers.values() if r is not None}):
+            try:
+                with open(f"{self.prefix}{rank}", "rb") as f:
+                    summaries.append(summarize(load_dump(f.read(MAX_DUMP_BYTES + 1)), rank))
+            except (OSError, DumpError) as e:
+                errors.append(f"rank {rank}: {e}"[:300])
+        silent = len(reached) - len(answers)
+        if silent:
+            errors.append(f"{silent} trainer process(es) did not answer within {timeout}s "
+                          "(a stuck interpreter holding the GIL?)")
+        if not summaries and not self._told:
+            self._told = True
+            log.warning("no flight-recorder dump came (%d trainer process(es) reached, %d "
+                        "answered): torch without a flight recorder, no process group yet, "
+                        "or a stuck interpreter; hang evidence from stacks only",
+                        len(reached), len(answers))
+        return {"summaries": summaries, "errors": errors,
+                "seconds": round(self.clock() - t0, 3)}
+
+
+def use_flight_recorder(agent: Any, cfg: Any, rundir: str) -> FlightRecorder | None:
+    """Wire one agent: its trainer's env, the per-attempt directory at each spawn, and the
+    dumps in the hang fault's evidence and the DUMP_STACKS answer. None when off."""
+    size = int(getattr(cfg.hang, "fr_buffer_size", 0))
+    if size <= 0:
+        return None
+    fr_dir = os.path.join(rundir, "fr")
+    env = fr_env(agent.environ, size, fr_dir)
+    fr = FlightRecorder(fr_dir, {**agent.environ, **env})
+    if not fr.prepare():
+        return None
+    agent.extra_env.update(env)
+    spawn = agent.spawn_trainer
+
+    def spawn_in_attempt(*args: Any, **kwargs: Any) -> Any:
+        try:
+            fr.begin_attempt(agent.restarts)
+        except OSError as e:  # never keeps the trainer from starting
+            log.warning("flight-recorder attempt directory: %s", e)
+        return spawn(*args, **kwargs)
+
+    agent.spawn_trainer = spawn_in_attempt
+    enrich = agent.evidence
+    if enrich is not None:
+        async def with_dumps(fault: Any, pids: Sequence[int]) -> Any:
+            import dataclasses
+
+            got, fault = await asyncio.gather(fr.snapshot(), enrich(fault, pids))
+            return dataclasses.replace(fault, evidence={**fault.evidence,
+                                                        "flight_recorder": got})
+
+        agent.evidence = with_dumps
+    decider = agent.decider
+    capture = getattr(decider, "stack_capture", None)
+    if capture is not None:
+        async def stacks_with_dumps(*args: Any, **kwargs: Any) -> dict[str, Any]:
+            got, stacks = await asyncio.gather(fr.snapshot(), capture(*args, **kwargs))
+            return {**stacks, "flight_recorder": got}
+
+        decider.stack_capture = stacks_with_dumps
+    return fr

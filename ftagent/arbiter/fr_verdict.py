@@ -1,0 +1,240 @@
+"""Who hung, where and why, from the ranks' flight-recorder summaries. Pure: no I/O.
+
+Input: ``{rank: summary or None}`` for every rank of the job (the summaries of
+``ftagent/agent/fr_summary.py``, untrusted: each value is checked and bounded here; None
+is a rank that sent no dump). Per process group, innermost (fewest ranks) first:
+
+* **behind**: a rank whose last enqueued collective is below the group's highest, N,
+  never reached collective #N (NVRx's rule). A rank behind in an outer group that is
+  itself waiting inside an inner group's collective is *waiting*, not a culprit: the
+  inner group names who it waits for.
+* **mismatch**: ranks at the same sequence number, not yet all complete, with different
+  op, sizes or dtypes: a program error; both calls are named.
+* **stall**: everyone in the group inside the same collective, no one behind: the fault
+  is below the program (network, GPU, the backend).
+* **unresponsive**: a rank with no dump (dead, or its trigger thread starved: a main
+  thread holding the GIL in C code).
+
+The first of mismatch, behind, unresponsive, stall found is the verdict's kind; every
+finding is kept for the message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_RANKS = 1 << 16
+MAX_GROUPS = 64
+MAX_ENTRIES = 8
+MAX_TEXT = 160
+
+
+@dataclass(frozen=True)
+class Call:
+    """One rank's collective #seq in one group."""
+
+    rank: int
+    seq: int
+    op: str
+    in_sizes: tuple[tuple[int, ...], ...] = ()
+    dtypes: tuple[str, ...] = ()
+    frame: str = ""
+
+    def signature(self) -> tuple[Any, ...]:
+        return self.op, self.in_sizes, self.dtypes
+
+    def describe(self) -> str:
+        sizes = ",".join("x".join(map(str, s)) or "scalar" for s in self.in_sizes)
+        where = f" at {self.frame}" if self.frame else ""
+        return f"rank {self.rank} {self.op}([{sizes}] {'/'.join(self.dtypes)}){where}"
+
+
+@dataclass
+class _Rank:
+    enqueued: int
+    completed: int
+    calls: dict[int, Call]
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str  # behind | mismatch | stall | unresponsive | waiting
+    group: str
+    ranks: tuple[int, ...]
+    seq: int = -1
+    op: str = ""
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str  # mismatch | behind | unresponsive | stall | none
+    culprits: tuple[int, ...]
+    message: str
+    findings: tuple[Finding, ...] = field(default_factory=tuple)
+    key: str = ""  # a mismatch's place (group, #N, both calls): equal when it recurs
+
+
+def _int(v: Any, default: int = -1) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else default
+
+
+def _text(v: Any) -> str:
+    return v[:MAX_TEXT] if isinstance(v, str) else ""
+
+
+def _call(rank: int, e: Any) -> Call | None:
+    if not isinstance(e, Mapping):
+        return None
+    sizes = e.get("in_sizes")
+    dtypes = e.get("dtypes")
+    frames = e.get("frames")
+    return Call(rank, _int(e.get("seq")), _text(e.get("op")),
+                tuple(tuple(_int(d, 0) for d in s[:8]) for s in sizes[:8]
+                      if isinstance(s, list)) if isinstance(sizes, list) else (),
+                tuple(_text(d) for d in dtypes[:8]) if isinstance(dtypes, list) else (),
+                _text(frames[0]) if isinstance(frames, list) and frames else "")
+
+
+def _groups(summaries: Mapping[int, Any]) -> dict[str, dict[int, _Rank]]:
+    """name -> {rank: its state}, from the summaries that parse; bounded."""
+    out: dict[str, dict[int, _Rank]] = {}
+    for rank, s in summaries.items():
+        listed = s.get("groups") if isinstance(s, Mapping) else None
+        if not isinstance(listed, list):
+            continue
+        for g in listed[:MAX_GROUPS]:
+            if not isinstance(g, Mapping):
+                continue
+            name = _text(g.get("name"))
+            entries = g.get("entries")
+            if not isinstance(entries, list):
+                entries = []
+            calls = {c.seq: c for c in (_call(rank, e) for e in entries[:MAX_ENTRIES])
+                     if c is not None}
+            if name not in out and len(out) >= MAX_GROUPS:
+                continue
+            out.setdefault(name, {})[rank] = _Rank(_int(g.get("enqueued")),
+                                                   _int(g.get("completed")), calls)
+    return out
+
+
+def _describe_op(members: Mapping[int, _Rank], seq: int) -> str:
+    for r in members.values():
+        if seq in r.calls:
+            return r.calls[seq].op
+    return ""
+
+
+def decide(summaries: Mapping[int, Any], world: int | None = None) -> Verdict:
+    """The verdict over ``summaries`` (rank -> summary or None); ``world``: the job's rank
+    count, so a rank that sent nothing at all is unresponsive too."""
+    ranks = set(list(summaries)[:MAX_RANKS])
+    if world is not None:
+        ranks |= set(range(min(world, MAX_RANKS)))
+    silent = sorted(r for r in ranks if not isinstance(summaries.get(r), Mapping)
+                    or not isinstance(summaries[r].get("groups"), list))
+    groups = _groups(summaries)
+    order = sorted(groups, key=lambda n: (len(groups[n]), n))
+    findings: list[Finding] = []
+    waiting: dict[int, str] = {}  # rank -> the inner group it waits in
+    culprits: dict[str, list[int]] = {"mismatch": [], "behind": [], "stall": []}
+    for name in order:
+        members = groups[name]
+        top = max(r.enqueued for r in members.values())
+        if top <= 0:
+            continue
+        low_done = min(r.completed for r in members.values())
+        found = _mismatch(name, members, low_done)
+        if found is not None:
+            findings.append(found)
+            culprits["mismatch"].extend(found.ranks)
+        behind = sorted(r for r, st in members.items() if st.enqueued < top)
+        op = _describe_op(members, top)
+        if behind:
+            named = [r for r in behind if r not in waiting]
+            for r in behind:
+                if r in waiting:
+                    findings.append(Finding(
+                        "waiting", name, (r,), top, op,
+                        f"rank {r} is behind in group {name} (at #{members[r].enqueued}) "
+                        f"because it waits in group {waiting[r]}"))
+            if named:
+                where = ", ".join(f"rank {r} at #{members[r].enqueued}" for r in named)
+                findings.append(Finding(
+                    "behind", name, tuple(named), top, op,
+                    f"{where} never reached collective #{top} ({op}) of process group "
+                    f"{name}; {_waiters(r for r in members if r not in behind)}"))
+                culprits["behind"].extend(named)
+        inside = [r for r, st in members.items() if st.enqueued == top and st.completed < top]
+        for r in inside:
+            waiting.setdefault(r, name)
+        if not behind and found is None and inside and len(inside) == len(members):
+            findings.append(Finding(
+                "stall", name, tuple(sorted(inside)), top, op,
+                f"all ranks of group {name} ({_list(inside)}) are inside collective #{top} "
+                f"({op}) and none is behind: the collective itself stalls (network, GPU, "
+                "backend)"))
+            culprits["stall"].extend(inside)
+    if silent:
+        findings.append(Finding("unresponsive", "", tuple(silent), message=(
+            f"rank(s) {_list(silent)} sent no flight-recorder dump: dead, or unresponsive "
+            "(a main thread holding the GIL)")))
+    for kind, rs in (("mismatch", culprits["mismatch"]), ("behind", culprits["behind"]),
+                     ("unresponsive", silent), ("stall", culprits["stall"])):
+        if rs:
+            lead = [f for f in findings if f.kind == kind]
+            key = f"{lead[0].group}#{lead[0].seq}: {lead[0].message}" \
+                if kind == "mismatch" else ""
+            return Verdict(kind, tuple(sorted(set(rs))), "; ".join(f.message for f in lead[:4]),
+                           tuple(findings), key)
+    return Verdict("none", (), "the flight recorder shows no rank stuck in a collective",
+                   tuple(findings))
+
+
+def _mismatch(name: str, members: Mapping[int, _Rank], low_done: int) -> Finding | None:
+    """The first not-yet-complete sequence number whose calls differ between ranks."""
+    seqs = sorted({s for st in members.values() for s in st.calls if s > low_done})
+    for seq in seqs:
+        calls = [st.calls[seq] for _, st in sorted(members.items()) if seq in st.calls]
+        first = calls[0]
+        other = next((c for c in calls[1:] if c.signature() != first.signature()), None)
+        if other is not None:
+            what = "op" if other.op != first.op else \
+                "sizes" if other.in_sizes != first.in_sizes else "dtypes"
+            return Finding("mismatch", name, (first.rank, other.rank), seq, first.op,
+                           f"collective mismatch ({what}) at #{seq} of process group {name}: "
+                           f"{first.describe()} but {other.describe()}")
+    return None
+
+
+def _waiters(ranks: Any) -> str:
+    rs = sorted(ranks)
+    return f"rank {rs[0]} waits in it" if len(rs) == 1 else f"ranks {_list(rs)} wait in it"
+
+
+def _list(ranks: Any) -> str:
+    rs = sorted(ranks)
+    return ", ".join(map(str, rs[:16])) + (f" and {len(rs) - 16} more" if len(rs) > 16 else "")
+
+
+def summary_of(stacks_json: str, rank: int) -> dict[str, Any] | None:
+    """The ``flight_recorder`` part of a rank's DUMP_STACKS answer (agent/flight_recorder.py)
+    as the summary of ``rank`` itself: None when the agent sent none (recorder off, an old
+    agent), ``{}`` when it sent the key but no dump of its own rank came. A summary that
+    claims another rank is not taken: one agent speaks for its own rank only."""
+    try:
+        data = json.loads(stacks_json)
+    except (ValueError, TypeError, RecursionError):
+        return None
+    fr = data.get("flight_recorder") if isinstance(data, dict) else None
+    if not isinstance(fr, dict):
+        return None
+    listed = fr.get("summaries")
+    for s in listed[:64] if isinstance(listed, list) else []:
+        if isinstance(s, dict) and _int(s.get("rank")) == rank:
+            return s
+    return {}
