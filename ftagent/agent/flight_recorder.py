@@ -118,7 +118,10 @@ class FlightRecorder:
 
     def trigger(self) -> list[str]:
         """A byte to every trainer process's FIFO, after removing its last answer; the
-        FIFOs reached. A FIFO with no reader (its process is gone) is removed."""
+        FIFOs of the processes asked (their answers are awaited). A FIFO with no reader is
+        removed when its process is gone; a live process with no reader yet (its trigger
+        thread not in ``open()``: starting, or stopped before it got there) is awaited,
+        and counts as not answering."""
         tdir = os.path.join(self.dir, "trigger")
         reached = []
         try:
@@ -135,8 +138,11 @@ class FlightRecorder:
                 fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
             except OSError as e:
                 if e.errno == errno.ENXIO:
-                    with contextlib.suppress(OSError):
-                        os.unlink(path)
+                    if _process_alive(name[:-len(".fifo")]):
+                        reached.append(path)
+                    else:
+                        with contextlib.suppress(OSError):
+                            os.unlink(path)
                 continue
             try:
                 os.write(fd, b"d")
@@ -195,6 +201,19 @@ class FlightRecorder:
                         len(reached), len(answers))
         return {"summaries": summaries, "errors": errors,
                 "seconds": round(self.clock() - t0, 3)}
+
+
+def _process_alive(pid: str) -> bool:
+    """``<pid>.fifo``'s process still exists (a zombie too: its agent reaps it)."""
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists
+        return True
+    return True
 
 
 def use_flight_recorder(agent: Any, cfg: Any, rundir: str) -> FlightRecorder | None:
