@@ -116,42 +116,34 @@ class FlightRecorder:
         os.symlink(os.path.basename(real), tmp)
         os.replace(tmp, link)  # atomic: a dump never lands between two attempts' dirs
 
-    def trigger(self) -> list[str]:
-        """A byte to every trainer process's FIFO, after removing its last answer; the
-        FIFOs of the processes asked (their answers are awaited). A FIFO with no reader is
-        removed when its process is gone; a live process with no reader yet (its trigger
-        thread not in ``open()``: starting, or stopped before it got there) is awaited,
-        and counts as not answering."""
+    def trigger(self) -> tuple[list[str], set[str]]:
+        """A byte to every trainer process's FIFO, after removing its last answer: the
+        FIFOs of the processes asked (their answers are awaited), and those of them not
+        reached yet. A FIFO with no reader is removed when its process is gone; a live
+        process with no reader yet (its trigger thread not in ``open()``: starting, or
+        stopped before it got there) is asked again while the answers are awaited."""
         tdir = os.path.join(self.dir, "trigger")
-        reached = []
+        asked: list[str] = []
+        pending: set[str] = set()
         try:
             names = os.listdir(tdir)
         except OSError:
-            return []
+            return [], set()
         for name in names[:4096]:
             if not name.endswith(".fifo"):
                 continue
             path = os.path.join(tdir, name)
             with contextlib.suppress(OSError):
                 os.unlink(path + ".done")
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
-            except OSError as e:
-                if e.errno == errno.ENXIO:
-                    if _process_alive(name[:-len(".fifo")]):
-                        reached.append(path)
-                    else:
-                        with contextlib.suppress(OSError):
-                            os.unlink(path)
+            sent = _send(path)
+            if sent is None:  # no reader, and its process is gone
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
                 continue
-            try:
-                os.write(fd, b"d")
-                reached.append(path)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
-        return reached
+            asked.append(path)
+            if not sent:
+                pending.add(path)
+        return asked, pending
 
     def _answer(self, fifo: str) -> tuple[bool, int | None]:
         """(answered, the rank of its dump): a path is taken only if it is this attempt's
@@ -173,10 +165,13 @@ class FlightRecorder:
         """Trigger, wait until every process reached answered (or ``timeout``), read the
         dumps safely: ``{"summaries": [...], "errors": [...], "seconds": ...}``."""
         t0 = self.clock()
-        reached = self.trigger()
+        reached, pending = self.trigger()
         answers: dict[str, int | None] = {}
         while len(answers) < len(reached) and self.clock() - t0 < timeout:
             await sleep(POLL)
+            for fifo in list(pending):  # its reader may be there now
+                if _send(fifo) is not False:
+                    pending.discard(fifo)
             for fifo in reached:
                 if fifo not in answers:
                     done, rank = self._answer(fifo)
@@ -201,6 +196,25 @@ class FlightRecorder:
                         len(reached), len(answers))
         return {"summaries": summaries, "errors": errors,
                 "seconds": round(self.clock() - t0, 3)}
+
+
+def _send(path: str) -> bool | None:
+    """One trigger byte to ``path``'s reader: True sent, False no reader yet (its process
+    lives), None no reader and no process (or the FIFO is gone)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno == errno.ENXIO and _process_alive(
+                os.path.basename(path)[:-len(".fifo")]):
+            return False
+        return None
+    try:
+        os.write(fd, b"d")
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _process_alive(pid: str) -> bool:

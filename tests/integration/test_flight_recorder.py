@@ -127,7 +127,7 @@ def test_no_torch_no_dump_and_the_trainers_own_sitecustomize_still_runs(
     finally:
         p.kill()
         p.wait()
-    assert fr.trigger() == []  # its FIFO had no reader any more: removed
+    assert fr.trigger() == ([], set())  # its FIFO had no reader any more: removed
     assert os.listdir(tmp_path / "fr" / "trigger") == []
 
 
@@ -177,6 +177,7 @@ def test_a_stopped_trainer_costs_the_snapshot_its_timeout_and_nothing_else(
     try:
         wait_for(lambda: os.listdir(tmp_path / "fr" / "trigger"), 10, "the trigger FIFO")
         p.send_signal(signal.SIGSTOP)
+        wait_for(lambda: all_threads_stopped(p.pid), 10, "every thread of the trainer stopped")
         got = asyncio.run(fr.snapshot(timeout=1.0))
         assert got["summaries"] == []
         assert got["errors"] == ["1 trainer process(es) did not answer within 1.0s "
@@ -188,3 +189,14 @@ def test_a_stopped_trainer_costs_the_snapshot_its_timeout_and_nothing_else(
     finally:
         p.kill()
         p.wait()
+
+
+def all_threads_stopped(pid: int) -> bool:
+    """SIGSTOP takes effect per thread (a thread woken in a syscall may run on a moment):
+    every task of ``pid`` in state T."""
+    tasks = os.listdir(f"/proc/{pid}/task")
+    for t in tasks:
+        with open(f"/proc/{pid}/task/{t}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] != "T":
+                return False
+    return bool(tasks)
