@@ -230,6 +230,11 @@ def summary_of(stacks_json: str, rank: int) -> dict[str, Any] | None:
         data = json.loads(stacks_json)
     except (ValueError, TypeError, RecursionError):
         return None
+    return summary_in(data, rank)
+
+
+def summary_in(data: Any, rank: int) -> dict[str, Any] | None:
+    """``summary_of`` for an answer already parsed (the registry parses it once)."""
     fr = data.get("flight_recorder") if isinstance(data, dict) else None
     if not isinstance(fr, dict):
         return None

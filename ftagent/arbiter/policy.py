@@ -385,9 +385,24 @@ def stack_signature(stacks_json: str, frames_per_thread: int = 4) -> str:
     ``declared``; agent/verify.py) becomes a ``live=STATE where=WHERE :: `` tag in front
     (``liveness_of`` reads it back); a hang the agent already declared is ``hung``.
     """
+    return signature_in(parse_stacks(stacks_json), stacks_json, frames_per_thread)
+
+
+NOT_JSON = object()  # parse_stacks: the text is not JSON (or nested past the stack)
+
+
+def parse_stacks(stacks_json: str) -> Any:
+    """A Stacks answer parsed once (NOT_JSON when it is not JSON): ``signature_in`` and the
+    flight recorder's ``fr_verdict.summary_in`` both read it."""
     try:
-        data = json.loads(stacks_json)
-    except (ValueError, TypeError, RecursionError):  # not JSON, or nested past the stack
+        return json.loads(stacks_json)
+    except (ValueError, TypeError, RecursionError):
+        return NOT_JSON
+
+
+def signature_in(data: Any, stacks_json: str, frames_per_thread: int = 4) -> str:
+    """``stack_signature`` of an answer already parsed (``data``; it is changed)."""
+    if data is NOT_JSON:
         return stacks_json.strip()[:2000]
     tag = ""
     if isinstance(data, dict):  # the flight recorder's summaries are not stacks

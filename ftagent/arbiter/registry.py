@@ -331,10 +331,13 @@ class Registry:
                 return  # unsolicited (no probe, or this rank already answered): unread
             text = m.stacks.json  # one copy out of the message (1 MiB at most is read)
             size = len(text)
-            rs.stack = policy.stack_signature(text) if size <= policy.MAX_STACKS \
-                else f"{policy.NO_STACK}stacks of {size} bytes (over {policy.MAX_STACKS})"
-            rs.fr = fr_verdict.summary_of(text, rs.rank) if size <= policy.MAX_STACKS \
-                else None
+            if size <= policy.MAX_STACKS:  # parsed once, for both readers
+                data = policy.parse_stacks(text)
+                rs.fr = fr_verdict.summary_in(data, rs.rank)  # before: the signature pops it
+                rs.stack = policy.signature_in(data, text)
+            else:
+                rs.stack = f"{policy.NO_STACK}stacks of {size} bytes (over {policy.MAX_STACKS})"
+                rs.fr = None
             self._note(job, now, "stacks", f"stacks received ({size} bytes)",
                        rank=rs.rank)
             self.execute(job, policy.decide_stacks(job, now, self.cfg), now)
