@@ -193,12 +193,17 @@ class WebhookServer:
         return 404, _error(f"no {route[:80]}")
 
     def _metrics(self) -> bytes:
-        lines = ["# HELP ftagent_webhook_reviews_total AdmissionReviews answered, by result "
-                 "(injected, skipped, error, malformed) and the reason a pod was skipped",
-                 "# TYPE ftagent_webhook_reviews_total counter"]
-        lines += [f'ftagent_webhook_reviews_total{{result="{r}",reason="{why}"}} {v}'
-                  for (r, why), v in sorted(self.counters.reviews.items())]
-        return ("\n".join(lines) + "\n").encode()
+        return render_metrics(self.counters)
+
+
+def render_metrics(counters: Counters) -> bytes:
+    """The webhook's ``/metrics``: Prometheus' text format of ``counters``."""
+    lines = ["# HELP ftagent_webhook_reviews_total AdmissionReviews answered, by result "
+             "(injected, skipped, error, malformed) and the reason a pod was skipped",
+             "# TYPE ftagent_webhook_reviews_total counter"]
+    lines += [f'ftagent_webhook_reviews_total{{result="{r}",reason="{why}"}} {v}'
+              for (r, why), v in sorted(counters.reviews.items())]
+    return ("\n".join(lines) + "\n").encode()
 
 
 def _http(status: int, payload: bytes, close: bool) -> bytes:
