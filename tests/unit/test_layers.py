@@ -54,14 +54,6 @@ RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 # Arrows against the table that stay for now, each with its reason (issue 23 tracks them).
 # Keys: (importer, imported). The test fails when one of these disappears: delete it then.
 ALLOWED: dict[tuple[str, str], str] = {
-    # The arbiter's command line wires kube/ in: moves to ftagent/cmd/arbiter.py.
-    ("ftagent.arbiter.cli", "ftagent.kube.certs"): "composition in the room; issue 23",
-    ("ftagent.arbiter.cli", "ftagent.kube.client"): "composition in the room; issue 23",
-    ("ftagent.arbiter.cli", "ftagent.kube.cluster"): "composition in the room; issue 23",
-    ("ftagent.arbiter.cli", "ftagent.kube.job_record"): "composition in the room; issue 23",
-    ("ftagent.arbiter.cli", "ftagent.kube.lease"): "composition in the room; issue 23",
-    ("ftagent.arbiter.cli", "ftagent.kube.tokenreview"): "composition in the room; issue 23",
-    ("ftagent.arbiter.cli", "ftagent.kube.uninjected"): "composition in the room; issue 23",
     # Readings (GpuReading, GpuDevice) live in the GPU detector: move to model.py.
     ("ftagent.sources.accel", "ftagent.detect.gpu"): "readings in the detector; issue 23",
     ("ftagent.sources.ascend", "ftagent.detect.gpu"): "readings in the detector; issue 23",
