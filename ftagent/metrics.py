@@ -37,7 +37,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ftagent.model import FaultKind
+from ftagent.model import FaultKind, GpuReading, IbPortStats, NicStats
 from ftagent.wire.limits import MAX_OPS, MAX_PHASES, OTHER
 
 log = logging.getLogger("ftagent.metrics")
@@ -487,35 +487,6 @@ class JobCollector(Collector):
 # --------------------------------------------------------------------------- scrape-time collectors
 
 
-@dataclass(frozen=True)
-class NicStats:
-    """One link as the NIC source knows it, read at scrape time."""
-
-    device: str
-    up: bool
-    carrier: bool
-    flaps: int
-    receive_bytes: int
-    transmit_bytes: int
-    receive_bps: float
-    transmit_bps: float
-
-
-@dataclass(frozen=True)
-class IbPortStats:
-    """One RDMA port from sysfs (data counters already converted to bytes)."""
-
-    device: str
-    port: str
-    state_id: int  # 4 = ACTIVE, as node_exporter's node_infiniband_state_id
-    phys_state_id: int
-    rate_bytes_per_second: float
-    receive_bytes: int
-    transmit_bytes: int
-    receive_bps: float = 0.0  # over the source's rate window
-    transmit_bps: float = 0.0
-
-
 class NicCollector(Collector):
     """node_exporter-like NIC and InfiniBand series from the NIC source's snapshot."""
 
@@ -581,29 +552,6 @@ class NicCollector(Collector):
         except Exception:
             log.exception("RDMA snapshot failed")
         yield from (up, carrier, flaps, rx, tx, bw, state, phys, rate, irx, itx, ibw)
-
-
-@dataclass(frozen=True)
-class GpuReading:
-    """One GPU read from NVML at scrape time (None: that call is not supported there)."""
-
-    gpu: int
-    uuid: str
-    pci_bus_id: str
-    model: str
-    lost: bool = False
-    temperature_celsius: float | None = None
-    power_watts: float | None = None
-    utilization: float | None = None  # 0..1, like DCGM's GPU_UTIL / 100
-    memory_utilization: float | None = None
-    memory_used_bytes: int | None = None
-    memory_total_bytes: int | None = None
-    ecc_errors: tuple[int | None, int | None] = (None, None)  # volatile corrected, uncorrected
-    remapped_rows: tuple[int, int, bool, bool] | None = None  # corr, uncorr, pending, failure
-    retired_pages: tuple[int | None, int | None, bool | None] = (None, None, None)
-    clock_event_reasons: int | None = None
-    nvlink_up: tuple[tuple[int, bool], ...] = ()
-    recovery_action: int | None = None
 
 
 # NVML clocks event (throttle) reasons, as ftagent_gpu_clock_event_reason{reason} 0/1

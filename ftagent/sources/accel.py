@@ -31,9 +31,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ftagent.config import ConfigError, GpuConfig
-from ftagent.detect.gpu import GpuDevice
-from ftagent.metrics import GpuReading
-from ftagent.model import GpuEvent, Observation
+from ftagent.model import GpuDevice, GpuEvent, GpuReading, Observation
 from ftagent.timegrid import sleep_on_grid
 
 log = logging.getLogger("ftagent.sources.accel")

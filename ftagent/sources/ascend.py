@@ -32,7 +32,7 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 
-from ftagent.detect.gpu import GpuDevice
+from ftagent.model import GpuDevice
 from ftagent.sources.accel import (
     MAX_CODES,
     TIMED_OUT,

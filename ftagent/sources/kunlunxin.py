@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from ftagent.detect.gpu import GpuDevice
+from ftagent.model import GpuDevice
 from ftagent.sources.accel import (
     TIMED_OUT,
     BackendUnavailable,

@@ -9,8 +9,8 @@ import pytest
 
 from ftagent.config import GpuConfig
 from ftagent.detect.accel import AccelDetector
-from ftagent.detect.gpu import GpuAction, GpuDevice
-from ftagent.model import FaultKind, GpuEvent, Scope, Severity
+from ftagent.detect.gpu import GpuAction
+from ftagent.model import FaultKind, GpuDevice, GpuEvent, Scope, Severity
 from ftagent.sources import accel_sim
 from ftagent.sources.accel import detect, parse_id_list, pick, select_visible
 from ftagent.sources.accel_script import ScriptError, parse
