@@ -57,15 +57,11 @@ ALLOWED: dict[tuple[str, str], str] = {
     # The simulated NVML words its Xids with the detector's Xid table (classify): the
     # table is the detector's knowledge; a vocabulary module for it is left for later.
     ("ftagent.sources.gpu_sim", "ftagent.detect.gpu"): "the Xid table; issue 23",
-    # The SDK socket counts into the sink, and the sink reads the socket's counts.
-    ("ftagent.sources.sdk_socket", "ftagent.metrics"): "counts kept twice; issue 23",
 }
 
 # Cycles that stay for now, as sorted tuples of the modules in one strongly connected
 # component, with the reason.
 ALLOWED_CYCLES: dict[tuple[str, ...], str] = {
-    ("ftagent.metrics", "ftagent.sources.sdk_socket"):
-        "function-level imports both ways (SDK counts kept twice); issue 23",
     ("ftagent.sources.accel", "ftagent.sources.ascend", "ftagent.sources.kunlunxin"):
         "the accelerator registry imports its vendors late, they import its base; issue 23",
 }
