@@ -219,7 +219,7 @@ def main() -> int:
                     help="which job: small, large or both")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from ftagent.sources.sdk_socket import busbw
+    from ftagent.metrics import busbw
 
     world = 2
     print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs, "

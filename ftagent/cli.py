@@ -13,13 +13,13 @@ from collections.abc import Sequence
 from ftagent import __version__
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("ftagent.agent.run_cli", "supervise a training command: ftagent run [flags] -- CMD"),
-    "arbiter": ("ftagent.arbiter.cli", "run the central arbiter that decides for whole jobs"),
-    "node": ("ftagent.node.cli", "host agent (DaemonSet): node GPU/NIC faults and conditions"),
-    "status": ("ftagent.arbiter.status_cli", "show jobs, ranks and timelines from an arbiter"),
-    "token": ("ftagent.arbiter.token_cli", "print the token that speaks for one job only"),
+    "run": ("ftagent.cmd.run", "supervise a training command: ftagent run [flags] -- CMD"),
+    "arbiter": ("ftagent.cmd.arbiter", "run the central arbiter that decides for whole jobs"),
+    "node": ("ftagent.cmd.node", "host agent (DaemonSet): node GPU/NIC faults and conditions"),
+    "status": ("ftagent.cmd.status", "show jobs, ranks and timelines from an arbiter"),
+    "token": ("ftagent.cmd.token", "print the token that speaks for one job only"),
     "report": ("ftagent.report", "one HTML page about a job: steps, faults, downtime, goodput"),
-    "webhook": ("ftagent.kube.webhook_cli", "admission webhook that injects ftagent into pods"),
+    "webhook": ("ftagent.cmd.webhook", "admission webhook that injects ftagent into pods"),
     "demo": ("ftagent.demo", "local demo: arbiter + agents + a real training job with faults"),
 }
 

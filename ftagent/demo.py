@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 
 from ftagent.arbiter.process import ArbiterProcess
-from ftagent.arbiter.status_cli import entry_kind
+from ftagent.arbiter.status_view import entry_kind
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
 

@@ -43,8 +43,9 @@ from ftagent.detect.accel import AccelDetector, code_label
 from ftagent.detect.gpu import GpuDetector
 from ftagent.metrics import GpuCollector
 from ftagent.model import GpuEvent, GpuHealth, Observation
-from ftagent.sources.accel import TOOL_TIMEOUT, VendorSource, make_backend, pick
+from ftagent.sources.accel import VendorSource, make_backend, pick
 from ftagent.sources.gpu import GpuSource, open_backend
+from ftagent.sources.vendor_tool import TOOL_TIMEOUT
 
 
 async def check(cfg: GpuConfig, seconds: float, out: TextIO) -> int:

@@ -22,10 +22,11 @@ dashboard reads).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -37,8 +38,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ftagent.model import FaultKind
-from ftagent.wire.limits import MAX_OPS, MAX_PHASES, OTHER
+from ftagent.model import FaultKind, GpuReading, IbPortStats, NicStats
+from ftagent.wire.limits import MAX_OPS, MAX_PHASES, OTHER, LabelFold
 
 log = logging.getLogger("ftagent.metrics")
 
@@ -99,33 +100,68 @@ UNDECLARED_PLACES = 8
 disable_created_metrics()
 
 
-class LabelFold:
-    """Bounds one label's values: the first ``cap`` distinct values pass, later ones (and
-    values outside ``allowed``, when given) become ``OTHER``; ``on_fold`` is called for
-    each value folded. Memory is O(cap) whatever comes in. Thread-safe enough for one
-    event loop plus the scrape thread (the set only grows, under the GIL)."""
+def busbw(op: str, nbytes: int, seconds: float, n: int) -> tuple[float, float]:
+    """(algbw, busbw) in bytes/s, as nccl-tests computes them (doc/PERFORMANCE.md):
+    algbw = bytes / time; busbw = algbw × 2(n-1)/n for all_reduce, (n-1)/n for
+    reduce_scatter, all_gather and all_to_all, 1 for broadcast, reduce and unknown ops.
+    Torch's variants (``all_gather_into_tensor``, ``all_to_all_single``...) count as their
+    base op. A zero or invalid time gives (0, 0)."""
+    if not 0 < seconds < math.inf or nbytes < 0:
+        return 0.0, 0.0
+    n = max(int(n), 1)
+    algbw = nbytes / seconds
+    name = op.lower().replace("_", "").replace("-", "")
+    if name.startswith("allreduce"):
+        factor = 2.0 * (n - 1) / n
+    elif name.startswith(("reducescatter", "allgather", "alltoall")):
+        factor = (n - 1) / n
+    else:
+        factor = 1.0
+    return algbw, algbw * factor
 
-    __slots__ = ("label", "cap", "allowed", "on_fold", "seen", "folded")
 
-    def __init__(self, label: str, cap: int, *, allowed: Iterable[str] | None = None,
-                 on_fold: Callable[[], None] | None = None) -> None:
-        self.label = label
-        self.cap = cap
-        self.allowed = None if allowed is None else frozenset(allowed)
-        self.on_fold = on_fold
-        self.seen: set[str] = set()
-        self.folded = 0
+class SdkCounts(Protocol):
+    """What the SDK socket source counts (``ftagent/sources/sdk_socket.py``)."""
 
-    def __call__(self, value: str) -> str:
-        if value in self.seen or value == OTHER:
-            return value
-        if (self.allowed is None or value in self.allowed) and len(self.seen) < self.cap:
-            self.seen.add(value)
-            return value
-        self.folded += 1
-        if self.on_fold is not None:
-            self.on_fold()
-        return OTHER
+    received: int
+    dropped: dict[str, int]
+
+
+@dataclass
+class _Zero:
+    received: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+
+
+_NO_SDK = _Zero()
+SDK_FAMILY = "ftagent_sdk_datagrams"  # the collector's key among an agent's families
+
+
+class SdkCollector(Collector):
+    """``ftagent_sdk_datagrams_received_total`` and ``..._dropped_total{reason}``, read at
+    scrape time from each worker's SDK source (the counts live there, once); every reason
+    is exported from the start, at 0."""
+
+    def __init__(self, labels: list[str]) -> None:
+        self.labels = list(labels)
+        self.sources: dict[tuple[str, ...], SdkCounts] = {}
+
+    def attach(self, values: tuple[str, ...], source: SdkCounts) -> None:
+        self.sources[values] = source
+
+    def collect(self) -> Iterator[Any]:
+        received = CounterMetricFamily("ftagent_sdk_datagrams_received",
+                                       "Datagrams read from the SDK socket.", labels=self.labels)
+        dropped = CounterMetricFamily("ftagent_sdk_datagrams_dropped",
+                                      "SDK datagrams dropped as invalid, by reason.",
+                                      labels=self.labels + ["reason"])
+        for values, source in list(self.sources.items()):
+            received.add_metric(list(values), source.received)
+            counts = dict(source.dropped)
+            for reason in SDK_DROP_REASONS:
+                dropped.add_metric([*values, reason], counts.get(reason, 0))
+        yield received
+        yield dropped
 
 
 class AgentMetrics:
@@ -262,16 +298,20 @@ class AgentMetrics:
             "factors; all_reduce_ddp: the sampled step's overall reduction bandwidth).",
             ["op", "size"])
         # -- the SDK socket (its receiver range-checks every datagram)
-        self.sdk_received = counter(
-            "ftagent_sdk_datagrams_received", "Datagrams read from the SDK socket.").labels(**i)
-        self.sdk_dropped = counter(
-            "ftagent_sdk_datagrams_dropped", "SDK datagrams dropped as invalid, by reason.",
-            ["reason"])
-        for reason in SDK_DROP_REASONS:  # all present from the start, at 0
-            self.sdk_dropped.labels(**i, reason=reason)
+        #    counted by the source, read at scrape time: one collector per registry, each
+        #    worker's source under its identity; at 0 until a source is attached
+        if SDK_FAMILY not in fams:
+            fams[SDK_FAMILY] = SdkCollector(ids)
+            registry.register(fams[SDK_FAMILY])
+        self._sdk: SdkCollector = fams[SDK_FAMILY]
+        self._sdk.attach(self._ids, _NO_SDK)
 
         self.info.labels(**i, version=_version()).set(1)
         self.faults_by_kind = lambda kind: self.faults.labels(**self.labels(kind=kind))
+
+    def attach_sdk(self, source: SdkCounts) -> None:
+        """Export ``source``'s datagram counts (the SDK socket's own) under this identity."""
+        self._sdk.attach(self._ids, source)
 
     def labels(self, **extra: str) -> dict[str, str]:
         """Identity labels plus ``extra``, for series with additional labels: the one door
@@ -313,8 +353,6 @@ class AgentMetrics:
         """``count`` collectives (``CollectiveSample``) of ``nbytes`` and ``seconds`` in
         total: their duration histogram, and algbw/busbw of the op and size bucket (of the
         mean size: the trainer aggregates within one bucket) from the totals."""
-        from ftagent.sources.sdk_socket import busbw
-
         count = max(int(count), 1)
         algbw, bus = busbw(op, nbytes, seconds, world_size)
         labels = self.labels(op=op)  # folded once for the three series
@@ -487,35 +525,6 @@ class JobCollector(Collector):
 # --------------------------------------------------------------------------- scrape-time collectors
 
 
-@dataclass(frozen=True)
-class NicStats:
-    """One link as the NIC source knows it, read at scrape time."""
-
-    device: str
-    up: bool
-    carrier: bool
-    flaps: int
-    receive_bytes: int
-    transmit_bytes: int
-    receive_bps: float
-    transmit_bps: float
-
-
-@dataclass(frozen=True)
-class IbPortStats:
-    """One RDMA port from sysfs (data counters already converted to bytes)."""
-
-    device: str
-    port: str
-    state_id: int  # 4 = ACTIVE, as node_exporter's node_infiniband_state_id
-    phys_state_id: int
-    rate_bytes_per_second: float
-    receive_bytes: int
-    transmit_bytes: int
-    receive_bps: float = 0.0  # over the source's rate window
-    transmit_bps: float = 0.0
-
-
 class NicCollector(Collector):
     """node_exporter-like NIC and InfiniBand series from the NIC source's snapshot."""
 
@@ -581,29 +590,6 @@ class NicCollector(Collector):
         except Exception:
             log.exception("RDMA snapshot failed")
         yield from (up, carrier, flaps, rx, tx, bw, state, phys, rate, irx, itx, ibw)
-
-
-@dataclass(frozen=True)
-class GpuReading:
-    """One GPU read from NVML at scrape time (None: that call is not supported there)."""
-
-    gpu: int
-    uuid: str
-    pci_bus_id: str
-    model: str
-    lost: bool = False
-    temperature_celsius: float | None = None
-    power_watts: float | None = None
-    utilization: float | None = None  # 0..1, like DCGM's GPU_UTIL / 100
-    memory_utilization: float | None = None
-    memory_used_bytes: int | None = None
-    memory_total_bytes: int | None = None
-    ecc_errors: tuple[int | None, int | None] = (None, None)  # volatile corrected, uncorrected
-    remapped_rows: tuple[int, int, bool, bool] | None = None  # corr, uncorr, pending, failure
-    retired_pages: tuple[int | None, int | None, bool | None] = (None, None, None)
-    clock_event_reasons: int | None = None
-    nvlink_up: tuple[tuple[int, bool], ...] = ()
-    recovery_action: int | None = None
 
 
 # NVML clocks event (throttle) reasons, as ftagent_gpu_clock_event_reason{reason} 0/1

@@ -176,6 +176,13 @@ class GpuEvent:
     source: str = "nvml"
 
 
+SXID_UNKNOWN_DEVICE = "kmsg-unknown-device"
+"""``GpuEvent.source`` of a kernel-log SXid whose PCI address is no NVIDIA device of this
+host (sources/gpu.py): anyone who can make the kernel log text can write an SXid line, so
+such an SXid is counted and never node-fatal; NVML's own NVLink checks of the GPUs
+(inactive links, NVLink Xids) still raise their faults."""
+
+
 @dataclass(frozen=True)
 class GpuHealth:
     """One poll of a GPU's fault-relevant counters (None: that call is not supported)."""
@@ -207,6 +214,77 @@ class LinkEvent:
     @property
     def up(self) -> bool:
         return self.admin_up and self.carrier and not self.deleted
+
+
+# ------------------------------------------------------------------------- readings
+# What the sources know of a device and its counters, read by the detectors and by the
+# metrics collectors at scrape time: values, here so that sources import no sink or detector.
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    """A GPU the trainer may use, as NVML names it."""
+
+    index: int
+    uuid: str
+    pci_bus_id: str  # NVML's form, 00000000:3B:00.0
+    name: str
+    mig: tuple[str, ...] = ()  # MIG device UUIDs of this GPU the trainer may use
+
+    def describe(self) -> str:
+        return f"GPU {self.index} ({self.name}, {self.uuid}, PCI {self.pci_bus_id})"
+
+
+@dataclass(frozen=True)
+class NicStats:
+    """One link as the NIC source knows it, read at scrape time."""
+
+    device: str
+    up: bool
+    carrier: bool
+    flaps: int
+    receive_bytes: int
+    transmit_bytes: int
+    receive_bps: float
+    transmit_bps: float
+
+
+@dataclass(frozen=True)
+class IbPortStats:
+    """One RDMA port from sysfs (data counters already converted to bytes)."""
+
+    device: str
+    port: str
+    state_id: int  # 4 = ACTIVE, as node_exporter's node_infiniband_state_id
+    phys_state_id: int
+    rate_bytes_per_second: float
+    receive_bytes: int
+    transmit_bytes: int
+    receive_bps: float = 0.0  # over the source's rate window
+    transmit_bps: float = 0.0
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU read from NVML at scrape time (None: that call is not supported there)."""
+
+    gpu: int
+    uuid: str
+    pci_bus_id: str
+    model: str
+    lost: bool = False
+    temperature_celsius: float | None = None
+    power_watts: float | None = None
+    utilization: float | None = None  # 0..1, like DCGM's GPU_UTIL / 100
+    memory_utilization: float | None = None
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    ecc_errors: tuple[int | None, int | None] = (None, None)  # volatile corrected, uncorrected
+    remapped_rows: tuple[int, int, bool, bool] | None = None  # corr, uncorr, pending, failure
+    retired_pages: tuple[int | None, int | None, bool | None] = (None, None, None)
+    clock_event_reasons: int | None = None
+    nvlink_up: tuple[tuple[int, bool], ...] = ()
+    recovery_action: int | None = None
 
 
 @dataclass(frozen=True)

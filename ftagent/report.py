@@ -203,7 +203,7 @@ def _take(d: ReportData, rec: Mapping[str, Any], parts: dict[str, float]) -> Non
 
 
 def from_job_info(info: Mapping[str, Any], now: float) -> ReportData:
-    """The arbiter's ``GetJob`` answer (``status_cli.to_dict`` of a JobInfo)."""
+    """The arbiter's ``GetJob`` answer (``status_view.to_dict`` of a JobInfo)."""
     d = ReportData(str(info.get("job", "")), "arbiter history")
     for e in info.get("timeline", []):
         ts = _num(e.get("ts"))
@@ -253,8 +253,8 @@ def ledger_table(d: ReportData) -> str:
 
 
 def fetch_job(cfg: ArbiterClientConfig, job: str, namespace: str) -> dict[str, Any]:
-    """GetJob with every kept timeline entry; raises status_cli.StatusError (one line)."""
-    from ftagent.arbiter.status_cli import _call, _stub, to_dict
+    """GetJob with every kept timeline entry; raises status_view.StatusError (one line)."""
+    from ftagent.arbiter.status_view import _call, _stub, to_dict
     from ftagent.v1 import ftagent_pb2 as pb
     from ftagent.wire.shard import pick_arbiter
 
@@ -401,7 +401,7 @@ def build_parser() -> OneLineParser:
 
 
 def main(argv: list[str]) -> int:
-    from ftagent.arbiter.status_cli import StatusError
+    from ftagent.arbiter.status_view import StatusError
 
     try:
         ns = build_parser().parse_args(argv)

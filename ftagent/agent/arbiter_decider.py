@@ -67,7 +67,7 @@ class ArbiterDecider:
         self.link = ArbiterLink(cfg.arbiter, cfg.identity,
                                 max_restarts=cfg.supervisor.max_restarts or None)
         self.hang_state: Callable[[], tuple[float, bool]] = lambda: (0.0, False)
-        # DUMP_STACKS: stacks of the tree (run_cli adds the liveness verdict, agent/verify.py)
+        # DUMP_STACKS: stacks of the tree (cmd/run.py adds the liveness verdict, agent/verify.py)
         self.stack_capture: Callable[[Sequence[int]], Awaitable[dict[str, Any]]] = \
             lambda pids: capture(pids, cfg.hang.hang_dump_timeout)
         self.fail_open_after = cfg.arbiter.arbiter_fail_open_after

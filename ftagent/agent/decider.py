@@ -1,7 +1,7 @@
 """Who decides what a worker does about its faults: the agent holds one ``Decider``.
 
 The agent (agent.py) supervises one trainer; what it does between two attempts and about
-a fault is not its own business but its decider's, chosen at start (run_cli.py) and held
+a fault is not its own business but its decider's, chosen at start (cmd/run.py) and held
 by composition, never by subclassing the agent:
 
 * :class:`LocalDecider` -- the local policy (local_policy.py), alone or, for the

@@ -94,7 +94,7 @@ SERVER_OPTIONS = [
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """What the server needs from ``ftagent arbiter``'s flags (see arbiter/cli.py)."""
+    """What the server needs from ``ftagent arbiter``'s flags (see cmd/arbiter.py)."""
 
     listen: str = "127.0.0.1:0"
     token: str = ""  # the secret: the admin credential, and the key of every job token

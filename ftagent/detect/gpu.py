@@ -50,16 +50,21 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ftagent.model import Fault, FaultKind, GpuEvent, GpuHealth, Observation, Scope, Severity
+from ftagent.model import (
+    SXID_UNKNOWN_DEVICE,
+    Fault,
+    FaultKind,
+    GpuDevice,
+    GpuEvent,
+    GpuHealth,
+    Observation,
+    Scope,
+    Severity,
+)
 
 log = logging.getLogger("ftagent.detect.gpu")
 
 EPISODE_QUIET = 60.0  # seconds without an occurrence that end a (GPU, cause) episode
-SXID_UNKNOWN_DEVICE = "kmsg-unknown-device"
-"""``GpuEvent.source`` of a kernel-log SXid whose PCI address is no NVIDIA device of this
-host (sources/gpu.py): anyone who can make the kernel log text can write an SXid line, so
-such an SXid is counted and never node-fatal; NVML's own NVLink checks of the GPUs
-(inactive links, NVLink Xids) still raise their faults."""
 
 MAX_KEYS = 4096  # (GPU, cause) pairs tracked; more fold into the GPU's "other" Xid
 OTHER_XID = -1
@@ -176,20 +181,6 @@ def classify(xid: int, overrides: Mapping[int, GpuAction] | None = None,
     if overrides and xid in overrides:
         return XidInfo(xid, info.meaning, overrides[xid])
     return info
-
-
-@dataclass(frozen=True)
-class GpuDevice:
-    """A GPU the trainer may use, as NVML names it."""
-
-    index: int
-    uuid: str
-    pci_bus_id: str  # NVML's form, 00000000:3B:00.0
-    name: str
-    mig: tuple[str, ...] = ()  # MIG device UUIDs of this GPU the trainer may use
-
-    def describe(self) -> str:
-        return f"GPU {self.index} ({self.name}, {self.uuid}, PCI {self.pci_bus_id})"
 
 
 @dataclass

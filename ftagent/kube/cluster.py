@@ -69,7 +69,7 @@ _QUIET_STATES = ("replacing", "exited", "succeeded", "stopping")
 
 @dataclass(frozen=True)
 class KubeSettings:
-    """What ``ftagent arbiter``'s --kube flags say (arbiter/cli.py)."""
+    """What ``ftagent arbiter``'s --kube flags say (cmd/arbiter.py)."""
 
     node_notready_grace: float = 40.0
     force_delete_after: float = -1.0  # off

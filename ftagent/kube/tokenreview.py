@@ -1,7 +1,7 @@
 """The arbiter's TokenReview call: is this bearer token a pod's projected ServiceAccount
 token for our audience, and which pod, uid and node does the API server say it is bound to?
 
-Plugged into ``arbiter.auth.TokenReviews`` by the composition root (arbiter/cli.py), so the
+Plugged into ``arbiter.auth.TokenReviews`` by the composition root (cmd/arbiter.py), so the
 arbiter never imports kube. The call blocks (the ``kubernetes`` client is synchronous) and
 runs on a small thread pool of its own, off the event loop. Anything but an answer (an
 outage, a timeout, 403 because the arbiter's ClusterRole lacks ``create`` on

@@ -32,8 +32,9 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 
-from ftagent.detect.gpu import GpuDevice
-from ftagent.sources.accel import (
+from ftagent.model import GpuDevice
+from ftagent.sources.dcmi import Dcmi, DcmiError
+from ftagent.sources.vendor_tool import (
     MAX_CODES,
     TIMED_OUT,
     BackendUnavailable,
@@ -41,7 +42,6 @@ from ftagent.sources.accel import (
     Tool,
     select_visible,
 )
-from ftagent.sources.dcmi import Dcmi, DcmiError
 
 log = logging.getLogger("ftagent.sources.ascend")
 

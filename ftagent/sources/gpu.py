@@ -37,9 +37,14 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from ftagent.config import ConfigError, GpuConfig
-from ftagent.detect.gpu import SXID_UNKNOWN_DEVICE, GpuDevice
-from ftagent.metrics import GpuReading
-from ftagent.model import GpuEvent, GpuHealth, Observation
+from ftagent.model import (
+    SXID_UNKNOWN_DEVICE,
+    GpuDevice,
+    GpuEvent,
+    GpuHealth,
+    GpuReading,
+    Observation,
+)
 from ftagent.sources import kmsg as kmsg_mod
 from ftagent.sources.gpu_calls import NvmlCalls, WatchedGpu
 from ftagent.sources.gpu_devices import select_gpus

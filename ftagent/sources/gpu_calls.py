@@ -17,9 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ftagent.detect.gpu import GpuDevice
-from ftagent.metrics import GpuReading
-from ftagent.model import GpuEvent, GpuHealth
+from ftagent.model import GpuDevice, GpuEvent, GpuHealth, GpuReading
 from ftagent.sources.nvml_backend import Nvml
 
 log = logging.getLogger("ftagent.sources.gpu")

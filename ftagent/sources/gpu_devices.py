@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from ftagent.detect.gpu import GpuDevice
+from ftagent.model import GpuDevice
 
 
 def _mig_of(devices: Sequence[GpuDevice], mig_parent: Mapping[str, int], token: str

@@ -25,15 +25,15 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from ftagent.detect.gpu import GpuDevice
-from ftagent.sources.accel import (
+from ftagent.model import GpuDevice
+from ftagent.sources.ascend import MIB, parse_codes, parse_kv
+from ftagent.sources.vendor_tool import (
     TIMED_OUT,
     BackendUnavailable,
     Sample,
     Tool,
     select_visible,
 )
-from ftagent.sources.ascend import MIB, parse_codes, parse_kv
 
 _BUS = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7]$")
 HEALTH = {"Healthy": "ok", "Warning": "warning", "Fault": "critical"}

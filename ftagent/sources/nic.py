@@ -37,8 +37,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import RTMGRP_LINK
 
 from ftagent.config import NicConfig
-from ftagent.metrics import NicStats
-from ftagent.model import LinkEvent, Observation
+from ftagent.model import LinkEvent, NicStats, Observation
 from ftagent.sources.netstats import LinkRates, read_int, read_sysfs_counters
 from ftagent.timegrid import sleep_on_grid
 

@@ -29,8 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ftagent.config import NicConfig
-from ftagent.metrics import IbPortStats
-from ftagent.model import LinkEvent, Observation
+from ftagent.model import IbPortStats, LinkEvent, Observation
 from ftagent.sources.netstats import LinkRates, read_ib_data_counters
 from ftagent.sources.nic import NameList
 from ftagent.timegrid import sleep_on_grid

@@ -19,7 +19,8 @@ agent's ``LabelFold`` (the first ``MAX_PHASES`` / ``MAX_OPS`` distinct names, th
 become ``other``) before anything sees them: the hang detector learns a budget per phase
 name, so the names must be bounded before it, not only as label values.
 
-``busbw`` converts a collective's time into the bandwidths nccl-tests reports.
+Its counts (``received``, ``dropped`` by reason) stay here; ``ftagent/metrics.py`` reads
+them at scrape time (``AgentMetrics.attach_sdk``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ import socket
 import stat
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from ftagent.model import CollectiveSample, Observation, PhaseMarker, PhaseTiming, Progress
 from ftagent.wire.limits import (
@@ -44,10 +44,8 @@ from ftagent.wire.limits import (
     MAX_SECONDS,
     MAX_STEP,
     MAX_WORLD_SIZE,
+    LabelFold,
 )
-
-if TYPE_CHECKING:
-    from ftagent.metrics import AgentMetrics
 
 log = logging.getLogger("ftagent.sdk_socket")
 
@@ -165,43 +163,23 @@ def parse_datagram(data: bytes, ts: float) -> SdkObservation | None:
     return None if isinstance(obs, str) else obs
 
 
-def busbw(op: str, nbytes: int, seconds: float, n: int) -> tuple[float, float]:
-    """(algbw, busbw) in bytes/s, as nccl-tests computes them (doc/PERFORMANCE.md):
-    algbw = bytes / time; busbw = algbw × 2(n-1)/n for all_reduce, (n-1)/n for
-    reduce_scatter, all_gather and all_to_all, 1 for broadcast, reduce and unknown ops.
-    Torch's variants (``all_gather_into_tensor``, ``all_to_all_single``...) count as their
-    base op. A zero or invalid time gives (0, 0)."""
-    if not 0 < seconds < math.inf or nbytes < 0:
-        return 0.0, 0.0
-    n = max(int(n), 1)
-    algbw = nbytes / seconds
-    name = op.lower().replace("_", "").replace("-", "")
-    if name.startswith("allreduce"):
-        factor = 2.0 * (n - 1) / n
-    elif name.startswith(("reducescatter", "allgather", "alltoall")):
-        factor = (n - 1) / n
-    else:
-        factor = 1.0
-    return algbw, algbw * factor
-
-
 class SdkSocketSource:
     """Binds ``path`` (a stale socket there is replaced) and emits what trainers send.
 
-    With ``metrics``, names are folded through the agent's ``phase_names``/``op_names``
-    (the same sets its series use) and drops are exported; without, the source bounds
-    the names with folds of its own, so its consumers stay bounded either way."""
+    ``phases`` / ``ops``: the folds names go through (the agent passes its metrics'
+    ``phase_names``/``op_names``, the same sets its series use); without, the source
+    bounds the names with folds of its own, so its consumers stay bounded either way.
+    ``received`` and ``dropped`` count what came in; a collector reads them at scrape
+    time (``AgentMetrics.attach_sdk``), so they are kept once."""
 
     def __init__(self, path: str, *, clock: Callable[[], float] = time.monotonic,
-                 rcvbuf: int = 1 << 20, metrics: AgentMetrics | None = None) -> None:
-        from ftagent.metrics import LabelFold
-
+                 rcvbuf: int = 1 << 20, phases: Callable[[str], str] | None = None,
+                 ops: Callable[[str], str] | None = None) -> None:
         self.path = path
         self.clock = clock
         self.rcvbuf = rcvbuf
-        self.metrics = metrics
-        self.phases = metrics.phase_names if metrics else LabelFold("phase", MAX_PHASES)
-        self.ops = metrics.op_names if metrics else LabelFold("op", MAX_OPS)
+        self.phases = phases if phases is not None else LabelFold("phase", MAX_PHASES)
+        self.ops = ops if ops is not None else LabelFold("op", MAX_OPS)
         self.received = 0
         self.garbage = 0
         self.dropped = dict.fromkeys(DROP_REASONS, 0)
@@ -268,15 +246,10 @@ class SdkSocketSource:
                 self._warn("receiving from the SDK socket failed: %s", e)
                 return
             self.received += 1
-            m = self.metrics
-            if m is not None:
-                m.sdk_received.inc()
             obs = check_datagram(data, self.clock(), self.phases, self.ops)
             if isinstance(obs, str):
                 self.garbage += 1
                 self.dropped[obs] += 1
-                if m is not None:
-                    m.sdk_dropped.labels(**m.labels(reason=obs)).inc()
                 self._warn("dropped %d invalid SDK datagram(s); last (%s): %r", self.garbage,
                            obs, data[:80])
                 continue

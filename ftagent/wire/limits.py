@@ -18,6 +18,8 @@ state. Values are chosen far above anything real and far below what breaks a typ
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 MAX_STEP = 2**53 - 1  # steps, samples and tokens: exact in a float64
 MAX_GENERATION = 2**31 - 1
 MAX_CLAIMED_GENERATION = 2**30 - 1  # the highest a peer may raise a job's generation to
@@ -54,6 +56,35 @@ collectives (with its ``_coalesced``/``_into_tensor`` variants), so 32 leaves ro
 custom ones; later names are folded into ``OTHER`` (and counted)."""
 
 OTHER = "other"  # the label value names past a cap are folded into
+
+
+class LabelFold:
+    """Bounds one label's values: the first ``cap`` distinct values pass, later ones (and
+    values outside ``allowed``, when given) become ``OTHER``; ``on_fold`` is called for
+    each value folded. Memory is O(cap) whatever comes in. Thread-safe enough for one
+    event loop plus the scrape thread (the set only grows, under the GIL)."""
+
+    __slots__ = ("label", "cap", "allowed", "on_fold", "seen", "folded")
+
+    def __init__(self, label: str, cap: int, *, allowed: Iterable[str] | None = None,
+                 on_fold: Callable[[], None] | None = None) -> None:
+        self.label = label
+        self.cap = cap
+        self.allowed = None if allowed is None else frozenset(allowed)
+        self.on_fold = on_fold
+        self.seen: set[str] = set()
+        self.folded = 0
+
+    def __call__(self, value: str) -> str:
+        if value in self.seen or value == OTHER:
+            return value
+        if (self.allowed is None or value in self.allowed) and len(self.seen) < self.cap:
+            self.seen.add(value)
+            return value
+        self.folded += 1
+        if self.on_fold is not None:
+            self.on_fold()
+        return OTHER
 
 
 class OutOfRange(ValueError):

@@ -20,7 +20,8 @@ from ftagent.config import GpuConfig
 from ftagent.detect.accel import AccelDetector, code_label
 from ftagent.metrics import GpuCollector
 from ftagent.model import Scope, Severity
-from ftagent.sources.accel import BackendUnavailable, Tool, VendorSource, make_backend
+from ftagent.sources.accel import VendorSource, make_backend
+from ftagent.sources.vendor_tool import BackendUnavailable, Tool
 from tests.conftest import PY, ftagent_cmd
 
 LABELS = {"job_name": "j", "namespace": "", "pod": "p", "node": "n", "rank": "0"}

@@ -293,7 +293,7 @@ def test_tls_secret_is_created_at_first_start_and_agents_verify_it(kube: FakeKub
     pems, created = ensure_secret(kube.client(), ARBITER_NS, "ftagent-arbiter-tls", ["x"])
     assert not created and pems.ca == ca
     # beyond loopback: plaintext --kube is refused (exit 2, the remedy named)
-    from ftagent.arbiter.cli import check_authority, parse
+    from ftagent.cmd.arbiter import check_authority, parse
     from ftagent.config import ConfigError
 
     with pytest.raises(ConfigError, match="--tls-secret .*--insecure"):

@@ -163,12 +163,10 @@ def test_dashboard_names_only_exported_series() -> None:
         AgentMetrics,
         ArbiterMetrics,
         GpuCollector,
-        GpuReading,
-        IbPortStats,
         JobSnapshot,
         NicCollector,
-        NicStats,
     )
+    from ftagent.model import GpuReading, IbPortStats, NicStats
 
     reg = CollectorRegistry()
     ids = {"job_name": "j", "namespace": "n", "pod": "p", "node": "n", "rank": "0"}

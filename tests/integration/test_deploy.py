@@ -613,7 +613,7 @@ def test_dockerfile_ships_what_the_webhook_copies() -> None:
 
 @needs_kubectl
 def test_node_daemonset_reaches_the_arbiter_service_unprivileged() -> None:
-    from ftagent.node.cli import parse
+    from ftagent.cmd.node import parse
 
     objs = render(("arbiter", "node"), "ml-infra")
     keys = index(objs)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ftagent.sources.sdk_socket import busbw, check_datagram
+from ftagent.metrics import busbw
+from ftagent.sources.sdk_socket import check_datagram
 from tests.conftest import PY, free_port, ftagent_cmd, popen, read_events, wait_for
 
 pytest.importorskip("torch")

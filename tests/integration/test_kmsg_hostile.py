@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ftagent.detect.gpu import SXID_UNKNOWN_DEVICE
+from ftagent.model import SXID_UNKNOWN_DEVICE
 from ftagent.sources import kmsg
 from tests.conftest import until
 from tests.integration.test_gpu_source import aio, running

@@ -9,13 +9,14 @@ import pytest
 
 from ftagent.config import GpuConfig
 from ftagent.detect.accel import AccelDetector
-from ftagent.detect.gpu import GpuAction, GpuDevice
-from ftagent.model import FaultKind, GpuEvent, Scope, Severity
+from ftagent.detect.gpu import GpuAction
+from ftagent.model import FaultKind, GpuDevice, GpuEvent, Scope, Severity
 from ftagent.sources import accel_sim
-from ftagent.sources.accel import detect, parse_id_list, pick, select_visible
+from ftagent.sources.accel import detect, pick
 from ftagent.sources.accel_script import ScriptError, parse
 from ftagent.sources.ascend import parse_codes, parse_info, parse_kv
 from ftagent.sources.kunlunxin import parse_m
+from ftagent.sources.vendor_tool import parse_id_list, select_visible
 
 # npu-smi info as Huawei's reference prints it for an Atlas 200I A2 (npusmi_007,
 # 23.0.RC3; a second NPU added in Alarm): a 310B1 with the "Chip Device" second line

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from ftagent import cli
-from ftagent.agent import run_cli
 from ftagent.agent.tee import PrefixedLines, WorkerOutput
-from ftagent.arbiter import cli as arbiter_cli
-from ftagent.arbiter import status_cli
+from ftagent.cmd import arbiter as arbiter_cli
+from ftagent.cmd import node as node_cli
+from ftagent.cmd import run as run_cli
+from ftagent.cmd import status as status_cli
+from ftagent.cmd import webhook as webhook_cli
 from ftagent.config import ConfigError
-from ftagent.kube import webhook_cli
-from ftagent.node import cli as node_cli
 
 PARSERS = {"run": run_cli.build_parser, "arbiter": arbiter_cli.build_parser,
            "node": node_cli.build_parser, "webhook": webhook_cli.build_parser,

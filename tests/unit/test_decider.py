@@ -9,8 +9,8 @@ import asyncio
 from ftagent.agent.agent import Agent
 from ftagent.agent.arbiter_decider import ArbiterDecider
 from ftagent.agent.decider import LocalDecider
-from ftagent.agent.run_cli import parse
 from ftagent.agent.worker import WorkerGroup
+from ftagent.cmd.run import parse
 from ftagent.model import Action, ActionKind, Fault, FaultKind
 
 

@@ -15,9 +15,9 @@ from typing import Any, get_type_hints
 
 import pytest
 
-from ftagent.agent import run_cli
-from ftagent.arbiter import cli as arbiter_cli
-from ftagent.arbiter import status_cli
+from ftagent.cmd import arbiter as arbiter_cli
+from ftagent.cmd import run as run_cli
+from ftagent.cmd import status as status_cli
 from ftagent.config import (
     CONNECTION_FIELDS,
     RUN_GROUPS,

@@ -5,15 +5,22 @@ from __future__ import annotations
 import pytest
 
 from ftagent.detect.gpu import (
-    SXID_UNKNOWN_DEVICE,
     XID_CATALOG,
     GpuAction,
     GpuDetector,
-    GpuDevice,
     classify,
     parse_xid_actions,
 )
-from ftagent.model import FaultKind, GpuEvent, GpuHealth, Progress, Scope, Severity
+from ftagent.model import (
+    SXID_UNKNOWN_DEVICE,
+    FaultKind,
+    GpuDevice,
+    GpuEvent,
+    GpuHealth,
+    Progress,
+    Scope,
+    Severity,
+)
 
 DEV = GpuDevice(1, "GPU-11111111-2222-3333-4444-555555555555", "00000000:3B:00.0",
                 "NVIDIA H100 80GB HBM3")

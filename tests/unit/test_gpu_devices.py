@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ftagent.detect.gpu import GpuDevice
+from ftagent.model import GpuDevice
 from ftagent.sources.gpu_devices import select_gpus
 
 GPUS = [GpuDevice(i, f"GPU-{i}{i}{i}{i}aaaa-0000-4000-8000-00000000000{i}",

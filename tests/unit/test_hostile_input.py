@@ -143,7 +143,7 @@ def test_terminal_escapes_in_a_fault_reach_no_timeline_status_or_log(
         caplog: pytest.LogCaptureFixture) -> None:
     """Issue 20: a fault message carried ESC sequences into ``ftagent status`` and the
     arbiter's log (clear the screen, forge a line, reverse the text)."""
-    from ftagent.arbiter import status_cli
+    from ftagent.arbiter import status_view
     from ftagent.arbiter.convert import entry_to_proto
 
     clock = [1000.0]
@@ -151,10 +151,10 @@ def test_terminal_escapes_in_a_fault_reach_no_timeline_status_or_log(
     with caplog.at_level("INFO", logger="ftagent.arbiter.timeline"):
         reg.handle(conns[1], pb.AgentMessage(fault=pb.Fault(
             id="f1", kind=pb.FAULT_KIND_HANG, severity=pb.SEVERITY_ERROR, message=ESCAPES)), 0.0)
-    shown = [status_cli.format_entry(entry_to_proto(e))
+    shown = [status_view.format_entry(entry_to_proto(e))
              for e in reg.timeline.entries("j", "")]
     info = reg.info(reg.jobs[("", "j")], ranks=True)
-    shown.append(status_cli.format_job(info))
+    shown.append(status_view.format_job(info))
     shown.append(caplog.text)
     for text in shown:
         for bad in ("\x1b", "\r", "\u202e", "\x07"):
@@ -164,13 +164,13 @@ def test_terminal_escapes_in_a_fault_reach_no_timeline_status_or_log(
 
 def test_status_escapes_what_an_arbiter_sends() -> None:
     """An arbiter of another release (or a history written before) may hold raw text."""
-    from ftagent.arbiter import status_cli
+    from ftagent.arbiter import status_view
 
     e = pb.TimelineEntry(ts=1.0, generation=1, kind="fault", message=ESCAPES)
     j = pb.JobInfo(job="j\x1b]0;pwned\x07", state="running\x1b[1A", barrier="x\x1b[2K")
     j.ranks.add(rank=0, pod="p\x1b[1m", last_fault="crash\x1b[2J")
-    for text in (status_cli.format_entry(e), status_cli.format_job(j),
-                 status_cli.format_jobs([j])):
+    for text in (status_view.format_entry(e), status_view.format_job(j),
+                 status_view.format_jobs([j])):
         assert "\x1b" not in text and "\x07" not in text and "\r" not in text
 
 

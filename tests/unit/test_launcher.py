@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ftagent.agent import launcher, run_cli
+from ftagent.agent import launcher
 from ftagent.agent.tee import PrefixedLines
+from ftagent.cmd import run as run_cli
 from ftagent.config import ConfigError, IdentityConfig, LaunchConfig
 
 

@@ -13,7 +13,7 @@ from ftagent.arbiter.history_file import FileHistory
 from ftagent.arbiter.ledger import CATEGORIES, Ledger
 from ftagent.arbiter.policy import PolicyConfig
 from ftagent.arbiter.registry import Connection, Registry
-from ftagent.arbiter.status_cli import format_goodput, format_jobs, to_dict
+from ftagent.arbiter.status_view import format_goodput, format_jobs, to_dict
 from ftagent.arbiter.timeline import Timeline
 from ftagent.metrics import JobCollector
 from ftagent.model import Fault, FaultKind

@@ -56,7 +56,7 @@ def test_fatal_gpu_replaces_and_nic_alerts() -> None:
 
 
 def test_latest_progress_keeps_last_step_of_each_run_and_all_markers() -> None:
-    from ftagent.agent.run_cli import latest_progress
+    from ftagent.cmd.run import latest_progress
     from ftagent.model import PhaseMarker, Progress
 
     p = [Progress(step=i, ts=1.0) for i in range(5)]

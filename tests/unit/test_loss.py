@@ -113,7 +113,7 @@ def test_settings_from_flags_and_bad_flags() -> None:
     s = LossSettings.of(LossConfig(loss_action="restart", loss_spike_window=10,
                                    loss_spike_threshold=3.0))
     assert (s.window, s.threshold, s.min_history, s.action) == (10, 3.0, 10, "restart")
-    from ftagent.agent.run_cli import parse
+    from ftagent.cmd.run import parse
 
     with pytest.raises(ConfigError):
         parse(["--loss-spike-threshold", "nan", "--", "true"], {})
@@ -169,7 +169,7 @@ def test_a_spike_in_a_step_folded_into_a_later_one_is_still_judged() -> None:
     """Steps read in one batch reach the detectors as their last step, with the earlier
     steps' losses folded in (run_cli.latest_progress): a spike among them is found at its
     own step, and the same losses give the same faults as one observation per step."""
-    from ftagent.agent.run_cli import latest_progress
+    from ftagent.cmd.run import latest_progress
 
     losses = noisy(300, seed=1)
     losses[199] = 4.0  # step 200: the middle of the read of steps 199-201

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from ftagent import metrics_http
-from ftagent.arbiter.cli import _http_app, _serve_http
+from ftagent.cmd.arbiter import _http_app, _serve_http
 from tests.conftest import wait_for
 
 IDLE = 150  # idle connections a peer opens: a thread each before

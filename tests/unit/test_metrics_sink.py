@@ -12,7 +12,7 @@ from ftagent.agent.hang_watch import HangWatch
 from ftagent.agent.metrics_sink import MetricsSink
 from ftagent.config import HangConfig
 from ftagent.detect.hang import HangDetector
-from ftagent.metrics import SDK_DROP_REASONS, AgentMetrics, ArbiterMetrics, LabelFold
+from ftagent.metrics import SDK_DROP_REASONS, AgentMetrics, ArbiterMetrics
 from ftagent.model import (
     CollectiveSample,
     Fault,
@@ -22,7 +22,7 @@ from ftagent.model import (
     Progress,
     TrainerStart,
 )
-from ftagent.wire.limits import MAX_OPS, MAX_PHASES, OTHER
+from ftagent.wire.limits import MAX_OPS, MAX_PHASES, OTHER, LabelFold
 
 IDS = {"job_name": "j", "namespace": "ns", "pod": "p", "node": "n", "rank": "0"}
 
@@ -120,6 +120,27 @@ def test_drop_reasons_are_exported_at_zero_from_the_start(reg: CollectorRegistry
                                                           m: AgentMetrics) -> None:
     for reason in SDK_DROP_REASONS:
         assert value(reg, "ftagent_sdk_datagrams_dropped_total", reason=reason) == 0
+
+
+def test_sdk_counts_are_read_from_each_workers_source_at_scrape_time() -> None:
+    """The SDK source keeps its counts; one collector per registry reads every worker's
+    (``--nproc-per-node``: shared families), so the family is exposed once."""
+    from ftagent.sources.sdk_socket import SdkSocketSource
+
+    reg = CollectorRegistry()
+    ids = {"job_name": "j", "namespace": "n", "pod": "p", "node": "n", "rank": "0"}
+    first = AgentMetrics(reg, {**ids, "local_rank": "0"})
+    second = AgentMetrics(reg, {**ids, "rank": "1", "local_rank": "1"}, share=first)
+    src = SdkSocketSource("/nonexistent/sdk.sock")  # never bound: counts only
+    second.attach_sdk(src)
+    src.received, src.dropped["range"] = 7, 2
+    assert reg.get_sample_value("ftagent_sdk_datagrams_received_total",
+                                second.labels()) == 7
+    assert reg.get_sample_value("ftagent_sdk_datagrams_dropped_total",
+                                second.labels(reason="range")) == 2
+    assert reg.get_sample_value("ftagent_sdk_datagrams_received_total", first.labels()) == 0
+    text = generate_latest(reg).decode()
+    assert text.count("# HELP ftagent_sdk_datagrams_received_total ") == 1
 
 
 def test_no_created_series(reg: CollectorRegistry, m: AgentMetrics) -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from ftagent.cmd.node import parse, physical_links
 from ftagent.config import NicConfig
 from ftagent.detect.gpu import GpuDetector
 from ftagent.detect.nic import NicDetector
 from ftagent.model import Fault, FaultKind, GpuEvent, LinkEvent, Scope, Severity
 from ftagent.node.agent import NicWatch, NodeAgent, reportable
-from ftagent.node.cli import parse, physical_links
 from ftagent.node.reports import MAX_LASTING, MAX_PENDING, NodeReporter
 from ftagent.sources.nic import NicSource, link_event, select_links
 

@@ -15,7 +15,7 @@ from ftagent.arbiter.auth import (
     node_token,
     parse_node_token,
 )
-from ftagent.arbiter.token_cli import main as token_main
+from ftagent.cmd.token import main as token_main
 
 SECRET = "a-secret-of-enough-length"
 

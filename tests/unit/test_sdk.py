@@ -16,13 +16,12 @@ from pathlib import Path
 import pytest
 
 from ftagent import sdk
-from ftagent.metrics import AgentMetrics
+from ftagent.metrics import AgentMetrics, busbw
 from ftagent.model import CollectiveSample, Observation, PhaseMarker, Progress
 from ftagent.sources.sdk_socket import (
     DROP_REASONS,
     MAX_DATAGRAM,
     SdkSocketSource,
-    busbw,
     check_datagram,
     parse_datagram,
 )
@@ -437,7 +436,8 @@ def test_source_exports_drops_and_folds_through_the_agents_metrics(sock_path: st
 
     reg = CollectorRegistry()
     m = AgentMetrics(reg, {"job_name": "j", "namespace": "", "pod": "p", "node": "n", "rank": "0"})
-    src = SdkSocketSource(sock_path, metrics=m)
+    src = SdkSocketSource(sock_path, phases=m.phase_names, ops=m.op_names)
+    m.attach_sdk(src)
     src.bind()
     try:
         got = _drain_all(src, [b"v1 9 p ckpt-%d 1" % i for i in range(40)]

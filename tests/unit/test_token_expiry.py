@@ -9,7 +9,6 @@ import contextlib
 import io
 import time
 
-from ftagent.arbiter import token_cli
 from ftagent.arbiter.auth import (
     JobTokens,
     NodeTokens,
@@ -19,6 +18,7 @@ from ftagent.arbiter.auth import (
     node_token,
     parse_expiring_token,
 )
+from ftagent.cmd import token as token_cli
 
 NEW, OLD = "new-secret-0123456789", "old-secret-0123456789"
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ftagent.agent.agent import Agent
-from ftagent.agent.run_cli import parse
+from ftagent.cmd.run import parse
 from ftagent.model import (
     EXIT_REPLACE,
     EXIT_STOP,

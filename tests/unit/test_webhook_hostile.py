@@ -320,7 +320,7 @@ def test_image_pull_secrets_for_the_init_image() -> None:
 
 
 def test_image_pull_secret_flag_repeats_and_splits() -> None:
-    from ftagent.kube.webhook_cli import _server, parse
+    from ftagent.cmd.webhook import _server, parse
 
     cfg = parse(["--self-signed", "--image-pull-secret", "a,b", "--image-pull-secret", "c"],
                 {})

@@ -280,12 +280,14 @@ def add_progress(agent: Agent, cfg: RunConfig, metrics: AgentMetrics, rundir: st
 
         agent.line_handlers.append(on_lines)
     if mode in ("auto", "sdk"):
-        sdk = SdkSocketSource(os.path.join(rundir, "sdk.sock"), metrics=metrics)
+        sdk = SdkSocketSource(os.path.join(rundir, "sdk.sock"), phases=metrics.phase_names,
+                              ops=metrics.op_names)
         try:
             sdk.bind()
         except OSError as e:
             log.warning("SDK socket unavailable (%s); progress from logs only", e)
         else:
+            metrics.attach_sdk(sdk)
             agent.sources.append(sdk)
             agent.extra_env["FTAGENT_SDK_SOCKET"] = sdk.path
     detector = HangDetector(cfg.hang)
