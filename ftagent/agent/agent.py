@@ -10,7 +10,7 @@ Extension points, each a list the agent iterates: ``sources`` (``async run(emit)
 ``detectors`` (``observe(obs) -> faults``, ``tick(now) -> faults``) and ``observers``
 (``observe(obs)``, e.g. the metrics sink). Who decides about faults and when an attempt
 may start is the agent's ``decider`` (decider.py: the local policy, or the arbiter link),
-chosen at start by run_cli.py.
+chosen at start by cmd/run.py.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ class Agent:
         self._armed: set[tuple[int, float]] = set()  # (id(detector), deadline) timers
         self._backlog: LineBacklog | None = None  # the running trainer's output on its way
         self._hang_faults: set[str] = set()  # ids of this attempt's hang faults
-        # the local policy, unless run_cli chooses another (the arbiter's, the group's)
+        # the local policy, unless cmd/run.py chooses another (the arbiter's, the group's)
         self.decider: Decider = LocalDecider(self)
         # -- what the launcher (agent/worker.py) sets per worker; alone, the defaults
         self.tree: Callable[[], list[psutil.Process]] = supervisor.tree  # this trainer's
@@ -416,7 +416,7 @@ class Agent:
 
     def _count_skipped(self, reason: str, lines: int) -> None:
         """Output lines not parsed for progress, in ``ftagent_log_lines_skipped_total``."""
-        metrics = getattr(self, "metrics", None)  # set by run_cli.build_agent
+        metrics = getattr(self, "metrics", None)  # set by cmd/run.py build_agent
         counter = getattr(metrics, "log_lines_skipped", None)
         if counter is not None:
             counter.labels(**metrics.identity, reason=reason).inc(lines)  # type: ignore[union-attr]

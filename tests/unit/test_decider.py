@@ -15,7 +15,7 @@ from ftagent.model import Action, ActionKind, Fault, FaultKind
 
 
 def node(n: int, *flags: str, arbiter: bool = False) -> tuple[WorkerGroup, list[Agent]]:
-    """``n`` workers of one node sharing a group, as run_cli.build_workers wires them."""
+    """``n`` workers of one node sharing a group, as cmd/run.py build_workers wires them."""
     group = WorkerGroup()
     workers = []
     for _ in range(n):
