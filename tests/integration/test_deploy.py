@@ -647,13 +647,23 @@ def test_node_daemonset_reaches_the_arbiter_service_unprivileged() -> None:
     kc = kmsg["spec"]["template"]["spec"]["containers"][0]
     assert "--kmsg=/dev/kmsg" in kc["args"] and kc["securityContext"]["privileged"]
     assert {m["mountPath"]: m for m in kc["volumeMounts"]}["/dev/kmsg"]["readOnly"]
-    # the flags parse (--token-file is contract C5's, added by the identity lane's node CLI;
-    # until then it is left out here)
-    known = [a for a in c["args"][1:] if not a.startswith("--token-file=")]
+    # the flags parse, --token-file included
     plain = {k: v["value"] for k, v in env.items() if "value" in v}
-    s = parse(known, {**plain, "NODE_NAME": "gpu-1",
-                      "FTAGENT_ARBITER": "ftagent-arbiter.ml-infra.svc:9400"})
+    s = parse(c["args"][1:], {**plain, "NODE_NAME": "gpu-1",
+                              "FTAGENT_ARBITER": "ftagent-arbiter.ml-infra.svc:9400"})
     assert s.node.kube_api == "in-cluster" and s.node.metrics_port == 9432
+    # RBAC cannot narrow patch nodes/status to one node: a ValidatingAdmissionPolicy pins
+    # each node agent to the node its token is bound to (issue 20), in any namespace
+    vap = keys[("ValidatingAdmissionPolicy", "ftagent-node-own-node")]["spec"]
+    assert vap["failurePolicy"] == "Fail"
+    assert vap["matchConstraints"]["resourceRules"][0]["resources"] == ["nodes/status"]
+    (cond,) = vap["matchConditions"]
+    assert ":ftagent-node'" in cond["expression"] and "ftagent-system" not in cond["expression"]
+    (rule,) = vap["validations"]
+    assert "authentication.kubernetes.io/node-name" in rule["expression"] and \
+        "object.metadata.name" in rule["expression"]
+    vapb = keys[("ValidatingAdmissionPolicyBinding", "ftagent-node-own-node")]["spec"]
+    assert vapb == {"policyName": "ftagent-node-own-node", "validationActions": ["Deny"]}
     binding = keys[("ClusterRoleBinding", "ftagent-node")]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ftagent-node",
                                     "namespace": "ml-infra"}]
