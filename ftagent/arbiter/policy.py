@@ -56,7 +56,7 @@ import itertools
 import json
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -226,7 +226,8 @@ def decide_stacks(job: JobState, now: float, cfg: PolicyConfig, *,
         return [Decision(Verdict.ALERT_ONLY, f"job busy, not hung ({got}): {why}; no restart",
                          job.generation, rank=ranks[0], fault_id=probe.fault_id)]
     fr = flight_recorder_verdict(job)
-    culprits, why = (list(fr.culprits), f"flight recorder: {fr.message}") if fr is not None \
+    culprits, why = (list(fr.culprits), f"flight recorder: {fr.message}"
+                     f"{places(fr.culprits, stacks)}") if fr is not None \
         else name_culprit(steps, stacks)
     rep = FaultReport(Fault(FaultKind.HANG, "job hang", id=probe.fault_id), probe.rank,
                       job.generation, probe.exit_status)
@@ -270,6 +271,22 @@ def flight_recorder_verdict(job: JobState) -> fr_verdict.Verdict | None:
     return v if v.kind in ("mismatch", "behind") and v.culprits else None
 
 
+def where_in(signature: str) -> str:
+    """Where a rank's trainer is, from its stack signature: the agent's liveness verdict
+    (its main thread first), else the first frame of the first thread py-spy listed."""
+    _, where, sig = liveness_of(signature)
+    return where or sig.split(" | ")[0].split(" < ")[0]
+
+
+def places(ranks: Sequence[int], stacks: Mapping[int, str], most: int = 4) -> str:
+    """``; rank R in WHERE`` for each of ``ranks`` whose stack came (the flight recorder
+    names the collective; the stack says where the culprit's own code is)."""
+    out = [f"rank {r} in {w[:200]}" for r in sorted(ranks)[:most]
+           if r in stacks and not liveness_of(stacks[r])[2].startswith(NO_STACK)
+           and (w := where_in(stacks[r]))]
+    return "".join(f"; {p}" for p in out)
+
+
 def name_culprit(steps: Mapping[int, int], stacks: Mapping[int, str]) -> tuple[list[int], str]:
     """The ranks to blame for a job hang, and why, from their last steps and stack signatures.
 
@@ -296,8 +313,7 @@ def name_culprit(steps: Mapping[int, int], stacks: Mapping[int, str]) -> tuple[l
         if waiting and odd and len(odd) * 2 <= len(stacks):
             # the agent's verdict says where the trainer's own thread is (its main thread
             # first); the signature's first thread is whichever py-spy listed first
-            where = liveness_of(original[odd[0]])[1] or \
-                stacks[odd[0]].split(" | ")[0].split(" < ")[0]
+            where = where_in(original[odd[0]])
             return odd, (f"rank {rank_list(odd)} is not in a collective (in {where}) while "
                          f"{len(waiting)} other rank(s) wait in one")
         sig, n = Counter(stacks.values()).most_common(1)[0]
