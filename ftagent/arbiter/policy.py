@@ -417,14 +417,17 @@ def parse_stacks(stacks_json: str) -> Any:
 
 
 def signature_in(data: Any, stacks_json: str, frames_per_thread: int = 4) -> str:
-    """``stack_signature`` of an answer already parsed (``data``; it is changed)."""
+    """``stack_signature`` of an answer already parsed (``data``, left as it is: the
+    flight recorder's reader may read it after)."""
     if data is NOT_JSON:
         return stacks_json.strip()[:2000]
     tag = ""
-    if isinstance(data, dict):  # the flight recorder's summaries are not stacks
-        data.pop("flight_recorder", None)
-    if isinstance(data, dict) and isinstance(data.get("liveness"), dict):
-        live = data.pop("liveness")
+    live = data.get("liveness") if isinstance(data, dict) else None
+    if isinstance(data, dict):  # the flight recorder's summaries and the verdict are not
+        skip = ("flight_recorder", "liveness") if isinstance(live, dict) \
+            else ("flight_recorder",)  # stacks: walk a top-level copy without them
+        data = {k: v for k, v in data.items() if k not in skip}
+    if isinstance(live, dict):
         state = "hung" if live.get("declared") else str(live.get("state") or "unknown")
         if re.fullmatch(r"\w+", state):
             where = str(live.get("where") or "").replace(" :: ", " : ")[:200]

@@ -333,8 +333,8 @@ class Registry:
             size = len(text)
             if size <= policy.MAX_STACKS:  # parsed once, for both readers
                 data = policy.parse_stacks(text)
-                rs.fr = fr_verdict.summary_in(data, rs.rank)  # before: the signature pops it
                 rs.stack = policy.signature_in(data, text)
+                rs.fr = fr_verdict.summary_in(data, rs.rank)
             else:
                 rs.stack = f"{policy.NO_STACK}stacks of {size} bytes (over {policy.MAX_STACKS})"
                 rs.fr = None
