@@ -293,7 +293,7 @@ class Verifier:
         stalled = self.clock() - stall.start
         spin_budget = self._spin_budget(verdict)
         self._count(verdict.state.value)
-        if not declare(verdict, stalled, spin_budget):
+        if not declare(verdict, stalled, spin_budget, float(self.cfg.hang_phase_timeout)):
             stall.verified = True
             again = self.clock() + det.step_budget()
             if verdict.state is Liveness.SPINNING:
@@ -426,6 +426,10 @@ class Verifier:
         if verdict.state is Liveness.SPINNING:
             msg = (f"spinning in {verdict.where} for {stalled:.1f}s, over the spin budget of "
                    f"{spin_budget:.0f}s (busy, but not progressing): {verdict.reason}")
+        elif verdict.state is Liveness.ALIVE:  # alive by I/O alone, past the phase budget
+            msg = (f"doing storage I/O but no step for {stalled:.1f}s, over "
+                   f"--hang-phase-timeout ({self.cfg.hang_phase_timeout:.0f}s): "
+                   f"{verdict.reason}")
         elif verdict.state is Liveness.UNKNOWN:
             msg = (f"{fault.message}; could not verify ({verdict.reason}): declared on the "
                    "budget alone")
