@@ -54,6 +54,12 @@ class ActionKind(str, enum.Enum):
     STOP = "stop"  # stop the trainer and exit with the given code
     ALERT_ONLY = "alert_only"  # record and alert; touch nothing
     DUMP_STACKS = "dump_stacks"  # capture py-spy stacks of the trainer tree and report them
+    BUSY = "busy"  # the job is busy, not hung: record who is busy and who waits (``JobBusy``)
+
+
+# Actions that leave the trainer running: carried out on the way (the decider's
+# ``on_minor_action``), never the end of an attempt.
+MINOR_ACTIONS = frozenset({ActionKind.ALERT_ONLY, ActionKind.DUMP_STACKS, ActionKind.BUSY})
 
 
 class TrainerState(str, enum.Enum):
@@ -348,6 +354,19 @@ class Fault:
 
 
 @dataclass(frozen=True)
+class JobBusy:
+    """The arbiter's "job busy, no restart" verdict, as every rank receives it: ranks its
+    own agents verified alive or spinning, the ranks waiting for them, and the spinning
+    ranks the others wait on in a collective (they get the short culprit spin budget)."""
+
+    busy_ranks: tuple[int, ...] = ()
+    waiting_ranks: tuple[int, ...] = ()
+    where: str = ""
+    state: str = ""  # alive | spinning
+    spin_culprits: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class Action:
     """A decision: what the supervisor does next. ``generation`` is the job's new generation."""
 
@@ -359,6 +378,7 @@ class Action:
     target_rank: int | None = None  # for REPLACE/DUMP_STACKS: None means every rank
     fault_id: str | None = None  # the fault this answers, if any
     id: str = field(default_factory=new_id)
+    busy: JobBusy | None = None  # for BUSY: who is busy, who waits
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

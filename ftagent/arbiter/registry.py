@@ -51,7 +51,7 @@ MAX_RANKS_PER_JOB = 100_000
 STRAGGLER_EVERY = 5.0  # seconds between straggler assessments (the agents' summary interval)
 _SLOTS = {Verdict.RESTART: "life", Verdict.REJOIN: "life", Verdict.STOP: "life",
           Verdict.REPLACE: "life", Verdict.RELEASE_BARRIER: "release",
-          Verdict.DUMP_STACKS: "dump"}
+          Verdict.DUMP_STACKS: "dump", Verdict.BUSY: "busy"}
 _RANK_STATES = {Verdict.RESTART: "restarting", Verdict.REJOIN: "restarting",
                 Verdict.STOP: "stopping", Verdict.REPLACE: "replacing",
                 Verdict.RELEASE_BARRIER: "running"}
@@ -277,6 +277,8 @@ class Registry:
             if not progress_in_range(p):
                 return  # one bad summary is dropped; the next one will do
             rs.step, rs.hung = p.step, p.hung
+            if job.busy and p.step > job.busy_step:  # the busy phase is over
+                job.busy, job.busy_step = "", -1
             rs.loss = p.loss if p.HasField("loss") else None
             rs.samples_per_second, rs.tokens_per_second = p.samples_per_second, \
                 p.tokens_per_second
@@ -646,7 +648,7 @@ class Registry:
             job=job.job, namespace=job.namespace, generation=job.generation,
             restarts=job.restarts, max_restarts=job.max_restarts, world_size=job.world_size,
             connected=job.connected, state=state, alert_only=job.alert_only,
-            barrier=barrier.barrier_summary(job, now))
+            barrier=barrier.barrier_summary(job, now), busy=job.busy)
         got = self.stats.get((job.namespace, job.job))
         led = got[1].ledger if got is not None and got[0] is job else None
         if led is not None:

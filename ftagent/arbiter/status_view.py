@@ -152,6 +152,8 @@ def format_job(j: pb.JobInfo) -> str:
            (", alert only" if j.alert_only else "")]
     if j.barrier:
         out.append(f"barrier: {printable(j.barrier)}")
+    if j.busy:  # the arbiter's "job busy, no restart" verdict, while it holds
+        out.append(f"busy: {printable(j.busy)}")
     if j.HasField("goodput"):
         out += ["", format_goodput(j.goodput)]
     rows = [["RANK", "POD", "NODE", "STATE", "STEP", "LOSS", "LAST STEP", "RESTARTS", "GEN",

@@ -44,6 +44,7 @@ class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMMAND_KIND_RELEASE_BARRIER: _ClassVar[CommandKind]
     COMMAND_KIND_DUMP_STACKS: _ClassVar[CommandKind]
     COMMAND_KIND_REPLACE: _ClassVar[CommandKind]
+    COMMAND_KIND_BUSY: _ClassVar[CommandKind]
 FAULT_KIND_UNSPECIFIED: FaultKind
 FAULT_KIND_CRASH: FaultKind
 FAULT_KIND_HANG: FaultKind
@@ -70,6 +71,7 @@ COMMAND_KIND_STOP: CommandKind
 COMMAND_KIND_RELEASE_BARRIER: CommandKind
 COMMAND_KIND_DUMP_STACKS: CommandKind
 COMMAND_KIND_REPLACE: CommandKind
+COMMAND_KIND_BUSY: CommandKind
 
 class AgentMessage(_message.Message):
     __slots__ = ("job", "hello", "progress", "fault", "arrival", "exit", "ack", "stacks")
@@ -261,8 +263,22 @@ class FaultAck(_message.Message):
     outcome: str
     def __init__(self, fault_id: _Optional[str] = ..., final: _Optional[bool] = ..., outcome: _Optional[str] = ...) -> None: ...
 
+class JobBusy(_message.Message):
+    __slots__ = ("busy_ranks", "waiting_ranks", "where", "state", "spin_culprits")
+    BUSY_RANKS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_RANKS_FIELD_NUMBER: _ClassVar[int]
+    WHERE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SPIN_CULPRITS_FIELD_NUMBER: _ClassVar[int]
+    busy_ranks: _containers.RepeatedScalarFieldContainer[int]
+    waiting_ranks: _containers.RepeatedScalarFieldContainer[int]
+    where: str
+    state: str
+    spin_culprits: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, busy_ranks: _Optional[_Iterable[int]] = ..., waiting_ranks: _Optional[_Iterable[int]] = ..., where: _Optional[str] = ..., state: _Optional[str] = ..., spin_culprits: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class Command(_message.Message):
-    __slots__ = ("id", "kind", "generation", "exit_code", "reason", "fault_id", "target_rank", "restarts")
+    __slots__ = ("id", "kind", "generation", "exit_code", "reason", "fault_id", "target_rank", "restarts", "busy")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -271,6 +287,7 @@ class Command(_message.Message):
     FAULT_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_RANK_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
     id: str
     kind: CommandKind
     generation: int
@@ -279,7 +296,8 @@ class Command(_message.Message):
     fault_id: str
     target_rank: int
     restarts: int
-    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., generation: _Optional[int] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., fault_id: _Optional[str] = ..., target_rank: _Optional[int] = ..., restarts: _Optional[int] = ...) -> None: ...
+    busy: JobBusy
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., generation: _Optional[int] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., fault_id: _Optional[str] = ..., target_rank: _Optional[int] = ..., restarts: _Optional[int] = ..., busy: _Optional[_Union[JobBusy, _Mapping]] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
     __slots__ = ()
@@ -336,7 +354,7 @@ class RankInfo(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., pod: _Optional[str] = ..., node: _Optional[str] = ..., connected: _Optional[bool] = ..., state: _Optional[str] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., progress_age_seconds: _Optional[float] = ..., hung: _Optional[bool] = ..., generation: _Optional[int] = ..., restarts: _Optional[int] = ..., last_fault: _Optional[str] = ..., last_exit_status: _Optional[int] = ...) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ("job", "namespace", "generation", "restarts", "max_restarts", "world_size", "connected", "state", "alert_only", "barrier", "ranks", "timeline", "goodput")
+    __slots__ = ("job", "namespace", "generation", "restarts", "max_restarts", "world_size", "connected", "state", "alert_only", "barrier", "ranks", "timeline", "goodput", "busy")
     JOB_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -350,6 +368,7 @@ class JobInfo(_message.Message):
     RANKS_FIELD_NUMBER: _ClassVar[int]
     TIMELINE_FIELD_NUMBER: _ClassVar[int]
     GOODPUT_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
     job: str
     namespace: str
     generation: int
@@ -363,7 +382,8 @@ class JobInfo(_message.Message):
     ranks: _containers.RepeatedCompositeFieldContainer[RankInfo]
     timeline: _containers.RepeatedCompositeFieldContainer[TimelineEntry]
     goodput: Goodput
-    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., generation: _Optional[int] = ..., restarts: _Optional[int] = ..., max_restarts: _Optional[int] = ..., world_size: _Optional[int] = ..., connected: _Optional[int] = ..., state: _Optional[str] = ..., alert_only: _Optional[bool] = ..., barrier: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., timeline: _Optional[_Iterable[_Union[TimelineEntry, _Mapping]]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ...) -> None: ...
+    busy: str
+    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., generation: _Optional[int] = ..., restarts: _Optional[int] = ..., max_restarts: _Optional[int] = ..., world_size: _Optional[int] = ..., connected: _Optional[int] = ..., state: _Optional[str] = ..., alert_only: _Optional[bool] = ..., barrier: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., timeline: _Optional[_Iterable[_Union[TimelineEntry, _Mapping]]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., busy: _Optional[str] = ...) -> None: ...
 
 class Goodput(_message.Message):
     __slots__ = ("wall_seconds", "seconds", "ratio", "recomputed_steps", "incidents")
