@@ -70,6 +70,8 @@ class ArbiterDecider:
         # DUMP_STACKS: stacks of the tree (cmd/run.py adds the liveness verdict, agent/verify.py)
         self.stack_capture: Callable[[Sequence[int]], Awaitable[dict[str, Any]]] = \
             lambda pids: capture(pids, cfg.hang.hang_dump_timeout)
+        # BUSY: the arbiter's "job busy, no restart" verdict (cmd/run.py: agent/peer_wait.py)
+        self.on_busy: Callable[[Action], None] | None = None
         self.fail_open_after = cfg.arbiter.arbiter_fail_open_after
         self.released_start = False  # the current trainer was started by the barrier
         self._undecided: Fault | None = None
@@ -218,6 +220,11 @@ class ArbiterDecider:
         if action.kind == ActionKind.DUMP_STACKS:
             captured = await self.stack_capture(self.agent.tree_pids())
             self.link.report_stacks(action.id, stacks_json(captured))
+        elif action.kind == ActionKind.BUSY and self.on_busy is not None:
+            try:
+                self.on_busy(action)
+            except Exception:  # recording a verdict must never take the agent down
+                log.exception("applying the arbiter's busy verdict failed")
 
     async def finished(self) -> Action | None:
         """The trainer succeeded: the worker ends (the arbiter heard of the exit)."""

@@ -310,6 +310,15 @@ def add_progress(agent: Agent, cfg: RunConfig, metrics: AgentMetrics, rundir: st
         decider.hang_state = watch.state
     if verifier is not None and hasattr(decider, "stack_capture"):  # DUMP_STACKS + liveness
         decider.stack_capture = verifier.stacks_for_arbiter
+    if verifier is not None and hasattr(decider, "on_busy"):  # waiting is not hanging
+        from ftagent.agent.peer_wait import PeerWait
+
+        waits = PeerWait(cfg.identity.rank, verifier, agent.events.write, metrics,
+                         culprit_spin_timeout=cfg.hang.hang_culprit_spin_timeout)
+        decider.on_busy = waits.on_action
+        agent.observers.append(waits)
+        link = getattr(decider, "link", None)
+        verifier.ask_arbiter = lambda: bool(getattr(link, "connected", False))
     agent.evidence = evidence_hook(cfg.hang.hang_dump_timeout, agent.tail)
 
 

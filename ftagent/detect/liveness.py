@@ -609,6 +609,24 @@ def _cpu_text(cpu_s: float | None, cores: float | None,
 
 # --------------------------------------------------------------------------- what to do
 
+# Where a rank waits for its peers: a torch.distributed collective, DDP's all-reduce
+# inside autograd's backward, a barrier. A hung verdict here may be a victim of a peer
+# busy elsewhere (waiting is not hanging: agent/peer_wait.py asks the arbiter first).
+COLLECTIVE_WAIT = re.compile(
+    r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|\bbarrier|"
+    r"_engine_run_backward|run_backward|finalize_backward|\b(?:i?send|i?recv)\b|"
+    r"\bwait\w* \((?:distributed_c10d|c10d_logger|_functional_collectives)\.py:", re.I)
+
+
+def in_collective(verdict: Verdict) -> bool:
+    """A hung verdict whose still thread waits in a collective (its innermost frames)."""
+    if verdict.state is not Liveness.HUNG:
+        return False
+    frames = verdict.place.frames[-3:] if verdict.place is not None else ()
+    return any(COLLECTIVE_WAIT.search(f.text()) for f in frames) or bool(
+        verdict.where and COLLECTIVE_WAIT.search(verdict.where.split(" from ")[0]))
+
+
 
 def spin_due(stalled_for: float, spin_budget: float) -> bool:
     """A spinning trainer is declared hung once its stall has lasted the spin budget."""
