@@ -430,9 +430,10 @@ def judge_process(pid: int, samples: Sequence[ProcessSample],
     waiting = [t for t in main if t.state == "waiting"]
     if waiting and io_busy:
         t = waiting[0]
-        return out(Liveness.ALIVE, f"{_tname(t)} moving between waits in {t.where} while "
-                   f"storage I/O runs at {(io_rate or 0) / 2**20:.1f} MiB/s, {cpu_text}",
-                   t, threads)
+        return dataclasses.replace(out(
+            Liveness.ALIVE, f"storage I/O advancing at {(io_rate or 0) / 2**20:.1f} MiB/s "
+            f"while {_tname(t)} moves between waits in {t.where}, {cpu_text}", t, threads),
+            by_io=True)
     if io_busy and main:
         # I/O is life: a save in native code (one still line, CPU burning) or parked in a
         # write, a scan between reads, while its storage bytes advance

@@ -106,3 +106,14 @@ def test_the_same_save_without_io_is_declared_at_the_spin_budget() -> None:
 
     asyncio.run(go())
 
+
+
+def test_a_paced_save_moving_between_its_writes_and_sleeps_is_alive_by_io() -> None:
+    """examples/train.py's SILENT_SAVES: torch.save, fsync, then a sleep to hold the rate;
+    most samples find it asleep."""
+    nap = (Frame("sleep", "train.py", 120), Frame("silent_save", "train.py", 121)) + MAIN
+    stacks = [nap, SAVE, nap, nap, SAVE]
+    snaps = window([[proc(i * 0.5, 0.02 * i, [thread(s, active=s is SAVE)],
+                          io=i * 4 * MIB)] for i, s in enumerate(stacks)])
+    v = judge(snaps)
+    assert v.state is Liveness.ALIVE and v.by_io and "storage I/O advancing" in v.reason
