@@ -172,7 +172,10 @@ class ArbiterDecider:
         if fault.kind == FaultKind.HANG and agent.cfg.hang.hang_action == "alert":
             # --hang-action alert: the arbiter records a WARNING and decides nothing; the
             # local policy records ALERT_ONLY. (Crashes are still the arbiter's to decide.)
-            self.link.report_fault(dataclasses.replace(fault, severity=Severity.WARNING),
+            evidence = {k: v for k, v in fault.evidence.items()
+                        if k != "waiting_in_collective"}  # recorded, never probed
+            self.link.report_fault(dataclasses.replace(fault, severity=Severity.WARNING,
+                                                       evidence=evidence),
                                    generation=agent.generation)
             return False
         self.link.report_fault(fault, generation=agent.generation)

@@ -318,7 +318,8 @@ def add_progress(agent: Agent, cfg: RunConfig, metrics: AgentMetrics, rundir: st
         decider.on_busy = waits.on_action
         agent.observers.append(waits)
         link = getattr(decider, "link", None)
-        verifier.ask_arbiter = lambda: bool(getattr(link, "connected", False))
+        if cfg.hang.hang_action != "alert":  # alert: the arbiter decides no hang at all
+            verifier.ask_arbiter = lambda: bool(getattr(link, "connected", False))
     agent.evidence = evidence_hook(cfg.hang.hang_dump_timeout, agent.tail)
 
 
