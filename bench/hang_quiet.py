@@ -20,7 +20,10 @@ suspicion, then "waiting" on rank 0 once the arbiter answered BUSY), the ``peer`
 
 ``--quick`` scales the saves down to 12 s and 30 s (with --hang-spin-timeout 10, so the
 longer save still outlasts the spin budget). ``bench/hang.py`` runs ``run()`` as well.
-Every process runs in its own session with PR_SET_PDEATHSIG; all are stopped on exit.
+Gloo runs over loopback (``GLOO_SOCKET_IFNAME=lo``), so the agents watch only ``lo``: on a
+shared host, links other work creates and deletes are NIC faults (a restart once "back")
+that are not this benchmark's subject. Every process runs in its own session with
+PR_SET_PDEATHSIG; all are stopped on exit.
 """
 
 from __future__ import annotations
@@ -98,7 +101,11 @@ def run_job(name: str, save_seconds: float, tmp: Path, flags: list[str]) -> dict
                            MASTER_PORT=str(port), TRAIN_STEP_SLEEP=str(STEP_SLEEP),
                            TRAIN_STEPS=str(steps), TRAIN_PG_TIMEOUT="600",
                            SILENT_SAVES=f"{SAVE_AFTER}:{save_seconds:g}",
-                           SILENT_SAVE_DIR=str(tmp), PYTHONPATH=str(ROOT))
+                           SILENT_SAVE_DIR=str(tmp), PYTHONPATH=str(ROOT),
+                           # gloo over loopback, and the agents watch only that link: other
+                           # work on a shared host creates and deletes links (netns tests),
+                           # NIC faults that are not this benchmark's subject
+                           GLOO_SOCKET_IFNAME="lo")
                 cmd = [sys.executable, "-m", "ftagent", "run", "--metrics-port=-1",
                        "--log-level=warning", "--arbiter", arb.address, "--job", name,
                        f"--events-file={tmp / f'{name}-{rank}.jsonl'}", *flags,
