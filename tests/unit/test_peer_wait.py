@@ -145,3 +145,28 @@ def test_roles_and_text() -> None:
     assert [role_of(r, b) for r in range(4)] == ["busy", "waiting", "culprit", ""]
     assert waiting_text(b) == "ranks 0, 2 (spinning in evaluate (train.py:88))"
     assert waiting_text(JobBusy((0,), (1,))) == "rank 0 (busy in its own code)"
+
+
+def test_the_arbiter_decider_hands_busy_over_and_never_has_an_alert_probed() -> None:
+    """BUSY reaches PeerWait through the decider's minor actions; with --hang-action
+    alert a hang is only recorded at the arbiter, so the suspicion's marker is dropped."""
+    import json
+
+    from ftagent.agent.arbiter_decider import ArbiterDecider
+    from ftagent.model import Fault
+    from ftagent.v1 import ftagent_pb2 as pb
+    from tests.unit.test_decider import node
+
+    _, (w,) = node(1, "--arbiter", "127.0.0.1:9", "--hang-action", "alert", arbiter=True)
+    d = w.decider
+    assert isinstance(d, ArbiterDecider)
+    got: list[Action] = []
+    d.on_busy = got.append
+    a = busy()
+    asyncio.run(d.on_minor_action(a))
+    assert got == [a]
+    d.decide(Fault(FaultKind.HANG, "waiting", severity=Severity.WARNING,
+                   evidence={"waiting_in_collective": True, "where": "all_reduce"}))
+    (msg,) = d.link.proto.faults.values()
+    assert msg.severity == pb.SEVERITY_WARNING
+    assert json.loads(msg.evidence_json) == {"where": "all_reduce"}
