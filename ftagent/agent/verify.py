@@ -217,6 +217,9 @@ class Verifier:
         # collective then raises a WARNING suspicion, not the hang (agent/peer_wait.py)
         self.ask_arbiter: Callable[[], bool] | None = None
         self.stall: Stall | None = None
+        # BUSY arrived before this rank's own budget ran out (no stall open yet): the
+        # stall it is in is that wait; forgotten when steps resume
+        self._waiting_hint: str | None = None
         self.verifications = 0
         self._task: asyncio.Task[None] | None = None
         self._ready: list[Fault] = []
@@ -277,7 +280,8 @@ class Verifier:
         if not isinstance(since, (int, float)):
             since = det.seconds_since_progress(now)
         if self.stall is None:
-            self.stall = Stall(start=now - float(since), step=det.last_step)
+            self.stall = Stall(start=now - float(since), step=det.last_step,
+                               waiting_on=self._waiting_hint)
         stall = self.stall
         usage = _usage()
         snaps: list[Snapshot] = []
@@ -353,9 +357,11 @@ class Verifier:
     def peer_busy(self, waiting_on: str) -> bool:
         """The arbiter judged the job busy and this rank waits on ``waiting_on`` ("rank 0
         (busy in save ...)"): this stall is waiting, not hanging, until steps resume or
-        --hang-phase-timeout. False when no stall is open (steps resumed meanwhile)."""
+        --hang-phase-timeout. False when no stall is open yet (its budget has not run out:
+        the stall it opens adopts the wait, until steps resume)."""
         stall = self.stall
         if stall is None:
+            self._waiting_hint = waiting_on
             return False
         stall.waiting_on = waiting_on
         self.detector.defer(self.clock() + self.detector.step_budget())
@@ -441,6 +447,7 @@ class Verifier:
 
     def _end(self, obs: Progress | PhaseMarker | None) -> None:
         stall, self.stall = self.stall, None
+        self._waiting_hint = None
         if self._task is not None and not self._task.done():
             self._task.cancel()
         self._task = None

@@ -170,3 +170,20 @@ def test_the_arbiter_decider_hands_busy_over_and_never_has_an_alert_probed() -> 
     (msg,) = d.link.proto.faults.values()
     assert msg.severity == pb.SEVERITY_WARNING
     assert json.loads(msg.evidence_json) == {"where": "all_reduce"}
+
+
+def test_busy_before_this_ranks_budget_ran_out_is_adopted_by_its_stall() -> None:
+    """Another rank's suspicion made the arbiter answer BUSY before this rank's own
+    budget ran out: its stall is that wait from the start, no suspicion of its own."""
+
+    async def go() -> None:
+        r, pw, _ = waiting_rig()
+        start = r.now[0]
+        await r.run_until(start + 2.0)
+        pw.on_action(busy())
+        (w,) = [e for e in r.events if e[:2] == ("peer", "waiting")]
+        assert w[3]["stall_open"] is False
+        assert await r.run_until(start + 30.0) == []
+        assert set(r.kinds("verify")) == {"waiting"}
+
+    asyncio.run(go())
