@@ -20,6 +20,11 @@ every rank has done too), or once a rank reports a second time (one that went si
 not hold the ledger in ``restart``).
 - ``unattributed``: time the ledger cannot place (an arbiter that was down, a generation
   change no fault explains, and after the job stopped for good).
+- ``checkpoint`` and ``other_phases``: training time the trainer spent in declared phases
+  (``ftagent.phase("checkpoint")``, Megatron's and DeepSpeed's "saving checkpoint" lines,
+  an eval phase), as its agent measured them; taken out of ``productive`` (the rank that
+  reports the most is believed: in synchronous training the others wait for it), never
+  more than the training time since the generation began training.
 
 The resume step comes from the job itself: an explicit report (``resumed``: a "loaded
 checkpoint ... iteration N" line or an SDK call), else the first step of the new
@@ -41,7 +46,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 CATEGORIES = ("startup", "productive", "recomputed", "detection", "decision", "restart",
-              "unattributed")
+              "unattributed", "checkpoint", "other_phases")
+PHASE_CATEGORIES = ("checkpoint", "other_phases")  # (checkpoint, other) seconds, in order
 SAMPLES_KEPT = 4096  # (time, step) points kept per training stretch, for interpolation
 INCIDENTS_KEPT = 64  # per job, the newest
 FAULTS_KEPT = 64  # faults remembered until a decision names them
@@ -67,6 +73,7 @@ class Stretch:
     samples: deque[tuple[float, int]] = field(
         default_factory=lambda: deque(maxlen=SAMPLES_KEPT))
     kept_until: float | None = None  # after this time its steps were redone (None: end)
+    phase_moved: float = 0.0  # seconds of it moved to the phase categories
 
     def reached(self) -> int | None:
         return self.samples[-1][1] if self.samples else None
@@ -162,6 +169,8 @@ class Ledger:
         self.incidents: deque[Incident] = deque(maxlen=INCIDENTS_KEPT)
         self.faults: OrderedDict[str, tuple[str, float, float]] = OrderedDict()
         self._exported: dict[str, float] = {}
+        self._phase_seen: dict[int, tuple[float, ...]] = {}  # rank -> its phase seconds
+        self._phase_job: tuple[float, ...] = (0.0,) * len(PHASE_CATEGORIES)
         if midway or any(self.carried.values()):
             # met midway (an arbiter restarted under a running job): until every rank's
             # next step, the ledger cannot say what the job is doing
@@ -203,6 +212,37 @@ class Ledger:
         inc = self._incident(generation)
         if inc is not None and inc.first_step_at is None:
             inc.resumed, inc.resume_source = step, "reported"
+
+    def phases(self, rank: int, generation: int, seconds: tuple[float, ...],
+               at: float) -> None:
+        """Rank ``rank``'s trainer of ``generation`` has spent ``seconds`` (one per
+        ``PHASE_CATEGORIES``, since it started) in declared phases, as of ``at``. The
+        growth of the largest report since the last one moves from productive to those
+        categories, at most the training time of this generation not moved yet."""
+        if self.ended is not None or generation != self.generation or len(seconds) != len(
+                PHASE_CATEGORIES) or not all(math.isfinite(v) and v >= 0 for v in seconds):
+            return
+        prev = self._phase_seen.get(rank)
+        if prev is None and len(self._phase_seen) >= max(self.world_size, 1):
+            return  # more ranks than the job has: not believed
+        self._phase_seen[rank] = tuple(max(a, b) for a, b in zip(prev or seconds, seconds,
+                                                                   strict=True))
+        job = tuple(max(v[i] for v in self._phase_seen.values())
+                    for i in range(len(PHASE_CATEGORIES)))
+        grew = [max(0.0, a - b) for a, b in zip(job, self._phase_job, strict=True)]
+        self._phase_job = job
+        cur = self._current()
+        if self.mode is not Mode.TRAINING or cur is None or not any(grew):
+            return
+        self._close(self._clamp(_finite(at, self.since)), Mode.TRAINING)
+        room = max(0.0, min(self.since - cur.start - cur.phase_moved,
+                            self.totals["productive"]))
+        for c, g in zip(PHASE_CATEGORIES, grew, strict=True):
+            move = min(g, room)
+            room -= move
+            cur.phase_moved += move
+            self.totals["productive"] -= move
+            self.totals[c] += move
 
     def fault(self, fault_id: str, kind: str, onset: float, detected: float) -> None:
         """A fault arrived: it began at ``onset`` (a hang: the rank's last step) and was
@@ -318,6 +358,7 @@ class Ledger:
             self._close(at, Mode.OFF)
         self.generation = generation
         self.first_steps, self._reports = {}, {}
+        self._phase_seen, self._phase_job = {}, (0.0,) * len(PHASE_CATEGORIES)
         self._expected = set(self.reporters)
 
     def _late(self, generation: int, step: int) -> None:

@@ -24,7 +24,7 @@ import grpc
 
 from ftagent.arbiter import barrier, convert, fr_verdict, policy
 from ftagent.arbiter.history import History, JobRecord, JobStats, shown_state
-from ftagent.arbiter.ledger import Ledger
+from ftagent.arbiter.ledger import Breakdown, Incident, Ledger
 from ftagent.arbiter.state import Decision, JobPhase, JobState, RankState, Verdict, apply
 from ftagent.arbiter.straggler import JobTimings, RankTiming, StragglerConfig, StragglerWatch
 from ftagent.arbiter.timeline import Timeline
@@ -291,7 +291,10 @@ class Registry:
             # Hello said a trainer of that generation runs (started failing open)
             g = rs.generation if rs.released_generation >= rs.generation or rs.running \
                 else max(0, rs.released_generation)
+            if p.HasField("resumed_step"):  # before its first step: it decides the resume
+                led.resumed(g, p.resumed_step)
             led.progress(rs.rank, g, p.step, at)
+            led.phases(rs.rank, g, (p.checkpoint_seconds, p.other_phase_seconds), at)
             if led.mode is not mode:  # the record says where time goes (arbiter restart)
                 self.history.update(job, self._stats(job), now)
             if p.timed_steps > 0:
@@ -650,10 +653,7 @@ class Registry:
         got = self.stats.get((job.namespace, job.job))
         led = got[1].ledger if got is not None and got[0] is job else None
         if led is not None:
-            b = led.breakdown(now)
-            info.goodput.CopyFrom(pb.Goodput(
-                wall_seconds=b.wall, seconds=b.seconds, ratio=b.ettr,
-                recomputed_steps=b.recomputed_steps, incidents=b.restarts))
+            info.goodput.CopyFrom(_goodput_pb(led.breakdown(now)))
         if not ranks:
             return info
         stragglers = set(self.stragglers_of(job))
@@ -832,3 +832,21 @@ class Registry:
         if self.metrics:
             self.metrics.agents_connected.set(self.connected)
             self.metrics.jobs.set(len(self.jobs))
+
+
+def _goodput_pb(b: Breakdown) -> pb.Goodput:
+    """The ledger's breakdown on the wire, each incident's stages with it."""
+    return pb.Goodput(wall_seconds=b.wall, seconds=b.seconds, ratio=b.ettr,
+                      recomputed_steps=b.recomputed_steps, incidents=b.restarts,
+                      per_incident=[_incident_pb(i) for i in b.incidents])
+
+
+def _incident_pb(i: Incident) -> pb.GoodputIncident:
+    d = i.durations()
+    return pb.GoodputIncident(
+        generation=i.generation, kind=i.kind, onset=i.onset, detect_seconds=d["detect"] or 0.0,
+        decide_seconds=d["decide"], restart_seconds=d["restart"],
+        recompute_seconds=i.recompute_seconds, reached_step=i.reached,
+        resumed_step=i.resumed if i.first_step_at is not None else None,
+        recomputed_steps=i.recomputed_steps if i.first_step_at is not None else None,
+        resume_source=i.resume_source if i.first_step_at is not None else "")
