@@ -25,6 +25,12 @@ not hold the ledger in ``restart``).
   an eval phase), as its agent measured them; taken out of ``productive`` (the rank that
   reports the most is believed: in synchronous training the others wait for it), never
   more than the training time since the generation began training.
+- ``straggler``: training time the job waited on a slow rank: the share of each step the
+  slowest rank's own time exceeds the others' median (arbiter/straggler.py's
+  ``slowdown``, only while a rank is slow by its measure), over the time it was so.
+- ``capacity``: after a decision, time a replacement pod of the job was Pending (no node
+  for it yet: the cluster's capacity, not the job's fault), from the Kubernetes side's
+  pod watch (``capacity``); it is carved out of ``decision``.
 
 The resume step comes from the job itself: an explicit report (``resumed``: a "loaded
 checkpoint ... iteration N" line or an SDK call), else the first step of the new
@@ -46,7 +52,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 CATEGORIES = ("startup", "productive", "recomputed", "detection", "decision", "restart",
-              "unattributed", "checkpoint", "other_phases")
+              "unattributed", "checkpoint", "other_phases", "straggler", "capacity")
 PHASE_CATEGORIES = ("checkpoint", "other_phases")  # (checkpoint, other) seconds, in order
 SAMPLES_KEPT = 4096  # (time, step) points kept per training stretch, for interpolation
 INCIDENTS_KEPT = 64  # per job, the newest
@@ -59,6 +65,7 @@ class Mode(str, enum.Enum):
     DETECTION = "detection"
     DECISION = "decision"
     RESTART = "restart"
+    CAPACITY = "capacity"
     OFF = "unattributed"  # stopped, or waiting on something the ledger cannot explain
 
 
@@ -171,6 +178,7 @@ class Ledger:
         self._exported: dict[str, float] = {}
         self._phase_seen: dict[int, tuple[float, ...]] = {}  # rank -> its phase seconds
         self._phase_job: tuple[float, ...] = (0.0,) * len(PHASE_CATEGORIES)
+        self._slow_at: float | None = None  # the last straggler accounting (training)
         if midway or any(self.carried.values()):
             # met midway (an arbiter restarted under a running job): until every rank's
             # next step, the ledger cannot say what the job is doing
@@ -244,6 +252,37 @@ class Ledger:
             self.totals["productive"] -= move
             self.totals[c] += move
 
+    def slowed(self, share: float, at: float) -> None:
+        """The job waits ``share`` of each step on a slow rank (straggler.slowdown) as of
+        ``at``: that share of the training time since the last call (or since training
+        began) moves from productive to straggler."""
+        cur = self._current()
+        if self.ended is not None or self.mode is not Mode.TRAINING or cur is None:
+            self._slow_at = None
+            return
+        at = self._clamp(_finite(at, self.since))
+        start = max(self._slow_at if self._slow_at is not None else cur.start, cur.start)
+        self._slow_at = max(at, start)
+        share = _finite(share, 0.0)
+        if at <= start or not 0.0 < share < 1.0:
+            return
+        self._close(at, Mode.TRAINING)
+        move = min(share * (at - start), self.totals["productive"])
+        self.totals["productive"] -= move
+        self.totals["straggler"] += move
+
+    def capacity(self, waiting: bool, at: float) -> None:
+        """A replacement pod of the job is Pending (``waiting``) or no longer is, as of
+        ``at``: while the job waits for its new generation's barrier, that time is
+        capacity, not decision."""
+        if self.ended is not None:
+            return
+        at = max(_finite(at, self.since), self.since)
+        if waiting and self.mode is Mode.DECISION:
+            self._close(at, Mode.CAPACITY)
+        elif not waiting and self.mode is Mode.CAPACITY:
+            self._close(at, Mode.DECISION)
+
     def fault(self, fault_id: str, kind: str, onset: float, detected: float) -> None:
         """A fault arrived: it began at ``onset`` (a hang: the rank's last step) and was
         detected at ``detected``; a restart that names it uses these times."""
@@ -286,7 +325,7 @@ class Ledger:
         if inc is None or inc.released is not None or self.ended is not None:
             return
         inc.released = max(_finite(now, self.since), self.since)
-        if self.mode is Mode.DECISION and generation == self.generation:
+        if self.mode in (Mode.DECISION, Mode.CAPACITY) and generation == self.generation:
             self._close(inc.released, Mode.RESTART)
 
     def end(self, now: float) -> None:

@@ -298,8 +298,10 @@ class Registry:
             if led.mode is not mode:  # the record says where time goes (arbiter restart)
                 self.history.update(job, self._stats(job), now)
             if p.timed_steps > 0:
-                self._timings(job).note(RankTiming(rs.rank, rs.node, p.step_seconds,
-                                                   p.collective_seconds, p.data_seconds), now)
+                jt = self._timings(job)
+                jt.note(RankTiming(rs.rank, rs.node, p.step_seconds, p.collective_seconds,
+                                   p.data_seconds), now)
+                led.slowed(jt.slowdown(now), at)  # time waited on a slow rank
         elif body == "fault":
             self._fault(conn, job, rs, m.fault, now, received)
         elif body == "arrival":
@@ -723,6 +725,15 @@ class Registry:
                               carried_restarts=rec.goodput_restarts if rec else 0)
             s.carried = None
         return s.ledger
+
+    def waiting_for_capacity(self, namespace: str, job: str, waiting: bool,
+                             now: float) -> None:
+        """The Kubernetes side (kube/cluster.py, every tick while a REPLACE waits for its
+        pod): a pod of ``job`` is Pending without a node (``waiting``) or none is. The
+        ledger places that time in ``capacity`` instead of ``decision``."""
+        j = self.jobs.get((namespace, job))
+        if j is not None and not j.finished:
+            self._ledger(j, now).capacity(waiting, now)
 
     def _ledger_fault(self, job: JobState, rs: RankState | None, fault: Fault,
                       now: float) -> None:

@@ -47,6 +47,7 @@ from ftagent.kube.cluster_faults import (
     get,
     parse_time,
     pending_fault,
+    waits_for_a_node,
 )
 from ftagent.kube.identity import identify, literal_env, trainer_index
 from ftagent.kube.node_scope import NodeEvidence
@@ -270,13 +271,17 @@ class Cluster:
             if job is None or job.finished or job.barrier is None or job.barrier.released:
                 del self._replacing[(ns, name)]
                 continue
+            unscheduled = False
             for (pns, _), pod in self.pod_cache.items():
                 if pns != ns or get(pod, "metadata", "labels", JOB_LABEL) != name:
                     continue
+                unscheduled = unscheduled or waits_for_a_node(pod)
                 stuck = pending_fault(pod, now, since, self.settings.pending_grace,
                                       self._pending_seen)
                 if stuck is not None:
                     self.registry.report_fault(ns, name, stuck.fault, now)
+            # the goodput ledger: time a replacement waits for a node is capacity
+            self.registry.waiting_for_capacity(ns, name, unscheduled, now)
         after = self.settings.force_delete_after
         if after >= 0:
             for key, gone_at in list(self._terminating.items()):

@@ -161,6 +161,18 @@ def test_a_preempted_pod_replaces_its_rank_without_cordoning_its_node() -> None:
             assert s.fake.count("update", "nodes") == 0
             assert any("preempted by the scheduler" in e.message
                        for e in s.reg.timeline.entries("llm", NS, 0))
+            # the controller's replacement waits for a node: the goodput ledger counts
+            # that time as capacity, not decision, until the scheduler places it
+            led = s.reg.stats[(NS, "llm")][1].ledger
+            assert led is not None and led.mode.value == "decision"
+            s.fake.add_pod(NS, "llm-worker-1-new", labels={JOB_LABEL: "llm"},
+                           phase="Pending", owner=OWNER)
+            await wait_until(lambda: led.mode.value == "capacity", 20, "capacity wait")
+            s.fake.set_pod_condition(NS, "llm-worker-1-new", "PodScheduled")
+            await wait_until(lambda: led.mode.value == "decision", 20, "scheduled")
+            b = led.breakdown(s.reg.clock())
+            assert b.seconds["capacity"] > 0
+            assert sum(b.seconds.values()) == pytest.approx(b.wall)
     run(body)
 
 

@@ -528,3 +528,36 @@ def test_the_agent_carries_what_its_trainer_said() -> None:
                 pb.ProgressSummary(step=1, checkpoint_seconds=float("nan")),
                 pb.ProgressSummary(step=1, other_phase_seconds=2e9)):
         assert not progress_in_range(bad)
+
+
+def test_time_waited_on_a_slow_rank_and_on_capacity() -> None:
+    """A slow rank makes the job wait 40 % of each step for 10 s of training: 4 s of
+    straggler; a replacement pod Pending without a node for 5 s of the decision: capacity;
+    the categories still sum to the wall time."""
+    from ftagent.arbiter.straggler import RankTiming, slowdown
+
+    fast = RankTiming(0, step_seconds=1.0, collective_seconds=0.5)
+    slow = RankTiming(1, step_seconds=1.0, collective_seconds=0.1)  # own 0.9 vs 0.5
+    assert slowdown({0: fast, 1: slow}, 0.8) == pytest.approx(0.4)
+    assert slowdown({0: fast}, 0.8) == 0.0  # no median of others
+    jitter = RankTiming(1, step_seconds=1.0, collective_seconds=0.45)
+    assert slowdown({0: fast, 1: jitter}, 0.8) == 0.0  # not slow by the watch's measure
+    led = Ledger(0.0, world_size=2)
+    steps(led, 0, 1, 21, 10.0, 1.0)  # training 10 -> 30
+    led.slowed(0.0, 15.0)
+    led.slowed(0.4, 25.0)  # 15 -> 25 at 40 %
+    led.slowed(float("nan"), 26.0)  # nothing moves, nothing is lost
+    s = check_sum(led, 30.0)
+    assert s["straggler"] == pytest.approx(4.0)
+    assert s["productive"] == pytest.approx(20.0 - 4.0)
+    led.restart(1, 31.0, kind="node", onset=30.0, detected=30.5)
+    led.capacity(True, 32.0)
+    led.capacity(True, 33.0)  # still waiting: nothing changes
+    led.capacity(False, 37.0)
+    led.released(1, 38.0)
+    s = check_sum(led, 39.0)
+    assert s["capacity"] == pytest.approx(5.0)
+    assert s["decision"] == pytest.approx(0.5 + 1.0 + 1.0)  # 30.5 -> 32, 37 -> 38
+    assert s["restart"] == pytest.approx(1.0)
+    led.slowed(0.5, 39.0)  # not training: nothing
+    assert check_sum(led, 39.0)["straggler"] == pytest.approx(4.0)
