@@ -115,9 +115,14 @@ class Incident:
     resumed: int | None = None  # the last step kept (the new generation starts after it)
     resume_source: str = ""  # "reported" | "first_step" | "" (unknown)
     recompute_seconds: float = 0.0
+    # restarted again before its generation trained: it redid nothing (the next incident
+    # takes over the step the job had reached)
+    superseded: bool = False
 
     @property
     def recomputed_steps(self) -> int | None:
+        if self.superseded:
+            return 0
         if self.reached is None or self.resumed is None:
             return None
         return max(0, self.reached - self.resumed)
@@ -141,6 +146,12 @@ class Breakdown:
     recomputed_steps: int | None  # None: some restart's resume step is unknown
     incidents: tuple[Incident, ...]  # this ledger's (not those carried over)
     restarts: int = 0  # restarts placed, carried ones included
+    carried_wall: float = 0.0  # seconds carried over from before an arbiter restart
+
+    @property
+    def started_at(self) -> float:
+        """When the wall time began: the first registration, less any carried time."""
+        return self.start - self.carried_wall
 
     @property
     def ettr(self) -> float:
@@ -307,6 +318,12 @@ class Ledger:
         detected = min(max(detected if detected is not None else now, lo), now)
         onset = min(max(onset if onset is not None else detected, lo), detected)
         reached = cur.reached() if cur is not None else None
+        prev = self.incidents[-1] if self.incidents else None
+        if cur is None and prev is not None and prev.generation == self.generation \
+                and prev.first_step_at is None:
+            # its generation never trained: the job still stands where that restart
+            # found it, and that restart redid nothing
+            reached, prev.superseded = prev.reached, True
         if self.mode is Mode.TRAINING:
             self._close(onset, Mode.DETECTION)
             if cur is not None:
@@ -358,7 +375,8 @@ class Ledger:
             assert steps is not None
             steps += n
         return Breakdown(self.start, wall, secs, steps, tuple(self.incidents),
-                         self.carried_restarts + len(self.incidents))
+                         self.carried_restarts + len(self.incidents),
+                         sum(self.carried.values()))
 
     def exported(self, now: float) -> dict[str, float]:
         """Per category, for Prometheus counters: never lower than a value exported

@@ -849,15 +849,17 @@ def _goodput_pb(b: Breakdown) -> pb.Goodput:
     """The ledger's breakdown on the wire, each incident's stages with it."""
     return pb.Goodput(wall_seconds=b.wall, seconds=b.seconds, ratio=b.ettr,
                       recomputed_steps=b.recomputed_steps, incidents=b.restarts,
+                      started_at=b.started_at,
                       per_incident=[_incident_pb(i) for i in b.incidents])
 
 
 def _incident_pb(i: Incident) -> pb.GoodputIncident:
     d = i.durations()
+    over = i.first_step_at is not None or i.superseded  # its steps are settled
     return pb.GoodputIncident(
         generation=i.generation, kind=i.kind, onset=i.onset, detect_seconds=d["detect"] or 0.0,
         decide_seconds=d["decide"], restart_seconds=d["restart"],
         recompute_seconds=i.recompute_seconds, reached_step=i.reached,
-        resumed_step=i.resumed if i.first_step_at is not None else None,
-        recomputed_steps=i.recomputed_steps if i.first_step_at is not None else None,
-        resume_source=i.resume_source if i.first_step_at is not None else "")
+        resumed_step=i.resumed if over else None,
+        recomputed_steps=i.recomputed_steps if over else None,
+        resume_source=i.resume_source if over else "")

@@ -372,7 +372,7 @@ class JobInfo(_message.Message):
     def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., generation: _Optional[int] = ..., restarts: _Optional[int] = ..., max_restarts: _Optional[int] = ..., world_size: _Optional[int] = ..., connected: _Optional[int] = ..., state: _Optional[str] = ..., alert_only: _Optional[bool] = ..., barrier: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., timeline: _Optional[_Iterable[_Union[TimelineEntry, _Mapping]]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ...) -> None: ...
 
 class Goodput(_message.Message):
-    __slots__ = ("wall_seconds", "seconds", "ratio", "recomputed_steps", "incidents", "per_incident")
+    __slots__ = ("wall_seconds", "seconds", "ratio", "recomputed_steps", "incidents", "per_incident", "started_at")
     class SecondsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -386,13 +386,15 @@ class Goodput(_message.Message):
     RECOMPUTED_STEPS_FIELD_NUMBER: _ClassVar[int]
     INCIDENTS_FIELD_NUMBER: _ClassVar[int]
     PER_INCIDENT_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     wall_seconds: float
     seconds: _containers.ScalarMap[str, float]
     ratio: float
     recomputed_steps: int
     incidents: int
     per_incident: _containers.RepeatedCompositeFieldContainer[GoodputIncident]
-    def __init__(self, wall_seconds: _Optional[float] = ..., seconds: _Optional[_Mapping[str, float]] = ..., ratio: _Optional[float] = ..., recomputed_steps: _Optional[int] = ..., incidents: _Optional[int] = ..., per_incident: _Optional[_Iterable[_Union[GoodputIncident, _Mapping]]] = ...) -> None: ...
+    started_at: float
+    def __init__(self, wall_seconds: _Optional[float] = ..., seconds: _Optional[_Mapping[str, float]] = ..., ratio: _Optional[float] = ..., recomputed_steps: _Optional[int] = ..., incidents: _Optional[int] = ..., per_incident: _Optional[_Iterable[_Union[GoodputIncident, _Mapping]]] = ..., started_at: _Optional[float] = ...) -> None: ...
 
 class GoodputIncident(_message.Message):
     __slots__ = ("generation", "kind", "onset", "detect_seconds", "decide_seconds", "restart_seconds", "recompute_seconds", "reached_step", "resumed_step", "recomputed_steps", "resume_source")

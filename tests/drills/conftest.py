@@ -81,8 +81,8 @@ def ledger_accounts(lab: Lab, kind: str) -> dict[str, Any]:
     (issue 24): its categories sum to the job's wall time (first registration to now,
     within 1 %), and the newest incident is that fault's, resumed after the step the
     trainers printed ("resumed from checkpoint at step N", reported by the agents) with
-    the steps redone that rank 0's log shows: the last step of the attempt before minus
-    that step. Returns the incident."""
+    the steps redone that rank 0's log shows: the last step it printed before that resume
+    minus that step. Returns the incident."""
     first = min(float(e["ts"]) for e in lab.timeline())
     t0 = time.time()
     st = lab.status()
@@ -92,9 +92,9 @@ def ledger_accounts(lab: Lab, kind: str) -> dict[str, Any]:
     assert abs(sum(g["seconds"].values()) - g["wall_seconds"]) < 1e-6, g
     assert 0.99 * (t0 - first) <= g["wall_seconds"] <= 1.01 * (t1 - first), (g, t0 - first)
     inc = g["per_incident"][-1]
-    text = before_last_resume(lab, 0)
-    cut = max(text.rfind("] resumed from checkpoint at step "), text.rfind("] started: "))
-    reached = max(int(s) for s in re.findall(r"\] step=(\d+)/", text[cut:]))
+    # the last step printed before the latest resume: the step the job had reached (an
+    # attempt stopped before its first step moved it nowhere)
+    reached = int(re.findall(r"\] step=(\d+)/", before_last_resume(lab, 0))[-1])
     assert inc["kind"] == kind and inc["resume_source"] == "reported", (inc, lab.dump())
     assert inc["resumed_step"] == resumed(lab, 0)[-1], (inc, resumed(lab, 0))
     assert inc["recomputed_steps"] == reached - inc["resumed_step"], (inc, reached)

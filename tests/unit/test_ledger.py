@@ -561,3 +561,25 @@ def test_time_waited_on_a_slow_rank_and_on_capacity() -> None:
     assert s["restart"] == pytest.approx(1.0)
     led.slowed(0.5, 39.0)  # not training: nothing
     assert check_sum(led, 39.0)["straggler"] == pytest.approx(4.0)
+
+
+def test_a_restart_before_the_generation_trained_hands_its_steps_to_the_next() -> None:
+    """Steps 1..19, a crash; generation 1 loads the checkpoint of step 10 and is restarted
+    again (a fatal Xid) before its first step; generation 2 loads step 10 too: steps
+    11..19 were redone once, by the second restart; the first redid nothing."""
+    led = Ledger(0.0, world_size=2)
+    steps(led, 0, 1, 19, 1.0, 1.0)  # step 19 at 19
+    led.restart(1, 20.0, kind="crash", onset=19.5, detected=19.5)
+    led.released(1, 21.0)
+    led.resumed(1, 10)
+    led.restart(2, 25.0, kind="gpu", onset=24.0, detected=24.0)
+    led.released(2, 26.0)
+    led.resumed(2, 10)
+    steps(led, 2, 11, 12, 28.0, 1.0)
+    b = led.breakdown(30.0)
+    first, second = b.incidents
+    assert (first.recomputed_steps, second.recomputed_steps) == (0, 9)
+    assert (second.reached, second.resumed, second.resume_source) == (19, 10, "reported")
+    assert b.recomputed_steps == 9
+    assert b.seconds["recomputed"] == pytest.approx(19.5 - 10.0)  # step 10 at 10 -> 19.5
+    check_sum(led, 30.0)
