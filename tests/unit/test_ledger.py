@@ -583,3 +583,23 @@ def test_a_restart_before_the_generation_trained_hands_its_steps_to_the_next() -
     assert b.recomputed_steps == 9
     assert b.seconds["recomputed"] == pytest.approx(19.5 - 10.0)  # step 10 at 10 -> 19.5
     check_sum(led, 30.0)
+
+
+def test_the_registry_feeds_the_straggler_share_from_the_step_timings() -> None:
+    """Rank 1 computes 0.9 s of each 1 s step, rank 0 0.5 s (it waits in the all-reduce):
+    40 % of the training time after the first timed summaries is straggler."""
+    clock = Clock()
+    reg = _registry(clock, History())
+    conns = [Connection(f"peer-{r}") for r in range(2)]
+    for r, c in enumerate(conns):
+        reg.hello(c, pb.Hello(job="j", rank=r, world_size=2, agent_instance=f"i{r}"))
+    for c in conns:
+        reg.handle(c, pb.AgentMessage(arrival=pb.BarrierArrival(generation=0)), 0.0)
+    for step in range(1, 12):
+        for r, c in enumerate(conns):
+            reg.handle(c, _summary(step, clock.now, step_seconds=1.0, timed_steps=5,
+                                   collective_seconds=0.5 if r == 0 else 0.1), 0.0)
+        clock.now += 1
+    g = reg.job_info(reg.jobs[("", "j")], ranks=False).goodput
+    assert g.seconds["straggler"] == pytest.approx(0.4 * 10, abs=0.01)  # steps 1 -> 11
+    assert sum(g.seconds.values()) == pytest.approx(g.wall_seconds)
