@@ -503,8 +503,10 @@ class JobCollector(Collector):
         goodput = CounterMetricFamily(
             "ftagent_job_goodput_seconds", "The job's wall time by where it went: startup, "
             "productive (steps kept), recomputed (steps redone after a restart), detection, "
-            "decision (and barrier), restart, unattributed. Productive holds its highest "
-            "value when a restart moves time to recomputed.", labels=job + ["category"])
+            "decision (and barrier), restart, checkpoint and other_phases (declared "
+            "phases), straggler (waiting on a slow rank), capacity (a replacement pod "
+            "waiting for a node), unattributed. Productive holds its highest value when "
+            "time moves out of it.", labels=job + ["category"])
         ratio = GaugeMetricFamily("ftagent_job_goodput_ratio", "Effective training time "
                                   "ratio: productive seconds over the job's wall time.",
                                   labels=job)

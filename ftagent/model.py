@@ -152,6 +152,18 @@ class CollectiveSample:
 
 
 @dataclass(frozen=True)
+class Resumed:
+    """The trainer says it resumed after ``step`` (loaded the checkpoint saved at that
+    step: Megatron's "loaded checkpoint ... at iteration N", ``ftagent.resumed(N)``): the
+    steps after it that the job had already done are redone. ``source``: "sdk" | the log
+    format's name."""
+
+    step: int
+    source: str = "log"
+    ts: float = 0.0
+
+
+@dataclass(frozen=True)
 class PhaseTiming:
     """Time spent in one part of the training step (forward, backward, optimizer, data,
     or a Megatron timer), ``count`` occurrences totalling ``seconds``. Unlike a
@@ -326,7 +338,7 @@ class TrainerStart:
 
 Observation = (
     LogLine | Progress | PhaseMarker | CollectiveSample | PhaseTiming | GpuEvent | GpuHealth
-    | LinkEvent | ProcessExit | TrainerStart
+    | LinkEvent | ProcessExit | TrainerStart | Resumed
 )
 
 

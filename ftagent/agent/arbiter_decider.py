@@ -40,9 +40,11 @@ from ftagent.model import (
     Fault,
     FaultKind,
     Observation,
+    PhaseMarker,
     PhaseTiming,
     ProcessExit,
     Progress,
+    Resumed,
     Severity,
     TrainerState,
 )
@@ -283,6 +285,8 @@ class _LinkObserver:
             link.report_exit(obs, self.decider.agent.generation)
         elif isinstance(obs, (CollectiveSample, PhaseTiming)):
             link.observe_timing(obs)  # where the step's time goes: stragglers at the arbiter
+        elif isinstance(obs, (Resumed, PhaseMarker)):
+            link.observe_trainer(obs)  # the resume step and phase time: the goodput ledger
 
     def on_state(self, state: TrainerState, restarts: int) -> None:
         # (``restarts`` counts this worker's attempts, rejoins included: not the job's

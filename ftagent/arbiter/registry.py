@@ -24,7 +24,7 @@ import grpc
 
 from ftagent.arbiter import barrier, convert, fr_verdict, policy
 from ftagent.arbiter.history import History, JobRecord, JobStats, shown_state
-from ftagent.arbiter.ledger import Ledger
+from ftagent.arbiter.ledger import Breakdown, Incident, Ledger
 from ftagent.arbiter.state import Decision, JobPhase, JobState, RankState, Verdict, apply
 from ftagent.arbiter.straggler import JobTimings, RankTiming, StragglerConfig, StragglerWatch
 from ftagent.arbiter.timeline import Timeline
@@ -293,12 +293,17 @@ class Registry:
             # Hello said a trainer of that generation runs (started failing open)
             g = rs.generation if rs.released_generation >= rs.generation or rs.running \
                 else max(0, rs.released_generation)
+            if p.HasField("resumed_step"):  # before its first step: it decides the resume
+                led.resumed(g, p.resumed_step)
             led.progress(rs.rank, g, p.step, at)
+            led.phases(rs.rank, g, (p.checkpoint_seconds, p.other_phase_seconds), at)
             if led.mode is not mode:  # the record says where time goes (arbiter restart)
                 self.history.update(job, self._stats(job), now)
             if p.timed_steps > 0:
-                self._timings(job).note(RankTiming(rs.rank, rs.node, p.step_seconds,
-                                                   p.collective_seconds, p.data_seconds), now)
+                jt = self._timings(job)
+                jt.note(RankTiming(rs.rank, rs.node, p.step_seconds, p.collective_seconds,
+                                   p.data_seconds), now)
+                led.slowed(jt.slowdown(now), at)  # time waited on a slow rank
         elif body == "fault":
             self._fault(conn, job, rs, m.fault, now, received)
         elif body == "arrival":
@@ -652,10 +657,7 @@ class Registry:
         got = self.stats.get((job.namespace, job.job))
         led = got[1].ledger if got is not None and got[0] is job else None
         if led is not None:
-            b = led.breakdown(now)
-            info.goodput.CopyFrom(pb.Goodput(
-                wall_seconds=b.wall, seconds=b.seconds, ratio=b.ettr,
-                recomputed_steps=b.recomputed_steps, incidents=b.restarts))
+            info.goodput.CopyFrom(_goodput_pb(led.breakdown(now)))
         if not ranks:
             return info
         stragglers = set(self.stragglers_of(job))
@@ -725,6 +727,15 @@ class Registry:
                               carried_restarts=rec.goodput_restarts if rec else 0)
             s.carried = None
         return s.ledger
+
+    def waiting_for_capacity(self, namespace: str, job: str, waiting: bool,
+                             now: float) -> None:
+        """The Kubernetes side (kube/cluster.py, every tick while a REPLACE waits for its
+        pod): a pod of ``job`` is Pending without a node (``waiting``) or none is. The
+        ledger places that time in ``capacity`` instead of ``decision``."""
+        j = self.jobs.get((namespace, job))
+        if j is not None and not j.finished:
+            self._ledger(j, now).capacity(waiting, now)
 
     def _ledger_fault(self, job: JobState, rs: RankState | None, fault: Fault,
                       now: float) -> None:
@@ -834,3 +845,23 @@ class Registry:
         if self.metrics:
             self.metrics.agents_connected.set(self.connected)
             self.metrics.jobs.set(len(self.jobs))
+
+
+def _goodput_pb(b: Breakdown) -> pb.Goodput:
+    """The ledger's breakdown on the wire, each incident's stages with it."""
+    return pb.Goodput(wall_seconds=b.wall, seconds=b.seconds, ratio=b.ettr,
+                      recomputed_steps=b.recomputed_steps, incidents=b.restarts,
+                      started_at=b.started_at,
+                      per_incident=[_incident_pb(i) for i in b.incidents])
+
+
+def _incident_pb(i: Incident) -> pb.GoodputIncident:
+    d = i.durations()
+    over = i.first_step_at is not None or i.superseded  # its steps are settled
+    return pb.GoodputIncident(
+        generation=i.generation, kind=i.kind, onset=i.onset, detect_seconds=d["detect"] or 0.0,
+        decide_seconds=d["decide"], restart_seconds=d["restart"],
+        recompute_seconds=i.recompute_seconds, reached_step=i.reached,
+        resumed_step=i.resumed if over else None,
+        recomputed_steps=i.recomputed_steps if over else None,
+        resume_source=i.resume_source if over else "")

@@ -130,7 +130,7 @@ class Hello(_message.Message):
     def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., pod: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., restart_count: _Optional[int] = ..., generation: _Optional[int] = ..., agent_version: _Optional[str] = ..., max_restarts: _Optional[int] = ..., alert_only: _Optional[bool] = ..., released_generation: _Optional[int] = ..., state: _Optional[str] = ..., agent_instance: _Optional[str] = ..., trainer_running: _Optional[bool] = ..., gpus: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ProgressSummary(_message.Message):
-    __slots__ = ("step", "loss", "samples_per_second", "tokens_per_second", "seconds_since_progress", "hung", "ts", "step_seconds", "collective_seconds", "data_seconds", "timed_steps")
+    __slots__ = ("step", "loss", "samples_per_second", "tokens_per_second", "seconds_since_progress", "hung", "ts", "step_seconds", "collective_seconds", "data_seconds", "timed_steps", "resumed_step", "checkpoint_seconds", "other_phase_seconds")
     STEP_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
@@ -142,6 +142,9 @@ class ProgressSummary(_message.Message):
     COLLECTIVE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DATA_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TIMED_STEPS_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_STEP_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    OTHER_PHASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     step: int
     loss: float
     samples_per_second: float
@@ -153,7 +156,10 @@ class ProgressSummary(_message.Message):
     collective_seconds: float
     data_seconds: float
     timed_steps: int
-    def __init__(self, step: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., seconds_since_progress: _Optional[float] = ..., hung: _Optional[bool] = ..., ts: _Optional[float] = ..., step_seconds: _Optional[float] = ..., collective_seconds: _Optional[float] = ..., data_seconds: _Optional[float] = ..., timed_steps: _Optional[int] = ...) -> None: ...
+    resumed_step: int
+    checkpoint_seconds: float
+    other_phase_seconds: float
+    def __init__(self, step: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., seconds_since_progress: _Optional[float] = ..., hung: _Optional[bool] = ..., ts: _Optional[float] = ..., step_seconds: _Optional[float] = ..., collective_seconds: _Optional[float] = ..., data_seconds: _Optional[float] = ..., timed_steps: _Optional[int] = ..., resumed_step: _Optional[int] = ..., checkpoint_seconds: _Optional[float] = ..., other_phase_seconds: _Optional[float] = ...) -> None: ...
 
 class Fault(_message.Message):
     __slots__ = ("id", "kind", "severity", "scope", "message", "evidence_json", "detected_at", "generation", "exit_status")
@@ -386,7 +392,7 @@ class JobInfo(_message.Message):
     def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., generation: _Optional[int] = ..., restarts: _Optional[int] = ..., max_restarts: _Optional[int] = ..., world_size: _Optional[int] = ..., connected: _Optional[int] = ..., state: _Optional[str] = ..., alert_only: _Optional[bool] = ..., barrier: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., timeline: _Optional[_Iterable[_Union[TimelineEntry, _Mapping]]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., busy: _Optional[str] = ...) -> None: ...
 
 class Goodput(_message.Message):
-    __slots__ = ("wall_seconds", "seconds", "ratio", "recomputed_steps", "incidents")
+    __slots__ = ("wall_seconds", "seconds", "ratio", "recomputed_steps", "incidents", "per_incident", "started_at")
     class SecondsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -399,12 +405,42 @@ class Goodput(_message.Message):
     RATIO_FIELD_NUMBER: _ClassVar[int]
     RECOMPUTED_STEPS_FIELD_NUMBER: _ClassVar[int]
     INCIDENTS_FIELD_NUMBER: _ClassVar[int]
+    PER_INCIDENT_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     wall_seconds: float
     seconds: _containers.ScalarMap[str, float]
     ratio: float
     recomputed_steps: int
     incidents: int
-    def __init__(self, wall_seconds: _Optional[float] = ..., seconds: _Optional[_Mapping[str, float]] = ..., ratio: _Optional[float] = ..., recomputed_steps: _Optional[int] = ..., incidents: _Optional[int] = ...) -> None: ...
+    per_incident: _containers.RepeatedCompositeFieldContainer[GoodputIncident]
+    started_at: float
+    def __init__(self, wall_seconds: _Optional[float] = ..., seconds: _Optional[_Mapping[str, float]] = ..., ratio: _Optional[float] = ..., recomputed_steps: _Optional[int] = ..., incidents: _Optional[int] = ..., per_incident: _Optional[_Iterable[_Union[GoodputIncident, _Mapping]]] = ..., started_at: _Optional[float] = ...) -> None: ...
+
+class GoodputIncident(_message.Message):
+    __slots__ = ("generation", "kind", "onset", "detect_seconds", "decide_seconds", "restart_seconds", "recompute_seconds", "reached_step", "resumed_step", "recomputed_steps", "resume_source")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ONSET_FIELD_NUMBER: _ClassVar[int]
+    DETECT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DECIDE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RESTART_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RECOMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REACHED_STEP_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_STEP_FIELD_NUMBER: _ClassVar[int]
+    RECOMPUTED_STEPS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    kind: str
+    onset: float
+    detect_seconds: float
+    decide_seconds: float
+    restart_seconds: float
+    recompute_seconds: float
+    reached_step: int
+    resumed_step: int
+    recomputed_steps: int
+    resume_source: str
+    def __init__(self, generation: _Optional[int] = ..., kind: _Optional[str] = ..., onset: _Optional[float] = ..., detect_seconds: _Optional[float] = ..., decide_seconds: _Optional[float] = ..., restart_seconds: _Optional[float] = ..., recompute_seconds: _Optional[float] = ..., reached_step: _Optional[int] = ..., resumed_step: _Optional[int] = ..., recomputed_steps: _Optional[int] = ..., resume_source: _Optional[str] = ...) -> None: ...
 
 class WatchEventsRequest(_message.Message):
     __slots__ = ("job", "namespace", "replay")

@@ -131,6 +131,16 @@ def fill_step_times(msg: pb.ProgressSummary, step_seconds: float, collective_sec
     msg.timed_steps = min(max(timed_steps, 0), limits.MAX_TIMED_STEPS)
 
 
+def fill_resume_and_phases(msg: pb.ProgressSummary, resumed: int | None,
+                           checkpoint_seconds: float, other_phase_seconds: float) -> None:
+    """The step the trainer resumed after (None: it did not say) and its seconds in
+    declared phases, within the limits the arbiter checks."""
+    if resumed is not None and 0 <= resumed <= limits.MAX_STEP:
+        msg.resumed_step = resumed
+    msg.checkpoint_seconds = min(_rate(checkpoint_seconds), limits.MAX_TOTAL_SECONDS)
+    msg.other_phase_seconds = min(_rate(other_phase_seconds), limits.MAX_TOTAL_SECONDS)
+
+
 def _rate(v: float | None) -> float:
     return v if v is not None and math.isfinite(v) and v >= 0 else 0.0
 

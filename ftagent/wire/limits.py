@@ -41,6 +41,7 @@ MAX_NODE_FAULTS = 64  # faults in one NodeReport (a node agent sends the rest ne
 MAX_DIGITS = 20  # a number in a log line longer than this is not a step
 MAX_SDK_DATAGRAM = 512  # one SDK datagram (the SDK's own are < 200 bytes)
 MAX_SECONDS = 7 * 24 * 3600.0  # a duration from the SDK (a collective's time)
+MAX_TOTAL_SECONDS = 1e9  # a duration summed over a trainer's life (~31 years)
 MAX_PID = 2**22  # Linux's PID_MAX_LIMIT
 MAX_TIMED_STEPS = 1_000_000  # steps one ProgressSummary's means per step are over
 
