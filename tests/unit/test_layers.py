@@ -36,6 +36,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "arbiter": ("ftagent.arbiter",),
     "kube": ("ftagent.kube",),
     "node": ("ftagent.node",),
+    "watch": ("ftagent.watch",),
     "cmd": ("ftagent.cmd", "ftagent.cli", "ftagent.__main__"),
 }
 
@@ -45,9 +46,10 @@ GROUPS: dict[str, tuple[str, ...]] = {
 RULES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("bottom", "only", ()),
     ("detect", "only", ("bottom",)),
-    ("sources", "never", ("sinks", "detect")),
+    ("sources", "never", ("sinks", "detect", "watch")),
     ("arbiter", "never", ("agent", "kube", "node")),
     ("kube", "never", ("agent", "node")),
+    ("watch", "never", ("agent", "node", "kube", "arbiter")),
 )
 # And for every module: only cmd/ (with cli.py) imports cmd/.
 
@@ -273,6 +275,12 @@ def test_no_import_cycle_at_run_time() -> None:
     ("ftagent.arbiter.server", "ftagent.agent.reporter", True),
     ("ftagent.kube.client", "ftagent.node.agent", True),
     ("ftagent.agent.agent", "ftagent.cmd.run", True),
+    ("ftagent.watch.gpu", "ftagent.agent.supervisor", True),
+    ("ftagent.watch.loop", "ftagent.node.agent", True),
+    ("ftagent.watch.gpu", "ftagent.detect.gpu", False),
+    ("ftagent.watch.nic", "ftagent.metrics", False),
+    ("ftagent.node.agent", "ftagent.watch.loop", False),
+    ("ftagent.sources.gpu", "ftagent.watch.loop", True),
     ("ftagent.cmd.arbiter", "ftagent.kube.client", False),
     ("ftagent.cli", "ftagent.cmd.run", False),
     ("ftagent.demo", "ftagent.cmd.arbiter", True),
