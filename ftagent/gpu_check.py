@@ -1,8 +1,9 @@
 """``make gpu-check``: run the real NVML GPU source for a while and say what worked.
 
 ``python -m ftagent.gpu_check [--seconds 30] [--gpu-backend nvml|simulated:FILE]``
-starts the same ``GpuSource`` the agent runs (default: the real NVML through
-nvidia-ml-py), and prints:
+builds the GPU part the agents build (watch/gpu.py: the same ``GpuSource`` and Xid
+detector; default: the real NVML through nvidia-ml-py), runs it in the same watch loop
+(watch/loop.py), and prints:
 
 * the driver, the GPUs NVML shows and the ones this process may use (and why: the
   ``CUDA_VISIBLE_DEVICES`` / ``NVIDIA_VISIBLE_DEVICES`` rules), with index, UUID, PCI bus id,

@@ -1,9 +1,9 @@
 """The node agent's loop: sources -> detectors -> faults -> arbiter shards and Node conditions.
 
-The same GPU and NIC sources and detectors as the pod agent's (``sources/gpu.py``,
-``sources/nic.py``, ``sources/rdma.py``, ``detect/gpu.py``, ``detect/nic.py``), here for
-the whole host: every GPU NVML shows (not the trainer's ``CUDA_VISIBLE_DEVICES``) and the
-host's links (the DaemonSet runs with ``hostNetwork``).
+The same watch loop and parts as the pod agent's (``watch/``: every part registered in
+``watch/registry.py``, today the GPUs and the links with RDMA ports), here for the whole
+host: every GPU NVML shows (not the trainer's ``CUDA_VISIBLE_DEVICES``) and the host's
+links (the DaemonSet runs with ``hostNetwork``). This module adds the node's sinks.
 
 Which faults go to the arbiter (``reportable``):
 
