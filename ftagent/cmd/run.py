@@ -319,6 +319,7 @@ def add_watch(agent: Agent, cfg: RunConfig, environ: Mapping[str, str],
     ports, the GPUs or a vendor's accelerators), its series in ``registry``, its faults
     raised by ``agent`` (evidence, events, the decider). ConfigError for a bad setting."""
     from ftagent.agent import supervisor
+    from ftagent.model import FaultKind
     from ftagent.watch.context import WatchContext
     from ftagent.watch.registry import assemble
 
@@ -326,7 +327,7 @@ def add_watch(agent: Agent, cfg: RunConfig, environ: Mapping[str, str],
                        hide=supervisor.hide_from_tree, show=supervisor.show_in_tree)
     return assemble(ctx, agent.raise_fault, metrics=registry, labels=labels,
                     on_error=lambda name, e: agent.events.write(
-                        "fault", "agent", f"source {name} failed: {e}"))
+                        "fault", FaultKind.AGENT.value, f"source {name} failed: {e}"))
 
 
 def latest_progress(batch: list[LogObservation]) -> list[LogObservation]:
