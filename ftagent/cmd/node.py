@@ -162,6 +162,7 @@ def build(s: NodeSettings, environ: Mapping[str, str]) -> tuple[NodeAgent, Colle
     physical ones), scope NODE."""
     from ftagent.watch.context import WatchContext
     from ftagent.watch.registry import build as build_parts
+    from ftagent.watch.registry import register
 
     node = s.node.node
     labels = {"node": node}
@@ -172,10 +173,7 @@ def build(s: NodeSettings, environ: Mapping[str, str]) -> tuple[NodeAgent, Colle
     ctx = WatchContext(s.gpu, replace(nic_cfg, nic_scope="node"), environ, {},
                        netns=s.node.nic_netns or None)
     parts = build_parts(ctx)
-    for part in parts:
-        collector = part.collector(labels)
-        if collector is not None:
-            registry.register(collector)
+    register(parts, registry, labels)
     reporter = None
     if s.arbiter.arbiter:
         try:

@@ -67,7 +67,7 @@ class WatchLoop:
 
     def __init__(self, parts: Iterable[Part], on_fault: FaultSink, *,
                  observers: Sequence[Callable[[Observation], None]] = (),
-                 on_error: Callable[[str, BaseException], None] | None = None,
+                 on_error: Callable[[str, BaseException], object] | None = None,
                  tick_seconds: float | None = TICK_SECONDS,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.parts = list(parts)

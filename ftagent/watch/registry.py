@@ -10,13 +10,12 @@ node's first worker), the node agent and gpu-check build theirs from here
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 
 from ftagent.watch import gpu, nic
 from ftagent.watch.context import WatchContext
-from ftagent.watch.loop import FaultSink, Part, WatchLoop
+from ftagent.watch.loop import TICK_SECONDS, FaultSink, Part, WatchLoop
 
 Factory = Callable[[WatchContext], "Part | None"]
 
@@ -37,15 +36,24 @@ def build(ctx: WatchContext, names: Iterable[str] | None = None) -> list[Part]:
     return out
 
 
+def register(parts: Iterable[Part], metrics: CollectorRegistry,
+             labels: Mapping[str, str]) -> None:
+    """Each part's collector in ``metrics``, its series labelled ``labels``."""
+    for p in parts:
+        collector = p.collector(labels)
+        if collector is not None:
+            metrics.register(collector)
+
+
 def assemble(ctx: WatchContext, on_fault: FaultSink, *,
-             metrics: CollectorRegistry | None = None, labels: Mapping[str, str] = {},
-             names: Iterable[str] | None = None, **loop: Any) -> WatchLoop:
+             metrics: CollectorRegistry | None = None,
+             labels: Mapping[str, str] | None = None,
+             names: Iterable[str] | None = None,
+             on_error: Callable[[str, BaseException], object] | None = None,
+             tick_seconds: float | None = TICK_SECONDS) -> WatchLoop:
     """The parts for ``ctx``, their collectors registered in ``metrics`` with ``labels``,
-    in one :class:`WatchLoop` whose faults go to ``on_fault`` (``loop``: its keywords)."""
+    in one :class:`WatchLoop` whose faults go to ``on_fault``."""
     parts = build(ctx, names)
     if metrics is not None:
-        for p in parts:
-            collector = p.collector(labels)
-            if collector is not None:
-                metrics.register(collector)
-    return WatchLoop(parts, on_fault, **loop)
+        register(parts, metrics, labels or {})
+    return WatchLoop(parts, on_fault, on_error=on_error, tick_seconds=tick_seconds)
