@@ -21,7 +21,7 @@ import pytest
 from ftagent.model import EXIT_REPLACE
 from tests.arbiter_helpers import ArbiterProcess
 from tests.conftest import wait_for
-from tests.e2e.test_gpu_job import Agents, decisions, status, status_soon
+from tests.e2e.test_gpu_job import AGAIN, Agents, decisions, status, status_soon
 
 # (accelerator, recoverable code with the health it comes with, its label in metrics)
 RECOVERABLE = {
@@ -110,9 +110,10 @@ def test_a_fatal_error_replaces_the_rank(tmp_path: Path, accelerator: str,
     with ArbiterProcess(log_dir=str(tmp_path)) as arb:
         agents = Agents(tmp_path, arb.address, timeline)
         try:
-            r0, r1 = agents.start("rank0", 0, steps=60), agents.start("rank1", 1, steps=60)
+            r0 = agents.start("rank0", 0, steps=60, again=AGAIN)
+            r1 = agents.start("rank1", 1, steps=60)
             assert r1.wait(60) == EXIT_REPLACE, agents.log("rank1")[-2000:]
-            new1 = agents.start("rank1-new", 1, timeline=clean, steps=20)
+            new1 = agents.start("rank1-new", 1, timeline=clean, steps=AGAIN)
             assert new1.wait(90) == 0 and r0.wait(90) == 0
         except BaseException:
             agents.dump()

@@ -31,6 +31,8 @@ JOB = "e2e-gpu"
 TRAINER = """\
 import os, sys, time
 steps = int(os.environ.get("STEPS", "40"))
+if os.environ.get("FTAGENT_RESTART_COUNT", "0") != "0":  # a restarted run: STEPS_AGAIN
+    steps = int(os.environ.get("STEPS_AGAIN", steps))
 for i in range(1, steps + 1):
     print(f"step={i}/{steps} loss={1.0 / i:.4f}", flush=True)
     time.sleep(0.1)
@@ -68,7 +70,9 @@ class Agents:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, name: str, rank: int, timeline: Path | None = None,
-              steps: int = 40) -> subprocess.Popen[bytes]:
+              steps: int = 40, again: int | None = None) -> subprocess.Popen[bytes]:
+        """Rank ``rank``'s agent; its trainer runs ``steps`` steps, or ``again`` once the
+        agent restarted it (a restart after a replace need not redo the whole run)."""
         out = (self.tmp / f"{name}.out").open("wb")
         cmd = ftagent_cmd("--events-file", str(self.tmp / f"{name}.jsonl"), "--rank", str(rank),
                           "--world-size", "2", "--arbiter", self.address, "--job", JOB,
@@ -77,7 +81,8 @@ class Agents:
                           "--gpu-poll-interval", "0.2", "--progress", "log",
                           "--hang-verify-window", "0",
                           cmd=[PY, str(self.tmp / "train.py")])
-        env = {**os.environ, "STEPS": str(steps), "MASTER_PORT": str(free_port())}
+        env = {**os.environ, "STEPS": str(steps), "MASTER_PORT": str(free_port()),
+               "STEPS_AGAIN": str(steps if again is None else again)}
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         out.close()
         self.procs[name] = proc
@@ -158,6 +163,11 @@ def test_restart_class_xid_restarts_every_rank_in_place(tmp_path: Path) -> None:
     assert len(healthy) == 2 and all(ln.endswith(" 1.0") for ln in healthy), healthy
 
 
+# Steps of the job once rank 1 is replaced (rank 0's restarted trainer and the new rank
+# 1): enough to show the job trains again and succeeds; rank 0 used to redo all 60 (6 s).
+AGAIN = 10
+
+
 @pytest.mark.parametrize(("event", "cause", "scope", "action", "words"), [
     ("lost", "lost", "node", "replace_node", "GPU is lost"),  # NVMLError_GpuIsLost, mid-run
     ("xid=79", "xid:79", "node", "replace_node", "Xid 79 (GPU has fallen off the bus)"),
@@ -172,12 +182,13 @@ def test_a_gpu_that_must_go_replaces_the_rank_and_a_new_one_takes_over(
     with ArbiterProcess(log_dir=str(tmp_path)) as arb:
         agents = Agents(tmp_path, arb.address, timeline)
         try:
-            r0, r1 = agents.start("rank0", 0, steps=60), agents.start("rank1", 1, steps=60)
+            r0 = agents.start("rank0", 0, steps=60, again=AGAIN)
+            r1 = agents.start("rank1", 1, steps=60)
             assert r1.wait(60) == EXIT_REPLACE, agents.log("rank1")[-2000:]
             st = status(arb.address)
             assert decisions(st, "replace"), st["timeline"]
             # rank 0 restarted and waits at the barrier; the rescheduled pod's agent arrives
-            new1 = agents.start("rank1-new", 1, timeline=clean, steps=20)
+            new1 = agents.start("rank1-new", 1, timeline=clean, steps=AGAIN)
             assert new1.wait(90) == 0 and r0.wait(90) == 0
         except BaseException:
             agents.dump()
