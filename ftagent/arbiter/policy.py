@@ -262,13 +262,17 @@ def decide_tick(job: JobState, now: float, cfg: PolicyConfig) -> list[Decision]:
 def flight_recorder_verdict(job: JobState) -> fr_verdict.Verdict | None:
     """The flight recorder's verdict (arbiter/fr_verdict.py) when every rank that sent
     stacks sent its summary too and it names culprits: a rank that never reached
-    collective #N of a group, or a collective mismatch (restarted once; the same mismatch
-    again STOPs). Else None: the stacks decide (name_culprit)."""
+    collective #N of a group, a collective mismatch (restarted once; the same mismatch
+    again STOPs), or a rank with no dump -- stopped, dead, its pod frozen: no answer by
+    the stacks deadline -- while a rank's dump shows it waiting inside a collective.
+    Else None: the stacks decide (name_culprit)."""
     sent = {r.rank: r.fr for r in job.ranks.values() if r.stack is not None}
-    if len(sent) < 2 or any(s is None for s in sent.values()):
+    if not sent or any(s is None for s in sent.values()):
         return None
-    v = fr_verdict.decide(sent)
-    return v if v.kind in ("mismatch", "behind") and v.culprits else None
+    v = fr_verdict.decide(sent, world=job.world_size)
+    if v.kind in ("mismatch", "behind") or fr_verdict.waits_on_silent(v):
+        return v if v.culprits else None
+    return None
 
 
 def where_in(signature: str) -> str:

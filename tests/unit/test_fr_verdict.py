@@ -253,3 +253,46 @@ def test_a_different_mismatch_or_another_hang_between_restarts_again() -> None:
     s[1]["groups"][0]["entries"][-1]["op"] = "broadcast"  # another mismatch: restart
     other = {r: json.dumps({**WAITING, "flight_recorder": {"summaries": [s[r]]}}) for r in s}
     assert _job_hang_with(other, j).verdict is Verdict.RESTART
+
+
+def test_a_rank_whose_trainer_gives_no_dump_is_named_while_its_peer_waits() -> None:
+    # a SIGSTOPped trainer: its agent answers (stacks, no dump of its rank); rank 0's dump
+    # shows it inside all_reduce #4. The stacks alone cannot tell (both "wait").
+    s = recorded("behind")
+    answers = {0: json.dumps({**WAITING, "flight_recorder": {"summaries": [s[0]]}}),
+               1: json.dumps({**WAITING, "flight_recorder": {"summaries": []}})}
+    d = _job_hang_with(answers)
+    assert d.rank == 1, d.reason
+    assert "flight recorder: rank 1 gave no flight-recorder dump (its agent answered, its " \
+        "trainer did not: stopped, or a main thread holding the GIL) while rank 0 waits " \
+        "in collective #4 (all_reduce) of process group 0" in d.reason, d.reason
+    assert "stall" not in d.reason  # rank 1 may be behind: no one can say "none is behind"
+
+
+def test_a_rank_that_sends_nothing_by_the_deadline_is_named_dead_or_unresponsive() -> None:
+    # a frozen pod (agent and trainer): its stream is open, its answer never comes
+    from ftagent.arbiter.fr_verdict import summary_of
+    from ftagent.arbiter.policy import PolicyConfig, decide_stacks, stack_signature
+    from ftagent.arbiter.state import HangProbe, JobPhase, JobState, RankState
+
+    s = recorded("behind")
+    j = JobState(job="j", world_size=2, max_restarts=3, phase=JobPhase.RUNNING)
+    j.hang_probe = HangProbe(fault_id="f", rank=0, deadline=1e9)
+    sj = json.dumps({**WAITING, "flight_recorder": {"summaries": [s[0]]}})
+    j.ranks[0] = RankState(rank=0, connected=True, step=10, stack=stack_signature(sj),
+                           fr=summary_of(sj, 0))
+    j.ranks[1] = RankState(rank=1, connected=True, step=10)
+    cfg = PolicyConfig(max_restarts=3)
+    assert decide_stacks(j, 0.0, cfg) == []  # rank 1 may still answer
+    (d,) = decide_stacks(j, 0.0, cfg, force=True)
+    assert d.rank == 1 and "flight recorder: rank 1 sent nothing (dead, or its pod " \
+        "unresponsive) while rank 0 waits in collective #4 (all_reduce)" in d.reason, d.reason
+
+
+def test_no_rank_with_a_dump_leaves_the_verdict_to_the_stacks() -> None:
+    # torch without a recorder: every agent answers with no dump; silence names no one
+    answers = {r: json.dumps({**WAITING, "flight_recorder": {"summaries": []}})
+               for r in range(2)}
+    assert "flight recorder" not in _job_hang_with(answers).reason
+    v = decide({0: {}, 1: {}}, world=2)
+    assert v.kind == "unresponsive" and "waits in" not in v.message
