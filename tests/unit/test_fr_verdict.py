@@ -53,6 +53,19 @@ def test_op_mismatch_names_both_calls() -> None:
     assert "rank 1 all_gather([4] Float)" in v.message
 
 
+def test_recorded_size_mismatch_is_named_before_the_rank_behind() -> None:
+    # a real gloo job (record.py): rank 0 completed its 1M half and waits in #5, rank 1
+    # waits in #4 for the rest of its 2M: the mismatch at #4, not "rank 1 behind"
+    s = recorded("mismatch_sizes")
+    v = decide(s, world=2)
+    assert (v.kind, v.culprits) == ("mismatch", (0, 1))
+    assert "collective mismatch (sizes) at #4 of process group 0: rank 0 " \
+        "all_reduce([1000000] Float) at " in v.message, v.message
+    assert "but rank 1 all_reduce([2000000] Float) at " in v.message, v.message
+    assert v.key.startswith("0#4: ")
+    assert any(f.kind == "behind" and f.ranks == (1,) for f in v.findings)
+
+
 def test_size_mismatch_names_both_sizes() -> None:
     # gloo aborts on a size mismatch before a dump (record.py): NCCL hangs; build it
     s = recorded("behind")
