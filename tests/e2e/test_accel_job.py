@@ -102,6 +102,7 @@ def test_a_recoverable_error_flood_is_one_fault_and_one_restart_in_place(
 def test_a_fatal_error_replaces_the_rank(tmp_path: Path, accelerator: str,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FTAGENT_ACCELERATOR", accelerator)
+    monkeypatch.setenv("STEPS_AGAIN", str(AGAIN))  # rank 0's restarted run (test_gpu_job)
     event, cause, action, scope = FATAL[accelerator]
     timeline = tmp_path / "devices.txt"
     timeline.write_text(f"devices 1\nt=1.5s rank=1 dev=0 {event}\n")
@@ -110,8 +111,7 @@ def test_a_fatal_error_replaces_the_rank(tmp_path: Path, accelerator: str,
     with ArbiterProcess(log_dir=str(tmp_path)) as arb:
         agents = Agents(tmp_path, arb.address, timeline)
         try:
-            r0 = agents.start("rank0", 0, steps=60, again=AGAIN)
-            r1 = agents.start("rank1", 1, steps=60)
+            r0, r1 = agents.start("rank0", 0, steps=60), agents.start("rank1", 1, steps=60)
             assert r1.wait(60) == EXIT_REPLACE, agents.log("rank1")[-2000:]
             new1 = agents.start("rank1-new", 1, timeline=clean, steps=AGAIN)
             assert new1.wait(90) == 0 and r0.wait(90) == 0

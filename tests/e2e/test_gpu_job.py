@@ -30,9 +30,9 @@ from tests.conftest import PY, free_port, ftagent_cmd, read_events, wait_for
 JOB = "e2e-gpu"
 TRAINER = """\
 import os, sys, time
+if os.environ.get("FTAGENT_RESTART_COUNT", "0") != "0" and "STEPS_AGAIN" in os.environ:
+    os.environ["STEPS"] = os.environ["STEPS_AGAIN"]  # a restarted run: STEPS_AGAIN steps
 steps = int(os.environ.get("STEPS", "40"))
-if os.environ.get("FTAGENT_RESTART_COUNT", "0") != "0":  # a restarted run: STEPS_AGAIN
-    steps = int(os.environ.get("STEPS_AGAIN", steps))
 for i in range(1, steps + 1):
     print(f"step={i}/{steps} loss={1.0 / i:.4f}", flush=True)
     time.sleep(0.1)
@@ -70,9 +70,7 @@ class Agents:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, name: str, rank: int, timeline: Path | None = None,
-              steps: int = 40, again: int | None = None) -> subprocess.Popen[bytes]:
-        """Rank ``rank``'s agent; its trainer runs ``steps`` steps, or ``again`` once the
-        agent restarted it (a restart after a replace need not redo the whole run)."""
+              steps: int = 40) -> subprocess.Popen[bytes]:
         out = (self.tmp / f"{name}.out").open("wb")
         cmd = ftagent_cmd("--events-file", str(self.tmp / f"{name}.jsonl"), "--rank", str(rank),
                           "--world-size", "2", "--arbiter", self.address, "--job", JOB,
@@ -81,8 +79,7 @@ class Agents:
                           "--gpu-poll-interval", "0.2", "--progress", "log",
                           "--hang-verify-window", "0",
                           cmd=[PY, str(self.tmp / "train.py")])
-        env = {**os.environ, "STEPS": str(steps), "MASTER_PORT": str(free_port()),
-               "STEPS_AGAIN": str(steps if again is None else again)}
+        env = {**os.environ, "STEPS": str(steps), "MASTER_PORT": str(free_port())}
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
         out.close()
         self.procs[name] = proc
@@ -163,8 +160,9 @@ def test_restart_class_xid_restarts_every_rank_in_place(tmp_path: Path) -> None:
     assert len(healthy) == 2 and all(ln.endswith(" 1.0") for ln in healthy), healthy
 
 
-# Steps of the job once rank 1 is replaced (rank 0's restarted trainer and the new rank
-# 1): enough to show the job trains again and succeeds; rank 0 used to redo all 60 (6 s).
+# Steps of the job once rank 1 is replaced (rank 0's restarted trainer, STEPS_AGAIN, and
+# the new rank 1): enough to show the job trains again and succeeds; rank 0 used to redo
+# all 60 (6 s). Set in the test's environment, so every agent it starts passes it on.
 AGAIN = 10
 
 
@@ -174,7 +172,9 @@ AGAIN = 10
     ("xid=95", "xid:95", "pod", "reset_gpu", "Xid 95 (uncontained ECC error)"),
 ])
 def test_a_gpu_that_must_go_replaces_the_rank_and_a_new_one_takes_over(
-        tmp_path: Path, event: str, cause: str, scope: str, action: str, words: str) -> None:
+        tmp_path: Path, event: str, cause: str, scope: str, action: str, words: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STEPS_AGAIN", str(AGAIN))
     timeline = tmp_path / "gpus.txt"
     timeline.write_text(f"gpus 1\nt=1.5s rank=1 gpu=0 {event}\n")
     clean = tmp_path / "clean.txt"
@@ -182,8 +182,7 @@ def test_a_gpu_that_must_go_replaces_the_rank_and_a_new_one_takes_over(
     with ArbiterProcess(log_dir=str(tmp_path)) as arb:
         agents = Agents(tmp_path, arb.address, timeline)
         try:
-            r0 = agents.start("rank0", 0, steps=60, again=AGAIN)
-            r1 = agents.start("rank1", 1, steps=60)
+            r0, r1 = agents.start("rank0", 0, steps=60), agents.start("rank1", 1, steps=60)
             assert r1.wait(60) == EXIT_REPLACE, agents.log("rank1")[-2000:]
             st = status(arb.address)
             assert decisions(st, "replace"), st["timeline"]
