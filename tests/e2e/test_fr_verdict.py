@@ -21,7 +21,10 @@ from tests.e2e.jobs import Job, connected, needs_torch, start_job, status, timel
 
 pytestmark = needs_torch
 
-FLOOR = ["--hang-timeout-min", "2", "--output-interval", "0.1"]
+# --nic lo: the agents watch only loopback, these jobs' transport; a link another test on
+# the machine creates and deletes would otherwise raise NIC faults that defer the hang's
+# decision until "the link is back" (seen on a shared host: no restart within minutes).
+FLOOR = ["--hang-timeout-min", "2", "--output-interval", "0.1", "--nic", "lo"]
 
 
 # A user's program with a bug, at step 10, different on each attempt (the attempt number is
@@ -163,8 +166,6 @@ def _restarts(address: str) -> list[dict[str, Any]]:
 # --stacks-timeout 6: the frozen rank is named at that deadline; the stopped trainer's agent
 # answers within it (its verification window, 2 s, and the dump trigger's 2 s, together;
 # before evidence.py stopped retrying py-spy on a stopped process, ~14 s).
-# The agents watch only loopback (--nic lo), the job's transport: a link another test on
-# the machine deletes would otherwise defer the hang's restart (seen here).
 def test_a_rank_behind_a_stopped_trainer_and_a_frozen_rank_are_named_in_one_job(
         tmp_path: Path) -> None:
     trig = tmp_path / "trig"
@@ -173,7 +174,7 @@ def test_a_rank_behind_a_stopped_trainer_and_a_frozen_rank_are_named_in_one_job(
     frozen: list[int] = []
     with ArbiterProcess("--stacks-timeout", "6", log_dir=str(tmp_path)) as arb:
         job = start_job(tmp_path, 2, flags=["--arbiter", arb.address, "--job", "e2e",
-                                            "--stop-timeout", "1", "--nic", "lo", *FLOOR],
+                                            "--stop-timeout", "1", *FLOOR],
                         env={"TRAIN_STEP_SLEEP": "0.02", "TRAIN_PG_TIMEOUT": "120",
                              "TRAIN_STEPS": "100000", "FAULT_TRIGGER_DIR": str(trig)})
         try:
