@@ -197,7 +197,13 @@ def _hang(job: JobState, rep: FaultReport, where: str, now: float,
         a = r.progress_age(now)
         if not r.hung and a is not None and a < window:
             moving += 1
-    if moving * 2 > len(others):
+    # A rank its agent verified waiting inside a collective (a suspicion) is no culprit of
+    # "the others progress": it waits for one of them. Their last steps may only look
+    # fresher (the arbiter sees steps in the agents' summary slots); the stacks and the
+    # flight recorder decide. Seen: a peer SIGSTOPped just after its last summary, and the
+    # waiting rank named the culprit and restarted alone.
+    waiting = rep.fault.evidence.get("waiting_in_collective") is True
+    if moving * 2 > len(others) and not waiting:
         return restart_or_stop(job, f"{where} while {moving}/{len(others)} other ranks "
                                "progress", rep, cfg, culprit=rep.rank)
     until = now + cfg.stacks_timeout

@@ -21,7 +21,7 @@ import pytest
 from ftagent.model import EXIT_REPLACE
 from tests.arbiter_helpers import ArbiterProcess
 from tests.conftest import wait_for
-from tests.e2e.test_gpu_job import AGAIN, Agents, decisions, status, status_soon
+from tests.e2e.test_gpu_job import Agents, decisions, status, status_soon
 
 # (accelerator, recoverable code with the health it comes with, its label in metrics)
 RECOVERABLE = {
@@ -98,11 +98,16 @@ def test_a_recoverable_error_flood_is_one_fault_and_one_restart_in_place(
         f'"{accelerator}"' in text
 
 
+# Steps of the job once rank 1 is replaced (rank 0's restarted trainer, STEPS_AGAIN in
+# test_gpu_job's TRAINER, and the new rank 1): rank 0 used to redo all 60 (6 s).
+AGAIN = 10
+
+
 @pytest.mark.parametrize("accelerator", ["ascend", "kunlunxin"])
 def test_a_fatal_error_replaces_the_rank(tmp_path: Path, accelerator: str,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FTAGENT_ACCELERATOR", accelerator)
-    monkeypatch.setenv("STEPS_AGAIN", str(AGAIN))  # rank 0's restarted run (test_gpu_job)
+    monkeypatch.setenv("STEPS_AGAIN", str(AGAIN))  # rank 0's restarted run
     event, cause, action, scope = FATAL[accelerator]
     timeline = tmp_path / "devices.txt"
     timeline.write_text(f"devices 1\nt=1.5s rank=1 dev=0 {event}\n")

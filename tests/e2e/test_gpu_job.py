@@ -161,9 +161,11 @@ def test_restart_class_xid_restarts_every_rank_in_place(tmp_path: Path) -> None:
 
 
 # Steps of the job once rank 1 is replaced (rank 0's restarted trainer, STEPS_AGAIN, and
-# the new rank 1): enough to show the job trains again and succeeds; rank 0 used to redo
-# all 60 (6 s). Set in the test's environment, so every agent it starts passes it on.
-AGAIN = 10
+# the new rank 1): enough to show the job trains again and succeeds, and (the goodput
+# ledger's check) more than the ~15-25 steps reached before the replace, so the restarted
+# run redoes them all; rank 0 used to redo all 60 (6 s). Set in the test's environment,
+# so every agent it starts passes it on.
+AGAIN = 40
 
 
 @pytest.mark.parametrize(("event", "cause", "scope", "action", "words"), [

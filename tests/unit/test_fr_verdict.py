@@ -309,3 +309,24 @@ def test_no_rank_with_a_dump_leaves_the_verdict_to_the_stacks() -> None:
     assert "flight recorder" not in _job_hang_with(answers).reason
     v = decide({0: {}, 1: {}}, world=2)
     assert v.kind == "unresponsive" and "waits in" not in v.message
+
+
+def test_a_rank_waiting_in_a_collective_is_never_the_culprit_of_others_progressing() -> None:
+    # rank 0 waits inside the all-reduce for rank 1 (SIGSTOPped just after its last
+    # summary, so its last step looks fresher): collect stacks, do not blame rank 0
+    from ftagent.arbiter.policy import FaultReport, PolicyConfig, decide_fault
+    from ftagent.arbiter.state import JobPhase, JobState, RankState, Verdict
+    from ftagent.model import Fault, FaultKind, Severity
+
+    now = 1000.0
+    j = JobState(job="j", world_size=2, max_restarts=3, phase=JobPhase.RUNNING)
+    j.ranks[0] = RankState(rank=0, connected=True, step=10, last_step_at=now - 4.2)
+    j.ranks[1] = RankState(rank=1, connected=True, step=10, last_step_at=now - 0.5)
+    # (main's agents send this as a WARNING suspicion, decided by _hang as here)
+    waits = Fault(FaultKind.HANG, "waiting in a collective", severity=Severity.ERROR,
+                  evidence={"waiting_in_collective": True})
+    (d,) = decide_fault(j, FaultReport(waits, 0, 0), now, PolicyConfig(max_restarts=3))
+    assert d.verdict is Verdict.DUMP_STACKS, d.reason
+    plain = Fault(FaultKind.HANG, "no step progress")  # no such evidence: as before
+    (d,) = decide_fault(j, FaultReport(plain, 0, 0), now, PolicyConfig(max_restarts=3))
+    assert d.verdict is Verdict.RESTART and d.rank == 0 and "other ranks progress" in d.reason
