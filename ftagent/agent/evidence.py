@@ -210,6 +210,8 @@ def _py_spy(exe: str | None, args: list[str], pid: int, deadline: float
         if not psutil.pid_exists(pid):
             return None, "py-spy dump failed: no such process (it exited during the dump)"
         why = "py-spy dump failed: " + py_spy_error(r.stderr.decode("utf-8", "replace"))
+        if _stopped(pid):  # SIGSTOP: every attach fails until SIGCONT; retrying only
+            return None, f"{why} (the process is stopped: SIGSTOP)"  # spends the deadline
         if attempt + 1 < ATTEMPTS:
             if not _transient(why):
                 break
@@ -243,6 +245,17 @@ def py_spy_error(stderr: str) -> str:
     if denied and "suspend" not in why:  # a tracer already attached is no missing capability
         why += " (py-spy needs ptrace: run the agent as root or add the SYS_PTRACE capability)"
     return why
+
+
+def _stopped(pid: int) -> bool:
+    """``pid`` is stopped by a signal (state T: SIGSTOP, SIGTSTP), not traced: no attach
+    can succeed until it is continued. Each verification sample of a SIGSTOPped trainer
+    used to retry until its whole dump deadline (2 s), so a DUMP_STACKS answer over 5
+    samples took 10 s and more, past the arbiter's stacks deadline on a loaded machine."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
+    except (psutil.Error, OSError):
+        return False
 
 
 def _transient(why: str) -> bool:

@@ -12,8 +12,12 @@ is a rank that sent no dump). Per process group, innermost (fewest ranks) first:
   op, sizes or dtypes: a program error; both calls are named.
 * **stall**: everyone in the group inside the same collective, no one behind: the fault
   is below the program (network, GPU, the backend).
-* **unresponsive**: a rank with no dump (dead, or its trigger thread starved: a main
-  thread holding the GIL in C code).
+* **unresponsive**: a rank with no dump while a rank that sent one waits inside a
+  collective: its agent answered without one (the trainer stopped -- SIGSTOP, a
+  debugger --, or its trigger thread starved by a main thread holding the GIL in C code),
+  or it sent nothing at all (dead, or its whole pod frozen: a node gone dark keeps its
+  peers' sockets open, so they wait instead of failing). Without a silent rank's dump no
+  group can be said to have "no one behind": then no group is called a stall.
 
 The first of mismatch, behind, unresponsive, stall found is the verdict's kind; every
 finding is kept for the message.
@@ -130,13 +134,15 @@ def _describe_op(members: Mapping[int, _Rank], seq: int) -> str:
 
 
 def decide(summaries: Mapping[int, Any], world: int | None = None) -> Verdict:
-    """The verdict over ``summaries`` (rank -> summary or None); ``world``: the job's rank
-    count, so a rank that sent nothing at all is unresponsive too."""
+    """The verdict over ``summaries`` (rank -> summary, ``{}`` for an agent that answered
+    without its rank's dump, or None); ``world``: the job's rank count, so a rank absent
+    from ``summaries`` (it sent nothing at all) is unresponsive too."""
     ranks = set(list(summaries)[:MAX_RANKS])
     if world is not None:
         ranks |= set(range(min(world, MAX_RANKS)))
     silent = sorted(r for r in ranks if not isinstance(summaries.get(r), Mapping)
                     or not isinstance(summaries[r].get("groups"), list))
+    absent = [r for r in silent if not isinstance(summaries.get(r), Mapping)]
     groups = _groups(summaries)
     order = sorted(groups, key=lambda n: (len(groups[n]), n))
     findings: list[Finding] = []
@@ -172,7 +178,8 @@ def decide(summaries: Mapping[int, Any], world: int | None = None) -> Verdict:
         inside = [r for r, st in members.items() if st.enqueued == top and st.completed < top]
         for r in inside:
             waiting.setdefault(r, name)
-        if not behind and found is None and inside and len(inside) == len(members):
+        if not behind and found is None and inside and len(inside) == len(members) \
+                and not silent:
             findings.append(Finding(
                 "stall", name, tuple(sorted(inside)), top, op,
                 f"all ranks of group {name} ({_list(inside)}) are inside collective #{top} "
@@ -180,9 +187,8 @@ def decide(summaries: Mapping[int, Any], world: int | None = None) -> Verdict:
                 "backend)"))
             culprits["stall"].extend(inside)
     if silent:
-        findings.append(Finding("unresponsive", "", tuple(silent), message=(
-            f"rank(s) {_list(silent)} sent no flight-recorder dump: dead, or unresponsive "
-            "(a main thread holding the GIL)")))
+        findings.append(Finding("unresponsive", "", tuple(silent),
+                                message=_unresponsive(silent, absent, groups, waiting)))
     for kind, rs in (("mismatch", culprits["mismatch"]), ("behind", culprits["behind"]),
                      ("unresponsive", silent), ("stall", culprits["stall"])):
         if rs:
@@ -193,6 +199,35 @@ def decide(summaries: Mapping[int, Any], world: int | None = None) -> Verdict:
                            tuple(findings), key)
     return Verdict("none", (), "the flight recorder shows no rank stuck in a collective",
                    tuple(findings))
+
+
+def waits_on_silent(v: Verdict) -> bool:
+    """An unresponsive verdict some rank's dump backs: a rank that sent one waits inside
+    a collective (else every rank is silent -- torch without a recorder -- or no one
+    waits on the silent ones, and their silence names no culprit)."""
+    return v.kind == "unresponsive" and any(
+        f.kind == "unresponsive" and " waits in " in f.message for f in v.findings)
+
+
+def _unresponsive(silent: list[int], absent: list[int], groups: Mapping[str, Any],
+                  waiting: Mapping[int, str]) -> str:
+    """Who gave no dump, how (an agent that answered without one, or no answer at all),
+    and the collective the others wait in meanwhile (innermost group first)."""
+    parts = []
+    quiet = [r for r in silent if r not in absent]
+    if quiet:
+        parts.append(f"rank {_list(quiet)} gave no flight-recorder dump (its agent answered, "
+                     "its trainer did not: stopped, or a main thread holding the GIL)")
+    if absent:
+        parts.append(f"rank {_list(absent)} sent nothing (dead, or its pod unresponsive)")
+    text = " and ".join(parts)
+    for r, name in sorted(waiting.items(), key=lambda kv: (len(groups[kv[1]]), kv[0])):
+        top = groups[name][r].enqueued
+        who = sorted(w for w, g in waiting.items() if g == name)
+        text += (f" while {_waiters(who).removesuffix(' in it')} in collective #{top} "
+                 f"({_describe_op(groups[name], top)}) of process group {name}")
+        break
+    return text
 
 
 def _mismatch(name: str, members: Mapping[int, _Rank], low_done: int) -> Finding | None:

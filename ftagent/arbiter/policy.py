@@ -210,7 +210,13 @@ def _hang(job: JobState, rep: FaultReport, where: str, now: float,
         a = r.progress_age(now)
         if not r.hung and a is not None and a < window:
             moving += 1
-    if moving * 2 > len(others):
+    # A rank its agent verified waiting inside a collective (a suspicion) is no culprit of
+    # "the others progress": it waits for one of them. Their last steps may only look
+    # fresher (the arbiter sees steps in the agents' summary slots); the stacks and the
+    # flight recorder decide. Seen: a peer SIGSTOPped just after its last summary, and the
+    # waiting rank named the culprit and restarted alone.
+    waiting = rep.fault.evidence.get("waiting_in_collective") is True
+    if moving * 2 > len(others) and not waiting:
         return restart_or_stop(job, f"{where} while {moving}/{len(others)} other ranks "
                                "progress", rep, cfg, culprit=rep.rank)
     until = now + cfg.stacks_timeout
@@ -305,13 +311,17 @@ def busy_verdict(job: JobState, stacks: Mapping[int, str], busy: Sequence[int]) 
 def flight_recorder_verdict(job: JobState) -> fr_verdict.Verdict | None:
     """The flight recorder's verdict (arbiter/fr_verdict.py) when every rank that sent
     stacks sent its summary too and it names culprits: a rank that never reached
-    collective #N of a group, or a collective mismatch (restarted once; the same mismatch
-    again STOPs). Else None: the stacks decide (name_culprit)."""
+    collective #N of a group, a collective mismatch (restarted once; the same mismatch
+    again STOPs), or a rank with no dump -- stopped, dead, its pod frozen: no answer by
+    the stacks deadline -- while a rank's dump shows it waiting inside a collective.
+    Else None: the stacks decide (name_culprit)."""
     sent = {r.rank: r.fr for r in job.ranks.values() if r.stack is not None}
-    if len(sent) < 2 or any(s is None for s in sent.values()):
+    if not sent or any(s is None for s in sent.values()):
         return None
-    v = fr_verdict.decide(sent)
-    return v if v.kind in ("mismatch", "behind") and v.culprits else None
+    v = fr_verdict.decide(sent, world=job.world_size)
+    if v.kind in ("mismatch", "behind") or fr_verdict.waits_on_silent(v):
+        return v if v.culprits else None
+    return None
 
 
 def where_in(signature: str) -> str:

@@ -98,10 +98,16 @@ def test_a_recoverable_error_flood_is_one_fault_and_one_restart_in_place(
         f'"{accelerator}"' in text
 
 
+# Steps of the job once rank 1 is replaced (rank 0's restarted trainer, STEPS_AGAIN in
+# test_gpu_job's TRAINER, and the new rank 1): rank 0 used to redo all 60 (6 s).
+AGAIN = 10
+
+
 @pytest.mark.parametrize("accelerator", ["ascend", "kunlunxin"])
 def test_a_fatal_error_replaces_the_rank(tmp_path: Path, accelerator: str,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FTAGENT_ACCELERATOR", accelerator)
+    monkeypatch.setenv("STEPS_AGAIN", str(AGAIN))  # rank 0's restarted run
     event, cause, action, scope = FATAL[accelerator]
     timeline = tmp_path / "devices.txt"
     timeline.write_text(f"devices 1\nt=1.5s rank=1 dev=0 {event}\n")
@@ -112,7 +118,7 @@ def test_a_fatal_error_replaces_the_rank(tmp_path: Path, accelerator: str,
         try:
             r0, r1 = agents.start("rank0", 0, steps=60), agents.start("rank1", 1, steps=60)
             assert r1.wait(60) == EXIT_REPLACE, agents.log("rank1")[-2000:]
-            new1 = agents.start("rank1-new", 1, timeline=clean, steps=20)
+            new1 = agents.start("rank1-new", 1, timeline=clean, steps=AGAIN)
             assert new1.wait(90) == 0 and r0.wait(90) == 0
         except BaseException:
             agents.dump()

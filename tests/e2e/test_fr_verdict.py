@@ -1,58 +1,50 @@
-"""The arbiter names a hang's culprit from PyTorch's flight recorder, on a real 2-rank
-gloo DDP job (examples/train.py, unchanged), one ``ftagent run`` per rank: rank 1 stops
-before its step's all-reduce, rank 0 waits inside it. The agents dump their ranks'
-flight recorders through the sitecustomize trigger when the arbiter asks for stacks."""
+"""The arbiter names a hang's culprit from PyTorch's flight recorder, on real gloo jobs, one
+``ftagent run`` per rank (issue 22's list): a rank that never enqueues the all-reduce, a
+SIGSTOPped trainer and a frozen rank (one examples/train.py job, unchanged); an op then a
+size mismatch (restarted, then stopped); a culprit in the inner group of a 3-group job.
+The agents dump their ranks' flight recorders through the sitecustomize trigger when the
+arbiter asks for stacks."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from ftagent.model import EXIT_STOP
 from tests.arbiter_helpers import ArbiterProcess
 from tests.conftest import PY, free_port, ftagent_cmd, wait_for
-from tests.e2e.jobs import FAST, connected, needs_torch, start_job, status
+from tests.e2e.jobs import Job, connected, needs_torch, start_job, status, timeline_text
 
 pytestmark = needs_torch
 
-FLOOR = ["--hang-timeout-min", "2", "--output-interval", "0.1"]
+# --nic lo: the agents watch only loopback, these jobs' transport; a link another test on
+# the machine creates and deletes would otherwise raise NIC faults that defer the hang's
+# decision until "the link is back" (seen on a shared host: no restart within minutes).
+FLOOR = ["--hang-timeout-min", "2", "--output-interval", "0.1", "--nic", "lo"]
 
 
-def test_rank_that_never_enqueues_the_allreduce_is_named_by_the_flight_recorder(
-        tmp_path: Path) -> None:
-    with ArbiterProcess(log_dir=str(tmp_path)) as arb:
-        job = start_job(tmp_path, 2, flags=["--arbiter", arb.address, "--job", "e2e", *FLOOR],
-                        env={**FAST, "TRAIN_STEPS": "30", "FAULT_RANK": "1",
-                             "FAULT_HANG_AT_STEP": "20"})
-        try:
-            codes = job.wait(240)
-        finally:
-            job.stop()
-        st = status(arb.address)
-    assert codes == [0, 0], (job.log(0)[-2000:], job.log(1)[-2000:])
-    restarts = [e for e in st["timeline"] if "flight recorder:" in str(e)]
-    assert len(restarts) == 1, st["timeline"]
-    text = str(restarts[0])
-    assert "rank 1 at #" in text and "never reached collective #" in text, text
-    assert "(all_reduce) of process group 0; rank 0 waits in it" in text, text
-    # the agents' own hang faults carry the dumps' summaries as evidence too
-    for r in (0, 1):
-        (f,) = job.faults(r, "hang")
-        fr = f["flight_recorder"]
-        assert [s["rank"] for s in fr["summaries"]] == [r], fr
-
-
-# A user's program with a bug: at step 10 rank 1 calls all_gather where rank 0 calls
-# all_reduce. Nothing in it knows of ftagent; progress is its own "step=N/M" lines.
+# A user's program with a bug, at step 10, different on each attempt (the attempt number is
+# the agent's FTAGENT_RESTART_COUNT, as examples/train.py's fault knobs read it): first rank
+# 1 calls all_gather where rank 0 calls all_reduce (an op mismatch); after the restart both
+# call all_reduce with different sizes, 4 MB and 8 MB (a size mismatch: gloo does not
+# abort on it at these sizes, rank 0 completes its half and waits in #11, rank 1 waits
+# for the rest in #10 -- smaller tensors make gloo abort the receiver, a crash). Nothing
+# else in it knows of ftagent; progress is its own "step=N/M" lines.
 MISMATCH = """
 import datetime, os, time, torch, torch.distributed as dist
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
 rank = dist.get_rank()
+attempt = int(os.environ.get("FTAGENT_RESTART_COUNT", "0"))
 t = torch.ones(4)
 for step in range(1, 31):
-    if step == 10 and rank == 1:
+    if step == 10 and rank == 1 and attempt == 0:
         dist.all_gather([torch.empty(4), torch.empty(4)], t)
+    elif step == 10 and attempt > 0:
+        dist.all_reduce(torch.ones(1_000_000 * (rank + 1)))
     else:
         dist.all_reduce(t)
     time.sleep(0.05)
@@ -60,7 +52,10 @@ for step in range(1, 31):
 """
 
 
-def test_a_collective_mismatch_is_named_restarted_once_then_stops(tmp_path: Path) -> None:
+def test_op_then_size_mismatches_are_named_each_restarted_once_then_stopped(
+        tmp_path: Path) -> None:
+    """The op mismatch restarts; the size mismatch is another mismatch, so it restarts
+    too; the same size mismatch again at the same place STOPs: a program error."""
     script = tmp_path / "mismatch.py"
     script.write_text(MISMATCH)
     port = free_port()
@@ -70,7 +65,8 @@ def test_a_collective_mismatch_is_named_restarted_once_then_stops(tmp_path: Path
             env = dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(port), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
             cmd = ftagent_cmd("--arbiter", arb.address, "--job", "e2e", "--rank", str(r),
-                              "--world-size", "2", *FLOOR, cmd=[PY, str(script)])
+                              "--world-size", "2", *FLOOR,
+                              cmd=[PY, str(script)])
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.DEVNULL))
         try:
@@ -83,11 +79,16 @@ def test_a_collective_mismatch_is_named_restarted_once_then_stops(tmp_path: Path
         st = status(arb.address)
     decisions = [e for e in st["timeline"] if e.get("kind") == "decision"
                  and e.get("action") in ("restart", "stop")]
-    assert [e["action"] for e in decisions] == ["restart", "stop"], decisions
-    restart, stop = decisions[0]["message"], decisions[1]["message"]
+    assert [e["action"] for e in decisions] == ["restart", "restart", "stop"], \
+        timeline_text(st)
+    op, sizes, stop = (d["message"] for d in decisions)
     assert "flight recorder: collective mismatch (op) at #10 of process group 0: " \
-        "rank 0 all_reduce([4] Float) but rank 1 all_gather([4] Float)" in restart, restart
+        "rank 0 all_reduce([4] Float) but rank 1 all_gather([4] Float)" in op, op
+    assert "flight recorder: collective mismatch (sizes) at #10 of process group 0: " \
+        "rank 0 all_reduce([1000000] Float) but rank 1 all_reduce([2000000] Float)" \
+        in sizes, sizes
     assert "the same collective mismatch as before the last restart" in stop, stop
+    assert "collective mismatch (sizes) at #10" in stop, stop
     assert codes == [EXIT_STOP, EXIT_STOP]  # the agents' --exit-stop: a permanent failure
 
 
@@ -137,3 +138,89 @@ def test_the_culprit_is_found_in_the_inner_group(tmp_path: Path) -> None:
     assert "flight recorder: rank 3 at #9 never reached collective #10 (all_reduce) of " \
         "process group 2; rank 2 waits in it" in text, text
     assert restart["rank"] == 3, restart
+
+
+def _trainer_pid(job: Job, rank: int, generation: int) -> int:
+    running = [e for e in job.events(rank) if e["event"] == "state"
+               and e["kind"] == "running" and e["generation"] == generation]
+    return int(running[-1]["pid"]) if running else 0
+
+
+def _steps(job: Job, rank: int) -> int:
+    return job.log(rank).count("step=")
+
+
+def _restarts(address: str) -> list[dict[str, Any]]:
+    return [e for e in status(address)["timeline"] if e.get("action") == "restart"]
+
+
+# examples/train.py, unchanged, with its fault triggers (FAULT_TRIGGER_DIR): rank 0 is slow
+# throughout (slow.0: its steps sleep 0.1 s, rank 1's 0.02 s), so rank 1 spends ~80 % of
+# its time inside the all-reduce, waiting for rank 0. One job, three faults on rank 1:
+# 1. it stops before its step's all-reduce (hang.1): it never enqueues collective #N+1,
+#    rank 0 waits in it;
+# 2. after the restart its trainer is SIGSTOPped (inside the all-reduce, mostly): its agent
+#    answers the arbiter, the trainer cannot dump; rank 0's dump shows it waiting;
+# 3. after the next restart all of rank 1 (agent and trainer) is frozen: a node gone dark,
+#    whose sockets stay open, so rank 0 waits rather than fails; rank 1 sends nothing.
+# --stacks-timeout 6: the frozen rank is named at that deadline; the stopped trainer's agent
+# answers within it (its verification window, 2 s, and the dump trigger's 2 s, together;
+# before evidence.py stopped retrying py-spy on a stopped process, ~14 s).
+def test_a_rank_behind_a_stopped_trainer_and_a_frozen_rank_are_named_in_one_job(
+        tmp_path: Path) -> None:
+    trig = tmp_path / "trig"
+    trig.mkdir()
+    (trig / "slow.0").write_text("5")
+    frozen: list[int] = []
+    with ArbiterProcess("--stacks-timeout", "6", log_dir=str(tmp_path)) as arb:
+        job = start_job(tmp_path, 2, flags=["--arbiter", arb.address, "--job", "e2e",
+                                            "--stop-timeout", "1", *FLOOR],
+                        env={"TRAIN_STEP_SLEEP": "0.02", "TRAIN_PG_TIMEOUT": "120",
+                             "TRAIN_STEPS": "100000", "FAULT_TRIGGER_DIR": str(trig)})
+        try:
+            def trains(generation: int, steps: int) -> None:
+                """Rank 1 at ``generation`` past its hang detector's warm-up (5 steps)."""
+                at = _steps(job, 1)
+                wait_for(lambda: _trainer_pid(job, 1, generation) and
+                         _steps(job, 1) >= at + steps, 120,
+                         f"rank 1 training at generation {generation}", interval=0.2)
+
+            trains(0, 8)
+            (trig / "hang.1").touch()
+            wait_for(lambda: _restarts(arb.address), 120, "the first restart", interval=0.3)
+            trains(1, 8)
+            frozen.append(_trainer_pid(job, 1, 1))
+            os.kill(frozen[-1], signal.SIGSTOP)
+            wait_for(lambda: _restarts(arb.address)[1:], 120, "the second restart",
+                     interval=0.3)
+            with contextlib.suppress(ProcessLookupError):  # the agent's SIGKILL may be later
+                os.kill(frozen.pop(), signal.SIGKILL)
+            trains(2, 8)
+            frozen += [job.procs[1].pid, _trainer_pid(job, 1, 2)]
+            for pid in frozen:
+                os.kill(pid, signal.SIGSTOP)
+            wait_for(lambda: _restarts(arb.address)[2:], 120, "the third restart",
+                     interval=0.3)
+        finally:
+            for pid in frozen:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            job.stop()
+        behind, stopped, dead = _restarts(arb.address)[:3]
+    assert [d["rank"] for d in (behind, stopped, dead)] == [1, 1, 1], (behind, stopped, dead)
+    text = behind["message"]
+    assert "flight recorder: rank 1 at #" in text and "never reached collective #" in text, text
+    assert "(all_reduce) of process group 0; rank 0 waits in it" in text, text
+    # the agents' own hang faults carried the dumps' summaries as evidence too
+    for r in (0, 1):
+        fr = job.faults(r, "hang")[0]["flight_recorder"]
+        assert [s["rank"] for s in fr["summaries"]] == [r], fr
+    text = stopped["message"]
+    assert "flight recorder: rank 1 gave no flight-recorder dump (its agent answered, its " \
+        "trainer did not: stopped, or a main thread holding the GIL) while rank 0 waits in " \
+        "collective #" in text, text
+    assert "(all_reduce) of process group 0" in text and "stacks from 2/2 ranks" in text, text
+    text = dead["message"]
+    assert "stacks from 1/2 ranks" in text, text
+    assert "flight recorder: rank 1 sent nothing (dead, or its pod unresponsive) while " \
+        "rank 0 waits in collective #" in text, text

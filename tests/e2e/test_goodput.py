@@ -1,12 +1,13 @@
 """The goodput ledger on a real 2-rank PyTorch job (gloo, CPU) under a real arbiter.
 
-A checkpoint every 5 steps; rank 1 crashes at step 24 (first attempt), then hangs before
-the all-reduce of step 28 (second attempt): each time both ranks restart, resume from the
-last checkpoint and redo the steps after it. The ledger's categories must sum to the job's
-wall time (from the arbiter's first registration to "job succeeded", as its timeline
-stamps them) within 1 %, and its recomputed steps must equal the steps the trainers
-actually did twice (their logs: the last step before each restart minus the step of the
-next "resumed from checkpoint at step N").
+A checkpoint every 5 steps; rank 1 crashes at step 7 (first attempt), then hangs before
+the all-reduce of step 12 (second attempt, after 6 steps: past the hang detector's 5
+warm-up steps, so its learned budget applies); the job ends at step 15. Each time both
+ranks restart, resume from the last checkpoint and redo the steps after it. The ledger's
+categories must sum to the job's wall time (from the arbiter's first registration to "job
+succeeded", as its timeline stamps them) within 1 %, and its recomputed steps must equal
+the steps the trainers actually did twice (their logs: the last step before each restart
+minus the step of the next "resumed from checkpoint at step N").
 """
 
 from __future__ import annotations
@@ -41,10 +42,10 @@ def test_a_crash_and_a_hang_are_accounted_second_by_second_and_step_by_step(
         job = start_job(tmp_path, 2, flags=["--arbiter", arb.address, "--job", "e2e",
                                             "--max-restarts", "3", "--hang-timeout-min", "2",
                                             "--stop-timeout", "10"],
-                        env={**FAST, "TRAIN_STEPS": "32", "TRAIN_STEP_SLEEP": "0.6",
+                        env={**FAST, "TRAIN_STEPS": "15", "TRAIN_STEP_SLEEP": "0.6",
                              "CHECKPOINT_DIR": str(tmp_path / "ckpt"),
                              "CHECKPOINT_EVERY": "5", "FAULT_RANK": "1",
-                             "FAULT_CRASH_AT_STEP": "24", "FAULT_HANG_AT_STEP": "28",
+                             "FAULT_CRASH_AT_STEP": "7", "FAULT_HANG_AT_STEP": "12",
                              "FAULT_HANG_ATTEMPT": "1"})
         try:
             codes = job.wait(180)

@@ -32,6 +32,8 @@ from tests.conftest import PY, free_port, ftagent_cmd, read_events, wait_for
 JOB = "e2e-gpu"
 TRAINER = """\
 import os, sys, time
+if os.environ.get("FTAGENT_RESTART_COUNT", "0") != "0" and "STEPS_AGAIN" in os.environ:
+    os.environ["STEPS"] = os.environ["STEPS_AGAIN"]  # a restarted run: STEPS_AGAIN steps
 steps = int(os.environ.get("STEPS", "40"))
 print("resumed from checkpoint at step 0", flush=True)  # no checkpoint: step 1 is next
 for i in range(1, steps + 1):
@@ -161,13 +163,23 @@ def test_restart_class_xid_restarts_every_rank_in_place(tmp_path: Path) -> None:
     assert len(healthy) == 2 and all(ln.endswith(" 1.0") for ln in healthy), healthy
 
 
+# Steps of the job once rank 1 is replaced (rank 0's restarted trainer, STEPS_AGAIN, and
+# the new rank 1): enough to show the job trains again and succeeds, and (the goodput
+# ledger's check) more than the ~15-25 steps reached before the replace, so the restarted
+# run redoes them all; rank 0 used to redo all 60 (6 s). Set in the test's environment,
+# so every agent it starts passes it on.
+AGAIN = 40
+
+
 @pytest.mark.parametrize(("event", "cause", "scope", "action", "words"), [
     ("lost", "lost", "node", "replace_node", "GPU is lost"),  # NVMLError_GpuIsLost, mid-run
     ("xid=79", "xid:79", "node", "replace_node", "Xid 79 (GPU has fallen off the bus)"),
     ("xid=95", "xid:95", "pod", "reset_gpu", "Xid 95 (uncontained ECC error)"),
 ])
 def test_a_gpu_that_must_go_replaces_the_rank_and_a_new_one_takes_over(
-        tmp_path: Path, event: str, cause: str, scope: str, action: str, words: str) -> None:
+        tmp_path: Path, event: str, cause: str, scope: str, action: str, words: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STEPS_AGAIN", str(AGAIN))
     timeline = tmp_path / "gpus.txt"
     timeline.write_text(f"gpus 1\nt=1.5s rank=1 gpu=0 {event}\n")
     clean = tmp_path / "clean.txt"
@@ -181,7 +193,7 @@ def test_a_gpu_that_must_go_replaces_the_rank_and_a_new_one_takes_over(
             st = status(arb.address)
             assert decisions(st, "replace"), st["timeline"]
             # rank 0 restarted and waits at the barrier; the rescheduled pod's agent arrives
-            new1 = agents.start("rank1-new", 1, timeline=clean, steps=20)
+            new1 = agents.start("rank1-new", 1, timeline=clean, steps=AGAIN)
             assert new1.wait(90) == 0 and r0.wait(90) == 0
         except BaseException:
             agents.dump()

@@ -16,9 +16,10 @@ FAST = {"TRAIN_STEP_SLEEP": "0.05", "TRAIN_PG_TIMEOUT": "300"}
 
 def test_healthy_run_with_checkpoint_pauses_raises_no_hang(tmp_path: Path) -> None:
     # A 30x-step checkpoint pause would exceed a learned step budget with this low
-    # floor; the "saving checkpoint" markers make it a phase with its own budget.
+    # floor; the "saving checkpoint" markers make it a phase with its own budget. Two
+    # pauses (steps 20 and 40, both past the 5 warm-up steps) show it; 60 steps, not 120.
     job = start_job(tmp_path, 2, flags=["--hang-timeout-min", "0.5"],
-                    env={**FAST, "TRAIN_STEPS": "120", "CKPT_EVERY": "30",
+                    env={**FAST, "TRAIN_STEPS": "60", "CKPT_EVERY": "20",
                          "CKPT_FACTOR": "30"})
     codes = job.wait(180)
     assert codes == [0, 0], (job.log(0)[-2000:], job.log(1)[-2000:])

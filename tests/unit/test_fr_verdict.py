@@ -53,6 +53,19 @@ def test_op_mismatch_names_both_calls() -> None:
     assert "rank 1 all_gather([4] Float)" in v.message
 
 
+def test_recorded_size_mismatch_is_named_before_the_rank_behind() -> None:
+    # a real gloo job (record.py): rank 0 completed its 1M half and waits in #5, rank 1
+    # waits in #4 for the rest of its 2M: the mismatch at #4, not "rank 1 behind"
+    s = recorded("mismatch_sizes")
+    v = decide(s, world=2)
+    assert (v.kind, v.culprits) == ("mismatch", (0, 1))
+    assert "collective mismatch (sizes) at #4 of process group 0: rank 0 " \
+        "all_reduce([1000000] Float) at " in v.message, v.message
+    assert "but rank 1 all_reduce([2000000] Float) at " in v.message, v.message
+    assert v.key.startswith("0#4: ")
+    assert any(f.kind == "behind" and f.ranks == (1,) for f in v.findings)
+
+
 def test_size_mismatch_names_both_sizes() -> None:
     # gloo aborts on a size mismatch before a dump (record.py): NCCL hangs; build it
     s = recorded("behind")
@@ -253,3 +266,67 @@ def test_a_different_mismatch_or_another_hang_between_restarts_again() -> None:
     s[1]["groups"][0]["entries"][-1]["op"] = "broadcast"  # another mismatch: restart
     other = {r: json.dumps({**WAITING, "flight_recorder": {"summaries": [s[r]]}}) for r in s}
     assert _job_hang_with(other, j).verdict is Verdict.RESTART
+
+
+def test_a_rank_whose_trainer_gives_no_dump_is_named_while_its_peer_waits() -> None:
+    # a SIGSTOPped trainer: its agent answers (stacks, no dump of its rank); rank 0's dump
+    # shows it inside all_reduce #4. The stacks alone cannot tell (both "wait").
+    s = recorded("behind")
+    answers = {0: json.dumps({**WAITING, "flight_recorder": {"summaries": [s[0]]}}),
+               1: json.dumps({**WAITING, "flight_recorder": {"summaries": []}})}
+    d = _job_hang_with(answers)
+    assert d.rank == 1, d.reason
+    assert "flight recorder: rank 1 gave no flight-recorder dump (its agent answered, its " \
+        "trainer did not: stopped, or a main thread holding the GIL) while rank 0 waits " \
+        "in collective #4 (all_reduce) of process group 0" in d.reason, d.reason
+    assert "stall" not in d.reason  # rank 1 may be behind: no one can say "none is behind"
+
+
+def test_a_rank_that_sends_nothing_by_the_deadline_is_named_dead_or_unresponsive() -> None:
+    # a frozen pod (agent and trainer): its stream is open, its answer never comes
+    from ftagent.arbiter.fr_verdict import summary_of
+    from ftagent.arbiter.policy import PolicyConfig, decide_stacks, stack_signature
+    from ftagent.arbiter.state import HangProbe, JobPhase, JobState, RankState
+
+    s = recorded("behind")
+    j = JobState(job="j", world_size=2, max_restarts=3, phase=JobPhase.RUNNING)
+    j.hang_probe = HangProbe(fault_id="f", rank=0, deadline=1e9)
+    sj = json.dumps({**WAITING, "flight_recorder": {"summaries": [s[0]]}})
+    j.ranks[0] = RankState(rank=0, connected=True, step=10, stack=stack_signature(sj),
+                           fr=summary_of(sj, 0))
+    j.ranks[1] = RankState(rank=1, connected=True, step=10)
+    cfg = PolicyConfig(max_restarts=3)
+    assert decide_stacks(j, 0.0, cfg) == []  # rank 1 may still answer
+    (d,) = decide_stacks(j, 0.0, cfg, force=True)
+    assert d.rank == 1 and "flight recorder: rank 1 sent nothing (dead, or its pod " \
+        "unresponsive) while rank 0 waits in collective #4 (all_reduce)" in d.reason, d.reason
+
+
+def test_no_rank_with_a_dump_leaves_the_verdict_to_the_stacks() -> None:
+    # torch without a recorder: every agent answers with no dump; silence names no one
+    answers = {r: json.dumps({**WAITING, "flight_recorder": {"summaries": []}})
+               for r in range(2)}
+    assert "flight recorder" not in _job_hang_with(answers).reason
+    v = decide({0: {}, 1: {}}, world=2)
+    assert v.kind == "unresponsive" and "waits in" not in v.message
+
+
+def test_a_rank_waiting_in_a_collective_is_never_the_culprit_of_others_progressing() -> None:
+    # rank 0 waits inside the all-reduce for rank 1 (SIGSTOPped just after its last
+    # summary, so its last step looks fresher): collect stacks, do not blame rank 0
+    from ftagent.arbiter.policy import FaultReport, PolicyConfig, decide_fault
+    from ftagent.arbiter.state import JobPhase, JobState, RankState, Verdict
+    from ftagent.model import Fault, FaultKind, Severity
+
+    now = 1000.0
+    j = JobState(job="j", world_size=2, max_restarts=3, phase=JobPhase.RUNNING)
+    j.ranks[0] = RankState(rank=0, connected=True, step=10, last_step_at=now - 4.2)
+    j.ranks[1] = RankState(rank=1, connected=True, step=10, last_step_at=now - 0.5)
+    # (main's agents send this as a WARNING suspicion, decided by _hang as here)
+    waits = Fault(FaultKind.HANG, "waiting in a collective", severity=Severity.ERROR,
+                  evidence={"waiting_in_collective": True})
+    (d,) = decide_fault(j, FaultReport(waits, 0, 0), now, PolicyConfig(max_restarts=3))
+    assert d.verdict is Verdict.DUMP_STACKS, d.reason
+    plain = Fault(FaultKind.HANG, "no step progress")  # no such evidence: as before
+    (d,) = decide_fault(j, FaultReport(plain, 0, 0), now, PolicyConfig(max_restarts=3))
+    assert d.verdict is Verdict.RESTART and d.rank == 0 and "other ranks progress" in d.reason
