@@ -1,9 +1,12 @@
 """What the arbiter knows about a job, and how a decision changes it.
 
-The registry owns these objects and updates them from what agents send; the policy
-(``policy.py``, ``barrier.py``) only reads them and returns ``Decision`` values;
-``apply`` is the one place a decision changes a job's state. Nothing here does I/O, so a
-test can replay faults through ``decide_* -> apply`` and compare plain values.
+The registry owns these objects; the policy (``policy.py``, ``barrier.py``) only reads
+them and returns ``Decision`` values. ``apply`` is the one place a job's state changes:
+a decision, and what an agent tells (``Registered``, ``Left``, ``Progressed``, ``Arrived``,
+``AtBarrier``, ``Exited``: plain values built by the registry from checked messages).
+Nothing here does I/O, so a test can replay a stream of changes and compare plain values.
+(A rank's ``pending`` commands and its ``conn`` belong to the connections part,
+``arbiter/commands.py``: what was sent, not what the job is.)
 
 Everything is rebuilt from agents' Hellos after an arbiter restart (stateless design):
 the job's generation is the highest any agent reports, its restart count likewise.
@@ -23,6 +26,8 @@ import enum
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
+
+from ftagent.wire.limits import MAX_OPEN_FAULTS
 
 SEEN_FAULTS_KEPT = 10_000  # per job; duplicate ids older than this are long acknowledged
 
@@ -172,8 +177,119 @@ class JobState:
         return self.phase in (JobPhase.STOPPED, JobPhase.SUCCEEDED)
 
 
-def apply(job: JobState, d: Decision, now: float) -> None:
-    """Change ``job`` as ``d`` says. Idempotent for STOP and RELEASE_BARRIER."""
+@dataclass(frozen=True)
+class Registered:
+    """An agent's Hello was accepted for ``rank`` (checked at the edge, wire/checks.py)."""
+
+    rank: int
+    pod: str
+    node: str
+    state: str
+    instance: str
+    pod_uid: str  # "" when the stream's credential names no pod: the rank's is kept
+    gpus: tuple[str, ...]
+    generation: int
+    released_generation: int
+    running: bool
+    restart_count: int
+    world_size: int
+    alert_only: bool
+    conn: object
+
+
+@dataclass(frozen=True)
+class Left:
+    """``rank``'s stream ended (it may come back with a Hello)."""
+
+    rank: int
+
+
+@dataclass(frozen=True)
+class Progressed:
+    """A progress summary of ``rank`` (values in range: wire/checks.progress_in_range)."""
+
+    rank: int
+    step: int
+    hung: bool
+    loss: float | None
+    samples_per_second: float
+    tokens_per_second: float
+    last_step_at: float
+
+
+@dataclass(frozen=True)
+class Arrived:
+    """``rank``'s previous trainer is gone; it waits to start ``generation``."""
+
+    rank: int
+    generation: int
+
+
+@dataclass(frozen=True)
+class AtBarrier:
+    """``rank`` counted at the barrier of ``generation`` (after ``Arrived`` and reconcile:
+    an arrival above the job's generation first raises the job to it)."""
+
+    rank: int
+    generation: int
+
+
+@dataclass(frozen=True)
+class Exited:
+    """``rank``'s trainer of ``generation`` exited with ``status`` (128+signal if killed)."""
+
+    rank: int
+    generation: int
+    status: int
+
+
+@dataclass(frozen=True)
+class FaultSeen:
+    """A fault was decided (``final``) or its decision is still open (stacks awaited, a
+    link down: its rank is acknowledged once it is settled). ``summary``: what status
+    shows as ``rank``'s last fault (None: a fault about no rank)."""
+
+    fault_id: str
+    final: bool
+    rank: int | None = None
+    summary: str = ""
+
+
+@dataclass(frozen=True)
+class Settled:
+    """No stacks awaited and no link down any more: every open fault is decided."""
+
+
+@dataclass(frozen=True)
+class StacksIn:
+    """``rank``'s stacks for the current hang probe: their signature and flight-recorder
+    summary (policy.signature_in, fr_verdict.summary_in)."""
+
+    rank: int
+    signature: str
+    fr: dict[str, Any] | None
+
+
+Change = (Decision | Registered | Left | Progressed | Arrived | AtBarrier | Exited | FaultSeen
+          | Settled | StacksIn)
+
+# What a command does to the state its target ranks show (status) until they report.
+_RANK_STATES = {Verdict.RESTART: "restarting", Verdict.REJOIN: "restarting",
+                Verdict.STOP: "stopping", Verdict.REPLACE: "replacing",
+                Verdict.RELEASE_BARRIER: "running"}
+# Verdicts that are commands to agents (the others are recorded only).
+COMMANDS = frozenset((Verdict.RESTART, Verdict.REJOIN, Verdict.STOP, Verdict.REPLACE,
+                      Verdict.RELEASE_BARRIER, Verdict.DUMP_STACKS))
+
+
+def apply(job: JobState, d: Change, now: float) -> None:
+    """Change ``job`` as ``d`` says. Idempotent for STOP, RELEASE_BARRIER, Left, AtBarrier
+    and Exited."""
+    if not isinstance(d, Decision):
+        _agent_says(job, d, now)
+        return
+    if d.verdict in COMMANDS:
+        _commanded(job, d)
     v = d.verdict
     if v in (Verdict.RESTART, Verdict.REPLACE):
         job.restarts += 1
@@ -221,3 +337,105 @@ def _new_generation(job: JobState, generation: int, now: float) -> None:
     for r in job.ranks.values():
         r.hung = False
         r.stack = None
+
+
+def _commanded(job: JobState, d: Decision) -> None:
+    """The ranks a command goes to: what status shows for them, what they were told."""
+    for r in d.targets or tuple(job.ranks):
+        rs = job.ranks.get(r)
+        if rs is None:
+            continue
+        if d.verdict is Verdict.REPLACE and r != d.rank:
+            rs.state = "restarting"  # the others restart; the replaced rank is "replacing"
+        else:
+            rs.state = _RANK_STATES.get(d.verdict, rs.state)
+        if d.verdict in (Verdict.RESTART, Verdict.REJOIN, Verdict.REPLACE):
+            rs.commanded = max(rs.commanded, d.generation)
+        elif d.verdict is Verdict.RELEASE_BARRIER:
+            rs.released_generation = max(rs.released_generation, rs.generation)
+
+
+def _agent_says(job: JobState, c: Change, now: float) -> None:
+    if isinstance(c, Registered):
+        _registered(job, c, now)
+    elif isinstance(c, Left):
+        rs = job.ranks.get(c.rank)
+        if rs is not None and rs.connected:
+            rs.conn, rs.connected = None, False
+            job.connected -= 1
+        job.last_seen = now
+    elif isinstance(c, Progressed):
+        rs = job.ranks[c.rank]
+        rs.step, rs.hung, rs.loss = c.step, c.hung, c.loss
+        rs.samples_per_second, rs.tokens_per_second = c.samples_per_second, \
+            c.tokens_per_second
+        rs.last_step_at = c.last_step_at
+    elif isinstance(c, Arrived):
+        rs = job.ranks[c.rank]
+        if c.generation > rs.generation and rs.released_generation >= 0:
+            rs.restarts += 1  # it ran a trainer and now waits to start a newer one
+        rs.generation = max(rs.generation, c.generation)
+        rs.running = False
+        rs.state = "waiting"
+    elif isinstance(c, AtBarrier):
+        if job.finished or c.generation != job.generation:
+            return
+        b = job.barrier
+        if b is None or b.generation != job.generation:
+            b = job.barrier = BarrierState(generation=job.generation, opened_at=now)
+        if b.released or c.rank in b.arrived:
+            return
+        b.arrived.add(c.rank)
+        if b.first_arrival_at is None:
+            b.first_arrival_at = now
+    elif isinstance(c, FaultSeen):
+        job.remember_fault(c.fault_id, c.final)
+        if not c.final and len(job.open_faults) < MAX_OPEN_FAULTS:
+            job.open_faults[c.fault_id] = -1 if c.rank is None else c.rank
+        rs = job.ranks.get(c.rank) if c.rank is not None else None
+        if rs is not None and c.summary:
+            rs.last_fault = c.summary[:300]
+    elif isinstance(c, Settled):
+        if job.hang_probe is None and not job.nic_outages:
+            for fid in job.open_faults:
+                if fid in job.seen_faults:
+                    job.seen_faults[fid] = True
+            job.open_faults.clear()
+    elif isinstance(c, StacksIn):
+        rs = job.ranks[c.rank]
+        rs.stack, rs.fr = c.signature, c.fr
+    elif isinstance(c, Exited):
+        rs = job.ranks[c.rank]
+        rs.last_exit_status = c.status
+        rs.state = "exited"
+        if c.status == 0 and c.generation == job.generation:
+            rs.state = "succeeded"
+            done = sum(1 for r in job.ranks.values()
+                       if r.state == "succeeded" and r.generation == job.generation)
+            if done >= job.world_size and not job.finished:
+                job.phase = JobPhase.SUCCEEDED
+
+
+def _registered(job: JobState, c: Registered, now: float) -> None:
+    """A Hello: the agents are the truth for generation and restarts (they only go up)."""
+    if not job.ranks and job.barrier is None:
+        job.barrier = BarrierState(generation=job.generation, opened_at=now)  # its first
+    job.alert_only = c.alert_only
+    job.last_seen = now
+    job.world_size = max(job.world_size, c.world_size)
+    job.restarts = max(job.restarts, c.restart_count)
+    rs = job.ranks.get(c.rank)
+    if rs is None:
+        rs = job.ranks[c.rank] = RankState(rank=c.rank)
+    if rs.instance != c.instance:
+        rs.commanded = -1  # a new agent process: it was told nothing yet
+    rs.pod, rs.node, rs.state, rs.instance = c.pod, c.node, c.state, c.instance
+    if c.pod_uid:
+        rs.pod_uid = c.pod_uid
+    rs.gpus = c.gpus
+    rs.generation, rs.released_generation = c.generation, c.released_generation
+    rs.running = c.running
+    rs.restarts = c.restart_count
+    if not rs.connected:
+        job.connected += 1
+    rs.connected, rs.conn = True, c.conn
