@@ -224,6 +224,8 @@ class Jobs:
                 received: float | None = None) -> None:
         """Apply each decision, record it, and queue its commands on the ranks' streams;
         then tell the decision listeners (the agents' commands are queued first)."""
+        if not decisions and isinstance(decisions, list):
+            return  # most arrivals and Hellos decide nothing
         last = ""
         done: list[Decision] = []
         for d in decisions:

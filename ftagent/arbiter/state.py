@@ -3,7 +3,7 @@
 The registry owns these objects; the policy (``policy.py``, ``barrier.py``) only reads
 them and returns ``Decision`` values. ``apply`` is the one place a job's state changes:
 a decision, and what an agent tells (``Registered``, ``Left``, ``Progressed``, ``Arrived``,
-``AtBarrier``, ``Exited``: plain values built by the registry from checked messages).
+``AtBarrier``, ``Exited``, ...: named tuples the registry builds from checked messages).
 Nothing here does I/O, so a test can replay a stream of changes and compare plain values.
 (A rank's ``pending`` commands and its ``conn`` belong to the connections part,
 ``arbiter/commands.py``: what was sent, not what the job is.)
@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ftagent.wire.limits import MAX_OPEN_FAULTS
 
@@ -177,8 +178,7 @@ class JobState:
         return self.phase in (JobPhase.STOPPED, JobPhase.SUCCEEDED)
 
 
-@dataclass(frozen=True)
-class Registered:
+class Registered(NamedTuple):
     """An agent's Hello was accepted for ``rank`` (checked at the edge, wire/checks.py)."""
 
     rank: int
@@ -197,15 +197,13 @@ class Registered:
     conn: object
 
 
-@dataclass(frozen=True)
-class Left:
+class Left(NamedTuple):
     """``rank``'s stream ended (it may come back with a Hello)."""
 
     rank: int
 
 
-@dataclass(frozen=True)
-class Progressed:
+class Progressed(NamedTuple):
     """A progress summary of ``rank`` (values in range: wire/checks.progress_in_range)."""
 
     rank: int
@@ -217,16 +215,14 @@ class Progressed:
     last_step_at: float
 
 
-@dataclass(frozen=True)
-class Arrived:
+class Arrived(NamedTuple):
     """``rank``'s previous trainer is gone; it waits to start ``generation``."""
 
     rank: int
     generation: int
 
 
-@dataclass(frozen=True)
-class AtBarrier:
+class AtBarrier(NamedTuple):
     """``rank`` counted at the barrier of ``generation`` (after ``Arrived`` and reconcile:
     an arrival above the job's generation first raises the job to it)."""
 
@@ -234,8 +230,7 @@ class AtBarrier:
     generation: int
 
 
-@dataclass(frozen=True)
-class Exited:
+class Exited(NamedTuple):
     """``rank``'s trainer of ``generation`` exited with ``status`` (128+signal if killed)."""
 
     rank: int
@@ -243,8 +238,7 @@ class Exited:
     status: int
 
 
-@dataclass(frozen=True)
-class FaultSeen:
+class FaultSeen(NamedTuple):
     """A fault was decided (``final``) or its decision is still open (stacks awaited, a
     link down: its rank is acknowledged once it is settled). ``summary``: what status
     shows as ``rank``'s last fault (None: a fault about no rank)."""
@@ -255,13 +249,10 @@ class FaultSeen:
     summary: str = ""
 
 
-@dataclass(frozen=True)
-class Settled:
+class Settled(NamedTuple):
     """No stacks awaited and no link down any more: every open fault is decided."""
 
-
-@dataclass(frozen=True)
-class StacksIn:
+class StacksIn(NamedTuple):
     """``rank``'s stacks for the current hang probe: their signature and flight-recorder
     summary (policy.signature_in, fr_verdict.summary_in)."""
 
@@ -286,7 +277,7 @@ def apply(job: JobState, d: Change, now: float) -> None:
     """Change ``job`` as ``d`` says. Idempotent for STOP, RELEASE_BARRIER, Left, AtBarrier
     and Exited."""
     if not isinstance(d, Decision):
-        _agent_says(job, d, now)
+        _AGENT_SAYS[type(d)](job, d, now)
         return
     if d.verdict in COMMANDS:
         _commanded(job, d)
@@ -355,65 +346,75 @@ def _commanded(job: JobState, d: Decision) -> None:
             rs.released_generation = max(rs.released_generation, rs.generation)
 
 
-def _agent_says(job: JobState, c: Change, now: float) -> None:
-    if isinstance(c, Registered):
-        _registered(job, c, now)
-    elif isinstance(c, Left):
-        rs = job.ranks.get(c.rank)
-        if rs is not None and rs.connected:
-            rs.conn, rs.connected = None, False
-            job.connected -= 1
-        job.last_seen = now
-    elif isinstance(c, Progressed):
-        rs = job.ranks[c.rank]
-        rs.step, rs.hung, rs.loss = c.step, c.hung, c.loss
-        rs.samples_per_second, rs.tokens_per_second = c.samples_per_second, \
-            c.tokens_per_second
-        rs.last_step_at = c.last_step_at
-    elif isinstance(c, Arrived):
-        rs = job.ranks[c.rank]
-        if c.generation > rs.generation and rs.released_generation >= 0:
-            rs.restarts += 1  # it ran a trainer and now waits to start a newer one
-        rs.generation = max(rs.generation, c.generation)
-        rs.running = False
-        rs.state = "waiting"
-    elif isinstance(c, AtBarrier):
-        if job.finished or c.generation != job.generation:
-            return
-        b = job.barrier
-        if b is None or b.generation != job.generation:
-            b = job.barrier = BarrierState(generation=job.generation, opened_at=now)
-        if b.released or c.rank in b.arrived:
-            return
-        b.arrived.add(c.rank)
-        if b.first_arrival_at is None:
-            b.first_arrival_at = now
-    elif isinstance(c, FaultSeen):
-        job.remember_fault(c.fault_id, c.final)
-        if not c.final and len(job.open_faults) < MAX_OPEN_FAULTS:
-            job.open_faults[c.fault_id] = -1 if c.rank is None else c.rank
-        rs = job.ranks.get(c.rank) if c.rank is not None else None
-        if rs is not None and c.summary:
-            rs.last_fault = c.summary[:300]
-    elif isinstance(c, Settled):
-        if job.hang_probe is None and not job.nic_outages:
-            for fid in job.open_faults:
-                if fid in job.seen_faults:
-                    job.seen_faults[fid] = True
-            job.open_faults.clear()
-    elif isinstance(c, StacksIn):
-        rs = job.ranks[c.rank]
-        rs.stack, rs.fr = c.signature, c.fr
-    elif isinstance(c, Exited):
-        rs = job.ranks[c.rank]
-        rs.last_exit_status = c.status
-        rs.state = "exited"
-        if c.status == 0 and c.generation == job.generation:
-            rs.state = "succeeded"
-            done = sum(1 for r in job.ranks.values()
-                       if r.state == "succeeded" and r.generation == job.generation)
-            if done >= job.world_size and not job.finished:
-                job.phase = JobPhase.SUCCEEDED
+def _left(job: JobState, c: Left, now: float) -> None:
+    rs = job.ranks.get(c.rank)
+    if rs is not None and rs.connected:
+        rs.conn, rs.connected = None, False
+        job.connected -= 1
+    job.last_seen = now
+
+
+def _progressed(job: JobState, c: Progressed, now: float) -> None:
+    rs = job.ranks[c.rank]
+    rs.step, rs.hung, rs.loss = c.step, c.hung, c.loss
+    rs.samples_per_second, rs.tokens_per_second = c.samples_per_second, c.tokens_per_second
+    rs.last_step_at = c.last_step_at
+
+
+def _arrived(job: JobState, c: Arrived, now: float) -> None:
+    rs = job.ranks[c.rank]
+    if c.generation > rs.generation and rs.released_generation >= 0:
+        rs.restarts += 1  # it ran a trainer and now waits to start a newer one
+    rs.generation = max(rs.generation, c.generation)
+    rs.running = False
+    rs.state = "waiting"
+
+
+def _at_barrier(job: JobState, c: AtBarrier, now: float) -> None:
+    if job.finished or c.generation != job.generation:
+        return
+    b = job.barrier
+    if b is None or b.generation != job.generation:
+        b = job.barrier = BarrierState(generation=job.generation, opened_at=now)
+    if b.released or c.rank in b.arrived:
+        return
+    b.arrived.add(c.rank)
+    if b.first_arrival_at is None:
+        b.first_arrival_at = now
+
+
+def _exited(job: JobState, c: Exited, now: float) -> None:
+    rs = job.ranks[c.rank]
+    rs.last_exit_status = c.status
+    rs.state = "exited"
+    if c.status == 0 and c.generation == job.generation:
+        rs.state = "succeeded"
+        done = sum(1 for r in job.ranks.values()
+                   if r.state == "succeeded" and r.generation == job.generation)
+        if done >= job.world_size and not job.finished:
+            job.phase = JobPhase.SUCCEEDED
+
+
+def _fault_seen(job: JobState, c: FaultSeen, now: float) -> None:
+    job.remember_fault(c.fault_id, c.final)
+    if not c.final and len(job.open_faults) < MAX_OPEN_FAULTS:
+        job.open_faults[c.fault_id] = -1 if c.rank is None else c.rank
+    rs = job.ranks.get(c.rank) if c.rank is not None else None
+    if rs is not None and c.summary:
+        rs.last_fault = c.summary[:300]
+
+
+def _settled(job: JobState, c: Settled, now: float) -> None:
+    if job.hang_probe is None and not job.nic_outages:
+        for fid in job.open_faults:
+            if fid in job.seen_faults:
+                job.seen_faults[fid] = True
+        job.open_faults.clear()
+
+
+def _stacks_in(job: JobState, c: StacksIn, now: float) -> None:
+    rs = job.ranks[c.rank]
+    rs.stack, rs.fr = c.signature, c.fr
 
 
 def _registered(job: JobState, c: Registered, now: float) -> None:
@@ -439,3 +440,10 @@ def _registered(job: JobState, c: Registered, now: float) -> None:
     if not rs.connected:
         job.connected += 1
     rs.connected, rs.conn = True, c.conn
+
+
+# What each kind of change an agent's message makes does (one lookup per message).
+_AGENT_SAYS: dict[type, Callable[[JobState, Any, float], None]] = {
+    Registered: _registered, Left: _left, Progressed: _progressed, Arrived: _arrived,
+    AtBarrier: _at_barrier, Exited: _exited, FaultSeen: _fault_seen, Settled: _settled,
+    StacksIn: _stacks_in}
