@@ -44,6 +44,12 @@ FAULT_ATTEMPT, default 0, so the job heals after a restart):
                              iteration N" line); on every rank, or only on EVAL_RANK=R
                              (the other ranks then wait for it in the next all-reduce)
   FIRST_STEP_SECONDS=S       the first step computes S seconds longer (a compile-like start)
+  SILENT_SAVES=STEP:SECONDS[,STEP:SECONDS]  after each STEP, a *silent* save on rank
+                             SILENT_SAVE_RANK (default 0) for SECONDS: torch.save of a
+                             4 MiB tensor into SILENT_SAVE_DIR (default the temp dir), fsync,
+                             rename, again, at about SILENT_SAVE_MIBPS (default 8) MiB/s of
+                             real storage writes, printing nothing (the other ranks wait
+                             for it in the next all-reduce); a large model's checkpoint
   TRAIN_TIMING=0             1: "timing: NAME t=WALL" lines (time.time()) at the script's
                              first line, after importing torch, after init_process_group,
                              after DDP, at the first step and at an injected crash: where
@@ -60,6 +66,7 @@ Faults that verification must call a hang (same FAULT_RANK / attempt rules):
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gc
 import os
@@ -312,6 +319,46 @@ class StopFlag:
         return bool(flag.item())
 
 
+def silent_save(step: int, seconds: float) -> None:
+    """A checkpoint save that prints nothing for ``seconds``: real storage writes (each
+    file fsynced, so the bytes reach the disk and /proc/PID/io's write_bytes), paced at
+    SILENT_SAVE_MIBPS; at most two 4 MiB files on disk at a time."""
+    import tempfile
+
+    import torch
+
+    directory = os.environ.get("SILENT_SAVE_DIR") or tempfile.gettempdir()
+    rate = env_float("SILENT_SAVE_MIBPS", 8.0) * (1 << 20)
+    path = os.path.join(directory, f"silent-save-{RANK}-{os.getpid()}.pt")
+    chunk = torch.zeros(1 << 20)  # 4 MiB of float32
+    start = time.monotonic()
+    written = 0
+    while time.monotonic() - start < seconds:
+        with open(path + ".tmp", "wb") as f:
+            torch.save(chunk, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(path + ".tmp", path)
+        written += chunk.numel() * 4
+        ahead = written / rate - (time.monotonic() - start)
+        if ahead > 0:
+            time.sleep(min(ahead, max(0.0, seconds - (time.monotonic() - start))))
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def silent_saves() -> dict[int, float]:
+    """SILENT_SAVES=STEP:SECONDS,...: {step: seconds} on SILENT_SAVE_RANK, else {}."""
+    if env_int("SILENT_SAVE_RANK", 0) != RANK:
+        return {}
+    out = {}
+    for item in os.environ.get("SILENT_SAVES", "").split(","):
+        if item.strip():
+            step, _, seconds = item.partition(":")
+            out[int(step)] = float(seconds)
+    return out
+
+
 def checkpoint(step: int, seconds: float) -> None:
     log(f"saving checkpoint at iteration {step} to /tmp/ckpt")
     time.sleep(seconds)
@@ -338,6 +385,7 @@ def main() -> int:
     eval_every = env_int("EVAL_EVERY", 0)
     eval_seconds = env_float("EVAL_SECONDS", 12.0)
     eval_rank = env_int("EVAL_RANK", -1)
+    saves = silent_saves()
     first_step = env_float("FIRST_STEP_SECONDS", 0.0)
     seq_len = env_int("TRAIN_SEQ_LEN", 0)
     timeout = datetime.timedelta(seconds=env_float("TRAIN_PG_TIMEOUT", 120.0))
@@ -414,6 +462,9 @@ def main() -> int:
             sdk.step(step, loss=value, samples=batch)
         if eval_every and step % eval_every == 0 and step < steps and eval_rank in (-1, RANK):
             evaluate(model, step, eval_seconds)
+            last = time.monotonic()
+        if step in saves and step < steps:
+            silent_save(step, saves[step])
             last = time.monotonic()
         if ckpt_every and step % ckpt_every == 0 and step < steps:
             if sdk is not None:

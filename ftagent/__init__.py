@@ -1,7 +1,8 @@
 """ftagent: a fault-tolerance agent for distributed training.
 
 For trainers, ``import ftagent`` is the SDK: ``ftagent.step(n, loss=...)``,
-``with ftagent.phase("checkpoint"): ...``, ``ftagent.collective(op, nbytes, seconds, n)``.
+``with ftagent.phase("checkpoint"): ...``, ``ftagent.collective(op, nbytes, seconds, n)``,
+``ftagent.resumed(step)`` after loading a checkpoint.
 They are no-ops when the process does not run under ``ftagent run`` and never raise.
 Importing this package stays cheap: nothing heavy is imported until used.
 """
@@ -12,7 +13,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_SDK_NAMES = ("step", "phase", "collective")
+_SDK_NAMES = ("step", "phase", "collective", "resumed")
 
 
 def __getattr__(name: str) -> Any:

@@ -401,6 +401,11 @@ class HangConfig:
         120.0, "--hang-spin-timeout", "a trainer verified busy in a tight loop (one "
         "function, a few lines) is declared hung once stalled this long, unless a longer "
         "stall there was learned", check=POSITIVE_SECONDS, metavar="SECONDS")
+    hang_culprit_spin_timeout: float = opt(
+        30.0, "--hang-culprit-spin-timeout", "a trainer spinning while the other ranks are "
+        "verified waiting on it in a collective (the arbiter's busy verdict names it) is "
+        "declared hung once stalled this long; never when every rank is busy (an evaluation)",
+        check=POSITIVE_SECONDS, metavar="SECONDS")
     fr_buffer_size: int = opt(
         2000, "--fr-buffer-size", "entries of PyTorch's flight recorder (TORCH_FR_BUFFER_SIZE, "
         "set only where the environment does not), dumped on a suspected hang so the "

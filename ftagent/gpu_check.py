@@ -1,8 +1,9 @@
 """``make gpu-check``: run the real NVML GPU source for a while and say what worked.
 
 ``python -m ftagent.gpu_check [--seconds 30] [--gpu-backend nvml|simulated:FILE]``
-starts the same ``GpuSource`` the agent runs (default: the real NVML through
-nvidia-ml-py), and prints:
+builds the GPU part the agents build (watch/gpu.py: the same ``GpuSource`` and Xid
+detector; default: the real NVML through nvidia-ml-py), runs it in the same watch loop
+(watch/loop.py), and prints:
 
 * the driver, the GPUs NVML shows and the ones this process may use (and why: the
   ``CUDA_VISIBLE_DEVICES`` / ``NVIDIA_VISIBLE_DEVICES`` rules), with index, UUID, PCI bus id,
@@ -39,13 +40,15 @@ from typing import TextIO
 from prometheus_client import CollectorRegistry, generate_latest
 
 from ftagent.config import GpuConfig
-from ftagent.detect.accel import AccelDetector, code_label
-from ftagent.detect.gpu import GpuDetector
-from ftagent.metrics import GpuCollector
-from ftagent.model import GpuEvent, GpuHealth, Observation
-from ftagent.sources.accel import VendorSource, make_backend, pick
-from ftagent.sources.gpu import GpuSource, open_backend
+from ftagent.detect.accel import code_label
+from ftagent.model import Fault, GpuEvent, GpuHealth, Observation
+from ftagent.sources.accel import VendorSource
+from ftagent.sources.gpu import GpuSource
 from ftagent.sources.vendor_tool import TOOL_TIMEOUT
+from ftagent.watch import gpu as gpu_part
+from ftagent.watch.context import WatchContext
+from ftagent.watch.gpu import GpuWatch
+from ftagent.watch.loop import WatchLoop
 
 
 async def check(cfg: GpuConfig, seconds: float, out: TextIO) -> int:
@@ -53,15 +56,14 @@ async def check(cfg: GpuConfig, seconds: float, out: TextIO) -> int:
         out.write(text + "\n")
         out.flush()
 
-    accelerator = pick(cfg, os.environ)
-    if accelerator != "nvidia":
-        return await check_vendor(cfg, accelerator, seconds, say)
-    factory, feed = open_backend(cfg)
-    if factory is None:
+    watch = gpu_part.build(WatchContext(cfg, environ=os.environ, trainer_environ=os.environ))
+    if watch is None:
         say("--gpu-backend none: nothing to check")
         return 1
-    source = GpuSource(cfg, os.environ, factory, feed)
-    detector = GpuDetector(devices=source.device)
+    if watch.accelerator != "nvidia":
+        return await check_vendor(cfg, watch, seconds, say)
+    source = watch.source
+    assert isinstance(source, GpuSource)
     seen: list[Observation] = []
     last_health: dict[int, GpuHealth] = {}
     started = time.monotonic()
@@ -77,14 +79,12 @@ async def check(cfg: GpuConfig, seconds: float, out: TextIO) -> int:
             if before is None or before.__dict__ | {"ts": 0} != obs.__dict__ | {"ts": 0}:
                 say(f"{at} health: {obs}")
             last_health[obs.gpu] = obs
-        for f in detector.observe(obs):
-            say(f"{at} FAULT ({f.severity.value}, {f.scope.value}): {f.message}")
 
-    task = asyncio.create_task(source.run(emit))
+    task = asyncio.create_task(loop_of(watch, emit, started, say).run())
     await source.ready.wait()
     if source.off_reason or not source.gpus:
         say(f"NVML could not be used: {source.off_reason or 'no GPU'}")
-        await asyncio.gather(task, return_exceptions=True)
+        await stop(task)
         return 1
     nvml = source.nv.nvml
     driver = nvml.nvmlSystemGetDriverVersion() if nvml is not None else "?"
@@ -99,15 +99,13 @@ async def check(cfg: GpuConfig, seconds: float, out: TextIO) -> int:
     say(f"running for {seconds:g}s (poll every {cfg.gpu_poll_interval:g}s)...")
     await asyncio.sleep(seconds)
     registry = CollectorRegistry()
-    registry.register(GpuCollector({"job_name": "gpu-check"}, source.readings, detector.xid_counts,
-                                   detector.healthy, lambda: dict(source.event_counts)))
+    registry.register(watch.collector({"job_name": "gpu-check"}))
     metrics = generate_latest(registry).decode()
     for g in source.gpus:  # the calls the poll makes only when needed: try each once
         for link in g.links[:1]:
             source.nv.call(g, "nvmlDeviceGetNvLinkErrorCounter", link, 0)
         source.nv.call(g, "nvmlDeviceGetRetiredPagesPendingStatus")
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    await stop(task)
     polls = len([o for o in seen if isinstance(o, GpuHealth)])
     events = len([o for o in seen if isinstance(o, GpuEvent)])
     say(f"{polls} health samples, {events} GPU events")
@@ -123,15 +121,30 @@ async def check(cfg: GpuConfig, seconds: float, out: TextIO) -> int:
     return 0
 
 
-async def check_vendor(cfg: GpuConfig, accelerator: str, seconds: float,
+def loop_of(watch: GpuWatch, emit: Callable[[Observation], None], started: float,
+            say: Callable[[str], None]) -> WatchLoop:
+    """The watch loop over the one GPU part: ``emit`` prints each observation, then the
+    detector's faults are printed (what the agents send to their deciders)."""
+
+    def fault(f: Fault) -> None:
+        say(f"[+{time.monotonic() - started:6.2f}s] FAULT ({f.severity.value}, "
+            f"{f.scope.value}): {f.message}")
+
+    return WatchLoop([watch], fault, observers=[emit])
+
+
+async def stop(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def check_vendor(cfg: GpuConfig, watch: GpuWatch, seconds: float,
                        say: Callable[[str], None]) -> int:
     """The vendor source for ``seconds``: devices, events, faults, samples, metrics."""
-    backend = make_backend(accelerator, cfg)
-    if backend is None:
-        say("--gpu-backend none: nothing to check")
-        return 1
-    source = VendorSource(cfg, os.environ, backend)
-    detector = AccelDetector(accelerator, devices=source.device)
+    accelerator = watch.accelerator
+    source = watch.source
+    assert isinstance(source, VendorSource) and source.backend is not None
+    backend = source.backend
     started = time.monotonic()
 
     def emit(obs: Observation) -> None:
@@ -139,14 +152,12 @@ async def check_vendor(cfg: GpuConfig, accelerator: str, seconds: float,
         if isinstance(obs, GpuEvent):
             code = code_label(accelerator)(obs.xid) if obs.xid is not None else "-"
             say(f"{at} event: device {obs.gpu} {obs.kind} code={code} {obs.detail[:100]}")
-        for f in detector.observe(obs):
-            say(f"{at} FAULT ({f.severity.value}, {f.scope.value}): {f.message}")
 
-    task = asyncio.create_task(source.run(emit))
+    task = asyncio.create_task(loop_of(watch, emit, started, say).run())
     await source.ready.wait()
     if source.off_reason or not source.gpus:
         say(f"{backend.tool} could not be used: {source.off_reason or 'no device'}")
-        await asyncio.gather(task, return_exceptions=True)
+        await stop(task)
         return 1
     say(f"{accelerator}: {backend.tool}, driver {source.driver or '?'}; "
         f"{len(source.gpus)} device(s) watched:")
@@ -159,8 +170,7 @@ async def check_vendor(cfg: GpuConfig, accelerator: str, seconds: float,
         await asyncio.wait_for(source.polled.wait(), 4 * TOOL_TIMEOUT)
     except asyncio.TimeoutError:  # TimeoutError from 3.11 on; 3.10 is supported
         say(f"no poll finished in {4 * TOOL_TIMEOUT:g}s")
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    await stop(task)
     runs = getattr(getattr(backend, "cmd", None), "runs", 0)
     say(f"{runs} {backend.tool} calls")
     for r in source.readings():
@@ -168,11 +178,7 @@ async def check_vendor(cfg: GpuConfig, accelerator: str, seconds: float,
             f"power={r.power_watts} utilization={r.utilization} "
             f"memory={r.memory_used_bytes}/{r.memory_total_bytes}")
     registry = CollectorRegistry()
-    registry.register(GpuCollector({"job_name": "gpu-check"}, source.readings,
-                                   detector.xid_counts, detector.healthy,
-                                   lambda: dict(source.event_counts),
-                                   accelerator=accelerator,
-                                   code_label=code_label(accelerator)))
+    registry.register(watch.collector({"job_name": "gpu-check"}))
     say("metrics:")
     for line in generate_latest(registry).decode().splitlines():
         if line and not line.startswith("#"):

@@ -93,7 +93,8 @@ def observe_many(child: Any, seconds: float, count: int) -> None:
 
 # Hang verification (ftagent/agent/verify.py): its verdicts, and the places of undeclared
 # phases it keeps learned at once (the `where` label's bound).
-VERIFY_VERDICTS = ("alive", "spinning", "hung", "unknown", "recognised")
+VERIFY_VERDICTS = ("alive", "spinning", "hung", "unknown", "recognised", "suspect", "waiting")
+BUSY_ROLES = ("busy", "waiting", "culprit")  # agent/peer_wait.py
 UNDECLARED_PLACES = 8
 
 # prometheus_client reads this flag at collect time, for every registry in the process.
@@ -264,7 +265,19 @@ class AgentMetrics:
         self.hang_verifications = counter(
             "ftagent_hang_verifications",
             "Suspected hangs verified, by verdict (alive, spinning, hung, unknown, recognised: "
-            "a learned undeclared phase, no window).", ["verdict"])
+            "a learned undeclared phase, no window; suspect: waiting in a collective, the "
+            "arbiter asked; waiting: on a rank the arbiter judged busy).", ["verdict"])
+        self.waiting_on_busy_peer = gauge(
+            "ftagent_waiting_on_busy_peer",
+            "1 while this rank's trainer waits in a collective on a rank the arbiter judged "
+            "busy, not hung (a silent checkpoint, an evaluation): waiting, not hanging; 0 "
+            "once steps resume.").labels(**i)
+        self.busy_verdicts = counter(
+            "ftagent_busy_verdicts",
+            "The arbiter's \"job busy, no restart\" verdicts this rank received, by its part "
+            "in them: busy (verified alive or spinning), waiting (on a busy rank), culprit "
+            "(spinning while the others wait on it: --hang-culprit-spin-timeout applies).",
+            ["role"])
         self.undeclared_phases = counter(
             "ftagent_undeclared_phases",
             "Stalls over the hang budget that were not hangs: undeclared long phases "
@@ -372,6 +385,7 @@ class AgentMetrics:
 
 _FIXED_LABELS = {"reason": SDK_DROP_REASONS, "label": ("phase", "op", "kind"),
                  "direction": ("receive", "transmit"), "verdict": VERIFY_VERDICTS,
+                 "role": BUSY_ROLES,
                  "size": SIZE_BUCKETS}
 
 
@@ -489,8 +503,10 @@ class JobCollector(Collector):
         goodput = CounterMetricFamily(
             "ftagent_job_goodput_seconds", "The job's wall time by where it went: startup, "
             "productive (steps kept), recomputed (steps redone after a restart), detection, "
-            "decision (and barrier), restart, unattributed. Productive holds its highest "
-            "value when a restart moves time to recomputed.", labels=job + ["category"])
+            "decision (and barrier), restart, checkpoint and other_phases (declared "
+            "phases), straggler (waiting on a slow rank), capacity (a replacement pod "
+            "waiting for a node), unattributed. Productive holds its highest value when "
+            "time moves out of it.", labels=job + ["category"])
         ratio = GaugeMetricFamily("ftagent_job_goodput_ratio", "Effective training time "
                                   "ratio: productive seconds over the job's wall time.",
                                   labels=job)

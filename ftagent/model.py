@@ -54,6 +54,12 @@ class ActionKind(str, enum.Enum):
     STOP = "stop"  # stop the trainer and exit with the given code
     ALERT_ONLY = "alert_only"  # record and alert; touch nothing
     DUMP_STACKS = "dump_stacks"  # capture py-spy stacks of the trainer tree and report them
+    BUSY = "busy"  # the job is busy, not hung: record who is busy and who waits (``JobBusy``)
+
+
+# Actions that leave the trainer running: carried out on the way (the decider's
+# ``on_minor_action``), never the end of an attempt.
+MINOR_ACTIONS = frozenset({ActionKind.ALERT_ONLY, ActionKind.DUMP_STACKS, ActionKind.BUSY})
 
 
 class TrainerState(str, enum.Enum):
@@ -143,6 +149,18 @@ class CollectiveSample:
     world_size: int
     ts: float = 0.0
     count: int = 1
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """The trainer says it resumed after ``step`` (loaded the checkpoint saved at that
+    step: Megatron's "loaded checkpoint ... at iteration N", ``ftagent.resumed(N)``): the
+    steps after it that the job had already done are redone. ``source``: "sdk" | the log
+    format's name."""
+
+    step: int
+    source: str = "log"
+    ts: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -320,7 +338,7 @@ class TrainerStart:
 
 Observation = (
     LogLine | Progress | PhaseMarker | CollectiveSample | PhaseTiming | GpuEvent | GpuHealth
-    | LinkEvent | ProcessExit | TrainerStart
+    | LinkEvent | ProcessExit | TrainerStart | Resumed
 )
 
 
@@ -348,6 +366,19 @@ class Fault:
 
 
 @dataclass(frozen=True)
+class JobBusy:
+    """The arbiter's "job busy, no restart" verdict, as every rank receives it: ranks its
+    own agents verified alive or spinning, the ranks waiting for them, and the spinning
+    ranks the others wait on in a collective (they get the short culprit spin budget)."""
+
+    busy_ranks: tuple[int, ...] = ()
+    waiting_ranks: tuple[int, ...] = ()
+    where: str = ""
+    state: str = ""  # alive | spinning
+    spin_culprits: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class Action:
     """A decision: what the supervisor does next. ``generation`` is the job's new generation."""
 
@@ -359,6 +390,7 @@ class Action:
     target_rank: int | None = None  # for REPLACE/DUMP_STACKS: None means every rank
     fault_id: str | None = None  # the fault this answers, if any
     id: str = field(default_factory=new_id)
+    busy: JobBusy | None = None  # for BUSY: who is busy, who waits
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -63,6 +63,25 @@ class Mark:
     fault_id: str = ""
 
 
+@dataclass(frozen=True)
+class IncidentRow:
+    """One restart of the ledger: seconds to detect, decide, restart (None: not over) and
+    recompute, and the steps redone (None: unknown or not over)."""
+
+    generation: int
+    kind: str
+    detect: float
+    decide: float | None
+    restart: float | None
+    recompute: float
+    steps: int | None
+    resumed: int | None
+    source: str
+
+
+INCIDENTS_SHOWN = 64  # rows of the per-incident table (the arbiter keeps the newest 64)
+
+
 @dataclass
 class ReportData:
     job: str
@@ -79,6 +98,8 @@ class ReportData:
     ledger_wall: float = 0.0
     ledger_ratio: float = 0.0
     recomputed_steps: int | None = None
+    # Each restart the ledger placed (Goodput.per_incident), its stages in seconds.
+    incidents: list[IncidentRow] = field(default_factory=list)
 
     def span(self) -> tuple[float, float]:
         ts = [t for pts in self.steps.values() for t, _ in pts]
@@ -232,7 +253,47 @@ def from_job_info(info: Mapping[str, Any], now: float) -> ReportData:
         d.ledger_wall = _num(g.get("wall_seconds")) or 0.0
         d.ledger_ratio = _num(g.get("ratio")) or 0.0
         d.recomputed_steps = _int(g.get("recomputed_steps"))
+        raw_incidents = g.get("per_incident")
+        for i in raw_incidents[:INCIDENTS_SHOWN] if isinstance(raw_incidents, list) else ():
+            row = _incident_row(i)
+            if row is not None:
+                d.incidents.append(row)
     return d
+
+
+def _incident_row(i: Any) -> IncidentRow | None:
+    """A ``per_incident`` entry of the status JSON, checked (None: not one)."""
+    if not isinstance(i, Mapping):
+        return None
+    gen, detect = _int(i.get("generation")), _num(i.get("detect_seconds"))
+    if gen is None or detect is None:
+        return None
+    return IncidentRow(gen, str(i.get("kind", ""))[:32], max(0.0, detect),
+                       _num(i.get("decide_seconds")), _num(i.get("restart_seconds")),
+                       max(0.0, _num(i.get("recompute_seconds")) or 0.0),
+                       _int(i.get("recomputed_steps")), _int(i.get("resumed_step")),
+                       str(i.get("resume_source", ""))[:16])
+
+
+def incident_table(d: ReportData) -> str:
+    """Each restart: time to detect, decide, restart and recompute ("" without any)."""
+    if not d.incidents:
+        return ""
+
+    def sec(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f}"
+
+    rows = "".join(
+        f"<tr><td>{i.generation}</td><td>{esc(i.kind)}</td><td>{sec(i.detect)}</td>"
+        f"<td>{sec(i.decide)}</td><td>{sec(i.restart)}</td><td>{sec(i.recompute)}</td>"
+        f"<td>{'unknown' if i.steps is None else i.steps}</td>"
+        f"<td>{'-' if i.resumed is None else i.resumed}"
+        f"{' (' + esc(i.source) + ')' if i.source and i.resumed is not None else ''}</td></tr>"
+        for i in d.incidents)
+    return ('<h2>Each restart</h2><table id="incidents"><tr><th>generation</th><th>fault'
+            "</th><th>detect (s)</th><th>decide (s)</th><th>restart (s)</th>"
+            "<th>recompute (s)</th><th>steps redone</th><th>resumed after step</th></tr>"
+            f"{rows}</table>")
 
 
 def ledger_table(d: ReportData) -> str:
@@ -371,6 +432,7 @@ td,th{{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}
 <ul id="summary">{summary}</ul>
 {pictures}
 {ledger_table(d)}
+{incident_table(d)}
 <h2>Faults and decisions</h2>
 <table id="timeline"><tr><th>time</th><th>what</th><th>rank</th><th>kind</th><th>message</th>
 </tr>{rows}</table>

@@ -31,6 +31,8 @@ Wire format, version 1: one ASCII datagram per call, fields separated by one spa
                                                      bytes and seconds summed
     v1 <pid> t <phase> <count> <seconds>             count timed parts of steps (forward,
                                                      backward, optimizer, data), summed
+    v1 <pid> r <step>                                resumed after <step> (a checkpoint
+                                                     saved at it was loaded)
 
 Numbers are decimal (``repr`` of a float: ``nan`` and ``inf`` allowed for the loss);
 ``a`` and ``t`` are what ``ftagent.torch.instrument()`` sends, a few times a second;
@@ -251,6 +253,22 @@ def collectives(op: str, count: int, nbytes: int, seconds: float, world_size: in
             return
         _client.send(b"a %s %s %s %r %s" % (_name(op), n, size, secs, world))
     except Exception:  # noqa: BLE001
+        pass
+
+
+def resumed(n: int) -> None:
+    """The trainer resumed after step ``n``: it loaded the checkpoint saved once step ``n``
+    was done, and its next step is ``n + 1``. Call it once per start, after loading and
+    before the first step: the arbiter's goodput ledger then counts the steps after ``n``
+    that the job had already done as recomputed (without it, the ledger takes the first
+    step reported after the restart). Sent like a phase marker (nothing supersedes it)."""
+    if not _client.ready():
+        return
+    try:
+        step_ = _int(n)
+        if step_ != b"-":
+            _client.send(b"r %s" % step_, PHASE_WAIT)
+    except Exception:  # noqa: BLE001 - never raise into the trainer
         pass
 
 

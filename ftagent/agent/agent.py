@@ -34,6 +34,7 @@ from ftagent.agent.supervisor import ChildReaper, SpawnError, TrainerProcess
 from ftagent.agent.tee import BACKLOG_BYTES, BACKLOG_LINES, LastLines, LineBacklog, Writer
 from ftagent.config import RunConfig
 from ftagent.model import (
+    MINOR_ACTIONS,
     Action,
     ActionKind,
     Fault,
@@ -467,7 +468,7 @@ class Agent:
                 assert held is not None
                 action = held
                 self._record_action(action)
-                if action.kind in (ActionKind.ALERT_ONLY, ActionKind.DUMP_STACKS):
+                if action.kind in MINOR_ACTIONS:
                     await self.decider.on_minor_action(action)
                     continue
                 exit_ = await self._stop_trainer(
@@ -491,7 +492,7 @@ class Agent:
                          action.kind.value)
                 continue
             self._record_action(action)
-            if action.kind not in (ActionKind.ALERT_ONLY, ActionKind.DUMP_STACKS):
+            if action.kind not in MINOR_ACTIONS:
                 return action
             await self.decider.on_minor_action(action)
 

@@ -40,9 +40,11 @@ from ftagent.model import (
     Fault,
     FaultKind,
     Observation,
+    PhaseMarker,
     PhaseTiming,
     ProcessExit,
     Progress,
+    Resumed,
     Severity,
     TrainerState,
 )
@@ -70,6 +72,8 @@ class ArbiterDecider:
         # DUMP_STACKS: stacks of the tree (cmd/run.py adds the liveness verdict, agent/verify.py)
         self.stack_capture: Callable[[Sequence[int]], Awaitable[dict[str, Any]]] = \
             lambda pids: capture(pids, cfg.hang.hang_dump_timeout)
+        # BUSY: the arbiter's "job busy, no restart" verdict (cmd/run.py: agent/peer_wait.py)
+        self.on_busy: Callable[[Action], None] | None = None
         self.fail_open_after = cfg.arbiter.arbiter_fail_open_after
         self.released_start = False  # the current trainer was started by the barrier
         self._undecided: Fault | None = None
@@ -170,7 +174,10 @@ class ArbiterDecider:
         if fault.kind == FaultKind.HANG and agent.cfg.hang.hang_action == "alert":
             # --hang-action alert: the arbiter records a WARNING and decides nothing; the
             # local policy records ALERT_ONLY. (Crashes are still the arbiter's to decide.)
-            self.link.report_fault(dataclasses.replace(fault, severity=Severity.WARNING),
+            evidence = {k: v for k, v in fault.evidence.items()
+                        if k != "waiting_in_collective"}  # recorded, never probed
+            self.link.report_fault(dataclasses.replace(fault, severity=Severity.WARNING,
+                                                       evidence=evidence),
                                    generation=agent.generation)
             return False
         self.link.report_fault(fault, generation=agent.generation)
@@ -218,6 +225,11 @@ class ArbiterDecider:
         if action.kind == ActionKind.DUMP_STACKS:
             captured = await self.stack_capture(self.agent.tree_pids())
             self.link.report_stacks(action.id, stacks_json(captured))
+        elif action.kind == ActionKind.BUSY and self.on_busy is not None:
+            try:
+                self.on_busy(action)
+            except Exception:  # recording a verdict must never take the agent down
+                log.exception("applying the arbiter's busy verdict failed")
 
     async def finished(self) -> Action | None:
         """The trainer succeeded: the worker ends (the arbiter heard of the exit)."""
@@ -273,6 +285,8 @@ class _LinkObserver:
             link.report_exit(obs, self.decider.agent.generation)
         elif isinstance(obs, (CollectiveSample, PhaseTiming)):
             link.observe_timing(obs)  # where the step's time goes: stragglers at the arbiter
+        elif isinstance(obs, (Resumed, PhaseMarker)):
+            link.observe_trainer(obs)  # the resume step and phase time: the goodput ledger
 
     def on_state(self, state: TrainerState, restarts: int) -> None:
         # (``restarts`` counts this worker's attempts, rejoins included: not the job's

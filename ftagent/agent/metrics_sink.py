@@ -94,6 +94,8 @@ class MetricsSink:
     def on_fault(self, fault: Fault) -> None:
         if fault.evidence.get("recovered"):  # the all-clear after an outage, not a fault
             return
+        if fault.evidence.get("waiting_in_collective") is True:
+            return  # a suspicion the arbiter decides (agent/peer_wait.py), not a fault yet
         self.m.faults_by_kind(fault.kind.value).inc()
         latency = self.detection_latency(fault)
         if latency is not None:

@@ -41,13 +41,15 @@ from ftagent.model import (
     CollectiveSample,
     Fault,
     Observation,
+    PhaseMarker,
     PhaseTiming,
     ProcessExit,
     Progress,
+    Resumed,
 )
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
-from ftagent.wire.convert import fill_step_times
+from ftagent.wire.convert import fill_resume_and_phases, fill_step_times
 from ftagent.wire.credentials import bearer, channel_credentials, current_token
 from ftagent.wire.shard import pick_arbiter
 
@@ -125,6 +127,50 @@ class StepTimes:
                 sum(s.data for s in self._steps) / n, n)
 
 
+CHECKPOINT_PHASES = frozenset({"checkpoint", "checkpointing", "checkpoint_save", "save"})
+PHASES_OPEN = 8  # phases open at once (nested) a trainer is believed about
+
+
+class TrainerSays:
+    """What the trainer of this generation said about itself, for the arbiter's ledger:
+    the step it resumed after (``Resumed``: a "loaded checkpoint" line, ``ftagent.resumed``)
+    and the seconds it spent in declared phases (``PhaseMarker`` begin..end), checkpoint
+    saves apart from the rest. No clock of its own: ``now`` is passed in (monotonic). A
+    phase still open counts up to ``now``; an end without a begin counts nothing."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """A new trainer (generation): it has said nothing yet."""
+        self.resumed: int | None = None
+        self._open: dict[str, float] = {}
+        self._closed = {"checkpoint": 0.0, "other": 0.0}
+
+    def observe(self, obs: Observation, now: float) -> None:
+        if isinstance(obs, Resumed):
+            self.resumed = obs.step
+        elif isinstance(obs, PhaseMarker):
+            if obs.begin:
+                if obs.phase not in self._open and len(self._open) < PHASES_OPEN:
+                    self._open[obs.phase] = now
+            else:
+                began = self._open.pop(obs.phase, None)
+                if began is not None:
+                    self._closed[_phase_kind(obs.phase)] += max(0.0, now - began)
+
+    def phase_seconds(self, now: float) -> tuple[float, float]:
+        """(checkpoint, other) seconds in phases so far, open ones up to ``now``."""
+        out = dict(self._closed)
+        for phase, began in self._open.items():
+            out[_phase_kind(phase)] += max(0.0, now - began)
+        return out["checkpoint"], out["other"]
+
+
+def _phase_kind(phase: str) -> str:
+    return "checkpoint" if phase.lower() in CHECKPOINT_PHASES else "other"
+
+
 def backoff(attempt: int, rng: random.Random | None = None) -> float:
     """Seconds before reconnect attempt ``attempt`` (0-based): doubling, capped, jittered."""
     r = rng or random
@@ -154,6 +200,7 @@ class ArbiterLink:
         self.offline_since: float | None = time.monotonic()  # None while connected
         self._progress: pb.ProgressSummary | None = None
         self.step_times = StepTimes()
+        self.trainer_says = TrainerSays()
         self._progress_new = False
         self._hung_sent = False
         self._progress_sent_at = -1e9
@@ -227,6 +274,8 @@ class ArbiterLink:
         self.step_times.step(p)
         self._progress = self.proto.progress(p, seconds_since_progress, hung, time.time())
         fill_step_times(self._progress, *self.step_times.means())
+        fill_resume_and_phases(self._progress, self.trainer_says.resumed,
+                               *self.trainer_says.phase_seconds(time.monotonic()))
         if not self._progress_new or hung != self._hung_sent:
             self._wake.set()  # the writer sleeps until the next due time, at most once
         self._progress_new = True
@@ -235,6 +284,11 @@ class ArbiterLink:
         """A collective's or a phase's timing (``CollectiveSample``, ``PhaseTiming``):
         the waits of the step in progress, summarised in the next ProgressSummary."""
         self.step_times.observe(obs)
+
+    def observe_trainer(self, obs: Observation) -> None:
+        """A ``Resumed`` or ``PhaseMarker`` of this generation's trainer: carried in its
+        next ProgressSummaries (the ledger's resume step and phase time)."""
+        self.trainer_says.observe(obs, time.monotonic())
 
     def report_exit(self, exit: ProcessExit, generation: int) -> None:
         """The trainer exited: its last progress goes first (a summary is due only every
@@ -266,6 +320,7 @@ class ArbiterLink:
         Its first progress is sent at once, not coalesced: the arbiter's goodput ledger
         takes the generation's first step as where it resumed and when it trains again."""
         self.proto.started(generation, released=released)
+        self.trainer_says.reset()
         self._progress_sent_at = -1e9
 
     async def wait_released(self, generation: int, timeout: float | None = None) -> bool:

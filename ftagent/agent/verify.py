@@ -50,6 +50,7 @@ from ftagent.detect.liveness import (
     Thresholds,
     Verdict,
     declare,
+    in_collective,
     judge,
     stacks_of,
 )
@@ -60,6 +61,7 @@ from ftagent.model import (
     PhaseMarker,
     ProcessExit,
     Progress,
+    Severity,
     TrainerStart,
 )
 
@@ -187,6 +189,9 @@ class Stall:
     declared: bool = False  # a hang fault was raised for it
     verdict: Verdict | None = None
     verifications: int = 0
+    suspected: bool = False  # verified waiting in a collective: the arbiter was asked
+    waiting_on: str | None = None  # the arbiter judged the job busy: whom this rank waits on
+    spin_cap: float | None = None  # the others wait on this spinning rank: its spin budget
 
 
 class Verifier:
@@ -208,7 +213,13 @@ class Verifier:
         self.sleep = sleep
         self.thresholds = thresholds or Thresholds()
         self.book = PhaseBook(max_places=MAX_PLACES)
+        # True while an arbiter can compare the ranks: a rank verified waiting in a
+        # collective then raises a WARNING suspicion, not the hang (agent/peer_wait.py)
+        self.ask_arbiter: Callable[[], bool] | None = None
         self.stall: Stall | None = None
+        # BUSY arrived before this rank's own budget ran out (no stall open yet): the
+        # stall it is in is that wait; forgotten when steps resume
+        self._waiting_hint: str | None = None
         self.verifications = 0
         self._task: asyncio.Task[None] | None = None
         self._ready: list[Fault] = []
@@ -269,7 +280,8 @@ class Verifier:
         if not isinstance(since, (int, float)):
             since = det.seconds_since_progress(now)
         if self.stall is None:
-            self.stall = Stall(start=now - float(since), step=det.last_step)
+            self.stall = Stall(start=now - float(since), step=det.last_step,
+                               waiting_on=self._waiting_hint)
         stall = self.stall
         usage = _usage()
         snaps: list[Snapshot] = []
@@ -292,8 +304,32 @@ class Verifier:
         self.verifications += 1
         stalled = self.clock() - stall.start
         spin_budget = self._spin_budget(verdict)
+        if stall.spin_cap is not None:
+            spin_budget = min(spin_budget, stall.spin_cap)
+        waiting = in_collective(verdict)
+        if waiting and stall.waiting_on is not None and \
+                stalled < float(self.cfg.hang_phase_timeout):
+            # the arbiter judged the job busy: waiting on that rank is not a hang (its own
+            # agent declares it if it hangs); bounded by --hang-phase-timeout
+            self._count("waiting")
+            again = self.clock() + det.step_budget()
+            det.defer(again)
+            self._write("verify", "waiting", f"stalled {stalled:.1f}s waiting in "
+                        f"{verdict.where} on {stall.waiting_on}: not a hang", verdict, cost,
+                        stall, waiting_on=stall.waiting_on,
+                        suspect_again_in=round(again - self.clock(), 3))
+            return
+        if waiting and not stall.suspected and not stall.declared and \
+                self.ask_arbiter is not None and self.ask_arbiter():
+            self._count("suspect")
+            stall.suspected = True
+            out = self._suspicion(fault, verdict, stalled, entries)
+            det.defer(self.clock() + det.step_budget())  # not "hung" while it compares
+            self._write("verify", "suspect", out.message, verdict, cost, stall)
+            self._raise(out)
+            return
         self._count(verdict.state.value)
-        if not declare(verdict, stalled, spin_budget):
+        if not declare(verdict, stalled, spin_budget, float(self.cfg.hang_phase_timeout)):
             stall.verified = True
             again = self.clock() + det.step_budget()
             if verdict.state is Liveness.SPINNING:
@@ -306,12 +342,42 @@ class Verifier:
         stall.declared = True
         out = self._fault(fault, verdict, stalled, spin_budget, entries)
         self._write("verify", verdict.state.value, out.message, verdict, cost, stall)
+        self._raise(out)
+
+    def _raise(self, out: Fault) -> None:
         if self.emit is None:
             self._ready.append(out)
         else:
             task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(self.emit(out))
             self._emitting.add(task)
             task.add_done_callback(self._emitting.discard)
+
+    # ------------------------------------------------------------------ the arbiter's word
+
+    def peer_busy(self, waiting_on: str) -> bool:
+        """The arbiter judged the job busy and this rank waits on ``waiting_on`` ("rank 0
+        (busy in save ...)"): this stall is waiting, not hanging, until steps resume or
+        --hang-phase-timeout. False when no stall is open yet (its budget has not run out:
+        the stall it opens adopts the wait, until steps resume)."""
+        stall = self.stall
+        if stall is None:
+            self._waiting_hint = waiting_on
+            return False
+        stall.waiting_on = waiting_on
+        self.detector.defer(self.clock() + self.detector.step_budget())
+        return True
+
+    def spin_culprit(self, budget: float) -> float | None:
+        """The others wait on this rank in a collective while it spins: its spin budget
+        becomes ``budget`` (--hang-culprit-spin-timeout) from the stall's start. Returns
+        the seconds until it is checked again (None: no stall open)."""
+        stall = self.stall
+        if stall is None:
+            return None
+        stall.spin_cap = budget
+        at = max(self.clock() + 0.5, stall.start + budget)
+        self.detector.defer(at)
+        return at - self.clock()
 
     def _recognise(self, stall: Stall, snap: Snapshot, usage: float) -> bool:
         """The first sample runs where a learned phase ran: its budget, no window."""
@@ -381,12 +447,20 @@ class Verifier:
 
     def _end(self, obs: Progress | PhaseMarker | None) -> None:
         stall, self.stall = self.stall, None
+        self._waiting_hint = None
         if self._task is not None and not self._task.done():
             self._task.cancel()
         self._task = None
         if stall is None or obs is None:
             return
-        if not (stall.verified or stall.recognised or stall.declared):
+        if stall.waiting_on is not None and self.record is not None:
+            seconds = max(0.0, obs.ts - stall.start)
+            self.record("peer", "waited", f"waited {seconds:.1f}s on {stall.waiting_on}; "
+                        "steps resumed (waiting, not hanging)", step=stall.step,
+                        seconds=round(seconds, 3), waiting_on=stall.waiting_on)
+        if stall.suspected and stall.waiting_on is None and not stall.declared:
+            return  # a suspicion nobody answered: nothing known to learn
+        if not (stall.verified or stall.recognised or stall.declared or stall.waiting_on):
             return  # steps resumed before anything was verified
         seconds = max(0.0, obs.ts - stall.start)
         place = stall.verdict.place if stall.verdict is not None else None
@@ -397,6 +471,7 @@ class Verifier:
         budget = self.book.budget(learned, self.detector.step_budget())
         how = ("recognised from a learned phase" if stall.recognised is not None else
                "declared hung, then resumed by itself" if stall.declared else
+               "waited on a rank the arbiter judged busy" if stall.waiting_on else
                "verified alive")
         step = "before the first step" if stall.step is None else f"at step {stall.step}"
         msg = (f"undeclared phase {step}, {seconds:.1f} s, in {learned.where} ({how}; "
@@ -408,7 +483,8 @@ class Verifier:
                         seconds=round(seconds, 3), where=learned.where,
                         learned_budget_seconds=round(budget, 3), occurrences=learned.count,
                         verified=stall.verified, recognised=stall.recognised is not None,
-                        declared=stall.declared, verifications=stall.verifications)
+                        declared=stall.declared, verifications=stall.verifications,
+                        waited=stall.waiting_on is not None)
         m = self.metrics
         if m is not None:
             with contextlib.suppress(Exception):
@@ -426,6 +502,10 @@ class Verifier:
         if verdict.state is Liveness.SPINNING:
             msg = (f"spinning in {verdict.where} for {stalled:.1f}s, over the spin budget of "
                    f"{spin_budget:.0f}s (busy, but not progressing): {verdict.reason}")
+        elif verdict.state is Liveness.ALIVE:  # alive by I/O alone, past the phase budget
+            msg = (f"doing storage I/O but no step for {stalled:.1f}s, over "
+                   f"--hang-phase-timeout ({self.cfg.hang_phase_timeout:.0f}s): "
+                   f"{verdict.reason}")
         elif verdict.state is Liveness.UNKNOWN:
             msg = (f"{fault.message}; could not verify ({verdict.reason}): declared on the "
                    "budget alone")
@@ -436,6 +516,17 @@ class Verifier:
                     "verdict": verdict.state.value, "where": verdict.where,
                     "stall_seconds": round(stalled, 3), "processes": entries}
         return dataclasses.replace(fault, message=msg, evidence=evidence)
+
+    def _suspicion(self, fault: Fault, verdict: Verdict, stalled: float,
+                   entries: list[dict[str, Any]]) -> Fault:
+        """A rank verified waiting in a collective: a WARNING the arbiter decides as a
+        hang (policy.suspected_hang) once it has compared the ranks."""
+        out = self._fault(fault, verdict, stalled, 0.0, entries)
+        return dataclasses.replace(
+            out, severity=Severity.WARNING,
+            message=f"waiting in a collective for {stalled:.1f}s ({verdict.where}): a hang "
+                    "only if no peer is busy; the arbiter compares the ranks",
+            evidence={**out.evidence, "waiting_in_collective": True})
 
     def _alive_text(self, verdict: Verdict, stall: Stall, stalled: float,
                     spin_budget: float) -> str:

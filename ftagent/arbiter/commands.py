@@ -19,7 +19,7 @@ from ftagent.metrics import ArbiterMetrics
 
 _SLOTS = {Verdict.RESTART: "life", Verdict.REJOIN: "life", Verdict.STOP: "life",
           Verdict.REPLACE: "life", Verdict.RELEASE_BARRIER: "release",
-          Verdict.DUMP_STACKS: "dump"}
+          Verdict.DUMP_STACKS: "dump", Verdict.BUSY: "busy"}
 assert set(_SLOTS) == COMMANDS
 _TIMED = (Verdict.RESTART, Verdict.REPLACE, Verdict.STOP, Verdict.DUMP_STACKS)
 

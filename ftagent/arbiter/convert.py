@@ -10,7 +10,7 @@ from ftagent.arbiter.state import Decision, Verdict
 from ftagent.arbiter.timeline import Entry
 from ftagent.model import EXIT_REPLACE
 from ftagent.v1 import ftagent_pb2 as pb
-from ftagent.wire.convert import command_to_action, fault_from_proto
+from ftagent.wire.convert import busy_to_proto, command_to_action, fault_from_proto
 
 __all__ = ["command_for", "command_to_action", "entry_to_proto", "fault_from_proto"]
 
@@ -22,6 +22,7 @@ _COMMAND_KINDS = {
     Verdict.RELEASE_BARRIER: pb.COMMAND_KIND_RELEASE_BARRIER,
     Verdict.DUMP_STACKS: pb.COMMAND_KIND_DUMP_STACKS,
     Verdict.REPLACE: pb.COMMAND_KIND_REPLACE,
+    Verdict.BUSY: pb.COMMAND_KIND_BUSY,
 }
 
 
@@ -44,6 +45,8 @@ def command_for(d: Decision, command_id: str, *, replace: bool = False,
             cmd.target_rank = d.rank  # model.Action: the rank being replaced
     elif d.exit_code is not None and d.verdict is Verdict.STOP:
         cmd.exit_code = d.exit_code
+    elif d.busy is not None and d.verdict is Verdict.BUSY:
+        cmd.busy.CopyFrom(busy_to_proto(d.busy))
     return pb.ArbiterMessage(command=cmd)
 
 

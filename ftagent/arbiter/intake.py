@@ -122,8 +122,12 @@ class Intake:
 
     def timing(self, job: JobState, rs: RankState, p: pb.ProgressSummary, now: float) -> None:
         if p.timed_steps > 0:
-            self._timings(job).note(RankTiming(rs.rank, rs.node, p.step_seconds,
-                                               p.collective_seconds, p.data_seconds), now)
+            jt = self._timings(job)
+            jt.note(RankTiming(rs.rank, rs.node, p.step_seconds, p.collective_seconds,
+                               p.data_seconds), now)
+            at = min(now, p.ts) if p.ts > 0 else (now if rs.last_step_at is None
+                                                  else rs.last_step_at)
+            self.journal.ledger(job, now).slowed(jt.slowdown(now), at)  # waited on a slow rank
 
     def _timings(self, job: JobState) -> JobTimings:
         key = (job.namespace, job.job)

@@ -185,7 +185,7 @@ class Jobs:
         apply(job, Progressed(rs.rank, p.step, p.hung, p.loss if p.HasField("loss") else None,
                               p.samples_per_second, p.tokens_per_second,
                               now - max(0.0, p.seconds_since_progress)), now)
-        self.journal.progress(job, rs, p.step, p.ts, now)
+        self.journal.progress(job, rs, p, now)
 
     def arrival(self, job: JobState, rs: RankState, a: int, now: float) -> None:
         if not 0 <= a <= max(job.generation, limits.MAX_CLAIMED_GENERATION):

@@ -17,6 +17,7 @@ from ftagent.arbiter.ledger import Ledger
 from ftagent.arbiter.state import Decision, JobState, RankState, Verdict
 from ftagent.arbiter.timeline import Timeline
 from ftagent.model import Fault, FaultKind
+from ftagent.v1 import ftagent_pb2 as pb
 
 Key = tuple[str, str]  # (namespace, job)
 
@@ -97,9 +98,10 @@ class Journal:
             s.carried = None
         return s.ledger
 
-    def progress(self, job: JobState, rs: RankState, step: int, ts: float,
+    def progress(self, job: JobState, rs: RankState, p: pb.ProgressSummary,
                  now: float) -> None:
-        """A rank's progress summary for the ledger (``ts``: the summary's own stamp)."""
+        """A rank's progress summary for the ledger."""
+        step, ts = p.step, p.ts
         led = self.ledger(job, now)
         led.world_size, mode = job.world_size, led.mode
         # when the step was seen: the summary's own stamp (it may wait up to a
@@ -110,7 +112,10 @@ class Journal:
         # Hello said a trainer of that generation runs (started failing open)
         g = rs.generation if rs.released_generation >= rs.generation or rs.running \
             else max(0, rs.released_generation)
+        if p.HasField("resumed_step"):  # before its first step: it decides the resume
+            led.resumed(g, p.resumed_step)
         led.progress(rs.rank, g, step, at)
+        led.phases(rs.rank, g, (p.checkpoint_seconds, p.other_phase_seconds), at)
         if led.mode is not mode:  # the record says where time goes (arbiter restart)
             self.save(job, now)
 

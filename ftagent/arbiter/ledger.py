@@ -20,6 +20,17 @@ every rank has done too), or once a rank reports a second time (one that went si
 not hold the ledger in ``restart``).
 - ``unattributed``: time the ledger cannot place (an arbiter that was down, a generation
   change no fault explains, and after the job stopped for good).
+- ``checkpoint`` and ``other_phases``: training time the trainer spent in declared phases
+  (``ftagent.phase("checkpoint")``, Megatron's and DeepSpeed's "saving checkpoint" lines,
+  an eval phase), as its agent measured them; taken out of ``productive`` (the rank that
+  reports the most is believed: in synchronous training the others wait for it), never
+  more than the training time since the generation began training.
+- ``straggler``: training time the job waited on a slow rank: the share of each step the
+  slowest rank's own time exceeds the others' median (arbiter/straggler.py's
+  ``slowdown``, only while a rank is slow by its measure), over the time it was so.
+- ``capacity``: after a decision, time a replacement pod of the job was Pending (no node
+  for it yet: the cluster's capacity, not the job's fault), from the Kubernetes side's
+  pod watch (``capacity``); it is carved out of ``decision``.
 
 The resume step comes from the job itself: an explicit report (``resumed``: a "loaded
 checkpoint ... iteration N" line or an SDK call), else the first step of the new
@@ -41,7 +52,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 CATEGORIES = ("startup", "productive", "recomputed", "detection", "decision", "restart",
-              "unattributed")
+              "unattributed", "checkpoint", "other_phases", "straggler", "capacity")
+PHASE_CATEGORIES = ("checkpoint", "other_phases")  # (checkpoint, other) seconds, in order
 SAMPLES_KEPT = 4096  # (time, step) points kept per training stretch, for interpolation
 INCIDENTS_KEPT = 64  # per job, the newest
 FAULTS_KEPT = 64  # faults remembered until a decision names them
@@ -53,6 +65,7 @@ class Mode(str, enum.Enum):
     DETECTION = "detection"
     DECISION = "decision"
     RESTART = "restart"
+    CAPACITY = "capacity"
     OFF = "unattributed"  # stopped, or waiting on something the ledger cannot explain
 
 
@@ -67,6 +80,7 @@ class Stretch:
     samples: deque[tuple[float, int]] = field(
         default_factory=lambda: deque(maxlen=SAMPLES_KEPT))
     kept_until: float | None = None  # after this time its steps were redone (None: end)
+    phase_moved: float = 0.0  # seconds of it moved to the phase categories
 
     def reached(self) -> int | None:
         return self.samples[-1][1] if self.samples else None
@@ -101,9 +115,14 @@ class Incident:
     resumed: int | None = None  # the last step kept (the new generation starts after it)
     resume_source: str = ""  # "reported" | "first_step" | "" (unknown)
     recompute_seconds: float = 0.0
+    # restarted again before its generation trained: it redid nothing (the next incident
+    # takes over the step the job had reached)
+    superseded: bool = False
 
     @property
     def recomputed_steps(self) -> int | None:
+        if self.superseded:
+            return 0
         if self.reached is None or self.resumed is None:
             return None
         return max(0, self.reached - self.resumed)
@@ -127,6 +146,12 @@ class Breakdown:
     recomputed_steps: int | None  # None: some restart's resume step is unknown
     incidents: tuple[Incident, ...]  # this ledger's (not those carried over)
     restarts: int = 0  # restarts placed, carried ones included
+    carried_wall: float = 0.0  # seconds carried over from before an arbiter restart
+
+    @property
+    def started_at(self) -> float:
+        """When the wall time began: the first registration, less any carried time."""
+        return self.start - self.carried_wall
 
     @property
     def ettr(self) -> float:
@@ -162,6 +187,9 @@ class Ledger:
         self.incidents: deque[Incident] = deque(maxlen=INCIDENTS_KEPT)
         self.faults: OrderedDict[str, tuple[str, float, float]] = OrderedDict()
         self._exported: dict[str, float] = {}
+        self._phase_seen: dict[int, tuple[float, ...]] = {}  # rank -> its phase seconds
+        self._phase_job: tuple[float, ...] = (0.0,) * len(PHASE_CATEGORIES)
+        self._slow_at: float | None = None  # the last straggler accounting (training)
         if midway or any(self.carried.values()):
             # met midway (an arbiter restarted under a running job): until every rank's
             # next step, the ledger cannot say what the job is doing
@@ -204,6 +232,68 @@ class Ledger:
         if inc is not None and inc.first_step_at is None:
             inc.resumed, inc.resume_source = step, "reported"
 
+    def phases(self, rank: int, generation: int, seconds: tuple[float, ...],
+               at: float) -> None:
+        """Rank ``rank``'s trainer of ``generation`` has spent ``seconds`` (one per
+        ``PHASE_CATEGORIES``, since it started) in declared phases, as of ``at``. The
+        growth of the largest report since the last one moves from productive to those
+        categories, at most the training time of this generation not moved yet."""
+        if self.ended is not None or generation != self.generation or len(seconds) != len(
+                PHASE_CATEGORIES) or not all(math.isfinite(v) and v >= 0 for v in seconds):
+            return
+        prev = self._phase_seen.get(rank)
+        if prev is None and len(self._phase_seen) >= max(self.world_size, 1):
+            return  # more ranks than the job has: not believed
+        self._phase_seen[rank] = tuple(max(a, b) for a, b in zip(prev or seconds, seconds,
+                                                                   strict=True))
+        job = tuple(max(v[i] for v in self._phase_seen.values())
+                    for i in range(len(PHASE_CATEGORIES)))
+        grew = [max(0.0, a - b) for a, b in zip(job, self._phase_job, strict=True)]
+        self._phase_job = job
+        cur = self._current()
+        if self.mode is not Mode.TRAINING or cur is None or not any(grew):
+            return
+        self._close(self._clamp(_finite(at, self.since)), Mode.TRAINING)
+        room = max(0.0, min(self.since - cur.start - cur.phase_moved,
+                            self.totals["productive"]))
+        for c, g in zip(PHASE_CATEGORIES, grew, strict=True):
+            move = min(g, room)
+            room -= move
+            cur.phase_moved += move
+            self.totals["productive"] -= move
+            self.totals[c] += move
+
+    def slowed(self, share: float, at: float) -> None:
+        """The job waits ``share`` of each step on a slow rank (straggler.slowdown) as of
+        ``at``: that share of the training time since the last call (or since training
+        began) moves from productive to straggler."""
+        cur = self._current()
+        if self.ended is not None or self.mode is not Mode.TRAINING or cur is None:
+            self._slow_at = None
+            return
+        at = self._clamp(_finite(at, self.since))
+        start = max(self._slow_at if self._slow_at is not None else cur.start, cur.start)
+        self._slow_at = max(at, start)
+        share = _finite(share, 0.0)
+        if at <= start or not 0.0 < share < 1.0:
+            return
+        self._close(at, Mode.TRAINING)
+        move = min(share * (at - start), self.totals["productive"])
+        self.totals["productive"] -= move
+        self.totals["straggler"] += move
+
+    def capacity(self, waiting: bool, at: float) -> None:
+        """A replacement pod of the job is Pending (``waiting``) or no longer is, as of
+        ``at``: while the job waits for its new generation's barrier, that time is
+        capacity, not decision."""
+        if self.ended is not None:
+            return
+        at = max(_finite(at, self.since), self.since)
+        if waiting and self.mode is Mode.DECISION:
+            self._close(at, Mode.CAPACITY)
+        elif not waiting and self.mode is Mode.CAPACITY:
+            self._close(at, Mode.DECISION)
+
     def fault(self, fault_id: str, kind: str, onset: float, detected: float) -> None:
         """A fault arrived: it began at ``onset`` (a hang: the rank's last step) and was
         detected at ``detected``; a restart that names it uses these times."""
@@ -228,6 +318,12 @@ class Ledger:
         detected = min(max(detected if detected is not None else now, lo), now)
         onset = min(max(onset if onset is not None else detected, lo), detected)
         reached = cur.reached() if cur is not None else None
+        prev = self.incidents[-1] if self.incidents else None
+        if cur is None and prev is not None and prev.generation == self.generation \
+                and prev.first_step_at is None:
+            # its generation never trained: the job still stands where that restart
+            # found it, and that restart redid nothing
+            reached, prev.superseded = prev.reached, True
         if self.mode is Mode.TRAINING:
             self._close(onset, Mode.DETECTION)
             if cur is not None:
@@ -246,7 +342,7 @@ class Ledger:
         if inc is None or inc.released is not None or self.ended is not None:
             return
         inc.released = max(_finite(now, self.since), self.since)
-        if self.mode is Mode.DECISION and generation == self.generation:
+        if self.mode in (Mode.DECISION, Mode.CAPACITY) and generation == self.generation:
             self._close(inc.released, Mode.RESTART)
 
     def end(self, now: float) -> None:
@@ -279,7 +375,8 @@ class Ledger:
             assert steps is not None
             steps += n
         return Breakdown(self.start, wall, secs, steps, tuple(self.incidents),
-                         self.carried_restarts + len(self.incidents))
+                         self.carried_restarts + len(self.incidents),
+                         sum(self.carried.values()))
 
     def exported(self, now: float) -> dict[str, float]:
         """Per category, for Prometheus counters: never lower than a value exported
@@ -318,6 +415,7 @@ class Ledger:
             self._close(at, Mode.OFF)
         self.generation = generation
         self.first_steps, self._reports = {}, {}
+        self._phase_seen, self._phase_job = {}, (0.0,) * len(PHASE_CATEGORIES)
         self._expected = set(self.reporters)
 
     def _late(self, generation: int, step: int) -> None:

@@ -14,12 +14,17 @@ same fault id seen before      nothing (agents re-send until acknowledged)
 generation older than the job  IGNORE: recorded, the restart was already decided
 job STOPPED / SUCCEEDED        IGNORE
 CRASH                          RESTART every rank at generation+1 (all meet at a barrier)
+HANG WARNING "waiting in a     as HANG below (the suspicion of a rank verified waiting in a
+  collective" (suspected_hang)   collective: its agent records no error until decided)
 HANG, most other ranks still   the hung rank is the culprit: RESTART
   progressing
 HANG, most ranks stalled       job hang: DUMP_STACKS on every rank; when all stacks are in
   (or several report hung)       (or after --stacks-timeout) name the culprit -- the rank
                                  whose step is behind, else whose stack differs from the
-                                 majority (``name_culprit``) -- then RESTART
+                                 majority (``name_culprit``) -- then RESTART; ranks
+                                 their agents verified alive or spinning: BUSY, no
+                                 restart, every rank told who is busy and who waits
+                                 (``busy_verdict``)
 GPU, severity FATAL or scope   REPLACE that rank (its agent exits with EXIT_REPLACE so the
   NODE; NODE faults              pod moves), RESTART the others
 GPU, severity ERROR            RESTART (application-level Xid)
@@ -64,7 +69,7 @@ from ftagent.arbiter import fr_verdict
 from ftagent.arbiter.barrier import barrier_expired, rank_list
 from ftagent.arbiter.state import Decision, JobState, Verdict
 from ftagent.arbiter.straggler import StragglerAction
-from ftagent.model import Fault, FaultKind, Scope, Severity
+from ftagent.model import Fault, FaultKind, JobBusy, Scope, Severity
 from ftagent.wire import limits
 
 
@@ -118,8 +123,8 @@ def decide_fault(job: JobState, rep: FaultReport, now: float, cfg: PolicyConfig)
             job.restarts < job.max_restarts:  # a slow job beats a stopped one
         return restart_or_stop(job, f"{where}: replacing rank {rep.rank} "
                                "(--straggler-action replace)", rep, cfg, replace=rep.rank)
-    if f.severity in (Severity.INFO, Severity.WARNING) or f.kind in (FaultKind.BARRIER,
-                                                                     FaultKind.AGENT):
+    if (f.severity in (Severity.INFO, Severity.WARNING) and not suspected_hang(f)) or \
+            f.kind in (FaultKind.BARRIER, FaultKind.AGENT):
         return [_d(Verdict.ALERT_ONLY, where, g, rep)]
     if job.nic_outages and f.kind in (FaultKind.CRASH, FaultKind.HANG):
         down = ", ".join(str(r) for r in sorted(job.nic_outages))
@@ -133,6 +138,14 @@ def decide_fault(job: JobState, rep: FaultReport, now: float, cfg: PolicyConfig)
         return _hang(job, rep, where, now, cfg)
     culprit = rep.rank if f.kind is FaultKind.CRASH and rep.rank >= 0 else None
     return restart_or_stop(job, where, rep, cfg, culprit=culprit)
+
+
+def suspected_hang(f: Fault) -> bool:
+    """A rank verified waiting in a collective reports its hang as a WARNING suspicion
+    (agent/peer_wait.py): waiting is not hanging until the ranks are compared. It is
+    decided as a hang (stacks from every rank, then RESTART or BUSY), not only recorded."""
+    return f.kind is FaultKind.HANG and f.severity is Severity.WARNING and \
+        f.evidence.get("waiting_in_collective") is True
 
 
 def restart_or_stop(job: JobState, reason: str, rep: FaultReport, cfg: PolicyConfig, *,
@@ -223,8 +236,13 @@ def decide_stacks(job: JobState, now: float, cfg: PolicyConfig, *,
     busy = job_busy(stacks)
     if busy is not None:  # alive ranks in an undeclared phase, the others wait for them
         ranks, why = busy
-        return [Decision(Verdict.ALERT_ONLY, f"job busy, not hung ({got}): {why}; no restart",
-                         job.generation, rank=ranks[0], fault_id=probe.fault_id)]
+        told = busy_verdict(job, stacks, ranks)
+        if told.spin_culprits:
+            why += (f"; rank {rank_list(list(told.spin_culprits))} spins while the others wait "
+                    "on it in a collective: its agent declares it after "
+                    "--hang-culprit-spin-timeout")
+        return [Decision(Verdict.BUSY, f"job busy, not hung ({got}): {why}; no restart",
+                         job.generation, rank=ranks[0], fault_id=probe.fault_id, busy=told)]
     fr = flight_recorder_verdict(job)
     culprits, why = (list(fr.culprits), f"flight recorder: {fr.message}"
                      f"{places(fr.culprits, stacks)}") if fr is not None \
@@ -257,6 +275,31 @@ def decide_tick(job: JobState, now: float, cfg: PolicyConfig) -> list[Decision]:
                                    f"{now - outage.since:.0f}s: replacing rank {rank}", rep,
                                    cfg, replace=rank)
     return barrier_expired(job, now, cfg.barrier_timeout)
+
+
+def busy_verdict(job: JobState, stacks: Mapping[int, str], busy: Sequence[int]) -> JobBusy:
+    """What every rank is told of a busy job (``job_busy``): who is busy, who waits, and
+    the *spin culprits* -- spinning ranks the others are verified waiting on in a
+    collective. With every rank's flight-recorder summary, a culprit must be behind (or
+    give no dump) in it; without the recorder, every waiting rank's stack must be in a
+    collective. When every rank is busy (an evaluation) there is no culprit."""
+    live = {r: liveness_of(s) for r, s in stacks.items()}
+    waiting = sorted(set(stacks) - set(busy))
+    spinning = [r for r in busy if live[r][0] == "spinning"]
+    culprits: list[int] = []
+    if waiting and spinning:
+        sent = {r.rank: r.fr for r in job.ranks.values() if r.stack is not None}
+        if len(sent) >= 2 and all(s is not None for s in sent.values()):
+            v = fr_verdict.decide(sent)
+            behind = {r for f in v.findings if f.kind in ("behind", "unresponsive")
+                      for r in f.ranks}
+            culprits = [r for r in spinning if r in behind]
+        elif all(COMMUNICATION.search(live[r][2]) for r in waiting):
+            culprits = spinning
+    first = live[busy[0]] if busy else (None, None, "")
+    return JobBusy(busy_ranks=tuple(busy), waiting_ranks=tuple(waiting),
+                   where=(first[1] or "")[:limits.MAX_WHERE], state=first[0] or "",
+                   spin_culprits=tuple(culprits))
 
 
 def flight_recorder_verdict(job: JobState) -> fr_verdict.Verdict | None:

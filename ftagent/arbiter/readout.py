@@ -11,6 +11,7 @@ from collections.abc import Callable
 from ftagent.arbiter import barrier, convert
 from ftagent.arbiter.history import History, JobRecord, JobStats, shown_state
 from ftagent.arbiter.journal import Journal
+from ftagent.arbiter.ledger import Breakdown, Incident
 from ftagent.arbiter.state import JobState
 from ftagent.arbiter.timeline import Timeline
 from ftagent.metrics import JobSnapshot
@@ -92,14 +93,11 @@ class Readout:
             job=job.job, namespace=job.namespace, generation=job.generation,
             restarts=job.restarts, max_restarts=job.max_restarts, world_size=job.world_size,
             connected=job.connected, state=state, alert_only=job.alert_only,
-            barrier=barrier.barrier_summary(job, now))
+            barrier=barrier.barrier_summary(job, now), busy=job.busy)
         s = self.journal.current(job)
         led = s.ledger if s is not None else None
         if led is not None:
-            b = led.breakdown(now)
-            info.goodput.CopyFrom(pb.Goodput(
-                wall_seconds=b.wall, seconds=b.seconds, ratio=b.ettr,
-                recomputed_steps=b.recomputed_steps, incidents=b.restarts))
+            info.goodput.CopyFrom(_goodput_pb(led.breakdown(now)))
         if not ranks:
             return info
         stragglers = set(self.stragglers_of(job))
@@ -150,3 +148,23 @@ class Readout:
                                        goodput_ratio=j.goodput.get("productive", 0.0) / wall
                                        if wall > 0 else None))
         return out
+
+
+def _goodput_pb(b: Breakdown) -> pb.Goodput:
+    """The ledger's breakdown on the wire, each incident's stages with it."""
+    return pb.Goodput(wall_seconds=b.wall, seconds=b.seconds, ratio=b.ettr,
+                      recomputed_steps=b.recomputed_steps, incidents=b.restarts,
+                      started_at=b.started_at,
+                      per_incident=[_incident_pb(i) for i in b.incidents])
+
+
+def _incident_pb(i: Incident) -> pb.GoodputIncident:
+    d = i.durations()
+    over = i.first_step_at is not None or i.superseded  # its steps are settled
+    return pb.GoodputIncident(
+        generation=i.generation, kind=i.kind, onset=i.onset, detect_seconds=d["detect"] or 0.0,
+        decide_seconds=d["decide"], restart_seconds=d["restart"],
+        recompute_seconds=i.recompute_seconds, reached_step=i.reached,
+        resumed_step=i.resumed if over else None,
+        recomputed_steps=i.recomputed_steps if over else None,
+        resume_source=i.resume_source if over else "")

@@ -201,6 +201,15 @@ class Registry:
         thread) and its exceptions are logged, never raised."""
         self._jobs.listeners.append(fn)
 
+    def waiting_for_capacity(self, namespace: str, job: str, waiting: bool,
+                             now: float) -> None:
+        """The Kubernetes side (kube/cluster.py, every tick while a REPLACE waits for its
+        pod): a pod of ``job`` is Pending without a node (``waiting``) or none is. The
+        ledger places that time in ``capacity`` instead of ``decision``."""
+        j = self.jobs.get((namespace, job))
+        if j is not None and not j.finished:
+            self.journal.ledger(j, now).capacity(waiting, now)
+
     def fault_kind(self, job: JobState, fault_id: str) -> str:
         """The kind (``model.FaultKind`` value) of a fault the job saw, "" if unknown."""
         return self.journal.fault_kind(job, fault_id)

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from ftagent.model import JobBusy
 from ftagent.wire.limits import MAX_OPEN_FAULTS
 
 SEEN_FAULTS_KEPT = 10_000  # per job; duplicate ids older than this are long acknowledged
@@ -55,6 +56,8 @@ class Verdict(str, enum.Enum):
     WAIT = "wait"  # a rank's link is down: decide when it is back or at `until`
     LINK_BACK = "link_back"  # `rank`'s link is back, others' are still down: keep waiting
     IGNORE = "ignore"  # recorded, nothing to do (stale generation, already handled)
+    BUSY = "busy"  # a job hang's stacks showed ranks alive in a phase: no restart; every
+    # rank is told who is busy and who waits (`busy`), and status shows it
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,7 @@ class Decision:
     # RESTART for a collective mismatch: its place (fr_verdict.Verdict.key), remembered so
     # that the same mismatch after the restart STOPs the job (a program error)
     mismatch: str = ""
+    busy: JobBusy | None = None  # BUSY: who is busy, who waits
 
 
 @dataclass(slots=True)
@@ -165,6 +169,10 @@ class JobState:
     open_faults: dict[str, int] = field(default_factory=dict)
     stop_reason: str = ""
     mismatch: str = ""  # the collective mismatch the last restart was for (Decision.mismatch)
+    # The last BUSY verdict (its reason) while it holds: until a rank steps past
+    # `busy_step` (the highest step when it was decided) or the job moves on.
+    busy: str = ""
+    busy_step: int = -1
     connected: int = 0
     last_seen: float = 0.0
 
@@ -270,7 +278,7 @@ _RANK_STATES = {Verdict.RESTART: "restarting", Verdict.REJOIN: "restarting",
                 Verdict.RELEASE_BARRIER: "running"}
 # Verdicts that are commands to agents (the others are recorded only).
 COMMANDS = frozenset((Verdict.RESTART, Verdict.REJOIN, Verdict.STOP, Verdict.REPLACE,
-                      Verdict.RELEASE_BARRIER, Verdict.DUMP_STACKS))
+                      Verdict.RELEASE_BARRIER, Verdict.DUMP_STACKS, Verdict.BUSY))
 
 
 def apply(job: JobState, d: Change, now: float) -> None:
@@ -293,15 +301,19 @@ def apply(job: JobState, d: Change, now: float) -> None:
     elif v is Verdict.STOP and not d.targets:
         job.phase = JobPhase.STOPPED
         job.stop_reason = d.reason
+        job.busy, job.busy_step = "", -1
         job.barrier = None
         job.hang_probe = None
         job.nic_outages.clear()
-    elif v is Verdict.ALERT_ONLY and job.hang_probe is not None and \
+    elif v in (Verdict.ALERT_ONLY, Verdict.BUSY) and job.hang_probe is not None and \
             d.fault_id == job.hang_probe.fault_id:
         # the stacks showed a busy job, not a hung one (policy.job_busy): probe over
         job.hang_probe = None
         for r in job.ranks.values():
             r.stack = None
+        if v is Verdict.BUSY:
+            job.busy = d.reason
+            job.busy_step = max((r.step for r in job.ranks.values()), default=-1)
     elif v is Verdict.DUMP_STACKS and d.until is not None and d.rank is not None:
         job.hang_probe = HangProbe(fault_id=d.fault_id, rank=d.rank, deadline=d.until,
                                    exit_status=d.exit_code)
@@ -325,6 +337,7 @@ def _new_generation(job: JobState, generation: int, now: float) -> None:
     job.barrier = BarrierState(generation=generation, opened_at=now)
     job.hang_probe = None
     job.nic_outages.clear()
+    job.busy, job.busy_step = "", -1
     for r in job.ranks.values():
         r.hung = False
         r.stack = None
@@ -357,6 +370,8 @@ def _left(job: JobState, c: Left, now: float) -> None:
 def _progressed(job: JobState, c: Progressed, now: float) -> None:
     rs = job.ranks[c.rank]
     rs.step, rs.hung, rs.loss = c.step, c.hung, c.loss
+    if job.busy and c.step > job.busy_step:  # the busy phase is over
+        job.busy, job.busy_step = "", -1
     rs.samples_per_second, rs.tokens_per_second = c.samples_per_second, c.tokens_per_second
     rs.last_step_at = c.last_step_at
 

@@ -7,6 +7,7 @@ No flags and no printing here: the command (``ftagent/cmd/status.py``) wires the
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import grpc
@@ -124,7 +125,7 @@ def format_entry(e: pb.TimelineEntry) -> str:
 
 
 GOODPUT_ORDER = ("productive", "startup", "recomputed", "detection", "decision", "restart",
-                 "unattributed")
+                 "checkpoint", "other_phases", "unattributed")
 
 
 def format_goodput(g: pb.Goodput) -> str:
@@ -141,7 +142,28 @@ def format_goodput(g: pb.Goodput) -> str:
             share = 100 * v / g.wall_seconds if g.wall_seconds > 0 else 0.0
             name = "".join(ch if ch.isprintable() else "?" for ch in c[:32])
             out.append(f"  {name:<13} {_duration(v):>8}  {share:5.1f}%")
+    if g.per_incident:
+        out += ["", format_incidents(g.per_incident)]
     return "\n".join(out)
+
+
+def format_incidents(incidents: Iterable[pb.GoodputIncident]) -> str:
+    """One row per restart: how long detection, decision, restart and the redone training
+    took, and where the resume step came from ("-": that stage is not over yet)."""
+    rows = [["INCIDENT", "KIND", "DETECT", "DECIDE", "RESTART", "RECOMPUTE", "STEPS REDONE",
+             "RESUMED AFTER"]]
+    def opt(i: pb.GoodputIncident, name: str) -> str:
+        return _duration(getattr(i, name)) if i.HasField(name) else "-"
+
+    for i in incidents:
+        redone = str(i.recomputed_steps) if i.HasField("recomputed_steps") else (
+            "unknown" if i.HasField("restart_seconds") else "-")
+        how = "reported" if i.resume_source == "reported" else "first step"
+        resumed = f"{i.resumed_step} ({how})" if i.HasField("resumed_step") else "-"
+        rows.append([f"g{i.generation}", i.kind[:16], _duration(i.detect_seconds),
+                     opt(i, "decide_seconds"), opt(i, "restart_seconds"),
+                     _duration(i.recompute_seconds), redone, resumed])
+    return _table(rows)
 
 
 def format_job(j: pb.JobInfo) -> str:
@@ -152,6 +174,8 @@ def format_job(j: pb.JobInfo) -> str:
            (", alert only" if j.alert_only else "")]
     if j.barrier:
         out.append(f"barrier: {printable(j.barrier)}")
+    if j.busy:  # the arbiter's "job busy, no restart" verdict, while it holds
+        out.append(f"busy: {printable(j.busy)}")
     if j.HasField("goodput"):
         out += ["", format_goodput(j.goodput)]
     rows = [["RANK", "POD", "NODE", "STATE", "STEP", "LOSS", "LAST STEP", "RESTARTS", "GEN",

@@ -125,6 +125,22 @@ class StragglerWatch:
         return found
 
 
+def slowdown(timed: Mapping[int, RankTiming], ratio: float) -> float:
+    """The share of the job's step time spent waiting on a slow rank right now: the
+    slowest rank's own seconds per step minus the median of the others', over the step
+    time, when that rank is slow by ``assess``'s measure (else 0: jitter is not a
+    straggler). In [0, 1); 0 with fewer than two timed ranks. For the goodput ledger."""
+    timed = {r: t for r, t in timed.items() if t.step_seconds > 0}
+    slow = assess(timed, ratio)
+    if not slow:
+        return 0.0
+    worst = max(slow, key=lambda r: timed[r].own_seconds)
+    others = [t.own_seconds for r, t in timed.items() if r != worst]
+    step = statistics.median(t.step_seconds for t in timed.values())
+    waited = timed[worst].own_seconds - statistics.median(others)
+    return min(max(0.0, waited / step), 0.99) if step > 0 else 0.0
+
+
 def assess(timed: Mapping[int, RankTiming], ratio: float) -> dict[int, dict[str, Any]]:
     """The ranks slow in compute right now, each with its evidence (no memory, no clock).
 
@@ -197,6 +213,11 @@ class JobTimings:
 
     def note(self, timing: RankTiming, received: float) -> None:
         self.latest[timing.rank] = (received, timing)
+
+    def slowdown(self, now: float) -> float:
+        """``slowdown`` of the fresh timings (the goodput ledger's straggler share)."""
+        fresh = {r: t for r, (at, t) in self.latest.items() if now - at <= STALE_AFTER}
+        return slowdown(fresh, self.watch.cfg.ratio)
 
     def assess_job(self, generation: int, ranks: Iterable[int], now: float) -> list[Straggler]:
         """Findings among ``ranks`` (connected, training, not hung: the registry's choice)

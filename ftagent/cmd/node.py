@@ -40,7 +40,7 @@ from ftagent.config import (
     opt,
     resolve_group,
 )
-from ftagent.node.agent import GpuWatch, NicWatch, NodeAgent
+from ftagent.node.agent import NodeAgent
 from ftagent.node.conditions import HEARTBEAT, NodeConditions
 from ftagent.node.reports import HEARTBEAT as REPORT_HEARTBEAT
 from ftagent.node.reports import NodeReporter
@@ -155,58 +155,25 @@ def physical_links(sysfs_net: str = SYSFS_NET) -> tuple[str, ...]:
 
 
 def build(s: NodeSettings, environ: Mapping[str, str]) -> tuple[NodeAgent, CollectorRegistry]:
-    """The agent and its metrics registry; ConfigError for a bad file or flag combination."""
-    from ftagent.detect.accel import AccelDetector, code_label
-    from ftagent.detect.gpu import GpuDetector, parse_xid_actions
-    from ftagent.detect.nic import NicDetector
-    from ftagent.metrics import GpuCollector, NicCollector
-    from ftagent.model import Scope
-    from ftagent.sources.accel import VendorSource, make_backend, pick
-    from ftagent.sources.gpu import GpuSource, open_backend
-    from ftagent.sources.nic import NicSource
-    from ftagent.sources.rdma import RdmaSource
+    """The agent and its metrics registry; ConfigError for a bad file or flag combination.
+
+    Its watch is every registered part (watch/registry.py) for the whole host: no
+    trainer environment (every GPU the machine shows; the links --nic names, default the
+    physical ones), scope NODE."""
+    from ftagent.watch.context import WatchContext
+    from ftagent.watch.registry import build as build_parts
+    from ftagent.watch.registry import register
 
     node = s.node.node
     labels = {"node": node}
     registry = CollectorRegistry()
-    gpu = None
-    accelerator = pick(s.gpu, environ)
-    factory, feed = (None, None) if accelerator != "nvidia" else open_backend(s.gpu)
-    backend = make_backend(accelerator, s.gpu) if accelerator != "nvidia" else None
-    if backend is not None:  # Ascend / Kunlunxin: every device the vendor tool shows
-        try:
-            overrides, default = parse_xid_actions(s.gpu.gpu_xid_action)
-        except ValueError as e:
-            raise ConfigError(f"--gpu-xid-action {e}") from None
-        vendor = VendorSource(s.gpu, {}, backend)
-        gpu = GpuWatch(vendor, AccelDetector(accelerator, overrides=overrides,
-                                             default=default, devices=vendor.device))
-        registry.register(GpuCollector(labels, vendor.readings, gpu.detector.xid_counts,
-                                       gpu.detector.healthy,
-                                       lambda: dict(vendor.event_counts),
-                                       accelerator=accelerator,
-                                       code_label=code_label(accelerator)))
-    if factory is not None:
-        try:
-            overrides, default = parse_xid_actions(s.gpu.gpu_xid_action)
-        except ValueError as e:
-            raise ConfigError(f"--gpu-xid-action {e}") from None
-        # No CUDA_/NVIDIA_VISIBLE_DEVICES: the node agent watches every GPU NVML shows.
-        source = GpuSource(s.gpu, {}, factory, feed)
-        gpu = GpuWatch(source, GpuDetector(overrides=overrides, default=default,
-                                           devices=source.device))
-        registry.register(GpuCollector(labels, source.readings, gpu.detector.xid_counts,
-                                       gpu.detector.healthy,
-                                       lambda: dict(source.event_counts)))
     nic_cfg = s.nic
     if not nic_cfg.nic and not s.node.nic_netns:
         nic_cfg = replace(nic_cfg, nic=physical_links() or ("",))
-    detector = NicDetector(nic_cfg.nic_grace, scope=Scope.NODE)
-    nic = NicWatch(NicSource(nic_cfg, {}, netns=s.node.nic_netns or None,
-                             flaps=detector.flaps), detector,
-                   RdmaSource(nic_cfg, {}, flaps=detector.flaps))
-    assert nic.rdma is not None
-    registry.register(NicCollector(labels, nic.source.snapshot, nic.rdma.snapshot))
+    ctx = WatchContext(s.gpu, replace(nic_cfg, nic_scope="node"), environ, {},
+                       netns=s.node.nic_netns or None)
+    parts = build_parts(ctx)
+    register(parts, registry, labels)
     reporter = None
     if s.arbiter.arbiter:
         try:
@@ -228,7 +195,7 @@ def build(s: NodeSettings, environ: Mapping[str, str]) -> tuple[NodeAgent, Colle
                               "'ftagent[kube]')") from None
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    agent = NodeAgent(node, gpu=gpu, nic=nic, reporter=reporter, writer=writer,
+    agent = NodeAgent(node, parts=parts, reporter=reporter, writer=writer,
                       conditions=NodeConditions(s.node.condition_heartbeat))
     return agent, registry
 

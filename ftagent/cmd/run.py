@@ -39,6 +39,7 @@ from ftagent.config import (
 from ftagent.metrics import AgentMetrics
 from ftagent.model import Progress
 from ftagent.sources.progress import LogObservation
+from ftagent.watch.loop import WatchLoop
 
 if TYPE_CHECKING:
     from ftagent.agent.launcher import NodePlace
@@ -144,9 +145,8 @@ def build_agent(cfg: RunConfig, environ: Mapping[str, str], rundir: str, *,
     from ftagent.agent.flight_recorder import use_flight_recorder
 
     use_flight_recorder(agent, cfg, rundir)  # TORCH_FR_* env, per-attempt dumps, trigger
-    if node_sources:
-        add_nic(agent, cfg, environ, registry, labels)
-        add_gpu(agent, cfg, environ, registry, labels)
+    if node_sources:  # the host's GPUs and links: one source of the agent (ftagent/watch/)
+        agent.sources.append(add_watch(agent, cfg, environ, registry, labels))
     if serve:
         start_metrics(cfg, registry, agent)
     return agent
@@ -310,82 +310,34 @@ def add_progress(agent: Agent, cfg: RunConfig, metrics: AgentMetrics, rundir: st
         decider.hang_state = watch.state
     if verifier is not None and hasattr(decider, "stack_capture"):  # DUMP_STACKS + liveness
         decider.stack_capture = verifier.stacks_for_arbiter
+    if verifier is not None and hasattr(decider, "on_busy"):  # waiting is not hanging
+        from ftagent.agent.peer_wait import PeerWait
+
+        waits = PeerWait(cfg.identity.rank, verifier, agent.events.write, metrics,
+                         culprit_spin_timeout=cfg.hang.hang_culprit_spin_timeout)
+        decider.on_busy = waits.on_action
+        agent.observers.append(waits)
+        link = getattr(decider, "link", None)
+        if cfg.hang.hang_action != "alert":  # alert: the arbiter decides no hang at all
+            verifier.ask_arbiter = lambda: bool(getattr(link, "connected", False))
     agent.evidence = evidence_hook(cfg.hang.hang_dump_timeout, agent.tail)
 
 
-def add_nic(agent: Agent, cfg: RunConfig, environ: Mapping[str, str],
-            registry: CollectorRegistry, labels: dict[str, str]) -> None:
-    """Links through netlink, RDMA ports through sysfs, one debounce detector for both."""
-    from ftagent.detect.nic import NicDetector
-    from ftagent.metrics import NicCollector
-    from ftagent.model import Scope
-    from ftagent.sources.nic import NicSource
-    from ftagent.sources.rdma import RdmaSource
-
-    scope = Scope.NODE if cfg.nic.nic_scope == "node" else Scope.POD
-    detector = NicDetector(cfg.nic.nic_grace, scope=scope)
-    nic = NicSource(cfg.nic, environ, flaps=detector.flaps)
-    rdma = RdmaSource(cfg.nic, environ, flaps=detector.flaps)
-    agent.sources += [nic, rdma]
-    agent.detectors.append(detector)
-    registry.register(NicCollector(labels, nic.snapshot, rdma.snapshot))
-
-
-def add_gpu(agent: Agent, cfg: RunConfig, environ: Mapping[str, str],
-            registry: CollectorRegistry, labels: dict[str, str]) -> None:
-    """The trainer's GPUs through NVML and the kernel log, one Xid detector for both; or,
-    with --accelerator (or auto on a node that has them), Ascend NPUs or Kunlunxin XPUs
-    through their vendor tool (sources/accel.py)."""
-    from ftagent.detect.gpu import GpuDetector, parse_xid_actions
-    from ftagent.metrics import GpuCollector
-    from ftagent.sources.accel import pick
-    from ftagent.sources.gpu import GpuSource, open_backend
-
-    accelerator = pick(cfg.gpu, environ)
-    if accelerator != "nvidia":
-        add_vendor(agent, cfg, environ, registry, labels, accelerator)
-        return
-    factory, feed = open_backend(cfg.gpu, cfg.identity.rank)  # ConfigError: a bad FILE
-    if factory is None:
-        return
-    try:
-        overrides, default = parse_xid_actions(cfg.gpu.gpu_xid_action)
-    except ValueError as e:
-        raise ConfigError(f"--gpu-xid-action {e}") from None
-    source = GpuSource(cfg.gpu, environ, factory, feed)
-    detector = GpuDetector(overrides=overrides, default=default, devices=source.device)
-    agent.sources.append(source)
-    agent.detectors.append(detector)
-    registry.register(GpuCollector(labels, source.readings, detector.xid_counts,
-                                   detector.healthy, lambda: dict(source.event_counts)))
-
-
-def add_vendor(agent: Agent, cfg: RunConfig, environ: Mapping[str, str],
-               registry: CollectorRegistry, labels: dict[str, str], accelerator: str) -> None:
-    """Ascend or Kunlunxin devices: the vendor source, its detector, the same GPU series."""
+def add_watch(agent: Agent, cfg: RunConfig, environ: Mapping[str, str],
+              registry: CollectorRegistry, labels: dict[str, str]) -> WatchLoop:
+    """The watch loop over every registered part (watch/registry.py: the links and RDMA
+    ports, the GPUs or a vendor's accelerators), its series in ``registry``, its faults
+    raised by ``agent`` (evidence, events, the decider). ConfigError for a bad setting."""
     from ftagent.agent import supervisor
-    from ftagent.detect.accel import AccelDetector, code_label
-    from ftagent.detect.gpu import parse_xid_actions
-    from ftagent.metrics import GpuCollector
-    from ftagent.sources.accel import VendorSource, make_backend
+    from ftagent.model import FaultKind
+    from ftagent.watch.context import WatchContext
+    from ftagent.watch.registry import assemble
 
-    backend = make_backend(accelerator, cfg.gpu, cfg.identity.rank,  # ConfigError
-                           hide=supervisor.hide_from_tree, show=supervisor.show_in_tree)
-    if backend is None:
-        return
-    try:
-        overrides, default = parse_xid_actions(cfg.gpu.gpu_xid_action)
-    except ValueError as e:
-        raise ConfigError(f"--gpu-xid-action {e}") from None
-    source = VendorSource(cfg.gpu, environ, backend)
-    detector = AccelDetector(accelerator, overrides=overrides, default=default,
-                             devices=source.device)
-    agent.sources.append(source)
-    agent.detectors.append(detector)
-    registry.register(GpuCollector(labels, source.readings, detector.xid_counts,
-                                   detector.healthy, lambda: dict(source.event_counts),
-                                   accelerator=accelerator,
-                                   code_label=code_label(accelerator)))
+    ctx = WatchContext(cfg.gpu, cfg.nic, environ, environ, rank=cfg.identity.rank,
+                       hide=supervisor.hide_from_tree, show=supervisor.show_in_tree)
+    return assemble(ctx, agent.raise_fault, metrics=registry, labels=labels,
+                    on_error=lambda name, e: agent.events.write(
+                        "fault", FaultKind.AGENT.value, f"source {name} failed: {e}"))
 
 
 def latest_progress(batch: list[LogObservation]) -> list[LogObservation]:

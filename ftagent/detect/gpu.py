@@ -5,8 +5,9 @@ Pure: time comes from the observations, the device descriptions from an injected
 **The Xid table** follows NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors, the
 r570/r575 edition whose rows carry a resolution: RESTART_APP, RESET_GPU, RESTART_BM/VM,
 IGNORE, and the XID_48/NVLink workflows), as summarised in the project's FIELD-NOTES; it
-was not re-read against the catalog's workbook for this table. Each Xid maps to one
-``GpuAction``:
+was not re-read against the catalog's workbook for this table (the table itself is in
+``ftagent/xid.py``, the vocabulary: the simulated NVML words its Xids with it too). Each
+Xid maps to one ``GpuAction``:
 
 * ``restart`` -- an application-level error (13, 31, 43, 45, 68, 94, ...): the job
   restarts in place on the same GPUs;
@@ -43,7 +44,6 @@ neither double counts, and memory stays bounded by the (GPU, cause) pairs, not t
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -61,6 +61,9 @@ from ftagent.model import (
     Scope,
     Severity,
 )
+from ftagent.xid import UNKNOWN_MEANING, XidInfo
+from ftagent.xid import XID_CATALOG as XID_CATALOG  # importable from here too
+from ftagent.xid import GpuAction as GpuAction
 
 log = logging.getLogger("ftagent.detect.gpu")
 
@@ -69,14 +72,6 @@ EPISODE_QUIET = 60.0  # seconds without an occurrence that end a (GPU, cause) ep
 MAX_KEYS = 4096  # (GPU, cause) pairs tracked; more fold into the GPU's "other" Xid
 OTHER_XID = -1
 DETAIL_CHARS = 500
-
-
-class GpuAction(str, enum.Enum):
-    RESTART = "restart"
-    RESET_GPU = "reset_gpu"
-    REPLACE_NODE = "replace_node"
-    IGNORE = "ignore"
-
 
 RECOMMENDED = {
     GpuAction.RESTART: "restart the job in place",
@@ -94,48 +89,8 @@ FAULT_CLASS = {
 }
 
 
-@dataclass(frozen=True)
-class XidInfo:
-    xid: int
-    meaning: str
-    action: GpuAction
-
-
-_R, _G, _N, _I = (GpuAction.RESTART, GpuAction.RESET_GPU, GpuAction.REPLACE_NODE,
-                  GpuAction.IGNORE)
-XID_CATALOG: dict[int, XidInfo] = {x.xid: x for x in (
-    XidInfo(8, "GPU stopped processing (robust channel timeout)", _R),
-    XidInfo(13, "graphics engine exception", _R),
-    XidInfo(31, "GPU memory page fault", _R),
-    XidInfo(32, "invalid or corrupted push buffer stream", _R),
-    XidInfo(43, "GPU stopped processing (channel reset)", _R),
-    XidInfo(45, "preemptive cleanup after previous errors", _R),
-    XidInfo(46, "GPU stopped processing", _G),
-    XidInfo(48, "double-bit ECC error", _G),
-    XidInfo(61, "internal micro-controller breakpoint/warning", _G),
-    XidInfo(62, "internal micro-controller halt", _G),
-    XidInfo(63, "ECC page retirement or row remapping recorded", _I),
-    XidInfo(64, "ECC page retirement or row remapping recording failure", _G),
-    XidInfo(68, "video processor exception", _R),
-    XidInfo(69, "graphics engine class error", _R),
-    XidInfo(74, "NVLink error", _G),
-    XidInfo(79, "GPU has fallen off the bus", _N),
-    XidInfo(92, "high single-bit ECC error rate", _I),
-    XidInfo(94, "contained ECC error", _R),
-    XidInfo(95, "uncontained ECC error", _G),
-    XidInfo(109, "context switch timeout", _G),
-    XidInfo(119, "GSP RPC timeout", _G),
-    XidInfo(120, "GSP error", _G),
-    XidInfo(136, "GPU error (reset per NVSentinel's table)", _G),
-    XidInfo(140, "unrecovered ECC error", _G),
-    XidInfo(143, "GPU error (reset per NVSentinel's table)", _G),
-    *(XidInfo(x, "NVLink5 error", _G) for x in range(144, 151)),
-    XidInfo(151, "key rotation error", _N),
-    XidInfo(154, "GPU recovery action changed", _I),  # the action itself is read from NVML
-    XidInfo(160, "GPU error requiring a node reboot", _N),
-)}
-
 # NVML_GPU_RECOVERY_ACTION_* (field NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, driver >= 570)
+_G, _N = GpuAction.RESET_GPU, GpuAction.REPLACE_NODE
 RECOVERY_ACTIONS: dict[int, tuple[str, GpuAction]] = {
     1: ("GPU reset", _G), 2: ("node reboot", _N), 3: ("drain peer-to-peer", _G),
     4: ("drain and reset", _G), 5: ("recover the IMEX domain", _G), 6: ("bus reset", _G),
@@ -177,7 +132,7 @@ def classify(xid: int, overrides: Mapping[int, GpuAction] | None = None,
              default: GpuAction = GpuAction.RESTART) -> XidInfo:
     """The table's row for ``xid``, with any override applied."""
     known = XID_CATALOG.get(xid)
-    info = known or XidInfo(xid, "Xid not in ftagent's table", default)
+    info = known or XidInfo(xid, UNKNOWN_MEANING, default)
     if overrides and xid in overrides:
         return XidInfo(xid, info.meaning, overrides[xid])
     return info

@@ -39,6 +39,10 @@ evidence                                             verdict   why
 a thread working (frames move, or an outer frame's   alive     its code advances
   locals change while it runs at one line)
 a thread waiting, storage I/O >= ``io_busy`` B/s     alive     an I/O-bound phase (load)
+storage I/O >= ``io_busy`` B/s, whatever the stack   alive     I/O is life: a silent save
+  (spinning at one line, parked in a write)                      or scan whose bytes advance
+                                                               (``by_io``; bounded by
+                                                               --hang-phase-timeout)
 a thread spinning                                    spinning  busy, but maybe forever
 every thread parked or waiting, any CPU              hung      a still wait is a wait;
                                                                CPU in a wait frame is
@@ -84,7 +88,12 @@ How each signal lies, and what is done about it:
 * **GPU** -- an NCCL kernel spinning in a hung collective keeps a GPU at 100 %: GPU busy
   alone is never life; it is recorded beside the verdict.
 * **I/O counters** -- a chatty logger writes bytes while hung: only storage bytes
-  (``read_bytes``/``write_bytes``) at ``io_busy`` or more count, and only with a moving stack.
+  (``read_bytes``/``write_bytes``, not pipes or sockets) at ``io_busy`` or more count. A
+  checkpoint save sits at one line in native code (``torch.save``: *spinning*) or parked
+  in a write; with its bytes advancing it is alive (``by_io``), for as long as they
+  advance, and the agent bounds it by ``--hang-phase-timeout``. A save whose bytes stopped
+  (a dead mount) with a still stack is a hang, as before. Writes to a tmpfs reach no
+  storage layer and do not count.
 * **The tree** -- processes exit and fork while sampled: a process seen in fewer than two
   samples gives no motion; it is reported, and the verdict rests on the others.
 """
@@ -276,6 +285,7 @@ class ProcessVerdict:
     place: Place | None = None
     where: str | None = None
     missing: tuple[str, ...] = ()
+    by_io: bool = False  # alive only because its storage I/O advances (a silent save)
 
 
 @dataclass(frozen=True)
@@ -291,6 +301,7 @@ class Verdict:
     cpu_seconds: float | None = None  # the whole tree's, over the window
     gpu: GpuSample | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    by_io: bool = False  # alive only because storage I/O advances (ProcessVerdict.by_io)
 
     def to_json(self) -> dict[str, Any]:
         """The verdict as fault evidence / the stacks JSON the arbiter reads."""
@@ -301,6 +312,7 @@ class Verdict:
             "window_seconds": round(self.window_seconds, 3),
             "samples": self.samples,
             "cpu_seconds": None if self.cpu_seconds is None else round(self.cpu_seconds, 3),
+            "by_io": self.by_io,
             "missing": list(self.missing),
             "gpu": None if self.gpu is None else {
                 "utilization": self.gpu.utilization,
@@ -359,7 +371,7 @@ def judge(snapshots: Sequence[Snapshot], th: Thresholds | None = None) -> Verdic
                 reason += (f"; GPU {gpu.utilization:g}% busy (not life: a kernel spinning in "
                            "a hung collective is busy too)")
             return dataclasses.replace(base, state=state, reason=reason, where=d.where,
-                                       place=d.place)
+                                       place=d.place, by_io=d.by_io)
     return dataclasses.replace(base, reason="no usable evidence: " + (
         "; ".join(missing) or "nothing readable"))
 
@@ -396,9 +408,14 @@ def judge_process(pid: int, samples: Sequence[ProcessSample],
         else:
             missing.append("one stack sample only: motion not seen")
         state, reason, place = _without_motion(stacked, cores, th, cpu_text)
+        by_io = io_rate is not None and io_rate >= th.io_busy and state is not Liveness.ALIVE
+        if by_io:  # I/O is life, with or without stacks to see
+            state, reason = Liveness.ALIVE, (
+                f"storage I/O advancing at {(io_rate or 0) / 2**20:.1f} MiB/s ({reason}): a "
+                "save or a scan, alive while its bytes advance")
         return dataclasses.replace(base, state=state, reason=reason, place=place,
                                    where=place.where() if place else None,
-                                   missing=tuple(missing))
+                                   missing=tuple(missing), by_io=by_io)
     threads = _threads(stacked, th, cores)
     order = {"working": 0, "waiting": 1, "spinning": 2, "parked": 3, "unsure": 4}
     main = _main_first(threads)
@@ -413,9 +430,18 @@ def judge_process(pid: int, samples: Sequence[ProcessSample],
     waiting = [t for t in main if t.state == "waiting"]
     if waiting and io_busy:
         t = waiting[0]
-        return out(Liveness.ALIVE, f"{_tname(t)} moving between waits in {t.where} while "
-                   f"storage I/O runs at {(io_rate or 0) / 2**20:.1f} MiB/s, {cpu_text}",
-                   t, threads)
+        return dataclasses.replace(out(
+            Liveness.ALIVE, f"storage I/O advancing at {(io_rate or 0) / 2**20:.1f} MiB/s "
+            f"while {_tname(t)} moves between waits in {t.where}, {cpu_text}", t, threads),
+            by_io=True)
+    if io_busy and main:
+        # I/O is life: a save in native code (one still line, CPU burning) or parked in a
+        # write, a scan between reads, while its storage bytes advance
+        t = next((x for x in main if x.state == "spinning"), main[0])
+        return dataclasses.replace(out(
+            Liveness.ALIVE, f"storage I/O advancing at {(io_rate or 0) / 2**20:.1f} MiB/s "
+            f"while {_tname(t)} is {t.state} in {t.where}, {cpu_text}: a save or a scan, "
+            "alive while its bytes advance", t, threads), by_io=True)
     spinning = [t for t in main if t.state == "spinning"]
     if spinning:
         t = spinning[0]
@@ -584,17 +610,37 @@ def _cpu_text(cpu_s: float | None, cores: float | None,
 
 # --------------------------------------------------------------------------- what to do
 
+# Where a rank waits for its peers: a torch.distributed collective, DDP's all-reduce
+# inside autograd's backward, a barrier. A hung verdict here may be a victim of a peer
+# busy elsewhere (waiting is not hanging: agent/peer_wait.py asks the arbiter first).
+COLLECTIVE_WAIT = re.compile(
+    r"all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|broadcast|\bbarrier|"
+    r"_engine_run_backward|run_backward|finalize_backward|\b(?:i?send|i?recv)\b|"
+    r"\bwait\w* \((?:distributed_c10d|c10d_logger|_functional_collectives)\.py:", re.I)
+
+
+def in_collective(verdict: Verdict) -> bool:
+    """A hung verdict whose still thread waits in a collective (its innermost frames)."""
+    if verdict.state is not Liveness.HUNG:
+        return False
+    frames = verdict.place.frames[-3:] if verdict.place is not None else ()
+    return any(COLLECTIVE_WAIT.search(f.text()) for f in frames) or bool(
+        verdict.where and COLLECTIVE_WAIT.search(verdict.where.split(" from ")[0]))
+
+
 
 def spin_due(stalled_for: float, spin_budget: float) -> bool:
     """A spinning trainer is declared hung once its stall has lasted the spin budget."""
     return stalled_for >= spin_budget
 
 
-def declare(verdict: Verdict, stalled_for: float, spin_budget: float) -> bool:
-    """True: raise the hang now. Alive defers; spinning defers until its budget; hung and
-    unknown declare (the budget ran out, and nothing says the trainer lives)."""
+def declare(verdict: Verdict, stalled_for: float, spin_budget: float,
+            io_budget: float = float("inf")) -> bool:
+    """True: raise the hang now. Alive defers (alive by I/O alone: until ``io_budget``,
+    --hang-phase-timeout); spinning defers until its budget; hung and unknown declare (the
+    budget ran out, and nothing says the trainer lives)."""
     if verdict.state is Liveness.ALIVE:
-        return False
+        return verdict.by_io and stalled_for >= io_budget
     if verdict.state is Liveness.SPINNING:
         return spin_due(stalled_for, spin_budget)
     return True

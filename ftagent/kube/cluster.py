@@ -47,10 +47,12 @@ from ftagent.kube.cluster_faults import (
     get,
     parse_time,
     pending_fault,
+    waits_for_a_node,
 )
 from ftagent.kube.identity import identify, literal_env, trainer_index
 from ftagent.kube.node_scope import NodeEvidence
 from ftagent.kube.recorder import JOB_KINDS, ObjectRef, Recorder, job_owner, pod_ref
+from ftagent.kube.trainjob_status import TrainJobStatus, trainer_status
 from ftagent.model import Scope
 
 log = logging.getLogger("ftagent.kube.cluster")
@@ -78,6 +80,8 @@ class KubeSettings:
     node_evidence_window: float = 300.0
     pending_grace: float = 300.0
     component: str = "ftagent-arbiter"
+    # seconds between two writes of a job's progress to its TrainJob (0: never)
+    trainjob_status_interval: float = 30.0
 
 
 # Owners read to find a pod's job object: batch Job -> JobSet -> TrainJob (get on them)
@@ -124,6 +128,8 @@ class Cluster:
         self._actions = ThreadPoolExecutor(2, thread_name_prefix="ftagent-kube-act")
         self._background = ThreadPoolExecutor(2, thread_name_prefix="ftagent-kube-bg")
         self._flushing = False
+        self.trainjobs = TrainJobStatus(api_client, settings.trainjob_status_interval)
+        self._trainjobs_at = -1e18  # the last pass over the jobs for TrainJob progress
         self.ticker: asyncio.Task[None] | None = None  # tick_forever, when started for it
         registry.add_decision_listener(self.on_decision)
         registry.pod_alive = self.pod_alive
@@ -270,13 +276,17 @@ class Cluster:
             if job is None or job.finished or job.barrier is None or job.barrier.released:
                 del self._replacing[(ns, name)]
                 continue
+            unscheduled = False
             for (pns, _), pod in self.pod_cache.items():
                 if pns != ns or get(pod, "metadata", "labels", JOB_LABEL) != name:
                     continue
+                unscheduled = unscheduled or waits_for_a_node(pod)
                 stuck = pending_fault(pod, now, since, self.settings.pending_grace,
                                       self._pending_seen)
                 if stuck is not None:
                     self.registry.report_fault(ns, name, stuck.fault, now)
+            # the goodput ledger: time a replacement waits for a node is capacity
+            self.registry.waiting_for_capacity(ns, name, unscheduled, now)
         after = self.settings.force_delete_after
         if after >= 0:
             for key, gone_at in list(self._terminating.items()):
@@ -287,6 +297,36 @@ class Cluster:
                                  now - gone_at)
         if not self._flushing and self.recorder.dirty():
             self._flush_events()
+        self._trainjob_progress(now)
+
+    def _trainjob_progress(self, now: float) -> None:
+        """Each training job whose pods belong to a Kubeflow TrainJob: its step, loss,
+        goodput and restarts in the TrainJob's status.trainerStatus (trainjob_status.py),
+        at most every --interval per job, written in the background. A pass over the
+        jobs at most every 5 s; nothing once the writer found nowhere to write."""
+        tj = self.trainjobs
+        if tj.off or tj.interval <= 0 or now - self._trainjobs_at < min(tj.interval, 5.0):
+            return
+        self._trainjobs_at = now
+        for job in list(self.registry.jobs.values()):
+            if job.finished:
+                continue
+            pod = next((self.pod_cache[(job.namespace, r.pod)] for r in job.ranks.values()
+                        if (job.namespace, r.pod) in self.pod_cache), None)
+            owner = self._owner(pod) if pod is not None else None
+            if owner is None or (owner.group, owner.kind) != ("trainer.kubeflow.org",
+                                                              "TrainJob"):
+                continue
+            if not tj.due(owner.namespace, owner.name, now):
+                continue
+            info = self.registry.job_info(job, ranks=False)
+            steps = [r.step for r in job.ranks.values() if r.step >= 0]
+            loss = next((r.loss for r in sorted(job.ranks.values(), key=lambda r: r.rank)
+                         if r.loss is not None), None)
+            status = trainer_status(max(steps) if steps else None, loss,
+                                    info.goodput.ratio if info.HasField("goodput") else None,
+                                    job.restarts, now)
+            self._submit(self._background, tj.write, owner.namespace, owner.name, status)
 
     # ------------------------------------------------------------------ decisions out
 

@@ -245,6 +245,16 @@ class PodFaults:
         return [ClusterFault(f, node=node, namespace=ns, pod=name, uid=uid)]
 
 
+def waits_for_a_node(pod: Any) -> bool:
+    """A pod Pending that the scheduler has not placed (its PodScheduled condition is not
+    True, or there is none yet): it waits for capacity, not for its own start-up (a pod
+    scheduled but pulling its image is Pending too)."""
+    if get(pod, "status", "phase") != "Pending" or get(pod, "metadata", "deletionTimestamp"):
+        return False
+    sched = condition(pod, "PodScheduled")
+    return sched is None or sched.get("status") != "True"
+
+
 def pending_fault(pod: Any, now: float, since: float, grace: float,
                   once: set[str] | None = None) -> ClusterFault | None:
     """A replacement pod still Pending ``grace`` seconds after ``since`` (the REPLACE):

@@ -1,9 +1,9 @@
 """The node agent's loop: sources -> detectors -> faults -> arbiter shards and Node conditions.
 
-The same GPU and NIC sources and detectors as the pod agent's (``sources/gpu.py``,
-``sources/nic.py``, ``sources/rdma.py``, ``detect/gpu.py``, ``detect/nic.py``), here for
-the whole host: every GPU NVML shows (not the trainer's ``CUDA_VISIBLE_DEVICES``) and the
-host's links (the DaemonSet runs with ``hostNetwork``).
+The same watch loop and parts as the pod agent's (``watch/``: every part registered in
+``watch/registry.py``, today the GPUs and the links with RDMA ports), here for the whole
+host: every GPU NVML shows (not the trainer's ``CUDA_VISIBLE_DEVICES``) and the host's
+links (the DaemonSet runs with ``hostNetwork``). This module adds the node's sinks.
 
 Which faults go to the arbiter (``reportable``):
 
@@ -30,12 +30,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from ftagent.detect.gpu import GpuDetector
-from ftagent.detect.nic import REASON_TEXT, NicDetector
+from ftagent.detect.nic import REASON_TEXT
 from ftagent.model import Fault, FaultKind, Observation, Scope, Severity
 from ftagent.node.conditions import (
     GPU_CONDITION,
@@ -47,29 +45,18 @@ from ftagent.node.conditions import (
     reason_of,
 )
 from ftagent.node.reports import NodeReporter
-from ftagent.sources.accel import AcceleratorSource
-from ftagent.sources.nic import NicSource
-from ftagent.sources.rdma import RdmaSource
 from ftagent.timegrid import sleep_on_grid
+from ftagent.watch.gpu import GpuWatch
+from ftagent.watch.loop import Part, WatchLoop
+from ftagent.watch.nic import NicWatch
+
+__all__ = ["GpuWatch", "NicWatch", "NodeAgent", "lasting_key", "reportable"]
 
 log = logging.getLogger("ftagent.node")
 
 TICK_SECONDS = 0.25
 WRITE_TIMEOUT = 10.0
 WRITE_RETRY_CAP = 30.0
-
-
-@dataclass
-class GpuWatch:
-    source: AcceleratorSource  # gpu.GpuSource (NVML) or accel.VendorSource
-    detector: GpuDetector
-
-
-@dataclass
-class NicWatch:
-    source: NicSource
-    detector: NicDetector
-    rdma: RdmaSource | None = None
 
 
 def reportable(f: Fault) -> Fault | None:
@@ -94,14 +81,21 @@ def lasting_key(f: Fault) -> str:
 
 
 class NodeAgent:
-    """Holds the watches and the two sinks; ``run()`` until cancelled."""
+    """Holds the watch loop (watch/: every registered part) and the two sinks; ``run()``
+    until cancelled. ``gpu`` and ``nic`` are parts too (tests name them); the conditions
+    are written for the GPU and NIC parts."""
 
-    def __init__(self, node: str, *, gpu: GpuWatch | None = None, nic: NicWatch | None = None,
-                 reporter: NodeReporter | None = None, writer: NodeStatusWriter | None = None,
+    def __init__(self, node: str, *, parts: Sequence[Part] = (), gpu: GpuWatch | None = None,
+                 nic: NicWatch | None = None, reporter: NodeReporter | None = None,
+                 writer: NodeStatusWriter | None = None,
                  conditions: NodeConditions | None = None,
                  wall: Callable[[], float] = time.time) -> None:
         self.node = node
-        self.gpu, self.nic = gpu, nic
+        parts = [*parts, *(p for p in (gpu, nic) if p is not None)]
+        self.gpu = next((p for p in parts if isinstance(p, GpuWatch)), None)
+        self.nic = next((p for p in parts if isinstance(p, NicWatch)), None)
+        # the node's own tick drives the detectors' (grace expiries), then the conditions
+        self.watch = WatchLoop(parts, self.on_fault, tick_seconds=None)
         self.reporter = reporter
         self.writer = writer
         self.conditions = conditions or NodeConditions()
@@ -117,10 +111,8 @@ class NodeAgent:
     # ------------------------------------------------------------------ flow
 
     def emit(self, obs: Observation) -> None:
-        """One observation from a source, through every detector."""
-        for det in self._detectors():
-            for f in det.observe(obs):
-                self.on_fault(f)
+        """One observation, through every detector (what a source's ``emit`` does)."""
+        self.watch.emit(obs)
 
     def on_fault(self, f: Fault) -> None:
         self.faults = (self.faults + [f])[-100:]
@@ -182,12 +174,7 @@ class NodeAgent:
         def start(name: str, coro: Coroutine[Any, Any, None]) -> None:
             tasks.append(asyncio.create_task(self._guard(name, coro)))
 
-        if self.gpu is not None:
-            start("GPU source", self.gpu.source.run(self.emit))
-        if self.nic is not None:
-            start("NIC source", self.nic.source.run(self.emit))
-            if self.nic.rdma is not None:
-                start("RDMA source", self.nic.rdma.run(self.emit))
+        start("watch", self.watch.run())  # each source guarded there
         if self.reporter is not None:
             start("arbiter reports", self.reporter.run())
         try:
@@ -203,9 +190,7 @@ class NodeAgent:
 
     def tick(self, now: float) -> None:
         """Grace expiries of links, then the conditions if a write is due."""
-        if self.nic is not None:
-            for f in self.nic.detector.tick(now):
-                self.on_fault(f)
+        self.watch.tick(now)
         if self.writer is None or (self._write is not None and not self._write.done()):
             return
         states = self.health()
@@ -246,11 +231,3 @@ class NodeAgent:
             raise
         except Exception as e:  # noqa: BLE001 - a source's setup failure (no netlink, ...)
             log.error("%s stopped: %s; the node agent carries on without it", name, e)
-
-    def _detectors(self) -> list[GpuDetector | NicDetector]:
-        out: list[GpuDetector | NicDetector] = []
-        if self.gpu is not None:
-            out.append(self.gpu.detector)
-        if self.nic is not None:
-            out.append(self.nic.detector)
-        return out

@@ -25,9 +25,9 @@ from typing import Any
 
 import pynvml
 
-from ftagent.detect.gpu import classify
 from ftagent.sources.gpu_script import DeviceSpec, Script
 from ftagent.sources.nvml_backend import event_types
+from ftagent.xid import meaning
 
 _KIND_BIT = {kind: bit for bit, kind in event_types(pynvml).items()}
 ALL_EVENTS = sum(_KIND_BIT.values())
@@ -155,7 +155,7 @@ class SimulatedNvml:
             if "xid" in opts and opts.get("via", "both") in ("kmsg", "both"):
                 assert s.gpu is not None
                 dom, bus, dev = self._gpus[s.gpu].spec.pci.split(":")
-                text = opts.get("detail") or classify(opts["xid"]).meaning
+                text = opts.get("detail") or meaning(opts["xid"])
                 out.append((s.t, f"NVRM: Xid (PCI:{int(dom, 16):04x}:{bus.lower()}:"
                                  f"{dev[:2].lower()}): {opts['xid']}, pid=4242, "
                                  f"name=python, {text}"))

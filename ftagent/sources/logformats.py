@@ -1,4 +1,5 @@
-"""What the popular trainers print, and how each line becomes a Progress or a PhaseMarker.
+"""What the popular trainers print, and how each line becomes a Progress, a PhaseMarker or a
+Resumed (the step a restarted trainer loaded its checkpoint at).
 
 Each ``LogFormat`` below is one framework (or family): the substrings (*needles*) that any
 of its interesting lines contains, and a parse function that takes one decoded line with
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
-from ftagent.model import PhaseMarker, PhaseTiming, Progress
+from ftagent.model import PhaseMarker, PhaseTiming, Progress, Resumed
 from ftagent.wire.limits import MAX_DIGITS, MAX_STEP
 
 
@@ -40,7 +41,7 @@ class Claimed:
 
 
 CLAIMED: Final = Claimed()
-Parsed = Progress | PhaseMarker | PhaseTiming | Claimed | None
+Parsed = Progress | PhaseMarker | PhaseTiming | Resumed | Claimed | None
 
 ANSI_RE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
 
@@ -164,6 +165,59 @@ def pick_loss(kv: dict[str, str], preferred: tuple[str, ...]) -> float | None:
     for k, v in kv.items():
         if k.endswith("loss") and not k.startswith(("val", "eval", "test")):
             return number(v)
+    return None
+
+
+# ---------------------------------------------------------------- resumed from a checkpoint
+
+# What a trainer prints once it has loaded a checkpoint, and where the step is; each
+# prefix is found with ``str.find`` and the number read with an anchored match (linear in
+# the line, whatever it repeats). (prefix, where the step is, source):
+#   "after": the digits right after the prefix;
+#   "iteration": after the last " at iteration " following the prefix;
+#   "global_step" / "step=": after the last such word in the path following the prefix.
+RESUME_LINES: tuple[tuple[str, str, str], ...] = (
+    # Megatron-LM (training/checkpointing.py): "  successfully loaded checkpoint from
+    # DIR [ t 0/1, p 0/1 ] at iteration 1200" (older releases: no [ t, p ] part)
+    ("successfully loaded checkpoint from ", "iteration", "megatron"),
+    # DeepSpeed (TorchCheckpointEngine.load): "[Torch] Loaded checkpoint from
+    # DIR/global_step1200/mp_rank_00_model_states.pt." (the default tag: global_stepN)
+    ("Loaded checkpoint from ", "global_step", "deepspeed"),
+    # HF Trainer: "  Continuing training from global step 1200"
+    ("Continuing training from global step ", "after", "hf"),
+    # torchtitan (CheckpointManager): "Loading the checkpoint at step 1200."
+    ("Loading the checkpoint at step ", "after", "torchtitan"),
+    # Lightning: "Restored all states from the checkpoint (file )?at
+    # DIR/epoch=3-step=1200.ckpt" (the step only where the file name has it: the
+    # default ModelCheckpoint name does)
+    ("Restored all states from the checkpoint", "step=", "lightning"),
+    # hand-written loops (examples/train.py): "resumed from checkpoint at step 1200"
+    ("esumed from checkpoint at step ", "after", "generic"),
+)
+# every line above but HF's has "heckpoint", a needle already (no extra scan of output)
+RESUME_NEEDLES = ("heckpoint", "training from global step ")
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def parse_resume(text: str, ts: float, st: ParseState) -> Parsed:
+    """A "loaded checkpoint ... iteration N" line of a known trainer → ``Resumed(N)``: N is
+    the last step kept (the trainer's next step is N + 1). A line of that shape without a
+    step (a Lightning file name without ``step=``) yields nothing: unknown, not a guess."""
+    for prefix, where, source in RESUME_LINES:
+        i = text.find(prefix)
+        if i < 0:
+            continue
+        at = i + len(prefix)
+        if where == "iteration":
+            j = text.rfind(" at iteration ", at)
+            at = j + len(" at iteration ") if j >= 0 else -1
+        elif where != "after":
+            j = text.rfind(where, at)
+            at = j + len(where) if j >= 0 else -1
+        m = _DIGITS.match(text, at) if at >= 0 else None
+        if m is None:
+            return CLAIMED
+        return Resumed(step=count(m.group()), source=source, ts=ts)
     return None
 
 
@@ -535,6 +589,7 @@ def parse_generic(text: str, ts: float, st: ParseState) -> Parsed:
 # Order matters: specific shapes before the generic "step ... loss" one. The needles
 # of a format must cover every line its parse function can turn into an observation.
 FORMATS: tuple[LogFormat, ...] = (  # "tep" is in "step" and "Step"
+    LogFormat("resume", "resume", RESUME_NEEDLES, parse_resume),
     LogFormat("megatron", "megatron", ("iter", "heckpoint"), parse_megatron, ("interval",)),
     LogFormat("megatron_timer", "megatron", ("..: ",), parse_megatron_timer),
     LogFormat("deepspeed", "deepspeed", ("tep", "heckpoint"), parse_deepspeed),

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from ftagent.config import ConfigError
-from ftagent.model import PhaseMarker, PhaseTiming, Progress
+from ftagent.model import PhaseMarker, PhaseTiming, Progress, Resumed
 from ftagent.sources.logformats import (
     ALWAYS_NEEDLES,
     ANSI_RE,
@@ -58,7 +58,8 @@ MAX_LINE = 16 * 1024  # no trainer prints a progress line longer; longer lines a
 LOCK_AFTER = 3  # steps from one format before the needles narrow to its family
 UNLOCK_AFTER = 5.0  # seconds without a step before every needle is looked for again
 
-LogObservation = Progress | PhaseMarker | PhaseTiming  # what a trainer's log line can say
+# what a trainer's log line can say
+LogObservation = Progress | PhaseMarker | PhaseTiming | Resumed
 
 USER_GROUPS = ("step", "loss", "samples_per_second", "tokens_per_second")
 
@@ -329,6 +330,8 @@ class LogProgress:
 def in_bounds(obs: LogObservation) -> bool:
     """A step and total a float, JSON and the arbiter carry exactly (``MAX_STEP``); an
     epoch-based global step can exceed it even when each of its counts is bounded."""
+    if isinstance(obs, Resumed):
+        return 0 <= obs.step <= MAX_STEP
     if not isinstance(obs, Progress):
         return True
     return 0 <= obs.step <= MAX_STEP and (

@@ -2,8 +2,8 @@
 
 The agent binds a unix datagram socket, puts its path in ``FTAGENT_SDK_SOCKET`` for the
 trainer, and ``SdkSocketSource.run`` turns each datagram (format: ``ftagent/sdk.py``) into
-``Progress(source="sdk")``, ``PhaseMarker(source="sdk")``, ``CollectiveSample`` or
-``PhaseTiming``, stamped
+``Progress(source="sdk")``, ``PhaseMarker(source="sdk")``, ``CollectiveSample``,
+``PhaseTiming`` or ``Resumed(source="sdk")``, stamped
 with the agent's monotonic clock on arrival (a datagram is delivered at once, so that is
 when the step completed).
 
@@ -34,7 +34,14 @@ import stat
 import time
 from collections.abc import Callable
 
-from ftagent.model import CollectiveSample, Observation, PhaseMarker, PhaseTiming, Progress
+from ftagent.model import (
+    CollectiveSample,
+    Observation,
+    PhaseMarker,
+    PhaseTiming,
+    Progress,
+    Resumed,
+)
 from ftagent.wire.limits import (
     MAX_LABEL_NAME,
     MAX_OPS,
@@ -62,7 +69,7 @@ RANGE = "range"  # a number out of its range, a non-finite float where one must 
 NAME = "name"  # a phase or op name empty, too long, not UTF-8 or not printable
 DROP_REASONS = (OVERSIZE, VERSION, MALFORMED, RANGE, NAME)
 
-SdkObservation = Progress | PhaseMarker | CollectiveSample | PhaseTiming
+SdkObservation = Progress | PhaseMarker | CollectiveSample | PhaseTiming | Resumed
 
 
 class _Drop(Exception):
@@ -145,6 +152,8 @@ def check_datagram(data: bytes, ts: float, phases: Callable[[str], str] = str,
                 return RANGE
             return CollectiveSample(op=ops(op), nbytes=nbytes, seconds=seconds,
                                     world_size=world, ts=ts, count=count)
+        if kind == b"r" and len(args) == 1:
+            return Resumed(step=_count(args[0]), source="sdk", ts=ts)
         if kind == b"t" and len(args) == 3:
             name = _name(args[0])
             count, seconds = _count(args[1], 1), _float(args[2])

@@ -44,6 +44,7 @@ class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMMAND_KIND_RELEASE_BARRIER: _ClassVar[CommandKind]
     COMMAND_KIND_DUMP_STACKS: _ClassVar[CommandKind]
     COMMAND_KIND_REPLACE: _ClassVar[CommandKind]
+    COMMAND_KIND_BUSY: _ClassVar[CommandKind]
 FAULT_KIND_UNSPECIFIED: FaultKind
 FAULT_KIND_CRASH: FaultKind
 FAULT_KIND_HANG: FaultKind
@@ -70,6 +71,7 @@ COMMAND_KIND_STOP: CommandKind
 COMMAND_KIND_RELEASE_BARRIER: CommandKind
 COMMAND_KIND_DUMP_STACKS: CommandKind
 COMMAND_KIND_REPLACE: CommandKind
+COMMAND_KIND_BUSY: CommandKind
 
 class AgentMessage(_message.Message):
     __slots__ = ("job", "hello", "progress", "fault", "arrival", "exit", "ack", "stacks")
@@ -128,7 +130,7 @@ class Hello(_message.Message):
     def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., pod: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., restart_count: _Optional[int] = ..., generation: _Optional[int] = ..., agent_version: _Optional[str] = ..., max_restarts: _Optional[int] = ..., alert_only: _Optional[bool] = ..., released_generation: _Optional[int] = ..., state: _Optional[str] = ..., agent_instance: _Optional[str] = ..., trainer_running: _Optional[bool] = ..., gpus: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ProgressSummary(_message.Message):
-    __slots__ = ("step", "loss", "samples_per_second", "tokens_per_second", "seconds_since_progress", "hung", "ts", "step_seconds", "collective_seconds", "data_seconds", "timed_steps")
+    __slots__ = ("step", "loss", "samples_per_second", "tokens_per_second", "seconds_since_progress", "hung", "ts", "step_seconds", "collective_seconds", "data_seconds", "timed_steps", "resumed_step", "checkpoint_seconds", "other_phase_seconds")
     STEP_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +142,9 @@ class ProgressSummary(_message.Message):
     COLLECTIVE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     DATA_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TIMED_STEPS_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_STEP_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    OTHER_PHASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     step: int
     loss: float
     samples_per_second: float
@@ -151,7 +156,10 @@ class ProgressSummary(_message.Message):
     collective_seconds: float
     data_seconds: float
     timed_steps: int
-    def __init__(self, step: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., seconds_since_progress: _Optional[float] = ..., hung: _Optional[bool] = ..., ts: _Optional[float] = ..., step_seconds: _Optional[float] = ..., collective_seconds: _Optional[float] = ..., data_seconds: _Optional[float] = ..., timed_steps: _Optional[int] = ...) -> None: ...
+    resumed_step: int
+    checkpoint_seconds: float
+    other_phase_seconds: float
+    def __init__(self, step: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., seconds_since_progress: _Optional[float] = ..., hung: _Optional[bool] = ..., ts: _Optional[float] = ..., step_seconds: _Optional[float] = ..., collective_seconds: _Optional[float] = ..., data_seconds: _Optional[float] = ..., timed_steps: _Optional[int] = ..., resumed_step: _Optional[int] = ..., checkpoint_seconds: _Optional[float] = ..., other_phase_seconds: _Optional[float] = ...) -> None: ...
 
 class Fault(_message.Message):
     __slots__ = ("id", "kind", "severity", "scope", "message", "evidence_json", "detected_at", "generation", "exit_status")
@@ -261,8 +269,22 @@ class FaultAck(_message.Message):
     outcome: str
     def __init__(self, fault_id: _Optional[str] = ..., final: _Optional[bool] = ..., outcome: _Optional[str] = ...) -> None: ...
 
+class JobBusy(_message.Message):
+    __slots__ = ("busy_ranks", "waiting_ranks", "where", "state", "spin_culprits")
+    BUSY_RANKS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_RANKS_FIELD_NUMBER: _ClassVar[int]
+    WHERE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SPIN_CULPRITS_FIELD_NUMBER: _ClassVar[int]
+    busy_ranks: _containers.RepeatedScalarFieldContainer[int]
+    waiting_ranks: _containers.RepeatedScalarFieldContainer[int]
+    where: str
+    state: str
+    spin_culprits: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, busy_ranks: _Optional[_Iterable[int]] = ..., waiting_ranks: _Optional[_Iterable[int]] = ..., where: _Optional[str] = ..., state: _Optional[str] = ..., spin_culprits: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class Command(_message.Message):
-    __slots__ = ("id", "kind", "generation", "exit_code", "reason", "fault_id", "target_rank", "restarts")
+    __slots__ = ("id", "kind", "generation", "exit_code", "reason", "fault_id", "target_rank", "restarts", "busy")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -271,6 +293,7 @@ class Command(_message.Message):
     FAULT_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_RANK_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
     id: str
     kind: CommandKind
     generation: int
@@ -279,7 +302,8 @@ class Command(_message.Message):
     fault_id: str
     target_rank: int
     restarts: int
-    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., generation: _Optional[int] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., fault_id: _Optional[str] = ..., target_rank: _Optional[int] = ..., restarts: _Optional[int] = ...) -> None: ...
+    busy: JobBusy
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., generation: _Optional[int] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., fault_id: _Optional[str] = ..., target_rank: _Optional[int] = ..., restarts: _Optional[int] = ..., busy: _Optional[_Union[JobBusy, _Mapping]] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
     __slots__ = ()
@@ -336,7 +360,7 @@ class RankInfo(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., pod: _Optional[str] = ..., node: _Optional[str] = ..., connected: _Optional[bool] = ..., state: _Optional[str] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., progress_age_seconds: _Optional[float] = ..., hung: _Optional[bool] = ..., generation: _Optional[int] = ..., restarts: _Optional[int] = ..., last_fault: _Optional[str] = ..., last_exit_status: _Optional[int] = ...) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ("job", "namespace", "generation", "restarts", "max_restarts", "world_size", "connected", "state", "alert_only", "barrier", "ranks", "timeline", "goodput")
+    __slots__ = ("job", "namespace", "generation", "restarts", "max_restarts", "world_size", "connected", "state", "alert_only", "barrier", "ranks", "timeline", "goodput", "busy")
     JOB_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -350,6 +374,7 @@ class JobInfo(_message.Message):
     RANKS_FIELD_NUMBER: _ClassVar[int]
     TIMELINE_FIELD_NUMBER: _ClassVar[int]
     GOODPUT_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
     job: str
     namespace: str
     generation: int
@@ -363,10 +388,11 @@ class JobInfo(_message.Message):
     ranks: _containers.RepeatedCompositeFieldContainer[RankInfo]
     timeline: _containers.RepeatedCompositeFieldContainer[TimelineEntry]
     goodput: Goodput
-    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., generation: _Optional[int] = ..., restarts: _Optional[int] = ..., max_restarts: _Optional[int] = ..., world_size: _Optional[int] = ..., connected: _Optional[int] = ..., state: _Optional[str] = ..., alert_only: _Optional[bool] = ..., barrier: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., timeline: _Optional[_Iterable[_Union[TimelineEntry, _Mapping]]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ...) -> None: ...
+    busy: str
+    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., generation: _Optional[int] = ..., restarts: _Optional[int] = ..., max_restarts: _Optional[int] = ..., world_size: _Optional[int] = ..., connected: _Optional[int] = ..., state: _Optional[str] = ..., alert_only: _Optional[bool] = ..., barrier: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., timeline: _Optional[_Iterable[_Union[TimelineEntry, _Mapping]]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., busy: _Optional[str] = ...) -> None: ...
 
 class Goodput(_message.Message):
-    __slots__ = ("wall_seconds", "seconds", "ratio", "recomputed_steps", "incidents")
+    __slots__ = ("wall_seconds", "seconds", "ratio", "recomputed_steps", "incidents", "per_incident", "started_at")
     class SecondsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -379,12 +405,42 @@ class Goodput(_message.Message):
     RATIO_FIELD_NUMBER: _ClassVar[int]
     RECOMPUTED_STEPS_FIELD_NUMBER: _ClassVar[int]
     INCIDENTS_FIELD_NUMBER: _ClassVar[int]
+    PER_INCIDENT_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     wall_seconds: float
     seconds: _containers.ScalarMap[str, float]
     ratio: float
     recomputed_steps: int
     incidents: int
-    def __init__(self, wall_seconds: _Optional[float] = ..., seconds: _Optional[_Mapping[str, float]] = ..., ratio: _Optional[float] = ..., recomputed_steps: _Optional[int] = ..., incidents: _Optional[int] = ...) -> None: ...
+    per_incident: _containers.RepeatedCompositeFieldContainer[GoodputIncident]
+    started_at: float
+    def __init__(self, wall_seconds: _Optional[float] = ..., seconds: _Optional[_Mapping[str, float]] = ..., ratio: _Optional[float] = ..., recomputed_steps: _Optional[int] = ..., incidents: _Optional[int] = ..., per_incident: _Optional[_Iterable[_Union[GoodputIncident, _Mapping]]] = ..., started_at: _Optional[float] = ...) -> None: ...
+
+class GoodputIncident(_message.Message):
+    __slots__ = ("generation", "kind", "onset", "detect_seconds", "decide_seconds", "restart_seconds", "recompute_seconds", "reached_step", "resumed_step", "recomputed_steps", "resume_source")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ONSET_FIELD_NUMBER: _ClassVar[int]
+    DETECT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    DECIDE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RESTART_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RECOMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REACHED_STEP_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_STEP_FIELD_NUMBER: _ClassVar[int]
+    RECOMPUTED_STEPS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    kind: str
+    onset: float
+    detect_seconds: float
+    decide_seconds: float
+    restart_seconds: float
+    recompute_seconds: float
+    reached_step: int
+    resumed_step: int
+    recomputed_steps: int
+    resume_source: str
+    def __init__(self, generation: _Optional[int] = ..., kind: _Optional[str] = ..., onset: _Optional[float] = ..., detect_seconds: _Optional[float] = ..., decide_seconds: _Optional[float] = ..., restart_seconds: _Optional[float] = ..., recompute_seconds: _Optional[float] = ..., reached_step: _Optional[int] = ..., resumed_step: _Optional[int] = ..., recomputed_steps: _Optional[int] = ..., resume_source: _Optional[str] = ...) -> None: ...
 
 class WatchEventsRequest(_message.Message):
     __slots__ = ("job", "namespace", "replay")

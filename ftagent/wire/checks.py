@@ -133,4 +133,7 @@ def progress_in_range(p: pb.ProgressSummary) -> bool:
             and (not p.HasField("loss") or not math.isinf(p.loss))
             and all(0 <= v <= limits.MAX_SECONDS for v in (   # NaN fails too
                 p.step_seconds, p.collective_seconds, p.data_seconds))
-            and 0 <= p.timed_steps <= limits.MAX_TIMED_STEPS)
+            and 0 <= p.timed_steps <= limits.MAX_TIMED_STEPS
+            and (not p.HasField("resumed_step") or 0 <= p.resumed_step <= limits.MAX_STEP)
+            and all(0 <= v <= limits.MAX_TOTAL_SECONDS for v in (   # NaN fails too
+                p.checkpoint_seconds, p.other_phase_seconds)))

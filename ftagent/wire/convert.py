@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from typing import Any
 
-from ftagent.model import Action, ActionKind, Fault, FaultKind, Progress, Scope, Severity
+from ftagent.model import Action, ActionKind, Fault, FaultKind, JobBusy, Progress, Scope, Severity
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.wire import limits
 
@@ -130,6 +131,16 @@ def fill_step_times(msg: pb.ProgressSummary, step_seconds: float, collective_sec
     msg.timed_steps = min(max(timed_steps, 0), limits.MAX_TIMED_STEPS)
 
 
+def fill_resume_and_phases(msg: pb.ProgressSummary, resumed: int | None,
+                           checkpoint_seconds: float, other_phase_seconds: float) -> None:
+    """The step the trainer resumed after (None: it did not say) and its seconds in
+    declared phases, within the limits the arbiter checks."""
+    if resumed is not None and 0 <= resumed <= limits.MAX_STEP:
+        msg.resumed_step = resumed
+    msg.checkpoint_seconds = min(_rate(checkpoint_seconds), limits.MAX_TOTAL_SECONDS)
+    msg.other_phase_seconds = min(_rate(other_phase_seconds), limits.MAX_TOTAL_SECONDS)
+
+
 def _rate(v: float | None) -> float:
     return v if v is not None and math.isfinite(v) and v >= 0 else 0.0
 
@@ -139,6 +150,7 @@ _ACTION_KINDS = {
     pb.COMMAND_KIND_STOP: ActionKind.STOP,
     pb.COMMAND_KIND_DUMP_STACKS: ActionKind.DUMP_STACKS,
     pb.COMMAND_KIND_REPLACE: ActionKind.REPLACE,
+    pb.COMMAND_KIND_BUSY: ActionKind.BUSY,
 }
 
 
@@ -151,7 +163,31 @@ def command_to_action(cmd: pb.Command) -> Action | None:
         kind=kind, reason=cmd.reason, generation=cmd.generation,
         exit_code=cmd.exit_code if cmd.HasField("exit_code") else None,
         target_rank=cmd.target_rank if cmd.HasField("target_rank") else None,
-        fault_id=cmd.fault_id or None, id=cmd.id)
+        fault_id=cmd.fault_id or None, id=cmd.id,
+        busy=busy_from_proto(cmd.busy) if kind is ActionKind.BUSY else None)
+
+
+MAX_BUSY_RANKS = 64  # ranks named in one JobBusy (a verdict names a few; the rest wait)
+_STATE = re.compile(r"\w{1,16}")
+
+
+def busy_to_proto(b: JobBusy) -> pb.JobBusy:
+    return pb.JobBusy(busy_ranks=b.busy_ranks[:MAX_BUSY_RANKS],
+                      waiting_ranks=b.waiting_ranks[:MAX_BUSY_RANKS],
+                      where=b.where[:limits.MAX_WHERE], state=b.state,
+                      spin_culprits=b.spin_culprits[:MAX_BUSY_RANKS])
+
+
+def busy_from_proto(m: pb.JobBusy) -> JobBusy:
+    """A JobBusy as an agent takes it: bounded, ranks in range, a state that is a word."""
+
+    def ranks(rs: Any) -> tuple[int, ...]:
+        return tuple(r for r in list(rs)[:MAX_BUSY_RANKS] if 0 <= r < limits.MAX_WORLD_SIZE)
+
+    return JobBusy(busy_ranks=ranks(m.busy_ranks), waiting_ranks=ranks(m.waiting_ranks),
+                   where=m.where[:limits.MAX_WHERE],
+                   state=m.state if _STATE.fullmatch(m.state) else "",
+                   spin_culprits=ranks(m.spin_culprits))
 
 
 def _enum(cls: Any, wire: Any, value: int, prefix: str) -> Any:

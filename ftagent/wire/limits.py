@@ -32,6 +32,7 @@ MAX_EVIDENCE = 256 * 1024  # a fault's evidence JSON
 MAX_STACKS = 512 * 1024  # one Stacks message's JSON (an agent clips what it sends to it)
 MAX_STACK_TEXT = 32 * 1024  # one process's py-spy text in a Stacks message: the first
 # frames of its first 8 threads, which is what the arbiter compares (16 processes fit)
+MAX_WHERE = 200  # a place in the trainer's code ("save (serialization.py:966) from ...")
 MAX_ID = 128  # fault and command ids, agent instance ids
 MAX_OPEN_FAULTS = 10_000  # per job: faults awaiting a decision (stacks, a link down)
 MAX_GPUS = 64  # GPU ids in one Hello (a node has <= 16 GPUs; MIG slices up to 7 each)
@@ -40,6 +41,7 @@ MAX_NODE_FAULTS = 64  # faults in one NodeReport (a node agent sends the rest ne
 MAX_DIGITS = 20  # a number in a log line longer than this is not a step
 MAX_SDK_DATAGRAM = 512  # one SDK datagram (the SDK's own are < 200 bytes)
 MAX_SECONDS = 7 * 24 * 3600.0  # a duration from the SDK (a collective's time)
+MAX_TOTAL_SECONDS = 1e9  # a duration summed over a trainer's life (~31 years)
 MAX_PID = 2**22  # Linux's PID_MAX_LIMIT
 MAX_TIMED_STEPS = 1_000_000  # steps one ProgressSummary's means per step are over
 

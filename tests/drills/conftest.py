@@ -9,6 +9,7 @@ reason; with ``FTAGENT_REQUIRE_NETNS=1`` (CI, as root) that is a failure instead
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 import pytest
@@ -73,3 +74,28 @@ def before_last_resume(lab: Lab, r: int) -> str:
     resumed (the log trails the trainer by the agent's output batching)."""
     text = lab.log(r)
     return text[:text.rfind("] resumed from checkpoint at step ")]
+
+
+def ledger_accounts(lab: Lab, kind: str) -> dict[str, Any]:
+    """The arbiter's goodput ledger right after a fault of ``kind`` was restarted from
+    (issue 24): its categories sum to the job's wall time (first registration to now,
+    within 1 %), and the newest incident is that fault's, resumed after the step the
+    trainers printed ("resumed from checkpoint at step N", reported by the agents) with
+    the steps redone that rank 0's log shows: the last step it printed before that resume
+    minus that step. Returns the incident."""
+    first = min(float(e["ts"]) for e in lab.timeline())
+    t0 = time.time()
+    st = lab.status()
+    t1 = time.time()
+    g = st["goodput"]
+    assert g is not None, st
+    assert abs(sum(g["seconds"].values()) - g["wall_seconds"]) < 1e-6, g
+    assert 0.99 * (t0 - first) <= g["wall_seconds"] <= 1.01 * (t1 - first), (g, t0 - first)
+    inc = g["per_incident"][-1]
+    # the last step printed before the latest resume: the step the job had reached (an
+    # attempt stopped before its first step moved it nowhere)
+    reached = int(re.findall(r"\] step=(\d+)/", before_last_resume(lab, 0))[-1])
+    assert inc["kind"] == kind and inc["resume_source"] == "reported", (inc, lab.dump())
+    assert inc["resumed_step"] == resumed(lab, 0)[-1], (inc, resumed(lab, 0))
+    assert inc["recomputed_steps"] == reached - inc["resumed_step"], (inc, reached)
+    return dict(inc)

@@ -30,6 +30,7 @@ from tests.drills.conftest import (
     before_last_resume,
     decisions,
     generation,
+    ledger_accounts,
     ready,
     require_lab,
     resumed,
@@ -115,6 +116,7 @@ def test_2_carrier_loss_longer_than_the_grace_waits_then_restarts_once_back(lab:
                       "the restart once back", lab)
     assert "link back after" in restart["message"], line_of(restart)
     back_training(lab, gen + 1, at + 2)
+    ledger_accounts(lab, "nic")
     assert (lab.sample(1, "ftagent_nic_carrier") or 0) == 1
 
 
@@ -154,6 +156,7 @@ def test_4_fatal_xid_through_the_simulated_gpu_backend_replaces_the_rank(lab: La
     at = lab.steps(0)
     lab.start_rank(1)  # the replacement pod, on a node with a healthy GPU
     back_training(lab, generation(lab) + 1 if generation(lab) > gen else gen + 1, at + 2)
+    ledger_accounts(lab, "gpu")
 
 
 def test_5_agent_sigkilled_its_trainer_dies_and_the_job_restarts_with_the_new_pod(

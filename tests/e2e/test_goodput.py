@@ -77,6 +77,19 @@ def test_a_crash_and_a_hang_are_accounted_second_by_second_and_step_by_step(
     for c in ("startup", "productive", "recomputed", "detection", "decision", "restart"):
         assert seconds[c] > 0, (c, g)
     assert 0 < g["ratio"] < 1
+    # each incident's stages; the resume step is the one the trainers printed ("resumed
+    # from checkpoint at step N", read by the agents), not the first step seen
+    incs = g["per_incident"]
+    assert [i["resume_source"] for i in incs] == ["reported", "reported"], incs
+    assert sum(i["recomputed_steps"] for i in incs) == g["recomputed_steps"], incs
+    assert all(i["decide_seconds"] is not None and i["restart_seconds"] is not None
+               for i in incs), incs
+    assert abs(sum(i["recompute_seconds"] for i in incs) - seconds["recomputed"]) < 1e-6
     print(f"\nwall {wall:.2f}s (outside {ended - launched:.2f}s); goodput "
           f"{100 * g['ratio']:.1f}%; " + ", ".join(f"{k} {v:.2f}s" for k, v in
                                                       sorted(seconds.items())))
+    for i in incs:
+        print(f"  g{i['generation']} {i['kind']}: detect {i['detect_seconds']:.2f}s, decide "
+              f"{i['decide_seconds']:.2f}s, restart {i['restart_seconds']:.2f}s, recompute "
+              f"{i['recompute_seconds']:.2f}s ({i['recomputed_steps']} steps, resumed after "
+              f"{i['resumed_step']}, {i['resume_source']})")

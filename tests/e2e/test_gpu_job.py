@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -31,6 +33,7 @@ JOB = "e2e-gpu"
 TRAINER = """\
 import os, sys, time
 steps = int(os.environ.get("STEPS", "40"))
+print("resumed from checkpoint at step 0", flush=True)  # no checkpoint: step 1 is next
 for i in range(1, steps + 1):
     print(f"step={i}/{steps} loss={1.0 / i:.4f}", flush=True)
     time.sleep(0.1)
@@ -171,6 +174,7 @@ def test_a_gpu_that_must_go_replaces_the_rank_and_a_new_one_takes_over(
     clean.write_text("gpus 1\n")
     with ArbiterProcess(log_dir=str(tmp_path)) as arb:
         agents = Agents(tmp_path, arb.address, timeline)
+        launched = time.time()
         try:
             r0, r1 = agents.start("rank0", 0, steps=60), agents.start("rank1", 1, steps=60)
             assert r1.wait(60) == EXIT_REPLACE, agents.log("rank1")[-2000:]
@@ -199,3 +203,27 @@ def test_a_gpu_that_must_go_replaces_the_rank_and_a_new_one_takes_over(
             if e["event"] == "state" and e["kind"] == "running"]
     assert runs == [0, 1], runs
     assert agents.faults("rank1-new") == []
+    ledger_accounts(st, launched, [agents.log("rank0"), agents.log("rank1")])
+
+
+def ledger_accounts(st: dict[str, Any], launched: float, logs: list[str]) -> None:
+    """The goodput ledger of the fatal GPU fault (issue 24): its categories sum to the
+    job's wall time within 1 %: from its first registration (after the test launched the
+    agents, no later than the arbiter's first timeline entry: the last rank's) to the
+    timeline's "job succeeded"; and its one incident redid the steps the trainers' logs
+    show: the job had reached the highest step printed before the restart (rank 0's first
+    run, the replaced rank 1's only one) and resumed after step 0 (what they print)."""
+    g = st["goodput"]
+    assert g is not None, st
+    stamps = [e["ts"] for e in st["timeline"]]
+    done = [e["ts"] for e in st["timeline"] if "job succeeded" in e["message"]]
+    assert done, st["timeline"]
+    assert launched <= g["started_at"] <= stamps[0], (launched, g["started_at"], stamps[0])
+    wall = done[0] - g["started_at"]
+    assert abs(sum(g["seconds"].values()) - g["wall_seconds"]) < 1e-6, g
+    assert abs(g["wall_seconds"] - wall) <= 0.01 * wall, (g, wall)
+    before = [log.split("resumed from checkpoint at step 0")[1] for log in logs]
+    reached = max(int(n) for text in before for n in re.findall(r"step=(\d+)/", text))
+    (inc,) = g["per_incident"]
+    assert (inc["kind"], inc["resume_source"], inc["resumed_step"]) == ("gpu", "reported", 0)
+    assert inc["recomputed_steps"] == reached == g["recomputed_steps"], (inc, reached)

@@ -61,13 +61,17 @@ def test_undeclared_evaluation_on_every_rank_is_no_fault_and_is_learned(
 
 def test_undeclared_evaluation_on_one_rank_is_no_restart_under_the_arbiter(
         tmp_path: Path) -> None:
-    """Rank 0 evaluates; rank 1 waits for it in the next all-reduce and reports a hang.
-    The arbiter's stacks show rank 0 alive: a busy job, not a hung one. Rank 1 learns the
-    wait too, so the second evaluation costs no verification and no fault on either."""
+    """Rank 0 evaluates; rank 1 waits for it in the next all-reduce. Waiting is not hanging
+    (issue 22): rank 1 raises a WARNING suspicion, never an error-level hang fault; the
+    arbiter's stacks show rank 0 alive, it answers BUSY, and every rank records it (rank 1:
+    "waiting on rank 0 (busy in evaluate ...)"). Then rank 0 saves silently for 6 s doing
+    real storage I/O: alive by its I/O, no fault (I/O is life). Rank 1 learned the wait,
+    so the save and the second evaluation cost no suspicion on either rank."""
     with ArbiterProcess(log_dir=str(tmp_path)) as arb:
         job = start_job(tmp_path, 2, flags=["--arbiter", arb.address, "--job", "e2e", *FLOOR],
                         env={**FAST, "TRAIN_STEPS": "50", "EVAL_EVERY": "20",
-                             "EVAL_SECONDS": "8", "EVAL_RANK": "0"})
+                             "EVAL_SECONDS": "8", "EVAL_RANK": "0",
+                             "SILENT_SAVES": "30:6", "SILENT_SAVE_DIR": str(tmp_path)})
         try:
             codes = job.wait(240)
         finally:
@@ -76,18 +80,29 @@ def test_undeclared_evaluation_on_one_rank_is_no_restart_under_the_arbiter(
     assert codes == [0, 0], (job.log(0)[-2000:], job.log(1)[-2000:])
     assert not faults(job, 0)
     assert job.kinds(0, "verify")[0] == "alive" and job.kinds(0, "verify")[-1] == "recognised"
-    (f1,) = faults(job, 1)  # the first evaluation only
+    (saving,) = [v for v in job.records(0, "verify", "alive")
+                 if "storage I/O advancing" in v["message"]]
+    assert saving["step"] == 30 and saving["verification"]["by_io"], saving
+    (f1,) = faults(job, 1)  # the first evaluation only: a suspicion, not a hang
+    assert f1["severity"] == "warning" and f1["waiting_in_collective"] is True, f1
     assert f1["verdict"] == "hung" and f1["last_step"] == 20
+    (w,) = job.records(1, "peer", "waiting")
+    assert w["message"].startswith("waiting on rank 0 (busy in evaluate (train.py:"), w
+    (done,) = job.records(1, "peer", "waited")
+    assert "steps resumed" in done["message"]
+    assert [b["busy_ranks"] for b in job.records(0, "peer", "busy")] == [[0]]
     for r in (0, 1):
         assert not [a for a in job.events(r) if a["event"] == "action"
                     and a["kind"] == "restart"], job.events(r)
+        assert [a["kind"] for a in job.events(r) if a["event"] == "action"] == \
+            ["dump_stacks", "busy"]
         phases = job.records(r, "phase", "undeclared")
-        assert [p["step"] for p in phases] == [20, 40], phases
-        assert phases[1]["recognised"], phases
+        assert [p["step"] for p in phases] == [20, 30, 40], phases
+        assert phases[2]["recognised"], phases
     assert job.records(0, "phase")[0]["where"].startswith("evaluate (train.py:")
-    assert job.records(1, "phase")[0]["declared"]  # it waited for rank 0, then went on
+    assert job.records(1, "phase")[0]["waited"]  # it waited for rank 0, then went on
     busy = [e for e in st["timeline"] if "job busy, not hung" in str(e)]
-    assert len(busy) == 1, st["timeline"]
+    assert len(busy) == 1 and busy[0]["action"] == "busy", st["timeline"]
     assert "rank 0 busy in evaluate (train.py:" in str(busy[0]), busy
     assert not [e for e in st["timeline"] if e.get("action") == "restart"], st["timeline"]
 

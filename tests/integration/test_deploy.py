@@ -508,7 +508,7 @@ def _rules(obj: dict[str, Any]) -> set[tuple[str, str, str]]:
 def test_the_arbiter_may_do_exactly_what_it_calls() -> None:
     """The verbs of kube/lease.py, kube/job_record.py, the TLS Secret (namespaced) and of the
     cluster actions (kube/actuator.py, recorder.py, cluster.py's watches, TokenReviews,
-    uninjected.py's namespace watch), nothing more."""
+    uninjected.py's namespace watch, trainjob_status.py), nothing more."""
     objs = index(kustomize("deploy"))
     role = objs[("Role", "ftagent-arbiter")]
     assert role["metadata"]["namespace"] == "ftagent-system"
@@ -525,6 +525,7 @@ def test_the_arbiter_may_do_exactly_what_it_calls() -> None:
         ("", "events", v) for v in ("create", "patch")} | {
         ("", "namespaces", v) for v in ("list", "watch")} | {
         ("batch", "jobs", "get"), ("jobset.x-k8s.io", "jobsets", "get"),
+        ("trainer.kubeflow.org", "trainjobs/status", "patch"),  # kube/trainjob_status.py
         ("authentication.k8s.io", "tokenreviews", "create")}
     for kind in ("RoleBinding", "ClusterRoleBinding"):
         b = objs[(kind, "ftagent-arbiter")]

@@ -62,15 +62,20 @@ class Setup:
 
 @asynccontextmanager
 async def cluster(world: int = 4, per_node: int = 1, nodes: int = 8,
+                  owner: dict[str, Any] = OWNER,
+                  before: Callable[[FakeKube], None] | None = None,
                   **settings: Any) -> AsyncIterator[Setup]:
+    """``owner``: the rank pods' controller; ``before``: objects to create first."""
     fake = FakeKube()
+    if before is not None:
+        before(fake)
     for n in range(nodes):
         fake.add_node(f"node-{n}")
     reg = Registry(PolicyConfig(max_restarts=5), Timeline(), None, "arb")
     conns = []
     for r in range(world):
         fake.add_pod(NS, f"llm-worker-{r}", labels={JOB_LABEL: "llm"},
-                     node=f"node-{r // per_node}", owner=OWNER)
+                     node=f"node-{r // per_node}", owner=owner)
         c = Connection(f"peer-{r}")
         reg.hello(c, pb.Hello(job="llm", namespace=NS, rank=r, world_size=world,
                               agent_instance=f"i{r}", pod=f"llm-worker-{r}",
@@ -161,6 +166,18 @@ def test_a_preempted_pod_replaces_its_rank_without_cordoning_its_node() -> None:
             assert s.fake.count("update", "nodes") == 0
             assert any("preempted by the scheduler" in e.message
                        for e in s.reg.timeline.entries("llm", NS, 0))
+            # the controller's replacement waits for a node: the goodput ledger counts
+            # that time as capacity, not decision, until the scheduler places it
+            led = s.reg.stats[(NS, "llm")][1].ledger
+            assert led is not None and led.mode.value == "decision"
+            s.fake.add_pod(NS, "llm-worker-1-new", labels={JOB_LABEL: "llm"},
+                           phase="Pending", owner=OWNER)
+            await wait_until(lambda: led.mode.value == "capacity", 20, "capacity wait")
+            s.fake.set_pod_condition(NS, "llm-worker-1-new", "PodScheduled")
+            await wait_until(lambda: led.mode.value == "decision", 20, "scheduled")
+            b = led.breakdown(s.reg.clock())
+            assert b.seconds["capacity"] > 0
+            assert sum(b.seconds.values()) == pytest.approx(b.wall)
     run(body)
 
 
@@ -358,3 +375,97 @@ def test_a_pod_of_a_trainjob_finds_it_through_its_job_and_jobset() -> None:
             assert s.cluster._owner(pod).name == "tj"  # type: ignore[union-attr]
 
     run(body)
+
+
+def _ref(api: str, kind: str, name: str) -> dict[str, Any]:
+    return {"apiVersion": api, "kind": kind, "name": name, "uid": f"{name}-uid",
+            "controller": True}
+
+
+def _trainjob_chain(fake: FakeKube) -> None:
+    """TrainJob tj -> JobSet tj -> batch Job tj-node-0 (the rank pods' controller)."""
+    fake.create("trainjobs.trainer.kubeflow.org", {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+        "metadata": {"name": "tj", "namespace": NS}})
+    fake.create("jobsets.jobset.x-k8s.io", {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": "tj", "namespace": NS, "ownerReferences": [
+            _ref("trainer.kubeflow.org/v1alpha1", "TrainJob", "tj")]}})
+    fake.create("jobs.batch", {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "tj-node-0", "namespace": NS, "ownerReferences": [
+            _ref("jobset.x-k8s.io/v1alpha2", "JobSet", "tj")]}})
+
+
+def test_a_trainjob_shows_the_jobs_progress_and_goodput_in_its_trainer_status() -> None:
+    """Kubeflow Trainer v2 (KEP-2779): status.trainerStatus of the rank pods' TrainJob
+    carries step, loss, goodput and restarts, merge-patched on its status subresource."""
+    async def body() -> None:
+        async with cluster(world=2, owner=_ref("batch/v1", "Job", "tj-node-0"),
+                           before=_trainjob_chain, trainjob_status_interval=0.2) as s:
+            for c in s.conns:
+                s.reg.handle(c, pb.AgentMessage(progress=pb.ProgressSummary(
+                    step=42, loss=0.5, ts=time.time())), 0.0)
+
+            def trainer_status() -> dict[str, Any]:
+                tj = s.fake.get("trainjobs.trainer.kubeflow.org", "tj", NS) or {}
+                return dict((tj.get("status") or {}).get("trainerStatus") or {})
+
+            await wait_until(lambda: any(m["name"] == "step" and m["value"] == "42"
+                                         for m in trainer_status().get("metrics", [])),
+                             20, "the TrainJob's trainerStatus")
+            got = {m["name"]: m["value"] for m in trainer_status()["metrics"]}
+            assert got["loss"] == "0.5" and got["restarts"] == "0"
+            assert 0.0 <= float(got["goodput"]) <= 1.0
+            assert trainer_status()["lastUpdatedTime"].endswith("Z")
+            assert s.cluster.trainjobs.off == ""
+            assert any(q.verb == "patch" and q.resource ==
+                       "trainjobs.trainer.kubeflow.org/status" for q in s.requests())
+
+    run(body)
+
+
+def test_without_the_trainjob_crd_or_its_field_nothing_is_written_and_it_says_so_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The writer alone against the fake: a 404 for the resource (no CRD) or an answer
+    without trainerStatus (a CRD without the field: pruned) stops it, logged once; a 404
+    for one deleted TrainJob stops only that one; RBAC's 403 stops it too."""
+    from ftagent.kube.trainjob_status import TrainJobStatus, trainer_status
+
+    status = trainer_status(7, None, 0.9, 1, 0.0)
+    assert status["metrics"] == [{"name": "step", "value": "7"},
+                                 {"name": "goodput", "value": "0.9000"},
+                                 {"name": "restarts", "value": "1"}]
+    fake = FakeKube()
+    try:
+        _trainjob_chain(fake)
+        w = TrainJobStatus(fake.client(), interval=10.0)
+        assert w.due(NS, "tj", 100.0) and not w.due(NS, "tj", 105.0)
+        w.write(NS, "tj", status)
+        assert w.written == 1 and w.off == ""
+        w.write(NS, "gone", status)  # deleted: that one only
+        assert w.off == "" and not w.due(NS, "gone", 200.0) and w.due(NS, "tj", 200.0)
+        fake.prune_status("trainjobs.trainer.kubeflow.org", "trainerStatus")
+        fake.create("trainjobs.trainer.kubeflow.org", {
+            "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+            "metadata": {"name": "old", "namespace": NS}})
+        with caplog.at_level(logging.INFO, "ftagent.kube.trainjob"):
+            w.write(NS, "old", status)
+            w.write(NS, "old", status)
+        assert "no status.trainerStatus" in w.off and not w.due(NS, "tj", 300.0)
+        assert len([r for r in caplog.records if "not written" in r.message]) == 1
+        fake.remove_resource("trainjobs.trainer.kubeflow.org")
+        w2 = TrainJobStatus(fake.client())
+        w2.write(NS, "tj", status)
+        assert "not installed" in w2.off
+        fake2 = FakeKube()
+        try:
+            _trainjob_chain(fake2)
+            fake2.forbid("patch", "trainjobs.trainer.kubeflow.org/status")
+            w3 = TrainJobStatus(fake2.client())
+            w3.write(NS, "tj", status)
+            assert "RBAC" in w3.off
+        finally:
+            fake2.stop()
+    finally:
+        fake.stop()

@@ -66,6 +66,9 @@ Control API of :class:`FakeKube` (thread-safe; objects are plain dicts as on the
   (e.g. ``DisruptionTarget`` with reason ``PreemptionByScheduler``),
   ``finish_termination(namespace, name)`` (the kubelet's final delete of a Terminating pod),
   ``events(namespace=None, involved=None) -> list`` (core/v1 shape).
+* CRDs: ``remove_resource(resource)`` (not installed: 404 on every request for it),
+  ``prune_status(resource, *fields)`` (a CRD schema without those status fields: they are
+  dropped from writes, as the real server prunes unknown fields).
 * Tokens: ``mint_token(namespace, service_account="default", pod=None, audiences=("ftagent",),
   expiration_seconds=3600) -> Minted``, ``token_file(directory, namespace, pod, ...)`` (a
   projected-volume token file; call again to rotate), ``issuer.clock`` (settable: expiry).
@@ -227,6 +230,19 @@ class FakeKube:
 
     def finish_termination(self, namespace: str, name: str) -> dict[str, Any]:
         return self.store.finish_termination(self._kind("pods"), namespace, name)
+
+    def remove_resource(self, resource: str) -> None:
+        """Serve ``resource`` (``"trainjobs.trainer.kubeflow.org"``) no more: its CRD is
+        not installed; every request for it is 404 "the server could not find the
+        requested resource", as the real server answers."""
+        self._http.absent.add(self._kind(resource).qualified)
+
+    def prune_status(self, resource: str, *fields: str) -> None:
+        """The CRD of ``resource`` has no ``status.<field>`` in its schema: writes drop
+        them, as the real server prunes unknown fields (an older Kubeflow Trainer's
+        TrainJob without ``trainerStatus``)."""
+        self._http.unknown_status.setdefault(self._kind(resource).qualified,
+                                             set()).update(fields)
 
     def add_pod(self, namespace: str, name: str, labels: dict[str, str] | None = None,
                 node: str | None = None, phase: str = "Running",

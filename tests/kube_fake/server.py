@@ -71,6 +71,11 @@ class FakeHTTPServer(ThreadingHTTPServer):
             self.socket = tls.wrap_socket(self.socket, server_side=True,
                                           do_handshake_on_connect=False)
         self.store, self.faults, self.token = store, faults, token
+        # resources whose CRD is not installed (404, as for any unknown resource), and
+        # status fields a CRD's schema does not have (pruned on write, as the real
+        # server prunes unknown fields of a structural schema)
+        self.absent: set[str] = set()
+        self.unknown_status: dict[str, set[str]] = {}
         self.bookmark_interval = bookmark_interval
         self.bookmark_epoch = 0
         self.issuer: Any = None  # tokens.Issuer: answers TokenReviews
@@ -149,7 +154,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(401, ApiError(401, "Unauthorized", "Unauthorized").status())
             return
         r = route(url.path)
-        if r is None:
+        if r is None or r.kind.qualified in self.server.absent:
             self._send_json(404, ApiError(404, "NotFound", "the server could not find the "
                                           "requested resource", {}).status())
             return
@@ -213,6 +218,10 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ApiError(405, "MethodNotAllowed", "the server does not allow this method "
                                "on the requested resource")
             return 201, store.create(r.kind, r.namespace, body)
+        if verb in ("update", "patch") and isinstance(body, dict) and isinstance(
+                body.get("status"), dict):
+            for f in self.server.unknown_status.get(r.kind.qualified, ()):
+                body["status"].pop(f, None)
         if verb == "update":
             return 200, store.update(r.kind, r.namespace, r.name or "", body, r.sub)
         if verb == "patch":

@@ -149,10 +149,13 @@ def test_decide_stacks_leaves_a_busy_job_running_and_ends_the_probe() -> None:
     j.ranks[1] = RankState(rank=1, connected=True, step=40,
                            stack=stack_signature(verified(VICTIM, 2, "hung", "backward")))
     (d,) = decide_stacks(j, 10.0, PolicyConfig())
-    assert d.verdict is Verdict.ALERT_ONLY and d.generation == 0 and d.fault_id == "f1"
+    # BUSY (issue 22): no restart, and every rank is told who is busy and who waits
+    assert d.verdict is Verdict.BUSY and d.generation == 0 and d.fault_id == "f1"
     assert "job busy, not hung" in d.reason and "no restart" in d.reason
+    assert d.busy is not None and d.busy.busy_ranks == (0,) and d.busy.waiting_ranks == (1,)
+    assert d.busy.state == "alive" and d.busy.spin_culprits == () and not d.targets
     apply(j, d, 10.0)
-    assert j.hang_probe is None and j.restarts == 0
+    assert j.hang_probe is None and j.restarts == 0 and j.busy == d.reason
 
 
 def failed_capture(pid: int, error: str) -> str:

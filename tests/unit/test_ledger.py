@@ -394,3 +394,212 @@ def test_a_trainer_started_failing_open_reports_its_own_generation() -> None:
     assert led is not None and led.generation == 1
     g = reg.job_info(reg.jobs[("", "j")], ranks=False).goodput
     assert g.seconds["startup"] == 0.0 and g.seconds["productive"] == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------- issue 24: what the job says
+
+
+def test_phase_time_moves_out_of_productive() -> None:
+    """Rank 0 reports 2 s in a checkpoint save and 1 s of eval, rank 1 (waiting for it)
+    less: the largest report is believed, once; a report larger than the training time
+    moves no more than that; a phase before training began stays where it was."""
+    led = Ledger(0.0, world_size=2)
+    led.phases(0, 0, (5.0, 0.0), 1.0)  # start-up: not training yet, only a baseline
+    steps(led, 0, 1, 10, 10.0, 1.0)  # training 10 -> 19
+    led.phases(0, 0, (7.0, 1.0), 19.0)
+    led.phases(1, 0, (1.5, 0.5), 19.0)
+    led.phases(1, 0, (1.0, 0.5), 19.5)  # a report going back changes nothing
+    s = check_sum(led, 20.0)
+    assert s["checkpoint"] == pytest.approx(2.0) and s["other_phases"] == pytest.approx(1.0)
+    assert s["productive"] == pytest.approx(10.0 - 3.0)
+    led.phases(0, 0, (1e6, 1e6), 20.0)  # more than the job trained: capped
+    s = check_sum(led, 20.0)
+    assert s["productive"] == pytest.approx(0.0)
+    assert s["checkpoint"] + s["other_phases"] == pytest.approx(10.0)
+    # a new generation's trainers count from zero again
+    led.restart(1, 21.0, kind="crash", onset=20.0, detected=20.0)
+    led.released(1, 22.0)
+    steps(led, 1, 11, 14, 23.0, 1.0)
+    led.phases(0, 1, (0.5, 0.0), 26.0)
+    s = check_sum(led, 26.0)
+    assert s["checkpoint"] == pytest.approx(9.0 + 0.5)  # the cap went to the first category
+    assert s["other_phases"] == pytest.approx(1.0)
+    assert s["productive"] == pytest.approx(3.0 - 0.5)
+
+
+def _summary(step: int, ts: float, **kw: float) -> pb.AgentMessage:
+    return pb.AgentMessage(progress=pb.ProgressSummary(step=step, ts=ts,
+                                                       seconds_since_progress=0.0, **kw))
+
+
+def test_the_resume_step_the_job_reports_reaches_the_ledger_and_each_incident() -> None:
+    """The crash job, but the new generation's trainers said "loaded checkpoint at
+    iteration 5" (a ProgressSummary's resumed_step) and their first step seen is 11
+    (steps 6..10 fell between two log ticks): steps 6..20 were redone, not 11..20. Each
+    incident's stages come with the goodput block (status JSON, text, report)."""
+    clock = Clock()
+    reg = _registry(clock, History())
+    conns = [Connection(f"peer-{r}") for r in range(2)]
+    for r, c in enumerate(conns):
+        reg.hello(c, pb.Hello(job="j", rank=r, world_size=2, agent_instance=f"i{r}"))
+    for c in conns:
+        reg.handle(c, pb.AgentMessage(arrival=pb.BarrierArrival(generation=0)), 0.0)
+    clock.now += 5
+    for step in range(1, 21):
+        for c in conns:
+            reg.handle(c, _summary(step, clock.now, checkpoint_seconds=0.0), 0.0)
+        clock.now += 1
+    clock.now -= 0.5
+    f = fault_to_proto(Fault(FaultKind.CRASH, "boom", detected_at=clock.now), 0,
+                       exit_status=1)
+    reg.handle(conns[1], pb.AgentMessage(fault=f), 0.0)
+    clock.now += 3
+    for c in conns:
+        reg.handle(c, pb.AgentMessage(arrival=pb.BarrierArrival(generation=1)), 0.0)
+    clock.now += 4
+    for step in range(11, 16):
+        for c in conns:
+            reg.handle(c, _summary(step, clock.now, resumed_step=5), 0.0)
+        clock.now += 1
+    g = reg.job_info(reg.jobs[("", "j")], ranks=False).goodput
+    assert g.recomputed_steps == 15
+    assert g.seconds["recomputed"] == pytest.approx(15.5)  # step 5 (+9 s) -> crash (+24.5)
+    (inc,) = g.per_incident
+    assert (inc.generation, inc.kind, inc.reached_step, inc.resumed_step,
+            inc.recomputed_steps, inc.resume_source) == (1, "crash", 20, 5, 15, "reported")
+    assert inc.detect_seconds == pytest.approx(0.0)
+    assert inc.decide_seconds == pytest.approx(3.0)
+    assert inc.restart_seconds == pytest.approx(4.0)
+    assert inc.recompute_seconds == pytest.approx(15.5)
+    js = to_dict(pb.JobInfo(goodput=g))["goodput"]
+    assert js["per_incident"][0]["resumed_step"] == 5 and js["incidents"] == 1
+    text = format_goodput(g)
+    assert "RESUMED AFTER" in text and "5 (reported)" in text and "15.5s" in text
+    # a summary with a resume step out of range is dropped whole, never believed
+    bad = _summary(16, clock.now, resumed_step=-3)
+    reg.handle(conns[0], bad, 0.0)
+    assert reg.jobs[("", "j")].ranks[0].step == 15
+
+
+def test_the_report_shows_each_incident() -> None:
+    from ftagent import report
+
+    info = {"job": "llama", "timeline": [], "goodput": {
+        "wall_seconds": 100.0, "ratio": 0.8, "recomputed_steps": 12,
+        "seconds": {"productive": 80.0, "restart": 20.0},
+        "per_incident": [
+            {"generation": 1, "kind": "<i>crash</i>", "detect_seconds": 0.5,
+             "decide_seconds": 3.0, "restart_seconds": None, "recompute_seconds": 10.5,
+             "recomputed_steps": None, "resumed_step": 30, "resume_source": "reported"},
+            {"generation": "2"}, "junk"]}}
+    d = report.from_job_info(info, now=1.0)
+    assert len(d.incidents) == 1
+    page = report.incident_table(d)  # (render() puts it under the ledger's table)
+    assert '<table id="incidents">' in page and "<i>crash" not in page
+    assert ("<td>1</td><td>&lt;i&gt;crash&lt;/i&gt;</td><td>0.5</td><td>3.0</td><td>-</td>"
+            "<td>10.5</td><td>unknown</td><td>30 (reported)</td>") in page
+
+
+def test_the_agent_carries_what_its_trainer_said() -> None:
+    """The agent's side (reporter.TrainerSays, convert.fill_resume_and_phases): the resume
+    step and the seconds in declared phases of this generation's trainer, open phases up
+    to now, an end without a begin nothing; a new trainer starts from nothing."""
+    from ftagent.agent.reporter import TrainerSays
+    from ftagent.model import PhaseMarker, Resumed
+    from ftagent.wire.checks import progress_in_range
+    from ftagent.wire.convert import fill_resume_and_phases
+
+    says = TrainerSays()
+    says.observe(PhaseMarker("eval", False), 1.0)  # no begin: nothing
+    says.observe(Resumed(30), 2.0)
+    says.observe(PhaseMarker("checkpoint", True), 10.0)
+    says.observe(PhaseMarker("checkpoint", False), 12.5)
+    says.observe(PhaseMarker("eval", True), 20.0)
+    assert says.resumed == 30 and says.phase_seconds(21.0) == (2.5, 1.0)
+    msg = pb.ProgressSummary(step=31)
+    fill_resume_and_phases(msg, says.resumed, *says.phase_seconds(21.0))
+    assert (msg.resumed_step, msg.checkpoint_seconds, msg.other_phase_seconds) == (30, 2.5, 1.0)
+    assert progress_in_range(msg)
+    fill_resume_and_phases(msg, None, float("nan"), float("inf"))
+    assert progress_in_range(msg) and msg.checkpoint_seconds == 0.0
+    says.reset()
+    assert says.resumed is None and says.phase_seconds(30.0) == (0.0, 0.0)
+    for bad in (pb.ProgressSummary(step=1, resumed_step=-1),
+                pb.ProgressSummary(step=1, checkpoint_seconds=float("nan")),
+                pb.ProgressSummary(step=1, other_phase_seconds=2e9)):
+        assert not progress_in_range(bad)
+
+
+def test_time_waited_on_a_slow_rank_and_on_capacity() -> None:
+    """A slow rank makes the job wait 40 % of each step for 10 s of training: 4 s of
+    straggler; a replacement pod Pending without a node for 5 s of the decision: capacity;
+    the categories still sum to the wall time."""
+    from ftagent.arbiter.straggler import RankTiming, slowdown
+
+    fast = RankTiming(0, step_seconds=1.0, collective_seconds=0.5)
+    slow = RankTiming(1, step_seconds=1.0, collective_seconds=0.1)  # own 0.9 vs 0.5
+    assert slowdown({0: fast, 1: slow}, 0.8) == pytest.approx(0.4)
+    assert slowdown({0: fast}, 0.8) == 0.0  # no median of others
+    jitter = RankTiming(1, step_seconds=1.0, collective_seconds=0.45)
+    assert slowdown({0: fast, 1: jitter}, 0.8) == 0.0  # not slow by the watch's measure
+    led = Ledger(0.0, world_size=2)
+    steps(led, 0, 1, 21, 10.0, 1.0)  # training 10 -> 30
+    led.slowed(0.0, 15.0)
+    led.slowed(0.4, 25.0)  # 15 -> 25 at 40 %
+    led.slowed(float("nan"), 26.0)  # nothing moves, nothing is lost
+    s = check_sum(led, 30.0)
+    assert s["straggler"] == pytest.approx(4.0)
+    assert s["productive"] == pytest.approx(20.0 - 4.0)
+    led.restart(1, 31.0, kind="node", onset=30.0, detected=30.5)
+    led.capacity(True, 32.0)
+    led.capacity(True, 33.0)  # still waiting: nothing changes
+    led.capacity(False, 37.0)
+    led.released(1, 38.0)
+    s = check_sum(led, 39.0)
+    assert s["capacity"] == pytest.approx(5.0)
+    assert s["decision"] == pytest.approx(0.5 + 1.0 + 1.0)  # 30.5 -> 32, 37 -> 38
+    assert s["restart"] == pytest.approx(1.0)
+    led.slowed(0.5, 39.0)  # not training: nothing
+    assert check_sum(led, 39.0)["straggler"] == pytest.approx(4.0)
+
+
+def test_a_restart_before_the_generation_trained_hands_its_steps_to_the_next() -> None:
+    """Steps 1..19, a crash; generation 1 loads the checkpoint of step 10 and is restarted
+    again (a fatal Xid) before its first step; generation 2 loads step 10 too: steps
+    11..19 were redone once, by the second restart; the first redid nothing."""
+    led = Ledger(0.0, world_size=2)
+    steps(led, 0, 1, 19, 1.0, 1.0)  # step 19 at 19
+    led.restart(1, 20.0, kind="crash", onset=19.5, detected=19.5)
+    led.released(1, 21.0)
+    led.resumed(1, 10)
+    led.restart(2, 25.0, kind="gpu", onset=24.0, detected=24.0)
+    led.released(2, 26.0)
+    led.resumed(2, 10)
+    steps(led, 2, 11, 12, 28.0, 1.0)
+    b = led.breakdown(30.0)
+    first, second = b.incidents
+    assert (first.recomputed_steps, second.recomputed_steps) == (0, 9)
+    assert (second.reached, second.resumed, second.resume_source) == (19, 10, "reported")
+    assert b.recomputed_steps == 9
+    assert b.seconds["recomputed"] == pytest.approx(19.5 - 10.0)  # step 10 at 10 -> 19.5
+    check_sum(led, 30.0)
+
+
+def test_the_registry_feeds_the_straggler_share_from_the_step_timings() -> None:
+    """Rank 1 computes 0.9 s of each 1 s step, rank 0 0.5 s (it waits in the all-reduce):
+    40 % of the training time after the first timed summaries is straggler."""
+    clock = Clock()
+    reg = _registry(clock, History())
+    conns = [Connection(f"peer-{r}") for r in range(2)]
+    for r, c in enumerate(conns):
+        reg.hello(c, pb.Hello(job="j", rank=r, world_size=2, agent_instance=f"i{r}"))
+    for c in conns:
+        reg.handle(c, pb.AgentMessage(arrival=pb.BarrierArrival(generation=0)), 0.0)
+    for step in range(1, 12):
+        for r, c in enumerate(conns):
+            reg.handle(c, _summary(step, clock.now, step_seconds=1.0, timed_steps=5,
+                                   collective_seconds=0.5 if r == 0 else 0.1), 0.0)
+        clock.now += 1
+    g = reg.job_info(reg.jobs[("", "j")], ranks=False).goodput
+    assert g.seconds["straggler"] == pytest.approx(0.4 * 10, abs=0.01)  # steps 1 -> 11
+    assert sum(g.seconds.values()) == pytest.approx(g.wall_seconds)

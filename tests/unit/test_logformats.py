@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ftagent.config import ConfigError
-from ftagent.model import PhaseMarker, Progress
+from ftagent.model import PhaseMarker, Progress, Resumed
 from ftagent.sources import progress as progress_mod
 from ftagent.sources.progress import MAX_LINE, UNLOCK_AFTER, LogProgress
 
@@ -21,10 +21,12 @@ def lines_of(name: str) -> list[bytes]:
     return [ln for ln in re.split(rb"\r\n|\r|\n", (LOGS / name).read_bytes()) if ln]
 
 
-def compact(obs: list[Progress | PhaseMarker]) -> list[tuple[object, ...]]:
+def compact(obs: list[Progress | PhaseMarker | Resumed]) -> list[tuple[object, ...]]:
     out: list[tuple[object, ...]] = []
     for o in obs:
-        if isinstance(o, Progress):
+        if isinstance(o, Resumed):
+            out.append(("R", o.step, o.source))
+        elif isinstance(o, Progress):
             loss = None if o.loss is None else ("nan" if math.isnan(o.loss) else round(o.loss, 4))
             out.append(("P", o.step, loss, o.source))
         else:
@@ -78,6 +80,14 @@ EXPECTED: dict[str, list[tuple[object, ...]]] = {
         # "step 5: waiting for data ..." and "step 5: (fault) hanging" are not progress
     ],
     "noise.log": [],
+    # "loaded checkpoint ... iteration N" of each trainer (issue 24): the step it resumed
+    # after. Lightning's "last.ckpt" names no step (unknown, not a guess); a step of 26
+    # digits is no step; "loading ... at iteration" and "Restoring states" are before the
+    # load, not a resume.
+    "resume.log": [
+        ("R", 1200, "megatron"), ("R", 800, "deepspeed"), ("R", 500, "hf"),
+        ("R", 640, "torchtitan"), ("R", 1250, "lightning"), ("R", 20, "generic"),
+    ],
 }
 
 

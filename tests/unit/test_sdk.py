@@ -17,7 +17,7 @@ import pytest
 
 from ftagent import sdk
 from ftagent.metrics import AgentMetrics, busbw
-from ftagent.model import CollectiveSample, Observation, PhaseMarker, Progress
+from ftagent.model import CollectiveSample, Observation, PhaseMarker, Progress, Resumed
 from ftagent.sources.sdk_socket import (
     DROP_REASONS,
     MAX_DATAGRAM,
@@ -326,6 +326,8 @@ def test_close_leaves_a_newer_agents_socket(tmp_path: Path) -> None:
     (b"v1 9 c op 1 inf 2", None),
     (b"v1 9 c op 1 1 0", None),
     (b"v1 9 q 1 2 3", None),
+    (b"v1 9 r 1200", Resumed(1200, source="sdk", ts=1.0)),
+    (b"v1 9 r -1", None), (b"v1 9 r 1 2", None), (b"v1 9 r %d" % (MAX_STEP + 1), None),
 ])
 def test_parse_datagram(data: bytes, expected: Observation | None) -> None:
     assert parse_datagram(data, 1.0) == expected
@@ -476,3 +478,18 @@ def test_busbw_factors(op: str, n: int, factor: float) -> None:
 @pytest.mark.parametrize("seconds", [0.0, -1.0, math.inf, math.nan])
 def test_busbw_invalid_time(seconds: float) -> None:
     assert busbw("all_reduce", 100, seconds, 8) == (0.0, 0.0)
+
+
+def test_resumed_is_sent_and_bounded(raw_receiver: socket.socket) -> None:
+    """``ftagent.resumed(step)``: one datagram the receiver turns into ``Resumed``; a step
+    out of range is not sent."""
+    raw_receiver.settimeout(0.5)
+    sdk.resumed(-1)
+    sdk.resumed(MAX_STEP + 1)
+    sdk.resumed("x")  # type: ignore[arg-type]
+    import ftagent
+
+    ftagent.resumed(40)
+    assert parse_datagram(raw_receiver.recv(4096), 2.0) == Resumed(40, source="sdk", ts=2.0)
+    with pytest.raises(TimeoutError):
+        raw_receiver.recv(4096)

@@ -1,0 +1,189 @@
+"""Waiting is not hanging (issue 22, items 4 and 5), the agent's side: a rank verified
+waiting in a collective raises a WARNING suspicion for the arbiter to decide, records
+"waiting on rank r (busy in ...)" when the arbiter answers BUSY, and is no hang while the
+wait lasts (at most --hang-phase-timeout); a spinning rank the others wait on gets the
+short culprit spin budget. The Verifier on an injected clock (test_liveness's rig)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+
+from ftagent.agent.peer_wait import PeerWait, role_of, waiting_text
+from ftagent.metrics import AgentMetrics
+from ftagent.model import Action, ActionKind, FaultKind, JobBusy, Severity
+from tests.unit.test_liveness import EVAL, MAIN, Rig, parked, proc, thread
+
+SAVE_WHERE = "save (serialization.py:966) from checkpoint (train.py:77)"
+IDS = {"job_name": "j", "namespace": "", "pod": "p", "node": "n", "rank": "1"}
+
+
+def busy(spin_culprits: tuple[int, ...] = (), state: str = "alive",
+         where: str = SAVE_WHERE, busy_ranks: tuple[int, ...] = (0,),
+         waiting: tuple[int, ...] = (1,)) -> Action:
+    return Action(ActionKind.BUSY, "job busy, not hung (stacks from 2/2 ranks): ...",
+                  busy=JobBusy(busy_ranks, waiting, where, state, spin_culprits))
+
+
+def waiting_rig(**cfg: Any) -> tuple[Rig, PeerWait, CollectorRegistry]:
+    reg = CollectorRegistry()
+    metrics = AgentMetrics(reg, IDS)
+    r = Rig(parked(), metrics=metrics, **cfg)
+    r.v.ask_arbiter = lambda: True  # an arbiter is connected
+    return r, PeerWait(1, r.v, r._record, metrics), reg
+
+
+def test_a_rank_waiting_in_a_collective_suspects_then_waits_on_the_busy_rank() -> None:
+    async def go() -> None:
+        r, pw, reg = waiting_rig()
+        start = r.now[0]
+        (f,) = await r.run_until(start + 8.0)
+        # a WARNING suspicion for the arbiter to decide, never an error-level hang
+        assert f.kind is FaultKind.HANG and f.severity is Severity.WARNING
+        assert f.evidence["waiting_in_collective"] is True
+        assert f.message.startswith("waiting in a collective for ")
+        assert r.kinds("verify") == ["suspect"] and not r.det.hung
+        pw.on_action(busy())
+        (w,) = [e for e in r.events if e[:2] == ("peer", "waiting")]
+        assert w[2].startswith(f"waiting on rank 0 (busy in {SAVE_WHERE})")
+        assert w[3]["stall_open"] is True
+        text = generate_latest(reg).decode()
+        assert "ftagent_waiting_on_busy_peer{" in text and "} 1.0" in text
+        assert 'role="waiting"} 1.0' in text
+        # a 150 s save: re-checked every budget, waiting each time, no fault
+        assert await r.run_until(start + 150.0) == []
+        assert set(r.kinds("verify")[1:]) == {"waiting"} and len(r.kinds("verify")) > 10
+        r.progress(0.2)
+        pw.observe(r_progress(r))
+        (done,) = [e for e in r.events if e[:2] == ("peer", "waited")]
+        assert "waited 15" in done[2] and "on rank 0 (busy in save" in done[2]
+        (phase,) = [e for e in r.events if e[0] == "phase"]
+        assert phase[3]["waited"] and "waited on a rank the arbiter judged busy" in phase[2]
+        text = generate_latest(reg).decode()
+        assert "ftagent_waiting_on_busy_peer{" in text and "} 0.0" in text
+
+    asyncio.run(go())
+
+
+def r_progress(r: Rig) -> Any:
+    from ftagent.model import Progress
+
+    return Progress(step=r.step, source="log", ts=r.now[0])
+
+
+def test_a_suspicion_nobody_answers_becomes_the_hang_a_budget_later() -> None:
+    async def go() -> None:
+        r, _, _ = waiting_rig()
+        start = r.now[0]
+        faults = await r.run_until(start + 20.0)
+        assert [f.severity for f in faults] == [Severity.WARNING, Severity.ERROR]
+        assert "verified hung" in faults[1].message
+        assert r.kinds("verify") == ["suspect", "hung"]
+
+    asyncio.run(go())
+
+
+def test_waiting_is_bounded_by_the_phase_timeout() -> None:
+    async def go() -> None:
+        r, pw, _ = waiting_rig(hang_phase_timeout=40.0)
+        start = r.now[0]
+        await r.run_until(start + 8.0)
+        pw.on_action(busy())
+        faults = await r.run_until(start + 60.0)
+        (f,) = faults
+        assert f.severity is Severity.ERROR and 40.0 <= f.evidence["stall_seconds"] <= 48.0
+
+    asyncio.run(go())
+
+
+def test_without_an_arbiter_the_waiting_rank_declares_as_before() -> None:
+    async def go() -> None:
+        r = Rig(parked())
+        (f,) = await r.run_until(r.now[0] + 9.0)
+        assert f.severity is Severity.ERROR and "waiting_in_collective" not in f.evidence
+
+    asyncio.run(go())
+
+
+def spinning() -> list[list[Any]]:
+    return [[proc(0, i * 0.45, [thread((EVAL,) + MAIN)])] for i in range(5)]
+
+
+def test_a_spinning_culprit_is_declared_after_the_short_budget() -> None:
+    async def go() -> None:
+        r = Rig(spinning(), hang_spin_timeout=120.0)
+        pw = PeerWait(0, r.v, r._record, culprit_spin_timeout=12.0)
+        start = r.now[0]
+        assert await r.run_until(start + 8.0) == []  # spinning: deferred
+        pw.on_action(busy(spin_culprits=(0,), state="spinning", where="evaluate (train.py:88)"))
+        (c,) = [e for e in r.events if e[:2] == ("peer", "culprit")]
+        assert "--hang-culprit-spin-timeout" in c[2]
+        (f,) = await r.run_until(start + 30.0)
+        assert f.message.startswith("spinning in evaluate (train.py:88)")
+        assert 12.0 <= f.evidence["stall_seconds"] <= 15.0
+
+    asyncio.run(go())
+
+
+def test_every_rank_busy_names_no_culprit_and_keeps_the_spin_budget() -> None:
+    async def go() -> None:
+        r = Rig(spinning(), hang_spin_timeout=120.0)
+        pw = PeerWait(0, r.v, r._record, culprit_spin_timeout=12.0)
+        start = r.now[0]
+        await r.run_until(start + 8.0)
+        pw.on_action(busy(state="spinning", busy_ranks=(0, 1), waiting=()))
+        assert [e[1] for e in r.events if e[0] == "peer"] == ["busy"]
+        assert await r.run_until(start + 60.0) == []
+
+    asyncio.run(go())
+
+
+def test_roles_and_text() -> None:
+    b = JobBusy((0, 2), (1,), "evaluate (train.py:88)", "spinning", (2,))
+    assert [role_of(r, b) for r in range(4)] == ["busy", "waiting", "culprit", ""]
+    assert waiting_text(b) == "ranks 0, 2 (spinning in evaluate (train.py:88))"
+    assert waiting_text(JobBusy((0,), (1,))) == "rank 0 (busy in its own code)"
+
+
+def test_the_arbiter_decider_hands_busy_over_and_never_has_an_alert_probed() -> None:
+    """BUSY reaches PeerWait through the decider's minor actions; with --hang-action
+    alert a hang is only recorded at the arbiter, so the suspicion's marker is dropped."""
+    import json
+
+    from ftagent.agent.arbiter_decider import ArbiterDecider
+    from ftagent.model import Fault
+    from ftagent.v1 import ftagent_pb2 as pb
+    from tests.unit.test_decider import node
+
+    _, (w,) = node(1, "--arbiter", "127.0.0.1:9", "--hang-action", "alert", arbiter=True)
+    d = w.decider
+    assert isinstance(d, ArbiterDecider)
+    got: list[Action] = []
+    d.on_busy = got.append
+    a = busy()
+    asyncio.run(d.on_minor_action(a))
+    assert got == [a]
+    d.decide(Fault(FaultKind.HANG, "waiting", severity=Severity.WARNING,
+                   evidence={"waiting_in_collective": True, "where": "all_reduce"}))
+    (msg,) = d.link.proto.faults.values()
+    assert msg.severity == pb.SEVERITY_WARNING
+    assert json.loads(msg.evidence_json) == {"where": "all_reduce"}
+
+
+def test_busy_before_this_ranks_budget_ran_out_is_adopted_by_its_stall() -> None:
+    """Another rank's suspicion made the arbiter answer BUSY before this rank's own
+    budget ran out: its stall is that wait from the start, no suspicion of its own."""
+
+    async def go() -> None:
+        r, pw, _ = waiting_rig()
+        start = r.now[0]
+        await r.run_until(start + 2.0)
+        pw.on_action(busy())
+        (w,) = [e for e in r.events if e[:2] == ("peer", "waiting")]
+        assert w[3]["stall_open"] is False
+        assert await r.run_until(start + 30.0) == []
+        assert set(r.kinds("verify")) == {"waiting"}
+
+    asyncio.run(go())
