@@ -7,46 +7,54 @@ processes or rendezvous store (pytorch #135712: torchrun restarts fail 3 times i
 when they do). The first start is the barrier of generation 0.
 
 Functions like the policy: (job, event, now) -> decisions, no I/O; ``state.apply``
-carries the decisions out. The one exception is bookkeeping: ``decide_arrival`` records
-the arrival in the barrier itself, so that an arrival costs O(1) and 10k ranks release
-in one pass.
+carries the decisions out, and counts an arrival (``AtBarrier``: O(1), so 10k ranks
+release in one pass); ``decide_arrival`` is that apply followed by ``decide_barrier``.
 """
 
 from __future__ import annotations
 
-from ftagent.arbiter.state import BarrierState, Decision, JobPhase, JobState, Verdict
-
-
-def open_barrier(job: JobState, now: float) -> BarrierState:
-    """The barrier of the job's current generation, opened now if there is none yet."""
-    b = job.barrier
-    if b is None or b.generation != job.generation:
-        b = job.barrier = BarrierState(generation=job.generation, opened_at=now)
-    return b
+from ftagent.arbiter.state import (
+    AtBarrier,
+    BarrierState,
+    Decision,
+    JobPhase,
+    JobState,
+    Verdict,
+    apply,
+)
 
 
 def decide_arrival(job: JobState, rank: int, generation: int, now: float) -> list[Decision]:
-    """Rank ``rank`` is ready for ``generation``: release everyone once all are.
+    """Rank ``rank`` is ready for ``generation``: count it (``state.apply`` of
+    ``AtBarrier``), then ``decide_barrier``.
 
     Call ``reconcile`` first: an arrival above the job's generation raises the job to it,
     so here ``generation`` is the job's or older (stale: the rank was sent a restart to
     the current generation, which reconcile re-sends if it never was).
     """
+    fresh = job.barrier is None or rank not in job.barrier.arrived or \
+        job.barrier.generation != job.generation
+    apply(job, AtBarrier(rank, generation), now)
+    return decide_barrier(job, rank, generation, fresh)
+
+
+def decide_barrier(job: JobState, rank: int, generation: int,
+                   fresh: bool = True) -> list[Decision]:
+    """After ``rank``'s arrival at ``generation`` was counted: release everyone once all
+    are in; a rank that re-arrives at a released barrier is released alone. ``fresh``:
+    the rank was not counted at this barrier before (a re-sent arrival decides nothing)."""
     g = job.generation
     if job.phase is JobPhase.STOPPED:
         return [Decision(Verdict.STOP, f"rank {rank} arrived at the barrier of a stopped job: "
                          f"{job.stop_reason}", g, targets=(rank,), exit_code=1, rank=rank)]
-    if job.phase is JobPhase.SUCCEEDED or generation != g:
+    b = job.barrier
+    if job.phase is JobPhase.SUCCEEDED or generation != g or b is None:
         return []
-    b = open_barrier(job, now)
     if b.released:
         return [Decision(Verdict.RELEASE_BARRIER, f"rank {rank} re-arrived at generation {g}, "
                          "already released", g, targets=(rank,), rank=rank)]
-    if rank in b.arrived:
+    if not fresh:
         return []
-    b.arrived.add(rank)
-    if b.first_arrival_at is None:
-        b.first_arrival_at = now
     return _release_if_full(job, b)
 
 

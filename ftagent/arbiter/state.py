@@ -1,9 +1,12 @@
 """What the arbiter knows about a job, and how a decision changes it.
 
-The registry owns these objects and updates them from what agents send; the policy
-(``policy.py``, ``barrier.py``) only reads them and returns ``Decision`` values;
-``apply`` is the one place a decision changes a job's state. Nothing here does I/O, so a
-test can replay faults through ``decide_* -> apply`` and compare plain values.
+The registry owns these objects; the policy (``policy.py``, ``barrier.py``) only reads
+them and returns ``Decision`` values. ``apply`` is the one place a job's state changes:
+a decision, and what an agent tells (``Registered``, ``Left``, ``Progressed``, ``Arrived``,
+``AtBarrier``, ``Exited``, ...: named tuples the registry builds from checked messages).
+Nothing here does I/O, so a test can replay a stream of changes and compare plain values.
+(A rank's ``pending`` commands and its ``conn`` belong to the connections part,
+``arbiter/commands.py``: what was sent, not what the job is.)
 
 Everything is rebuilt from agents' Hellos after an arbiter restart (stateless design):
 the job's generation is the highest any agent reports, its restart count likewise.
@@ -21,10 +24,12 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ftagent.model import JobBusy
+from ftagent.wire.limits import MAX_OPEN_FAULTS
 
 SEEN_FAULTS_KEPT = 10_000  # per job; duplicate ids older than this are long acknowledged
 
@@ -181,8 +186,109 @@ class JobState:
         return self.phase in (JobPhase.STOPPED, JobPhase.SUCCEEDED)
 
 
-def apply(job: JobState, d: Decision, now: float) -> None:
-    """Change ``job`` as ``d`` says. Idempotent for STOP and RELEASE_BARRIER."""
+class Registered(NamedTuple):
+    """An agent's Hello was accepted for ``rank`` (checked at the edge, wire/checks.py)."""
+
+    rank: int
+    pod: str
+    node: str
+    state: str
+    instance: str
+    pod_uid: str  # "" when the stream's credential names no pod: the rank's is kept
+    gpus: tuple[str, ...]
+    generation: int
+    released_generation: int
+    running: bool
+    restart_count: int
+    world_size: int
+    alert_only: bool
+    conn: object
+
+
+class Left(NamedTuple):
+    """``rank``'s stream ended (it may come back with a Hello)."""
+
+    rank: int
+
+
+class Progressed(NamedTuple):
+    """A progress summary of ``rank`` (values in range: wire/checks.progress_in_range)."""
+
+    rank: int
+    step: int
+    hung: bool
+    loss: float | None
+    samples_per_second: float
+    tokens_per_second: float
+    last_step_at: float
+
+
+class Arrived(NamedTuple):
+    """``rank``'s previous trainer is gone; it waits to start ``generation``."""
+
+    rank: int
+    generation: int
+
+
+class AtBarrier(NamedTuple):
+    """``rank`` counted at the barrier of ``generation`` (after ``Arrived`` and reconcile:
+    an arrival above the job's generation first raises the job to it)."""
+
+    rank: int
+    generation: int
+
+
+class Exited(NamedTuple):
+    """``rank``'s trainer of ``generation`` exited with ``status`` (128+signal if killed)."""
+
+    rank: int
+    generation: int
+    status: int
+
+
+class FaultSeen(NamedTuple):
+    """A fault was decided (``final``) or its decision is still open (stacks awaited, a
+    link down: its rank is acknowledged once it is settled). ``summary``: what status
+    shows as ``rank``'s last fault (None: a fault about no rank)."""
+
+    fault_id: str
+    final: bool
+    rank: int | None = None
+    summary: str = ""
+
+
+class Settled(NamedTuple):
+    """No stacks awaited and no link down any more: every open fault is decided."""
+
+class StacksIn(NamedTuple):
+    """``rank``'s stacks for the current hang probe: their signature and flight-recorder
+    summary (policy.signature_in, fr_verdict.summary_in)."""
+
+    rank: int
+    signature: str
+    fr: dict[str, Any] | None
+
+
+Change = (Decision | Registered | Left | Progressed | Arrived | AtBarrier | Exited | FaultSeen
+          | Settled | StacksIn)
+
+# What a command does to the state its target ranks show (status) until they report.
+_RANK_STATES = {Verdict.RESTART: "restarting", Verdict.REJOIN: "restarting",
+                Verdict.STOP: "stopping", Verdict.REPLACE: "replacing",
+                Verdict.RELEASE_BARRIER: "running"}
+# Verdicts that are commands to agents (the others are recorded only).
+COMMANDS = frozenset((Verdict.RESTART, Verdict.REJOIN, Verdict.STOP, Verdict.REPLACE,
+                      Verdict.RELEASE_BARRIER, Verdict.DUMP_STACKS, Verdict.BUSY))
+
+
+def apply(job: JobState, d: Change, now: float) -> None:
+    """Change ``job`` as ``d`` says. Idempotent for STOP, RELEASE_BARRIER, Left, AtBarrier
+    and Exited."""
+    if not isinstance(d, Decision):
+        _AGENT_SAYS[type(d)](job, d, now)
+        return
+    if d.verdict in COMMANDS:
+        _commanded(job, d)
     v = d.verdict
     if v in (Verdict.RESTART, Verdict.REPLACE):
         job.restarts += 1
@@ -235,3 +341,124 @@ def _new_generation(job: JobState, generation: int, now: float) -> None:
     for r in job.ranks.values():
         r.hung = False
         r.stack = None
+
+
+def _commanded(job: JobState, d: Decision) -> None:
+    """The ranks a command goes to: what status shows for them, what they were told."""
+    for r in d.targets or tuple(job.ranks):
+        rs = job.ranks.get(r)
+        if rs is None:
+            continue
+        if d.verdict is Verdict.REPLACE and r != d.rank:
+            rs.state = "restarting"  # the others restart; the replaced rank is "replacing"
+        else:
+            rs.state = _RANK_STATES.get(d.verdict, rs.state)
+        if d.verdict in (Verdict.RESTART, Verdict.REJOIN, Verdict.REPLACE):
+            rs.commanded = max(rs.commanded, d.generation)
+        elif d.verdict is Verdict.RELEASE_BARRIER:
+            rs.released_generation = max(rs.released_generation, rs.generation)
+
+
+def _left(job: JobState, c: Left, now: float) -> None:
+    rs = job.ranks.get(c.rank)
+    if rs is not None and rs.connected:
+        rs.conn, rs.connected = None, False
+        job.connected -= 1
+    job.last_seen = now
+
+
+def _progressed(job: JobState, c: Progressed, now: float) -> None:
+    rs = job.ranks[c.rank]
+    rs.step, rs.hung, rs.loss = c.step, c.hung, c.loss
+    if job.busy and c.step > job.busy_step:  # the busy phase is over
+        job.busy, job.busy_step = "", -1
+    rs.samples_per_second, rs.tokens_per_second = c.samples_per_second, c.tokens_per_second
+    rs.last_step_at = c.last_step_at
+
+
+def _arrived(job: JobState, c: Arrived, now: float) -> None:
+    rs = job.ranks[c.rank]
+    if c.generation > rs.generation and rs.released_generation >= 0:
+        rs.restarts += 1  # it ran a trainer and now waits to start a newer one
+    rs.generation = max(rs.generation, c.generation)
+    rs.running = False
+    rs.state = "waiting"
+
+
+def _at_barrier(job: JobState, c: AtBarrier, now: float) -> None:
+    if job.finished or c.generation != job.generation:
+        return
+    b = job.barrier
+    if b is None or b.generation != job.generation:
+        b = job.barrier = BarrierState(generation=job.generation, opened_at=now)
+    if b.released or c.rank in b.arrived:
+        return
+    b.arrived.add(c.rank)
+    if b.first_arrival_at is None:
+        b.first_arrival_at = now
+
+
+def _exited(job: JobState, c: Exited, now: float) -> None:
+    rs = job.ranks[c.rank]
+    rs.last_exit_status = c.status
+    rs.state = "exited"
+    if c.status == 0 and c.generation == job.generation:
+        rs.state = "succeeded"
+        done = sum(1 for r in job.ranks.values()
+                   if r.state == "succeeded" and r.generation == job.generation)
+        if done >= job.world_size and not job.finished:
+            job.phase = JobPhase.SUCCEEDED
+
+
+def _fault_seen(job: JobState, c: FaultSeen, now: float) -> None:
+    job.remember_fault(c.fault_id, c.final)
+    if not c.final and len(job.open_faults) < MAX_OPEN_FAULTS:
+        job.open_faults[c.fault_id] = -1 if c.rank is None else c.rank
+    rs = job.ranks.get(c.rank) if c.rank is not None else None
+    if rs is not None and c.summary:
+        rs.last_fault = c.summary[:300]
+
+
+def _settled(job: JobState, c: Settled, now: float) -> None:
+    if job.hang_probe is None and not job.nic_outages:
+        for fid in job.open_faults:
+            if fid in job.seen_faults:
+                job.seen_faults[fid] = True
+        job.open_faults.clear()
+
+
+def _stacks_in(job: JobState, c: StacksIn, now: float) -> None:
+    rs = job.ranks[c.rank]
+    rs.stack, rs.fr = c.signature, c.fr
+
+
+def _registered(job: JobState, c: Registered, now: float) -> None:
+    """A Hello: the agents are the truth for generation and restarts (they only go up)."""
+    if not job.ranks and job.barrier is None:
+        job.barrier = BarrierState(generation=job.generation, opened_at=now)  # its first
+    job.alert_only = c.alert_only
+    job.last_seen = now
+    job.world_size = max(job.world_size, c.world_size)
+    job.restarts = max(job.restarts, c.restart_count)
+    rs = job.ranks.get(c.rank)
+    if rs is None:
+        rs = job.ranks[c.rank] = RankState(rank=c.rank)
+    if rs.instance != c.instance:
+        rs.commanded = -1  # a new agent process: it was told nothing yet
+    rs.pod, rs.node, rs.state, rs.instance = c.pod, c.node, c.state, c.instance
+    if c.pod_uid:
+        rs.pod_uid = c.pod_uid
+    rs.gpus = c.gpus
+    rs.generation, rs.released_generation = c.generation, c.released_generation
+    rs.running = c.running
+    rs.restarts = c.restart_count
+    if not rs.connected:
+        job.connected += 1
+    rs.connected, rs.conn = True, c.conn
+
+
+# What each kind of change an agent's message makes does (one lookup per message).
+_AGENT_SAYS: dict[type, Callable[[JobState, Any, float], None]] = {
+    Registered: _registered, Left: _left, Progressed: _progressed, Arrived: _arrived,
+    AtBarrier: _at_barrier, Exited: _exited, FaultSeen: _fault_seen, Settled: _settled,
+    StacksIn: _stacks_in}

@@ -1,0 +1,164 @@
+"""Fault intake: faults from agents, from the cluster and from comparing ranks, decided.
+
+An agent's fault is acknowledged after its decision's commands are queued (``final``
+unless the decision is still open: stacks awaited, a link down); a fault id seen before
+is acknowledged again and decided nothing. A fault no agent sent (``report``: the
+cluster's watches, a node agent, the straggler watch) is decided exactly like one. The
+stacks of a hang probe come in here too, as does the rank timing the straggler watch
+compares (``straggler.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ftagent.arbiter import convert, fr_verdict, policy
+from ftagent.arbiter.connection import Connection
+from ftagent.arbiter.jobs import Jobs
+from ftagent.arbiter.state import (
+    Decision,
+    FaultSeen,
+    JobPhase,
+    JobState,
+    RankState,
+    StacksIn,
+    apply,
+)
+from ftagent.arbiter.straggler import JobTimings, RankTiming, StragglerConfig, StragglerWatch
+from ftagent.model import Fault, FaultKind, Scope, Severity
+from ftagent.v1 import ftagent_pb2 as pb
+from ftagent.wire import limits
+from ftagent.wire.checks import check_fault
+
+Key = tuple[str, str]  # (namespace, job)
+STRAGGLER_EVERY = 5.0  # seconds between straggler assessments (the agents' summary interval)
+
+
+class Intake:
+    def __init__(self, jobs: Jobs, clock: Callable[[], float]) -> None:
+        self.jobs = jobs
+        self.journal = jobs.journal
+        self.cfg = jobs.cfg
+        self.metrics = jobs.metrics
+        self.clock = clock
+        # Per job: latest step timings per rank and who is a straggler (straggler.py).
+        self.timings: dict[Key, tuple[JobState, JobTimings]] = {}
+        self._stragglers_at = 0.0
+
+    def fault(self, conn: Connection, job: JobState, rs: RankState, m: pb.Fault, now: float,
+              received: float) -> None:
+        """Decide a fault, then acknowledge it: ``final`` unless its decision is still open.
+
+        The decision's commands are queued before the FaultAck, so an agent that reads the
+        final ack has already read the commands it led to.
+        """
+        seen = job.seen_faults.get(m.id)
+        if seen is not None:
+            conn.ack(m.id, seen, "already received")
+            return
+        try:
+            check_fault(m)
+            fault = convert.fault_from_proto(m)
+        except ValueError as e:
+            self.journal.note(job, now, "fault", f"unusable fault ignored: {e}", rank=rs.rank)
+            conn.ack(m.id, True, f"ignored: {e}")
+            return
+        if self.metrics:
+            self.metrics.faults.labels(kind=fault.kind.value).inc()
+        self.journal.fault(job, rs, fault, now)
+        summary = f"{fault.kind.value}: {fault.message}"
+        self.journal.note(job, now, "fault", f"{fault.kind.value} ({fault.severity.value}, "
+                          f"generation {m.generation}): {fault.message}", rank=rs.rank,
+                          fault_id=fault.id)
+        rep = policy.FaultReport(fault, rs.rank, m.generation,
+                                 m.exit_status if m.HasField("exit_status") else None)
+        decisions = policy.decide_fault(job, rep, now, self.cfg)
+        final = not any(d.pending for d in decisions)
+        apply(job, FaultSeen(fault.id, final, rs.rank, summary), now)
+        self.jobs.execute(job, decisions, now, received)
+        outcome = decisions[0].verdict.value if decisions else "recorded"
+        conn.ack(fault.id, final, outcome)
+
+    def report(self, namespace: str, job: str, fault: Fault, now: float | None = None,
+               rank: int | None = None, generation: int | None = None) -> list[Decision]:
+        """A fault no agent sent (see ``Registry.report_fault``)."""
+        j = self.jobs.jobs.get((namespace, job))
+        if j is None or fault.id in j.seen_faults:
+            return []
+        now = self.clock() if now is None else now
+        g = j.generation if generation is None else generation
+        rs = j.ranks.get(rank) if rank is not None else None
+        if self.metrics:
+            self.metrics.faults.labels(kind=fault.kind.value).inc()
+        self.journal.fault(j, rs, fault, now)
+        self.journal.note(j, now, "fault", f"{fault.kind.value} ({fault.severity.value}, "
+                          f"generation {g}, seen by the arbiter): "
+                          f"{limits.clip(fault.message, 1000)}", rank=rank, fault_id=fault.id)
+        rep = policy.FaultReport(fault, -1 if rank is None else rank, g)
+        decisions = policy.decide_fault(j, rep, now, self.cfg)
+        # no agent re-sends it: decided now, whatever the outcome
+        apply(j, FaultSeen(fault.id, True, rank if rs is not None else None,
+                           f"{fault.kind.value}: {fault.message}"), now)
+        self.jobs.execute(j, decisions, now)
+        return decisions
+
+    def stacks(self, job: JobState, rs: RankState, m: pb.Stacks, now: float) -> None:
+        if job.hang_probe is None or rs.stack is not None:
+            return  # unsolicited (no probe, or this rank already answered): unread
+        text = m.json  # one copy out of the message (1 MiB at most is read)
+        size = len(text)
+        if size <= policy.MAX_STACKS:  # parsed once, for both readers
+            data = policy.parse_stacks(text)
+            change = StacksIn(rs.rank, policy.signature_in(data, text),
+                              fr_verdict.summary_in(data, rs.rank))
+        else:
+            change = StacksIn(rs.rank, f"{policy.NO_STACK}stacks of {size} bytes (over "
+                              f"{policy.MAX_STACKS})", None)
+        apply(job, change, now)
+        self.journal.note(job, now, "stacks", f"stacks received ({size} bytes)", rank=rs.rank)
+        self.jobs.execute(job, policy.decide_stacks(job, now, self.cfg), now)
+
+    # ------------------------------------------------------------------ stragglers
+
+    def timing(self, job: JobState, rs: RankState, p: pb.ProgressSummary, now: float) -> None:
+        if p.timed_steps > 0:
+            jt = self._timings(job)
+            jt.note(RankTiming(rs.rank, rs.node, p.step_seconds, p.collective_seconds,
+                               p.data_seconds), now)
+            at = min(now, p.ts) if p.ts > 0 else (now if rs.last_step_at is None
+                                                  else rs.last_step_at)
+            self.journal.ledger(job, now).slowed(jt.slowdown(now), at)  # waited on a slow rank
+
+    def _timings(self, job: JobState) -> JobTimings:
+        key = (job.namespace, job.job)
+        got = self.timings.get(key)
+        if got is None or got[0] is not job:  # a new run of the job starts over
+            cfg = StragglerConfig(self.cfg.straggler_ratio, self.cfg.straggler_window,
+                                  self.cfg.straggler_action)
+            got = self.timings[key] = (job, JobTimings(StragglerWatch(cfg), job.generation))
+        return got[1]
+
+    def stragglers_of(self, job: JobState) -> list[int]:
+        """Ranks named stragglers and still slow (status, the exporter)."""
+        got = self.timings.get((job.namespace, job.job))
+        return got[1].watch.current if got is not None and got[0] is job else []
+
+    def assess_stragglers(self, now: float) -> None:
+        """Every running job's timings against its median, every STRAGGLER_EVERY seconds;
+        a finding is a STRAGGLER fault (a warning the policy records; see
+        policy.decide_fault for --straggler-action)."""
+        if now < self._stragglers_at:
+            return
+        self._stragglers_at = now + STRAGGLER_EVERY
+        for key, (job, jt) in list(self.timings.items()):
+            if self.jobs.jobs.get(key) is not job:
+                del self.timings[key]
+                continue
+            if job.phase is not JobPhase.RUNNING:
+                continue
+            ranks = [r.rank for r in job.ranks.values()
+                     if r.connected and not r.hung and r.generation == job.generation]
+            for f in jt.assess_job(job.generation, ranks, now):
+                fault = Fault(FaultKind.STRAGGLER, f.message, severity=Severity.WARNING,
+                              scope=Scope.POD, evidence=f.evidence, detected_at=now)
+                self.report(job.namespace, job.job, fault, now, rank=f.rank)

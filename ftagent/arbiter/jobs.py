@@ -1,0 +1,264 @@
+"""The jobs: what agents tell changes them, decisions are carried out.
+
+Every change of a job goes through ``state.apply`` (a Hello, a progress summary, an
+arrival, an exit, a decision); this part turns checked messages into those changes, asks
+the barrier what an arrival or a Hello decides, and ``execute``s decisions: apply, write
+down (``journal.py``), queue the commands (``commands.py``), tell the listeners. It runs
+on the server's event loop only (no locks) and never blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+
+import grpc
+
+from ftagent.arbiter import barrier, commands, policy
+from ftagent.arbiter.connection import Connection, live
+from ftagent.arbiter.journal import Journal
+from ftagent.arbiter.nodemap import NodeMap
+from ftagent.arbiter.state import (
+    Arrived,
+    Decision,
+    Exited,
+    JobState,
+    Left,
+    Progressed,
+    RankState,
+    Registered,
+    Settled,
+    Verdict,
+    apply,
+)
+from ftagent.metrics import ArbiterMetrics
+from ftagent.v1 import ftagent_pb2 as pb
+from ftagent.wire import limits
+from ftagent.wire.checks import Refused, check_generation_claim, check_hello
+
+log = logging.getLogger("ftagent.arbiter.registry")
+
+Key = tuple[str, str]  # (namespace, job)
+# Called with (job, decision, now) after each executed decision (add_decision_listener).
+DecisionListener = Callable[[JobState, Decision, float], None]
+
+
+class Jobs:
+    def __init__(self, cfg: policy.PolicyConfig, journal: Journal,
+                 metrics: ArbiterMetrics | None, arbiter_id: str,
+                 clock: Callable[[], float], *, restart_ceiling: int,
+                 max_ranks_per_job: int) -> None:
+        self.cfg = cfg
+        self.journal = journal
+        self.metrics = metrics
+        self.arbiter_id = arbiter_id
+        self.clock = clock
+        # What a Hello may ask for: a restart budget up to the ceiling (more is cut to it),
+        # ranks up to the cap (more are refused).
+        self.restart_ceiling = restart_ceiling
+        self.max_ranks_per_job = max_ranks_per_job
+        # Is the pod with this uid still there (namespace, pod, uid)? Plugged in by the
+        # cluster (its pod watch); without one a pod's rank stays its own.
+        self.pod_alive: Callable[[str, str, str], bool] = lambda ns, pod, uid: True
+        self.jobs: dict[Key, JobState] = {}
+        self.nodes = NodeMap(self.jobs)
+        self.connected = 0
+        self.listeners: list[DecisionListener] = []
+
+    # ------------------------------------------------------------------ streams
+
+    def hello(self, conn: Connection, h: pb.Hello) -> None:
+        """Register ``conn`` as (job, rank); queue Welcome and what the rank missed.
+
+        Raises ``Refused`` (the stream is closed with its status code) for a bad identity,
+        a value out of range, or a rank already held by another live agent.
+        """
+        check_hello(h)
+        now = self.clock()
+        key = (h.namespace, h.job)
+        job = self.jobs.get(key)
+        check_generation_claim(h, job.generation if job is not None else -1)
+        rs = job.ranks.get(h.rank) if job is not None else None
+        self._admit(conn, h, job, rs)
+        note = self.journal.note
+        if job is not None and job.finished and job.connected == 0:
+            # Every agent of the finished run is gone: this Hello starts a new run.
+            note(job, now, "agent", f"a new run of the job starts (the previous one "
+                 f"{job.phase.value}{': ' + job.stop_reason if job.stop_reason else ''})",
+                 rank=h.rank)
+            del self.jobs[key]
+            job = rs = None
+        if job is None:
+            budget = min(h.max_restarts, self.restart_ceiling) if h.HasField("max_restarts") \
+                else min(self.cfg.max_restarts, self.restart_ceiling)
+            if h.HasField("max_restarts") and h.max_restarts > self.restart_ceiling:
+                log.info("job %s asks for %d restarts: the arbiter's ceiling is %d",
+                         h.job, h.max_restarts, self.restart_ceiling)
+            job = self.jobs[key] = JobState(job=h.job, namespace=h.namespace,
+                                            world_size=h.world_size, max_restarts=budget)
+            self.journal.ledger(job, now, h.generation,
+                                midway=h.generation > 0 or h.trainer_running)
+            self.gauges()
+        elif h.HasField("max_restarts") and h.max_restarts != job.max_restarts:
+            note(job, now, "agent", f"asks for a restart budget of {h.max_restarts}; the "
+                 f"job's is {job.max_restarts}, fixed by its first registration", rank=h.rank)
+        if h.world_size != job.world_size:
+            note(job, now, "agent", f"says world size {h.world_size}, the job had "
+                 f"{job.world_size}: using the larger", rank=h.rank)
+        known = rs is not None
+        old = live(rs.conn) if rs is not None else None
+        if rs is not None and old is not None and old is not conn:
+            old.reject(grpc.StatusCode.ABORTED, f"rank {h.rank} of job {h.job} registered "
+                       f"again from {h.pod or conn.peer}: this stream is replaced", "superseded")
+            note(job, now, "agent", f"re-registered from {h.pod or conn.peer} (the "
+                 f"previous stream from {rs.pod or old.peer} is closed)", rank=h.rank)
+        fresh = rs is None or rs.conn is None
+        apply(job, Registered(
+            rank=h.rank, pod=h.pod, node=h.node, state=h.state, instance=h.agent_instance,
+            pod_uid=conn.pod_uid, gpus=tuple(h.gpus), generation=h.generation,
+            released_generation=h.released_generation
+            if h.HasField("released_generation") else -1,
+            running=h.trainer_running, restart_count=h.restart_count,
+            world_size=h.world_size, alert_only=h.alert_only, conn=conn), now)
+        rs = job.ranks[h.rank]
+        self.nodes.index(key, rs)
+        conn.key, conn.rank = key, h.rank
+        if fresh:
+            self.connected += 1
+            self.gauges()
+            if known:
+                note(job, now, "agent", f"reconnected ({h.pod or conn.peer}, generation "
+                     f"{h.generation}{', trainer running' if h.trainer_running else ''})",
+                     rank=h.rank)
+            elif job.connected == job.world_size:
+                note(job, now, "agent", f"all {job.world_size} ranks connected")
+        conn.send(pb.ArbiterMessage(welcome=pb.Welcome(
+            generation=job.generation, arbiter_id=self.arbiter_id,
+            max_restarts=job.max_restarts, restarts=job.restarts)).SerializeToString())
+        commands.resend(rs)
+        self.execute(job, barrier.decide_hello(job, h.rank, now), now)
+
+    def _admit(self, conn: Connection, h: pb.Hello, job: JobState | None,
+               rs: RankState | None) -> None:
+        """Refuse a Hello the job cannot take: too many ranks, a rank held by another live
+        agent, or a rank a still existing pod owns."""
+        if h.world_size > self.max_ranks_per_job or (
+                rs is None and job is not None and len(job.ranks) >= self.max_ranks_per_job):
+            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"job {h.job} may have at most "
+                          f"{self.max_ranks_per_job} ranks (--max-ranks-per-job); rank "
+                          f"{h.rank} of world size {h.world_size} refused", "too_many_ranks")
+        if (rs is not None and rs.conn is not None and rs.conn is not conn and rs.instance
+                and h.agent_instance != rs.instance):
+            raise Refused(grpc.StatusCode.ALREADY_EXISTS, f"rank {h.rank} of job {h.job} is "
+                          f"held by another live agent ({rs.pod or 'unknown pod'}): refused; "
+                          "a second agent for one rank is a misconfiguration (check --rank)",
+                          "rank_taken")
+        if (rs is not None and rs.pod_uid and conn.pod_uid != rs.pod_uid
+                and self.pod_alive(h.namespace, rs.pod, rs.pod_uid)):
+            raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"rank {h.rank} of job {h.job} "
+                          f"belongs to pod {rs.pod} (uid {rs.pod_uid}), which still exists: "
+                          "another pod's credentials cannot take it over", "rank_owned")
+
+    def lookup(self, conn: Connection) -> tuple[JobState | None, RankState | None]:
+        job = self.jobs.get(conn.key) if conn.key is not None else None
+        rs = job.ranks.get(conn.rank) if job is not None else None
+        if rs is None or rs.conn is not conn:  # superseded by a newer stream of the rank
+            return job, None
+        return job, rs
+
+    def disconnect(self, conn: Connection) -> None:
+        job, rs = self.lookup(conn)
+        if job is None or rs is None:
+            return
+        apply(job, Left(rs.rank), self.clock())
+        self.connected -= 1
+        self.gauges()
+        if not job.finished:
+            self.journal.note(job, job.last_seen, "agent", "disconnected", rank=rs.rank)
+        if job.connected == 0:
+            self.journal.save(job, job.last_seen)
+
+    # ------------------------------------------------------------------ agent messages
+
+    def progress(self, job: JobState, rs: RankState, p: pb.ProgressSummary,
+                 now: float) -> None:
+        apply(job, Progressed(rs.rank, p.step, p.hung, p.loss if p.HasField("loss") else None,
+                              p.samples_per_second, p.tokens_per_second,
+                              now - max(0.0, p.seconds_since_progress)), now)
+        self.journal.progress(job, rs, p, now)
+
+    def arrival(self, job: JobState, rs: RankState, a: int, now: float) -> None:
+        if not 0 <= a <= max(job.generation, limits.MAX_CLAIMED_GENERATION):
+            return  # no agent sends this (the server refuses it at the edge too)
+        apply(job, Arrived(rs.rank, a), now)
+        if a > job.generation:
+            # Only an arrival above the job's generation can change what reconcile
+            # decides: ranks running alone or behind were already seen in their
+            # Hellos, which come first on every stream. (Reconcile scans every rank:
+            # once per arrival would make a barrier of N ranks cost N^2.)
+            self.execute(job, barrier.reconcile(job, now), now)
+        b = job.barrier
+        decisions = barrier.decide_arrival(job, rs.rank, a, now)
+        if b is not None and self.metrics and b.first_arrival_at is not None and any(
+                d.verdict is Verdict.RELEASE_BARRIER and not d.targets for d in decisions):
+            self.metrics.barrier_seconds.observe(now - b.first_arrival_at)
+        self.execute(job, decisions, now)
+
+    def exit(self, job: JobState, rs: RankState, m: pb.TrainerExit, now: float) -> None:
+        sig = m.signal if m.HasField("signal") else None
+        code = m.exit_code if m.HasField("exit_code") else None
+        was = job.phase
+        apply(job, Exited(rs.rank, m.generation,
+                          128 + sig if sig is not None else (code or 0)), now)
+        how = f"signal {sig}" if sig is not None else f"code {code}"
+        self.journal.note(job, now, "exit", f"trainer of generation {m.generation} exited "
+                          f"with {how}", rank=rs.rank)
+        if job.phase is not was and job.finished:
+            self.journal.succeeded(job, now)
+            self.journal.note(job, now, "decision", f"every rank exited 0: job succeeded at "
+                              f"generation {job.generation}", action="succeeded")
+
+    # ------------------------------------------------------------------ decisions
+
+    def execute(self, job: JobState, decisions: Iterable[Decision], now: float,
+                received: float | None = None) -> None:
+        """Apply each decision, record it, and queue its commands on the ranks' streams;
+        then tell the decision listeners (the agents' commands are queued first)."""
+        if not decisions and isinstance(decisions, list):
+            return  # most arrivals and Hellos decide nothing
+        last = ""
+        done: list[Decision] = []
+        for d in decisions:
+            done.append(d)
+            apply(job, d, now)
+            self.journal.decided(job, d, now)
+            last = d.verdict.value
+            kind = "barrier" if d.verdict is Verdict.RELEASE_BARRIER else "decision"
+            self.journal.note(job, now, kind, d.reason, rank=d.rank, fault_id=d.fault_id,
+                              action=d.verdict.value)
+            if self.metrics:
+                self.metrics.decisions.labels(action=d.verdict.value).inc()
+            commands.send(job, d, self.metrics, received)
+        if last and job.open_faults:
+            settled = dict(job.open_faults)
+            apply(job, Settled(), now)
+            if not job.open_faults:
+                commands.settle(job, settled, last)
+        for d in done if self.listeners else ():
+            for fn in self.listeners:
+                try:
+                    fn(job, d, now)
+                except Exception:  # a listener's bug must not stop the decisions
+                    log.exception("decision listener %r failed", fn)
+
+    def forget(self, key: Key, job: JobState) -> None:
+        """Drop a job nobody ran for long: only its history record stays."""
+        del self.jobs[key]
+        self.nodes.unindex(key)
+        self.journal.retire(key, job)
+        self.gauges()
+
+    def gauges(self) -> None:
+        if self.metrics:
+            self.metrics.agents_connected.set(self.connected)
+            self.metrics.jobs.set(len(self.jobs))
