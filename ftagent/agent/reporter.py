@@ -308,7 +308,13 @@ class ArbiterLink:
         """The previous trainer has fully exited; ready to start ``generation``.
 
         Re-sent after every reconnect until the barrier of ``generation`` is released.
+        The stopped trainer's last progress goes first, as with an exit: a summary is due
+        only every ``progress_interval``, and the goodput ledger counts the steps it redoes
+        from the step the old generation had reached.
         """
+        if self._progress is not None and self._progress_new:
+            self._progress_new = False
+            self._send(pb.AgentMessage(progress=self._progress), keep=True)
         msg = self.proto.arrive(generation)
         if msg is None:
             self._released.set()

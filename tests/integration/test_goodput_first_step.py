@@ -51,3 +51,25 @@ def test_the_first_step_of_a_new_trainer_is_not_held_for_the_next_slot() -> None
 
     with ArbiterProcess() as arbiter:
         asyncio.run(body(arbiter))
+
+
+def test_the_last_step_of_a_trainer_stopped_for_a_restart_goes_before_the_arrival() -> None:
+    """A RESTART stops the trainer without an exit report: its last summary was held for
+    the next slot, so the ledger's "reached" step (and the steps redone) came out low."""
+    async def body(arbiter: ArbiterProcess) -> None:
+        async with running_links(arbiter.address, "stopped", 1, progress_interval=60) as (lk,):
+            lk.arrive(0)
+            assert await lk.wait_released(0, 5)
+            lk.started(0, released=True)
+            lk.report_progress(Progress(step=1), seconds_since_progress=0, hung=False)
+
+            async def at(step: int) -> bool:
+                return await step_at_arbiter(arbiter.address, "stopped") == step
+
+            await wait_until(lambda: at(1), 5, "step 1 at the arbiter", interval=0.05)
+            lk.report_progress(Progress(step=9), seconds_since_progress=0, hung=False)
+            lk.arrive(1)  # the trainer was stopped by a restart: step 9 goes first
+            await wait_until(lambda: at(9), 5, "step 9 with the arrival", interval=0.05)
+
+    with ArbiterProcess() as arbiter:
+        asyncio.run(body(arbiter))
