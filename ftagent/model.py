@@ -56,6 +56,15 @@ class ActionKind(str, enum.Enum):
     DUMP_STACKS = "dump_stacks"  # capture py-spy stacks of the trainer tree and report them
 
 
+class Origin(str, enum.Enum):
+    """Who decided an Action: the arbiter for the job, or this agent's local policy alone
+    (no arbiter, or failing open). An agent that decided alone exits with the trainer's
+    own status, as without ftagent; the arbiter's STOP exits --exit-stop."""
+
+    ARBITER = "arbiter"
+    LOCAL = "local"
+
+
 class TrainerState(str, enum.Enum):
     """The trainer's lifecycle as the supervisor sees it.
 
@@ -359,10 +368,12 @@ class Action:
     target_rank: int | None = None  # for REPLACE/DUMP_STACKS: None means every rank
     fault_id: str | None = None  # the fault this answers, if any
     id: str = field(default_factory=new_id)
+    origin: Origin = Origin.ARBITER  # who decided (commands off the wire: the arbiter)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["kind"] = self.kind.value
+        d["origin"] = self.origin.value
         return d
 
 

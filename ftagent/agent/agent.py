@@ -30,6 +30,7 @@ from ftagent.agent import supervisor
 from ftagent.agent.decider import Decider, LocalDecider
 from ftagent.agent.events import EventsFile, ProgressLog
 from ftagent.agent.evidence import redact_secrets
+from ftagent.agent.lifecycle import Lifecycle, Step
 from ftagent.agent.supervisor import ChildReaper, SpawnError, TrainerProcess
 from ftagent.agent.tee import BACKLOG_BYTES, BACKLOG_LINES, LastLines, LineBacklog, Writer
 from ftagent.config import RunConfig
@@ -88,15 +89,13 @@ class Agent:
         self.fault_hooks: list[Callable[[Fault], None]] = []  # metrics, reporter
         self.evidence: Callable[[Fault, list[int]], Any] | None = None  # async enrich hook
         self.trainer: TrainerProcess | None = None
-        self.state = TrainerState.INIT
-        self.restarts = 0
-        self.generation = 0
+        # generation, restarts, trainer state, who decided: their one owner (lifecycle.py)
+        self.lifecycle = Lifecycle()
         self.stop_signal: int | None = None
         self._stop_event = asyncio.Event()
         self._stop_deadline = 0.0
         self._tasks: list[asyncio.Task[Any]] = []
         self.extra_env: dict[str, str] = {}
-        self._local_actions: set[str] = set()  # ids of what the local policy decided
         self._inflight: set[asyncio.Task[Any]] = set()
         self._armed: set[tuple[int, float]] = set()  # (id(detector), deadline) timers
         self._backlog: LineBacklog | None = None  # the running trainer's output on its way
@@ -117,6 +116,20 @@ class Agent:
         self.on_close: list[Callable[[], Awaitable[None]]] = []
 
     # ----------------------------------------------------------------- lifecycle
+
+    @property
+    def generation(self) -> int:
+        """The generation this worker's trainer runs or waits for (read-only: lifecycle)."""
+        return self.lifecycle.generation
+
+    @property
+    def restarts(self) -> int:
+        """Restarts carried out by this worker (read-only: lifecycle)."""
+        return self.lifecycle.restarts
+
+    @property
+    def state(self) -> TrainerState:
+        return self.lifecycle.state
 
     async def run(self) -> int:
         """The agent of one trainer: the process-wide parts, then the worker itself."""
@@ -310,7 +323,7 @@ class Agent:
         while True:
             if self.stop_signal is not None:
                 return 128 + self.stop_signal
-            self._set_state(TrainerState.WAITING, attempt=self.restarts)
+            self._apply(self.lifecycle.waiting())
             go = await self.decider.before_start()
             if go is not None:  # the arbiter said STOP/REPLACE before we started
                 return self._exit_code_of(go, None)
@@ -330,29 +343,18 @@ class Agent:
                 assert exit_ is not None
                 return exit_.exit_status
             if action.kind == ActionKind.RESTART:
-                self.restarts += 1
                 # the arbiter names the job's new generation; a local restart counts up
-                self.generation = max(self.generation + 1, action.generation)
-                self._set_state(TrainerState.RESTARTING, reason=action.reason,
-                                backoff_seconds=action.backoff_seconds)
+                self._apply(self.lifecycle.restart(action))
                 await self._interruptible_sleep(action.backoff_seconds)
                 continue
             return self._exit_code_of(action, exit_)
 
     def _exit_code_of(self, action: Action, exit_: ProcessExit | None) -> int:
-        """REPLACE exits --exit-replace; the arbiter's STOP --exit-stop (unless -1); what
-        the agent decided alone exits with the trainer's status, as without ftagent."""
+        """The worker ends on ``action``: its exit status (lifecycle.exit_status_of)."""
         sup = self.cfg.supervisor
-        if action.kind == ActionKind.REPLACE:
-            code = sup.exit_replace
-        elif action.kind == ActionKind.STOP and action.id not in self._local_actions \
-                and sup.exit_stop > 0:
-            code = sup.exit_stop
-        elif action.exit_code is not None:
-            code = action.exit_code
-        else:
-            code = exit_.exit_status if exit_ is not None else 1
-        self._set_state(TrainerState.FAILED, reason=action.reason, exit_status=code)
+        code, step = self.lifecycle.failed(action, exit_, exit_replace=sup.exit_replace,
+                                           exit_stop=sup.exit_stop)
+        self._apply(step)
         return code
 
     def _start(self) -> TrainerProcess:
@@ -367,7 +369,7 @@ class Agent:
         trainer = self.spawn_trainer(self.cfg.command, env, self.reaper,
                                      self._lines_threadsafe(), stdout_fd=out, stderr_fd=err,
                                      output_interval=self.cfg.supervisor.output_interval)
-        self._set_state(TrainerState.RUNNING, pid=trainer.pid, attempt=self.restarts)
+        self._apply(self.lifecycle.running(trainer.pid))
         self.observe(TrainerStart(trainer.pid, self.restarts, self.generation,
                                   ts=trainer.started))
         return trainer
@@ -451,18 +453,17 @@ class Agent:
                     exit_ = trainer.exited.result()
                     await self._after_exit(trainer, exit_)
                     if self.stop_signal is not None:
-                        self._set_state(TrainerState.STOPPED, exit_status=exit_.exit_status,
-                                        signal=self.stop_signal)
+                        self._apply(self.lifecycle.stopped(exit_.exit_status,
+                                                           self.stop_signal))
                         return None, exit_
                     if exit_.ok:
-                        self._set_state(TrainerState.SUCCEEDED, exit_status=0)
+                        self._apply(self.lifecycle.succeeded())
                         return None, exit_
                     await self.raise_fault(self._crash_fault(exit_), decide=held is None)
                     return await self._next_action(held), exit_
                 if stop_wait in done:
                     exit_ = await self._stop_trainer(trainer, self._stop_deadline)
-                    self._set_state(TrainerState.STOPPED, exit_status=exit_.exit_status,
-                                    signal=self.stop_signal)
+                    self._apply(self.lifecycle.stopped(exit_.exit_status, self.stop_signal))
                     return None, exit_
                 assert held is not None
                 action = held
@@ -496,9 +497,11 @@ class Agent:
             await self.decider.on_minor_action(action)
 
     def _record_action(self, action: Action) -> None:
-        log.info("action %s: %s", action.kind.value, action.reason)
+        self.lifecycle.decided(action)
+        log.info("action %s (%s): %s", action.kind.value, action.origin.value, action.reason)
         self.events.write("action", action.kind.value, action.reason, action_id=action.id,
                           generation=action.generation, fault_id=action.fault_id,
+                          origin=action.origin.value,
                           backoff_seconds=action.backoff_seconds, exit_code=action.exit_code)
 
     def _crash_fault(self, exit_: ProcessExit) -> Fault:
@@ -573,15 +576,15 @@ class Agent:
             self.trainer.send_signal(sig)
         self._stop_event.set()
 
-    def _set_state(self, state: TrainerState, **fields: Any) -> None:
-        self.state = state
-        self.events.write("state", state.value, f"trainer {state.value}",
-                          restarts=self.restarts, generation=self.generation, **fields)
+    def _apply(self, step: Step) -> None:
+        """Carry out a lifecycle step at the edges: the events file, the observers."""
+        self.events.write("state", step.state.value, f"trainer {step.state.value}",
+                          restarts=step.restarts, generation=step.generation, **step.fields)
         for o in self.observers:
             hook = getattr(o, "on_state", None)
             if hook is not None:
                 try:
-                    hook(state, self.restarts)
+                    hook(step.state, step.restarts)
                 except Exception:
                     log.exception("state hook failed")
 

@@ -128,7 +128,7 @@ class ArbiterDecider:
         t0 = time.monotonic()
         while True:
             if await self.link.wait_released(gen, POLL):
-                agent.generation = max(gen, self.link.released_generation)
+                agent.lifecycle.reached(self.link.released_generation)
                 self.released_start = True
                 agent.events.write("state", "released",
                                    f"barrier of generation {gen} released",
@@ -140,7 +140,8 @@ class ArbiterDecider:
             decisive = self._take_decisive()
             if decisive is not None:
                 if decisive.kind == ActionKind.RESTART and decisive.generation > gen:
-                    gen = agent.generation = decisive.generation
+                    agent.lifecycle.reached(decisive.generation)
+                    gen = agent.generation
                     self.link.arrive(gen)
                     self.local.arrived()
                     continue
@@ -179,7 +180,7 @@ class ArbiterDecider:
         if not self._still_online():
             return False  # failing open already: queued for the arbiter, decided here now
         self._undecided = fault
-        agent._spawn(self._decision_watchdog(fault, (agent.generation, agent.restarts)))
+        agent._spawn(self._decision_watchdog(fault, agent.lifecycle.attempt))
         return True
 
     def report(self, fault: Fault) -> None:
@@ -192,7 +193,7 @@ class ArbiterDecider:
         the trainer's exit was carried out), there is nothing left to decide."""
         agent = self.agent
         while self._undecided is fault:
-            if (agent.generation, agent.restarts) != attempt:
+            if agent.lifecycle.attempt != attempt:
                 self._undecided = None
                 return
             if not self._still_online():

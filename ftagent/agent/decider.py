@@ -26,7 +26,7 @@ import time
 from typing import TYPE_CHECKING, Protocol
 
 from ftagent.agent.local_policy import FailureStreak, decide
-from ftagent.model import Action, ActionKind, Fault
+from ftagent.model import Action, Fault
 
 if TYPE_CHECKING:
     from ftagent.agent.agent import Agent
@@ -123,7 +123,7 @@ class LocalDecider:
                         backoff_base=sup.restart_backoff, backoff_cap=sup.restart_backoff_max,
                         hang_action=agent.cfg.hang.hang_action,
                         repeats=self.failures.record(time.monotonic()))
-        # the generation it leads to: a local restart counts up (events and status say so)
-        gen = agent.generation + 1 if action.kind == ActionKind.RESTART else agent.generation
-        agent._local_actions.add(action.id)  # its exit status is the trainer's (_exit_code_of)
-        return dataclasses.replace(action, generation=gen)
+        # the generation it leads to: a local restart counts up (events and status say so);
+        # its origin (LOCAL) makes the agent exit with the trainer's status (lifecycle.py)
+        return dataclasses.replace(action,
+                                   generation=agent.lifecycle.next_generation(action.kind))

@@ -87,7 +87,6 @@ class WorkerGroup:
         self.decided[gen] = action
         log.info("local group: %s for every worker (%s)", action.kind.value, action.reason)
         for i, w in enumerate(self.workers):
-            w._local_actions.add(action.id)
             fut = self._finished.get(i)
             if fut is not None and not fut.done():
                 fut.set_result(action)

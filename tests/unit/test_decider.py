@@ -72,11 +72,11 @@ def test_group_barrier_counts_a_worker_told_a_higher_generation() -> None:
     async def body() -> None:
         _, ws = node(3)
         for w in ws:
-            w.generation = 1
+            w.lifecycle.reached(1)
         waiting = asyncio.create_task(ws[0].decider.before_start())
         await asyncio.sleep(0)
         assert not waiting.done()
-        ws[1].generation = 3  # the arbiter's RESTART: its trainer of 1 is gone too
+        ws[1].lifecycle.reached(3)  # the arbiter's RESTART: its trainer of 1 is gone too
         assert isinstance(ws[1].decider, LocalDecider)
         ws[1].decider.arrived()
         await asyncio.sleep(0)
