@@ -49,7 +49,7 @@ from ftagent.model import (
 from ftagent.wire.convert import stacks_json
 
 if TYPE_CHECKING:
-    from ftagent.agent.agent import Agent
+    from ftagent.agent.worker import Worker
 
 log = logging.getLogger("ftagent.arbiter_decider")
 
@@ -60,7 +60,7 @@ EXIT_FLUSH = 2.0  # seconds for the trainer's exit to reach a connected arbiter
 class ArbiterDecider:
     """The arbiter link as the agent's decider; ``local`` decides when failing open."""
 
-    def __init__(self, agent: Agent, local: LocalDecider | None = None) -> None:
+    def __init__(self, agent: Worker, local: LocalDecider | None = None) -> None:
         cfg = agent.cfg
         self.agent = agent
         self.local = local if local is not None else LocalDecider(agent)
@@ -108,7 +108,7 @@ class ArbiterDecider:
         while True:
             action = await self.link.commands.get()
             self._undecided = None
-            self.agent.actions.put_nowait(action)
+            self.agent.deliver(action)
 
     # ------------------------------------------------------------------ the hooks
 
@@ -135,7 +135,7 @@ class ArbiterDecider:
                                    generation=agent.generation,
                                    barrier_seconds=round(time.monotonic() - t0, 3))
                 return None
-            if agent.stop_signal is not None:
+            if agent.stop_requested:
                 return None
             decisive = self._take_decisive()
             if decisive is not None:
@@ -146,7 +146,7 @@ class ArbiterDecider:
                     self.local.arrived()
                     continue
                 if decisive.kind in (ActionKind.STOP, ActionKind.REPLACE):
-                    agent._record_action(decisive)
+                    agent.record(decisive)
                     return decisive
             if not self._still_online():
                 log.warning("arbiter unreachable for %.0fs during the barrier: starting "
@@ -180,7 +180,7 @@ class ArbiterDecider:
         if not self._still_online():
             return False  # failing open already: queued for the arbiter, decided here now
         self._undecided = fault
-        agent._spawn(self._decision_watchdog(fault, agent.lifecycle.attempt))
+        agent.spawn(self._decision_watchdog(fault, agent.lifecycle.attempt))
         return True
 
     def report(self, fault: Fault) -> None:
@@ -238,10 +238,11 @@ class ArbiterDecider:
 
     def _take_decisive(self) -> Action | None:
         """A STOP/REPLACE/RESTART that arrived while waiting at the barrier."""
-        actions = self.agent.actions
-        while not actions.empty():
-            action = actions.get_nowait()
+        queued = self.agent.take_delivered()
+        for i, action in enumerate(queued):
             if action.kind in (ActionKind.STOP, ActionKind.REPLACE, ActionKind.RESTART):
+                for later in queued[i + 1:]:  # what came after it stays, in order
+                    self.agent.deliver(later)
                 return action
         return None
 

@@ -6,27 +6,24 @@ from __future__ import annotations
 
 import asyncio
 
-from ftagent.agent.agent import Agent
 from ftagent.agent.arbiter_decider import ArbiterDecider
-from ftagent.agent.decider import LocalDecider
-from ftagent.agent.worker import WorkerGroup
+from ftagent.agent.decider import LocalDecider, WorkerGroup
+from ftagent.agent.pod import PodAgent
+from ftagent.agent.worker import Worker, WorkerSpec
 from ftagent.cmd.run import parse
 from ftagent.model import Action, ActionKind, Fault, FaultKind
 
 
-def node(n: int, *flags: str, arbiter: bool = False) -> tuple[WorkerGroup, list[Agent]]:
+def node(n: int, *flags: str, arbiter: bool = False) -> tuple[WorkerGroup, list[Worker]]:
     """``n`` workers of one node sharing a group, as cmd/run.py build_workers wires them."""
-    group = WorkerGroup()
-    workers = []
+    pod = PodAgent()
     for _ in range(n):
-        w = Agent(parse([*flags, "--", "true"], {}), {})
-        local = LocalDecider(w, group)
-        w.decider = ArbiterDecider(w, local) if arbiter else local
-        workers.append(w)
-    return group, workers
+        pod.add(WorkerSpec(parse([*flags, "--", "true"], {})),
+                arbiter=ArbiterDecider if arbiter else None)
+    return pod.group, pod.workers
 
 
-def queued(w: Agent) -> list[Action]:
+def queued(w: Worker) -> list[Action]:
     out = []
     while not w.actions.empty():
         out.append(w.actions.get_nowait())
@@ -38,9 +35,9 @@ def crash(code: int = 3) -> Fault:
 
 
 def test_no_agent_subclass_the_decider_is_a_part() -> None:
-    w = Agent(parse(["--", "true"], {}), {})
+    w = Worker(WorkerSpec(parse(["--", "true"], {})))
     assert isinstance(w.decider, LocalDecider) and w.decider.group is None
-    assert Agent.__subclasses__() == []
+    assert Worker.__subclasses__() == []
 
 
 def test_first_failure_of_a_generation_is_the_groups_and_a_second_one_is_answered() -> None:

@@ -86,10 +86,10 @@ def test_who_decided_sets_the_exit_status() -> None:
 
 def test_the_agent_reads_its_facts_from_the_lifecycle_only() -> None:
     """The worker keeps no copy: generation and restarts are read-only views."""
-    from ftagent.agent.agent import Agent
+    from ftagent.agent.worker import Worker, WorkerSpec
     from ftagent.cmd.run import parse
 
-    a = Agent(parse(["--", "true"], {}), {})
+    a = Worker(WorkerSpec(parse(["--", "true"], {})))
     a.lifecycle.reached(3)
     a.lifecycle.restart(restart())
     assert (a.generation, a.restarts, a.state) == (4, 1, TrainerState.RESTARTING)
