@@ -171,6 +171,12 @@ class WorkerGroup:
         if gen in self.decided:
             log.info("local rank %d: the group's decision for generation %d stands (%s)",
                      self.workers.index(worker), gen, action.reason)
+            # ... and is this fault's answer too: delivered again, to this worker only. A
+            # worker whose own hang led to the decision drops it when its trainer then exits
+            # by itself (the exit supersedes the hang); without this it would wait for an
+            # answer to its crash forever, and its peers at the group's barrier with it. A
+            # worker that has the decision already carries it out once (lifecycle).
+            worker.deliver(dataclasses.replace(self.decided[gen], fault_id=action.fault_id))
             return
         self.decided[gen] = action
         log.info("local group: %s for every worker (%s)", action.kind.value, action.reason)

@@ -25,11 +25,14 @@ draws them). The events, in the order one attempt sees them::
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ftagent.model import Action, ActionKind, Origin, ProcessExit, TrainerState
+
+CARRIED_KEPT = 64  # ids of the last actions carried out, against a second delivery
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class Lifecycle:
         self.decided_by: Origin | None = None  # who decided the last action carried out
         self.last_action: Action | None = None
         self.since = clock()  # when the current state began
+        self._carried: deque[str] = deque(maxlen=CARRIED_KEPT)
 
     @property
     def attempt(self) -> tuple[int, int]:
@@ -82,6 +86,14 @@ class Lifecycle:
         """``action`` is carried out on this attempt (any kind, minor ones included)."""
         self.last_action = action
         self.decided_by = action.origin
+        if action.id not in self._carried:
+            self._carried.append(action.id)
+
+    def carried_out(self, action_id: str) -> bool:
+        """True if the action with this id was carried out already: one decision is
+        carried out once, however often it is delivered (the node's group delivers its
+        standing decision again to a worker that dropped it, decider.WorkerGroup)."""
+        return action_id in self._carried
 
     def restart(self, action: Action) -> Step:
         """A RESTART carried out: one restart, into the next generation or the one the

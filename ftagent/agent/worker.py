@@ -502,6 +502,11 @@ class Worker:
                 held: Action | None = None
                 if get_action in done:
                     held = get_action.result()
+                    if self.lifecycle.carried_out(held.id):  # delivered twice: done once
+                        held = None
+                        if trainer.exited not in done and stop_wait not in done:
+                            continue
+                if held is not None:
                     if trainer.exited not in done and _zombie(trainer.pid):
                         await asyncio.shield(trainer.exited)
                         done = {trainer.exited}
@@ -547,6 +552,8 @@ class Worker:
                 action, held = held, None
             else:
                 action = await self.actions.get()
+            if self.lifecycle.carried_out(action.id):  # delivered twice: done once
+                continue
             if action.fault_id in self._hang_faults:
                 log.info("action %s superseded: the trainer exited by itself",
                          action.kind.value)

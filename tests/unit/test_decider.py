@@ -45,8 +45,11 @@ def test_first_failure_of_a_generation_is_the_groups_and_a_second_one_is_answere
     ws[2].decider.decide(crash())
     ws[0].decider.decide(crash())  # its own crash, caused by the first: already decided
     got = [queued(w) for w in ws]
-    assert all(len(a) == 1 and a[0].kind == ActionKind.RESTART for a in got), got
-    assert len({a[0].id for a in got}) == 1 and got[0][0].generation == 1
+    # one decision, the group's, for every worker; worker 0 has it twice (its crash's
+    # answer too), and carries it out once (lifecycle.carried_out)
+    assert [len(a) for a in got] == [2, 1, 1], got
+    assert all(a.kind == ActionKind.RESTART and a.generation == 1 for q in got for a in q)
+    assert len({a.id for q in got for a in q}) == 1
 
 
 def test_fail_open_decision_with_local_workers_goes_to_every_worker() -> None:
@@ -82,3 +85,26 @@ def test_group_barrier_counts_a_worker_told_a_higher_generation() -> None:
         assert await asyncio.wait_for(waiting, 5) is None
 
     asyncio.run(body())
+
+
+def test_a_worker_that_dropped_the_groups_decision_gets_it_again_for_its_crash() -> None:
+    """Worker 0's hang leads the group to RESTART; its trainer then exits by itself, which
+    supersedes the hang's decision (the worker drops it). Its crash is answered by the
+    decision that stands, delivered again to it alone; a worker that got it twice carries
+    it out once. On the old code the crash got no answer: the worker (and its peers at
+    the group's barrier) waited forever."""
+    _, ws = node(2, "--max-restarts", "2", "--restart-backoff", "0")
+    hang = Fault(FaultKind.HANG, "no progress")
+    ws[0].decider.decide(hang)
+    (restart,) = queued(ws[0])  # dropped: superseded by the trainer's own exit
+    assert restart.kind == ActionKind.RESTART and restart.fault_id == hang.id
+    c = crash()
+    ws[0].decider.decide(c)
+    (again,) = queued(ws[0])
+    assert (again.id, again.kind, again.generation, again.fault_id) == \
+        (restart.id, ActionKind.RESTART, 1, c.id)
+    ws[1].decider.decide(crash())  # worker 1's own crash: it holds the decision already
+    first, second = queued(ws[1])
+    assert first.id == second.id == restart.id
+    ws[1].lifecycle.restart(first)
+    assert ws[1].lifecycle.carried_out(second.id) and ws[1].restarts == 1
