@@ -314,6 +314,12 @@ class ArbiterLink:
     async def run(self) -> None:
         """Connect and reconnect until ``close()``; never raises (except cancellation)."""
         self._task = asyncio.current_task()
+        if not self.connected:
+            # offline from the first try, not from construction: the launcher builds every
+            # worker (and local rank 0 the node's GPU and NIC sources) before any link
+            # runs, and on a loaded node that took longer than --arbiter-fail-open-after,
+            # so rank 0 started alone while its peers waited at the job's barrier
+            self.offline_since = time.monotonic()
         attempt = 0
         while not self._closed.is_set():
             welcomed = False

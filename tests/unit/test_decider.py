@@ -108,3 +108,27 @@ def test_a_worker_that_dropped_the_groups_decision_gets_it_again_for_its_crash()
     assert first.id == second.id == restart.id
     ws[1].lifecycle.restart(first)
     assert ws[1].lifecycle.carried_out(second.id) and ws[1].restarts == 1
+
+
+def test_the_fail_open_clock_starts_when_the_link_runs_not_when_it_is_built() -> None:
+    """The launcher builds all its workers before any link runs; under load that took
+    longer than --arbiter-fail-open-after, and local rank 0 (built first) failed open at
+    its first start while its peers waited at the job's barrier. On the old code the
+    link counts as offline since it was built (100 s here)."""
+    async def body() -> None:
+        _, ws = node(1, "--arbiter", "127.0.0.1:9", arbiter=True)
+        decider = ws[0].decider
+        assert isinstance(decider, ArbiterDecider)
+        link = decider.link
+        assert link.offline_since is not None
+        link.offline_since -= 100.0  # built long before it runs
+        task = asyncio.create_task(link.run())
+        await asyncio.sleep(0)  # the task's first step: up to its first connect
+        try:
+            assert link.offline_for() < 50.0
+        finally:
+            await link.close()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(body())
