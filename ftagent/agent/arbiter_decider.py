@@ -77,6 +77,7 @@ class ArbiterDecider:
         agent.observers.append(_LinkObserver(self))
 
     def start(self) -> None:
+        self.link.starting()  # the fail-open clock starts now, before the first barrier
         self._tasks = [asyncio.create_task(self.link.run()),
                        asyncio.create_task(self._forward_commands())]
 

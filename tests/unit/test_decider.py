@@ -110,11 +110,13 @@ def test_a_worker_that_dropped_the_groups_decision_gets_it_again_for_its_crash()
     assert ws[1].lifecycle.carried_out(second.id) and ws[1].restarts == 1
 
 
-def test_the_fail_open_clock_starts_when_the_link_runs_not_when_it_is_built() -> None:
+def test_the_fail_open_clock_starts_when_the_decider_starts_not_when_it_is_built() -> None:
     """The launcher builds all its workers before any link runs; under load that took
     longer than --arbiter-fail-open-after, and local rank 0 (built first) failed open at
-    its first start while its peers waited at the job's barrier. On the old code the
-    link counts as offline since it was built (100 s here)."""
+    its first start while its peers waited at the job's barrier. The worker's first
+    barrier comes right after ``decider.start()``, before the link's task has run at all:
+    the clock must be reset there. On the old code the link counts as offline since it
+    was built (100 s here)."""
     async def body() -> None:
         _, ws = node(1, "--arbiter", "127.0.0.1:9", arbiter=True)
         decider = ws[0].decider
@@ -122,13 +124,10 @@ def test_the_fail_open_clock_starts_when_the_link_runs_not_when_it_is_built() ->
         link = decider.link
         assert link.offline_since is not None
         link.offline_since -= 100.0  # built long before it runs
-        task = asyncio.create_task(link.run())
-        await asyncio.sleep(0)  # the task's first step: up to its first connect
+        decider.start()
         try:
-            assert link.offline_for() < 50.0
+            assert link.offline_for() < 50.0  # no yield: as the worker's first barrier
         finally:
-            await link.close()
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await decider.close()
 
     asyncio.run(body())
