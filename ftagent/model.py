@@ -62,6 +62,15 @@ class ActionKind(str, enum.Enum):
 MINOR_ACTIONS = frozenset({ActionKind.ALERT_ONLY, ActionKind.DUMP_STACKS, ActionKind.BUSY})
 
 
+class Origin(str, enum.Enum):
+    """Who decided an Action: the arbiter for the job, or this agent's local policy alone
+    (no arbiter, or failing open). An agent that decided alone exits with the trainer's
+    own status, as without ftagent; the arbiter's STOP exits --exit-stop."""
+
+    ARBITER = "arbiter"
+    LOCAL = "local"
+
+
 class TrainerState(str, enum.Enum):
     """The trainer's lifecycle as the supervisor sees it.
 
@@ -390,11 +399,13 @@ class Action:
     target_rank: int | None = None  # for REPLACE/DUMP_STACKS: None means every rank
     fault_id: str | None = None  # the fault this answers, if any
     id: str = field(default_factory=new_id)
+    origin: Origin = Origin.ARBITER  # who decided (commands off the wire: the arbiter)
     busy: JobBusy | None = None  # for BUSY: who is busy, who waits
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["kind"] = self.kind.value
+        d["origin"] = self.origin.value
         return d
 
 

@@ -51,7 +51,7 @@ from ftagent.model import (
 from ftagent.wire.convert import stacks_json
 
 if TYPE_CHECKING:
-    from ftagent.agent.agent import Agent
+    from ftagent.agent.worker import Worker
 
 log = logging.getLogger("ftagent.arbiter_decider")
 
@@ -62,7 +62,7 @@ EXIT_FLUSH = 2.0  # seconds for the trainer's exit to reach a connected arbiter
 class ArbiterDecider:
     """The arbiter link as the agent's decider; ``local`` decides when failing open."""
 
-    def __init__(self, agent: Agent, local: LocalDecider | None = None) -> None:
+    def __init__(self, agent: Worker, local: LocalDecider | None = None) -> None:
         cfg = agent.cfg
         self.agent = agent
         self.local = local if local is not None else LocalDecider(agent)
@@ -81,6 +81,7 @@ class ArbiterDecider:
         agent.observers.append(_LinkObserver(self))
 
     def start(self) -> None:
+        self.link.starting()  # the fail-open clock starts now, before the first barrier
         self._tasks = [asyncio.create_task(self.link.run()),
                        asyncio.create_task(self._forward_commands())]
 
@@ -112,7 +113,7 @@ class ArbiterDecider:
         while True:
             action = await self.link.commands.get()
             self._undecided = None
-            self.agent.actions.put_nowait(action)
+            self.agent.deliver(action)
 
     # ------------------------------------------------------------------ the hooks
 
@@ -132,24 +133,25 @@ class ArbiterDecider:
         t0 = time.monotonic()
         while True:
             if await self.link.wait_released(gen, POLL):
-                agent.generation = max(gen, self.link.released_generation)
+                agent.lifecycle.reached(self.link.released_generation)
                 self.released_start = True
                 agent.events.write("state", "released",
                                    f"barrier of generation {gen} released",
                                    generation=agent.generation,
                                    barrier_seconds=round(time.monotonic() - t0, 3))
                 return None
-            if agent.stop_signal is not None:
+            if agent.stop_requested:
                 return None
             decisive = self._take_decisive()
             if decisive is not None:
                 if decisive.kind == ActionKind.RESTART and decisive.generation > gen:
-                    gen = agent.generation = decisive.generation
+                    agent.lifecycle.reached(decisive.generation)
+                    gen = agent.generation
                     self.link.arrive(gen)
                     self.local.arrived()
                     continue
                 if decisive.kind in (ActionKind.STOP, ActionKind.REPLACE):
-                    agent._record_action(decisive)
+                    agent.record(decisive)
                     return decisive
             if not self._still_online():
                 log.warning("arbiter unreachable for %.0fs during the barrier: starting "
@@ -186,7 +188,7 @@ class ArbiterDecider:
         if not self._still_online():
             return False  # failing open already: queued for the arbiter, decided here now
         self._undecided = fault
-        agent._spawn(self._decision_watchdog(fault, (agent.generation, agent.restarts)))
+        agent.spawn(self._decision_watchdog(fault, agent.lifecycle.attempt))
         return True
 
     def report(self, fault: Fault) -> None:
@@ -199,7 +201,7 @@ class ArbiterDecider:
         the trainer's exit was carried out), there is nothing left to decide."""
         agent = self.agent
         while self._undecided is fault:
-            if (agent.generation, agent.restarts) != attempt:
+            if agent.lifecycle.attempt != attempt:
                 self._undecided = None
                 return
             if not self._still_online():
@@ -249,10 +251,11 @@ class ArbiterDecider:
 
     def _take_decisive(self) -> Action | None:
         """A STOP/REPLACE/RESTART that arrived while waiting at the barrier."""
-        actions = self.agent.actions
-        while not actions.empty():
-            action = actions.get_nowait()
+        queued = self.agent.take_delivered()
+        for i, action in enumerate(queued):
             if action.kind in (ActionKind.STOP, ActionKind.REPLACE, ActionKind.RESTART):
+                for later in queued[i + 1:]:  # what came after it stays, in order
+                    self.agent.deliver(later)
                 return action
         return None
 

@@ -25,7 +25,18 @@ after its start waits base, 2 x base, 4 x base, ... up to the cap.
 
 from __future__ import annotations
 
-from ftagent.model import EXIT_REPLACE, Action, ActionKind, Fault, FaultKind, Scope, Severity
+import dataclasses
+
+from ftagent.model import (
+    EXIT_REPLACE,
+    Action,
+    ActionKind,
+    Fault,
+    FaultKind,
+    Origin,
+    Scope,
+    Severity,
+)
 
 
 def backoff(repeats: int, base: float, cap: float) -> float:
@@ -58,7 +69,15 @@ def decide(fault: Fault, *, restarts_done: int, max_restarts: int, backoff_base:
            backoff_cap: float, hang_action: str = "restart",
            repeats: int | None = None) -> Action:
     """``repeats``: quick failures before this one (:class:`FailureStreak`); None counts
-    every restart done as one (no window)."""
+    every restart done as one (no window). The action's origin is LOCAL."""
+    return dataclasses.replace(
+        _decide(fault, restarts_done=restarts_done, max_restarts=max_restarts,
+                backoff_base=backoff_base, backoff_cap=backoff_cap, hang_action=hang_action,
+                repeats=repeats), origin=Origin.LOCAL)
+
+
+def _decide(fault: Fault, *, restarts_done: int, max_restarts: int, backoff_base: float,
+            backoff_cap: float, hang_action: str, repeats: int | None) -> Action:
     exit_status = int(fault.evidence.get("exit_status", 1) or 1)
     if fault.kind == FaultKind.GPU and (fault.severity == Severity.FATAL
                                         or fault.scope == Scope.NODE):

@@ -359,6 +359,15 @@ class ArbiterLink:
         return len(self._out) + len(self.proto.faults) + (
             0 if self.connected else len(self.proto.later))
 
+    def starting(self) -> None:
+        """The link is about to run: it counts as offline from now, not from when it was
+        built. The launcher builds every worker (and local rank 0 the node's GPU and NIC
+        sources) before any link runs; on a loaded node that took longer than
+        --arbiter-fail-open-after, and rank 0, built first, started alone at once while
+        its peers waited at the job's barrier for it."""
+        if not self.connected:
+            self.offline_since = time.monotonic()
+
     async def close(self) -> None:
         self._closed.set()
         self._wake.set()

@@ -43,7 +43,7 @@ the standby's PSS, ~230 MB with torch; the gauge ``ftagent_standby_memory_bytes`
 kept only while a restart can follow the running attempt (an arbiter, or
 ``--max-restarts`` not spent yet), and started only if the container's memory cgroup
 can afford it (``standby_memory.StandbyBudget``, ``--warm-restart-memory-share``). The
-agent closes its standbys when it ends (``Agent.on_close``: killed and reaped); if it
+agent closes its standbys when it ends (``Worker.on_close``: killed and reaped); if it
 is SIGKILLed, the standby dies with it (PDEATHSIG, and the watchdog's sweep of its
 session and marker).
 """

@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry
 
 from ftagent import metrics_http
-from ftagent.agent.agent import Agent
 from ftagent.agent.launcher import normalize_flags
 from ftagent.agent.metrics_sink import MetricsSink
+from ftagent.agent.pod import PodAgent
+from ftagent.agent.worker import Worker, WorkerSpec
 from ftagent.config import (
     RUN_GROUPS,
     ConfigError,
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
     from ftagent.agent.launcher import NodePlace
     from ftagent.agent.standby_memory import StandbyBudget
     from ftagent.agent.tee import Writer
-    from ftagent.agent.worker import WorkerGroup
 
 log = logging.getLogger("ftagent")
 
@@ -101,40 +101,33 @@ def setup_logging(level: str, rank: int) -> None:
         datefmt="%H:%M:%S", stream=sys.stderr)
 
 
-def build_agent(cfg: RunConfig, environ: Mapping[str, str], rundir: str, *,
-                registry: CollectorRegistry | None = None, local_rank: int | None = None,
-                share: AgentMetrics | None = None, node_sources: bool = True,
-                group: WorkerGroup | None = None,
-                budget: StandbyBudget | None = None) -> Agent:
-    """One agent (the trainer's, or one launcher worker's with ``local_rank``: its series
-    join ``share``'s families in the pod's ``registry``, ``node_sources`` says whether it
-    carries the node's GPU and NIC sources, and its local policy decides with the node's
-    ``group``). Its decider: the arbiter link with --arbiter (failing open to the local
-    policy), else the local policy. Raises ConfigError for settings only checkable here
-    (e.g. TLS files)."""
-    from ftagent.agent.decider import LocalDecider
-
-    agent = Agent(cfg, environ)
-    local = LocalDecider(agent, group)
-    if cfg.arbiter.arbiter:
-        from ftagent.agent.arbiter_decider import ArbiterDecider
-
-        agent.decider = ArbiterDecider(agent, local)
-    else:
-        agent.decider = local
+def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
+                registry: CollectorRegistry | None = None, share: AgentMetrics | None = None,
+                node_sources: bool = True, budget: StandbyBudget | None = None) -> Worker:
+    """One worker of ``pod`` (the trainer's, or one launcher worker's with the spec's
+    ``local_rank``: its series join ``share``'s families in the pod's ``registry``,
+    ``node_sources`` says whether it carries the node's GPU and NIC sources). Its
+    decider: the arbiter link with --arbiter (failing open to the pod's local policy),
+    else the local policy. Raises ConfigError for settings only checkable here (e.g. TLS
+    files)."""
+    cfg, environ, local_rank = spec.cfg, spec.environ, spec.local_rank
     ids = cfg.identity
     labels = {"job_name": ids.job, "namespace": ids.namespace, "pod": ids.pod, "node": ids.node,
               "rank": str(ids.rank)}
     if local_rank is not None:
         labels["local_rank"] = str(local_rank)
-        agent.events.static["local_rank"] = local_rank
     serve = registry is None
     registry = CollectorRegistry() if registry is None else registry
     metrics = AgentMetrics(registry, labels, share=share)
+    arbiter = None
+    if cfg.arbiter.arbiter:
+        from ftagent.agent.arbiter_decider import ArbiterDecider
+
+        arbiter = ArbiterDecider
+    agent = pod.add(spec, arbiter=arbiter, metrics=metrics)
     sink = MetricsSink(metrics)
     agent.observers.append(sink)
     agent.fault_hooks.append(sink.on_fault)
-    agent.metrics = metrics  # type: ignore[attr-defined]
     add_progress(agent, cfg, metrics, rundir)
     from ftagent.agent.standby import use_warm_restarts
     from ftagent.agent.standby_memory import StandbyBudget
@@ -152,15 +145,13 @@ def build_agent(cfg: RunConfig, environ: Mapping[str, str], rundir: str, *,
     return agent
 
 
-def build_workers(cfg: RunConfig, environ: Mapping[str, str], rundir: str) -> list[Agent]:
-    """``--nproc-per-node N``: N agents, one per local rank, with torchrun's environment
-    (agent/launcher.py), sharing one reaper, one /metrics port and one local group
-    (agent/worker.py: what the local policy decides, alone or failing open under an
+def build_workers(cfg: RunConfig, environ: Mapping[str, str], rundir: str) -> PodAgent:
+    """``--nproc-per-node N``: a pod of N workers, one per local rank, with torchrun's
+    environment (agent/launcher.py), sharing the pod's reaper, one /metrics port and the
+    pod's local group (what the local policy decides, alone or failing open under an
     arbiter, stops and restarts them all). Raises ConfigError for the user to read."""
-    import dataclasses
-
     from ftagent.agent import launcher
-    from ftagent.agent.worker import WORKER_VAR, WorkerGroup, worker_tree
+    from ftagent.agent.worker import WORKER_VAR
 
     launch = cfg.launch
     place = launcher.node_place(launch, cfg.identity, environ,
@@ -168,12 +159,12 @@ def build_workers(cfg: RunConfig, environ: Mapping[str, str], rundir: str) -> li
     if place.master_port == 0:  # --standalone
         place = dataclasses.replace(place, master_port=launcher.free_tcp_port())
     command = launcher.worker_command(launch, cfg.command, environ, os.getcwd())
-    group = WorkerGroup()
+    pod = PodAgent()
     registry = CollectorRegistry()
     from ftagent.agent.standby_memory import StandbyBudget
 
     budget = StandbyBudget(cfg.supervisor.warm_restart_memory_share)
-    workers: list[Agent] = []
+    workers: list[Worker] = []
     logroot = ""
     if launch.log_dir or any(launcher.std_of(launch.tee, i) or
                              launcher.std_of(launch.redirects, i) for i in range(place.nproc)):
@@ -193,20 +184,17 @@ def build_workers(cfg: RunConfig, environ: Mapping[str, str], rundir: str) -> li
         env = launcher.worker_env(environ, place, i, restart_count=0,
                                   max_restarts=cfg.supervisor.max_restarts)
         env[WORKER_VAR] = str(i)
-        share = workers[0].metrics if workers else None  # type: ignore[attr-defined]
-        w = build_agent(wcfg, env, wdir, registry=registry, local_rank=i, share=share,
-                        node_sources=i == 0, group=group, budget=budget)
-        if workers:
-            w.reaper = workers[0].reaper  # one SIGCHLD handler reaps every worker
-        w.tree = worker_tree(w, i)
-        w.attempt_env = _attempt_env(wdir)
-        w.outputs = _outputs(launch, place, i, logroot, shown, environ, console_lock)
-        workers.append(w)
+        spec = WorkerSpec(wcfg, env, local_rank=i, attempt_env=_attempt_env(wdir),
+                          outputs=_outputs(launch, place, i, logroot, shown, environ,
+                                           console_lock))
+        share = workers[0].metrics if workers else None
+        workers.append(build_agent(pod, spec, wdir, registry=registry, share=share,
+                                   node_sources=i == 0, budget=budget))
     start_metrics(cfg, registry, workers[0])
     log.info("launching %d worker(s): ranks %d-%d of %d, master %s:%d, run id %s",
              place.nproc, place.rank(0), place.rank(place.nproc - 1), place.world_size,
              place.master_addr, place.master_port, place.run_id)
-    return workers
+    return pod
 
 
 def _attempt_env(wdir: str) -> Callable[[int], dict[str, str]]:
@@ -260,7 +248,7 @@ def _outputs(launch: LaunchConfig, place: NodePlace, i: int, logroot: str,
     return outputs
 
 
-def add_progress(agent: Agent, cfg: RunConfig, metrics: AgentMetrics, rundir: str) -> None:
+def add_progress(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir: str) -> None:
     """Step progress from the trainer's log lines and/or the SDK, and the hang detector."""
     from ftagent.agent.hang_watch import HangWatch, evidence_hook
     from ftagent.detect.hang import HangDetector
@@ -323,7 +311,7 @@ def add_progress(agent: Agent, cfg: RunConfig, metrics: AgentMetrics, rundir: st
     agent.evidence = evidence_hook(cfg.hang.hang_dump_timeout, agent.tail)
 
 
-def add_watch(agent: Agent, cfg: RunConfig, environ: Mapping[str, str],
+def add_watch(agent: Worker, cfg: RunConfig, environ: Mapping[str, str],
               registry: CollectorRegistry, labels: dict[str, str]) -> WatchLoop:
     """The watch loop over every registered part (watch/registry.py: the links and RDMA
     ports, the GPUs or a vendor's accelerators), its series in ``registry``, its faults
@@ -359,7 +347,7 @@ def latest_progress(batch: list[LogObservation]) -> list[LogObservation]:
     return out
 
 
-def start_metrics(cfg: RunConfig, registry: CollectorRegistry, agent: Agent) -> None:
+def start_metrics(cfg: RunConfig, registry: CollectorRegistry, agent: Worker) -> None:
     """Serve /metrics; a port that cannot be bound is a warning, never a failure."""
     port = cfg.metrics.metrics_port
     if port < 0:
@@ -403,16 +391,13 @@ def main(argv: Sequence[str]) -> int:
     try:
         try:
             if cfg.launch.nproc_per_node:
-                workers = build_workers(cfg, environ, rundir)
+                pod = build_workers(cfg, environ, rundir)
             else:
-                agent = build_agent(cfg, environ, rundir)
+                pod = PodAgent()
+                build_agent(pod, WorkerSpec(cfg, environ), rundir)
         except ConfigError as e:
             sys.stderr.write(f"ftagent run: error: {e} (see ftagent run --help)\n")
             return 2
-        if cfg.launch.nproc_per_node:
-            from ftagent.agent.worker import run_workers
-
-            return asyncio.run(run_workers(workers))
-        return asyncio.run(agent.run())
+        return asyncio.run(pod.run()).exit_status
     finally:
         shutil.rmtree(rundir, ignore_errors=True)

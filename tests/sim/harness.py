@@ -1,13 +1,14 @@
 """A deterministic world for the agent <-> arbiter protocol: real logic, simulated wire.
 
 What is real: the arbiter's ``Registry`` (with its policy and barrier), the agent's
-``LinkProtocol`` (what it keeps, sends and accepts), the proto messages serialised as on
-the wire. What is simulated: the streams (ordered queues that a break empties), the clock,
-and the supervisor around each link, a small model of the agent with its
-``ArbiterDecider`` (agent/arbiter_decider.py): it arrives at the barrier, starts on
-release or fails open after ``FAIL_OPEN`` seconds offline, stops its trainer on RESTART,
-defers a crash to the arbiter and decides locally when the arbiter stays away, exits on
-STOP/REPLACE.
+``LinkProtocol`` (what it keeps, sends and accepts), its ``Lifecycle`` (the one owner of
+generation and restart count) and its local policy (``local_policy.decide``), the proto
+messages serialised as on the wire. What is simulated: the streams (ordered queues that
+a break empties), the clock, and the supervisor around each link, a small model of the
+agent with its ``ArbiterDecider`` (agent/arbiter_decider.py): it arrives at the barrier,
+starts on release or fails open after ``FAIL_OPEN`` seconds offline, stops its trainer on
+RESTART, defers a crash to the arbiter and decides locally when the arbiter stays away,
+exits on STOP/REPLACE.
 
 The checks are the protocol's promises (ftagent/arbiter/barrier.py, DESIGN.md):
 
@@ -34,7 +35,9 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from ftagent.agent.lifecycle import Lifecycle
 from ftagent.agent.link_protocol import LinkProtocol
+from ftagent.agent.local_policy import decide
 from ftagent.arbiter.auth import PodFacts, Principal, identity_problem
 from ftagent.arbiter.policy import PolicyConfig
 from ftagent.arbiter.registry import Connection, Registry, Reject
@@ -77,16 +80,24 @@ class SimAgent:
                                                  pod=f"pod-{rank}", node=f"node-{rank}"),
                                   max_restarts=world.budget, version="sim",
                                   instance=f"agent-{rank}")
-        self.generation = 0
+        # the shipped lifecycle (agent/lifecycle.py) owns generation and restarts
+        self.lifecycle = Lifecycle(clock=lambda: world.now)
         self.phase = Phase.WAITING
         self.started_released = False
-        self.restarts = 0
         self.exit_code: int | None = None
         self.undecided: Fault | None = None
         self.stream: Stream | None = None
         self.offline_since: float | None = world.now
         self.actions: deque[Action] = deque()
         self.proto.arrive(0)
+
+    @property
+    def generation(self) -> int:
+        return self.lifecycle.generation
+
+    @property
+    def restarts(self) -> int:
+        return self.lifecycle.restarts
 
     # ------------------------------------------------------------------ link state
 
@@ -136,14 +147,18 @@ class SimAgent:
         self.tick()
 
     def decide_locally(self, fault: Fault) -> None:
-        """local_policy.decide with --max-restarts = the job's budget."""
+        """The shipped local policy (local_policy.decide) with --max-restarts = the job's
+        budget, no backoff."""
         self.undecided = None
-        if self.restarts < self.world.budget:
-            self.world.restarted_into.add(self.generation + 1)
+        action = decide(fault, restarts_done=self.restarts, max_restarts=self.world.budget,
+                        backoff_base=0.0, backoff_cap=0.0)
+        if action.kind is ActionKind.RESTART:
+            gen = self.lifecycle.next_generation(action.kind)
+            self.world.restarted_into.add(gen)
             self.proto.restarted_locally()  # as ArbiterDecider._decide_locally does
-            self.restart(self.generation + 1)
+            self.restart(gen)
         else:
-            self.exit(3)
+            self.exit(action.exit_code if action.exit_code is not None else 1)
 
     # ------------------------------------------------------------------ supervisor
 
@@ -152,8 +167,7 @@ class SimAgent:
         if self.phase is Phase.RUNNING:
             self.send(self.proto.exit(ProcessExit(pid=1, code=None, signal=15),
                                       self.generation), keep=True)
-        self.restarts += 1
-        self.generation = max(self.generation + 1, generation)
+        self.lifecycle.restart(Action(ActionKind.RESTART, "sim", generation=generation))
         self.phase = Phase.WAITING
         self.proto.trainer_state = "waiting"
         self.send(self.proto.arrive(self.generation))

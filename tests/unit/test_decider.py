@@ -6,27 +6,24 @@ from __future__ import annotations
 
 import asyncio
 
-from ftagent.agent.agent import Agent
 from ftagent.agent.arbiter_decider import ArbiterDecider
-from ftagent.agent.decider import LocalDecider
-from ftagent.agent.worker import WorkerGroup
+from ftagent.agent.decider import LocalDecider, WorkerGroup
+from ftagent.agent.pod import PodAgent
+from ftagent.agent.worker import Worker, WorkerSpec
 from ftagent.cmd.run import parse
 from ftagent.model import Action, ActionKind, Fault, FaultKind
 
 
-def node(n: int, *flags: str, arbiter: bool = False) -> tuple[WorkerGroup, list[Agent]]:
+def node(n: int, *flags: str, arbiter: bool = False) -> tuple[WorkerGroup, list[Worker]]:
     """``n`` workers of one node sharing a group, as cmd/run.py build_workers wires them."""
-    group = WorkerGroup()
-    workers = []
+    pod = PodAgent()
     for _ in range(n):
-        w = Agent(parse([*flags, "--", "true"], {}), {})
-        local = LocalDecider(w, group)
-        w.decider = ArbiterDecider(w, local) if arbiter else local
-        workers.append(w)
-    return group, workers
+        pod.add(WorkerSpec(parse([*flags, "--", "true"], {})),
+                arbiter=ArbiterDecider if arbiter else None)
+    return pod.group, pod.workers
 
 
-def queued(w: Agent) -> list[Action]:
+def queued(w: Worker) -> list[Action]:
     out = []
     while not w.actions.empty():
         out.append(w.actions.get_nowait())
@@ -38,9 +35,9 @@ def crash(code: int = 3) -> Fault:
 
 
 def test_no_agent_subclass_the_decider_is_a_part() -> None:
-    w = Agent(parse(["--", "true"], {}), {})
+    w = Worker(WorkerSpec(parse(["--", "true"], {})))
     assert isinstance(w.decider, LocalDecider) and w.decider.group is None
-    assert Agent.__subclasses__() == []
+    assert Worker.__subclasses__() == []
 
 
 def test_first_failure_of_a_generation_is_the_groups_and_a_second_one_is_answered() -> None:
@@ -48,8 +45,11 @@ def test_first_failure_of_a_generation_is_the_groups_and_a_second_one_is_answere
     ws[2].decider.decide(crash())
     ws[0].decider.decide(crash())  # its own crash, caused by the first: already decided
     got = [queued(w) for w in ws]
-    assert all(len(a) == 1 and a[0].kind == ActionKind.RESTART for a in got), got
-    assert len({a[0].id for a in got}) == 1 and got[0][0].generation == 1
+    # one decision, the group's, for every worker; worker 0 has it twice (its crash's
+    # answer too), and carries it out once (lifecycle.carried_out)
+    assert [len(a) for a in got] == [2, 1, 1], got
+    assert all(a.kind == ActionKind.RESTART and a.generation == 1 for q in got for a in q)
+    assert len({a.id for q in got for a in q}) == 1
 
 
 def test_fail_open_decision_with_local_workers_goes_to_every_worker() -> None:
@@ -72,16 +72,62 @@ def test_group_barrier_counts_a_worker_told_a_higher_generation() -> None:
     async def body() -> None:
         _, ws = node(3)
         for w in ws:
-            w.generation = 1
+            w.lifecycle.reached(1)
         waiting = asyncio.create_task(ws[0].decider.before_start())
         await asyncio.sleep(0)
         assert not waiting.done()
-        ws[1].generation = 3  # the arbiter's RESTART: its trainer of 1 is gone too
+        ws[1].lifecycle.reached(3)  # the arbiter's RESTART: its trainer of 1 is gone too
         assert isinstance(ws[1].decider, LocalDecider)
         ws[1].decider.arrived()
         await asyncio.sleep(0)
         assert not waiting.done()  # worker 2 has not arrived
         await ws[2].decider.close()  # its supervision ended: no longer counted
         assert await asyncio.wait_for(waiting, 5) is None
+
+    asyncio.run(body())
+
+
+def test_a_worker_that_dropped_the_groups_decision_gets_it_again_for_its_crash() -> None:
+    """Worker 0's hang leads the group to RESTART; its trainer then exits by itself, which
+    supersedes the hang's decision (the worker drops it). Its crash is answered by the
+    decision that stands, delivered again to it alone; a worker that got it twice carries
+    it out once. On the old code the crash got no answer: the worker (and its peers at
+    the group's barrier) waited forever."""
+    _, ws = node(2, "--max-restarts", "2", "--restart-backoff", "0")
+    hang = Fault(FaultKind.HANG, "no progress")
+    ws[0].decider.decide(hang)
+    (restart,) = queued(ws[0])  # dropped: superseded by the trainer's own exit
+    assert restart.kind == ActionKind.RESTART and restart.fault_id == hang.id
+    c = crash()
+    ws[0].decider.decide(c)
+    (again,) = queued(ws[0])
+    assert (again.id, again.kind, again.generation, again.fault_id) == \
+        (restart.id, ActionKind.RESTART, 1, c.id)
+    ws[1].decider.decide(crash())  # worker 1's own crash: it holds the decision already
+    first, second = queued(ws[1])
+    assert first.id == second.id == restart.id
+    ws[1].lifecycle.restart(first)
+    assert ws[1].lifecycle.carried_out(second.id) and ws[1].restarts == 1
+
+
+def test_the_fail_open_clock_starts_when_the_decider_starts_not_when_it_is_built() -> None:
+    """The launcher builds all its workers before any link runs; under load that took
+    longer than --arbiter-fail-open-after, and local rank 0 (built first) failed open at
+    its first start while its peers waited at the job's barrier. The worker's first
+    barrier comes right after ``decider.start()``, before the link's task has run at all:
+    the clock must be reset there. On the old code the link counts as offline since it
+    was built (100 s here)."""
+    async def body() -> None:
+        _, ws = node(1, "--arbiter", "127.0.0.1:9", arbiter=True)
+        decider = ws[0].decider
+        assert isinstance(decider, ArbiterDecider)
+        link = decider.link
+        assert link.offline_since is not None
+        link.offline_since -= 100.0  # built long before it runs
+        decider.start()
+        try:
+            assert link.offline_for() < 50.0  # no yield: as the worker's first barrier
+        finally:
+            await decider.close()
 
     asyncio.run(body())

@@ -273,7 +273,7 @@ def test_no_import_cycle_at_run_time() -> None:
     ("ftagent.arbiter.cli", "ftagent.kube.client", True),
     ("ftagent.arbiter.server", "ftagent.agent.reporter", True),
     ("ftagent.kube.client", "ftagent.node.agent", True),
-    ("ftagent.agent.agent", "ftagent.cmd.run", True),
+    ("ftagent.agent.worker", "ftagent.cmd.run", True),
     ("ftagent.watch.gpu", "ftagent.agent.supervisor", True),
     ("ftagent.watch.loop", "ftagent.node.agent", True),
     ("ftagent.watch.gpu", "ftagent.detect.gpu", False),
@@ -303,7 +303,7 @@ def test_parser_finds_function_level_and_type_checking_imports(tmp_path: Path) -
         "from typing import TYPE_CHECKING\n"
         "import ftagent.model\n"
         "if TYPE_CHECKING:\n"
-        "    from ftagent.agent import agent\n"
+        "    from ftagent.agent import worker\n"
         "def late():\n"
         "    from ftagent import metrics\n",
         encoding="utf-8")
@@ -311,6 +311,6 @@ def test_parser_finds_function_level_and_type_checking_imports(tmp_path: Path) -
     edges = imports_of("ftagent.probe", source, modules)
     assert [(e.imported, e.type_checking, e.function_level) for e in edges] == [
         ("ftagent.model", False, False),
-        ("ftagent.agent.agent", True, False),
+        ("ftagent.agent.worker", True, False),
         ("ftagent.metrics", False, True),
     ]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 import types
 
-from ftagent.agent.agent import Agent
 from ftagent.agent.tee import LineBacklog
+from ftagent.agent.worker import Worker
 from ftagent.config import HangConfig
 from ftagent.detect.hang import HangDetector
 from ftagent.model import Fault, Progress, TrainerStart
@@ -76,7 +76,7 @@ def test_lines_read_at_t_and_handled_at_t_plus_30_are_no_hang() -> None:
                 for obs in parser.parse_blob(blob, ts):
                     fixed.observe(obs)
                     naive.observe(obs)
-        faults["fixed"] += fixed.tick(Agent.detector_now(agent, wall))  # type: ignore[arg-type]
+        faults["fixed"] += fixed.tick(Worker.detector_now(agent, wall))  # type: ignore[arg-type]
         faults["naive"] += naive.tick(wall)
         if wall == 62.0:
             assert faults["fixed"] == [] and len(backlog) == 0

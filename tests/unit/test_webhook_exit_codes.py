@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ftagent.agent.agent import Agent
+from ftagent.agent.worker import Worker, WorkerSpec
 from ftagent.cmd.run import parse
 from ftagent.model import (
     EXIT_REPLACE,
@@ -122,8 +122,8 @@ def test_kubeflow_examples_use_exit_code_restarts(name: str) -> None:
 # ------------------------------------------------------------------ the agent
 
 
-def agent(*flags: str) -> Agent:
-    return Agent(parse([*flags, "--", "true"], {}), {})
+def agent(*flags: str) -> Worker:
+    return Worker(WorkerSpec(parse([*flags, "--", "true"], {})))
 
 
 def test_agent_exit_statuses() -> None:

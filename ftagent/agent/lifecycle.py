@@ -1,0 +1,139 @@
+"""One worker's lifecycle, without I/O: the sole owner of its generation, restart count,
+trainer state and who decided what ended each attempt.
+
+Events in (the worker's supervision and its decider tell it what happened), steps out (a
+:class:`Step` per state change, which the worker writes to the events file and hands to
+its observers). Nothing else keeps a copy of these facts: the worker, its decider and the
+node's group read them here, and change them only through these events, so a generation
+moves up in one place and a restart is counted once. Time comes from an injected clock,
+as in link_protocol.py; tests drive it with numbers.
+
+The states and their order are :class:`~ftagent.model.TrainerState`'s (its docstring
+draws them). The events, in the order one attempt sees them::
+
+    waiting()                      before every attempt: WAITING (barrier or backoff done)
+    reached(generation)            the barrier released, or the arbiter named a higher
+                                   generation while waiting: never down
+    running(pid)                   a trainer of this generation runs: RUNNING
+    decided(action)                an action ended (or touched) the attempt; its origin
+                                   says who decided (the arbiter, or the local policy)
+    restart(action)                RESTARTING: one restart, into max(g + 1, the action's)
+    succeeded() / stopped(...)     the trainer's own exit 0 / a stop signal to the agent
+    failed(action, exit, ...)      FAILED: the exit status the agent leaves with
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ftagent.model import Action, ActionKind, Origin, ProcessExit, TrainerState
+
+CARRIED_KEPT = 64  # ids of the last actions carried out, against a second delivery
+
+
+@dataclass(frozen=True)
+class Step:
+    """One state change for the edges to carry out (the events file, the observers)."""
+
+    state: TrainerState
+    generation: int
+    restarts: int
+    at: float  # the lifecycle's clock at the change
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+class Lifecycle:
+    """The facts of one worker's attempts (module docstring)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.state = TrainerState.INIT
+        self.generation = 0  # of the trainer that runs, or of the barrier it waits at
+        self.restarts = 0  # attempts restarted: one per RESTART carried out, never more
+        self.decided_by: Origin | None = None  # who decided the last action carried out
+        self.last_action: Action | None = None
+        self.since = clock()  # when the current state began
+        self._carried: deque[str] = deque(maxlen=CARRIED_KEPT)
+
+    @property
+    def attempt(self) -> tuple[int, int]:
+        """Which attempt this is: a decision watched for one attempt is moot in the next."""
+        return self.generation, self.restarts
+
+    def next_generation(self, kind: ActionKind) -> int:
+        """The generation a decision of ``kind`` taken now leads to: a restart counts up."""
+        return self.generation + 1 if kind is ActionKind.RESTART else self.generation
+
+    # ------------------------------------------------------------------ events
+
+    def waiting(self) -> Step:
+        """Before an attempt: at the barrier (or about to start, with no barrier)."""
+        return self._to(TrainerState.WAITING, attempt=self.restarts)
+
+    def reached(self, generation: int) -> None:
+        """The barrier of ``generation`` released this worker, or the arbiter named a
+        later generation while it waited: the worker is there. Never moves down."""
+        self.generation = max(self.generation, generation)
+
+    def running(self, pid: int) -> Step:
+        return self._to(TrainerState.RUNNING, pid=pid, attempt=self.restarts)
+
+    def decided(self, action: Action) -> None:
+        """``action`` is carried out on this attempt (any kind, minor ones included)."""
+        self.last_action = action
+        self.decided_by = action.origin
+        if action.id not in self._carried:
+            self._carried.append(action.id)
+
+    def carried_out(self, action_id: str) -> bool:
+        """True if the action with this id was carried out already: one decision is
+        carried out once, however often it is delivered (the node's group delivers its
+        standing decision again to a worker that dropped it, decider.WorkerGroup)."""
+        return action_id in self._carried
+
+    def restart(self, action: Action) -> Step:
+        """A RESTART carried out: one restart, into the next generation or the one the
+        arbiter named if that is higher."""
+        self.decided(action)
+        self.restarts += 1
+        self.generation = max(self.generation + 1, action.generation)
+        return self._to(TrainerState.RESTARTING, reason=action.reason,
+                        backoff_seconds=action.backoff_seconds)
+
+    def succeeded(self) -> Step:
+        return self._to(TrainerState.SUCCEEDED, exit_status=0)
+
+    def stopped(self, exit_status: int, signal: int | None) -> Step:
+        """The agent was told to stop (a signal): the trainer's status is the agent's."""
+        return self._to(TrainerState.STOPPED, exit_status=exit_status, signal=signal)
+
+    def failed(self, action: Action, exit_: ProcessExit | None, *, exit_replace: int,
+               exit_stop: int) -> tuple[int, Step]:
+        """The worker ends on ``action`` (STOP, REPLACE, a budget spent): the status it
+        exits with, and the FAILED step. REPLACE exits ``exit_replace``; the arbiter's
+        STOP ``exit_stop`` (unless it is -1); what the local policy decided alone exits
+        with the trainer's status, as without ftagent."""
+        self.decided(action)
+        code = exit_status_of(action, exit_, exit_replace=exit_replace, exit_stop=exit_stop)
+        return code, self._to(TrainerState.FAILED, reason=action.reason, exit_status=code)
+
+    def _to(self, state: TrainerState, **fields: Any) -> Step:
+        self.state = state
+        self.since = self.clock()
+        return Step(state, self.generation, self.restarts, self.since, fields)
+
+
+def exit_status_of(action: Action, exit_: ProcessExit | None, *, exit_replace: int,
+                   exit_stop: int) -> int:
+    """The agent's exit status when ``action`` ends it (:meth:`Lifecycle.failed`)."""
+    if action.kind == ActionKind.REPLACE:
+        return exit_replace
+    if action.kind == ActionKind.STOP and action.origin is Origin.ARBITER and exit_stop > 0:
+        return exit_stop
+    if action.exit_code is not None:
+        return action.exit_code
+    return exit_.exit_status if exit_ is not None else 1

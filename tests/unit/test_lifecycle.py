@@ -1,0 +1,101 @@
+"""The worker's lifecycle (agent/lifecycle.py): the one owner of generation, restarts,
+trainer state and who decided. Pure: events in, steps out, a clock passed in."""
+
+from __future__ import annotations
+
+from ftagent.agent.lifecycle import Lifecycle, exit_status_of
+from ftagent.agent.local_policy import decide
+from ftagent.model import (
+    EXIT_REPLACE,
+    Action,
+    ActionKind,
+    Fault,
+    FaultKind,
+    Origin,
+    ProcessExit,
+    TrainerState,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def restart(generation: int = 0, origin: Origin = Origin.ARBITER) -> Action:
+    return Action(ActionKind.RESTART, "crash", generation=generation, origin=origin)
+
+
+def test_one_attempt_walks_the_states_with_the_clocks_time() -> None:
+    clock = Clock()
+    lc = Lifecycle(clock)
+    assert lc.state is TrainerState.INIT and lc.attempt == (0, 0)
+    step = lc.waiting()
+    assert (step.state, step.generation, step.restarts, step.at) == \
+        (TrainerState.WAITING, 0, 0, 100.0)
+    clock.t = 101.5
+    step = lc.running(pid=42)
+    assert step.state is TrainerState.RUNNING and step.fields == {"pid": 42, "attempt": 0}
+    assert lc.since == 101.5 and lc.state is TrainerState.RUNNING
+    assert lc.succeeded().fields == {"exit_status": 0}
+
+
+def test_a_restart_is_counted_once_into_the_next_or_the_named_generation() -> None:
+    lc = Lifecycle(Clock())
+    lc.running(1)
+    step = lc.restart(restart(origin=Origin.LOCAL))  # a local restart counts up
+    assert (step.state, step.generation, step.restarts) == (TrainerState.RESTARTING, 1, 1)
+    assert lc.decided_by is Origin.LOCAL
+    lc.restart(restart(generation=5))  # the arbiter names the job's generation
+    assert lc.attempt == (5, 2) and lc.decided_by is Origin.ARBITER
+    lc.restart(restart(generation=3))  # a lower one never moves it down
+    assert lc.attempt == (6, 3)
+
+
+def test_the_barrier_moves_the_generation_up_only_and_counts_no_restart() -> None:
+    lc = Lifecycle(Clock())
+    lc.reached(4)
+    lc.reached(2)
+    assert lc.attempt == (4, 0)
+    assert lc.next_generation(ActionKind.RESTART) == 5
+    assert lc.next_generation(ActionKind.STOP) == 4
+
+
+def test_who_decided_sets_the_exit_status() -> None:
+    crashed = ProcessExit(pid=1, code=9)
+    kw = {"exit_replace": EXIT_REPLACE, "exit_stop": 86}
+    stop = Action(ActionKind.STOP, "budget", exit_code=9)
+    assert exit_status_of(stop, crashed, **kw) == 86  # the arbiter's STOP
+    local = decide(Fault(FaultKind.CRASH, "exit 9", evidence={"exit_status": 9}),
+                   restarts_done=3, max_restarts=3, backoff_base=0, backoff_cap=0)
+    assert local.kind is ActionKind.STOP and local.origin is Origin.LOCAL
+    assert exit_status_of(local, crashed, **kw) == 9  # alone: the trainer's own status
+    assert exit_status_of(stop, crashed, exit_replace=215, exit_stop=-1) == 9
+    assert exit_status_of(Action(ActionKind.REPLACE, "gpu"), crashed, **kw) == EXIT_REPLACE
+    assert exit_status_of(Action(ActionKind.STOP, "x"), None, exit_replace=1,
+                          exit_stop=-1) == 1
+    lc = Lifecycle(Clock())
+    code, step = lc.failed(local, crashed, **kw)
+    assert code == 9 and step.state is TrainerState.FAILED
+    assert step.fields == {"reason": local.reason, "exit_status": 9}
+    assert lc.decided_by is Origin.LOCAL
+
+
+def test_the_agent_reads_its_facts_from_the_lifecycle_only() -> None:
+    """The worker keeps no copy: generation and restarts are read-only views."""
+    from ftagent.agent.worker import Worker, WorkerSpec
+    from ftagent.cmd.run import parse
+
+    a = Worker(WorkerSpec(parse(["--", "true"], {})))
+    a.lifecycle.reached(3)
+    a.lifecycle.restart(restart())
+    assert (a.generation, a.restarts, a.state) == (4, 1, TrainerState.RESTARTING)
+    try:
+        a.generation = 7  # type: ignore[misc]
+    except AttributeError:
+        pass
+    else:
+        raise AssertionError("the worker's generation is writable outside the lifecycle")
