@@ -45,11 +45,15 @@ Needs root (network namespaces). Not run in CI.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import importlib.util
+import json
 import os
 import platform
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -95,10 +99,21 @@ class Run:
     end: float = 0.0
     kept: int = 0
     step_seconds: float = 0.0
+    kept_seconds: float = 0.0  # time the kept steps took, fault windows cut out
     notes: list[str] = field(default_factory=list)
+    ledger: dict[str, Any] | None = None  # ftagent: the arbiter's goodput block at the end
+    ledger_at: float = 0.0
 
     @property
     def goodput(self) -> float:
+        """The share of the window that became kept training (time-based, as the ledger)."""
+        window = self.end - self.start
+        return self.kept_seconds / window if window > 0 else 0.0
+
+    @property
+    def goodput_median(self) -> float:
+        """Steps kept x the median healthy step / the window: also counts every step slower
+        than the median as lost (on a shared machine, load: not a fault's cost)."""
         window = self.end - self.start
         return self.kept * self.step_seconds / window if window > 0 else 0.0
 
@@ -119,6 +134,30 @@ def steps(lab: Lab, r: int = 0) -> list[tuple[float, int, float]]:
             sps = float(m.group(4))
             out.append((float(m.group(1)), int(m.group(3)), BATCH / sps if sps > 0 else 0.0))
     return out
+
+
+def kept_seconds(all_steps: list[tuple[float, int, float]],
+                 windows: list[tuple[float, float]]) -> float:
+    """Seconds of kept training in rank 0's step lines: each step number's last run (a
+    step run again after a restart replaces the first run, which was lost), from the
+    second step line on (the window starts at the first), each step's own duration
+    ``[arrival - seconds, arrival]`` less what falls in a fault window (injection ->
+    training again: a step that spans an outage or a hang is not progress for that
+    time)."""
+    last: dict[int, tuple[float, float]] = {}
+    for t, s, dt in all_steps:
+        last[s] = (t, dt)
+    if not all_steps:
+        return 0.0
+    first = all_steps[0][1]
+    total = 0.0
+    for s, (t, dt) in last.items():
+        if s <= first or s > all_steps[-1][1]:
+            continue
+        lo = t - dt
+        cut = sum(max(0.0, min(t, b) - max(lo, a)) for a, b in windows)
+        total += max(0.0, dt - cut)
+    return total
 
 
 def last_step(lab: Lab) -> int:
@@ -150,6 +189,9 @@ def training_again(lab: Lab, f: Fault) -> bool:
         after = [(t, s) for t, s, _ in all_steps if t > started[-1][0] and s > started[-1][1]]
         if after:
             f.back, f.resumed = after[0][0], started[-1][1]
+            # the furthest step reached before the restart (the lines of a stamped run
+            # can arrive after the injection: output is batched)
+            f.before = max([s for t, s, _ in all_steps if t < started[-1][0]] or [f.before])
             return True
         return False
     dts = sorted(dt for _, _, dt in all_steps[-200:] if dt > 0)
@@ -165,7 +207,7 @@ def training_again(lab: Lab, f: Fault) -> bool:
 
 
 def ftagent_detect(lab: Lab, f: Fault) -> float | None:
-    words = {"crash": "crash ", "hang": "hang ", "nic": "nic ("}[f.kind]
+    words = {"crash": "crash ", "hang": "hang ", "nic": "nic (", "xid": "gpu ("}[f.kind]
     ts = [float(e["ts"]) for e in lab.timeline() if e["kind"] == "fault"
           and str(e["message"]).startswith(words) and float(e["ts"]) >= f.at]
     return min(ts) if ts else None
@@ -215,10 +257,36 @@ def bare(lab: Lab) -> Any:
     return lambda r: [PY]
 
 
-def launch(lab: Lab, name: str, env: dict[str, str], args: argparse.Namespace) -> None:
-    flags = ["--hang-timeout-min", "2", "--nic-grace", "2", "--max-restarts", "10"]
+FTAGENT_FLAGS = ["--hang-timeout-min", "2", "--nic-grace", "2", "--max-restarts", "10"]
+XID = 79  # "GPU has fallen off the bus": fatal, the node must go (detect/gpu.py's table)
+
+
+def gpu_timeline(tmp: Path, xid_at: float | None) -> tuple[Path, Path]:
+    """(rank 1's first timeline, a clean one): ``--gpu-backend simulated:FILE`` files. The
+    simulated GPU of rank 1 raises Xid ``XID`` ``xid_at`` seconds after its agent's
+    ``nvmlInit`` (the agent's start); the replacement rank 1 and rank 0 get healthy GPUs."""
+    clean = tmp / "gpus-clean.txt"
+    clean.write_text("gpus 1\n")
+    fatal = tmp / "gpus-rank1.txt"
+    fatal.write_text("gpus 1\n" + ("" if xid_at is None else
+                                   f"t={xid_at:.1f}s rank=1 gpu=0 xid={XID}\n"))
+    return fatal, clean
+
+
+def gpu_flags(timeline: Path) -> list[str]:
+    return ["--gpu-backend", f"simulated:{timeline}"]
+
+
+def launch(lab: Lab, name: str, env: dict[str, str], args: argparse.Namespace,
+           gpus: tuple[Path, Path] | None = None) -> None:
     if name == "ftagent":
-        lab.start_job(env, flags)
+        if gpus is None:
+            lab.start_job(env, FTAGENT_FLAGS)
+        else:  # start_job with one GPU timeline per rank
+            lab.env = {**FAST_ENV, **env}
+            lab.flags = list(FTAGENT_FLAGS)
+            for r in range(lab.world):
+                lab.start_rank(r, extra=gpu_flags(gpus[0] if r == 1 else gpus[1]))
     elif name in ("torchrun", "torchrun-default"):
         lab.env = {**FAST_ENV, **env}  # the trainer's knobs exactly as ftagent's run has them
         for r in range(lab.world):
@@ -234,50 +302,119 @@ def launch(lab: Lab, name: str, env: dict[str, str], args: argparse.Namespace) -
 # ---------------------------------------------------------------------- one scheduled run
 
 
+KINDS = ("crash", "hang", "nic", "xid")
+
+
+def xid_seen(lab: Lab) -> float | None:
+    """When rank 1's agent saw the simulated Xid (its events file), if it did."""
+    ts = [float(e["ts"]) for e in lab.events(1) if e.get("event") == "fault"
+          and e.get("kind") == "gpu"]
+    return min(ts) if ts else None
+
+
+def read_ledger(lab: Lab) -> dict[str, Any] | None:
+    """The arbiter's goodput block (``ftagent status JOB --json``), or None."""
+    try:
+        g = lab.status().get("goodput")
+    except (AssertionError, ValueError, OSError) as e:
+        return {"error": str(e)[:200]}
+    return dict(g) if isinstance(g, dict) else None
+
+
 def run_schedule(name: str, args: argparse.Namespace, tmp: Path) -> Run:
     run = Run(name)
     env = {"TRAIN_STEPS": "100000000", "CHECKPOINT_EVERY": str(args.ckpt_every),
            "TRAIN_STEP_SLEEP": str(args.step_sleep), "TRAIN_PG_TIMEOUT": str(args.pg_timeout),
            "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     arbiter_args = ["--max-restarts", "10", "--nic-replace-after", "600"]
+    kinds = [k for k in KINDS if k in args.faults.split(",")]
+    xid_at = args.xid_at if args.xid_at > 0 else max(200.0, args.minutes * 30 + 30)
+    gpus = gpu_timeline(tmp, xid_at if "xid" in kinds else None)
     with Lab(tmp, 2, job="goodput", arbiter=name == "ftagent", arbiter_args=arbiter_args,
              stamp=True) as lab:
-        launch(lab, name, env, args)
+        launched = time.time()
+        launch(lab, name, env, args, gpus)
         wait(lambda: steps(lab, 0) and steps(lab, 1), 180, f"{name}: first steps")
         run.start = steps(lab, 0)[0][0]
         deadline = run.start + args.minutes * 60
         wait_until(run.start + args.warmup)
-        for kind in ("crash", "hang", "nic"):
+        replaced: list[int | None] = []
+
+        def replace_rank1() -> None:
+            """The bench plays Kubernetes after a fatal Xid: rank 1's agent exits with the
+            replace status (its pod goes), and a new pod's agent starts at once on a
+            healthy GPU (a real cluster adds scheduling and container start)."""
+            if name == "ftagent" and not replaced and lab.agents[1].poll() is not None:
+                replaced.append(lab.agents[1].returncode)
+                lab.start_rank(1, extra=gpu_flags(gpus[1]))
+
+        for kind in kinds:
+            if kind == "xid":
+                if time.time() > launched + xid_at:
+                    run.notes.append(f"the Xid came {time.time() - launched - xid_at:.0f} s "
+                                     "before the previous fault was over: raise --xid-at")
+                wait_until(launched + xid_at)
             f = Fault(kind, time.time(), last_step(lab))
             if kind == "nic":
                 lab.link_down(1)
                 time.sleep(args.outage)
                 lab.link_up(1)
                 f.end = time.time()
-            else:
+            elif kind == "xid" and name != "ftagent":
+                lab.trigger("crash", 1)  # no GPU watch: a fatal Xid is a crash of the rank
+            elif kind != "xid":  # ftagent's simulated GPU raises the Xid by itself
                 lab.trigger(kind, 1)
             run.faults.append(f)
+
+            def back(f: Fault = f) -> bool:
+                replace_rank1()
+                return training_again(lab, f)
             try:
-                wait(lambda f=f: training_again(lab, f), args.pg_timeout * 3 + 120,
-                     f"{name}: training again after the {kind}")
+                wait(back, args.pg_timeout * 3 + 120, f"{name}: training again after the {kind}")
                 # a restart may still follow steps that resumed by themselves (ftagent
                 # restarts every rank once a link is back, gloo's pairs recovered or not):
-                # training is "again" only after the last disruption
-                time.sleep(SETTLE)
-                f.back = f.resumed = None
-                wait(lambda f=f: training_again(lab, f), 120, f"{name}: settled")
+                # training is "again" only after the last disruption, once steps have
+                # gone on for SETTLE seconds with the same answer
+                settle_by = time.monotonic() + 180
+                while True:
+                    seen, at = f.back, last_step(lab)
+                    time.sleep(SETTLE)
+                    f.back = f.resumed = None
+                    wait(back, 120, f"{name}: settled")
+                    if f.back == seen and last_step(lab) > at:
+                        break
+                    if time.monotonic() > settle_by:
+                        raise TimeoutError(f"{name}: training did not settle after the {kind}")
             except TimeoutError as e:
                 run.notes.append(str(e))
                 break
+            if kind == "xid" and name == "ftagent":
+                seen = xid_seen(lab)
+                if seen is not None:  # the Xid's onset: when the simulated GPU raised it
+                    f.at = seen
+                run.notes.append(f"xid: rank 1's agent exited with status {replaced}; the "
+                                 "bench started its replacement at once" if replaced else
+                                 "xid: rank 1's agent did not exit (no replacement)")
             f.detect = (ftagent_detect if name == "ftagent" else launcher_detect)(lab, f)
             wait_until(time.time() + args.gap)
         wait_until(max(deadline, time.time()))
         run.end = time.time()
+        if name == "ftagent":
+            run.ledger = read_ledger(lab)
+            run.ledger_at = time.time()
+            with contextlib.suppress(AssertionError, ValueError, OSError,
+                                     subprocess.TimeoutExpired):
+                (tmp / "status.json").write_text(json.dumps(lab.status(), indent=1))
         all_steps = steps(lab, 0)
         run.kept = all_steps[-1][1] - all_steps[0][1] if all_steps else 0
         healthy = [dt for t, _, dt in all_steps if dt > 0 and not any(
             f.at - 1 <= t <= (f.back or run.end) + 1 for f in run.faults)]
         run.step_seconds = statistics.median(healthy) if healthy else 0.0
+        # a kept step that spans the link's outage made no progress meanwhile; other
+        # faults leave no kept step behind them (the step in flight is redone)
+        run.kept_seconds = kept_seconds(all_steps, [(f.at, f.end) for f in run.faults
+                                                    if f.end is not None])
+    (tmp / "run.json").write_text(json.dumps(dataclasses.asdict(run), indent=1))
     return run
 
 
@@ -407,6 +544,47 @@ def fmt(x: float | None, unit: str = "s") -> str:
     return "-" if x is None else f"{x:.1f} {unit}".strip()
 
 
+def ledger_row(r: Run) -> tuple[float, float, dict[str, float]] | None:
+    """(ledger ETTR over the whole wall, ledger ETTR over the outside window, seconds)."""
+    g = r.ledger
+    if not g or "error" in g:
+        return None
+    secs = {k: float(v) for k, v in dict(g.get("seconds") or {}).items()}
+    wall = float(g.get("wall_seconds") or 0.0)
+    # the outside window starts at rank 0's first step: the ledger's startup is before it
+    window = wall - secs.get("startup", 0.0)
+    prod = secs.get("productive", 0.0)
+    return (prod / wall if wall > 0 else 0.0, prod / window if window > 0 else 0.0, secs)
+
+
+def ledger_table(rs: list[Run]) -> None:
+    """ftagent's own ledger beside the outside measurement, and where the seconds went."""
+    if not rs:
+        return
+    print("\n| ftagent run | outside | ledger (training window) | difference | ledger ETTR "
+          "(from registration) | ledger: wall / productive / recomputed steps |")
+    print("|---|---|---|---|---|---|")
+    cats: dict[str, list[float]] = {}
+    for i, r in enumerate(rs):
+        row = ledger_row(r)
+        if row is None:
+            print(f"| {i + 1} | {100 * r.goodput:.1f} % | ledger missing: {r.ledger} | | | |")
+            continue
+        whole, window, secs = row
+        g = r.ledger or {}
+        lost = sum(f.lost for f in r.faults)
+        print(f"| {i + 1} | {100 * r.goodput:.1f} % | {100 * window:.1f} % | "
+              f"{100 * (window - r.goodput):+.1f} pts | {100 * whole:.1f} % | "
+              f"{float(g.get('wall_seconds') or 0):.1f} s / {secs.get('productive', 0):.1f} s / "
+              f"{g.get('recomputed_steps')} (outside: {lost}) |")
+        for k, v in secs.items():
+            cats.setdefault(k, []).append(v)
+    if cats:
+        print("\nftagent, where the wall time went (the ledger, mean over runs):")
+        for k, vs in sorted(cats.items(), key=lambda kv: -statistics.mean(kv[1])):
+            print(f"  {k:<14} {statistics.mean(vs):8.1f} s")
+
+
 def report(runs: list[Run], trials: tuple[int, int] | None,
            over: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
     print(f"\nmachine: {platform.node()} {platform.processor() or platform.machine()}, "
@@ -423,7 +601,7 @@ def report(runs: list[Run], trials: tuple[int, int] | None,
 
     print("\n| fault | launcher | detect | training again | lost steps |")
     print("|---|---|---|---|---|")
-    for kind in ("crash", "hang", "nic"):
+    for kind in KINDS:
         for name, rs in by.items():
             fs = [f for r in rs for f in r.faults if f.kind == kind]
             det = mean([f.detect - f.at for f in fs if f.detect is not None])
@@ -439,6 +617,11 @@ def report(runs: list[Run], trials: tuple[int, int] | None,
         ratio = f"{g / base:.2f}x" if base else "-"
         window = mean([r.end - r.start for r in rs]) or 0.0
         print(f"| {name} | {100 * g:.1f} % | {ratio} | {window:.0f} s |")
+    print("(the Xid: ftagent's simulated GPU on rank 1 raises a fatal Xid "
+          f"{XID}; ftagent replaces the rank and the bench starts the new pod's agent at once; "
+          "every other launcher has no GPU watch, so for them it is a crash of rank 1 at the "
+          "same time after the launch)")
+    ledger_table(by.get("ftagent", []))
     for col in missing_columns():
         print(f"missing column -- {col}")
     for r in runs:
@@ -469,6 +652,10 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=20.0, help="seconds before the first fault")
     ap.add_argument("--gap", type=float, default=10.0, help="healthy seconds between faults")
     ap.add_argument("--outage", type=float, default=10.0, help="seconds the link is down")
+    ap.add_argument("--faults", default=",".join(KINDS), help="the schedule, in this order")
+    ap.add_argument("--xid-at", type=float, default=0.0,
+                    help="seconds after the launch the fatal Xid comes (0: half the window "
+                    "+ 30 s, at least 200 s)")
     ap.add_argument("--pg-timeout", type=float, default=30.0, help="the trainer's own")
     ap.add_argument("--step-sleep", type=float, default=0.05)
     ap.add_argument("--ckpt-every", type=int, default=20)
