@@ -3,13 +3,22 @@
 The job: examples/train.py, PyTorch DDP over gloo on CPU, 2 ranks on 2 simulated nodes
 (tests/lab: network namespaces on a bridge, gloo on each node's own eth0), checkpoints
 every ``--ckpt-every`` steps (every launcher resumes from the last one: the trainer does
-it, not the launcher). The schedule, the same for every launcher: after ``--warmup``
-seconds of training, rank 1 crashes; once training is back (and ``--gap`` seconds later)
-rank 1 hangs before an all-reduce; once back again, rank 1's link loses its carrier for
-``--outage`` seconds; the run ends ``--minutes`` after training first started (or when the
-last fault is recovered plus ``--gap``, if that is later). Faults are trigger files the
-trainer reads at its next step (FAULT_TRIGGER_DIR), so they land at the same point of the
-job under every launcher.
+it, not the launcher). The schedule (``--faults``), the same for every launcher: after
+``--warmup`` seconds of training, rank 1 crashes; once training is back (and ``--gap``
+seconds later) rank 1 hangs before an all-reduce; once back again, rank 1's link loses its
+carrier for ``--outage`` seconds; then, ``--xid-at`` seconds after the launch, rank 1's GPU
+raises a fatal Xid (79, fallen off the bus); the run ends ``--minutes`` after training
+first started (or when the last fault is recovered plus ``--gap``, if that is later).
+Faults are trigger files the trainer reads at its next step (FAULT_TRIGGER_DIR), so they
+land at the same point of the job under every launcher.
+
+**The Xid**: ftagent watches a simulated GPU (``--gpu-backend simulated:FILE``, a timeline
+whose Xid comes ``--xid-at`` seconds after the agent's start); the arbiter replaces rank 1
+(its agent exits with the replace status, as its pod would be deleted) and the bench plays
+Kubernetes: it starts the new pod's agent at once, on a healthy GPU (a real cluster adds
+scheduling and container start). The other launchers watch no GPU: for them the Xid is a
+crash of rank 1 at the same time after the launch (on a real GPU their restart would land
+on the same broken GPU; here it trains again).
 
 Launchers (one lab each, alternated over ``--rounds``):
 
@@ -19,15 +28,28 @@ Launchers (one lab each, alternated over ``--rounds``):
   (c10d rendezvous on node 0), ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (its best
   chance: without it restarts fail, see below) and the trainer's own process-group timeout
   ``--pg-timeout`` (30 s): torchrun notices a hang only when gloo's timeout kills a rank.
-* **nvidia-resiliency-ext ft_launcher / dlrover-run**: run only if importable here; the
-  output says why a column is missing.
+* **ft_launcher** (nvidia-resiliency-ext) and **dlrover-run** (DLRover), each from its own
+  virtualenv under ``.bench-venvs/`` (``bash bench/peers.sh``; ``BENCH_VENVS`` to move
+  it), so the project's torch is untouched. ft_launcher: torchrun's flags plus its rank
+  monitors' ``--ft-rank-heartbeat-timeout`` (``--peer-hang-timeout``, 5 s) with the
+  trainer sending a heartbeat per step (its documented integration,
+  TRAIN_NVRX_HEARTBEAT=1). dlrover-run: ``--max-restarts 5 --network-check`` with a
+  DLRover job master (``--platform local``, hang detection with fault tolerance, its
+  shortest downtime: 1 minute) on the control network, as the arbiter is. A peer whose
+  venv is missing is left out with a one-line reason.
 
 Per fault class: **detect** = injection -> the launcher's first sign (ftagent: the fault
-on the arbiter's timeline; torchrun: its agent's first log line about the failure),
+on the arbiter's timeline; others: their agent's first log line about the failure),
 **training again** = injection -> the first step line of the attempt that follows (or, when
-nothing restarts, the first step after the outage), **lost steps** = the last step before
-the fault minus the step resumed from. **Goodput** = steps kept x the median healthy step
-time / the run's training window. Ratios are against torchrun in the same run.
+nothing restarts, the first step after the outage), **lost steps** = the furthest step
+before the restart minus the step resumed from. **Goodput** = the time the kept steps took
+(each step number's last run, each step's own duration as the trainer timed it, less any
+part of it inside the link's outage) / the run's training window (rank 0's first step to
+the end); "median-based" (steps kept x the median healthy step) is printed beside it: it
+also counts every step slower than the median as lost, which on a shared machine is load,
+not a fault. For ftagent the **ledger** (``ftagent status JOB --json``, its goodput block,
+read at the window's end) is printed beside it: productive / (wall - startup) is the same
+window (the ledger's wall starts at the first registration).
 
 Also: the **default torchrun restart failure rate** (``--default-trials`` restarts
 without TORCH_DISABLE_SHARE_RDZV_TCP_STORE, each a crash after a few steps: a restart that
@@ -36,10 +58,12 @@ does not train again within 60 s fails), and **overhead** on a healthy job of
 verification, Prometheus scraping the agents every second) vs the bare trainer, and the
 launcher's own CPU and PSS (ftagent agent vs torchrun agent).
 
-Needs root (network namespaces). Not run in CI.
+Needs root (network namespaces). Not run in CI. Do not edit examples/train.py while it
+runs: ftagent's warm standby then (rightly) starts the next attempt cold.
 
-    sudo .venv/bin/python bench/goodput.py --minutes 10
-    sudo .venv/bin/python bench/goodput.py --minutes 2 --rounds 1 --default-trials 2
+    sudo .venv/bin/python bench/goodput.py --minutes 10 --default-trials 0 --no-overhead
+    bash bench/peers.sh && sudo .venv/bin/python bench/goodput.py --minutes 10 \
+        --launchers ftagent,torchrun,ft_launcher,dlrover-run --default-trials 0 --no-overhead
 """
 
 from __future__ import annotations
@@ -47,7 +71,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import importlib.util
 import json
 import os
 import platform
@@ -67,7 +90,7 @@ sys.path.insert(0, str(ROOT))
 import psutil  # noqa: E402
 
 from tests.lab import FAST_ENV, Lab  # noqa: E402
-from tests.lab.lab import MASTER_PORT, PY  # noqa: E402
+from tests.lab.lab import MASTER_PORT, PY, _free_port  # noqa: E402
 from tests.netns import netns_unavailable  # noqa: E402
 
 STEP = re.compile(r"^(\d+\.\d+) \[rank(\d)\] step=(\d+)/\d+ loss=\S+ samples_per_second=(\S+)")
@@ -85,6 +108,8 @@ class Fault:
     back: float | None = None
     resumed: int | None = None
     end: float | None = None  # outage: when the link came back
+    decided: float | None = None  # ftagent: the arbiter's restart/replace decision
+    released: float | None = None  # ftagent: the new generation's barrier released
 
     @property
     def lost(self) -> int:
@@ -103,6 +128,7 @@ class Run:
     notes: list[str] = field(default_factory=list)
     ledger: dict[str, Any] | None = None  # ftagent: the arbiter's goodput block at the end
     ledger_at: float = 0.0
+    load: float = 0.0  # the machine's mean 1-minute load average over the window
 
     @property
     def goodput(self) -> float:
@@ -253,6 +279,68 @@ def torchrun(lab: Lab, max_restarts: int = 5) -> Any:
     return cmd
 
 
+VENVS = Path(os.environ.get("BENCH_VENVS", ROOT / ".bench-venvs"))
+# launcher -> (its venv under VENVS, its executable, the module it imports, the package)
+PEERS = {"ft_launcher": ("nvrx", "ft_launcher", "nvidia_resiliency_ext",
+                         "nvidia-resiliency-ext"),
+         "dlrover-run": ("dlrover", "dlrover-run", "dlrover", "dlrover[torch]")}
+
+
+def peer_exe(name: str) -> Path:
+    venv, exe, _, _ = PEERS[name]
+    return VENVS / venv / "bin" / exe
+
+
+def peer_missing(name: str) -> str:
+    """Why peer ``name`` cannot run here ('' if it can)."""
+    venv, _, module, pkg = PEERS[name]
+    py = VENVS / venv / "bin" / "python"
+    if not py.exists() or not peer_exe(name).exists():
+        return f"no venv at {VENVS / venv} (bash bench/peers.sh installs {pkg})"
+    r = subprocess.run([str(py), "-c", f"import {module}"], capture_output=True, text=True,
+                       timeout=120)
+    if r.returncode != 0:
+        return f"{module} does not import in {VENVS / venv}: {r.stderr.strip()[-200:]}"
+    return ""
+
+
+def ft_launcher(lab: Lab, args: argparse.Namespace) -> Any:
+    """nvidia-resiliency-ext's ft_launcher: torchrun's flags (c10d on node 0, as above)
+    plus its rank monitors' heartbeat timeouts (hang detection: the trainer sends a
+    heartbeat per step, TRAIN_NVRX_HEARTBEAT=1, its documented integration); the first
+    heartbeat may take the cold start."""
+    base = torchrun(lab)
+
+    def cmd(r: int) -> list[str]:
+        return [str(peer_exe("ft_launcher")), *base(r)[3:],
+                "--ft-initial-rank-heartbeat-timeout", "120",
+                "--ft-rank-heartbeat-timeout", str(args.peer_hang_timeout)]
+    return cmd
+
+
+def dlrover_run(lab: Lab, args: argparse.Namespace) -> Any:
+    """DLRover's dlrover-run on each node, with the job master it needs beside it (on
+    Kubernetes the ElasticJob operator starts one; here ``dlrover.python.master.main
+    --platform local`` on the control network, as the arbiter is): ``--max-restarts``,
+    ``--network-check`` (a check of every node before training resumes), and the master's
+    hang detection with fault tolerance (``--hang_detection 2``; ``--hang_downtime`` is
+    in whole minutes, 1 at least)."""
+    venv = VENVS / PEERS["dlrover-run"][0]
+    port = _free_port(lab.net.host_ip)
+    lab.others.append(lab._spawn(
+        [str(venv / "bin" / "python"), "-m", "dlrover.python.master.main", "--port",
+         str(port), "--node_num", str(lab.world), "--job_name", lab.job, "--platform",
+         "local", "--hang_detection", "2", "--hang_downtime", "1"],
+        lab.tmp / "dlrover-master.log", {"PYTHONUNBUFFERED": "1"}))
+    lab.env["DLROVER_MASTER_ADDR"] = f"{lab.net.host_ip}:{port}"
+
+    def cmd(r: int) -> list[str]:
+        return ["env", f"NODE_RANK={r}", str(peer_exe("dlrover-run")), "--nnodes",
+                str(lab.world), "--nproc_per_node", "1", "--node_rank", str(r),
+                "--max-restarts", "5", "--network-check"]
+    return cmd
+
+
 def bare(lab: Lab) -> Any:
     return lambda r: [PY]
 
@@ -291,6 +379,15 @@ def launch(lab: Lab, name: str, env: dict[str, str], args: argparse.Namespace,
         lab.env = {**FAST_ENV, **env}  # the trainer's knobs exactly as ftagent's run has them
         for r in range(lab.world):
             lab.start_rank(r, launcher=torchrun(lab))
+    elif name == "ft_launcher":
+        lab.env = {**FAST_ENV, **env, "TRAIN_NVRX_HEARTBEAT": "1"}
+        for r in range(lab.world):
+            lab.start_rank(r, launcher=ft_launcher(lab, args))
+    elif name == "dlrover-run":
+        lab.env = {**FAST_ENV, **env}
+        launcher = dlrover_run(lab, args)
+        for r in range(lab.world):
+            lab.start_rank(r, launcher=launcher)
     elif name == "bare":
         lab.env = {**FAST_ENV, **env}
         for r in range(lab.world):
@@ -312,6 +409,19 @@ def xid_seen(lab: Lab) -> float | None:
     return min(ts) if ts else None
 
 
+def phases(timeline: list[dict[str, Any]], faults: list[Fault]) -> None:
+    """Fill each fault's ``decided`` (the arbiter's restart or replace after it) and
+    ``released`` (the next barrier released after that) from the arbiter's timeline."""
+    for f in faults:
+        ds = [float(e["ts"]) for e in timeline if e.get("kind") == "decision"
+              and e.get("action") in ("restart", "replace") and float(e["ts"]) >= f.at]
+        if ds:
+            f.decided = min(ds)
+            rs = [float(e["ts"]) for e in timeline if e.get("kind") == "barrier"
+                  and float(e["ts"]) >= f.decided]
+            f.released = min(rs) if rs else None
+
+
 def read_ledger(lab: Lab) -> dict[str, Any] | None:
     """The arbiter's goodput block (``ftagent status JOB --json``), or None."""
     try:
@@ -323,6 +433,7 @@ def read_ledger(lab: Lab) -> dict[str, Any] | None:
 
 def run_schedule(name: str, args: argparse.Namespace, tmp: Path) -> Run:
     run = Run(name)
+    LOADS.clear()
     env = {"TRAIN_STEPS": "100000000", "CHECKPOINT_EVERY": str(args.ckpt_every),
            "TRAIN_STEP_SLEEP": str(args.step_sleep), "TRAIN_PG_TIMEOUT": str(args.pg_timeout),
            "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
@@ -399,7 +510,9 @@ def run_schedule(name: str, args: argparse.Namespace, tmp: Path) -> Run:
             wait_until(time.time() + args.gap)
         wait_until(max(deadline, time.time()))
         run.end = time.time()
+        run.load = statistics.mean(LOADS) if LOADS else os.getloadavg()[0]
         if name == "ftagent":
+            phases(lab.timeline(), run.faults)
             run.ledger = read_ledger(lab)
             run.ledger_at = time.time()
             with contextlib.suppress(AssertionError, ValueError, OSError,
@@ -418,8 +531,12 @@ def run_schedule(name: str, args: argparse.Namespace, tmp: Path) -> Run:
     return run
 
 
+LOADS: list[float] = []  # 1-minute load averages sampled while a run waits
+
+
 def wait_until(t: float) -> None:
     while time.time() < t:
+        LOADS.append(os.getloadavg()[0])
         time.sleep(min(0.2, t - time.time()) if t > time.time() else 0)
 
 
@@ -528,15 +645,18 @@ def overhead(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, float]
 # ---------------------------------------------------------------------- report
 
 
-def missing_columns() -> list[str]:
+NOT_WIRED: dict[str, str] = {}
+
+
+def missing_columns(names: list[str]) -> list[str]:
+    """A one-line reason for each peer that has no row."""
     out = []
-    for pkg, module, col in (("nvidia-resiliency-ext", "nvidia_resiliency_ext", "ft_launcher"),
-                             ("dlrover", "dlrover", "dlrover-run")):
-        if importlib.util.find_spec(module) is None:
-            out.append(f"{col}: not installed in this venv (pip install {pkg}; not wired into "
-                       "this benchmark yet either); column left out")
-        else:
-            out.append(f"{col}: installed but not wired into this benchmark yet; column left out")
+    for col in PEERS:
+        if col in NOT_WIRED:
+            out.append(f"{col}: {NOT_WIRED[col]}")
+        elif col not in names:
+            why = peer_missing(col)
+            out.append(f"{col}: {why or 'not asked for (--launchers)'}")
     return out
 
 
@@ -579,6 +699,16 @@ def ledger_table(rs: list[Run]) -> None:
               f"{g.get('recomputed_steps')} (outside: {lost}) |")
         for k, v in secs.items():
             cats.setdefault(k, []).append(v)
+    print("\nftagent, each fault on the arbiter's timeline (seconds from the injection; "
+          "decision -> released: the trainers' stop, a replacement agent's start, the "
+          "barrier):")
+    print("| fault | detected | decided | barrier released | training again |")
+    print("|---|---|---|---|---|")
+    for r in rs:
+        for f in r.faults:
+            print(f"| {f.kind} | " + " | ".join(
+                fmt(None if x is None else x - f.at) for x in (f.detect, f.decided,
+                                                             f.released, f.back)) + " |")
     if cats:
         print("\nftagent, where the wall time went (the ledger, mean over runs):")
         for k, vs in sorted(cats.items(), key=lambda kv: -statistics.mean(kv[1])):
@@ -604,25 +734,30 @@ def report(runs: list[Run], trials: tuple[int, int] | None,
     for kind in KINDS:
         for name, rs in by.items():
             fs = [f for r in rs for f in r.faults if f.kind == kind]
+            if not fs:
+                continue
             det = mean([f.detect - f.at for f in fs if f.detect is not None])
             back = mean([f.back - f.at for f in fs if f.back is not None])
             lost = mean([float(f.lost) for f in fs if f.back is not None])
             print(f"| {kind} | {name} | {fmt(det)} | {fmt(back)} | "
                   f"{'-' if lost is None else f'{lost:.0f}'} |")
     base = mean([r.goodput for r in by.get("torchrun", [])])
-    print("\n| launcher | goodput | vs torchrun | window |")
-    print("|---|---|---|---|")
+    print("\n| launcher | goodput | vs torchrun | median-based | window | load (1 min) |")
+    print("|---|---|---|---|---|---|")
     for name, rs in by.items():
         g = mean([r.goodput for r in rs]) or 0.0
-        ratio = f"{g / base:.2f}x" if base else "-"
+        ratio = f"{g / base:.2f}x, {100 * (g - base):+.1f} pts" if base else "-"
+        med = mean([r.goodput_median for r in rs]) or 0.0
         window = mean([r.end - r.start for r in rs]) or 0.0
-        print(f"| {name} | {100 * g:.1f} % | {ratio} | {window:.0f} s |")
+        load = mean([r.load for r in rs]) or 0.0
+        print(f"| {name} | {100 * g:.1f} % | {ratio} | {100 * med:.1f} % | {window:.0f} s | "
+              f"{load:.1f} |")
     print("(the Xid: ftagent's simulated GPU on rank 1 raises a fatal Xid "
           f"{XID}; ftagent replaces the rank and the bench starts the new pod's agent at once; "
           "every other launcher has no GPU watch, so for them it is a crash of rank 1 at the "
           "same time after the launch)")
     ledger_table(by.get("ftagent", []))
-    for col in missing_columns():
+    for col in missing_columns(list(by)):
         print(f"missing column -- {col}")
     for r in runs:
         for n in r.notes:
@@ -657,6 +792,8 @@ def main() -> int:
                     help="seconds after the launch the fatal Xid comes (0: half the window "
                     "+ 30 s, at least 200 s)")
     ap.add_argument("--pg-timeout", type=float, default=30.0, help="the trainer's own")
+    ap.add_argument("--peer-hang-timeout", type=float, default=5.0,
+                    help="ft_launcher's --ft-rank-heartbeat-timeout (seconds)")
     ap.add_argument("--step-sleep", type=float, default=0.05)
     ap.add_argument("--ckpt-every", type=int, default=20)
     ap.add_argument("--default-trials", type=int, default=3)
@@ -676,6 +813,11 @@ def main() -> int:
     print(f"logs in {tmp}")
     runs: list[Run] = []
     names = [n.strip() for n in args.launchers.split(",") if n.strip()]
+    for n in [n for n in names if n in PEERS]:
+        why = NOT_WIRED.get(n) or peer_missing(n)
+        if why:
+            print(f"{n}: left out: {why}", flush=True)
+            names.remove(n)
     for rnd in range(args.rounds):
         order = names if rnd % 2 == 0 else names[::-1]  # alternate who goes first
         for name in order:

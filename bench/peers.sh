@@ -30,5 +30,6 @@ peer() {  # peer NAME MODULE PACKAGE...
 
 status=0
 peer nvrx nvidia_resiliency_ext nvidia-resiliency-ext || { echo "nvrx: install failed"; status=1; }
-peer dlrover dlrover 'dlrover[torch]' || { echo "dlrover: install failed"; status=1; }
+# dlrover[torch] alone lacks grpcio, which dlrover-run imports (0.6.1): the k8s extra has it
+peer dlrover 'dlrover.trainer.torch.elastic_run' 'dlrover[k8s,torch]' || { echo "dlrover: install failed"; status=1; }
 exit $status
