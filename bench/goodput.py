@@ -741,10 +741,14 @@ def report(runs: list[Run], trials: tuple[int, int] | None,
             lost = mean([float(f.lost) for f in fs if f.back is not None])
             print(f"| {kind} | {name} | {fmt(det)} | {fmt(back)} | "
                   f"{'-' if lost is None else f'{lost:.0f}'} |")
-    base = mean([r.goodput for r in by.get("torchrun", [])])
+    base = mean([r.goodput for r in by.get("torchrun", []) if r.end > r.start])
     print("\n| launcher | goodput | vs torchrun | median-based | window | load (1 min) |")
     print("|---|---|---|---|---|---|")
-    for name, rs in by.items():
+    for name, all_rs in by.items():
+        rs = [r for r in all_rs if r.end > r.start]
+        if not rs:
+            print(f"| {name} | no run finished (see the notes) | | | | |")
+            continue
         g = mean([r.goodput for r in rs]) or 0.0
         ratio = f"{g / base:.2f}x, {100 * (g - base):+.1f} pts" if base else "-"
         med = mean([r.goodput_median for r in rs]) or 0.0
@@ -826,9 +830,10 @@ def main() -> int:
             print(f"round {rnd + 1}: {name} ...", flush=True)
             try:
                 runs.append(run_schedule(name, args, d))
-            except TimeoutError as e:  # say so in the table instead of losing the others
+            except (TimeoutError, RuntimeError, OSError, subprocess.SubprocessError) as e:
+                # say so in the table instead of losing the others
                 failed = Run(name)
-                failed.notes.append(f"run failed: {e} (logs in {d})")
+                failed.notes.append(f"run failed: {type(e).__name__}: {e} (logs in {d})")
                 runs.append(failed)
     trials = None
     if args.default_trials > 0:
