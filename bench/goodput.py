@@ -75,6 +75,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -368,11 +369,12 @@ def gpu_flags(timeline: Path) -> list[str]:
 def launch(lab: Lab, name: str, env: dict[str, str], args: argparse.Namespace,
            gpus: tuple[Path, Path] | None = None) -> None:
     if name == "ftagent":
+        flags = [*FTAGENT_FLAGS, *shlex.split(args.ftagent_flags)]
         if gpus is None:
-            lab.start_job(env, FTAGENT_FLAGS)
+            lab.start_job(env, flags)
         else:  # start_job with one GPU timeline per rank
             lab.env = {**FAST_ENV, **env}
-            lab.flags = list(FTAGENT_FLAGS)
+            lab.flags = flags
             for r in range(lab.world):
                 lab.start_rank(r, extra=gpu_flags(gpus[0] if r == 1 else gpus[1]))
     elif name in ("torchrun", "torchrun-default"):
@@ -796,6 +798,8 @@ def main() -> int:
                     help="seconds after the launch the fatal Xid comes (0: half the window "
                     "+ 30 s, at least 200 s)")
     ap.add_argument("--pg-timeout", type=float, default=30.0, help="the trainer's own")
+    ap.add_argument("--ftagent-flags", default="",
+                    help="more `ftagent run` flags, e.g. '--stop-timeout 2'")
     ap.add_argument("--peer-hang-timeout", type=float, default=5.0,
                     help="ft_launcher's --ft-rank-heartbeat-timeout (seconds)")
     ap.add_argument("--step-sleep", type=float, default=0.05)
