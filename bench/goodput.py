@@ -336,7 +336,10 @@ def dlrover_run(lab: Lab, args: argparse.Namespace) -> Any:
     lab.env["DLROVER_MASTER_ADDR"] = f"{lab.net.host_ip}:{port}"
 
     def cmd(r: int) -> list[str]:
-        return ["env", f"NODE_RANK={r}", str(peer_exe("dlrover-run")), "--nnodes",
+        # NODE_ID and NODE_NUM as DLRover's operator sets them on each pod (without a
+        # NODE_ID every node is node 0, and the network check never completes)
+        return ["env", f"NODE_RANK={r}", f"NODE_ID={r}", f"NODE_NUM={lab.world}",
+                str(peer_exe("dlrover-run")), "--nnodes",
                 str(lab.world), "--nproc_per_node", "1", "--node_rank", str(r),
                 "--max-restarts", "5", "--network-check"]
     return cmd
