@@ -30,6 +30,7 @@ peer() {  # peer NAME MODULE PACKAGE...
 
 status=0
 peer nvrx nvidia_resiliency_ext nvidia-resiliency-ext || { echo "nvrx: install failed"; status=1; }
-# dlrover[torch] alone lacks grpcio, which dlrover-run imports (0.6.1): the k8s extra has it
-peer dlrover 'dlrover.trainer.torch.elastic_run' 'dlrover[k8s,torch]' || { echo "dlrover: install failed"; status=1; }
+# dlrover[torch] alone lacks grpcio, which dlrover-run imports (0.6.1): the k8s extra has it;
+# its job master (bench/goodput.py starts one) also reads protobuf's package metadata
+peer dlrover 'dlrover.trainer.torch.elastic_run' 'dlrover[k8s,torch]' protobuf || { echo "dlrover: install failed"; status=1; }
 exit $status
