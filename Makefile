@@ -9,7 +9,7 @@ PROTO   := proto/ftagent/v1/ftagent.proto
 # one version source: ftagent/__init__.py
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' ftagent/__init__.py)
 
-.PHONY: all venv deps demo test lint typecheck unit integration e2e proto proto-check bench gpu-check bundle image image-test docker-image dist clean drills goodput
+.PHONY: all venv deps demo test lint typecheck unit integration e2e proto proto-check bench gpu-check bundle image image-test docker-image dist clean drills goodput bench-peers
 
 all: test
 
@@ -103,6 +103,11 @@ drills: venv deps
 # Goodput and overhead of ftagent vs torchrun on the lab (root; ~30 min; not in CI).
 goodput: venv deps
 	$(BIN)/python bench/goodput.py --minutes 10
+
+# The goodput bench's peers (ft_launcher, dlrover-run) in their own venvs under
+# .bench-venvs/, so .venv's torch is untouched; then: --launchers ft_launcher,dlrover-run
+bench-peers:
+	bash bench/peers.sh
 
 bench: venv
 	$(BIN)/python bench/passthrough.py

@@ -3,13 +3,22 @@
 The job: examples/train.py, PyTorch DDP over gloo on CPU, 2 ranks on 2 simulated nodes
 (tests/lab: network namespaces on a bridge, gloo on each node's own eth0), checkpoints
 every ``--ckpt-every`` steps (every launcher resumes from the last one: the trainer does
-it, not the launcher). The schedule, the same for every launcher: after ``--warmup``
-seconds of training, rank 1 crashes; once training is back (and ``--gap`` seconds later)
-rank 1 hangs before an all-reduce; once back again, rank 1's link loses its carrier for
-``--outage`` seconds; the run ends ``--minutes`` after training first started (or when the
-last fault is recovered plus ``--gap``, if that is later). Faults are trigger files the
-trainer reads at its next step (FAULT_TRIGGER_DIR), so they land at the same point of the
-job under every launcher.
+it, not the launcher). The schedule (``--faults``), the same for every launcher: after
+``--warmup`` seconds of training, rank 1 crashes; once training is back (and ``--gap``
+seconds later) rank 1 hangs before an all-reduce; once back again, rank 1's link loses its
+carrier for ``--outage`` seconds; then, ``--xid-at`` seconds after the launch, rank 1's GPU
+raises a fatal Xid (79, fallen off the bus); the run ends ``--minutes`` after training
+first started (or when the last fault is recovered plus ``--gap``, if that is later).
+Faults are trigger files the trainer reads at its next step (FAULT_TRIGGER_DIR), so they
+land at the same point of the job under every launcher.
+
+**The Xid**: ftagent watches a simulated GPU (``--gpu-backend simulated:FILE``, a timeline
+whose Xid comes ``--xid-at`` seconds after the agent's start); the arbiter replaces rank 1
+(its agent exits with the replace status, as its pod would be deleted) and the bench plays
+Kubernetes: it starts the new pod's agent at once, on a healthy GPU (a real cluster adds
+scheduling and container start). The other launchers watch no GPU: for them the Xid is a
+crash of rank 1 at the same time after the launch (on a real GPU their restart would land
+on the same broken GPU; here it trains again).
 
 Launchers (one lab each, alternated over ``--rounds``):
 
@@ -19,15 +28,28 @@ Launchers (one lab each, alternated over ``--rounds``):
   (c10d rendezvous on node 0), ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (its best
   chance: without it restarts fail, see below) and the trainer's own process-group timeout
   ``--pg-timeout`` (30 s): torchrun notices a hang only when gloo's timeout kills a rank.
-* **nvidia-resiliency-ext ft_launcher / dlrover-run**: run only if importable here; the
-  output says why a column is missing.
+* **ft_launcher** (nvidia-resiliency-ext) and **dlrover-run** (DLRover), each from its own
+  virtualenv under ``.bench-venvs/`` (``bash bench/peers.sh``; ``BENCH_VENVS`` to move
+  it), so the project's torch is untouched. ft_launcher: torchrun's flags plus its rank
+  monitors' ``--ft-rank-heartbeat-timeout`` (``--peer-hang-timeout``, 5 s) with the
+  trainer sending a heartbeat per step (its documented integration,
+  TRAIN_NVRX_HEARTBEAT=1). dlrover-run: ``--max-restarts 5 --network-check`` with a
+  DLRover job master (``--platform local``, hang detection with fault tolerance, its
+  shortest downtime: 1 minute) on the control network, as the arbiter is. A peer whose
+  venv is missing is left out with a one-line reason.
 
 Per fault class: **detect** = injection -> the launcher's first sign (ftagent: the fault
-on the arbiter's timeline; torchrun: its agent's first log line about the failure),
+on the arbiter's timeline; others: their agent's first log line about the failure),
 **training again** = injection -> the first step line of the attempt that follows (or, when
-nothing restarts, the first step after the outage), **lost steps** = the last step before
-the fault minus the step resumed from. **Goodput** = steps kept x the median healthy step
-time / the run's training window. Ratios are against torchrun in the same run.
+nothing restarts, the first step after the outage), **lost steps** = the furthest step
+before the restart minus the step resumed from. **Goodput** = the time the kept steps took
+(each step number's last run, each step's own duration as the trainer timed it, less any
+part of it inside the link's outage) / the run's training window (rank 0's first step to
+the end); "median-based" (steps kept x the median healthy step) is printed beside it: it
+also counts every step slower than the median as lost, which on a shared machine is load,
+not a fault. For ftagent the **ledger** (``ftagent status JOB --json``, its goodput block,
+read at the window's end) is printed beside it: productive / (wall - startup) is the same
+window (the ledger's wall starts at the first registration).
 
 Also: the **default torchrun restart failure rate** (``--default-trials`` restarts
 without TORCH_DISABLE_SHARE_RDZV_TCP_STORE, each a crash after a few steps: a restart that
@@ -36,20 +58,26 @@ does not train again within 60 s fails), and **overhead** on a healthy job of
 verification, Prometheus scraping the agents every second) vs the bare trainer, and the
 launcher's own CPU and PSS (ftagent agent vs torchrun agent).
 
-Needs root (network namespaces). Not run in CI.
+Needs root (network namespaces). Not run in CI. Do not edit examples/train.py while it
+runs: ftagent's warm standby then (rightly) starts the next attempt cold.
 
-    sudo .venv/bin/python bench/goodput.py --minutes 10
-    sudo .venv/bin/python bench/goodput.py --minutes 2 --rounds 1 --default-trials 2
+    sudo .venv/bin/python bench/goodput.py --minutes 10 --default-trials 0 --no-overhead
+    bash bench/peers.sh && sudo .venv/bin/python bench/goodput.py --minutes 10 \
+        --launchers ftagent,torchrun,ft_launcher,dlrover-run --default-trials 0 --no-overhead
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import contextlib
+import dataclasses
+import json
 import os
 import platform
 import re
+import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -63,7 +91,7 @@ sys.path.insert(0, str(ROOT))
 import psutil  # noqa: E402
 
 from tests.lab import FAST_ENV, Lab  # noqa: E402
-from tests.lab.lab import MASTER_PORT, PY  # noqa: E402
+from tests.lab.lab import MASTER_PORT, PY, _free_port  # noqa: E402
 from tests.netns import netns_unavailable  # noqa: E402
 
 STEP = re.compile(r"^(\d+\.\d+) \[rank(\d)\] step=(\d+)/\d+ loss=\S+ samples_per_second=(\S+)")
@@ -81,6 +109,8 @@ class Fault:
     back: float | None = None
     resumed: int | None = None
     end: float | None = None  # outage: when the link came back
+    decided: float | None = None  # ftagent: the arbiter's restart/replace decision
+    released: float | None = None  # ftagent: the new generation's barrier released
 
     @property
     def lost(self) -> int:
@@ -95,10 +125,22 @@ class Run:
     end: float = 0.0
     kept: int = 0
     step_seconds: float = 0.0
+    kept_seconds: float = 0.0  # time the kept steps took, fault windows cut out
     notes: list[str] = field(default_factory=list)
+    ledger: dict[str, Any] | None = None  # ftagent: the arbiter's goodput block at the end
+    ledger_at: float = 0.0
+    load: float = 0.0  # the machine's mean 1-minute load average over the window
 
     @property
     def goodput(self) -> float:
+        """The share of the window that became kept training (time-based, as the ledger)."""
+        window = self.end - self.start
+        return self.kept_seconds / window if window > 0 else 0.0
+
+    @property
+    def goodput_median(self) -> float:
+        """Steps kept x the median healthy step / the window: also counts every step slower
+        than the median as lost (on a shared machine, load: not a fault's cost)."""
         window = self.end - self.start
         return self.kept * self.step_seconds / window if window > 0 else 0.0
 
@@ -119,6 +161,30 @@ def steps(lab: Lab, r: int = 0) -> list[tuple[float, int, float]]:
             sps = float(m.group(4))
             out.append((float(m.group(1)), int(m.group(3)), BATCH / sps if sps > 0 else 0.0))
     return out
+
+
+def kept_seconds(all_steps: list[tuple[float, int, float]],
+                 windows: list[tuple[float, float]]) -> float:
+    """Seconds of kept training in rank 0's step lines: each step number's last run (a
+    step run again after a restart replaces the first run, which was lost), from the
+    second step line on (the window starts at the first), each step's own duration
+    ``[arrival - seconds, arrival]`` less what falls in a fault window (injection ->
+    training again: a step that spans an outage or a hang is not progress for that
+    time)."""
+    last: dict[int, tuple[float, float]] = {}
+    for t, s, dt in all_steps:
+        last[s] = (t, dt)
+    if not all_steps:
+        return 0.0
+    first = all_steps[0][1]
+    total = 0.0
+    for s, (t, dt) in last.items():
+        if s <= first or s > all_steps[-1][1]:
+            continue
+        lo = t - dt
+        cut = sum(max(0.0, min(t, b) - max(lo, a)) for a, b in windows)
+        total += max(0.0, dt - cut)
+    return total
 
 
 def last_step(lab: Lab) -> int:
@@ -150,6 +216,9 @@ def training_again(lab: Lab, f: Fault) -> bool:
         after = [(t, s) for t, s, _ in all_steps if t > started[-1][0] and s > started[-1][1]]
         if after:
             f.back, f.resumed = after[0][0], started[-1][1]
+            # the furthest step reached before the restart (the lines of a stamped run
+            # can arrive after the injection: output is batched)
+            f.before = max([s for t, s, _ in all_steps if t < started[-1][0]] or [f.before])
             return True
         return False
     dts = sorted(dt for _, _, dt in all_steps[-200:] if dt > 0)
@@ -165,7 +234,7 @@ def training_again(lab: Lab, f: Fault) -> bool:
 
 
 def ftagent_detect(lab: Lab, f: Fault) -> float | None:
-    words = {"crash": "crash ", "hang": "hang ", "nic": "nic ("}[f.kind]
+    words = {"crash": "crash ", "hang": "hang ", "nic": "nic (", "xid": "gpu ("}[f.kind]
     ts = [float(e["ts"]) for e in lab.timeline() if e["kind"] == "fault"
           and str(e["message"]).startswith(words) and float(e["ts"]) >= f.at]
     return min(ts) if ts else None
@@ -211,18 +280,119 @@ def torchrun(lab: Lab, max_restarts: int = 5) -> Any:
     return cmd
 
 
+VENVS = Path(os.environ.get("BENCH_VENVS", ROOT / ".bench-venvs"))
+# launcher -> (its venv under VENVS, its executable, the module it imports, the package)
+PEERS = {"ft_launcher": ("nvrx", "ft_launcher", "nvidia_resiliency_ext",
+                         "nvidia-resiliency-ext"),
+         "dlrover-run": ("dlrover", "dlrover-run", "dlrover", "dlrover[torch]")}
+
+
+def peer_exe(name: str) -> Path:
+    venv, exe, _, _ = PEERS[name]
+    return VENVS / venv / "bin" / exe
+
+
+def peer_missing(name: str) -> str:
+    """Why peer ``name`` cannot run here ('' if it can)."""
+    venv, _, module, pkg = PEERS[name]
+    py = VENVS / venv / "bin" / "python"
+    if not py.exists() or not peer_exe(name).exists():
+        return f"no venv at {VENVS / venv} (bash bench/peers.sh installs {pkg})"
+    r = subprocess.run([str(py), "-c", f"import {module}"], capture_output=True, text=True,
+                       timeout=120)
+    if r.returncode != 0:
+        return f"{module} does not import in {VENVS / venv}: {r.stderr.strip()[-200:]}"
+    return ""
+
+
+def ft_launcher(lab: Lab, args: argparse.Namespace) -> Any:
+    """nvidia-resiliency-ext's ft_launcher: torchrun's flags (c10d on node 0, as above)
+    plus its rank monitors' heartbeat timeouts (hang detection: the trainer sends a
+    heartbeat per step, TRAIN_NVRX_HEARTBEAT=1, its documented integration); the first
+    heartbeat may take the cold start."""
+    base = torchrun(lab)
+
+    def cmd(r: int) -> list[str]:
+        return [str(peer_exe("ft_launcher")), *base(r)[3:],
+                "--ft-initial-rank-heartbeat-timeout", "120",
+                "--ft-rank-heartbeat-timeout", str(args.peer_hang_timeout)]
+    return cmd
+
+
+def dlrover_run(lab: Lab, args: argparse.Namespace) -> Any:
+    """DLRover's dlrover-run on each node, with the job master it needs beside it (on
+    Kubernetes the ElasticJob operator starts one; here ``dlrover.python.master.main
+    --platform local`` on the control network, as the arbiter is): ``--max-restarts``,
+    ``--network-check`` (a check of every node before training resumes), and the master's
+    hang detection with fault tolerance (``--hang_detection 2``; ``--hang_downtime`` is
+    in whole minutes, 1 at least)."""
+    venv = VENVS / PEERS["dlrover-run"][0]
+    port = _free_port(lab.net.host_ip)
+    lab.others.append(lab._spawn(
+        [str(venv / "bin" / "python"), "-m", "dlrover.python.master.main", "--port",
+         str(port), "--node_num", str(lab.world), "--job_name", lab.job, "--platform",
+         "local", "--hang_detection", "2", "--hang_downtime", "1"],
+        lab.tmp / "dlrover-master.log", {"PYTHONUNBUFFERED": "1"}))
+    lab.env["DLROVER_MASTER_ADDR"] = f"{lab.net.host_ip}:{port}"
+
+    def cmd(r: int) -> list[str]:
+        # NODE_ID and NODE_NUM as DLRover's operator sets them on each pod (without a
+        # NODE_ID every node is node 0, and the network check never completes)
+        return ["env", f"NODE_RANK={r}", f"NODE_ID={r}", f"NODE_NUM={lab.world}",
+                str(peer_exe("dlrover-run")), "--nnodes",
+                str(lab.world), "--nproc_per_node", "1", "--node_rank", str(r),
+                "--max-restarts", "5", "--network-check"]
+    return cmd
+
+
 def bare(lab: Lab) -> Any:
     return lambda r: [PY]
 
 
-def launch(lab: Lab, name: str, env: dict[str, str], args: argparse.Namespace) -> None:
-    flags = ["--hang-timeout-min", "2", "--nic-grace", "2", "--max-restarts", "10"]
+FTAGENT_FLAGS = ["--hang-timeout-min", "2", "--nic-grace", "2", "--max-restarts", "10"]
+XID = 79  # "GPU has fallen off the bus": fatal, the node must go (detect/gpu.py's table)
+
+
+def gpu_timeline(tmp: Path, xid_at: float | None) -> tuple[Path, Path]:
+    """(rank 1's first timeline, a clean one): ``--gpu-backend simulated:FILE`` files. The
+    simulated GPU of rank 1 raises Xid ``XID`` ``xid_at`` seconds after its agent's
+    ``nvmlInit`` (the agent's start); the replacement rank 1 and rank 0 get healthy GPUs."""
+    clean = tmp / "gpus-clean.txt"
+    clean.write_text("gpus 1\n")
+    fatal = tmp / "gpus-rank1.txt"
+    fatal.write_text("gpus 1\n" + ("" if xid_at is None else
+                                   f"t={xid_at:.1f}s rank=1 gpu=0 xid={XID}\n"))
+    return fatal, clean
+
+
+def gpu_flags(timeline: Path) -> list[str]:
+    return ["--gpu-backend", f"simulated:{timeline}"]
+
+
+def launch(lab: Lab, name: str, env: dict[str, str], args: argparse.Namespace,
+           gpus: tuple[Path, Path] | None = None) -> None:
     if name == "ftagent":
-        lab.start_job(env, flags)
+        flags = [*FTAGENT_FLAGS, *shlex.split(args.ftagent_flags)]
+        if gpus is None:
+            lab.start_job(env, flags)
+        else:  # start_job with one GPU timeline per rank
+            lab.env = {**FAST_ENV, **env}
+            lab.flags = flags
+            for r in range(lab.world):
+                lab.start_rank(r, extra=gpu_flags(gpus[0] if r == 1 else gpus[1]))
     elif name in ("torchrun", "torchrun-default"):
         lab.env = {**FAST_ENV, **env}  # the trainer's knobs exactly as ftagent's run has them
         for r in range(lab.world):
             lab.start_rank(r, launcher=torchrun(lab))
+    elif name == "ft_launcher":
+        lab.env = {**FAST_ENV, **env, "TRAIN_NVRX_HEARTBEAT": "1"}
+        for r in range(lab.world):
+            lab.start_rank(r, launcher=ft_launcher(lab, args))
+    elif name == "dlrover-run":
+        lab.env = {**FAST_ENV, **env}
+        launcher = dlrover_run(lab, args)
+        for r in range(lab.world):
+            lab.start_rank(r, launcher=launcher)
     elif name == "bare":
         lab.env = {**FAST_ENV, **env}
         for r in range(lab.world):
@@ -234,55 +404,144 @@ def launch(lab: Lab, name: str, env: dict[str, str], args: argparse.Namespace) -
 # ---------------------------------------------------------------------- one scheduled run
 
 
+KINDS = ("crash", "hang", "nic", "xid")
+
+
+def xid_seen(lab: Lab) -> float | None:
+    """When rank 1's agent saw the simulated Xid (its events file), if it did."""
+    ts = [float(e["ts"]) for e in lab.events(1) if e.get("event") == "fault"
+          and e.get("kind") == "gpu"]
+    return min(ts) if ts else None
+
+
+def phases(timeline: list[dict[str, Any]], faults: list[Fault]) -> None:
+    """Fill each fault's ``decided`` (the arbiter's restart or replace after it) and
+    ``released`` (the next barrier released after that) from the arbiter's timeline."""
+    for f in faults:
+        ds = [float(e["ts"]) for e in timeline if e.get("kind") == "decision"
+              and e.get("action") in ("restart", "replace") and float(e["ts"]) >= f.at]
+        if ds:
+            f.decided = min(ds)
+            rs = [float(e["ts"]) for e in timeline if e.get("kind") == "barrier"
+                  and float(e["ts"]) >= f.decided]
+            f.released = min(rs) if rs else None
+
+
+def read_ledger(lab: Lab) -> dict[str, Any] | None:
+    """The arbiter's goodput block (``ftagent status JOB --json``), or None."""
+    try:
+        g = lab.status().get("goodput")
+    except (AssertionError, ValueError, OSError) as e:
+        return {"error": str(e)[:200]}
+    return dict(g) if isinstance(g, dict) else None
+
+
 def run_schedule(name: str, args: argparse.Namespace, tmp: Path) -> Run:
     run = Run(name)
+    LOADS.clear()
     env = {"TRAIN_STEPS": "100000000", "CHECKPOINT_EVERY": str(args.ckpt_every),
            "TRAIN_STEP_SLEEP": str(args.step_sleep), "TRAIN_PG_TIMEOUT": str(args.pg_timeout),
            "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     arbiter_args = ["--max-restarts", "10", "--nic-replace-after", "600"]
+    kinds = [k for k in KINDS if k in args.faults.split(",")]
+    xid_at = args.xid_at if args.xid_at > 0 else max(200.0, args.minutes * 30 + 30)
+    gpus = gpu_timeline(tmp, xid_at if "xid" in kinds else None)
     with Lab(tmp, 2, job="goodput", arbiter=name == "ftagent", arbiter_args=arbiter_args,
              stamp=True) as lab:
-        launch(lab, name, env, args)
+        launched = time.time()
+        launch(lab, name, env, args, gpus)
         wait(lambda: steps(lab, 0) and steps(lab, 1), 180, f"{name}: first steps")
         run.start = steps(lab, 0)[0][0]
         deadline = run.start + args.minutes * 60
         wait_until(run.start + args.warmup)
-        for kind in ("crash", "hang", "nic"):
+        replaced: list[int | None] = []
+
+        def replace_rank1() -> None:
+            """The bench plays Kubernetes after a fatal Xid: rank 1's agent exits with the
+            replace status (its pod goes), and a new pod's agent starts at once on a
+            healthy GPU (a real cluster adds scheduling and container start)."""
+            if name == "ftagent" and not replaced and lab.agents[1].poll() is not None:
+                replaced.append(lab.agents[1].returncode)
+                lab.start_rank(1, extra=gpu_flags(gpus[1]))
+
+        for kind in kinds:
+            if kind == "xid":
+                if time.time() > launched + xid_at:
+                    run.notes.append(f"the Xid came {time.time() - launched - xid_at:.0f} s "
+                                     "before the previous fault was over: raise --xid-at")
+                wait_until(launched + xid_at)
             f = Fault(kind, time.time(), last_step(lab))
             if kind == "nic":
                 lab.link_down(1)
                 time.sleep(args.outage)
                 lab.link_up(1)
                 f.end = time.time()
-            else:
+            elif kind == "xid" and name != "ftagent":
+                lab.trigger("crash", 1)  # no GPU watch: a fatal Xid is a crash of the rank
+            elif kind != "xid":  # ftagent's simulated GPU raises the Xid by itself
                 lab.trigger(kind, 1)
             run.faults.append(f)
+
+            def back(f: Fault = f) -> bool:
+                replace_rank1()
+                return training_again(lab, f)
             try:
-                wait(lambda f=f: training_again(lab, f), args.pg_timeout * 3 + 120,
-                     f"{name}: training again after the {kind}")
+                wait(back, args.pg_timeout * 3 + 120, f"{name}: training again after the {kind}")
                 # a restart may still follow steps that resumed by themselves (ftagent
                 # restarts every rank once a link is back, gloo's pairs recovered or not):
-                # training is "again" only after the last disruption
-                time.sleep(SETTLE)
-                f.back = f.resumed = None
-                wait(lambda f=f: training_again(lab, f), 120, f"{name}: settled")
+                # training is "again" only after the last disruption, once steps have
+                # gone on for SETTLE seconds with the same answer
+                settle_by = time.monotonic() + 180
+                while True:
+                    seen, at = f.back, last_step(lab)
+                    time.sleep(SETTLE)
+                    f.back = f.resumed = None
+                    wait(back, 120, f"{name}: settled")
+                    if f.back == seen and last_step(lab) > at:
+                        break
+                    if time.monotonic() > settle_by:
+                        raise TimeoutError(f"{name}: training did not settle after the {kind}")
             except TimeoutError as e:
                 run.notes.append(str(e))
                 break
+            if kind == "xid" and name == "ftagent":
+                seen = xid_seen(lab)
+                if seen is not None:  # the Xid's onset: when the simulated GPU raised it
+                    f.at = seen
+                run.notes.append(f"xid: rank 1's agent exited with status {replaced}; the "
+                                 "bench started its replacement at once" if replaced else
+                                 "xid: rank 1's agent did not exit (no replacement)")
             f.detect = (ftagent_detect if name == "ftagent" else launcher_detect)(lab, f)
             wait_until(time.time() + args.gap)
         wait_until(max(deadline, time.time()))
         run.end = time.time()
+        run.load = statistics.mean(LOADS) if LOADS else os.getloadavg()[0]
+        if name == "ftagent":
+            phases(lab.timeline(), run.faults)
+            run.ledger = read_ledger(lab)
+            run.ledger_at = time.time()
+            with contextlib.suppress(AssertionError, ValueError, OSError,
+                                     subprocess.TimeoutExpired):
+                (tmp / "status.json").write_text(json.dumps(lab.status(), indent=1))
         all_steps = steps(lab, 0)
         run.kept = all_steps[-1][1] - all_steps[0][1] if all_steps else 0
         healthy = [dt for t, _, dt in all_steps if dt > 0 and not any(
             f.at - 1 <= t <= (f.back or run.end) + 1 for f in run.faults)]
         run.step_seconds = statistics.median(healthy) if healthy else 0.0
+        # a kept step that spans the link's outage made no progress meanwhile; other
+        # faults leave no kept step behind them (the step in flight is redone)
+        run.kept_seconds = kept_seconds(all_steps, [(f.at, f.end) for f in run.faults
+                                                    if f.end is not None])
+    (tmp / "run.json").write_text(json.dumps(dataclasses.asdict(run), indent=1))
     return run
+
+
+LOADS: list[float] = []  # 1-minute load averages sampled while a run waits
 
 
 def wait_until(t: float) -> None:
     while time.time() < t:
+        LOADS.append(os.getloadavg()[0])
         time.sleep(min(0.2, t - time.time()) if t > time.time() else 0)
 
 
@@ -391,20 +650,74 @@ def overhead(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, float]
 # ---------------------------------------------------------------------- report
 
 
-def missing_columns() -> list[str]:
+NOT_WIRED: dict[str, str] = {}
+
+
+def missing_columns(names: list[str]) -> list[str]:
+    """A one-line reason for each peer that has no row."""
     out = []
-    for pkg, module, col in (("nvidia-resiliency-ext", "nvidia_resiliency_ext", "ft_launcher"),
-                             ("dlrover", "dlrover", "dlrover-run")):
-        if importlib.util.find_spec(module) is None:
-            out.append(f"{col}: not installed in this venv (pip install {pkg}; not wired into "
-                       "this benchmark yet either); column left out")
-        else:
-            out.append(f"{col}: installed but not wired into this benchmark yet; column left out")
+    for col in PEERS:
+        if col in NOT_WIRED:
+            out.append(f"{col}: {NOT_WIRED[col]}")
+        elif col not in names:
+            why = peer_missing(col)
+            out.append(f"{col}: {why or 'not asked for (--launchers)'}")
     return out
 
 
 def fmt(x: float | None, unit: str = "s") -> str:
     return "-" if x is None else f"{x:.1f} {unit}".strip()
+
+
+def ledger_row(r: Run) -> tuple[float, float, dict[str, float]] | None:
+    """(ledger ETTR over the whole wall, ledger ETTR over the outside window, seconds)."""
+    g = r.ledger
+    if not g or "error" in g:
+        return None
+    secs = {k: float(v) for k, v in dict(g.get("seconds") or {}).items()}
+    wall = float(g.get("wall_seconds") or 0.0)
+    # the outside window starts at rank 0's first step: the ledger's startup is before it
+    window = wall - secs.get("startup", 0.0)
+    prod = secs.get("productive", 0.0)
+    return (prod / wall if wall > 0 else 0.0, prod / window if window > 0 else 0.0, secs)
+
+
+def ledger_table(rs: list[Run]) -> None:
+    """ftagent's own ledger beside the outside measurement, and where the seconds went."""
+    if not rs:
+        return
+    print("\n| ftagent run | outside | ledger (training window) | difference | ledger ETTR "
+          "(from registration) | ledger: wall / productive / recomputed steps |")
+    print("|---|---|---|---|---|---|")
+    cats: dict[str, list[float]] = {}
+    for i, r in enumerate(rs):
+        row = ledger_row(r)
+        if row is None:
+            print(f"| {i + 1} | {100 * r.goodput:.1f} % | ledger missing: {r.ledger} | | | |")
+            continue
+        whole, window, secs = row
+        g = r.ledger or {}
+        lost = sum(f.lost for f in r.faults)
+        print(f"| {i + 1} | {100 * r.goodput:.1f} % | {100 * window:.1f} % | "
+              f"{100 * (window - r.goodput):+.1f} pts | {100 * whole:.1f} % | "
+              f"{float(g.get('wall_seconds') or 0):.1f} s / {secs.get('productive', 0):.1f} s / "
+              f"{g.get('recomputed_steps')} (outside: {lost}) |")
+        for k, v in secs.items():
+            cats.setdefault(k, []).append(v)
+    print("\nftagent, each fault on the arbiter's timeline (seconds from the injection; "
+          "decision -> released: the trainers' stop, a replacement agent's start, the "
+          "barrier):")
+    print("| fault | detected | decided | barrier released | training again |")
+    print("|---|---|---|---|---|")
+    for r in rs:
+        for f in r.faults:
+            print(f"| {f.kind} | " + " | ".join(
+                fmt(None if x is None else x - f.at) for x in (f.detect, f.decided,
+                                                             f.released, f.back)) + " |")
+    if cats:
+        print("\nftagent, where the wall time went (the ledger, mean over runs):")
+        for k, vs in sorted(cats.items(), key=lambda kv: -statistics.mean(kv[1])):
+            print(f"  {k:<14} {statistics.mean(vs):8.1f} s")
 
 
 def report(runs: list[Run], trials: tuple[int, int] | None,
@@ -423,23 +736,37 @@ def report(runs: list[Run], trials: tuple[int, int] | None,
 
     print("\n| fault | launcher | detect | training again | lost steps |")
     print("|---|---|---|---|---|")
-    for kind in ("crash", "hang", "nic"):
+    for kind in KINDS:
         for name, rs in by.items():
             fs = [f for r in rs for f in r.faults if f.kind == kind]
+            if not fs:
+                continue
             det = mean([f.detect - f.at for f in fs if f.detect is not None])
             back = mean([f.back - f.at for f in fs if f.back is not None])
             lost = mean([float(f.lost) for f in fs if f.back is not None])
             print(f"| {kind} | {name} | {fmt(det)} | {fmt(back)} | "
                   f"{'-' if lost is None else f'{lost:.0f}'} |")
-    base = mean([r.goodput for r in by.get("torchrun", [])])
-    print("\n| launcher | goodput | vs torchrun | window |")
-    print("|---|---|---|---|")
-    for name, rs in by.items():
+    base = mean([r.goodput for r in by.get("torchrun", []) if r.end > r.start])
+    print("\n| launcher | goodput | vs torchrun | median-based | window | load (1 min) |")
+    print("|---|---|---|---|---|---|")
+    for name, all_rs in by.items():
+        rs = [r for r in all_rs if r.end > r.start]
+        if not rs:
+            print(f"| {name} | no run finished (see the notes) | | | | |")
+            continue
         g = mean([r.goodput for r in rs]) or 0.0
-        ratio = f"{g / base:.2f}x" if base else "-"
+        ratio = f"{g / base:.2f}x, {100 * (g - base):+.1f} pts" if base else "-"
+        med = mean([r.goodput_median for r in rs]) or 0.0
         window = mean([r.end - r.start for r in rs]) or 0.0
-        print(f"| {name} | {100 * g:.1f} % | {ratio} | {window:.0f} s |")
-    for col in missing_columns():
+        load = mean([r.load for r in rs]) or 0.0
+        print(f"| {name} | {100 * g:.1f} % | {ratio} | {100 * med:.1f} % | {window:.0f} s | "
+              f"{load:.1f} |")
+    print("(the Xid: ftagent's simulated GPU on rank 1 raises a fatal Xid "
+          f"{XID}; ftagent replaces the rank and the bench starts the new pod's agent at once; "
+          "every other launcher has no GPU watch, so for them it is a crash of rank 1 at the "
+          "same time after the launch)")
+    ledger_table(by.get("ftagent", []))
+    for col in missing_columns(list(by)):
         print(f"missing column -- {col}")
     for r in runs:
         for n in r.notes:
@@ -469,7 +796,15 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=20.0, help="seconds before the first fault")
     ap.add_argument("--gap", type=float, default=10.0, help="healthy seconds between faults")
     ap.add_argument("--outage", type=float, default=10.0, help="seconds the link is down")
+    ap.add_argument("--faults", default=",".join(KINDS), help="the schedule, in this order")
+    ap.add_argument("--xid-at", type=float, default=0.0,
+                    help="seconds after the launch the fatal Xid comes (0: half the window "
+                    "+ 30 s, at least 200 s)")
     ap.add_argument("--pg-timeout", type=float, default=30.0, help="the trainer's own")
+    ap.add_argument("--ftagent-flags", default="",
+                    help="more `ftagent run` flags, e.g. '--stop-timeout 2'")
+    ap.add_argument("--peer-hang-timeout", type=float, default=5.0,
+                    help="ft_launcher's --ft-rank-heartbeat-timeout (seconds)")
     ap.add_argument("--step-sleep", type=float, default=0.05)
     ap.add_argument("--ckpt-every", type=int, default=20)
     ap.add_argument("--default-trials", type=int, default=3)
@@ -489,6 +824,11 @@ def main() -> int:
     print(f"logs in {tmp}")
     runs: list[Run] = []
     names = [n.strip() for n in args.launchers.split(",") if n.strip()]
+    for n in [n for n in names if n in PEERS]:
+        why = NOT_WIRED.get(n) or peer_missing(n)
+        if why:
+            print(f"{n}: left out: {why}", flush=True)
+            names.remove(n)
     for rnd in range(args.rounds):
         order = names if rnd % 2 == 0 else names[::-1]  # alternate who goes first
         for name in order:
@@ -497,9 +837,10 @@ def main() -> int:
             print(f"round {rnd + 1}: {name} ...", flush=True)
             try:
                 runs.append(run_schedule(name, args, d))
-            except TimeoutError as e:  # say so in the table instead of losing the others
+            except (TimeoutError, RuntimeError, OSError, subprocess.SubprocessError) as e:
+                # say so in the table instead of losing the others
                 failed = Run(name)
-                failed.notes.append(f"run failed: {e} (logs in {d})")
+                failed.notes.append(f"run failed: {type(e).__name__}: {e} (logs in {d})")
                 runs.append(failed)
     trials = None
     if args.default_trials > 0:

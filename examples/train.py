@@ -10,6 +10,9 @@ Knobs (all optional):
   TRAIN_PG_TIMEOUT=120       process-group timeout (gloo raises after it)
   TRAIN_LOG_FORMAT=generic   generic | megatron (progress line style)
   TRAIN_SDK=0                1: also report steps/phases/collectives through ftagent's SDK
+  TRAIN_NVRX_HEARTBEAT=0     1: a heartbeat per step to nvidia-resiliency-ext's rank monitor
+                             (its RankMonitorClient, under its ft_launcher: its hang
+                             detection needs one; bench/goodput.py's ft_launcher peer)
   INSTRUMENT=0               1: ftagent.torch.instrument(model, optimizer, data loader):
                              collective busbw, DDP buckets, forward/backward/optimizer/data
   TRAIN_SEQ_LEN=0            N > 0: tokens per sample; progress lines also carry tokens/s
@@ -93,6 +96,7 @@ FAULTY = env_int("FAULT_RANK", 0) == RANK and (
     env_int("FAULT_ATTEMPT", 0) == ATTEMPT or os.environ.get("FAULT_EVERY_ATTEMPT") == "1")
 FMT = os.environ.get("TRAIN_LOG_FORMAT", "generic")
 USE_SDK = os.environ.get("TRAIN_SDK", "0") == "1"
+NVRX_HEARTBEAT = os.environ.get("TRAIN_NVRX_HEARTBEAT", "0") == "1"
 TIMING = os.environ.get("TRAIN_TIMING", "0") == "1"
 
 
@@ -415,6 +419,14 @@ def main() -> int:
         ftagent.torch.instrument(model=model, optimizer=opt, dataloader=loader)
         batches = _cycle(loader)
     log(f"started: world={WORLD} attempt={ATTEMPT} steps={steps} from_step={start}")
+    heartbeat: Any = None
+    if NVRX_HEARTBEAT:
+        from nvidia_resiliency_ext.fault_tolerance import (
+            RankMonitorClient,
+        )
+
+        heartbeat = RankMonitorClient()
+        heartbeat.init_workload_monitoring()
 
     trig = Triggers(os.environ.get("FAULT_TRIGGER_DIR", ""))
     last = time.monotonic()
@@ -460,6 +472,8 @@ def main() -> int:
                 + (f" tokens_per_second={batch * seq_len / dt:.1f}" if seq_len > 0 else ""))
         if sdk is not None:
             sdk.step(step, loss=value, samples=batch)
+        if heartbeat is not None:
+            heartbeat.send_heartbeat()
         if eval_every and step % eval_every == 0 and step < steps and eval_rank in (-1, RANK):
             evaluate(model, step, eval_seconds)
             last = time.monotonic()

@@ -1,0 +1,104 @@
+"""bench/goodput.py's measurement from the outside: pure functions over stamped log lines,
+the arbiter's ledger block and its timeline (the bench itself needs root and runs for
+minutes; these pin what it computes)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+import goodput as gb  # noqa: E402
+
+
+def step(t: float, rank: int, n: int, seconds: float) -> str:
+    return (f"{t:.3f} [rank{rank}] step={n}/100000000 loss=0.1 "
+            f"samples_per_second={gb.BATCH / seconds:.1f}")
+
+
+class Logs:
+    """The part of tests.lab.Lab that the measurement reads: each rank's stamped output."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.text = "\n".join(lines) + "\n"
+
+    def log(self, r: int) -> str:
+        return self.text if r == 0 else ""
+
+
+def test_kept_seconds_count_each_steps_last_run_and_slow_steps_in_full() -> None:
+    # steps 1-6 at 0.1 s; a restart from step 4 (5 and 6 are redone, 0.2 s each); step 8
+    # is slow (load, 1.0 s): time spent training, not a fault's cost
+    first = [(10.0 + 0.1 * i, i, 0.1) for i in range(1, 7)]
+    again = [(20.2, 5, 0.2), (20.4, 6, 0.2), (20.5, 7, 0.1), (21.5, 8, 1.0), (21.6, 9, 0.1)]
+    kept = gb.kept_seconds(first + again, [])
+    # steps 2-4 of the first run, 5-9 of the second (step 1 opens the window)
+    assert kept == pytest.approx(0.3 + 0.2 + 0.2 + 0.1 + 1.0 + 0.1)
+    run = gb.Run("x", start=10.1, end=21.6, kept=8, kept_seconds=kept,
+                 step_seconds=0.1)
+    assert run.goodput == pytest.approx(1.9 / 11.5)
+    # the median-based figure counts the slow step as 0.1 s, and the redone steps at the
+    # median too: on a loaded machine it is lower for reasons no launcher controls
+    assert run.goodput_median == pytest.approx(0.8 / 11.5)
+
+
+def test_a_kept_step_spanning_the_link_outage_counts_only_outside_it() -> None:
+    steps = [(1.0, 1, 0.1), (1.1, 2, 0.1), (14.0, 3, 12.9), (14.1, 4, 0.1)]
+    # the link was down 2.0 -> 12.0: 10 s of step 3 made no progress
+    assert gb.kept_seconds(steps, [(2.0, 12.0)]) == pytest.approx(0.1 + 2.9 + 0.1)
+    assert gb.kept_seconds(steps, []) == pytest.approx(0.1 + 12.9 + 0.1)
+
+
+def test_lost_steps_come_from_the_furthest_step_before_the_restart() -> None:
+    """Output reaches the bench in batches (ftagent's --output-interval): at the injection
+    the last line seen was step 3 while the trainer was at step 10; the restart resumed
+    from the checkpoint at step 8, so 2 steps were lost, not 0."""
+    lines = [step(100.0, 0, n, 0.05) for n in (1, 2, 3)]
+    lines += [step(100.5, 0, n, 0.05) for n in range(4, 11)]
+    lines += ["105.000 [rank0] started: world=2 attempt=1 steps=100000000 from_step=8",
+              step(106.0, 0, 9, 0.05), step(106.1, 0, 10, 0.05)]
+    f = gb.Fault("crash", at=100.2, before=3)
+    assert gb.training_again(Logs(lines), f)
+    assert (f.back, f.resumed, f.before, f.lost) == (106.0, 8, 10, 2)
+
+
+def test_training_again_waits_for_a_step_of_the_new_attempt() -> None:
+    lines = [step(100.0, 0, n, 0.05) for n in (1, 2, 3)]
+    lines.append("105.000 [rank0] started: world=2 attempt=1 steps=100000000 from_step=0")
+    f = gb.Fault("crash", at=100.2, before=3)
+    assert not gb.training_again(Logs(lines), f)
+    assert f.back is None
+
+
+def test_ledger_row_is_the_same_window_as_the_outside_measurement() -> None:
+    run = gb.Run("ftagent")
+    run.ledger = {"wall_seconds": 620.0, "ratio": 0.77,
+                  "seconds": {"startup": 20.0, "productive": 480.0, "decision": 50.0,
+                              "restart": 70.0}}
+    row = gb.ledger_row(run)
+    assert row is not None
+    whole, window, secs = row
+    assert whole == pytest.approx(480 / 620)
+    assert window == pytest.approx(480 / 600)  # the startup is before the first step
+    assert secs["restart"] == 70.0
+    run.ledger = {"error": "ftagent status failed"}
+    assert gb.ledger_row(run) is None
+
+
+def test_phases_come_from_the_arbiters_timeline() -> None:
+    timeline = [
+        {"ts": 9.0, "kind": "barrier", "action": "release_barrier", "message": "gen 0"},
+        {"ts": 20.2, "kind": "fault", "action": "", "message": "crash (error ...)"},
+        {"ts": 20.2, "kind": "decision", "action": "restart", "message": "..."},
+        {"ts": 25.1, "kind": "barrier", "action": "release_barrier", "message": "gen 1"},
+        {"ts": 72.8, "kind": "decision", "action": "dump_stacks", "message": "..."},
+        {"ts": 74.9, "kind": "decision", "action": "restart", "message": "..."},
+        {"ts": 82.4, "kind": "barrier", "action": "release_barrier", "message": "gen 2"},
+    ]
+    crash, hang = gb.Fault("crash", at=20.0, before=0), gb.Fault("hang", at=67.4, before=0)
+    gb.phases(timeline, [crash, hang])
+    assert (crash.decided, crash.released) == (20.2, 25.1)
+    assert (hang.decided, hang.released) == (74.9, 82.4)  # a stack probe is no decision
