@@ -83,13 +83,17 @@ def ledger_accounts(lab: Lab, kind: str) -> dict[str, Any]:
     trainers printed ("resumed from checkpoint at step N", reported by the agents) with
     the steps redone that rank 0's log shows: the last step it printed before that resume
     minus that step. Returns the incident."""
-    first = min(float(e["ts"]) for e in lab.timeline())
+    stamp = min(float(e["ts"]) for e in lab.timeline())
     t0 = time.time()
     st = lab.status()
     t1 = time.time()
     g = st["goodput"]
     assert g is not None, st
     assert abs(sum(g["seconds"].values()) - g["wall_seconds"]) < 1e-6, g
+    # the job's wall starts at its first registration: no later than the timeline's first
+    # entry (the last rank's), up to a loaded agent's start-up earlier than it
+    first = float(g["started_at"])
+    assert first <= stamp, (first, stamp)
     assert 0.99 * (t0 - first) <= g["wall_seconds"] <= 1.01 * (t1 - first), (g, t0 - first)
     inc = g["per_incident"][-1]
     # the last step printed before the latest resume: the step the job had reached (an
