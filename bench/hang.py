@@ -209,7 +209,10 @@ def agents(world: int, tmp: Path, tag: str, flags: list[str], **extra: str) -> l
     port = free_port()
     out = []
     for rank in range(world):
-        cmd = [sys.executable, "-m", "ftagent", "run", "--metrics-port=-1",
+        # --nic lo: the job trains on loopback; links that other work on the machine
+        # creates and deletes are no NIC fault of this job (a deleted one would hold
+        # every decision of the arbiter until the link came back)
+        cmd = [sys.executable, "-m", "ftagent", "run", "--metrics-port=-1", "--nic=lo",
                "--log-level=warning", f"--events-file={tmp / f'{tag}-{rank}.jsonl'}", *flags,
                *EXTRA_FLAGS,
                "--", sys.executable, TRAIN]

@@ -252,17 +252,21 @@ def use_flight_recorder(agent: Any, cfg: Any, rundir: str) -> FlightRecorder | N
         return spawn(*args, **kwargs)
 
     agent.spawn_trainer = spawn_in_attempt
-    for d in getattr(agent, "detectors", ()):  # the hang verifier dumps in its window
-        verifier = getattr(d, "verifier", None)
-        if verifier is not None and hasattr(verifier, "window_dump"):
-            verifier.window_dump = fr.snapshot
+    verifier = None  # the hang verifier dumps in its window (agent/verify.py)
+    for d in getattr(agent, "detectors", ()):
+        verifier = getattr(d, "verifier", None) or verifier
+    if verifier is not None:
+        verifier.window_dump = fr.snapshot
     enrich = agent.evidence
     if enrich is not None:
         async def with_dumps(fault: Any, pids: Sequence[int]) -> Any:
             import dataclasses
 
-            if "flight_recorder" in fault.evidence:  # dumped in the verification window
-                return await enrich(fault, pids)
+            early = await verifier.window_dump_result() if verifier is not None else None
+            if early is not None:
+                fault = await enrich(fault, pids)
+                return dataclasses.replace(fault, evidence={**fault.evidence,
+                                                            "flight_recorder": early})
             got, fault = await asyncio.gather(fr.snapshot(), enrich(fault, pids))
             return dataclasses.replace(fault, evidence={**fault.evidence,
                                                         "flight_recorder": got})

@@ -207,7 +207,6 @@ class Early:
     snaps: list[Snapshot] = dataclasses.field(default_factory=list)
     entries: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     usage: float = 0.0  # the agent's CPU seconds when sampling began
-    dump: asyncio.Task[dict[str, Any]] | None = None  # the flight recorder's, same window
 
 
 class Verifier:
@@ -229,6 +228,7 @@ class Verifier:
         self._early: Early | None = None
         self._suspect: Fault | None = None  # a HANG the tick raised while sampling early
         self._anchor: float | None = None  # when a deferred budget began
+        self._dump: asyncio.Task[dict[str, Any]] | None = None  # the last window's
         self.cfg = cfg
         self.sampler = sampler
         self.record = record
@@ -286,8 +286,7 @@ class Verifier:
         early, self._early = self._early, None
         if early is None:
             return
-        if early.dump is not None:
-            early.dump.cancel()
+        self._drop_dump()
         if self._task is not None and not self._task.done():
             self._task.cancel()
         self._task = None
@@ -306,22 +305,39 @@ class Verifier:
             early.entries = entries
             if not stacked:
                 stacked = True
-                if self.window_dump is not None and early.dump is None:
-                    early.dump = asyncio.get_running_loop().create_task(
+                self._drop_dump()
+                if self.window_dump is not None:
+                    self._dump = asyncio.get_running_loop().create_task(
                         _call(self.window_dump))
                 if stall is not None and self._recognise(stall, snap, early.usage):
                     self._early = None
-                    if early.dump is not None:
-                        early.dump.cancel()
+                    self._drop_dump()
                     return
         fault = await self._budget_out(early.deadline)
         if fault is None:
             self._early = None
-            if early.dump is not None:
-                early.dump.cancel()
+            self._drop_dump()
             return
         self._early = None
         await self._verify_or_raise(fault, early)
+
+    def _drop_dump(self) -> None:
+        dump, self._dump = self._dump, None
+        if dump is not None:
+            dump.cancel()
+
+    async def window_dump_result(self) -> dict[str, Any] | None:
+        """The flight recorder's dump taken in this stall's last verification window (for
+        the hang fault's evidence), once; None when there is none."""
+        dump, self._dump = self._dump, None
+        if dump is None or dump.cancelled():
+            return None
+        try:
+            return await dump
+        except asyncio.CancelledError:
+            if not dump.cancelled():
+                raise  # the caller is being cancelled, not the dump
+            return None
 
     async def _budget_out(self, deadline: float) -> Fault | None:
         """The HANG fault for ``deadline``: the one the tick raised meanwhile, or the
@@ -394,7 +410,6 @@ class Verifier:
         if self.stall is None:
             self.stall = Stall(start=now - float(since), step=det.last_step)
         stall = self.stall
-        dump = early.dump if early is not None else None
         if early is not None and early.snaps:
             usage = early.usage
             snaps, entries = list(early.snaps), early.entries
@@ -423,8 +438,6 @@ class Verifier:
         spin_budget = self._spin_budget(verdict)
         self._count(verdict.state.value)
         if not declare(verdict, stalled, spin_budget):
-            if dump is not None:
-                dump.cancel()
             stall.verified = True
             again = self.clock() + det.step_budget()
             if verdict.state is Liveness.SPINNING:
@@ -438,11 +451,7 @@ class Verifier:
             return
         stall.declared = True
         out = self._fault(fault, verdict, stalled, spin_budget, entries)
-        if dump is not None:  # taken in the window: the agent's evidence hook keeps it
-            out = dataclasses.replace(out, evidence={**out.evidence,
-                                                     "flight_recorder": await dump})
-        self._write("verify", verdict.state.value, out.message, verdict, cost, stall,
-                    budget_seconds=fault.evidence.get("budget_seconds"))
+        self._write("verify", verdict.state.value, out.message, verdict, cost, stall)
         if self.emit is None:
             self._ready.append(out)
         else:
@@ -539,6 +548,7 @@ class Verifier:
     def _end(self, obs: Progress | PhaseMarker | None) -> None:
         stall, self.stall = self.stall, None
         self._drop_early()
+        self._drop_dump()
         self._suspect = None
         self._anchor = None
         if self._task is not None and not self._task.done():
