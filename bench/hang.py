@@ -509,6 +509,9 @@ def report(args: argparse.Namespace, h: dict[str, Any], fps: list[dict[str, Any]
     print(f"command: .venv/bin/python bench/hang.py {argv}".rstrip())
     print(f"machine: {os.cpu_count()} CPUs, python {sys.version.split()[0]}, "
           f"torch {torch.__version__}, gloo on loopback; wall {wall:.0f} s")
+    from ftagent.config import HangConfig
+
+    floor = args.hang_timeout_min or HangConfig().hang_timeout_min
     step99 = pct(h["intervals"], 99) if h["intervals"] else math.nan
     lat = h["latency"]
     print(f"\n1. hang detection: {h['world']} rank(s), one ftagent run each, rank 0 hangs "
@@ -528,7 +531,7 @@ def report(args: argparse.Namespace, h: dict[str, Any], fps: list[dict[str, Any]
              f"{p50 / step99:.1f} / {p99 / step99:.1f} / {mx / step99:.1f} x"),
             ("  agent's own seconds_since_progress p50 / max",
              f"{statistics.median(h['agent_since']):.2f} / {max(h['agent_since']):.2f} s"),
-            (f"  budget in force (learned; floor {args.hang_timeout_min or 5:g} s)",
+            (f"  budget in force (learned; floor {floor:g} s)",
              f"{min(h['budgets']):.2f} .. {max(h['budgets']):.2f} s"),
             ("py-spy stacks before acting, median" + (
                 " (the verification window's last sample, reused)"
