@@ -90,6 +90,7 @@ class FlightRecorder:
         self.prefix = dump_prefix(env)
         self.clock = clock
         self._told = False
+        self._inflight: asyncio.Future[dict[str, Any]] | None = None
 
     def prepare(self) -> bool:
         """Create the directories and the ``sitecustomize`` copy; False (logged) if not."""
@@ -163,7 +164,17 @@ class FlightRecorder:
                        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep
                        ) -> dict[str, Any]:
         """Trigger, wait until every process reached answered (or ``timeout``), read the
-        dumps safely: ``{"summaries": [...], "errors": [...], "seconds": ...}``."""
+        dumps safely: ``{"summaries": [...], "errors": [...], "seconds": ...}``. A call
+        while one is under way (the hang verifier's window dump, then the arbiter's
+        DUMP_STACKS) shares its answer: two triggers would take each other's answers."""
+        if self._inflight is not None and not self._inflight.done():
+            return await asyncio.shield(self._inflight)
+        task = asyncio.ensure_future(self._snapshot(timeout, sleep))
+        self._inflight = task
+        return await asyncio.shield(task)
+
+    async def _snapshot(self, timeout: float,
+                        sleep: Callable[[float], Awaitable[Any]]) -> dict[str, Any]:
         t0 = self.clock()
         reached, pending = self.trigger()
         answers: dict[str, int | None] = {}

@@ -220,3 +220,21 @@ def test_the_arbiters_question_is_answered_from_the_window_without_a_new_one() -
         assert out["liveness"]["state"] == "hung" and not out["liveness"]["declared"]
 
     asyncio.run(go())
+
+
+def test_a_snapshot_asked_while_one_is_under_way_shares_its_answer(tmp_path: Path) -> None:
+    """The window's dump and the arbiter's DUMP_STACKS may overlap: one trigger, one answer
+    (two would remove each other's answers and time out)."""
+    from ftagent.agent.flight_recorder import FlightRecorder
+
+    async def go() -> None:
+        fr = FlightRecorder(str(tmp_path), {})
+        triggered: list[int] = []
+        trigger = fr.trigger
+        fr.trigger = lambda: (triggered.append(1), trigger())[1]  # type: ignore[method-assign]
+        a, b = await asyncio.gather(fr.snapshot(), fr.snapshot())
+        assert triggered == [1] and a == b
+        await fr.snapshot()  # none under way: a new one
+        assert triggered == [1, 1]
+
+    asyncio.run(go())
