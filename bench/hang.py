@@ -241,7 +241,8 @@ MODES = {"now": [], "today": ["--hang-timeout-min=5", "--hang-verify-from=1"]}
 
 def arbiter_status(address: str, job: str) -> dict[str, Any]:
     r = subprocess.run([sys.executable, "-m", "ftagent", "status", "--arbiter", address, job,
-                        "--json"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+                        "--json", "--timeline=0"], capture_output=True, text=True, timeout=60,
+                       cwd=ROOT)
     return dict(json.loads(r.stdout)) if r.returncode == 0 else {"timeline": []}
 
 
