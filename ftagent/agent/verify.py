@@ -321,6 +321,13 @@ class Verifier:
         self._early = None
         await self._verify_or_raise(fault, early)
 
+    def _recheck_in(self, early: bool) -> float:
+        """Seconds from a verdict "alive" to the next one: a step budget, plus the window
+        when it is sampled while the budget runs down -- verdicts as far apart as when the
+        window came after the budget (one landing as a phase ends would teach the place
+        the trainer moved on to, and each costs the agent's CPU)."""
+        return self.detector.step_budget() + (self.window if early else 0.0)
+
     def _drop_dump(self) -> None:
         dump, self._dump = self._dump, None
         if dump is not None:
@@ -439,7 +446,7 @@ class Verifier:
         self._count(verdict.state.value)
         if not declare(verdict, stalled, spin_budget):
             stall.verified = True
-            again = self.clock() + det.step_budget()
+            again = self.clock() + self._recheck_in(early is not None)
             if verdict.state is Liveness.SPINNING:
                 again = max(self.clock() + 0.5, min(again, stall.start + spin_budget))
             det.defer(again)
