@@ -2,15 +2,21 @@
 
 What is measured, all in one run, on loopback, with ``examples/train.py`` (PyTorch DDP,
 gloo on CPU, steps of ``TRAIN_STEP_SLEEP=0.2`` s), one ``ftagent run`` per rank, with
-hang verification on as by default (``--hang-verify-window 2``: a budget running out is a
-suspicion, verified over 2 s of stack/CPU samples before the hang is declared):
+hang verification on as by default (a budget running out is a suspicion, verified from
+stack/CPU/I/O samples taken over the last ``--hang-verify-window`` 2 s of the budget).
 
 1. **Detection latency**, for three real hangs on rank 0, every attempt
    (``FAULT_EVERY_ATTEMPT=1``): in a collective (blocked before the all-reduce of step
    ``--hang-at``), in data loading (a "waiting for data" loop that keeps logging) and on a
-   lock (a lock-order deadlock with a helper thread). Each rank's agent runs with
-   ``--hang-action restart --restart-backoff 0`` and default hang flags, so every attempt
-   is one injected hang, detected by both agents (rank 1 is stuck in the all-reduce).
+   lock (a lock-order deadlock with a helper thread). Each class runs twice under a real
+   arbiter (``ftagent arbiter`` on loopback; ``--restart-backoff 0``): with default flags
+   ("now") and with **today's** flags (``--hang-timeout-min 5 --hang-verify-from 1``: the
+   old 5 s floor, every verification sample after the budget), so every attempt is one
+   injected hang, detected by both agents (rank 1 is stuck in the all-reduce). Per class:
+   detection p50/p99, **culprit accuracy** (the arbiter's restart decisions whose rank is
+   rank 0, the injected one), the **flight-recorder dump** time (``seconds`` of the
+   fault's ``flight_recorder`` evidence) and the **agent's CPU** per verification
+   (``agent_cpu_seconds`` of its ``verify`` events, py-spy included).
    For each hang fault in the agents' ``--events-file``: latency = detection time −
    arrival time of the fault's ``last_step`` line at this script, where detection time is
    the fault's ``ts`` minus its ``stack_capture_seconds`` (the agent takes py-spy stacks
@@ -30,7 +36,11 @@ suspicion, verified over 2 s of stack/CPU samples before the hang is declared):
    arbiter (an alert does not stop the run, so every false hang is counted). Count: hang
    faults in the events files (restarts under the arbiter).
    **Verification cost**: the agent's own CPU seconds (py-spy included) during each
-   verification window, from the ``verify`` events.
+   verification window, from the ``verify`` events. Error-level hang faults are counted
+   too (under the arbiter the waiting rank's report is one today).
+   **Quiet saves**: ``bench/hang_quiet.py`` (a 40 s silent checkpoint and a 150 s silent
+   save doing I/O, under the arbiter), run as a subprocess when the file is there; its
+   rows are printed as they come.
 3. **SDK cost.** ``bench/hang_sdk.py`` as a subprocess: median µs per ``ftagent.step()``.
 4. **Baseline.** torchrun (``python -m torch.distributed.run``, 2 workers) on the same job
    with one hang and ``TRAIN_PG_TIMEOUT=30``: it notices only when gloo's timeout makes
@@ -39,7 +49,7 @@ suspicion, verified over 2 s of stack/CPU samples before the hang is declared):
 Every process is started in its own session with ``PR_SET_PDEATHSIG``; on exit (also on
 Ctrl-C or SIGTERM) each is sent SIGTERM, then its whole tree SIGKILL.
 
-    .venv/bin/python bench/hang.py [--hangs 10] [--quick]
+    .venv/bin/python bench/hang.py [--hangs 10] [--kind-hangs 5] [--no-today] [--quick]
 """
 
 from __future__ import annotations
@@ -199,7 +209,10 @@ def agents(world: int, tmp: Path, tag: str, flags: list[str], **extra: str) -> l
     port = free_port()
     out = []
     for rank in range(world):
-        cmd = [sys.executable, "-m", "ftagent", "run", "--metrics-port=-1",
+        # --nic lo: the job trains on loopback; links that other work on the machine
+        # creates and deletes are no NIC fault of this job (a deleted one would hold
+        # every decision of the arbiter until the link came back)
+        cmd = [sys.executable, "-m", "ftagent", "run", "--metrics-port=-1", "--nic=lo",
                "--log-level=warning", f"--events-file={tmp / f'{tag}-{rank}.jsonl'}", *flags,
                *EXTRA_FLAGS,
                "--", sys.executable, TRAIN]
@@ -221,19 +234,42 @@ def wait_for(cond: Any, deadline: float, what: str) -> bool:
 # ---------------------------------------------------------------------- the measurements
 
 
+# "today": the behaviour before verification sampled while the budget ran down (floor 5 s,
+# every sample after the budget), through flags, in the same run
+MODES = {"now": [], "today": ["--hang-timeout-min=5", "--hang-verify-from=1"]}
+
+
+def arbiter_status(address: str, job: str) -> dict[str, Any]:
+    r = subprocess.run([sys.executable, "-m", "ftagent", "status", "--arbiter", address, job,
+                        "--json", "--timeline=0"], capture_output=True, text=True, timeout=60,
+                       cwd=ROOT)
+    return dict(json.loads(r.stdout)) if r.returncode == 0 else {"timeline": []}
+
+
 def measure_hangs(hangs: int, world: int, hang_at: int, tmp: Path,
-                  kind: tuple[str, str, str] = HANGS[0]) -> dict[str, Any]:
+                  kind: tuple[str, str, str] = HANGS[0], mode: str = "now") -> dict[str, Any]:
+    """``hangs`` injected hangs on rank 0, one per attempt, under a real arbiter (its
+    verdict names the culprit), with the agents' flags of ``mode``."""
+    from ftagent.arbiter.process import ArbiterProcess
+
     name, fault, marker = kind
-    tag = "hang-" + name.replace(" ", "-")
-    flags = ["--hang-action=restart", f"--max-restarts={hangs + 5}", "--restart-backoff=0"]
-    ranks = agents(world, tmp, tag, flags, TRAIN_STEPS="100000", FAULT_RANK="0",
-                   FAULT_EVERY_ATTEMPT="1", **{fault: str(hang_at)})
-    resumed = lambda: any(a >= hangs for _, a, _ in ranks[0].steps())  # noqa: E731
-    wait_for(resumed, time.time() + 40 + hangs * 30, f"attempt {hangs} to step")
-    time.sleep(0.3)
-    for lp in ranks:
-        stop(lp)
-        LAUNCHED.remove(lp)
+    tag = f"hang-{mode}-" + name.replace(" ", "-")
+    with ArbiterProcess(log_dir=str(tmp)) as arb:
+        flags = ["--arbiter", arb.address, "--job", tag, f"--max-restarts={hangs + 5}",
+                 "--restart-backoff=0", *MODES[mode]]
+        ranks = agents(world, tmp, tag, flags, TRAIN_STEPS="100000", FAULT_RANK="0",
+                       FAULT_EVERY_ATTEMPT="1", **{fault: str(hang_at)})
+        resumed = lambda: any(a >= hangs for _, a, _ in ranks[0].steps())  # noqa: E731
+        wait_for(resumed, time.time() + 40 + hangs * 30, f"attempt {hangs} to step")
+        time.sleep(0.3)
+        for lp in ranks:
+            stop(lp)
+            LAUNCHED.remove(lp)
+        st = arbiter_status(arb.address, tag)
+    # the arbiter's decisions on the hangs: the rank a restart names is its culprit
+    decided = [e for e in st.get("timeline", []) if e.get("kind") == "decision"
+               and e.get("action") in ("restart", "replace", "stop")]
+    named = [e.get("rank") for e in decided]
     intervals: list[float] = []
     latency: list[float] = []
     agent_since: list[float] = []
@@ -265,14 +301,19 @@ def measure_hangs(hangs: int, world: int, hang_at: int, tmp: Path,
         attempt += 1 if STARTED.search(text) else 0
         if marker in text:
             attempts.add(attempt)
-    verdicts = [f.get("verdict") for r in range(world)
-                for f in hang_faults(tmp / f"{tag}-{r}.jsonl")]
-    cost = [v["agent_cpu_seconds"] / v["window_seconds"] for r in range(world)
-            for v in records(tmp / f"{tag}-{r}.jsonl", "verify")
-            if v.get("window_seconds")]
-    return {"name": name, "world": world, "intervals": intervals, "latency": latency,
-            "agent_since": agent_since, "stacks": stacks, "budgets": budgets,
-            "resume": resume, "again": again, "verdicts": verdicts, "cost": cost,
+    all_faults = [f for r in range(world) for f in hang_faults(tmp / f"{tag}-{r}.jsonl")]
+    verdicts = [f.get("verdict") for f in all_faults]
+    dumps = [f["flight_recorder"]["seconds"] for f in all_faults
+             if isinstance(f.get("flight_recorder"), dict)
+             and isinstance(f["flight_recorder"].get("seconds"), (int, float))]
+    verify = [v for r in range(world) for v in records(tmp / f"{tag}-{r}.jsonl", "verify")
+              if v.get("window_seconds")]
+    cost = [v["agent_cpu_seconds"] / v["window_seconds"] for v in verify]
+    cpu = [v["agent_cpu_seconds"] for v in verify]
+    return {"name": name, "mode": mode, "world": world, "intervals": intervals,
+            "latency": latency, "agent_since": agent_since, "stacks": stacks,
+            "budgets": budgets, "resume": resume, "again": again, "verdicts": verdicts,
+            "cost": cost, "cpu": cpu, "dumps": dumps, "named": named,
             "injected": len(attempts),
             "detected": len(hang_faults(tmp / f"{tag}-0.jsonl"))}
 
@@ -327,7 +368,25 @@ def measure_false_positives(steps: int, every: int, factor: int, tmp: Path,
     return {"steps": steps, "every": every, "factor": factor, "faults": faults,
             "codes": codes, "gaps": gaps, "done": done, "evals": evals, "first": first,
             "verify": verify, "phases": phases,
-            "reports": [f for p in paths for f in hang_faults(p)]}
+            "reports": [f for p in paths for f in hang_faults(p)],
+            "errors": [f for p in paths for f in hang_faults(p) if f.get("severity") == "error"]}
+
+
+def measure_quiet(quick: bool) -> tuple[int | None, list[str]]:
+    """``bench/hang_quiet.py`` (silent saves doing I/O, the hangbusy lane's), if present:
+    (its exit status, its report lines)."""
+    path = ROOT / "bench" / "hang_quiet.py"
+    if not path.exists():
+        return None, ["bench/hang_quiet.py not present: not run"]
+    cmd = [sys.executable, str(path), *(["--quick"] if quick else [])]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=1200, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return None, ["bench/hang_quiet.py: did not finish in 1200 s"]
+    lines = [ln for ln in out.stdout.splitlines() if ln.strip()]
+    if out.returncode != 0 and not lines:
+        lines = out.stderr.splitlines()[-10:]
+    return out.returncode, lines
 
 
 def measure_sdk(calls: int) -> list[tuple[str, float]]:
@@ -394,6 +453,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true",
                     help="3 hangs, 100 + 110 healthy steps, no torchrun: a smoke run (~2 min)")
     ap.add_argument("--no-torchrun", action="store_true", help="skip the torchrun baseline")
+    ap.add_argument("--no-today", action="store_true",
+                    help="skip the runs with today's flags (floor 5 s, verification after "
+                    "the budget)")
     args = ap.parse_args()
     if args.quick:
         args.hangs, args.healthy_steps, args.no_torchrun = min(args.hangs, 3), 100, True
@@ -405,10 +467,13 @@ def main() -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="ftagent-bench-hang-") as d:
             tmp = Path(d)
-            hs = [timed("hang runs, collective", measure_hangs, args.hangs, args.ranks,
-                        args.hang_at, tmp, HANGS[0])]
-            hs += [timed(f"hang runs, {k[0]}", measure_hangs, args.kind_hangs, args.ranks,
-                         args.hang_at, tmp, k) for k in HANGS[1:] if args.kind_hangs > 0]
+            hs: list[dict[str, Any]] = []
+            for mode in ("now",) if args.no_today else ("now", "today"):
+                hs += [timed(f"hang runs, collective, {mode}", measure_hangs, args.hangs,
+                             args.ranks, args.hang_at, tmp, HANGS[0], mode)]
+                hs += [timed(f"hang runs, {k[0]}, {mode}", measure_hangs, args.kind_hangs,
+                             args.ranks, args.hang_at, tmp, k, mode)
+                       for k in HANGS[1:] if args.kind_hangs > 0]
             h = hs[0]
             fps = [timed("healthy run", measure_false_positives, args.healthy_steps, 20, 10,
                          tmp),
@@ -418,6 +483,7 @@ def main() -> int:
                          args.eval_steps, 30, 12, tmp, "all", 15.0),
                    timed("healthy run, evaluation on one rank, arbiter",
                          measure_false_positives, args.eval_steps, 30, 12, tmp, "one")]
+            quiet = timed("quiet saves (bench/hang_quiet.py)", measure_quiet, args.quick)
             sdk = timed("SDK bench", measure_sdk, 20_000 if args.quick else 100_000)
             tr = None if args.no_torchrun else timed("torchrun", measure_torchrun,
                                                      args.hang_at, 30)
@@ -427,22 +493,26 @@ def main() -> int:
         return 130
     finally:
         stop_all()
-    report(args, h, fps, sdk, tr, time.time() - t0, hs)
+    report(args, h, fps, sdk, tr, time.time() - t0, hs, quiet)
     ok = bool(h["latency"]) and not any(fp["faults"] for fp in fps) and (
         h["detected"] == h["injected"] >= args.hangs) and all(
-        x["detected"] == x["injected"] > 0 for x in hs)
+        x["detected"] == x["injected"] > 0 for x in hs) and quiet[0] in (None, 0)
     return 0 if ok else 1
 
 
 def report(args: argparse.Namespace, h: dict[str, Any], fps: list[dict[str, Any]],
            sdk: list[tuple[str, float]], tr: dict[str, float | None] | None,
-           wall: float, hs: list[dict[str, Any]] | None = None) -> None:
+           wall: float, hs: list[dict[str, Any]] | None = None,
+           quiet: tuple[int | None, list[str]] = (None, [])) -> None:
     import torch
 
     argv = " ".join(sys.argv[1:])
     print(f"command: .venv/bin/python bench/hang.py {argv}".rstrip())
     print(f"machine: {os.cpu_count()} CPUs, python {sys.version.split()[0]}, "
           f"torch {torch.__version__}, gloo on loopback; wall {wall:.0f} s")
+    from ftagent.config import HangConfig
+
+    floor = args.hang_timeout_min or HangConfig().hang_timeout_min
     step99 = pct(h["intervals"], 99) if h["intervals"] else math.nan
     lat = h["latency"]
     print(f"\n1. hang detection: {h['world']} rank(s), one ftagent run each, rank 0 hangs "
@@ -462,7 +532,7 @@ def report(args: argparse.Namespace, h: dict[str, Any], fps: list[dict[str, Any]
              f"{p50 / step99:.1f} / {p99 / step99:.1f} / {mx / step99:.1f} x"),
             ("  agent's own seconds_since_progress p50 / max",
              f"{statistics.median(h['agent_since']):.2f} / {max(h['agent_since']):.2f} s"),
-            (f"  budget in force (learned; floor {args.hang_timeout_min or 5:g} s)",
+            (f"  budget in force (learned; floor {floor:g} s)",
              f"{min(h['budgets']):.2f} .. {max(h['budgets']):.2f} s"),
             ("py-spy stacks before acting, median" + (
                 " (the verification window's last sample, reused)"
@@ -475,24 +545,11 @@ def report(args: argparse.Namespace, h: dict[str, Any], fps: list[dict[str, Any]
                      f"{statistics.median(h['again']):.2f} / {max(h['again']):.2f} s"))
     table(rows)
     if hs:
-        print("\n1b. detection latency by kind of hang, verification on (default flags): "
-              "last step line -> hang declared")
-        rows = []
-        for x in hs:
-            lat = x["latency"]
-            if not lat:
-                rows.append((x["name"], "no detections"))
-                continue
-            verdicts = sorted({str(v) for v in x["verdicts"]})
-            rows.append((f"{x['name']}: {x['injected']} injected, {x['detected']} detected "
-                         "by rank 0, p50 / p99 / max",
-                         f"{statistics.median(lat):.2f} / {pct(lat, 99):.2f} / "
-                         f"{max(lat):.2f} s (verdicts: {', '.join(verdicts)})"))
-            if x["cost"]:
-                rows.append(("  agent CPU during a verification window, median / max",
-                             f"{100 * statistics.median(x['cost']):.1f} / "
-                             f"{100 * max(x['cost']):.1f} % of a core"))
-        table(rows)
+        print("\n1b. by kind of hang, under a real arbiter: now (default flags) | today "
+              "(--hang-timeout-min 5 --hang-verify-from 1: floor 5 s, every verification "
+              "sample after the budget), same run. Detection: last step line -> hang "
+              "declared; culprit: the arbiter's restart names rank 0, the injected one")
+        table(by_kind(hs))
     print("\n2. false positives: healthy 2-rank runs, steps of 0.2 s, checkpoint pauses "
           "(logged Megatron-style) and undeclared evaluations, default hang flags but "
           "--hang-action alert (under the arbiter: its decisions)")
@@ -526,7 +583,12 @@ def report(args: argparse.Namespace, h: dict[str, Any], fps: list[dict[str, Any]
                          " hang faults (goal 0)", str(len(fp["faults"]))))
         rows += [("  steps done per rank / exit status", f"{fp['done']} / {fp['codes']}"),
                  ("  longest gap between step lines", fmt(max(fp["gaps"], default=None)))]
+        rows.append(("  error-level hang faults (all ranks; goal 0)", str(len(fp["errors"]))))
     table(rows)
+    print(f"\n2b. quiet saves doing I/O under the arbiter (bench/hang_quiet.py, exit status "
+          f"{quiet[0]})")
+    for ln in quiet[1]:
+        print(f"   {ln}")
     for f in [f for fp in fps for f in fp["faults"]]:
         print(f"   false positive: rank {f.get('rank')}: {f['message'][:300]}")
     print("\n3. SDK cost per ftagent.step() (bench/hang_sdk.py, median)")
@@ -545,6 +607,43 @@ def report(args: argparse.Namespace, h: dict[str, Any], fps: list[dict[str, Any]
              ("torchrun, default 600 s timeout (FIELD-NOTES, not measured here)",
               "not detected in 120 s")]
     table(rows)
+
+
+def by_kind(hs: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Per kind of hang: each figure now | today."""
+    def one(x: dict[str, Any] | None, fig: str) -> str:
+        if x is None:
+            return "not run"
+        lat = x["latency"]
+        if fig == "detect":
+            return (f"{statistics.median(lat):.2f} / {pct(lat, 99):.2f} s (n={len(lat)})"
+                    if lat else "no detections")
+        if fig == "culprit":
+            n = len(x["named"])
+            right = sum(1 for r in x["named"] if r == 0)
+            return f"{right}/{n} ({100 * right / n:.0f} %)" if n else "no decisions"
+        if fig == "dump":
+            return (f"{statistics.median(x['dumps']):.3f} / {max(x['dumps']):.3f} s"
+                    if x["dumps"] else "no dump")
+        if fig == "cpu":
+            return (f"{statistics.median(x['cpu']):.3f} s, {100 * statistics.median(x['cost']):.1f}"
+                    " % of a core" if x["cpu"] else "n/a")
+        verdicts = Counter(str(v) for v in x["verdicts"])
+        return ", ".join(f"{k} {n}" for k, n in sorted(verdicts.items())) or "none"
+
+    rows = []
+    for name in dict.fromkeys(x["name"] for x in hs):
+        now = next((x for x in hs if x["name"] == name and x["mode"] == "now"), None)
+        today = next((x for x in hs if x["name"] == name and x["mode"] == "today"), None)
+        injected = now["injected"] if now else 0
+        rows.append((f"{name} ({injected} injected): detection p50 / p99",
+                     f"{one(now, 'detect')}  |  {one(today, 'detect')}"))
+        rows += [(f"  {label}", f"{one(now, fig)}  |  {one(today, fig)}") for label, fig in (
+            ("culprit accuracy (the arbiter's restarts naming rank 0)", "culprit"),
+            ("flight-recorder dump time, median / max", "dump"),
+            ("agent CPU per verification (py-spy incl.), median", "cpu"),
+            ("verdicts of the hang faults (both ranks)", "verdicts"))]
+    return rows
 
 
 def table(rows: list[tuple[str, str]]) -> None:

@@ -368,7 +368,8 @@ class HangConfig:
     hang_action: str = opt("restart", "--hang-action", "what a detected hang does",
                            choices=("restart", "alert"))
     hang_timeout_min: float = opt(
-        5.0, "--hang-timeout-min", "floor of the learned step budget",
+        3.0, "--hang-timeout-min", "floor of the learned step budget (a budget running out "
+        "is verified before it is declared: see --hang-verify-window)",
         check=POSITIVE_SECONDS, metavar="SECONDS")
     hang_factor: float = opt(
         10.0, "--hang-factor", "budget = factor x percentile of recent step intervals "
@@ -391,9 +392,14 @@ class HangConfig:
         10.0, "--hang-dump-timeout", "deadline for capturing py-spy stacks of the "
         "trainer tree", check=POSITIVE_SECONDS, metavar="SECONDS")
     hang_verify_window: float = opt(
-        2.0, "--hang-verify-window", "on a budget running out, sample the trainer's tree "
-        "(stacks, CPU, I/O) this long for signs of life before declaring a hang; 0 declares "
-        "at once", check=SECONDS, metavar="SECONDS")
+        2.0, "--hang-verify-window", "sample the trainer's tree (stacks, CPU, I/O) over the "
+        "last this many seconds of a running-out budget for signs of life, so a hang is "
+        "declared verified when the budget ends; 0 declares on the budget alone",
+        check=SECONDS, metavar="SECONDS")
+    hang_verify_from: float = opt(
+        0.33, "--hang-verify-from", "fraction of the budget before which no verification "
+        "sample is taken (the window shrinks to fit after it); 1 samples only after the "
+        "budget ran out, a window late", check=Range(0, 1), metavar="FRACTION")
     hang_verify_samples: int = opt(
         5, "--hang-verify-samples", "stack samples over the verification window",
         check=Range(2, 100), metavar="N")

@@ -271,8 +271,10 @@ def _transient(why: str) -> bool:
 
 
 def sample_process(pid: int, exe: str | None, deadline: float,
-                   clock: Any = time.monotonic) -> tuple[ProcessSample, dict[str, Any]]:
+                   clock: Any = time.monotonic, stacks: bool = True
+                   ) -> tuple[ProcessSample, dict[str, Any]]:
     """One verification sample of ``pid``: the liveness sample and a ``capture`` entry.
+    ``stacks`` False: /proc and psutil only (no py-spy), a cheap early sample.
     Never raises; what could not be read is in ``errors``."""
     entry = _empty(pid)
     errors: list[str] = []
@@ -297,7 +299,9 @@ def sample_process(pid: int, exe: str | None, deadline: float,
         errors.append(f"process state: {e!r}")
     ts = clock()
     tasks = _tasks(pid)
-    threads, text, err = _dump_json(pid, exe, deadline, tasks)
+    threads, text, err = None, None, None
+    if stacks:
+        threads, text, err = _dump_json(pid, exe, deadline, tasks)
     if err:
         errors.append(err)
     if threads is None and not psutil.pid_exists(pid):

@@ -90,6 +90,7 @@ class FlightRecorder:
         self.prefix = dump_prefix(env)
         self.clock = clock
         self._told = False
+        self._inflight: asyncio.Future[dict[str, Any]] | None = None
 
     def prepare(self) -> bool:
         """Create the directories and the ``sitecustomize`` copy; False (logged) if not."""
@@ -163,7 +164,17 @@ class FlightRecorder:
                        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep
                        ) -> dict[str, Any]:
         """Trigger, wait until every process reached answered (or ``timeout``), read the
-        dumps safely: ``{"summaries": [...], "errors": [...], "seconds": ...}``."""
+        dumps safely: ``{"summaries": [...], "errors": [...], "seconds": ...}``. A call
+        while one is under way (the hang verifier's window dump, then the arbiter's
+        DUMP_STACKS) shares its answer: two triggers would take each other's answers."""
+        if self._inflight is not None and not self._inflight.done():
+            return await asyncio.shield(self._inflight)
+        task = asyncio.ensure_future(self._snapshot(timeout, sleep))
+        self._inflight = task
+        return await asyncio.shield(task)
+
+    async def _snapshot(self, timeout: float,
+                        sleep: Callable[[float], Awaitable[Any]]) -> dict[str, Any]:
         t0 = self.clock()
         reached, pending = self.trigger()
         answers: dict[str, int | None] = {}
@@ -252,11 +263,21 @@ def use_flight_recorder(agent: Any, cfg: Any, rundir: str) -> FlightRecorder | N
         return spawn(*args, **kwargs)
 
     agent.spawn_trainer = spawn_in_attempt
+    verifier = None  # the hang verifier dumps in its window (agent/verify.py)
+    for d in getattr(agent, "detectors", ()):
+        verifier = getattr(d, "verifier", None) or verifier
+    if verifier is not None:
+        verifier.window_dump = fr.snapshot
     enrich = agent.evidence
     if enrich is not None:
         async def with_dumps(fault: Any, pids: Sequence[int]) -> Any:
             import dataclasses
 
+            early = await verifier.window_dump_result() if verifier is not None else None
+            if early is not None:
+                fault = await enrich(fault, pids)
+                return dataclasses.replace(fault, evidence={**fault.evidence,
+                                                            "flight_recorder": early})
             got, fault = await asyncio.gather(fr.snapshot(), enrich(fault, pids))
             return dataclasses.replace(fault, evidence={**fault.evidence,
                                                         "flight_recorder": got})

@@ -5,7 +5,7 @@ faults on the agent's tick, exposes its state as scrape-time gauges, and capture
 evidence (py-spy stacks of the whole trainer tree, process states, last lines) *before*
 the policy acts on a hang — once the trainer is killed, that evidence is gone. With a
 ``verifier`` (``agent/verify.py``) a hang fault of the detector is a suspicion, verified
-over a short window before it is raised.
+over the last seconds of its budget (``Verifier.prepare``) before it is raised.
 """
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ class HangWatch:
         return []
 
     def tick(self, now: float) -> list[Fault]:
+        if self.verifier is not None:
+            self.verifier.prepare(now)  # samples while the budget runs down
         faults = self.detector.tick(now)
         return faults if self.verifier is None else self.verifier.on_faults(faults, now)
 

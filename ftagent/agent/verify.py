@@ -1,10 +1,16 @@
 """Suspect -> verify -> declare: the agent's side of hang verification.
 
-When the hang detector's budget runs out it only *suspects* a hang. ``Verifier`` then
-samples the trainer's whole tree ``--hang-verify-samples`` times over
-``--hang-verify-window`` seconds (``TreeSampler``: ``py-spy dump --json``, psutil CPU and
-I/O counters, /proc thread states, NVML where present) and asks the pure verdict
-(``detect/liveness.py``) what the samples say:
+When the hang detector's budget runs out it only *suspects* a hang. ``Verifier`` samples
+the trainer's whole tree ``--hang-verify-samples`` times (``TreeSampler``: psutil CPU and
+I/O counters, /proc thread states, NVML where present, and ``py-spy dump --json`` for the
+later samples) and asks the pure verdict (``detect/liveness.py``) what the samples say.
+The samples are taken *while the budget runs down*: ``prepare`` (on every tick) starts them
+over the last ``--hang-verify-window`` seconds of the budget, no earlier than
+``--hang-verify-from`` of it (``detect/hang.verify_plan``: cheap samples first, stacks
+towards the end), so the verdict is judged the moment the budget runs out, and the
+flight-recorder dump (``window_dump``) is taken in the same window. Steps resuming drop
+the samples: nothing was written, nothing is learned. With ``--hang-verify-from 1`` the
+samples are taken after the budget ran out, over the window (the verdict a window later).
 
 * **alive** -- not a fault. The detector is told to suspect again one step budget later
   (``HangDetector.defer``); the stall is an *undeclared long phase*. When steps resume it is
@@ -39,7 +45,7 @@ from typing import Any, Protocol
 
 from ftagent.agent.evidence import MAX_THREADS, find_py_spy, sample_process
 from ftagent.config import HangConfig
-from ftagent.detect.hang import HangDetector, Observed
+from ftagent.detect.hang import HangDetector, Observed, Sample, verify_plan
 from ftagent.detect.liveness import (
     GpuSample,
     Learned,
@@ -69,6 +75,7 @@ log = logging.getLogger("ftagent.verify")
 
 MAX_WHERE = 120  # characters of the metric's `where` label
 MAX_PLACES = 8  # learned places (and `where` label values: metrics.UNDECLARED_PLACES)
+LEAD = 1.0  # seconds before its first sample the early sampling starts (ticks are 0.5 s apart)
 
 
 class GpuProbe(Protocol):
@@ -122,14 +129,15 @@ class TreeSampler:
         self.clock = clock
         self._lock: asyncio.Lock | None = None
 
-    async def sample(self) -> tuple[Snapshot, list[dict[str, Any]]]:
-        """(snapshot, ``capture``-style process entries); never raises."""
+    async def sample(self, stacks: bool = True) -> tuple[Snapshot, list[dict[str, Any]]]:
+        """(snapshot, ``capture``-style process entries); never raises. ``stacks`` False:
+        no py-spy (CPU, I/O and thread states only: an early, cheap sample)."""
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            return await self._sample()
+            return await self._sample(stacks)
 
-    async def _sample(self) -> tuple[Snapshot, list[dict[str, Any]]]:
+    async def _sample(self, stacks: bool) -> tuple[Snapshot, list[dict[str, Any]]]:
         errors: list[str] = []
         try:
             pids = list(dict.fromkeys(self.pids()))
@@ -144,7 +152,7 @@ class TreeSampler:
         pool = ThreadPoolExecutor(max_workers=min(len(pids), MAX_THREADS),
                                   thread_name_prefix="ftagent-verify")
         futures = [loop.run_in_executor(pool, sample_process, pid, self.exe, deadline,
-                                        self.clock) for pid in pids]
+                                        self.clock, stacks) for pid in pids]
         try:
             done, _ = await asyncio.wait(futures, timeout=self.dump_timeout + 1.0)
         finally:
@@ -175,7 +183,7 @@ class TreeSampler:
 
 
 class Sampler(Protocol):
-    async def sample(self) -> tuple[Snapshot, list[dict[str, Any]]]: ...
+    async def sample(self, stacks: bool = True) -> tuple[Snapshot, list[dict[str, Any]]]: ...
 
 
 @dataclass
@@ -192,6 +200,18 @@ class Stall:
     suspected: bool = False  # verified waiting in a collective: the arbiter was asked
     waiting_on: str | None = None  # the arbiter judged the job busy: whom this rank waits on
     spin_cap: float | None = None  # the others wait on this spinning rank: its spin budget
+    snaps: list[Snapshot] = dataclasses.field(default_factory=list)  # the last window's
+
+
+@dataclass
+class Early:
+    """Samples taken while one budget runs down (``verify_plan``), for one deadline."""
+
+    deadline: float
+    plan: tuple[Sample, ...]
+    snaps: list[Snapshot] = dataclasses.field(default_factory=list)
+    entries: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    usage: float = 0.0  # the agent's CPU seconds when sampling began
 
 
 class Verifier:
@@ -202,8 +222,18 @@ class Verifier:
                  emit: Callable[[Fault], Coroutine[Any, Any, Any]] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
-                 thresholds: Thresholds | None = None) -> None:
+                 thresholds: Thresholds | None = None,
+                 now: Callable[[], float] | None = None) -> None:
+        """``now``: the detector's clock where it differs from ``clock`` (the agent's
+        ``detector_now``: no hang is called on output not looked at yet)."""
         self.detector = detector
+        self.now = now or clock
+        # the flight recorder's snapshot (agent/flight_recorder.py), taken in the window
+        self.window_dump: Callable[[], Awaitable[dict[str, Any]]] | None = None
+        self._early: Early | None = None
+        self._suspect: Fault | None = None  # a HANG the tick raised while sampling early
+        self._anchor: float | None = None  # when a deferred budget began
+        self._dump: asyncio.Task[dict[str, Any]] | None = None  # the last window's
         self.cfg = cfg
         self.sampler = sampler
         self.record = record
@@ -231,23 +261,138 @@ class Verifier:
 
     # ------------------------------------------------------------------ from HangWatch
 
+    def prepare(self, now: float) -> None:
+        """Before the detector's tick at ``now``: start sampling a budget that is running
+        out (``verify_plan``), so its verdict is ready when it ends; drop samples taken
+        for a deadline that moved (a phase began, a verdict deferred it)."""
+        if self.window <= 0 or self.cfg.hang_verify_from >= 1:
+            return
+        det = self.detector
+        if det.hung:
+            return  # the budget ran out: the samples under way (if any) are judged
+        deadline = det.deadline()
+        early = self._early
+        if early is not None and early.deadline != deadline:
+            self._drop_early()
+        if deadline is None or self._early is not None or now >= deadline:
+            return
+        if self._task is not None and not self._task.done():
+            return  # a verdict is being judged (it defers or declares)
+        anchor = self._anchor
+        if anchor is None or anchor >= deadline:
+            anchor = now - det.seconds_since_progress(now)
+        plan = verify_plan(deadline, deadline - anchor, self.window,
+                           self.cfg.hang_verify_samples, self.cfg.hang_verify_from)
+        if now < plan[0].at - LEAD or plan[0].at >= deadline:
+            return  # not yet, or nothing before the deadline: after it, as before
+        if self.stall is None:
+            self.stall = Stall(start=now - det.seconds_since_progress(now),
+                               step=det.last_step, waiting_on=self._waiting_hint)
+        self._early = Early(deadline, plan, usage=_usage())
+        self._suspect = None
+        self._task = asyncio.get_running_loop().create_task(self._sample_early(self._early))
+
+    def _drop_early(self) -> None:
+        """Samples of a budget that did not run out: dropped, nothing written."""
+        early, self._early = self._early, None
+        if early is None:
+            return
+        self._drop_dump()
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        self._task = None
+
+    async def _sample_early(self, early: Early) -> None:
+        """The plan's samples up to the deadline, the flight-recorder dump beside the
+        stacked ones, then the verdict at once (``verify`` on the samples)."""
+        stall = self.stall
+        stacked = False
+        for s in early.plan:
+            await self.sleep(max(0.0, s.at - self.clock()))
+            snap, entries = await self.sampler.sample(stacks=s.stacks)
+            early.snaps.append(snap)
+            if not s.stacks:
+                continue
+            early.entries = entries
+            if not stacked:
+                stacked = True
+                self._drop_dump()
+                if self.window_dump is not None:
+                    self._dump = asyncio.get_running_loop().create_task(
+                        _call(self.window_dump))
+                if stall is not None and self._recognise(stall, snap, early.usage):
+                    self._early = None
+                    self._drop_dump()
+                    return
+        fault = await self._budget_out(early.deadline)
+        if fault is None:
+            self._early = None
+            self._drop_dump()
+            return
+        self._early = None
+        await self._verify_or_raise(fault, early)
+
+    def _recheck_in(self, early: bool) -> float:
+        """Seconds from a verdict "alive" to the next one: a step budget, plus the window
+        when it is sampled while the budget runs down -- verdicts as far apart as when the
+        window came after the budget (one landing as a phase ends would teach the place
+        the trainer moved on to, and each costs the agent's CPU)."""
+        return self.detector.step_budget() + (self.window if early else 0.0)
+
+    def _drop_dump(self) -> None:
+        dump, self._dump = self._dump, None
+        if dump is not None:
+            dump.cancel()
+
+    async def window_dump_result(self) -> dict[str, Any] | None:
+        """The flight recorder's dump taken in this stall's last verification window (for
+        the hang fault's evidence), once; None when there is none."""
+        dump, self._dump = self._dump, None
+        if dump is None or dump.cancelled():
+            return None
+        try:
+            return await dump
+        except asyncio.CancelledError:
+            if not dump.cancelled():
+                raise  # the caller is being cancelled, not the dump
+            return None
+
+    async def _budget_out(self, deadline: float) -> Fault | None:
+        """The HANG fault for ``deadline``: the one the tick raised meanwhile, or the
+        detector's own tick at once (the verdict need not wait for the next tick)."""
+        for _ in range(40):  # up to ~2 s for the detector's clock (a backlog) to catch up
+            if self._suspect is not None:
+                fault, self._suspect = self._suspect, None
+                return fault
+            det = self.detector
+            if det.hung or det.deadline() != deadline:
+                return None  # raised elsewhere, or the budget moved
+            got = [f for f in det.tick(self.now()) if f.kind is FaultKind.HANG]
+            if got:
+                return got[0]
+            await self.sleep(max(0.0, deadline - self.clock()) + 0.05)
+        return None
+
     def on_faults(self, faults: list[Fault], now: float) -> list[Fault]:
         """The detector's faults at ``now``: a HANG starts a verification instead of being
-        raised; returns the faults to raise now (others, and verdicts done meanwhile)."""
+        raised (or completes the one sampling its budget); returns the faults to raise
+        now (others, and verdicts done meanwhile)."""
         out, self._ready = self._ready, []
         for f in faults:
             if f.kind is not FaultKind.HANG or self.window <= 0:
                 out.append(f)
                 continue
             if self._task is not None and not self._task.done():
+                if self._early is not None:
+                    self._suspect = f  # its samples are being taken: judged with them
                 continue  # already verifying this stall
             self._task = asyncio.get_running_loop().create_task(self._verify_or_raise(f))
         return out
 
-    async def _verify_or_raise(self, fault: Fault) -> None:
+    async def _verify_or_raise(self, fault: Fault, early: Early | None = None) -> None:
         """``verify``; if verification itself fails, the hang is raised as it was."""
         try:
-            await self.verify(fault)
+            await self.verify(fault, early)
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -272,8 +417,9 @@ class Verifier:
 
     # ------------------------------------------------------------------ verification
 
-    async def verify(self, fault: Fault) -> None:
-        """Sample over the window, then defer (alive, spinning) or raise ``fault``."""
+    async def verify(self, fault: Fault, early: Early | None = None) -> None:
+        """Judge the samples taken while the budget ran down (``early``), or sample over
+        the window now; then defer (alive, spinning) or raise ``fault``."""
         det = self.detector
         now = self.clock()
         since = fault.evidence.get("seconds_since_progress")
@@ -283,20 +429,25 @@ class Verifier:
             self.stall = Stall(start=now - float(since), step=det.last_step,
                                waiting_on=self._waiting_hint)
         stall = self.stall
-        usage = _usage()
-        snaps: list[Snapshot] = []
-        entries: list[dict[str, Any]] = []
-        n = max(2, int(self.cfg.hang_verify_samples))
-        t0 = self.clock()
-        for i in range(n):
-            if i:
-                await self.sleep(max(0.0, t0 + i * self.window / (n - 1) - self.clock()))
-            snap, entries = await self.sampler.sample()
-            snaps.append(snap)
-            if i == 0 and self._recognise(stall, snap, usage):
-                return
+        if early is not None and early.snaps:
+            usage = early.usage
+            snaps, entries = list(early.snaps), early.entries
+        else:
+            usage = _usage()
+            snaps = []
+            entries = []
+            n = max(2, int(self.cfg.hang_verify_samples))
+            t0 = self.clock()
+            for i in range(n):
+                if i:
+                    await self.sleep(max(0.0, t0 + i * self.window / (n - 1) - self.clock()))
+                snap, entries = await self.sampler.sample()
+                snaps.append(snap)
+                if i == 0 and self._recognise(stall, snap, usage):
+                    return
         if self.stall is not stall:
             return  # steps resumed while sampling
+        stall.snaps = snaps
         verdict = judge(snaps, self.thresholds)
         cost = _usage() - usage
         stall.verdict = verdict
@@ -331,13 +482,15 @@ class Verifier:
         self._count(verdict.state.value)
         if not declare(verdict, stalled, spin_budget, float(self.cfg.hang_phase_timeout)):
             stall.verified = True
-            again = self.clock() + det.step_budget()
+            again = self.clock() + self._recheck_in(early is not None)
             if verdict.state is Liveness.SPINNING:
                 again = max(self.clock() + 0.5, min(again, stall.start + spin_budget))
             det.defer(again)
+            self._anchor = self.clock()  # the next budget's samples count from here
             self._write("verify", verdict.state.value, self._alive_text(verdict, stall,
                                                                         stalled, spin_budget),
-                        verdict, cost, stall, suspect_again_in=round(again - self.clock(), 3))
+                        verdict, cost, stall, suspect_again_in=round(again - self.clock(), 3),
+                        budget_seconds=fault.evidence.get("budget_seconds"))
             return
         stall.declared = True
         out = self._fault(fault, verdict, stalled, spin_budget, entries)
@@ -429,6 +582,12 @@ class Verifier:
         if stall is not None and stall.declared and stall.verdict is not None:
             _, entries = await self.sampler.sample()
             live = {**_brief(stall.verdict), "declared": True}
+        elif stall is not None and self._recent(stall):
+            # samples of this stall's window (taken while its budget ran down): one more
+            # now, and the verdict over them, without waiting a window
+            snap, entries = await self.sampler.sample()
+            verdict = judge([*self._recent(stall), snap], self.thresholds)
+            live = {**_brief(verdict), "declared": False}
         else:
             snaps = []
             n = max(2, int(self.cfg.hang_verify_samples))
@@ -443,11 +602,29 @@ class Verifier:
             live = {**_brief(verdict), "declared": False}
         return {"processes": entries, "seconds": round(self.clock() - t, 3), "liveness": live}
 
+    def _recent(self, stall: Stall) -> list[Snapshot]:
+        """This stall's samples from the last window (the one being taken, else the last
+        judged), if they are no older than the window and hold stacks (motion needs two
+        stacked samples with the one taken now): the newest ``samples - 1``."""
+        early = self._early
+        snaps = early.snaps if early is not None and early.snaps else stall.snaps
+        if not snaps or self.clock() - snaps[-1].ts > self.window:
+            return []
+        n = max(2, int(self.cfg.hang_verify_samples))
+        recent = list(snaps[-(n - 1):])
+        if not any(p.threads is not None for s in recent for p in s.processes):
+            return []  # cheap samples only so far: a window of its own
+        return recent
+
     # ------------------------------------------------------------------ the end of a stall
 
     def _end(self, obs: Progress | PhaseMarker | None) -> None:
         stall, self.stall = self.stall, None
         self._waiting_hint = None
+        self._drop_early()
+        self._drop_dump()
+        self._suspect = None
+        self._anchor = None
         if self._task is not None and not self._task.done():
             self._task.cancel()
         self._task = None
@@ -555,6 +732,16 @@ class Verifier:
         if m is not None:
             with contextlib.suppress(Exception):
                 m.hang_verifications.labels(**m.labels(verdict=verdict)).inc()
+
+
+async def _call(fn: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+    """``fn()``; a failure is an answer with its error, never an exception."""
+    try:
+        return await fn()
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # noqa: BLE001 - evidence is best effort
+        return {"summaries": [], "errors": [f"flight-recorder dump failed: {e!r}"[:300]]}
 
 
 def _brief(v: Verdict) -> dict[str, Any]:

@@ -286,7 +286,7 @@ def add_progress(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir: s
         sampler = TreeSampler(agent.tree_pids, min(cfg.hang.hang_dump_timeout, 2.0),
                               gpu=NvmlProbe())
         verifier = Verifier(detector, cfg.hang, sampler, record=agent.events.write,
-                            metrics=metrics, emit=agent.raise_fault)
+                            metrics=metrics, emit=agent.raise_fault, now=agent.detector_now)
     watch = HangWatch(detector, metrics, parser, verifier=verifier)
     agent.detectors.append(watch)
     if cfg.loss.loss_action != "off":  # NaN/inf and spikes of the loss (detect/loss.py)

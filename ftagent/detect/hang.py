@@ -60,6 +60,34 @@ FINISH_PHASE = "finish"  # after the last step of a known total, until the train
 
 
 @dataclass(frozen=True)
+class Sample:
+    """One planned verification sample: when, and whether it takes stacks (py-spy)."""
+
+    at: float  # the detector's clock
+    stacks: bool
+
+
+def verify_plan(deadline: float, budget: float, window: float, samples: int,
+                start_fraction: float) -> tuple[Sample, ...]:
+    """When to sample a stalled trainer so its verdict is ready when the budget ends.
+
+    ``samples`` samples, evenly over ``window`` seconds that end at ``deadline``, but that
+    never begin before ``start_fraction`` of the budget (so a healthy step's jitter costs
+    nothing): a short budget pushes the window's end past the deadline rather than shorten
+    it (motion needs time to show). The early samples are cheap (/proc and psutil: CPU,
+    I/O); those from half a window before the deadline on, and the last two at least (the
+    two that motion needs), take stacks too. ``start_fraction`` 1 is verification as it was
+    before: every sample after the deadline, with stacks (the verdict a window late).
+    Pure: the caller sleeps until each ``at``."""
+    n = max(2, int(samples))
+    start = max(deadline - window, deadline - max(0.0, 1.0 - start_fraction) * max(0.0, budget))
+    step = window / (n - 1)
+    stacks_from = deadline - window / 2
+    return tuple(Sample(start + i * step, i >= n - 2 or start + i * step >= stacks_from - 1e-9)
+                 for i in range(n))
+
+
+@dataclass(frozen=True)
 class Observed:
     """What one observation changed, for metrics (step duration, phase duration)."""
 
