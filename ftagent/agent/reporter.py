@@ -59,6 +59,7 @@ PROGRESS_INTERVAL = 5.0
 BACKOFF_FIRST = 0.2
 BACKOFF_CAP = 4.0
 WELCOME_TIMEOUT = 5.0  # a Hello unanswered this long: try a fresh connection
+CLOSE_GRACE = 0.8  # closing: the arbiter ends the stream once it read everything (each wait)
 CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),
@@ -444,6 +445,13 @@ class ArbiterLink:
                 code = await call.code()
                 details = await call.details()
                 raise ConnectionError(f"stream ended: {code.name if code else '?'} {details}")
+            # Closing: half-close and let the arbiter end the stream once it has read
+            # everything (it does at end of input). Cancelling at once could drop the last
+            # message written (the trainer's exit) while the arbiter had not read it yet:
+            # the job then never read "succeeded" on a loaded machine.
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError):
+                await asyncio.wait_for(call.done_writing(), CLOSE_GRACE)
+                await asyncio.wait_for(call.code(), CLOSE_GRACE)
             call.cancel()
             return welcomed
         finally:
