@@ -59,7 +59,7 @@ PROGRESS_INTERVAL = 5.0
 BACKOFF_FIRST = 0.2
 BACKOFF_CAP = 4.0
 WELCOME_TIMEOUT = 5.0  # a Hello unanswered this long: try a fresh connection
-CLOSE_GRACE = 0.8  # closing: the arbiter ends the stream once it read everything (each wait)
+CLOSE_GRACE = 0.8  # closing: each of the half-close and the arbiter's end of stream
 CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_timeout_ms", 10_000),
@@ -428,15 +428,28 @@ class ArbiterLink:
                                       "an ftagent arbiter of the same version?")
             self._welcome(first.welcome)
             welcomed = True
-            tasks = [asyncio.create_task(self._reader(call)),
-                     asyncio.create_task(self._writer(call)),
+            reader = asyncio.create_task(self._reader(call))
+            tasks = [reader, asyncio.create_task(self._writer(call)),
                      asyncio.create_task(self._closed.wait())]
             try:
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            finally:
+            except BaseException:
                 for t in tasks:
                     t.cancel()
                 self._down()
+                raise
+            for t in tasks[1:]:
+                t.cancel()
+            if self._closed.is_set() and not reader.done():
+                # Closing: half-close, and read on until the arbiter ends the stream (it
+                # does at end of input, once it has read everything). Cancelling the call
+                # (or the read under way) at once could drop the last message written --
+                # the trainer's exit -- unread, and the job never read "succeeded".
+                with contextlib.suppress(Exception):  # closing: whatever ended the read
+                    await asyncio.wait_for(call.done_writing(), CLOSE_GRACE)
+                    await asyncio.wait_for(asyncio.shield(reader), CLOSE_GRACE)
+            reader.cancel()
+            self._down()
             for t in done:
                 exc = None if t.cancelled() else t.exception()
                 if exc is not None:
@@ -445,13 +458,6 @@ class ArbiterLink:
                 code = await call.code()
                 details = await call.details()
                 raise ConnectionError(f"stream ended: {code.name if code else '?'} {details}")
-            # Closing: half-close and let the arbiter end the stream once it has read
-            # everything (it does at end of input). Cancelling at once could drop the last
-            # message written (the trainer's exit) while the arbiter had not read it yet:
-            # the job then never read "succeeded" on a loaded machine.
-            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.TimeoutError):
-                await asyncio.wait_for(call.done_writing(), CLOSE_GRACE)
-                await asyncio.wait_for(call.code(), CLOSE_GRACE)
             call.cancel()
             return welcomed
         finally:
@@ -472,7 +478,10 @@ class ArbiterLink:
     async def _writer(self, call: grpc.aio.StreamStreamCall) -> None:
         while True:
             while self._out:
-                await call.write(self._out.popleft())
+                msg = self._out[0]  # still pending (``pending()``) until written
+                await call.write(msg)
+                if self._out and self._out[0] is msg:
+                    self._out.popleft()
             now = time.monotonic()
             due = self._progress_sent_at + self.progress_interval
             p = self._progress
