@@ -269,11 +269,12 @@ def test_events_aggregate_into_one_series_whose_count_grows() -> None:
             def series() -> list[dict[str, Any]]:
                 return [e for e in s.events() if e["reason"] == "FaultRestart"]
 
-            await wait_until(lambda: [e.get("count") for e in series()
-                                      if e["involvedObject"]["kind"] == "Pod"] == [3], 20,
-                             "one Pod series with count 3")
-            on_job = [e for e in series() if e["involvedObject"]["kind"] == "PyTorchJob"]
-            assert [e["count"] for e in on_job] == [3]
+            def counts(kind: str) -> list[Any]:
+                return [e.get("count") for e in series() if e["involvedObject"]["kind"] == kind]
+
+            # the Pod's and the job's series are written by separate calls: wait for both
+            await wait_until(lambda: counts("Pod") == [3] and counts("PyTorchJob") == [3], 20,
+                             "one Pod series and one PyTorchJob series, each with count 3")
             assert s.fake.count("create", "events") == 2
     run(body)
 
