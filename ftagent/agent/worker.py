@@ -54,6 +54,7 @@ from ftagent.model import (
     TrainerState,
 )
 from ftagent.timegrid import sleep_on_grid
+from ftagent.watch.loop import Detector, Source  # one definition of a source and a detector
 
 if TYPE_CHECKING:
     from ftagent.metrics import AgentMetrics
@@ -65,15 +66,6 @@ EVIDENCE_LINES = 50  # last lines attached to a fault (the events file keeps the
 EVIDENCE_STDERR_LINES = 20  # and the last of stderr alone: where tracebacks are
 DRAIN_BATCHES = 16  # output batches handled per loop callback before timers get a turn
 WORKER_VAR = "FTAGENT_LOCAL_RANK"  # marks a worker's processes, for orphans that left its session
-
-
-class Source(Protocol):
-    async def run(self, emit: Callable[[Observation], None]) -> None: ...
-
-
-class Detector(Protocol):
-    def observe(self, obs: Observation) -> list[Fault]: ...
-    def tick(self, now: float) -> list[Fault]: ...
 
 
 class Observer(Protocol):
