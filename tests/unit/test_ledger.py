@@ -234,15 +234,17 @@ def _registry(clock: Clock, history: History) -> Registry:
                     history=history)
 
 
-def _progress(reg: Registry, conns: list[Connection], step: int, clock: Clock) -> None:
+def _progress(reg: Registry, conns: list[Connection], step: int, clock: Clock,
+              **kw: int) -> None:
     for c in conns:
         reg.handle(c, pb.AgentMessage(progress=pb.ProgressSummary(
-            step=step, ts=clock.now, seconds_since_progress=0.0)), 0.0)
+            step=step, ts=clock.now, seconds_since_progress=0.0, **kw)), 0.0)
 
 
-def _crash_job(reg: Registry, clock: Clock) -> list[Connection]:
+def _crash_job(reg: Registry, clock: Clock, **again: int) -> list[Connection]:
     """Two ranks: 5 s startup, steps 1..20 (1 s each), a crash at step 20 (+0.5 s),
-    3 s to the barrier's release, 4 s to the first step (11: resumed after 10)."""
+    3 s to the barrier's release, 4 s to the first step (11: resumed after 10).
+    ``again``: fields of the new generation's ProgressSummaries (``resumed_step``)."""
     conns = [Connection(f"peer-{r}") for r in range(2)]
     for r, c in enumerate(conns):
         reg.hello(c, pb.Hello(job="j", rank=r, world_size=2, agent_instance=f"i{r}"))
@@ -261,7 +263,7 @@ def _crash_job(reg: Registry, clock: Clock) -> list[Connection]:
         reg.handle(c, pb.AgentMessage(arrival=pb.BarrierArrival(generation=1)), 0.0)
     clock.now += 4
     for step in range(11, 16):
-        _progress(reg, conns, step, clock)
+        _progress(reg, conns, step, clock, **again)
         clock.now += 1
     return conns
 
@@ -439,28 +441,7 @@ def test_the_resume_step_the_job_reports_reaches_the_ledger_and_each_incident() 
     incident's stages come with the goodput block (status JSON, text, report)."""
     clock = Clock()
     reg = _registry(clock, History())
-    conns = [Connection(f"peer-{r}") for r in range(2)]
-    for r, c in enumerate(conns):
-        reg.hello(c, pb.Hello(job="j", rank=r, world_size=2, agent_instance=f"i{r}"))
-    for c in conns:
-        reg.handle(c, pb.AgentMessage(arrival=pb.BarrierArrival(generation=0)), 0.0)
-    clock.now += 5
-    for step in range(1, 21):
-        for c in conns:
-            reg.handle(c, _summary(step, clock.now, checkpoint_seconds=0.0), 0.0)
-        clock.now += 1
-    clock.now -= 0.5
-    f = fault_to_proto(Fault(FaultKind.CRASH, "boom", detected_at=clock.now), 0,
-                       exit_status=1)
-    reg.handle(conns[1], pb.AgentMessage(fault=f), 0.0)
-    clock.now += 3
-    for c in conns:
-        reg.handle(c, pb.AgentMessage(arrival=pb.BarrierArrival(generation=1)), 0.0)
-    clock.now += 4
-    for step in range(11, 16):
-        for c in conns:
-            reg.handle(c, _summary(step, clock.now, resumed_step=5), 0.0)
-        clock.now += 1
+    conns = _crash_job(reg, clock, resumed_step=5)
     g = reg.job_info(reg.jobs[("", "j")], ranks=False).goodput
     assert g.recomputed_steps == 15
     assert g.seconds["recomputed"] == pytest.approx(15.5)  # step 5 (+9 s) -> crash (+24.5)
