@@ -9,9 +9,11 @@ then carried a later step: the resume step came out too high and the restart too
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import grpc
 
+from ftagent.agent.reporter import ArbiterLink
 from ftagent.model import ProcessExit, Progress
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
@@ -27,18 +29,25 @@ async def step_at_arbiter(address: str, job: str) -> int | None:
     return info.ranks[0].step if info.ranks else None
 
 
+async def first_step_seen(lk: ArbiterLink, address: str, job: str
+                          ) -> Callable[[int], Awaitable[bool]]:
+    """Generation 0 released and its step 1 at the arbiter; returns "is step N there?"."""
+    lk.arrive(0)
+    assert await lk.wait_released(0, 5)
+    lk.started(0, released=True)
+    lk.report_progress(Progress(step=1), seconds_since_progress=0, hung=False)
+
+    async def at(step: int) -> bool:
+        return await step_at_arbiter(address, job) == step
+
+    await wait_until(lambda: at(1), 5, "step 1 at the arbiter", interval=0.05)
+    return at
+
+
 def test_the_first_step_of_a_new_trainer_is_not_held_for_the_next_slot() -> None:
     async def body(arbiter: ArbiterProcess) -> None:
         async with running_links(arbiter.address, "first", 1, progress_interval=60) as (lk,):
-            lk.arrive(0)
-            assert await lk.wait_released(0, 5)
-            lk.started(0, released=True)
-            lk.report_progress(Progress(step=1), seconds_since_progress=0, hung=False)
-
-            async def at(step: int) -> bool:
-                return await step_at_arbiter(arbiter.address, "first") == step
-
-            await wait_until(lambda: at(1), 5, "step 1 at the arbiter", interval=0.05)
+            at = await first_step_seen(lk, arbiter.address, "first")
             lk.report_progress(Progress(step=7), seconds_since_progress=0, hung=False)
             lk.report_exit(ProcessExit(pid=1, code=1, signal=None), 0)  # flushes step 7
             await wait_until(lambda: at(7), 5, "step 7 with the exit", interval=0.05)
@@ -58,15 +67,7 @@ def test_the_last_step_of_a_trainer_stopped_for_a_restart_goes_before_the_arriva
     the next slot, so the ledger's "reached" step (and the steps redone) came out low."""
     async def body(arbiter: ArbiterProcess) -> None:
         async with running_links(arbiter.address, "stopped", 1, progress_interval=60) as (lk,):
-            lk.arrive(0)
-            assert await lk.wait_released(0, 5)
-            lk.started(0, released=True)
-            lk.report_progress(Progress(step=1), seconds_since_progress=0, hung=False)
-
-            async def at(step: int) -> bool:
-                return await step_at_arbiter(arbiter.address, "stopped") == step
-
-            await wait_until(lambda: at(1), 5, "step 1 at the arbiter", interval=0.05)
+            at = await first_step_seen(lk, arbiter.address, "stopped")
             lk.report_progress(Progress(step=9), seconds_since_progress=0, hung=False)
             lk.arrive(1)  # the trainer was stopped by a restart: step 9 goes first
             await wait_until(lambda: at(9), 5, "step 9 with the arrival", interval=0.05)
