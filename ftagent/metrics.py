@@ -258,7 +258,17 @@ class AgentMetrics:
             "timers from its log).", PHASE_BUCKETS, ["phase"])
         self.seconds_since_progress = gauge(
             "ftagent_seconds_since_progress", "Seconds since the last step progress.").labels(**i)
-        self.hang = gauge("ftagent_hang", "1 while the trainer is considered hung.").labels(**i)
+        self.hang = gauge(
+            "ftagent_hang",
+            "1 while a hang is declared (verified, or on the budget when verification is "
+            "off or failed); 0 while it is only suspected: see ftagent_hang_suspected."
+        ).labels(**i)
+        self.hang_suspected = gauge(
+            "ftagent_hang_suspected",
+            "1 while a hang is suspected but not declared: the step budget ran out and the "
+            "verification is judging it, or this rank was verified waiting in a collective "
+            "and the arbiter is comparing the ranks. Not an alert on its own: most "
+            "suspicions are verified alive.").labels(**i)
         self.hang_budget = gauge(
             "ftagent_hang_budget_seconds",
             "Current budget for the next step before a hang is declared.").labels(**i)

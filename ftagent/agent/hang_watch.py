@@ -38,7 +38,8 @@ class HangWatch:
         if metrics is not None:
             metrics.seconds_since_progress.set_function(
                 lambda: detector.seconds_since_progress(clock()))
-            metrics.hang.set_function(lambda: float(detector.hung))
+            metrics.hang.set_function(lambda: float(self.declared()))
+            metrics.hang_suspected.set_function(lambda: float(self.suspected()))
             metrics.hang_budget.set_function(lambda: detector.budget(clock()))
             if parser is not None:  # lines the parser could not afford or use
                 parser.on_skip = lambda reason, n: metrics.log_lines_skipped.labels(
@@ -65,6 +66,24 @@ class HangWatch:
             self.verifier.prepare(now)  # samples while the budget runs down
         faults = self.detector.tick(now)
         return faults if self.verifier is None else self.verifier.on_faults(faults, now)
+
+    def declared(self) -> bool:
+        """A hang declared: the budget ran out and, with verification on, the verdict
+        raised the HANG fault (``ftagent_hang``; the ``for: 0m`` alert keys on it). A budget
+        running out is only a suspicion until then (``suspected``)."""
+        det, v = self.detector, self.verifier
+        if not det.hung:
+            return False
+        return v is None or v.window <= 0 or v.declared
+
+    def suspected(self) -> bool:
+        """A suspicion not (yet) declared (``ftagent_hang_suspected``): the budget ran out
+        and the verdict is being judged, or this rank was verified waiting in a
+        collective and the arbiter is comparing the ranks."""
+        v = self.verifier
+        if v is None:
+            return False
+        return (self.detector.hung and not self.declared()) or v.asking
 
     def state(self) -> tuple[float, bool]:
         """(seconds since progress, hung) now: what the arbiter's summaries carry."""

@@ -198,6 +198,7 @@ class Stall:
     verdict: Verdict | None = None
     verifications: int = 0
     suspected: bool = False  # verified waiting in a collective: the arbiter was asked
+    asking: bool = False  # that question is open: no verdict since, no BUSY answer
     waiting_on: str | None = None  # the arbiter judged the job busy: whom this rank waits on
     spin_cap: float | None = None  # the others wait on this spinning rank: its spin budget
     snaps: list[Snapshot] = dataclasses.field(default_factory=list)  # the last window's
@@ -258,6 +259,19 @@ class Verifier:
     @property
     def window(self) -> float:
         return float(self.cfg.hang_verify_window)
+
+    @property
+    def declared(self) -> bool:
+        """A HANG fault was raised for the open stall (verified, or on the budget when
+        verification failed): what ``ftagent_hang`` shows, not the suspicion before it."""
+        stall = self.stall
+        return stall is not None and stall.declared
+
+    @property
+    def asking(self) -> bool:
+        """Verified waiting in a collective, the arbiter asked and not answered yet."""
+        stall = self.stall
+        return stall is not None and stall.asking and not stall.declared
 
     # ------------------------------------------------------------------ from HangWatch
 
@@ -397,6 +411,8 @@ class Verifier:
             raise
         except Exception as e:
             log.exception("hang verification failed; declaring the hang on its budget")
+            if self.stall is not None:
+                self.stall.declared = True
             out = dataclasses.replace(fault, evidence={
                 **fault.evidence, "verdict": "unknown",
                 "verification": {"state": "unknown", "missing": [f"verification failed: {e!r}"]}})
@@ -448,6 +464,7 @@ class Verifier:
         if self.stall is not stall:
             return  # steps resumed while sampling
         stall.snaps = snaps
+        stall.asking = False  # a new verdict answers for the stall now
         verdict = judge(snaps, self.thresholds)
         cost = _usage() - usage
         stall.verdict = verdict
@@ -473,7 +490,7 @@ class Verifier:
         if waiting and not stall.suspected and not stall.declared and \
                 self.ask_arbiter is not None and self.ask_arbiter():
             self._count("suspect")
-            stall.suspected = True
+            stall.suspected = stall.asking = True
             out = self._suspicion(fault, verdict, stalled, entries)
             det.defer(self.clock() + det.step_budget())  # not "hung" while it compares
             self._write("verify", "suspect", out.message, verdict, cost, stall)
@@ -517,6 +534,7 @@ class Verifier:
             self._waiting_hint = waiting_on
             return False
         stall.waiting_on = waiting_on
+        stall.asking = False
         self.detector.defer(self.clock() + self.detector.step_budget())
         return True
 

@@ -68,7 +68,8 @@ def test_sdk_progress_metrics_and_hang(tmp_path: Path) -> None:
                          30, "hang fault")[0]
         assert fault["last_step"] == 40
         text = scrape(port)
-        assert value(text, "ftagent_hang") == 1.0
+        assert value(text, "ftagent_hang") == 1.0  # declared (verified hung)
+        assert value(text, "ftagent_hang_suspected") == 0.0
         # from the budget's expiry to the fault: a tick (0.5 s) and the stacks, at most
         assert value(text, "ftagent_detection_latency_seconds_count") == 1
         assert 'kind="hang"' in next(ln for ln in text.splitlines()

@@ -11,15 +11,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from ftagent.agent.hang_watch import HangWatch
 from ftagent.agent.verify import Verifier
 from ftagent.config import HangConfig
 from ftagent.detect.hang import HangDetector, Sample, verify_plan
 from ftagent.detect.liveness import Snapshot, snapshot_from_json
+from ftagent.metrics import AgentMetrics
 from ftagent.model import FaultKind, Progress, TrainerStart
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "liveness"
@@ -121,8 +124,10 @@ class Rig:
         self.step += 1
         self.feed(Progress(step=self.step, source="log", ts=self.now[0]))
 
-    async def run_until(self, t: float, dt: float = 0.05, tick: float = 0.5) -> None:
-        """The clock in ``dt`` steps; the agent's tick every ``tick`` seconds."""
+    async def run_until(self, t: float, dt: float = 0.05, tick: float = 0.5,
+                        each: Callable[[], None] | None = None) -> None:
+        """The clock in ``dt`` steps; the agent's tick every ``tick`` seconds; ``each``
+        after every step (a scrape)."""
         next_tick = self.now[0] + tick
         while self.now[0] < t:
             self.now[0] = round(self.now[0] + dt, 9)
@@ -132,6 +137,8 @@ class Rig:
                 assert self.v.on_faults(self.det.tick(self.now[0]), self.now[0]) == []
             for _ in range(20):
                 await asyncio.sleep(0)
+            if each is not None:
+                each()
 
     def kinds(self, event: str) -> list[str]:
         return [k for e, k, _ in self.events if e == event]
@@ -236,5 +243,77 @@ def test_a_snapshot_asked_while_one_is_under_way_shares_its_answer(tmp_path: Pat
         assert triggered == [1] and a == b
         await fr.snapshot()  # none under way: a new one
         assert triggered == [1, 1]
+
+    asyncio.run(go())
+
+
+# --------------------------------------------------------------------------- the gauges
+
+
+def scraped(r: Rig) -> tuple[Callable[[], None], list[tuple[float, float, float]]]:
+    """The agent's hang gauges on a real registry, read after every clock step:
+    (time, ftagent_hang, ftagent_hang_suspected)."""
+    from prometheus_client import CollectorRegistry
+
+    reg = CollectorRegistry()
+    m = AgentMetrics(reg, {"job_name": "j", "namespace": "", "pod": "p", "node": "n",
+                           "rank": "0"})
+    HangWatch(r.det, m, clock=lambda: r.now[0], verifier=r.v)
+    seen: list[tuple[float, float, float]] = []
+
+    def read() -> None:
+        labels = {"job_name": "j", "namespace": "", "pod": "p", "node": "n", "rank": "0"}
+        seen.append((r.now[0], reg.get_sample_value("ftagent_hang", labels) or 0.0,
+                     reg.get_sample_value("ftagent_hang_suspected", labels) or 0.0))
+    return read, seen
+
+
+@pytest.mark.parametrize("verify_from", [0.33, 1.0])
+def test_ftagent_hang_is_never_1_for_a_suspicion_verified_alive(verify_from: float) -> None:
+    """The old gauge was the detector's ``hung``: 1 from the budget running out until the
+    verdict (the whole 2 s window with --hang-verify-from 1, a sample's time at least by
+    default), so the ``for: 0m`` FtagentTrainingHung alert could fire on an evaluation
+    that was then verified alive. Now that is ftagent_hang_suspected."""
+    async def go() -> None:
+        r = Rig("eval_busy", hang_verify_from=verify_from)
+        read, seen = scraped(r)
+        start = r.now[0]
+        await r.run_until(start + 12.0, each=read)
+        assert "alive" in r.kinds("verify") and r.raised == []
+        assert all(hang == 0.0 for _, hang, _ in seen)
+        if verify_from >= 1:  # the window after the budget: suspected all through it
+            suspected = [t - start for t, _, s in seen if s == 1.0]
+            assert suspected and max(suspected) - min(suspected) >= 1.5
+        r.progress(0.1)
+        read()
+        assert seen[-1][1:] == (0.0, 0.0)
+
+    asyncio.run(go())
+
+
+def test_ftagent_hang_is_1_once_the_hang_is_declared() -> None:
+    async def go() -> None:
+        r = Rig("collective_victim", hang_verify_from=1.0)
+        read, seen = scraped(r)
+        start = r.now[0]
+        await r.run_until(start + 9.0, each=read)
+        ((at, f),) = r.raised
+        assert f.evidence["verdict"] == "hung"
+        before = [(h, s) for t, h, s in seen if t < at]
+        after = [(h, s) for t, h, s in seen if t >= at]
+        assert all(h == 0.0 for h, _ in before) and (0.0, 1.0) in before
+        assert after and all(x == (1.0, 0.0) for x in after)
+
+    asyncio.run(go())
+
+
+def test_without_verification_the_budget_is_the_declaration() -> None:
+    async def go() -> None:
+        r = Rig("collective_victim", hang_verify_window=0.0)
+        read, seen = scraped(r)
+        r.now[0] += 3.1
+        (f,) = r.v.on_faults(r.det.tick(r.now[0]), r.now[0])  # raised as it is
+        read()
+        assert f.kind is FaultKind.HANG and seen[-1][1:] == (1.0, 0.0)
 
     asyncio.run(go())
