@@ -156,27 +156,42 @@ def _restarts(address: str) -> list[dict[str, Any]]:
 
 # examples/train.py, unchanged, with its fault triggers (FAULT_TRIGGER_DIR): rank 0 is slow
 # throughout (slow.0: its steps sleep 0.1 s, rank 1's 0.02 s), so rank 1 spends ~80 % of
-# its time inside the all-reduce, waiting for rank 0. One job, three faults on rank 1:
+# its time inside the all-reduce, waiting for rank 0. One job, four faults on rank 1:
 # 1. it stops before its step's all-reduce (hang.1): it never enqueues collective #N+1,
 #    rank 0 waits in it;
 # 2. after the restart its trainer is SIGSTOPped (inside the all-reduce, mostly): its agent
 #    answers the arbiter, the trainer cannot dump; rank 0's dump shows it waiting;
-# 3. after the next restart all of rank 1 (agent and trainer) is frozen: a node gone dark,
+# 3. on the next attempt it spins in pure Python at step SPIN_AT (FAULT_SPIN_AT_STEP, attempt
+#    2 only) while rank 0 waits on it in the all-reduce: rank 0 is verified waiting and asks
+#    the arbiter, whose stacks show rank 1 spinning and rank 0 waiting: BUSY, rank 1 the
+#    spin culprit, declared at --hang-culprit-spin-timeout (CULPRIT_SPIN s, not the 120 s of
+#    --hang-spin-timeout) and restarted, named;
+# 4. after the next restart all of rank 1 (agent and trainer) is frozen: a node gone dark,
 #    whose sockets stay open, so rank 0 waits rather than fails; rank 1 sends nothing.
+# --max-restarts 4: one per fault (the arbiter's default, 3, stops at the fourth).
 # --stacks-timeout 6: the frozen rank is named at that deadline; the stopped trainer's agent
 # answers within it (its verification window, 2 s, and the dump trigger's 2 s, together;
 # before evidence.py stopped retrying py-spy on a stopped process, ~14 s).
-def test_a_rank_behind_a_stopped_trainer_and_a_frozen_rank_are_named_in_one_job(
+SPIN_AT = 12
+CULPRIT_SPIN = 4.0
+
+
+def test_a_rank_behind_a_stopped_trainer_a_spinning_one_and_a_frozen_rank_are_named(
         tmp_path: Path) -> None:
     trig = tmp_path / "trig"
     trig.mkdir()
     (trig / "slow.0").write_text("5")
     frozen: list[int] = []
-    with ArbiterProcess("--stacks-timeout", "6", log_dir=str(tmp_path)) as arb:
+    with ArbiterProcess("--stacks-timeout", "6", "--max-restarts", "4",
+                        log_dir=str(tmp_path)) as arb:
         job = start_job(tmp_path, 2, flags=["--arbiter", arb.address, "--job", "e2e",
-                                            "--stop-timeout", "1", *FLOOR],
+                                            "--stop-timeout", "1",
+                                            "--hang-culprit-spin-timeout", str(CULPRIT_SPIN),
+                                            *FLOOR],
                         env={"TRAIN_STEP_SLEEP": "0.02", "TRAIN_PG_TIMEOUT": "120",
-                             "TRAIN_STEPS": "100000", "FAULT_TRIGGER_DIR": str(trig)})
+                             "TRAIN_STEPS": "100000", "FAULT_TRIGGER_DIR": str(trig),
+                             "FAULT_RANK": "1", "FAULT_SPIN_AT_STEP": str(SPIN_AT),
+                             "FAULT_SPIN_ATTEMPT": "2"})
         try:
             def trains(generation: int, steps: int) -> None:
                 """Rank 1 at ``generation`` past its hang detector's warm-up (5 steps)."""
@@ -195,22 +210,40 @@ def test_a_rank_behind_a_stopped_trainer_and_a_frozen_rank_are_named_in_one_job(
                      interval=0.3)
             with contextlib.suppress(ProcessLookupError):  # the agent's SIGKILL may be later
                 os.kill(frozen.pop(), signal.SIGKILL)
-            trains(2, 8)
-            frozen += [job.procs[1].pid, _trainer_pid(job, 1, 2)]
+            # attempt 2 spins at step SPIN_AT by itself
+            wait_for(lambda: _restarts(arb.address)[2:], 120, "the spin's restart",
+                     interval=0.3)
+            trains(3, 8)
+            frozen += [job.procs[1].pid, _trainer_pid(job, 1, 3)]
             for pid in frozen:
                 os.kill(pid, signal.SIGSTOP)
-            wait_for(lambda: _restarts(arb.address)[2:], 120, "the third restart",
+            wait_for(lambda: _restarts(arb.address)[3:], 120, "the fourth restart",
                      interval=0.3)
         finally:
             for pid in frozen:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             job.stop()
-        behind, stopped, dead = _restarts(arb.address)[:3]
-    assert [d["rank"] for d in (behind, stopped, dead)] == [1, 1, 1], (behind, stopped, dead)
+        behind, stopped, spun, dead = _restarts(arb.address)[:4]
+    assert [d["rank"] for d in (behind, stopped, spun, dead)] == [1, 1, 1, 1], \
+        (behind, stopped, spun, dead)
     text = behind["message"]
     assert "flight recorder: rank 1 at #" in text and "never reached collective #" in text, text
     assert "(all_reduce) of process group 0; rank 0 waits in it" in text, text
+    # the spin: rank 1 named the culprit by the arbiter's BUSY, declared at the short budget
+    assert "rank 1" in spun["message"], spun
+    (culprit,) = job.records(1, "peer", "culprit")
+    assert culprit["spin_budget_seconds"] == CULPRIT_SPIN, culprit
+    assert "wait(s) on it in a collective" in culprit["message"], culprit
+    (spin,) = [f for f in job.faults(1, "hang") if f.get("verdict") == "spinning"]
+    assert spin["severity"] == "error" and spin["last_step"] == SPIN_AT - 1, spin
+    assert spin["message"].startswith("spinning in spin (train.py:"), spin["message"]
+    # at the culprit budget (from the last step), or half a second after the BUSY that
+    # named it if that came later; never the 120 s --hang-spin-timeout
+    assert CULPRIT_SPIN <= spin["stall_seconds"] <= CULPRIT_SPIN + 4.0, spin
+    # rank 0 waited on it: a warning suspicion, never an error-level hang, for that episode
+    waits = [f for f in job.faults(0, "hang") if f.get("last_step") == SPIN_AT - 1]
+    assert waits and all(f["severity"] == "warning" for f in waits), waits
     # the agents' own hang faults carried the dumps' summaries as evidence too
     for r in (0, 1):
         fr = job.faults(r, "hang")[0]["flight_recorder"]

@@ -17,7 +17,7 @@ import pytest
 
 from tests.arbiter_helpers import ArbiterProcess
 from tests.conftest import wait_for
-from tests.e2e.jobs import Job, needs_torch, start_job, status
+from tests.e2e.jobs import Job, needs_torch, start_job, status, timeline_text
 
 pytestmark = needs_torch
 
@@ -34,13 +34,25 @@ def faults(job: Job, rank: int) -> list[dict[str, Any]]:
 
 def test_undeclared_evaluation_on_every_rank_is_no_fault_and_is_learned(
         tmp_path: Path) -> None:
+    """Under the arbiter with a culprit spin budget (2 s) shorter than the evaluations:
+    every rank busy, none waiting on another, so no rank is a spin culprit."""
     # evaluations of 6 s (3x the 2 s budget) after steps 20, 40 and 60, printing nothing
-    job = start_job(tmp_path, 2, flags=FLOOR,
-                    env={**FAST, "TRAIN_STEPS": "70", "EVAL_EVERY": "20", "EVAL_SECONDS": "6"})
-    codes = job.wait(240)
+    with ArbiterProcess(log_dir=str(tmp_path)) as arb:
+        job = start_job(tmp_path, 2, flags=["--arbiter", arb.address, "--job", "e2e",
+                                            "--hang-culprit-spin-timeout", "2", *FLOOR],
+                        env={**FAST, "TRAIN_STEPS": "70", "EVAL_EVERY": "20",
+                             "EVAL_SECONDS": "6"})
+        try:
+            codes = job.wait(240)
+        finally:
+            job.stop()
+        st = status(arb.address)
     assert codes == [0, 0], (job.log(0)[-2000:], job.log(1)[-2000:])
+    assert not [e for e in st["timeline"] if e.get("action") in
+                ("restart", "dump_stacks", "busy", "replace")], timeline_text(st)
     for r in (0, 1):
         assert not faults(job, r), faults(job, r)
+        assert not job.records(r, "peer"), job.records(r, "peer")  # no BUSY, no culprit
         assert job.log(r).count("validation loss at iteration") == 3
         # verified at the first evaluation (alive, re-checked a budget later while it
         # lasts); the next two recognised from one sample
