@@ -21,13 +21,20 @@ answer into what each rank records, by its part in it:
 
 Every rank also records the BUSY command itself as an ``action`` line (agent.py). Counts
 go to ``ftagent_busy_verdicts_total{role}``. A log warning is the loudest this gets.
+
+**Without an arbiter, in launcher mode** (``--nproc-per-node N``) the pod agent knows its
+local peers: a rank verified waiting in a collective asks its local peers' verifiers for
+their liveness (the answer the arbiter would get), and ``local_busy_peer`` (pure) picks the
+one it waits on -- busy (alive, or spinning: then that peer gets the culprit spin budget),
+not itself waiting or hung. The stall is then waiting, as under BUSY; with no busy local
+peer the hang is declared as before.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from ftagent.model import Action, ActionKind, JobBusy, Observation, Progress, TrainerStart
@@ -63,6 +70,29 @@ def waiting_text(busy: JobBusy) -> str:
     if what == "alive":
         what = "busy"
     return f"{who} ({what} in {busy.where or 'its own code'})"
+
+
+def local_busy_peer(peers: Mapping[int, Mapping[str, Any]]) -> tuple[int, str, str] | None:
+    """Of the local peers' liveness answers (rank -> ``{"state", "where", "declared"}``, as
+    ``Verifier.stacks_for_arbiter`` gives them), the one a rank verified waiting in a
+    collective waits on: busy (``alive``, else ``spinning``), lowest rank first, never one
+    that declared a hang. None when no peer explains the wait (all hung -- waiting in a
+    collective too -- unknown, declared, or none answered): the hang stands."""
+    best: tuple[int, int, str, str] | None = None
+    for rank, live in peers.items():
+        state = live.get("state")
+        if live.get("declared") or state not in ("alive", "spinning"):
+            continue
+        where = str(live.get("where") or "its own code")
+        key = (0 if state == "alive" else 1, rank, str(state), where)
+        if best is None or key[:2] < best[:2]:
+            best = key
+    return None if best is None else (best[1], best[2], best[3])
+
+
+def local_waiting_text(rank: int, state: str, where: str) -> str:
+    """``local rank 0 (busy in evaluate (train.py:88))``: whom a stall waits on."""
+    return f"local rank {rank} ({'busy' if state == 'alive' else state} in {where})"
 
 
 class PeerWait:

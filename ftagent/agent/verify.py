@@ -247,6 +247,9 @@ class Verifier:
         # True while an arbiter can compare the ranks: a rank verified waiting in a
         # collective then raises a WARNING suspicion, not the hang (agent/peer_wait.py)
         self.ask_arbiter: Callable[[], bool] | None = None
+        # launcher mode: this pod's other local ranks' verifiers (cmd/run.py wires them);
+        # without an arbiter, a rank waiting in a collective asks them who is busy
+        self.local_peers: Callable[[], Sequence[tuple[int, Verifier]]] | None = None
         self.stall: Stall | None = None
         # BUSY arrived before this rank's own budget ran out (no stall open yet): the
         # stall it is in is that wait; forgotten when steps resume
@@ -475,6 +478,12 @@ class Verifier:
         if stall.spin_cap is not None:
             spin_budget = min(spin_budget, stall.spin_cap)
         waiting = in_collective(verdict)
+        arbiter = self.ask_arbiter is not None and self.ask_arbiter()
+        if waiting and stall.waiting_on is None and not stall.declared and not arbiter and \
+                self.local_peers is not None:
+            await self._local_wait(stall)
+            if self.stall is not stall:
+                return  # steps resumed while the peers were asked
         if waiting and stall.waiting_on is not None and \
                 stalled < float(self.cfg.hang_phase_timeout):
             # the arbiter judged the job busy: waiting on that rank is not a hang (its own
@@ -487,8 +496,7 @@ class Verifier:
                         stall, waiting_on=stall.waiting_on,
                         suspect_again_in=round(again - self.clock(), 3))
             return
-        if waiting and not stall.suspected and not stall.declared and \
-                self.ask_arbiter is not None and self.ask_arbiter():
+        if waiting and not stall.suspected and not stall.declared and arbiter:
             self._count("suspect")
             stall.suspected = stall.asking = True
             out = self._suspicion(fault, verdict, stalled, entries)
@@ -537,6 +545,37 @@ class Verifier:
         stall.asking = False
         self.detector.defer(self.clock() + self.detector.step_budget())
         return True
+
+    async def _local_wait(self, stall: Stall) -> None:
+        """No arbiter, launcher mode: ask the local peers' verifiers for their liveness (a
+        verdict from their last window, or a window now) and, if one is busy, this stall
+        waits on it (``peer_wait.local_busy_peer``); a spinning one gets the culprit spin
+        budget, as the arbiter's BUSY gives it."""
+        from ftagent.agent.peer_wait import local_busy_peer, local_waiting_text
+
+        assert self.local_peers is not None
+        peers = [(r, v) for r, v in self.local_peers() if v is not self]
+        if not peers:
+            return
+        answers = await asyncio.gather(*(v.stacks_for_arbiter() for _, v in peers),
+                                       return_exceptions=True)
+        live = {r: a.get("liveness") or {} for (r, _), a in zip(peers, answers, strict=True)
+                if isinstance(a, dict)}
+        got = local_busy_peer(live)
+        if got is None or self.stall is not stall:
+            return
+        rank, state, where = got
+        stall.waiting_on = local_waiting_text(rank, state, where)
+        fields: dict[str, Any] = {"waiting_on": stall.waiting_on, "local": True,
+                                  "busy_ranks": [rank], "state": state}
+        if state == "spinning":
+            peer = dict(peers)[rank]
+            peer.spin_culprit(float(self.cfg.hang_culprit_spin_timeout))
+            fields["culprit_spin_budget_seconds"] = float(self.cfg.hang_culprit_spin_timeout)
+        msg = f"waiting on {stall.waiting_on}: a local peer is busy, not hung (no arbiter)"
+        log.warning("%s", msg)
+        if self.record is not None:
+            self.record("peer", "waiting", msg, **fields)
 
     def spin_culprit(self, budget: float) -> float | None:
         """The others wait on this rank in a collective while it spins: its spin budget
@@ -666,6 +705,8 @@ class Verifier:
         budget = self.book.budget(learned, self.detector.step_budget())
         how = ("recognised from a learned phase" if stall.recognised is not None else
                "declared hung, then resumed by itself" if stall.declared else
+               "waited on a busy local rank" if stall.waiting_on and
+               stall.waiting_on.startswith("local rank") else
                "waited on a rank the arbiter judged busy" if stall.waiting_on else
                "verified alive")
         step = "before the first step" if stall.step is None else f"at step {stall.step}"

@@ -191,10 +191,25 @@ def build_workers(cfg: RunConfig, environ: Mapping[str, str], rundir: str) -> Po
         workers.append(build_agent(pod, spec, wdir, registry=registry, share=share,
                                    node_sources=i == 0, budget=budget))
     start_metrics(cfg, registry, workers[0])
+    share_local_liveness(workers)
     log.info("launching %d worker(s): ranks %d-%d of %d, master %s:%d, run id %s",
              place.nproc, place.rank(0), place.rank(place.nproc - 1), place.world_size,
              place.master_addr, place.master_port, place.run_id)
     return pod
+
+
+def share_local_liveness(workers: Sequence[Worker]) -> None:
+    """Launcher mode: each worker's hang verification may ask the others' for their
+    liveness (without an arbiter, a rank waiting in a collective on a busy local peer is
+    waiting, not hung: agent/peer_wait.local_busy_peer)."""
+    from ftagent.agent.hang_watch import HangWatch
+
+    peers = [(w.ident.rank, d.verifier) for w in workers for d in w.detectors
+             if isinstance(d, HangWatch) and d.verifier is not None]
+    if len(peers) < 2:
+        return
+    for _, v in peers:
+        v.local_peers = lambda: peers
 
 
 def _attempt_env(wdir: str) -> Callable[[int], dict[str, str]]:

@@ -11,10 +11,16 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from ftagent.agent.peer_wait import PeerWait, role_of, waiting_text
+from ftagent.agent.peer_wait import (
+    PeerWait,
+    local_busy_peer,
+    local_waiting_text,
+    role_of,
+    waiting_text,
+)
 from ftagent.metrics import AgentMetrics
 from ftagent.model import Action, ActionKind, FaultKind, JobBusy, Severity
-from tests.unit.test_liveness import EVAL, MAIN, Rig, parked, proc, thread
+from tests.unit.test_liveness import EVAL, MAIN, Rig, busy_eval, parked, proc, thread
 
 SAVE_WHERE = "save (serialization.py:966) from checkpoint (train.py:77)"
 IDS = {"job_name": "j", "namespace": "", "pod": "p", "node": "n", "rank": "1"}
@@ -107,8 +113,8 @@ def test_without_an_arbiter_the_waiting_rank_declares_as_before() -> None:
     asyncio.run(go())
 
 
-def spinning() -> list[list[Any]]:
-    return [[proc(0, i * 0.45, [thread((EVAL,) + MAIN)])] for i in range(5)]
+def spinning(n: int = 5) -> list[list[Any]]:
+    return [[proc(0, i * 0.45, [thread((EVAL,) + MAIN)])] for i in range(n)]
 
 
 def test_a_spinning_culprit_is_declared_after_the_short_budget() -> None:
@@ -187,3 +193,104 @@ def test_busy_before_this_ranks_budget_ran_out_is_adopted_by_its_stall() -> None
         assert set(r.kinds("verify")) == {"waiting"}
 
     asyncio.run(go())
+
+
+# --------------------------------------------------------------------------- no arbiter:
+# launcher mode, the pod's local peers (cmd/run.py wires Verifier.local_peers)
+
+
+def test_the_local_peer_a_rank_waits_on_is_a_busy_one() -> None:
+    alive = {"state": "alive", "where": "evaluate (train.py:88)", "declared": False}
+    spin = {"state": "spinning", "where": "spin (train.py:213)", "declared": False}
+    hung = {"state": "hung", "where": "allreduce (c10d.py:1)", "declared": False}
+    assert local_busy_peer({}) is None
+    assert local_busy_peer({2: hung, 3: {"state": "unknown"}}) is None
+    assert local_busy_peer({2: {**alive, "declared": True}}) is None  # its own hang
+    assert local_busy_peer({3: spin, 2: hung}) == (3, "spinning", "spin (train.py:213)")
+    assert local_busy_peer({3: spin, 5: alive, 4: alive}) == (4, "alive",
+                                                              "evaluate (train.py:88)")
+    assert local_busy_peer({1: {"state": "alive"}}) == (1, "alive", "its own code")
+    assert local_waiting_text(4, "alive", "evaluate (train.py:88)") == \
+        "local rank 4 (busy in evaluate (train.py:88))"
+
+
+async def verified(stacks: list[list[Any]], t: float = 7.5, **cfg: Any) -> Rig:
+    """A local peer whose own budget ran out and was verified (alive, spinning); its clock
+    stays there, so the waiting rank's question is answered from its last window."""
+    peer = Rig(stacks, **cfg)
+    await peer.run_until(peer.now[0] + t)
+    assert peer.v.stall is not None and peer.v.stall.verdict is not None
+    return peer
+
+
+def test_without_an_arbiter_a_rank_waiting_on_a_busy_local_peer_is_not_hung() -> None:
+    """On the old code (no local peers asked) this is test_without_an_arbiter_the_waiting_
+    rank_declares_as_before: an error-level hang at the budget, and the local policy
+    restarts a job whose rank 0 is only evaluating."""
+    async def go() -> None:
+        peer = await verified(busy_eval())
+        assert peer.kinds("verify") == ["alive"]
+        r = Rig(parked())
+        r.v.local_peers = lambda: [(0, peer.v), (1, r.v)]
+        start = r.now[0]
+        assert await r.run_until(start + 60.0) == []
+        (w,) = [e for e in r.events if e[:2] == ("peer", "waiting")]
+        assert w[2].startswith("waiting on local rank 0 (busy in evaluate (train.py:")
+        assert w[3]["local"] is True and w[3]["busy_ranks"] == [0]
+        assert set(r.kinds("verify")) == {"waiting"} and len(r.kinds("verify")) >= 5
+        r.progress(0.2)
+        (done,) = [e for e in r.events if e[:2] == ("peer", "waited")]
+        assert "waited" in done[2] and "local rank 0" in done[2]
+
+    asyncio.run(go())
+
+
+def test_without_an_arbiter_a_spinning_local_peer_gets_the_culprit_budget() -> None:
+    async def go() -> None:
+        # 16 samples: the scripted CPU keeps rising through the peer's windows
+        peer = await verified(spinning(16), hang_spin_timeout=120.0,
+                              hang_culprit_spin_timeout=12.0)
+        assert peer.kinds("verify") == ["spinning"]
+        r = Rig(parked(), hang_culprit_spin_timeout=12.0)
+        r.v.local_peers = lambda: [(0, peer.v)]
+        assert await r.run_until(r.now[0] + 8.0) == []
+        (w,) = [e for e in r.events if e[:2] == ("peer", "waiting")]
+        assert w[3]["culprit_spin_budget_seconds"] == 12.0 and w[3]["state"] == "spinning"
+        # the spinning peer is declared at the culprit budget, not its 120 s spin budget
+        (f,) = await peer.run_until(peer.now[0] + 10.0)
+        assert f.message.startswith("spinning in evaluate (train.py:88)")
+        assert 12.0 <= f.evidence["stall_seconds"] <= 15.0
+
+    asyncio.run(go())
+
+
+def test_without_an_arbiter_local_peers_all_waiting_declare_the_hang() -> None:
+    async def go() -> None:
+        peer = await verified(parked())  # itself waiting in the collective: hung
+        r = Rig(parked())
+        r.v.local_peers = lambda: [(0, peer.v)]
+        (f,) = await r.run_until(r.now[0] + 9.0)
+        assert f.severity is Severity.ERROR and f.evidence["verdict"] == "hung"
+        assert not [e for e in r.events if e[0] == "peer"]
+
+    asyncio.run(go())
+
+
+def test_the_launcher_hands_each_workers_verifier_its_local_peers(tmp_path: Any) -> None:
+    """cmd/run.py's build_workers, as `ftagent run --nproc-per-node 2` builds them (nothing
+    started): every worker's verification can ask the other's."""
+    import os
+
+    from ftagent.agent.hang_watch import HangWatch
+    from ftagent.cmd.run import build_workers, parse
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    cfg = parse(["--nproc-per-node", "2", "--standalone", "--metrics-port", "-1", "--nic",
+                 "lo", "--", "python", "x.py"], env)
+    pod = build_workers(cfg, env, str(tmp_path))
+    verifiers = [d.verifier for w in pod.workers for d in w.detectors
+                 if isinstance(d, HangWatch)]
+    assert len(verifiers) == 2 and all(v is not None for v in verifiers)
+    for v in verifiers:
+        assert v is not None and v.local_peers is not None
+        assert [(r, p) for r, p in v.local_peers()] == [(0, verifiers[0]), (1, verifiers[1])]
