@@ -557,10 +557,9 @@ class Verifier:
         peers = [(r, v) for r, v in self.local_peers() if v is not self]
         if not peers:
             return
-        answers = await asyncio.gather(*(v.stacks_for_arbiter() for _, v in peers),
+        answers = await asyncio.gather(*(_liveness_of(v) for _, v in peers),
                                        return_exceptions=True)
-        live = {r: a.get("liveness") or {} for (r, _), a in zip(peers, answers, strict=True)
-                if isinstance(a, dict)}
+        live = {r: a for (r, _), a in zip(peers, answers, strict=True) if isinstance(a, dict)}
         got = local_busy_peer(live)
         if got is None or self.stall is not stall:
             return
@@ -576,6 +575,17 @@ class Verifier:
         log.warning("%s", msg)
         if self.record is not None:
             self.record("peer", "waiting", msg, **fields)
+
+    def recent_liveness(self) -> dict[str, Any] | None:
+        """The open stall's verdict if its samples are no older than a window (no new
+        sample: seven ranks of a node asking each other stay cheap); else None."""
+        stall = self.stall
+        if stall is None or stall.verdict is None or not stall.snaps:
+            return None
+        if self.clock() - stall.snaps[-1].ts > self.window:
+            return None
+        v = stall.verdict
+        return {"state": v.state.value, "where": v.where, "declared": stall.declared}
 
     def spin_culprit(self, budget: float) -> float | None:
         """The others wait on this rank in a collective while it spins: its spin budget
@@ -791,6 +801,17 @@ class Verifier:
         if m is not None:
             with contextlib.suppress(Exception):
                 m.hang_verifications.labels(**m.labels(verdict=verdict)).inc()
+
+
+async def _liveness_of(peer: Verifier) -> dict[str, Any]:
+    """A local peer's liveness: its last window's verdict, else the arbiter's answer (one
+    sample more, or a window now)."""
+    recent = peer.recent_liveness()
+    if recent is not None:
+        return recent
+    got = await peer.stacks_for_arbiter()
+    live = got.get("liveness")
+    return live if isinstance(live, dict) else {}
 
 
 async def _call(fn: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:

@@ -232,8 +232,10 @@ def test_without_an_arbiter_a_rank_waiting_on_a_busy_local_peer_is_not_hung() ->
         assert peer.kinds("verify") == ["alive"]
         r = Rig(parked())
         r.v.local_peers = lambda: [(0, peer.v), (1, r.v)]
+        calls = peer.sampler.calls
         start = r.now[0]
         assert await r.run_until(start + 60.0) == []
+        assert peer.sampler.calls == calls  # its last window answered: no new sample
         (w,) = [e for e in r.events if e[:2] == ("peer", "waiting")]
         assert w[2].startswith("waiting on local rank 0 (busy in evaluate (train.py:")
         assert w[3]["local"] is True and w[3]["busy_ranks"] == [0]
