@@ -49,6 +49,7 @@ from __future__ import annotations
 import enum
 import math
 from collections import OrderedDict, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 CATEGORIES = ("startup", "productive", "recomputed", "detection", "decision", "restart",
@@ -57,6 +58,7 @@ PHASE_CATEGORIES = ("checkpoint", "other_phases")  # (checkpoint, other) seconds
 SAMPLES_KEPT = 4096  # (time, step) points kept per training stretch, for interpolation
 INCIDENTS_KEPT = 64  # per job, the newest
 FAULTS_KEPT = 64  # faults remembered until a decision names them
+MAX_LEAD = 7 * 24 * 3600.0  # an onset claimed further before its detection: not believed
 
 
 class Mode(str, enum.Enum):
@@ -185,7 +187,7 @@ class Ledger:
         self._reports: dict[int, int] = {}  # rank -> summaries in this generation
         self.stretches: list[Stretch] = []
         self.incidents: deque[Incident] = deque(maxlen=INCIDENTS_KEPT)
-        self.faults: OrderedDict[str, tuple[str, float, float]] = OrderedDict()
+        self.faults: OrderedDict[str, tuple[str, float | None, float]] = OrderedDict()
         self._exported: dict[str, float] = {}
         self._phase_seen: dict[int, tuple[float, ...]] = {}  # rank -> its phase seconds
         self._phase_job: tuple[float, ...] = (0.0,) * len(PHASE_CATEGORIES)
@@ -294,10 +296,15 @@ class Ledger:
         elif not waiting and self.mode is Mode.CAPACITY:
             self._close(at, Mode.DECISION)
 
-    def fault(self, fault_id: str, kind: str, onset: float, detected: float) -> None:
-        """A fault arrived: it began at ``onset`` (a hang: the rank's last step) and was
-        detected at ``detected``; a restart that names it uses these times."""
-        self.faults[fault_id] = (kind, onset, detected)
+    def fault(self, fault_id: str, kind: str, onset: float | None, detected: float, *,
+              same_as: str = "") -> None:
+        """A fault arrived: it began at ``onset`` (a hang: the job's last step; a link:
+        when it went down; an Xid: when the GPU raised it; None: not measured, a hang's
+        is then the job's last step the ledger holds, any other's its detection) and was
+        detected at ``detected``; a restart that names it uses these times. ``same_as``: an earlier
+        fault this one continues (a link back after an outage): a restart that names this
+        one takes that one's times, where the ledger still has them."""
+        self.faults[fault_id] = self.faults.get(same_as, (kind, onset, detected))
         while len(self.faults) > FAULTS_KEPT:
             self.faults.popitem(last=False)
 
@@ -316,6 +323,13 @@ class Ledger:
         cur = self._current()
         lo = max(self.since, cur.start) if cur is not None else self.since
         detected = min(max(detected if detected is not None else now, lo), now)
+        if kind == "hang" and cur is not None and cur.samples \
+                and cur.samples[-1][0] <= detected:
+            # the job's last step before the stall, as its summaries stamp it (their
+            # arrival can be a summary slot later): a step a rank made after the one the
+            # reporting agent saw last is not the stall yet
+            last = cur.samples[-1][0]
+            onset = last if onset is None else max(onset, last)
         onset = min(max(onset if onset is not None else detected, lo), detected)
         reached = cur.reached() if cur is not None else None
         prev = self.incidents[-1] if self.incidents else None
@@ -465,6 +479,34 @@ class Ledger:
         self.totals["productive"] -= moved
         self.totals["recomputed"] += moved
         inc.recompute_seconds = moved
+
+
+def onset_of(kind: str, detected: float, evidence: Mapping[str, object]) -> float | None:
+    """When a fault began, from what its detector measured (None: not said, take its
+    detection): a hang, ``seconds_since_progress`` before its detection (the last step its
+    agent saw); a link, its ``detection_latency_seconds`` (down -> fault) or, once back,
+    its ``outage_seconds``; a GPU, the Xid's ``first_seen_wall``. Values from the agent:
+    a number, not negative, at most ``MAX_LEAD`` before ``detected`` (the ledger clamps
+    the result into the training it interrupts)."""
+    lead: object = None
+    if kind == "hang":
+        lead = evidence.get("seconds_since_progress")
+    elif kind == "nic":
+        lead = evidence.get("outage_seconds" if evidence.get("recovered") is True
+                            else "detection_latency_seconds")
+    elif kind == "gpu":
+        first = evidence.get("first_seen_wall")
+        if _number(first):
+            assert isinstance(first, (int, float))
+            lead = detected - first
+    if not _number(lead) or not math.isfinite(detected):
+        return None
+    assert isinstance(lead, (int, float))
+    return detected - min(max(float(lead), 0.0), MAX_LEAD)
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _finite(t: float, default: float) -> float:
