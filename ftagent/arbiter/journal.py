@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ftagent.arbiter.history import History, JobStats
+from ftagent.arbiter.history import History, JobStats, incident_from_json
 from ftagent.arbiter.ledger import Ledger, onset_of
 from ftagent.arbiter.state import Decision, JobState, RankState, Verdict
 from ftagent.arbiter.timeline import Timeline
@@ -94,7 +94,10 @@ class Journal:
                 carried[gap] = carried.get(gap, 0.0) + max(0.0, now - rec.last_seen)
             s.ledger = Ledger(now, job.world_size, carried, midway=midway,
                               carried_steps=rec.goodput_steps if rec else 0,
-                              carried_restarts=rec.goodput_restarts if rec else 0)
+                              carried_restarts=rec.goodput_restarts if rec else 0,
+                              carried_incidents=tuple(
+                                  incident_from_json(v) for v in rec.goodput_incidents)
+                              if rec else ())
             s.carried = None
         return s.ledger
 

@@ -146,7 +146,9 @@ class Breakdown:
     wall: float
     seconds: dict[str, float]
     recomputed_steps: int | None  # None: some restart's resume step is unknown
-    incidents: tuple[Incident, ...]  # this ledger's (not those carried over)
+    # the newest INCIDENTS_KEPT: those carried over from before an arbiter restart (the
+    # job's history record), then this ledger's
+    incidents: tuple[Incident, ...]
     restarts: int = 0  # restarts placed, carried ones included
     carried_wall: float = 0.0  # seconds carried over from before an arbiter restart
 
@@ -166,18 +168,23 @@ class Ledger:
 
     ``carried``: seconds per category from before an arbiter restart (the job's history
     record); they are added to what this ledger places from ``start`` on, as are
-    ``carried_steps`` (recomputed steps; None: unknown) and ``carried_restarts``.
+    ``carried_steps`` (recomputed steps; None: unknown) and ``carried_restarts``;
+    ``carried_incidents`` (that record's incidents) are shown before this ledger's, as
+    they were (their steps are in ``carried_steps`` already; a restart that was still
+    under way stays as far as it had come).
     ``midway``: the job was already running when the ledger started (no startup).
     """
 
     def __init__(self, start: float, world_size: int = 1,
                  carried: dict[str, float] | None = None, midway: bool = False, *,
-                 carried_steps: int | None = 0, carried_restarts: int = 0) -> None:
+                 carried_steps: int | None = 0, carried_restarts: int = 0,
+                 carried_incidents: tuple[Incident, ...] = ()) -> None:
         self.start = start
         self.world_size = max(1, world_size)
         self.totals = dict.fromkeys(CATEGORIES, 0.0)
         self.carried = {c: float((carried or {}).get(c, 0.0)) for c in CATEGORIES}
         self.carried_steps, self.carried_restarts = carried_steps, carried_restarts
+        self.carried_incidents = tuple(carried_incidents)[-INCIDENTS_KEPT:]
         self.mode = Mode.STARTUP
         self.since = start  # start of the open interval (in ``mode``)
         self.generation = 0
@@ -388,7 +395,8 @@ class Ledger:
                 continue
             assert steps is not None
             steps += n
-        return Breakdown(self.start, wall, secs, steps, tuple(self.incidents),
+        shown = (*self.carried_incidents, *self.incidents)[-INCIDENTS_KEPT:]
+        return Breakdown(self.start, wall, secs, steps, shown,
                          self.carried_restarts + len(self.incidents),
                          sum(self.carried.values()))
 
