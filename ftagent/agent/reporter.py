@@ -130,6 +130,9 @@ class StepTimes:
 
 CHECKPOINT_PHASES = frozenset({"checkpoint", "checkpointing", "checkpoint_save", "save"})
 PHASES_OPEN = 8  # phases open at once (nested) a trainer is believed about
+# an undeclared phase whose stack ran in a function or file named with one of these is a
+# save (torch.save's frames are in torch/serialization.py)
+SAVE_WORDS = ("save", "checkpoint", "ckpt", "serialization.py")
 
 
 class TrainerSays:
@@ -159,6 +162,18 @@ class TrainerSays:
                 began = self._open.pop(obs.phase, None)
                 if began is not None:
                     self._closed[_phase_kind(obs.phase)] += max(0.0, now - began)
+
+    def learned(self, seconds: float, where: str) -> None:
+        """A phase the trainer did not declare but the hang detector learned (a stall
+        verified alive, agent/verify.py) took ``seconds`` once steps resumed: counted as a
+        declared one, a checkpoint where its stack ran in a save (``where`` names one:
+        ``SAVE_WORDS``), else as other. The agent's own measure (a finite, positive
+        number is believed; the arbiter caps it at the training time)."""
+        if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) \
+                and 0 < seconds < float("inf"):
+            low = where.lower()
+            kind = "checkpoint" if any(w in low for w in SAVE_WORDS) else "other"
+            self._closed[kind] += float(seconds)
 
     def phase_seconds(self, now: float) -> tuple[float, float]:
         """(checkpoint, other) seconds in phases so far, open ones up to ``now``."""
