@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ftagent.arbiter.fault_onset import onset_of
 from ftagent.arbiter.history import History, JobStats, incident_from_json
-from ftagent.arbiter.ledger import Ledger, onset_of
+from ftagent.arbiter.ledger import Ledger
 from ftagent.arbiter.state import Decision, JobState, RankState, Verdict
 from ftagent.arbiter.timeline import Timeline
 from ftagent.model import Fault, FaultKind

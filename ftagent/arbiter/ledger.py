@@ -49,7 +49,6 @@ from __future__ import annotations
 import enum
 import math
 from collections import OrderedDict, deque
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 CATEGORIES = ("startup", "productive", "recomputed", "detection", "decision", "restart",
@@ -58,7 +57,6 @@ PHASE_CATEGORIES = ("checkpoint", "other_phases")  # (checkpoint, other) seconds
 SAMPLES_KEPT = 4096  # (time, step) points kept per training stretch, for interpolation
 INCIDENTS_KEPT = 64  # per job, the newest
 FAULTS_KEPT = 64  # faults remembered until a decision names them
-MAX_LEAD = 7 * 24 * 3600.0  # an onset claimed further before its detection: not believed
 
 
 class Mode(str, enum.Enum):
@@ -319,7 +317,9 @@ class Ledger:
                 onset: float | None = None, detected: float | None = None) -> None:
         """A RESTART/REPLACE decision moves the job to ``generation`` at ``now``; the fault
         that led to it (``fault_id``, else ``kind``, ``onset``, ``detected``) began at
-        ``onset`` and the agent saw it at ``detected`` (unknown: ``now``)."""
+        ``onset`` and the agent saw it at ``detected`` (unknown: ``now``). Where a hang
+        was reported earlier in the same stall (no step since), the incident's onset and
+        detection are that hang's (``_stall_seen``); its kind stays the decided fault's."""
         if self.ended is not None or generation <= self.generation:
             return
         if fault_id in self.faults:
@@ -330,7 +330,11 @@ class Ledger:
         cur = self._current()
         lo = max(self.since, cur.start) if cur is not None else self.since
         detected = min(max(detected if detected is not None else now, lo), now)
-        if kind == "hang" and cur is not None and cur.samples \
+        times = kind  # the kind of the fault whose times the incident takes
+        first = self._stall_seen(cur, detected)
+        if first is not None:  # a hang reported before it, the job stalled since: its times
+            times, onset, detected = first[0], first[1], min(max(first[2], lo), now)
+        if times == "hang" and cur is not None and cur.samples \
                 and cur.samples[-1][0] <= detected:
             # the job's last step before the stall, as its summaries stamp it (their
             # arrival can be a summary slot later): a step a rank made after the one the
@@ -440,6 +444,22 @@ class Ledger:
         self._phase_seen, self._phase_job = {}, (0.0,) * len(PHASE_CATEGORIES)
         self._expected = set(self.reporters)
 
+    def _stall_seen(self, cur: Stretch | None, before: float
+                    ) -> tuple[str, float | None, float] | None:
+        """The first hang reported since the job's last step (and before ``before``): a
+        restart decided on a later fault of that stall (the collective's timeout crashing
+        a hung rank, after the hang was judged busy) counts its detection from the hang,
+        not the stall as steps redone. None: no such hang, or no step seen."""
+        if cur is None or not cur.samples:
+            return None
+        last = cur.samples[-1][0]
+        best: tuple[str, float | None, float] | None = None
+        for kind, onset, detected in self.faults.values():
+            if kind == "hang" and last <= detected < before and (
+                    best is None or detected < best[2]):
+                best = (kind, onset, detected)
+        return best
+
     def _late(self, generation: int, step: int) -> None:
         """A step of a generation already restarted from (its agent's last summary, sent
         with its exit, may come after the fault): the step it had reached, while the
@@ -487,34 +507,6 @@ class Ledger:
         self.totals["productive"] -= moved
         self.totals["recomputed"] += moved
         inc.recompute_seconds = moved
-
-
-def onset_of(kind: str, detected: float, evidence: Mapping[str, object]) -> float | None:
-    """When a fault began, from what its detector measured (None: not said, take its
-    detection): a hang, ``seconds_since_progress`` before its detection (the last step its
-    agent saw); a link, its ``detection_latency_seconds`` (down -> fault) or, once back,
-    its ``outage_seconds``; a GPU, the Xid's ``first_seen_wall``. Values from the agent:
-    a number, not negative, at most ``MAX_LEAD`` before ``detected`` (the ledger clamps
-    the result into the training it interrupts)."""
-    lead: object = None
-    if kind == "hang":
-        lead = evidence.get("seconds_since_progress")
-    elif kind == "nic":
-        lead = evidence.get("outage_seconds" if evidence.get("recovered") is True
-                            else "detection_latency_seconds")
-    elif kind == "gpu":
-        first = evidence.get("first_seen_wall")
-        if _number(first):
-            assert isinstance(first, (int, float))
-            lead = detected - first
-    if not _number(lead) or not math.isfinite(detected):
-        return None
-    assert isinstance(lead, (int, float))
-    return detected - min(max(float(lead), 0.0), MAX_LEAD)
-
-
-def _number(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _finite(t: float, default: float) -> float:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from ftagent.arbiter.fault_onset import MAX_LEAD, onset_of
 from ftagent.arbiter.history import History
-from ftagent.arbiter.ledger import MAX_LEAD, Ledger, onset_of
+from ftagent.arbiter.ledger import Ledger
 from ftagent.arbiter.policy import PolicyConfig
 from ftagent.arbiter.registry import Connection, Registry
 from ftagent.arbiter.timeline import Timeline
@@ -154,3 +155,46 @@ def test_a_claimed_onset_stays_inside_the_training_it_interrupts() -> None:
     assert b.seconds["startup"] == pytest.approx(11.0)
     assert b.seconds["detection"] == pytest.approx(5.0)  # from the last step (20)
     assert sum(b.seconds.values()) == pytest.approx(b.wall)
+
+
+def test_a_hang_judged_busy_then_crashed_by_its_timeout_is_detection_and_decision() -> None:
+    """Seen in the ten-minute bench: a hang's stacks were judged a busy job (no restart),
+    and 30 s later gloo's timeout crashed a rank, which restarted the job. The stall
+    (last step -> crash) went to ``recomputed`` (32.7 s for 12 steps); it is detection
+    (last step -> the hang fault) and decision (-> the barrier), and only the redone
+    steps' time is recomputed."""
+    led = Ledger(0.0, world_size=2)
+    for s in range(1, 101):  # step s at 10 + 0.1 s
+        for r in (0, 1):
+            led.progress(r, 0, s, 10.0 + 0.1 * s)
+    # the last step, 100, at 20.0; the hang fault 2.7 s later; the crash at 52.1
+    led.fault("h", "hang", onset_of("hang", 22.7, {"seconds_since_progress": 2.7}), 22.7)
+    led.fault("c", "crash", None, 52.1)
+    led.restart(1, 52.2, fault_id="c")
+    led.resumed(1, 90)
+    led.released(1, 53.0)
+    for s in range(91, 95):
+        for r in (0, 1):
+            led.progress(r, 1, s, 54.0 + 0.1 * (s - 91))
+    b = led.breakdown(54.3)
+    assert b.seconds["detection"] == pytest.approx(2.7)
+    assert b.seconds["decision"] == pytest.approx(53.0 - 22.7)
+    assert b.seconds["recomputed"] == pytest.approx(1.0)  # steps 91..100: 19.0 -> 20.0
+    assert b.recomputed_steps == 10
+    (inc,) = b.incidents
+    assert inc.kind == "crash" and inc.onset == pytest.approx(20.0)
+    assert sum(b.seconds.values()) == pytest.approx(b.wall)
+
+
+def test_a_hang_reported_before_the_job_stepped_again_is_not_the_stall() -> None:
+    """A hang report (judged busy: an evaluation) after which the job made steps again,
+    then a crash: the crash's own times; the hang belongs to a stall that ended."""
+    led = Ledger(0.0, world_size=1)
+    for s in range(1, 51):
+        led.progress(0, 0, s, 10.0 + 0.1 * s)  # step 50 at 15.0
+    led.fault("h", "hang", 12.0, 14.0)  # step 40 at 14.0: it stepped after
+    led.fault("c", "crash", None, 15.05)
+    led.restart(1, 15.1, fault_id="c")
+    b = led.breakdown(15.1)
+    assert b.seconds["detection"] == pytest.approx(0.0)
+    assert b.incidents[0].onset == pytest.approx(15.05)
