@@ -29,7 +29,7 @@ import logging
 import random
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 
@@ -218,6 +218,7 @@ class ArbiterLink:
         self.step_times = StepTimes()
         self.trainer_says = TrainerSays()
         self._progress_new = False
+        self._first_step_due = False  # the generation's first progress is not reported yet
         self._hung_sent = False
         self._progress_sent_at = -1e9
         self._out: deque[pb.AgentMessage] = deque()
@@ -288,10 +289,20 @@ class ArbiterLink:
         """The latest progress; sent at most every ``progress_interval`` (at once if hung
         changed)."""
         self.step_times.step(p)
-        self._progress = self.proto.progress(p, seconds_since_progress, hung, time.time())
+        ts, phases = time.time(), self.trainer_says.phase_seconds(time.monotonic())
+        first, self._first_step_due = self._first_step_due, False
+        low = min((s for s, _ in p.folded_losses if 0 <= s < p.step), default=None)
+        if first and low is not None:
+            # the generation's first lines were read together and folded into the last:
+            # its first step goes first (the ledger's resume step when the trainer does
+            # not say where it resumed), then the latest
+            head = self.proto.progress(replace(p, step=low, folded_losses=()),
+                                       seconds_since_progress, hung, ts)
+            fill_resume_and_phases(head, self.trainer_says.resumed, *phases)
+            self._send(pb.AgentMessage(progress=head))
+        self._progress = self.proto.progress(p, seconds_since_progress, hung, ts)
         fill_step_times(self._progress, *self.step_times.means())
-        fill_resume_and_phases(self._progress, self.trainer_says.resumed,
-                               *self.trainer_says.phase_seconds(time.monotonic()))
+        fill_resume_and_phases(self._progress, self.trainer_says.resumed, *phases)
         if not self._progress_new or hung != self._hung_sent:
             self._wake.set()  # the writer sleeps until the next due time, at most once
         self._progress_new = True
@@ -340,10 +351,12 @@ class ArbiterLink:
     def started(self, generation: int, *, released: bool) -> None:
         """A trainer of ``generation`` runs now (``released`` False: without the barrier).
         Its first progress is sent at once, not coalesced: the arbiter's goodput ledger
-        takes the generation's first step as where it resumed and when it trains again."""
+        takes the generation's first step as where it resumed and when it trains again
+        (steps read together and folded into the last: the lowest of them first)."""
         self.proto.started(generation, released=released)
         self.trainer_says.reset()
         self._progress_sent_at = -1e9
+        self._first_step_due = True
 
     async def wait_released(self, generation: int, timeout: float | None = None) -> bool:
         """True once every rank arrived for ``generation`` (or a later one); False on
