@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from ftagent.arbiter.ledger import CATEGORIES, INCIDENTS_KEPT, Incident, Ledger
 from ftagent.arbiter.state import JobPhase, JobState
 from ftagent.arbiter.timeline import Entry
+from ftagent.wire import limits
 
 log = logging.getLogger("ftagent.arbiter.history")
 
@@ -120,7 +121,7 @@ class JobRecord:
             rec.goodput_mode = "unattributed"
         # incidents are for status only: one that is not one is left out, not the record
         got = rec.goodput_incidents if isinstance(rec.goodput_incidents, list) else []
-        rec.goodput_incidents = [incident_json(i) for i in map(_incident_or_none,
+        rec.goodput_incidents = [incident_json(i) for i in map(incident_or_none,
                                                                got[-INCIDENTS_KEPT:]) if i]
         for n in ("goodput_steps", "goodput_restarts"):
             v = getattr(rec, n)
@@ -155,14 +156,15 @@ INCIDENT_FIELDS = ("generation", "kind", "onset", "detected", "decided", "releas
                    "first_step_at", "reached", "resumed", "resume_source",
                    "recompute_seconds", "superseded")
 RESUME_SOURCES = ("reported", "first_step", "")
-MAX_STEP = 10**15
+MAX_STEP = limits.MAX_STEP
 
 
 def incident_json(i: Incident) -> list[Any]:
     return [getattr(i, f) for f in INCIDENT_FIELDS]
 
 
-def _incident_or_none(v: Any) -> Incident | None:
+def incident_or_none(v: Any) -> Incident | None:
+    """``incident_from_json``, or None for one that is not (left out, never raised)."""
     try:
         return incident_from_json(v)
     except (ValueError, TypeError):

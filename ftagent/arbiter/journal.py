@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ftagent.arbiter.fault_onset import onset_of
-from ftagent.arbiter.history import History, JobStats, incident_from_json
+from ftagent.arbiter.history import History, JobStats, incident_or_none
 from ftagent.arbiter.ledger import Ledger
 from ftagent.arbiter.state import Decision, JobState, RankState, Verdict
 from ftagent.arbiter.timeline import Timeline
@@ -97,8 +97,8 @@ class Journal:
                               carried_steps=rec.goodput_steps if rec else 0,
                               carried_restarts=rec.goodput_restarts if rec else 0,
                               carried_incidents=tuple(
-                                  incident_from_json(v) for v in rec.goodput_incidents)
-                              if rec else ())
+                                  i for i in map(incident_or_none, rec.goodput_incidents)
+                                  if i) if rec else ())
             s.carried = None
         return s.ledger
 

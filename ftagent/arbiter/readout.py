@@ -13,7 +13,7 @@ from ftagent.arbiter.history import (
     History,
     JobRecord,
     JobStats,
-    incident_from_json,
+    incident_or_none,
     shown_state,
 )
 from ftagent.arbiter.journal import Journal
@@ -85,8 +85,8 @@ class Readout:
                 wall_seconds=wall, seconds=job.goodput,
                 ratio=job.goodput.get("productive", 0.0) / wall if wall > 0 else 0.0,
                 recomputed_steps=job.goodput_steps, incidents=job.goodput_restarts,
-                per_incident=[_incident_pb(incident_from_json(v))
-                              for v in job.goodput_incidents]))
+                per_incident=[_incident_pb(i) for i in map(incident_or_none,
+                                                           job.goodput_incidents) if i]))
         if ranks:
             for e in self.timeline.entries(job.job, job.namespace, timeline_limit):
                 info.timeline.append(convert.entry_to_proto(e))

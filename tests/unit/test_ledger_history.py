@@ -120,12 +120,15 @@ def test_a_records_incidents_are_checked_where_they_enter() -> None:
                     resume_source="reported", recompute_seconds=2.5)
     again = incident_from_json(json.loads(json.dumps(incident_json(good))))
     assert again == good
+    top = Incident(4, "crash", 10.0, 10.0, 11.0, reached=2**53 - 1, resumed=2**53 - 5)
+    assert incident_from_json(incident_json(top)) == top  # any step the wire allows
     bad = [
         "x", [1, 2], [*incident_json(good)[:2], float("nan"), *incident_json(good)[3:]],
         [-1, *incident_json(good)[1:]], [*incident_json(good)[:7], True,
                                          *incident_json(good)[8:]],
         [*incident_json(good)[:9], "guessed", *incident_json(good)[10:]],
         [*incident_json(good)[:2], 1e300, *incident_json(good)[3:]],
+        [*incident_json(good)[:7], 2**53, *incident_json(good)[8:]],
     ]
     for v in bad:
         with pytest.raises(ValueError):
