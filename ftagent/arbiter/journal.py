@@ -136,8 +136,11 @@ class Journal:
         outage = min(job.nic_outages.values(), key=lambda o: o.since, default=None) \
             if fault.kind is FaultKind.NIC and fault.evidence.get("recovered") is True \
             else None
-        self.ledger(job, now).fault(fault.id, fault.kind.value, onset, detected,
-                                    same_as=outage.fault_id if outage is not None else "")
+        last = fault.evidence.get("last_step")  # a hang's: the last step its agent saw
+        self.ledger(job, now).fault(
+            fault.id, fault.kind.value, onset, detected,
+            same_as=outage.fault_id if outage is not None else "",
+            last_step=last if isinstance(last, int) and not isinstance(last, bool) else None)
 
     def succeeded(self, job: JobState, now: float) -> None:
         self.ledger(job, now).end(now)

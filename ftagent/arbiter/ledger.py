@@ -50,6 +50,7 @@ import enum
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 CATEGORIES = ("startup", "productive", "recomputed", "detection", "decision", "restart",
               "unattributed", "checkpoint", "other_phases", "straggler", "capacity")
@@ -67,6 +68,15 @@ class Mode(str, enum.Enum):
     RESTART = "restart"
     CAPACITY = "capacity"
     OFF = "unattributed"  # stopped, or waiting on something the ledger cannot explain
+
+
+class FaultTimes(NamedTuple):
+    """A fault as the ledger keeps it until a decision names it."""
+
+    kind: str
+    onset: float | None  # None: not measured
+    detected: float
+    last_step: int | None = None  # a hang: the last step its agent saw (None: not said)
 
 
 @dataclass(slots=True)
@@ -192,7 +202,7 @@ class Ledger:
         self._reports: dict[int, int] = {}  # rank -> summaries in this generation
         self.stretches: list[Stretch] = []
         self.incidents: deque[Incident] = deque(maxlen=INCIDENTS_KEPT)
-        self.faults: OrderedDict[str, tuple[str, float | None, float]] = OrderedDict()
+        self.faults: OrderedDict[str, FaultTimes] = OrderedDict()
         self._exported: dict[str, float] = {}
         self._phase_seen: dict[int, tuple[float, ...]] = {}  # rank -> its phase seconds
         self._phase_job: tuple[float, ...] = (0.0,) * len(PHASE_CATEGORIES)
@@ -302,14 +312,17 @@ class Ledger:
             self._close(at, Mode.DECISION)
 
     def fault(self, fault_id: str, kind: str, onset: float | None, detected: float, *,
-              same_as: str = "") -> None:
+              same_as: str = "", last_step: int | None = None) -> None:
         """A fault arrived: it began at ``onset`` (a hang: the job's last step; a link:
         when it went down; an Xid: when the GPU raised it; None: not measured, a hang's
         is then the job's last step the ledger holds, any other's its detection) and was
         detected at ``detected``; a restart that names it uses these times. ``same_as``: an earlier
         fault this one continues (a link back after an outage): a restart that names this
-        one takes that one's times, where the ledger still has them."""
-        self.faults[fault_id] = self.faults.get(same_as, (kind, onset, detected))
+        one takes that one's times, where the ledger still has them. ``last_step``: a
+        hang's last step as its agent saw it (the job's last sample is believed over
+        ``onset`` only past it)."""
+        self.faults[fault_id] = self.faults.get(
+            same_as, FaultTimes(kind, onset, detected, last_step))
         while len(self.faults) > FAULTS_KEPT:
             self.faults.popitem(last=False)
 
@@ -322,8 +335,9 @@ class Ledger:
         detection are that hang's (``_stall_seen``); its kind stays the decided fault's."""
         if self.ended is not None or generation <= self.generation:
             return
+        last_step = None
         if fault_id in self.faults:
-            kind, onset, detected = self.faults[fault_id]
+            kind, onset, detected, last_step = self.faults[fault_id]
         now = max(_finite(now, self.since), self.since)
         onset = None if onset is None else _finite(onset, now)
         detected = None if detected is None else _finite(detected, now)
@@ -333,14 +347,18 @@ class Ledger:
         times = kind  # the kind of the fault whose times the incident takes
         first = self._stall_seen(cur, detected)
         if first is not None:  # a hang reported before it, the job stalled since: its times
-            times, onset, detected = first[0], first[1], min(max(first[2], lo), now)
+            times, onset, last_step = first.kind, first.onset, first.last_step
+            detected = min(max(first.detected, lo), now)
         if times == "hang" and cur is not None and cur.samples \
                 and cur.samples[-1][0] <= detected:
             # the job's last step before the stall, as its summaries stamp it (their
-            # arrival can be a summary slot later): a step a rank made after the one the
-            # reporting agent saw last is not the stall yet
-            last = cur.samples[-1][0]
-            onset = last if onset is None else max(onset, last)
+            # arrival can be a summary slot later), where the agent measured no onset or
+            # the job went past the step it saw last (that step was not the stall yet);
+            # else the agent's own measure (another rank's agent may have read the same
+            # step a log tick later)
+            last, step = cur.samples[-1]
+            if onset is None or last_step is None or step > last_step:
+                onset = last if onset is None else max(onset, last)
         onset = min(max(onset if onset is not None else detected, lo), detected)
         reached = cur.reached() if cur is not None else None
         prev = self.incidents[-1] if self.incidents else None
@@ -444,8 +462,7 @@ class Ledger:
         self._phase_seen, self._phase_job = {}, (0.0,) * len(PHASE_CATEGORIES)
         self._expected = set(self.reporters)
 
-    def _stall_seen(self, cur: Stretch | None, before: float
-                    ) -> tuple[str, float | None, float] | None:
+    def _stall_seen(self, cur: Stretch | None, before: float) -> FaultTimes | None:
         """The first hang reported since the job's last step (and before ``before``): a
         restart decided on a later fault of that stall (the collective's timeout crashing
         a hung rank, after the hang was judged busy) counts its detection from the hang,
@@ -453,11 +470,11 @@ class Ledger:
         if cur is None or not cur.samples:
             return None
         last = cur.samples[-1][0]
-        best: tuple[str, float | None, float] | None = None
-        for kind, onset, detected in self.faults.values():
-            if kind == "hang" and last <= detected < before and (
-                    best is None or detected < best[2]):
-                best = (kind, onset, detected)
+        best: FaultTimes | None = None
+        for f in self.faults.values():
+            if f.kind == "hang" and last <= f.detected < before and (
+                    best is None or f.detected < best.detected):
+                best = f
         return best
 
     def _late(self, generation: int, step: int) -> None:

@@ -198,3 +198,20 @@ def test_a_hang_reported_before_the_job_stepped_again_is_not_the_stall() -> None
     b = led.breakdown(15.1)
     assert b.seconds["detection"] == pytest.approx(0.0)
     assert b.incidents[0].onset == pytest.approx(15.05)
+
+
+def test_a_hangs_own_measure_wins_over_another_ranks_later_stamp_of_the_same_step() -> None:
+    """Seen in the e2e job: rank 1's agent saw step 11 at 20.0 and reported the hang 6.3 s
+    later; rank 0's agent read step 11 a log tick later (20.6) and its summary came first.
+    Detection is the 6.3 s its detector measured, not 5.7. Had the job gone past the step
+    the agent saw (12), the job's last step would bound it."""
+    for seen, reached, want in ((11, 11, 6.3), (11, 12, 26.3 - 21.0), (None, 11, 26.3 - 20.6)):
+        led = Ledger(0.0, world_size=2)
+        for s in range(1, 11):
+            led.progress(0, 0, s, 10.0 + s - 1)  # step 10 at 19.0
+        led.progress(0, 0, 11, 20.6)  # rank 0's stamp of step 11
+        if reached == 12:
+            led.progress(0, 0, 12, 21.0)
+        led.fault("h", "hang", 20.0, 26.3, last_step=seen)
+        led.restart(1, 27.0, fault_id="h")
+        assert led.breakdown(27.0).seconds["detection"] == pytest.approx(want), (seen, reached)
