@@ -29,7 +29,7 @@ import logging
 import random
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import grpc
 
@@ -130,6 +130,9 @@ class StepTimes:
 
 CHECKPOINT_PHASES = frozenset({"checkpoint", "checkpointing", "checkpoint_save", "save"})
 PHASES_OPEN = 8  # phases open at once (nested) a trainer is believed about
+# an undeclared phase whose stack ran in a function or file named with one of these is a
+# save (torch.save's frames are in torch/serialization.py)
+SAVE_WORDS = ("save", "checkpoint", "ckpt", "serialization.py")
 
 
 class TrainerSays:
@@ -159,6 +162,18 @@ class TrainerSays:
                 began = self._open.pop(obs.phase, None)
                 if began is not None:
                     self._closed[_phase_kind(obs.phase)] += max(0.0, now - began)
+
+    def learned(self, seconds: float, where: str) -> None:
+        """A phase the trainer did not declare but the hang detector learned (a stall
+        verified alive, agent/verify.py) took ``seconds`` once steps resumed: counted as a
+        declared one, a checkpoint where its stack ran in a save (``where`` names one:
+        ``SAVE_WORDS``), else as other. The agent's own measure (a finite, positive
+        number is believed; the arbiter caps it at the training time)."""
+        if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) \
+                and 0 < seconds < float("inf"):
+            low = where.lower()
+            kind = "checkpoint" if any(w in low for w in SAVE_WORDS) else "other"
+            self._closed[kind] += float(seconds)
 
     def phase_seconds(self, now: float) -> tuple[float, float]:
         """(checkpoint, other) seconds in phases so far, open ones up to ``now``."""
@@ -203,6 +218,7 @@ class ArbiterLink:
         self.step_times = StepTimes()
         self.trainer_says = TrainerSays()
         self._progress_new = False
+        self._first_step_due = False  # the generation's first progress is not reported yet
         self._hung_sent = False
         self._progress_sent_at = -1e9
         self._out: deque[pb.AgentMessage] = deque()
@@ -273,10 +289,20 @@ class ArbiterLink:
         """The latest progress; sent at most every ``progress_interval`` (at once if hung
         changed)."""
         self.step_times.step(p)
-        self._progress = self.proto.progress(p, seconds_since_progress, hung, time.time())
+        ts, phases = time.time(), self.trainer_says.phase_seconds(time.monotonic())
+        first, self._first_step_due = self._first_step_due, False
+        low = min((s for s, _ in p.folded_losses if 0 <= s < p.step), default=None)
+        if first and low is not None:
+            # the generation's first lines were read together and folded into the last:
+            # its first step goes first (the ledger's resume step when the trainer does
+            # not say where it resumed), then the latest
+            head = self.proto.progress(replace(p, step=low, folded_losses=()),
+                                       seconds_since_progress, hung, ts)
+            fill_resume_and_phases(head, self.trainer_says.resumed, *phases)
+            self._send(pb.AgentMessage(progress=head))
+        self._progress = self.proto.progress(p, seconds_since_progress, hung, ts)
         fill_step_times(self._progress, *self.step_times.means())
-        fill_resume_and_phases(self._progress, self.trainer_says.resumed,
-                               *self.trainer_says.phase_seconds(time.monotonic()))
+        fill_resume_and_phases(self._progress, self.trainer_says.resumed, *phases)
         if not self._progress_new or hung != self._hung_sent:
             self._wake.set()  # the writer sleeps until the next due time, at most once
         self._progress_new = True
@@ -325,10 +351,12 @@ class ArbiterLink:
     def started(self, generation: int, *, released: bool) -> None:
         """A trainer of ``generation`` runs now (``released`` False: without the barrier).
         Its first progress is sent at once, not coalesced: the arbiter's goodput ledger
-        takes the generation's first step as where it resumed and when it trains again."""
+        takes the generation's first step as where it resumed and when it trains again
+        (steps read together and folded into the last: the lowest of them first)."""
         self.proto.started(generation, released=released)
         self.trainer_says.reset()
         self._progress_sent_at = -1e9
+        self._first_step_due = True
 
     async def wait_released(self, generation: int, timeout: float | None = None) -> bool:
         """True once every rank arrived for ``generation`` (or a later one); False on

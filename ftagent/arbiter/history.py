@@ -23,9 +23,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
 
-from ftagent.arbiter.ledger import CATEGORIES, Ledger
+from ftagent.arbiter.ledger import CATEGORIES, INCIDENTS_KEPT, Incident, Ledger
 from ftagent.arbiter.state import JobPhase, JobState
 from ftagent.arbiter.timeline import Entry
+from ftagent.wire import limits
 
 log = logging.getLogger("ftagent.arbiter.history")
 
@@ -77,6 +78,8 @@ class JobRecord:
     goodput_mode: str = ""  # the category time went to when it was written
     goodput_steps: int | None = None  # recomputed steps (None: unknown or no ledger)
     goodput_restarts: int = 0  # restarts the ledger placed
+    # its incidents (the newest ledger.INCIDENTS_KEPT), each as ``incident_json`` writes it
+    goodput_incidents: list[list[Any]] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -116,6 +119,10 @@ class JobRecord:
             raise ValueError("goodput seconds out of range")
         if rec.goodput_mode and rec.goodput_mode not in CATEGORIES:
             rec.goodput_mode = "unattributed"
+        # incidents are for status only: one that is not one is left out, not the record
+        got = rec.goodput_incidents if isinstance(rec.goodput_incidents, list) else []
+        rec.goodput_incidents = [incident_json(i) for i in map(incident_or_none,
+                                                               got[-INCIDENTS_KEPT:]) if i]
         for n in ("goodput_steps", "goodput_restarts"):
             v = getattr(rec, n)
             if not (v is None and n == "goodput_steps") and not (
@@ -140,7 +147,54 @@ def _goodput(led: Ledger | None, at: float) -> dict[str, Any]:
         return {}
     b = led.breakdown(at)
     return {"goodput": b.seconds, "goodput_mode": led.mode.value,
-            "goodput_steps": b.recomputed_steps, "goodput_restarts": b.restarts}
+            "goodput_steps": b.recomputed_steps, "goodput_restarts": b.restarts,
+            "goodput_incidents": [incident_json(i) for i in b.incidents]}
+
+
+# An incident in a record: a list in this order (compact: a record holds up to 64).
+INCIDENT_FIELDS = ("generation", "kind", "onset", "detected", "decided", "released",
+                   "first_step_at", "reached", "resumed", "resume_source",
+                   "recompute_seconds", "superseded")
+RESUME_SOURCES = ("reported", "first_step", "")
+MAX_STEP = limits.MAX_STEP
+
+
+def incident_json(i: Incident) -> list[Any]:
+    return [getattr(i, f) for f in INCIDENT_FIELDS]
+
+
+def incident_or_none(v: Any) -> Incident | None:
+    """``incident_from_json``, or None for one that is not (left out, never raised)."""
+    try:
+        return incident_from_json(v)
+    except (ValueError, TypeError):
+        return None
+
+
+def incident_from_json(v: Any) -> Incident:
+    """An incident from a record (``incident_json``'s list); raises ValueError for one
+    that is not: times finite, steps counts, the kind a short string."""
+    if not isinstance(v, list) or len(v) != len(INCIDENT_FIELDS):
+        raise ValueError("an incident is not a list of its fields")
+    d = dict(zip(INCIDENT_FIELDS, v, strict=True))
+    for n in ("onset", "detected", "decided", "released", "first_step_at",
+              "recompute_seconds"):
+        t = d[n]
+        if t is None and n in ("released", "first_step_at"):
+            continue
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < 1e12:
+            raise ValueError(f"incident {n} is not a time")
+        d[n] = float(t)
+    for n in ("generation", "reached", "resumed"):
+        c = d[n]
+        if not (c is None and n != "generation") and not (
+                isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= MAX_STEP):
+            raise ValueError(f"incident {n} is not a count")
+    if not isinstance(d["kind"], str) or d["resume_source"] not in RESUME_SOURCES \
+            or not isinstance(d["superseded"], bool):
+        raise ValueError("incident kind, resume source or superseded is not one")
+    d["kind"] = d["kind"][:32]
+    return Incident(**d)
 
 
 def shown_state(phase: str, stop_reason: str, gone_for: float) -> str:
@@ -227,7 +281,8 @@ class History:
         summary = (rec.world_size, rec.generation, rec.restarts, rec.max_restarts,
                    rec.alert_only, rec.phase, rec.stop_reason, job.connected == 0,
                    tuple(sorted(rec.restarts_by_reason.items())), round(rec.seconds_lost, 3),
-                   rec.goodput_mode, rec.goodput_steps, rec.goodput_restarts)
+                   rec.goodput_mode, rec.goodput_steps, rec.goodput_restarts,
+                   str(rec.goodput_incidents[-1:]))
         if self._written.get(rec.key) != summary:
             self._written[rec.key] = summary
             self.store.record(rec)

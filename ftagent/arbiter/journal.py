@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ftagent.arbiter.history import History, JobStats
+from ftagent.arbiter.fault_onset import onset_of
+from ftagent.arbiter.history import History, JobStats, incident_or_none
 from ftagent.arbiter.ledger import Ledger
 from ftagent.arbiter.state import Decision, JobState, RankState, Verdict
 from ftagent.arbiter.timeline import Timeline
@@ -94,7 +95,10 @@ class Journal:
                 carried[gap] = carried.get(gap, 0.0) + max(0.0, now - rec.last_seen)
             s.ledger = Ledger(now, job.world_size, carried, midway=midway,
                               carried_steps=rec.goodput_steps if rec else 0,
-                              carried_restarts=rec.goodput_restarts if rec else 0)
+                              carried_restarts=rec.goodput_restarts if rec else 0,
+                              carried_incidents=tuple(
+                                  i for i in map(incident_or_none, rec.goodput_incidents)
+                                  if i) if rec else ())
             s.carried = None
         return s.ledger
 
@@ -120,18 +124,23 @@ class Journal:
             self.save(job, now)
 
     def fault(self, job: JobState, rs: RankState | None, fault: Fault, now: float) -> None:
-        """A fault seen: counted by kind, and its onset (a hang: the rank's last step) and
-        detection for the ledger; the agent's clock is not trusted beyond the ledger's
-        clamping and ``now``."""
+        """A fault seen: counted by kind, and its onset and detection for the ledger: the
+        onset its detector measured (ledger.onset_of: a hang's last step, a link's going
+        down, an Xid's time), else none (a hang's is then the job's last step as the
+        summaries stamp it: never their arrival, which can come a summary slot later); a
+        link back continues the outage it ends. The agent's clock is not
+        trusted beyond the ledger's clamping and ``now``."""
         self.stats_of(job).fault(fault.id, now, fault.kind.value)
         detected = min(fault.detected_at, now)
-        onset = detected
-        if fault.kind is FaultKind.HANG:
-            last = rs.last_step_at if rs is not None else min(
-                (r.last_step_at for r in job.ranks.values() if r.last_step_at is not None),
-                default=None)
-            onset = min(last, detected) if last is not None else detected
-        self.ledger(job, now).fault(fault.id, fault.kind.value, onset, detected)
+        onset = onset_of(fault.kind.value, detected, fault.evidence)
+        outage = min(job.nic_outages.values(), key=lambda o: o.since, default=None) \
+            if fault.kind is FaultKind.NIC and fault.evidence.get("recovered") is True \
+            else None
+        last = fault.evidence.get("last_step")  # a hang's: the last step its agent saw
+        self.ledger(job, now).fault(
+            fault.id, fault.kind.value, onset, detected,
+            same_as=outage.fault_id if outage is not None else "",
+            last_step=last if isinstance(last, int) and not isinstance(last, bool) else None)
 
     def succeeded(self, job: JobState, now: float) -> None:
         self.ledger(job, now).end(now)

@@ -50,6 +50,7 @@ import enum
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 CATEGORIES = ("startup", "productive", "recomputed", "detection", "decision", "restart",
               "unattributed", "checkpoint", "other_phases", "straggler", "capacity")
@@ -67,6 +68,15 @@ class Mode(str, enum.Enum):
     RESTART = "restart"
     CAPACITY = "capacity"
     OFF = "unattributed"  # stopped, or waiting on something the ledger cannot explain
+
+
+class FaultTimes(NamedTuple):
+    """A fault as the ledger keeps it until a decision names it."""
+
+    kind: str
+    onset: float | None  # None: not measured
+    detected: float
+    last_step: int | None = None  # a hang: the last step its agent saw (None: not said)
 
 
 @dataclass(slots=True)
@@ -144,7 +154,9 @@ class Breakdown:
     wall: float
     seconds: dict[str, float]
     recomputed_steps: int | None  # None: some restart's resume step is unknown
-    incidents: tuple[Incident, ...]  # this ledger's (not those carried over)
+    # the newest INCIDENTS_KEPT: those carried over from before an arbiter restart (the
+    # job's history record), then this ledger's
+    incidents: tuple[Incident, ...]
     restarts: int = 0  # restarts placed, carried ones included
     carried_wall: float = 0.0  # seconds carried over from before an arbiter restart
 
@@ -164,18 +176,23 @@ class Ledger:
 
     ``carried``: seconds per category from before an arbiter restart (the job's history
     record); they are added to what this ledger places from ``start`` on, as are
-    ``carried_steps`` (recomputed steps; None: unknown) and ``carried_restarts``.
+    ``carried_steps`` (recomputed steps; None: unknown) and ``carried_restarts``;
+    ``carried_incidents`` (that record's incidents) are shown before this ledger's, as
+    they were (their steps are in ``carried_steps`` already; a restart that was still
+    under way stays as far as it had come).
     ``midway``: the job was already running when the ledger started (no startup).
     """
 
     def __init__(self, start: float, world_size: int = 1,
                  carried: dict[str, float] | None = None, midway: bool = False, *,
-                 carried_steps: int | None = 0, carried_restarts: int = 0) -> None:
+                 carried_steps: int | None = 0, carried_restarts: int = 0,
+                 carried_incidents: tuple[Incident, ...] = ()) -> None:
         self.start = start
         self.world_size = max(1, world_size)
         self.totals = dict.fromkeys(CATEGORIES, 0.0)
         self.carried = {c: float((carried or {}).get(c, 0.0)) for c in CATEGORIES}
         self.carried_steps, self.carried_restarts = carried_steps, carried_restarts
+        self.carried_incidents = tuple(carried_incidents)[-INCIDENTS_KEPT:]
         self.mode = Mode.STARTUP
         self.since = start  # start of the open interval (in ``mode``)
         self.generation = 0
@@ -185,7 +202,7 @@ class Ledger:
         self._reports: dict[int, int] = {}  # rank -> summaries in this generation
         self.stretches: list[Stretch] = []
         self.incidents: deque[Incident] = deque(maxlen=INCIDENTS_KEPT)
-        self.faults: OrderedDict[str, tuple[str, float, float]] = OrderedDict()
+        self.faults: OrderedDict[str, FaultTimes] = OrderedDict()
         self._exported: dict[str, float] = {}
         self._phase_seen: dict[int, tuple[float, ...]] = {}  # rank -> its phase seconds
         self._phase_job: tuple[float, ...] = (0.0,) * len(PHASE_CATEGORIES)
@@ -294,10 +311,18 @@ class Ledger:
         elif not waiting and self.mode is Mode.CAPACITY:
             self._close(at, Mode.DECISION)
 
-    def fault(self, fault_id: str, kind: str, onset: float, detected: float) -> None:
-        """A fault arrived: it began at ``onset`` (a hang: the rank's last step) and was
-        detected at ``detected``; a restart that names it uses these times."""
-        self.faults[fault_id] = (kind, onset, detected)
+    def fault(self, fault_id: str, kind: str, onset: float | None, detected: float, *,
+              same_as: str = "", last_step: int | None = None) -> None:
+        """A fault arrived: it began at ``onset`` (a hang: the job's last step; a link:
+        when it went down; an Xid: when the GPU raised it; None: not measured, a hang's
+        is then the job's last step the ledger holds, any other's its detection) and was
+        detected at ``detected``; a restart that names it uses these times. ``same_as``: an earlier
+        fault this one continues (a link back after an outage): a restart that names this
+        one takes that one's times, where the ledger still has them. ``last_step``: a
+        hang's last step as its agent saw it (the job's last sample is believed over
+        ``onset`` only past it)."""
+        self.faults[fault_id] = self.faults.get(
+            same_as, FaultTimes(kind, onset, detected, last_step))
         while len(self.faults) > FAULTS_KEPT:
             self.faults.popitem(last=False)
 
@@ -305,17 +330,35 @@ class Ledger:
                 onset: float | None = None, detected: float | None = None) -> None:
         """A RESTART/REPLACE decision moves the job to ``generation`` at ``now``; the fault
         that led to it (``fault_id``, else ``kind``, ``onset``, ``detected``) began at
-        ``onset`` and the agent saw it at ``detected`` (unknown: ``now``)."""
+        ``onset`` and the agent saw it at ``detected`` (unknown: ``now``). Where a hang
+        was reported earlier in the same stall (no step since), the incident's onset and
+        detection are that hang's (``_stall_seen``); its kind stays the decided fault's."""
         if self.ended is not None or generation <= self.generation:
             return
+        last_step = None
         if fault_id in self.faults:
-            kind, onset, detected = self.faults[fault_id]
+            kind, onset, detected, last_step = self.faults[fault_id]
         now = max(_finite(now, self.since), self.since)
         onset = None if onset is None else _finite(onset, now)
         detected = None if detected is None else _finite(detected, now)
         cur = self._current()
         lo = max(self.since, cur.start) if cur is not None else self.since
         detected = min(max(detected if detected is not None else now, lo), now)
+        times = kind  # the kind of the fault whose times the incident takes
+        first = self._stall_seen(cur, detected)
+        if first is not None:  # a hang reported before it, the job stalled since: its times
+            times, onset, last_step = first.kind, first.onset, first.last_step
+            detected = min(max(first.detected, lo), now)
+        if times == "hang" and cur is not None and cur.samples \
+                and cur.samples[-1][0] <= detected:
+            # the job's last step before the stall, as its summaries stamp it (their
+            # arrival can be a summary slot later), where the agent measured no onset or
+            # the job went past the step it saw last (that step was not the stall yet);
+            # else the agent's own measure (another rank's agent may have read the same
+            # step a log tick later)
+            last, step = cur.samples[-1]
+            if onset is None or last_step is None or step > last_step:
+                onset = last if onset is None else max(onset, last)
         onset = min(max(onset if onset is not None else detected, lo), detected)
         reached = cur.reached() if cur is not None else None
         prev = self.incidents[-1] if self.incidents else None
@@ -374,7 +417,8 @@ class Ledger:
                 continue
             assert steps is not None
             steps += n
-        return Breakdown(self.start, wall, secs, steps, tuple(self.incidents),
+        shown = (*self.carried_incidents, *self.incidents)[-INCIDENTS_KEPT:]
+        return Breakdown(self.start, wall, secs, steps, shown,
                          self.carried_restarts + len(self.incidents),
                          sum(self.carried.values()))
 
@@ -417,6 +461,21 @@ class Ledger:
         self.first_steps, self._reports = {}, {}
         self._phase_seen, self._phase_job = {}, (0.0,) * len(PHASE_CATEGORIES)
         self._expected = set(self.reporters)
+
+    def _stall_seen(self, cur: Stretch | None, before: float) -> FaultTimes | None:
+        """The first hang reported since the job's last step (and before ``before``): a
+        restart decided on a later fault of that stall (the collective's timeout crashing
+        a hung rank, after the hang was judged busy) counts its detection from the hang,
+        not the stall as steps redone. None: no such hang, or no step seen."""
+        if cur is None or not cur.samples:
+            return None
+        last = cur.samples[-1][0]
+        best: FaultTimes | None = None
+        for f in self.faults.values():
+            if f.kind == "hang" and last <= f.detected < before and (
+                    best is None or f.detected < best.detected):
+                best = f
+        return best
 
     def _late(self, generation: int, step: int) -> None:
         """A step of a generation already restarted from (its agent's last summary, sent

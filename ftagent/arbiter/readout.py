@@ -9,7 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ftagent.arbiter import barrier, convert
-from ftagent.arbiter.history import History, JobRecord, JobStats, shown_state
+from ftagent.arbiter.history import (
+    History,
+    JobRecord,
+    JobStats,
+    incident_or_none,
+    shown_state,
+)
 from ftagent.arbiter.journal import Journal
 from ftagent.arbiter.ledger import Breakdown, Incident
 from ftagent.arbiter.state import JobState
@@ -78,7 +84,9 @@ class Readout:
             info.goodput.CopyFrom(pb.Goodput(
                 wall_seconds=wall, seconds=job.goodput,
                 ratio=job.goodput.get("productive", 0.0) / wall if wall > 0 else 0.0,
-                recomputed_steps=job.goodput_steps, incidents=job.goodput_restarts))
+                recomputed_steps=job.goodput_steps, incidents=job.goodput_restarts,
+                per_incident=[_incident_pb(i) for i in map(incident_or_none,
+                                                           job.goodput_incidents) if i]))
         if ranks:
             for e in self.timeline.entries(job.job, job.namespace, timeline_limit):
                 info.timeline.append(convert.entry_to_proto(e))

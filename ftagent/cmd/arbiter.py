@@ -222,6 +222,10 @@ class ArbiterConfig:
         300.0, "--replacement-pending-grace", "seconds a replacement pod may stay Pending "
         "before the timeline and an Event say why it is not scheduled (with --kube)",
         check=POSITIVE_SECONDS, metavar="SECONDS")
+    trainjob_status_interval: float = opt(
+        30.0, "--trainjob-status-interval", "seconds between two writes of a job's progress "
+        "and goodput to its Kubeflow TrainJob's status.trainerStatus; 0 never writes (with "
+        "--kube)", check=SECONDS, metavar="SECONDS")
     history_namespace: str = opt(
         "", "--history-namespace", "keep job history in Kubernetes, one bounded ConfigMap "
         "per job (ftagent-job.NS.JOB.HASH) in this namespace, read back when leading; the "
@@ -553,13 +557,9 @@ def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
     node watches (threads) and the cluster's ticker (a task on this loop)."""
     import threading
 
-    from ftagent.kube.cluster import Cluster, KubeSettings, start_watches, tick_forever
+    from ftagent.kube.cluster import Cluster, start_watches, tick_forever
 
-    cluster = Cluster(server.registry, kube, KubeSettings(
-        node_notready_grace=cfg.node_notready_grace,
-        force_delete_after=cfg.force_delete_after,
-        max_cordon_fraction=cfg.max_cordon_fraction, max_cordons=cfg.max_cordons,
-        pending_grace=cfg.replacement_pending_grace))
+    cluster = Cluster(server.registry, kube, kube_settings(cfg))
     cluster.active = lambda: bool(server.leading)
     server.pod_lookup = cluster.pod_facts
     server.on_node_report.append(cluster.node_reported)
@@ -578,6 +578,18 @@ def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
         for r in list(j.ranks.values()) if r.connected} if server.leading else None)
     cluster.ticker = loop.create_task(tick_forever(cluster))
     return cluster
+
+
+def kube_settings(cfg: ArbiterConfig) -> Any:
+    """What the --kube flags say, for kube.cluster.Cluster (a KubeSettings)."""
+    from ftagent.kube.cluster import KubeSettings
+
+    return KubeSettings(
+        node_notready_grace=cfg.node_notready_grace,
+        force_delete_after=cfg.force_delete_after,
+        max_cordon_fraction=cfg.max_cordon_fraction, max_cordons=cfg.max_cordons,
+        pending_grace=cfg.replacement_pending_grace,
+        trainjob_status_interval=cfg.trainjob_status_interval)
 
 
 def kube_authenticator(cfg: ArbiterConfig, kube: Any) -> Any:

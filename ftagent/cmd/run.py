@@ -300,7 +300,10 @@ def add_progress(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir: s
 
         sampler = TreeSampler(agent.tree_pids, min(cfg.hang.hang_dump_timeout, 2.0),
                               gpu=NvmlProbe())
-        verifier = Verifier(detector, cfg.hang, sampler, record=agent.events.write,
+        says = getattr(getattr(agent.decider, "link", None), "trainer_says", None)
+        record = agent.events.write if says is None else learned_phases_to(
+            says.learned, agent.events.write)
+        verifier = Verifier(detector, cfg.hang, sampler, record=record,
                             metrics=metrics, emit=agent.raise_fault, now=agent.detector_now)
     watch = HangWatch(detector, metrics, parser, verifier=verifier)
     agent.detectors.append(watch)
@@ -324,6 +327,22 @@ def add_progress(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir: s
         if cfg.hang.hang_action != "alert":  # alert: the arbiter decides no hang at all
             verifier.ask_arbiter = lambda: bool(getattr(link, "connected", False))
     agent.evidence = evidence_hook(cfg.hang.hang_dump_timeout, agent.tail)
+
+
+def learned_phases_to(learned: Callable[[float, str], None],
+                      record: Callable[..., object]) -> Callable[..., None]:
+    """The verifier's ``record``, which also hands each undeclared phase it learned (its
+    "phase"/"undeclared" event: ``seconds``, ``where``) to ``learned`` (the arbiter
+    link's TrainerSays: the goodput ledger then counts it as a phase, not as productive
+    training)."""
+    def both(event: str, kind: str, message: str, **extra: object) -> None:
+        record(event, kind, message, **extra)
+        if (event, kind) == ("phase", "undeclared"):
+            seconds = extra.get("seconds")
+            if isinstance(seconds, (int, float)):
+                learned(float(seconds), str(extra.get("where") or ""))
+
+    return both
 
 
 def add_watch(agent: Worker, cfg: RunConfig, environ: Mapping[str, str],

@@ -96,7 +96,9 @@ def encode(record: JobRecord, entries: Iterable[Entry], dropped: int,
     lines: list[str] = []
     items = list(entries)
     used = 0
-    head_room = 1024  # record.json: a JobRecord is a few hundred bytes
+    # record.json: a JobRecord is a few hundred bytes, plus its goodput incidents (up to
+    # 64 short lists)
+    head_room = 1024 + len(json.dumps(record.goodput_incidents, separators=(",", ":")))
     budget = max_bytes - head_room
     kept = 0
     for e in reversed(items):
