@@ -491,12 +491,27 @@ def _without_motion(stacked: Sequence[ProcessSample], cores: float | None, th: T
     return Liveness.UNKNOWN, f"{cpu_text}: neither busy nor idle, and no stacks", place
 
 
+AGENT_THREAD_PREFIX = "ftagent-"  # threads the agent itself runs inside the trainer
+AGENT_THREAD_FRAMES = frozenset({("_serve", "sitecustomize.py"), ("_serve", "fr_boot.py")})
+
+
+def agent_thread(t: ThreadSample) -> bool:
+    """A thread the agent put in the trainer (the flight-recorder trigger, which runs the
+    very dump the verification asked for): its work is the agent's, never the trainer's
+    life. Known by its name, or by its frames where py-spy gave no name."""
+    if t.name.startswith(AGENT_THREAD_PREFIX):
+        return True
+    return any((f.name, f.file) in AGENT_THREAD_FRAMES for f in t.frames)
+
+
 def _threads(stacked: Sequence[ProcessSample], th: Thresholds,
              cores: float | None) -> list[ThreadVerdict]:
     series: OrderedDict[int, list[ThreadSample]] = OrderedDict()
     times: dict[int, list[float]] = {}
     for s in stacked:
         for t in s.threads or ():
+            if agent_thread(t):
+                continue
             series.setdefault(t.tid, []).append(t)
             times.setdefault(t.tid, []).append(s.ts)
     out = []
@@ -582,7 +597,8 @@ def _main_first(threads: Iterable[ThreadVerdict]) -> list[ThreadVerdict]:
 
 
 def _main_first_samples(threads: Iterable[ThreadSample]) -> list[ThreadSample]:
-    return sorted(threads, key=lambda t: t.name != "MainThread")
+    return sorted((t for t in threads if not agent_thread(t)),
+                  key=lambda t: t.name != "MainThread")
 
 
 def _tname(t: ThreadVerdict) -> str:

@@ -214,6 +214,23 @@ def test_a_background_thread_working_is_life_even_with_the_main_thread_parked() 
     assert v.state is Liveness.ALIVE and "'uploader' working" in v.reason
 
 
+FR_TRIGGER = (Frame("dump_now", "sitecustomize.py", 53), Frame("_serve", "sitecustomize.py", 65),
+              Frame("run", "threading.py", 982, True), Frame("_bootstrap", "threading.py", 1002,
+                                                            True))
+
+
+@pytest.mark.parametrize("name", ["ftagent-fr-trigger", ""])
+def test_the_agents_own_dump_thread_in_the_trainer_is_never_its_life(name: str) -> None:
+    # the goodput bench's hang was judged "busy in _serve (sitecustomize.py:65)": the
+    # flight-recorder trigger thread ran the dump the verification itself asked for
+    trigger = [thread(FR_TRIGGER[i % 2:], name=name, tid=2) for i in range(5)]
+    snaps = window([[proc(i * 0.5, i * 0.4, [thread(ALLREDUCE, False), trigger[i]])]
+                    for i in range(5)])
+    v = judge(snaps)
+    assert v.state is Liveness.HUNG and "all_reduce" in v.reason
+    assert "_serve" not in v.reason
+
+
 def test_without_py_spy_cpu_decides_and_says_what_is_missing() -> None:
     err = ("py-spy not found (pip install py-spy, or pass its path)",)
     busy = judge(window([[proc(i * 0.5, i * 0.4, None, errors=err)] for i in range(5)]))
