@@ -69,8 +69,10 @@ class RankSession:
 
     def __init__(self, worker: Worker) -> None:
         cfg = worker.cfg
+        # the Hello's restart count and the RESTART dedup read the worker's lifecycle
         self.link = ArbiterLink(cfg.arbiter, cfg.identity,
-                                max_restarts=cfg.supervisor.max_restarts or None)
+                                max_restarts=cfg.supervisor.max_restarts or None,
+                                lifecycle=worker.lifecycle)
         self.hang_state: Callable[[], tuple[float, bool]] = lambda: (0.0, False)
         # DUMP_STACKS: stacks of the tree (cmd/run.py adds the liveness verdict, agent/verify.py)
         self.stack_capture: Callable[[Sequence[int]], Awaitable[dict[str, Any]]] = \
@@ -172,7 +174,7 @@ class ArbiterDecider:
             decisive = _take_decisive(worker)
             if decisive is not None:
                 if decisive.kind == ActionKind.RESTART and decisive.generation > gen:
-                    worker.lifecycle.reached(decisive.generation)
+                    worker.lifecycle.reached(decisive.generation, decisive.restarts)
                     gen = worker.generation
                     link.arrive(gen)
                     self.local.arrive(worker)
@@ -191,10 +193,9 @@ class ArbiterDecider:
 
     def _decide_locally(self, worker: Worker, fault: Fault) -> None:
         """The local policy decides (the arbiter away or silent for this rank). A restart
-        it decides is one of the job's restarts: the link counts it, and the next Hello
-        tells the arbiter (the only other count is the arbiter's, which commands carry)."""
-        if self.local.decide_action(worker, fault).kind is ActionKind.RESTART:
-            self.sessions[worker].link.proto.restarted_locally()
+        it decides is one of the job's restarts: the lifecycle counts it when it is
+        carried out, and the next Hello tells the arbiter."""
+        self.local.decide(worker, fault)
 
     def _decide_remotely(self, worker: Worker, fault: Fault) -> bool:
         """True when the arbiter will answer ``fault`` with a command (or the watchdog
@@ -325,9 +326,6 @@ class _LinkObserver:
             link.observe_trainer(obs)  # the resume step and phase time: the goodput ledger
 
     def on_state(self, state: TrainerState, restarts: int) -> None:
-        # (``restarts`` counts this worker's attempts, rejoins included: not the job's
-        # restart count, which the link keeps from the arbiter's commands and local
-        # decisions)
         link = self.session.link
         link.trainer_state = state.value
         if state is TrainerState.RUNNING:

@@ -497,7 +497,7 @@ class Worker:
                 held: Action | None = None
                 if get_action in done:
                     held = get_action.result()
-                    if self.lifecycle.carried_out(held.id):  # delivered twice: done once
+                    if self.lifecycle.moot(held):  # delivered twice, or stale: done once
                         held = None
                         if trainer.exited not in done and stop_wait not in done:
                             continue
@@ -547,7 +547,7 @@ class Worker:
                 action, held = held, None
             else:
                 action = await self.actions.get()
-            if self.lifecycle.carried_out(action.id):  # delivered twice: done once
+            if self.lifecycle.moot(action):  # delivered twice, or stale: done once
                 continue
             if action.fault_id in self._hang_faults:
                 log.info("action %s superseded: the trainer exited by itself",

@@ -29,6 +29,7 @@ The checks are the protocol's promises (ftagent/arbiter/barrier.py, DESIGN.md):
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections import deque
 from dataclasses import dataclass, field
@@ -76,12 +77,13 @@ class SimAgent:
     def __init__(self, world: World, rank: int) -> None:
         self.world = world
         self.rank = rank
+        # the shipped lifecycle (agent/lifecycle.py) owns generation and restarts; the
+        # link reads them (its Hello, its RESTART dedup), as the agent's does
+        self.lifecycle = Lifecycle(clock=lambda: world.now)
         self.proto = LinkProtocol(IdentityConfig(job=JOB, rank=rank, world_size=world.size,
                                                  pod=f"pod-{rank}", node=f"node-{rank}"),
                                   max_restarts=world.budget, version="sim",
-                                  instance=f"agent-{rank}")
-        # the shipped lifecycle (agent/lifecycle.py) owns generation and restarts
-        self.lifecycle = Lifecycle(clock=lambda: world.now)
+                                  instance=f"agent-{rank}", lifecycle=self.lifecycle)
         self.phase = Phase.WAITING
         self.started_released = False
         self.exit_code: int | None = None
@@ -155,19 +157,19 @@ class SimAgent:
         if action.kind is ActionKind.RESTART:
             gen = self.lifecycle.next_generation(action.kind)
             self.world.restarted_into.add(gen)
-            self.proto.restarted_locally()  # as ArbiterDecider._decide_locally does
-            self.restart(gen)
+            self.restart(dataclasses.replace(action, generation=gen))
         else:
             self.exit(action.exit_code if action.exit_code is not None else 1)
 
     # ------------------------------------------------------------------ supervisor
 
-    def restart(self, generation: int) -> None:
-        """Stop the trainer (if any), then arrive at the barrier of ``generation``."""
+    def restart(self, action: Action) -> None:
+        """Stop the trainer (if any), then arrive at the barrier of the restart's
+        generation (the lifecycle counts it, or adopts the arbiter's count)."""
         if self.phase is Phase.RUNNING:
             self.send(self.proto.exit(ProcessExit(pid=1, code=None, signal=15),
                                       self.generation), keep=True)
-        self.lifecycle.restart(Action(ActionKind.RESTART, "sim", generation=generation))
+        self.lifecycle.restart(action)
         self.phase = Phase.WAITING
         self.proto.trainer_state = "waiting"
         self.send(self.proto.arrive(self.generation))
@@ -190,10 +192,10 @@ class SimAgent:
             self.undecided = None  # _forward_commands: any command answers the wait
             if a.kind is ActionKind.RESTART:
                 # A decision is never applied twice: a command only ever moves an agent up.
-                assert a.generation > self.generation, (
+                assert not self.lifecycle.moot(a), (
                     f"rank {self.rank} at generation {self.generation} was told to restart "
                     f"into generation {a.generation}")
-                self.restart(a.generation)
+                self.restart(a)
             elif a.kind in (ActionKind.STOP, ActionKind.REPLACE):
                 self.exit(a.exit_code if a.exit_code is not None else 1)
             elif a.kind is ActionKind.DUMP_STACKS:

@@ -142,3 +142,22 @@ def test_the_fail_open_clock_starts_when_the_decider_starts_not_when_it_is_built
             await decider.close(ws[0])
 
     asyncio.run(body())
+
+
+def test_a_restart_decided_alone_is_counted_once_in_the_hello() -> None:
+    """One restart count (issue 23), failing open: the hang's local decision, then the
+    crash's (the trainer exited by itself: the decision stands and is delivered again),
+    are one restart; the Hello says 1, as the lifecycle does. On the old code the link
+    counted each local decision (restarted_locally) beside the lifecycle: 2."""
+    d, (w,) = node(1, "--arbiter", "127.0.0.1:9", "--arbiter-fail-open-after", "0",
+                   "--max-restarts", "3", "--restart-backoff", "0", arbiter=True)
+    assert isinstance(d, ArbiterDecider)
+    link = d.session(w).link
+    link.offline_since = 0.0  # down since long ago: every decision is the local policy's
+    d.decide(w, Fault(FaultKind.HANG, "no progress"))
+    d.decide(w, crash())
+    first, again = queued(w)
+    assert first.id == again.id and first.kind == ActionKind.RESTART
+    w.lifecycle.restart(again)
+    assert w.lifecycle.moot(first)  # delivered twice: carried out once
+    assert link.proto.hello().restart_count == w.restarts == 1
