@@ -67,12 +67,9 @@ class RankSession:
     """One rank's seat at the pod's arbiter decider: its link (one stream per rank: the
     arbiter thinks in ranks) and the hooks cmd/run.py fills in for that rank."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: Worker, link: ArbiterLink) -> None:
         cfg = worker.cfg
-        # the Hello's restart count and the RESTART dedup read the worker's lifecycle
-        self.link = ArbiterLink(cfg.arbiter, cfg.identity,
-                                max_restarts=cfg.supervisor.max_restarts or None,
-                                lifecycle=worker.lifecycle)
+        self.link = link
         self.hang_state: Callable[[], tuple[float, bool]] = lambda: (0.0, False)
         # DUMP_STACKS: stacks of the tree (cmd/run.py adds the liveness verdict, agent/verify.py)
         self.stack_capture: Callable[[Sequence[int]], Awaitable[dict[str, Any]]] = \
@@ -84,18 +81,33 @@ class RankSession:
         self.tasks: list[asyncio.Task[Any]] = []
 
 
+def rank_link(worker: Worker) -> ArbiterLink:
+    """A rank's link to the arbiter (one gRPC stream); its Hello's restart count and its
+    RESTART dedup read the worker's lifecycle."""
+    cfg = worker.cfg
+    return ArbiterLink(cfg.arbiter, cfg.identity,
+                       max_restarts=cfg.supervisor.max_restarts or None,
+                       lifecycle=worker.lifecycle)
+
+
 class ArbiterDecider:
     """The arbiter as the pod's decider: a link session per rank inside it; ``local``
-    (the pod's one local policy) decides when failing open."""
+    (the pod's one local policy) decides when failing open. ``link`` builds a rank's
+    link and ``clock`` times the barrier: the protocol simulation (tests/sim) passes its
+    own transport and time, and drives this very class."""
 
-    def __init__(self, local: LocalDecider | None = None) -> None:
+    def __init__(self, local: LocalDecider | None = None, *,
+                 link: Callable[[Worker], ArbiterLink] = rank_link,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.local = local if local is not None else LocalDecider()
         self.sessions: dict[Worker, RankSession] = {}
         self.fail_open_after = 0.0  # from the workers' configuration (one per pod)
+        self._link = link
+        self.clock = clock
 
     def add(self, worker: Worker) -> None:
         """A rank's session (its link, not yet running) and its seat in the local group."""
-        s = self.sessions[worker] = RankSession(worker)
+        s = self.sessions[worker] = RankSession(worker, self._link(worker))
         self.fail_open_after = worker.cfg.arbiter.arbiter_fail_open_after
         self.local.add(worker)
         worker.observers.append(_LinkObserver(worker, s))
@@ -159,7 +171,7 @@ class ArbiterDecider:
             return await self.local.before_start(worker)
         worker.events.write("state", "barrier", f"waiting at the barrier of generation {gen}",
                             generation=gen)
-        t0 = time.monotonic()
+        t0 = self.clock()
         while True:
             if await link.wait_released(gen, POLL):
                 worker.lifecycle.reached(link.released_generation)
@@ -167,7 +179,7 @@ class ArbiterDecider:
                 worker.events.write("state", "released",
                                     f"barrier of generation {gen} released",
                                     generation=worker.generation,
-                                    barrier_seconds=round(time.monotonic() - t0, 3))
+                                    barrier_seconds=round(self.clock() - t0, 3))
                 return None
             if worker.stop_requested:
                 return None

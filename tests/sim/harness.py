@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -185,6 +186,10 @@ class SimAgent:
         self.proto.trainer_state = "running"
         self.proto.started(self.generation, released=released)
 
+    def command(self, action: Action) -> None:
+        """An action the link delivered (a command of the arbiter's)."""
+        self.actions.append(action)
+
     def tick(self) -> None:
         """What the agent's loop does next, given what it has."""
         while self.actions and self.phase is not Phase.EXITED:
@@ -219,7 +224,10 @@ class SimAgent:
 
 
 class World:
-    def __init__(self, size: int, budget: int) -> None:
+    def __init__(self, size: int, budget: int,
+                 agent: Callable[[World, int], SimAgent] = SimAgent) -> None:
+        """``agent`` builds each rank's agent: this module's model of the supervisor and
+        its decider, or decider_agent.py's, which drives the shipped ArbiterDecider."""
         self.size = size
         self.budget = budget
         self.now = 1_000_000.0
@@ -238,7 +246,7 @@ class World:
         # generations some agent restarted into for a fault (an arbiter's RESTART or
         # REPLACE, or its own local decision): what the job's restart count must equal
         self.restarted_into: set[int] = set()
-        self.agents = [SimAgent(self, r) for r in range(size)]
+        self.agents = [agent(self, r) for r in range(size)]
 
     def _new_registry(self) -> Registry:
         self.arbiters += 1
@@ -363,7 +371,7 @@ class World:
                 self.restart_generations.setdefault(action.fault_id, set()).add(
                     action.generation)
                 self.restarted_into.add(action.generation)
-            a.actions.append(action)
+            a.command(action)
         a.tick()
 
     def restart_arbiter(self) -> None:
