@@ -104,7 +104,7 @@ class Lifecycle:
     def carried_out(self, action_id: str) -> bool:
         """True if the action with this id was carried out already: one decision is
         carried out once, however often it is delivered (the node's group delivers its
-        standing decision again to a worker that dropped it, decider.WorkerGroup)."""
+        standing decision again to a worker that dropped it, decider.LocalDecider)."""
         return action_id in self._carried
 
     def moot(self, action: Action) -> bool:

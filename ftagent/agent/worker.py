@@ -4,8 +4,8 @@ decider ends it.
 A :class:`Worker` is built from a :class:`WorkerSpec` (what to run and how: the
 configuration, the environment, the local rank under the launcher, the per-attempt
 environment and where the output goes) and the pod's process-wide parts it is given (the
-SIGCHLD reaper, its decider); pod.py's ``PodAgent`` holds the N workers of one agent
-process. Everything flows one way (DESIGN.md): the trainer's output and the sources
+SIGCHLD reaper, the pod's one decider); pod.py's ``PodAgent`` holds the N workers of
+one agent process. Everything flows one way (DESIGN.md): the trainer's output and the sources
 produce observations -> detectors turn them into faults -> the decider (the local policy,
 or the arbiter's commands) turns faults into actions -> the control loop here carries
 actions out on the trainer. Generation, restart count, trainer state and who decided are
