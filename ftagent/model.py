@@ -401,6 +401,9 @@ class Action:
     id: str = field(default_factory=new_id)
     origin: Origin = Origin.ARBITER  # who decided (commands off the wire: the arbiter)
     busy: JobBusy | None = None  # for BUSY: who is busy, who waits
+    # for an arbiter's RESTART: the job's restart count it makes (a rejoin is no new one);
+    # the worker's lifecycle adopts it (agent/lifecycle.py). None: count one
+    restarts: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -1,6 +1,10 @@
-"""The decider when an arbiter decides for the job (``ftagent run --arbiter HOST:PORT``).
+"""The pod's decider when an arbiter decides for the job (``ftagent run --arbiter HOST:PORT``).
 
-What changes against the local policy (decider.LocalDecider), and only this:
+One ``ArbiterDecider`` per pod, as the local policy is one (decider.py): inside it a
+:class:`RankSession` per worker -- its own ``ArbiterLink`` (the wire is one stream per
+rank: the arbiter thinks in ranks, and its barrier holds every rank of the job, this
+pod's included) and that rank's hooks -- and the pod's one ``LocalDecider``, to which
+every rank fails open. What changes against the local policy, and only this:
 
 * **Barrier**: before every (re)start the agent arrives at the job barrier of its
   generation once its previous trainer has fully exited, and starts only when the arbiter
@@ -59,245 +63,284 @@ POLL = 0.25
 EXIT_FLUSH = 2.0  # seconds for the trainer's exit to reach a connected arbiter
 
 
-class ArbiterDecider:
-    """The arbiter link as the agent's decider; ``local`` decides when failing open."""
+class RankSession:
+    """One rank's seat at the pod's arbiter decider: its link (one stream per rank: the
+    arbiter thinks in ranks) and the hooks cmd/run.py fills in for that rank."""
 
-    def __init__(self, agent: Worker, local: LocalDecider | None = None) -> None:
-        cfg = agent.cfg
-        self.agent = agent
-        self.local = local if local is not None else LocalDecider(agent)
-        self.link = ArbiterLink(cfg.arbiter, cfg.identity,
-                                max_restarts=cfg.supervisor.max_restarts or None)
+    def __init__(self, worker: Worker, link: ArbiterLink) -> None:
+        cfg = worker.cfg
+        self.link = link
         self.hang_state: Callable[[], tuple[float, bool]] = lambda: (0.0, False)
         # DUMP_STACKS: stacks of the tree (cmd/run.py adds the liveness verdict, agent/verify.py)
         self.stack_capture: Callable[[Sequence[int]], Awaitable[dict[str, Any]]] = \
             lambda pids: capture(pids, cfg.hang.hang_dump_timeout)
         # BUSY: the arbiter's "job busy, no restart" verdict (cmd/run.py: agent/peer_wait.py)
         self.on_busy: Callable[[Action], None] | None = None
-        self.fail_open_after = cfg.arbiter.arbiter_fail_open_after
         self.released_start = False  # the current trainer was started by the barrier
-        self._undecided: Fault | None = None
-        self._tasks: list[asyncio.Task[Any]] = []
-        agent.observers.append(_LinkObserver(self))
+        self.undecided: Fault | None = None
+        self.tasks: list[asyncio.Task[Any]] = []
 
-    def start(self) -> None:
-        self.link.starting()  # the fail-open clock starts now, before the first barrier
-        self._tasks = [asyncio.create_task(self.link.run()),
-                       asyncio.create_task(self._forward_commands())]
 
-    async def close(self) -> None:
-        """Tell the arbiter how this rank ended (a moment's flush), then close the link.
+def rank_link(worker: Worker) -> ArbiterLink:
+    """A rank's link to the arbiter (one gRPC stream); its Hello's restart count and its
+    RESTART dedup read the worker's lifecycle."""
+    cfg = worker.cfg
+    return ArbiterLink(cfg.arbiter, cfg.identity,
+                       max_restarts=cfg.supervisor.max_restarts or None,
+                       lifecycle=worker.lifecycle)
+
+
+class ArbiterDecider:
+    """The arbiter as the pod's decider: a link session per rank inside it; ``local``
+    (the pod's one local policy) decides when failing open. ``link`` builds a rank's
+    link and ``clock`` times the barrier: the protocol simulation (tests/sim) passes its
+    own transport and time, and drives this very class."""
+
+    def __init__(self, local: LocalDecider | None = None, *,
+                 link: Callable[[Worker], ArbiterLink] = rank_link,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.local = local if local is not None else LocalDecider()
+        self.sessions: dict[Worker, RankSession] = {}
+        self.fail_open_after = 0.0  # from the workers' configuration (one per pod)
+        self._link = link
+        self.clock = clock
+
+    def add(self, worker: Worker) -> None:
+        """A rank's session (its link, not yet running) and its seat in the local group."""
+        s = self.sessions[worker] = RankSession(worker, self._link(worker))
+        self.fail_open_after = worker.cfg.arbiter.arbiter_fail_open_after
+        self.local.add(worker)
+        worker.observers.append(_LinkObserver(worker, s))
+
+    def session(self, worker: Worker) -> RankSession:
+        """``worker``'s rank session (cmd/run.py sets its hooks)."""
+        return self.sessions[worker]
+
+    def start(self, worker: Worker) -> None:
+        s = self.sessions[worker]
+        s.link.starting()  # the fail-open clock starts now, before the first barrier
+        s.tasks = [asyncio.create_task(s.link.run()),
+                   asyncio.create_task(self._forward_commands(worker, s))]
+
+    async def close(self, worker: Worker) -> None:
+        """Tell the arbiter how this rank ended (a moment's flush), then close its link.
 
         A link that is down at the end (an arbiter restarting or failing over) is given
         ``--arbiter-fail-open-after`` to come back first (what a fault waits before it is
         decided alone): otherwise a job that finished while its arbiter was away reads
         "gone (was running)", not succeeded."""
+        s = self.sessions[worker]
+        link = s.link
         try:
-            await self.local.close()
-            if self._tasks and self.link.connected:
-                await self._flush(EXIT_FLUSH)
-            elif self._tasks and self.link.arbiter_id and self.link.pending():
+            await self.local.close(worker)
+            if s.tasks and link.connected:
+                await _flush(link, EXIT_FLUSH)
+            elif s.tasks and link.arbiter_id and link.pending():
                 # it was reached once: it may be back (a restart, a failover)
                 log.warning("the arbiter is away at exit: waiting up to %.0fs for it to "
                             "hear how this rank ended", self.fail_open_after)
-                await self._flush(self.fail_open_after)
+                await _flush(link, self.fail_open_after)
         finally:
-            if self._tasks:
-                link_task, forward = self._tasks
+            if s.tasks:
+                link_task, forward = s.tasks
                 forward.cancel()
-                await self.link.close()
+                await link.close()
                 link_task.cancel()
                 await asyncio.gather(link_task, forward, return_exceptions=True)
 
-    async def _forward_commands(self) -> None:
+    @staticmethod
+    async def _forward_commands(worker: Worker, s: RankSession) -> None:
         while True:
-            action = await self.link.commands.get()
-            self._undecided = None
-            self.agent.deliver(action)
+            action = await s.link.commands.get()
+            s.undecided = None
+            worker.deliver(action)
 
     # ------------------------------------------------------------------ the hooks
 
-    async def before_start(self) -> Action | None:
+    async def before_start(self, worker: Worker) -> Action | None:
         """Meet the other ranks at the barrier of this generation (or fail open)."""
-        agent = self.agent
-        gen = agent.generation
-        self.released_start = False
-        self.link.arrive(gen)  # kept and re-sent on every stream until released
-        self.local.arrived()
-        if not await self._online():
+        s = self.sessions[worker]
+        link = s.link
+        gen = worker.generation
+        s.released_start = False
+        link.arrive(gen)  # kept and re-sent on every stream until released
+        self.local.arrive(worker)
+        if not await self._online(link):
             log.warning("no arbiter for %.0fs: starting generation %d without the barrier",
                         self.fail_open_after, gen)
-            return await self.local.before_start()
-        agent.events.write("state", "barrier", f"waiting at the barrier of generation {gen}",
-                           generation=gen)
-        t0 = time.monotonic()
+            return await self.local.before_start(worker)
+        worker.events.write("state", "barrier", f"waiting at the barrier of generation {gen}",
+                            generation=gen)
+        t0 = self.clock()
         while True:
-            if await self.link.wait_released(gen, POLL):
-                agent.lifecycle.reached(self.link.released_generation)
-                self.released_start = True
-                agent.events.write("state", "released",
-                                   f"barrier of generation {gen} released",
-                                   generation=agent.generation,
-                                   barrier_seconds=round(time.monotonic() - t0, 3))
+            if await link.wait_released(gen, POLL):
+                worker.lifecycle.reached(link.released_generation)
+                s.released_start = True
+                worker.events.write("state", "released",
+                                    f"barrier of generation {gen} released",
+                                    generation=worker.generation,
+                                    barrier_seconds=round(self.clock() - t0, 3))
                 return None
-            if agent.stop_requested:
+            if worker.stop_requested:
                 return None
-            decisive = self._take_decisive()
+            decisive = _take_decisive(worker)
             if decisive is not None:
                 if decisive.kind == ActionKind.RESTART and decisive.generation > gen:
-                    agent.lifecycle.reached(decisive.generation)
-                    gen = agent.generation
-                    self.link.arrive(gen)
-                    self.local.arrived()
+                    worker.lifecycle.reached(decisive.generation, decisive.restarts)
+                    gen = worker.generation
+                    link.arrive(gen)
+                    self.local.arrive(worker)
                     continue
                 if decisive.kind in (ActionKind.STOP, ActionKind.REPLACE):
-                    agent.record(decisive)
+                    worker.record(decisive)
                     return decisive
-            if not self._still_online():
+            if not self._still_online(link):
                 log.warning("arbiter unreachable for %.0fs during the barrier: starting "
                             "generation %d alone", self.fail_open_after, gen)
-                return await self.local.before_start()
+                return await self.local.before_start(worker)
 
-    def decide(self, fault: Fault) -> None:
-        if not self._decide_remotely(fault):
-            self._decide_locally(fault)
+    def decide(self, worker: Worker, fault: Fault) -> None:
+        if not self._decide_remotely(worker, fault):
+            self._decide_locally(worker, fault)
 
-    def _decide_locally(self, fault: Fault) -> None:
+    def _decide_locally(self, worker: Worker, fault: Fault) -> None:
         """The local policy decides (the arbiter away or silent for this rank). A restart
-        it decides is one of the job's restarts: the link counts it, and the next Hello
-        tells the arbiter (the only other count is the arbiter's, which commands carry)."""
-        if self.local.decide_action(fault).kind is ActionKind.RESTART:
-            self.link.proto.restarted_locally()
+        it decides is one of the job's restarts: the lifecycle counts it when it is
+        carried out, and the next Hello tells the arbiter."""
+        self.local.decide(worker, fault)
 
-    def _decide_remotely(self, fault: Fault) -> bool:
+    def _decide_remotely(self, worker: Worker, fault: Fault) -> bool:
         """True when the arbiter will answer ``fault`` with a command (or the watchdog
         decides locally after all)."""
-        agent = self.agent
-        if fault.kind == FaultKind.HANG and agent.cfg.hang.hang_action == "alert":
+        s = self.sessions[worker]
+        if fault.kind == FaultKind.HANG and worker.cfg.hang.hang_action == "alert":
             # --hang-action alert: the arbiter records a WARNING and decides nothing; the
             # local policy records ALERT_ONLY. (Crashes are still the arbiter's to decide.)
             evidence = {k: v for k, v in fault.evidence.items()
                         if k != "waiting_in_collective"}  # recorded, never probed
-            self.link.report_fault(dataclasses.replace(fault, severity=Severity.WARNING,
-                                                       evidence=evidence),
-                                   generation=agent.generation)
+            s.link.report_fault(dataclasses.replace(fault, severity=Severity.WARNING,
+                                                    evidence=evidence),
+                                generation=worker.generation)
             return False
-        self.link.report_fault(fault, generation=agent.generation)
+        s.link.report_fault(fault, generation=worker.generation)
         if fault.evidence.get("recovered"):
             return True  # an all-clear: the arbiter may act on it, locally nothing to do
-        if not self._still_online():
+        if not self._still_online(s.link):
             return False  # failing open already: queued for the arbiter, decided here now
-        self._undecided = fault
-        agent.spawn(self._decision_watchdog(fault, agent.lifecycle.attempt))
+        s.undecided = fault
+        worker.spawn(self._decision_watchdog(worker, fault, worker.lifecycle.attempt))
         return True
 
-    def report(self, fault: Fault) -> None:
-        self.link.report_fault(fault, generation=self.agent.generation)
+    def report(self, worker: Worker, fault: Fault) -> None:
+        self.sessions[worker].link.report_fault(fault, generation=worker.generation)
 
-    async def _decision_watchdog(self, fault: Fault, attempt: tuple[int, int]) -> None:
+    async def _decision_watchdog(self, worker: Worker, fault: Fault,
+                                 attempt: tuple[int, int]) -> None:
         """Decide locally after all if the arbiter stays away, or settles a crash without
         a command for this rank (alert only, say): a dead trainer must not wait forever.
         Once the attempt the fault was raised in is over (a decision that arrived with
         the trainer's exit was carried out), there is nothing left to decide."""
-        agent = self.agent
-        while self._undecided is fault:
-            if agent.lifecycle.attempt != attempt:
-                self._undecided = None
+        s = self.sessions[worker]
+        link = s.link
+        while s.undecided is fault:
+            if worker.lifecycle.attempt != attempt:
+                s.undecided = None
                 return
-            if not self._still_online():
+            if not self._still_online(link):
                 log.warning("arbiter unreachable for %.0fs before deciding about %s; "
                             "deciding locally", self.fail_open_after, fault.kind.value)
-                self._undecided = None
-                self._decide_locally(fault)
+                s.undecided = None
+                self._decide_locally(worker, fault)
                 return
-            outcome = self.link.outcome(fault.id)
-            if outcome is not None and self.link.commands.empty():
+            outcome = link.outcome(fault.id)
+            if outcome is not None and link.commands.empty():
                 await asyncio.sleep(0)  # let a command read with the ack be forwarded
-                if self._undecided is not fault:
+                if s.undecided is not fault:
                     return
-                self._undecided = None
+                s.undecided = None
                 log.info("the arbiter settled the %s without a command for this rank (%s)",
                          fault.kind.value, outcome)
                 if fault.kind == FaultKind.CRASH:
-                    self._decide_locally(fault)  # the trainer is gone: the local policy
+                    self._decide_locally(worker, fault)  # the trainer is gone: local policy
                 return
-            await self.link.wait_settled(POLL)
+            await link.wait_settled(POLL)
 
-    async def on_minor_action(self, action: Action) -> None:
+    async def on_minor_action(self, worker: Worker, action: Action) -> None:
+        s = self.sessions[worker]
         if action.kind == ActionKind.DUMP_STACKS:
-            captured = await self.stack_capture(self.agent.tree_pids())
-            self.link.report_stacks(action.id, stacks_json(captured))
-        elif action.kind == ActionKind.BUSY and self.on_busy is not None:
+            captured = await s.stack_capture(worker.tree_pids())
+            s.link.report_stacks(action.id, stacks_json(captured))
+        elif action.kind == ActionKind.BUSY and s.on_busy is not None:
             try:
-                self.on_busy(action)
+                s.on_busy(action)
             except Exception:  # recording a verdict must never take the agent down
                 log.exception("applying the arbiter's busy verdict failed")
 
-    async def finished(self) -> Action | None:
+    async def finished(self, worker: Worker) -> Action | None:
         """The trainer succeeded: the worker ends (the arbiter heard of the exit)."""
         return None
 
     # ------------------------------------------------------------------ helpers
 
-    async def _flush(self, timeout: float) -> None:
-        """Give the link a moment to send what is queued (the trainer's exit) before
-        closing, reconnecting if it must: the arbiter should hear how this rank ended."""
-        deadline = time.monotonic() + timeout
-        while self.link.pending() and (left := deadline - time.monotonic()) > 0:
-            if self.link.connected:
-                await asyncio.sleep(0.02)
-            else:
-                await self.link.wait_connected(left)
-
-    def _take_decisive(self) -> Action | None:
-        """A STOP/REPLACE/RESTART that arrived while waiting at the barrier."""
-        queued = self.agent.take_delivered()
-        for i, action in enumerate(queued):
-            if action.kind in (ActionKind.STOP, ActionKind.REPLACE, ActionKind.RESTART):
-                for later in queued[i + 1:]:  # what came after it stays, in order
-                    self.agent.deliver(later)
-                return action
-        return None
-
-    async def _online(self) -> bool:
+    async def _online(self, link: ArbiterLink) -> bool:
         """True once connected; False when the link has been down --arbiter-fail-open-after."""
-        while not self.link.connected:
-            left = self.fail_open_after - self.link.offline_for()
+        while not link.connected:
+            left = self.fail_open_after - link.offline_for()
             if left <= 0:
                 return False
-            await self.link.wait_connected(min(left, POLL))
+            await link.wait_connected(min(left, POLL))
         return True
 
-    def _still_online(self) -> bool:
+    def _still_online(self, link: ArbiterLink) -> bool:
         """False once the link has been down for --arbiter-fail-open-after seconds."""
-        return self.link.connected or self.link.offline_for() < self.fail_open_after
+        return link.connected or link.offline_for() < self.fail_open_after
+
+
+async def _flush(link: ArbiterLink, timeout: float) -> None:
+    """Give the link a moment to send what is queued (the trainer's exit) before closing,
+    reconnecting if it must: the arbiter should hear how this rank ended."""
+    deadline = time.monotonic() + timeout
+    while link.pending() and (left := deadline - time.monotonic()) > 0:
+        if link.connected:
+            await asyncio.sleep(0.02)
+        else:
+            await link.wait_connected(left)
+
+
+def _take_decisive(worker: Worker) -> Action | None:
+    """A STOP/REPLACE/RESTART that arrived while waiting at the barrier."""
+    queued = worker.take_delivered()
+    for i, action in enumerate(queued):
+        if action.kind in (ActionKind.STOP, ActionKind.REPLACE, ActionKind.RESTART):
+            for later in queued[i + 1:]:  # what came after it stays, in order
+                worker.deliver(later)
+            return action
+    return None
 
 
 class _LinkObserver:
-    """Tells the arbiter about progress, exits and the trainer's state."""
+    """Tells the arbiter about one rank's progress, exits and trainer state."""
 
-    def __init__(self, decider: ArbiterDecider) -> None:
-        self.decider = decider
+    def __init__(self, worker: Worker, session: RankSession) -> None:
+        self.worker = worker
+        self.session = session
 
     def observe(self, obs: Observation) -> None:
-        link = self.decider.link
+        link = self.session.link
         if isinstance(obs, Progress):
-            since, hung = self.decider.hang_state()
+            since, hung = self.session.hang_state()
             link.report_progress(obs, seconds_since_progress=since, hung=hung)
         elif isinstance(obs, ProcessExit):
-            link.report_exit(obs, self.decider.agent.generation)
+            link.report_exit(obs, self.worker.generation)
         elif isinstance(obs, (CollectiveSample, PhaseTiming)):
             link.observe_timing(obs)  # where the step's time goes: stragglers at the arbiter
         elif isinstance(obs, (Resumed, PhaseMarker)):
             link.observe_trainer(obs)  # the resume step and phase time: the goodput ledger
 
     def on_state(self, state: TrainerState, restarts: int) -> None:
-        # (``restarts`` counts this worker's attempts, rejoins included: not the job's
-        # restart count, which the link keeps from the arbiter's commands and local
-        # decisions)
-        link = self.decider.link
+        link = self.session.link
         link.trainer_state = state.value
         if state is TrainerState.RUNNING:
-            link.started(self.decider.agent.generation, released=self.decider.released_start)
+            link.started(self.worker.generation, released=self.session.released_start)
         else:
             link.proto.trainer_running = False

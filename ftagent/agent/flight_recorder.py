@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
+from ftagent.agent.decider import rank_session
 from ftagent.agent.fr_summary import MAX_DUMP_BYTES, DumpError, load_dump, summarize
 
 log = logging.getLogger(__name__)
@@ -283,7 +284,7 @@ def use_flight_recorder(agent: Any, cfg: Any, rundir: str) -> FlightRecorder | N
                                                         "flight_recorder": got})
 
         agent.evidence = with_dumps
-    decider = agent.decider
+    decider = rank_session(agent)  # the arbiter's session for this rank, if any
     capture = getattr(decider, "stack_capture", None)
     if capture is not None:
         async def stacks_with_dumps(*args: Any, **kwargs: Any) -> dict[str, Any]:

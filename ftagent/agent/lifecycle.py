@@ -13,11 +13,20 @@ draws them). The events, in the order one attempt sees them::
 
     waiting()                      before every attempt: WAITING (barrier or backoff done)
     reached(generation)            the barrier released, or the arbiter named a higher
-                                   generation while waiting: never down
+                                   generation while waiting: never down (and its
+                                   restart count, if it named one)
     running(pid)                   a trainer of this generation runs: RUNNING
     decided(action)                an action ended (or touched) the attempt; its origin
                                    says who decided (the arbiter, or the local policy)
-    restart(action)                RESTARTING: one restart, into max(g + 1, the action's)
+    restart(action)                RESTARTING: into max(g + 1, the action's); one
+                                   restart more, or the arbiter's count it carries
+
+The restart count is the job's as this worker knows it, and the only one the agent
+keeps: the link to the arbiter reads it for its Hello (link_protocol.py), the trainer
+gets it (FTAGENT_RESTART_COUNT, torchrun's TORCHELASTIC_RESTART_COUNT). A restart the
+local policy decides counts one; an arbiter's RESTART carries the job's count, which is
+adopted (never down): a rejoin into a generation the job restarted into already is no
+new restart, so an agent never counts one restart twice, across any arbiter restart.
     succeeded() / stopped(...)     the trainer's own exit 0 / a stop signal to the agent
     failed(action, exit, ...)      FAILED: the exit status the agent leaves with
 """
@@ -53,7 +62,7 @@ class Lifecycle:
         self.clock = clock
         self.state = TrainerState.INIT
         self.generation = 0  # of the trainer that runs, or of the barrier it waits at
-        self.restarts = 0  # attempts restarted: one per RESTART carried out, never more
+        self.restarts = 0  # the job's restarts as this worker knows them (docstring)
         self.decided_by: Origin | None = None  # who decided the last action carried out
         self.last_action: Action | None = None
         self.since = clock()  # when the current state began
@@ -74,10 +83,13 @@ class Lifecycle:
         """Before an attempt: at the barrier (or about to start, with no barrier)."""
         return self._to(TrainerState.WAITING, attempt=self.restarts)
 
-    def reached(self, generation: int) -> None:
+    def reached(self, generation: int, restarts: int | None = None) -> None:
         """The barrier of ``generation`` released this worker, or the arbiter named a
-        later generation while it waited: the worker is there. Never moves down."""
+        later generation while it waited (``restarts``: the job's count its RESTART
+        carried): the worker is there. Never moves down."""
         self.generation = max(self.generation, generation)
+        if restarts is not None:
+            self.restarts = max(self.restarts, restarts)
 
     def running(self, pid: int) -> Step:
         return self._to(TrainerState.RUNNING, pid=pid, attempt=self.restarts)
@@ -92,14 +104,25 @@ class Lifecycle:
     def carried_out(self, action_id: str) -> bool:
         """True if the action with this id was carried out already: one decision is
         carried out once, however often it is delivered (the node's group delivers its
-        standing decision again to a worker that dropped it, decider.WorkerGroup)."""
+        standing decision again to a worker that dropped it, decider.LocalDecider)."""
         return action_id in self._carried
 
+    def moot(self, action: Action) -> bool:
+        """True if ``action`` needs no carrying out: carried out already (by id), or an
+        arbiter's RESTART into a generation this worker has reached (a repeated or
+        stale rejoin must never kill a trainer of the job's generation). The one place
+        a restart is deduplicated: the link delivers what it has not seen, this says
+        whether it still means anything."""
+        return self.carried_out(action.id) or (
+            action.kind is ActionKind.RESTART and action.origin is Origin.ARBITER
+            and action.generation <= self.generation)
+
     def restart(self, action: Action) -> Step:
-        """A RESTART carried out: one restart, into the next generation or the one the
-        arbiter named if that is higher."""
+        """A RESTART carried out, into the next generation or the one the arbiter named
+        if that is higher: one restart more, or the job's count the arbiter's carries."""
         self.decided(action)
-        self.restarts += 1
+        self.restarts = self.restarts + 1 if action.restarts is None \
+            else max(self.restarts, action.restarts)
         self.generation = max(self.generation + 1, action.generation)
         return self._to(TrainerState.RESTARTING, reason=action.reason,
                         backoff_seconds=action.backoff_seconds)

@@ -6,9 +6,10 @@ simulation proves about it holds for the agent.
 
 What the agent tells the arbiter is the truth about itself, and only that: the generation
 its trainer runs or waits for, the highest generation whose barrier it saw released,
-whether a trainer runs now, and its restart count. It never takes the job's generation
-from a Welcome: an agent that is behind is told to REJOIN, so it restarts into the job
-instead of pretending to be there.
+whether a trainer runs now, and its restart count -- read from the worker's lifecycle
+(lifecycle.py), the one owner of generation and restart count: the link keeps no count
+of its own. It never takes the job's generation from a Welcome: an agent that is behind
+is told to REJOIN, so it restarts into the job instead of pretending to be there.
 
 What must not be lost is kept until it is settled, and sent again on every new stream:
 
@@ -19,10 +20,11 @@ What must not be lost is kept until it is settled, and sent again on every new s
   without it, failing open);
 * exits and stack dumps made while offline (a few, most recent kept).
 
-Commands are applied at most once: by id, and a RESTART only when it moves the agent to a
-generation above the one it runs or waits for (a stale or repeated REJOIN never kills a
-trainer that already runs the job's generation). After STOP or REPLACE nothing more is
-delivered.
+Commands are delivered at most once by id, and a RESTART only when it moves the agent to
+a generation above the one it runs or waits for, as its lifecycle says (a stale or
+repeated REJOIN never kills a trainer that already runs the job's generation; one
+delivered while the worker is still carrying out the first is moot by the same rule,
+lifecycle.moot). After STOP or REPLACE nothing more is delivered.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import uuid
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
+from ftagent.agent.lifecycle import Lifecycle
 from ftagent.config import IdentityConfig
 from ftagent.model import Action, ActionKind, Fault, ProcessExit, Progress
 from ftagent.v1 import ftagent_pb2 as pb
@@ -54,8 +57,12 @@ class Received:
 
 class LinkProtocol:
     def __init__(self, identity: IdentityConfig, *, max_restarts: int | None = None,
-                 version: str = "", alert_only: bool = False, instance: str = "") -> None:
+                 version: str = "", alert_only: bool = False, instance: str = "",
+                 lifecycle: Lifecycle | None = None) -> None:
+        """``lifecycle``: the worker's, read for its restart count and generation (a link
+        used alone, without a worker, has a lifecycle nobody moves)."""
         self.identity = identity
+        self.lifecycle = lifecycle if lifecycle is not None else Lifecycle()
         self.max_restarts = max_restarts
         self.version = version
         self.alert_only = alert_only
@@ -63,7 +70,6 @@ class LinkProtocol:
         self.generation = 0  # the generation this agent's trainer runs or waits for
         self.released_generation = -1  # highest generation whose barrier was released
         self.trainer_running = False  # a trainer of `generation` runs now
-        self.restarts = 0
         self.trainer_state = "init"  # model.TrainerState value, for status
         self.arbiter_id = ""
         self.faults: OrderedDict[str, pb.Fault] = OrderedDict()
@@ -71,7 +77,6 @@ class LinkProtocol:
         self.later: deque[pb.AgentMessage] = deque(maxlen=KEPT_OFFLINE)
         self.outcomes: OrderedDict[str, str] = OrderedDict()  # settled faults' outcomes
         self._seen_commands: OrderedDict[str, None] = OrderedDict()
-        self._restart_generation = -1  # highest RESTART delivered to the supervisor
         self.final_delivered = False
 
     # ------------------------------------------------------------------ agent -> arbiter
@@ -79,7 +84,7 @@ class LinkProtocol:
     def hello(self) -> pb.Hello:
         i = self.identity
         h = pb.Hello(job=i.job, namespace=i.namespace, pod=i.pod, node=i.node, rank=i.rank,
-                     world_size=i.world_size, restart_count=self.restarts,
+                     world_size=i.world_size, restart_count=self.lifecycle.restarts,
                      generation=self.generation, agent_version=self.version,
                      alert_only=self.alert_only, state=self.trainer_state,
                      agent_instance=self.instance, trainer_running=self.trainer_running,
@@ -93,7 +98,6 @@ class LinkProtocol:
     def on_welcome(self, w: pb.Welcome) -> list[pb.AgentMessage]:
         """A new stream is up: what to send first (unsettled faults, the arrival, later)."""
         self.arbiter_id = w.arbiter_id
-        self.restarts = max(self.restarts, w.restarts)
         out = [pb.AgentMessage(fault=f) for f in self.faults.values()]
         if self.arrival is not None:
             out.append(pb.AgentMessage(arrival=self.arrival))
@@ -136,11 +140,6 @@ class LinkProtocol:
         self.arrival = pb.BarrierArrival(generation=generation, previous_trainer_exited=True)
         return pb.AgentMessage(arrival=self.arrival)
 
-    def restarted_locally(self) -> None:
-        """The local policy restarted the trainer (the arbiter away): one restart of the
-        job's budget, which the next Hello reports."""
-        self.restarts += 1
-
     def started(self, generation: int, *, released: bool) -> None:
         """A trainer of ``generation`` runs now; ``released`` False: failing open."""
         self.generation = max(self.generation, generation)
@@ -178,12 +177,9 @@ class LinkProtocol:
         if action is None or self.final_delivered:
             return
         if action.kind is ActionKind.RESTART:
-            if cmd.generation <= max(self.generation, self._restart_generation):
+            if cmd.generation <= max(self.generation, self.lifecycle.generation):
                 return  # already there (a repeated or stale REJOIN): nothing to restart
-            self._restart_generation = cmd.generation
-            # the arbiter's count (an older arbiter sends none: count the command)
-            self.restarts = max(self.restarts, cmd.restarts) if cmd.HasField("restarts") \
-                else self.restarts + 1
+            # (the job's count it carries is the lifecycle's to adopt, Action.restarts)
             self.trainer_running = False
             self._cover(got, lambda f: f.generation < cmd.generation,
                         f"covered by the restart to generation {cmd.generation}")

@@ -4,10 +4,11 @@
 launcher: torchrun's local group). A :class:`PodAgent` holds, by composition:
 
 * its workers (worker.py: one trainer process each, built from a ``WorkerSpec``), each
-  with its own rank to the arbiter (one ArbiterLink per worker: the arbiter thinks in
-  ranks, and its barrier then holds every rank of the job, this node's included);
-* the node's local policy for them together (decider.py ``WorkerGroup``: what the local
-  policy decides, alone or failing open under an arbiter, stops and restarts them all);
+  its own rank to the arbiter;
+* one decider for them all (decider.py): the local policy for the workers together
+  (``LocalDecider``: what it decides stops and restarts them all), or the arbiter's
+  (arbiter_decider.py ``ArbiterDecider``: one link session per rank inside it, failing
+  open to that same local policy). The workers reach it only through its port;
 * the process-wide parts: one SIGCHLD reaper and the sub-reaper, the stop signals
   (forwarded to every worker), and the cleanup that no trainer outlives the agent.
 
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ftagent.agent import supervisor
-from ftagent.agent.decider import Decider, LocalDecider, WorkerGroup
+from ftagent.agent.decider import Decider, LocalDecider
 from ftagent.agent.supervisor import ChildReaper
 from ftagent.agent.worker import Worker, WorkerSpec
 from ftagent.model import TrainerState
@@ -68,25 +69,17 @@ class RunResult:
 class PodAgent:
     """One agent process's workers and the parts they share (module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, decider: Decider | None = None) -> None:
+        """``decider``: the pod's one decider (default: the local policy)."""
         self.reaper = ChildReaper()  # one SIGCHLD handler reaps every worker's trainer
-        self.group = WorkerGroup()  # the local policy for the workers together
+        self.decider: Decider = decider if decider is not None else LocalDecider()
         self.workers: list[Worker] = []
         self.stop_signal: int | None = None
 
-    def add(self, spec: WorkerSpec, *,
-            arbiter: Callable[[Worker, LocalDecider], Decider] | None = None,
-            metrics: AgentMetrics | None = None) -> Worker:
-        """A worker for ``spec``, reaped by the pod's reaper and deciding with the pod's
-        group: through the local policy, or ``arbiter(worker, local)`` (which fails open to
-        that local policy); ``metrics``: its series."""
-        group = self.group
-
-        def decider(w: Worker) -> Decider:
-            local = LocalDecider(w, group)
-            return arbiter(w, local) if arbiter is not None else local
-
-        worker = Worker(spec, reaper=self.reaper, decider=decider, metrics=metrics)
+    def add(self, spec: WorkerSpec, *, metrics: AgentMetrics | None = None) -> Worker:
+        """A worker for ``spec``, reaped by the pod's reaper, seated at the pod's decider;
+        ``metrics``: its series."""
+        worker = Worker(spec, reaper=self.reaper, decider=self.decider, metrics=metrics)
         self.workers.append(worker)
         return worker
 
@@ -101,7 +94,7 @@ class PodAgent:
         if not self.workers:
             return RunResult(TrainerState.SUCCEEDED)
         install_process_parts(self.reaper, self.on_signal)
-        try:  # a worker's decider leaves the group when its run ends (decider.close)
+        try:  # a worker leaves the decider's group when its run ends (decider.close)
             codes = await asyncio.gather(*(w.run() for w in self.workers),
                                          return_exceptions=True)
         finally:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 import grpc
 
 from ftagent import __version__
+from ftagent.agent.lifecycle import Lifecycle
 from ftagent.agent.link_protocol import LinkProtocol
 from ftagent.config import ArbiterClientConfig, ConfigError, IdentityConfig
 from ftagent.model import (
@@ -199,7 +200,8 @@ class ArbiterLink:
     def __init__(self, cfg: ArbiterClientConfig, identity: IdentityConfig, *,
                  max_restarts: int | None = None, version: str = __version__,
                  alert_only: bool = False,
-                 progress_interval: float = PROGRESS_INTERVAL) -> None:
+                 progress_interval: float = PROGRESS_INTERVAL,
+                 lifecycle: Lifecycle | None = None) -> None:
         """Raises ConfigError for an unusable --arbiter or TLS file (a startup error)."""
         try:
             self.address = pick_arbiter(cfg.arbiter, identity.job)
@@ -209,7 +211,7 @@ class ArbiterLink:
         self.cfg = cfg
         self.identity = identity
         self.proto = LinkProtocol(identity, max_restarts=max_restarts, version=version,
-                                  alert_only=alert_only)
+                                  alert_only=alert_only, lifecycle=lifecycle)
         self.progress_interval = progress_interval
         self.commands: asyncio.Queue[Action] = asyncio.Queue()
         self.connected = False
@@ -240,11 +242,8 @@ class ArbiterLink:
 
     @property
     def restarts(self) -> int:
-        return self.proto.restarts
-
-    @restarts.setter
-    def restarts(self, value: int) -> None:
-        self.proto.restarts = value
+        """The restart count the Hello reports: the worker's lifecycle's."""
+        return self.proto.lifecycle.restarts
 
     @property
     def trainer_state(self) -> str:

@@ -4,8 +4,8 @@ decider ends it.
 A :class:`Worker` is built from a :class:`WorkerSpec` (what to run and how: the
 configuration, the environment, the local rank under the launcher, the per-attempt
 environment and where the output goes) and the pod's process-wide parts it is given (the
-SIGCHLD reaper, its decider); pod.py's ``PodAgent`` holds the N workers of one agent
-process. Everything flows one way (DESIGN.md): the trainer's output and the sources
+SIGCHLD reaper, the pod's one decider); pod.py's ``PodAgent`` holds the N workers of
+one agent process. Everything flows one way (DESIGN.md): the trainer's output and the sources
 produce observations -> detectors turn them into faults -> the decider (the local policy,
 or the arbiter's commands) turns faults into actions -> the control loop here carries
 actions out on the trainer. Generation, restart count, trainer state and who decided are
@@ -100,10 +100,11 @@ class Worker:
     """Supervises one trainer command until it succeeds, is stopped, or its decider ends it."""
 
     def __init__(self, spec: WorkerSpec, *, reaper: ChildReaper | None = None,
-                 decider: Callable[[Worker], Decider] | None = None,
+                 decider: Decider | None = None,
                  metrics: AgentMetrics | None = None) -> None:
-        """``reaper``: the pod's (one per process); ``decider`` builds this worker's
-        decider (default: the local policy alone); ``metrics``: its series, if any."""
+        """``reaper``: the pod's (one per process); ``decider``: the pod's, where this
+        worker takes a seat (default: the local policy, for it alone); ``metrics``: its
+        series, if any."""
         self.spec = spec
         self.cfg = cfg = spec.cfg
         self.environ = dict(spec.environ)
@@ -139,13 +140,14 @@ class Worker:
         # this trainer's processes: the agent's whole tree alone, its own under the launcher
         self.tree: Callable[[], list[psutil.Process]] = supervisor.tree \
             if spec.local_rank is None else worker_tree(self, spec.local_rank)
-        # who decides: the local policy alone, unless the spec's builder chose another
-        self.decider: Decider = decider(self) if decider is not None else LocalDecider(self)
+        # who decides: the pod's decider (one for all its workers), through the port below
+        self.decider: Decider = decider if decider is not None else LocalDecider()
         # the one place a trainer is spawned: the seam warm standbys replace
         self.spawn_trainer: Callable[..., TrainerProcess] = TrainerProcess
         # awaited when this worker's supervision ends, however it ends (the standbys'
         # close): what they started is gone before the agent exits
         self.on_close: list[Callable[[], Awaitable[None]]] = []
+        self.decider.add(self)  # last: the decider may add an observer (the arbiter's)
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -165,7 +167,7 @@ class Worker:
 
     async def run(self) -> int:
         """Supervise this trainer to its end; the pod installed the reaper and signals."""
-        self.decider.start()
+        self.decider.start(self)
         try:
             for src in self.sources:
                 self._tasks.append(asyncio.create_task(self._run_source(src)))
@@ -189,7 +191,7 @@ class Worker:
             self.events.close()
             return code
         finally:
-            await self.decider.close()
+            await self.decider.close(self)
 
     # ----------------------------------------------------------------- the deciders' port
     # What a decider (decider.py, arbiter_decider.py) may do to a worker: read its
@@ -356,9 +358,9 @@ class Worker:
             except Exception:
                 log.exception("fault hook failed")
         if decide:
-            self.decider.decide(fault)
+            self.decider.decide(self, fault)
         else:
-            self.decider.report(fault)
+            self.decider.report(self, fault)
 
     def _exited_by_itself(self) -> bool:
         """The trainer's own exit wins over a hang raised after it, or while the exit is
@@ -378,7 +380,7 @@ class Worker:
             if self.stop_signal is not None:
                 return 128 + self.stop_signal
             self._apply(self.lifecycle.waiting())
-            go = await self.decider.before_start()
+            go = await self.decider.before_start(self)
             if go is not None:  # the arbiter said STOP/REPLACE before we started
                 return self._exit_code_of(go, None)
             if self.stop_signal is not None:
@@ -392,7 +394,7 @@ class Worker:
                 return e.exit_status
             action, exit_ = await self._supervise(self.trainer)
             if action is None and exit_ is not None and exit_.ok:
-                action = await self.decider.finished()  # a peer's failure restarts all
+                action = await self.decider.finished(self)  # a peer's failure restarts all
             if action is None:  # finished: success, or stopped by a signal
                 assert exit_ is not None
                 return exit_.exit_status
@@ -495,7 +497,7 @@ class Worker:
                 held: Action | None = None
                 if get_action in done:
                     held = get_action.result()
-                    if self.lifecycle.carried_out(held.id):  # delivered twice: done once
+                    if self.lifecycle.moot(held):  # delivered twice, or stale: done once
                         held = None
                         if trainer.exited not in done and stop_wait not in done:
                             continue
@@ -527,7 +529,7 @@ class Worker:
                 action = held
                 self._record_action(action)
                 if action.kind in MINOR_ACTIONS:
-                    await self.decider.on_minor_action(action)
+                    await self.decider.on_minor_action(self, action)
                     continue
                 exit_ = await self._stop_trainer(
                     trainer, time.monotonic() + self.cfg.supervisor.stop_timeout)
@@ -545,7 +547,7 @@ class Worker:
                 action, held = held, None
             else:
                 action = await self.actions.get()
-            if self.lifecycle.carried_out(action.id):  # delivered twice: done once
+            if self.lifecycle.moot(action):  # delivered twice, or stale: done once
                 continue
             if action.fault_id in self._hang_faults:
                 log.info("action %s superseded: the trainer exited by itself",
@@ -554,7 +556,7 @@ class Worker:
             self._record_action(action)
             if action.kind not in MINOR_ACTIONS:
                 return action
-            await self.decider.on_minor_action(action)
+            await self.decider.on_minor_action(self, action)
 
     def _record_action(self, action: Action) -> None:
         self.lifecycle.decided(action)

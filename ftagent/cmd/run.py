@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry
 
 from ftagent import metrics_http
+from ftagent.agent.decider import Decider, LocalDecider, rank_session
 from ftagent.agent.launcher import normalize_flags
 from ftagent.agent.metrics_sink import MetricsSink
 from ftagent.agent.pod import PodAgent
@@ -119,12 +120,7 @@ def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
     serve = registry is None
     registry = CollectorRegistry() if registry is None else registry
     metrics = AgentMetrics(registry, labels, share=share)
-    arbiter = None
-    if cfg.arbiter.arbiter:
-        from ftagent.agent.arbiter_decider import ArbiterDecider
-
-        arbiter = ArbiterDecider
-    agent = pod.add(spec, arbiter=arbiter, metrics=metrics)
+    agent = pod.add(spec, metrics=metrics)
     sink = MetricsSink(metrics)
     agent.observers.append(sink)
     agent.fault_hooks.append(sink.on_fault)
@@ -145,6 +141,16 @@ def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
     return agent
 
 
+def pod_decider(cfg: RunConfig) -> Decider:
+    """The pod's one decider: the arbiter's with --arbiter (failing open to the local
+    policy), else the local policy."""
+    if cfg.arbiter.arbiter:
+        from ftagent.agent.arbiter_decider import ArbiterDecider
+
+        return ArbiterDecider()
+    return LocalDecider()
+
+
 def build_workers(cfg: RunConfig, environ: Mapping[str, str], rundir: str) -> PodAgent:
     """``--nproc-per-node N``: a pod of N workers, one per local rank, with torchrun's
     environment (agent/launcher.py), sharing the pod's reaper, one /metrics port and the
@@ -159,7 +165,7 @@ def build_workers(cfg: RunConfig, environ: Mapping[str, str], rundir: str) -> Po
     if place.master_port == 0:  # --standalone
         place = dataclasses.replace(place, master_port=launcher.free_tcp_port())
     command = launcher.worker_command(launch, cfg.command, environ, os.getcwd())
-    pod = PodAgent()
+    pod = PodAgent(pod_decider(cfg))
     registry = CollectorRegistry()
     from ftagent.agent.standby_memory import StandbyBudget
 
@@ -311,7 +317,7 @@ def add_progress(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir: s
         from ftagent.detect.loss import LossDetector, LossSettings
 
         agent.detectors.append(LossDetector(LossSettings.of(cfg.loss)))
-    decider = agent.decider
+    decider = rank_session(agent)  # the arbiter's session for this rank, if any
     if hasattr(decider, "hang_state"):  # the arbiter's progress summaries carry it
         decider.hang_state = watch.state
     if verifier is not None and hasattr(decider, "stack_capture"):  # DUMP_STACKS + liveness
@@ -427,7 +433,7 @@ def main(argv: Sequence[str]) -> int:
             if cfg.launch.nproc_per_node:
                 pod = build_workers(cfg, environ, rundir)
             else:
-                pod = PodAgent()
+                pod = PodAgent(pod_decider(cfg))
                 build_agent(pod, WorkerSpec(cfg, environ), rundir)
         except ConfigError as e:
             sys.stderr.write(f"ftagent run: error: {e} (see ftagent run --help)\n")

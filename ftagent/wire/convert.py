@@ -164,6 +164,7 @@ def command_to_action(cmd: pb.Command) -> Action | None:
         exit_code=cmd.exit_code if cmd.HasField("exit_code") else None,
         target_rank=cmd.target_rank if cmd.HasField("target_rank") else None,
         fault_id=cmd.fault_id or None, id=cmd.id,
+        restarts=cmd.restarts if cmd.HasField("restarts") else None,
         busy=busy_from_proto(cmd.busy) if kind is ActionKind.BUSY else None)
 
 

@@ -29,8 +29,10 @@ The checks are the protocol's promises (ftagent/arbiter/barrier.py, DESIGN.md):
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -76,12 +78,13 @@ class SimAgent:
     def __init__(self, world: World, rank: int) -> None:
         self.world = world
         self.rank = rank
+        # the shipped lifecycle (agent/lifecycle.py) owns generation and restarts; the
+        # link reads them (its Hello, its RESTART dedup), as the agent's does
+        self.lifecycle = Lifecycle(clock=lambda: world.now)
         self.proto = LinkProtocol(IdentityConfig(job=JOB, rank=rank, world_size=world.size,
                                                  pod=f"pod-{rank}", node=f"node-{rank}"),
                                   max_restarts=world.budget, version="sim",
-                                  instance=f"agent-{rank}")
-        # the shipped lifecycle (agent/lifecycle.py) owns generation and restarts
-        self.lifecycle = Lifecycle(clock=lambda: world.now)
+                                  instance=f"agent-{rank}", lifecycle=self.lifecycle)
         self.phase = Phase.WAITING
         self.started_released = False
         self.exit_code: int | None = None
@@ -155,19 +158,19 @@ class SimAgent:
         if action.kind is ActionKind.RESTART:
             gen = self.lifecycle.next_generation(action.kind)
             self.world.restarted_into.add(gen)
-            self.proto.restarted_locally()  # as ArbiterDecider._decide_locally does
-            self.restart(gen)
+            self.restart(dataclasses.replace(action, generation=gen))
         else:
             self.exit(action.exit_code if action.exit_code is not None else 1)
 
     # ------------------------------------------------------------------ supervisor
 
-    def restart(self, generation: int) -> None:
-        """Stop the trainer (if any), then arrive at the barrier of ``generation``."""
+    def restart(self, action: Action) -> None:
+        """Stop the trainer (if any), then arrive at the barrier of the restart's
+        generation (the lifecycle counts it, or adopts the arbiter's count)."""
         if self.phase is Phase.RUNNING:
             self.send(self.proto.exit(ProcessExit(pid=1, code=None, signal=15),
                                       self.generation), keep=True)
-        self.lifecycle.restart(Action(ActionKind.RESTART, "sim", generation=generation))
+        self.lifecycle.restart(action)
         self.phase = Phase.WAITING
         self.proto.trainer_state = "waiting"
         self.send(self.proto.arrive(self.generation))
@@ -183,6 +186,10 @@ class SimAgent:
         self.proto.trainer_state = "running"
         self.proto.started(self.generation, released=released)
 
+    def command(self, action: Action) -> None:
+        """An action the link delivered (a command of the arbiter's)."""
+        self.actions.append(action)
+
     def tick(self) -> None:
         """What the agent's loop does next, given what it has."""
         while self.actions and self.phase is not Phase.EXITED:
@@ -190,10 +197,10 @@ class SimAgent:
             self.undecided = None  # _forward_commands: any command answers the wait
             if a.kind is ActionKind.RESTART:
                 # A decision is never applied twice: a command only ever moves an agent up.
-                assert a.generation > self.generation, (
+                assert not self.lifecycle.moot(a), (
                     f"rank {self.rank} at generation {self.generation} was told to restart "
                     f"into generation {a.generation}")
-                self.restart(a.generation)
+                self.restart(a)
             elif a.kind in (ActionKind.STOP, ActionKind.REPLACE):
                 self.exit(a.exit_code if a.exit_code is not None else 1)
             elif a.kind is ActionKind.DUMP_STACKS:
@@ -217,7 +224,10 @@ class SimAgent:
 
 
 class World:
-    def __init__(self, size: int, budget: int) -> None:
+    def __init__(self, size: int, budget: int,
+                 agent: Callable[[World, int], SimAgent] = SimAgent) -> None:
+        """``agent`` builds each rank's agent: this module's model of the supervisor and
+        its decider, or decider_agent.py's, which drives the shipped ArbiterDecider."""
         self.size = size
         self.budget = budget
         self.now = 1_000_000.0
@@ -236,7 +246,7 @@ class World:
         # generations some agent restarted into for a fault (an arbiter's RESTART or
         # REPLACE, or its own local decision): what the job's restart count must equal
         self.restarted_into: set[int] = set()
-        self.agents = [SimAgent(self, r) for r in range(size)]
+        self.agents = [agent(self, r) for r in range(size)]
 
     def _new_registry(self) -> Registry:
         self.arbiters += 1
@@ -361,7 +371,7 @@ class World:
                 self.restart_generations.setdefault(action.fault_id, set()).add(
                     action.generation)
                 self.restarted_into.add(action.generation)
-            a.actions.append(action)
+            a.command(action)
         a.tick()
 
     def restart_arbiter(self) -> None:

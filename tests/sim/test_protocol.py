@@ -180,7 +180,8 @@ def test_restarts_are_counted_once_per_generation_across_arbiter_restarts() -> N
     w.heal_and_check()
     job = w.registry.jobs[("", JOB)]
     assert job.restarts == 1 and job.generation == 1
-    assert {a.proto.restarts for a in w.agents} == {1}
+    assert {a.lifecycle.restarts for a in w.agents} == {1}
+    assert {a.proto.hello().restart_count for a in w.agents} == {1}
 
 
 def test_a_pod_claiming_another_rank_pod_or_node_never_gets_in_nor_acts() -> None:

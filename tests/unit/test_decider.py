@@ -1,26 +1,26 @@
-"""The agent's decider: the local group's decisions and barrier, and the arbiter decider
-failing open into that group (the node's workers restart together, with or without an
-arbiter). No trainer runs: the deciders' own logic on a real event loop."""
+"""The pod's one decider: the local group's decisions and barrier, and the arbiter
+decider failing open into that group (the node's workers restart together, with or
+without an arbiter). No trainer runs: the deciders' own logic on a real event loop."""
 
 from __future__ import annotations
 
 import asyncio
 
 from ftagent.agent.arbiter_decider import ArbiterDecider
-from ftagent.agent.decider import LocalDecider, WorkerGroup
+from ftagent.agent.decider import Decider, LocalDecider
 from ftagent.agent.pod import PodAgent
 from ftagent.agent.worker import Worker, WorkerSpec
 from ftagent.cmd.run import parse
 from ftagent.model import Action, ActionKind, Fault, FaultKind
 
 
-def node(n: int, *flags: str, arbiter: bool = False) -> tuple[WorkerGroup, list[Worker]]:
-    """``n`` workers of one node sharing a group, as cmd/run.py build_workers wires them."""
-    pod = PodAgent()
+def node(n: int, *flags: str, arbiter: bool = False) -> tuple[Decider, list[Worker]]:
+    """``n`` workers of one pod sharing its one decider, as cmd/run.py wires them."""
+    pod = PodAgent(ArbiterDecider() if arbiter else LocalDecider())
     for _ in range(n):
-        pod.add(WorkerSpec(parse([*flags, "--", "true"], {})),
-                arbiter=ArbiterDecider if arbiter else None)
-    return pod.group, pod.workers
+        pod.add(WorkerSpec(parse([*flags, "--", "true"], {})))
+    assert all(w.decider is pod.decider for w in pod.workers)
+    return pod.decider, pod.workers
 
 
 def queued(w: Worker) -> list[Action]:
@@ -36,14 +36,26 @@ def crash(code: int = 3) -> Fault:
 
 def test_no_agent_subclass_the_decider_is_a_part() -> None:
     w = Worker(WorkerSpec(parse(["--", "true"], {})))
-    assert isinstance(w.decider, LocalDecider) and w.decider.group is None
+    assert isinstance(w.decider, LocalDecider) and w.decider.workers == [w]
     assert Worker.__subclasses__() == []
 
 
+def test_one_arbiter_decider_holds_a_session_per_rank_and_the_pods_local_policy() -> None:
+    """One decider per pod (issue 23): under an arbiter the pod's workers share one
+    ArbiterDecider, which keeps one link per rank inside it and fails open to one
+    LocalDecider, the same for every rank. On the old code each worker held its own
+    ArbiterDecider, with its own LocalDecider."""
+    d, ws = node(3, "--arbiter", "127.0.0.1:9", arbiter=True)
+    assert isinstance(d, ArbiterDecider)
+    assert list(d.sessions) == ws
+    assert len({id(d.session(w).link) for w in ws}) == 3
+    assert d.local.workers == ws
+
+
 def test_first_failure_of_a_generation_is_the_groups_and_a_second_one_is_answered() -> None:
-    _, ws = node(3, "--max-restarts", "2", "--restart-backoff", "0")
-    ws[2].decider.decide(crash())
-    ws[0].decider.decide(crash())  # its own crash, caused by the first: already decided
+    d, ws = node(3, "--max-restarts", "2", "--restart-backoff", "0")
+    d.decide(ws[2], crash())
+    d.decide(ws[0], crash())  # its own crash, caused by the first: already decided
     got = [queued(w) for w in ws]
     # one decision, the group's, for every worker; worker 0 has it twice (its crash's
     # answer too), and carries it out once (lifecycle.carried_out)
@@ -57,31 +69,31 @@ def test_fail_open_decision_with_local_workers_goes_to_every_worker() -> None:
     decided by the node's group, not by that worker alone."""
     flags = ("--arbiter", "127.0.0.1:9", "--arbiter-fail-open-after", "0",
              "--max-restarts", "1", "--restart-backoff", "0")
-    _, ws = node(4, *flags, arbiter=True)
+    d, ws = node(4, *flags, arbiter=True)
+    assert isinstance(d, ArbiterDecider)
     for w in ws:
-        assert isinstance(w.decider, ArbiterDecider)
-        w.decider.link.offline_since = 0.0  # down since long ago (time.monotonic's origin)
-    ws[2].decider.decide(crash())
+        d.session(w).link.offline_since = 0.0  # down since long ago (time.monotonic's origin)
+    d.decide(ws[2], crash())
     got = [queued(w) for w in ws]
     assert [[a.kind for a in q] for q in got] == [[ActionKind.RESTART]] * 4
     assert len({q[0].id for q in got}) == 1
-    assert ws[2].decider.link.pending()  # and the fault waits for the arbiter
+    assert d.session(ws[2]).link.pending()  # and the fault waits for the arbiter
 
 
 def test_group_barrier_counts_a_worker_told_a_higher_generation() -> None:
     async def body() -> None:
-        _, ws = node(3)
+        d, ws = node(3)
+        assert isinstance(d, LocalDecider)
         for w in ws:
             w.lifecycle.reached(1)
-        waiting = asyncio.create_task(ws[0].decider.before_start())
+        waiting = asyncio.create_task(d.before_start(ws[0]))
         await asyncio.sleep(0)
         assert not waiting.done()
         ws[1].lifecycle.reached(3)  # the arbiter's RESTART: its trainer of 1 is gone too
-        assert isinstance(ws[1].decider, LocalDecider)
-        ws[1].decider.arrived()
+        d.arrive(ws[1])
         await asyncio.sleep(0)
         assert not waiting.done()  # worker 2 has not arrived
-        await ws[2].decider.close()  # its supervision ended: no longer counted
+        await d.close(ws[2])  # its supervision ended: no longer counted
         assert await asyncio.wait_for(waiting, 5) is None
 
     asyncio.run(body())
@@ -93,17 +105,17 @@ def test_a_worker_that_dropped_the_groups_decision_gets_it_again_for_its_crash()
     decision that stands, delivered again to it alone; a worker that got it twice carries
     it out once. On the old code the crash got no answer: the worker (and its peers at
     the group's barrier) waited forever."""
-    _, ws = node(2, "--max-restarts", "2", "--restart-backoff", "0")
+    d, ws = node(2, "--max-restarts", "2", "--restart-backoff", "0")
     hang = Fault(FaultKind.HANG, "no progress")
-    ws[0].decider.decide(hang)
+    d.decide(ws[0], hang)
     (restart,) = queued(ws[0])  # dropped: superseded by the trainer's own exit
     assert restart.kind == ActionKind.RESTART and restart.fault_id == hang.id
     c = crash()
-    ws[0].decider.decide(c)
+    d.decide(ws[0], c)
     (again,) = queued(ws[0])
     assert (again.id, again.kind, again.generation, again.fault_id) == \
         (restart.id, ActionKind.RESTART, 1, c.id)
-    ws[1].decider.decide(crash())  # worker 1's own crash: it holds the decision already
+    d.decide(ws[1], crash())  # worker 1's own crash: it holds the decision already
     first, second = queued(ws[1])
     assert first.id == second.id == restart.id
     ws[1].lifecycle.restart(first)
@@ -118,16 +130,34 @@ def test_the_fail_open_clock_starts_when_the_decider_starts_not_when_it_is_built
     the clock must be reset there. On the old code the link counts as offline since it
     was built (100 s here)."""
     async def body() -> None:
-        _, ws = node(1, "--arbiter", "127.0.0.1:9", arbiter=True)
-        decider = ws[0].decider
+        decider, ws = node(1, "--arbiter", "127.0.0.1:9", arbiter=True)
         assert isinstance(decider, ArbiterDecider)
-        link = decider.link
+        link = decider.session(ws[0]).link
         assert link.offline_since is not None
         link.offline_since -= 100.0  # built long before it runs
-        decider.start()
+        decider.start(ws[0])
         try:
             assert link.offline_for() < 50.0  # no yield: as the worker's first barrier
         finally:
-            await decider.close()
+            await decider.close(ws[0])
 
     asyncio.run(body())
+
+
+def test_a_restart_decided_alone_is_counted_once_in_the_hello() -> None:
+    """One restart count (issue 23), failing open: the hang's local decision, then the
+    crash's (the trainer exited by itself: the decision stands and is delivered again),
+    are one restart; the Hello says 1, as the lifecycle does. On the old code the link
+    counted each local decision (restarted_locally) beside the lifecycle: 2."""
+    d, (w,) = node(1, "--arbiter", "127.0.0.1:9", "--arbiter-fail-open-after", "0",
+                   "--max-restarts", "3", "--restart-backoff", "0", arbiter=True)
+    assert isinstance(d, ArbiterDecider)
+    link = d.session(w).link
+    link.offline_since = 0.0  # down since long ago: every decision is the local policy's
+    d.decide(w, Fault(FaultKind.HANG, "no progress"))
+    d.decide(w, crash())
+    first, again = queued(w)
+    assert first.id == again.id and first.kind == ActionKind.RESTART
+    w.lifecycle.restart(again)
+    assert w.lifecycle.moot(first)  # delivered twice: carried out once
+    assert link.proto.hello().restart_count == w.restarts == 1

@@ -99,3 +99,37 @@ def test_the_agent_reads_its_facts_from_the_lifecycle_only() -> None:
         pass
     else:
         raise AssertionError("the worker's generation is writable outside the lifecycle")
+
+
+def test_the_arbiters_count_is_adopted_and_a_rejoin_is_no_new_restart() -> None:
+    """One restart count (issue 23): the lifecycle's is the job's as this worker knows
+    it. A local restart counts one; an arbiter's RESTART carries the job's count (a
+    rejoin into a generation the job restarted into already: no new one), adopted and
+    never lowered. On the old code the lifecycle counted every RESTART carried out (2
+    here) while the link kept the arbiter's count (1) beside it."""
+    lc = Lifecycle(Clock())
+    lc.restart(restart(origin=Origin.LOCAL))  # alone, the arbiter away: gen 1, 1 restart
+    rejoin = Action(ActionKind.RESTART, "rejoin", generation=2, restarts=1)
+    lc.restart(rejoin)
+    assert lc.attempt == (2, 1)
+    lc.restart(Action(ActionKind.RESTART, "old arbiter", generation=3, restarts=0))
+    assert lc.attempt == (3, 1)  # never lowered
+    lc.reached(6, restarts=4)  # named at the barrier: generation and count adopted
+    assert lc.attempt == (6, 4)
+
+
+def test_a_stale_or_repeated_arbiter_restart_is_moot() -> None:
+    """The one RESTART dedup (the link keeps no count or generation of its own for it):
+    a second rejoin into generation 1, delivered while the first was being carried out,
+    is moot once the worker is there; a local decision is moot only by its id."""
+    lc = Lifecycle(Clock())
+    first = Action(ActionKind.RESTART, "rejoin", generation=1, restarts=1)
+    second = Action(ActionKind.RESTART, "rejoin again", generation=1, restarts=1)
+    assert not lc.moot(first) and not lc.moot(second)
+    lc.restart(first)
+    assert lc.moot(first) and lc.moot(second)
+    assert not lc.moot(Action(ActionKind.RESTART, "next", generation=2))
+    local = restart(generation=1, origin=Origin.LOCAL)
+    assert not lc.moot(local)
+    lc.restart(local)
+    assert lc.moot(local)

@@ -163,17 +163,16 @@ def test_the_arbiter_decider_hands_busy_over_and_never_has_an_alert_probed() -> 
     from ftagent.v1 import ftagent_pb2 as pb
     from tests.unit.test_decider import node
 
-    _, (w,) = node(1, "--arbiter", "127.0.0.1:9", "--hang-action", "alert", arbiter=True)
-    d = w.decider
+    d, (w,) = node(1, "--arbiter", "127.0.0.1:9", "--hang-action", "alert", arbiter=True)
     assert isinstance(d, ArbiterDecider)
     got: list[Action] = []
-    d.on_busy = got.append
+    d.session(w).on_busy = got.append
     a = busy()
-    asyncio.run(d.on_minor_action(a))
+    asyncio.run(d.on_minor_action(w, a))
     assert got == [a]
-    d.decide(Fault(FaultKind.HANG, "waiting", severity=Severity.WARNING,
+    d.decide(w, Fault(FaultKind.HANG, "waiting", severity=Severity.WARNING,
                    evidence={"waiting_in_collective": True, "where": "all_reduce"}))
-    (msg,) = d.link.proto.faults.values()
+    (msg,) = d.session(w).link.proto.faults.values()
     assert msg.severity == pb.SEVERITY_WARNING
     assert json.loads(msg.evidence_json) == {"where": "all_reduce"}
 

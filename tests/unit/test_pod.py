@@ -22,16 +22,16 @@ def test_the_exit_status_is_the_first_failing_local_ranks() -> None:
     assert RunResult(TrainerState.SUCCEEDED, {0: 0, 1: 0}).exit_status == 0
 
 
-def test_workers_share_the_pods_reaper_and_group_and_are_not_patched() -> None:
+def test_workers_share_the_pods_reaper_and_decider_and_are_not_patched() -> None:
     pod = PodAgent()
     specs = [WorkerSpec(parse(["--max-restarts", "0", "--", "true"], {}), local_rank=i)
              for i in range(2)]
     workers = [pod.add(s) for s in specs]
     assert all(w.reaper is pod.reaper and w.spec is s for w, s in zip(workers, specs,
                                                                        strict=True))
-    assert all(isinstance(w.decider, LocalDecider) and w.decider.group is pod.group
-               for w in workers)
-    assert pod.group.workers == workers
+    assert isinstance(pod.decider, LocalDecider)
+    assert all(w.decider is pod.decider for w in workers)  # one decider per pod
+    assert pod.decider.workers == workers
 
 
 POD_SCRIPT = """

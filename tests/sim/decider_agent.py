@@ -1,0 +1,345 @@
+"""A simulated agent whose decisions go through the shipped ``ArbiterDecider``.
+
+harness.SimAgent models the decider in a few lines; this agent runs the real class
+(agent/arbiter_decider.py, failing open to the real decider.LocalDecider) on an event
+loop of the world's own, with the world's clock and a fake transport:
+
+* ``SimLink`` is the face of ``ArbiterLink`` the decider uses, over the sim's stream and
+  the shipped ``LinkProtocol``: its waits (connected, released, settled) return when the
+  world next moves, never after real time, and its offline clock is the world's;
+* ``SimWorker`` is the worker's port (deliver, take_delivered, stopping, record, spawn,
+  the lifecycle) and the supervisor around it: it carries out what the decider delivers
+  as worker.py does (a stale or repeated action is moot, lifecycle.moot), starts a trainer
+  when ``before_start`` returns, and tells the decider's link observer of state changes.
+
+After every step the world's loop runs until nothing is ready (``World.settle``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from ftagent.agent.arbiter_decider import ArbiterDecider
+from ftagent.cmd.run import parse
+from ftagent.model import (
+    MINOR_ACTIONS,
+    Action,
+    ActionKind,
+    Fault,
+    FaultKind,
+    Observation,
+    ProcessExit,
+    TrainerState,
+)
+from ftagent.v1 import ftagent_pb2 as pb
+from tests.sim.harness import FAIL_OPEN, Phase, SimAgent
+
+if TYPE_CHECKING:
+    from tests.sim.harness import World
+
+SETTLE_ROUNDS = 64  # loop turns per settle: enough for a command to reach the supervisor
+
+
+class Loop:
+    """The world's event loop, turned by hand: ``changed()`` is what every wait awaits."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def changed(self) -> asyncio.Future[None]:
+        fut = self.loop.create_future()
+        self._waiters.append(fut)
+        return fut
+
+    def settle(self) -> None:
+        """Wake every wait (the world moved), then run until nothing is ready."""
+        waiters, self._waiters = self._waiters, []
+        for f in waiters:
+            if not f.done():
+                f.set_result(None)
+        for _ in range(SETTLE_ROUNDS):
+            self.loop.run_until_complete(asyncio.sleep(0))
+
+    def close(self) -> None:
+        tasks = asyncio.all_tasks(self.loop)
+        for t in tasks:
+            t.cancel()
+        self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        self.loop.close()
+
+
+def world_loop(world: World) -> Loop:
+    loop = getattr(world, "decider_loop", None)
+    if loop is None:
+        loop = Loop()
+        world.decider_loop = loop  # type: ignore[attr-defined]
+    return loop
+
+
+class SimLink:
+    """What the ArbiterDecider uses of an ArbiterLink, over the simulated stream."""
+
+    def __init__(self, agent: DeciderAgent) -> None:
+        self.agent = agent
+        self.proto = agent.proto
+        self.commands: asyncio.Queue[Action] = asyncio.Queue()
+
+    # -- state
+    @property
+    def connected(self) -> bool:
+        return self.agent.connected
+
+    @property
+    def arbiter_id(self) -> str:
+        return self.proto.arbiter_id
+
+    @property
+    def released_generation(self) -> int:
+        return self.proto.released_generation
+
+    @property
+    def trainer_state(self) -> str:
+        return self.proto.trainer_state
+
+    @trainer_state.setter
+    def trainer_state(self, value: str) -> None:
+        self.proto.trainer_state = value
+
+    def offline_for(self) -> float:
+        return self.agent.offline_for()
+
+    def pending(self) -> bool:
+        return bool(self.proto.faults) or bool(self.proto.later)
+
+    # -- the link's task: the world moves the stream, nothing to run
+    def starting(self) -> None:
+        pass
+
+    async def run(self) -> None:
+        await asyncio.Event().wait()
+
+    async def close(self) -> None:
+        pass
+
+    # -- waits: until the world next moves
+    async def _moved(self) -> None:
+        await world_loop(self.agent.world).changed()
+
+    async def wait_connected(self, timeout: float) -> None:
+        if not self.connected:
+            await self._moved()
+
+    async def wait_released(self, generation: int, timeout: float) -> bool:
+        if self.proto.released_generation < generation:
+            await self._moved()
+        return self.proto.released_generation >= generation
+
+    async def wait_settled(self, timeout: float) -> None:
+        await self._moved()
+
+    # -- agent -> arbiter
+    def arrive(self, generation: int) -> None:
+        self.agent.send(self.proto.arrive(generation))
+
+    def started(self, generation: int, *, released: bool) -> None:
+        self.proto.started(generation, released=released)
+
+    def report_fault(self, fault: Fault, *, generation: int | None = None,
+                     exit_status: int | None = None) -> None:
+        self.agent.send(self.proto.fault(fault, generation, exit_status))
+
+    def outcome(self, fault_id: str) -> str | None:
+        return self.proto.outcomes.get(fault_id)
+
+    def report_exit(self, exit: ProcessExit, generation: int) -> None:
+        self.agent.send(self.proto.exit(exit, generation), keep=True)
+
+    def report_stacks(self, command_id: str, stacks_json: str) -> None:
+        self.agent.send(pb.AgentMessage(stacks=pb.Stacks(command_id=command_id,
+                                                         json=stacks_json)), keep=True)
+
+    def report_progress(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def observe_timing(self, obs: Observation) -> None:
+        pass
+
+    def observe_trainer(self, obs: Observation) -> None:
+        pass
+
+
+class _Events:
+    def write(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {}
+
+
+class SimWorker:
+    """The worker's port to the decider, and the supervisor's side of it."""
+
+    def __init__(self, agent: DeciderAgent) -> None:
+        self.agent = agent
+        self.cfg = parse(["--arbiter", "sim:1", "--arbiter-fail-open-after", str(FAIL_OPEN),
+                          "--max-restarts", str(agent.world.budget), "--restart-backoff", "0",
+                          "--restart-backoff-window", "0", "--", "true"], {})
+        self.lifecycle = agent.lifecycle
+        self.events = _Events()
+        self.observers: list[Any] = []
+        self.delivered: deque[Action] = deque()
+
+    @property
+    def generation(self) -> int:
+        return self.lifecycle.generation
+
+    @property
+    def restarts(self) -> int:
+        return self.lifecycle.restarts
+
+    # the port
+    def deliver(self, action: Action) -> None:
+        self.delivered.append(action)
+
+    def take_delivered(self) -> list[Action]:
+        out = list(self.delivered)
+        self.delivered.clear()
+        return out
+
+    async def stopping(self) -> None:
+        await asyncio.Event().wait()
+
+    @property
+    def stop_requested(self) -> bool:
+        return False
+
+    def record(self, action: Action) -> None:
+        self.lifecycle.decided(action)
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        world_loop(self.agent.world).loop.create_task(coro)
+
+    def tree_pids(self) -> list[int]:
+        return []
+
+
+class DeciderAgent(SimAgent):
+    """A rank whose decisions are the shipped ArbiterDecider's (module docstring)."""
+
+    def __init__(self, world: World, rank: int) -> None:
+        super().__init__(world, rank)
+        self.proto.arrival = None  # the decider arrives (SimAgent's model did it here)
+        self.worker = SimWorker(self)
+        self.decider = ArbiterDecider(link=lambda w: SimLink(self), clock=lambda: world.now)
+        self.decider.add(self.worker)  # type: ignore[arg-type]
+        self.session = self.decider.session(self.worker)  # type: ignore[arg-type]
+
+        async def no_stacks(pids: object) -> dict[str, Any]:
+            return {}
+
+        self.session.stack_capture = no_stacks
+        self.link: SimLink = self.session.link  # type: ignore[assignment]
+        self._barrier: asyncio.Task[Action | None] | None = None
+        loop = world_loop(world)
+
+        async def start() -> None:
+            self.decider.start(self.worker)  # type: ignore[arg-type]
+
+        loop.loop.run_until_complete(start())
+        self._wait_at_barrier()
+
+    # -- the supervisor
+    def _state(self, state: TrainerState) -> None:
+        for o in self.worker.observers:
+            o.on_state(state, self.restarts)
+
+    def _observe(self, obs: Observation) -> None:
+        for o in self.worker.observers:
+            o.observe(obs)
+
+    def _wait_at_barrier(self) -> None:
+        self.phase = Phase.WAITING
+        self._state(TrainerState.WAITING)
+        self._barrier = world_loop(self.world).loop.create_task(
+            self.decider.before_start(self.worker))  # type: ignore[arg-type]
+
+    @property
+    def undecided(self) -> Fault | None:  # type: ignore[override]
+        return self.session.undecided if hasattr(self, "session") else None
+
+    @undecided.setter
+    def undecided(self, value: Fault | None) -> None:
+        pass  # the decider's to keep (RankSession.undecided)
+
+    def command(self, action: Action) -> None:
+        self.link.commands.put_nowait(action)
+
+    def crash(self) -> None:
+        if self.phase is not Phase.RUNNING:
+            return
+        self.phase = Phase.DEAD
+        self._observe(ProcessExit(pid=1, code=3, signal=None))
+        self.proto.trainer_state = "restarting"
+        self.decider.decide(self.worker, Fault(  # type: ignore[arg-type]
+            FaultKind.CRASH, f"rank {self.rank} crashed", evidence={"exit_status": 3}))
+        self.tick()
+
+    def hang(self) -> None:
+        if self.phase is not Phase.RUNNING or self.undecided is not None:
+            return
+        self.decider.decide(self.worker,  # type: ignore[arg-type]
+                            Fault(FaultKind.HANG, f"rank {self.rank} hung"))
+        self.tick()
+
+    def tick(self) -> None:
+        loop = world_loop(self.world)
+        for _ in range(8):
+            loop.settle()
+            if self.phase is Phase.EXITED or not self._step():
+                return
+
+    def _step(self) -> bool:
+        """One thing the worker's control loop does with what it has; False: nothing."""
+        if self.phase is Phase.WAITING:
+            b = self._barrier
+            if b is None or not b.done():
+                return False
+            self._barrier = None
+            go = b.result()
+            if go is not None:  # STOP/REPLACE at the barrier
+                self.exit(go.exit_code if go.exit_code is not None else 1)
+                return True
+            self.started_released = self.session.released_start
+            self.phase = Phase.RUNNING
+            self._state(TrainerState.RUNNING)
+            return True
+        if not self.worker.delivered:
+            return False
+        a = self.worker.delivered.popleft()
+        if self.lifecycle.moot(a):  # delivered twice, or stale: as worker.py
+            return True
+        if a.kind in MINOR_ACTIONS:
+            self.lifecycle.decided(a)
+            world_loop(self.world).loop.create_task(
+                self.decider.on_minor_action(self.worker, a))  # type: ignore[arg-type]
+            return True
+        if a.kind is ActionKind.RESTART:
+            assert a.generation > self.generation, (
+                f"rank {self.rank} at generation {self.generation} was told to restart "
+                f"into generation {a.generation}")
+            if a.fault_id is not None and a.origin.value == "local":
+                self.world.restarted_into.add(a.generation)
+            if self.phase is Phase.RUNNING:
+                self._observe(ProcessExit(pid=1, code=None, signal=15))
+            self.lifecycle.restart(a)
+            self._state(TrainerState.RESTARTING)
+            self._wait_at_barrier()
+            return True
+        self.lifecycle.decided(a)
+        self.exit(a.exit_code if a.exit_code is not None else 1)
+        return True
+
+    def exit(self, code: int) -> None:
+        super().exit(code)
+        self._state(TrainerState.FAILED)
