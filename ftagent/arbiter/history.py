@@ -80,6 +80,9 @@ class JobRecord:
     goodput_restarts: int = 0  # restarts the ledger placed
     # its incidents (the newest ledger.INCIDENTS_KEPT), each as ``incident_json`` writes it
     goodput_incidents: list[list[Any]] = field(default_factory=list)
+    # who owns each rank, [rank, pod, uid] each (JobState.owners): an arbiter restart must
+    # not let another pod take a rank whose pod still exists (jobs._admit)
+    owners: list[list[Any]] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -123,6 +126,7 @@ class JobRecord:
         got = rec.goodput_incidents if isinstance(rec.goodput_incidents, list) else []
         rec.goodput_incidents = [incident_json(i) for i in map(incident_or_none,
                                                                got[-INCIDENTS_KEPT:]) if i]
+        rec.owners = owners_json(owners_from_json(rec.owners, rec.world_size))
         for n in ("goodput_steps", "goodput_restarts"):
             v = getattr(rec, n)
             if not (v is None and n == "goodput_steps") and not (
@@ -131,7 +135,34 @@ class JobRecord:
         return rec
 
 
-def record_of(job: JobState, stats: JobStats | None, last_seen: float) -> JobRecord:
+def owners_json(owners: dict[int, tuple[str, str]]) -> list[list[Any]]:
+    return [[rank, pod, uid] for rank, (pod, uid) in sorted(owners.items())]
+
+
+def owners_from_json(v: Any, world_size: int) -> dict[int, tuple[str, str]]:
+    """A record's owners, checked where they enter: at most ``world_size`` (itself at most
+    limits.MAX_WORLD_SIZE), each a rank of the job with a pod name and uid of bounded
+    length. One that is not is left out (that rank is then anyone's whose Hello passes the
+    pod checks, as before this record), never the record."""
+    if not isinstance(v, list) or not isinstance(world_size, int):
+        return {}
+    n = max(0, min(world_size, limits.MAX_WORLD_SIZE))
+    out: dict[int, tuple[str, str]] = {}
+    for o in v[:n]:
+        if not (isinstance(o, list) and len(o) == 3):
+            continue
+        rank, pod, uid = o
+        if (isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank < n
+                and isinstance(pod, str) and 0 < len(pod) <= limits.MAX_NAME
+                and isinstance(uid, str) and 0 < len(uid) <= limits.MAX_ID):
+            out[rank] = (pod, uid)
+    return out
+
+
+def record_of(job: JobState, stats: JobStats | None, last_seen: float, *,
+              owners: bool = True) -> JobRecord:
+    """The job's record; ``owners=False`` leaves the owners out (O(ranks) to copy: only
+    a record that is written carries them)."""
     s = stats or JobStats()
     return JobRecord(job=job.job, namespace=job.namespace, world_size=job.world_size,
                      generation=job.generation, restarts=job.restarts,
@@ -139,6 +170,7 @@ def record_of(job: JobState, stats: JobStats | None, last_seen: float) -> JobRec
                      phase=job.phase.value, stop_reason=job.stop_reason[:MAX_REASON],
                      last_seen=last_seen, restarts_by_reason=dict(s.restarts_by_reason),
                      seconds_lost=s.seconds_lost,
+                     owners=owners_json(job.owners) if owners else [],
                      **_goodput(s.ledger, last_seen))
 
 
@@ -277,14 +309,16 @@ class History:
 
     def update(self, job: JobState, stats: JobStats | None, now: float) -> None:
         """Write the job's record when its summary changed since the last write."""
-        rec = record_of(job, stats, now)
-        summary = (rec.world_size, rec.generation, rec.restarts, rec.max_restarts,
+        rec = record_of(job, stats, now, owners=False)
+        summary = (len(job.owners), job.owners_print,
+                   rec.world_size, rec.generation, rec.restarts, rec.max_restarts,
                    rec.alert_only, rec.phase, rec.stop_reason, job.connected == 0,
                    tuple(sorted(rec.restarts_by_reason.items())), round(rec.seconds_lost, 3),
                    rec.goodput_mode, rec.goodput_steps, rec.goodput_restarts,
                    str(rec.goodput_incidents[-1:]))
         if self._written.get(rec.key) != summary:
             self._written[rec.key] = summary
+            rec.owners = owners_json(job.owners)
             self.store.record(rec)
 
     def retire(self, job: JobState, stats: JobStats | None) -> None:
@@ -295,6 +329,14 @@ class History:
         while len(self.past) > self.max_jobs:
             oldest = min(self.past.values(), key=lambda r: r.last_seen)
             self.drop(oldest.namespace, oldest.job)
+
+    def owners(self, key: tuple[str, str]) -> dict[int, tuple[str, str]]:
+        """The ranks' owners a past job's record kept, if it did not finish (the same run,
+        after an arbiter restart; a finished one's next Hello starts a new run)."""
+        rec = self.past.get(key)
+        if rec is None or rec.finished:
+            return {}
+        return owners_from_json(rec.owners, rec.world_size)
 
     def superseded(self, key: tuple[str, str]) -> JobRecord | None:
         """A live job has this key again: it is no longer a past job."""

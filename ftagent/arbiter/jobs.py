@@ -24,6 +24,7 @@ from ftagent.arbiter.state import (
     Exited,
     JobState,
     Left,
+    Owned,
     Progressed,
     RankState,
     Registered,
@@ -64,6 +65,9 @@ class Jobs:
         self.nodes = NodeMap(self.jobs)
         self.connected = 0
         self.listeners: list[DecisionListener] = []
+        # Jobs whose ranks' owners changed since their history record was last written:
+        # the registry's tick writes them (a note in between writes them sooner).
+        self.unsaved_owners: set[Key] = set()
 
     # ------------------------------------------------------------------ streams
 
@@ -79,7 +83,10 @@ class Jobs:
         job = self.jobs.get(key)
         check_generation_claim(h, job.generation if job is not None else -1)
         rs = job.ranks.get(h.rank) if job is not None else None
-        self._admit(conn, h, job, rs)
+        # the rank's owner: the job's, or (no live job: an arbiter restart) its record's
+        carried = self.journal.history.owners(key) if job is None else {}
+        self._admit(conn, h, rs, job.owners.get(h.rank) if job is not None
+                    else carried.get(h.rank))
         note = self.journal.note
         if job is not None and job.finished and job.connected == 0:
             # Every agent of the finished run is gone: this Hello starts a new run.
@@ -96,6 +103,8 @@ class Jobs:
                          h.job, h.max_restarts, self.restart_ceiling)
             job = self.jobs[key] = JobState(job=h.job, namespace=h.namespace,
                                             world_size=h.world_size, max_restarts=budget)
+            if carried:
+                apply(job, Owned(tuple((r, p, u) for r, (p, u) in carried.items())), now)
             self.journal.ledger(job, now, h.generation,
                                 midway=h.generation > 0 or h.trainer_running)
             self.gauges()
@@ -113,6 +122,7 @@ class Jobs:
             note(job, now, "agent", f"re-registered from {h.pod or conn.peer} (the "
                  f"previous stream from {rs.pod or old.peer} is closed)", rank=h.rank)
         fresh = rs is None or rs.conn is None
+        owners_were = job.owners_print
         apply(job, Registered(
             rank=h.rank, pod=h.pod, node=h.node, state=h.state, instance=h.agent_instance,
             pod_uid=conn.pod_uid, gpus=tuple(h.gpus), generation=h.generation,
@@ -121,6 +131,8 @@ class Jobs:
             running=h.trainer_running, restart_count=h.restart_count,
             world_size=h.world_size, alert_only=h.alert_only, conn=conn), now)
         rs = job.ranks[h.rank]
+        if job.owners_print != owners_were:
+            self.unsaved_owners.add(key)
         self.nodes.index(key, rs)
         conn.key, conn.rank = key, h.rank
         if fresh:
@@ -138,10 +150,12 @@ class Jobs:
         commands.resend(rs)
         self.execute(job, barrier.decide_hello(job, h.rank, now), now)
 
-    def _admit(self, conn: Connection, h: pb.Hello, job: JobState | None,
-               rs: RankState | None) -> None:
+    def _admit(self, conn: Connection, h: pb.Hello, rs: RankState | None,
+               owner: tuple[str, str] | None) -> None:
         """Refuse a Hello the job cannot take: too many ranks, a rank held by another live
-        agent, or a rank a still existing pod owns."""
+        agent, or a rank a still existing pod owns (``owner``: (pod, uid) as verified at
+        the rank's last Hello, kept across an arbiter restart by the job's record)."""
+        job = self.jobs.get((h.namespace, h.job))
         if h.world_size > self.max_ranks_per_job or (
                 rs is None and job is not None and len(job.ranks) >= self.max_ranks_per_job):
             raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"job {h.job} may have at most "
@@ -153,10 +167,10 @@ class Jobs:
                           f"held by another live agent ({rs.pod or 'unknown pod'}): refused; "
                           "a second agent for one rank is a misconfiguration (check --rank)",
                           "rank_taken")
-        if (rs is not None and rs.pod_uid and conn.pod_uid != rs.pod_uid
-                and self.pod_alive(h.namespace, rs.pod, rs.pod_uid)):
+        if (owner is not None and conn.pod_uid != owner[1]
+                and self.pod_alive(h.namespace, owner[0], owner[1])):
             raise Refused(grpc.StatusCode.PERMISSION_DENIED, f"rank {h.rank} of job {h.job} "
-                          f"belongs to pod {rs.pod} (uid {rs.pod_uid}), which still exists: "
+                          f"belongs to pod {owner[0]} (uid {owner[1]}), which still exists: "
                           "another pod's credentials cannot take it over", "rank_owned")
 
     def lookup(self, conn: Connection) -> tuple[JobState | None, RankState | None]:
@@ -250,6 +264,14 @@ class Jobs:
                     fn(job, d, now)
                 except Exception:  # a listener's bug must not stop the decisions
                     log.exception("decision listener %r failed", fn)
+
+    def save_owners(self) -> None:
+        """Write the history record of each job whose ranks' owners changed (the tick)."""
+        for key in self.unsaved_owners:
+            job = self.jobs.get(key)
+            if job is not None:
+                self.journal.save(job, self.clock())
+        self.unsaved_owners.clear()
 
     def forget(self, key: Key, job: JobState) -> None:
         """Drop a job nobody ran for long: only its history record stays."""

@@ -156,6 +156,7 @@ class Registry:
     def tick(self) -> None:
         """Deadlines (stacks, links, barriers) and forgetting jobs nobody runs any more."""
         now = self.clock()
+        self._jobs.save_owners()
         self.intake.assess_stragglers(now)
         for key, job in list(self.jobs.items()):
             self._jobs.execute(job, policy.decide_tick(job, now, self.cfg), now)

@@ -175,6 +175,15 @@ class JobState:
     busy_step: int = -1
     connected: int = 0
     last_seen: float = 0.0
+    # Who owns each rank: rank -> (pod, uid) as verified at its Hello (the stream's
+    # TokenReview'd pod, never what an agent merely says). Another pod may take the rank
+    # only once this one is gone (jobs._admit, the pod watch). Kept in the job's history
+    # record, so that an arbiter restart does not forget it (``Owned``). At most one per
+    # rank: bounded by the job's ranks.
+    owners: dict[int, tuple[str, str]] = field(default_factory=dict)
+    # A fingerprint of ``owners`` (XOR of each entry's hash), kept as they change: the
+    # history record is rewritten when it changes without comparing every rank.
+    owners_print: int = 0
 
     def remember_fault(self, fault_id: str, final: bool = True) -> None:
         self.seen_faults[fault_id] = final
@@ -203,6 +212,14 @@ class Registered(NamedTuple):
     world_size: int
     alert_only: bool
     conn: object
+
+
+class Owned(NamedTuple):
+    """The ranks' owners the job's history record kept (an arbiter restart): (rank, pod,
+    uid) each, checked where the record was read (history.owners_from_json). A rank
+    registered since keeps its own."""
+
+    owners: tuple[tuple[int, str, str], ...]
 
 
 class Left(NamedTuple):
@@ -269,8 +286,8 @@ class StacksIn(NamedTuple):
     fr: dict[str, Any] | None
 
 
-Change = (Decision | Registered | Left | Progressed | Arrived | AtBarrier | Exited | FaultSeen
-          | Settled | StacksIn)
+Change = (Decision | Registered | Owned | Left | Progressed | Arrived | AtBarrier | Exited
+          | FaultSeen | Settled | StacksIn)
 
 # What a command does to the state its target ranks show (status) until they report.
 _RANK_STATES = {Verdict.RESTART: "restarting", Verdict.REJOIN: "restarting",
@@ -357,6 +374,22 @@ def _commanded(job: JobState, d: Decision) -> None:
             rs.commanded = max(rs.commanded, d.generation)
         elif d.verdict is Verdict.RELEASE_BARRIER:
             rs.released_generation = max(rs.released_generation, rs.generation)
+
+
+def _own(job: JobState, rank: int, owner: tuple[str, str]) -> None:
+    old = job.owners.get(rank)
+    if old == owner:
+        return
+    if old is not None:
+        job.owners_print ^= hash((rank, *old))
+    job.owners[rank] = owner
+    job.owners_print ^= hash((rank, *owner))
+
+
+def _owned(job: JobState, c: Owned, now: float) -> None:
+    for rank, pod, uid in c.owners:
+        if rank not in job.owners:
+            _own(job, rank, (pod, uid))
 
 
 def _left(job: JobState, c: Left, now: float) -> None:
@@ -448,6 +481,7 @@ def _registered(job: JobState, c: Registered, now: float) -> None:
     rs.pod, rs.node, rs.state, rs.instance = c.pod, c.node, c.state, c.instance
     if c.pod_uid:
         rs.pod_uid = c.pod_uid
+        _own(job, c.rank, (c.pod, c.pod_uid))
     rs.gpus = c.gpus
     rs.generation, rs.released_generation = c.generation, c.released_generation
     rs.running = c.running
@@ -459,6 +493,6 @@ def _registered(job: JobState, c: Registered, now: float) -> None:
 
 # What each kind of change an agent's message makes does (one lookup per message).
 _AGENT_SAYS: dict[type, Callable[[JobState, Any, float], None]] = {
-    Registered: _registered, Left: _left, Progressed: _progressed, Arrived: _arrived,
-    AtBarrier: _at_barrier, Exited: _exited, FaultSeen: _fault_seen, Settled: _settled,
-    StacksIn: _stacks_in}
+    Registered: _registered, Owned: _owned, Left: _left, Progressed: _progressed,
+    Arrived: _arrived, AtBarrier: _at_barrier, Exited: _exited, FaultSeen: _fault_seen,
+    Settled: _settled, StacksIn: _stacks_in}

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,10 +42,11 @@ from ftagent.agent.lifecycle import Lifecycle
 from ftagent.agent.link_protocol import LinkProtocol
 from ftagent.agent.local_policy import decide
 from ftagent.arbiter.auth import PodFacts, Principal, identity_problem
+from ftagent.arbiter.history import History, JobRecord, Loaded
 from ftagent.arbiter.policy import PolicyConfig
 from ftagent.arbiter.registry import Connection, Registry, Reject
 from ftagent.arbiter.state import JobPhase
-from ftagent.arbiter.timeline import Timeline
+from ftagent.arbiter.timeline import Entry, Timeline
 from ftagent.config import IdentityConfig
 from ftagent.model import Action, ActionKind, Fault, FaultKind, ProcessExit
 from ftagent.v1 import ftagent_pb2 as pb
@@ -223,6 +225,30 @@ class SimAgent:
                 self.start(released=False)
 
 
+class KeptRecords:
+    """What ``--state-dir`` keeps across an arbiter restart, in memory: each job's latest
+    record, through its JSON form as history_file.FileHistory writes and reads it (so a
+    field that does not survive the round trip does not survive here). Timeline entries
+    are for status only and not kept."""
+
+    def __init__(self) -> None:
+        self.records: dict[tuple[str, str], str] = {}
+
+    def record(self, item: Entry | JobRecord) -> None:
+        if isinstance(item, JobRecord):
+            self.records[item.key] = json.dumps(item.to_json())
+
+    def load(self) -> Loaded:
+        return Loaded(jobs=[JobRecord.from_json(json.loads(r))
+                            for r in self.records.values()])
+
+    def forget(self, namespace: str, job: str) -> None:
+        self.records.pop((namespace, job), None)
+
+    def close(self) -> None:
+        pass
+
+
 class World:
     def __init__(self, size: int, budget: int,
                  agent: Callable[[World, int], SimAgent] = SimAgent) -> None:
@@ -241,6 +267,7 @@ class World:
         self.pods["pod-x"] = PodFacts(uid="uid-x", job=JOB, node="node-x")
         self.impostor_welcomed = 0
         self.impostor_decisions = 0
+        self.kept = KeptRecords()  # the arbiter's --state-dir: it outlives each arbiter
         self.registry = self._new_registry()
         self.restart_generations: dict[str, set[int]] = {}  # fault id -> RESTART targets
         # generations some agent restarted into for a fault (an arbiter's RESTART or
@@ -251,7 +278,7 @@ class World:
     def _new_registry(self) -> Registry:
         self.arbiters += 1
         reg = Registry(self.cfg, Timeline(), None, f"arbiter-{self.arbiters}",
-                       clock=lambda: self.now)
+                       clock=lambda: self.now, history=History(self.kept))
         reg.pod_alive = lambda ns, pod, uid: (f := self.pods.get(pod)) is not None \
             and f.uid == uid
 
@@ -375,7 +402,8 @@ class World:
         a.tick()
 
     def restart_arbiter(self) -> None:
-        """SIGKILL and start again: every stream breaks, the new one knows nothing."""
+        """SIGKILL and start again: every stream breaks, the new one knows only what its
+        history store kept (``kept``)."""
         for r in range(self.size):
             self.break_stream(r, notify=False)
         self.registry = self._new_registry()

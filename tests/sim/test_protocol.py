@@ -202,6 +202,30 @@ def test_a_pod_claiming_another_rank_pod_or_node_never_gets_in_nor_acts() -> Non
     assert w.registry.jobs[("", JOB)].restarts == 0
 
 
+def test_a_ranks_owner_survives_an_arbiter_restart() -> None:
+    """A rank belongs to its pod across an arbiter restart, as before it: pod-x (a pod of
+    the job, its own valid token, labels that give no rank) says Hello as rank 0 after
+    the restart, before rank 0's agent is back. Refused (the restarted arbiter forgot the
+    owner before the job's record kept it); once pod-0 is gone, the rank is free."""
+    w = start(2, 0)
+    w.restart_arbiter()
+    w.connect(1)
+    w.flush(0)
+    w.flush(1)
+    w.impostor(0, "rank")
+    w.check_safety()
+    w.heal_and_check()
+    assert {a.generation for a in w.agents} == {0}
+    assert w.registry.jobs[("", JOB)].restarts == 0
+    # pod-0 is gone (deleted): after another restart its rank is free to take
+    del w.pods["pod-0"]
+    w.restart_arbiter()
+    w.connect(1)
+    w.flush(1)
+    w.impostor(0, "rank")
+    assert w.impostor_welcomed == 1
+
+
 # --------------------------------------------------------------------------- the search
 
 EXAMPLES = int(os.environ.get("FTAGENT_SIM_EXAMPLES", "60"))
