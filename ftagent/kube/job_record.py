@@ -52,6 +52,11 @@ LABEL = "ftagent.io/history"
 LABELS = {LABEL: "job", "app.kubernetes.io/managed-by": "ftagent"}
 MAX_BYTES = 128 * 1024  # of one record's data (a ConfigMap may hold 1 MiB)
 MAX_MESSAGE = 1000  # characters of one entry's message kept in the record
+# The ranks' owners ([rank, pod, uid] each, ~60 bytes) the record keeps on top of
+# MAX_BYTES (a ConfigMap may hold 1 MiB): about 13,000 ranks. A job with more keeps none
+# (one log line): a restarted arbiter then knows a rank's pod only from its next Hello.
+MAX_OWNER_BYTES = 768 * 1024
+_OWNERS_TOO_BIG: set[tuple[str, str]] = set()
 DEBOUNCE = 1.0
 MAX_JOBS = 2000  # records read back at load (the history keeps 500)
 PAGE = 200
@@ -100,6 +105,15 @@ def encode(record: JobRecord, entries: Iterable[Entry], dropped: int,
     # 64 short lists)
     head_room = 1024 + len(json.dumps(record.goodput_incidents, separators=(",", ":")))
     budget = max_bytes - head_room
+    owners = record.owners
+    if owners and len(json.dumps(owners, separators=(",", ":")).encode()) > MAX_OWNER_BYTES:
+        if record.key not in _OWNERS_TOO_BIG:  # one line per job, not per write
+            if len(_OWNERS_TOO_BIG) >= 1000:
+                _OWNERS_TOO_BIG.clear()
+            _OWNERS_TOO_BIG.add(record.key)
+            log.warning("job %s/%s: its %d ranks' owners do not fit its history record: "
+                        "not kept", record.namespace, record.job, len(owners))
+        owners = []
     kept = 0
     for e in reversed(items):
         d = entry_json(e)
@@ -114,7 +128,7 @@ def encode(record: JobRecord, entries: Iterable[Entry], dropped: int,
         used += size
         kept += 1
     total_dropped = dropped + len(items) - kept
-    rec = {**record.to_json(), "dropped": total_dropped}
+    rec = {**record.to_json(), "owners": owners, "dropped": total_dropped}
     return ({"record.json": json.dumps(rec, separators=(",", ":"), ensure_ascii=False),
              "timeline.jsonl": "\n".join(reversed(lines))}, total_dropped)
 

@@ -94,6 +94,22 @@ def test_a_record_is_capped_newest_entries_kept_and_drops_counted() -> None:
     assert len(back[0].message) == 1000
 
 
+def test_the_ranks_owners_are_kept_when_they_fit() -> None:
+    """The owners (arbiter restart: a rank stays its pod's) ride in record.json; a job so
+    large that they would not fit a ConfigMap keeps its record and timeline without them."""
+    rec = record(phase="running")
+    rec.owners = [[r, f"pod-{r}", f"uid-{r}"] for r in range(4)]
+    back, entries, _ = decode(encode(rec, [entry(1)], 0)[0])
+    assert back.owners == rec.owners and len(entries) == 1
+    huge = record(phase="running")
+    huge.world_size = 20_000
+    huge.owners = [[r, f"pod-{r:050d}", f"uid-{r:036d}"] for r in range(20_000)]
+    data, _ = encode(huge, [entry(1)], 0)
+    assert sum(len(v.encode()) for v in data.values()) < 256 * 1024
+    back, entries, _ = decode(data)
+    assert back.owners == [] and back.world_size == 20_000 and len(entries) == 1
+
+
 @pytest.mark.parametrize("data", [
     None, {}, {"record.json": "not json"}, {"record.json": "[]"},
     {"record.json": json.dumps({"job": ""})},
