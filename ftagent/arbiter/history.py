@@ -289,6 +289,7 @@ class History:
         self.max_jobs = max_jobs
         self.past: dict[tuple[str, str], JobRecord] = {}
         self._written: dict[tuple[str, str], tuple[Any, ...]] = {}
+        self._owners: dict[tuple[str, str], tuple[JobRecord, dict[int, tuple[str, str]]]] = {}
         self.on_forget: Callable[[str, str], None] = lambda namespace, job: None
 
     def load(self) -> list[Entry]:
@@ -336,10 +337,14 @@ class History:
         rec = self.past.get(key)
         if rec is None or rec.finished:
             return {}
-        return owners_from_json(rec.owners, rec.world_size)
+        got = self._owners.get(key)
+        if got is None or got[0] is not rec:  # parsed once per record, not per Hello
+            got = self._owners[key] = (rec, owners_from_json(rec.owners, rec.world_size))
+        return got[1]
 
     def superseded(self, key: tuple[str, str]) -> JobRecord | None:
         """A live job has this key again: it is no longer a past job."""
+        self._owners.pop(key, None)
         return self.past.pop(key, None)
 
     def expired(self, now: float) -> list[tuple[str, str]]:
@@ -347,6 +352,7 @@ class History:
 
     def drop(self, namespace: str, job: str) -> None:
         self.past.pop((namespace, job), None)
+        self._owners.pop((namespace, job), None)
         self._written.pop((namespace, job), None)
         self.store.forget(namespace, job)
         self.on_forget(namespace, job)
