@@ -9,7 +9,9 @@ Nothing here does I/O, so a test can replay a stream of changes and compare plai
 ``arbiter/commands.py``: what was sent, not what the job is.)
 
 Everything is rebuilt from agents' Hellos after an arbiter restart (stateless design):
-the job's generation is the highest any agent reports, its restart count likewise.
+the job's generation is the highest any agent reports, its restart count likewise. The
+one exception is who owns each rank (``JobState.owners``): an agent's Hello cannot be
+trusted to say it, so the job's history record keeps it (``Owned``).
 
 Job lifecycle::
 
