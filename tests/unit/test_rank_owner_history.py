@@ -116,3 +116,25 @@ def test_a_records_owners_are_checked_where_they_enter() -> None:
         [r % 3, f"pod-{r}", f"uid-{r}"] for r in range(10_000)]})
     assert len(many.owners) == 3
     assert JobRecord.from_json({"job": "j", "owners": "junk"}).owners == []
+
+
+def test_owned_never_overrides_a_rank_registered_since() -> None:
+    """Pure: the record's owners fill only ranks with none; a verified Hello sets its
+    rank's owner; the fingerprint follows the content, not the order of changes."""
+    from ftagent.arbiter.state import JobState, Owned, Registered, apply
+
+    def registered(rank: int, pod: str, uid: str) -> Registered:
+        return Registered(rank=rank, pod=pod, node="n", state="waiting", instance="i",
+                          pod_uid=uid, gpus=(), generation=0, released_generation=-1,
+                          running=False, restart_count=0, world_size=2, alert_only=False,
+                          conn=object())
+
+    a = JobState(job="j", world_size=2)
+    apply(a, registered(0, "pod-0b", "uid-0b"), 1.0)
+    apply(a, Owned(((0, "pod-0", "uid-0"), (1, "pod-1", "uid-1"))), 1.0)
+    assert a.owners == {0: ("pod-0b", "uid-0b"), 1: ("pod-1", "uid-1")}
+    b = JobState(job="j", world_size=2)
+    apply(b, Owned(((0, "pod-0", "uid-0"), (1, "pod-1", "uid-1"))), 1.0)
+    apply(b, registered(0, "pod-0b", "uid-0b"), 1.0)
+    apply(b, registered(1, "pod-1", ""), 1.0)  # unverified: the owner is kept
+    assert b.owners == a.owners and b.owners_print == a.owners_print
