@@ -29,6 +29,7 @@ from ftagent.agent import supervisor
 from ftagent.agent.decider import Decider, LocalDecider, WorkerGroup
 from ftagent.agent.supervisor import ChildReaper
 from ftagent.agent.worker import Worker, WorkerSpec
+from ftagent.agent.worker_parts import WorkerParts
 from ftagent.model import TrainerState
 
 if TYPE_CHECKING:
@@ -76,17 +77,19 @@ class PodAgent:
 
     def add(self, spec: WorkerSpec, *,
             arbiter: Callable[[Worker, LocalDecider], Decider] | None = None,
-            metrics: AgentMetrics | None = None) -> Worker:
+            metrics: AgentMetrics | None = None,
+            parts: Callable[[Worker], WorkerParts] | None = None) -> Worker:
         """A worker for ``spec``, reaped by the pod's reaper and deciding with the pod's
         group: through the local policy, or ``arbiter(worker, local)`` (which fails open to
-        that local policy); ``metrics``: its series."""
+        that local policy); ``metrics``: its series; ``parts``: builds its parts."""
         group = self.group
 
         def decider(w: Worker) -> Decider:
             local = LocalDecider(w, group)
             return arbiter(w, local) if arbiter is not None else local
 
-        worker = Worker(spec, reaper=self.reaper, decider=decider, metrics=metrics)
+        worker = Worker(spec, reaper=self.reaper, decider=decider, metrics=metrics,
+                        parts=parts)
         self.workers.append(worker)
         return worker
 

@@ -13,10 +13,11 @@ the lifecycle's (lifecycle.py); this module reads them and reports what happens 
 One asyncio loop; the output pumps and blocking libraries are threads that hand their
 results to it.
 
-The worker's parts, each a list it iterates, filled in by the composition root
-(cmd/run.py): ``sources`` (``async run(emit)``), ``detectors`` (``observe(obs) -> faults``,
-``tick(now) -> faults``), ``observers`` (``observe(obs)``, e.g. the metrics sink),
-``line_handlers`` and ``fault_hooks``.
+The worker's parts (sources, detectors, observers, line handlers, fault hooks, evidence,
+the trainer's extra environment, its spawn and what to close at the end) come in through
+the constructor as one :class:`~ftagent.agent.worker_parts.WorkerParts` value, built by
+the composition root (cmd/run.py): a worker is complete when built, and nothing outside
+this module sets its attributes (tests/unit/test_worker_seams.py).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -40,6 +41,14 @@ from ftagent.agent.evidence import redact_secrets
 from ftagent.agent.lifecycle import Lifecycle, Step
 from ftagent.agent.supervisor import ChildReaper, SpawnError, TrainerProcess
 from ftagent.agent.tee import BACKLOG_BYTES, BACKLOG_LINES, LastLines, LineBacklog, Writer
+from ftagent.agent.worker_parts import (
+    Close,
+    Evidence,
+    LineHandler,
+    Observer,
+    Spawn,
+    WorkerParts,
+)
 from ftagent.config import RunConfig
 from ftagent.model import (
     MINOR_ACTIONS,
@@ -66,10 +75,6 @@ EVIDENCE_LINES = 50  # last lines attached to a fault (the events file keeps the
 EVIDENCE_STDERR_LINES = 20  # and the last of stderr alone: where tracebacks are
 DRAIN_BATCHES = 16  # output batches handled per loop callback before timers get a turn
 WORKER_VAR = "FTAGENT_LOCAL_RANK"  # marks a worker's processes, for orphans that left its session
-
-
-class Observer(Protocol):
-    def observe(self, obs: Observation) -> None: ...
 
 
 def no_attempt_env(attempt: int) -> dict[str, str]:
@@ -101,9 +106,14 @@ class Worker:
 
     def __init__(self, spec: WorkerSpec, *, reaper: ChildReaper | None = None,
                  decider: Callable[[Worker], Decider] | None = None,
-                 metrics: AgentMetrics | None = None) -> None:
+                 metrics: AgentMetrics | None = None,
+                 parts: Callable[[Worker], WorkerParts] | None = None) -> None:
         """``reaper``: the pod's (one per process); ``decider`` builds this worker's
-        decider (default: the local policy alone); ``metrics``: its series, if any."""
+        decider (default: the local policy alone); ``metrics``: its series, if any;
+        ``parts`` builds its parts (worker_parts.py; default: none, a cold spawn), called
+        last, once, with the worker as built so far: it reads the worker (the methods its
+        parts call back, the events file, the decider) and returns a value; it sets
+        nothing on it."""
         self.spec = spec
         self.cfg = cfg = spec.cfg
         self.environ = dict(spec.environ)
@@ -117,13 +127,8 @@ class Worker:
         self.reaper = reaper if reaper is not None else ChildReaper()
         self.metrics = metrics
         self.actions: asyncio.Queue[Action] = asyncio.Queue()
-        self.sources: list[Source] = []
-        self.detectors: list[Detector] = []
+        # a list: the arbiter decider adds its link's observer as it is built (decider.py)
         self.observers: list[Observer] = [ProgressLog(self.events)] if sup.events_file else []
-        # (stream, blob of complete lines joined by b"\n", monotonic time of the read)
-        self.line_handlers: list[Callable[[str, bytes, float], None]] = []
-        self.fault_hooks: list[Callable[[Fault], None]] = []  # metrics, reporter
-        self.evidence: Callable[[Fault, list[int]], Any] | None = None  # async enrich hook
         self.trainer: TrainerProcess | None = None
         # generation, restarts, trainer state, who decided: their one owner (lifecycle.py)
         self.lifecycle = Lifecycle()
@@ -131,7 +136,6 @@ class Worker:
         self._stop_event = asyncio.Event()
         self._stop_deadline = 0.0
         self._tasks: list[asyncio.Task[Any]] = []
-        self.extra_env: dict[str, str] = {}
         self._inflight: set[asyncio.Task[Any]] = set()
         self._armed: set[tuple[int, float]] = set()  # (id(detector), deadline) timers
         self._backlog: LineBacklog | None = None  # the running trainer's output on its way
@@ -141,11 +145,18 @@ class Worker:
             if spec.local_rank is None else worker_tree(self, spec.local_rank)
         # who decides: the local policy alone, unless the spec's builder chose another
         self.decider: Decider = decider(self) if decider is not None else LocalDecider(self)
-        # the one place a trainer is spawned: the seam warm standbys replace
-        self.spawn_trainer: Callable[..., TrainerProcess] = TrainerProcess
-        # awaited when this worker's supervision ends, however it ends (the standbys'
-        # close): what they started is gone before the agent exits
-        self.on_close: list[Callable[[], Awaitable[None]]] = []
+        # its parts, copied in once (worker_parts.py says what each is for)
+        p = parts(self) if parts is not None else WorkerParts()
+        self.sources: tuple[Source, ...] = p.sources
+        self.detectors: tuple[Detector, ...] = p.detectors
+        self.observers.extend(p.observers)
+        self.line_handlers: tuple[LineHandler, ...] = p.line_handlers
+        self.fault_hooks: tuple[Callable[[Fault], None], ...] = p.fault_hooks  # metrics
+        self.evidence: Evidence | None = p.evidence  # the hang fault's async enrichment
+        self.extra_env: Mapping[str, str] = dict(p.env)
+        self.spawn_trainer: Spawn = p.spawn  # the one place a trainer is started
+        # what the standbys started is gone before the agent exits
+        self.on_close: tuple[Close, ...] = p.on_close
 
     # ----------------------------------------------------------------- lifecycle
 
