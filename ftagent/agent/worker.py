@@ -18,6 +18,13 @@ the trainer's extra environment, its spawn and what to close at the end) come in
 the constructor as one :class:`~ftagent.agent.worker_parts.WorkerParts` value, built by
 the composition root (cmd/run.py): a worker is complete when built, and nothing outside
 this module sets its attributes (tests/unit/test_worker_seams.py).
+
+The worker is the composition; each job it does by way of a module of its own:
+line_feed.py (the trainer's output from the pump threads to the loop, and the detectors'
+"now"), trainer_exec.py (an attempt's environment, its process tree, its stop),
+worker_evidence.py (the last lines, the crash fault, the hang fault's enrichment),
+worker_parts.py (what it is made of). What stays here: the control loop (start, supervise,
+carry out actions), the deciders' port, the parts' observations and faults, the signals.
 """
 
 from __future__ import annotations
@@ -25,22 +32,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import psutil
-
 from ftagent.agent import supervisor
 from ftagent.agent.decider import Decider, LocalDecider
 from ftagent.agent.events import EventsFile, ProgressLog
-from ftagent.agent.evidence import redact_secrets
 from ftagent.agent.lifecycle import Lifecycle, Step
+from ftagent.agent.line_feed import LineFeed
 from ftagent.agent.supervisor import ChildReaper, SpawnError, TrainerProcess
-from ftagent.agent.tee import BACKLOG_BYTES, BACKLOG_LINES, LastLines, LineBacklog, Writer
+from ftagent.agent.tee import LastLines, Writer
+from ftagent.agent.trainer_exec import (
+    Tree,
+    attempt_env,
+    clear_leftovers,
+    exited,
+    terminate,
+    worker_tree,
+    zombie,
+)
+from ftagent.agent.worker_evidence import EVIDENCE_LINES, crash_fault, enrich, tail
 from ftagent.agent.worker_parts import (
     Close,
     Evidence,
@@ -58,7 +72,6 @@ from ftagent.model import (
     FaultKind,
     Observation,
     ProcessExit,
-    Scope,
     TrainerStart,
     TrainerState,
 )
@@ -71,10 +84,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("ftagent.agent")
 
 TICK_SECONDS = 0.5
-EVIDENCE_LINES = 50  # last lines attached to a fault (the events file keeps them too)
-EVIDENCE_STDERR_LINES = 20  # and the last of stderr alone: where tracebacks are
-DRAIN_BATCHES = 16  # output batches handled per loop callback before timers get a turn
-WORKER_VAR = "FTAGENT_LOCAL_RANK"  # marks a worker's processes, for orphans that left its session
 
 
 def no_attempt_env(attempt: int) -> dict[str, str]:
@@ -138,11 +147,12 @@ class Worker:
         self._tasks: list[asyncio.Task[Any]] = []
         self._inflight: set[asyncio.Task[Any]] = set()
         self._armed: set[tuple[int, float]] = set()  # (id(detector), deadline) timers
-        self._backlog: LineBacklog | None = None  # the running trainer's output on its way
+        # the trainer's output on its way from the pumps to on_lines (line_feed.py)
+        self.feed = LineFeed(self.on_lines, self._count_skipped)
         self._hang_faults: set[str] = set()  # ids of this attempt's hang faults
         # this trainer's processes: the agent's whole tree alone, its own under the launcher
-        self.tree: Callable[[], list[psutil.Process]] = supervisor.tree \
-            if spec.local_rank is None else worker_tree(self, spec.local_rank)
+        self.tree: Tree = supervisor.tree if spec.local_rank is None \
+            else worker_tree(lambda: self.trainer, spec.local_rank)
         # who decides: the local policy alone, unless the spec's builder chose another
         self.decider: Decider = decider(self) if decider is not None else LocalDecider(self)
         # its parts, copied in once (worker_parts.py says what each is for)
@@ -253,8 +263,7 @@ class Worker:
         # wake-up, not N, and the NIC and GPU polls share it.
         while True:
             await sleep_on_grid(TICK_SECONDS)
-            if self._backlog is not None and len(self._backlog):
-                self._drain_lines(self._backlog, DRAIN_BATCHES)  # see _lines_threadsafe
+            self.feed.drain_some()  # see LineFeed.pumps_callback
             now = self.detector_now()
             for d in self.detectors:
                 self._tick_detector(d, now)
@@ -286,12 +295,9 @@ class Worker:
         self._tick_detector(d, time.monotonic())
 
     def detector_now(self, now: float | None = None) -> float:
-        """The detectors' "now": the clock, or while output read earlier still waits in the
-        backlog, that output's read time. Observations carry the time their line was read;
-        a loop that is behind must not call a hang on data it has not looked at yet."""
-        now = time.monotonic() if now is None else now
-        oldest = self._backlog.oldest_ts() if self._backlog is not None else None
-        return now if oldest is None else min(now, oldest)
+        """The detectors' "now" (LineFeed.now: the clock, or the read time of output still
+        waiting to be handled)."""
+        return self.feed.now(now)
 
     def _spawn(self, coro: Any) -> None:
         """Run a coroutine as a task the agent keeps a reference to until it is done."""
@@ -327,12 +333,8 @@ class Worker:
         self._arm_deadlines()
 
     def tail(self, n: int = EVIDENCE_LINES, stream: str | None = None) -> list[str]:
-        """The last output lines as text; stderr lines are marked unless asked for alone."""
-        lines = [(s, redact_secrets(b.decode("utf-8", "replace")))
-                 for s, b in self.last_lines.tail(n, stream)]
-        if stream is not None:
-            return [text for _, text in lines]
-        return [f"{s}: {text}" if s == "stderr" else text for s, text in lines]
+        """The last output lines as text (worker_evidence.tail)."""
+        return tail(self.last_lines, n, stream)
 
     async def raise_fault(self, fault: Fault, *, decide: bool = True) -> None:
         """Record a fault (with evidence) and ask the decider what to do about it.
@@ -343,10 +345,7 @@ class Worker:
             return
         attempt = self.trainer
         if self.evidence is not None and fault.kind == FaultKind.HANG and attempt:
-            try:
-                fault = await self.evidence(fault, self.tree_pids())
-            except Exception:
-                log.exception("capturing evidence failed")
+            fault = await enrich(self.evidence, fault, self.tree_pids())
             if self.trainer is not attempt:
                 # a decision (a restart for another rank's fault) ended the attempt while
                 # the evidence was gathered: this hang is of a trainer that is gone, and
@@ -377,7 +376,7 @@ class Worker:
         t = self.trainer
         if t is None:
             return False
-        gone = not t.running or _zombie(t.pid)
+        gone = exited(t)
         if gone:
             log.info("hang fault dropped: the trainer (pid %d) exited by itself", t.pid)
         return gone
@@ -423,63 +422,17 @@ class Worker:
         return code
 
     def _start(self) -> TrainerProcess:
-        env = dict(self.environ)
-        env["FTAGENT_RESTART_COUNT"] = str(self.restarts)
-        env["FTAGENT_GENERATION"] = str(self.generation)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        env.update(self.extra_env)
-        env.update(self.spec.attempt_env(self.restarts))
+        env = attempt_env(self.environ, restarts=self.restarts, generation=self.generation,
+                          extra=self.extra_env, per_attempt=self.spec.attempt_env(self.restarts))
         self._hang_faults.clear()
         out, err = self.spec.outputs(self.restarts)
         trainer = self.spawn_trainer(self.cfg.command, env, self.reaper,
-                                     self._lines_threadsafe(), stdout_fd=out, stderr_fd=err,
+                                     self.feed.pumps_callback(), stdout_fd=out, stderr_fd=err,
                                      output_interval=self.cfg.supervisor.output_interval)
         self._apply(self.lifecycle.running(trainer.pid))
         self.observe(TrainerStart(trainer.pid, self.restarts, self.generation,
                                   ts=trainer.started))
         return trainer
-
-    def _lines_threadsafe(self) -> Callable[[str, bytes, float], None]:
-        """The pumps' callback: queue the batch in a bounded backlog, never block.
-
-        The loop is not woken per batch: the ticker drains the backlog every
-        TICK_SECONDS, on the grid every worker shares, so N workers' output costs one
-        loop wake-up per tick instead of one self-pipe write and read per line (the
-        launcher's own CPU against torchrun's: bench/restart.py --overhead). What that
-        delays is only the *handling*: each batch keeps its read time, the detectors'
-        "now" stays at the oldest batch not yet handled (detector_now), and a trainer's
-        exit drains everything before its crash is judged. A backlog growing past an
-        eighth of its bounds wakes the loop at once; a drain handles at most
-        ``DRAIN_BATCHES`` and yields (timers, the trainer's exit, signals get their turn);
-        past the backlog's bounds the oldest batches are dropped, never the trainer slowed.
-        """
-        loop = asyncio.get_running_loop()
-        backlog = self._backlog = LineBacklog(wake_bytes=BACKLOG_BYTES // 8,
-                                              wake_lines=BACKLOG_LINES // 8)
-
-        def hop(stream: str, blob: bytes, ts: float) -> None:
-            if backlog.put(stream, blob, ts):
-                loop.call_soon_threadsafe(self._drain_lines, backlog, DRAIN_BATCHES)
-
-        return hop
-
-    def _drain_lines(self, backlog: LineBacklog, n: int) -> None:
-        """Hand up to ``n`` queued batches to ``on_lines``; reschedule if more wait."""
-        for batch in backlog.take(n):
-            self.on_lines(*batch)
-        dropped = backlog.new_drops()
-        if dropped:
-            self._count_skipped("backlog", dropped)
-            if dropped == backlog.dropped_lines:  # the first drop of this trainer
-                log.warning("the agent's loop fell behind the trainer's output: the oldest "
-                            "lines go unparsed (ftagent_log_lines_skipped_total)")
-        if n < 1 << 30 and len(backlog):
-            asyncio.get_running_loop().call_soon(self._drain_lines, backlog, n)
-
-    def _drain_all(self) -> None:
-        """Everything the pumps have queued, handled now (the trainer's exit)."""
-        if self._backlog is not None:
-            self._drain_lines(self._backlog, 1 << 30)
 
     def _count_skipped(self, reason: str, lines: int) -> None:
         """Output lines not parsed for progress, in ``ftagent_log_lines_skipped_total``."""
@@ -511,7 +464,7 @@ class Worker:
                         if trainer.exited not in done and stop_wait not in done:
                             continue
                 if held is not None:
-                    if trainer.exited not in done and _zombie(trainer.pid):
+                    if trainer.exited not in done and zombie(trainer.pid):
                         await asyncio.shield(trainer.exited)
                         done = {trainer.exited}
                     if trainer.exited in done and held.fault_id in self._hang_faults:
@@ -528,7 +481,8 @@ class Worker:
                     if exit_.ok:
                         self._apply(self.lifecycle.succeeded())
                         return None, exit_
-                    await self.raise_fault(self._crash_fault(exit_), decide=held is None)
+                    await self.raise_fault(crash_fault(exit_, self.restarts, self.last_lines),
+                                           decide=held is None)
                     return await self._next_action(held), exit_
                 if stop_wait in done:
                     exit_ = await self._stop_trainer(trainer, self._stop_deadline)
@@ -575,49 +529,24 @@ class Worker:
                           origin=action.origin.value,
                           backoff_seconds=action.backoff_seconds, exit_code=action.exit_code)
 
-    def _crash_fault(self, exit_: ProcessExit) -> Fault:
-        how = (f"killed by signal {exit_.signal} ({signal.Signals(exit_.signal).name})"
-               if exit_.signal is not None else f"exited with code {exit_.code}")
-        return Fault(FaultKind.CRASH, f"trainer (pid {exit_.pid}) {how}", scope=Scope.PROCESS,
-                     evidence={"exit_status": exit_.exit_status, "exit_code": exit_.code,
-                               "signal": exit_.signal, "attempt": self.restarts,
-                               "last_lines": self.tail(),
-                               # the traceback, whatever order the two pipes were read in
-                               "last_stderr_lines": self.tail(EVIDENCE_STDERR_LINES, "stderr")})
-
     async def _after_exit(self, trainer: TrainerProcess, exit_: ProcessExit) -> None:
         """The main process is gone: clean up what it left, read its last output."""
-        self._drain_all()  # what it printed before it exited comes first
+        self.feed.drain_all()  # what it printed before it exited comes first
         self.observe(exit_)
         self.events.write("state", "exited", f"trainer exited with status {exit_.exit_status}",
                           exit_status=exit_.exit_status, exit_code=exit_.code,
                           signal=exit_.signal, pid=exit_.pid)
-        if self.tree():
-            deadline = self._stop_deadline if self.stop_signal is not None else \
-                time.monotonic() + self.cfg.supervisor.stop_timeout
-            killed = await supervisor.stop_tree(None, max(0.0, deadline - time.monotonic()),
-                                                procs=self.tree)
-            if killed:
-                log.warning("SIGKILLed %d leftover process(es) of the trainer", killed)
+        await clear_leftovers(self.tree, self._stop_deadline if self.stop_signal is not None
+                              else time.monotonic() + self.cfg.supervisor.stop_timeout)
         if not await trainer.drain(2.0):
             log.warning("trainer output did not reach EOF; last lines may be missing")
-        self._drain_all()  # the last lines before the crash fault's evidence
+        self.feed.drain_all()  # the last lines before the crash fault's evidence
 
     async def _stop_trainer(self, trainer: TrainerProcess, deadline: float) -> ProcessExit:
-        """SIGTERM the trainer's group and tree, SIGKILL whatever is left at ``deadline``."""
-        if trainer.running:
-            log.info("stopping trainer (pid %d)", trainer.pid)
-            if self.stop_signal is None:  # our own stop: SIGTERM the group and the tree
-                trainer.send_signal(signal.SIGTERM)
-                supervisor.signal_tree(signal.SIGTERM, self.tree())
-            # a stop signal was already forwarded as-is: the trainer's handler decides
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(trainer.exited),
-                                       max(0.0, deadline - time.monotonic()))
-        if trainer.running:
-            killed = await supervisor.kill_tree(trainer.pgid, procs=self.tree)
-            log.warning("trainer ignored SIGTERM for %.1fs: SIGKILLed %d process(es)",
-                        self.cfg.supervisor.stop_timeout, killed)
+        """Stop the trainer (trainer_exec.terminate; a stop signal was already forwarded
+        as is), then clean up after its exit."""
+        await terminate(trainer, self.tree, deadline, forwarded=self.stop_signal is not None,
+                        stop_timeout=self.cfg.supervisor.stop_timeout)
         exit_ = await trainer.exited
         await self._after_exit(trainer, exit_)
         return exit_
@@ -660,32 +589,3 @@ class Worker:
                 except Exception:
                     log.exception("state hook failed")
 
-
-def _zombie(pid: int) -> bool:
-    """``pid`` has exited and waits to be reaped (WNOWAIT: the reaper still gets it)."""
-    try:
-        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return False
-    return info is not None and info.si_pid == pid
-
-
-def worker_tree(worker: Worker, local_rank: int) -> Callable[[], list[psutil.Process]]:
-    """The processes of one worker's trainer: its session (the trainer leads one), and
-    what carries the worker's marker (an orphan that called setsid, a previous attempt's
-    leftover); never a peer worker's."""
-    mark = str(local_rank)
-
-    def tree() -> list[psutil.Process]:
-        sid = worker.trainer.pid if worker.trainer is not None else None
-        mine = []
-        for p in supervisor.tree():
-            try:
-                in_session = sid is not None and (p.pid == sid or os.getsid(p.pid) == sid)
-                if in_session or p.environ().get(WORKER_VAR) == mark:
-                    mine.append(p)
-            except (psutil.Error, OSError):
-                continue
-        return mine
-
-    return tree

@@ -159,7 +159,7 @@ def build_workers(cfg: RunConfig, environ: Mapping[str, str], rundir: str) -> Po
     pod's local group (what the local policy decides, alone or failing open under an
     arbiter, stops and restarts them all). Raises ConfigError for the user to read."""
     from ftagent.agent import launcher
-    from ftagent.agent.worker import WORKER_VAR
+    from ftagent.agent.trainer_exec import WORKER_VAR
 
     launch = cfg.launch
     place = launcher.node_place(launch, cfg.identity, environ,
