@@ -23,8 +23,10 @@ The worker is the composition; each job it does by way of a module of its own:
 line_feed.py (the trainer's output from the pump threads to the loop, and the detectors'
 "now"), trainer_exec.py (an attempt's environment, its process tree, its stop),
 worker_evidence.py (the last lines, the crash fault, the hang fault's enrichment),
-worker_parts.py (what it is made of). What stays here: the control loop (start, supervise,
-carry out actions), the deciders' port, the parts' observations and faults, the signals.
+worker_parts.py (what it is made of), and watch/loop.py (its sources -> observers ->
+detectors -> faults: the loop the node's GPUs and links run in too). What stays here: the
+control loop (start, supervise, carry out actions), the deciders' port, fault intake (the
+evidence, the events file, the decider), the signals.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from ftagent.agent.worker_parts import (
     LineHandler,
     Observer,
     Spawn,
+    TrainerWatch,
     WorkerParts,
 )
 from ftagent.config import RunConfig
@@ -76,7 +79,7 @@ from ftagent.model import (
     TrainerState,
 )
 from ftagent.timegrid import sleep_on_grid
-from ftagent.watch.loop import Detector, Source  # one definition of a source and a detector
+from ftagent.watch.loop import WatchLoop
 
 if TYPE_CHECKING:
     from ftagent.metrics import AgentMetrics
@@ -146,7 +149,6 @@ class Worker:
         self._stop_deadline = 0.0
         self._tasks: list[asyncio.Task[Any]] = []
         self._inflight: set[asyncio.Task[Any]] = set()
-        self._armed: set[tuple[int, float]] = set()  # (id(detector), deadline) timers
         # the trainer's output on its way from the pumps to on_lines (line_feed.py)
         self.feed = LineFeed(self.on_lines, self._count_skipped)
         self._hang_faults: set[str] = set()  # ids of this attempt's hang faults
@@ -157,9 +159,12 @@ class Worker:
         self.decider: Decider = decider(self) if decider is not None else LocalDecider(self)
         # its parts, copied in once (worker_parts.py says what each is for)
         p = parts(self) if parts is not None else WorkerParts()
-        self.sources: tuple[Source, ...] = p.sources
-        self.detectors: tuple[Detector, ...] = p.detectors
         self.observers.extend(p.observers)
+        # its sources -> observers -> detectors -> raise_fault: the one watch loop's shape
+        # (watch/loop.py); ticked by this worker (_ticker: after the output is handled)
+        self.watch = WatchLoop([TrainerWatch("trainer", p.sources, p.detectors)],
+                               self.raise_fault, observers=[o.observe for o in self.observers],
+                               on_error=self._source_failed, tick_seconds=None)
         self.line_handlers: tuple[LineHandler, ...] = p.line_handlers
         self.fault_hooks: tuple[Callable[[Fault], None], ...] = p.fault_hooks  # metrics
         self.evidence: Evidence | None = p.evidence  # the hang fault's async enrichment
@@ -188,8 +193,7 @@ class Worker:
         """Supervise this trainer to its end; the pod installed the reaper and signals."""
         self.decider.start()
         try:
-            for src in self.sources:
-                self._tasks.append(asyncio.create_task(self._run_source(src)))
+            self._tasks.append(asyncio.create_task(self.watch.run()))
             self._tasks.append(asyncio.create_task(self._ticker()))
             try:
                 code = await self._control_loop()
@@ -248,15 +252,9 @@ class Worker:
         """The pids of this trainer's tree (evidence, verification, DUMP_STACKS)."""
         return [p.pid for p in self.tree()]
 
-    async def _run_source(self, src: Source) -> None:
-        name = type(src).__name__
-        try:
-            await src.run(self.observe)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # a broken source must not take training down
-            log.exception("source %s failed; continuing without it", name)
-            self.events.write("fault", FaultKind.AGENT.value, f"source {name} failed: {e}")
+    def _source_failed(self, name: str, e: BaseException) -> None:
+        """A broken source must not take training down: one event, the others go on."""
+        self.events.write("fault", FaultKind.AGENT.value, f"source {name} failed: {e}")
 
     async def _ticker(self) -> None:
         # On the process's grid (timegrid.py): the launcher's N workers tick in one loop
@@ -264,35 +262,7 @@ class Worker:
         while True:
             await sleep_on_grid(TICK_SECONDS)
             self.feed.drain_some()  # see LineFeed.pumps_callback
-            now = self.detector_now()
-            for d in self.detectors:
-                self._tick_detector(d, now)
-
-    def _tick_detector(self, d: Detector, now: float) -> None:
-        try:
-            faults = d.tick(now)
-        except Exception:
-            log.exception("detector %s failed", type(d).__name__)
-            return
-        for f in faults:
-            self._spawn(self.raise_fault(f))
-
-    def _arm_deadlines(self) -> None:
-        """Tick a detector exactly when its next deadline (a NIC grace) expires, instead of
-        at the next periodic tick, up to TICK_SECONDS later. Detectors whose deadlines move
-        with every step (hang) keep the periodic tick: seconds of budget, no timer churn."""
-        loop = asyncio.get_running_loop()
-        for d in self.detectors:
-            next_deadline = getattr(d, "next_deadline", None)
-            when = next_deadline() if next_deadline is not None else None
-            if when is not None and (id(d), when) not in self._armed:
-                self._armed.add((id(d), when))
-                # +1 ms: a timer may fire a hair early, and the detector wants now > deadline
-                loop.call_later(max(0.0, when - time.monotonic()) + 0.001, self._tick_at, d, when)
-
-    def _tick_at(self, d: Detector, when: float) -> None:
-        self._armed.discard((id(d), when))
-        self._tick_detector(d, time.monotonic())
+            self.watch.tick(self.detector_now())
 
     def detector_now(self, now: float | None = None) -> float:
         """The detectors' "now" (LineFeed.now: the clock, or the read time of output still
@@ -317,20 +287,9 @@ class Worker:
                 log.exception("line handler failed")
 
     def observe(self, obs: Observation) -> None:
-        for o in self.observers:
-            try:
-                o.observe(obs)
-            except Exception:
-                log.exception("observer %s failed", type(o).__name__)
-        for d in self.detectors:
-            try:
-                faults = d.observe(obs)
-            except Exception:
-                log.exception("detector %s failed on %s", type(d).__name__, type(obs).__name__)
-                continue
-            for f in faults:
-                self._spawn(self.raise_fault(f))
-        self._arm_deadlines()
+        """An observation of this trainer's (its start, its exit, its progress lines):
+        the observers, then the detectors (WatchLoop.emit)."""
+        self.watch.emit(obs)
 
     def tail(self, n: int = EVIDENCE_LINES, stream: str | None = None) -> list[str]:
         """The last output lines as text (worker_evidence.tail)."""

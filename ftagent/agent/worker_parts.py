@@ -81,3 +81,23 @@ class WorkerParts:
         one there (``parts.spawn``), never loses it."""
         return dataclasses.replace(self, spawn=spawn or self.spawn,
                                    evidence=evidence or self.evidence)
+
+
+@dataclass  # not frozen: the Part protocol's name is a plain attribute
+class TrainerWatch:
+    """A worker's own sources and detectors as one part of the watch loop (watch/loop.py
+    ``Part``): the worker runs them through the same loop as the node's GPUs and links."""
+
+    name: str
+    own_sources: tuple[Source, ...]
+    own_detectors: tuple[Detector, ...]
+
+    def sources(self) -> Sequence[Source]:
+        return self.own_sources
+
+    def detectors(self) -> Sequence[Detector]:
+        return self.own_detectors
+
+    def collector(self, labels: Mapping[str, str]) -> None:
+        """Its series are the worker's metrics (metrics.py), not a collector of its own."""
+        return None

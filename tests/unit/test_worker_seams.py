@@ -154,7 +154,10 @@ def test_a_worker_built_by_ftagent_run_is_not_changed_after_its_constructor(
     assert "FTAGENT_SDK_SOCKET" in worker.extra_env
     assert any(k.startswith("TORCH_FR") or k.startswith("TORCH_NCCL")
                for k in worker.extra_env), worker.extra_env
-    for s in worker.sources:  # the SDK socket bound by the wiring
+    (own,) = worker.watch.parts
+    assert {type(s).__name__ for s in own.sources()} == {"SdkSocketSource", "WatchLoop"}
+    assert [type(d).__name__ for d in own.detectors()] == ["HangWatch", "LossDetector"]
+    for s in own.sources():  # the SDK socket bound by the wiring
         close = getattr(s, "close", None)
         if close is not None:
             close()
