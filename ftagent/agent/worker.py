@@ -160,9 +160,10 @@ class Worker:
         # its parts, copied in once (worker_parts.py says what each is for)
         p = parts(self) if parts is not None else WorkerParts()
         self.observers.extend(p.observers)
+        self.detectors = p.detectors  # read-only: the wiring finds the hang verifiers here
         # its sources -> observers -> detectors -> raise_fault: the one watch loop's shape
         # (watch/loop.py); ticked by this worker (_ticker: after the output is handled)
-        self.watch = WatchLoop([TrainerWatch("trainer", p.sources, p.detectors)],
+        self.watch = WatchLoop([TrainerWatch("trainer", p.sources, self.detectors)],
                                self.raise_fault, observers=[o.observe for o in self.observers],
                                on_error=self._source_failed, tick_seconds=None)
         self.line_handlers: tuple[LineHandler, ...] = p.line_handlers
