@@ -56,6 +56,7 @@ from ftagent.wire.convert import stacks_json
 
 if TYPE_CHECKING:
     from ftagent.agent.worker import Worker
+    from ftagent.agent.worker_parts import Observer
 
 log = logging.getLogger("ftagent.arbiter_decider")
 
@@ -105,12 +106,12 @@ class ArbiterDecider:
         self._link = link
         self.clock = clock
 
-    def add(self, worker: Worker) -> None:
-        """A rank's session (its link, not yet running) and its seat in the local group."""
+    def add(self, worker: Worker) -> Sequence[Observer]:
+        """A rank's session (its link, not yet running) and its seat in the local group;
+        the worker carries the link's observer."""
         s = self.sessions[worker] = RankSession(worker, self._link(worker))
         self.fail_open_after = worker.cfg.arbiter.arbiter_fail_open_after
-        self.local.add(worker)
-        worker.observers.append(_LinkObserver(worker, s))
+        return (*self.local.add(worker), _LinkObserver(worker, s))
 
     def session(self, worker: Worker) -> RankSession:
         """``worker``'s rank session (cmd/run.py sets its hooks)."""

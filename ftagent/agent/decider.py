@@ -46,7 +46,10 @@ from ftagent.agent.local_policy import FailureStreak, decide
 from ftagent.model import Action, ActionKind, Fault
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ftagent.agent.worker import Worker
+    from ftagent.agent.worker_parts import Observer
 
 log = logging.getLogger("ftagent.decider")
 
@@ -56,8 +59,10 @@ GROUP_ACTIONS = (ActionKind.RESTART, ActionKind.STOP, ActionKind.REPLACE)
 class Decider(Protocol):
     """The pod's decider, as its workers see it (module docstring: the hooks)."""
 
-    def add(self, worker: Worker) -> None:
-        """``worker`` takes its seat (when it is built, before any worker runs)."""
+    def add(self, worker: Worker) -> Sequence[Observer]:
+        """``worker`` takes its seat (when it is built, before any worker runs); returns
+        the observers the decider asks the worker to carry (the arbiter link's): the
+        worker adds them itself, nothing outside worker.py changes a worker."""
 
     def start(self, worker: Worker) -> None:
         """Before ``worker``'s first attempt, on the agent's loop (its rank's link)."""
@@ -97,9 +102,10 @@ class LocalDecider:
         self._finished: dict[int, asyncio.Future[Action | None]] = {}  # by local rank
         self._gone: set[int] = set()  # workers whose supervision ended for good
 
-    def add(self, worker: Worker) -> None:
+    def add(self, worker: Worker) -> Sequence[Observer]:
         self.workers.append(worker)
         self._streaks.append(FailureStreak(worker.cfg.supervisor.restart_backoff_window))
+        return ()
 
     def start(self, worker: Worker) -> None:
         pass

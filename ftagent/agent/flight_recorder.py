@@ -37,6 +37,7 @@ from typing import Any
 
 from ftagent.agent.decider import rank_session
 from ftagent.agent.fr_summary import MAX_DUMP_BYTES, DumpError, load_dump, summarize
+from ftagent.agent.worker_parts import WorkerParts
 
 log = logging.getLogger(__name__)
 
@@ -242,34 +243,37 @@ def _process_alive(pid: str) -> bool:
     return True
 
 
-def use_flight_recorder(agent: Any, cfg: Any, rundir: str) -> FlightRecorder | None:
-    """Wire one agent: its trainer's env, the per-attempt directory at each spawn, and the
-    dumps in the hang fault's evidence and the DUMP_STACKS answer. None when off."""
+def flight_recorder_parts(worker: Any, cfg: Any, rundir: str,
+                          parts: WorkerParts) -> WorkerParts:
+    """``parts`` with one worker's flight recorder (``parts`` as they are when it is off,
+    or cannot be prepared): its trainer's env, the per-attempt directory at each spawn
+    (around ``parts.spawn``), and the dumps in the hang fault's evidence (around
+    ``parts.evidence``), the hang verifier's window (one of ``parts.detectors``) and the
+    decider's DUMP_STACKS answer."""
     size = int(getattr(cfg.hang, "fr_buffer_size", 0))
     if size <= 0:
-        return None
+        return parts
     fr_dir = os.path.join(rundir, "fr")
-    env = fr_env(agent.environ, size, fr_dir)
-    fr = FlightRecorder(fr_dir, {**agent.environ, **env})
+    env = fr_env(worker.environ, size, fr_dir)
+    fr = FlightRecorder(fr_dir, {**worker.environ, **env})
     if not fr.prepare():
-        return None
-    agent.extra_env.update(env)
-    spawn = agent.spawn_trainer
+        return parts
+    spawn = parts.spawn
 
     def spawn_in_attempt(*args: Any, **kwargs: Any) -> Any:
         try:
-            fr.begin_attempt(agent.restarts)
+            fr.begin_attempt(worker.restarts)
         except OSError as e:  # never keeps the trainer from starting
             log.warning("flight-recorder attempt directory: %s", e)
         return spawn(*args, **kwargs)
 
-    agent.spawn_trainer = spawn_in_attempt
     verifier = None  # the hang verifier dumps in its window (agent/verify.py)
-    for d in getattr(agent, "detectors", ()):
+    for d in parts.detectors:
         verifier = getattr(d, "verifier", None) or verifier
     if verifier is not None:
         verifier.window_dump = fr.snapshot
-    enrich = agent.evidence
+    enrich = parts.evidence
+    evidence = None
     if enrich is not None:
         async def with_dumps(fault: Any, pids: Sequence[int]) -> Any:
             import dataclasses
@@ -283,8 +287,8 @@ def use_flight_recorder(agent: Any, cfg: Any, rundir: str) -> FlightRecorder | N
             return dataclasses.replace(fault, evidence={**fault.evidence,
                                                         "flight_recorder": got})
 
-        agent.evidence = with_dumps
-    decider = rank_session(agent)  # the arbiter's session for this rank, if any
+        evidence = with_dumps
+    decider = rank_session(worker)  # the arbiter's session for this rank, if any
     capture = getattr(decider, "stack_capture", None)
     if capture is not None:
         async def stacks_with_dumps(*args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -292,4 +296,4 @@ def use_flight_recorder(agent: Any, cfg: Any, rundir: str) -> FlightRecorder | N
             return {**stacks, "flight_recorder": got}
 
         decider.stack_capture = stacks_with_dumps
-    return fr
+    return parts.plus(env=env).with_(spawn=spawn_in_attempt, evidence=evidence)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ftagent.agent import evidence
@@ -91,7 +91,7 @@ class HangWatch:
 
 
 def evidence_hook(dump_timeout: float, tail: Callable[[], list[str]]
-                  ) -> Callable[[Fault, Sequence[int]], object]:
+                  ) -> Callable[[Fault, Sequence[int]], Awaitable[Fault]]:
     """The agent's ``evidence`` hook: stacks and states of ``pids`` added to the fault."""
 
     async def enrich(fault: Fault, pids: Sequence[int]) -> Fault:

@@ -30,6 +30,7 @@ from ftagent.agent import supervisor
 from ftagent.agent.decider import Decider, LocalDecider
 from ftagent.agent.supervisor import ChildReaper
 from ftagent.agent.worker import Worker, WorkerSpec
+from ftagent.agent.worker_parts import WorkerParts
 from ftagent.model import TrainerState
 
 if TYPE_CHECKING:
@@ -76,10 +77,12 @@ class PodAgent:
         self.workers: list[Worker] = []
         self.stop_signal: int | None = None
 
-    def add(self, spec: WorkerSpec, *, metrics: AgentMetrics | None = None) -> Worker:
+    def add(self, spec: WorkerSpec, *, metrics: AgentMetrics | None = None,
+            parts: Callable[[Worker], WorkerParts] | None = None) -> Worker:
         """A worker for ``spec``, reaped by the pod's reaper, seated at the pod's decider;
-        ``metrics``: its series."""
-        worker = Worker(spec, reaper=self.reaper, decider=self.decider, metrics=metrics)
+        ``metrics``: its series; ``parts``: builds its parts."""
+        worker = Worker(spec, reaper=self.reaper, decider=self.decider, metrics=metrics,
+                        parts=parts)
         self.workers.append(worker)
         return worker
 

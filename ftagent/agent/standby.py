@@ -43,7 +43,7 @@ the standby's PSS, ~230 MB with torch; the gauge ``ftagent_standby_memory_bytes`
 kept only while a restart can follow the running attempt (an arbiter, or
 ``--max-restarts`` not spent yet), and started only if the container's memory cgroup
 can afford it (``standby_memory.StandbyBudget``, ``--warm-restart-memory-share``). The
-agent closes its standbys when it ends (``Worker.on_close``: killed and reaped); if it
+agent closes its standbys when it ends (its ``WorkerParts.on_close``: killed and reaped); if it
 is SIGKILLed, the standby dies with it (PDEATHSIG, and the watchdog's sweep of its
 session and marker).
 """
@@ -68,6 +68,7 @@ from typing import Any
 from ftagent.agent import containment, supervisor
 from ftagent.agent.standby_memory import StandbyBudget, pss_bytes
 from ftagent.agent.supervisor import ChildReaper, Started
+from ftagent.agent.worker_parts import WorkerParts
 from ftagent.model import ProcessExit, Progress
 
 log = logging.getLogger("ftagent.standby")
@@ -562,31 +563,29 @@ def _described(sig: int | None, code: int | None) -> str:
     return f" (exit status {code})"
 
 
-def use_warm_restarts(agent: Any, cfg: Any, rundir: str,
-                      budget: StandbyBudget | None = None) -> WarmStarter:
-    """Wire one agent (or launcher worker) to start its trainers through a WarmStarter:
-    warm when ``--warm-restart`` and a restart can follow the attempt being started (an
-    arbiter, or ``--max-restarts`` not spent yet; a standby nobody will use costs memory
-    and CPU for nothing), each started at the attempt's first step if ``budget`` (the
-    process's, shared by the launcher's workers) says the container can afford it. The
-    bootstrap copy lives in ``rundir``; the agent closes the standbys when it ends
-    (``agent.on_close``), and they die with it if it is killed (PDEATHSIG, the watchdog);
-    ``agent.metrics.standby_memory`` (if any) reads their PSS."""
+def warm_restart_parts(worker: Any, cfg: Any, rundir: str, parts: WorkerParts,
+                       budget: StandbyBudget | None = None) -> WorkerParts:
+    """``parts`` with one worker's (or launcher worker's) trainers started through a
+    WarmStarter: warm when ``--warm-restart`` and a restart can follow the attempt being
+    started (an arbiter, or ``--max-restarts`` not spent yet; a standby nobody will use
+    costs memory and CPU for nothing), each started at the attempt's first step if
+    ``budget`` (the process's, shared by the launcher's workers) says the container can
+    afford it. The bootstrap copy lives in ``rundir``; the worker closes the standbys when
+    it ends (their ``on_close``), and they die with it if it is killed (PDEATHSIG, the
+    watchdog); ``worker.metrics.standby_memory`` (if any) reads their PSS."""
     sup = cfg.supervisor
     arbiter = bool(cfg.arbiter.arbiter)
     restarts_possible = sup.max_restarts > 0 or arbiter
     starter = WarmStarter(warm=sup.warm_restart and restarts_possible,
                           imports=parse_warm_imports(sup.warm_imports),
-                          record=agent.events.write, workdir=rundir,
-                          wanted=lambda: arbiter or agent.restarts < sup.max_restarts,
+                          record=worker.events.write, workdir=rundir,
+                          wanted=lambda: arbiter or worker.restarts < sup.max_restarts,
                           budget=budget)
-    agent.spawn_trainer = functools.partial(supervisor.TrainerProcess, starter=starter)
-    agent.observers.append(FirstStep(starter))
-    agent.on_close.append(starter.aclose)
-    gauge = getattr(getattr(agent, "metrics", None), "standby_memory", None)
+    gauge = getattr(getattr(worker, "metrics", None), "standby_memory", None)
     if gauge is not None:
         gauge.set_function(starter.memory_bytes)
-    return starter
+    return parts.plus(observers=[FirstStep(starter)], on_close=[starter.aclose]).with_(
+        spawn=functools.partial(supervisor.TrainerProcess, starter=starter))
 
 
 class FirstStep:

@@ -263,7 +263,7 @@ async def stop_tree(pgid: int | None, timeout: float, poll: float = 0.02,
 
     Returns the number of processes that had to be SIGKILLed. Polls (with a deadline)
     because the tree includes processes that are not our children and cannot be waited on.
-    ``procs``: the tree to stop (one launcher worker's, agent/worker.py), else all of it.
+    ``procs``: the tree to stop (one launcher worker's, agent/trainer_exec.py), else all of it.
     """
     if pgid is not None:
         signal_group(pgid, signal.SIGTERM)

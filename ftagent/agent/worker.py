@@ -13,10 +13,20 @@ the lifecycle's (lifecycle.py); this module reads them and reports what happens 
 One asyncio loop; the output pumps and blocking libraries are threads that hand their
 results to it.
 
-The worker's parts, each a list it iterates, filled in by the composition root
-(cmd/run.py): ``sources`` (``async run(emit)``), ``detectors`` (``observe(obs) -> faults``,
-``tick(now) -> faults``), ``observers`` (``observe(obs)``, e.g. the metrics sink),
-``line_handlers`` and ``fault_hooks``.
+The worker's parts (sources, detectors, observers, line handlers, fault hooks, evidence,
+the trainer's extra environment, its spawn and what to close at the end) come in through
+the constructor as one :class:`~ftagent.agent.worker_parts.WorkerParts` value, built by
+the composition root (cmd/run.py): a worker is complete when built, and nothing outside
+this module sets its attributes (tests/unit/test_worker_seams.py).
+
+The worker is the composition; each job it does by way of a module of its own:
+line_feed.py (the trainer's output from the pump threads to the loop, and the detectors'
+"now"), trainer_exec.py (an attempt's environment, its process tree, its stop),
+worker_evidence.py (the last lines, the crash fault, the hang fault's enrichment),
+worker_parts.py (what it is made of), and watch/loop.py (its sources -> observers ->
+detectors -> faults: the loop the node's GPUs and links run in too). What stays here: the
+control loop (start, supervise, carry out actions), the deciders' port, fault intake (the
+evidence, the events file, the decider), the signals.
 """
 
 from __future__ import annotations
@@ -24,22 +34,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
-
-import psutil
+from typing import TYPE_CHECKING, Any
 
 from ftagent.agent import supervisor
 from ftagent.agent.decider import Decider, LocalDecider
 from ftagent.agent.events import EventsFile, ProgressLog
-from ftagent.agent.evidence import redact_secrets
 from ftagent.agent.lifecycle import Lifecycle, Step
+from ftagent.agent.line_feed import LineFeed
 from ftagent.agent.supervisor import ChildReaper, SpawnError, TrainerProcess
-from ftagent.agent.tee import BACKLOG_BYTES, BACKLOG_LINES, LastLines, LineBacklog, Writer
+from ftagent.agent.tee import LastLines, Writer
+from ftagent.agent.trainer_exec import (
+    Tree,
+    attempt_env,
+    clear_leftovers,
+    exited,
+    terminate,
+    worker_tree,
+    zombie,
+)
+from ftagent.agent.worker_evidence import EVIDENCE_LINES, crash_fault, enrich, tail
+from ftagent.agent.worker_parts import (
+    Close,
+    Evidence,
+    LineHandler,
+    Observer,
+    Spawn,
+    TrainerWatch,
+    WorkerParts,
+)
 from ftagent.config import RunConfig
 from ftagent.model import (
     MINOR_ACTIONS,
@@ -49,12 +75,11 @@ from ftagent.model import (
     FaultKind,
     Observation,
     ProcessExit,
-    Scope,
     TrainerStart,
     TrainerState,
 )
 from ftagent.timegrid import sleep_on_grid
-from ftagent.watch.loop import Detector, Source  # one definition of a source and a detector
+from ftagent.watch.loop import WatchLoop
 
 if TYPE_CHECKING:
     from ftagent.metrics import AgentMetrics
@@ -62,14 +87,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("ftagent.agent")
 
 TICK_SECONDS = 0.5
-EVIDENCE_LINES = 50  # last lines attached to a fault (the events file keeps them too)
-EVIDENCE_STDERR_LINES = 20  # and the last of stderr alone: where tracebacks are
-DRAIN_BATCHES = 16  # output batches handled per loop callback before timers get a turn
-WORKER_VAR = "FTAGENT_LOCAL_RANK"  # marks a worker's processes, for orphans that left its session
-
-
-class Observer(Protocol):
-    def observe(self, obs: Observation) -> None: ...
 
 
 def no_attempt_env(attempt: int) -> dict[str, str]:
@@ -101,10 +118,14 @@ class Worker:
 
     def __init__(self, spec: WorkerSpec, *, reaper: ChildReaper | None = None,
                  decider: Decider | None = None,
-                 metrics: AgentMetrics | None = None) -> None:
+                 metrics: AgentMetrics | None = None,
+                 parts: Callable[[Worker], WorkerParts] | None = None) -> None:
         """``reaper``: the pod's (one per process); ``decider``: the pod's, where this
         worker takes a seat (default: the local policy, for it alone); ``metrics``: its
-        series, if any."""
+        series, if any; ``parts`` builds its parts (worker_parts.py; default: none, a cold
+        spawn), called once, with the worker seated at its decider: it reads the worker
+        (the methods its parts call back, the events file, the decider's session) and
+        returns a value; it sets nothing on it."""
         self.spec = spec
         self.cfg = cfg = spec.cfg
         self.environ = dict(spec.environ)
@@ -118,13 +139,8 @@ class Worker:
         self.reaper = reaper if reaper is not None else ChildReaper()
         self.metrics = metrics
         self.actions: asyncio.Queue[Action] = asyncio.Queue()
-        self.sources: list[Source] = []
-        self.detectors: list[Detector] = []
+        # a list: the arbiter decider adds its link's observer as it is built (decider.py)
         self.observers: list[Observer] = [ProgressLog(self.events)] if sup.events_file else []
-        # (stream, blob of complete lines joined by b"\n", monotonic time of the read)
-        self.line_handlers: list[Callable[[str, bytes, float], None]] = []
-        self.fault_hooks: list[Callable[[Fault], None]] = []  # metrics, reporter
-        self.evidence: Callable[[Fault, list[int]], Any] | None = None  # async enrich hook
         self.trainer: TrainerProcess | None = None
         # generation, restarts, trainer state, who decided: their one owner (lifecycle.py)
         self.lifecycle = Lifecycle()
@@ -132,22 +148,34 @@ class Worker:
         self._stop_event = asyncio.Event()
         self._stop_deadline = 0.0
         self._tasks: list[asyncio.Task[Any]] = []
-        self.extra_env: dict[str, str] = {}
         self._inflight: set[asyncio.Task[Any]] = set()
-        self._armed: set[tuple[int, float]] = set()  # (id(detector), deadline) timers
-        self._backlog: LineBacklog | None = None  # the running trainer's output on its way
+        # the trainer's output on its way from the pumps to on_lines (line_feed.py)
+        self.feed = LineFeed(self.on_lines, self._count_skipped)
         self._hang_faults: set[str] = set()  # ids of this attempt's hang faults
         # this trainer's processes: the agent's whole tree alone, its own under the launcher
-        self.tree: Callable[[], list[psutil.Process]] = supervisor.tree \
-            if spec.local_rank is None else worker_tree(self, spec.local_rank)
+        self.tree: Tree = supervisor.tree if spec.local_rank is None \
+            else worker_tree(lambda: self.trainer, spec.local_rank)
         # who decides: the pod's decider (one for all its workers), through the port below
         self.decider: Decider = decider if decider is not None else LocalDecider()
-        # the one place a trainer is spawned: the seam warm standbys replace
-        self.spawn_trainer: Callable[..., TrainerProcess] = TrainerProcess
-        # awaited when this worker's supervision ends, however it ends (the standbys'
-        # close): what they started is gone before the agent exits
-        self.on_close: list[Callable[[], Awaitable[None]]] = []
-        self.decider.add(self)  # last: the decider may add an observer (the arbiter's)
+        # seated before the parts are built and the watch loop is made: the decider may
+        # add an observer (the arbiter's link), and the parts read the rank's session
+        self.observers.extend(self.decider.add(self))
+        # its parts, copied in once (worker_parts.py says what each is for)
+        p = parts(self) if parts is not None else WorkerParts()
+        self.observers.extend(p.observers)
+        self.detectors = p.detectors  # read-only: the wiring finds the hang verifiers here
+        # its sources -> observers -> detectors -> raise_fault: the one watch loop's shape
+        # (watch/loop.py); ticked by this worker (_ticker: after the output is handled)
+        self.watch = WatchLoop([TrainerWatch("trainer", p.sources, self.detectors)],
+                               self.raise_fault, observers=[o.observe for o in self.observers],
+                               on_error=self._source_failed, tick_seconds=None)
+        self.line_handlers: tuple[LineHandler, ...] = p.line_handlers
+        self.fault_hooks: tuple[Callable[[Fault], None], ...] = p.fault_hooks  # metrics
+        self.evidence: Evidence | None = p.evidence  # the hang fault's async enrichment
+        self.extra_env: Mapping[str, str] = dict(p.env)
+        self.spawn_trainer: Spawn = p.spawn  # the one place a trainer is started
+        # what the standbys started is gone before the agent exits
+        self.on_close: tuple[Close, ...] = p.on_close
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -169,8 +197,7 @@ class Worker:
         """Supervise this trainer to its end; the pod installed the reaper and signals."""
         self.decider.start(self)
         try:
-            for src in self.sources:
-                self._tasks.append(asyncio.create_task(self._run_source(src)))
+            self._tasks.append(asyncio.create_task(self.watch.run()))
             self._tasks.append(asyncio.create_task(self._ticker()))
             try:
                 code = await self._control_loop()
@@ -229,60 +256,22 @@ class Worker:
         """The pids of this trainer's tree (evidence, verification, DUMP_STACKS)."""
         return [p.pid for p in self.tree()]
 
-    async def _run_source(self, src: Source) -> None:
-        name = type(src).__name__
-        try:
-            await src.run(self.observe)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # a broken source must not take training down
-            log.exception("source %s failed; continuing without it", name)
-            self.events.write("fault", FaultKind.AGENT.value, f"source {name} failed: {e}")
+    def _source_failed(self, name: str, e: BaseException) -> None:
+        """A broken source must not take training down: one event, the others go on."""
+        self.events.write("fault", FaultKind.AGENT.value, f"source {name} failed: {e}")
 
     async def _ticker(self) -> None:
         # On the process's grid (timegrid.py): the launcher's N workers tick in one loop
         # wake-up, not N, and the NIC and GPU polls share it.
         while True:
             await sleep_on_grid(TICK_SECONDS)
-            if self._backlog is not None and len(self._backlog):
-                self._drain_lines(self._backlog, DRAIN_BATCHES)  # see _lines_threadsafe
-            now = self.detector_now()
-            for d in self.detectors:
-                self._tick_detector(d, now)
-
-    def _tick_detector(self, d: Detector, now: float) -> None:
-        try:
-            faults = d.tick(now)
-        except Exception:
-            log.exception("detector %s failed", type(d).__name__)
-            return
-        for f in faults:
-            self._spawn(self.raise_fault(f))
-
-    def _arm_deadlines(self) -> None:
-        """Tick a detector exactly when its next deadline (a NIC grace) expires, instead of
-        at the next periodic tick, up to TICK_SECONDS later. Detectors whose deadlines move
-        with every step (hang) keep the periodic tick: seconds of budget, no timer churn."""
-        loop = asyncio.get_running_loop()
-        for d in self.detectors:
-            next_deadline = getattr(d, "next_deadline", None)
-            when = next_deadline() if next_deadline is not None else None
-            if when is not None and (id(d), when) not in self._armed:
-                self._armed.add((id(d), when))
-                # +1 ms: a timer may fire a hair early, and the detector wants now > deadline
-                loop.call_later(max(0.0, when - time.monotonic()) + 0.001, self._tick_at, d, when)
-
-    def _tick_at(self, d: Detector, when: float) -> None:
-        self._armed.discard((id(d), when))
-        self._tick_detector(d, time.monotonic())
+            self.feed.drain_some()  # see LineFeed.pumps_callback
+            self.watch.tick(self.detector_now())
 
     def detector_now(self, now: float | None = None) -> float:
-        """The detectors' "now": the clock, or while output read earlier still waits in the
-        backlog, that output's read time. Observations carry the time their line was read;
-        a loop that is behind must not call a hang on data it has not looked at yet."""
-        now = time.monotonic() if now is None else now
-        oldest = self._backlog.oldest_ts() if self._backlog is not None else None
-        return now if oldest is None else min(now, oldest)
+        """The detectors' "now" (LineFeed.now: the clock, or the read time of output still
+        waiting to be handled)."""
+        return self.feed.now(now)
 
     def _spawn(self, coro: Any) -> None:
         """Run a coroutine as a task the agent keeps a reference to until it is done."""
@@ -302,28 +291,13 @@ class Worker:
                 log.exception("line handler failed")
 
     def observe(self, obs: Observation) -> None:
-        for o in self.observers:
-            try:
-                o.observe(obs)
-            except Exception:
-                log.exception("observer %s failed", type(o).__name__)
-        for d in self.detectors:
-            try:
-                faults = d.observe(obs)
-            except Exception:
-                log.exception("detector %s failed on %s", type(d).__name__, type(obs).__name__)
-                continue
-            for f in faults:
-                self._spawn(self.raise_fault(f))
-        self._arm_deadlines()
+        """An observation of this trainer's (its start, its exit, its progress lines):
+        the observers, then the detectors (WatchLoop.emit)."""
+        self.watch.emit(obs)
 
     def tail(self, n: int = EVIDENCE_LINES, stream: str | None = None) -> list[str]:
-        """The last output lines as text; stderr lines are marked unless asked for alone."""
-        lines = [(s, redact_secrets(b.decode("utf-8", "replace")))
-                 for s, b in self.last_lines.tail(n, stream)]
-        if stream is not None:
-            return [text for _, text in lines]
-        return [f"{s}: {text}" if s == "stderr" else text for s, text in lines]
+        """The last output lines as text (worker_evidence.tail)."""
+        return tail(self.last_lines, n, stream)
 
     async def raise_fault(self, fault: Fault, *, decide: bool = True) -> None:
         """Record a fault (with evidence) and ask the decider what to do about it.
@@ -334,10 +308,7 @@ class Worker:
             return
         attempt = self.trainer
         if self.evidence is not None and fault.kind == FaultKind.HANG and attempt:
-            try:
-                fault = await self.evidence(fault, self.tree_pids())
-            except Exception:
-                log.exception("capturing evidence failed")
+            fault = await enrich(self.evidence, fault, self.tree_pids())
             if self.trainer is not attempt:
                 # a decision (a restart for another rank's fault) ended the attempt while
                 # the evidence was gathered: this hang is of a trainer that is gone, and
@@ -368,7 +339,7 @@ class Worker:
         t = self.trainer
         if t is None:
             return False
-        gone = not t.running or _zombie(t.pid)
+        gone = exited(t)
         if gone:
             log.info("hang fault dropped: the trainer (pid %d) exited by itself", t.pid)
         return gone
@@ -414,63 +385,17 @@ class Worker:
         return code
 
     def _start(self) -> TrainerProcess:
-        env = dict(self.environ)
-        env["FTAGENT_RESTART_COUNT"] = str(self.restarts)
-        env["FTAGENT_GENERATION"] = str(self.generation)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        env.update(self.extra_env)
-        env.update(self.spec.attempt_env(self.restarts))
+        env = attempt_env(self.environ, restarts=self.restarts, generation=self.generation,
+                          extra=self.extra_env, per_attempt=self.spec.attempt_env(self.restarts))
         self._hang_faults.clear()
         out, err = self.spec.outputs(self.restarts)
         trainer = self.spawn_trainer(self.cfg.command, env, self.reaper,
-                                     self._lines_threadsafe(), stdout_fd=out, stderr_fd=err,
+                                     self.feed.pumps_callback(), stdout_fd=out, stderr_fd=err,
                                      output_interval=self.cfg.supervisor.output_interval)
         self._apply(self.lifecycle.running(trainer.pid))
         self.observe(TrainerStart(trainer.pid, self.restarts, self.generation,
                                   ts=trainer.started))
         return trainer
-
-    def _lines_threadsafe(self) -> Callable[[str, bytes, float], None]:
-        """The pumps' callback: queue the batch in a bounded backlog, never block.
-
-        The loop is not woken per batch: the ticker drains the backlog every
-        TICK_SECONDS, on the grid every worker shares, so N workers' output costs one
-        loop wake-up per tick instead of one self-pipe write and read per line (the
-        launcher's own CPU against torchrun's: bench/restart.py --overhead). What that
-        delays is only the *handling*: each batch keeps its read time, the detectors'
-        "now" stays at the oldest batch not yet handled (detector_now), and a trainer's
-        exit drains everything before its crash is judged. A backlog growing past an
-        eighth of its bounds wakes the loop at once; a drain handles at most
-        ``DRAIN_BATCHES`` and yields (timers, the trainer's exit, signals get their turn);
-        past the backlog's bounds the oldest batches are dropped, never the trainer slowed.
-        """
-        loop = asyncio.get_running_loop()
-        backlog = self._backlog = LineBacklog(wake_bytes=BACKLOG_BYTES // 8,
-                                              wake_lines=BACKLOG_LINES // 8)
-
-        def hop(stream: str, blob: bytes, ts: float) -> None:
-            if backlog.put(stream, blob, ts):
-                loop.call_soon_threadsafe(self._drain_lines, backlog, DRAIN_BATCHES)
-
-        return hop
-
-    def _drain_lines(self, backlog: LineBacklog, n: int) -> None:
-        """Hand up to ``n`` queued batches to ``on_lines``; reschedule if more wait."""
-        for batch in backlog.take(n):
-            self.on_lines(*batch)
-        dropped = backlog.new_drops()
-        if dropped:
-            self._count_skipped("backlog", dropped)
-            if dropped == backlog.dropped_lines:  # the first drop of this trainer
-                log.warning("the agent's loop fell behind the trainer's output: the oldest "
-                            "lines go unparsed (ftagent_log_lines_skipped_total)")
-        if n < 1 << 30 and len(backlog):
-            asyncio.get_running_loop().call_soon(self._drain_lines, backlog, n)
-
-    def _drain_all(self) -> None:
-        """Everything the pumps have queued, handled now (the trainer's exit)."""
-        if self._backlog is not None:
-            self._drain_lines(self._backlog, 1 << 30)
 
     def _count_skipped(self, reason: str, lines: int) -> None:
         """Output lines not parsed for progress, in ``ftagent_log_lines_skipped_total``."""
@@ -502,7 +427,7 @@ class Worker:
                         if trainer.exited not in done and stop_wait not in done:
                             continue
                 if held is not None:
-                    if trainer.exited not in done and _zombie(trainer.pid):
+                    if trainer.exited not in done and zombie(trainer.pid):
                         await asyncio.shield(trainer.exited)
                         done = {trainer.exited}
                     if trainer.exited in done and held.fault_id in self._hang_faults:
@@ -519,7 +444,8 @@ class Worker:
                     if exit_.ok:
                         self._apply(self.lifecycle.succeeded())
                         return None, exit_
-                    await self.raise_fault(self._crash_fault(exit_), decide=held is None)
+                    await self.raise_fault(crash_fault(exit_, self.restarts, self.last_lines),
+                                           decide=held is None)
                     return await self._next_action(held), exit_
                 if stop_wait in done:
                     exit_ = await self._stop_trainer(trainer, self._stop_deadline)
@@ -566,49 +492,24 @@ class Worker:
                           origin=action.origin.value,
                           backoff_seconds=action.backoff_seconds, exit_code=action.exit_code)
 
-    def _crash_fault(self, exit_: ProcessExit) -> Fault:
-        how = (f"killed by signal {exit_.signal} ({signal.Signals(exit_.signal).name})"
-               if exit_.signal is not None else f"exited with code {exit_.code}")
-        return Fault(FaultKind.CRASH, f"trainer (pid {exit_.pid}) {how}", scope=Scope.PROCESS,
-                     evidence={"exit_status": exit_.exit_status, "exit_code": exit_.code,
-                               "signal": exit_.signal, "attempt": self.restarts,
-                               "last_lines": self.tail(),
-                               # the traceback, whatever order the two pipes were read in
-                               "last_stderr_lines": self.tail(EVIDENCE_STDERR_LINES, "stderr")})
-
     async def _after_exit(self, trainer: TrainerProcess, exit_: ProcessExit) -> None:
         """The main process is gone: clean up what it left, read its last output."""
-        self._drain_all()  # what it printed before it exited comes first
+        self.feed.drain_all()  # what it printed before it exited comes first
         self.observe(exit_)
         self.events.write("state", "exited", f"trainer exited with status {exit_.exit_status}",
                           exit_status=exit_.exit_status, exit_code=exit_.code,
                           signal=exit_.signal, pid=exit_.pid)
-        if self.tree():
-            deadline = self._stop_deadline if self.stop_signal is not None else \
-                time.monotonic() + self.cfg.supervisor.stop_timeout
-            killed = await supervisor.stop_tree(None, max(0.0, deadline - time.monotonic()),
-                                                procs=self.tree)
-            if killed:
-                log.warning("SIGKILLed %d leftover process(es) of the trainer", killed)
+        await clear_leftovers(self.tree, self._stop_deadline if self.stop_signal is not None
+                              else time.monotonic() + self.cfg.supervisor.stop_timeout)
         if not await trainer.drain(2.0):
             log.warning("trainer output did not reach EOF; last lines may be missing")
-        self._drain_all()  # the last lines before the crash fault's evidence
+        self.feed.drain_all()  # the last lines before the crash fault's evidence
 
     async def _stop_trainer(self, trainer: TrainerProcess, deadline: float) -> ProcessExit:
-        """SIGTERM the trainer's group and tree, SIGKILL whatever is left at ``deadline``."""
-        if trainer.running:
-            log.info("stopping trainer (pid %d)", trainer.pid)
-            if self.stop_signal is None:  # our own stop: SIGTERM the group and the tree
-                trainer.send_signal(signal.SIGTERM)
-                supervisor.signal_tree(signal.SIGTERM, self.tree())
-            # a stop signal was already forwarded as-is: the trainer's handler decides
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(trainer.exited),
-                                       max(0.0, deadline - time.monotonic()))
-        if trainer.running:
-            killed = await supervisor.kill_tree(trainer.pgid, procs=self.tree)
-            log.warning("trainer ignored SIGTERM for %.1fs: SIGKILLed %d process(es)",
-                        self.cfg.supervisor.stop_timeout, killed)
+        """Stop the trainer (trainer_exec.terminate; a stop signal was already forwarded
+        as is), then clean up after its exit."""
+        await terminate(trainer, self.tree, deadline, forwarded=self.stop_signal is not None,
+                        stop_timeout=self.cfg.supervisor.stop_timeout)
         exit_ = await trainer.exited
         await self._after_exit(trainer, exit_)
         return exit_
@@ -651,32 +552,3 @@ class Worker:
                 except Exception:
                     log.exception("state hook failed")
 
-
-def _zombie(pid: int) -> bool:
-    """``pid`` has exited and waits to be reaped (WNOWAIT: the reaper still gets it)."""
-    try:
-        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return False
-    return info is not None and info.si_pid == pid
-
-
-def worker_tree(worker: Worker, local_rank: int) -> Callable[[], list[psutil.Process]]:
-    """The processes of one worker's trainer: its session (the trainer leads one), and
-    what carries the worker's marker (an orphan that called setsid, a previous attempt's
-    leftover); never a peer worker's."""
-    mark = str(local_rank)
-
-    def tree() -> list[psutil.Process]:
-        sid = worker.trainer.pid if worker.trainer is not None else None
-        mine = []
-        for p in supervisor.tree():
-            try:
-                in_session = sid is not None and (p.pid == sid or os.getsid(p.pid) == sid)
-                if in_session or p.environ().get(WORKER_VAR) == mark:
-                    mine.append(p)
-            except (psutil.Error, OSError):
-                continue
-        return mine
-
-    return tree

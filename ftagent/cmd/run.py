@@ -25,6 +25,7 @@ from ftagent.agent.launcher import normalize_flags
 from ftagent.agent.metrics_sink import MetricsSink
 from ftagent.agent.pod import PodAgent
 from ftagent.agent.worker import Worker, WorkerSpec
+from ftagent.agent.worker_parts import WorkerParts
 from ftagent.config import (
     RUN_GROUPS,
     ConfigError,
@@ -120,22 +121,29 @@ def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
     serve = registry is None
     registry = CollectorRegistry() if registry is None else registry
     metrics = AgentMetrics(registry, labels, share=share)
-    agent = pod.add(spec, metrics=metrics)
-    sink = MetricsSink(metrics)
-    agent.observers.append(sink)
-    agent.fault_hooks.append(sink.on_fault)
-    add_progress(agent, cfg, metrics, rundir)
-    from ftagent.agent.standby import use_warm_restarts
+    from ftagent.agent.flight_recorder import flight_recorder_parts
+    from ftagent.agent.standby import warm_restart_parts
     from ftagent.agent.standby_memory import StandbyBudget
 
     if budget is None:  # one per process: the launcher's workers share theirs
         budget = StandbyBudget(cfg.supervisor.warm_restart_memory_share)
-    use_warm_restarts(agent, cfg, rundir, budget)  # the spawn seam: a warm standby, else cold
-    from ftagent.agent.flight_recorder import use_flight_recorder
+    standbys = budget
 
-    use_flight_recorder(agent, cfg, rundir)  # TORCH_FR_* env, per-attempt dumps, trigger
-    if node_sources:  # the host's GPUs and links: one source of the agent (ftagent/watch/)
-        agent.sources.append(add_watch(agent, cfg, environ, registry, labels))
+    def parts(w: Worker) -> WorkerParts:
+        """The worker's parts, in the order they see what happens: the metrics sink, the
+        progress sources and hang detector, the spawn seam (a warm standby, else cold),
+        the flight recorder around it (TORCH_FR_* env, per-attempt dumps), the node's
+        GPUs and links."""
+        sink = MetricsSink(metrics)
+        p = WorkerParts(observers=(sink,), fault_hooks=(sink.on_fault,))
+        p = progress_parts(w, cfg, metrics, rundir, p)
+        p = warm_restart_parts(w, cfg, rundir, p, standbys)
+        p = flight_recorder_parts(w, cfg, rundir, p)
+        if node_sources:  # the host's GPUs and links: one source of the agent (ftagent/watch/)
+            p = p.plus(sources=[add_watch(w, cfg, environ, registry, labels)])
+        return p
+
+    agent = pod.add(spec, metrics=metrics, parts=parts)
     if serve:
         start_metrics(cfg, registry, agent)
     return agent
@@ -157,7 +165,7 @@ def build_workers(cfg: RunConfig, environ: Mapping[str, str], rundir: str) -> Po
     pod's local group (what the local policy decides, alone or failing open under an
     arbiter, stops and restarts them all). Raises ConfigError for the user to read."""
     from ftagent.agent import launcher
-    from ftagent.agent.worker import WORKER_VAR
+    from ftagent.agent.trainer_exec import WORKER_VAR
 
     launch = cfg.launch
     place = launcher.node_place(launch, cfg.identity, environ,
@@ -269,8 +277,10 @@ def _outputs(launch: LaunchConfig, place: NodePlace, i: int, logroot: str,
     return outputs
 
 
-def add_progress(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir: str) -> None:
-    """Step progress from the trainer's log lines and/or the SDK, and the hang detector."""
+def progress_parts(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir: str,
+                   parts: WorkerParts) -> WorkerParts:
+    """``parts`` with step progress from the trainer's log lines and/or the SDK, the hang
+    detector (and its verifier, its evidence) and the loss detector."""
     from ftagent.agent.hang_watch import HangWatch, evidence_hook
     from ftagent.detect.hang import HangDetector
     from ftagent.sources.progress import LogProgress
@@ -278,7 +288,7 @@ def add_progress(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir: s
 
     mode = cfg.hang.progress
     if mode == "none":  # parameter servers, launchers: supervised for crashes only
-        return
+        return parts
     parser = None
     if mode in ("auto", "log"):
         parser = LogProgress(cfg.hang.progress_regex)
@@ -287,7 +297,7 @@ def add_progress(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir: s
             for obs in latest_progress(p.parse_blob(blob, ts)):
                 agent.observe(obs)
 
-        agent.line_handlers.append(on_lines)
+        parts = parts.plus(line_handlers=[on_lines])
     if mode in ("auto", "sdk"):
         sdk = SdkSocketSource(os.path.join(rundir, "sdk.sock"), phases=metrics.phase_names,
                               ops=metrics.op_names)
@@ -297,8 +307,7 @@ def add_progress(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir: s
             log.warning("SDK socket unavailable (%s); progress from logs only", e)
         else:
             metrics.attach_sdk(sdk)
-            agent.sources.append(sdk)
-            agent.extra_env["FTAGENT_SDK_SOCKET"] = sdk.path
+            parts = parts.plus(sources=[sdk], env={"FTAGENT_SDK_SOCKET": sdk.path})
     detector = HangDetector(cfg.hang)
     verifier = None
     if cfg.hang.hang_verify_window > 0:  # suspect -> verify -> declare (agent/verify.py)
@@ -306,17 +315,17 @@ def add_progress(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir: s
 
         sampler = TreeSampler(agent.tree_pids, min(cfg.hang.hang_dump_timeout, 2.0),
                               gpu=NvmlProbe())
-        says = getattr(getattr(agent.decider, "link", None), "trainer_says", None)
+        says = getattr(getattr(rank_session(agent), "link", None), "trainer_says", None)
         record = agent.events.write if says is None else learned_phases_to(
             says.learned, agent.events.write)
         verifier = Verifier(detector, cfg.hang, sampler, record=record,
                             metrics=metrics, emit=agent.raise_fault, now=agent.detector_now)
     watch = HangWatch(detector, metrics, parser, verifier=verifier)
-    agent.detectors.append(watch)
+    parts = parts.plus(detectors=[watch])
     if cfg.loss.loss_action != "off":  # NaN/inf and spikes of the loss (detect/loss.py)
         from ftagent.detect.loss import LossDetector, LossSettings
 
-        agent.detectors.append(LossDetector(LossSettings.of(cfg.loss)))
+        parts = parts.plus(detectors=[LossDetector(LossSettings.of(cfg.loss))])
     decider = rank_session(agent)  # the arbiter's session for this rank, if any
     if hasattr(decider, "hang_state"):  # the arbiter's progress summaries carry it
         decider.hang_state = watch.state
@@ -328,11 +337,11 @@ def add_progress(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir: s
         waits = PeerWait(cfg.identity.rank, verifier, agent.events.write, metrics,
                          culprit_spin_timeout=cfg.hang.hang_culprit_spin_timeout)
         decider.on_busy = waits.on_action
-        agent.observers.append(waits)
+        parts = parts.plus(observers=[waits])
         link = getattr(decider, "link", None)
         if cfg.hang.hang_action != "alert":  # alert: the arbiter decides no hang at all
             verifier.ask_arbiter = lambda: bool(getattr(link, "connected", False))
-    agent.evidence = evidence_hook(cfg.hang.hang_dump_timeout, agent.tail)
+    return parts.with_(evidence=evidence_hook(cfg.hang.hang_dump_timeout, agent.tail))
 
 
 def learned_phases_to(learned: Callable[[float, str], None],

@@ -232,7 +232,7 @@ class DeciderAgent(SimAgent):
         self.proto.arrival = None  # the decider arrives (SimAgent's model did it here)
         self.worker = SimWorker(self)
         self.decider = ArbiterDecider(link=lambda w: SimLink(self), clock=lambda: world.now)
-        self.decider.add(self.worker)  # type: ignore[arg-type]
+        self.worker.observers.extend(self.decider.add(self.worker))  # type: ignore[arg-type]
         self.session = self.decider.session(self.worker)  # type: ignore[arg-type]
 
         async def no_stacks(pids: object) -> dict[str, Any]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 import types
 
+from ftagent.agent.line_feed import LineFeed
 from ftagent.agent.tee import LineBacklog
-from ftagent.agent.worker import Worker
 from ftagent.config import HangConfig
 from ftagent.detect.hang import HangDetector
 from ftagent.model import Fault, Progress, TrainerStart
@@ -61,7 +61,7 @@ def test_lines_read_at_t_and_handled_at_t_plus_30_are_no_hang() -> None:
     fixed, naive = HangDetector(cfg), HangDetector(cfg)
     parser = LogProgress(unlimited=True)
     backlog = LineBacklog()
-    agent = types.SimpleNamespace(_backlog=backlog)
+    feed = types.SimpleNamespace(_backlog=backlog)
     for d in (fixed, naive):
         d.observe(TrainerStart(pid=1, attempt=0, ts=0.0))
     faults: dict[str, list[Fault]] = {"fixed": [], "naive": []}
@@ -76,7 +76,7 @@ def test_lines_read_at_t_and_handled_at_t_plus_30_are_no_hang() -> None:
                 for obs in parser.parse_blob(blob, ts):
                     fixed.observe(obs)
                     naive.observe(obs)
-        faults["fixed"] += fixed.tick(Worker.detector_now(agent, wall))  # type: ignore[arg-type]
+        faults["fixed"] += fixed.tick(LineFeed.now(feed, wall))  # type: ignore[arg-type]
         faults["naive"] += naive.tick(wall)
         if wall == 62.0:
             assert faults["fixed"] == [] and len(backlog) == 0

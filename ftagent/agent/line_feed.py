@@ -1,0 +1,89 @@
+"""The trainer's output on its way from the pump threads to a worker's loop.
+
+The output pumps (supervisor.py: one thread per pipe) read the trainer's lines and write
+them through, byte for byte, before anything else; what they hand the agent goes through
+a :class:`LineFeed`: a bounded backlog (tee.py ``LineBacklog``) drained on the loop into the
+worker's ``on_lines``. The feed also says what "now" the detectors may use while output
+read earlier still waits (:meth:`LineFeed.now`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from ftagent.agent.tee import BACKLOG_BYTES, BACKLOG_LINES, LineBacklog
+
+log = logging.getLogger("ftagent.agent")
+
+DRAIN_BATCHES = 16  # output batches handled per loop callback before timers get a turn
+ALL = 1 << 30  # a drain with no limit (the trainer's exit)
+
+
+class LineFeed:
+    """One worker's output feed: ``on_lines(stream, blob, ts)`` gets every batch on the
+    loop, in order; ``count_skipped(reason, lines)`` hears of batches dropped."""
+
+    def __init__(self, on_lines: Callable[[str, bytes, float], None],
+                 count_skipped: Callable[[str, int], None]) -> None:
+        self.on_lines = on_lines
+        self.count_skipped = count_skipped
+        self._backlog: LineBacklog | None = None  # the running trainer's output on its way
+
+    def pumps_callback(self) -> Callable[[str, bytes, float], None]:
+        """The pumps' callback for a new trainer: queue the batch in a bounded backlog,
+        never block.
+
+        The loop is not woken per batch: the worker's ticker drains the backlog every
+        tick (:meth:`drain_some`), on the grid every worker shares, so N workers' output
+        costs one loop wake-up per tick instead of one self-pipe write and read per line
+        (the launcher's own CPU against torchrun's: bench/restart.py --overhead). What
+        that delays is only the *handling*: each batch keeps its read time, the
+        detectors' "now" stays at the oldest batch not yet handled (:meth:`now`), and a
+        trainer's exit drains everything before its crash is judged. A backlog growing
+        past an eighth of its bounds wakes the loop at once; a drain handles at most
+        ``DRAIN_BATCHES`` and yields (timers, the trainer's exit, signals get their turn);
+        past the backlog's bounds the oldest batches are dropped, never the trainer slowed.
+        """
+        loop = asyncio.get_running_loop()
+        backlog = self._backlog = LineBacklog(wake_bytes=BACKLOG_BYTES // 8,
+                                              wake_lines=BACKLOG_LINES // 8)
+
+        def hop(stream: str, blob: bytes, ts: float) -> None:
+            if backlog.put(stream, blob, ts):
+                loop.call_soon_threadsafe(self._drain, backlog, DRAIN_BATCHES)
+
+        return hop
+
+    def drain_some(self) -> None:
+        """The ticker's turn: up to ``DRAIN_BATCHES`` waiting batches, the rest after."""
+        if self._backlog is not None and len(self._backlog):
+            self._drain(self._backlog, DRAIN_BATCHES)
+
+    def drain_all(self) -> None:
+        """Everything the pumps have queued, handled now (the trainer's exit)."""
+        if self._backlog is not None:
+            self._drain(self._backlog, ALL)
+
+    def now(self, now: float | None = None) -> float:
+        """The detectors' "now": the clock, or while output read earlier still waits in the
+        backlog, that output's read time. Observations carry the time their line was read;
+        a loop that is behind must not call a hang on data it has not looked at yet."""
+        now = time.monotonic() if now is None else now
+        oldest = self._backlog.oldest_ts() if self._backlog is not None else None
+        return now if oldest is None else min(now, oldest)
+
+    def _drain(self, backlog: LineBacklog, n: int) -> None:
+        """Hand up to ``n`` queued batches to ``on_lines``; reschedule if more wait."""
+        for batch in backlog.take(n):
+            self.on_lines(*batch)
+        dropped = backlog.new_drops()
+        if dropped:
+            self.count_skipped("backlog", dropped)
+            if dropped == backlog.dropped_lines:  # the first drop of this trainer
+                log.warning("the agent's loop fell behind the trainer's output: the oldest "
+                            "lines go unparsed (ftagent_log_lines_skipped_total)")
+        if n < ALL and len(backlog):
+            asyncio.get_running_loop().call_soon(self._drain, backlog, n)

@@ -1,0 +1,54 @@
+"""What a worker attaches to its faults: the trainer's last lines, the crash fault, and the
+hang fault's enrichment (stacks, dumps: its parts' ``evidence``) without ever letting a
+failed capture lose the fault.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Sequence
+
+from ftagent.agent.evidence import redact_secrets
+from ftagent.agent.tee import LastLines
+from ftagent.agent.worker_parts import Evidence
+from ftagent.model import Fault, FaultKind, ProcessExit, Scope
+
+log = logging.getLogger("ftagent.agent")
+
+EVIDENCE_LINES = 50  # last lines attached to a fault (the events file keeps them too)
+EVIDENCE_STDERR_LINES = 20  # and the last of stderr alone: where tracebacks are
+
+
+def tail(last_lines: LastLines, n: int = EVIDENCE_LINES,
+         stream: str | None = None) -> list[str]:
+    """The last output lines as text, secrets redacted; stderr lines are marked unless
+    asked for alone."""
+    lines = [(s, redact_secrets(b.decode("utf-8", "replace")))
+             for s, b in last_lines.tail(n, stream)]
+    if stream is not None:
+        return [text for _, text in lines]
+    return [f"{s}: {text}" if s == "stderr" else text for s, text in lines]
+
+
+def crash_fault(exit_: ProcessExit, attempt: int, last_lines: LastLines) -> Fault:
+    """The fault of a trainer that exited non-zero or was killed: its status, signal,
+    attempt and last lines (stderr's alone too: the traceback, whatever order the two
+    pipes were read in)."""
+    how = (f"killed by signal {exit_.signal} ({signal.Signals(exit_.signal).name})"
+           if exit_.signal is not None else f"exited with code {exit_.code}")
+    return Fault(FaultKind.CRASH, f"trainer (pid {exit_.pid}) {how}", scope=Scope.PROCESS,
+                 evidence={"exit_status": exit_.exit_status, "exit_code": exit_.code,
+                           "signal": exit_.signal, "attempt": attempt,
+                           "last_lines": tail(last_lines),
+                           "last_stderr_lines": tail(last_lines, EVIDENCE_STDERR_LINES,
+                                                     "stderr")})
+
+
+async def enrich(evidence: Evidence, fault: Fault, pids: Sequence[int]) -> Fault:
+    """``fault`` with what ``evidence`` captures of ``pids``; as it was if that fails."""
+    try:
+        return await evidence(fault, pids)
+    except Exception:
+        log.exception("capturing evidence failed")
+        return fault
