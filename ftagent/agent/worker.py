@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import psutil
 
-from ftagent.agent import supervisor
+from ftagent.agent import stop_grace, supervisor
 from ftagent.agent.decider import Decider, LocalDecider
 from ftagent.agent.events import EventsFile, ProgressLog
 from ftagent.agent.evidence import redact_secrets
@@ -599,10 +599,15 @@ class Worker:
             if self.stop_signal is None:  # our own stop: SIGTERM the group and the tree
                 trainer.send_signal(signal.SIGTERM)
                 supervisor.signal_tree(signal.SIGTERM, self.tree())
-            # a stop signal was already forwarded as-is: the trainer's handler decides
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(trainer.exited),
-                                       max(0.0, deadline - time.monotonic()))
+            # a stop signal was already forwarded as-is: the trainer's handler decides, for
+            # as long as it is installed (stop_grace: not the torch teardown after it)
+            if self.stop_signal is None:
+                await stop_grace.wait_stopped(trainer.exited,
+                                              lambda: [p.pid for p in self.tree()],
+                                              signal.SIGTERM, deadline)
+            else:
+                await stop_grace.wait_stopped(trainer.exited, lambda: [trainer.pid],
+                                              self.stop_signal, deadline)
         if trainer.running:
             killed = await supervisor.kill_tree(trainer.pgid, procs=self.tree)
             log.warning("trainer ignored SIGTERM for %.1fs: SIGKILLed %d process(es)",
