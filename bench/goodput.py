@@ -421,10 +421,13 @@ def xid_seen(lab: Lab) -> float | None:
 
 def phases(timeline: list[dict[str, Any]], faults: list[Fault]) -> None:
     """Fill each fault's ``decided`` (the arbiter's restart or replace after it) and
-    ``released`` (the next barrier released after that) from the arbiter's timeline."""
-    for f in faults:
+    ``released`` (the next barrier released after that) from the arbiter's timeline; a
+    fault that restarted nothing before the next one (a link back and the steps went on)
+    has neither."""
+    for i, f in enumerate(faults):
+        nxt = faults[i + 1].at if i + 1 < len(faults) else float("inf")
         ds = [float(e["ts"]) for e in timeline if e.get("kind") == "decision"
-              and e.get("action") in ("restart", "replace") and float(e["ts"]) >= f.at]
+              and e.get("action") in ("restart", "replace") and f.at <= float(e["ts"]) < nxt]
         if ds:
             f.decided = min(ds)
             rs = [float(e["ts"]) for e in timeline if e.get("kind") == "barrier"
