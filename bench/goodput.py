@@ -342,8 +342,11 @@ def dlrover_run(lab: Lab, args: argparse.Namespace) -> Any:
 
     def cmd(r: int) -> list[str]:
         # NODE_ID and NODE_NUM as DLRover's operator sets them on each pod (without a
-        # NODE_ID every node is node 0, and the network check never completes)
+        # NODE_ID every node is node 0, and the network check never completes); POD_IP as
+        # its pods get it from the downward API: without it DLRover resolves the hostname,
+        # which the lab's namespaces share, and node 0's store is 127.0.0.1 to rank 1
         return ["env", f"NODE_RANK={r}", f"NODE_ID={r}", f"NODE_NUM={lab.world}",
+                f"POD_IP={lab.net.data_ip(r)}",
                 str(peer_exe("dlrover-run")), "--nnodes",
                 str(lab.world), "--nproc_per_node", "1", "--node_rank", str(r),
                 "--max-restarts", "5", "--network-check"]
