@@ -28,6 +28,11 @@ Launchers (one lab each, alternated over ``--rounds``):
   (c10d rendezvous on node 0), ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (its best
   chance: without it restarts fail, see below) and the trainer's own process-group timeout
   ``--pg-timeout`` (30 s): torchrun notices a hang only when gloo's timeout kills a rank.
+  The favourable baseline ("vs torchrun").
+* **torchrun-default**: the same with the process-group timeout a torchrun user gets who
+  sets none: torch's default for gloo (``torch.distributed.constants.default_pg_timeout``,
+  30 min; NCCL's is 10 min). A hang then outlasts a ten-minute window: the wait for
+  training again ends with the window, and the rest of the window is lost.
 * **ft_launcher** (nvidia-resiliency-ext) and **dlrover-run** (DLRover), each from its own
   virtualenv under ``.bench-venvs/`` (``bash bench/peers.sh``; ``BENCH_VENVS`` to move
   it), so the project's torch is untouched. ft_launcher: torchrun's flags plus its rank
@@ -337,8 +342,11 @@ def dlrover_run(lab: Lab, args: argparse.Namespace) -> Any:
 
     def cmd(r: int) -> list[str]:
         # NODE_ID and NODE_NUM as DLRover's operator sets them on each pod (without a
-        # NODE_ID every node is node 0, and the network check never completes)
+        # NODE_ID every node is node 0, and the network check never completes); POD_IP as
+        # its pods get it from the downward API: without it DLRover resolves the hostname,
+        # which the lab's namespaces share, and node 0's store is 127.0.0.1 to rank 1
         return ["env", f"NODE_RANK={r}", f"NODE_ID={r}", f"NODE_NUM={lab.world}",
+                f"POD_IP={lab.net.data_ip(r)}",
                 str(peer_exe("dlrover-run")), "--nnodes",
                 str(lab.world), "--nproc_per_node", "1", "--node_rank", str(r),
                 "--max-restarts", "5", "--network-check"]
@@ -416,10 +424,13 @@ def xid_seen(lab: Lab) -> float | None:
 
 def phases(timeline: list[dict[str, Any]], faults: list[Fault]) -> None:
     """Fill each fault's ``decided`` (the arbiter's restart or replace after it) and
-    ``released`` (the next barrier released after that) from the arbiter's timeline."""
-    for f in faults:
+    ``released`` (the next barrier released after that) from the arbiter's timeline; a
+    fault that restarted nothing before the next one (a link back and the steps went on)
+    has neither."""
+    for i, f in enumerate(faults):
+        nxt = faults[i + 1].at if i + 1 < len(faults) else float("inf")
         ds = [float(e["ts"]) for e in timeline if e.get("kind") == "decision"
-              and e.get("action") in ("restart", "replace") and float(e["ts"]) >= f.at]
+              and e.get("action") in ("restart", "replace") and f.at <= float(e["ts"]) < nxt]
         if ds:
             f.decided = min(ds)
             rs = [float(e["ts"]) for e in timeline if e.get("kind") == "barrier"
@@ -436,11 +447,29 @@ def read_ledger(lab: Lab) -> dict[str, Any] | None:
     return dict(g) if isinstance(g, dict) else None
 
 
+def torch_default_pg_timeout() -> float:
+    """Seconds of torch's own process-group timeout for gloo (what a torchrun user gets
+    who passes none: ``torch.distributed.constants.default_pg_timeout``, 30 min; NCCL's
+    is 10 min)."""
+    r = subprocess.run([PY, "-c", "import torch.distributed.constants as c; "
+                        "print(c.default_pg_timeout.total_seconds())"],
+                       capture_output=True, text=True, timeout=120, check=True)
+    return float(r.stdout.strip())
+
+
+def pg_timeout(name: str, args: argparse.Namespace) -> float:
+    """The trainer's process-group timeout under launcher ``name``: torch's default for
+    ``torchrun-default``, else ``--pg-timeout`` (30 s: tuned for torchrun, its best case)."""
+    return torch_default_pg_timeout() if name == "torchrun-default" else args.pg_timeout
+
+
 def run_schedule(name: str, args: argparse.Namespace, tmp: Path) -> Run:
     run = Run(name)
     LOADS.clear()
+    timeout = pg_timeout(name, args)
+    run.notes.append(f"the trainer's process-group timeout: {timeout:.0f} s")
     env = {"TRAIN_STEPS": "100000000", "CHECKPOINT_EVERY": str(args.ckpt_every),
-           "TRAIN_STEP_SLEEP": str(args.step_sleep), "TRAIN_PG_TIMEOUT": str(args.pg_timeout),
+           "TRAIN_STEP_SLEEP": str(args.step_sleep), "TRAIN_PG_TIMEOUT": str(timeout),
            "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     arbiter_args = ["--max-restarts", "10", "--nic-replace-after", "600"]
     kinds = [k for k in KINDS if k in args.faults.split(",")]
@@ -486,7 +515,10 @@ def run_schedule(name: str, args: argparse.Namespace, tmp: Path) -> Run:
                 replace_rank1()
                 return training_again(lab, f)
             try:
-                wait(back, args.pg_timeout * 3 + 120, f"{name}: training again after the {kind}")
+                # at most until the window's end: with torch's default timeout (30 min) a
+                # hang outlasts the window, and the rest of the window is what it lost
+                wait(back, min(timeout * 3 + 120, max(30.0, deadline - time.time())),
+                     f"{name}: training again after the {kind}")
                 # a restart may still follow steps that resumed by themselves (ftagent
                 # restarts every rank once a link is back, gloo's pairs recovered or not):
                 # training is "again" only after the last disruption, once steps have
@@ -761,6 +793,11 @@ def report(runs: list[Run], trials: tuple[int, int] | None,
         load = mean([r.load for r in rs]) or 0.0
         print(f"| {name} | {100 * g:.1f} % | {ratio} | {100 * med:.1f} % | {window:.0f} s | "
               f"{load:.1f} |")
+    if "torchrun-default" in by:
+        print("(torchrun: the trainer's process-group timeout is --pg-timeout, "
+              f"{args.pg_timeout:.0f} s, tuned for it: the favourable baseline, 'vs torchrun' "
+              "compares with it; torchrun-default: torch's own default for gloo, "
+              f"{torch_default_pg_timeout():.0f} s, what a torchrun user gets who sets none)")
     print("(the Xid: ftagent's simulated GPU on rank 1 raises a fatal Xid "
           f"{XID}; ftagent replaces the rank and the bench starts the new pod's agent at once; "
           "every other launcher has no GPU watch, so for them it is a crash of rank 1 at the "

@@ -10,8 +10,6 @@ launcher: its own session and marker, never a peer worker's), whether it already
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -20,7 +18,7 @@ from collections.abc import Callable, Mapping
 
 import psutil
 
-from ftagent.agent import supervisor
+from ftagent.agent import stop_grace, supervisor
 from ftagent.agent.supervisor import TrainerProcess
 
 log = logging.getLogger("ftagent.agent")
@@ -81,17 +79,21 @@ def worker_tree(trainer: Callable[[], TrainerProcess | None], local_rank: int) -
 
 
 async def terminate(trainer: TrainerProcess, tree: Tree, deadline: float, *,
-                    forwarded: bool, stop_timeout: float) -> None:
-    """SIGTERM the trainer's group and tree (unless a stop signal was ``forwarded`` to it
-    as is: then its handler decides), SIGKILL whatever is left at ``deadline``."""
+                    forwarded: int | None, stop_timeout: float) -> None:
+    """SIGTERM the trainer's group and tree (unless the stop signal ``forwarded`` was sent
+    to it as is: then its handler decides), SIGKILL whatever is left at ``deadline``. The
+    grace is the handler's for as long as it is installed (stop_grace.py), not CPython's
+    teardown after it."""
     if trainer.running:
         log.info("stopping trainer (pid %d)", trainer.pid)
-        if not forwarded:  # our own stop: SIGTERM the group and the tree
+        if forwarded is None:  # our own stop: SIGTERM the group and the tree
             trainer.send_signal(signal.SIGTERM)
             supervisor.signal_tree(signal.SIGTERM, tree())
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.shield(trainer.exited),
-                                   max(0.0, deadline - time.monotonic()))
+            await stop_grace.wait_stopped(trainer.exited, lambda: [p.pid for p in tree()],
+                                          signal.SIGTERM, deadline)
+        else:
+            await stop_grace.wait_stopped(trainer.exited, lambda: [trainer.pid],
+                                          forwarded, deadline)
     if trainer.running:
         killed = await supervisor.kill_tree(trainer.pgid, procs=tree)
         log.warning("trainer ignored SIGTERM for %.1fs: SIGKILLed %d process(es)",

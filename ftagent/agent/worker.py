@@ -508,7 +508,7 @@ class Worker:
     async def _stop_trainer(self, trainer: TrainerProcess, deadline: float) -> ProcessExit:
         """Stop the trainer (trainer_exec.terminate; a stop signal was already forwarded
         as is), then clean up after its exit."""
-        await terminate(trainer, self.tree, deadline, forwarded=self.stop_signal is not None,
+        await terminate(trainer, self.tree, deadline, forwarded=self.stop_signal,
                         stop_timeout=self.cfg.supervisor.stop_timeout)
         exit_ = await trainer.exited
         await self._after_exit(trainer, exit_)

@@ -32,10 +32,17 @@ NIC link down                  WAIT: restart once the link is back (NCCL/IB queu
                                  error out on link loss, so a restart is the clean way
                                  back), REPLACE the rank if still down after
                                  --nic-replace-after
-NIC link back (evidence        RESTART
-  {"recovered": true})
+NIC link back (evidence        LINK_BACK with a deadline (``nic_resume_budget``): TCP
+  {"recovered": true}, no        often resumes the stalled collective by itself (gloo over
+  other link down)               TCP: a 10 s outage cost 3.5 s after link up); if every
+                                 connected rank's step advances before the deadline, the
+                                 outage is recorded and nothing restarts (ALERT_ONLY),
+                                 else RESTART at the deadline. --nic-resume-timeout 0:
+                                 RESTART at once (NCCL/IB queue pairs that error out)
 CRASH/HANG while a link is     IGNORE (deferred): restarting cannot rendezvous over a
-  down                           dead link; the link's recovery or replacement restarts
+  down                           dead link; the link's recovery or replacement restarts;
+                                 a HANG while the job may still resume after a link came
+                                 back is deferred the same way (a CRASH restarts)
 BARRIER, AGENT                 ALERT_ONLY
 LOSS (NaN/inf, spike)          ALERT_ONLY, unless the agent runs --loss-action restart
                                  (evidence {"action": "restart"}): then as a CRASH
@@ -72,12 +79,17 @@ from ftagent.arbiter.straggler import StragglerAction
 from ftagent.model import Fault, FaultKind, JobBusy, Scope, Severity
 from ftagent.wire import limits
 
+NIC_RESUME_SLACK = 5.0  # seconds past the outage's length a resume may take (nic_resume_budget)
+
 
 @dataclass(frozen=True)
 class PolicyConfig:
     max_restarts: int = 3  # per job, when the agents did not say
     barrier_timeout: float = 300.0
     nic_replace_after: float = 300.0
+    # After the last link is back: wait for every rank's step to advance, at most this
+    # long (nic_resume_budget), before restarting; 0 restarts at once.
+    nic_resume_timeout: float = 60.0
     stacks_timeout: float = 15.0
     # Other ranks count as progressing when their last step is this much more recent
     # than the hung rank's (fraction of its age), or within this window when it has none.
@@ -130,6 +142,10 @@ def decide_fault(job: JobState, rep: FaultReport, now: float, cfg: PolicyConfig)
         down = ", ".join(str(r) for r in sorted(job.nic_outages))
         return [_d(Verdict.IGNORE, f"{where} (deferred: link of rank {down} is down; the job "
                    "restarts when it is back or the rank is replaced)", g, rep, pending=True)]
+    if job.nic_resume is not None and f.kind is FaultKind.HANG:
+        return [_d(Verdict.IGNORE, f"{where} (deferred: rank {job.nic_resume.rank}'s link is "
+                   "back; the job restarts unless every rank's step advances by "
+                   f"{job.nic_resume.deadline - now:.0f}s from now)", g, rep, pending=True)]
     if f.kind in (FaultKind.GPU, FaultKind.NODE) and rep.rank >= 0 and (
             f.severity is Severity.FATAL or f.scope is Scope.NODE or f.kind is FaultKind.NODE):
         return restart_or_stop(job, f"{where}: replacing rank {rep.rank}", rep, cfg,
@@ -181,8 +197,14 @@ def _nic(job: JobState, rep: FaultReport, where: str, now: float,
             return [Decision(Verdict.LINK_BACK, f"rank {rep.rank}: link back{took}; waiting "
                              f"for rank {rank_list(still)} before restarting", g,
                              rank=rep.rank, fault_id=rep.fault.id, pending=True)]
-        return restart_or_stop(job, f"rank {rep.rank}: link back{took}", rep, cfg,
-                               culprit=rep.rank)
+        budget = nic_resume_budget(outage, cfg)
+        if budget <= 0:
+            return restart_or_stop(job, f"rank {rep.rank}: link back{took}", rep, cfg,
+                                   culprit=rep.rank)
+        return [Decision(Verdict.LINK_BACK, f"rank {rep.rank}: link back{took}; waiting up to "
+                         f"{budget:.0f}s for every rank's step to advance before restarting",
+                         g, rank=rep.rank, fault_id=rep.fault.id, until=now + budget,
+                         pending=True)]
     if rep.fault.severity in (Severity.INFO, Severity.WARNING):
         return [_d(Verdict.ALERT_ONLY, where, g, rep)]
     if rep.rank in job.nic_outages:
@@ -191,6 +213,41 @@ def _nic(job: JobState, rep: FaultReport, where: str, now: float,
     return [Decision(Verdict.WAIT, f"{where}: waiting up to {cfg.nic_replace_after:.0f}s for "
                      "the link, then the job restarts (or the rank is replaced)", g,
                      rank=rep.rank, fault_id=rep.fault.id, until=until, pending=True)]
+
+
+def nic_resume_budget(outage: object, cfg: PolicyConfig) -> float:
+    """How long the job may take to resume by itself after its last link came back: the
+    outage's length plus 5 s, at most ``cfg.nic_resume_timeout``. While a link is down,
+    TCP doubles its retransmission timer (Linux: 200 ms up to 120 s), so its first retry
+    after the link is back can come about as long after it as the outage lasted."""
+    if cfg.nic_resume_timeout <= 0:
+        return 0.0
+    took = float(outage) if isinstance(outage, (int, float)) and outage >= 0 else \
+        cfg.nic_resume_timeout
+    return min(cfg.nic_resume_timeout, took + NIC_RESUME_SLACK)
+
+
+def decide_nic_resume(job: JobState, now: float, cfg: PolicyConfig) -> list[Decision]:
+    """After the last link came back: no restart once every connected rank's step went
+    past the step it had then; a restart at the deadline if any did not."""
+    watch = job.nic_resume
+    if watch is None:
+        return []
+    ranks = [r for r in job.ranks.values() if r.connected]
+    moved = [r for r in ranks if r.step > watch.steps.get(r.rank, r.step)]
+    if ranks and len(moved) == len(ranks):
+        return [Decision(Verdict.ALERT_ONLY, f"rank {watch.rank}: link back and every rank's "
+                         f"step advanced {now - watch.since:.1f}s later (step "
+                         f"{min(r.step for r in ranks)}): training resumed by itself, no "
+                         "restart", job.generation, rank=watch.rank, fault_id=watch.fault_id)]
+    if now < watch.deadline:
+        return []
+    stuck = rank_list(sorted(r.rank for r in ranks if r not in moved))
+    rep = FaultReport(Fault(FaultKind.NIC, "link back", id=watch.fault_id), watch.rank,
+                      job.generation)
+    return restart_or_stop(job, f"rank {watch.rank}: link back but the step of rank {stuck} "
+                           f"did not advance in {now - watch.since:.0f}s", rep, cfg,
+                           culprit=watch.rank)
 
 
 def _hang(job: JobState, rep: FaultReport, where: str, now: float,
@@ -273,6 +330,10 @@ def decide_tick(job: JobState, now: float, cfg: PolicyConfig) -> list[Decision]:
         return []
     if job.hang_probe is not None and now >= job.hang_probe.deadline:
         return decide_stacks(job, now, cfg, force=True)
+    if job.nic_resume is not None and not job.nic_outages:
+        resumed = decide_nic_resume(job, now, cfg)
+        if resumed:
+            return resumed
     for rank, outage in sorted(job.nic_outages.items()):
         if now >= outage.deadline:
             rep = FaultReport(Fault(FaultKind.NIC, "link down", id=outage.fault_id), rank,

@@ -152,6 +152,18 @@ class NicOutage:
 
 
 @dataclass(slots=True)
+class NicResume:
+    """The last link is back: the job may resume by itself (TCP retransmits) before
+    ``deadline``; ``steps`` are the ranks' steps when it came back (policy.decide_nic_resume)."""
+
+    fault_id: str
+    rank: int
+    since: float
+    deadline: float
+    steps: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
 class JobState:
     job: str
     namespace: str = ""
@@ -165,6 +177,7 @@ class JobState:
     barrier: BarrierState | None = None
     hang_probe: HangProbe | None = None
     nic_outages: dict[int, NicOutage] = field(default_factory=dict)
+    nic_resume: NicResume | None = None
     seen_faults: OrderedDict[str, bool] = field(default_factory=OrderedDict)  # id -> final
     # Faults whose decision is still open (stacks awaited, a link down): id -> rank. Once
     # neither is pending they are settled with a final FaultAck to their rank.
@@ -324,6 +337,7 @@ def apply(job: JobState, d: Change, now: float) -> None:
         job.barrier = None
         job.hang_probe = None
         job.nic_outages.clear()
+        job.nic_resume = None
     elif v in (Verdict.ALERT_ONLY, Verdict.BUSY) and job.hang_probe is not None and \
             d.fault_id == job.hang_probe.fault_id:
         # the stacks showed a busy job, not a hung one (policy.job_busy): probe over
@@ -344,6 +358,13 @@ def apply(job: JobState, d: Change, now: float) -> None:
             job.phase = JobPhase.RUNNING
     elif v is Verdict.LINK_BACK and d.rank is not None:
         job.nic_outages.pop(d.rank, None)
+        if d.until is not None and not job.nic_outages:  # the last link: watch the steps
+            job.nic_resume = NicResume(fault_id=d.fault_id, rank=d.rank, since=now,
+                                       deadline=d.until,
+                                       steps={r.rank: r.step for r in job.ranks.values()})
+    elif v is Verdict.ALERT_ONLY and job.nic_resume is not None and \
+            d.fault_id == job.nic_resume.fault_id:  # resumed by itself
+        job.nic_resume = None
     elif (v is Verdict.WAIT and d.rank is not None and d.until is not None
           and d.rank not in job.nic_outages):
         job.nic_outages[d.rank] = NicOutage(fault_id=d.fault_id, since=now, deadline=d.until)
@@ -356,6 +377,7 @@ def _new_generation(job: JobState, generation: int, now: float) -> None:
     job.barrier = BarrierState(generation=generation, opened_at=now)
     job.hang_probe = None
     job.nic_outages.clear()
+    job.nic_resume = None
     job.busy, job.busy_step = "", -1
     for r in job.ranks.values():
         r.hung = False
@@ -455,7 +477,7 @@ def _fault_seen(job: JobState, c: FaultSeen, now: float) -> None:
 
 
 def _settled(job: JobState, c: Settled, now: float) -> None:
-    if job.hang_probe is None and not job.nic_outages:
+    if job.hang_probe is None and not job.nic_outages and job.nic_resume is None:
         for fid in job.open_faults:
             if fid in job.seen_faults:
                 job.seen_faults[fid] = True

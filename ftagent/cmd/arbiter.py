@@ -107,6 +107,11 @@ class ArbiterConfig:
     nic_replace_after: float = opt(
         300.0, "--nic-replace-after", "a rank whose link stays down this long is replaced "
         "(its pod exits with the replace code)", check=POSITIVE_SECONDS, metavar="SECONDS")
+    nic_resume_timeout: float = opt(
+        60.0, "--nic-resume-timeout", "after the last link of a job is back, wait up to the "
+        "outage's length plus 5 s, at most this long, for every rank's step to advance "
+        "(TCP often resumes the collective) before restarting the job; 0: restart at once",
+        check=SECONDS, metavar="SECONDS")
     stacks_timeout: float = opt(
         15.0, "--stacks-timeout", "on a job hang, how long to wait for every rank's stacks "
         "before restarting without them", check=POSITIVE_SECONDS, metavar="SECONDS")
@@ -247,6 +252,7 @@ class ArbiterConfig:
             policy=PolicyConfig(max_restarts=self.max_restarts,
                                 barrier_timeout=self.barrier_timeout,
                                 nic_replace_after=self.nic_replace_after,
+                                nic_resume_timeout=self.nic_resume_timeout,
                                 stacks_timeout=self.stacks_timeout,
                                 straggler_ratio=self.straggler_ratio,
                                 straggler_window=self.straggler_window,

@@ -141,7 +141,10 @@ def test_a_gpu_fault_that_still_holds_reaches_a_pod_that_comes_later(tmp_path: P
 
 def test_carrier_loss_in_a_netns_is_a_node_fault_and_sets_the_condition() -> None:
     require_netns()
-    with namespaces(2) as (ns_a, ns_b), FakeKube() as kube, ArbiterProcess() as arb:
+    # --nic-resume-timeout 0: these agents never step, so the arbiter restarts the job as
+    # soon as the link is back instead of waiting for steps (tests/unit/test_policy.py)
+    with namespaces(2) as (ns_a, ns_b), FakeKube() as kube, \
+            ArbiterProcess("--nic-resume-timeout", "0") as arb:
         veth(ns_a, "ftn0", ns_b, "ftn1")
         kube.add_node("node-0")
         # The link settled (carrier up) before the agent's first dump: events racing a

@@ -172,9 +172,58 @@ def test_nic_down_waits_then_restarts_when_back() -> None:
     assert decide_tick(j, NOW + 10, CFG) == []
     back = fault(FaultKind.NIC, severity=Severity.INFO,
                  evidence={"recovered": True, "outage_seconds": 12.5})
-    d = only(run(j, decide_fault(j, rep(back, rank=3), NOW + 12, CFG)))
-    assert d.verdict is Verdict.RESTART and "link back after 12.5s" in d.reason
-    assert not j.nic_outages and j.generation == 1
+    d = only(run(j, decide_fault(j, rep(back, rank=3), NOW + 12, CFG), NOW + 12))
+    # the job may resume by itself: the outage's length plus 5 s for every step to advance
+    assert d.verdict is Verdict.LINK_BACK and "link back after 12.5s" in d.reason
+    assert d.until == NOW + 12 + 17.5 and d.pending and not j.nic_outages
+    assert decide_tick(j, NOW + 20, CFG) == []
+    j.ranks[3].step = 11  # one rank moved, rank 0-2 did not: still waiting
+    assert decide_tick(j, NOW + 29, CFG) == []
+    d = only(run(j, decide_tick(j, NOW + 29.5, CFG), NOW + 29.5))
+    assert d.verdict is Verdict.RESTART and "rank 0, 1, 2 did not advance in 18s" in d.reason
+    assert j.nic_resume is None and j.generation == 1
+
+
+def _link_back(cfg: PolicyConfig = CFG) -> tuple[JobState, list[Decision]]:
+    """A job whose rank 3 lost its link for 10 s and got it back at NOW + 10."""
+    j = job()
+    down = fault(FaultKind.NIC)
+    run(j, decide_fault(j, rep(down, rank=3), NOW, cfg))
+    j.remember_fault(down.id)
+    back = fault(FaultKind.NIC, severity=Severity.INFO,
+                 evidence={"recovered": True, "outage_seconds": 10.0})
+    return j, run(j, decide_fault(j, rep(back, rank=3), NOW + 10, cfg), NOW + 10)
+
+
+def test_nic_link_back_and_every_rank_steps_again_is_no_restart() -> None:
+    j, ds = _link_back()
+    assert only(ds).verdict is Verdict.LINK_BACK and j.nic_resume is not None
+    # a hang the agents verify while TCP retransmits is deferred, not a restart
+    d = only(decide_fault(j, rep(fault(FaultKind.HANG), rank=0), NOW + 11, CFG))
+    assert d.verdict is Verdict.IGNORE and "deferred" in d.reason and d.pending
+    for r in j.ranks.values():
+        r.step = 11  # TCP resumed the all-reduce: every rank's step advanced
+    d = only(run(j, decide_tick(j, NOW + 13.5, CFG), NOW + 13.5))
+    assert d.verdict is Verdict.ALERT_ONLY and "no restart" in d.reason
+    assert "3.5s later" in d.reason and d.fault_id and not d.pending
+    assert j.nic_resume is None and j.generation == 0 and j.restarts == 0
+    assert decide_tick(j, NOW + 60, CFG) == []  # the deadline passes: nothing
+
+
+def test_nic_crash_while_waiting_for_the_resume_restarts_at_once() -> None:
+    j, _ = _link_back()
+    d = only(run(j, decide_fault(j, rep(fault(), rank=0), NOW + 11, CFG), NOW + 11))
+    assert d.verdict is Verdict.RESTART and j.nic_resume is None and j.generation == 1
+
+
+def test_nic_resume_timeout_zero_restarts_when_the_link_is_back() -> None:
+    j, ds = _link_back(PolicyConfig(nic_resume_timeout=0))
+    assert only(ds).verdict is Verdict.RESTART and j.nic_resume is None
+
+
+def test_nic_resume_budget_is_capped() -> None:
+    j, ds = _link_back(PolicyConfig(nic_resume_timeout=8))
+    assert only(ds).until == NOW + 10 + 8
 
 
 def test_nic_down_too_long_replaces_the_rank() -> None:
