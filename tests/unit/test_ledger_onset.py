@@ -99,8 +99,8 @@ def test_a_hang_without_evidence_still_starts_at_the_jobs_last_step() -> None:
 
 def test_a_link_outage_is_detected_from_the_link_going_down() -> None:
     """The link goes down at +20 (training stalls), its fault comes 2 s later (the
-    grace), it is back at +30 and the job restarts then: 2 s of detection, 8 s of
-    decision; none of the outage is productive (the old reading: all of it, and the
+    grace), it is back at +30, no step follows, and the job restarts when the wait for
+    the collective to resume ends (+45.5 here): 2 s of detection, 23.5 s of decision; none of the outage is productive (the old reading: all of it, and the
     restart named the link-back fault, so detection was 0)."""
     clock = Clock()
     reg, c = one_rank_job(clock)
@@ -110,11 +110,16 @@ def test_a_link_outage_is_detected_from_the_link_going_down() -> None:
     assert not goodput(reg).per_incident  # waiting for the link
     clock.now = T0 + 30.0
     fault(reg, c, FaultKind.NIC, clock.now, recovered=True, outage_seconds=10.0)
+    # back, but no rank steps again: the restart comes when the wait for TCP to resume the
+    # collective runs out (policy.nic_resume_wait: the outage's 10 s + 5 s)
+    assert not goodput(reg).per_incident
+    clock.now = T0 + 45.5
+    reg.tick()
     g = goodput(reg)
     (inc,) = g.per_incident
     assert inc.kind == "nic" and inc.onset == pytest.approx(T0 + 20.0)
     assert g.seconds["detection"] == pytest.approx(2.0)
-    assert g.seconds["decision"] == pytest.approx(8.0)
+    assert g.seconds["decision"] == pytest.approx(8.0 + 15.5)
     assert g.seconds["productive"] == pytest.approx(T0 + 20.0 - (T0 + 5.0))
     assert last < T0 + 20.0
 
