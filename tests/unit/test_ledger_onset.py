@@ -100,8 +100,9 @@ def test_a_hang_without_evidence_still_starts_at_the_jobs_last_step() -> None:
 def test_a_link_outage_is_detected_from_the_link_going_down() -> None:
     """The link goes down at +20 (training stalls), its fault comes 2 s later (the
     grace), it is back at +30, no step follows, and the job restarts when the wait for
-    the collective to resume ends (+45.5 here): 2 s of detection, 23.5 s of decision; none of the outage is productive (the old reading: all of it, and the
-    restart named the link-back fault, so detection was 0)."""
+    the collective to resume ends (+45.5 here): 2 s of detection, 23.5 s of decision;
+    none of the outage is productive (the old reading: all of it, and the restart named
+    the link-back fault, so detection was 0)."""
     clock = Clock()
     reg, c = one_rank_job(clock)
     last = train(reg, c, clock, 1, 150, T0 + 5.0)  # the last step at +19.9
