@@ -291,8 +291,8 @@ class SupervisorConfig:
         check=Range(0, 1), metavar="SHARE")
     stop_timeout: float = opt(
         30.0, "--stop-timeout", "grace after SIGTERM before every process of the trainer's "
-        "tree is SIGKILLed; a trainer whose handler for the signal is gone (its Python is "
-        "finalizing) gets the signal again at once", check=SECONDS, metavar="SECONDS")
+        "tree is SIGKILLed; on a restart, a trainer whose handler for the signal is gone (its "
+        "Python is finalizing) gets the signal again at once", check=SECONDS, metavar="SECONDS")
     output_interval: float = opt(
         0.5, "--output-interval", "after a short read of the trainer's output, wait this "
         "long before the next: lines printed meanwhile reach the console together, up to "

@@ -10,6 +10,8 @@ launcher: its own session and marker, never a peer worker's), whether it already
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -80,10 +82,11 @@ def worker_tree(trainer: Callable[[], TrainerProcess | None], local_rank: int) -
 
 async def terminate(trainer: TrainerProcess, tree: Tree, deadline: float, *,
                     forwarded: int | None, stop_timeout: float) -> None:
-    """SIGTERM the trainer's group and tree (unless the stop signal ``forwarded`` was sent
-    to it as is: then its handler decides), SIGKILL whatever is left at ``deadline``. The
-    grace is the handler's for as long as it is installed (stop_grace.py), not CPython's
-    teardown after it."""
+    """Our own stop (a restart): SIGTERM the trainer's group and tree, the grace being the
+    handler's for as long as it is installed (stop_grace.py: not CPython's teardown after
+    it; the attempt is discarded, its exit code is no one's). A stop signal ``forwarded``
+    as is (the pod going): the trainer's handler and its teardown decide, and its exit
+    code is the user's, up to ``deadline``. SIGKILL whatever is left at ``deadline``."""
     if trainer.running:
         log.info("stopping trainer (pid %d)", trainer.pid)
         if forwarded is None:  # our own stop: SIGTERM the group and the tree
@@ -92,8 +95,9 @@ async def terminate(trainer: TrainerProcess, tree: Tree, deadline: float, *,
             await stop_grace.wait_stopped(trainer.exited, lambda: [p.pid for p in tree()],
                                           signal.SIGTERM, deadline)
         else:
-            await stop_grace.wait_stopped(trainer.exited, lambda: [trainer.pid],
-                                          forwarded, deadline)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(trainer.exited),
+                                       max(0.0, deadline - time.monotonic()))
     if trainer.running:
         killed = await supervisor.kill_tree(trainer.pgid, procs=tree)
         log.warning("trainer ignored SIGTERM for %.1fs: SIGKILLed %d process(es)",
