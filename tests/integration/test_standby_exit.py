@@ -39,14 +39,18 @@ def children(ppid, word):
 with open(log, "wb") as out:
     agent = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 90
-    while len(children(agent.pid, b"ftagent_standby")) < n or \
-            not children(agent.pid, b"ftagent-watchdog"):
+    seen = set()  # every standby seen: one may be replaced while we look (a slow boot)
+    while True:
+        now = children(agent.pid, b"ftagent_standby")
+        seen.update(now)
+        watchdog = children(agent.pid, b"ftagent-watchdog")
+        if len(now) >= n and watchdog:
+            break
         if agent.poll() is not None or time.monotonic() > deadline:
             print(json.dumps({"error": "no standby per worker", "rc": agent.poll()}))
             sys.exit(0)
         time.sleep(0.02)
-    standbys = children(agent.pid, b"ftagent_standby")
-    watchdog = children(agent.pid, b"ftagent-watchdog")
+    standbys = sorted(seen | set(children(agent.pid, b"ftagent_standby")))
     open(go, "w").close()  # the trainers finish: a normal exit
     rc = agent.wait(60)
 
@@ -89,7 +93,7 @@ def test_a_normal_exit_leaves_the_watchdog_nothing_to_kill(tmp_path: Path) -> No
     out = log.read_text(errors="replace")
     assert "error" not in res, (res, out[-3000:])
     assert res["rc"] == 0, out[-3000:]
-    assert len(res["standbys"]) == 2
+    assert len(res["standbys"]) >= 2  # one per worker at once (the harness waited for it)
     assert res["left"] == [], "standbys outlived the agent: " + out[-3000:]
     assert "ftagent watchdog:" not in out, out[-3000:]  # its sweep killed nothing
     assert "containment: watchdog pid" in out  # there was a watchdog to say it
