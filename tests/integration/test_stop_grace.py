@@ -35,26 +35,14 @@ SLOW_TEARDOWN = """
 # ready, so the group stops rank 1 (the agent's own SIGTERM) and restarts both; the
 # second attempt ends at once.
 GROUP = """
-    import os, signal, sys, time
+    import os, sys, time
     if int(os.environ["TORCHELASTIC_RESTART_COUNT"]) > 0:
         sys.exit(0)
     if os.environ["LOCAL_RANK"] == "0":
         while not os.path.exists(os.environ["READY"]):
             time.sleep(0.01)
         sys.exit(3)
-    asked = []
-    signal.signal(signal.SIGTERM, lambda *a: asked.append(1))
-    class Teardown:
-        def __del__(self, time=time):
-            t = time.monotonic()
-            while time.monotonic() - t < float(os.environ["TEARDOWN"]):
-                pass
-    cycle = [Teardown()]
-    cycle.append(cycle)
-    open(os.environ["READY"], "w").close()
-    while not asked:
-        time.sleep(0.01)
-"""
+""" + SLOW_TEARDOWN  # local rank 1 (rank 0 never gets past the lines above)
 
 # An emergency save: the handler stays installed while it saves, then exits with its code.
 EMERGENCY_SAVE = """
