@@ -76,6 +76,12 @@ log = logging.getLogger("ftagent.verify")
 MAX_WHERE = 120  # characters of the metric's `where` label
 MAX_PLACES = 8  # learned places (and `where` label values: metrics.UNDECLARED_PLACES)
 LEAD = 1.0  # seconds before its first sample the early sampling starts (ticks are 0.5 s apart)
+# How long a rank verified waiting in a collective leaves the verdict to a connected arbiter
+# before it declares the hang itself: the arbiter's default --stacks-timeout (15 s: it may
+# wait that long for a rank's stacks) and a margin. Under load the arbiter's BUSY answer
+# took 3.2 s, and a one-budget wait (2 s) declared a rank that only waited (seen in
+# tests/e2e/test_fr_verdict.py). A real hang is the arbiter's to restart meanwhile.
+ARBITER_ANSWER_WAIT = 20.0
 
 
 class GpuProbe(Protocol):
@@ -198,6 +204,7 @@ class Stall:
     verdict: Verdict | None = None
     verifications: int = 0
     suspected: bool = False  # verified waiting in a collective: the arbiter was asked
+    asked_at: float | None = None  # when (the verifier's clock)
     asking: bool = False  # that question is open: no verdict since, no BUSY answer
     waiting_on: str | None = None  # the arbiter judged the job busy: whom this rank waits on
     spin_cap: float | None = None  # the others wait on this spinning rank: its spin budget
@@ -496,9 +503,24 @@ class Verifier:
                         stall, waiting_on=stall.waiting_on,
                         suspect_again_in=round(again - self.clock(), 3))
             return
+        if waiting and stall.suspected and stall.asked_at is not None and arbiter and \
+                not stall.declared and stall.waiting_on is None and \
+                self.clock() - stall.asked_at < ARBITER_ANSWER_WAIT:
+            # still waiting in the collective, the arbiter still comparing the ranks: its
+            # answer (BUSY, or a restart for a job hang) decides, not this rank alone
+            stall.asking = True
+            again = self.clock() + det.step_budget()
+            det.defer(again)
+            self._write("verify", "asking", f"stalled {stalled:.1f}s waiting in "
+                        f"{verdict.where}; the arbiter has not answered for "
+                        f"{self.clock() - stall.asked_at:.1f}s (it decides within "
+                        f"{ARBITER_ANSWER_WAIT:.0f}s)", verdict, cost, stall,
+                        suspect_again_in=round(again - self.clock(), 3))
+            return
         if waiting and not stall.suspected and not stall.declared and arbiter:
             self._count("suspect")
             stall.suspected = stall.asking = True
+            stall.asked_at = self.clock()
             out = self._suspicion(fault, verdict, stalled, entries)
             det.defer(self.clock() + det.step_budget())  # not "hung" while it compares
             self._write("verify", "suspect", out.message, verdict, cost, stall)

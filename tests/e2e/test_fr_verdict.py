@@ -243,7 +243,8 @@ def test_a_rank_behind_a_stopped_trainer_a_spinning_one_and_a_frozen_rank_are_na
     assert CULPRIT_SPIN <= spin["stall_seconds"] <= CULPRIT_SPIN + 4.0, spin
     # rank 0 waited on it: a warning suspicion, never an error-level hang, for that episode
     waits = [f for f in job.faults(0, "hang") if f.get("last_step") == SPIN_AT - 1]
-    assert waits and all(f["severity"] == "warning" for f in waits), waits
+    assert waits and all(f["severity"] == "warning" for f in waits), \
+        [(f["severity"], f["message"]) for f in waits]
     # the agents' own hang faults carried the dumps' summaries as evidence too
     for r in (0, 1):
         fr = job.faults(r, "hang")[0]["flight_recorder"]

@@ -93,7 +93,8 @@ def test_undeclared_evaluation_on_one_rank_is_no_restart_under_the_arbiter(
             job.stop()
         st = status(arb.address)
     assert codes == [0, 0], (job.log(0)[-2000:], job.log(1)[-2000:])
-    assert not faults(job, 0)
+    assert not faults(job, 0), [(f["severity"], f.get("verdict"), f["message"])
+                                for f in faults(job, 0)]
     assert job.kinds(0, "verify")[0] == "alive" and job.kinds(0, "verify")[-1] == "recognised"
     (saving,) = [v for v in job.records(0, "verify", "alive")
                  if "storage I/O advancing" in v["message"]]

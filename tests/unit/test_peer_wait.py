@@ -18,6 +18,7 @@ from ftagent.agent.peer_wait import (
     role_of,
     waiting_text,
 )
+from ftagent.agent.verify import ARBITER_ANSWER_WAIT
 from ftagent.metrics import AgentMetrics
 from ftagent.model import Action, ActionKind, FaultKind, JobBusy, Severity
 from tests.unit.test_liveness import EVAL, MAIN, Rig, busy_eval, parked, proc, thread
@@ -79,14 +80,38 @@ def r_progress(r: Rig) -> Any:
     return Progress(step=r.step, source="log", ts=r.now[0])
 
 
-def test_a_suspicion_nobody_answers_becomes_the_hang_a_budget_later() -> None:
+def test_a_suspicion_nobody_answers_becomes_the_hang_once_the_arbiter_had_its_time() -> None:
     async def go() -> None:
         r, _, _ = waiting_rig()
         start = r.now[0]
-        faults = await r.run_until(start + 20.0)
-        assert [f.severity for f in faults] == [Severity.WARNING, Severity.ERROR]
-        assert "verified hung" in faults[1].message
-        assert r.kinds("verify") == ["suspect", "hung"]
+        # the arbiter may wait --stacks-timeout (15 s by default) for every rank's stacks:
+        # no error-level hang meanwhile, only "asking" records
+        faults = await r.run_until(start + 8.0 + ARBITER_ANSWER_WAIT - 3.0)
+        assert [f.severity for f in faults] == [Severity.WARNING]
+        assert set(r.kinds("verify")[1:]) == {"asking"}, r.kinds("verify")
+        faults = await r.run_until(start + 8.0 + ARBITER_ANSWER_WAIT + 8.0)
+        assert [f.severity for f in faults] == [Severity.ERROR]
+        assert "verified hung" in faults[0].message
+        assert r.kinds("verify")[0] == "suspect" and r.kinds("verify")[-1] == "hung"
+
+    asyncio.run(go())
+
+
+def test_a_busy_answer_slower_than_one_budget_still_makes_the_stall_a_wait() -> None:
+    """Under load the arbiter's BUSY came 3.2 s after the suspicion, where the waiting rank
+    re-verified 2 s after it and declared itself hung (an error-level fault for a rank
+    that only waited): the answer decides, however late within the arbiter's time."""
+    async def go() -> None:
+        r, pw, _ = waiting_rig()
+        start = r.now[0]
+        (f,) = await r.run_until(start + 8.0)
+        assert f.severity is Severity.WARNING
+        asked = r.now[0]
+        assert await r.run_until(asked + 9.0) == []  # past a budget (5 s here), no answer yet
+        pw.on_action(busy())
+        assert await r.run_until(asked + 60.0) == []
+        assert "hung" not in r.kinds("verify")
+        assert [e for e in r.events if e[:2] == ("peer", "waiting")]
 
     asyncio.run(go())
 
