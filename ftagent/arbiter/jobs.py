@@ -26,9 +26,12 @@ from ftagent.arbiter.state import (
     Left,
     Owned,
     Progressed,
+    Promoted,
     RankState,
     Registered,
     Settled,
+    SpareJoined,
+    SpareLeft,
     Verdict,
     apply,
 )
@@ -82,6 +85,9 @@ class Jobs:
         key = (h.namespace, h.job)
         job = self.jobs.get(key)
         check_generation_claim(h, job.generation if job is not None else -1)
+        if h.spare or held_by_spare(job, h, conn):
+            self._spare_hello(conn, h, job, now)
+            return
         rs = job.ranks.get(h.rank) if job is not None else None
         # the rank's owner: the job's, or (no live job: an arbiter restart) its record's
         carried = self.journal.history.owners(key) if job is None else {}
@@ -150,6 +156,63 @@ class Jobs:
         commands.resend(rs)
         self.execute(job, barrier.decide_hello(job, h.rank, now), now)
 
+    def _spare_hello(self, conn: Connection, h: pb.Hello, job: JobState | None,
+                     now: float) -> None:
+        """A warm spare joins ``job`` (``h.spare``), or an agent whose rank a former spare
+        holds now (its replaced pod, recreated) is told to serve as the job's spare."""
+        told = not h.spare
+        if job is None or (job.finished and job.connected == 0):
+            raise Refused(grpc.StatusCode.UNAVAILABLE, f"job {h.job} has no rank registered "
+                          "yet: a spare joins a running job; retrying", "no_job")
+        if job.finished:
+            raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"job {h.job} "
+                          f"{job.phase.value}: no spare needed", "job_finished")
+        if h.agent_instance not in job.spares and len(job.spares) >= limits.MAX_SPARES:
+            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"job {h.job} has "
+                          f"{len(job.spares)} spares, the most it keeps; this one "
+                          f"({h.pod or conn.peer}) is refused", "too_many_spares")
+        apply(job, SpareJoined(h.agent_instance, h.pod, h.node, conn.pod_uid, conn), now)
+        conn.key, conn.rank, conn.spare = (h.namespace, h.job), -1, h.agent_instance
+        conn.send(pb.ArbiterMessage(welcome=pb.Welcome(
+            generation=job.generation, arbiter_id=self.arbiter_id,
+            max_restarts=job.max_restarts, restarts=job.restarts)).SerializeToString())
+        if told:
+            holder = job.ranks[h.rank]
+            reason = (f"rank {h.rank} is held by spare {holder.pod or holder.instance}, which "
+                      f"took it over when the rank was replaced: {h.pod or conn.peer} serves "
+                      "as the job's spare")
+            conn.send(pb.ArbiterMessage(command=pb.Command(
+                id=f"spare-{h.agent_instance}", kind=pb.COMMAND_KIND_SPARE,
+                generation=job.generation, reason=reason)).SerializeToString())
+        else:
+            reason = f"spare {h.pod or conn.peer} connected ({len(job.spares)} spare(s))"
+        self.journal.note(job, now, "agent", reason, rank=h.rank if told else None)
+
+    def promote(self, conn: Connection, generation: int) -> bool:
+        """The spare on ``conn`` arrives at the barrier of ``generation``: if it was
+        ASSIGNed a rank for it it is that rank from now on (True); the replaced agent's
+        stream no longer speaks for it."""
+        key = conn.key
+        job = self.jobs.get(key) if key is not None else None
+        sp = job.spares.get(conn.spare) if job is not None else None
+        if key is None or job is None or sp is None or sp.conn is not conn \
+                or sp.assigned is None or generation < sp.generation:
+            return False
+        rank = sp.assigned
+        old = job.ranks.get(rank)
+        if old is not None and live(old.conn) is not None:
+            self.connected -= 1  # that stream's end is not counted again (lookup: superseded)
+        owners_were = job.owners_print
+        apply(job, Promoted(sp.instance, rank), self.clock())
+        conn.rank, conn.spare = rank, ""
+        self.connected += 1
+        self.nodes.index(key, job.ranks[rank])
+        if job.owners_print != owners_were:
+            self.unsaved_owners.add(key)
+        self.journal.note(job, self.clock(), "agent", f"spare {sp.pod or sp.instance} is rank "
+                          f"{rank} now (generation {sp.generation})", rank=rank)
+        return True
+
     def _admit(self, conn: Connection, h: pb.Hello, rs: RankState | None,
                owner: tuple[str, str] | None) -> None:
         """Refuse a Hello the job cannot take: too many ranks, a rank held by another live
@@ -181,6 +244,15 @@ class Jobs:
         return job, rs
 
     def disconnect(self, conn: Connection) -> None:
+        if conn.spare:
+            job = self.jobs.get(conn.key) if conn.key is not None else None
+            sp = job.spares.get(conn.spare) if job is not None else None
+            if job is not None and sp is not None and sp.conn is conn:
+                apply(job, SpareLeft(sp.instance), self.clock())
+                if not job.finished:
+                    self.journal.note(job, job.last_seen, "agent", f"spare "
+                                      f"{sp.pod or sp.instance} disconnected")
+            return
         job, rs = self.lookup(conn)
         if job is None or rs is None:
             return
@@ -284,3 +356,13 @@ class Jobs:
         if self.metrics:
             self.metrics.agents_connected.set(self.connected)
             self.metrics.jobs.set(len(self.jobs))
+
+
+def held_by_spare(job: JobState | None, h: pb.Hello, conn: Connection) -> bool:
+    """Is the rank this (non-spare) Hello claims held by a former spare's live stream, for
+    another agent? Then the claimant is the replaced pod come back: it serves as a spare."""
+    if job is None or job.finished:
+        return False
+    rs = job.ranks.get(h.rank)
+    return (rs is not None and rs.from_spare and live(rs.conn) is not None
+            and rs.conn is not conn and rs.instance != h.agent_instance)

@@ -452,7 +452,7 @@ class ArbiterServer:
                         if self.pod_lookup is not None and principal.pod is not None else None
                     problem, retry = identity_problem(
                         principal, h.namespace, h.pod, h.node, h.job, h.rank, h.world_size,
-                        facts)
+                        facts, spare=h.spare)
                     if problem:
                         conn.reject(grpc.StatusCode.UNAVAILABLE if retry else
                                     grpc.StatusCode.PERMISSION_DENIED, problem,

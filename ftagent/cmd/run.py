@@ -434,6 +434,12 @@ def main(argv: Sequence[str]) -> int:
     except ConfigError as e:
         sys.stderr.write(f"ftagent run: error: {e} (see ftagent run --help)\n")
         return 2
+    if cfg.identity.spare and (cfg.launch.nproc_per_node or not cfg.arbiter.arbiter):
+        why = "--nproc-per-node (launcher mode)" if cfg.arbiter.arbiter else "no --arbiter"
+        sys.stderr.write(f"ftagent run: error: --spare is for single-worker pods under an "
+                         f"arbiter (it assigns the spare a rank), not with {why} (see "
+                         "ftagent run --help)\n")
+        return 2
     setup_logging(cfg.supervisor.log_level, cfg.identity.rank)
     scrub_credentials(environ)
     rundir = tempfile.mkdtemp(prefix="ftagent-")

@@ -1,0 +1,163 @@
+"""Warm spares: the policy ASSIGNs one on REPLACE, state.apply makes it the rank's owner and,
+once it arrives, the rank; the agent's protocol takes the rank it is given."""
+
+from __future__ import annotations
+
+from ftagent.agent.link_protocol import LinkProtocol
+from ftagent.arbiter import convert, policy
+from ftagent.arbiter.policy import PolicyConfig, decide_fault, decide_tick
+from ftagent.arbiter.state import (
+    Decision,
+    JobPhase,
+    JobState,
+    Promoted,
+    RankState,
+    SpareJoined,
+    SpareLeft,
+    Verdict,
+    apply,
+)
+from ftagent.config import IdentityConfig
+from ftagent.model import Fault, FaultKind, Scope, Severity
+from ftagent.v1 import ftagent_pb2 as pb
+from ftagent.wire.limits import MAX_SPARES
+
+CFG = PolicyConfig(max_restarts=3)
+NOW = 1_000_000.0
+
+
+def job(world: int = 2, spares: tuple[tuple[str, str], ...] = (("s1", "node-9"),),
+        restarts: int = 0) -> JobState:
+    j = JobState(job="j", world_size=world, phase=JobPhase.RUNNING, restarts=restarts)
+    for r in range(world):
+        j.ranks[r] = RankState(rank=r, pod=f"pod-{r}", pod_uid=f"uid-{r}", node=f"node-{r}",
+                               connected=True, conn=object())
+    for instance, node in spares:
+        apply(j, SpareJoined(instance, f"spare-{instance}", node, f"uid-{instance}",
+                             object()), NOW)
+    return j
+
+
+def xid(rank: int = 1) -> policy.FaultReport:
+    return policy.FaultReport(Fault(FaultKind.GPU, "Xid 79", severity=Severity.FATAL),
+                              rank, 0)
+
+
+def decide(j: JobState, rep: policy.FaultReport) -> list[Decision]:
+    ds = decide_fault(j, rep, NOW, CFG)
+    for d in ds:
+        apply(j, d, NOW)
+    return ds
+
+
+def test_replace_assigns_the_spare_and_records_its_pod_as_the_owner() -> None:
+    j = job()
+    ds = decide(j, xid(1))
+    assert [d.verdict for d in ds] == [Verdict.REPLACE, Verdict.ASSIGN]
+    a = ds[1]
+    assert (a.rank, a.generation, a.spare) == (1, 1, "s1")
+    assert j.restarts == 1  # the ASSIGN spends nothing beyond the REPLACE
+    assert j.spares["s1"].assigned == 1 and j.owners[1] == ("spare-s1", "uid-s1")
+    cmd = convert.command_for(a, "c", restarts=j.restarts).command
+    assert cmd.kind == pb.COMMAND_KIND_ASSIGN and cmd.target_rank == 1
+    assert cmd.generation == 1 and cmd.restarts == 1
+    # the replaced rank's own stream is still rank 1's until the spare arrives
+    assert j.ranks[1].pod == "pod-1" and j.ranks[1].state == "replacing"
+
+
+def test_no_spare_is_the_old_behaviour() -> None:
+    j = job(spares=())
+    ds = decide(j, xid(1))
+    assert [d.verdict for d in ds] == [Verdict.REPLACE]
+
+
+def test_a_spare_on_the_replaced_ranks_node_is_not_chosen() -> None:
+    j = job(spares=(("same", "node-1"), ("other", "node-5")))
+    ds = decide(j, xid(1))
+    assert ds[-1].verdict is Verdict.ASSIGN and ds[-1].spare == "other"
+    j = job(spares=(("same", "node-1"),))
+    assert [d.verdict for d in decide(j, xid(1))] == [Verdict.REPLACE]
+
+
+def test_an_assigned_or_gone_spare_is_not_chosen_twice() -> None:
+    j = job(world=3, spares=(("s1", "node-9"), ("s2", "node-8")))
+    assert decide(j, xid(1))[-1].spare == "s1"
+    j.ranks[0].generation = j.generation
+    second = decide(j, policy.FaultReport(Fault(FaultKind.NODE, "node lost"), 2, 1))
+    assert second[-1].spare == "s2"
+    j = job()
+    apply(j, SpareLeft("s1"), NOW)
+    assert [d.verdict for d in decide(j, xid(1))] == [Verdict.REPLACE]
+
+
+def test_spares_per_job_are_bounded() -> None:
+    j = job(spares=tuple((f"s{i}", "node-9") for i in range(MAX_SPARES + 5)))
+    assert len(j.spares) == MAX_SPARES
+
+
+def test_restart_and_stop_assign_nothing() -> None:
+    j = job()
+    ds = decide(j, policy.FaultReport(Fault(FaultKind.CRASH, "exit 1"), 1, 0))
+    assert [d.verdict for d in ds] == [Verdict.RESTART]
+    j = job(restarts=3)
+    ds = decide(j, xid(1))
+    assert [d.verdict for d in ds] == [Verdict.STOP] and j.spares["s1"].assigned is None
+
+
+def test_node_scope_gpu_and_nic_replacement_assign_too() -> None:
+    j = job()
+    f = Fault(FaultKind.GPU, "NVLink", severity=Severity.ERROR, scope=Scope.NODE)
+    assert decide(j, policy.FaultReport(f, 0, 0))[-1].verdict is Verdict.ASSIGN
+    j = job()
+    j.ranks[0].node = "node-9"  # the spare shares rank 0's node: fine for rank 1
+    ds = decide(j, policy.FaultReport(Fault(FaultKind.NIC, "link down"), 1, 0))
+    assert ds[0].verdict is Verdict.WAIT
+    ds = decide_tick(j, NOW + CFG.nic_replace_after + 1, CFG)
+    assert [d.verdict for d in ds] == [Verdict.REPLACE, Verdict.ASSIGN]
+
+
+def test_the_spare_becomes_the_rank_once_promoted() -> None:
+    j = job()
+    decide(j, xid(1))
+    conn = j.spares["s1"].conn
+    apply(j, Promoted("s1", 1), NOW)
+    rs = j.ranks[1]
+    assert (rs.pod, rs.node, rs.conn, rs.from_spare) == ("spare-s1", "node-9", conn, True)
+    assert rs.generation == 1 and rs.commanded == 1 and "s1" not in j.spares
+    assert j.owners[1] == ("spare-s1", "uid-s1")
+    # a spare that was not assigned this rank takes nothing
+    j = job()
+    apply(j, Promoted("s1", 1), NOW)
+    assert j.ranks[1].pod == "pod-1" and "s1" in j.spares
+
+
+def _proto(spare: bool = True) -> LinkProtocol:
+    return LinkProtocol(IdentityConfig(job="j", rank=0, world_size=2, spare=spare))
+
+
+def _command(kind: int, **kw: object) -> pb.ArbiterMessage:
+    return pb.ArbiterMessage(command=pb.Command(id=str(kind), kind=kind, **kw))  # type: ignore[arg-type]
+
+
+def test_a_spare_says_so_and_takes_the_rank_it_is_assigned() -> None:
+    p = _proto()
+    assert p.hello().spare
+    got = p.on_message(_command(pb.COMMAND_KIND_ASSIGN, target_rank=1, generation=3,
+                                restarts=2))
+    assert got.assigned and p.assignment == (1, 3, 2)
+    h = p.hello()
+    assert (h.rank, h.spare) == (1, False)
+    # a second ASSIGN, an ASSIGN to a rank agent or out of range: ignored
+    assert not p.on_message(_command(pb.COMMAND_KIND_ASSIGN, target_rank=0)).assigned
+    assert not _proto(False).on_message(_command(pb.COMMAND_KIND_ASSIGN, target_rank=1)
+                                        ).assigned
+    assert not _proto().on_message(_command(pb.COMMAND_KIND_ASSIGN, target_rank=2)).assigned
+
+
+def test_an_agent_told_spare_becomes_one_unless_its_trainer_runs() -> None:
+    p = _proto(False)
+    assert p.on_message(_command(pb.COMMAND_KIND_SPARE)).assigned and p.hello().spare
+    p = _proto(False)
+    p.started(0, released=True)
+    assert not p.on_message(_command(pb.COMMAND_KIND_SPARE)).assigned
+    assert not p.hello().spare
