@@ -96,10 +96,12 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]) -> RunConfig:
     return RunConfig(command=tuple(command), **groups)
 
 
-def setup_logging(level: str, rank: int) -> None:
+def setup_logging(level: str, rank: int | str) -> None:
+    """Log lines name the agent's rank (``rank`` an int) or what it is ("spare")."""
+    who = f"rank{rank}" if isinstance(rank, int) else rank
     logging.basicConfig(
         level=getattr(logging, level.upper()),
-        format=f"[ftagent rank{rank} %(asctime)s] %(levelname)s %(message)s",
+        format=f"[ftagent {who} %(asctime)s] %(levelname)s %(message)s",
         datefmt="%H:%M:%S", stream=sys.stderr)
 
 
@@ -440,7 +442,7 @@ def main(argv: Sequence[str]) -> int:
                          f"arbiter (it assigns the spare a rank), not with {why} (see "
                          "ftagent run --help)\n")
         return 2
-    setup_logging(cfg.supervisor.log_level, cfg.identity.rank)
+    setup_logging(cfg.supervisor.log_level, "spare" if cfg.identity.spare else cfg.identity.rank)
     scrub_credentials(environ)
     rundir = tempfile.mkdtemp(prefix="ftagent-")
     try:

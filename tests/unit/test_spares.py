@@ -161,3 +161,14 @@ def test_an_agent_told_spare_becomes_one_unless_its_trainer_runs() -> None:
     p.started(0, released=True)
     assert not p.on_message(_command(pb.COMMAND_KIND_SPARE)).assigned
     assert not p.hello().spare
+
+
+def test_spare_needs_an_arbiter_and_a_single_worker_pod(capsys: object) -> None:
+    from ftagent.cmd import run
+
+    assert run.main(["--spare", "--", "true"]) == 2
+    assert run.main(["--spare", "--arbiter", "127.0.0.1:1", "--nproc-per-node", "2", "--",
+                     "true"]) == 2
+    err = capsys.readouterr().err  # type: ignore[attr-defined]
+    assert "--spare is for single-worker pods under an arbiter" in err
+    assert "not with no --arbiter" in err and "not with --nproc-per-node" in err
