@@ -167,6 +167,13 @@ class Jobs:
         if job.finished:
             raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"job {h.job} "
                           f"{job.phase.value}: no spare needed", "job_finished")
+        if told and h.trainer_running:  # a spare runs no trainer: this one cannot serve
+            holder = job.ranks[h.rank]
+            raise Refused(grpc.StatusCode.ALREADY_EXISTS, f"rank {h.rank} of job {h.job} is "
+                          f"held by spare {holder.pod or holder.instance}, which took it over "
+                          f"when the rank was replaced; this agent ({h.pod or conn.peer}) "
+                          "still runs a trainer for it: refused (stop it, or start the pod "
+                          "again to serve as a spare)", "rank_taken")
         if h.agent_instance not in job.spares and len(job.spares) >= limits.MAX_SPARES:
             raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"job {h.job} has "
                           f"{len(job.spares)} spares, the most it keeps; this one "

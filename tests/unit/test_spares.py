@@ -172,3 +172,55 @@ def test_spare_needs_an_arbiter_and_a_single_worker_pod(capsys: object) -> None:
     err = capsys.readouterr().err  # type: ignore[attr-defined]
     assert "--spare is for single-worker pods under an arbiter" in err
     assert "not with no --arbiter" in err and "not with --nproc-per-node" in err
+
+
+def test_a_spare_pod_is_checked_as_a_pod_of_the_job_but_claims_no_rank() -> None:
+    from ftagent.arbiter.auth import PodFacts, Principal, identity_problem
+
+    p = Principal("pod team/s", namespace="team", pod="s", pod_uid="u", pod_node="n9")
+    facts = PodFacts(uid="u", job="alpha", node="n9", rank=2, world_size=3)
+    assert identity_problem(p, "team", "s", "n9", "alpha", 0, 2, facts, spare=True) == \
+        ("", False)
+    assert "rank mismatch" in identity_problem(p, "team", "s", "n9", "alpha", 0, 3, facts)[0]
+    assert "job mismatch" in identity_problem(p, "team", "s", "n9", "beta", 0, 2, facts,
+                                              spare=True)[0]
+
+
+def test_the_registry_bounds_spares_and_refuses_what_cannot_serve() -> None:
+    import asyncio
+
+    import grpc
+    import pytest
+
+    from ftagent.arbiter.connection import Connection
+    from ftagent.arbiter.registry import Registry
+    from ftagent.arbiter.timeline import Timeline
+    from ftagent.wire.checks import Refused
+
+    def hello(rank: int, instance: str, **kw: object) -> pb.Hello:
+        return pb.Hello(job="j", rank=rank, world_size=2, pod=f"p-{instance}",
+                        node=f"n-{instance}", agent_instance=instance, **kw)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        reg = Registry(CFG, Timeline(), None, "arb")
+        with pytest.raises(Refused) as e:  # no job yet: the spare retries
+            reg.hello(Connection("s"), hello(0, "s0", spare=True))
+        assert e.value.code == grpc.StatusCode.UNAVAILABLE
+        for r in (0, 1):
+            reg.hello(Connection(f"r{r}"), hello(r, f"r{r}"))
+        for i in range(MAX_SPARES):
+            reg.hello(Connection(f"s{i}"), hello(0, f"s{i}", spare=True))
+        job = reg.jobs[("", "j")]
+        assert len(job.spares) == MAX_SPARES and job.connected == 2
+        with pytest.raises(Refused) as e:
+            reg.hello(Connection("x"), hello(0, "extra", spare=True))
+        assert e.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # a spare says nothing for a rank before it is assigned one
+        spare = next(iter(job.spares.values())).conn
+        assert isinstance(spare, Connection)
+        reg.handle(spare, pb.AgentMessage(arrival=pb.BarrierArrival(generation=0)), 0.0)
+        assert job.ranks[0].conn is not spare
+        reg.disconnect(spare)
+        assert len(job.spares) == MAX_SPARES - 1
+
+    asyncio.run(main())
