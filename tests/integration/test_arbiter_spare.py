@@ -38,11 +38,14 @@ def link(address: str, job: str, pod: str, node: str, *, rank: int = 0,
                                       spare=spare))
 
 
-async def timeline(address: str, job: str) -> list[str]:
+async def get_job(address: str, job: str) -> pb.JobInfo:
     async with grpc.aio.insecure_channel(address) as ch:
-        info = await pb_grpc.ArbiterStub(ch).GetJob(pb.GetJobRequest(job=job),
+        return await pb_grpc.ArbiterStub(ch).GetJob(pb.GetJobRequest(job=job),
                                                     metadata=bearer(TOKEN), timeout=5)
-    return [e.message for e in info.timeline]
+
+
+async def timeline(address: str, job: str) -> list[str]:
+    return [e.message for e in (await get_job(address, job)).timeline]
 
 
 def test_a_replaced_rank_goes_to_the_spare_and_the_pod_back_becomes_the_spare(
@@ -58,6 +61,7 @@ def test_a_replaced_rank_goes_to_the_spare_and_the_pod_back_becomes_the_spare(
             tasks = [asyncio.create_task(spare.run())]
             try:
                 await wait_until(lambda: spare.connected, 10, "the spare to connect")
+                assert list((await get_job(addr, "sp")).spares) == ["spare-pod on node-9"]
                 links[1].report_fault(Fault(FaultKind.GPU, "Xid 79: fallen off the bus",
                                             severity=Severity.FATAL))
                 a0, a1 = await asyncio.gather(*(asyncio.wait_for(lk.commands.get(), 5)
@@ -75,6 +79,10 @@ def test_a_replaced_rank_goes_to_the_spare_and_the_pod_back_becomes_the_spare(
                 tasks.append(asyncio.create_task(back.run()))
                 await wait_until(lambda: back.proto.spare, 10, "the pod back to be a spare")
                 assert back.connected and back.proto.assignment is None
+                info = await get_job(addr, "sp")
+                assert list(info.spares) == ["pod-1-new on node-1"]
+                assert [(r.rank, r.pod) for r in info.ranks] == [(0, "pod-0"),
+                                                                 (1, "spare-pod")]
                 said = await timeline(addr, "sp")
                 assert any("spare spare-pod on node node-9 takes rank 1 at generation 1" in m
                            for m in said), said

@@ -224,3 +224,11 @@ def test_the_registry_bounds_spares_and_refuses_what_cannot_serve() -> None:
         assert len(job.spares) == MAX_SPARES - 1
 
     asyncio.run(main())
+
+
+def test_status_shows_the_spares() -> None:
+    from ftagent.arbiter.status_view import format_job
+
+    text = format_job(pb.JobInfo(job="j", world_size=2, spares=["s-pod on node-9"]))
+    assert "spares: s-pod on node-9" in text
+    assert "spares" not in format_job(pb.JobInfo(job="j", world_size=2))
