@@ -170,9 +170,9 @@ class ArbiterDecider:
         s = self.sessions[worker]
         link = s.link
         if link.proto.spare:
-            await self._serve_as_spare(worker, s)
-            if worker.stop_requested:
-                return None
+            ended = await self._serve_as_spare(worker, s)
+            if ended is not None or worker.stop_requested:
+                return ended
         gen = worker.generation
         s.released_start = False
         link.arrive(gen)  # kept and re-sent on every stream until released
@@ -196,9 +196,9 @@ class ArbiterDecider:
             if worker.stop_requested:
                 return None
             if link.proto.spare:  # told SPARE: a former spare holds this rank now
-                await self._serve_as_spare(worker, s)
-                if worker.stop_requested:
-                    return None
+                ended = await self._serve_as_spare(worker, s)
+                if ended is not None or worker.stop_requested:
+                    return ended
                 gen = worker.generation
                 link.arrive(gen)
                 self.local.arrive(worker)
@@ -220,9 +220,11 @@ class ArbiterDecider:
                             "generation %d alone", self.fail_open_after, gen)
                 return await self.local.before_start(worker)
 
-    async def _serve_as_spare(self, worker: Worker, s: RankSession) -> None:
+    async def _serve_as_spare(self, worker: Worker, s: RankSession) -> Action | None:
         """Wait as the job's warm spare (standby prepared, no trainer) until the arbiter
-        ASSIGNs a rank, then take it; returns early only on a stop signal."""
+        ASSIGNs a rank, then take it (None). Returns early on a stop signal (None), or with
+        the arbiter's REPLACE/STOP of this spare (a fatal fault of its own: the worker ends
+        with it)."""
         link = s.link
         link.trainer_state = "spare"
         worker.events.write("state", "spare", f"serving as a warm spare of job "
@@ -232,7 +234,11 @@ class ArbiterDecider:
         s.prepare_spare()
         while not await link.wait_assigned(POLL):
             if worker.stop_requested:
-                return
+                return None
+            decisive = _take_decisive(worker)
+            if decisive is not None and decisive.kind in (ActionKind.STOP, ActionKind.REPLACE):
+                worker.record(decisive)
+                return decisive
         assert link.proto.assignment is not None
         rank, gen, restarts = link.proto.assignment
         worker.take_rank(rank)
@@ -242,6 +248,7 @@ class ArbiterDecider:
         worker.events.write("state", "assigned", f"the arbiter assigned rank {rank} to this "
                             f"spare: it starts generation {gen} from its warm standby",
                             rank=rank, generation=gen)
+        return None
 
     def decide(self, worker: Worker, fault: Fault) -> None:
         if not self._decide_remotely(worker, fault):

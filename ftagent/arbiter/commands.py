@@ -14,12 +14,20 @@ from collections.abc import Mapping
 
 from ftagent.arbiter import convert
 from ftagent.arbiter.connection import FanOut, live
-from ftagent.arbiter.state import COMMANDS, Decision, JobState, RankState, Verdict
+from ftagent.arbiter.state import (
+    COMMANDS,
+    SPARE_COMMANDS,
+    Decision,
+    JobState,
+    RankState,
+    Verdict,
+)
 from ftagent.metrics import ArbiterMetrics
 
 _SLOTS = {Verdict.RESTART: "life", Verdict.REJOIN: "life", Verdict.STOP: "life",
           Verdict.REPLACE: "life", Verdict.RELEASE_BARRIER: "release",
-          Verdict.DUMP_STACKS: "dump", Verdict.BUSY: "busy", Verdict.ASSIGN: "life"}
+          Verdict.DUMP_STACKS: "dump", Verdict.BUSY: "busy", Verdict.ASSIGN: "life",
+          Verdict.RETIRE_SPARE: "life"}
 assert set(_SLOTS) == COMMANDS
 _TIMED = (Verdict.RESTART, Verdict.REPLACE, Verdict.STOP, Verdict.DUMP_STACKS)
 
@@ -32,7 +40,7 @@ def send(job: JobState, d: Decision, metrics: ArbiterMetrics | None,
     if d.verdict not in COMMANDS:
         return
     cid = uuid.uuid4().hex
-    if d.verdict is Verdict.ASSIGN:  # to the spare's stream (it has no rank yet)
+    if d.verdict in SPARE_COMMANDS:  # to the spare's stream (it has no rank yet)
         sp = job.spares.get(d.spare)
         conn = live(sp.conn) if sp is not None else None
         if conn is not None:

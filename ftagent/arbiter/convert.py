@@ -24,6 +24,7 @@ _COMMAND_KINDS = {
     Verdict.REPLACE: pb.COMMAND_KIND_REPLACE,
     Verdict.BUSY: pb.COMMAND_KIND_BUSY,
     Verdict.ASSIGN: pb.COMMAND_KIND_ASSIGN,
+    Verdict.RETIRE_SPARE: pb.COMMAND_KIND_REPLACE,  # the spare's pod moves
 }
 
 
@@ -37,7 +38,9 @@ def command_for(d: Decision, command_id: str, *, replace: bool = False,
     if restarts is not None and d.verdict in (Verdict.RESTART, Verdict.REPLACE,
                                               Verdict.REJOIN, Verdict.ASSIGN):
         cmd.restarts = restarts
-    if d.verdict is Verdict.REPLACE:
+    if d.verdict is Verdict.RETIRE_SPARE:
+        cmd.exit_code = EXIT_REPLACE
+    elif d.verdict is Verdict.REPLACE:
         if replace:
             cmd.exit_code = EXIT_REPLACE
         else:

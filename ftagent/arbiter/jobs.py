@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 
 import grpc
 
-from ftagent.arbiter import barrier, commands, policy
+from ftagent.arbiter import barrier, commands, convert, policy
 from ftagent.arbiter.connection import Connection, live
 from ftagent.arbiter.journal import Journal
 from ftagent.arbiter.nodemap import NodeMap
@@ -22,6 +22,7 @@ from ftagent.arbiter.state import (
     Arrived,
     Decision,
     Exited,
+    FaultSeen,
     JobState,
     Left,
     Owned,
@@ -38,7 +39,7 @@ from ftagent.arbiter.state import (
 from ftagent.metrics import ArbiterMetrics
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.wire import limits
-from ftagent.wire.checks import Refused, check_generation_claim, check_hello
+from ftagent.wire.checks import Refused, check_fault, check_generation_claim, check_hello
 
 log = logging.getLogger("ftagent.arbiter.registry")
 
@@ -219,6 +220,24 @@ class Jobs:
         self.journal.note(job, self.clock(), "agent", f"spare {sp.pod or sp.instance} is rank "
                           f"{rank} now (generation {sp.generation})", rank=rank)
         return True
+
+    def spare_fault(self, conn: Connection, m: pb.Fault, now: float) -> None:
+        """A fault from a spare's agent (policy.decide_spare_fault), acknowledged final."""
+        job = self.jobs.get(conn.key) if conn.key is not None else None
+        sp = job.spares.get(conn.spare) if job is not None else None
+        if job is None or sp is None or sp.conn is not conn:
+            conn.ack(m.id, True, "ignored: not a spare of a live job")
+            return
+        try:
+            check_fault(m)
+            fault = convert.fault_from_proto(m)
+        except ValueError as e:
+            conn.ack(m.id, True, f"ignored: {e}")
+            return
+        decisions = policy.decide_spare_fault(job, sp, fault)
+        apply(job, FaultSeen(fault.id, True), now)
+        self.execute(job, decisions, now)
+        conn.ack(fault.id, True, decisions[0].verdict.value if decisions else "recorded")
 
     def _admit(self, conn: Connection, h: pb.Hello, rs: RankState | None,
                owner: tuple[str, str] | None) -> None:

@@ -208,6 +208,28 @@ def pick_spare(job: JobState, rank: int) -> SpareState | None:
     return None
 
 
+def decide_spare_fault(job: JobState, spare: SpareState, fault: Fault) -> list[Decision]:
+    """A fault from a spare's own agent (it runs no trainer: its GPUs, links, node). One
+    that would REPLACE a rank there (fatal or node scope; a link down) RETIREs the spare:
+    it is never assigned a rank and exits with the replace status, so its pod moves. Any
+    other is only recorded. The job itself is not touched: no budget, no generation."""
+    who = f"spare {spare.pod or spare.instance}"
+    g = job.generation
+    where = f"{who}: {fault.kind.value} ({fault.severity.value}): {fault.message}"
+    if fault.id in job.seen_faults:
+        return []
+    fatal = fault.kind in (FaultKind.GPU, FaultKind.NODE, FaultKind.NIC) and (
+        fault.severity is Severity.FATAL or fault.scope is Scope.NODE or (
+            fault.kind is FaultKind.NIC and fault.severity is Severity.ERROR
+            and not fault.evidence.get("recovered")))
+    if not fatal or spare.assigned is not None:
+        return [Decision(Verdict.ALERT_ONLY, f"{where} (a spare: recorded)", g,
+                         fault_id=fault.id)]
+    return [Decision(Verdict.RETIRE_SPARE, f"{where}: retired as a spare (it exits with the "
+                     "replace status; its pod moves)", g, fault_id=fault.id,
+                     spare=spare.instance)]
+
+
 def _nic(job: JobState, rep: FaultReport, where: str, now: float,
          cfg: PolicyConfig) -> list[Decision]:
     g = job.generation

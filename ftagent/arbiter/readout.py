@@ -103,7 +103,8 @@ class Readout:
             connected=job.connected, state=state, alert_only=job.alert_only,
             barrier=barrier.barrier_summary(job, now), busy=job.busy,
             spares=[f"{sp.pod or sp.instance} on {sp.node or '?'}"
-                    + (f" (assigned rank {sp.assigned})" if sp.assigned is not None else "")
+                    + ("" if sp.assigned is None else " (retired: a fatal fault)"
+                       if sp.assigned < 0 else f" (assigned rank {sp.assigned})")
                     for sp in job.spares.values()])
         s = self.journal.current(job)
         led = s.ledger if s is not None else None

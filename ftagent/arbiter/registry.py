@@ -126,9 +126,12 @@ class Registry:
 
     def handle(self, conn: Connection, m: pb.AgentMessage, received: float) -> None:
         """One message after Hello; ``received`` is time.monotonic() at arrival."""
-        if conn.spare and not (m.WhichOneof("body") == "arrival"
-                               and self._jobs.promote(conn, m.arrival.generation)):
-            return  # a spare says nothing until it arrives as the rank it was assigned
+        if conn.spare:
+            if m.WhichOneof("body") == "fault":  # its own GPUs, links, node
+                self._jobs.spare_fault(conn, m.fault, self.clock())
+            if not (m.WhichOneof("body") == "arrival"
+                    and self._jobs.promote(conn, m.arrival.generation)):
+                return  # a spare says nothing else until it arrives as its assigned rank
         job, rs = self._jobs.lookup(conn)
         if job is None or rs is None:
             return

@@ -66,6 +66,8 @@ class Verdict(str, enum.Enum):
     BUSY = "busy"  # a job hang's stacks showed ranks alive in a phase: no restart; every
     # rank is told who is busy and who waits (`busy`), and status shows it
     ASSIGN = "assign"  # the spare `spare` becomes rank `rank` at `generation` (after a REPLACE)
+    RETIRE_SPARE = "retire_spare"  # the spare `spare` had a fatal fault: never assigned;
+    # it exits with the replace status (its pod moves), its stream's end drops it
 
 
 @dataclass(frozen=True)
@@ -139,7 +141,7 @@ class SpareState:
     pod_uid: str = ""  # the verified pod (TokenReview); "" unverified
     node: str = ""
     conn: object | None = None
-    assigned: int | None = None
+    assigned: int | None = None  # -1: retired (RETIRE_SPARE), never assigned
     generation: int = -1
 
 
@@ -359,7 +361,8 @@ _RANK_STATES = {Verdict.RESTART: "restarting", Verdict.REJOIN: "restarting",
 # Verdicts that are commands to agents (the others are recorded only).
 COMMANDS = frozenset((Verdict.RESTART, Verdict.REJOIN, Verdict.STOP, Verdict.REPLACE,
                       Verdict.RELEASE_BARRIER, Verdict.DUMP_STACKS, Verdict.BUSY,
-                      Verdict.ASSIGN))
+                      Verdict.ASSIGN, Verdict.RETIRE_SPARE))
+SPARE_COMMANDS = frozenset((Verdict.ASSIGN, Verdict.RETIRE_SPARE))  # to a spare's stream
 
 
 def apply(job: JobState, d: Change, now: float) -> None:
@@ -368,7 +371,7 @@ def apply(job: JobState, d: Change, now: float) -> None:
     if not isinstance(d, Decision):
         _AGENT_SAYS[type(d)](job, d, now)
         return
-    if d.verdict in COMMANDS and d.verdict is not Verdict.ASSIGN:  # ASSIGN: to a spare
+    if d.verdict in COMMANDS and d.verdict not in SPARE_COMMANDS:
         _commanded(job, d)
     v = d.verdict
     if v in (Verdict.RESTART, Verdict.REPLACE):
@@ -422,6 +425,8 @@ def apply(job: JobState, d: Change, now: float) -> None:
         sp.assigned, sp.generation = d.rank, d.generation
         if sp.pod_uid:  # the arbiter's decision makes its pod the rank's owner
             _own(job, d.rank, (sp.pod, sp.pod_uid))
+    elif v is Verdict.RETIRE_SPARE and d.spare in job.spares:
+        job.spares[d.spare].assigned = -1
 
 
 def _new_generation(job: JobState, generation: int, now: float) -> None:

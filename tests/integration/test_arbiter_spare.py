@@ -16,7 +16,7 @@ import pytest
 
 from ftagent.agent.reporter import ArbiterLink
 from ftagent.config import ArbiterClientConfig, IdentityConfig
-from ftagent.model import ActionKind, Fault, FaultKind, Severity
+from ftagent.model import EXIT_REPLACE, ActionKind, Fault, FaultKind, Severity
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
 from ftagent.wire.credentials import bearer
@@ -93,4 +93,35 @@ def test_a_replaced_rank_goes_to_the_spare_and_the_pod_back_becomes_the_spare(
                 for lk in (spare, back):
                     await lk.close()
                 await asyncio.gather(*tasks, return_exceptions=True)
+    asyncio.run(body())
+
+
+def test_a_spare_with_a_fatal_fault_of_its_own_is_retired(arbiter: ArbiterProcess) -> None:
+    async def body() -> None:
+        addr = arbiter.address
+        async with running_links(addr, "sick", 2, token=TOKEN) as links:
+            for lk in links:
+                lk.arrive(0)
+            assert all(await asyncio.gather(*(lk.wait_released(0, 5) for lk in links)))
+            spare = link(addr, "sick", "spare-pod", "node-9", spare=True)
+            task = asyncio.create_task(spare.run())
+            try:
+                await wait_until(lambda: spare.connected, 10, "the spare to connect")
+                spare.report_fault(Fault(FaultKind.GPU, "Xid 79 on the spare",
+                                         severity=Severity.FATAL))
+                action = await asyncio.wait_for(spare.commands.get(), 5)
+                assert action.kind is ActionKind.REPLACE and action.exit_code == EXIT_REPLACE
+                info = await get_job(addr, "sick")
+                assert info.generation == 0 and info.restarts == 0
+                assert list(info.spares) == ["spare-pod on node-9 (retired: a fatal fault)"]
+                # rank 1's own fatal fault now finds no spare: the old REPLACE alone
+                links[1].report_fault(Fault(FaultKind.GPU, "Xid 79", severity=Severity.FATAL))
+                a1 = await asyncio.wait_for(links[1].commands.get(), 5)
+                assert a1.kind is ActionKind.REPLACE
+                said = await timeline(addr, "sick")
+                assert not any("takes rank" in m for m in said), said
+                assert any("retired as a spare" in m for m in said), said
+            finally:
+                await spare.close()
+                await asyncio.gather(task, return_exceptions=True)
     asyncio.run(body())

@@ -232,3 +232,22 @@ def test_status_shows_the_spares() -> None:
     text = format_job(pb.JobInfo(job="j", world_size=2, spares=["s-pod on node-9"]))
     assert "spares: s-pod on node-9" in text
     assert "spares" not in format_job(pb.JobInfo(job="j", world_size=2))
+
+
+def test_a_spares_own_fatal_fault_retires_it() -> None:
+    from ftagent.model import EXIT_REPLACE
+
+    j = job()
+    sp = j.spares["s1"]
+    warn = Fault(FaultKind.GPU, "throttled", severity=Severity.WARNING)
+    assert [d.verdict for d in policy.decide_spare_fault(j, sp, warn)] == [Verdict.ALERT_ONLY]
+    ds = policy.decide_spare_fault(j, sp, Fault(FaultKind.GPU, "Xid 79",
+                                                severity=Severity.FATAL))
+    assert [(d.verdict, d.spare) for d in ds] == [(Verdict.RETIRE_SPARE, "s1")]
+    for d in ds:
+        apply(j, d, NOW)
+    assert j.generation == 0 and j.restarts == 0 and sp.assigned == -1
+    assert policy.pick_spare(j, 1) is None
+    assert [d.verdict for d in decide(j, xid(1))] == [Verdict.REPLACE]
+    cmd = convert.command_for(ds[0], "c").command
+    assert cmd.kind == pb.COMMAND_KIND_REPLACE and cmd.exit_code == EXIT_REPLACE
