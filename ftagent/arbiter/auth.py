@@ -521,8 +521,9 @@ def identity_problem(p: Principal, namespace: str, pod: str, node: str, job: str
     """Why a pod principal may not register with this Hello ("" when it may), and whether
     it is worth retrying (the watch has not seen the pod yet). Every value of the Hello is
     compared with the verified identity (the review's) and the pod as the watch sees it;
-    a spare's (``spare``: it claims no rank) all but its rank and world size: it must be
-    a pod of the job, and the arbiter alone gives it a rank."""
+    with ``spare`` (a warm spare, which claims no rank, or the pod the arbiter's own record
+    says owns the rank: a spare it ASSIGNed) all but the rank and world size: it must be a
+    pod of the job; the arbiter alone gives it a rank."""
     if p.pod is None:
         return "", False
     said = [("namespace", namespace, p.namespace or ""), ("pod", pod, p.pod)]

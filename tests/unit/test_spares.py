@@ -251,3 +251,15 @@ def test_a_spares_own_fatal_fault_retires_it() -> None:
     assert [d.verdict for d in decide(j, xid(1))] == [Verdict.REPLACE]
     cmd = convert.command_for(ds[0], "c").command
     assert cmd.kind == pb.COMMAND_KIND_REPLACE and cmd.exit_code == EXIT_REPLACE
+
+
+def test_the_owner_of_an_assigned_rank_is_the_arbiters_record() -> None:
+    from ftagent.arbiter.registry import Registry
+    from ftagent.arbiter.timeline import Timeline
+
+    reg = Registry(CFG, Timeline(), None, "arb")
+    j = reg.jobs[("", "j")] = job()
+    assert reg.owner_of("", "j", 1) is None
+    decide(j, xid(1))
+    assert reg.owner_of("", "j", 1) == ("spare-s1", "uid-s1")
+    assert reg.owner_of("", "other", 1) is None
