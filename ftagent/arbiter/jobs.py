@@ -31,10 +31,12 @@ from ftagent.arbiter.state import (
     RankState,
     Registered,
     Settled,
+    SpareArrived,
     SpareJoined,
     SpareLeft,
     Verdict,
     apply,
+    replaced_gone,
 )
 from ftagent.metrics import ArbiterMetrics
 from ftagent.v1 import ftagent_pb2 as pb
@@ -196,30 +198,44 @@ class Jobs:
             reason = f"spare {h.pod or conn.peer} connected ({len(job.spares)} spare(s))"
         self.journal.note(job, now, "agent", reason, rank=h.rank if told else None)
 
-    def promote(self, conn: Connection, generation: int) -> bool:
+    def spare_arrival(self, conn: Connection, generation: int) -> None:
         """The spare on ``conn`` arrives at the barrier of ``generation``: if it was
-        ASSIGNed a rank for it it is that rank from now on (True); the replaced agent's
-        stream no longer speaks for it."""
+        ASSIGNed a rank for it, it takes that rank's seat (``promote``) once the replaced
+        agent's trainer is gone; until then the arrival is held (``SpareArrived``)."""
         key = conn.key
         job = self.jobs.get(key) if key is not None else None
         sp = job.spares.get(conn.spare) if job is not None else None
-        if key is None or job is None or sp is None or sp.conn is not conn \
-                or sp.assigned is None or generation < sp.generation:
-            return False
-        rank = sp.assigned
+        if job is None or sp is None or sp.conn is not conn or sp.assigned is None \
+                or sp.assigned < 0 or generation < sp.generation:
+            return
+        apply(job, SpareArrived(sp.instance, generation), self.clock())
+        self.promote_waiting(job, sp.assigned)
+
+    def promote_waiting(self, job: JobState, rank: int) -> None:
+        """A spare that arrived for ``rank`` takes its seat once the replaced agent's
+        trainer is gone (``replaced_gone``), and its arrival is counted at the barrier."""
+        sp = next((s for s in job.spares.values()
+                   if s.assigned == rank and s.arrived >= 0), None)
         old = job.ranks.get(rank)
+        if sp is None or not replaced_gone(old):
+            return
+        key = (job.namespace, job.job)
+        conn = live(sp.conn)
         if old is not None and live(old.conn) is not None:
             self.connected -= 1  # that stream's end is not counted again (lookup: superseded)
         owners_were = job.owners_print
-        apply(job, Promoted(sp.instance, rank), self.clock())
-        conn.rank, conn.spare = rank, ""
+        now = self.clock()
+        apply(job, Promoted(sp.instance, rank), now)
+        if conn is not None:
+            conn.rank, conn.spare = rank, ""
         self.connected += 1
-        self.nodes.index(key, job.ranks[rank])
+        rs = job.ranks[rank]
+        self.nodes.index(key, rs)
         if job.owners_print != owners_were:
             self.unsaved_owners.add(key)
-        self.journal.note(job, self.clock(), "agent", f"spare {sp.pod or sp.instance} is rank "
+        self.journal.note(job, now, "agent", f"spare {sp.pod or sp.instance} is rank "
                           f"{rank} now (generation {sp.generation})", rank=rank)
-        return True
+        self.arrival(job, rs, sp.arrived, now)
 
     def spare_fault(self, conn: Connection, m: pb.Fault, now: float) -> None:
         """A fault from a spare's agent (policy.decide_spare_fault), acknowledged final."""
@@ -283,6 +299,8 @@ class Jobs:
         if job is None or rs is None:
             return
         apply(job, Left(rs.rank), self.clock())
+        if job.spares:  # a spare may wait for this replaced rank's agent to be gone
+            self.promote_waiting(job, rs.rank)
         self.connected -= 1
         self.gauges()
         if not job.finished:
@@ -325,6 +343,8 @@ class Jobs:
         how = f"signal {sig}" if sig is not None else f"code {code}"
         self.journal.note(job, now, "exit", f"trainer of generation {m.generation} exited "
                           f"with {how}", rank=rs.rank)
+        if job.spares:  # a spare may wait for this replaced rank's trainer to be gone
+            self.promote_waiting(job, rs.rank)
         if job.phase is not was and job.finished:
             self.journal.succeeded(job, now)
             self.journal.note(job, now, "decision", f"every rank exited 0: job succeeded at "

@@ -134,12 +134,12 @@ class Registry:
 
     def handle(self, conn: Connection, m: pb.AgentMessage, received: float) -> None:
         """One message after Hello; ``received`` is time.monotonic() at arrival."""
-        if conn.spare:
+        if conn.spare:  # a spare says nothing else until it arrives as its assigned rank
             if m.WhichOneof("body") == "fault":  # its own GPUs, links, node
                 self._jobs.spare_fault(conn, m.fault, self.clock())
-            if not (m.WhichOneof("body") == "arrival"
-                    and self._jobs.promote(conn, m.arrival.generation)):
-                return  # a spare says nothing else until it arrives as its assigned rank
+            elif m.WhichOneof("body") == "arrival":
+                self._jobs.spare_arrival(conn, m.arrival.generation)
+            return
         job, rs = self._jobs.lookup(conn)
         if job is None or rs is None:
             return

@@ -143,6 +143,10 @@ class SpareState:
     conn: object | None = None
     assigned: int | None = None  # -1: retired (RETIRE_SPARE), never assigned
     generation: int = -1
+    # It arrived for ``generation`` while the replaced agent's trainer may still run: its
+    # arrival counts once that agent reported its trainer's exit or left (``Promoted``),
+    # so no trainer of the old generation runs beside the new one.
+    arrived: int = -1
 
 
 @dataclass(slots=True)
@@ -287,6 +291,14 @@ class Promoted(NamedTuple):
     rank: int
 
 
+class SpareArrived(NamedTuple):
+    """The spare ASSIGNed a rank arrived for ``generation`` before the replaced agent's
+    trainer was known gone: held (``SpareState.arrived``) until it is."""
+
+    instance: str
+    generation: int
+
+
 class Left(NamedTuple):
     """``rank``'s stream ended (it may come back with a Hello)."""
 
@@ -352,7 +364,8 @@ class StacksIn(NamedTuple):
 
 
 Change = (Decision | Registered | Owned | Left | Progressed | Arrived | AtBarrier | Exited
-          | FaultSeen | Settled | StacksIn | SpareJoined | SpareLeft | Promoted)
+          | FaultSeen | Settled | StacksIn | SpareJoined | SpareLeft | Promoted
+          | SpareArrived)
 
 # What a command does to the state its target ranks show (status) until they report.
 _RANK_STATES = {Verdict.RESTART: "restarting", Verdict.REJOIN: "restarting",
@@ -591,6 +604,19 @@ def _spare_left(job: JobState, c: SpareLeft, now: float) -> None:
     job.last_seen = now
 
 
+def _spare_arrived(job: JobState, c: SpareArrived, now: float) -> None:
+    sp = job.spares.get(c.instance)
+    if sp is not None and sp.assigned is not None and sp.assigned >= 0:
+        sp.arrived = max(sp.arrived, c.generation)
+
+
+def replaced_gone(rs: RankState | None) -> bool:
+    """The replaced rank's agent left, or reported its trainer's exit since the REPLACE
+    (its state was "replacing"): a spare may take the rank's seat without a trainer of the
+    old generation still running beside the new one."""
+    return rs is None or not rs.connected or rs.state in ("exited", "succeeded")
+
+
 def _promoted(job: JobState, c: Promoted, now: float) -> None:
     """The assigned spare takes rank ``c.rank``'s seat: a fresh RankState with its stream
     (the replaced agent's stream, if still open, no longer speaks for the rank)."""
@@ -614,4 +640,4 @@ _AGENT_SAYS: dict[type, Callable[[JobState, Any, float], None]] = {
     Registered: _registered, Owned: _owned, Left: _left, Progressed: _progressed,
     Arrived: _arrived, AtBarrier: _at_barrier, Exited: _exited, FaultSeen: _fault_seen,
     Settled: _settled, StacksIn: _stacks_in, SpareJoined: _spare_joined,
-    SpareLeft: _spare_left, Promoted: _promoted}
+    SpareLeft: _spare_left, Promoted: _promoted, SpareArrived: _spare_arrived}

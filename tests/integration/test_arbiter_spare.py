@@ -1,7 +1,8 @@
 """Warm spares over the wire: a real arbiter process, agents as ArbiterLinks on loopback.
 
 A fatal GPU fault on rank 1 REPLACEs it and ASSIGNs the connected spare rank 1 at the new
-generation; the spare arrives and the barrier releases with it as rank 1; the replaced
+generation; the spare arrives, and once the replaced agent's trainer is gone the barrier
+releases with it as rank 1; the replaced
 pod, recreated, claims rank 1 again and is told to serve as the job's spare. Waits are on
 conditions with deadlines, never bare sleeps.
 """
@@ -16,7 +17,7 @@ import pytest
 
 from ftagent.agent.reporter import ArbiterLink
 from ftagent.config import ArbiterClientConfig, IdentityConfig
-from ftagent.model import EXIT_REPLACE, ActionKind, Fault, FaultKind, Severity
+from ftagent.model import EXIT_REPLACE, ActionKind, Fault, FaultKind, ProcessExit, Severity
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
 from ftagent.wire.credentials import bearer
@@ -70,9 +71,12 @@ def test_a_replaced_rank_goes_to_the_spare_and_the_pod_back_becomes_the_spare(
                 assert await spare.wait_assigned(5)
                 assert spare.proto.assignment == (1, 1, 1)
                 assert spare.proto.hello().rank == 1 and not spare.proto.hello().spare
-                # the spare arrives as rank 1 with rank 0: generation 1 starts with both
+                # the spare arrives as rank 1 with rank 0; generation 1 starts only once
+                # the replaced agent's trainer is gone (no generation 0 beside 1)
                 spare.arrive(1)
                 links[0].arrive(1)
+                assert not await spare.wait_released(1, 0.5)
+                links[1].report_exit(ProcessExit(pid=1, code=None, signal=9), 0)
                 assert all(await asyncio.gather(spare.wait_released(1, 5),
                                                 links[0].wait_released(1, 5)))
                 # the replaced pod comes back and claims rank 1: it is made the spare
