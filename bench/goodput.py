@@ -18,12 +18,16 @@ whose Xid comes ``--xid-at`` seconds after the agent's start); the arbiter repla
 Kubernetes: it starts the new pod's agent at once, on a healthy GPU (a real cluster adds
 scheduling and container start). The other launchers watch no GPU: for them the Xid is a
 crash of rank 1 at the same time after the launch (on a real GPU their restart would land
-on the same broken GPU; here it trains again).
+on the same broken GPU; here it trains again). With ``--spares N`` (default 1) ftagent's
+job also has N warm spares (``ftagent run --spare``, one more lab node each): the arbiter
+ASSIGNs rank 1 to a spare, which starts it from its warm standby at once; the new pod's
+agent the bench starts then serves as the job's next spare.
 
 Launchers (one lab each, alternated over ``--rounds``):
 
 * **ftagent**: one ``ftagent run`` per node, a real arbiter, warm restarts as by default,
-  ``--hang-timeout-min 2``, ``--nic-grace 2``.
+  ``--hang-timeout-min 2``, ``--nic-grace 2``, and ``--spares`` warm spares on nodes of
+  their own (0: none).
 * **torchrun**: ``torchrun --nnodes 2 --nproc-per-node 1 --max-restarts 5`` per node
   (c10d rendezvous on node 0), ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (its best
   chance: without it restarts fail, see below) and the trainer's own process-group timeout
@@ -388,6 +392,8 @@ def launch(lab: Lab, name: str, env: dict[str, str], args: argparse.Namespace,
             lab.flags = flags
             for r in range(lab.world):
                 lab.start_rank(r, extra=gpu_flags(gpus[0] if r == 1 else gpus[1]))
+            for i in range(lab.spares):  # a spare's GPU is healthy
+                lab.start_rank(lab.world + i, extra=gpu_flags(gpus[1]), spare=True)
     elif name in ("torchrun", "torchrun-default"):
         lab.env = {**FAST_ENV, **env}  # the trainer's knobs exactly as ftagent's run has them
         for r in range(lab.world):
@@ -475,8 +481,11 @@ def run_schedule(name: str, args: argparse.Namespace, tmp: Path) -> Run:
     kinds = [k for k in KINDS if k in args.faults.split(",")]
     xid_at = args.xid_at if args.xid_at > 0 else max(200.0, args.minutes * 30 + 30)
     gpus = gpu_timeline(tmp, xid_at if "xid" in kinds else None)
+    spares = args.spares if name == "ftagent" else 0
+    if name == "ftagent":
+        run.notes.append(f"warm spares: {spares} (--spares)")
     with Lab(tmp, 2, job="goodput", arbiter=name == "ftagent", arbiter_args=arbiter_args,
-             stamp=True) as lab:
+             stamp=True, spares=spares) as lab:
         launched = time.time()
         launch(lab, name, env, args, gpus)
         wait(lambda: steps(lab, 0) and steps(lab, 1), 180, f"{name}: first steps")
@@ -543,6 +552,10 @@ def run_schedule(name: str, args: argparse.Namespace, tmp: Path) -> Run:
                 run.notes.append(f"xid: rank 1's agent exited with status {replaced}; the "
                                  "bench started its replacement at once" if replaced else
                                  "xid: rank 1's agent did not exit (no replacement)")
+                took = [e for e in lab.timeline() if e.get("action") == "assign"]
+                if spares:
+                    run.notes.append(f"xid: {took[-1]['message']}" if took else
+                                     "xid: no spare took rank 1 over")
             f.detect = (ftagent_detect if name == "ftagent" else launcher_detect)(lab, f)
             wait_until(time.time() + args.gap)
         wait_until(max(deadline, time.time()))
@@ -838,6 +851,9 @@ def main() -> int:
                     help="seconds after the launch the fatal Xid comes (0: half the window "
                     "+ 30 s, at least 200 s)")
     ap.add_argument("--pg-timeout", type=float, default=30.0, help="the trainer's own")
+    ap.add_argument("--spares", type=int, default=1,
+                    help="ftagent's warm spares (ftagent run --spare, a lab node each); 0: "
+                    "none, the replaced rank waits for its new pod")
     ap.add_argument("--ftagent-flags", default="",
                     help="more `ftagent run` flags, e.g. '--stop-timeout 2'")
     ap.add_argument("--peer-hang-timeout", type=float, default=5.0,

@@ -343,6 +343,10 @@ class IdentityConfig:
         "the node's GPU indices, so that a node agent's GPU fault reaches only the ranks on "
         "that GPU (default: $NVIDIA_VISIBLE_DEVICES as the NVIDIA device plugin sets it; "
         "unknown: every rank on the node counts as on it)", check=gpu_ids, metavar="GPUS")
+    spare: bool = opt(
+        False, "--spare", "join the job as a warm spare (needs --arbiter): keep the "
+        "trainer's warm standby, run no trainer, and take over a rank the arbiter replaces "
+        "(its RANK and WORLD_SIZE; --rank is not read); single-worker pods only")
 
 
 @dataclass(frozen=True)

@@ -233,6 +233,10 @@ class AgentMetrics:
             "Proportional set size (PSS) of the warm standby interpreters kept for the next "
             "restart; host memory counted against the pod's limit (0: none, "
             "--no-warm-restart).").labels(**i)
+        self.spare = gauge(
+            "ftagent_spare",
+            "1 while this agent serves as its job's warm spare (--spare): a warm standby, "
+            "no trainer, no rank yet (its rank label is not its rank then).").labels(**i)
         # -- progress
         # The attempt's progress: absent until this attempt reports it (reset_progress).
         self._step = gauge("ftagent_training_step", "Last training step seen.")

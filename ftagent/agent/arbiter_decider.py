@@ -23,6 +23,11 @@ every rank fails open. What changes against the local policy, and only this:
   Alone is the node's local group with ``--nproc-per-node N``: a decision taken alone
   stops and restarts every local worker together, and a start without the arbiter waits
   at the group's barrier for every local worker's previous trainer to be gone.
+* **Spare** (``--spare``, or told SPARE by the arbiter): before its first trainer the
+  agent serves as the job's warm spare -- its warm standby prepared (``prepare_spare``),
+  no trainer, never failing open (a spare has no rank to train as) -- until the arbiter
+  ASSIGNs it a replaced rank; then it takes that rank (``Worker.take_rank``) and arrives
+  at the new generation's barrier like any rank, and its first trainer is the standby.
 """
 
 from __future__ import annotations
@@ -77,6 +82,8 @@ class RankSession:
             lambda pids: capture(pids, cfg.hang.hang_dump_timeout)
         # BUSY: the arbiter's "job busy, no restart" verdict (cmd/run.py: agent/peer_wait.py)
         self.on_busy: Callable[[Action], None] | None = None
+        # --spare: start the trainer's warm standby now (cmd/run.py: agent/standby.py)
+        self.prepare_spare: Callable[[], None] = lambda: None
         self.released_start = False  # the current trainer was started by the barrier
         self.undecided: Fault | None = None
         self.tasks: list[asyncio.Task[Any]] = []
@@ -162,6 +169,10 @@ class ArbiterDecider:
         """Meet the other ranks at the barrier of this generation (or fail open)."""
         s = self.sessions[worker]
         link = s.link
+        if link.proto.spare:
+            ended = await self._serve_as_spare(worker, s)
+            if ended is not None or worker.stop_requested:
+                return ended
         gen = worker.generation
         s.released_start = False
         link.arrive(gen)  # kept and re-sent on every stream until released
@@ -184,6 +195,15 @@ class ArbiterDecider:
                 return None
             if worker.stop_requested:
                 return None
+            if link.proto.spare:  # told SPARE: a former spare holds this rank now
+                ended = await self._serve_as_spare(worker, s)
+                if ended is not None or worker.stop_requested:
+                    return ended
+                gen = worker.generation
+                link.arrive(gen)
+                self.local.arrive(worker)
+                t0 = self.clock()
+                continue
             decisive = _take_decisive(worker)
             if decisive is not None:
                 if decisive.kind == ActionKind.RESTART and decisive.generation > gen:
@@ -199,6 +219,36 @@ class ArbiterDecider:
                 log.warning("arbiter unreachable for %.0fs during the barrier: starting "
                             "generation %d alone", self.fail_open_after, gen)
                 return await self.local.before_start(worker)
+
+    async def _serve_as_spare(self, worker: Worker, s: RankSession) -> Action | None:
+        """Wait as the job's warm spare (standby prepared, no trainer) until the arbiter
+        ASSIGNs a rank, then take it (None). Returns early on a stop signal (None), or with
+        the arbiter's REPLACE/STOP of this spare (a fatal fault of its own: the worker ends
+        with it)."""
+        link = s.link
+        link.trainer_state = "spare"
+        worker.events.write("state", "spare", f"serving as a warm spare of job "
+                            f"{worker.ident.job}: no trainer until the arbiter assigns a rank")
+        if worker.metrics is not None:
+            worker.metrics.spare.set(1)
+        s.prepare_spare()
+        while not await link.wait_assigned(POLL):
+            if worker.stop_requested:
+                return None
+            decisive = _take_decisive(worker)
+            if decisive is not None and decisive.kind in (ActionKind.STOP, ActionKind.REPLACE):
+                worker.record(decisive)
+                return decisive
+        assert link.proto.assignment is not None
+        rank, gen, restarts = link.proto.assignment
+        worker.take_rank(rank)
+        worker.lifecycle.reached(gen, restarts)
+        if worker.metrics is not None:
+            worker.metrics.spare.set(0)
+        worker.events.write("state", "assigned", f"the arbiter assigned rank {rank} to this "
+                            f"spare: it starts generation {gen} from its warm standby",
+                            rank=rank, generation=gen)
+        return None
 
     def decide(self, worker: Worker, fault: Fault) -> None:
         if not self._decide_remotely(worker, fault):

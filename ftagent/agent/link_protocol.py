@@ -20,6 +20,11 @@ What must not be lost is kept until it is settled, and sent again on every new s
   without it, failing open);
 * exits and stack dumps made while offline (a few, most recent kept).
 
+A warm spare (``--spare``) says so in its Hello and has no rank until the arbiter ASSIGNs it
+one (``assignment``: the rank, the generation, the job's restart count); from then on its
+Hello names that rank. An agent told SPARE (its rank is held by a former spare) becomes a
+spare before it starts any trainer.
+
 Commands are delivered at most once by id, and a RESTART only when it moves the agent to
 a generation above the one it runs or waits for, as its lifecycle says (a stale or
 repeated REJOIN never kills a trainer that already runs the job's generation; one
@@ -29,6 +34,7 @@ lifecycle.moot). After STOP or REPLACE nothing more is delivered.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -52,6 +58,7 @@ class Received:
     send: list[pb.AgentMessage] = field(default_factory=list)  # acks to write back
     actions: list[Action] = field(default_factory=list)  # for the supervisor
     released: bool = False  # a barrier was released
+    assigned: bool = False  # a spare was given a rank, or this agent was made a spare
     settled: list[tuple[str, str]] = field(default_factory=list)  # (fault id, outcome)
 
 
@@ -78,6 +85,9 @@ class LinkProtocol:
         self.outcomes: OrderedDict[str, str] = OrderedDict()  # settled faults' outcomes
         self._seen_commands: OrderedDict[str, None] = OrderedDict()
         self.final_delivered = False
+        self.spare = identity.spare  # a warm spare: no rank until ASSIGNed one
+        # ASSIGN: (rank, generation, the job's restart count) the arbiter gave this spare
+        self.assignment: tuple[int, int, int | None] | None = None
 
     # ------------------------------------------------------------------ agent -> arbiter
 
@@ -88,7 +98,7 @@ class LinkProtocol:
                      generation=self.generation, agent_version=self.version,
                      alert_only=self.alert_only, state=self.trainer_state,
                      agent_instance=self.instance, trainer_running=self.trainer_running,
-                     gpus=i.gpus)
+                     gpus=i.gpus, spare=self.spare)
         if self.released_generation >= 0:
             h.released_generation = self.released_generation
         if self.max_restarts is not None:
@@ -167,6 +177,22 @@ class LinkProtocol:
         self._seen_commands[cmd.id] = None
         while len(self._seen_commands) > SEEN_COMMANDS:
             self._seen_commands.popitem(last=False)
+        if cmd.kind == pb.COMMAND_KIND_ASSIGN:
+            r = cmd.target_rank
+            if self.spare and self.assignment is None and cmd.HasField("target_rank") and \
+                    0 <= r < self.identity.world_size and not self.final_delivered:
+                self.assignment = (r, cmd.generation,
+                                   cmd.restarts if cmd.HasField("restarts") else None)
+                self.identity = dataclasses.replace(self.identity, rank=r, spare=False)
+                self.spare = False
+                got.assigned = True
+            return
+        if cmd.kind == pb.COMMAND_KIND_SPARE:
+            if not self.trainer_running and not self.final_delivered and not self.spare:
+                self.spare = True
+                self.identity = dataclasses.replace(self.identity, spare=True)
+                got.assigned = True
+            return
         if cmd.kind == pb.COMMAND_KIND_RELEASE_BARRIER:
             self.released_generation = max(self.released_generation, cmd.generation)
             if self.arrival is not None and self.arrival.generation <= cmd.generation:

@@ -226,6 +226,7 @@ class ArbiterLink:
         self._out: deque[pb.AgentMessage] = deque()
         self._wake = asyncio.Event()
         self._released = asyncio.Event()
+        self._assigned = asyncio.Event()  # a spare was given a rank, or made a spare
         self._settled = asyncio.Event()
         self._closed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -371,6 +372,15 @@ class ArbiterLink:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._released.wait(), left)
         return True
+
+    async def wait_assigned(self, timeout: float) -> bool:
+        """True once this spare was ASSIGNed a rank (``proto.assignment``), False on
+        timeout or close."""
+        if self.proto.assignment is None and not self._closed.is_set():
+            self._assigned.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._assigned.wait(), timeout)
+        return self.proto.assignment is not None
 
     async def wait_connected(self, timeout: float) -> bool:
         """True once a stream is up (Welcome received) within ``timeout`` seconds."""
@@ -535,6 +545,8 @@ class ArbiterLink:
                 self.commands.put_nowait(action)
             if got.released:
                 self._released.set()
+            if got.assigned:
+                self._assigned.set()
             if got.settled:
                 self._settled.set()
 

@@ -421,6 +421,21 @@ class WarmStarter:
             return
         self._prepare(slot, p.command, p.env, p.reaper)
 
+    def prepare_now(self, command: Sequence[str], env: Mapping[str, str],
+                    reaper: ChildReaper, slot: int = 0) -> None:
+        """A warm spare's standby (``--spare``): started at once -- a spare runs no trainer
+        whose start-up it could slow -- if the container can afford it; ``start`` hands it
+        the spare's first trainer (RANK and WORLD_SIZE may differ: PER_ATTEMPT)."""
+        if not self.warm or self._closed or slot in self._standbys:
+            return
+        if self._budget is not None and not self._budget.allow():
+            if self._record is not None:
+                self._record("standby", "off", "no standby for this spare: the container's "
+                             "memory is tight (--warm-restart-memory-share); it starts cold",
+                             expected_bytes=self._budget.expected)
+            return
+        self._prepare(slot, command, env, reaper)
+
     def _unfit(self, sb: Standby | None, command: Sequence[str],
                env: Mapping[str, str]) -> str | None:
         if sb is None:
@@ -584,6 +599,12 @@ def warm_restart_parts(worker: Any, cfg: Any, rundir: str, parts: WorkerParts,
     gauge = getattr(getattr(worker, "metrics", None), "standby_memory", None)
     if gauge is not None:
         gauge.set_function(starter.memory_bytes)
+    from ftagent.agent.decider import rank_session
+
+    session = rank_session(worker)
+    if cfg.identity.spare and hasattr(session, "prepare_spare"):  # --spare: warm at once
+        session.prepare_spare = lambda: starter.prepare_now(
+            cfg.command, worker.next_env(), worker.reaper)
     return parts.plus(observers=[FirstStep(starter)], on_close=[starter.aclose]).with_(
         spawn=functools.partial(supervisor.TrainerProcess, starter=starter))
 

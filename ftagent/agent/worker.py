@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import time
@@ -384,9 +385,26 @@ class Worker:
         self._apply(step)
         return code
 
+    def next_env(self) -> dict[str, str]:
+        """The environment the next attempt's trainer gets (a spare's standby is started
+        with it: agent/standby.py)."""
+        return attempt_env(self.environ, restarts=self.restarts, generation=self.generation,
+                           extra=self.extra_env, per_attempt=self.spec.attempt_env(self.restarts))
+
+    def take_rank(self, rank: int) -> None:
+        """A spare becomes ``rank`` (the arbiter's ASSIGN): its trainer's RANK and
+        WORLD_SIZE (and GROUP_RANK/PET_NODE_RANK where set) as the replaced rank's were;
+        its events name that rank from now on."""
+        self.ident = dataclasses.replace(self.ident, rank=rank, spare=False)
+        self.environ["RANK"] = str(rank)
+        self.environ["WORLD_SIZE"] = str(self.ident.world_size)
+        for var in ("GROUP_RANK", "PET_NODE_RANK"):
+            if var in self.environ:
+                self.environ[var] = str(rank)
+        self.events.static["rank"] = rank
+
     def _start(self) -> TrainerProcess:
-        env = attempt_env(self.environ, restarts=self.restarts, generation=self.generation,
-                          extra=self.extra_env, per_attempt=self.spec.attempt_env(self.restarts))
+        env = self.next_env()
         self._hang_faults.clear()
         out, err = self.spec.outputs(self.restarts)
         trainer = self.spawn_trainer(self.cfg.command, env, self.reaper,

@@ -516,10 +516,14 @@ PodLookup = Callable[[str, str], "PodFacts | None"]  # (namespace, pod) -> facts
 
 
 def identity_problem(p: Principal, namespace: str, pod: str, node: str, job: str, rank: int,
-                     world_size: int, facts: PodFacts | None) -> tuple[str, bool]:
+                     world_size: int, facts: PodFacts | None,
+                     spare: bool = False) -> tuple[str, bool]:
     """Why a pod principal may not register with this Hello ("" when it may), and whether
     it is worth retrying (the watch has not seen the pod yet). Every value of the Hello is
-    compared with the verified identity (the review's) and the pod as the watch sees it."""
+    compared with the verified identity (the review's) and the pod as the watch sees it;
+    with ``spare`` (a warm spare, which claims no rank, or the pod the arbiter's own record
+    says owns the rank: a spare it ASSIGNed) all but the rank and world size: it must be a
+    pod of the job; the arbiter alone gives it a rank."""
     if p.pod is None:
         return "", False
     said = [("namespace", namespace, p.namespace or ""), ("pod", pod, p.pod)]
@@ -538,6 +542,8 @@ def identity_problem(p: Principal, namespace: str, pod: str, node: str, job: str
     if job != facts.job:
         return (f"Hello says job {job!r} but pod {p.namespace}/{p.pod} belongs to job "
                 f"{facts.job!r} (its labels): job mismatch"), False
+    if spare:
+        return "", False
     # The labels count pods; with --nproc-per-node each pod runs world/pods ranks, pod k
     # the ranks k*per_pod .. (k+1)*per_pod-1 (torchrun's contract).
     per_pod = 1

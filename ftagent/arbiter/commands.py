@@ -14,12 +14,20 @@ from collections.abc import Mapping
 
 from ftagent.arbiter import convert
 from ftagent.arbiter.connection import FanOut, live
-from ftagent.arbiter.state import COMMANDS, Decision, JobState, RankState, Verdict
+from ftagent.arbiter.state import (
+    COMMANDS,
+    SPARE_COMMANDS,
+    Decision,
+    JobState,
+    RankState,
+    Verdict,
+)
 from ftagent.metrics import ArbiterMetrics
 
 _SLOTS = {Verdict.RESTART: "life", Verdict.REJOIN: "life", Verdict.STOP: "life",
           Verdict.REPLACE: "life", Verdict.RELEASE_BARRIER: "release",
-          Verdict.DUMP_STACKS: "dump", Verdict.BUSY: "busy"}
+          Verdict.DUMP_STACKS: "dump", Verdict.BUSY: "busy", Verdict.ASSIGN: "life",
+          Verdict.RETIRE_SPARE: "life"}
 assert set(_SLOTS) == COMMANDS
 _TIMED = (Verdict.RESTART, Verdict.REPLACE, Verdict.STOP, Verdict.DUMP_STACKS)
 
@@ -31,8 +39,14 @@ def send(job: JobState, d: Decision, metrics: ArbiterMetrics | None,
     fault-to-command histogram."""
     if d.verdict not in COMMANDS:
         return
-    targets = d.targets or tuple(job.ranks)
     cid = uuid.uuid4().hex
+    if d.verdict in SPARE_COMMANDS:  # to the spare's stream (it has no rank yet)
+        sp = job.spares.get(d.spare)
+        conn = live(sp.conn) if sp is not None else None
+        if conn is not None:
+            conn.send(convert.command_for(d, cid, restarts=job.restarts).SerializeToString())
+        return
+    targets = d.targets or tuple(job.ranks)
     data = convert.command_for(d, cid, restarts=job.restarts).SerializeToString()
     fan = None
     if received is not None and d.verdict in _TIMED and metrics:

@@ -52,7 +52,7 @@ class Connection:
     same rank), a ``Reject`` ends it with an error status.
     """
 
-    __slots__ = ("id", "peer", "key", "rank", "outbox", "pod_uid")
+    __slots__ = ("id", "peer", "key", "rank", "outbox", "pod_uid", "spare")
 
     def __init__(self, peer: str = "", pod_uid: str = "") -> None:
         self.id = uuid.uuid4().hex[:8]
@@ -63,6 +63,7 @@ class Connection:
         self.pod_uid = pod_uid
         self.key: tuple[str, str] | None = None  # (namespace, job) once Hello was accepted
         self.rank = -1
+        self.spare = ""  # a spare's stream (no rank yet): its agent instance
         self.outbox: asyncio.Queue[Outgoing] = asyncio.Queue()
 
     def send(self, data: bytes, fanout: FanOut | None = None) -> None:

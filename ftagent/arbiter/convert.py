@@ -23,6 +23,8 @@ _COMMAND_KINDS = {
     Verdict.DUMP_STACKS: pb.COMMAND_KIND_DUMP_STACKS,
     Verdict.REPLACE: pb.COMMAND_KIND_REPLACE,
     Verdict.BUSY: pb.COMMAND_KIND_BUSY,
+    Verdict.ASSIGN: pb.COMMAND_KIND_ASSIGN,
+    Verdict.RETIRE_SPARE: pb.COMMAND_KIND_REPLACE,  # the spare's pod moves
 }
 
 
@@ -34,15 +36,19 @@ def command_for(d: Decision, command_id: str, *, replace: bool = False,
     cmd = pb.Command(id=command_id, kind=kind, generation=d.generation, reason=d.reason,
                      fault_id=d.fault_id)
     if restarts is not None and d.verdict in (Verdict.RESTART, Verdict.REPLACE,
-                                              Verdict.REJOIN):
+                                              Verdict.REJOIN, Verdict.ASSIGN):
         cmd.restarts = restarts
-    if d.verdict is Verdict.REPLACE:
+    if d.verdict is Verdict.RETIRE_SPARE:
+        cmd.exit_code = EXIT_REPLACE
+    elif d.verdict is Verdict.REPLACE:
         if replace:
             cmd.exit_code = EXIT_REPLACE
         else:
             cmd.kind = pb.COMMAND_KIND_RESTART
         if d.rank is not None:
             cmd.target_rank = d.rank  # model.Action: the rank being replaced
+    elif d.verdict is Verdict.ASSIGN and d.rank is not None:
+        cmd.target_rank = d.rank  # the rank the spare becomes
     elif d.exit_code is not None and d.verdict is Verdict.STOP:
         cmd.exit_code = d.exit_code
     elif d.busy is not None and d.verdict is Verdict.BUSY:

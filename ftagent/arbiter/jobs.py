@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 
 import grpc
 
-from ftagent.arbiter import barrier, commands, policy
+from ftagent.arbiter import barrier, commands, convert, policy
 from ftagent.arbiter.connection import Connection, live
 from ftagent.arbiter.journal import Journal
 from ftagent.arbiter.nodemap import NodeMap
@@ -22,20 +22,26 @@ from ftagent.arbiter.state import (
     Arrived,
     Decision,
     Exited,
+    FaultSeen,
     JobState,
     Left,
     Owned,
     Progressed,
+    Promoted,
     RankState,
     Registered,
     Settled,
+    SpareArrived,
+    SpareJoined,
+    SpareLeft,
     Verdict,
     apply,
+    replaced_gone,
 )
 from ftagent.metrics import ArbiterMetrics
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.wire import limits
-from ftagent.wire.checks import Refused, check_generation_claim, check_hello
+from ftagent.wire.checks import Refused, check_fault, check_generation_claim, check_hello
 
 log = logging.getLogger("ftagent.arbiter.registry")
 
@@ -82,6 +88,9 @@ class Jobs:
         key = (h.namespace, h.job)
         job = self.jobs.get(key)
         check_generation_claim(h, job.generation if job is not None else -1)
+        if h.spare or held_by_spare(job, h, conn):
+            self._spare_hello(conn, h, job, now)
+            return
         rs = job.ranks.get(h.rank) if job is not None else None
         # the rank's owner: the job's, or (no live job: an arbiter restart) its record's
         carried = self.journal.history.owners(key) if job is None else {}
@@ -150,6 +159,102 @@ class Jobs:
         commands.resend(rs)
         self.execute(job, barrier.decide_hello(job, h.rank, now), now)
 
+    def _spare_hello(self, conn: Connection, h: pb.Hello, job: JobState | None,
+                     now: float) -> None:
+        """A warm spare joins ``job`` (``h.spare``), or an agent whose rank a former spare
+        holds now (its replaced pod, recreated) is told to serve as the job's spare."""
+        told = not h.spare
+        if job is None or (job.finished and job.connected == 0):
+            raise Refused(grpc.StatusCode.UNAVAILABLE, f"job {h.job} has no rank registered "
+                          "yet: a spare joins a running job; retrying", "no_job")
+        if job.finished:
+            raise Refused(grpc.StatusCode.FAILED_PRECONDITION, f"job {h.job} "
+                          f"{job.phase.value}: no spare needed", "job_finished")
+        if told and h.trainer_running:  # a spare runs no trainer: this one cannot serve
+            holder = job.ranks[h.rank]
+            raise Refused(grpc.StatusCode.ALREADY_EXISTS, f"rank {h.rank} of job {h.job} is "
+                          f"held by spare {holder.pod or holder.instance}, which took it over "
+                          f"when the rank was replaced; this agent ({h.pod or conn.peer}) "
+                          "still runs a trainer for it: refused (stop it, or start the pod "
+                          "again to serve as a spare)", "rank_taken")
+        if h.agent_instance not in job.spares and len(job.spares) >= limits.MAX_SPARES:
+            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"job {h.job} has "
+                          f"{len(job.spares)} spares, the most it keeps; this one "
+                          f"({h.pod or conn.peer}) is refused", "too_many_spares")
+        apply(job, SpareJoined(h.agent_instance, h.pod, h.node, conn.pod_uid, conn), now)
+        conn.key, conn.rank, conn.spare = (h.namespace, h.job), -1, h.agent_instance
+        conn.send(pb.ArbiterMessage(welcome=pb.Welcome(
+            generation=job.generation, arbiter_id=self.arbiter_id,
+            max_restarts=job.max_restarts, restarts=job.restarts)).SerializeToString())
+        if told:
+            holder = job.ranks[h.rank]
+            reason = (f"rank {h.rank} is held by spare {holder.pod or holder.instance}, which "
+                      f"took it over when the rank was replaced: {h.pod or conn.peer} serves "
+                      "as the job's spare")
+            conn.send(pb.ArbiterMessage(command=pb.Command(
+                id=f"spare-{h.agent_instance}", kind=pb.COMMAND_KIND_SPARE,
+                generation=job.generation, reason=reason)).SerializeToString())
+        else:
+            reason = f"spare {h.pod or conn.peer} connected ({len(job.spares)} spare(s))"
+        self.journal.note(job, now, "agent", reason, rank=h.rank if told else None)
+
+    def spare_arrival(self, conn: Connection, generation: int) -> None:
+        """The spare on ``conn`` arrives at the barrier of ``generation``: if it was
+        ASSIGNed a rank for it, it takes that rank's seat (``promote``) once the replaced
+        agent's trainer is gone; until then the arrival is held (``SpareArrived``)."""
+        key = conn.key
+        job = self.jobs.get(key) if key is not None else None
+        sp = job.spares.get(conn.spare) if job is not None else None
+        if job is None or sp is None or sp.conn is not conn or sp.assigned is None \
+                or sp.assigned < 0 or generation < sp.generation:
+            return
+        apply(job, SpareArrived(sp.instance, generation), self.clock())
+        self.promote_waiting(job, sp.assigned)
+
+    def promote_waiting(self, job: JobState, rank: int) -> None:
+        """A spare that arrived for ``rank`` takes its seat once the replaced agent's
+        trainer is gone (``replaced_gone``), and its arrival is counted at the barrier."""
+        sp = next((s for s in job.spares.values()
+                   if s.assigned == rank and s.arrived >= 0), None)
+        old = job.ranks.get(rank)
+        if sp is None or not replaced_gone(old):
+            return
+        key = (job.namespace, job.job)
+        conn = live(sp.conn)
+        if old is not None and live(old.conn) is not None:
+            self.connected -= 1  # that stream's end is not counted again (lookup: superseded)
+        owners_were = job.owners_print
+        now = self.clock()
+        apply(job, Promoted(sp.instance, rank), now)
+        if conn is not None:
+            conn.rank, conn.spare = rank, ""
+        self.connected += 1
+        rs = job.ranks[rank]
+        self.nodes.index(key, rs)
+        if job.owners_print != owners_were:
+            self.unsaved_owners.add(key)
+        self.journal.note(job, now, "agent", f"spare {sp.pod or sp.instance} is rank "
+                          f"{rank} now (generation {sp.generation})", rank=rank)
+        self.arrival(job, rs, sp.arrived, now)
+
+    def spare_fault(self, conn: Connection, m: pb.Fault, now: float) -> None:
+        """A fault from a spare's agent (policy.decide_spare_fault), acknowledged final."""
+        job = self.jobs.get(conn.key) if conn.key is not None else None
+        sp = job.spares.get(conn.spare) if job is not None else None
+        if job is None or sp is None or sp.conn is not conn:
+            conn.ack(m.id, True, "ignored: not a spare of a live job")
+            return
+        try:
+            check_fault(m)
+            fault = convert.fault_from_proto(m)
+        except ValueError as e:
+            conn.ack(m.id, True, f"ignored: {e}")
+            return
+        decisions = policy.decide_spare_fault(job, sp, fault)
+        apply(job, FaultSeen(fault.id, True), now)
+        self.execute(job, decisions, now)
+        conn.ack(fault.id, True, decisions[0].verdict.value if decisions else "recorded")
+
     def _admit(self, conn: Connection, h: pb.Hello, rs: RankState | None,
                owner: tuple[str, str] | None) -> None:
         """Refuse a Hello the job cannot take: too many ranks, a rank held by another live
@@ -181,10 +286,21 @@ class Jobs:
         return job, rs
 
     def disconnect(self, conn: Connection) -> None:
+        if conn.spare:
+            job = self.jobs.get(conn.key) if conn.key is not None else None
+            sp = job.spares.get(conn.spare) if job is not None else None
+            if job is not None and sp is not None and sp.conn is conn:
+                apply(job, SpareLeft(sp.instance), self.clock())
+                if not job.finished:
+                    self.journal.note(job, job.last_seen, "agent", f"spare "
+                                      f"{sp.pod or sp.instance} disconnected")
+            return
         job, rs = self.lookup(conn)
         if job is None or rs is None:
             return
         apply(job, Left(rs.rank), self.clock())
+        if job.spares:  # a spare may wait for this replaced rank's agent to be gone
+            self.promote_waiting(job, rs.rank)
         self.connected -= 1
         self.gauges()
         if not job.finished:
@@ -227,6 +343,8 @@ class Jobs:
         how = f"signal {sig}" if sig is not None else f"code {code}"
         self.journal.note(job, now, "exit", f"trainer of generation {m.generation} exited "
                           f"with {how}", rank=rs.rank)
+        if job.spares:  # a spare may wait for this replaced rank's trainer to be gone
+            self.promote_waiting(job, rs.rank)
         if job.phase is not was and job.finished:
             self.journal.succeeded(job, now)
             self.journal.note(job, now, "decision", f"every rank exited 0: job succeeded at "
@@ -284,3 +402,13 @@ class Jobs:
         if self.metrics:
             self.metrics.agents_connected.set(self.connected)
             self.metrics.jobs.set(len(self.jobs))
+
+
+def held_by_spare(job: JobState | None, h: pb.Hello, conn: Connection) -> bool:
+    """Is the rank this (non-spare) Hello claims held by a former spare's live stream, for
+    another agent? Then the claimant is the replaced pod come back: it serves as a spare."""
+    if job is None or job.finished:
+        return False
+    rs = job.ranks.get(h.rank)
+    return (rs is not None and rs.from_spare and live(rs.conn) is not None
+            and rs.conn is not conn and rs.instance != h.agent_instance)

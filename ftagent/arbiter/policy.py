@@ -56,6 +56,12 @@ a fault about no rank (rank    RESTART every rank, no culprit (never REPLACE)
   -1, Registry.report_fault)
 ============================== =========================================================
 
+A REPLACE with a warm spare connected (``ftagent run --spare``) not on the replaced rank's
+node also ASSIGNs the oldest such spare the replaced rank at the new generation
+(``pick_spare``): it arrives at the barrier in the replaced pod's place and starts from
+its warm standby, so the job does not wait for a new pod. No spare: the job waits for the
+replaced pod to come back, as before.
+
 The restart budget is per job (``--max-restarts``, or the agents' own): RESTART and
 REPLACE each spend one; with none left the decision is STOP on every rank with the
 faulting rank's exit status (1 when it has none), so Kubernetes sees the failure.
@@ -74,7 +80,7 @@ from typing import Any
 
 from ftagent.arbiter import fr_verdict
 from ftagent.arbiter.barrier import barrier_expired, rank_list
-from ftagent.arbiter.state import Decision, JobState, Verdict
+from ftagent.arbiter.state import Decision, JobState, SpareState, Verdict
 from ftagent.arbiter.straggler import StragglerAction
 from ftagent.model import Fault, FaultKind, JobBusy, Scope, Severity
 from ftagent.wire import limits
@@ -176,11 +182,52 @@ def restart_or_stop(job: JobState, reason: str, rep: FaultReport, cfg: PolicyCon
                          rank=culprit if replace is None else replace)]
     spent = f"restart {job.restarts + 1}/{job.max_restarts}"
     if replace is not None:
-        return [Decision(Verdict.REPLACE, f"{reason}; others restart at generation {g + 1} "
-                         f"({spent})", g + 1, rank=replace, fault_id=rep.fault.id)]
+        out = [Decision(Verdict.REPLACE, f"{reason}; others restart at generation {g + 1} "
+                        f"({spent})", g + 1, rank=replace, fault_id=rep.fault.id)]
+        spare = pick_spare(job, replace)
+        if spare is not None:
+            on = f" on node {spare.node}" if spare.node else ""
+            out.append(Decision(Verdict.ASSIGN, f"spare {spare.pod or spare.instance}{on} "
+                                f"takes rank {replace} at generation {g + 1}", g + 1,
+                                rank=replace, fault_id=rep.fault.id, spare=spare.instance))
+        return out
     who = f"; culprit rank {culprit}" if culprit is not None and culprit != rep.rank else ""
     return [Decision(Verdict.RESTART, f"{reason}{who}; every rank restarts at generation "
                      f"{g + 1} ({spent})", g + 1, rank=culprit, fault_id=rep.fault.id)]
+
+
+def pick_spare(job: JobState, rank: int) -> SpareState | None:
+    """The spare to take ``rank`` over: the oldest connected one not yet assigned and not
+    on the node the replaced rank runs on (a node-scope fault would take it down too; a
+    node that is not known does not rule a spare out). None: no spare fits."""
+    rs = job.ranks.get(rank)
+    node = rs.node if rs is not None else ""
+    for sp in job.spares.values():
+        if sp.conn is not None and sp.assigned is None and not (node and sp.node == node):
+            return sp
+    return None
+
+
+def decide_spare_fault(job: JobState, spare: SpareState, fault: Fault) -> list[Decision]:
+    """A fault from a spare's own agent (it runs no trainer: its GPUs, links, node). One
+    that would REPLACE a rank there (fatal or node scope; a link down) RETIREs the spare:
+    it is never assigned a rank and exits with the replace status, so its pod moves. Any
+    other is only recorded. The job itself is not touched: no budget, no generation."""
+    who = f"spare {spare.pod or spare.instance}"
+    g = job.generation
+    where = f"{who}: {fault.kind.value} ({fault.severity.value}): {fault.message}"
+    if fault.id in job.seen_faults:
+        return []
+    fatal = fault.kind in (FaultKind.GPU, FaultKind.NODE, FaultKind.NIC) and (
+        fault.severity is Severity.FATAL or fault.scope is Scope.NODE or (
+            fault.kind is FaultKind.NIC and fault.severity is Severity.ERROR
+            and not fault.evidence.get("recovered")))
+    if not fatal or spare.assigned is not None:
+        return [Decision(Verdict.ALERT_ONLY, f"{where} (a spare: recorded)", g,
+                         fault_id=fault.id)]
+    return [Decision(Verdict.RETIRE_SPARE, f"{where}: retired as a spare (it exits with the "
+                     "replace status; its pod moves)", g, fault_id=fault.id,
+                     spare=spare.instance)]
 
 
 def _nic(job: JobState, rep: FaultReport, where: str, now: float,

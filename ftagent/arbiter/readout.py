@@ -101,7 +101,11 @@ class Readout:
             job=job.job, namespace=job.namespace, generation=job.generation,
             restarts=job.restarts, max_restarts=job.max_restarts, world_size=job.world_size,
             connected=job.connected, state=state, alert_only=job.alert_only,
-            barrier=barrier.barrier_summary(job, now), busy=job.busy)
+            barrier=barrier.barrier_summary(job, now), busy=job.busy,
+            spares=[f"{sp.pod or sp.instance} on {sp.node or '?'}"
+                    + ("" if sp.assigned is None else " (retired: a fatal fault)"
+                       if sp.assigned < 0 else f" (assigned rank {sp.assigned})")
+                    for sp in job.spares.values()])
         s = self.journal.current(job)
         led = s.ledger if s is not None else None
         if led is not None:

@@ -124,8 +124,22 @@ class Registry:
     def disconnect(self, conn: Connection) -> None:
         self._jobs.disconnect(conn)
 
+    def owner_of(self, namespace: str, job: str, rank: int) -> tuple[str, str] | None:
+        """(pod, uid) that owns ``rank`` of the job by the arbiter's record (a live job's,
+        else its history record's): a spare ASSIGNed the rank owns it although its pod's
+        labels name another index."""
+        key = (namespace, job)
+        j = self.jobs.get(key)
+        return j.owners.get(rank) if j is not None else self.history.owners(key).get(rank)
+
     def handle(self, conn: Connection, m: pb.AgentMessage, received: float) -> None:
         """One message after Hello; ``received`` is time.monotonic() at arrival."""
+        if conn.spare:  # a spare says nothing else until it arrives as its assigned rank
+            if m.WhichOneof("body") == "fault":  # its own GPUs, links, node
+                self._jobs.spare_fault(conn, m.fault, self.clock())
+            elif m.WhichOneof("body") == "arrival":
+                self._jobs.spare_arrival(conn, m.arrival.generation)
+            return
         job, rs = self._jobs.lookup(conn)
         if job is None or rs is None:
             return

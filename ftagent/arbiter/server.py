@@ -450,9 +450,13 @@ class ArbiterServer:
                         return
                     facts = self.pod_lookup(h.namespace, h.pod) \
                         if self.pod_lookup is not None and principal.pod is not None else None
+                    # a spare claims no rank; one the arbiter ASSIGNed a rank owns it by
+                    # the arbiter's record, whatever index its pod's labels say
+                    assigned = principal.pod is not None and registry.owner_of(
+                        h.namespace, h.job, h.rank) == (h.pod, principal.pod_uid)
                     problem, retry = identity_problem(
                         principal, h.namespace, h.pod, h.node, h.job, h.rank, h.world_size,
-                        facts)
+                        facts, spare=h.spare or assigned)
                     if problem:
                         conn.reject(grpc.StatusCode.UNAVAILABLE if retry else
                                     grpc.StatusCode.PERMISSION_DENIED, problem,

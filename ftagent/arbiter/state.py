@@ -13,6 +13,11 @@ the job's generation is the highest any agent reports, its restart count likewis
 one exception is who owns each rank (``JobState.owners``): an agent's Hello cannot be
 trusted to say it, so the job's history record keeps it (``Owned``).
 
+Warm spares (``ftagent run --spare``, ``JobState.spares``) are agents of the job without a
+rank: a REPLACE ASSIGNs one the replaced rank (the decision makes its pod the rank's
+owner), and when it arrives at the new generation's barrier it *is* that rank
+(``Promoted``: its stream takes the rank's seat, the replaced agent's stream is dropped).
+
 Job lifecycle::
 
     STARTING ──all ranks arrived──▶ RUNNING ──fault: RESTART/REPLACE──▶ RESTARTING
@@ -31,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ftagent.model import JobBusy
-from ftagent.wire.limits import MAX_OPEN_FAULTS
+from ftagent.wire.limits import MAX_OPEN_FAULTS, MAX_SPARES
 
 SEEN_FAULTS_KEPT = 10_000  # per job; duplicate ids older than this are long acknowledged
 
@@ -60,6 +65,9 @@ class Verdict(str, enum.Enum):
     IGNORE = "ignore"  # recorded, nothing to do (stale generation, already handled)
     BUSY = "busy"  # a job hang's stacks showed ranks alive in a phase: no restart; every
     # rank is told who is busy and who waits (`busy`), and status shows it
+    ASSIGN = "assign"  # the spare `spare` becomes rank `rank` at `generation` (after a REPLACE)
+    RETIRE_SPARE = "retire_spare"  # the spare `spare` had a fatal fault: never assigned;
+    # it exits with the replace status (its pod moves), its stream's end drops it
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,7 @@ class Decision:
     # that the same mismatch after the restart STOPs the job (a program error)
     mismatch: str = ""
     busy: JobBusy | None = None  # BUSY: who is busy, who waits
+    spare: str = ""  # ASSIGN: the spare's agent instance (JobState.spares)
 
 
 @dataclass(slots=True)
@@ -116,9 +125,28 @@ class RankState:
     # Commands sent but not acknowledged, re-sent on reconnect: slot -> (id, bytes).
     pending: dict[str, tuple[str, bytes]] = field(default_factory=dict)
     conn: object | None = None  # the registry's live connection, if any
+    from_spare: bool = False  # a spare took this rank over (ASSIGN, then Promoted)
 
     def progress_age(self, now: float) -> float | None:
         return None if self.last_step_at is None else max(0.0, now - self.last_step_at)
+
+
+@dataclass(slots=True)
+class SpareState:
+    """A warm spare of the job: an agent with a warm standby and no rank, until the
+    arbiter ASSIGNs it one (``assigned``, for ``generation``)."""
+
+    instance: str  # its agent process's id (Hello.agent_instance): the key
+    pod: str = ""
+    pod_uid: str = ""  # the verified pod (TokenReview); "" unverified
+    node: str = ""
+    conn: object | None = None
+    assigned: int | None = None  # -1: retired (RETIRE_SPARE), never assigned
+    generation: int = -1
+    # It arrived for ``generation`` while the replaced agent's trainer may still run: its
+    # arrival counts once that agent reported its trainer's exit or left (``Promoted``),
+    # so no trainer of the old generation runs beside the new one.
+    arrived: int = -1
 
 
 @dataclass(slots=True)
@@ -199,6 +227,9 @@ class JobState:
     # A fingerprint of ``owners`` (XOR of each entry's hash), kept as they change: the
     # history record is rewritten when it changes without comparing every rank.
     owners_print: int = 0
+    # Connected warm spares, by agent instance, oldest first: at most MAX_SPARES (a Hello
+    # beyond is refused where it enters, jobs.py).
+    spares: dict[str, SpareState] = field(default_factory=dict)
 
     def remember_fault(self, fault_id: str, final: bool = True) -> None:
         self.seen_faults[fault_id] = final
@@ -235,6 +266,37 @@ class Owned(NamedTuple):
     registered since keeps its own."""
 
     owners: tuple[tuple[int, str, str], ...]
+
+
+class SpareJoined(NamedTuple):
+    """A spare's Hello was accepted (the job had room: MAX_SPARES)."""
+
+    instance: str
+    pod: str
+    node: str
+    pod_uid: str
+    conn: object
+
+
+class SpareLeft(NamedTuple):
+    """The spare's stream ended: it is no spare of the job any more (a Hello brings it back)."""
+
+    instance: str
+
+
+class Promoted(NamedTuple):
+    """The spare ASSIGNed rank ``rank`` arrived: its stream is that rank's from now on."""
+
+    instance: str
+    rank: int
+
+
+class SpareArrived(NamedTuple):
+    """The spare ASSIGNed a rank arrived for ``generation`` before the replaced agent's
+    trainer was known gone: held (``SpareState.arrived``) until it is."""
+
+    instance: str
+    generation: int
 
 
 class Left(NamedTuple):
@@ -302,7 +364,8 @@ class StacksIn(NamedTuple):
 
 
 Change = (Decision | Registered | Owned | Left | Progressed | Arrived | AtBarrier | Exited
-          | FaultSeen | Settled | StacksIn)
+          | FaultSeen | Settled | StacksIn | SpareJoined | SpareLeft | Promoted
+          | SpareArrived)
 
 # What a command does to the state its target ranks show (status) until they report.
 _RANK_STATES = {Verdict.RESTART: "restarting", Verdict.REJOIN: "restarting",
@@ -310,7 +373,9 @@ _RANK_STATES = {Verdict.RESTART: "restarting", Verdict.REJOIN: "restarting",
                 Verdict.RELEASE_BARRIER: "running"}
 # Verdicts that are commands to agents (the others are recorded only).
 COMMANDS = frozenset((Verdict.RESTART, Verdict.REJOIN, Verdict.STOP, Verdict.REPLACE,
-                      Verdict.RELEASE_BARRIER, Verdict.DUMP_STACKS, Verdict.BUSY))
+                      Verdict.RELEASE_BARRIER, Verdict.DUMP_STACKS, Verdict.BUSY,
+                      Verdict.ASSIGN, Verdict.RETIRE_SPARE))
+SPARE_COMMANDS = frozenset((Verdict.ASSIGN, Verdict.RETIRE_SPARE))  # to a spare's stream
 
 
 def apply(job: JobState, d: Change, now: float) -> None:
@@ -319,7 +384,7 @@ def apply(job: JobState, d: Change, now: float) -> None:
     if not isinstance(d, Decision):
         _AGENT_SAYS[type(d)](job, d, now)
         return
-    if d.verdict in COMMANDS:
+    if d.verdict in COMMANDS and d.verdict not in SPARE_COMMANDS:
         _commanded(job, d)
     v = d.verdict
     if v in (Verdict.RESTART, Verdict.REPLACE):
@@ -368,6 +433,13 @@ def apply(job: JobState, d: Change, now: float) -> None:
     elif (v is Verdict.WAIT and d.rank is not None and d.until is not None
           and d.rank not in job.nic_outages):
         job.nic_outages[d.rank] = NicOutage(fault_id=d.fault_id, since=now, deadline=d.until)
+    elif v is Verdict.ASSIGN and d.rank is not None and d.spare in job.spares:
+        sp = job.spares[d.spare]
+        sp.assigned, sp.generation = d.rank, d.generation
+        if sp.pod_uid:  # the arbiter's decision makes its pod the rank's owner
+            _own(job, d.rank, (sp.pod, sp.pod_uid))
+    elif v is Verdict.RETIRE_SPARE and d.spare in job.spares:
+        job.spares[d.spare].assigned = -1
 
 
 def _new_generation(job: JobState, generation: int, now: float) -> None:
@@ -515,8 +587,57 @@ def _registered(job: JobState, c: Registered, now: float) -> None:
     rs.connected, rs.conn = True, c.conn
 
 
+def _spare_joined(job: JobState, c: SpareJoined, now: float) -> None:
+    job.last_seen = now
+    sp = job.spares.get(c.instance)
+    if sp is None:
+        if len(job.spares) >= MAX_SPARES:
+            return  # refused where it entered (jobs.py): never more than MAX_SPARES
+        sp = job.spares[c.instance] = SpareState(instance=c.instance)
+    sp.pod, sp.node, sp.conn = c.pod, c.node, c.conn
+    if c.pod_uid:
+        sp.pod_uid = c.pod_uid
+
+
+def _spare_left(job: JobState, c: SpareLeft, now: float) -> None:
+    job.spares.pop(c.instance, None)
+    job.last_seen = now
+
+
+def _spare_arrived(job: JobState, c: SpareArrived, now: float) -> None:
+    sp = job.spares.get(c.instance)
+    if sp is not None and sp.assigned is not None and sp.assigned >= 0:
+        sp.arrived = max(sp.arrived, c.generation)
+
+
+def replaced_gone(rs: RankState | None) -> bool:
+    """The replaced rank's agent left, or reported its trainer's exit since the REPLACE
+    (its state was "replacing"): a spare may take the rank's seat without a trainer of the
+    old generation still running beside the new one."""
+    return rs is None or not rs.connected or rs.state in ("exited", "succeeded")
+
+
+def _promoted(job: JobState, c: Promoted, now: float) -> None:
+    """The assigned spare takes rank ``c.rank``'s seat: a fresh RankState with its stream
+    (the replaced agent's stream, if still open, no longer speaks for the rank)."""
+    sp = job.spares.get(c.instance)
+    if sp is None or sp.assigned != c.rank:
+        return
+    del job.spares[c.instance]
+    old = job.ranks.get(c.rank)
+    if old is None or not old.connected:
+        job.connected += 1
+    job.ranks[c.rank] = RankState(rank=c.rank, pod=sp.pod, pod_uid=sp.pod_uid, node=sp.node,
+                                  connected=True, state="waiting", generation=sp.generation,
+                                  instance=sp.instance, commanded=sp.generation,
+                                  conn=sp.conn, from_spare=True)
+    if sp.pod_uid:
+        _own(job, c.rank, (sp.pod, sp.pod_uid))
+
+
 # What each kind of change an agent's message makes does (one lookup per message).
 _AGENT_SAYS: dict[type, Callable[[JobState, Any, float], None]] = {
     Registered: _registered, Owned: _owned, Left: _left, Progressed: _progressed,
     Arrived: _arrived, AtBarrier: _at_barrier, Exited: _exited, FaultSeen: _fault_seen,
-    Settled: _settled, StacksIn: _stacks_in}
+    Settled: _settled, StacksIn: _stacks_in, SpareJoined: _spare_joined,
+    SpareLeft: _spare_left, Promoted: _promoted, SpareArrived: _spare_arrived}

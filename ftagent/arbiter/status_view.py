@@ -176,6 +176,8 @@ def format_job(j: pb.JobInfo) -> str:
         out.append(f"barrier: {printable(j.barrier)}")
     if j.busy:  # the arbiter's "job busy, no restart" verdict, while it holds
         out.append(f"busy: {printable(j.busy)}")
+    if j.spares:  # warm spares (ftagent run --spare)
+        out.append(f"spares: {printable(', '.join(j.spares))}")
     if j.HasField("goodput"):
         out += ["", format_goodput(j.goodput)]
     rows = [["RANK", "POD", "NODE", "STATE", "STEP", "LOSS", "LAST STEP", "RESTARTS", "GEN",

@@ -96,10 +96,12 @@ def parse(argv: Sequence[str], environ: Mapping[str, str]) -> RunConfig:
     return RunConfig(command=tuple(command), **groups)
 
 
-def setup_logging(level: str, rank: int) -> None:
+def setup_logging(level: str, rank: int | str) -> None:
+    """Log lines name the agent's rank (``rank`` an int) or what it is ("spare")."""
+    who = f"rank{rank}" if isinstance(rank, int) else rank
     logging.basicConfig(
         level=getattr(logging, level.upper()),
-        format=f"[ftagent rank{rank} %(asctime)s] %(levelname)s %(message)s",
+        format=f"[ftagent {who} %(asctime)s] %(levelname)s %(message)s",
         datefmt="%H:%M:%S", stream=sys.stderr)
 
 
@@ -434,7 +436,13 @@ def main(argv: Sequence[str]) -> int:
     except ConfigError as e:
         sys.stderr.write(f"ftagent run: error: {e} (see ftagent run --help)\n")
         return 2
-    setup_logging(cfg.supervisor.log_level, cfg.identity.rank)
+    if cfg.identity.spare and (cfg.launch.nproc_per_node or not cfg.arbiter.arbiter):
+        why = "--nproc-per-node (launcher mode)" if cfg.arbiter.arbiter else "no --arbiter"
+        sys.stderr.write(f"ftagent run: error: --spare is for single-worker pods under an "
+                         f"arbiter (it assigns the spare a rank), not with {why} (see "
+                         "ftagent run --help)\n")
+        return 2
+    setup_logging(cfg.supervisor.log_level, "spare" if cfg.identity.spare else cfg.identity.rank)
     scrub_credentials(environ)
     rundir = tempfile.mkdtemp(prefix="ftagent-")
     try:

@@ -45,6 +45,8 @@ class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMMAND_KIND_DUMP_STACKS: _ClassVar[CommandKind]
     COMMAND_KIND_REPLACE: _ClassVar[CommandKind]
     COMMAND_KIND_BUSY: _ClassVar[CommandKind]
+    COMMAND_KIND_ASSIGN: _ClassVar[CommandKind]
+    COMMAND_KIND_SPARE: _ClassVar[CommandKind]
 FAULT_KIND_UNSPECIFIED: FaultKind
 FAULT_KIND_CRASH: FaultKind
 FAULT_KIND_HANG: FaultKind
@@ -72,6 +74,8 @@ COMMAND_KIND_RELEASE_BARRIER: CommandKind
 COMMAND_KIND_DUMP_STACKS: CommandKind
 COMMAND_KIND_REPLACE: CommandKind
 COMMAND_KIND_BUSY: CommandKind
+COMMAND_KIND_ASSIGN: CommandKind
+COMMAND_KIND_SPARE: CommandKind
 
 class AgentMessage(_message.Message):
     __slots__ = ("job", "hello", "progress", "fault", "arrival", "exit", "ack", "stacks")
@@ -94,7 +98,7 @@ class AgentMessage(_message.Message):
     def __init__(self, job: _Optional[str] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., progress: _Optional[_Union[ProgressSummary, _Mapping]] = ..., fault: _Optional[_Union[Fault, _Mapping]] = ..., arrival: _Optional[_Union[BarrierArrival, _Mapping]] = ..., exit: _Optional[_Union[TrainerExit, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., stacks: _Optional[_Union[Stacks, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("job", "namespace", "pod", "node", "rank", "world_size", "restart_count", "generation", "agent_version", "max_restarts", "alert_only", "released_generation", "state", "agent_instance", "trainer_running", "gpus")
+    __slots__ = ("job", "namespace", "pod", "node", "rank", "world_size", "restart_count", "generation", "agent_version", "max_restarts", "alert_only", "released_generation", "state", "agent_instance", "trainer_running", "gpus", "spare")
     JOB_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     POD_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +115,7 @@ class Hello(_message.Message):
     AGENT_INSTANCE_FIELD_NUMBER: _ClassVar[int]
     TRAINER_RUNNING_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
+    SPARE_FIELD_NUMBER: _ClassVar[int]
     job: str
     namespace: str
     pod: str
@@ -127,7 +132,8 @@ class Hello(_message.Message):
     agent_instance: str
     trainer_running: bool
     gpus: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., pod: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., restart_count: _Optional[int] = ..., generation: _Optional[int] = ..., agent_version: _Optional[str] = ..., max_restarts: _Optional[int] = ..., alert_only: _Optional[bool] = ..., released_generation: _Optional[int] = ..., state: _Optional[str] = ..., agent_instance: _Optional[str] = ..., trainer_running: _Optional[bool] = ..., gpus: _Optional[_Iterable[str]] = ...) -> None: ...
+    spare: bool
+    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., pod: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., restart_count: _Optional[int] = ..., generation: _Optional[int] = ..., agent_version: _Optional[str] = ..., max_restarts: _Optional[int] = ..., alert_only: _Optional[bool] = ..., released_generation: _Optional[int] = ..., state: _Optional[str] = ..., agent_instance: _Optional[str] = ..., trainer_running: _Optional[bool] = ..., gpus: _Optional[_Iterable[str]] = ..., spare: _Optional[bool] = ...) -> None: ...
 
 class ProgressSummary(_message.Message):
     __slots__ = ("step", "loss", "samples_per_second", "tokens_per_second", "seconds_since_progress", "hung", "ts", "step_seconds", "collective_seconds", "data_seconds", "timed_steps", "resumed_step", "checkpoint_seconds", "other_phase_seconds")
@@ -360,7 +366,7 @@ class RankInfo(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., pod: _Optional[str] = ..., node: _Optional[str] = ..., connected: _Optional[bool] = ..., state: _Optional[str] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., progress_age_seconds: _Optional[float] = ..., hung: _Optional[bool] = ..., generation: _Optional[int] = ..., restarts: _Optional[int] = ..., last_fault: _Optional[str] = ..., last_exit_status: _Optional[int] = ...) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ("job", "namespace", "generation", "restarts", "max_restarts", "world_size", "connected", "state", "alert_only", "barrier", "ranks", "timeline", "goodput", "busy")
+    __slots__ = ("job", "namespace", "generation", "restarts", "max_restarts", "world_size", "connected", "state", "alert_only", "barrier", "ranks", "timeline", "goodput", "busy", "spares")
     JOB_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -375,6 +381,7 @@ class JobInfo(_message.Message):
     TIMELINE_FIELD_NUMBER: _ClassVar[int]
     GOODPUT_FIELD_NUMBER: _ClassVar[int]
     BUSY_FIELD_NUMBER: _ClassVar[int]
+    SPARES_FIELD_NUMBER: _ClassVar[int]
     job: str
     namespace: str
     generation: int
@@ -389,7 +396,8 @@ class JobInfo(_message.Message):
     timeline: _containers.RepeatedCompositeFieldContainer[TimelineEntry]
     goodput: Goodput
     busy: str
-    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., generation: _Optional[int] = ..., restarts: _Optional[int] = ..., max_restarts: _Optional[int] = ..., world_size: _Optional[int] = ..., connected: _Optional[int] = ..., state: _Optional[str] = ..., alert_only: _Optional[bool] = ..., barrier: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., timeline: _Optional[_Iterable[_Union[TimelineEntry, _Mapping]]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., busy: _Optional[str] = ...) -> None: ...
+    spares: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., generation: _Optional[int] = ..., restarts: _Optional[int] = ..., max_restarts: _Optional[int] = ..., world_size: _Optional[int] = ..., connected: _Optional[int] = ..., state: _Optional[str] = ..., alert_only: _Optional[bool] = ..., barrier: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., timeline: _Optional[_Iterable[_Union[TimelineEntry, _Mapping]]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., busy: _Optional[str] = ..., spares: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Goodput(_message.Message):
     __slots__ = ("wall_seconds", "seconds", "ratio", "recomputed_steps", "incidents", "per_incident", "started_at")

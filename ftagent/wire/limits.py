@@ -34,6 +34,7 @@ MAX_STACK_TEXT = 32 * 1024  # one process's py-spy text in a Stacks message: the
 # frames of its first 8 threads, which is what the arbiter compares (16 processes fit)
 MAX_WHERE = 200  # a place in the trainer's code ("save (serialization.py:966) from ...")
 MAX_ID = 128  # fault and command ids, agent instance ids
+MAX_SPARES = 8  # per job: warm spares (`ftagent run --spare`) the arbiter keeps
 MAX_OPEN_FAULTS = 10_000  # per job: faults awaiting a decision (stacks, a link down)
 MAX_GPUS = 64  # GPU ids in one Hello (a node has <= 16 GPUs; MIG slices up to 7 each)
 MAX_GPU_ID = 64  # one GPU id: GPU-<uuid> is 40 characters, MIG-<uuid> 41

@@ -365,3 +365,17 @@ def test_a_verified_node_agents_xid_replaces_and_cordons_end_to_end(
             await asyncio.gather(*tasks, return_exceptions=True)
 
     asyncio.run(body())
+
+
+def test_a_spare_pod_registers_without_a_rank_but_only_for_its_job(
+        kube: FakeKube, arbiter: ArbiterProcess) -> None:
+    _pod(kube, "a-spare", "alpha", "n2", rank=2, world=3)  # an extra replica of the group
+    code, details = connect(arbiter, token(kube, "a-0"), own("a-0", "alpha", 0, "n1"))
+    assert code == grpc.StatusCode.OK, details
+    tok = token(kube, "a-spare")
+    code, details = connect(arbiter, tok, own("a-spare", "alpha", 0, "n2"))
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "mismatch" in details, details
+    code, details = connect(arbiter, tok, own("a-spare", "alpha", 0, "n2", spare=True))
+    assert code == grpc.StatusCode.OK, details
+    code, details = connect(arbiter, tok, own("a-spare", "beta", 0, "n2", spare=True))
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "job mismatch" in details, details

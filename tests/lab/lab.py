@@ -8,7 +8,9 @@ namespace on the control bridge serves every node; ``ftagent status --follow --j
 streams its timeline into a file; a real Prometheus (``prometheus=True``) scrapes every
 agent and the arbiter each second.
 
-A rank's agent is a "pod": ``kill_agent(r)`` SIGKILLs it (as a node dying or an OOM kill
+``spares=N`` adds N nodes after the job's, each running a warm spare (``ftagent run
+--spare``, slot ``world + i``: its logs and events are read like a rank's under that
+number). A rank's agent is a "pod": ``kill_agent(r)`` SIGKILLs it (as a node dying or an OOM kill
 of the agent would), and ``start_rank(r)`` starts a new one for that rank, as a controller
 replaces a pod. ``close()`` kills every process it made and removes every namespace and
 link, and the guard (tests/lab/guard.py) calls it whatever ends the test process.
@@ -66,11 +68,12 @@ def _clean_env() -> dict[str, str]:
 class Lab:
     def __init__(self, tmp: Path, nodes: int = 2, *, job: str = "lab",
                  arbiter_args: Sequence[str] = (), prometheus: bool = False,
-                 arbiter: bool = True, stamp: bool = False) -> None:
+                 arbiter: bool = True, stamp: bool = False, spares: int = 0) -> None:
         self.tmp = tmp
         self.job = job
         self.world = nodes
-        self.net = Network(nodes)
+        self.spares = spares
+        self.net = Network(nodes + spares)
         self.arbiter_args = list(arbiter_args)
         self.want_prometheus = prometheus
         self.want_arbiter = arbiter
@@ -227,19 +230,22 @@ class Lab:
 
     def start_job(self, env: Mapping[str, str] | None = None, flags: Sequence[str] = ()
                   ) -> None:
-        """One agent per node for ranks 0..N-1 (node i runs rank i)."""
+        """One agent per node for ranks 0..N-1 (node i runs rank i), then the spares."""
         self.env = {**FAST_ENV, **(env or {})}
         self.flags = list(flags)
         for r in range(self.world):
             self.start_rank(r)
+        for i in range(self.spares):
+            self.start_rank(self.world + i, spare=True)
 
     def start_rank(self, r: int, extra: Sequence[str] = (),
-                   launcher: Callable[[int], list[str]] | None = None
-                   ) -> subprocess.Popen[bytes]:
+                   launcher: Callable[[int], list[str]] | None = None, *,
+                   spare: bool = False) -> subprocess.Popen[bytes]:
         """Start (or, after ``kill_agent``, replace) the agent of rank ``r`` on node ``r``;
         ``extra`` flags for this agent only (a simulated GPU timeline, say). ``launcher``
         (benchmarks): the command in front of ``python train.py`` instead of ftagent's,
-        e.g. torchrun's, or [] for the bare trainer."""
+        e.g. torchrun's, or [] for the bare trainer. ``spare``: slot ``r`` (past the
+        job's ranks) runs a warm spare: no RANK, ``--spare``, pod ``JOB-spare-R``."""
         n = self.incarnation.get(r, -1) + 1
         self.incarnation[r] = n
         ns = self.net.namespaces[r]
@@ -248,11 +254,15 @@ class Lab:
                "GLOO_SOCKET_IFNAME": "eth0", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
                "CHECKPOINT_DIR": str(self.ckpt_dir), "FAULT_TRIGGER_DIR": str(self.triggers),
                **self.env}
+        if spare:
+            del env["RANK"]  # the arbiter gives it one
+        who = ["--spare"] if spare else ["--rank", str(r)]
         cmd = ["ip", "netns", "exec", ns, PY, "-m", "ftagent", "run",
                "--metrics-port", str(AGENT_METRICS_PORT), "--metrics-addr", self.net.ctl_ip(r),
-               "--events-file", str(self.events_path(r, n)), "--rank", str(r),
+               "--events-file", str(self.events_path(r, n)), *who,
                "--world-size", str(self.world), "--arbiter", self.address, "--job", self.job,
-               "--pod", f"{self.job}-worker-{r}", "--node", f"node-{r}", "--nic", "eth0",
+               "--pod", f"{self.job}-{'spare' if spare else 'worker'}-{r}",
+               "--node", f"node-{r}", "--nic", "eth0",
                *self.flags, *extra, "--", PY, TRAIN]
         if launcher is not None:
             cmd = ["ip", "netns", "exec", ns, *launcher(r), TRAIN]
