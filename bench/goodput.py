@@ -49,15 +49,17 @@ on the arbiter's timeline; others: their agent's first log line about the failur
 nothing restarts, the first step after the outage), **lost steps** = the furthest step
 before the restart minus the step resumed from. **Goodput** = the wall time the kept steps
 took (each step number's last run: the gap between its line's stamp and the previous step
-line's in the same attempt, less any part of it inside the link's outage;
-``kept_wall_seconds``) / the run's training window (rank 0's first step to the end); it
-cannot exceed the window. Printed beside it, for one release: the old figure from the
-durations the trainer prints (``kept_printed_seconds``: on a loaded machine they summed
-to more than the wall time there was, 118.3 s for 112.0 s in one run), and
+line's in the same attempt, less any part of it inside the link's outage up to training
+again -- after the link is up the stalled all-reduce still waits for TCP's backed-off
+retransmission, and no step completes; ``kept_wall_seconds``) / the run's training window
+(rank 0's first step to the end); it cannot exceed the window. Printed beside it, for
+one release: the old figure from the durations the trainer prints
+(``kept_printed_seconds``, less the link's down time only: on a loaded machine they
+summed to more than the wall time there was, 118.3 s for 112.0 s in one run), and
 "median-based" (steps kept x the median healthy step: it also counts every step slower
 than the median as lost, which on a shared machine is load, not a fault). For ftagent
-the **ledger** (``ftagent status JOB --json``, its goodput block,
-read at the window's end) is printed beside it: productive / (wall - startup) is the same
+the **ledger** (``ftagent status JOB --json``, its goodput block, read at the window's
+end) is printed beside it: productive / (wall - startup) is the same
 window (the ledger's wall starts at the first registration).
 
 Also: the **default torchrun restart failure rate** (``--default-trials`` restarts
@@ -189,7 +191,8 @@ def kept_wall_seconds(log: list[str], windows: list[tuple[float, float]], start:
     previous one). A step's time is the gap between its line's stamp and the previous
     step line's stamp in the same attempt; kept are each step number's last run (a step
     run again after a restart replaces the first run, which was lost), less any part of
-    its gap inside a link outage in ``windows`` (the link down: no progress). Each gap
+    its gap inside a stall in ``windows`` (a link outage until training again: no
+    progress). Each gap
     lies between two lines of one attempt, so gaps never overlap and sum to at most the
     window, however the lines are batched (a batch's first line carries the wait since
     the previous batch, its others none: their sum is the same).
@@ -627,8 +630,13 @@ def run_schedule(name: str, args: argparse.Namespace, tmp: Path) -> Run:
         run.step_seconds = statistics.median(healthy) if healthy else 0.0
         # a kept step that spans the link's outage made no progress meanwhile; other
         # faults leave no kept step behind them (the step in flight is redone)
+        # (the wall-clock measure: until training again, as the ledger's outage; the
+        # link up is not training again: the blocked all-reduce waits for TCP's
+        # backed-off retransmission, seconds in which no step completes)
         outages = [(f.at, f.end) for f in run.faults if f.end is not None]
-        run.kept_seconds = kept_wall_seconds(lines(lab, 0), outages, run.start, run.end)
+        stalls = [(f.at, max(f.end, f.back or f.end)) for f in run.faults
+                  if f.end is not None]
+        run.kept_seconds = kept_wall_seconds(lines(lab, 0), stalls, run.start, run.end)
         run.kept_printed_seconds = kept_printed_seconds(all_steps, outages)
     (tmp / "run.json").write_text(json.dumps(dataclasses.asdict(run), indent=1))
     return run

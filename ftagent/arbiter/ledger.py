@@ -249,6 +249,7 @@ class Ledger:
         self._slow_at: float | None = None  # the last straggler accounting (training)
         self._outage: Outage | None = None  # a link outage the job is stalled on
         self._stall_steps: deque[int] = deque(maxlen=8)  # steps that spanned an outage
+        self._quiet_until = -1  # no straggler share up to this step (an outage's stall)
         # (seconds, until): phase time reported by then is the last outage's stall
         self._stall_credit: tuple[float, float] | None = None
         if midway or any(self.carried.values()):
@@ -346,10 +347,13 @@ class Ledger:
                over: int = 0) -> None:
         """The job waits ``share`` of each step on a slow rank (straggler.slowdown) as of
         ``at``: that share of the training time since the last call (or since training
-        began) moves from productive to straggler. ``step``, ``over``: the share is a mean
-        over the steps (step - over, step]; where those hold a step that spanned a link
-        outage, its stall (already ``outage``) is what made a rank look slow, and nothing
-        moves (the agents' means cover their last 64 steps: a few seconds after it)."""
+        began) moves from productive to straggler. ``step``, ``over``: the summary behind
+        this call has its means over the steps (step - over, step]; where those hold a
+        step that spanned a link outage, its stall (already ``outage``) is what made a
+        rank look slow, and nothing moves until the job is another ``over`` steps past
+        ``step`` (the share compares every rank's latest means: by then each rank whose
+        window held the stall has sent newer ones; the agents' means cover their last 64
+        steps, a summary goes every 5 s: a few seconds). O(1) per summary."""
         cur = self._current()
         if self.ended is not None or self.mode is not Mode.TRAINING or cur is None:
             self._slow_at = None
@@ -359,6 +363,9 @@ class Ledger:
         self._slow_at = max(at, start)
         share = _finite(share, 0.0)
         if step is not None and any(step - over < s <= step for s in self._stall_steps):
+            self._quiet_until = max(self._quiet_until, step + over)
+        reached = cur.reached()
+        if reached is not None and reached <= self._quiet_until:
             share = 0.0
         if at <= start or not 0.0 < share < 1.0:
             return
@@ -583,6 +590,7 @@ class Ledger:
     def _new_generation(self, generation: int, at: float) -> None:
         self._outage, self._stall_credit = None, None
         self._stall_steps.clear()
+        self._quiet_until = -1
         if self.mode in (Mode.TRAINING, Mode.OUTAGE):  # no fault explains it: say so
             cur = self._current()
             if cur is not None:

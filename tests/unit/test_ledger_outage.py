@@ -187,9 +187,18 @@ def test_the_stall_is_not_straggler_time() -> None:
         led.progress(0, 0, s, T0 + 23.0 + 0.1 * (s - 101))
     led.slowed(0.9, T0 + 27.9, step=150, over=64)  # its window holds step 101
     assert led.breakdown(T0 + 27.9).seconds["straggler"] == 0.0
-    led.slowed(0.5, T0 + 30.0, step=180, over=64)  # 117..180: the stall is out of it
-    b = led.breakdown(T0 + 30.0)
-    assert b.seconds["straggler"] == pytest.approx(0.5 * 2.1)
+    for s in range(151, 181):
+        led.progress(0, 0, s, T0 + 23.0 + 0.1 * (s - 101))  # step 180 at +30.9
+    # another rank's window (117..180) no longer holds it, but the share compares every
+    # rank's latest means, and the first rank's (up to step 150) still do: quiet until
+    # the job is 64 steps past 150, when that rank has sent newer ones
+    led.slowed(0.9, T0 + 30.9, step=180, over=64)
+    assert led.breakdown(T0 + 30.9).seconds["straggler"] == 0.0
+    for s in range(181, 221):
+        led.progress(0, 0, s, T0 + 23.0 + 0.1 * (s - 101))  # step 220 at +34.9
+    led.slowed(0.5, T0 + 34.9, step=220, over=64)  # past 150 + 64: believed again
+    b = led.breakdown(T0 + 34.9)
+    assert b.seconds["straggler"] == pytest.approx(0.5 * 4.0)
     assert b.seconds["outage"] == pytest.approx(13.0)
     assert sum(b.seconds.values()) == pytest.approx(b.wall)
 
