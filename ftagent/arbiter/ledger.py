@@ -110,8 +110,10 @@ class Stretch:
         default_factory=lambda: deque(maxlen=SAMPLES_KEPT))
     kept_until: float | None = None  # after this time its steps were redone (None: end)
     phase_moved: float = 0.0  # seconds of it moved to the phase categories
-    # [onset, first step after) of each link outage inside it (booked as ``outage``)
-    stalls: list[tuple[float, float]] = field(default_factory=list)
+    # [onset, first step after) of each link outage inside it (booked as ``outage``), the
+    # newest INCIDENTS_KEPT (a flapping link must not grow it without bound)
+    stalls: deque[tuple[float, float]] = field(
+        default_factory=lambda: deque(maxlen=INCIDENTS_KEPT))
 
     def reached(self) -> int | None:
         return self.samples[-1][1] if self.samples else None
