@@ -51,13 +51,19 @@ Per fault class: **detect** = injection -> the launcher's first sign (ftagent: t
 on the arbiter's timeline; others: their agent's first log line about the failure),
 **training again** = injection -> the first step line of the attempt that follows (or, when
 nothing restarts, the first step after the outage), **lost steps** = the furthest step
-before the restart minus the step resumed from. **Goodput** = the time the kept steps took
-(each step number's last run, each step's own duration as the trainer timed it, less any
-part of it inside the link's outage) / the run's training window (rank 0's first step to
-the end); "median-based" (steps kept x the median healthy step) is printed beside it: it
-also counts every step slower than the median as lost, which on a shared machine is load,
-not a fault. For ftagent the **ledger** (``ftagent status JOB --json``, its goodput block,
-read at the window's end) is printed beside it: productive / (wall - startup) is the same
+before the restart minus the step resumed from. **Goodput** = the wall time the kept steps
+took (each step number's last run: the gap between its line's stamp and the previous step
+line's in the same attempt, less any part of it inside the link's outage up to training
+again -- after the link is up the stalled all-reduce still waits for TCP's backed-off
+retransmission, and no step completes; ``kept_wall_seconds``) / the run's training window
+(rank 0's first step to the end); it cannot exceed the window. Printed beside it, for
+one release: the old figure from the durations the trainer prints
+(``kept_printed_seconds``, less the link's down time only: on a loaded machine they
+summed to more than the wall time there was, 118.3 s for 112.0 s in one run), and
+"median-based" (steps kept x the median healthy step: it also counts every step slower
+than the median as lost, which on a shared machine is load, not a fault). For ftagent
+the **ledger** (``ftagent status JOB --json``, its goodput block, read at the window's
+end) is printed beside it: productive / (wall - startup) is the same
 window (the ledger's wall starts at the first registration).
 
 Also: the **default torchrun restart failure rate** (``--default-trials`` restarts
@@ -134,7 +140,8 @@ class Run:
     end: float = 0.0
     kept: int = 0
     step_seconds: float = 0.0
-    kept_seconds: float = 0.0  # time the kept steps took, fault windows cut out
+    kept_seconds: float = 0.0  # wall time the kept steps took, the outage cut out
+    kept_printed_seconds: float = 0.0  # the old measure: their printed durations
     notes: list[str] = field(default_factory=list)
     ledger: dict[str, Any] | None = None  # ftagent: the arbiter's goodput block at the end
     ledger_at: float = 0.0
@@ -145,6 +152,13 @@ class Run:
         """The share of the window that became kept training (time-based, as the ledger)."""
         window = self.end - self.start
         return self.kept_seconds / window if window > 0 else 0.0
+
+    @property
+    def goodput_printed(self) -> float:
+        """The old outside figure: the kept steps' printed durations / the window (one
+        release, beside ``goodput``: it can exceed the wall time there was)."""
+        window = self.end - self.start
+        return self.kept_printed_seconds / window if window > 0 else 0.0
 
     @property
     def goodput_median(self) -> float:
@@ -172,14 +186,68 @@ def steps(lab: Lab, r: int = 0) -> list[tuple[float, int, float]]:
     return out
 
 
-def kept_seconds(all_steps: list[tuple[float, int, float]],
-                 windows: list[tuple[float, float]]) -> float:
-    """Seconds of kept training in rank 0's step lines: each step number's last run (a
+def kept_wall_seconds(log: list[str], windows: list[tuple[float, float]], start: float,
+                      end: float) -> float:
+    """Wall-clock seconds of kept training in rank 0's stamped lines (``log``), inside the
+    window ``[start, end]``; never more than the window.
+
+    An attempt begins at each "started:" line (or where a step does not go past the
+    previous one). A step's time is the gap between its line's stamp and the previous
+    step line's stamp in the same attempt; kept are each step number's last run (a step
+    run again after a restart replaces the first run, which was lost), less any part of
+    its gap inside a stall in ``windows`` (a link outage until training again: no
+    progress). Each gap
+    lies between two lines of one attempt, so gaps never overlap and sum to at most the
+    window, however the lines are batched (a batch's first line carries the wait since
+    the previous batch, its others none: their sum is the same).
+
+    The first step of an attempt counts its printed duration, capped at the gap from the
+    attempt's "started:" line: the gap from the start alone would count the trainer's
+    start-up (imports, process group, checkpoint load) as training -- that is the
+    restart's cost, which the ledger books as ``restart`` -- while the trainer's own
+    timing of that step is the training in it. The run's first step line opens the
+    window, so it adds nothing."""
+    last: dict[int, tuple[float, float]] = {}  # step -> (interval start, stamp): last run
+    began: float | None = None  # this attempt's "started:" stamp
+    prev: tuple[float, int] | None = None  # this attempt's previous step line
+    for ln in log:
+        st = STARTED.match(ln)
+        if st and st.group(2) == "0":
+            began, prev = float(st.group(1)), None
+            continue
+        m = STEP.match(ln)
+        if not m or m.group(2) != "0":
+            continue
+        t, step, sps = float(m.group(1)), int(m.group(3)), float(m.group(4))
+        if prev is not None and step <= prev[1]:  # a new attempt without its line
+            began, prev = None, None
+        if prev is not None:
+            lo = prev[0]
+        else:
+            printed = BATCH / sps if sps > 0 else 0.0
+            lo = t - (printed if began is None else min(printed, max(0.0, t - began)))
+        last[step] = (lo, t)
+        prev = (t, step)
+    total = 0.0
+    for lo, hi in last.values():
+        lo, hi = max(lo, start), min(hi, end)
+        if hi <= lo:
+            continue
+        cut = sum(max(0.0, min(hi, b) - max(lo, a)) for a, b in windows)
+        total += max(0.0, hi - lo - cut)
+    return min(total, max(0.0, end - start))
+
+
+def kept_printed_seconds(all_steps: list[tuple[float, int, float]],
+                         windows: list[tuple[float, float]]) -> float:
+    """The old outside measure, printed beside ``kept_wall_seconds`` for one release:
+    seconds of kept training in rank 0's step lines: each step number's last run (a
     step run again after a restart replaces the first run, which was lost), from the
     second step line on (the window starts at the first), each step's own duration
-    ``[arrival - seconds, arrival]`` less what falls in a fault window (injection ->
-    training again: a step that spans an outage or a hang is not progress for that
-    time)."""
+    ``[arrival - seconds, arrival]`` as the trainer printed it, less what falls in a
+    fault window. The printed durations are the trainer's own timing, which on a loaded
+    machine add up to more than the wall time there was (118.3 s for 112.0 s in one
+    run): ``kept_wall_seconds`` replaces it."""
     last: dict[int, tuple[float, float]] = {}
     for t, s, dt in all_steps:
         last[s] = (t, dt)
@@ -575,8 +643,14 @@ def run_schedule(name: str, args: argparse.Namespace, tmp: Path) -> Run:
         run.step_seconds = statistics.median(healthy) if healthy else 0.0
         # a kept step that spans the link's outage made no progress meanwhile; other
         # faults leave no kept step behind them (the step in flight is redone)
-        run.kept_seconds = kept_seconds(all_steps, [(f.at, f.end) for f in run.faults
-                                                    if f.end is not None])
+        # (the wall-clock measure: until training again, as the ledger's outage; the
+        # link up is not training again: the blocked all-reduce waits for TCP's
+        # backed-off retransmission, seconds in which no step completes)
+        outages = [(f.at, f.end) for f in run.faults if f.end is not None]
+        stalls = [(f.at, max(f.end, f.back or f.end)) for f in run.faults
+                  if f.end is not None]
+        run.kept_seconds = kept_wall_seconds(lines(lab, 0), stalls, run.start, run.end)
+        run.kept_printed_seconds = kept_printed_seconds(all_steps, outages)
     (tmp / "run.json").write_text(json.dumps(dataclasses.asdict(run), indent=1))
     return run
 
@@ -731,22 +805,25 @@ def ledger_table(rs: list[Run]) -> None:
     """ftagent's own ledger beside the outside measurement, and where the seconds went."""
     if not rs:
         return
-    print("\n| ftagent run | outside | ledger (training window) | difference | ledger ETTR "
-          "(from registration) | ledger: wall / productive / recomputed steps |")
-    print("|---|---|---|---|---|---|")
+    print("\n| ftagent run | outside | ledger (training window) | difference | old outside "
+          "(printed step times) | ledger ETTR (from registration) | ledger: wall / "
+          "productive / outage / recomputed steps |")
+    print("|---|---|---|---|---|---|---|")
     cats: dict[str, list[float]] = {}
     for i, r in enumerate(rs):
         row = ledger_row(r)
         if row is None:
-            print(f"| {i + 1} | {100 * r.goodput:.1f} % | ledger missing: {r.ledger} | | | |")
+            print(f"| {i + 1} | {100 * r.goodput:.1f} % | ledger missing: {r.ledger} | | | | |")
             continue
         whole, window, secs = row
         g = r.ledger or {}
         lost = sum(f.lost for f in r.faults)
         print(f"| {i + 1} | {100 * r.goodput:.1f} % | {100 * window:.1f} % | "
-              f"{100 * (window - r.goodput):+.1f} pts | {100 * whole:.1f} % | "
+              f"{100 * (window - r.goodput):+.1f} pts | {100 * r.goodput_printed:.1f} % "
+              f"({100 * (window - r.goodput_printed):+.1f} pts) | {100 * whole:.1f} % | "
               f"{float(g.get('wall_seconds') or 0):.1f} s / {secs.get('productive', 0):.1f} s / "
-              f"{g.get('recomputed_steps')} (outside: {lost}) |")
+              f"{secs.get('outage', 0):.1f} s / {g.get('recomputed_steps')} "
+              f"(outside: {lost}) |")
         for k, v in secs.items():
             cats.setdefault(k, []).append(v)
     print("\nftagent, each fault on the arbiter's timeline (seconds from the injection; "
@@ -792,20 +869,25 @@ def report(runs: list[Run], trials: tuple[int, int] | None,
             print(f"| {kind} | {name} | {fmt(det)} | {fmt(back)} | "
                   f"{'-' if lost is None else f'{lost:.0f}'} |")
     base = mean([r.goodput for r in by.get("torchrun", []) if r.end > r.start])
-    print("\n| launcher | goodput | vs torchrun | median-based | window | load (1 min) |")
-    print("|---|---|---|---|---|---|")
+    print("\n| launcher | goodput | vs torchrun | old: printed step times | median-based | "
+          "window | load (1 min) |")
+    print("|---|---|---|---|---|---|---|")
     for name, all_rs in by.items():
         rs = [r for r in all_rs if r.end > r.start]
         if not rs:
-            print(f"| {name} | no run finished (see the notes) | | | | |")
+            print(f"| {name} | no run finished (see the notes) | | | | | |")
             continue
         g = mean([r.goodput for r in rs]) or 0.0
         ratio = f"{g / base:.2f}x, {100 * (g - base):+.1f} pts" if base else "-"
         med = mean([r.goodput_median for r in rs]) or 0.0
+        old = mean([r.goodput_printed for r in rs]) or 0.0
         window = mean([r.end - r.start for r in rs]) or 0.0
         load = mean([r.load for r in rs]) or 0.0
-        print(f"| {name} | {100 * g:.1f} % | {ratio} | {100 * med:.1f} % | {window:.0f} s | "
-              f"{load:.1f} |")
+        print(f"| {name} | {100 * g:.1f} % | {ratio} | {100 * old:.1f} % | {100 * med:.1f} % "
+              f"| {window:.0f} s | {load:.1f} |")
+    print("(goodput: the wall time of the kept steps, from the lines' stamps, over the "
+          "window; old: the durations the trainer printed for them, which can add up to "
+          "more than the window, kept for one release)")
     if "torchrun-default" in by:
         print("(torchrun: the trainer's process-group timeout is --pg-timeout, "
               f"{args.pg_timeout:.0f} s, tuned for it: the favourable baseline, 'vs torchrun' "

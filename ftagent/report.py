@@ -77,6 +77,7 @@ class IncidentRow:
     steps: int | None
     resumed: int | None
     source: str
+    no_restart: bool = False  # a link outage the job resumed from by itself
 
 
 INCIDENTS_SHOWN = 64  # rows of the per-incident table (the arbiter keeps the newest 64)
@@ -272,11 +273,12 @@ def _incident_row(i: Any) -> IncidentRow | None:
                        _num(i.get("decide_seconds")), _num(i.get("restart_seconds")),
                        max(0.0, _num(i.get("recompute_seconds")) or 0.0),
                        _int(i.get("recomputed_steps")), _int(i.get("resumed_step")),
-                       str(i.get("resume_source", ""))[:16])
+                       str(i.get("resume_source", ""))[:16], i.get("no_restart") is True)
 
 
 def incident_table(d: ReportData) -> str:
-    """Each restart: time to detect, decide, restart and recompute ("" without any)."""
+    """Each restart (and each link outage the job resumed from by itself, its restart
+    "none"): time to detect, decide, restart and recompute ("" without any)."""
     if not d.incidents:
         return ""
 
@@ -284,8 +286,10 @@ def incident_table(d: ReportData) -> str:
         return "-" if v is None else f"{v:.1f}"
 
     rows = "".join(
-        f"<tr><td>{i.generation}</td><td>{esc(i.kind)}</td><td>{sec(i.detect)}</td>"
-        f"<td>{sec(i.decide)}</td><td>{sec(i.restart)}</td><td>{sec(i.recompute)}</td>"
+        f"<tr><td>{i.generation}</td><td>{esc(i.kind)}"
+        f"{' (outage, no restart)' if i.no_restart else ''}</td><td>{sec(i.detect)}</td>"
+        f"<td>{sec(i.decide)}</td><td>{'none' if i.no_restart else sec(i.restart)}</td>"
+        f"<td>{sec(i.recompute)}</td>"
         f"<td>{'unknown' if i.steps is None else i.steps}</td>"
         f"<td>{'-' if i.resumed is None else i.resumed}"
         f"{' (' + esc(i.source) + ')' if i.source and i.resumed is not None else ''}</td></tr>"

@@ -186,7 +186,7 @@ def _goodput(led: Ledger | None, at: float) -> dict[str, Any]:
 # An incident in a record: a list in this order (compact: a record holds up to 64).
 INCIDENT_FIELDS = ("generation", "kind", "onset", "detected", "decided", "released",
                    "first_step_at", "reached", "resumed", "resume_source",
-                   "recompute_seconds", "superseded")
+                   "recompute_seconds", "superseded", "restarted")
 RESUME_SOURCES = ("reported", "first_step", "")
 MAX_STEP = limits.MAX_STEP
 
@@ -205,7 +205,10 @@ def incident_or_none(v: Any) -> Incident | None:
 
 def incident_from_json(v: Any) -> Incident:
     """An incident from a record (``incident_json``'s list); raises ValueError for one
-    that is not: times finite, steps counts, the kind a short string."""
+    that is not: times finite, steps counts, the kind a short string. A record written
+    before outages were incidents has no ``restarted``: every incident then was a restart."""
+    if isinstance(v, list) and len(v) == len(INCIDENT_FIELDS) - 1:
+        v = [*v, True]
     if not isinstance(v, list) or len(v) != len(INCIDENT_FIELDS):
         raise ValueError("an incident is not a list of its fields")
     d = dict(zip(INCIDENT_FIELDS, v, strict=True))
@@ -223,8 +226,8 @@ def incident_from_json(v: Any) -> Incident:
                 isinstance(c, int) and not isinstance(c, bool) and 0 <= c <= MAX_STEP):
             raise ValueError(f"incident {n} is not a count")
     if not isinstance(d["kind"], str) or d["resume_source"] not in RESUME_SOURCES \
-            or not isinstance(d["superseded"], bool):
-        raise ValueError("incident kind, resume source or superseded is not one")
+            or not isinstance(d["superseded"], bool) or not isinstance(d["restarted"], bool):
+        raise ValueError("incident kind, resume source, superseded or restarted is not one")
     d["kind"] = d["kind"][:32]
     return Incident(**d)
 

@@ -127,7 +127,9 @@ class Intake:
                                p.data_seconds), now)
             at = min(now, p.ts) if p.ts > 0 else (now if rs.last_step_at is None
                                                   else rs.last_step_at)
-            self.journal.ledger(job, now).slowed(jt.slowdown(now), at)  # waited on a slow rank
+            # waited on a slow rank (means over this summary's last timed steps)
+            self.journal.ledger(job, now).slowed(jt.slowdown(now), at, step=p.step,
+                                                 over=p.timed_steps)
 
     def _timings(self, job: JobState) -> JobTimings:
         key = (job.namespace, job.job)

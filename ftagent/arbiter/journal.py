@@ -147,7 +147,7 @@ class Journal:
 
     def decided(self, job: JobState, d: Decision, now: float) -> None:
         """Restarts by fault kind; seconds from a fault to every rank training again; the
-        ledger's restarts, releases and end."""
+        ledger's restarts, releases, end and link outages."""
         s = self.stats_of(job)
         led = self.ledger(job, now)
         if d.verdict in (Verdict.RESTART, Verdict.REPLACE):
@@ -156,6 +156,10 @@ class Journal:
             led.released(d.generation, now)
         elif d.verdict is Verdict.STOP and not d.targets:
             led.end(now)
+        elif d.verdict is Verdict.WAIT:  # a link down: the job stalls on it (outage)
+            led.outage(d.fault_id, now)
+        elif d.verdict is Verdict.ALERT_ONLY:  # a link back the job resumed from by itself
+            led.settled(d.fault_id, now)
         if d.verdict in (Verdict.RESTART, Verdict.REPLACE):
             seen = s.faults.get(d.fault_id)
             reason = seen[1] if seen else "other"

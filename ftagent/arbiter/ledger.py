@@ -31,6 +31,20 @@ not hold the ledger in ``restart``).
 - ``capacity``: after a decision, time a replacement pod of the job was Pending (no node
   for it yet: the cluster's capacity, not the job's fault), from the Kubernetes side's
   pod watch (``capacity``); it is carved out of ``decision``.
+- ``outage``: a link outage that restarted nothing (the arbiter waited for the link, and
+  once it was back the job's steps went on by themselves: TCP resumed the collective): the
+  stall from the outage's onset (its link going down, as its agent measured it) to the
+  job's first step after the link came back (``outage``, ``progress``). None of the
+  other categories is that time: nothing was detected late, decided, restarted or redone;
+  training was stalled on the network. It is an incident too (``Incident.restarted``
+  False: detect = onset -> link back, decide = link back -> that first step, no restart,
+  nothing recomputed). An outage that ends in a restart is that restart's incident, its
+  time detection and decision as before (``restart`` takes the outage's times). The stall
+  is the outage's only: not ``straggler`` (the agents' step means that hold the stalled
+  step make a rank look slow for a while: ``slowed``'s ``step``/``over``), not a learned
+  phase (the agent's hang verifier may learn the stall as an undeclared one, reported
+  once steps resume: ``phases``), not ``recomputed`` (a later restart that resumes before
+  it redoes the training around it).
 
 The resume step comes from the job itself: an explicit report (``resumed``: a "loaded
 checkpoint ... iteration N" line or an SDK call), else the first step of the new
@@ -53,11 +67,15 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 CATEGORIES = ("startup", "productive", "recomputed", "detection", "decision", "restart",
-              "unattributed", "checkpoint", "other_phases", "straggler", "capacity")
+              "unattributed", "checkpoint", "other_phases", "straggler", "capacity",
+              "outage")
 PHASE_CATEGORIES = ("checkpoint", "other_phases")  # (checkpoint, other) seconds, in order
 SAMPLES_KEPT = 4096  # (time, step) points kept per training stretch, for interpolation
 INCIDENTS_KEPT = 64  # per job, the newest
 FAULTS_KEPT = 64  # faults remembered until a decision names them
+# An outage's stall learned by the agent as an undeclared phase arrives with the summary
+# after the step that ended it (one per 5 s); phase time reported later is not that stall.
+STALL_REPORTED_WITHIN = 30.0
 
 
 class Mode(str, enum.Enum):
@@ -67,6 +85,7 @@ class Mode(str, enum.Enum):
     DECISION = "decision"
     RESTART = "restart"
     CAPACITY = "capacity"
+    OUTAGE = "outage"  # training stalled on a link that is down (or not resumed yet)
     OFF = "unattributed"  # stopped, or waiting on something the ledger cannot explain
 
 
@@ -91,6 +110,10 @@ class Stretch:
         default_factory=lambda: deque(maxlen=SAMPLES_KEPT))
     kept_until: float | None = None  # after this time its steps were redone (None: end)
     phase_moved: float = 0.0  # seconds of it moved to the phase categories
+    # [onset, first step after) of each link outage inside it (booked as ``outage``), the
+    # newest INCIDENTS_KEPT (a flapping link must not grow it without bound)
+    stalls: deque[tuple[float, float]] = field(
+        default_factory=lambda: deque(maxlen=INCIDENTS_KEPT))
 
     def reached(self) -> int | None:
         return self.samples[-1][1] if self.samples else None
@@ -111,10 +134,23 @@ class Stretch:
 
 
 @dataclass(slots=True)
-class Incident:
-    """One restart: the fault's times, the decision, the new generation's first step."""
+class Outage:
+    """A link outage while the job trained, until its first step after the link is back."""
 
-    generation: int  # the generation restarted into
+    fault_id: str
+    onset: float
+    detected: float
+    back: float | None = None  # the (last) link back, as its agent saw it
+    back_id: str = ""  # that link back's fault (the arbiter's resume verdict names it)
+
+
+@dataclass(slots=True)
+class Incident:
+    """One restart: the fault's times, the decision, the new generation's first step; or
+    (``restarted`` False) a link outage that restarted nothing: ``detected`` is the link
+    back, ``first_step_at`` the job's first step after it."""
+
+    generation: int  # the generation restarted into (an outage: the one it stalled)
     kind: str
     onset: float
     detected: float
@@ -128,17 +164,23 @@ class Incident:
     # restarted again before its generation trained: it redid nothing (the next incident
     # takes over the step the job had reached)
     superseded: bool = False
+    restarted: bool = True  # False: a link outage the job resumed from by itself
 
     @property
     def recomputed_steps(self) -> int | None:
-        if self.superseded:
+        if self.superseded or not self.restarted:
             return 0
         if self.reached is None or self.resumed is None:
             return None
         return max(0, self.reached - self.resumed)
 
     def durations(self) -> dict[str, float | None]:
-        """Seconds per stage (None: not reached yet)."""
+        """Seconds per stage (None: not reached yet; an outage's restart: none)."""
+        if not self.restarted:
+            return {"detect": self.detected - self.onset,
+                    "decide": None if self.first_step_at is None
+                    else self.first_step_at - self.detected,
+                    "restart": None, "recompute": 0.0}
         return {
             "detect": self.detected - self.onset,
             "decide": None if self.released is None else self.released - self.detected,
@@ -157,7 +199,7 @@ class Breakdown:
     # the newest INCIDENTS_KEPT: those carried over from before an arbiter restart (the
     # job's history record), then this ledger's
     incidents: tuple[Incident, ...]
-    restarts: int = 0  # restarts placed, carried ones included
+    restarts: int = 0  # restarts placed, carried ones included (outages are not)
     carried_wall: float = 0.0  # seconds carried over from before an arbiter restart
 
     @property
@@ -207,6 +249,11 @@ class Ledger:
         self._phase_seen: dict[int, tuple[float, ...]] = {}  # rank -> its phase seconds
         self._phase_job: tuple[float, ...] = (0.0,) * len(PHASE_CATEGORIES)
         self._slow_at: float | None = None  # the last straggler accounting (training)
+        self._outage: Outage | None = None  # a link outage the job is stalled on
+        self._stall_steps: deque[int] = deque(maxlen=8)  # steps that spanned an outage
+        self._quiet_until = -1  # no straggler share up to this step (an outage's stall)
+        # (seconds, until): phase time reported by then is the last outage's stall
+        self._stall_credit: tuple[float, float] | None = None
         if midway or any(self.carried.values()):
             # met midway (an arbiter restarted under a running job): until every rank's
             # next step, the ledger cannot say what the job is doing
@@ -237,6 +284,10 @@ class Ledger:
         if cur is not None and at >= cur.start and (not cur.samples
                                                      or step > cur.samples[-1][1]):
             cur.samples.append((max(at, cur.samples[-1][0] if cur.samples else at), step))
+            out = self._outage
+            if self.mode is Mode.OUTAGE and out is not None and out.back is not None \
+                    and at >= out.back:
+                self._outage_over(at, step)
 
     def resumed(self, generation: int, step: int) -> None:
         """The job says generation ``generation`` resumed after ``step`` (a checkpoint
@@ -270,6 +321,17 @@ class Ledger:
         job = tuple(max(a, b) for a, b in zip(self._phase_job, mine, strict=True))
         grew = [max(0.0, a - b) for a, b in zip(job, self._phase_job, strict=True)]
         self._phase_job = job
+        credit = self._stall_credit
+        if credit is not None and _finite(at, math.inf) <= credit[1]:
+            # the agent's hang verifier learned the outage's stall as an undeclared phase
+            # (a stall found alive), reported once steps resumed: it is ``outage``
+            # already. Other first: a stall in a collective ran in no save.
+            left = credit[0]
+            for i in reversed(range(len(grew))):
+                took = min(grew[i], left)
+                grew[i] -= took
+                left -= took
+            self._stall_credit = (left, credit[1]) if left > 0 else None
         cur = self._current()
         if self.mode is not Mode.TRAINING or cur is None or not any(grew):
             return
@@ -283,10 +345,17 @@ class Ledger:
             self.totals["productive"] -= move
             self.totals[c] += move
 
-    def slowed(self, share: float, at: float) -> None:
+    def slowed(self, share: float, at: float, *, step: int | None = None,
+               over: int = 0) -> None:
         """The job waits ``share`` of each step on a slow rank (straggler.slowdown) as of
         ``at``: that share of the training time since the last call (or since training
-        began) moves from productive to straggler."""
+        began) moves from productive to straggler. ``step``, ``over``: the summary behind
+        this call has its means over the steps (step - over, step]; where those hold a
+        step that spanned a link outage, its stall (already ``outage``) is what made a
+        rank look slow, and nothing moves until the job is another ``over`` steps past
+        ``step`` (the share compares every rank's latest means: by then each rank whose
+        window held the stall has sent newer ones; the agents' means cover their last 64
+        steps, a summary goes every 5 s: a few seconds). O(1) per summary."""
         cur = self._current()
         if self.ended is not None or self.mode is not Mode.TRAINING or cur is None:
             self._slow_at = None
@@ -295,6 +364,11 @@ class Ledger:
         start = max(self._slow_at if self._slow_at is not None else cur.start, cur.start)
         self._slow_at = max(at, start)
         share = _finite(share, 0.0)
+        if step is not None and any(step - over < s <= step for s in self._stall_steps):
+            self._quiet_until = max(self._quiet_until, step + over)
+        reached = cur.reached()
+        if reached is not None and reached <= self._quiet_until:
+            share = 0.0
         if at <= start or not 0.0 < share < 1.0:
             return
         self._close(at, Mode.TRAINING)
@@ -328,6 +402,41 @@ class Ledger:
             same_as, FaultTimes(kind, onset, detected, last_step))
         while len(self.faults) > FAULTS_KEPT:
             self.faults.popitem(last=False)
+        out = self._outage
+        if same_as and out is not None and self.ended is None:  # a link back
+            back = max(_finite(detected, self.since), out.onset)
+            out.back = back if out.back is None else max(out.back, back)
+            out.back_id = fault_id
+
+    def outage(self, fault_id: str, now: float) -> None:
+        """The arbiter waits for the link of fault ``fault_id`` (down since its onset):
+        while the job trained, its time from that onset is ``outage`` until the job's
+        first step stamped after the link came back (``progress``; steps a rank completes
+        while its link is down are collectives that had finished before it went, not
+        training again), or a restart (``restart``: then the outage is that restart's
+        detection and decision). A second link down during an outage: the first's onset
+        stands."""
+        if self.ended is not None or self.mode is not Mode.TRAINING \
+                or self._outage is not None:
+            return
+        now = max(_finite(now, self.since), self.since)
+        f = self.faults.get(fault_id)
+        detected = min(max(_finite(f.detected, now) if f else now, self.since), now)
+        onset = f.onset if f is not None and f.onset is not None else detected
+        self._close(min(max(_finite(onset, detected), self.since), detected), Mode.OUTAGE)
+        self._outage = Outage(fault_id, self.since, detected)
+
+    def settled(self, fault_id: str, now: float) -> None:
+        """The arbiter found the job resumed by itself after the link back ``fault_id``
+        (every rank's step advanced): where the ledger has not seen such a step stamped
+        after the link came back (an agent's clock behind the arbiter's), the outage ends
+        now."""
+        out = self._outage
+        if self.ended is None and self.mode is Mode.OUTAGE and out is not None \
+                and out.back_id == fault_id:
+            cur = self._current()
+            self._outage_over(max(_finite(now, self.since), self.since),
+                              cur.reached() if cur is not None else None)
 
     def restart(self, generation: int, now: float, *, fault_id: str = "", kind: str = "",
                 onset: float | None = None, detected: float | None = None) -> None:
@@ -338,6 +447,7 @@ class Ledger:
         detection are that hang's (``_stall_seen``); its kind stays the decided fault's."""
         if self.ended is not None or generation <= self.generation:
             return
+        self._outage = None  # an outage that ends in this restart is its incident
         last_step = None
         if fault_id in self.faults:
             kind, onset, detected, last_step = self.faults[fault_id]
@@ -364,13 +474,13 @@ class Ledger:
                 onset = last if onset is None else max(onset, last)
         onset = min(max(onset if onset is not None else detected, lo), detected)
         reached = cur.reached() if cur is not None else None
-        prev = self.incidents[-1] if self.incidents else None
+        prev = self._last_restart()
         if cur is None and prev is not None and prev.generation == self.generation \
                 and prev.first_step_at is None:
             # its generation never trained: the job still stands where that restart
             # found it, and that restart redid nothing
             reached, prev.superseded = prev.reached, True
-        if self.mode is Mode.TRAINING:
+        if self.mode in (Mode.TRAINING, Mode.OUTAGE):
             self._close(onset, Mode.DETECTION)
             if cur is not None:
                 cur.end = onset
@@ -400,7 +510,7 @@ class Ledger:
         if cur is not None and cur.end is None:
             cur.end = now
         self._close(now, Mode.OFF)
-        self.ended = now
+        self.ended, self._outage = now, None
 
     # ------------------------------------------------------------------ answers
 
@@ -422,7 +532,7 @@ class Ledger:
             steps += n
         shown = (*self.carried_incidents, *self.incidents)[-INCIDENTS_KEPT:]
         return Breakdown(self.start, wall, secs, steps, shown,
-                         self.carried_restarts + len(self.incidents),
+                         self.carried_restarts + sum(i.restarted for i in self.incidents),
                          sum(self.carried.values()))
 
     def exported(self, now: float) -> dict[str, float]:
@@ -444,10 +554,35 @@ class Ledger:
             else None
 
     def _incident(self, generation: int) -> Incident | None:
+        """The restart into ``generation`` (an outage in it is not one)."""
         for inc in reversed(self.incidents):
-            if inc.generation == generation:
+            if inc.generation == generation and inc.restarted:
                 return inc
         return None
+
+    def _last_restart(self) -> Incident | None:
+        for inc in reversed(self.incidents):
+            if inc.restarted:
+                return inc
+        return None
+
+    def _outage_over(self, at: float, step: int | None) -> None:
+        """The job trains again after the outage (its first step after the link came
+        back, at ``at``): the outage is an incident that restarted nothing."""
+        out, cur = self._outage, self._current()
+        assert out is not None
+        self._outage = None
+        self._close(at, Mode.TRAINING)
+        self._slow_at = self.since
+        if cur is not None:
+            cur.stalls.append((out.onset, self.since))
+        self._stall_credit = (self.since - out.onset, self.since + STALL_REPORTED_WITHIN)
+        if step is not None:
+            self._stall_steps.append(step)
+        back = min(max(out.back if out.back is not None else self.since, out.onset),
+                   self.since)
+        self.incidents.append(Incident(self.generation, "nic", out.onset, back, back,
+                                       first_step_at=self.since, restarted=False))
 
     def _close(self, at: float, mode: Mode) -> None:
         at = max(at, self.since)
@@ -455,7 +590,10 @@ class Ledger:
         self.since, self.mode = at, mode
 
     def _new_generation(self, generation: int, at: float) -> None:
-        if self.mode is Mode.TRAINING:  # no fault explains it: say so
+        self._outage, self._stall_credit = None, None
+        self._stall_steps.clear()
+        self._quiet_until = -1
+        if self.mode in (Mode.TRAINING, Mode.OUTAGE):  # no fault explains it: say so
             cur = self._current()
             if cur is not None:
                 cur.end = max(at, self.since)
@@ -484,7 +622,7 @@ class Ledger:
         """A step of a generation already restarted from (its agent's last summary, sent
         with its exit, may come after the fault): the step it had reached, while the
         restart's first step is not seen yet."""
-        inc = self.incidents[-1] if self.incidents else None
+        inc = self._last_restart()
         st = self.stretches[-1] if self.stretches else None
         if (inc is None or inc.first_step_at is not None or st is None
                 or st.generation != generation or st.end is None or st.end > inc.onset):
@@ -519,7 +657,8 @@ class Ledger:
                 continue
             top = st.end if st.kept_until is None else st.kept_until
             t = min(max(st.time_of(resumed), st.start), top)
-            moved += top - t
+            # an outage inside it is booked as such already: not redone training
+            moved += top - t - sum(max(0.0, min(b, top) - max(a, t)) for a, b in st.stalls)
             st.kept_until = t
             if st.first_step <= resumed + 1:
                 break

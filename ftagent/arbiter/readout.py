@@ -179,4 +179,4 @@ def _incident_pb(i: Incident) -> pb.GoodputIncident:
         recompute_seconds=i.recompute_seconds, reached_step=i.reached,
         resumed_step=i.resumed if over else None,
         recomputed_steps=i.recomputed_steps if over else None,
-        resume_source=i.resume_source if over else "")
+        resume_source=i.resume_source if over else "", no_restart=not i.restarted)

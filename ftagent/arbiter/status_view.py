@@ -125,7 +125,8 @@ def format_entry(e: pb.TimelineEntry) -> str:
 
 
 GOODPUT_ORDER = ("productive", "startup", "recomputed", "detection", "decision", "restart",
-                 "checkpoint", "other_phases", "unattributed")
+                 "outage", "checkpoint", "other_phases", "straggler", "capacity",
+                 "unattributed")
 
 
 def format_goodput(g: pb.Goodput) -> str:
@@ -149,7 +150,8 @@ def format_goodput(g: pb.Goodput) -> str:
 
 def format_incidents(incidents: Iterable[pb.GoodputIncident]) -> str:
     """One row per restart: how long detection, decision, restart and the redone training
-    took, and where the resume step came from ("-": that stage is not over yet)."""
+    took, and where the resume step came from ("-": that stage is not over yet); a link
+    outage the job resumed from by itself has a row too, its restart "none"."""
     rows = [["INCIDENT", "KIND", "DETECT", "DECIDE", "RESTART", "RECOMPUTE", "STEPS REDONE",
              "RESUMED AFTER"]]
     def opt(i: pb.GoodputIncident, name: str) -> str:
@@ -161,7 +163,8 @@ def format_incidents(incidents: Iterable[pb.GoodputIncident]) -> str:
         how = "reported" if i.resume_source == "reported" else "first step"
         resumed = f"{i.resumed_step} ({how})" if i.HasField("resumed_step") else "-"
         rows.append([f"g{i.generation}", i.kind[:16], _duration(i.detect_seconds),
-                     opt(i, "decide_seconds"), opt(i, "restart_seconds"),
+                     opt(i, "decide_seconds"),
+                     "none" if i.no_restart else opt(i, "restart_seconds"),
                      _duration(i.recompute_seconds), redone, resumed])
     return _table(rows)
 

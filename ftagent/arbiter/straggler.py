@@ -129,8 +129,19 @@ def slowdown(timed: Mapping[int, RankTiming], ratio: float) -> float:
     """The share of the job's step time spent waiting on a slow rank right now: the
     slowest rank's own seconds per step minus the median of the others', over the step
     time, when that rank is slow by ``assess``'s measure (else 0: jitter is not a
-    straggler). In [0, 1); 0 with fewer than two timed ranks. For the goodput ledger."""
+    straggler). In [0, 1); 0 with fewer than two timed ranks. For the goodput ledger.
+
+    0 without a breakdown (no rank measured its waits in collectives or for data: no
+    ``instrument()``): then own time is the whole step time, and in synchronous training
+    every rank's step time is the same steps' time, so the ranks' means differ only by
+    which steps each covered (its last 64 when its summary was sent), not by a slow rank;
+    on a loaded machine that difference booked 35.6 s of a ten-minute bench as waiting
+    on a straggler where no rank was one (docs/goodput.md: no straggler share without
+    step timings). ``assess`` still names a slow rank from step time alone (a job whose
+    ranks do not synchronise every step)."""
     timed = {r: t for r, t in timed.items() if t.step_seconds > 0}
+    if not any(t.collective_seconds > 0 or t.data_seconds > 0 for t in timed.values()):
+        return 0.0
     slow = assess(timed, ratio)
     if not slow:
         return 0.0

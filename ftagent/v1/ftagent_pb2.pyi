@@ -425,7 +425,7 @@ class Goodput(_message.Message):
     def __init__(self, wall_seconds: _Optional[float] = ..., seconds: _Optional[_Mapping[str, float]] = ..., ratio: _Optional[float] = ..., recomputed_steps: _Optional[int] = ..., incidents: _Optional[int] = ..., per_incident: _Optional[_Iterable[_Union[GoodputIncident, _Mapping]]] = ..., started_at: _Optional[float] = ...) -> None: ...
 
 class GoodputIncident(_message.Message):
-    __slots__ = ("generation", "kind", "onset", "detect_seconds", "decide_seconds", "restart_seconds", "recompute_seconds", "reached_step", "resumed_step", "recomputed_steps", "resume_source")
+    __slots__ = ("generation", "kind", "onset", "detect_seconds", "decide_seconds", "restart_seconds", "recompute_seconds", "reached_step", "resumed_step", "recomputed_steps", "resume_source", "no_restart")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     ONSET_FIELD_NUMBER: _ClassVar[int]
@@ -437,6 +437,7 @@ class GoodputIncident(_message.Message):
     RESUMED_STEP_FIELD_NUMBER: _ClassVar[int]
     RECOMPUTED_STEPS_FIELD_NUMBER: _ClassVar[int]
     RESUME_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    NO_RESTART_FIELD_NUMBER: _ClassVar[int]
     generation: int
     kind: str
     onset: float
@@ -448,7 +449,8 @@ class GoodputIncident(_message.Message):
     resumed_step: int
     recomputed_steps: int
     resume_source: str
-    def __init__(self, generation: _Optional[int] = ..., kind: _Optional[str] = ..., onset: _Optional[float] = ..., detect_seconds: _Optional[float] = ..., decide_seconds: _Optional[float] = ..., restart_seconds: _Optional[float] = ..., recompute_seconds: _Optional[float] = ..., reached_step: _Optional[int] = ..., resumed_step: _Optional[int] = ..., recomputed_steps: _Optional[int] = ..., resume_source: _Optional[str] = ...) -> None: ...
+    no_restart: bool
+    def __init__(self, generation: _Optional[int] = ..., kind: _Optional[str] = ..., onset: _Optional[float] = ..., detect_seconds: _Optional[float] = ..., decide_seconds: _Optional[float] = ..., restart_seconds: _Optional[float] = ..., recompute_seconds: _Optional[float] = ..., reached_step: _Optional[int] = ..., resumed_step: _Optional[int] = ..., recomputed_steps: _Optional[int] = ..., resume_source: _Optional[str] = ..., no_restart: _Optional[bool] = ...) -> None: ...
 
 class WatchEventsRequest(_message.Message):
     __slots__ = ("job", "namespace", "replay")

@@ -4,7 +4,8 @@
 2. it drops for longer than the grace, then returns -> the arbiter waits while it is down;
    once it is back, TCP resumes the stalled all-reduce and every rank's step advances: the
    outage is recorded and nothing restarts (the arbiter would restart every rank if the
-   steps did not advance within the outage's length plus 5 s: tests/unit/test_policy.py)
+   steps did not advance within the outage's length plus 5 s: tests/unit/test_policy.py);
+   the goodput ledger books the stall as an incident without a restart (``outage``)
 3. it stays down past --nic-replace-after -> rank 1 is replaced (its agent exits with the
    replace status, 215); the lab starts a new agent for rank 1 with the link back, as a
    controller reschedules the pod on a healthy node; the job trains again
@@ -121,6 +122,16 @@ def test_2_carrier_loss_longer_than_the_grace_waits_then_resumes_once_back(lab: 
     assert len(decisions(lab, "restart")) == restarts and generation(lab) == gen, lab.dump()
     trained_past(lab, at + 10)
     assert (lab.sample(1, "ftagent_nic_carrier") or 0) == 1
+    # the ledger (issue 24): the outage is an incident that restarted nothing, its stall
+    # (onset -> link back -> the first step after it) the "outage" category
+    g = lab.status()["goodput"]
+    inc = g["per_incident"][-1]
+    assert (inc["kind"], inc["no_restart"], inc["generation"]) == ("nic", True, gen), g
+    assert inc["restart_seconds"] is None and inc["recomputed_steps"] == 0, g
+    assert inc["detect_seconds"] >= GRACE and inc["decide_seconds"] is not None, g
+    assert g["seconds"]["outage"] == pytest.approx(
+        inc["detect_seconds"] + inc["decide_seconds"]), g
+    assert abs(sum(g["seconds"].values()) - g["wall_seconds"]) < 1e-6, g
 
 
 def test_3_link_down_past_the_replace_limit_replaces_the_rank(lab: Lab) -> None:

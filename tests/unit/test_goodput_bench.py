@@ -34,7 +34,7 @@ def test_kept_seconds_count_each_steps_last_run_and_slow_steps_in_full() -> None
     # is slow (load, 1.0 s): time spent training, not a fault's cost
     first = [(10.0 + 0.1 * i, i, 0.1) for i in range(1, 7)]
     again = [(20.2, 5, 0.2), (20.4, 6, 0.2), (20.5, 7, 0.1), (21.5, 8, 1.0), (21.6, 9, 0.1)]
-    kept = gb.kept_seconds(first + again, [])
+    kept = gb.kept_printed_seconds(first + again, [])
     # steps 2-4 of the first run, 5-9 of the second (step 1 opens the window)
     assert kept == pytest.approx(0.3 + 0.2 + 0.2 + 0.1 + 1.0 + 0.1)
     run = gb.Run("x", start=10.1, end=21.6, kept=8, kept_seconds=kept,
@@ -48,8 +48,56 @@ def test_kept_seconds_count_each_steps_last_run_and_slow_steps_in_full() -> None
 def test_a_kept_step_spanning_the_link_outage_counts_only_outside_it() -> None:
     steps = [(1.0, 1, 0.1), (1.1, 2, 0.1), (14.0, 3, 12.9), (14.1, 4, 0.1)]
     # the link was down 2.0 -> 12.0: 10 s of step 3 made no progress
-    assert gb.kept_seconds(steps, [(2.0, 12.0)]) == pytest.approx(0.1 + 2.9 + 0.1)
-    assert gb.kept_seconds(steps, []) == pytest.approx(0.1 + 12.9 + 0.1)
+    assert gb.kept_printed_seconds(steps, [(2.0, 12.0)]) == pytest.approx(0.1 + 2.9 + 0.1)
+    assert gb.kept_printed_seconds(steps, []) == pytest.approx(0.1 + 12.9 + 0.1)
+
+
+def started(t: float, from_step: int) -> str:
+    return f"{t:.3f} [rank0] started: world=2 attempt=1 steps=100000000 from_step={from_step}"
+
+
+def test_kept_time_is_wall_clock_even_where_printed_durations_add_up_to_more() -> None:
+    """Issue 24: a step line every 0.1 s whose trainer prints 0.12 s per step (its own
+    timing, on a loaded machine): the printed durations add up to more than the wall time
+    there was; the stamps' gaps cannot. The first line opens the window."""
+    lines = [step(10.0 + 0.1 * i, 0, i, 0.12) for i in range(0, 101)]  # 10.0 .. 20.0
+    steps = gb.steps(Logs(lines))
+    assert gb.kept_printed_seconds(steps, []) == pytest.approx(12.0, rel=1e-3)  # 12 s in 10
+    assert gb.kept_wall_seconds(lines, [], 10.0, 20.0) == pytest.approx(10.0)
+    # a window shorter than the lines: never more than the window
+    assert gb.kept_wall_seconds(lines, [], 10.0, 15.0) == pytest.approx(5.0)
+    # rank 1's lines and other output are not rank 0's steps
+    assert gb.kept_wall_seconds([*lines, step(25.0, 1, 200, 0.1), "25.1 [agent] x"], [],
+                                10.0, 30.0) == pytest.approx(10.0)
+
+
+def test_kept_wall_time_after_a_restart_counts_each_steps_last_run() -> None:
+    """Steps 1-6 every 0.1 s; a crash; the next attempt starts at 15.0 from the checkpoint
+    at step 4 and prints its first step (5, 0.2 s by its own timing) at 17.0 after 2 s of
+    start-up: 5 and 6 of the first attempt were redone, the start-up is not training."""
+    first = [step(10.0 + 0.1 * i, 0, i, 0.1) for i in range(1, 7)]  # 10.1 .. 10.6
+    again = [started(15.0, 4), step(17.0, 0, 5, 0.2), step(17.1, 0, 6, 0.1),
+             step(17.3, 0, 7, 0.1), step(18.3, 0, 8, 0.1)]  # 8: slow (load), 1.0 s of wall
+    kept = gb.kept_wall_seconds(first + again, [], 10.1, 18.3)
+    # steps 2-4 of the first attempt (0.3 s), then 0.2 (its printed time) + 0.1 + 0.2 + 1.0
+    assert kept == pytest.approx(0.3 + 0.2 + 0.1 + 0.2 + 1.0)
+    # a first step whose printed time exceeds its attempt's age: the wall clock caps it
+    late = [*first[:4], started(15.0, 4), step(15.1, 0, 5, 3.0)]
+    assert gb.kept_wall_seconds(late, [], 10.1, 15.1) == pytest.approx(0.3 + 0.1)
+
+
+def test_kept_wall_time_leaves_out_the_link_outage_and_batching_changes_nothing() -> None:
+    """A step whose gap spans the link's outage (2.0 -> 12.0) counts only the part outside
+    it; lines that reach the bench in batches (one stamp for several lines) add up to the
+    same."""
+    lines = [step(1.0, 0, 1, 0.1), step(1.1, 0, 2, 0.1), step(14.0, 0, 3, 0.1),
+             step(14.1, 0, 4, 0.1)]
+    assert gb.kept_wall_seconds(lines, [(2.0, 12.0)], 1.0, 14.1) == pytest.approx(
+        0.1 + 2.9 + 0.1)
+    each = [step(1.0 + 0.1 * i, 0, i, 0.1) for i in range(0, 51)]  # 1.0 .. 6.0
+    batched = [step(1.0 + 0.5 * (i // 5 + (i % 5 > 0)), 0, i, 0.1) for i in range(0, 51)]
+    assert gb.kept_wall_seconds(batched, [], 1.0, 6.0) == pytest.approx(
+        gb.kept_wall_seconds(each, [], 1.0, 6.0)) == pytest.approx(5.0)
 
 
 def test_lost_steps_come_from_the_furthest_step_before_the_restart() -> None:

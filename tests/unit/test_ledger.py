@@ -511,6 +511,19 @@ def test_the_agent_carries_what_its_trainer_said() -> None:
         assert not progress_in_range(bad)
 
 
+def test_no_straggler_share_from_step_times_alone() -> None:
+    """Without a breakdown (no rank measured its collectives or data waits), two ranks of
+    a synchronous job have the same step time over the same steps: means that differ say
+    when each rank summarised, not that one is slow (issue 24: 35.6 s of a ten-minute
+    bench booked as straggler with no instrument())."""
+    from ftagent.arbiter.straggler import RankTiming, slowdown
+
+    a, b = RankTiming(0, step_seconds=0.08), RankTiming(1, step_seconds=0.12)
+    assert slowdown({0: a, 1: b}, 0.8) == 0.0
+    waits = RankTiming(0, step_seconds=0.12, collective_seconds=0.06)  # measured: believed
+    assert slowdown({0: waits, 1: b}, 0.8) == pytest.approx(0.5)
+
+
 def test_time_waited_on_a_slow_rank_and_on_capacity() -> None:
     """A slow rank makes the job wait 40 % of each step for 10 s of training: 4 s of
     straggler; a replacement pod Pending without a node for 5 s of the decision: capacity;
