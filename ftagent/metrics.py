@@ -198,6 +198,8 @@ class AgentMetrics:
 
         i = self.identity
         self._ids = tuple(i[k] for k in ids)
+        self._names = tuple(ids)  # the families' identity label names, in their order
+        self._views: list[dict[str, str]] = []
         # -- bounded label values
         self.label_values_folded = counter(
             "ftagent_label_values_folded",
@@ -335,6 +337,37 @@ class AgentMetrics:
 
         self.info.labels(**i, version=_version()).set(1)
         self.faults_by_kind = lambda kind: self.faults.labels(**self.labels(kind=kind))
+
+    def share_identity(self, view: dict[str, str]) -> None:
+        """``view``: the same identity labels held elsewhere (the node's GPU and NIC
+        collectors read theirs at scrape time); ``relabel`` keeps it in step."""
+        self._views.append(view)
+
+    def relabel(self, **changes: str) -> None:
+        """Move every series of this agent to new identity label values, keeping what each
+        counted: a warm spare that the arbiter assigned a rank exports as that rank from
+        now on (its ``rank`` label was "-1", and a dashboard per rank would miss it)."""
+        if not changes:
+            return
+        unknown = set(changes) - set(self.identity)
+        if unknown:
+            raise ValueError(f"not identity labels: {sorted(unknown)}")
+        old = self._ids
+        self.identity.update(changes)
+        new = tuple(self.identity[k] for k in self._names)
+        n = len(old)
+        for fam in self._families.values():
+            children = getattr(fam, "_metrics", None)  # prometheus_client's labelled children
+            if children is None:
+                continue
+            with fam._lock:
+                for key in [k for k in children if tuple(k[:n]) == old]:
+                    children[new + tuple(key[n:])] = children.pop(key)
+        if old in self._sdk.sources:
+            self._sdk.sources[new] = self._sdk.sources.pop(old)
+        self._ids = new
+        for view in self._views:
+            view.update(changes)
 
     def attach_sdk(self, source: SdkCounts) -> None:
         """Export ``source``'s datagram counts (the SDK socket's own) under this identity."""

@@ -402,6 +402,8 @@ class Worker:
             if var in self.environ:
                 self.environ[var] = str(rank)
         self.events.static["rank"] = rank
+        if self.metrics is not None:
+            self.metrics.relabel(rank=str(rank))
 
     def _start(self) -> TrainerProcess:
         env = self.next_env()

@@ -123,6 +123,7 @@ def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
     serve = registry is None
     registry = CollectorRegistry() if registry is None else registry
     metrics = AgentMetrics(registry, labels, share=share)
+    metrics.share_identity(labels)  # the GPU and NIC collectors' (a spare's rank changes)
     from ftagent.agent.flight_recorder import flight_recorder_parts
     from ftagent.agent.standby import warm_restart_parts
     from ftagent.agent.standby_memory import StandbyBudget

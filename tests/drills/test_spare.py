@@ -54,6 +54,12 @@ def test_a_fatal_xid_moves_the_rank_to_the_warm_spare(tmp_path: Path) -> None:
         assert warm and warm[0]["rank"] == 1 and warm[0]["ts"] >= assigned[-1]["ts"], \
             (warm, lab.dump())
         assert not events(lab, 2, "standby", "cold"), lab.dump()
+        # its series say the rank it trains as now (they said rank="-1" while it served)
+        wait(lambda: "ftagent_spare{" in lab.metrics(2), 30, "the spare's /metrics", lab)
+        text = lab.metrics(2)
+        spare = [ln for ln in text.splitlines() if ln.startswith("ftagent_spare{")]
+        assert spare and all('rank="1"' in ln and ln.endswith(" 0.0") for ln in spare), spare
+        assert 'rank="-1"' not in text, [ln for ln in text.splitlines() if 'rank="-1"' in ln]
         # the replaced pod comes back (a controller recreates it): it becomes the spare
         lab.start_rank(1)
         wait(lambda: events(lab, 1, "state", "spare"), 60, "the pod back to serve as spare",
