@@ -8,11 +8,20 @@ from __future__ import annotations
 
 from ftagent.arbiter.state import Decision, Verdict
 from ftagent.arbiter.timeline import Entry
-from ftagent.model import EXIT_REPLACE
+from ftagent.model import EXIT_REPLACE, Fault
 from ftagent.v1 import ftagent_pb2 as pb
+from ftagent.wire.checks import check_fault
 from ftagent.wire.convert import busy_to_proto, command_to_action, fault_from_proto
 
-__all__ = ["command_for", "command_to_action", "entry_to_proto", "fault_from_proto"]
+__all__ = ["checked_fault", "command_for", "command_to_action", "entry_to_proto",
+           "fault_from_proto"]
+
+
+def checked_fault(m: pb.Fault) -> Fault:
+    """An agent's fault, its fields bounded (``check_fault``) before it is converted: the
+    one door for a rank's faults and a spare's. ValueError for an unusable one."""
+    check_fault(m)
+    return fault_from_proto(m)
 
 
 _COMMAND_KINDS = {

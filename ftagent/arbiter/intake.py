@@ -28,7 +28,6 @@ from ftagent.arbiter.straggler import JobTimings, RankTiming, StragglerConfig, S
 from ftagent.model import Fault, FaultKind, Scope, Severity
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.wire import limits
-from ftagent.wire.checks import check_fault
 
 Key = tuple[str, str]  # (namespace, job)
 STRAGGLER_EVERY = 5.0  # seconds between straggler assessments (the agents' summary interval)
@@ -57,8 +56,7 @@ class Intake:
             conn.ack(m.id, seen, "already received")
             return
         try:
-            check_fault(m)
-            fault = convert.fault_from_proto(m)
+            fault = convert.checked_fault(m)
         except ValueError as e:
             self.journal.note(job, now, "fault", f"unusable fault ignored: {e}", rank=rs.rank)
             conn.ack(m.id, True, f"ignored: {e}")

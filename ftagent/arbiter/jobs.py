@@ -41,7 +41,7 @@ from ftagent.arbiter.state import (
 from ftagent.metrics import ArbiterMetrics
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.wire import limits
-from ftagent.wire.checks import Refused, check_fault, check_generation_claim, check_hello
+from ftagent.wire.checks import Refused, check_generation_claim, check_hello
 
 log = logging.getLogger("ftagent.arbiter.registry")
 
@@ -245,8 +245,7 @@ class Jobs:
             conn.ack(m.id, True, "ignored: not a spare of a live job")
             return
         try:
-            check_fault(m)
-            fault = convert.fault_from_proto(m)
+            fault = convert.checked_fault(m)
         except ValueError as e:
             conn.ack(m.id, True, f"ignored: {e}")
             return
