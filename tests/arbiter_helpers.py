@@ -12,7 +12,15 @@ from ftagent.agent.reporter import ArbiterLink
 from ftagent.arbiter.process import ArbiterProcess, ftagent_cmd
 from ftagent.config import ArbiterClientConfig, IdentityConfig
 
-__all__ = ["ArbiterProcess", "ftagent_cmd", "running_links", "wait_until"]
+__all__ = ["ArbiterProcess", "all_released", "ftagent_cmd", "running_links", "wait_until"]
+
+
+async def all_released(links: Sequence[ArbiterLink], generation: int = 0,
+                       timeout: float = 5.0) -> bool:
+    """Every link arrives at ``generation``'s barrier: True once each was released."""
+    for lk in links:
+        lk.arrive(generation)
+    return all(await asyncio.gather(*(lk.wait_released(generation, timeout) for lk in links)))
 
 
 async def wait_until(cond: Callable[[], bool | Awaitable[bool]], timeout: float,

@@ -21,7 +21,7 @@ from ftagent.model import EXIT_REPLACE, ActionKind, Fault, FaultKind, ProcessExi
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
 from ftagent.wire.credentials import bearer
-from tests.arbiter_helpers import ArbiterProcess, running_links, wait_until
+from tests.arbiter_helpers import ArbiterProcess, all_released, running_links, wait_until
 
 TOKEN = "s3cret"
 
@@ -54,9 +54,7 @@ def test_a_replaced_rank_goes_to_the_spare_and_the_pod_back_becomes_the_spare(
     async def body() -> None:
         addr = arbiter.address
         async with running_links(addr, "sp", 2, token=TOKEN) as links:
-            for lk in links:
-                lk.arrive(0)
-            assert all(await asyncio.gather(*(lk.wait_released(0, 5) for lk in links)))
+            assert await all_released(links)
             spare = link(addr, "sp", "spare-pod", "node-9", spare=True)
             back = link(addr, "sp", "pod-1-new", "node-1", rank=1)
             tasks = [asyncio.create_task(spare.run())]
@@ -104,9 +102,7 @@ def test_a_spare_with_a_fatal_fault_of_its_own_is_retired(arbiter: ArbiterProces
     async def body() -> None:
         addr = arbiter.address
         async with running_links(addr, "sick", 2, token=TOKEN) as links:
-            for lk in links:
-                lk.arrive(0)
-            assert all(await asyncio.gather(*(lk.wait_released(0, 5) for lk in links)))
+            assert await all_released(links)
             spare = link(addr, "sick", "spare-pod", "node-9", spare=True)
             task = asyncio.create_task(spare.run())
             try:

@@ -21,16 +21,7 @@ from ftagent.model import Fault, FaultKind, Severity
 from ftagent.report import ReportData, _incident_row, incident_table
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.wire.convert import fault_to_proto
-
-T0 = 1_000_000.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.unit.test_ledger_onset import T0, Clock
 
 
 def registry(clock: Clock, history: History | None = None) -> tuple[Registry, Connection]:
