@@ -66,7 +66,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("ftagent.arbiter_decider")
 
 POLL = 0.25
-EXIT_FLUSH = 2.0  # seconds for the trainer's exit to reach a connected arbiter
 
 
 class RankSession:
@@ -131,23 +130,30 @@ class ArbiterDecider:
                    asyncio.create_task(self._forward_commands(worker, s))]
 
     async def close(self, worker: Worker) -> None:
-        """Tell the arbiter how this rank ended (a moment's flush), then close its link.
+        """Tell the arbiter how this rank ended, then close its link.
 
-        A link that is down at the end (an arbiter restarting or failing over) is given
-        ``--arbiter-fail-open-after`` to come back first (what a fault waits before it is
-        decided alone): otherwise a job that finished while its arbiter was away reads
-        "gone (was running)", not succeeded."""
+        The link ends its stream and waits for the arbiter to confirm it read it all
+        (``ArbiterLink.finish``): a connected arbiter does at once. One that is away
+        (restarting, failing over -- or SIGKILLed with the exit written to it unread) is
+        given ``--arbiter-fail-open-after`` to come back (what a fault waits before it is
+        decided alone), and hears the exit on the new stream: otherwise a job that
+        finished while its arbiter was away reads "gone (was running)", not succeeded.
+        An arbiter never reached is not waited for. Past that wait the agent exits with
+        the trainer's code all the same, and says so: the arbiter keeps the job as
+        "gone: no agent for Ns (was running)", which is all it knows."""
         s = self.sessions[worker]
         link = s.link
         try:
             await self.local.close(worker)
-            if s.tasks and link.connected:
-                await _flush(link, EXIT_FLUSH)
-            elif s.tasks and link.arbiter_id and link.pending():
-                # it was reached once: it may be back (a restart, a failover)
-                log.warning("the arbiter is away at exit: waiting up to %.0fs for it to "
-                            "hear how this rank ended", self.fail_open_after)
-                await _flush(link, self.fail_open_after)
+            if s.tasks and (link.connected or link.arbiter_id):
+                # it was reached once: if away, it may be back (a restart, a failover)
+                if not link.connected:
+                    log.warning("the arbiter is away at exit: waiting up to %.0fs for it "
+                                "to hear how this rank ended", self.fail_open_after)
+                if not await link.finish(self.fail_open_after):
+                    log.warning("the arbiter did not confirm how this rank ended within "
+                                "%.0fs: exiting all the same (its status may read \"gone\")",
+                                self.fail_open_after)
         finally:
             if s.tasks:
                 link_task, forward = s.tasks
@@ -345,17 +351,6 @@ class ArbiterDecider:
     def _still_online(self, link: ArbiterLink) -> bool:
         """False once the link has been down for --arbiter-fail-open-after seconds."""
         return link.connected or link.offline_for() < self.fail_open_after
-
-
-async def _flush(link: ArbiterLink, timeout: float) -> None:
-    """Give the link a moment to send what is queued (the trainer's exit) before closing,
-    reconnecting if it must: the arbiter should hear how this rank ended."""
-    deadline = time.monotonic() + timeout
-    while link.pending() and (left := deadline - time.monotonic()) > 0:
-        if link.connected:
-            await asyncio.sleep(0.02)
-        else:
-            await link.wait_connected(left)
 
 
 def _take_decisive(worker: Worker) -> Action | None:

@@ -18,7 +18,13 @@ What must not be lost is kept until it is settled, and sent again on every new s
   a non-final ack (stacks awaited, a link still down) keeps it for a successor arbiter;
 * the barrier arrival, until that generation's barrier is released (or the agent starts
   without it, failing open);
-* exits and stack dumps made while offline (a few, most recent kept).
+* exits and stack dumps made while offline (a few, most recent kept);
+* the trainer's last exit, until an arbiter confirmed reading it (``confirmed``: it ended
+  a stream the agent had half-closed, so it read everything written on it) or the agent
+  moved on (it arrives at the next barrier, which says the trainer exited, or starts a
+  trainer). Handed to a stream is not read: an arbiter SIGKILLed before the agent noticed
+  takes the exit written to it (or still queued) down with it, and a job whose ranks all
+  exited 0 while it restarted was recorded "gone (was running)".
 
 A warm spare (``--spare``) says so in its Hello and has no rank until the arbiter ASSIGNs it
 one (``assignment``: the rank, the generation, the job's restart count); from then on its
@@ -82,6 +88,7 @@ class LinkProtocol:
         self.faults: OrderedDict[str, pb.Fault] = OrderedDict()
         self.arrival: pb.BarrierArrival | None = None
         self.later: deque[pb.AgentMessage] = deque(maxlen=KEPT_OFFLINE)
+        self.last_exit: pb.AgentMessage | None = None  # until confirmed read, or moved on
         self.outcomes: OrderedDict[str, str] = OrderedDict()  # settled faults' outcomes
         self._seen_commands: OrderedDict[str, None] = OrderedDict()
         self.final_delivered = False
@@ -112,8 +119,15 @@ class LinkProtocol:
         if self.arrival is not None:
             out.append(pb.AgentMessage(arrival=self.arrival))
         out.extend(self.later)
+        if self.last_exit is not None and not any(m is self.last_exit for m in self.later):
+            out.append(self.last_exit)  # handed to a stream that broke: maybe never read
         self.later.clear()
         return out
+
+    def confirmed(self) -> None:
+        """An arbiter read everything written on a stream (it ended the stream the agent
+        had half-closed): the last exit has been heard."""
+        self.last_exit = None
 
     def fault(self, fault: Fault, generation: int | None = None,
               exit_status: int | None = None) -> pb.AgentMessage:
@@ -138,13 +152,15 @@ class LinkProtocol:
         if exit.signal is not None:
             msg.signal = exit.signal
         self.trainer_running = False
-        return pb.AgentMessage(exit=msg)
+        self.last_exit = pb.AgentMessage(exit=msg)
+        return self.last_exit
 
     def arrive(self, generation: int) -> pb.AgentMessage | None:
         """The previous trainer has exited; ready to start ``generation``. None when that
         barrier was released already (nothing to wait for)."""
         self.generation = max(self.generation, generation)
         self.trainer_running = False
+        self.last_exit = None  # the arrival says the previous trainer exited
         if generation <= self.released_generation:
             return None
         self.arrival = pb.BarrierArrival(generation=generation, previous_trainer_exited=True)
@@ -154,6 +170,7 @@ class LinkProtocol:
         """A trainer of ``generation`` runs now; ``released`` False: failing open."""
         self.generation = max(self.generation, generation)
         self.trainer_running = True
+        self.last_exit = None
         if not released:
             self.arrival = None  # not waiting any more: the Hello tells the arbiter why
 

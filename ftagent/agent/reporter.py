@@ -229,6 +229,10 @@ class ArbiterLink:
         self._assigned = asyncio.Event()  # a spare was given a rank, or made a spare
         self._settled = asyncio.Event()
         self._closed = asyncio.Event()
+        self._finishing = False  # finish(): half-close each stream once all is written
+        self._confirmed = asyncio.Event()  # an arbiter read all this link wrote (finish)
+        # the call half-closed with everything written to it (finish, close)
+        self._ended: grpc.aio.StreamStreamCall | None = None
         self._task: asyncio.Task[None] | None = None
         self._last_error = ""
 
@@ -391,6 +395,19 @@ class ArbiterLink:
             await asyncio.sleep(0.05)
         return self.connected
 
+    async def finish(self, timeout: float) -> bool:
+        """The agent is ending: write what is queued, half-close, and wait until an
+        arbiter ends the stream (it does once it has read everything), reconnecting while
+        it is away, for up to ``timeout`` seconds. True once one did: it heard the
+        trainer's exit. Written is not read -- an arbiter SIGKILLed before the agent
+        noticed takes what was written to it down with it -- so a broken stream is not
+        the end: the next one says it again (``LinkProtocol.last_exit``)."""
+        self._finishing = True
+        self._wake.set()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._confirmed.wait(), timeout)
+        return self._confirmed.is_set()
+
     def pending(self) -> int:
         """Messages not yet written to the stream plus faults not yet acknowledged (e.g.
         to give the trainer's exit a moment to reach the arbiter before closing)."""
@@ -423,7 +440,7 @@ class ArbiterLink:
         """Connect and reconnect until ``close()``; never raises (except cancellation)."""
         self._task = asyncio.current_task()
         attempt = 0
-        while not self._closed.is_set():
+        while not self._closed.is_set() and not self._confirmed.is_set():
             welcomed = False
             try:
                 welcomed = await self._session()
@@ -436,6 +453,8 @@ class ArbiterLink:
             except Exception as e:
                 self._report_error(repr(e))
             self._down()
+            if self._confirmed.is_set():
+                break
             attempt = 0 if welcomed else attempt + 1
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._closed.wait(), backoff(attempt))
@@ -468,8 +487,16 @@ class ArbiterLink:
             reader = asyncio.create_task(self._reader(call))
             tasks = [reader, asyncio.create_task(self._writer(call)),
                      asyncio.create_task(self._closed.wait())]
+            writer = tasks[1]
             try:
                 done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+                if writer in done and not writer.cancelled() and \
+                        writer.exception() is None and not reader.done():
+                    # finishing: all written and half-closed; the arbiter ends the stream
+                    # once it has read everything (or it breaks, or the link closes)
+                    done, _ = await asyncio.wait([reader, tasks[2]],
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                    done = done | {writer}
             except BaseException:
                 for t in tasks:
                     t.cancel()
@@ -484,13 +511,23 @@ class ArbiterLink:
                 # the trainer's exit -- unread, and the job never read "succeeded".
                 with contextlib.suppress(Exception):  # closing: whatever ended the read
                     await asyncio.wait_for(call.done_writing(), CLOSE_GRACE)
+                    if not any(m is self.proto.last_exit for m in self._out):
+                        self._ended = call
                     await asyncio.wait_for(asyncio.shield(reader), CLOSE_GRACE)
+            read_all = reader.done() and not reader.cancelled() and \
+                reader.exception() is None
             reader.cancel()
             self._down()
             for t in done:
                 exc = None if t.cancelled() else t.exception()
                 if exc is not None:
                     raise exc
+            read_all = read_all and call is self._ended
+            if read_all and await call.code() == grpc.StatusCode.OK:
+                # the arbiter ended the stream we half-closed: it read all we wrote
+                self.proto.confirmed()
+                self._confirmed.set()
+                return welcomed
             if not self._closed.is_set():
                 code = await call.code()
                 details = await call.details()
@@ -519,6 +556,10 @@ class ArbiterLink:
                 await call.write(msg)
                 if self._out and self._out[0] is msg:
                     self._out.popleft()
+            if self._finishing:
+                await call.done_writing()  # all written: the arbiter ends the stream
+                self._ended = call
+                return
             now = time.monotonic()
             due = self._progress_sent_at + self.progress_interval
             p = self._progress

@@ -336,9 +336,11 @@ class Jobs:
     def exit(self, job: JobState, rs: RankState, m: pb.TrainerExit, now: float) -> None:
         sig = m.signal if m.HasField("signal") else None
         code = m.exit_code if m.HasField("exit_code") else None
+        status = 128 + sig if sig is not None else (code or 0)
+        if rs.exit_heard == (m.generation, status):
+            return  # said again on a new stream: the agent did not know it was read
         was = job.phase
-        apply(job, Exited(rs.rank, m.generation,
-                          128 + sig if sig is not None else (code or 0)), now)
+        apply(job, Exited(rs.rank, m.generation, status), now)
         how = f"signal {sig}" if sig is not None else f"code {code}"
         self.journal.note(job, now, "exit", f"trainer of generation {m.generation} exited "
                           f"with {how}", rank=rs.rank)

@@ -118,6 +118,9 @@ class RankState:
     hung: bool = False
     last_fault: str = ""
     last_exit_status: int | None = None
+    # (generation, status) of the exit heard from this agent: the link says its last exit
+    # again on a new stream until an arbiter confirms reading it (link_protocol.py)
+    exit_heard: tuple[int, int] | None = None
     stack: str | None = None  # signature of the stacks sent for the current hang probe
     # its flight-recorder summary sent with those stacks (fr_verdict.summary_of); read
     # only while ``stack`` is set, so the resets of ``stack`` retire it too
@@ -530,6 +533,7 @@ def _at_barrier(job: JobState, c: AtBarrier, now: float) -> None:
 def _exited(job: JobState, c: Exited, now: float) -> None:
     rs = job.ranks[c.rank]
     rs.last_exit_status = c.status
+    rs.exit_heard = (c.generation, c.status)
     rs.state = "exited"
     if c.status == 0 and c.generation == job.generation:
         rs.state = "succeeded"
@@ -574,6 +578,7 @@ def _registered(job: JobState, c: Registered, now: float) -> None:
         rs = job.ranks[c.rank] = RankState(rank=c.rank)
     if rs.instance != c.instance:
         rs.commanded = -1  # a new agent process: it was told nothing yet
+        rs.exit_heard = None  # nor heard of
     rs.pod, rs.node, rs.state, rs.instance = c.pod, c.node, c.state, c.instance
     if c.pod_uid:
         rs.pod_uid = c.pod_uid

@@ -6,7 +6,8 @@ would have stopped after two), and a job whose agents all exited 0 while reconne
 recorded "gone (was running)". Here two real agents (``ftagent run``) supervise a short
 shell trainer each; every round kills the arbiter at a random moment (a crash inside the
 outage, or a kill just after a crash, while it is decided or its barrier is open; longer
-runs add quiet kills), and a last kill comes while the trainers finish. The job must end
+runs add quiet kills), and a last kill comes while the trainers finish, the agents
+held (SIGSTOP) so they find the exit and the dead stream together. The job must end
 succeeded, with as many restarts as generations as crashes injected, each counted once by
 the arbiter and by each agent.
 
@@ -22,6 +23,7 @@ import functools
 import json
 import os
 import random
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -39,7 +41,7 @@ TRAINER = """d={d}; r={r}; i=0
 while :; do
   i=$((i+1)); echo "step: $i  loss: 1.0"
   if mv "$d/crash-$r" "$d/crashed-$r-$$" 2>/dev/null; then echo "rank $r crashes" >&2; exit 3; fi
-  if [ -e "$d/finish" ]; then exit 0; fi
+  if [ -e "$d/finish" ]; then touch "$d/finished-$r"; exit 0; fi
   sleep 0.05
 done"""
 
@@ -130,8 +132,21 @@ def test_arbiter_sigkilled_at_random_moments_counts_each_restart_once(tmp_path: 
                 arb.start()
             wait_for(lambda: all_running(crashes), 60,
                      f"every rank running generation {crashes}\n{logs()}", interval=0.02)
-            arb.kill()  # the trainers finish while no arbiter runs
-            (tmp_path / "finish").touch()
+            # The trainers finish while no arbiter runs, and before the agents notice it
+            # died (a loaded node: CI's failure, seed 992808372): the agents are held
+            # across the kill, so each finds its trainer's exit and its dead stream at
+            # once, in either order; an exit written to the dead stream must be said again.
+            for p in procs:
+                p.send_signal(signal.SIGSTOP)
+            try:
+                arb.kill()
+                (tmp_path / "finish").touch()
+                wait_for(lambda: all((tmp_path / f"finished-{r}").exists()
+                                     for r in range(WORLD)), 30, "the trainers finishing",
+                         interval=0.02)
+            finally:
+                for p in procs:
+                    p.send_signal(signal.SIGCONT)
             wait_for(lambda: all(any(e["event"] == "state" and e["kind"] == "exited"
                                      and e.get("exit_status") == 0
                                      for e in events(tmp_path / f"rank{r}.jsonl"))

@@ -56,3 +56,32 @@ def test_the_last_progress_goes_with_the_exit() -> None:
 
     with ArbiterProcess() as arbiter:
         asyncio.run(body(arbiter))
+
+
+def test_an_exit_written_to_an_arbiter_killed_unread_reaches_its_successor() -> None:
+    """CI's chaos run ended "gone: no agent for 0s (was running)": the arbiter was SIGKILLed
+    and the trainers exited 0 before the agents noticed, so each exit went to the dead
+    stream (or waited in its queue) and the link dropped it on reconnecting; the rank said
+    Hello to the new arbiter and left without its exit. Here the kill, the exit and the
+    restart happen with the agent's event loop held (it cannot notice in between): the
+    exit is handed to the dead stream every time, and must reach the new arbiter."""
+    async def body(arbiter: ArbiterProcess) -> None:
+        async with running_links(arbiter.address, "unread", 1) as (lk,):
+            lk.arrive(0)
+            assert await lk.wait_released(0, 5)
+            lk.started(0, released=True)
+            arbiter.kill()
+            assert lk.connected  # not noticed: the loop has not run since the kill
+            lk.report_exit(ProcessExit(pid=1, code=0, signal=None), 0)
+            arbiter.start()
+
+            async def succeeded() -> bool:
+                info = await get_job(arbiter.address, "unread")
+                return info is not None and info.state == "succeeded"
+
+            await wait_until(succeeded, 20, "the job succeeded at the new arbiter",
+                             interval=0.05)
+            assert await lk.finish(10)  # the new arbiter confirms it read it all
+
+    with ArbiterProcess() as arbiter:
+        asyncio.run(body(arbiter))

@@ -65,3 +65,31 @@ def test_the_exit_written_before_closing_is_read_by_a_slow_arbiter() -> None:
             await server.stop(None)
 
     asyncio.run(body())
+
+
+def test_finishing_gives_up_when_no_arbiter_comes_back() -> None:
+    """The agent ends with its trainer's code whatever the arbiter does: ``finish`` waits
+    only its timeout for an arbiter to confirm, and says it did not."""
+    async def body() -> None:
+        server = grpc.aio.server()
+        servicer = SlowReader()
+        servicer.gate.set()
+        pb_grpc.add_ArbiterServicer_to_server(servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        link = ArbiterLink(ArbiterClientConfig(arbiter=f"127.0.0.1:{port}"),
+                           IdentityConfig(job="close", rank=0, world_size=1, pod="pod-0",
+                                          node="node-0"))
+        task = asyncio.create_task(link.run())
+        try:
+            await wait_until(lambda: link.connected, 10, "the link to connect")
+            await server.stop(None)  # gone for good
+            link.report_exit(ProcessExit(pid=1, code=0, signal=None), 0)
+            assert not await link.finish(0.5)
+            assert link.proto.last_exit is not None  # never confirmed
+        finally:
+            await link.close()
+            await asyncio.gather(task, return_exceptions=True)
+            await server.stop(None)
+
+    asyncio.run(body())

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from ftagent.arbiter.state import JobPhase
+from ftagent.model import ProcessExit
 from tests.sim.harness import FAIL_OPEN, JOB, Phase, World, stream_code
 
 
@@ -161,6 +162,39 @@ def test_stacks_lost_with_a_broken_stream_are_decided_at_the_probes_deadline() -
     w.heal_and_check()
     assert all(a.phase is Phase.EXITED for a in w.agents)  # budget 0: the job stops
     assert w.registry.jobs[("", JOB)].phase is JobPhase.STOPPED
+
+
+def test_exits_written_to_an_arbiter_killed_unread_reach_the_next_one() -> None:
+    """CI's chaos run (seed 992808372) ended "gone: no agent for 0s (was running)": the
+    arbiter was SIGKILLed and the trainers exited 0 before the agents noticed, so their
+    exits went to the dead streams, unread, and the agents said Hello to the new arbiter
+    without them. The link keeps the last exit until an arbiter confirms reading it."""
+    w = start()
+    for a in w.agents:
+        a.proto.trainer_state = "succeeded"
+        a.send(a.proto.exit(ProcessExit(pid=1, code=0, signal=None), a.generation), keep=True)
+        assert a.stream is not None and a.stream.up  # handed to the stream, not read
+    w.restart_arbiter()
+    for r in range(2):
+        w.connect(r)
+        w.flush(r)
+    job = w.registry.jobs[("", JOB)]
+    assert job.phase is JobPhase.SUCCEEDED, [e.message for e in
+                                             w.registry.timeline.entries(JOB, "", 30)]
+
+
+def test_an_exit_said_again_to_the_arbiter_that_read_it_is_recorded_once() -> None:
+    """The stream broke after the arbiter read the exit (the agent cannot know): the
+    link says it again on the next stream, and the arbiter records it once."""
+    w = start()
+    a = w.agents[0]
+    a.send(a.proto.exit(ProcessExit(pid=1, code=0, signal=None), a.generation), keep=True)
+    w.flush(0)
+    w.break_stream(0)
+    w.connect(0)
+    w.flush(0)
+    notes = [e.message for e in w.registry.timeline.entries(JOB, "", 30)]
+    assert sum("exited with code 0" in n for n in notes) == 1, notes
 
 
 def test_restarts_are_counted_once_per_generation_across_arbiter_restarts() -> None:
