@@ -219,7 +219,10 @@ class Worker:
             self.events.close()
             return code
         finally:
-            await self.decider.close(self)
+            try:
+                await self.decider.close(self)
+            except Exception:  # the trainer's exit status comes first, not this fault's
+                log.exception("telling the decider how this rank ended failed")
 
     # ----------------------------------------------------------------- the deciders' port
     # What a decider (decider.py, arbiter_decider.py) may do to a worker: read its

@@ -61,3 +61,34 @@ def test_a_pod_of_two_real_trainers_returns_each_ranks_end() -> None:
     assert got["state"] == "failed" and got["exit"] == 4
     assert got["failures"]["1"] == [4, "failed"]
     assert got["running"] == [False, False]
+
+
+BROKEN_CLOSE_SCRIPT = """
+import asyncio, json
+from ftagent.agent.decider import LocalDecider
+from ftagent.agent.pod import PodAgent
+from ftagent.agent.worker import WorkerSpec
+from ftagent.cmd.run import parse
+
+class BrokenClose(LocalDecider):
+    async def close(self, worker):
+        await super().close(worker)
+        raise AttributeError("the decider's close broke")
+
+pod = PodAgent(BrokenClose())
+cfg = parse(["--max-restarts", "0", "--metrics-port", "-1", "--", "sh", "-c", "exit 5"], {})
+pod.add(WorkerSpec(cfg, {"PATH": "/usr/bin:/bin"}))
+r = asyncio.run(asyncio.wait_for(pod.run(), 60))
+print(json.dumps({"exit": r.exit_status, "state": r.state.value}))
+"""
+
+
+def test_a_decider_that_fails_to_close_keeps_the_trainers_exit_status() -> None:
+    """The trainer's exit code comes first: a fault in telling the arbiter how the rank
+    ended (the decider's close) is logged, and the pod still exits with the trainer's
+    status (5 here), not 1 for "worker failed" as on the old code."""
+    done = subprocess.run([sys.executable, "-c", BROKEN_CLOSE_SCRIPT], capture_output=True,
+                          text=True, timeout=60, check=True)
+    got = json.loads(done.stdout.splitlines()[-1])
+    assert got == {"exit": 5, "state": "failed"}, done.stderr[-2000:]
+    assert "the decider's close broke" in done.stderr
