@@ -10,7 +10,9 @@ is kept and re-sent on the next stream:
   covers them; repeats are ignored by id;
 * the barrier arrival, until the barrier of that generation is released;
 * the latest progress, coalesced: one ProgressSummary per ``progress_interval`` (5 s),
-  sooner only when the hung flag changes; steady state is one small message per 5 s.
+  sooner only when the hung flag changes, for a new trainer's first step, and for the
+  steps of one that ended (with its exit, and those read from its pipe after it); steady
+  state is one small message per 5 s.
   It carries where a step's time goes (``StepTimes``: seconds per step, in collectives
   and waiting for data, over the last steps), for the arbiter's straggler check.
 
@@ -221,6 +223,7 @@ class ArbiterLink:
         self.trainer_says = TrainerSays()
         self._progress_new = False
         self._first_step_due = False  # the generation's first progress is not reported yet
+        self._trainer_ended = False  # its exit is reported; no trainer has started since
         self._hung_sent = False
         self._progress_sent_at = -1e9
         self._out: deque[pb.AgentMessage] = deque()
@@ -307,6 +310,15 @@ class ArbiterLink:
         self._progress = self.proto.progress(p, seconds_since_progress, hung, ts)
         fill_step_times(self._progress, *self.step_times.means())
         fill_resume_and_phases(self._progress, self.trainer_says.resumed, *phases)
+        if self._trainer_ended:
+            # read after the trainer's exit was reported: the last lines of its pipe,
+            # drained once it was gone (worker._after_exit). No next slot comes for them:
+            # a replaced rank's agent exits at once, and the goodput ledger's "reached"
+            # step (the steps a restart redoes) came out one or more steps low. Sent now
+            # and kept while offline, as the exit was.
+            self._progress_new = False
+            self._send(pb.AgentMessage(progress=self._progress), keep=True)
+            return
         if not self._progress_new or hung != self._hung_sent:
             self._wake.set()  # the writer sleeps until the next due time, at most once
         self._progress_new = True
@@ -324,11 +336,13 @@ class ArbiterLink:
     def report_exit(self, exit: ProcessExit, generation: int) -> None:
         """The trainer exited: its last progress goes first (a summary is due only every
         ``progress_interval``, and the arbiter should show the step the trainer ended
-        at), then the exit; both kept for the next stream while disconnected."""
+        at), then the exit; both kept for the next stream while disconnected. Progress
+        read after this (its pipe's last lines) goes at once too (``report_progress``)."""
         if self._progress is not None and self._progress_new:
             self._progress_new = False
             self._send(pb.AgentMessage(progress=self._progress), keep=True)
         self._send(self.proto.exit(exit, generation), keep=True)
+        self._trainer_ended = True
 
     def report_stacks(self, command_id: str, stacks_json: str) -> None:
         """Answer a DUMP_STACKS action (``action.id``) with the trainer tree's stacks."""
@@ -359,6 +373,7 @@ class ArbiterLink:
         (steps read together and folded into the last: the lowest of them first)."""
         self.proto.started(generation, released=released)
         self.trainer_says.reset()
+        self._trainer_ended = False
         self._progress_sent_at = -1e9
         self._first_step_due = True
 

@@ -621,15 +621,22 @@ class Ledger:
     def _late(self, generation: int, step: int) -> None:
         """A step of a generation already restarted from (its agent's last summary, sent
         with its exit, may come after the fault): the step it had reached, while the
-        restart's first step is not seen yet."""
+        restart's first step is not seen yet. A generation with no training stretch (the
+        fault came before the ledger saw any of its steps: a loaded node's trainers
+        printed their first steps only after it) had still done that step: it is redone
+        too (no time moves: there was no training time to move)."""
         inc = self._last_restart()
         st = self.stretches[-1] if self.stretches else None
-        if (inc is None or inc.first_step_at is not None or st is None
-                or st.generation != generation or st.end is None or st.end > inc.onset):
+        if inc is None or inc.first_step_at is not None or generation >= inc.generation:
             return
-        if inc.reached is None or step > inc.reached:
-            inc.reached = step
-            st.samples.append((st.end, step))
+        if st is not None and st.generation == generation:
+            if st.end is not None and st.end <= inc.onset and (
+                    inc.reached is None or step > inc.reached):
+                inc.reached = step
+                st.samples.append((st.end, step))
+        elif (st is None or st.generation < generation) and (
+                inc.reached is None or step > inc.reached):
+            inc.reached = step  # (not older than the last generation that trained)
 
     def _begin_training(self, at: float) -> None:
         at = max(at, self.since)

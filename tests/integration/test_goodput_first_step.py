@@ -4,6 +4,7 @@ Progress summaries are coalesced to one per progress interval; the goodput ledge
 the first step every rank reports in a new generation as the step the job resumed at and
 the moment it trains again. Coalesced, that first summary waited for the next slot and
 then carried a later step: the resume step came out too high and the restart too long.
+The last steps of a trainer that ended go at once too: the ledger's "reached" step.
 """
 
 from __future__ import annotations
@@ -71,6 +72,27 @@ def test_the_last_step_of_a_trainer_stopped_for_a_restart_goes_before_the_arriva
             lk.report_progress(Progress(step=9), seconds_since_progress=0, hung=False)
             lk.arrive(1)  # the trainer was stopped by a restart: step 9 goes first
             await wait_until(lambda: at(9), 5, "step 9 with the arrival", interval=0.05)
+
+    with ArbiterProcess() as arbiter:
+        asyncio.run(body(arbiter))
+
+
+def test_the_steps_read_after_a_trainer_exit_go_before_its_agent_closes() -> None:
+    """A trainer stopped for a REPLACE: the lines still in its pipe are read after its exit
+    was reported (worker._after_exit drains the pipe to EOF once the trainer is gone).
+    They were held for the next slot, and a replaced rank's agent closes at once: its last
+    step never reached the ledger, which counted the steps redone short (the e2e Xid 79
+    drill under load: 14 redone, step 15 printed)."""
+    async def body(arbiter: ArbiterProcess) -> None:
+        async with running_links(arbiter.address, "ended", 1, progress_interval=60) as (lk,):
+            at = await first_step_seen(lk, arbiter.address, "ended")
+            lk.report_progress(Progress(step=11), seconds_since_progress=0, hung=False)
+            lk.report_exit(ProcessExit(pid=1, code=None, signal=15), 0)  # flushes step 11
+            lk.report_progress(Progress(step=13), seconds_since_progress=0, hung=False)
+            # what the agent does before it closes the link (arbiter_decider._flush)
+            await wait_until(lambda: lk.pending() == 0, 5, "nothing left to send")
+            await lk.close()
+            await wait_until(lambda: at(13), 5, "step 13 at the arbiter", interval=0.05)
 
     with ArbiterProcess() as arbiter:
         asyncio.run(body(arbiter))
