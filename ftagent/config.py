@@ -297,7 +297,8 @@ class SupervisorConfig:
         0.5, "--output-interval", "after a short read of the trainer's output, wait this "
         "long before the next: lines printed meanwhile reach the console together, up to "
         "this much later, for one wake-up of the agent instead of one per line (the first "
-        "line after a quiet spell passes at once; 0: every write at once)",
+        "line after a quiet spell passes at once, the waits after it start at an eighth of "
+        "this and double; 0: every write at once)",
         check=Range(0, 5), metavar="SECONDS")
     events_file: str = opt(
         "", "--events-file", "append one JSON line per event (state, fault, action) to "

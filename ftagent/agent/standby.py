@@ -67,6 +67,7 @@ from typing import Any
 
 from ftagent.agent import containment, supervisor
 from ftagent.agent.standby_memory import StandbyBudget, pss_bytes
+from ftagent.agent.store_wait import store_to_wait_for, wait_for_store
 from ftagent.agent.supervisor import ChildReaper, Started
 from ftagent.agent.worker_parts import WorkerParts
 from ftagent.model import ProcessExit, Progress
@@ -363,6 +364,11 @@ class WarmStarter:
         if budget is not None:
             budget.add(self)
 
+    def has_standby(self, slot: int = 0) -> bool:
+        """A standby waits for ``slot``'s next attempt (whether it is fit is decided when
+        the attempt starts)."""
+        return slot in self._standbys
+
     def start(self, command: Sequence[str], env: Mapping[str, str], reaper: ChildReaper,
               slot: int = 0) -> Started:
         """The attempt's trainer process (raises SpawnError as ``supervisor.spawn``)."""
@@ -605,7 +611,17 @@ def warm_restart_parts(worker: Any, cfg: Any, rundir: str, parts: WorkerParts,
     if cfg.identity.spare and hasattr(session, "prepare_spare"):  # --spare: warm at once
         session.prepare_spare = lambda: starter.prepare_now(
             cfg.command, worker.next_env(), worker.reaper)
-    return parts.plus(observers=[FirstStep(starter)], on_close=[starter.aclose]).with_(
+    async def store_first(env: Mapping[str, str]) -> None:
+        """A warm start of a rank that dials the rendezvous store waits (briefly) for it
+        to listen (store_wait.py): torch's own retry sleeps 250-750 ms."""
+        where = store_to_wait_for(env) if starter.has_standby(0) else None
+        if where is not None:
+            took = await wait_for_store(*where)
+            log.debug("store %s:%d %s", *where, "not listening yet" if took is None
+                      else f"listening after {took:.3f}s")
+
+    return parts.plus(observers=[FirstStep(starter)], on_close=[starter.aclose],
+                      before_start=[store_first]).with_(
         spawn=functools.partial(supervisor.TrainerProcess, starter=starter))
 
 

@@ -21,7 +21,11 @@ Wake-ups are what an idle agent pays for (each ~0.1 ms of CPU on a 2-core VM): a
 given an ``interval`` waits that long after a short read before reading again, so lines
 printed meanwhile cost one wake-up, and reach the console up to ``--output-interval``
 (0.5 s) later; the first line after a quiet spell passes at once, and a big read (output
-flowing) or the trainer's exit (``hurry``) ends the wait. The trainer never waits on it:
+flowing) or the trainer's exit (``hurry``) ends the wait. After a quiet spell (a trainer's
+start, a restart, a checkpoint) the waits ramp up: ``interval / RAMP`` (62 ms), then
+doubling back to the interval, so the lines that follow the first (a restart's first
+step) are not held a whole interval behind it, for at most three more wake-ups per quiet
+spell; steady output is read once per interval as before. The trainer never waits on it:
 the pipe holds 1 MiB.
 """
 
@@ -48,6 +52,7 @@ BACKLOG_BYTES = 2 << 20  # lines read but not yet handled by the loop, at most
 BACKLOG_LINES = 1 << 16
 SAMPLE_BYTES = 16 << 10  # of a dropped batch, its last lines up to this many bytes are kept
 COALESCE_BELOW = 64 << 10  # a read this big or bigger: output is flowing, no wait
+RAMP = 8  # after a quiet spell the pump's waits start at interval / RAMP and double
 
 
 def grow_pipe(fd: int, size: int = PIPE_SIZE) -> int:
@@ -319,15 +324,19 @@ class OutputPump(threading.Thread):
         # interval > 0: after a read shorter than COALESCE_BELOW, wait that long (or until
         # ``hurry``) before reading again, so a trainer printing every 0.1 s costs one
         # wake-up of this thread per interval instead of one per line (each ~0.1 ms of CPU
-        # on a 2-core VM; bench/restart.py --overhead). Only for a pipe that holds far
+        # on a 2-core VM; bench/restart.py --overhead); after a quiet spell the waits
+        # ramp up from interval / RAMP (module docstring). Only for a pipe that holds far
         # more than an interval of output (grow_pipe): the trainer never waits on it.
         self.interval = interval
         self.hurry = threading.Event()  # the trainer exited: read on to EOF at once
         self._dst_ok = True
 
     def run(self) -> None:
+        first = self.interval / RAMP
+        wait = first  # the trainer's start is a quiet spell too
         try:
             while True:
+                began = time.monotonic()
                 try:
                     data = os.read(self.src_fd, CHUNK)
                 except OSError as e:
@@ -338,6 +347,8 @@ class OutputPump(threading.Thread):
                 if not data:
                     break
                 now = time.monotonic()
+                if now - began >= first:  # the read waited for output: a quiet spell
+                    wait = first
                 self.bytes += len(data)
                 blob = self.splitter.feed(data)
                 if blob:
@@ -350,7 +361,8 @@ class OutputPump(threading.Thread):
                         log.warning("agent %s is not writable (%s); still draining the "
                                     "trainer's output", self.stream, e)
                 if self.interval > 0 and len(data) < COALESCE_BELOW:
-                    self.hurry.wait(self.interval)
+                    self.hurry.wait(wait)
+                    wait = min(self.interval, 2 * wait)
             rest = self.splitter.flush()
             if rest:
                 self._deliver(rest, time.monotonic())

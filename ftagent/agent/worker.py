@@ -173,6 +173,7 @@ class Worker:
         self.line_handlers: tuple[LineHandler, ...] = p.line_handlers
         self.fault_hooks: tuple[Callable[[Fault], None], ...] = p.fault_hooks  # metrics
         self.evidence: Evidence | None = p.evidence  # the hang fault's async enrichment
+        self.before_start = p.before_start  # awaited just before each trainer starts
         self.extra_env: Mapping[str, str] = dict(p.env)
         self.spawn_trainer: Spawn = p.spawn  # the one place a trainer is started
         # what the standbys started is gone before the agent exits
@@ -360,6 +361,8 @@ class Worker:
                 return self._exit_code_of(go, None)
             if self.stop_signal is not None:
                 return 128 + self.stop_signal
+            for hook in self.before_start:
+                await hook(self.next_env())
             try:
                 self.trainer = self._start()
             except SpawnError as e:

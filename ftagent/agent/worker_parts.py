@@ -36,6 +36,9 @@ Evidence = Callable[[Fault, Sequence[int]], Awaitable[Fault]]
 # TrainerProcess's signature: (command, env, reaper, on_lines, *, stdout_fd, ...)
 Spawn = Callable[..., TrainerProcess]
 Close = Callable[[], Awaitable[None]]
+# the next attempt's environment -> awaited before its trainer is started (the barrier
+# already released): standby.py's wait for the rendezvous store (store_wait.py)
+BeforeStart = Callable[[Mapping[str, str]], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -48,8 +51,9 @@ class WorkerParts:
     ``line_handlers`` (the trainer's output, on the loop), ``fault_hooks`` (every fault
     raised: metrics), ``evidence`` (the async enrichment of a hang fault), ``env`` (on top
     of the spec's environment for every attempt), ``spawn`` (the one place a trainer is
-    started: the seam warm standbys replace) and ``on_close`` (awaited when the worker's
-    supervision ends, however it ends: the standbys' close)."""
+    started: the seam warm standbys replace), ``before_start`` (awaited with the next
+    attempt's environment just before its trainer starts) and ``on_close`` (awaited when
+    the worker's supervision ends, however it ends: the standbys' close)."""
 
     sources: tuple[Source, ...] = ()
     detectors: tuple[Detector, ...] = ()
@@ -60,12 +64,14 @@ class WorkerParts:
     env: Mapping[str, str] = field(default_factory=dict)
     spawn: Spawn = TrainerProcess
     on_close: tuple[Close, ...] = ()
+    before_start: tuple[BeforeStart, ...] = ()
 
     def plus(self, *, sources: Sequence[Source] = (), detectors: Sequence[Detector] = (),
              observers: Sequence[Observer] = (), line_handlers: Sequence[LineHandler] = (),
              fault_hooks: Sequence[Callable[[Fault], None]] = (),
              env: Mapping[str, str] | None = None,
-             on_close: Sequence[Close] = ()) -> WorkerParts:
+             on_close: Sequence[Close] = (),
+             before_start: Sequence[BeforeStart] = ()) -> WorkerParts:
         """These parts with more added after the ones already there (order is kept:
         observers and detectors run in the order they were added)."""
         return dataclasses.replace(
@@ -73,7 +79,8 @@ class WorkerParts:
             observers=(*self.observers, *observers),
             line_handlers=(*self.line_handlers, *line_handlers),
             fault_hooks=(*self.fault_hooks, *fault_hooks),
-            env={**self.env, **(env or {})}, on_close=(*self.on_close, *on_close))
+            env={**self.env, **(env or {})}, on_close=(*self.on_close, *on_close),
+            before_start=(*self.before_start, *before_start))
 
     def with_(self, *, spawn: Spawn | None = None,
               evidence: Evidence | None = None) -> WorkerParts:

@@ -11,8 +11,11 @@ The budget for the next step, measured from the last progress (or the end of a p
   last 200 step intervals, 2 × the longest interval ever survived)``. The last term
   remembers rare long steps that recur (an undeclared checkpoint every N steps) after
   they have dropped out of the window. An observation that advances k steps at once
-  (lines read together) is one interval of gap/k for the percentile, and its whole gap
-  for the longest. Intervals of warm-up steps, intervals that span
+  (lines read together) is k intervals of gap/k for the percentile (weighted by the
+  steps it advanced, not counted once), and its whole gap for the longest: a step line
+  read alone after the output pump's wait (--output-interval), e.g. the last one before
+  a stall, is one step among the hundreds read seven at a time, not one read in
+  seventy. Intervals of warm-up steps, intervals that span
   a phase and intervals declared a hang are not recorded: they say nothing about a
   normal step;
 * **in a phase** (checkpoint, eval, from a PhaseMarker) — the phase's own budget,
@@ -53,7 +56,9 @@ from ftagent.model import (
     TrainerStart,
 )
 
-WINDOW = 200  # recent step intervals the percentile is taken over
+WINDOW = 200  # recent step intervals (steps, not observations) the percentile is taken over
+MAX_WEIGHT = WINDOW // 2  # steps one observation counts for at most: a jump in the step
+# numbers (a trainer that skips some) never fills the window alone
 LONGEST_MARGIN = 2.0  # a step as long as the longest one survived is not a hang
 REWIND_CONFIRM = 3  # increasing steps below the last one before they count as progress
 FINISH_PHASE = "finish"  # after the last step of a known total, until the trainer exits
@@ -107,7 +112,11 @@ class HangDetector:
         (log progress on a rank that prints nothing, e.g. Megatron's non-last ranks)."""
         self.cfg = cfg
         self.expect_progress = expect_progress
-        self.intervals: deque[float] = deque(maxlen=WINDOW)
+        # (seconds per step, steps): one entry per observation that advanced ``steps``
+        # steps, kept while the newer ones hold fewer than WINDOW steps (so at most
+        # WINDOW + 1 entries: each weighs one step at least)
+        self._window: deque[tuple[float, int]] = deque()
+        self._window_steps = 0
         self.longest = 0.0
         self.phase_longest: dict[str, float] = {}
         self.hung = False
@@ -197,13 +206,31 @@ class HangDetector:
             return self.cfg.hang_phase_timeout
         return max(self.cfg.hang_timeout_min, self.cfg.hang_factor * learned)
 
+    @property
+    def intervals(self) -> tuple[float, ...]:
+        """Seconds per step of the recent observations in the window (one per observation;
+        the percentile weighs each by the steps it advanced)."""
+        return tuple(iv for iv, _ in self._window)
+
     def interval_percentile(self) -> float | None:
-        """The ``hang_percentile`` of recent step intervals (nearest rank), None if none."""
-        if self._pct is None and self.intervals:
-            ordered = sorted(self.intervals)
-            rank = math.ceil(self.cfg.hang_percentile / 100.0 * len(ordered))
-            self._pct = ordered[min(max(rank, 1), len(ordered)) - 1]
+        """The ``hang_percentile`` of recent step intervals (nearest rank over steps: an
+        observation of k steps is k intervals), None if none."""
+        if self._pct is None and self._window:
+            rank = max(1, math.ceil(self.cfg.hang_percentile / 100.0 * self._window_steps))
+            seen = 0
+            for iv, n in sorted(self._window):
+                seen += n
+                if seen >= rank:
+                    self._pct = iv
+                    break
         return self._pct
+
+    def _learn_interval(self, seconds_per_step: float, steps: int) -> None:
+        self._window.append((seconds_per_step, steps))
+        self._window_steps += steps
+        while self._window_steps - self._window[0][1] >= WINDOW:
+            self._window_steps -= self._window.popleft()[1]
+        self._pct = None
 
     # ------------------------------------------------------------------ internals
 
@@ -238,7 +265,8 @@ class HangDetector:
         # percentile takes the gap per step: a fold of k steps in 0.5 s is k steps of
         # 0.5/k s, not one step of 0.5 s. A pause is not hidden by it: the first line
         # after a quiet spell is read at once, alone. (A line read alone after the pump's
-        # wait still counts the wait: the read time is all that is known of it.)
+        # wait still counts the wait: the read time is all that is known of it; it is one
+        # step of the window's 200, so the percentile passes over it.)
         # ``longest`` keeps the whole gap: the budget never falls below 2 x the longest
         # wait for an observation a healthy trainer has made.
         advanced = 1 if self.last_step is None or p.step <= self.last_step \
@@ -249,9 +277,8 @@ class HangDetector:
         ended = self._end_all_phases(ts)
         clean = not self._tainted and not ended and self._observed >= 2
         if clean and not self.hung and self._events > max(self.cfg.hang_warmup_steps, 1):
-            self.intervals.append(interval)
+            self._learn_interval(interval, min(advanced, MAX_WEIGHT))
             self.longest = max(self.longest, gap)
-            self._pct = None
         self._ref = self._last_progress = ts
         self.last_step = p.step
         self._source = p.source
@@ -335,7 +362,8 @@ class HangDetector:
                 "interval_percentile": c.hang_percentile,
                 "interval_seconds": None if pct is None else round(pct, 6),
                 "longest_interval_seconds": round(self.longest, 6),
-                "intervals_seen": len(self.intervals),
+                "intervals_seen": len(self._window),
+                "steps_in_window": self._window_steps,
                 "phase": phase,
                 "warmup": self._events < c.hang_warmup_steps or pct is None,
                 "steps_this_attempt": self._events,

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ftagent.config import HangConfig
-from ftagent.detect.hang import LONGEST_MARGIN, REWIND_CONFIRM, HangDetector
+from ftagent.detect.hang import LONGEST_MARGIN, MAX_WEIGHT, REWIND_CONFIRM, WINDOW, HangDetector
 from ftagent.model import (
     Fault,
     FaultKind,
@@ -374,3 +374,44 @@ def test_steps_read_together_are_learned_per_step_not_per_read() -> None:
     low = HangDetector(dataclasses.replace(cfg, hang_timeout_min=0.1))
     run(low, events, until=stalled_at)
     assert low.budget(stalled_at) == pytest.approx(2 * 0.5)
+
+
+def test_a_step_read_alone_after_the_pumps_wait_is_one_step_not_one_read_in_seventy() -> None:
+    """The goodput bench's hang (issue 24): 70 ms steps behind the output pump's 0.5 s
+    reads, so each observation folds 7 steps; the trainer hangs right after printing a
+    step, which is then read alone, 0.5 s after the previous read. That one step of 0.5 s
+    is one interval among the window's 200 steps, not one observation of ~30: the budget
+    stays at the floor (2 s), not 10 x 0.5 s, and the stall is flagged after 2 s."""
+    cfg = dataclasses.replace(DEFAULT, hang_timeout_min=2.0, hang_warmup_steps=5)
+    det = HangDetector(cfg)
+    events: list[Observation] = [TrainerStart(pid=1, attempt=0, ts=0.0)]
+    events += [Progress(step=7 * (i + 1), source="log", ts=0.5 * (i + 1)) for i in range(30)]
+    alone_at = last_ts(events) + 0.5
+    events.append(Progress(step=7 * 30 + 1, source="log", ts=alone_at))
+    faults = run(det, events, until=alone_at + 10.0)
+    assert det.budget(alone_at) == pytest.approx(2.0), det.intervals
+    assert len(faults) == 1 and faults[0][0] - alone_at <= 2.0 + TICK, faults
+
+
+def test_steps_weigh_the_percentile_by_steps_within_a_window_of_steps() -> None:
+    """The percentile is over the last WINDOW steps: an observation of k steps counts k
+    times; older observations leave once the newer ones hold WINDOW steps; and one
+    observation counts for at most MAX_WEIGHT steps (a jump in the step numbers is not
+    hundreds of equal steps)."""
+    cfg = dataclasses.replace(DEFAULT, hang_warmup_steps=0, hang_percentile=50.0)
+    det = HangDetector(cfg)
+    ev: list[Observation] = [TrainerStart(pid=1, attempt=0, ts=0.0),
+                             Progress(step=1, ts=1.0), Progress(step=2, ts=2.0),
+                             Progress(step=3, ts=3.0),  # two 1 s steps
+                             Progress(step=6, ts=3.3)]  # three 0.1 s steps
+    for e in ev:
+        det.observe(e)
+    assert det.interval_percentile() == pytest.approx(0.1), "3 of 5 steps took 0.1 s"
+    t, step = 3.3, 6
+    for _ in range(WINDOW):  # WINDOW more steps of 0.2 s, one at a time
+        t, step = t + 0.2, step + 1
+        det.observe(Progress(step=step, ts=t))
+    assert det.interval_percentile() == pytest.approx(0.2)
+    assert len(det.intervals) == WINDOW, "the older steps left the window"
+    det.observe(Progress(step=step + 10 * WINDOW, ts=t + 0.001))  # a jump, not 2000 steps
+    assert len(det.intervals) == WINDOW - MAX_WEIGHT + 1, "it weighs MAX_WEIGHT steps"

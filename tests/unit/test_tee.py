@@ -191,3 +191,50 @@ def test_pump_hands_lines_over_before_writing_them() -> None:
     assert pump.eof.wait(10) and data[filled:] == b"step=1 loss=0.5\n"
     os.close(out_r)
     os.close(out_w)
+
+
+def test_after_a_quiet_spell_the_pumps_waits_ramp_up_from_an_eighth() -> None:
+    """A restart's first lines: the trainer prints a line after a quiet spell (read at
+    once), then its first step right after it. With a 4 s interval, the step is read
+    after the ramp's first wait (0.5 s), not a whole interval later (the goodput bench's
+    'training again' was 0.4 s late on every restart). Steady output after that is read
+    once per interval again: three lines written at once are one batch."""
+    import os
+    import threading
+    import time
+
+    from ftagent.agent.tee import RAMP, OutputPump
+
+    interval = 4.0
+    r, w = os.pipe()
+    sink_r, sink_w = os.pipe()
+    batches: list[tuple[bytes, float]] = []
+    got = threading.Condition()
+
+    def on_lines(stream: str, blob: bytes, ts: float) -> None:
+        with got:
+            batches.append((blob, ts))
+            got.notify_all()
+
+    def delivered(n: int) -> bool:
+        with got:
+            return got.wait_for(lambda: len(batches) >= n, timeout=30)
+
+    pump = OutputPump(r, sink_w, "stdout", on_lines, interval=interval)
+    pump.start()  # a new trainer: its start is a quiet spell
+    os.write(w, b"resumed from checkpoint\n")
+    assert delivered(1)
+    written = time.monotonic()
+    os.write(w, b"step=1\n")
+    assert delivered(2)
+    assert batches[1][0] == b"step=1"
+    assert batches[1][1] - written < interval / 2, f"read after the first wait, {interval / RAMP} s"
+    os.write(w, b"step=2\nstep=3\n")
+    os.write(w, b"step=4\n")
+    pump.hurry.set()
+    os.close(w)
+    assert pump.eof.wait(30)
+    assert [b for b, _ in batches[2:]] == [b"step=2\nstep=3\nstep=4"]
+    os.close(sink_w)
+    assert os.read(sink_r, 1 << 16).endswith(b"step=4\n")
+    os.close(sink_r)
