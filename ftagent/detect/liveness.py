@@ -591,8 +591,8 @@ def _left_collective(stacks: Sequence[tuple[Frame, ...]]) -> Place | None:
     if not any(COLLECTIVE_WAIT.search(f.text()) for f in first[:3]):
         return None
     k = next((i for i, s in enumerate(stacks) if s != first), len(stacks))
-    if k == len(stacks):
-        return None
+    if k == len(stacks) or not all(stacks[k:]):
+        return None  # still there, or a sample without frames: nothing seen leaving
     if any(COLLECTIVE_WAIT.search(f.text()) for s in stacks[k:] for f in s):
         return None
     return place_of(stacks[:k], moving=False)

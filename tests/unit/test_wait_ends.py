@@ -65,6 +65,8 @@ def test_a_thread_that_only_waits_or_goes_back_into_a_collective_is_still_hung()
     assert judge(stacks(BACKWARD, SLEEPING, BACKWARD, SLEEPING)).state is Liveness.HUNG
     # entering a collective is no exit from one
     assert judge(stacks(SLEEPING, SLEEPING, BACKWARD)).state is Liveness.HUNG
+    # a sample with no frames shows nothing leaving
+    assert judge(stacks(BACKWARD, BACKWARD, ())).state is Liveness.HUNG
 
 
 # --------------------------------------------------------------------------- the agent
