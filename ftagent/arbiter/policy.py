@@ -24,7 +24,10 @@ HANG, most ranks stalled       job hang: DUMP_STACKS on every rank; when all sta
                                  majority (``name_culprit``) -- then RESTART; ranks
                                  their agents verified alive or spinning: BUSY, no
                                  restart, every rank told who is busy and who waits
-                                 (``busy_verdict``)
+                                 (``busy_verdict``); culprits the BUSY verdict still
+                                 holding had waiting on ranks that now wait on them
+                                 in a collective: ALERT_ONLY, the job moved
+                                 (``roles_swapped``, once per BUSY verdict)
 GPU, severity FATAL or scope   REPLACE that rank (its agent exits with EXIT_REPLACE so the
   NODE; NODE faults              pod moves), RESTART the others
 GPU, severity ERROR            RESTART (application-level Xid)
@@ -357,6 +360,12 @@ def decide_stacks(job: JobState, now: float, cfg: PolicyConfig, *,
     culprits, why = (list(fr.culprits), f"flight recorder: {fr.message}"
                      f"{places(fr.culprits, stacks)}") if fr is not None \
         else name_culprit(steps, stacks)
+    swapped = roles_swapped(job, culprits, stacks) if fr is None or fr.kind == "behind" \
+        else None
+    if swapped:  # one instant's stacks of a job that moved on: no culprit in them
+        return [Decision(Verdict.ALERT_ONLY, f"job moved, not hung ({got}): {swapped}; no "
+                         "restart (a rank that hangs now is decided on its next report)",
+                         job.generation, rank=culprits[0], fault_id=probe.fault_id)]
     rep = FaultReport(Fault(FaultKind.HANG, "job hang", id=probe.fault_id), probe.rank,
                       job.generation, probe.exit_status)
     culprit = culprits[0] if len(culprits) == 1 else None
@@ -414,6 +423,30 @@ def busy_verdict(job: JobState, stacks: Mapping[int, str], busy: Sequence[int]) 
     return JobBusy(busy_ranks=tuple(busy), waiting_ranks=tuple(waiting),
                    where=(first[1] or "")[:limits.MAX_WHERE], state=first[0] or "",
                    spin_culprits=tuple(culprits))
+
+
+def roles_swapped(job: JobState, culprits: Sequence[int],
+                  stacks: Mapping[int, str]) -> str | None:
+    """Why ``culprits`` are no culprits, if the stacks only caught the job moving on: the
+    BUSY verdict that still holds had them waiting on its busy ranks, and every one of those
+    now waits in a collective -- the busy phase ended, its ranks joined the collective, and
+    the ranks that waited in it are on their way out, sampled between the wait and their
+    next step line (a silent save's end: the waiting rank was blamed for "not being in a
+    collective" and restarted a tenth of a second before its step). Once per BUSY verdict:
+    the decision ends it (``state.apply``), so a rank that really hangs right after is
+    named by the next report. None: the culprits stand."""
+    was = job.busy_roles
+    if was is None or not job.busy or not culprits or not was.busy_ranks:
+        return None
+    if not set(culprits) <= set(was.waiting_ranks):
+        return None
+    now_waiting = [r for r in was.busy_ranks if r in stacks and
+                   COMMUNICATION.search(liveness_of(stacks[r])[2])]
+    if len(now_waiting) < len(was.busy_ranks):
+        return None
+    return (f"rank {rank_list(list(culprits))} waited on rank {rank_list(list(was.busy_ranks))} "
+            f"(busy in {was.where or 'its own code'}), which now wait(s) on it in a "
+            "collective: the roles swapped, the busy phase is over")
 
 
 def flight_recorder_verdict(job: JobState) -> fr_verdict.Verdict | None:

@@ -215,10 +215,12 @@ class JobState:
     open_faults: dict[str, int] = field(default_factory=dict)
     stop_reason: str = ""
     mismatch: str = ""  # the collective mismatch the last restart was for (Decision.mismatch)
-    # The last BUSY verdict (its reason) while it holds: until a rank steps past
-    # `busy_step` (the highest step when it was decided) or the job moves on.
+    # The last BUSY verdict (its reason, who was busy and who waited) while it holds:
+    # until a rank steps past `busy_step` (the highest step when it was decided), a job
+    # hang's stacks show its roles swapped (policy.roles_swapped), or the job moves on.
     busy: str = ""
     busy_step: int = -1
+    busy_roles: JobBusy | None = None
     connected: int = 0
     last_seen: float = 0.0
     # Who owns each rank: rank -> (pod, uid) as verified at its Hello (the stream's
@@ -401,7 +403,7 @@ def apply(job: JobState, d: Change, now: float) -> None:
     elif v is Verdict.STOP and not d.targets:
         job.phase = JobPhase.STOPPED
         job.stop_reason = d.reason
-        job.busy, job.busy_step = "", -1
+        _busy_over(job)
         job.barrier = None
         job.hang_probe = None
         job.nic_outages.clear()
@@ -413,8 +415,10 @@ def apply(job: JobState, d: Change, now: float) -> None:
         for r in job.ranks.values():
             r.stack = None
         if v is Verdict.BUSY:
-            job.busy = d.reason
+            job.busy, job.busy_roles = d.reason, d.busy
             job.busy_step = max((r.step for r in job.ranks.values()), default=-1)
+        else:  # the stacks showed the busy verdict's roles swapped: it no longer holds
+            _busy_over(job)
     elif v is Verdict.DUMP_STACKS and d.until is not None and d.rank is not None:
         job.hang_probe = HangProbe(fault_id=d.fault_id, rank=d.rank, deadline=d.until,
                                    exit_status=d.exit_code)
@@ -453,10 +457,15 @@ def _new_generation(job: JobState, generation: int, now: float) -> None:
     job.hang_probe = None
     job.nic_outages.clear()
     job.nic_resume = None
-    job.busy, job.busy_step = "", -1
+    _busy_over(job)
     for r in job.ranks.values():
         r.hung = False
         r.stack = None
+
+
+def _busy_over(job: JobState) -> None:
+    """The last BUSY verdict no longer holds."""
+    job.busy, job.busy_step, job.busy_roles = "", -1, None
 
 
 def _commanded(job: JobState, d: Decision) -> None:
@@ -503,7 +512,7 @@ def _progressed(job: JobState, c: Progressed, now: float) -> None:
     rs = job.ranks[c.rank]
     rs.step, rs.hung, rs.loss = c.step, c.hung, c.loss
     if job.busy and c.step > job.busy_step:  # the busy phase is over
-        job.busy, job.busy_step = "", -1
+        _busy_over(job)
     rs.samples_per_second, rs.tokens_per_second = c.samples_per_second, c.tokens_per_second
     rs.last_step_at = c.last_step_at
 

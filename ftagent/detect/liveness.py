@@ -28,7 +28,15 @@ A thread, over the samples of the window, is one of:
   native call: the two look alike from outside) -- unless the locals of an *outer* frame
   change between samples: then the innermost call is made again and again (an evaluation
   loop whose time is all in ``Linear.forward``: every sample shows the same line), and the
-  thread is **working**.
+  thread is **working**;
+* **resumed** -- its stack sat still in a collective (``COLLECTIVE_WAIT`` in its innermost
+  frames) from the first sample on and, in the last ones, holds no collective frame at all:
+  the call returned, which a collective does only once every peer reached it, so the job
+  moved. (A rank waiting on a peer's silent save leaves the all-reduce the instant the peer
+  joins it: sampled then, its stack is out of the wait with no step line yet, and "moved
+  only between waits" declared it hung a tenth of a second before its next step.) A loop
+  that polls with a collective goes back into one and is judged as any wait loop. Its place
+  is the wait it left.
 
 Decision table (per process; the tree is alive if any process is, else spinning if any is,
 else hung if any is, else unknown):
@@ -38,6 +46,8 @@ evidence                                             verdict   why
 ===================================================  ========  =========================
 a thread working (frames move, or an outer frame's   alive     its code advances
   locals change while it runs at one line)
+a thread resumed (left for good the collective it   alive     the collective returned:
+  sat still in)                                                every peer reached it
 a thread waiting, storage I/O >= ``io_busy`` B/s     alive     an I/O-bound phase (load)
 storage I/O >= ``io_busy`` B/s, whatever the stack   alive     I/O is life: a silent save
   (spinning at one line, parked in a write)                      or scan whose bytes advance
@@ -185,7 +195,7 @@ WAIT_FRAME = re.compile(
     r"synchronize|_engine_run_backward|run_backward|_wait_for_tstate_lock|rendezvous)$",
     re.I)
 
-THREAD_STATES = ("parked", "waiting", "working", "spinning", "unsure")
+THREAD_STATES = ("parked", "waiting", "working", "resumed", "spinning", "unsure")
 
 
 def waits(frame: Frame | None) -> bool:
@@ -417,7 +427,7 @@ def judge_process(pid: int, samples: Sequence[ProcessSample],
                                    where=place.where() if place else None,
                                    missing=tuple(missing), by_io=by_io)
     threads = _threads(stacked, th, cores)
-    order = {"working": 0, "waiting": 1, "spinning": 2, "parked": 3, "unsure": 4}
+    order = {"working": 0, "resumed": 0, "waiting": 1, "spinning": 2, "parked": 3, "unsure": 4}
     main = _main_first(threads)
     working = [t for t in main if t.state == "working"]
     io_busy = io_rate is not None and io_rate >= th.io_busy
@@ -427,6 +437,12 @@ def judge_process(pid: int, samples: Sequence[ProcessSample],
         return out(Liveness.ALIVE, f"{_tname(t)} working ({how}; running in "
                    f"{t.running_samples}/{t.samples} samples) in {t.where}, {cpu_text}",
                    t, threads)
+    resumed = [t for t in main if t.state == "resumed"]
+    if resumed:
+        t = resumed[0]
+        return out(Liveness.ALIVE, f"{_tname(t)} left the collective it waited in "
+                   f"({t.where}): the collective returned, so every peer reached it; "
+                   f"{cpu_text}", t, threads)
     waiting = [t for t in main if t.state == "waiting"]
     if waiting and io_busy:
         t = waiting[0]
@@ -532,6 +548,9 @@ def _thread(tid: int, ts: Sequence[ThreadSample], th: Thresholds,
     where = place.where() if place else (ts[-1].frames[0].text() if ts[-1].frames else None)
     if len(ts) < 2:
         return ThreadVerdict(tid, name, "unsure", len(ts), moved, where, place, running)
+    left = _left_collective(stacks)
+    if left is not None:
+        return ThreadVerdict(tid, name, "resumed", len(ts), True, left.where(), left, running)
     cpu_t, _ = _rate([(i, t.cpu) for i, t in enumerate(ts)])
     burning = (cpu_t is not None and cpu_t > 0) if cpu_t is not None else (
         cores is not None and cores >= th.idle_cores)
@@ -558,6 +577,25 @@ def _thread(tid: int, ts: Sequence[ThreadSample], th: Thresholds,
         else:
             state = "working"
     return ThreadVerdict(tid, name, state, len(ts), moved, where, place, running)
+
+
+def _left_collective(stacks: Sequence[tuple[Frame, ...]]) -> Place | None:
+    """The place of the collective wait a thread's stacks (in time order, innermost first)
+    left for good: from the first sample up to some point one still stack waiting in a
+    collective (``COLLECTIVE_WAIT`` in its innermost frames: one call, parked), from there
+    to the last none with a collective frame anywhere -- the call returned rather than
+    going deeper into it (a backward hook under ``run_backward`` still holds that frame).
+    A loop that polls with a collective re-enters one and is not this (it is judged as
+    any wait loop). None when the stacks show no such exit."""
+    first = stacks[0] if stacks else ()
+    if not any(COLLECTIVE_WAIT.search(f.text()) for f in first[:3]):
+        return None
+    k = next((i for i, s in enumerate(stacks) if s != first), len(stacks))
+    if k == len(stacks) or not all(stacks[k:]):
+        return None  # still there, or a sample without frames: nothing seen leaving
+    if any(COLLECTIVE_WAIT.search(f.text()) for s in stacks[k:] for f in s):
+        return None
+    return place_of(stacks[:k], moving=False)
 
 
 def _computing(ts: Sequence[ThreadSample], th: Thresholds, cores: float | None,
