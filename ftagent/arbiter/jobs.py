@@ -97,8 +97,12 @@ class Jobs:
         self._admit(conn, h, rs, job.owners.get(h.rank) if job is not None
                     else carried.get(h.rank))
         note = self.journal.note
-        if job is not None and job.finished and job.connected == 0:
-            # Every agent of the finished run is gone: this Hello starts a new run.
+        same_agent = rs is not None and bool(h.agent_instance) \
+            and rs.instance == h.agent_instance
+        if job is not None and job.finished and job.connected == 0 and not same_agent:
+            # Every agent of the finished run is gone: this Hello starts a new run. (Not
+            # when it is one of them, back to say again how its rank ended: its link keeps
+            # the exit until an arbiter confirms it read it. A new run is new agents.)
             note(job, now, "agent", f"a new run of the job starts (the previous one "
                  f"{job.phase.value}{': ' + job.stop_reason if job.stop_reason else ''})",
                  rank=h.rank)

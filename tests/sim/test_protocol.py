@@ -197,6 +197,31 @@ def test_an_exit_said_again_to_the_arbiter_that_read_it_is_recorded_once() -> No
     assert sum("exited with code 0" in n for n in notes) == 1, notes
 
 
+def test_the_finished_runs_agent_saying_its_exit_again_starts_no_new_run() -> None:
+    """CI's GPU drill (stop 31): the job succeeded, every stream ended before the agents
+    had the arbiter's confirmation, and one agent, still finishing, reconnected to say its
+    exit again (``LinkProtocol.last_exit``). A Hello to a finished job with no agent
+    connected started a new run of it: a new ledger from that moment, the job's goodput
+    and state gone. The same agent (its instance) coming back is the finished run's."""
+    w = start()
+    for r, a in enumerate(w.agents):
+        a.proto.trainer_state = "succeeded"
+        a.proto.trainer_running = False
+        a.send(a.proto.exit(ProcessExit(pid=1, code=0, signal=None), a.generation), keep=True)
+        w.flush(r)
+    job = w.registry.jobs[("", JOB)]
+    assert job.phase is JobPhase.SUCCEEDED
+    for r in range(2):
+        w.break_stream(r)
+    assert job.connected == 0
+    w.connect(0)
+    w.flush(0)
+    notes = [e.message for e in w.registry.timeline.entries(JOB, "", 30)]
+    assert w.registry.jobs[("", JOB)] is job, notes
+    assert not any("new run" in n for n in notes), notes
+    assert job.phase is JobPhase.SUCCEEDED
+
+
 def test_restarts_are_counted_once_per_generation_across_arbiter_restarts() -> None:
     """Found by the search (issue 23: 3 real restarts counted as 5 under arbiter chaos):
     agents counted every restarting command they got, a rejoin included, and a restarted
