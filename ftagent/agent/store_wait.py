@@ -37,7 +37,9 @@ def store_to_wait_for(env: Mapping[str, str]) -> tuple[str, int] | None:
     addr = env.get("MASTER_ADDR", "").strip()
     port_s = env.get("MASTER_PORT", "").strip()
     rank = env.get("RANK", "").strip()
-    if not addr or not port_s.isdigit() or not rank.isdigit() or int(rank) == 0:
+    # digits only, and few (int() of thousands of digits raises): the trainer's own env
+    if not addr or not port_s.isdigit() or len(port_s) > 5 or not rank.isdigit() \
+            or not rank.strip("0"):
         return None
     if env.get("TORCHELASTIC_USE_AGENT_STORE", "").strip().lower() == "true":
         return None

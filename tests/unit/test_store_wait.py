@@ -68,3 +68,15 @@ def test_a_client_that_waited_for_the_store_connects_without_torchs_backoff() ->
     th.join()
     client.set("k", "v")
     assert held["store"].get("k") == b"v"  # type: ignore[attr-defined]
+
+
+def test_an_absurd_port_or_rank_is_no_store_to_wait_for_not_an_error() -> None:
+    """Digits the int parser refuses (over 4300 of them) or a port past 65535: the start
+    goes on without waiting, as for an address not in the environment."""
+    from ftagent.agent.store_wait import store_to_wait_for
+    base = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "RANK": "1"}
+    assert store_to_wait_for(base) == ("10.0.0.1", 29500)
+    assert store_to_wait_for({**base, "MASTER_PORT": "9" * 5000}) is None
+    assert store_to_wait_for({**base, "MASTER_PORT": "70000"}) is None
+    assert store_to_wait_for({**base, "RANK": "7" * 5000}) == ("10.0.0.1", 29500)
+    assert store_to_wait_for({**base, "RANK": "000"}) is None
