@@ -2,22 +2,39 @@
 # Both work from a clean clone with python3, pip and apt: they build .venv themselves.
 
 PY      ?= python3
-VENV    := .venv
+VENV    ?= .venv
 BIN     := $(VENV)/bin
+# The dev, docs and CI toolchain, locked (`make lock` refreshes it; the runtime
+# dependencies stay ranges in pyproject.toml). `make test-latest` builds .venv-latest with
+# the newest packages the registries serve, to see that they still pass.
+LOCK    ?= requirements/dev.lock
 STAMP   := $(VENV)/.installed-stamp
 PROTO   := proto/ftagent/v1/ftagent.proto
 # one version source: ftagent/__init__.py
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' ftagent/__init__.py)
 
-.PHONY: all venv deps demo test lint typecheck unit integration e2e proto proto-check bench gpu-check bundle image image-test docker-image dist clean drills goodput bench-peers
+.PHONY: all lock test-latest venv deps demo test lint typecheck unit integration e2e proto proto-check bench gpu-check bundle image image-test docker-image dist clean drills goodput bench-peers
 
 all: test
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q $(if $(LOCK),-c $(LOCK)) -e '.[dev]'
 	touch $(STAMP)
+
+# Refresh the lock from a throwaway venv with the newest packages (torch is pinned above).
+lock:
+	rm -rf build/lock-venv && $(PY) -m venv build/lock-venv
+	build/lock-venv/bin/pip install -q torch==2.13.0
+	build/lock-venv/bin/pip install -q -e '.[dev]'
+	{ echo "# make lock: the dev/docs/CI toolchain, $$(build/lock-venv/bin/python -V), $$(uname -m)"; \
+	  build/lock-venv/bin/pip freeze --exclude-editable | grep -v -i -e '^torch==' -e '^ftagent'; } > $(LOCK)
+	rm -rf build/lock-venv
+
+# The suite with the newest packages (no lock), in its own venv.
+test-latest:
+	$(MAKE) test VENV=.venv-latest LOCK=
 
 venv: $(STAMP)
 
@@ -53,12 +70,11 @@ proto: venv
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. $(PROTO)
 
 # Fail if the committed generated code differs from what proto/ generates.
+# The generators' own version stamps are masked (proto/check_generated.py).
 proto-check: venv
 	@tmp=$$(mktemp -d); \
 	$(BIN)/python -m grpc_tools.protoc -Iproto --python_out=$$tmp --pyi_out=$$tmp --grpc_python_out=$$tmp $(PROTO) && \
-	diff -r $$tmp/ftagent/v1 ftagent/v1 -x __init__.py -x __pycache__ >/dev/null || \
-	  { echo "ftagent/v1 is stale: run 'make proto' and commit"; rm -rf $$tmp; exit 1; }; \
-	rm -rf $$tmp
+	$(BIN)/python proto/check_generated.py $$tmp/ftagent/v1 ftagent/v1; rc=$$?; rm -rf $$tmp; exit $$rc
 
 # The self-contained agent the webhook's init container copies into training pods
 # (build/bundle/ftagent/; rebuilt only when ftagent/ or packaging/ changed).
