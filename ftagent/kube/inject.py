@@ -12,7 +12,9 @@ What an injected pod gets:
   writes the arbiter's CA there (``ca.crt``) when the webhook has one (``--arbiter-ca``,
   re-read when the file changes). It meets Pod Security "restricted" on its own: no
   privilege escalation, every capability dropped, non-root, seccomp ``RuntimeDefault``,
-  read-only root. (Annotation ``ftagent.io/agent: image``: the image has ftagent on its
+  read-only root, and it runs under any securityContext the pod sets (a pod-level
+  ``runAsUser: 0`` gets the image's UID on it: :func:`init_security_context`). Windows
+  pods are left alone. (Annotation ``ftagent.io/agent: image``: the image has ftagent on its
   PATH; nothing is copied);
 * the trainer container's ``command`` becomes ``/bin/sh /opt/ftagent/ftagent-entry --
   <command>`` (its ``args`` stay as they are): the shim runs ``ftagent run -- <command>``,
@@ -93,7 +95,7 @@ MAX_COMMAND_NOTE = 16 * 1024  # ftagent.io/command: longer is not parsed (nor de
 # Why a pod was not injected: the bounded set of the webhook metrics' ``reason`` label.
 SKIP_REASONS = ("not a pod", "opted out", "no containers", "no trainer container",
                 "not a training pod", "plain job", "not a training rank", "no command",
-                "already injected", "unreadable pod")
+                "already injected", "unreadable pod", "not linux")
 
 
 @dataclass(frozen=True)
@@ -200,6 +202,9 @@ def _inject(pod: dict[str, Any], namespace: str, s: Settings
             not all(isinstance(c, dict) for c in containers):
         return ("skipped: no containers", "no containers",
                 ["ftagent: the pod has no containers; not injected"])
+    if _windows(spec):  # no /bin/sh, and the API refuses a Linux securityContext there
+        return ("skipped: not linux (a Windows pod)", "not linux",
+                ["ftagent: a Windows pod: not injected"])
     # identity needs the trainer's env, the trainer's choice needs the role: role first
     probe = identify(pod, {}, labels=labels, notes=notes)
     index, how = trainer_index(pod, probe.role if probe else "")
@@ -261,6 +266,15 @@ def _inject(pod: dict[str, Any], namespace: str, s: Settings
     return f"true ({mode}, container {str(trainer.get('name'))[:63]}, {how})", "", []
 
 
+def _windows(spec: Mapping[str, Any]) -> bool:
+    """A pod for Windows nodes (``spec.os.name``, or the well-known node label it selects):
+    the init container's shell is not there, and for ``os.name: windows`` the API refuses
+    the pod outright with seccomp, capabilities or runAsUser set on any container."""
+    selector = spec.get("nodeSelector")
+    return _str(spec, "os", "name") == "windows" or (
+        isinstance(selector, dict) and selector.get("kubernetes.io/os") == "windows")
+
+
 def _wrapped(command: list[str], s: Settings) -> bool:
     """Already injected (a reinvocation, or a pod made from an injected one)."""
     return command[:2] in (["/bin/sh", f"{s.agent_dir}/{ENTRY}"],
@@ -293,6 +307,25 @@ RESTRICTED_CONTEXT: Mapping[str, Any] = {
     "seccompProfile": {"type": "RuntimeDefault"},
     "readOnlyRootFilesystem": True,
 }
+IMAGE_UID = 65532  # the ftagent image's numeric USER (deploy/Dockerfile, build_image.py)
+
+
+def init_security_context(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The init container's securityContext: restricted, and runnable under whatever the
+    pod sets. The init container inherits the pod-level ``runAsUser``; the kubelet refuses
+    ``runAsNonRoot`` under an effective UID 0 (CreateContainerConfigError: the pod never
+    starts), which a root training image's usual ``runAsUser: 0`` would be. So where the
+    pod's UID is not a known non-root one, the init container names the image's own UID;
+    elsewhere it names none (OpenShift's restricted SCC assigns one from the namespace's
+    range and refuses any other). Container-level settings of the pod's own containers
+    never reach an init container; ``runAsGroup`` is never checked by the kubelet."""
+    ctx: dict[str, Any] = _json_copy(dict(RESTRICTED_CONTEXT))
+    psc = spec.get("securityContext")
+    if isinstance(psc, dict) and "runAsUser" in psc:
+        uid = psc["runAsUser"]
+        if isinstance(uid, bool) or not isinstance(uid, int) or uid <= 0:
+            ctx["runAsUser"] = IMAGE_UID
+    return ctx
 
 
 def _install_script(s: Settings, ca: str, copy_agent: bool) -> str:
@@ -318,7 +351,7 @@ def _add_bundle(spec: dict[str, Any], trainer: dict[str, Any], s: Settings, ca: 
             "command": ["/bin/sh", "-c", _install_script(s, ca, copy_agent)],
             "volumeMounts": [{"name": VOLUME, "mountPath": s.agent_dir}],
             "resources": _json_copy(dict(s.init_resources)),
-            "securityContext": _json_copy(dict(RESTRICTED_CONTEXT)),
+            "securityContext": init_security_context(spec),
         }
         if ca:
             init["env"] = [{"name": "FTAGENT_CA_PEM", "value": ca.strip()}]
