@@ -91,8 +91,9 @@ class WebhookConfig:
     tls_reload_interval: float = opt(10.0, "--tls-reload-interval", "how often to look for "
                                      "rotated --tls-cert/--tls-key files",
                                      check=Range(0.05, 3600), metavar="SECONDS")
-    metrics_port: int = opt(9430, "--agent-metrics-port", "agents' /metrics port; "
-                            "hostNetwork pods get one of PORT..PORT+SPAN-1",
+    metrics_port: int = opt(9440, "--agent-metrics-port", "agents' /metrics port; "
+                            "hostNetwork pods get one of PORT..PORT+SPAN-1 (keep it clear of "
+                            "ftagent's own ports, 9400-9439)",
                             check=Range(1, 65535 - 1000), metavar="PORT")
     metrics_port_span: int = opt(100, "--agent-metrics-port-span", "ports hostNetwork pods "
                                  "spread over", check=Range(1, 1000), metavar="SPAN")

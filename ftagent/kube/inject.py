@@ -33,14 +33,16 @@ What an injected pod gets:
   (``identity.py``), ``FTAGENT_ARBITER``, ``FTAGENT_TLS_CA``, ``FTAGENT_PROGRESS=none``
   for roles without steps, ``FTAGENT_METRICS_PORT``. What the container already sets wins;
 * the named port ``ftagent-metrics`` and ``prometheus.io/scrape|port|path`` annotations.
-  In its own network namespace every pod uses the base port (9430, or the next one no
+  In its own network namespace every pod uses the base port (9440, or the next one no
   container of the pod declares). **hostNetwork pods** share the node's ports: each gets
-  ``base + (hash(namespace/job) + rank) mod span`` (span 100: 9430-9529) declared as a
+  ``base + (hash(namespace/job) + rank) mod span`` (span 100: 9440-9539) declared as a
   *host port*, so the scheduler never places two pods with the same port on one node
   (nothing fights over a port, and no agent is silently without metrics); ranks of a job
   get distinct ports up to ``span`` ranks, beyond that two ranks whose ports are equal
-  just never share a node. Prometheus finds each agent by the port's name (PodMonitor)
-  or the annotations;
+  just never share a node. The range stays clear of 9400-9439, ftagent's own ports (the
+  arbiter's 9400 and 9431, the node agent's host port 9432): a rank given the node
+  agent's port could be scheduled on no node that runs it. Prometheus finds each agent by
+  the port's name (PodMonitor) or the annotations;
 * the label ``ftagent.io/job`` (the job's name, or a prefix and a hash when the name is no
   label value: a valid job is never denied) and the annotation ``ftagent.io/job-name``;
 * ``ftagent.io/fault-tolerance: "false"`` (pod label or annotation) makes it monitor and
@@ -111,7 +113,7 @@ class Settings:
     image_pull_secrets: tuple[str, ...] = ()  # for the init container's image
     agent_dir: str = "/opt/ftagent"  # where the trainer finds the agent
     bundle_dir: str = "/opt/ftagent-bundle"  # where the image holds it
-    metrics_port: int = 9430
+    metrics_port: int = 9440  # 9400-9439: ftagent's own (docs/deploy.md, "Ports")
     metrics_port_span: int = 100  # hostNetwork pods: ports base .. base+span-1
     pull_policy: str = "IfNotPresent"
     init_resources: Mapping[str, Any] = field(default_factory=lambda: {
