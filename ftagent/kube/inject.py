@@ -385,6 +385,16 @@ def _mount(c: dict[str, Any], mount: dict[str, Any]) -> None:
         mounts.append(mount)
 
 
+OWN_PORTS = range(9400, 9440)  # ftagent's own components (docs/deploy.md, "Ports")
+
+
+def clashing_ports(s: Settings) -> list[int]:
+    """The ports of the agents' range that ftagent's own components hold (the node agent's
+    host port among them): a hostNetwork rank given one fits on no node running it."""
+    span = max(1, min(s.metrics_port_span, MAX_PORT_SPAN))
+    return sorted(set(range(s.metrics_port, s.metrics_port + span)) & set(OWN_PORTS))
+
+
 def metrics_port_for(namespace: str, job: str, rank: int, s: Settings) -> int:
     """A hostNetwork pod's port: ranks of one job spread over the span, jobs offset by a
     hash so that two jobs' rank 0 do not start on the same port."""

@@ -7,13 +7,25 @@ them, not as this test restates them."""
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 from typing import Any
 
 import jsonpatch
 
 from ftagent.cmd import arbiter, node, webhook
 from ftagent.config import split_host_port
-from ftagent.kube.inject import MAX_PORT_SPAN, PORT_NAME, Settings, metrics_port_for, mutate
+from ftagent.kube.inject import (
+    MAX_PORT_SPAN,
+    OWN_PORTS,
+    PORT_NAME,
+    Settings,
+    clashing_ports,
+    metrics_port_for,
+    mutate,
+)
+from tests.conftest import ROOT
 from tests.webhook_pods import example_pods
 
 
@@ -80,3 +92,29 @@ def test_injected_host_network_pods_get_a_port_of_the_range() -> None:
         port = _declared(pod)
         assert port in rank_ports(s) and port not in own
         assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(port)
+
+
+def test_own_ports_cover_every_default_and_the_webhook_warns_of_a_clash() -> None:
+    """OWN_PORTS (what the webhook warns about) holds every default of the parsers but the
+    webhook's HTTPS port (8443: never a host port); the old layout is named a clash."""
+    assert own_ports() - {8443} <= set(OWN_PORTS)
+    assert clashing_ports(webhook_settings()) == []
+    assert clashing_ports(Settings(metrics_port=9430, metrics_port_span=100)) == \
+        list(range(9430, 9440))
+    proc = subprocess.Popen([sys.executable, "-m", "ftagent", "webhook", "--self-signed",
+                             "--listen", "127.0.0.1:0", "--agent-metrics-port", "9430"],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert proc.stderr is not None
+        lines = []
+        for line in proc.stderr:  # ends at "listening on" (or at exit: then it failed)
+            lines.append(line)
+            if "listening on" in line:
+                break
+        warned = [x for x in lines if "warning: --agent-metrics-port 9430" in x]
+        assert len(warned) == 1 and "9430-9439" in warned[0], lines
+        assert "listening on" in lines[-1], lines  # a warning, the webhook still serves
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
