@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("ftagent.report", "one HTML page about a job: steps, faults, downtime, goodput"),
     "webhook": ("ftagent.cmd.webhook", "admission webhook that injects ftagent into pods"),
     "demo": ("ftagent.demo", "local demo: arbiter + agents + a real training job with faults"),
+    "cleanup": ("ftagent.cmd.cleanup", "after an uninstall: take ftagent's taints, labels, "
+                "annotations and conditions off the nodes"),
 }
 
 USAGE = "usage: ftagent {" + ",".join(COMMANDS) + "} [flags] ... (ftagent COMMAND --help)"

@@ -631,8 +631,10 @@ def tls_from_secret(cfg: ArbiterConfig, kube: Any) -> ArbiterConfig:
 
     namespace = pod_namespace()
     try:
+        # localhost too: an operator's `kubectl port-forward` then `ftagent status --arbiter
+        # localhost:9400` (docs/runbooks.md); only this install's CA signs it
         pems, created = ensure_secret(kube, namespace, cfg.tls_secret,
-                                      service_names(cfg.tls_service, namespace))
+                                      [*service_names(cfg.tls_service, namespace), "localhost"])
     except Exception as e:
         raise StartError(f"--tls-secret {namespace}/{cfg.tls_secret}: {e}") from None
     if created:

@@ -91,8 +91,9 @@ class WebhookConfig:
     tls_reload_interval: float = opt(10.0, "--tls-reload-interval", "how often to look for "
                                      "rotated --tls-cert/--tls-key files",
                                      check=Range(0.05, 3600), metavar="SECONDS")
-    metrics_port: int = opt(9430, "--agent-metrics-port", "agents' /metrics port; "
-                            "hostNetwork pods get one of PORT..PORT+SPAN-1",
+    metrics_port: int = opt(9440, "--agent-metrics-port", "agents' /metrics port; "
+                            "hostNetwork pods get one of PORT..PORT+SPAN-1 (keep it clear of "
+                            "ftagent's own ports, 9400-9439)",
                             check=Range(1, 65535 - 1000), metavar="PORT")
     metrics_port_span: int = opt(100, "--agent-metrics-port-span", "ports hostNetwork pods "
                                  "spread over", check=Range(1, 1000), metavar="SPAN")
@@ -301,6 +302,16 @@ def main(argv: Sequence[str]) -> int:
                         stream=sys.stderr)
     if cfg.webhook_config and not cfg.self_signed:
         sys.stderr.write(f"{PROG}: warning: --webhook-config is used with --self-signed only\n")
+    from ftagent.kube.inject import Settings, clashing_ports
+
+    clash = clashing_ports(Settings(metrics_port=cfg.metrics_port,
+                                    metrics_port_span=cfg.metrics_port_span))
+    if clash:
+        sys.stderr.write(f"{PROG}: warning: --agent-metrics-port {cfg.metrics_port} with span "
+                         f"{cfg.metrics_port_span} includes ftagent's own ports {clash[0]}-"
+                         f"{clash[-1]} (9400-9439: the node agent's host port 9432): a "
+                         "hostNetwork rank given one cannot be scheduled beside the node "
+                         "agent; use 9440 (the default)\n")
     try:
         cert, key = tls_files(cfg, environ)
     except Exception as e:  # the cluster refused (RBAC, API down): one line

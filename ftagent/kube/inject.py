@@ -12,7 +12,9 @@ What an injected pod gets:
   writes the arbiter's CA there (``ca.crt``) when the webhook has one (``--arbiter-ca``,
   re-read when the file changes). It meets Pod Security "restricted" on its own: no
   privilege escalation, every capability dropped, non-root, seccomp ``RuntimeDefault``,
-  read-only root. (Annotation ``ftagent.io/agent: image``: the image has ftagent on its
+  read-only root, and it runs under any securityContext the pod sets (a pod-level
+  ``runAsUser: 0`` gets the image's UID on it: :func:`init_security_context`). Windows
+  pods are left alone. (Annotation ``ftagent.io/agent: image``: the image has ftagent on its
   PATH; nothing is copied);
 * the trainer container's ``command`` becomes ``/bin/sh /opt/ftagent/ftagent-entry --
   <command>`` (its ``args`` stay as they are): the shim runs ``ftagent run -- <command>``,
@@ -31,14 +33,16 @@ What an injected pod gets:
   (``identity.py``), ``FTAGENT_ARBITER``, ``FTAGENT_TLS_CA``, ``FTAGENT_PROGRESS=none``
   for roles without steps, ``FTAGENT_METRICS_PORT``. What the container already sets wins;
 * the named port ``ftagent-metrics`` and ``prometheus.io/scrape|port|path`` annotations.
-  In its own network namespace every pod uses the base port (9430, or the next one no
+  In its own network namespace every pod uses the base port (9440, or the next one no
   container of the pod declares). **hostNetwork pods** share the node's ports: each gets
-  ``base + (hash(namespace/job) + rank) mod span`` (span 100: 9430-9529) declared as a
+  ``base + (hash(namespace/job) + rank) mod span`` (span 100: 9440-9539) declared as a
   *host port*, so the scheduler never places two pods with the same port on one node
   (nothing fights over a port, and no agent is silently without metrics); ranks of a job
   get distinct ports up to ``span`` ranks, beyond that two ranks whose ports are equal
-  just never share a node. Prometheus finds each agent by the port's name (PodMonitor)
-  or the annotations;
+  just never share a node. The range stays clear of 9400-9439, ftagent's own ports (the
+  arbiter's 9400 and 9431, the node agent's host port 9432): a rank given the node
+  agent's port could be scheduled on no node that runs it. Prometheus finds each agent by
+  the port's name (PodMonitor) or the annotations;
 * the label ``ftagent.io/job`` (the job's name, or a prefix and a hash when the name is no
   label value: a valid job is never denied) and the annotation ``ftagent.io/job-name``;
 * ``ftagent.io/fault-tolerance: "false"`` (pod label or annotation) makes it monitor and
@@ -93,7 +97,7 @@ MAX_COMMAND_NOTE = 16 * 1024  # ftagent.io/command: longer is not parsed (nor de
 # Why a pod was not injected: the bounded set of the webhook metrics' ``reason`` label.
 SKIP_REASONS = ("not a pod", "opted out", "no containers", "no trainer container",
                 "not a training pod", "plain job", "not a training rank", "no command",
-                "already injected", "unreadable pod")
+                "already injected", "unreadable pod", "not linux")
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,7 @@ class Settings:
     image_pull_secrets: tuple[str, ...] = ()  # for the init container's image
     agent_dir: str = "/opt/ftagent"  # where the trainer finds the agent
     bundle_dir: str = "/opt/ftagent-bundle"  # where the image holds it
-    metrics_port: int = 9430
+    metrics_port: int = 9440  # 9400-9439: ftagent's own (docs/deploy.md, "Ports")
     metrics_port_span: int = 100  # hostNetwork pods: ports base .. base+span-1
     pull_policy: str = "IfNotPresent"
     init_resources: Mapping[str, Any] = field(default_factory=lambda: {
@@ -200,6 +204,9 @@ def _inject(pod: dict[str, Any], namespace: str, s: Settings
             not all(isinstance(c, dict) for c in containers):
         return ("skipped: no containers", "no containers",
                 ["ftagent: the pod has no containers; not injected"])
+    if _windows(spec):  # no /bin/sh, and the API refuses a Linux securityContext there
+        return ("skipped: not linux (a Windows pod)", "not linux",
+                ["ftagent: a Windows pod: not injected"])
     # identity needs the trainer's env, the trainer's choice needs the role: role first
     probe = identify(pod, {}, labels=labels, notes=notes)
     index, how = trainer_index(pod, probe.role if probe else "")
@@ -261,6 +268,15 @@ def _inject(pod: dict[str, Any], namespace: str, s: Settings
     return f"true ({mode}, container {str(trainer.get('name'))[:63]}, {how})", "", []
 
 
+def _windows(spec: Mapping[str, Any]) -> bool:
+    """A pod for Windows nodes (``spec.os.name``, or the well-known node label it selects):
+    the init container's shell is not there, and for ``os.name: windows`` the API refuses
+    the pod outright with seccomp, capabilities or runAsUser set on any container."""
+    selector = spec.get("nodeSelector")
+    return _str(spec, "os", "name") == "windows" or (
+        isinstance(selector, dict) and selector.get("kubernetes.io/os") == "windows")
+
+
 def _wrapped(command: list[str], s: Settings) -> bool:
     """Already injected (a reinvocation, or a pod made from an injected one)."""
     return command[:2] in (["/bin/sh", f"{s.agent_dir}/{ENTRY}"],
@@ -293,6 +309,25 @@ RESTRICTED_CONTEXT: Mapping[str, Any] = {
     "seccompProfile": {"type": "RuntimeDefault"},
     "readOnlyRootFilesystem": True,
 }
+IMAGE_UID = 65532  # the ftagent image's numeric USER (deploy/Dockerfile, build_image.py)
+
+
+def init_security_context(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The init container's securityContext: restricted, and runnable under whatever the
+    pod sets. The init container inherits the pod-level ``runAsUser``; the kubelet refuses
+    ``runAsNonRoot`` under an effective UID 0 (CreateContainerConfigError: the pod never
+    starts), which a root training image's usual ``runAsUser: 0`` would be. So where the
+    pod's UID is not a known non-root one, the init container names the image's own UID;
+    elsewhere it names none (OpenShift's restricted SCC assigns one from the namespace's
+    range and refuses any other). Container-level settings of the pod's own containers
+    never reach an init container; ``runAsGroup`` is never checked by the kubelet."""
+    ctx: dict[str, Any] = _json_copy(dict(RESTRICTED_CONTEXT))
+    psc = spec.get("securityContext")
+    if isinstance(psc, dict) and "runAsUser" in psc:
+        uid = psc["runAsUser"]
+        if isinstance(uid, bool) or not isinstance(uid, int) or uid <= 0:
+            ctx["runAsUser"] = IMAGE_UID
+    return ctx
 
 
 def _install_script(s: Settings, ca: str, copy_agent: bool) -> str:
@@ -318,7 +353,7 @@ def _add_bundle(spec: dict[str, Any], trainer: dict[str, Any], s: Settings, ca: 
             "command": ["/bin/sh", "-c", _install_script(s, ca, copy_agent)],
             "volumeMounts": [{"name": VOLUME, "mountPath": s.agent_dir}],
             "resources": _json_copy(dict(s.init_resources)),
-            "securityContext": _json_copy(dict(RESTRICTED_CONTEXT)),
+            "securityContext": init_security_context(spec),
         }
         if ca:
             init["env"] = [{"name": "FTAGENT_CA_PEM", "value": ca.strip()}]
@@ -348,6 +383,16 @@ def _mount(c: dict[str, Any], mount: dict[str, Any]) -> None:
         mounts = c["volumeMounts"] = []
     if not any(isinstance(m, dict) and m.get("name") == mount["name"] for m in mounts):
         mounts.append(mount)
+
+
+OWN_PORTS = range(9400, 9440)  # ftagent's own components (docs/deploy.md, "Ports")
+
+
+def clashing_ports(s: Settings) -> list[int]:
+    """The ports of the agents' range that ftagent's own components hold (the node agent's
+    host port among them): a hostNetwork rank given one fits on no node running it."""
+    span = max(1, min(s.metrics_port_span, MAX_PORT_SPAN))
+    return sorted(set(range(s.metrics_port, s.metrics_port + span)) & set(OWN_PORTS))
 
 
 def metrics_port_for(namespace: str, job: str, rank: int, s: Settings) -> int:

@@ -172,6 +172,8 @@ def dangling(objs: list[dict[str, Any]]) -> list[str]:
         if kind == "Certificate":
             need("Issuer", ns, o["spec"]["issuerRef"]["name"], where)
             for dns in o["spec"].get("dnsNames", []):
+                if dns == "localhost":  # kubectl port-forward (docs/runbooks.md)
+                    continue
                 name, svc_ns = dns.split(".")[:2]
                 need("Service", svc_ns, name, f"{where} DNS name {dns}")
         if kind == "Issuer" and "ca" in o["spec"] and o["spec"]["ca"]["secretName"] not in secrets:

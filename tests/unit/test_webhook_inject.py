@@ -187,10 +187,10 @@ def test_container_settings_win() -> None:
 
 
 def test_port_taken_by_the_trainer_moves_on() -> None:
-    raw = _simple(command=["t"], ports=[{"containerPort": 9430}])
+    raw = _simple(command=["t"], ports=[{"containerPort": 9440}])
     pod, _ = apply(raw)
     ports = pod["spec"]["containers"][0]["ports"]
-    assert [p["containerPort"] for p in ports] == [9430, 9431]
+    assert [p["containerPort"] for p in ports] == [9440, 9441]
 
 
 def test_no_containers_and_not_a_pod() -> None:
@@ -217,7 +217,7 @@ def test_host_network_ports_never_collide_within_a_job() -> None:
     """8 ranks per node, hostNetwork: every rank of a job up to the span has its own port,
     declared as a host port (the scheduler keeps equal ports off one node)."""
     ports = [metrics_port_for("ml", "rdma-train", r, SETTINGS) for r in range(100)]
-    assert len(set(ports)) == 100 and min(ports) >= 9430 and max(ports) <= 9529
+    assert len(set(ports)) == 100 and min(ports) >= 9440 and max(ports) <= 9539
     pods = [p for p in PODS if p.example == "indexed-job.yaml"]
     seen = set()
     for ex in pods:
