@@ -199,6 +199,12 @@ class ArbiterServer:
         """Ready for agents (/readyz): serving and, with --leader-elect, the leader."""
         return self.leading and self._server is not None
 
+    @property
+    def serving(self) -> bool:
+        """Able to serve agents (/readyz of every replica): started; a standby too, so that
+        a rollout and a drain proceed (the Service's leader label picks the leader)."""
+        return self._server is not None
+
     async def lead(self) -> None:
         """The Lease is ours: load history, start deciding, report SERVING."""
         if self.leading:

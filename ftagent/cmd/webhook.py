@@ -101,6 +101,18 @@ class WebhookConfig:
     handshake_timeout: float = opt(5.0, "--handshake-timeout", "drop a TLS client that has "
                                    "not finished its handshake by then",
                                    check=Range(0.1, 300), metavar="SECONDS")
+    health_port: int = opt(-1, "--health-port", "plain-HTTP port of /healthz and /readyz "
+                           "for the kubelet's probes (on --listen's host), apart from the "
+                           "HTTPS port so that no flood there can fail them (the shipped "
+                           "Deployment: 9436); 0 picks a free one; -1: none",
+                           check=Range(-1, 65535), metavar="PORT")
+    max_connections: int = opt(4096, "--max-connections", "HTTPS connections held at once "
+                               "(at most half the process' file descriptors); more are "
+                               "answered 503", check=Range(1, 1_000_000), metavar="N")
+    max_connections_per_source: int = opt(
+        512, "--max-connections-per-source", "HTTPS connections one peer address may hold "
+        "(the API server's connections come from few addresses)",
+        check=Range(1, 1_000_000), metavar="N")
     workers: int = opt(1, "--workers", "processes serving the port (SO_REUSEPORT; the kernel "
                        "spreads connections): about one per core for large bursts of pods",
                        check=Range(1, 64), metavar="N")
@@ -166,8 +178,12 @@ def _server(cfg: WebhookConfig) -> WebhookServer:
                             if n.strip()),
                         metrics_port=cfg.metrics_port,
                         metrics_port_span=cfg.metrics_port_span)
+    from ftagent.kube.webhook import connection_cap
+
     return WebhookServer(settings, max_body=cfg.max_body,
-                         handshake_timeout=cfg.handshake_timeout)
+                         handshake_timeout=cfg.handshake_timeout,
+                         max_connections=connection_cap(cfg.max_connections),
+                         max_per_source=cfg.max_connections_per_source)
 
 
 async def _reload(reloader: CertReloader, interval: float) -> None:
@@ -177,11 +193,15 @@ async def _reload(reloader: CertReloader, interval: float) -> None:
 
 
 async def serve(cfg: WebhookConfig, tls: ssl.SSLContext, *, port: int | None = None,
-                ready_fd: int | None = None, reloader: CertReloader | None = None) -> int:
-    """Serve until SIGTERM/SIGINT. ``port`` given: one worker of several on that port,
-    which says it listens by writing a byte to ``ready_fd`` (-1: says nothing; None: on
-    stderr, as a single server does)."""
+                ready_fd: int | None = None, reloader: CertReloader | None = None,
+                health_port: int | None = None) -> int:
+    """Serve until SIGTERM/SIGINT. ``port`` given: one worker of several on that port
+    (and ``health_port``), which says it listens by writing a byte to ``ready_fd`` (-1:
+    says nothing; None: on stderr, as a single server does)."""
+    from ftagent.kube.webhook import ProbeServer
+
     server = _server(cfg)
+    probes = ProbeServer() if cfg.health_port >= 0 else None
     host, listen_port = split_host_port(cfg.listen)
     # Handled before the server announces itself, so a stop sent on "listening on" exits 0.
     stop = asyncio.Event()
@@ -195,11 +215,24 @@ async def serve(cfg: WebhookConfig, tls: ssl.SSLContext, *, port: int | None = N
         sys.stderr.write(f"{PROG}: error: cannot listen on {cfg.listen}: "
                          f"{e.strerror or e}\n")
         return 1
+    probe_port = -1
+    if probes is not None:
+        try:
+            probe_port = await probes.start(
+                host, cfg.health_port if health_port is None else health_port, None,
+                reuse_port=health_port is not None)
+        except OSError as e:
+            sys.stderr.write(f"{PROG}: error: cannot listen on {host}:{cfg.health_port} "
+                             f"(--health-port): {e.strerror or e}\n")
+            await server.close()
+            return 1
     if ready_fd is not None:
         if ready_fd >= 0:
             os.write(ready_fd, b"1")
             os.close(ready_fd)
     else:
+        if probes is not None:
+            sys.stderr.write(f"probes on http://{host}:{probe_port}/readyz\n")
         sys.stderr.write(f"listening on {host}:{bound}\n")
         sys.stderr.flush()
     watch = asyncio.ensure_future(_reload(reloader, cfg.tls_reload_interval)) \
@@ -208,6 +241,8 @@ async def serve(cfg: WebhookConfig, tls: ssl.SSLContext, *, port: int | None = N
     if watch is not None:
         watch.cancel()
     await server.close()
+    if probes is not None:
+        await probes.close()
     return 0
 
 
@@ -227,6 +262,20 @@ def serve_workers(cfg: WebhookConfig, tls: ssl.SSLContext,
                          f"{e.strerror or e}\n")
         return 1
     port = reserve.getsockname()[1]
+    health_port = -1
+    health_reserve = None
+    if cfg.health_port >= 0:
+        health_reserve = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            health_reserve.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            health_reserve.bind((host, cfg.health_port))
+        except OSError as e:
+            sys.stderr.write(f"{PROG}: error: cannot listen on {host}:{cfg.health_port} "
+                             f"(--health-port): {e.strerror or e}\n")
+            reserve.close()
+            health_reserve.close()
+            return 1
+        health_port = health_reserve.getsockname()[1]
     stopping = False
 
     def stop(_sig: int, _frame: object) -> None:
@@ -248,7 +297,7 @@ def serve_workers(cfg: WebhookConfig, tls: ssl.SSLContext,
             code = 1
             try:
                 code = asyncio.run(serve(cfg, tls, port=port, ready_fd=ready,
-                                         reloader=reloader))
+                                         reloader=reloader, health_port=health_port))
             finally:
                 os._exit(code)
         return pid
@@ -266,6 +315,8 @@ def serve_workers(cfg: WebhookConfig, tls: ssl.SSLContext,
         started += len(got)
     os.close(ready_r)
     if started == cfg.workers:
+        if health_port >= 0:
+            sys.stderr.write(f"probes on http://{host}:{health_port}/readyz\n")
         sys.stderr.write(f"listening on {host}:{port}\n")
         sys.stderr.flush()
     else:
@@ -286,6 +337,8 @@ def serve_workers(cfg: WebhookConfig, tls: ssl.SSLContext,
         elif os.waitstatus_to_exitcode(status) not in (0, -signal.SIGTERM):
             code = 1
     reserve.close()
+    if health_reserve is not None:
+        health_reserve.close()
     return code
 
 

@@ -19,8 +19,16 @@ a pod with no containers / no command,       200 allowed, only the ``ftagent.io/
                                              can act
 any pod at all                               200 allowed: nothing is ever denied
 a TLS handshake never finished, a client     dropped after ``handshake_timeout`` /
-silent mid-request                           ``idle_timeout``; other clients unaffected
+silent between requests                      ``idle_timeout``; other clients unaffected
+a request trickled a byte at a time          dropped ``request_timeout`` after its first
+                                             byte (a total deadline, not per read)
+connections past ``max_connections``, or     answered 503 and closed at once: no peer
+past ``max_per_source`` from one address     holds every file descriptor
 ===========================================  ============================================
+
+The kubelet's probes have their own plain-HTTP listener (:class:`ProbeServer`, the same
+protocol with a 2 s deadline and 4 connections per source), so no flood on the HTTPS port
+turns the webhook's liveness or readiness red.
 """
 
 from __future__ import annotations
@@ -137,7 +145,60 @@ def _response(version: str, uid: str, m: Mutation) -> bytes:
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             408: "Request Timeout", 411: "Length Required", 413: "Payload Too Large",
-            431: "Request Header Fields Too Large"}
+            431: "Request Header Fields Too Large", 503: "Service Unavailable"}
+MAX_CONNECTIONS = 4096
+MAX_PER_SOURCE = 512  # the API server's own connections come from few addresses
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+         b"Content-Length: 27\r\nConnection: close\r\nRetry-After: 1\r\n\r\n"
+         b'{"error":"too many conns"}\n')
+
+
+def connection_cap(wanted: int, reserve: int = 64) -> int:
+    """``wanted``, but at most half the file descriptors this process may open (its soft
+    limit, raised to the hard one first, as Go's runtime does), so connections past the
+    cap are refused by a process that can still accept, log and answer its probes."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or soft < hard:
+            target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+            with contextlib.suppress(ValueError, OSError):
+                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return wanted
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, (int(soft) - reserve) // 2))
+
+
+class _Admission:
+    """Counts open connections, in all and per peer address."""
+
+    def __init__(self, max_connections: int, max_per_source: int) -> None:
+        self.max_connections = max(1, max_connections)
+        self.max_per_source = max(1, max_per_source)
+        self.open = 0
+        self.per_source: dict[str, int] = {}
+        self.refused = 0
+
+    def admit(self, source: str) -> bool:
+        if self.open >= self.max_connections or \
+                self.per_source.get(source, 0) >= self.max_per_source:
+            self.refused += 1
+            return False
+        self.open += 1
+        self.per_source[source] = self.per_source.get(source, 0) + 1
+        return True
+
+    def release(self, source: str) -> None:
+        self.open -= 1
+        n = self.per_source.get(source, 1) - 1
+        if n > 0:
+            self.per_source[source] = n
+        else:
+            self.per_source.pop(source, None)
 
 
 class WebhookServer:
@@ -150,9 +211,12 @@ class WebhookServer:
 
     def __init__(self, settings: Settings, *, max_body: int = 4 * 1024 * 1024,
                  handshake_timeout: float = 5.0, idle_timeout: float = 60.0,
-                 request_timeout: float = 10.0,  # for the body once the headers are in
-                 handle: Callable[[bytes], tuple[int, bytes]] | None = None) -> None:
+                 request_timeout: float = 10.0,  # from a request's first byte to its last
+                 handle: Callable[[bytes], tuple[int, bytes]] | None = None,
+                 max_connections: int = MAX_CONNECTIONS,
+                 max_per_source: int = MAX_PER_SOURCE) -> None:
         self.settings = settings
+        self.admission = _Admission(max_connections, max_per_source)
         self.max_body = max_body
         self.handshake_timeout = handshake_timeout
         self.idle_timeout = idle_timeout
@@ -196,6 +260,23 @@ class WebhookServer:
         return render_metrics(self.counters)
 
 
+class ProbeServer(WebhookServer):
+    """``GET /healthz``, ``/livez``, ``/readyz`` in plain HTTP on a port of their own: a
+    probe's request is a few dozen bytes, so its deadline is short and one source holds
+    at most 4 connections (the kubelet probes one at a time)."""
+
+    def __init__(self) -> None:
+        super().__init__(Settings(image=""), max_body=0, handshake_timeout=2.0,
+                         idle_timeout=10.0, request_timeout=2.0,
+                         max_connections=64, max_per_source=4)
+
+    def answer(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
+        route = path.split("?", 1)[0]
+        if route in ("/healthz", "/livez", "/readyz") and method == "GET":
+            return 200, b'{"ok":true}'
+        return 404, _error(f"no {route[:80]}")
+
+
 def render_metrics(counters: Counters) -> bytes:
     """The webhook's ``/metrics``: Prometheus' text format of ``counters``."""
     lines = ["# HELP ftagent_webhook_reviews_total AdmissionReviews answered, by result "
@@ -225,13 +306,25 @@ class _Connection(asyncio.Protocol):
         self.timer: asyncio.TimerHandle | None = None
         self.head: tuple[str, str, bool, int] | None = None  # method, path, keep, length
         self.closed = False
+        self.source: str | None = None  # the peer's address, once admitted
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        peer = transport.get_extra_info("peername")
+        source = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        if not self.server.admission.admit(source):
+            self.closed = True
+            transport.write(_BUSY)
+            transport.close()
+            return
+        self.source = source
         self._arm(self.server.idle_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.source is not None:
+            self.server.admission.release(self.source)
+            self.source = None
         self.closed = True
         if self.timer is not None:
             self.timer.cancel()
@@ -257,6 +350,8 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        if not self.buf and self.head is None and data:  # a request begins: its deadline
+            self._arm(self.server.request_timeout)
         self.buf += data
         try:
             while not self.closed and self._step():
@@ -282,8 +377,6 @@ class _Connection(asyncio.Protocol):
             if head is None:
                 return False
             self.head = head
-            if head[3]:
-                self._arm(self.server.request_timeout)
         method, path, keep, length = self.head
         if len(self.buf) < length:
             return False
@@ -292,8 +385,8 @@ class _Connection(asyncio.Protocol):
         self.head = None
         status, payload = self.server.answer(method, path, body)
         self._finish(status, payload, not keep)
-        if not self.closed:
-            self._arm(self.server.idle_timeout)
+        if not self.closed:  # a pipelined request already begun keeps its own deadline
+            self._arm(self.server.request_timeout if self.buf else self.server.idle_timeout)
         return not self.closed
 
     def _parse_head(self, raw: bytes) -> tuple[str, str, bool, int] | None:
