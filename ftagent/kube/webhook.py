@@ -148,12 +148,13 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
             431: "Request Header Fields Too Large", 503: "Service Unavailable"}
 MAX_CONNECTIONS = 4096
 MAX_PER_SOURCE = 512  # the API server's own connections come from few addresses
+BACKLOG = 256  # also how many connections asyncio accepts in one go (each a descriptor)
 _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
          b"Content-Length: 27\r\nConnection: close\r\nRetry-After: 1\r\n\r\n"
          b'{"error":"too many conns"}\n')
 
 
-def connection_cap(wanted: int, reserve: int = 64) -> int:
+def connection_cap(wanted: int, reserve: int = 64 + BACKLOG) -> int:
     """``wanted``, but at most half the file descriptors this process may open (its soft
     limit, raised to the hard one first, as Go's runtime does), so connections past the
     cap are refused by a process that can still accept, log and answer its probes."""
@@ -231,10 +232,12 @@ class WebhookServer:
         """Listen; returns the port bound (for port 0). ``reuse_port``: one of several
         worker processes on the same port (SO_REUSEPORT, the kernel spreads connections)."""
         loop = asyncio.get_running_loop()
+        # TLS is started by the gate after admission, not by create_server(ssl=...): there a
+        # connection is invisible until its handshake ends, so a flood of unfinished
+        # handshakes took every file descriptor (accept() then failed with EMFILE).
         self.server = await loop.create_server(
-            lambda: _Connection(self), host, port, ssl=tls, backlog=1024,
-            reuse_port=reuse_port or None,
-            ssl_handshake_timeout=self.handshake_timeout if tls else None)
+            (lambda: _Gate(self, tls)) if tls is not None else (lambda: _Connection(self)),
+            host, port, backlog=BACKLOG, reuse_port=reuse_port or None)
         return int(self.server.sockets[0].getsockname()[1])
 
     async def close(self) -> None:
@@ -294,23 +297,71 @@ def _http(status: int, payload: bytes, close: bool) -> bytes:
         b"Connection: close\r\n" if close else b"", payload)
 
 
+class _Gate(asyncio.Protocol):
+    """A TLS connection's first stage: admitted (or refused) on its peer address while it
+    is plain TCP, then upgraded to TLS within ``handshake_timeout``; the HTTP protocol
+    (:class:`_Connection`) takes over once the handshake is done."""
+
+    def __init__(self, server: WebhookServer, tls: ssl.SSLContext) -> None:
+        self.server, self.tls = server, tls
+        self.task: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.pause_reading()  # the ClientHello waits for the TLS layer
+        peer = transport.get_extra_info("peername")
+        source = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        if not self.server.admission.admit(source):
+            transport.abort()  # no TLS yet: nothing to say in a language it speaks
+            return
+        self.task = asyncio.ensure_future(self._upgrade(transport, source))
+
+    async def _upgrade(self, transport: asyncio.Transport, source: str) -> None:
+        conn = _Connection(self.server, source)
+        try:
+            tls_transport = await asyncio.get_running_loop().start_tls(
+                transport, conn, self.tls, server_side=True,
+                ssl_handshake_timeout=self.server.handshake_timeout)
+        except (OSError, ssl.SSLError, asyncio.TimeoutError, ConnectionError):
+            transport.abort()
+            conn.connection_lost(None)  # gives the admission back
+            return
+        except BaseException:
+            transport.abort()
+            conn.connection_lost(None)
+            raise
+        if tls_transport is None:  # closed during the handshake
+            conn.connection_lost(None)
+            return
+        conn.connection_made(tls_transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Only before the upgrade (the TLS layer owns the transport after)."""
+
+
 class _Connection(asyncio.Protocol):
     """One client connection: HTTP/1.1 requests one at a time (as the API server sends
     them), parsed from a buffer that never holds more than the headers' limit plus one
     body of at most ``max_body``."""
 
-    def __init__(self, server: WebhookServer) -> None:
+    def __init__(self, server: WebhookServer, admitted: str | None = None) -> None:
         self.server = server
+        self.admitted = admitted  # the peer address a _Gate already admitted
         self.buf = bytearray()
         self.transport: asyncio.Transport | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.head: tuple[str, str, bool, int] | None = None  # method, path, keep, length
         self.closed = False
-        self.source: str | None = None  # the peer's address, once admitted
+        self.source = admitted  # the peer's address, once admitted (released when lost)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        if self.admitted is not None:
+            self._arm(self.server.request_timeout if self.buf else self.server.idle_timeout)
+            if self.buf:  # bytes that came with the end of the handshake
+                self.data_received(b"")
+            return
         peer = transport.get_extra_info("peername")
         source = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
         if not self.server.admission.admit(source):
@@ -349,6 +400,9 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.closed:
+            return
+        if self.transport is None:  # before connection_made (the TLS layer's last bytes)
+            self.buf += data
             return
         if not self.buf and self.head is None and data:  # a request begins: its deadline
             self._arm(self.server.request_timeout)
