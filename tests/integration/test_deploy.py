@@ -177,8 +177,10 @@ def dangling(objs: list[dict[str, Any]]) -> list[str]:
         if kind == "Issuer" and "ca" in o["spec"] and o["spec"]["ca"]["secretName"] not in secrets:
             bad.append(f"{where}: no Secret {o['spec']['ca']['secretName']}")
         if kind == "Service":
+            # the leader puts ftagent.io/arbiter-leader on its own pod at run time
+            static = {k: v for k, v in o["spec"]["selector"].items() if k not in RUNTIME_LABELS}
             selected = [w for w, _ in pod_templates(objs) if w["metadata"].get("namespace") == ns
-                        and o["spec"]["selector"].items()
+                        and static.items()
                         <= w["spec"]["template"]["metadata"]["labels"].items()]
             if not selected:
                 bad.append(f"{where} selects no pods")
@@ -235,6 +237,9 @@ def dangling(objs: list[dict[str, Any]]) -> list[str]:
                     if pods and isinstance(p["port"], str) and p["port"] not in named:
                         bad.append(f"NetworkPolicy {o['metadata']['name']}: no port {p['port']}")
     return bad
+
+
+RUNTIME_LABELS = {"ftagent.io/arbiter-leader"}  # written by the pod itself (leader_label.py)
 
 
 def no_probe(objs: list[dict[str, Any]]) -> list[str]:
@@ -488,15 +493,19 @@ def test_the_arbiter_is_an_active_passive_pair() -> None:
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
-    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    # the probes have their own listener (issue 33.3): no flood on /metrics fails them
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert f"--metrics-port={ports['metrics']}" in c["args"]
+    assert f"--health-port={ports['health']}" in c["args"]
     assert pod["serviceAccountName"] == "ftagent-arbiter"
     assert pod.get("automountServiceAccountToken", True)  # it calls the API now
     svc = objs[("Service", "ftagent-arbiter")]["spec"]
     assert svc.get("clusterIP") != "None" and not svc.get("publishNotReadyAddresses")
+    # every replica is Ready; the leader's own label sends agents to it (issue 32.3)
+    assert svc["selector"]["ftagent.io/arbiter-leader"] == "true"
     pdb = objs[("PodDisruptionBudget", "ftagent-arbiter")]["spec"]
-    assert pdb["unhealthyPodEvictionPolicy"] == "AlwaysAllow"  # the standby is not Ready
+    assert pdb["maxUnavailable"] == 1 and pdb["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
 
 
 def _rules(obj: dict[str, Any]) -> set[tuple[str, str, str]]:
@@ -515,7 +524,8 @@ def test_the_arbiter_may_do_exactly_what_it_calls() -> None:
     assert _rules(role) == {
         ("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")} | {
         ("", "configmaps", v) for v in ("get", "list", "create", "update", "delete")} | {
-        ("", "secrets", "get"), ("", "secrets", "create")}
+        ("", "secrets", "get"), ("", "secrets", "create")} | {
+        ("", "pods", v) for v in ("list", "patch")}  # the leader's label (leader_label.py)
     secret_get = next(r for r in role["rules"] if r["resources"] == ["secrets"]
                       and r["verbs"] == ["get"])
     assert secret_get["resourceNames"] == ["ftagent-arbiter-tls"]
