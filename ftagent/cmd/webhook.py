@@ -43,7 +43,7 @@ from ftagent.config import (
 )
 
 if TYPE_CHECKING:
-    from ftagent.kube.webhook import CertReloader, WebhookServer
+    from ftagent.kube.webhook import CertReloader, Counters, WebhookServer
 
 PROG = "ftagent webhook"
 
@@ -106,6 +106,11 @@ class WebhookConfig:
                            "HTTPS port so that no flood there can fail them (the shipped "
                            "Deployment: 9436); 0 picks a free one; -1: none",
                            check=Range(-1, 65535), metavar="PORT")
+    own_metrics_port: int = opt(-1, "--metrics-port", "plain-HTTP port of /metrics (the "
+                            "reviews by result; every worker's counts), on --listen's host "
+                            "(the shipped Deployment: 9435, scraped by its PodMonitor); "
+                            "0 picks a free one; -1: none (then /metrics is on the HTTPS "
+                            "port only)", check=Range(-1, 65535), metavar="PORT")
     max_connections: int = opt(4096, "--max-connections", "HTTPS connections held at once "
                                "(at most half the process' file descriptors); more are "
                                "answered 503", check=Range(1, 1_000_000), metavar="N")
@@ -166,7 +171,7 @@ def tls_files(cfg: WebhookConfig, environ: Mapping[str, str]) -> tuple[str, str]
     return paths["tls.crt"], paths["tls.key"]
 
 
-def _server(cfg: WebhookConfig) -> WebhookServer:
+def _server(cfg: WebhookConfig, counters: Counters | None = None) -> WebhookServer:
     from ftagent.kube.inject import Settings
     from ftagent.kube.webhook import CaFile, WebhookServer
 
@@ -183,7 +188,7 @@ def _server(cfg: WebhookConfig) -> WebhookServer:
     return WebhookServer(settings, max_body=cfg.max_body,
                          handshake_timeout=cfg.handshake_timeout,
                          max_connections=connection_cap(cfg.max_connections),
-                         max_per_source=cfg.max_connections_per_source)
+                         max_per_source=cfg.max_connections_per_source, counters=counters)
 
 
 async def _reload(reloader: CertReloader, interval: float) -> None:
@@ -194,14 +199,16 @@ async def _reload(reloader: CertReloader, interval: float) -> None:
 
 async def serve(cfg: WebhookConfig, tls: ssl.SSLContext, *, port: int | None = None,
                 ready_fd: int | None = None, reloader: CertReloader | None = None,
-                health_port: int | None = None) -> int:
+                health_port: int | None = None, metrics_port: int | None = None,
+                counters: Counters | None = None) -> int:
     """Serve until SIGTERM/SIGINT. ``port`` given: one worker of several on that port
     (and ``health_port``), which says it listens by writing a byte to ``ready_fd`` (-1:
     says nothing; None: on stderr, as a single server does)."""
     from ftagent.kube.webhook import ProbeServer
 
-    server = _server(cfg)
+    server = _server(cfg, counters)
     probes = ProbeServer() if cfg.health_port >= 0 else None
+    scrapes = ProbeServer(server.counters) if cfg.own_metrics_port >= 0 else None
     host, listen_port = split_host_port(cfg.listen)
     # Handled before the server announces itself, so a stop sent on "listening on" exits 0.
     stop = asyncio.Event()
@@ -226,6 +233,19 @@ async def serve(cfg: WebhookConfig, tls: ssl.SSLContext, *, port: int | None = N
                              f"(--health-port): {e.strerror or e}\n")
             await server.close()
             return 1
+    scrape_port = -1
+    if scrapes is not None:
+        try:
+            scrape_port = await scrapes.start(
+                host, cfg.own_metrics_port if metrics_port is None else metrics_port, None,
+                reuse_port=metrics_port is not None)
+        except OSError as e:
+            sys.stderr.write(f"{PROG}: error: cannot listen on {host}:"
+                             f"{cfg.own_metrics_port} (--metrics-port): {e.strerror or e}\n")
+            await server.close()
+            if probes is not None:
+                await probes.close()
+            return 1
     if ready_fd is not None:
         if ready_fd >= 0:
             os.write(ready_fd, b"1")
@@ -233,6 +253,8 @@ async def serve(cfg: WebhookConfig, tls: ssl.SSLContext, *, port: int | None = N
     else:
         if probes is not None:
             sys.stderr.write(f"probes on http://{host}:{probe_port}/readyz\n")
+        if scrapes is not None:
+            sys.stderr.write(f"metrics on http://{host}:{scrape_port}/metrics\n")
         sys.stderr.write(f"listening on {host}:{bound}\n")
         sys.stderr.flush()
     watch = asyncio.ensure_future(_reload(reloader, cfg.tls_reload_interval)) \
@@ -241,8 +263,9 @@ async def serve(cfg: WebhookConfig, tls: ssl.SSLContext, *, port: int | None = N
     if watch is not None:
         watch.cancel()
     await server.close()
-    if probes is not None:
-        await probes.close()
+    for extra in (probes, scrapes):
+        if extra is not None:
+            await extra.close()
     return 0
 
 
@@ -262,20 +285,28 @@ def serve_workers(cfg: WebhookConfig, tls: ssl.SSLContext,
                          f"{e.strerror or e}\n")
         return 1
     port = reserve.getsockname()[1]
-    health_port = -1
-    health_reserve = None
-    if cfg.health_port >= 0:
-        health_reserve = socket.socket(family, socket.SOCK_STREAM)
+    extra: dict[str, socket.socket] = {}  # --health-port, --metrics-port: reserved too
+    for flag, wanted in (("--health-port", cfg.health_port),
+                         ("--metrics-port", cfg.own_metrics_port)):
+        if wanted < 0:
+            continue
+        extra[flag] = socket.socket(family, socket.SOCK_STREAM)
         try:
-            health_reserve.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            health_reserve.bind((host, cfg.health_port))
+            extra[flag].setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            extra[flag].bind((host, wanted))
         except OSError as e:
-            sys.stderr.write(f"{PROG}: error: cannot listen on {host}:{cfg.health_port} "
-                             f"(--health-port): {e.strerror or e}\n")
-            reserve.close()
-            health_reserve.close()
+            sys.stderr.write(f"{PROG}: error: cannot listen on {host}:{wanted} "
+                             f"({flag}): {e.strerror or e}\n")
+            for s in (reserve, *extra.values()):
+                s.close()
             return 1
-        health_port = health_reserve.getsockname()[1]
+    health_port = extra["--health-port"].getsockname()[1] if "--health-port" in extra else -1
+    metrics_port = extra["--metrics-port"].getsockname()[1] if "--metrics-port" in extra \
+        else -1
+    from ftagent.kube.webhook import Counters
+
+    counters = Counters(workers=cfg.workers)  # shared memory: made before the fork
+    rows: dict[int, int] = {}  # pid -> its row in the counters
     stopping = False
 
     def stop(_sig: int, _frame: object) -> None:
@@ -287,25 +318,28 @@ def serve_workers(cfg: WebhookConfig, tls: ssl.SSLContext,
 
     ready_r, ready_w = os.pipe()
 
-    def spawn(ready: int = -1) -> int:
+    def spawn(row: int, ready: int = -1) -> int:
         pid = os.fork()
         if pid == 0:  # the worker: its own loop, default signal handling
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             if ready >= 0:
                 os.close(ready_r)
+            counters.row = row
             code = 1
             try:
                 code = asyncio.run(serve(cfg, tls, port=port, ready_fd=ready,
-                                         reloader=reloader, health_port=health_port))
+                                         reloader=reloader, health_port=health_port,
+                                         metrics_port=metrics_port, counters=counters))
             finally:
                 os._exit(code)
+        rows[pid] = row
         return pid
 
     children: set[int] = set()
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    children.update(spawn(ready_w) for _ in range(cfg.workers))
+    children.update(spawn(row, ready_w) for row in range(cfg.workers))
     os.close(ready_w)
     started = 0
     while started < cfg.workers:  # announce once every worker listens (EOF: one failed)
@@ -317,6 +351,8 @@ def serve_workers(cfg: WebhookConfig, tls: ssl.SSLContext,
     if started == cfg.workers:
         if health_port >= 0:
             sys.stderr.write(f"probes on http://{host}:{health_port}/readyz\n")
+        if metrics_port >= 0:
+            sys.stderr.write(f"metrics on http://{host}:{metrics_port}/metrics\n")
         sys.stderr.write(f"listening on {host}:{port}\n")
         sys.stderr.flush()
     else:
@@ -333,12 +369,11 @@ def serve_workers(cfg: WebhookConfig, tls: ssl.SSLContext,
         if not stopping:
             sys.stderr.write(f"{PROG}: warning: worker {pid} ended "
                              f"(status {os.waitstatus_to_exitcode(status)}); starting another\n")
-            children.add(spawn())
+            children.add(spawn(rows.pop(pid, 0)))  # its row: the counts go on
         elif os.waitstatus_to_exitcode(status) not in (0, -signal.SIGTERM):
             code = 1
-    reserve.close()
-    if health_reserve is not None:
-        health_reserve.close()
+    for s in (reserve, *extra.values()):
+        s.close()
     return code
 
 

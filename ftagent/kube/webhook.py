@@ -38,14 +38,15 @@ import base64
 import contextlib
 import json
 import logging
+import mmap
 import os
 import ssl
+import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from ftagent.kube.inject import Mutation, Settings, mutate
+from ftagent.kube.inject import SKIP_REASONS, Mutation, Settings, mutate
 
 log = logging.getLogger("ftagent.webhook")
 
@@ -58,16 +59,39 @@ OTHER_REASONS = ("not create",)  # beside inject.SKIP_REASONS
 MAX_UID = 128
 
 
-@dataclass
 class Counters:
     """What the webhook did, by result and reason (served on /metrics): a bounded set of
-    series, so that a pod that runs without the agent is visible and alertable."""
+    series, so that a pod that runs without the agent is visible and alertable.
 
-    reviews: dict[tuple[str, str], int] = field(default_factory=dict)
+    The counts live in shared memory, one row per worker process (``--workers``): any
+    worker that answers a scrape sums every row, so the counters a scrape reads never go
+    back when the kernel hands it to another worker, and a restarted worker keeps its row."""
+
+    KEYS = tuple((r, why) for r in RESULTS
+                 for why in ("", *SKIP_REASONS, *OTHER_REASONS, "other"))
+    _INDEX = {k: i for i, k in enumerate(KEYS)}
+    _SIZE = struct.calcsize("Q")
+
+    def __init__(self, workers: int = 1) -> None:
+        self.workers = max(1, workers)
+        self.slots = mmap.mmap(-1, self._SIZE * len(self.KEYS) * self.workers)  # shared
+        self.row = 0  # this process' row (the worker's index)
 
     def count(self, result: str, reason: str = "") -> None:
-        key = (result, reason)
-        self.reviews[key] = self.reviews.get(key, 0) + 1
+        i = self._INDEX.get((result, reason))
+        if i is None:
+            i = self._INDEX.get((result, "other"), self._INDEX[("error", "other")])
+        at = (self.row * len(self.KEYS) + i) * self._SIZE
+        (n,) = struct.unpack_from("Q", self.slots, at)
+        struct.pack_into("Q", self.slots, at, n + 1)
+
+    @property
+    def reviews(self) -> dict[tuple[str, str], int]:
+        """Every worker's counts summed, the keys counted at least once."""
+        n = len(self.KEYS)
+        values = struct.unpack_from(f"{n * self.workers}Q", self.slots, 0)
+        totals = [sum(values[w * n + i] for w in range(self.workers)) for i in range(n)]
+        return {k: v for k, v in zip(self.KEYS, totals, strict=True) if v}
 
 
 def _error(message: str) -> bytes:
@@ -215,14 +239,15 @@ class WebhookServer:
                  request_timeout: float = 10.0,  # from a request's first byte to its last
                  handle: Callable[[bytes], tuple[int, bytes]] | None = None,
                  max_connections: int = MAX_CONNECTIONS,
-                 max_per_source: int = MAX_PER_SOURCE) -> None:
+                 max_per_source: int = MAX_PER_SOURCE,
+                 counters: Counters | None = None) -> None:
         self.settings = settings
         self.admission = _Admission(max_connections, max_per_source)
         self.max_body = max_body
         self.handshake_timeout = handshake_timeout
         self.idle_timeout = idle_timeout
         self.request_timeout = request_timeout
-        self.counters = Counters()
+        self.counters = counters or Counters()
         self.handle = handle or (lambda body: review(body, self.settings, self.counters))
         self.server: asyncio.Server | None = None
         self.started = time.time()
@@ -268,14 +293,22 @@ class ProbeServer(WebhookServer):
     probe's request is a few dozen bytes, so its deadline is short and one source holds
     at most 4 connections (the kubelet probes one at a time)."""
 
-    def __init__(self) -> None:
+    def __init__(self, counters: Counters | None = None) -> None:
+        """``counters`` given: ``/metrics`` only (the webhook's --metrics-port, which the
+        NetworkPolicy opens to the monitoring namespace alone)."""
         super().__init__(Settings(image=""), max_body=0, handshake_timeout=2.0,
                          idle_timeout=10.0, request_timeout=2.0,
-                         max_connections=64, max_per_source=4)
+                         max_connections=64, max_per_source=4, counters=counters)
+        self.metrics_only = counters is not None
 
     def answer(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
         route = path.split("?", 1)[0]
-        if route in ("/healthz", "/livez", "/readyz") and method == "GET":
+        if method != "GET":
+            return 405, _error("GET only")
+        if self.metrics_only:
+            if route == "/metrics":
+                return 200, self._metrics()
+        elif route in ("/healthz", "/livez", "/readyz"):
             return 200, b'{"ok":true}'
         return 404, _error(f"no {route[:80]}")
 
