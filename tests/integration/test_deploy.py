@@ -184,6 +184,15 @@ def dangling(objs: list[dict[str, Any]]) -> list[str]:
                         <= w["spec"]["template"]["metadata"]["labels"].items()]
             if not selected:
                 bad.append(f"{where} selects no pods")
+        if kind == "PodMonitor":  # a scrape that reaches nothing is a silent alert
+            sel = o["spec"]["selector"].get("matchLabels", {}).items()
+            ports = {e["port"] for e in o["spec"]["podMetricsEndpoints"]}
+            # (one that selects no pod is harmless: that component is not rendered)
+            for w, spec in pod_templates(objs):
+                named = {p.get("name") for c in spec["containers"] for p in c.get("ports", [])}
+                if sel and sel <= w["spec"]["template"]["metadata"]["labels"].items() \
+                        and not ports <= named:
+                    bad.append(f"{where}: {w['metadata']['name']} has no port {sorted(ports)}")
         if kind == "ServiceMonitor":
             labels = o["spec"]["selector"]["matchLabels"].items()
             if not [s for s in objs if s["kind"] == "Service"
@@ -275,7 +284,8 @@ def test_default_installs_everything_a_user_needs() -> None:
     keys = index(objs)
     for workload in (("Deployment", "ftagent-arbiter"), ("Deployment", "ftagent-webhook"),
                      ("DaemonSet", "ftagent-node"), ("PodMonitor", "ftagent-agents"),
-                     ("ServiceMonitor", "ftagent-arbiter"), ("PrometheusRule", "ftagent"),
+                     ("PodMonitor", "ftagent-arbiter"), ("PodMonitor", "ftagent-webhook"),
+                     ("PrometheusRule", "ftagent"),
                      ("MutatingWebhookConfiguration", "ftagent"), ("Namespace", "ftagent-system")):
         assert workload in keys
     # no Secret to create by hand: nothing references one that no component makes
