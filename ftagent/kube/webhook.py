@@ -57,6 +57,7 @@ API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 RESULTS = ("injected", "skipped", "error", "malformed")
 OTHER_REASONS = ("not create",)  # beside inject.SKIP_REASONS
 MAX_UID = 128
+STARTING_SERIES = (("injected", ""), ("error", ""), ("malformed", ""))
 
 
 class Counters:
@@ -318,8 +319,11 @@ def render_metrics(counters: Counters) -> bytes:
     lines = ["# HELP ftagent_webhook_reviews_total AdmissionReviews answered, by result "
              "(injected, skipped, error, malformed) and the reason a pod was skipped",
              "# TYPE ftagent_webhook_reviews_total counter"]
+    # the series an alert reads exist from the start at 0: a counter that first appears
+    # at 1 has no earlier sample, and rate() would never see the first error
+    seen = {**{k: 0 for k in STARTING_SERIES}, **counters.reviews}
     lines += [f'ftagent_webhook_reviews_total{{result="{r}",reason="{why}"}} {v}'
-              for (r, why), v in sorted(counters.reviews.items())]
+              for (r, why), v in sorted(seen.items())]
     return ("\n".join(lines) + "\n").encode()
 
 
