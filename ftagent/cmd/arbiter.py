@@ -25,6 +25,7 @@ import signal
 import socket
 import ssl
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -145,6 +146,11 @@ class ArbiterConfig:
                           "this name in the arbiter's namespace (tls.crt, tls.key, ca.crt); "
                           "created with a self-signed CA at first start if absent",
                           metavar="NAME")
+    tls_reload_interval: float = opt(
+        60.0, "--tls-reload-interval", "with --tls-secret: seconds between two reads of the "
+        "Secret (a renewed certificate is served from the next connection on); rotated "
+        "--tls-cert/--tls-key files are looked at before each new connection",
+        check=Range(0.1, 86400), metavar="SECONDS")
     tls_service: str = opt("ftagent-arbiter", "--tls-service", "the Service agents dial: "
                            "the certificate --tls-secret creates is for its DNS names",
                            metavar="NAME")
@@ -711,11 +717,53 @@ def tls_from_secret(cfg: ArbiterConfig, kube: Any) -> ArbiterConfig:
         log.warning("created Secret %s/%s with a self-signed CA for the Service %s (agents "
                     "verify with its ca.crt)", namespace, cfg.tls_secret, cfg.tls_service)
     d = Path(tempfile.mkdtemp(prefix="ftagent-arbiter-tls-"))
-    (d / "tls.crt").write_bytes(pems.cert)
-    key = d / "tls.key"
-    key.touch(mode=0o600)
-    key.write_bytes(pems.key)
-    return dataclasses.replace(cfg, tls_cert=str(d / "tls.crt"), tls_key=str(key))
+    write_pair(d, pems.cert, pems.key)
+    follow_tls_secret(kube, namespace, cfg.tls_secret, d, cfg.tls_reload_interval)
+    return dataclasses.replace(cfg, tls_cert=str(d / "tls.crt"), tls_key=str(d / "tls.key"))
+
+
+def write_pair(d: Any, cert: bytes, key: bytes) -> None:
+    """Write tls.crt and tls.key into ``d``, each replaced at once (a reader sees the old
+    or the new file, never half of one); the key readable by this user only."""
+    for name, data, mode in (("tls.key", key, 0o600), ("tls.crt", cert, 0o644)):
+        tmp = d / f".{name}.new"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, d / name)
+
+
+def follow_tls_secret(kube: Any, namespace: str, name: str, d: Any,
+                      interval: float) -> None:
+    """Re-read the Secret every ``interval`` seconds (cert-manager renews it in place) and
+    rewrite the files when it changed: the gRPC credentials serve them from the next
+    handshake (wire/tls_files.py). A daemon thread; API errors are one log line each."""
+    import threading
+
+    from kubernetes import client
+
+    from ftagent.kube.certs import from_secret_data
+
+    core = client.CoreV1Api(kube)
+
+    def loop() -> None:
+        last = ((d / "tls.crt").read_bytes(), (d / "tls.key").read_bytes())
+        while True:
+            time.sleep(interval)  # a period between reads, not a synchronization
+            try:
+                found = core.read_namespaced_secret(name, namespace, _request_timeout=10)
+                pems = from_secret_data(found.data or {})
+            except Exception as e:
+                log.warning("--tls-secret %s/%s: cannot re-read it (%s)", namespace, name,
+                            type(e).__name__)
+                continue
+            if pems is not None and (pems.cert, pems.key) != last:
+                write_pair(d, pems.cert, pems.key)
+                last = (pems.cert, pems.key)
+                log.info("--tls-secret %s/%s changed: serving its new certificate",
+                         namespace, name)
+
+    threading.Thread(target=loop, name="tls-secret", daemon=True).start()
 
 
 def kube_client(cfg: ArbiterConfig) -> Any:
