@@ -98,12 +98,13 @@ def test_an_agent_reads_the_rotated_ca_for_its_next_connection(tmp_path: Path) -
     async def run() -> None:
         async with running_links(f"localhost:{arb.port}", "rotate", 1,
                                  tls_ca=str(agent / "ca.crt")) as links:
+            old = links[0].arbiter_id
             write(server, second)
             write(agent, second)
             arb.stop()  # the streams end: the agent connects again
             arb.start()
-            await wait_until(lambda: links[0].connected, 30,
-                             "the agent connected again with the rotated CA")
+            await wait_until(lambda: links[0].connected and links[0].arbiter_id != old, 30,
+                             "the agent connected to the new arbiter with the rotated CA")
 
     try:
         asyncio.run(run())
