@@ -690,3 +690,20 @@ def test_node_daemonset_reaches_the_arbiter_service_unprivileged() -> None:
                                     "namespace": "ml-infra"}]
     rules = keys[("ClusterRole", binding["roleRef"]["name"])]["rules"]
     assert {"resources": ["nodes/status"], "verbs": ["patch"], "apiGroups": [""]} in rules
+
+
+@needs_kubectl
+def test_metrics_ports_admit_only_the_monitoring_namespace() -> None:
+    """Issue 33.3: /metrics is unauthenticated, and the NetworkPolicy admitted any source
+    to it. Now every rule that opens a port named metrics names its sources: the
+    monitoring namespace; the probe ports are open (the kubelet), the metrics ports not."""
+    objs = render(("arbiter", "webhook", "network-policies"))
+    rules = [(o["metadata"]["name"], r) for o in objs if o["kind"] == "NetworkPolicy"
+             for r in o["spec"].get("ingress", [])]
+    metrics = [(n, r) for n, r in rules if "metrics" in {p["port"] for p in r["ports"]}]
+    assert {n for n, _ in metrics} == {"ftagent-arbiter-metrics", "ftagent-webhook-metrics"}
+    for _, r in metrics:
+        assert r["from"] == [{"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": "monitoring"}}}]
+    opened = {p["port"] for _, r in rules if "from" not in r for p in r["ports"]}
+    assert "metrics" not in opened and {"grpc", "https", "health"} <= opened
