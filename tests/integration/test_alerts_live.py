@@ -12,7 +12,9 @@ the self-watching alerts stay quiet while everything is up; ``FtagentWebhookErro
 on a review that fails inside the webhook (a fault injected into the real webhook process
 for one namespace) and resolves; ``FtagentWebhookDown`` and ``FtagentAgentNotScraped``
 fire when the webhook stops and resolve when it is back; ``FtagentArbiterAbsent`` fires
-when the arbiter is killed and resolves when it is back. The other alerts' expressions are
+when the arbiter is killed and resolves when it is back; ``FtagentArbiterNoLeader`` fires
+while the only replica scraped stands by (the Lease held elsewhere, in the fake API server)
+and resolves when it leads. The other alerts' expressions (training, GPU, NIC, cordons) are
 checked by ``promtool test rules`` (deploy/prometheus/ftagent-rules.test.yaml) only.
 """
 
@@ -244,3 +246,41 @@ def test_every_component_with_an_alert_is_scraped_and_its_alerts_fire_and_resolv
         prom.stop()
         webhook.stop()
         arbiter.stop()
+
+
+def test_no_leader_fires_while_the_lease_is_held_elsewhere_and_resolves(
+        tmp_path: Path) -> None:
+    """FtagentArbiterNoLeader: a replica is scraped (by the shipped arbiter PodMonitor, so
+    a standby is seen too) but none leads; it resolves once the replica takes the Lease."""
+    from datetime import datetime, timezone
+
+    from tests.kube_fake import FakeKube
+
+    metrics = free_port()
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    with FakeKube() as fake:
+        fake.create("leases.coordination.k8s.io", {
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "ftagent-arbiter", "namespace": NS},
+            "spec": {"holderIdentity": "a-replica-elsewhere", "leaseDurationSeconds": 3600,
+                     "acquireTime": now, "renewTime": now, "leaseTransitions": 0}})
+        arbiter = ArbiterProcess("--leader-elect", "--kube-api", fake.url,
+                                 "--leader-elect-namespace", NS,
+                                 "--leader-elect-retry-period", "0.5",
+                                 "--leader-elect-renew-deadline", "2",
+                                 "--leader-elect-lease-duration", "3",
+                                 "--metrics-port", str(metrics), "--metrics-addr", "127.0.0.1")
+        arbiter.start()
+        prom = Prometheus(tmp_path, {"ftagent-arbiter": (NS, metrics)})
+        try:
+            wait_for(lambda: "FtagentArbiterNoLeader" in prom.alerts(), 60,
+                     "FtagentArbiterNoLeader to fire (a standby only)")
+            lease = fake.get("leases.coordination.k8s.io", "ftagent-arbiter", NS)
+            assert lease is not None
+            lease["spec"]["holderIdentity"] = ""  # the other one released it
+            fake.update("leases.coordination.k8s.io", lease)
+            wait_for(lambda: "FtagentArbiterNoLeader" not in prom.active(), 30,
+                     "FtagentArbiterNoLeader to resolve (this replica leads)")
+        finally:
+            prom.stop()
+            arbiter.stop()
