@@ -27,6 +27,7 @@ import signal
 import subprocess
 import textwrap
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -284,3 +285,39 @@ def test_no_leader_fires_while_the_lease_is_held_elsewhere_and_resolves(
         finally:
             prom.stop()
             arbiter.stop()
+
+
+def test_a_scrape_counts_every_workers_reviews() -> None:
+    """``--workers 2``: the kernel hands each scrape to either worker; each answers with
+    every worker's counts (shared memory), so the counter a scrape reads never goes back."""
+    proc = subprocess.Popen(
+        [PY, "-m", "ftagent", "webhook", "--self-signed", "--listen", "127.0.0.1:0",
+         "--metrics-port", "0", "--workers", "2", "--image", "ftagent:test"],
+        stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    try:
+        text = ""
+        while "listening on " not in text:
+            line = proc.stderr.readline()
+            assert line, text
+            text += line
+        https = int(text.rsplit(":", 1)[1])
+        m = re.search(r"metrics on http://[^:]+:(\d+)/", text)
+        assert m, text
+        import ssl
+
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        for _ in range(20):  # new connections: spread over both workers
+            req = urllib.request.Request(f"https://127.0.0.1:{https}/mutate", data=b"junk",
+                                         method="POST")
+            with pytest.raises(urllib.error.HTTPError):
+                urllib.request.urlopen(req, timeout=10, context=ctx)
+        for _ in range(10):
+            with urllib.request.urlopen(f"http://127.0.0.1:{m.group(1)}/metrics",
+                                        timeout=5) as r:
+                body = r.read().decode()
+            assert 'ftagent_webhook_reviews_total{result="malformed",reason=""} 20' in body, body
+    finally:
+        proc.terminate()
+        proc.wait(10)
