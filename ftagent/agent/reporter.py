@@ -53,8 +53,9 @@ from ftagent.model import (
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
 from ftagent.wire.convert import fill_resume_and_phases, fill_step_times
-from ftagent.wire.credentials import bearer, channel_credentials, current_token
+from ftagent.wire.credentials import bearer, current_token
 from ftagent.wire.shard import pick_arbiter
+from ftagent.wire.tls_files import ChannelFiles
 
 log = logging.getLogger("ftagent.reporter")
 
@@ -207,7 +208,7 @@ class ArbiterLink:
         """Raises ConfigError for an unusable --arbiter or TLS file (a startup error)."""
         try:
             self.address = pick_arbiter(cfg.arbiter, identity.job)
-            self._creds = channel_credentials(cfg.tls_ca, cfg.tls_cert, cfg.tls_key)
+            self._tls = ChannelFiles(cfg.tls_ca, cfg.tls_cert, cfg.tls_key)  # re-read
         except ValueError as e:
             raise ConfigError(str(e)) from None
         self.cfg = cfg
@@ -481,10 +482,11 @@ class ArbiterLink:
 
     async def _session(self) -> bool:
         """One stream: Hello, Welcome, then read and write until it breaks. True if welcomed."""
-        if self._creds is None:
+        creds = self._tls.current()  # a rotated CA is used from the next connection on
+        if creds is None:
             channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
         else:
-            channel = grpc.aio.secure_channel(self.address, self._creds, options=CHANNEL_OPTIONS)
+            channel = grpc.aio.secure_channel(self.address, creds, options=CHANNEL_OPTIONS)
         welcomed = False
         try:
             call = pb_grpc.ArbiterStub(channel).Connect(

@@ -50,7 +50,6 @@ from ftagent.arbiter.auth import (
     has_credentials,
     identity_problem,
     listens_on_loopback,
-    server_credentials,
 )
 from ftagent.arbiter.history import RETENTION, History, HistoryStore, NoStore
 from ftagent.arbiter.policy import PolicyConfig
@@ -68,6 +67,7 @@ from ftagent.model import FaultKind
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.wire.checks import Refused, check_hello, check_message, check_node_report
 from ftagent.wire.limits import OutOfRange, clip
+from ftagent.wire.tls_files import server_credentials as reloading_credentials
 
 log = logging.getLogger("ftagent.arbiter")
 
@@ -199,6 +199,12 @@ class ArbiterServer:
         """Ready for agents (/readyz): serving and, with --leader-elect, the leader."""
         return self.leading and self._server is not None
 
+    @property
+    def serving(self) -> bool:
+        """Able to serve agents (/readyz of every replica): started; a standby too, so that
+        a rollout and a drain proceed (the Service's leader label picks the leader)."""
+        return self._server is not None
+
     async def lead(self) -> None:
         """The Lease is ours: load history, start deciding, report SERVING."""
         if self.leading:
@@ -280,7 +286,7 @@ class ArbiterServer:
             log.warning("the secret (--token) is %d characters long: job tokens are only as "
                         "strong as it is; use %d or more random characters", len(s.token),
                         MIN_SECRET)
-        creds = server_credentials(s.tls_cert, s.tls_key, s.tls_client_ca)
+        creds = reloading_credentials(s.tls_cert, s.tls_key, s.tls_client_ca)  # rotations
         self._loop = asyncio.get_running_loop()
         server = grpc.aio.server(options=SERVER_OPTIONS)
         guard = self.guard

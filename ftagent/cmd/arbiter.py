@@ -25,6 +25,7 @@ import signal
 import socket
 import ssl
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -145,6 +146,11 @@ class ArbiterConfig:
                           "this name in the arbiter's namespace (tls.crt, tls.key, ca.crt); "
                           "created with a self-signed CA at first start if absent",
                           metavar="NAME")
+    tls_reload_interval: float = opt(
+        60.0, "--tls-reload-interval", "with --tls-secret: seconds between two reads of the "
+        "Secret (a renewed certificate is served from the next connection on); rotated "
+        "--tls-cert/--tls-key files are looked at before each new connection",
+        check=Range(0.1, 86400), metavar="SECONDS")
     tls_service: str = opt("ftagent-arbiter", "--tls-service", "the Service agents dial: "
                            "the certificate --tls-secret creates is for its DNS names",
                            metavar="NAME")
@@ -170,6 +176,17 @@ class ArbiterConfig:
         "metrics off", check=PORT_OR_OFF, metavar="PORT")
     metrics_addr: str = opt("0.0.0.0", "--metrics-addr", "address /metrics listens on",
                             check=host, metavar="ADDR")
+    health_port: int = opt(
+        -1, "--health-port", "port of /healthz and /readyz for the kubelet's probes, apart "
+        "from /metrics so that no flood of scrapes or slow peers there can fail them "
+        "(on --metrics-addr; the shipped Deployment: 9433); 0 picks a free port; -1: none "
+        "(the probes stay on --metrics-port too)",
+        check=PORT_OR_OFF, metavar="PORT")
+    leader_label: bool = opt(
+        True, "--leader-label", "with --leader-elect and --kube-api/in-cluster: the leader "
+        "labels its own pod (POD_NAME, POD_NAMESPACE) ftagent.io/arbiter-leader=true and "
+        "removes it when it stands by, so the Service (which selects the label) sends agents "
+        "to the leader while every replica is Ready")
     state_dir: str = opt(
         "", "--state-dir", "keep job history (finished jobs' states and timelines) in this "
         "directory across restarts, as bounded JSON lines; empty keeps it in memory only. "
@@ -404,21 +421,19 @@ def check_bindable(listen: str, flag: str = "--listen") -> None:
 
 
 def _http_app(registry: Any, ready: Callable[[], bool]) -> Any:
-    """/metrics, plus /healthz (alive: 200) and /readyz (200 only while serving agents: the
-    leader; 503 on a standby, so the Service sends agents to the leader only)."""
+    """/metrics, plus /healthz (alive: 200) and /readyz (200 once able to serve agents, on
+    a standby too: the Service's leader label, not readiness, picks the leader). The same
+    probes are on their own port (--health-port): the shipped probes use that one."""
     from prometheus_client import make_wsgi_app
 
+    from ftagent.metrics_http import probe_app
+
     metrics = make_wsgi_app(registry)
+    probes = probe_app(ready, "not ready: not serving yet")
 
     def app(environ: dict[str, Any], start_response: Any) -> Any:
-        path = environ.get("PATH_INFO", "")
-        if path in ("/healthz", "/readyz"):
-            ok = path == "/healthz" or ready()
-            body = (b"ok\n" if ok else b"standby: not the leader\n")
-            start_response("200 OK" if ok else "503 Service Unavailable",
-                           [("Content-Type", "text/plain"),
-                            ("Content-Length", str(len(body)))])
-            return [body]
+        if environ.get("PATH_INFO", "") in ("/healthz", "/readyz", "/livez"):
+            return probes(environ, start_response)
         return metrics(environ, start_response)
 
     return app
@@ -447,6 +462,23 @@ def start_metrics(cfg: ArbiterConfig, registry: Any,
         raise StartError(f"cannot serve metrics on {cfg.metrics_addr}:{cfg.metrics_port}: "
                          f"{why}") from None
     return httpd
+
+
+def start_health(cfg: ArbiterConfig, ready: Callable[[], bool]) -> Any:
+    """Serve /healthz and /readyz on --health-port (None when off)."""
+    if cfg.health_port < 0:
+        return None
+    from ftagent import metrics_http
+
+    try:
+        return metrics_http.serve_health(cfg.health_port, cfg.metrics_addr, ready,
+                                         not_ready="not ready: not serving yet")
+    except (OSError, UnicodeError) as e:
+        why = _why(e) if isinstance(e, OSError) else str(e)
+        if isinstance(e, OSError) and e.errno == errno.EADDRINUSE:
+            why = f"{e.strerror} (pick another with --health-port, or -1 for none)"
+        raise StartError(f"cannot serve probes on {cfg.metrics_addr}:{cfg.health_port}: "
+                         f"{why}") from None
 
 
 def _close(httpd: Any) -> None:
@@ -487,8 +519,13 @@ async def run(cfg: ArbiterConfig) -> int:
     except OSError as e:  # --state-dir cannot be created, read or written
         raise StartError(f"cannot keep history in --state-dir {cfg.state_dir}: "
                          f"{e.strerror or e}") from None
-    httpd = start_metrics(cfg, server.prom, lambda: server.ready)
-    elector = None
+    httpd = start_metrics(cfg, server.prom, lambda: server.serving)
+    try:
+        probes = start_health(cfg, lambda: server.serving)
+    except StartError:
+        _close(httpd)
+        raise
+    elector = label = None
     # SIGTERM/SIGINT are handled before "listening on" is printed: whoever starts the
     # arbiter may stop it as soon as it reads that line, and must get a clean exit 0.
     stop = asyncio.Event()
@@ -509,6 +546,9 @@ async def run(cfg: ArbiterConfig) -> int:
         if httpd is not None:
             sys.stderr.write(f"metrics on http://{cfg.metrics_addr}:{httpd.server_port}"
                              "/metrics\n")
+        if probes is not None:
+            sys.stderr.write(f"probes on http://{cfg.metrics_addr}:{probes.server_port}"
+                             "/readyz\n")
         sys.stderr.flush()
         if unauthenticated_beyond_loopback(cfg):
             log.warning("listening on %s without authentication (--insecure): any peer "
@@ -516,16 +556,54 @@ async def run(cfg: ArbiterConfig) -> int:
         if election is not None:
             from ftagent.kube.lease import LeaderElector, LeaseApi
 
+            label = leader_label(cfg, kube, election.namespace)
             elector = LeaderElector(LeaseApi(kube, election), election, loop,
-                                    lambda: asyncio.ensure_future(server.lead()),
-                                    server.step_down)
+                                    *leadership(server, label, loop))
             elector.start()
         await serve_until(server, stop)
     finally:
         if elector is not None:  # after the server stopped acting: hand the Lease over
             await asyncio.get_running_loop().run_in_executor(None, elector.stop)
+        if label is not None:  # not the leader any more: off the Service's endpoints
+            await asyncio.get_running_loop().run_in_executor(None, label.stand_by)
         _close(httpd)
+        _close(probes)
     return 0
+
+
+def leader_label(cfg: ArbiterConfig, kube: Any, namespace: str) -> Any:
+    """The LeaderLabel of this replica's pod (None without --leader-label or POD_NAME);
+    clears a label a previous container of this pod left."""
+    pod = os.environ.get("POD_NAME", "")
+    if not cfg.leader_label or not pod:
+        if cfg.leader_label:
+            log.warning("--leader-label: no POD_NAME in the environment (the downward API); "
+                        "the leader does not label its pod")
+        return None
+    from ftagent.kube.leader_label import LeaderLabel
+
+    label = LeaderLabel(kube, namespace, pod)
+    label.stand_by()
+    return label
+
+
+def leadership(server: Any, label: Any, loop: asyncio.AbstractEventLoop
+               ) -> tuple[Callable[[], Any], Callable[..., Any]]:
+    """The elector's two transitions: lead (then take the Service's label), stand by
+    (first stop acting, then give the label up)."""
+    def lead() -> Any:
+        async def go() -> None:
+            await server.lead()
+            if label is not None and server.leading:
+                await loop.run_in_executor(None, label.lead)
+        return asyncio.ensure_future(go())
+
+    def stand_by(*args: Any, **kwargs: Any) -> None:
+        server.step_down(*args, **kwargs)
+        if label is not None:
+            loop.run_in_executor(None, label.stand_by)
+
+    return lead, stand_by
 
 
 def election_config(cfg: ArbiterConfig) -> Any:
@@ -641,11 +719,53 @@ def tls_from_secret(cfg: ArbiterConfig, kube: Any) -> ArbiterConfig:
         log.warning("created Secret %s/%s with a self-signed CA for the Service %s (agents "
                     "verify with its ca.crt)", namespace, cfg.tls_secret, cfg.tls_service)
     d = Path(tempfile.mkdtemp(prefix="ftagent-arbiter-tls-"))
-    (d / "tls.crt").write_bytes(pems.cert)
-    key = d / "tls.key"
-    key.touch(mode=0o600)
-    key.write_bytes(pems.key)
-    return dataclasses.replace(cfg, tls_cert=str(d / "tls.crt"), tls_key=str(key))
+    write_pair(d, pems.cert, pems.key)
+    follow_tls_secret(kube, namespace, cfg.tls_secret, d, cfg.tls_reload_interval)
+    return dataclasses.replace(cfg, tls_cert=str(d / "tls.crt"), tls_key=str(d / "tls.key"))
+
+
+def write_pair(d: Any, cert: bytes, key: bytes) -> None:
+    """Write tls.crt and tls.key into ``d``, each replaced at once (a reader sees the old
+    or the new file, never half of one); the key readable by this user only."""
+    for name, data, mode in (("tls.key", key, 0o600), ("tls.crt", cert, 0o644)):
+        tmp = d / f".{name}.new"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, d / name)
+
+
+def follow_tls_secret(kube: Any, namespace: str, name: str, d: Any,
+                      interval: float) -> None:
+    """Re-read the Secret every ``interval`` seconds (cert-manager renews it in place) and
+    rewrite the files when it changed: the gRPC credentials serve them from the next
+    handshake (wire/tls_files.py). A daemon thread; API errors are one log line each."""
+    import threading
+
+    from kubernetes import client
+
+    from ftagent.kube.certs import from_secret_data
+
+    core = client.CoreV1Api(kube)
+
+    def loop() -> None:
+        last = ((d / "tls.crt").read_bytes(), (d / "tls.key").read_bytes())
+        while True:
+            time.sleep(interval)  # a period between reads, not a synchronization
+            try:
+                found = core.read_namespaced_secret(name, namespace, _request_timeout=10)
+                pems = from_secret_data(found.data or {})
+            except Exception as e:
+                log.warning("--tls-secret %s/%s: cannot re-read it (%s)", namespace, name,
+                            type(e).__name__)
+                continue
+            if pems is not None and (pems.cert, pems.key) != last:
+                write_pair(d, pems.cert, pems.key)
+                last = (pems.cert, pems.key)
+                log.info("--tls-secret %s/%s changed: serving its new certificate",
+                         namespace, name)
+
+    threading.Thread(target=loop, name="tls-secret", daemon=True).start()
 
 
 def kube_client(cfg: ArbiterConfig) -> Any:

@@ -78,6 +78,11 @@ class NodeConfig:
         "metrics off", check=PORT_OR_OFF, metavar="PORT")
     metrics_addr: str = opt("0.0.0.0", "--metrics-addr", "address /metrics listens on",
                             check=host, metavar="ADDR")
+    health_port: int = opt(
+        -1, "--health-port", "port of /healthz for the kubelet's probes (on --metrics-addr), "
+        "apart from /metrics so that no flood of scrapes or slow peers there can fail them "
+        "(the shipped DaemonSet: 9434); 0 picks a free port; -1: none",
+        check=PORT_OR_OFF, metavar="PORT")
     report_interval: float = opt(
         REPORT_HEARTBEAT, "--report-interval", "seconds between heartbeat reports to "
         "each arbiter (faults are sent at once)", check=Range(0.05, 3600),
@@ -235,6 +240,15 @@ def main(argv: Sequence[str]) -> int:
         except OSError as e:
             log.warning("metrics disabled: cannot listen on %s:%d (%s); use --metrics-port",
                         s.node.metrics_addr, port, e.strerror or e)
+    if s.node.health_port >= 0:
+        try:
+            probes = metrics_http.serve_health(s.node.health_port, s.node.metrics_addr)
+            log.info("probes on http://%s:%d/healthz", s.node.metrics_addr,
+                     probes.server_port)
+        except OSError as e:
+            sys.stderr.write(f"ftagent node: error: cannot listen on {s.node.metrics_addr}:"
+                             f"{s.node.health_port} (--health-port): {e.strerror or e}\n")
+            return 1
     log.info("node agent for %s: GPUs %s, links %s, conditions %s", agent.node,
              f"{s.gpu.accelerator}:{s.gpu.gpu_backend}", ",".join(s.nic.nic) or "physical",
              s.node.kube_api or "off")

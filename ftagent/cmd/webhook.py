@@ -43,7 +43,7 @@ from ftagent.config import (
 )
 
 if TYPE_CHECKING:
-    from ftagent.kube.webhook import CertReloader, WebhookServer
+    from ftagent.kube.webhook import CertReloader, Counters, WebhookServer
 
 PROG = "ftagent webhook"
 
@@ -102,6 +102,23 @@ class WebhookConfig:
     handshake_timeout: float = opt(5.0, "--handshake-timeout", "drop a TLS client that has "
                                    "not finished its handshake by then",
                                    check=Range(0.1, 300), metavar="SECONDS")
+    health_port: int = opt(-1, "--health-port", "plain-HTTP port of /healthz and /readyz "
+                           "for the kubelet's probes (on --listen's host), apart from the "
+                           "HTTPS port so that no flood there can fail them (the shipped "
+                           "Deployment: 9436); 0 picks a free one; -1: none",
+                           check=Range(-1, 65535), metavar="PORT")
+    own_metrics_port: int = opt(-1, "--metrics-port", "plain-HTTP port of /metrics (the "
+                            "reviews by result; every worker's counts), on --listen's host "
+                            "(the shipped Deployment: 9435, scraped by its PodMonitor); "
+                            "0 picks a free one; -1: none (then /metrics is on the HTTPS "
+                            "port only)", check=Range(-1, 65535), metavar="PORT")
+    max_connections: int = opt(4096, "--max-connections", "HTTPS connections held at once "
+                               "(at most half the process' file descriptors); more are "
+                               "answered 503", check=Range(1, 1_000_000), metavar="N")
+    max_connections_per_source: int = opt(
+        512, "--max-connections-per-source", "HTTPS connections one peer address may hold "
+        "(the API server's connections come from few addresses)",
+        check=Range(1, 1_000_000), metavar="N")
     workers: int = opt(1, "--workers", "processes serving the port (SO_REUSEPORT; the kernel "
                        "spreads connections): about one per core for large bursts of pods",
                        check=Range(1, 64), metavar="N")
@@ -155,7 +172,7 @@ def tls_files(cfg: WebhookConfig, environ: Mapping[str, str]) -> tuple[str, str]
     return paths["tls.crt"], paths["tls.key"]
 
 
-def _server(cfg: WebhookConfig) -> WebhookServer:
+def _server(cfg: WebhookConfig, counters: Counters | None = None) -> WebhookServer:
     from ftagent.kube.inject import Settings
     from ftagent.kube.webhook import CaFile, WebhookServer
 
@@ -167,8 +184,12 @@ def _server(cfg: WebhookConfig) -> WebhookServer:
                             if n.strip()),
                         metrics_port=cfg.metrics_port,
                         metrics_port_span=cfg.metrics_port_span)
+    from ftagent.kube.webhook import connection_cap
+
     return WebhookServer(settings, max_body=cfg.max_body,
-                         handshake_timeout=cfg.handshake_timeout)
+                         handshake_timeout=cfg.handshake_timeout,
+                         max_connections=connection_cap(cfg.max_connections),
+                         max_per_source=cfg.max_connections_per_source, counters=counters)
 
 
 async def _reload(reloader: CertReloader, interval: float) -> None:
@@ -178,11 +199,17 @@ async def _reload(reloader: CertReloader, interval: float) -> None:
 
 
 async def serve(cfg: WebhookConfig, tls: ssl.SSLContext, *, port: int | None = None,
-                ready_fd: int | None = None, reloader: CertReloader | None = None) -> int:
-    """Serve until SIGTERM/SIGINT. ``port`` given: one worker of several on that port,
-    which says it listens by writing a byte to ``ready_fd`` (-1: says nothing; None: on
-    stderr, as a single server does)."""
-    server = _server(cfg)
+                ready_fd: int | None = None, reloader: CertReloader | None = None,
+                health_port: int | None = None, metrics_port: int | None = None,
+                counters: Counters | None = None) -> int:
+    """Serve until SIGTERM/SIGINT. ``port`` given: one worker of several on that port
+    (and ``health_port``), which says it listens by writing a byte to ``ready_fd`` (-1:
+    says nothing; None: on stderr, as a single server does)."""
+    from ftagent.kube.webhook import ProbeServer
+
+    server = _server(cfg, counters)
+    probes = ProbeServer() if cfg.health_port >= 0 else None
+    scrapes = ProbeServer(server.counters) if cfg.own_metrics_port >= 0 else None
     host, listen_port = split_host_port(cfg.listen)
     # Handled before the server announces itself, so a stop sent on "listening on" exits 0.
     stop = asyncio.Event()
@@ -196,11 +223,39 @@ async def serve(cfg: WebhookConfig, tls: ssl.SSLContext, *, port: int | None = N
         sys.stderr.write(f"{PROG}: error: cannot listen on {cfg.listen}: "
                          f"{e.strerror or e}\n")
         return 1
+    probe_port = -1
+    if probes is not None:
+        try:
+            probe_port = await probes.start(
+                host, cfg.health_port if health_port is None else health_port, None,
+                reuse_port=health_port is not None)
+        except OSError as e:
+            sys.stderr.write(f"{PROG}: error: cannot listen on {host}:{cfg.health_port} "
+                             f"(--health-port): {e.strerror or e}\n")
+            await server.close()
+            return 1
+    scrape_port = -1
+    if scrapes is not None:
+        try:
+            scrape_port = await scrapes.start(
+                host, cfg.own_metrics_port if metrics_port is None else metrics_port, None,
+                reuse_port=metrics_port is not None)
+        except OSError as e:
+            sys.stderr.write(f"{PROG}: error: cannot listen on {host}:"
+                             f"{cfg.own_metrics_port} (--metrics-port): {e.strerror or e}\n")
+            await server.close()
+            if probes is not None:
+                await probes.close()
+            return 1
     if ready_fd is not None:
         if ready_fd >= 0:
             os.write(ready_fd, b"1")
             os.close(ready_fd)
     else:
+        if probes is not None:
+            sys.stderr.write(f"probes on http://{host}:{probe_port}/readyz\n")
+        if scrapes is not None:
+            sys.stderr.write(f"metrics on http://{host}:{scrape_port}/metrics\n")
         sys.stderr.write(f"listening on {host}:{bound}\n")
         sys.stderr.flush()
     watch = asyncio.ensure_future(_reload(reloader, cfg.tls_reload_interval)) \
@@ -209,6 +264,9 @@ async def serve(cfg: WebhookConfig, tls: ssl.SSLContext, *, port: int | None = N
     if watch is not None:
         watch.cancel()
     await server.close()
+    for extra in (probes, scrapes):
+        if extra is not None:
+            await extra.close()
     return 0
 
 
@@ -228,6 +286,28 @@ def serve_workers(cfg: WebhookConfig, tls: ssl.SSLContext,
                          f"{e.strerror or e}\n")
         return 1
     port = reserve.getsockname()[1]
+    extra: dict[str, socket.socket] = {}  # --health-port, --metrics-port: reserved too
+    for flag, wanted in (("--health-port", cfg.health_port),
+                         ("--metrics-port", cfg.own_metrics_port)):
+        if wanted < 0:
+            continue
+        extra[flag] = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            extra[flag].setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            extra[flag].bind((host, wanted))
+        except OSError as e:
+            sys.stderr.write(f"{PROG}: error: cannot listen on {host}:{wanted} "
+                             f"({flag}): {e.strerror or e}\n")
+            for s in (reserve, *extra.values()):
+                s.close()
+            return 1
+    health_port = extra["--health-port"].getsockname()[1] if "--health-port" in extra else -1
+    metrics_port = extra["--metrics-port"].getsockname()[1] if "--metrics-port" in extra \
+        else -1
+    from ftagent.kube.webhook import Counters
+
+    counters = Counters(workers=cfg.workers)  # shared memory: made before the fork
+    rows: dict[int, int] = {}  # pid -> its row in the counters
     stopping = False
 
     def stop(_sig: int, _frame: object) -> None:
@@ -239,25 +319,28 @@ def serve_workers(cfg: WebhookConfig, tls: ssl.SSLContext,
 
     ready_r, ready_w = os.pipe()
 
-    def spawn(ready: int = -1) -> int:
+    def spawn(row: int, ready: int = -1) -> int:
         pid = os.fork()
         if pid == 0:  # the worker: its own loop, default signal handling
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             if ready >= 0:
                 os.close(ready_r)
+            counters.row = row
             code = 1
             try:
                 code = asyncio.run(serve(cfg, tls, port=port, ready_fd=ready,
-                                         reloader=reloader))
+                                         reloader=reloader, health_port=health_port,
+                                         metrics_port=metrics_port, counters=counters))
             finally:
                 os._exit(code)
+        rows[pid] = row
         return pid
 
     children: set[int] = set()
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    children.update(spawn(ready_w) for _ in range(cfg.workers))
+    children.update(spawn(row, ready_w) for row in range(cfg.workers))
     os.close(ready_w)
     started = 0
     while started < cfg.workers:  # announce once every worker listens (EOF: one failed)
@@ -267,6 +350,10 @@ def serve_workers(cfg: WebhookConfig, tls: ssl.SSLContext,
         started += len(got)
     os.close(ready_r)
     if started == cfg.workers:
+        if health_port >= 0:
+            sys.stderr.write(f"probes on http://{host}:{health_port}/readyz\n")
+        if metrics_port >= 0:
+            sys.stderr.write(f"metrics on http://{host}:{metrics_port}/metrics\n")
         sys.stderr.write(f"listening on {host}:{port}\n")
         sys.stderr.flush()
     else:
@@ -283,10 +370,11 @@ def serve_workers(cfg: WebhookConfig, tls: ssl.SSLContext,
         if not stopping:
             sys.stderr.write(f"{PROG}: warning: worker {pid} ended "
                              f"(status {os.waitstatus_to_exitcode(status)}); starting another\n")
-            children.add(spawn())
+            children.add(spawn(rows.pop(pid, 0)))  # its row: the counts go on
         elif os.waitstatus_to_exitcode(status) not in (0, -signal.SIGTERM):
             code = 1
-    reserve.close()
+    for s in (reserve, *extra.values()):
+        s.close()
     return code
 
 

@@ -56,12 +56,10 @@ def _status(e: BaseException) -> int | None:
 
 
 def _retry_after(e: BaseException) -> float | None:
-    headers = getattr(e, "headers", None)
-    try:
-        v = headers.get("Retry-After") if headers is not None else None
-        return min(float(v), 60.0) if v is not None else None
-    except (TypeError, ValueError, AttributeError):
-        return None
+    """What the API server asks to wait, by the one parser (kube.client), at most 60 s."""
+    from ftagent.kube.client import retry_after
+
+    return retry_after(e, 60.0)
 
 
 class Actuator:

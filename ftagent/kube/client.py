@@ -120,13 +120,31 @@ def retry_after(exc: Any, cap: float = 300.0) -> float | None:
         raw = None
     if raw is None:
         raw = (status_of(exc).get("details") or {}).get("retryAfterSeconds")
+    secs: float | None
     try:
         secs = float(raw)
     except (TypeError, ValueError):
+        secs = _http_date_in(raw)
+    if secs is None:
         return None
     if secs != secs or secs < 0:  # NaN or negative
         return None
     return min(secs, cap)
+
+
+def _http_date_in(raw: Any) -> float | None:
+    """Seconds until an HTTP-date ``Retry-After`` (RFC 9110 allows either form), by the
+    standard library's RFC 5322 date parser; None when ``raw`` is not one."""
+    import email.utils
+    import time
+
+    if not isinstance(raw, str) or len(raw) > 64:
+        return None
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
 
 
 def forbidden_message(exc: Any) -> str:

@@ -19,8 +19,16 @@ a pod with no containers / no command,       200 allowed, only the ``ftagent.io/
                                              can act
 any pod at all                               200 allowed: nothing is ever denied
 a TLS handshake never finished, a client     dropped after ``handshake_timeout`` /
-silent mid-request                           ``idle_timeout``; other clients unaffected
+silent between requests                      ``idle_timeout``; other clients unaffected
+a request trickled a byte at a time          dropped ``request_timeout`` after its first
+                                             byte (a total deadline, not per read)
+connections past ``max_connections``, or     answered 503 and closed at once: no peer
+past ``max_per_source`` from one address     holds every file descriptor
 ===========================================  ============================================
+
+The kubelet's probes have their own plain-HTTP listener (:class:`ProbeServer`, the same
+protocol with a 2 s deadline and 4 connections per source), so no flood on the HTTPS port
+turns the webhook's liveness or readiness red.
 """
 
 from __future__ import annotations
@@ -30,14 +38,15 @@ import base64
 import contextlib
 import json
 import logging
+import mmap
 import os
 import ssl
+import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from ftagent.kube.inject import Mutation, Settings, mutate
+from ftagent.kube.inject import SKIP_REASONS, Mutation, Settings, mutate
 
 log = logging.getLogger("ftagent.webhook")
 
@@ -48,18 +57,42 @@ API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 RESULTS = ("injected", "skipped", "error", "malformed")
 OTHER_REASONS = ("not create",)  # beside inject.SKIP_REASONS
 MAX_UID = 128
+STARTING_SERIES = (("injected", ""), ("error", ""), ("malformed", ""))
 
 
-@dataclass
 class Counters:
     """What the webhook did, by result and reason (served on /metrics): a bounded set of
-    series, so that a pod that runs without the agent is visible and alertable."""
+    series, so that a pod that runs without the agent is visible and alertable.
 
-    reviews: dict[tuple[str, str], int] = field(default_factory=dict)
+    The counts live in shared memory, one row per worker process (``--workers``): any
+    worker that answers a scrape sums every row, so the counters a scrape reads never go
+    back when the kernel hands it to another worker, and a restarted worker keeps its row."""
+
+    KEYS = tuple((r, why) for r in RESULTS
+                 for why in ("", *SKIP_REASONS, *OTHER_REASONS, "other"))
+    _INDEX = {k: i for i, k in enumerate(KEYS)}
+    _SIZE = struct.calcsize("Q")
+
+    def __init__(self, workers: int = 1) -> None:
+        self.workers = max(1, workers)
+        self.slots = mmap.mmap(-1, self._SIZE * len(self.KEYS) * self.workers)  # shared
+        self.row = 0  # this process' row (the worker's index)
 
     def count(self, result: str, reason: str = "") -> None:
-        key = (result, reason)
-        self.reviews[key] = self.reviews.get(key, 0) + 1
+        i = self._INDEX.get((result, reason))
+        if i is None:
+            i = self._INDEX.get((result, "other"), self._INDEX[("error", "other")])
+        at = (self.row * len(self.KEYS) + i) * self._SIZE
+        (n,) = struct.unpack_from("Q", self.slots, at)
+        struct.pack_into("Q", self.slots, at, n + 1)
+
+    @property
+    def reviews(self) -> dict[tuple[str, str], int]:
+        """Every worker's counts summed, the keys counted at least once."""
+        n = len(self.KEYS)
+        values = struct.unpack_from(f"{n * self.workers}Q", self.slots, 0)
+        totals = [sum(values[w * n + i] for w in range(self.workers)) for i in range(n)]
+        return {k: v for k, v in zip(self.KEYS, totals, strict=True) if v}
 
 
 def _error(message: str) -> bytes:
@@ -137,7 +170,61 @@ def _response(version: str, uid: str, m: Mutation) -> bytes:
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             408: "Request Timeout", 411: "Length Required", 413: "Payload Too Large",
-            431: "Request Header Fields Too Large"}
+            431: "Request Header Fields Too Large", 503: "Service Unavailable"}
+MAX_CONNECTIONS = 4096
+MAX_PER_SOURCE = 512  # the API server's own connections come from few addresses
+BACKLOG = 256  # also how many connections asyncio accepts in one go (each a descriptor)
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+         b"Content-Length: 27\r\nConnection: close\r\nRetry-After: 1\r\n\r\n"
+         b'{"error":"too many conns"}\n')
+
+
+def connection_cap(wanted: int, reserve: int = 64 + BACKLOG) -> int:
+    """``wanted``, but at most half the file descriptors this process may open (its soft
+    limit, raised to the hard one first, as Go's runtime does), so connections past the
+    cap are refused by a process that can still accept, log and answer its probes."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or soft < hard:
+            target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+            with contextlib.suppress(ValueError, OSError):
+                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return wanted
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, (int(soft) - reserve) // 2))
+
+
+class _Admission:
+    """Counts open connections, in all and per peer address."""
+
+    def __init__(self, max_connections: int, max_per_source: int) -> None:
+        self.max_connections = max(1, max_connections)
+        self.max_per_source = max(1, max_per_source)
+        self.open = 0
+        self.per_source: dict[str, int] = {}
+        self.refused = 0
+
+    def admit(self, source: str) -> bool:
+        if self.open >= self.max_connections or \
+                self.per_source.get(source, 0) >= self.max_per_source:
+            self.refused += 1
+            return False
+        self.open += 1
+        self.per_source[source] = self.per_source.get(source, 0) + 1
+        return True
+
+    def release(self, source: str) -> None:
+        self.open -= 1
+        n = self.per_source.get(source, 1) - 1
+        if n > 0:
+            self.per_source[source] = n
+        else:
+            self.per_source.pop(source, None)
 
 
 class WebhookServer:
@@ -150,14 +237,18 @@ class WebhookServer:
 
     def __init__(self, settings: Settings, *, max_body: int = 4 * 1024 * 1024,
                  handshake_timeout: float = 5.0, idle_timeout: float = 60.0,
-                 request_timeout: float = 10.0,  # for the body once the headers are in
-                 handle: Callable[[bytes], tuple[int, bytes]] | None = None) -> None:
+                 request_timeout: float = 10.0,  # from a request's first byte to its last
+                 handle: Callable[[bytes], tuple[int, bytes]] | None = None,
+                 max_connections: int = MAX_CONNECTIONS,
+                 max_per_source: int = MAX_PER_SOURCE,
+                 counters: Counters | None = None) -> None:
         self.settings = settings
+        self.admission = _Admission(max_connections, max_per_source)
         self.max_body = max_body
         self.handshake_timeout = handshake_timeout
         self.idle_timeout = idle_timeout
         self.request_timeout = request_timeout
-        self.counters = Counters()
+        self.counters = counters or Counters()
         self.handle = handle or (lambda body: review(body, self.settings, self.counters))
         self.server: asyncio.Server | None = None
         self.started = time.time()
@@ -167,10 +258,12 @@ class WebhookServer:
         """Listen; returns the port bound (for port 0). ``reuse_port``: one of several
         worker processes on the same port (SO_REUSEPORT, the kernel spreads connections)."""
         loop = asyncio.get_running_loop()
+        # TLS is started by the gate after admission, not by create_server(ssl=...): there a
+        # connection is invisible until its handshake ends, so a flood of unfinished
+        # handshakes took every file descriptor (accept() then failed with EMFILE).
         self.server = await loop.create_server(
-            lambda: _Connection(self), host, port, ssl=tls, backlog=1024,
-            reuse_port=reuse_port or None,
-            ssl_handshake_timeout=self.handshake_timeout if tls else None)
+            (lambda: _Gate(self, tls)) if tls is not None else (lambda: _Connection(self)),
+            host, port, backlog=BACKLOG, reuse_port=reuse_port or None)
         return int(self.server.sockets[0].getsockname()[1])
 
     async def close(self) -> None:
@@ -196,13 +289,41 @@ class WebhookServer:
         return render_metrics(self.counters)
 
 
+class ProbeServer(WebhookServer):
+    """``GET /healthz``, ``/livez``, ``/readyz`` in plain HTTP on a port of their own: a
+    probe's request is a few dozen bytes, so its deadline is short and one source holds
+    at most 4 connections (the kubelet probes one at a time)."""
+
+    def __init__(self, counters: Counters | None = None) -> None:
+        """``counters`` given: ``/metrics`` only (the webhook's --metrics-port, which the
+        NetworkPolicy opens to the monitoring namespace alone)."""
+        super().__init__(Settings(image=""), max_body=0, handshake_timeout=2.0,
+                         idle_timeout=10.0, request_timeout=2.0,
+                         max_connections=64, max_per_source=4, counters=counters)
+        self.metrics_only = counters is not None
+
+    def answer(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
+        route = path.split("?", 1)[0]
+        if method != "GET":
+            return 405, _error("GET only")
+        if self.metrics_only:
+            if route == "/metrics":
+                return 200, self._metrics()
+        elif route in ("/healthz", "/livez", "/readyz"):
+            return 200, b'{"ok":true}'
+        return 404, _error(f"no {route[:80]}")
+
+
 def render_metrics(counters: Counters) -> bytes:
     """The webhook's ``/metrics``: Prometheus' text format of ``counters``."""
     lines = ["# HELP ftagent_webhook_reviews_total AdmissionReviews answered, by result "
              "(injected, skipped, error, malformed) and the reason a pod was skipped",
              "# TYPE ftagent_webhook_reviews_total counter"]
+    # the series an alert reads exist from the start at 0: a counter that first appears
+    # at 1 has no earlier sample, and rate() would never see the first error
+    seen = {**{k: 0 for k in STARTING_SERIES}, **counters.reviews}
     lines += [f'ftagent_webhook_reviews_total{{result="{r}",reason="{why}"}} {v}'
-              for (r, why), v in sorted(counters.reviews.items())]
+              for (r, why), v in sorted(seen.items())]
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -213,25 +334,85 @@ def _http(status: int, payload: bytes, close: bool) -> bytes:
         b"Connection: close\r\n" if close else b"", payload)
 
 
+class _Gate(asyncio.Protocol):
+    """A TLS connection's first stage: admitted (or refused) on its peer address while it
+    is plain TCP, then upgraded to TLS within ``handshake_timeout``; the HTTP protocol
+    (:class:`_Connection`) takes over once the handshake is done."""
+
+    def __init__(self, server: WebhookServer, tls: ssl.SSLContext) -> None:
+        self.server, self.tls = server, tls
+        self.task: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.pause_reading()  # the ClientHello waits for the TLS layer
+        peer = transport.get_extra_info("peername")
+        source = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        if not self.server.admission.admit(source):
+            transport.abort()  # no TLS yet: nothing to say in a language it speaks
+            return
+        self.task = asyncio.ensure_future(self._upgrade(transport, source))
+
+    async def _upgrade(self, transport: asyncio.Transport, source: str) -> None:
+        conn = _Connection(self.server, source)
+        try:
+            tls_transport = await asyncio.get_running_loop().start_tls(
+                transport, conn, self.tls, server_side=True,
+                ssl_handshake_timeout=self.server.handshake_timeout)
+        except (OSError, ssl.SSLError, asyncio.TimeoutError, ConnectionError):
+            transport.abort()
+            conn.connection_lost(None)  # gives the admission back
+            return
+        except BaseException:
+            transport.abort()
+            conn.connection_lost(None)
+            raise
+        if tls_transport is None:  # closed during the handshake
+            conn.connection_lost(None)
+            return
+        conn.connection_made(tls_transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Only before the upgrade (the TLS layer owns the transport after)."""
+
+
 class _Connection(asyncio.Protocol):
     """One client connection: HTTP/1.1 requests one at a time (as the API server sends
     them), parsed from a buffer that never holds more than the headers' limit plus one
     body of at most ``max_body``."""
 
-    def __init__(self, server: WebhookServer) -> None:
+    def __init__(self, server: WebhookServer, admitted: str | None = None) -> None:
         self.server = server
+        self.admitted = admitted  # the peer address a _Gate already admitted
         self.buf = bytearray()
         self.transport: asyncio.Transport | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.head: tuple[str, str, bool, int] | None = None  # method, path, keep, length
         self.closed = False
+        self.source = admitted  # the peer's address, once admitted (released when lost)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        if self.admitted is not None:
+            self._arm(self.server.request_timeout if self.buf else self.server.idle_timeout)
+            if self.buf:  # bytes that came with the end of the handshake
+                self.data_received(b"")
+            return
+        peer = transport.get_extra_info("peername")
+        source = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        if not self.server.admission.admit(source):
+            self.closed = True
+            transport.write(_BUSY)
+            transport.close()
+            return
+        self.source = source
         self._arm(self.server.idle_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.source is not None:
+            self.server.admission.release(self.source)
+            self.source = None
         self.closed = True
         if self.timer is not None:
             self.timer.cancel()
@@ -257,6 +438,11 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closed:
             return
+        if self.transport is None:  # before connection_made (the TLS layer's last bytes)
+            self.buf += data
+            return
+        if not self.buf and self.head is None and data:  # a request begins: its deadline
+            self._arm(self.server.request_timeout)
         self.buf += data
         try:
             while not self.closed and self._step():
@@ -282,8 +468,6 @@ class _Connection(asyncio.Protocol):
             if head is None:
                 return False
             self.head = head
-            if head[3]:
-                self._arm(self.server.request_timeout)
         method, path, keep, length = self.head
         if len(self.buf) < length:
             return False
@@ -292,8 +476,8 @@ class _Connection(asyncio.Protocol):
         self.head = None
         status, payload = self.server.answer(method, path, body)
         self._finish(status, payload, not keep)
-        if not self.closed:
-            self._arm(self.server.idle_timeout)
+        if not self.closed:  # a pipelined request already begun keeps its own deadline
+            self._arm(self.server.request_timeout if self.buf else self.server.idle_timeout)
         return not self.closed
 
     def _parse_head(self, raw: bytes) -> tuple[str, str, bool, int] | None:

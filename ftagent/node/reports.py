@@ -42,7 +42,8 @@ from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
 from ftagent.wire import limits
 from ftagent.wire.convert import fault_to_proto
-from ftagent.wire.credentials import bearer, channel_credentials, current_token
+from ftagent.wire.credentials import bearer, current_token
+from ftagent.wire.tls_files import ChannelFiles
 
 log = logging.getLogger("ftagent.node.reports")
 
@@ -82,7 +83,7 @@ class NodeReporter:
         self.node, self.instance, self.version = node, instance, version
         self.token, self.token_file = token, token_file
         self.heartbeat = heartbeat
-        self._creds = channel_credentials(tls_ca, tls_cert, tls_key)
+        self._tls = ChannelFiles(tls_ca, tls_cert, tls_key)  # a rotated CA: next connection
         self._rng = rng or random.Random()
         self.outcomes: OrderedDict[tuple[str, str], str] = OrderedDict()  # (shard, id) ->
         self.lasting: OrderedDict[str, pb.Fault] = OrderedDict()  # key -> the fault
@@ -123,10 +124,11 @@ class NodeReporter:
                 t.cancel()
 
     async def _shard(self, s: Shard) -> None:
-        if self._creds is None:
+        creds = self._tls.current()
+        if creds is None:
             channel = grpc.aio.insecure_channel(s.address)
         else:
-            channel = grpc.aio.secure_channel(s.address, self._creds)
+            channel = grpc.aio.secure_channel(s.address, creds)
         stub = pb_grpc.ArbiterStub(channel)
         attempt = 0
         last_call = -1e18

@@ -179,11 +179,22 @@ def dangling(objs: list[dict[str, Any]]) -> list[str]:
         if kind == "Issuer" and "ca" in o["spec"] and o["spec"]["ca"]["secretName"] not in secrets:
             bad.append(f"{where}: no Secret {o['spec']['ca']['secretName']}")
         if kind == "Service":
+            # the leader puts ftagent.io/arbiter-leader on its own pod at run time
+            static = {k: v for k, v in o["spec"]["selector"].items() if k not in RUNTIME_LABELS}
             selected = [w for w, _ in pod_templates(objs) if w["metadata"].get("namespace") == ns
-                        and o["spec"]["selector"].items()
+                        and static.items()
                         <= w["spec"]["template"]["metadata"]["labels"].items()]
             if not selected:
                 bad.append(f"{where} selects no pods")
+        if kind == "PodMonitor":  # a scrape that reaches nothing is a silent alert
+            sel = o["spec"]["selector"].get("matchLabels", {}).items()
+            ports = {e["port"] for e in o["spec"]["podMetricsEndpoints"]}
+            # (one that selects no pod is harmless: that component is not rendered)
+            for w, spec in pod_templates(objs):
+                named = {p.get("name") for c in spec["containers"] for p in c.get("ports", [])}
+                if sel and sel <= w["spec"]["template"]["metadata"]["labels"].items() \
+                        and not ports <= named:
+                    bad.append(f"{where}: {w['metadata']['name']} has no port {sorted(ports)}")
         if kind == "ServiceMonitor":
             labels = o["spec"]["selector"]["matchLabels"].items()
             if not [s for s in objs if s["kind"] == "Service"
@@ -239,6 +250,9 @@ def dangling(objs: list[dict[str, Any]]) -> list[str]:
     return bad
 
 
+RUNTIME_LABELS = {"ftagent.io/arbiter-leader"}  # written by the pod itself (leader_label.py)
+
+
 def no_probe(objs: list[dict[str, Any]]) -> list[str]:
     return [f"{w['metadata']['name']}/{c['name']}" for w, spec in pod_templates(objs)
             for c in spec["containers"]
@@ -272,7 +286,8 @@ def test_default_installs_everything_a_user_needs() -> None:
     keys = index(objs)
     for workload in (("Deployment", "ftagent-arbiter"), ("Deployment", "ftagent-webhook"),
                      ("DaemonSet", "ftagent-node"), ("PodMonitor", "ftagent-agents"),
-                     ("ServiceMonitor", "ftagent-arbiter"), ("PrometheusRule", "ftagent"),
+                     ("PodMonitor", "ftagent-arbiter"), ("PodMonitor", "ftagent-webhook"),
+                     ("PrometheusRule", "ftagent"),
                      ("MutatingWebhookConfiguration", "ftagent"), ("Namespace", "ftagent-system")):
         assert workload in keys
     # no Secret to create by hand: nothing references one that no component makes
@@ -490,15 +505,19 @@ def test_the_arbiter_is_an_active_passive_pair() -> None:
     assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
-    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    # the probes have their own listener (issue 33.3): no flood on /metrics fails them
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert f"--metrics-port={ports['metrics']}" in c["args"]
+    assert f"--health-port={ports['health']}" in c["args"]
     assert pod["serviceAccountName"] == "ftagent-arbiter"
     assert pod.get("automountServiceAccountToken", True)  # it calls the API now
     svc = objs[("Service", "ftagent-arbiter")]["spec"]
     assert svc.get("clusterIP") != "None" and not svc.get("publishNotReadyAddresses")
+    # every replica is Ready; the leader's own label sends agents to it (issue 32.3)
+    assert svc["selector"]["ftagent.io/arbiter-leader"] == "true"
     pdb = objs[("PodDisruptionBudget", "ftagent-arbiter")]["spec"]
-    assert pdb["unhealthyPodEvictionPolicy"] == "AlwaysAllow"  # the standby is not Ready
+    assert pdb["maxUnavailable"] == 1 and pdb["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
 
 
 def _rules(obj: dict[str, Any]) -> set[tuple[str, str, str]]:
@@ -517,7 +536,8 @@ def test_the_arbiter_may_do_exactly_what_it_calls() -> None:
     assert _rules(role) == {
         ("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")} | {
         ("", "configmaps", v) for v in ("get", "list", "create", "update", "delete")} | {
-        ("", "secrets", "get"), ("", "secrets", "create")}
+        ("", "secrets", "get"), ("", "secrets", "create")} | {
+        ("", "pods", v) for v in ("list", "patch")}  # the leader's label (leader_label.py)
     secret_get = next(r for r in role["rules"] if r["resources"] == ["secrets"]
                       and r["verbs"] == ["get"])
     assert secret_get["resourceNames"] == ["ftagent-arbiter-tls"]
@@ -672,3 +692,20 @@ def test_node_daemonset_reaches_the_arbiter_service_unprivileged() -> None:
                                     "namespace": "ml-infra"}]
     rules = keys[("ClusterRole", binding["roleRef"]["name"])]["rules"]
     assert {"resources": ["nodes/status"], "verbs": ["patch"], "apiGroups": [""]} in rules
+
+
+@needs_kubectl
+def test_metrics_ports_admit_only_the_monitoring_namespace() -> None:
+    """Issue 33.3: /metrics is unauthenticated, and the NetworkPolicy admitted any source
+    to it. Now every rule that opens a port named metrics names its sources: the
+    monitoring namespace; the probe ports are open (the kubelet), the metrics ports not."""
+    objs = render(("arbiter", "webhook", "network-policies"))
+    rules = [(o["metadata"]["name"], r) for o in objs if o["kind"] == "NetworkPolicy"
+             for r in o["spec"].get("ingress", [])]
+    metrics = [(n, r) for n, r in rules if "metrics" in {p["port"] for p in r["ports"]}]
+    assert {n for n, _ in metrics} == {"ftagent-arbiter-metrics", "ftagent-webhook-metrics"}
+    for _, r in metrics:
+        assert r["from"] == [{"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": "monitoring"}}}]
+    opened = {p["port"] for _, r in rules if "from" not in r for p in r["ports"]}
+    assert "metrics" not in opened and {"grpc", "https", "health"} <= opened

@@ -317,3 +317,23 @@ def test_retry_after_reads_the_header_then_the_status() -> None:
     e.headers = {"Retry-After": "nan"}
     assert retry_after(e) is None
     assert retry_after(ApiException(status=429)) is None
+
+
+def test_retry_after_reads_an_http_date_too() -> None:
+    """RFC 9110 allows an HTTP-date; the actuator's own parser (now gone) read seconds
+    only and the informer's read no date: one parser for both, by the standard library."""
+    import email.utils
+    import time
+
+    from kubernetes.client.rest import ApiException
+
+    from ftagent.kube.actuator import _retry_after
+
+    e = ApiException(status=429)
+    e.headers = {"Retry-After": email.utils.formatdate(time.time() + 30, usegmt=True)}
+    for got in (retry_after(e), _retry_after(e)):
+        assert got is not None and 25 <= got <= 30, got
+    e.headers = {"Retry-After": "120"}
+    assert _retry_after(e) == 60.0 and retry_after(e) == 120.0
+    e.headers = {"Retry-After": "not a date"}
+    assert retry_after(e) is None and _retry_after(e) is None

@@ -70,6 +70,7 @@ KINDS: list[Kind] = [
     Kind("coordination.k8s.io", "v1", "leases", "Lease"),
     Kind("batch", "v1", "jobs", "Job", status=True),
     Kind("apps", "v1", "deployments", "Deployment", status=True),
+    Kind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", status=True),
     Kind("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
          "MutatingWebhookConfiguration", namespaced=False),
     *[Kind(g, v, p, k, status=True, custom=True) for g, v, p, k in _JOB_KINDS],

@@ -14,6 +14,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from .errors import ApiError
+from .evictions import evict
 from .faults import Faults, Request
 from .resources import (
     Kind,
@@ -55,7 +56,8 @@ def route(path: str) -> _Route | None:
         return None
     name = rest[1] if len(rest) > 1 else None
     sub = rest[2] if len(rest) > 2 else None
-    if sub not in (None, "status"):
+    if sub not in (None, "status") and not (sub == "eviction" and kind.plural == "pods"
+                                            and kind.group == ""):
         return None
     return _Route(kind, ns, name, sub)
 
@@ -205,6 +207,11 @@ class _Handler(BaseHTTPRequestHandler):
             if not isinstance(body, dict) or not isinstance(body.get("spec"), dict):
                 raise ApiError(400, "BadRequest", "TokenReview has no spec")
             return 201, self.server.issuer.review(body)
+        if r.sub == "eviction":  # create-only: PodDisruptionBudget rules (evictions.py)
+            if verb != "create":
+                raise ApiError(405, "MethodNotAllowed", "the server does not allow this "
+                               "method on the requested resource")
+            return 201, evict(store, r.namespace or "", r.name or "", body)
         if verb == "get":
             return 200, store.get(r.kind, r.namespace, r.name or "")
         if verb == "list":
