@@ -170,6 +170,17 @@ class Resumed:
     step: int
     source: str = "log"
     ts: float = 0.0
+    origin: str = ""  # where the state came from: memory | peer | disk ("" : not said)
+
+
+@dataclass(frozen=True)
+class SnapshotsHeld:
+    """The steps whose in-memory snapshot the trainer's rank holds complete
+    (``ftagent.checkpoint``, SDK ``snapshots``): the arbiter's resume step is the newest
+    step every rank holds."""
+
+    steps: tuple[int, ...]
+    ts: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -347,7 +358,7 @@ class TrainerStart:
 
 Observation = (
     LogLine | Progress | PhaseMarker | CollectiveSample | PhaseTiming | GpuEvent | GpuHealth
-    | LinkEvent | ProcessExit | TrainerStart | Resumed
+    | LinkEvent | ProcessExit | TrainerStart | Resumed | SnapshotsHeld
 )
 
 
