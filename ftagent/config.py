@@ -612,6 +612,30 @@ class LaunchConfig:
 
 
 @dataclass(frozen=True)
+class SnapshotConfig:
+    """In-memory snapshots (``ftagent.checkpoint``): where they live, their cap, and the
+    job's durable checkpoint directory they are persisted to. The trainer gets them as
+    ``FTAGENT_SNAPSHOT_DIR``, ``FTAGENT_SNAPSHOT_MAX_BYTES``, ``FTAGENT_CHECKPOINT_DIR``,
+    ``FTAGENT_PERSIST_EVERY``; nothing is held unless it calls ``checkpoint.save``."""
+
+    snapshot_dir: str = opt(
+        "/dev/shm/ftagent-snapshots", "--snapshot-dir", "memory-backed directory "
+        "(tmpfs: /dev/shm, or a medium: Memory emptyDir) where ftagent.checkpoint keeps "
+        "each rank's snapshots; they outlive the trainer, not the pod", metavar="DIR")
+    snapshot_memory_share: float = opt(
+        0.25, "--snapshot-memory-share", "cap on one rank's snapshots as a share of the "
+        "container's memory limit (tmpfs counts toward it); past it fewer are kept, said "
+        "once (0: no cap; no limit: no cap)", check=Range(0, 1), metavar="SHARE")
+    checkpoint_dir: str = opt(
+        "", "--checkpoint-dir", "the job's durable checkpoint directory: snapshots are "
+        "persisted there in DCP layout (every --persist-every snapshots, and on SIGTERM)",
+        metavar="DIR")
+    persist_every: int = opt(
+        0, "--persist-every", "persist every N-th snapshot to --checkpoint-dir in the "
+        "background (0: only on SIGTERM)", check=Range(0, 1_000_000), metavar="N")
+
+
+@dataclass(frozen=True)
 class StatusConfig:
     """``ftagent status``'s own flags (the arbiter connection is ArbiterClientConfig's)."""
 
@@ -639,6 +663,7 @@ class RunConfig:
     nic: NicConfig = NicConfig()
     gpu: GpuConfig = GpuConfig()
     launch: LaunchConfig = LaunchConfig()
+    snapshot: SnapshotConfig = SnapshotConfig()
 
 
 RUN_GROUPS: dict[str, tuple[str, type[Any]]] = {
@@ -652,6 +677,7 @@ RUN_GROUPS: dict[str, tuple[str, type[Any]]] = {
     "gpu": ("GPUs (NVML, kernel log)", GpuConfig),
     "launch": ("launcher (torchrun's flags; --nproc-per-node starts the workers)",
                LaunchConfig),
+    "snapshot": ("in-memory snapshots (ftagent.checkpoint)", SnapshotConfig),
 }
 
 

@@ -415,6 +415,9 @@ class Action:
     # for an arbiter's RESTART: the job's restart count it makes (a rejoin is no new one);
     # the worker's lifecycle adopts it (agent/lifecycle.py). None: count one
     restarts: int | None = None
+    # for an arbiter's RESTART: the newest step whose snapshot every rank holds (the
+    # restarted trainer loads it: FTAGENT_RESUME_STEP). None: none known
+    resume_step: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -131,6 +131,11 @@ def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
     if budget is None:  # one per process: the launcher's workers share theirs
         budget = StandbyBudget(cfg.supervisor.warm_restart_memory_share)
     standbys = budget
+    from ftagent.agent.standby_memory import container_memory
+    from ftagent.checkpoint.agent_env import snapshot_env
+    mem = container_memory()
+    memory_limit = mem.limit if mem is not None else None
+    nproc = cfg.launch.nproc_per_node or "1"
 
     def parts(w: Worker) -> WorkerParts:
         """The worker's parts, in the order they see what happens: the metrics sink, the
@@ -144,7 +149,8 @@ def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
         p = flight_recorder_parts(w, cfg, rundir, p)
         if node_sources:  # the host's GPUs and links: one source of the agent (ftagent/watch/)
             p = p.plus(sources=[add_watch(w, cfg, environ, registry, labels)])
-        return p
+        return p.plus(env=snapshot_env(cfg.snapshot, ids.job, limit=memory_limit,
+                                       workers=int(nproc) if nproc.isdigit() else 1))
 
     agent = pod.add(spec, metrics=metrics, parts=parts)
     if serve:
