@@ -160,7 +160,9 @@ class TrainerSays:
 
     def observe(self, obs: Observation, now: float) -> None:
         if isinstance(obs, Resumed):
-            self.resumed, self.resumed_from = obs.step, obs.origin
+            if obs.origin or obs.step != self.resumed:  # a log line repeating the SDK's
+                self.resumed_from = obs.origin          # step keeps its source
+            self.resumed = obs.step
         elif isinstance(obs, PhaseMarker):
             if obs.begin:
                 if obs.phase not in self._open and len(self._open) < PHASES_OPEN:

@@ -29,6 +29,7 @@ import shutil
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,10 @@ from ftagent.checkpoint import layout, persist
 from ftagent.checkpoint.storage import SnapshotReader, SnapshotWriter
 
 log = logging.getLogger("ftagent.checkpoint")
+# each rank's shard is its own DCP checkpoint, saved and loaded without a process group on
+# purpose (no collective in the background thread): DCP's warning about it is noise
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or "
+                        "uninitialized", category=UserWarning)
 
 MAX_HELD_REPORTED = 8  # steps told to the agent (the newest)
 
@@ -294,12 +299,12 @@ class Snapshotter:
             why.append("peer: not built (no replica on another node)")
             step, source = self._from_disk(state, fp, why), "disk"
         self.last_load = (step, source if step is not None else "", why)
-        for w in why:
-            print(f"ftagent.checkpoint: {w}", file=sys.stderr, flush=True)
         if step is None:
+            print(f"ftagent.checkpoint: nothing to resume from ({'; '.join(why)})",
+                  file=sys.stderr, flush=True)
             return None
-        print(f"ftagent.checkpoint: resumed after step {step} from {source}",
-              file=sys.stderr, flush=True)
+        print(f"ftagent.checkpoint: resumed after step {step} from {source}"
+              + (f" ({'; '.join(why)})" if why else ""), file=sys.stderr, flush=True)
         self._drop_after(step)  # shards after it belong to an abandoned timeline
         with contextlib.suppress(Exception):
             self._report_resumed(step, source)
