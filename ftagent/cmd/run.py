@@ -14,6 +14,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -436,6 +437,19 @@ def scrub_credentials(environ: dict[str, str]) -> None:
         os.environ.pop(name, None)
 
 
+def say_last_words(cfg: RunConfig, pod: PodAgent) -> None:
+    """The pod is going (a stop signal): its ranks' newest complete snapshots go to
+    --checkpoint-dir (checkpoint/lastwords.py), within --stop-timeout."""
+    from ftagent.checkpoint.lastwords import last_words
+    ranks = sorted({w.ident.rank for w in pod.workers if w.ident.rank >= 0})
+    try:
+        last_words(os.path.abspath(cfg.snapshot.snapshot_dir), cfg.identity.job, ranks,
+                   os.path.abspath(cfg.snapshot.checkpoint_dir),
+                   deadline=time.monotonic() + cfg.supervisor.stop_timeout)
+    except Exception as e:  # noqa: BLE001 - the trainer's exit status comes first
+        log.warning("last words failed: %s: %s", type(e).__name__, e)
+
+
 def main(argv: Sequence[str]) -> int:
     environ = dict(os.environ)
     try:
@@ -462,6 +476,9 @@ def main(argv: Sequence[str]) -> int:
         except ConfigError as e:
             sys.stderr.write(f"ftagent run: error: {e} (see ftagent run --help)\n")
             return 2
-        return asyncio.run(pod.run()).exit_status
+        result = asyncio.run(pod.run())
+        if pod.stop_signal is not None and cfg.snapshot.checkpoint_dir:
+            say_last_words(cfg, pod)
+        return result.exit_status
     finally:
         shutil.rmtree(rundir, ignore_errors=True)
