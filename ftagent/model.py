@@ -181,6 +181,7 @@ class SnapshotsHeld:
 
     steps: tuple[int, ...]
     ts: float = 0.0
+    nbytes: int = 0  # the memory they take
 
 
 @dataclass(frozen=True)

@@ -34,8 +34,9 @@ Wire format, version 1: one ASCII datagram per call, fields separated by one spa
     v1 <pid> r <step> [<source>]                     resumed after <step> (a checkpoint
                                                      saved at it was loaded); source:
                                                      memory | peer | disk (ftagent.checkpoint)
-    v1 <pid> k <n> <step>...                         the n (<= 8) steps whose snapshot this
-                                                     rank holds complete (ftagent.checkpoint)
+    v1 <pid> k <n> <step>... <bytes>                 the n (<= 8) steps whose snapshot this
+                                                     rank holds complete, and the bytes they
+                                                     take in memory (ftagent.checkpoint)
 
 Numbers are decimal (``repr`` of a float: ``nan`` and ``inf`` allowed for the loss);
 ``a`` and ``t`` are what ``ftagent.torch.instrument()`` sends, a few times a second;
@@ -281,16 +282,19 @@ def resumed(n: int, source: str | None = None) -> None:
         pass
 
 
-def snapshots(steps: list[int]) -> None:
-    """The steps whose snapshot this rank holds complete (ftagent.checkpoint, after each
-    write and load): the agent tells the arbiter, which picks the newest step every rank
-    holds for the next restart. The newest ``MAX_SNAPSHOTS_HELD`` are sent."""
+def snapshots(steps: list[int], nbytes: int = 0) -> None:
+    """The steps whose snapshot this rank holds complete and the bytes they take in
+    memory (ftagent.checkpoint, after each write and load): the agent tells the arbiter,
+    which picks the newest step every rank holds for the next restart. The newest
+    ``MAX_SNAPSHOTS_HELD`` are sent."""
     if not _client.ready():
         return
     try:
         names = [_int(s) for s in sorted(set(steps))[-MAX_SNAPSHOTS_HELD:]]
         names = [n for n in names if n != b"-"]
-        _client.send(b" ".join([b"k", b"%d" % len(names), *names]), PHASE_WAIT)
+        size = _int(nbytes)
+        _client.send(b" ".join([b"k", b"%d" % len(names), *names,
+                                b"0" if size == b"-" else size]), PHASE_WAIT)
     except Exception:  # noqa: BLE001 - never raise into the trainer
         pass
 

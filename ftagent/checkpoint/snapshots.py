@@ -153,7 +153,8 @@ class Snapshotter:
         self._inflight: concurrent.futures.Future[None] | None = None
         self._lock = threading.Lock()
         self._since_persist = 0
-        self._report_held = report_held or (lambda steps: sdk.snapshots(steps))
+        self._report_held = report_held or (
+            lambda steps: sdk.snapshots(steps, sum(self._bytes_of(s) for s in steps)))
         self._report_resumed = report_resumed or (lambda step, src: sdk.resumed(step, src))
         self.last_load: tuple[int | None, str, list[str]] = (None, "", [])
 
@@ -180,6 +181,8 @@ class Snapshotter:
             self._inflight = self._pool.submit(self._write, step, self._staged, fp)
         self.stats.saves += 1
         self.stats.last_blocking_seconds = time.perf_counter() - t0
+        # the blocking part, as ftagent_phase_duration_seconds{phase="snapshot"}
+        sdk.phase_time("snapshot", self.stats.last_blocking_seconds)
         return True
 
     def wait(self, timeout: float | None = None) -> bool:

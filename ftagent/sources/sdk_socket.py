@@ -160,10 +160,11 @@ def check_datagram(data: bytes, ts: float, phases: Callable[[str], str] = str,
             if origin and origin not in RESUME_SOURCES:
                 return MALFORMED
             return Resumed(step=_count(args[0]), source="sdk", ts=ts, origin=origin)
-        if kind == b"k" and 1 <= len(args) <= MAX_SNAPSHOTS_HELD + 1:
-            if _count(args[0], 0, MAX_SNAPSHOTS_HELD) != len(args) - 1:
+        if kind == b"k" and 2 <= len(args) <= MAX_SNAPSHOTS_HELD + 2:
+            if _count(args[0], 0, MAX_SNAPSHOTS_HELD) != len(args) - 2:
                 return MALFORMED
-            return SnapshotsHeld(steps=tuple(sorted({_count(a) for a in args[1:]})), ts=ts)
+            return SnapshotsHeld(steps=tuple(sorted({_count(a) for a in args[1:-1]})),
+                                 nbytes=_count(args[-1]), ts=ts)
         if kind == b"t" and len(args) == 3:
             name = _name(args[0])
             count, seconds = _count(args[1], 1), _float(args[2])

@@ -251,10 +251,14 @@ def test_sdk_datagrams_for_snapshots_parse(monkeypatch):
     from ftagent.model import Resumed, SnapshotsHeld
     from ftagent.sources.sdk_socket import check_datagram
     pid = str(os.getpid()).encode()
-    assert check_datagram(b"v1 " + pid + b" k 2 10 20", 1.0) == SnapshotsHeld((10, 20), 1.0)
-    assert check_datagram(b"v1 " + pid + b" k 0", 1.0) == SnapshotsHeld((), 1.0)
-    assert isinstance(check_datagram(b"v1 " + pid + b" k 3 10 20", 1.0), str)
-    assert isinstance(check_datagram(b"v1 " + pid + b" k 9 " + b" ".join([b"1"] * 9), 1.0), str)
+    assert check_datagram(b"v1 " + pid + b" k 2 10 20 4096", 1.0) == \
+        SnapshotsHeld((10, 20), 1.0, 4096)
+    assert check_datagram(b"v1 " + pid + b" k 0 0", 1.0) == SnapshotsHeld((), 1.0)
+    assert isinstance(check_datagram(b"v1 " + pid + b" k 3 10 20 5", 1.0), str)
+    assert isinstance(check_datagram(b"v1 " + pid + b" k 2 10 20", 1.0), str)
+    assert isinstance(check_datagram(b"v1 " + pid + b" k 9 " + b" ".join([b"1"] * 10), 1.0),
+                      str)
+    assert isinstance(check_datagram(b"v1 " + pid + b" k 1 -5 0", 1.0), str)
     r = check_datagram(b"v1 " + pid + b" r 30 memory", 1.0)
     assert r == Resumed(30, "sdk", 1.0, "memory")
     assert isinstance(check_datagram(b"v1 " + pid + b" r 30 tape", 1.0), str)
