@@ -112,14 +112,20 @@ class Stats:
 
 def stage(state: Any, into: Any = None) -> Any:
     """A copy of ``state`` in host memory, reusing ``into``'s tensors where the shapes and
-    dtypes match (no allocation after the first save). Non-tensors are deep-copied."""
+    dtypes match (no allocation, no page faults after the first save). A device tensor
+    goes into pinned host memory, copied asynchronously (``synchronize`` waits for all).
+    Non-tensors are deep-copied."""
     if isinstance(state, torch.Tensor):
         t = state.detach()
         if isinstance(into, torch.Tensor) and into.shape == t.shape and \
                 into.dtype == t.dtype and into.device.type == "cpu":
-            into.copy_(t)
+            into.copy_(t, non_blocking=t.device.type != "cpu")
             return into
-        return t.to("cpu", copy=True)
+        if t.device.type == "cpu":
+            return t.to("cpu", copy=True)
+        buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        buf.copy_(t, non_blocking=True)
+        return buf
     if isinstance(state, Mapping):
         old = into if isinstance(into, Mapping) else {}
         return {k: stage(v, old.get(k)) for k, v in state.items()}
@@ -177,6 +183,8 @@ class Snapshotter:
                                "still being written (snapshot less often)")
                 return False
             self._staged = stage(state, self._staged)
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()  # the device-to-host copies are done
             fp = layout.fingerprint(self._staged)
             self._inflight = self._pool.submit(self._write, step, self._staged, fp)
         self.stats.saves += 1
