@@ -197,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     only = {m for m in a.only.split(",") if m} or set(makers)
     tensors = len(state["model"]) + len(state["optim"]["state"])
-    print(f"state {nbytes / (1 << 30):.2f} GiB in {tensors} tensors; {a.saves} saves, one every {a.every} steps of {a.step_seconds:.2f} s; "
+    print(f"state {nbytes / (1 << 30):.2f} GiB in {tensors} tensors; {a.saves} saves, one "
+          f"every {a.every} steps of {a.step_seconds:.2f} s; "
           f"torch {torch.__version__}, {os.cpu_count()} CPUs; memory dir {a.shm}, disk {a.disk}")
     rows = []
     for name, make in makers.items():
