@@ -614,9 +614,9 @@ class LaunchConfig:
 @dataclass(frozen=True)
 class SnapshotConfig:
     """In-memory snapshots (``ftagent.checkpoint``): where they live, their cap, and the
-    job's durable checkpoint directory they are persisted to. The trainer gets them as
-    ``FTAGENT_SNAPSHOT_DIR``, ``FTAGENT_SNAPSHOT_MAX_BYTES``, ``FTAGENT_CHECKPOINT_DIR``,
-    ``FTAGENT_PERSIST_EVERY``; nothing is held unless it calls ``checkpoint.save``."""
+    job's durable checkpoint directory the agent persists them to. The trainer gets
+    ``FTAGENT_SNAPSHOT_DIR``, ``FTAGENT_SNAPSHOT_MAX_BYTES``, ``FTAGENT_CHECKPOINT_DIR``
+    (its disk rung); nothing is held unless it calls ``checkpoint.save``."""
 
     snapshot_dir: str = opt(
         "/dev/shm/ftagent-snapshots", "--snapshot-dir", "memory-backed directory "
@@ -631,8 +631,12 @@ class SnapshotConfig:
         "persisted there in DCP layout (every --persist-every snapshots, and on SIGTERM)",
         metavar="DIR")
     persist_every: int = opt(
-        0, "--persist-every", "persist every N-th snapshot to --checkpoint-dir in the "
-        "background (0: only on SIGTERM)", check=Range(0, 1_000_000), metavar="N")
+        0, "--persist-every", "the agent persists every N-th snapshot to --checkpoint-dir "
+        "in the background (0: not by count)", check=Range(0, 1_000_000), metavar="N")
+    persist_seconds: float = opt(
+        0.0, "--persist-seconds", "the agent persists the newest snapshot to "
+        "--checkpoint-dir once this long has passed since the last one (0: not by time; "
+        "with neither, only on SIGTERM)", check=Range(0, 86400 * 30), metavar="SECONDS")
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,4 @@ def snapshot_env(cfg: SnapshotConfig, job: str, *, limit: int | None,
                                                        workers))}
     if cfg.checkpoint_dir:
         env["FTAGENT_CHECKPOINT_DIR"] = os.path.abspath(cfg.checkpoint_dir)
-    if cfg.persist_every:
-        env["FTAGENT_PERSIST_EVERY"] = str(cfg.persist_every)
     return env

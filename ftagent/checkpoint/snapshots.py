@@ -1,13 +1,12 @@
 """The trainer's side of in-memory snapshots: stage, write in the background, find, load.
 
 :class:`Snapshotter` is what ``ftagent.checkpoint.save``/``load`` call. ``save`` copies the
-state into host buffers it keeps (the only part the training step waits for), and hands
-the copy to one background thread, which writes it with DCP into this rank's directory
-under the memory-backed snapshot root (storage.py: marker last, then renamed into place),
-drops old shards by the retention rule and the memory cap, persists every N-th one to the
-durable checkpoint directory (persist.py), and tells the agent which steps it holds (SDK
-``snapshots``). The root outlives the trainer (tmpfs the agent or the pod owns), so a
-restarted trainer finds them.
+state into host buffers it keeps (the only part the training step waits for), and hands the copy to one background thread, which writes it with DCP into
+this rank's directory under the memory-backed snapshot root (storage.py: marker last, then
+renamed into place), drops old shards by the retention rule and the memory cap, and tells
+the agent which steps it holds (SDK ``snapshots``); the agent persists them to the durable
+directory (persister.py). The root outlives the trainer (tmpfs the agent or the pod owns),
+so a restarted trainer finds them.
 
 ``load`` walks the ladder: the step the arbiter named (``FTAGENT_RESUME_STEP``: the newest
 step every rank of the job holds) or, without one, the newest step every rank agrees it
@@ -75,9 +74,7 @@ class Settings:
     keep: int = 2  # complete snapshots kept per rank
     max_bytes: int = 0  # memory cap for this rank's snapshots (0: none)
     resume_step: int | None = None  # the arbiter's step to load
-    durable: str = ""  # the job's durable checkpoint directory ("" : none)
-    persist_every: int = 0  # persist every N-th snapshot (0: never)
-    persist_keep: int = 2
+    durable: str = ""  # the job's durable checkpoint directory ("" : none): the disk rung
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, *,
@@ -92,9 +89,7 @@ class Settings:
             max_bytes=_env_int(env, "FTAGENT_SNAPSHOT_MAX_BYTES", 0),
             resume_step=int(resume) if resume.isdigit() else None,
             durable=checkpoint_dir if checkpoint_dir is not None
-            else env.get("FTAGENT_CHECKPOINT_DIR", ""),
-            persist_every=_env_int(env, "FTAGENT_PERSIST_EVERY", 0),
-            persist_keep=_env_int(env, "FTAGENT_PERSIST_KEEP", 2, lo=1))
+            else env.get("FTAGENT_CHECKPOINT_DIR", ""))
 
 
 @dataclass
@@ -158,7 +153,6 @@ class Snapshotter:
         self._pool = concurrent.futures.ThreadPoolExecutor(1, "ftagent-snapshot")
         self._inflight: concurrent.futures.Future[None] | None = None
         self._lock = threading.Lock()
-        self._since_persist = 0
         self._report_held = report_held or (
             lambda steps: sdk.snapshots(steps, sum(self._bytes_of(s) for s in steps)))
         self._report_resumed = report_resumed or (lambda step, src: sdk.resumed(step, src))
@@ -231,16 +225,7 @@ class Snapshotter:
         self.stats.last_write_seconds = time.perf_counter() - t0
         self.stats.last_bytes, self.stats.newest_step = nbytes, step
         self._retain()
-        self._since_persist += 1
-        if self.s.durable and self.s.persist_every and \
-                self._since_persist >= self.s.persist_every:
-            self._since_persist = 0
-            try:
-                persist.persist(final, self.s.durable, rank=self.s.rank, step=step,
-                                keep=self.s.persist_keep)
-            except OSError as e:
-                self._say_once("persist", f"persisting step {step} failed: {e}")
-        self.report_held()
+        self.report_held()  # the agent persists from here (checkpoint/persister.py)
 
     def _clear_temps(self) -> None:
         """Shards a dead writer left half-written (never read; their space is freed)."""

@@ -134,6 +134,7 @@ def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
     standbys = budget
     from ftagent.agent.standby_memory import container_memory
     from ftagent.checkpoint.agent_env import snapshot_env
+    from ftagent.checkpoint.persister import BackgroundPersist
     mem = container_memory()
     memory_limit = mem.limit if mem is not None else None
     nproc = cfg.launch.nproc_per_node or "1"
@@ -150,8 +151,15 @@ def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
         p = flight_recorder_parts(w, cfg, rundir, p)
         if node_sources:  # the host's GPUs and links: one source of the agent (ftagent/watch/)
             p = p.plus(sources=[add_watch(w, cfg, environ, registry, labels)])
-        return p.plus(env=snapshot_env(cfg.snapshot, ids.job, limit=memory_limit,
-                                       workers=int(nproc) if nproc.isdigit() else 1))
+        snap = cfg.snapshot
+        p = p.plus(env=snapshot_env(snap, ids.job, limit=memory_limit,
+                                    workers=int(nproc) if nproc.isdigit() else 1))
+        if snap.checkpoint_dir and (snap.persist_every or snap.persist_seconds):
+            p = p.plus(observers=[BackgroundPersist(
+                os.path.abspath(snap.snapshot_dir), ids.job, lambda: w.ident.rank,
+                os.path.abspath(snap.checkpoint_dir), every=snap.persist_every,
+                seconds=snap.persist_seconds)])
+        return p
 
     agent = pod.add(spec, metrics=metrics, parts=parts)
     if serve:

@@ -194,13 +194,20 @@ def test_memory_cap_keeps_fewer_and_says_so_once(tmp_path, capsys):
     assert err.count("reached: keeping") == 1 and "keeping 2 snapshot(s) instead of 5" in err
 
 
-def test_persisted_copy_loads_with_plain_dcp(tmp_path):
+def test_the_agent_persists_every_nth_and_plain_dcp_loads_it(tmp_path):
+    from ftagent.checkpoint.persister import BackgroundPersist, due
+    from ftagent.model import SnapshotsHeld
     durable = str(tmp_path / "durable")
-    s = _snap(str(tmp_path / "mem"), durable=durable, persist_every=2, persist_keep=2)
+    s = _snap(str(tmp_path / "mem"), keep=2)
+    bp = BackgroundPersist(str(tmp_path / "mem"), JOB, lambda: 0, durable, every=2,
+                           seconds=0.0, keep=2)
     for step in range(1, 9):
         s.save(step, _state(float(step)))
         s.wait(30)
-    assert persist.complete_steps(durable, JOB, 0) == [6, 8]  # every 2nd, newest 2 kept
+        bp.observe(SnapshotsHeld(tuple(s.held()), ts=0.0))
+        bp.wait(30)
+    assert [p for p, _ in bp.persisted] == [2, 4, 6, 8]  # every 2nd
+    assert persist.complete_steps(durable, JOB, 0) == [6, 8]  # the newest 2 kept
     target = _zeros()
     dcp.load(target, checkpoint_id=persist.rank_dir(durable, 8, 0))  # no ftagent involved
     assert torch.equal(target["model"]["w"], torch.full((4, 3), 8.0))  # type: ignore[index]
@@ -208,6 +215,31 @@ def test_persisted_copy_loads_with_plain_dcp(tmp_path):
     fresh = _zeros()
     loader = _snap(str(tmp_path / "empty"), durable=durable)
     assert loader.load(fresh) == 8 and loader.last_load[1] == "disk"
+    # the rule: by count, by time, never without a new one
+    assert due(2, 0.0, every=2, seconds=0.0) and not due(1, 5.0, every=2, seconds=0.0)
+    assert due(1, 5.0, every=0, seconds=5.0) and not due(0, 99.0, every=1, seconds=1.0)
+
+
+def test_a_torn_memory_shard_is_not_persisted_and_the_last_persisted_stays(tmp_path):
+    from ftagent.checkpoint.persister import BackgroundPersist
+    from ftagent.model import SnapshotsHeld
+    durable = str(tmp_path / "durable")
+    s = _snap(str(tmp_path / "mem"), keep=3)
+    bp = BackgroundPersist(str(tmp_path / "mem"), JOB, lambda: 0, durable, every=1,
+                           seconds=0.0)
+    s.save(1, _state(1.0))
+    s.wait(30)
+    bp.observe(SnapshotsHeld((1,), ts=0.0))
+    bp.wait(30)
+    s.save(2, _state(2.0))
+    s.wait(30)
+    d = layout.step_dir(str(tmp_path / "mem"), JOB, 0, 2)
+    data = next(n for n in os.listdir(d) if n.endswith(".distcp"))
+    with open(os.path.join(d, data), "r+b") as f:
+        f.truncate(5)
+    bp.observe(SnapshotsHeld((1, 2), ts=0.0))
+    bp.wait(30)
+    assert persist.complete_steps(durable, JOB, 0) == [1]
 
 
 def test_reader_refuses_before_dcp_reads(tmp_path):
