@@ -2,8 +2,9 @@
 
 :class:`Snapshotter` is what ``ftagent.checkpoint.save``/``load`` call. ``save`` copies the
 state into host buffers it keeps (the only part the training step waits for), and hands
-the copy to one background thread, which writes it with DCP into this rank's directory under the memory-backed snapshot root (storage.py: marker last, then
-renamed into place), drops old shards by the retention rule and the memory cap, and tells
+the copy to one background thread, which writes it with DCP into this rank's directory
+under the memory-backed snapshot root (storage.py: marker last, then renamed into place),
+drops old shards by the retention rule and the memory cap, and tells
 the agent which steps it holds (SDK ``snapshots``); the agent persists them to the durable
 directory (persister.py). The root outlives the trainer (tmpfs the agent or the pod owns),
 so a restarted trainer finds them.
