@@ -626,6 +626,10 @@ class SnapshotConfig:
         0.25, "--snapshot-memory-share", "cap on one rank's snapshots as a share of the "
         "container's memory limit (tmpfs counts toward it); past it fewer are kept, said "
         "once (0: no cap; no limit: no cap)", check=Range(0, 1), metavar="SHARE")
+    snapshot_budget: float = opt(
+        0.0, "--snapshot-budget", "share of training time ftagent.checkpoint.save may block "
+        "(e.g. 0.01): call it every step and it snapshots only as often as its measured "
+        "copy time allows (0: every call snapshots)", check=Range(0, 1), metavar="SHARE")
     checkpoint_dir: str = opt(
         "", "--checkpoint-dir", "the job's durable checkpoint directory: snapshots are "
         "persisted there in DCP layout (every --persist-every snapshots, and on SIGTERM)",

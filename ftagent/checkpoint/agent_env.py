@@ -28,6 +28,8 @@ def snapshot_env(cfg: SnapshotConfig, job: str, *, limit: int | None,
     env = {"FTAGENT_SNAPSHOT_DIR": os.path.abspath(cfg.snapshot_dir), "FTAGENT_JOB": job,
            "FTAGENT_SNAPSHOT_MAX_BYTES": str(cap_bytes(cfg.snapshot_memory_share, limit,
                                                        workers))}
+    if cfg.snapshot_budget:
+        env["FTAGENT_SNAPSHOT_BUDGET"] = repr(cfg.snapshot_budget)
     if cfg.checkpoint_dir:
         env["FTAGENT_CHECKPOINT_DIR"] = os.path.abspath(cfg.checkpoint_dir)
     return env

@@ -63,6 +63,30 @@ def _env_int(environ: Mapping[str, str], name: str, default: int, lo: int = 0) -
     return max(lo, v)
 
 
+def _env_share(environ: Mapping[str, str], name: str) -> float:
+    raw = environ.get(name, "").strip()
+    try:
+        v = float(raw) if raw else 0.0
+    except ValueError:
+        v = -1.0
+    if not 0.0 <= v <= 1.0:  # also NaN
+        print(f"ftagent.checkpoint: {name}={raw[:32]!r} is not a share in [0, 1]; ignored",
+              file=sys.stderr)
+        return 0.0
+    return v
+
+
+def interval_due(steps_since: int, step_seconds: float | None, blocking_seconds: float,
+                 budget: float) -> bool:
+    """Is a snapshot due, ``steps_since`` steps after the last one, when saves may block
+    at most ``budget`` of the training time? Yes until the step time and the blocking
+    cost are known (the first snapshots measure them); then once the steps since cover
+    ``blocking / budget`` seconds of training."""
+    if budget <= 0 or step_seconds is None or blocking_seconds <= 0:
+        return True
+    return steps_since * step_seconds * budget >= blocking_seconds
+
+
 @dataclass(frozen=True)
 class Settings:
     """Where and how this rank snapshots, from the environment ``ftagent run`` gives its
@@ -76,6 +100,7 @@ class Settings:
     max_bytes: int = 0  # memory cap for this rank's snapshots (0: none)
     resume_step: int | None = None  # the arbiter's step to load
     durable: str = ""  # the job's durable checkpoint directory ("" : none): the disk rung
+    budget: float = 0.0  # the share of training time saves may block (0: every save asked)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, *,
@@ -90,7 +115,8 @@ class Settings:
             max_bytes=_env_int(env, "FTAGENT_SNAPSHOT_MAX_BYTES", 0),
             resume_step=int(resume) if resume.isdigit() else None,
             durable=checkpoint_dir if checkpoint_dir is not None
-            else env.get("FTAGENT_CHECKPOINT_DIR", ""))
+            else env.get("FTAGENT_CHECKPOINT_DIR", ""),
+            budget=_env_share(env, "FTAGENT_SNAPSHOT_BUDGET"))
 
 
 @dataclass
@@ -158,6 +184,11 @@ class Snapshotter:
             lambda steps: sdk.snapshots(steps, sum(self._bytes_of(s) for s in steps)))
         self._report_resumed = report_resumed or (lambda step, src: sdk.resumed(step, src))
         self.last_load: tuple[int | None, str, list[str]] = (None, "", [])
+        # the blocking budget's inputs: the last call (step, time), the step time seen,
+        # the step of the last snapshot
+        self._seen: tuple[int, float] | None = None
+        self._step_seconds: float | None = None
+        self._last_step = -(1 << 62)
 
     # ------------------------------------------------------------------ save
 
@@ -167,10 +198,20 @@ class Snapshotter:
 
     def save(self, step: int, state: Mapping[str, Any]) -> bool:
         """Stage ``state`` as step ``step`` and return; the write goes on in the background.
-        False (and nothing staged) when the previous snapshot is still being written."""
+        False (and nothing staged) when the previous snapshot is still being written, or,
+        with a blocking budget (``FTAGENT_SNAPSHOT_BUDGET``), when this step is not due."""
         if step < 0:
             raise ValueError(f"ftagent.checkpoint.save: step must be >= 0, not {step}")
         t0 = time.perf_counter()
+        if self.s.budget > 0:
+            seen, self._seen = self._seen, (step, t0)
+            if seen is not None and step > seen[0]:  # the step time, as the calls show it
+                dt = (t0 - seen[1]) / (step - seen[0])
+                self._step_seconds = dt if self._step_seconds is None \
+                    else 0.8 * self._step_seconds + 0.2 * dt
+            if not interval_due(step - self._last_step, self._step_seconds,
+                                self.stats.last_blocking_seconds, self.s.budget):
+                return False
         with self._lock:
             if self._inflight is not None and not self._inflight.done():
                 self.stats.skipped += 1
@@ -184,6 +225,7 @@ class Snapshotter:
             self._inflight = self._pool.submit(self._write, step, self._staged, fp)
         self.stats.saves += 1
         self.stats.last_blocking_seconds = time.perf_counter() - t0
+        self._last_step = step
         # the blocking part, as ftagent_phase_duration_seconds{phase="snapshot"}
         sdk.phase_time("snapshot", self.stats.last_blocking_seconds)
         return True

@@ -296,3 +296,40 @@ def test_sdk_datagrams_for_snapshots_parse(monkeypatch):
     assert isinstance(check_datagram(b"v1 " + pid + b" r 30 tape", 1.0), str)
     assert check_datagram(b"v1 " + pid + b" r 30", 1.0) == Resumed(30, "sdk", 1.0)
     assert sdk.MAX_SNAPSHOTS_HELD == 8 and sys.version_info >= (3, 10)
+
+
+def test_two_snapshots_racing_the_second_is_skipped_and_said_once(tmp_path, capsys):
+    import concurrent.futures
+    s = _snap(str(tmp_path))
+    busy: concurrent.futures.Future[None] = concurrent.futures.Future()
+    s._inflight = busy  # the previous snapshot still being written
+    assert s.save(1, _state(1.0)) is False and s.save(2, _state(2.0)) is False
+    assert s.stats.skipped == 2
+    assert capsys.readouterr().err.count("still being written") == 1
+    busy.set_result(None)
+    assert s.save(3, _state(3.0)) is True
+    s.wait(30)
+    assert s.held() == [3]
+
+
+def test_the_interval_follows_the_blocking_budget(tmp_path):
+    from ftagent.checkpoint.snapshots import interval_due
+    # unknown costs: snapshot (to measure); 10 ms blocking, 0.1 s steps, 1 %: every 10 steps
+    assert interval_due(1, None, 0.0, 0.01)
+    assert not interval_due(9, 0.1, 0.01, 0.01) and interval_due(10, 0.1, 0.01, 0.01)
+    assert interval_due(1, 0.1, 5.0, 0.0)  # no budget: every call
+    s = _snap(str(tmp_path), budget=0.01)
+    s.stats.last_blocking_seconds = 1.0  # as measured: 1 s per save
+    s._step_seconds = 0.5  # and 0.5 s steps: due every 200 steps
+    s._last_step = 0
+    assert s.save(100, _state(1.0)) is False and s.stats.saves == 0
+    s._seen, s._step_seconds = None, 0.5  # (the calls' own timing is the real run's)
+    assert s.save(200, _state(2.0)) is True
+    s.wait(30)
+    assert s.held() == [200]
+
+
+def test_bad_budget_env_is_ignored_in_one_line(capsys):
+    assert Settings.from_env({"FTAGENT_SNAPSHOT_BUDGET": "nan"}).budget == 0.0
+    assert Settings.from_env({"FTAGENT_SNAPSHOT_BUDGET": "0.02"}).budget == 0.02
+    assert "not a share" in capsys.readouterr().err
