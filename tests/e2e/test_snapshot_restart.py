@@ -82,3 +82,41 @@ def test_a_crash_and_a_hang_resume_at_the_newest_complete_snapshot(tmp_path: Pat
                                f"{i['recomputed_steps']} steps redone" for i in incs))
     finally:
         shutil.rmtree(snapdir, ignore_errors=True)
+
+
+def test_four_ranks_a_crash_resumes_every_rank_at_the_newest_complete_snapshot(
+        tmp_path: Path) -> None:
+    """4 ranks (one agent each); rank 3 crashes at step 8: every rank loads step 6 from
+    memory, the ledger counts the steps redone."""
+    shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
+    snapdir = shm / f"ftagent-test-{uuid.uuid4().hex[:8]}"
+    try:
+        with ArbiterProcess(log_dir=str(tmp_path)) as arb:
+            job = start_job(tmp_path, 4, flags=[
+                "--arbiter", arb.address, "--job", "e2e", "--max-restarts", "2",
+                "--stop-timeout", "10", "--snapshot-dir", str(snapdir)],
+                env={**FAST, "TRAIN_STEPS": "11", "TRAIN_STEP_SLEEP": "0.5",
+                     "SNAPSHOT_EVERY": str(EVERY), "FAULT_RANK": "3",
+                     "FAULT_CRASH_AT_STEP": "8"})
+            try:
+                codes = job.wait(300)
+            except subprocess.TimeoutExpired:
+                st = status(arb.address)
+                raise AssertionError(f"the job did not finish in 300 s:\n{timeline_text(st)}\n"
+                                     f"{job.log(3)[-1500:]}") from None
+            finally:
+                job.stop()
+            assert codes == [0, 0, 0, 0], [job.log(r)[-1500:] for r in range(4)]
+            st = status(arb.address)
+        logs = [job.log(r) for r in range(4)]
+        for log in logs:
+            loads, redone = loaded_and_redone(log)
+            assert loads == [None, 6], (loads, log[-3000:])
+            assert all(0 <= n <= EVERY for n in redone), (redone, log[-3000:])
+        (inc,) = st["goodput"]["per_incident"]
+        assert (inc["kind"], inc["resumed_step"], inc["resume_source"]) == \
+            ("crash", 6, "memory"), inc
+        want = {sum(loaded_and_redone(log)[1]) for log in logs}
+        assert want == {st["goodput"]["recomputed_steps"]}, (want, inc)
+    finally:
+        shutil.rmtree(snapdir, ignore_errors=True)
