@@ -353,10 +353,17 @@ class Snapshotter:
     def _memory_step(self, why: list[str]) -> int | None:
         """The step to load from memory: the arbiter's, else the newest every rank holds."""
         mine = self.held() if self.s.root else []
-        if self.s.resume_step is not None:
+        if _dist_on():  # one gather, whatever each rank was told: the same collectives
+            said = _gather((self.s.resume_step, mine))  # on every rank, in the same order
+            named = {r for r, _ in said}
+            if len(named) == 1 and None not in named:
+                return self.s.resume_step
+            if named != {None}:  # e.g. a replaced pod's rank, told nothing
+                why.append("memory: the ranks were not all told the same resume step; "
+                           "taking the newest step every rank holds")
+            step = layout.newest_common(held for _, held in said)
+        elif self.s.resume_step is not None:
             return self.s.resume_step
-        if _dist_on():
-            step = layout.newest_common(_gather(mine))
         else:
             visible = [layout.complete_steps(self.s.root, self.s.job, r)
                        for r in range(self.s.world_size)] if self.s.root else [[]]

@@ -50,7 +50,10 @@ dist.destroy_process_group()
 """
 
 
-def _run(tmp: Path, phase: str, resume: str | None) -> list[dict[str, object]]:
+def _run(tmp: Path, phase: str, resume: str | None,
+         resume1: str | None = "same") -> list[dict[str, object]]:
+    """Both ranks run ``phase``; rank 0 is told ``resume``, rank 1 ``resume1`` (default:
+    the same)."""
     port = free_port()
     script = tmp / "ladder.py"
     script.write_text(SCRIPT)
@@ -61,8 +64,9 @@ def _run(tmp: Path, phase: str, resume: str | None) -> list[dict[str, object]]:
                    FTAGENT_JOB="ladder", FTAGENT_CHECKPOINT_DIR=str(tmp / "durable"),
                    PYTHONPATH=str(ROOT))
         env.pop("FTAGENT_RESUME_STEP", None)
-        if resume is not None:
-            env["FTAGENT_RESUME_STEP"] = resume
+        told = resume if r == 0 or resume1 == "same" else resume1
+        if told is not None:
+            env["FTAGENT_RESUME_STEP"] = told
         procs.append(subprocess.Popen([PY, str(script), phase, str(tmp / f"out{r}.json")],
                                       env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT))
@@ -91,4 +95,10 @@ def test_a_torn_shard_on_one_rank_sends_every_rank_to_disk(tmp_path: Path) -> No
     why0, why1 = (" | ".join(g["why"]) for g in got)  # type: ignore[arg-type]
     assert "not loadable on every rank (ranks [1])" in why0, why0
     assert "truncated" in why1 and "peer: not built" in why1, why1
+    # rank 1 told nothing (a replaced pod's agent): the same collectives on every rank,
+    # they agree on the newest step both hold, rank 1's is torn: both to disk again
+    got = _run(tmp_path, "load", "2", None)
+    assert [(g["step"], g["source"]) for g in got] == [(1, "disk"), (1, "disk")], got
+    assert all("not all told the same resume step" in " ".join(g["why"])  # type: ignore[arg-type]
+               for g in got), got
     assert sys.version_info >= (3, 10)
