@@ -75,7 +75,8 @@ class Ftagent(Method):
     name = "ftagent"
 
     def __init__(self, root: str) -> None:
-        from ftagent.checkpoint.snapshots import Settings, Snapshotter
+        from ftagent.checkpoint.settings import Settings
+from ftagent.checkpoint.snapshots import Snapshotter
         self.root = root
         self.settings = Settings(root=root, job="bench", rank=0, world_size=1, keep=1)
         self.snap = Snapshotter(self.settings, report_held=lambda s: None,
