@@ -76,7 +76,7 @@ class Ftagent(Method):
 
     def __init__(self, root: str) -> None:
         from ftagent.checkpoint.settings import Settings
-from ftagent.checkpoint.snapshots import Snapshotter
+        from ftagent.checkpoint.snapshots import Snapshotter
         self.root = root
         self.settings = Settings(root=root, job="bench", rank=0, world_size=1, keep=1)
         self.snap = Snapshotter(self.settings, report_held=lambda s: None,

@@ -42,7 +42,7 @@ _snapshotter: Any = None
 def _current(checkpoint_dir: str | None) -> Any:
     global _snapshotter
     from ftagent.checkpoint.settings import Settings
-from ftagent.checkpoint.snapshots import Snapshotter
+    from ftagent.checkpoint.snapshots import Snapshotter
     s = Settings.from_env(checkpoint_dir=checkpoint_dir)
     if _snapshotter is None or _snapshotter.s != s:
         if _snapshotter is not None:
