@@ -54,7 +54,10 @@ class Settings:
     job: str
     rank: int
     world_size: int
-    keep: int = 2  # complete snapshots kept per rank
+    # complete snapshots kept per rank: 2 is enough for synchronous training (a rank that
+    # outlives a failed peer blocks in the next collective, at most one snapshot past the
+    # step every rank holds, so it cannot drop that step before it is stopped)
+    keep: int = 2
     max_bytes: int = 0  # memory cap for this rank's snapshots (0: none)
     resume_step: int | None = None  # the arbiter's step to load
     durable: str = ""  # the job's durable checkpoint directory ("" : none): the disk rung
