@@ -333,3 +333,32 @@ def test_bad_budget_env_is_ignored_in_one_line(capsys):
     assert Settings.from_env({"FTAGENT_SNAPSHOT_BUDGET": "nan"}).budget == 0.0
     assert Settings.from_env({"FTAGENT_SNAPSHOT_BUDGET": "0.02"}).budget == 0.02
     assert "not a share" in capsys.readouterr().err
+
+
+def test_a_full_tmpfs_fails_the_snapshot_not_the_training(tmp_path, capsys):
+    """A real tmpfs of 1 MiB: a snapshot that does not fit is not written (said once), the
+    space it took is freed, the complete one before it stays and loads."""
+    import subprocess
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        s = _snap(str(mnt), keep=2)
+        assert s.save(1, _state(1.0))  # small: fits
+        s.wait(30)
+        big = {"model": {"w": torch.zeros(1 << 19), "b": torch.zeros(3)}, "step": 2,
+               "meta": {"lr": 0.0}}  # 2 MiB
+        assert s.save(2, big) is True  # the copy is taken; the write fails behind it
+        s.wait(30)
+        assert s.save(3, big) is True
+        s.wait(30)
+        err = capsys.readouterr().err
+        assert err.count("snapshot of step") == 1 and "not written" in err, err
+        assert s.held() == [1]
+        assert not [n for n in os.listdir(s.my_dir) if n.endswith(".tmp")]
+        target = _zeros()
+        assert _snap(str(mnt)).load(target) == 1
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
