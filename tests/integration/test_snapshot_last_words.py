@@ -37,7 +37,7 @@ def test_sigterm_persists_the_newest_snapshot_and_plain_dcp_loads_it(tmp_path: P
     try:
         with open(out, "wb") as f:
             agent = popen(ftagent_cmd("--job", "lw", "--snapshot-dir", str(snapdir),
-                                      "--checkpoint-dir", str(durable),
+                                      "--checkpoint-dir", str(durable), "--nic", "lo",
                                       cmd=[PY, str(ROOT / "examples" / "train.py")]),
                           env={"TRAIN_STEPS": "100000", "TRAIN_STEP_SLEEP": "0.02",
                                "SNAPSHOT_EVERY": "5", "RANK": "0", "WORLD_SIZE": "1"},
