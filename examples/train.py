@@ -30,6 +30,13 @@ Checkpoints (real ones, so that "recovered" means resumed from the last saved st
                              A rank inside an injected fault (hang, stall, deadlock, spin)
                              exits 143 at once, without a new checkpoint.
                              Without CHECKPOINT_DIR, SIGTERM kills the process as by default.
+In-memory snapshots (ftagent.checkpoint: under `ftagent run` they live in memory the agent
+keeps across restarts; without it, plain DCP in FTAGENT_CHECKPOINT_DIR):
+  SNAPSHOT_EVERY=K           snapshot model + optimizer after every K steps
+                             (checkpoint.save: returns once the state is copied) and, at
+                             start, resume from the newest snapshot complete on every rank
+                             (checkpoint.load; the arbiter's FTAGENT_RESUME_STEP after a
+                             restart), printing "snapshot loaded: step N" (or ": none")
 Faults (only on rank FAULT_RANK, default 0, and only while FTAGENT_RESTART_COUNT equals
 FAULT_ATTEMPT, default 0, so the job heals after a restart):
   FAULT_EVERY_ATTEMPT=1      inject on every attempt instead (a fault that never heals)
@@ -405,6 +412,18 @@ def main() -> int:
     save_every = env_int("CHECKPOINT_EVERY", 0)
     stop = StopFlag() if ckpts is not None else None
     start = ckpts.load(model, opt) if ckpts is not None else 0
+    snapshot_every = env_int("SNAPSHOT_EVERY", 0)
+    snapshots = None
+    if snapshot_every:
+        from ftagent import checkpoint as snapshots
+
+        state = {"model": model.state_dict(), "optim": opt.state_dict()}
+        got = snapshots.load(state)
+        if got is not None:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optim"])
+            start = got
+        log(f"snapshot loaded: {'none' if got is None else f'step {got}'}")
     plain = model  # what is saved: the module without DDP's wrapper
     if WORLD > 1:
         model = DDP(model)
@@ -487,6 +506,8 @@ def main() -> int:
             else:
                 checkpoint(step, ckpt_factor * (step_sleep + 0.005))
             last = time.monotonic()
+        if snapshots is not None and step % snapshot_every == 0 and step < steps:
+            snapshots.save(step, {"model": plain.state_dict(), "optim": opt.state_dict()})
         if ckpts is not None and stop is not None:
             if stop.agreed(WORLD):
                 if RANK == 0:
@@ -501,6 +522,8 @@ def main() -> int:
     if ckpts is not None and RANK == 0 and start < steps:
         ckpts.save(plain, opt, steps)
     log("finished")
+    if snapshots is not None:
+        snapshots.wait(30.0)
     if WORLD > 1:
         del model, opt  # DDP's reducer goes before its process group (see shutdown)
         shutdown()

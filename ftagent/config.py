@@ -612,6 +612,38 @@ class LaunchConfig:
 
 
 @dataclass(frozen=True)
+class SnapshotConfig:
+    """In-memory snapshots (``ftagent.checkpoint``): where they live, their cap, and the
+    job's durable checkpoint directory the agent persists them to. The trainer gets
+    ``FTAGENT_SNAPSHOT_DIR``, ``FTAGENT_SNAPSHOT_MAX_BYTES``, ``FTAGENT_CHECKPOINT_DIR``
+    (its disk rung); nothing is held unless it calls ``checkpoint.save``."""
+
+    snapshot_dir: str = opt(
+        "/dev/shm/ftagent-snapshots", "--snapshot-dir", "memory-backed directory "
+        "(tmpfs: /dev/shm, or a medium: Memory emptyDir) where ftagent.checkpoint keeps "
+        "each rank's snapshots; they outlive the trainer, not the pod", metavar="DIR")
+    snapshot_memory_share: float = opt(
+        0.25, "--snapshot-memory-share", "cap on one rank's snapshots as a share of the "
+        "container's memory limit (tmpfs counts toward it); past it fewer are kept, said "
+        "once (0: no cap; no limit: no cap)", check=Range(0, 1), metavar="SHARE")
+    snapshot_budget: float = opt(
+        0.0, "--snapshot-budget", "share of training time ftagent.checkpoint.save may block "
+        "(e.g. 0.01): call it every step and it snapshots only as often as its measured "
+        "copy time allows (0: every call snapshots)", check=Range(0, 1), metavar="SHARE")
+    checkpoint_dir: str = opt(
+        "", "--checkpoint-dir", "the job's durable checkpoint directory: snapshots are "
+        "persisted there in DCP layout (every --persist-every snapshots, and on SIGTERM)",
+        metavar="DIR")
+    persist_every: int = opt(
+        0, "--persist-every", "the agent persists every N-th snapshot to --checkpoint-dir "
+        "in the background (0: not by count)", check=Range(0, 1_000_000), metavar="N")
+    persist_seconds: float = opt(
+        0.0, "--persist-seconds", "the agent persists the newest snapshot to "
+        "--checkpoint-dir once this long has passed since the last one (0: not by time; "
+        "with neither, only on SIGTERM)", check=Range(0, 86400 * 30), metavar="SECONDS")
+
+
+@dataclass(frozen=True)
 class StatusConfig:
     """``ftagent status``'s own flags (the arbiter connection is ArbiterClientConfig's)."""
 
@@ -639,6 +671,7 @@ class RunConfig:
     nic: NicConfig = NicConfig()
     gpu: GpuConfig = GpuConfig()
     launch: LaunchConfig = LaunchConfig()
+    snapshot: SnapshotConfig = SnapshotConfig()
 
 
 RUN_GROUPS: dict[str, tuple[str, type[Any]]] = {
@@ -652,6 +685,7 @@ RUN_GROUPS: dict[str, tuple[str, type[Any]]] = {
     "gpu": ("GPUs (NVML, kernel log)", GpuConfig),
     "launch": ("launcher (torchrun's flags; --nproc-per-node starts the workers)",
                LaunchConfig),
+    "snapshot": ("in-memory snapshots (ftagent.checkpoint)", SnapshotConfig),
 }
 
 

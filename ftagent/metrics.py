@@ -239,6 +239,19 @@ class AgentMetrics:
             "ftagent_spare",
             "1 while this agent serves as its job's warm spare (--spare): a warm standby, "
             "no trainer, no rank yet (its rank label is not its rank then).").labels(**i)
+        # -- in-memory snapshots (ftagent.checkpoint; the blocking copy's seconds are
+        # ftagent_phase_duration_seconds{phase="snapshot"})
+        self.snapshot_step = gauge(
+            "ftagent_snapshot_step",
+            "Newest step whose in-memory snapshot this rank's trainer holds complete.").labels(**i)
+        self.snapshot_bytes = gauge(
+            "ftagent_snapshot_bytes",
+            "Memory this rank's complete in-memory snapshots take (tmpfs: counted against "
+            "the pod's limit).").labels(**i)
+        self.snapshot_timestamp = gauge(
+            "ftagent_snapshot_timestamp_seconds",
+            "Unix time the newest snapshot was reported complete (its age: time() - this)."
+        ).labels(**i)
         # -- progress
         # The attempt's progress: absent until this attempt reports it (reset_progress).
         self._step = gauge("ftagent_training_step", "Last training step seen.")

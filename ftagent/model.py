@@ -170,6 +170,18 @@ class Resumed:
     step: int
     source: str = "log"
     ts: float = 0.0
+    origin: str = ""  # where the state came from: memory | peer | disk ("" : not said)
+
+
+@dataclass(frozen=True)
+class SnapshotsHeld:
+    """The steps whose in-memory snapshot the trainer's rank holds complete
+    (``ftagent.checkpoint``, SDK ``snapshots``): the arbiter's resume step is the newest
+    step every rank holds."""
+
+    steps: tuple[int, ...]
+    ts: float = 0.0
+    nbytes: int = 0  # the memory they take
 
 
 @dataclass(frozen=True)
@@ -347,7 +359,7 @@ class TrainerStart:
 
 Observation = (
     LogLine | Progress | PhaseMarker | CollectiveSample | PhaseTiming | GpuEvent | GpuHealth
-    | LinkEvent | ProcessExit | TrainerStart | Resumed
+    | LinkEvent | ProcessExit | TrainerStart | Resumed | SnapshotsHeld
 )
 
 
@@ -404,6 +416,9 @@ class Action:
     # for an arbiter's RESTART: the job's restart count it makes (a rejoin is no new one);
     # the worker's lifecycle adopts it (agent/lifecycle.py). None: count one
     restarts: int | None = None
+    # for an arbiter's RESTART: the newest step whose snapshot every rank holds (the
+    # restarted trainer loads it: FTAGENT_RESUME_STEP). None: none known
+    resume_step: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -31,8 +31,12 @@ Wire format, version 1: one ASCII datagram per call, fields separated by one spa
                                                      bytes and seconds summed
     v1 <pid> t <phase> <count> <seconds>             count timed parts of steps (forward,
                                                      backward, optimizer, data), summed
-    v1 <pid> r <step>                                resumed after <step> (a checkpoint
-                                                     saved at it was loaded)
+    v1 <pid> r <step> [<source>]                     resumed after <step> (a checkpoint
+                                                     saved at it was loaded); source:
+                                                     memory | peer | disk (ftagent.checkpoint)
+    v1 <pid> k <n> <step>... <bytes>                 the n (<= 8) steps whose snapshot this
+                                                     rank holds complete, and the bytes they
+                                                     take in memory (ftagent.checkpoint)
 
 Numbers are decimal (``repr`` of a float: ``nan`` and ``inf`` allowed for the loss);
 ``a`` and ``t`` are what ``ftagent.torch.instrument()`` sends, a few times a second;
@@ -256,18 +260,41 @@ def collectives(op: str, count: int, nbytes: int, seconds: float, world_size: in
         pass
 
 
-def resumed(n: int) -> None:
+RESUME_SOURCES = ("memory", "peer", "disk")  # where ftagent.checkpoint found the state
+MAX_SNAPSHOTS_HELD = 8  # steps one ``snapshots`` datagram names
+
+
+def resumed(n: int, source: str | None = None) -> None:
     """The trainer resumed after step ``n``: it loaded the checkpoint saved once step ``n``
     was done, and its next step is ``n + 1``. Call it once per start, after loading and
     before the first step: the arbiter's goodput ledger then counts the steps after ``n``
     that the job had already done as recomputed (without it, the ledger takes the first
-    step reported after the restart). Sent like a phase marker (nothing supersedes it)."""
+    step reported after the restart). ``source`` (``RESUME_SOURCES``: ftagent.checkpoint
+    says it) is where the state came from. Sent like a phase marker (nothing supersedes it)."""
     if not _client.ready():
         return
     try:
         step_ = _int(n)
         if step_ != b"-":
-            _client.send(b"r %s" % step_, PHASE_WAIT)
+            tail = b" " + source.encode() if source in RESUME_SOURCES else b""
+            _client.send(b"r %s%s" % (step_, tail), PHASE_WAIT)
+    except Exception:  # noqa: BLE001 - never raise into the trainer
+        pass
+
+
+def snapshots(steps: list[int], nbytes: int = 0) -> None:
+    """The steps whose snapshot this rank holds complete and the bytes they take in
+    memory (ftagent.checkpoint, after each write and load): the agent tells the arbiter,
+    which picks the newest step every rank holds for the next restart. The newest
+    ``MAX_SNAPSHOTS_HELD`` are sent."""
+    if not _client.ready():
+        return
+    try:
+        names = [_int(s) for s in sorted(set(steps))[-MAX_SNAPSHOTS_HELD:]]
+        names = [n for n in names if n != b"-"]
+        size = _int(nbytes)
+        _client.send(b" ".join([b"k", b"%d" % len(names), *names,
+                                b"0" if size == b"-" else size]), PHASE_WAIT)
     except Exception:  # noqa: BLE001 - never raise into the trainer
         pass
 

@@ -55,6 +55,7 @@ from ftagent.model import (
     Progress,
     Resumed,
     Severity,
+    SnapshotsHeld,
     TrainerState,
 )
 from ftagent.wire.convert import stacks_json
@@ -380,8 +381,9 @@ class _LinkObserver:
             link.report_exit(obs, self.worker.generation)
         elif isinstance(obs, (CollectiveSample, PhaseTiming)):
             link.observe_timing(obs)  # where the step's time goes: stragglers at the arbiter
-        elif isinstance(obs, (Resumed, PhaseMarker)):
-            link.observe_trainer(obs)  # the resume step and phase time: the goodput ledger
+        elif isinstance(obs, (Resumed, PhaseMarker, SnapshotsHeld)):
+            link.observe_trainer(obs)  # the resume step and phase time: the goodput ledger;
+            # the snapshots held: the arbiter's resume step
 
     def on_state(self, state: TrainerState, restarts: int) -> None:
         link = self.session.link

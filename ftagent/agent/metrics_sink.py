@@ -28,6 +28,7 @@ from ftagent.model import (
     PhaseTiming,
     ProcessExit,
     Progress,
+    SnapshotsHeld,
     TrainerStart,
     TrainerState,
 )
@@ -51,6 +52,7 @@ class MetricsSink:
         self._last_step: int | None = None
         self._restarts_seen = 0
         self._exit_ts: float | None = None  # the trainer's last exit (monotonic)
+        self._snapshot_step: int | None = None  # the newest snapshot reported complete
 
     def observe(self, obs: Observation) -> None:
         m = self.m
@@ -75,6 +77,12 @@ class MetricsSink:
             m.observe_collectives(obs.op, obs.nbytes, obs.seconds, obs.world_size, obs.count)
         elif isinstance(obs, PhaseTiming):
             m.observe_phase(obs.phase, obs.seconds, obs.count)
+        elif isinstance(obs, SnapshotsHeld):
+            m.snapshot_bytes.set(obs.nbytes)
+            if obs.steps and obs.steps[-1] != self._snapshot_step:
+                self._snapshot_step = obs.steps[-1]
+                m.snapshot_step.set(obs.steps[-1])
+                m.snapshot_timestamp.set(self.wall())
         elif isinstance(obs, TrainerStart):
             m.trainer_running.set(1)
             m.generation.set(obs.generation)

@@ -49,6 +49,7 @@ from ftagent.model import (
     ProcessExit,
     Progress,
     Resumed,
+    SnapshotsHeld,
 )
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
@@ -58,6 +59,8 @@ from ftagent.wire.shard import pick_arbiter
 from ftagent.wire.tls_files import ChannelFiles
 
 log = logging.getLogger("ftagent.reporter")
+
+SNAPSHOT_REPORT_INTERVAL = 0.2  # seconds between two SnapshotReports of one link
 
 PROGRESS_INTERVAL = 5.0
 BACKOFF_FIRST = 0.2
@@ -152,11 +155,14 @@ class TrainerSays:
     def reset(self) -> None:
         """A new trainer (generation): it has said nothing yet."""
         self.resumed: int | None = None
+        self.resumed_from = ""  # memory | peer | disk (ftagent.checkpoint), "" : not said
         self._open: dict[str, float] = {}
         self._closed = {"checkpoint": 0.0, "other": 0.0}
 
     def observe(self, obs: Observation, now: float) -> None:
         if isinstance(obs, Resumed):
+            if obs.origin or obs.step != self.resumed:  # a log line repeating the SDK's
+                self.resumed_from = obs.origin          # step keeps its source
             self.resumed = obs.step
         elif isinstance(obs, PhaseMarker):
             if obs.begin:
@@ -223,6 +229,10 @@ class ArbiterLink:
         self.step_times = StepTimes()
         self.trainer_says = TrainerSays()
         self._progress_new = False
+        # the steps whose snapshot the trainer holds complete (None: it never said)
+        self._snapshots: tuple[int, ...] | None = None
+        self._snapshots_due = False
+        self._snapshots_sent_at = -1e9
         self._first_step_due = False  # the generation's first progress is not reported yet
         self._trainer_ended = False  # its exit is reported; no trainer has started since
         self._hung_sent = False
@@ -306,11 +316,14 @@ class ArbiterLink:
             # not say where it resumed), then the latest
             head = self.proto.progress(replace(p, step=low, folded_losses=()),
                                        seconds_since_progress, hung, ts)
-            fill_resume_and_phases(head, self.trainer_says.resumed, *phases)
+            fill_resume_and_phases(head, self.trainer_says.resumed, *phases,
+                                   source=self.trainer_says.resumed_from)
             self._send(pb.AgentMessage(progress=head))
         self._progress = self.proto.progress(p, seconds_since_progress, hung, ts)
         fill_step_times(self._progress, *self.step_times.means())
-        fill_resume_and_phases(self._progress, self.trainer_says.resumed, *phases)
+        fill_resume_and_phases(self._progress, self.trainer_says.resumed, *phases,
+                               source=self.trainer_says.resumed_from)
+        self._flush_snapshots()
         if self._trainer_ended:
             # read after the trainer's exit was reported: the last lines of its pipe,
             # drained once it was gone (worker._after_exit). No next slot comes for them:
@@ -331,14 +344,33 @@ class ArbiterLink:
 
     def observe_trainer(self, obs: Observation) -> None:
         """A ``Resumed`` or ``PhaseMarker`` of this generation's trainer: carried in its
-        next ProgressSummaries (the ledger's resume step and phase time)."""
+        next ProgressSummaries (the ledger's resume step and phase time). A
+        ``SnapshotsHeld`` goes to the arbiter at once (``SnapshotReport``, at most one per
+        ``SNAPSHOT_REPORT_INTERVAL``; a newer one waits for the next summary or exit)."""
+        if isinstance(obs, SnapshotsHeld):
+            if obs.steps != self._snapshots:
+                self._snapshots, self._snapshots_due = obs.steps, True
+            self._flush_snapshots()
+            return
         self.trainer_says.observe(obs, time.monotonic())
+
+    def _flush_snapshots(self, *, force: bool = False) -> None:
+        """The held snapshots, if they changed since they were last sent (and it is time,
+        unless ``force``: before an exit or an arrival, which a restart decision follows)."""
+        now = time.monotonic()
+        if self._snapshots is None or not self._snapshots_due or (
+                not force and now - self._snapshots_sent_at < SNAPSHOT_REPORT_INTERVAL):
+            return
+        self._snapshots_due, self._snapshots_sent_at = False, now
+        self._send(pb.AgentMessage(snapshots=pb.SnapshotReport(steps=self._snapshots)),
+                   keep=True)
 
     def report_exit(self, exit: ProcessExit, generation: int) -> None:
         """The trainer exited: its last progress goes first (a summary is due only every
         ``progress_interval``, and the arbiter should show the step the trainer ended
         at), then the exit; both kept for the next stream while disconnected. Progress
         read after this (its pipe's last lines) goes at once too (``report_progress``)."""
+        self._flush_snapshots(force=True)
         if self._progress is not None and self._progress_new:
             self._progress_new = False
             self._send(pb.AgentMessage(progress=self._progress), keep=True)
@@ -358,6 +390,7 @@ class ArbiterLink:
         only every ``progress_interval``, and the goodput ledger counts the steps it redoes
         from the step the old generation had reached.
         """
+        self._flush_snapshots(force=True)
         if self._progress is not None and self._progress_new:
             self._progress_new = False
             self._send(pb.AgentMessage(progress=self._progress), keep=True)
@@ -560,6 +593,9 @@ class ArbiterLink:
         self._progress_new = self._progress is not None
         self._progress_sent_at = -1e9
         self.connected = True
+        if self._snapshots is not None:  # a new arbiter learns them from the agents
+            self._snapshots_due = True
+            self._flush_snapshots(force=True)
         self.offline_since = None
         self._last_error = ""
         log.info("connected to the arbiter %s (%s), job generation %d", self.address,

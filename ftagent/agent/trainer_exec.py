@@ -25,6 +25,8 @@ from ftagent.agent.supervisor import TrainerProcess
 
 log = logging.getLogger("ftagent.agent")
 
+# the step the arbiter said every rank's snapshot holds (ftagent.checkpoint.load loads it)
+RESUME_VAR = "FTAGENT_RESUME_STEP"
 WORKER_VAR = "FTAGENT_LOCAL_RANK"  # marks a worker's processes, for orphans that left its session
 
 Tree = Callable[[], list[psutil.Process]]

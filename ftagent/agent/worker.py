@@ -49,6 +49,7 @@ from ftagent.agent.line_feed import LineFeed
 from ftagent.agent.supervisor import ChildReaper, SpawnError, TrainerProcess
 from ftagent.agent.tee import LastLines, Writer
 from ftagent.agent.trainer_exec import (
+    RESUME_VAR,
     Tree,
     attempt_env,
     clear_leftovers,
@@ -175,6 +176,9 @@ class Worker:
         self.evidence: Evidence | None = p.evidence  # the hang fault's async enrichment
         self.before_start = p.before_start  # awaited just before each trainer starts
         self.extra_env: Mapping[str, str] = dict(p.env)
+        # the step the arbiter's last RESTART said every rank's snapshot holds: the next
+        # attempt's FTAGENT_RESUME_STEP (ftagent.checkpoint.load loads it)
+        self.resume_step: int | None = None
         self.spawn_trainer: Spawn = p.spawn  # the one place a trainer is started
         # what the standbys started is gone before the agent exits
         self.on_close: tuple[Close, ...] = p.on_close
@@ -379,6 +383,8 @@ class Worker:
             if action.kind == ActionKind.RESTART:
                 # the arbiter names the job's new generation; a local restart counts up
                 self._apply(self.lifecycle.restart(action))
+                # and the step every rank's snapshot holds (None: the trainer finds one)
+                self.resume_step = action.resume_step
                 await self._interruptible_sleep(action.backoff_seconds)
                 continue
             return self._exit_code_of(action, exit_)
@@ -394,8 +400,12 @@ class Worker:
     def next_env(self) -> dict[str, str]:
         """The environment the next attempt's trainer gets (a spare's standby is started
         with it: agent/standby.py)."""
-        return attempt_env(self.environ, restarts=self.restarts, generation=self.generation,
-                           extra=self.extra_env, per_attempt=self.spec.attempt_env(self.restarts))
+        env = attempt_env(self.environ, restarts=self.restarts, generation=self.generation,
+                          extra=self.extra_env, per_attempt=self.spec.attempt_env(self.restarts))
+        env.pop(RESUME_VAR, None)  # only the arbiter's, for this attempt
+        if self.resume_step is not None:
+            env[RESUME_VAR] = str(self.resume_step)
+        return env
 
     def take_rank(self, rank: int) -> None:
         """A spare becomes ``rank`` (the arbiter's ASSIGN): its trainer's RANK and

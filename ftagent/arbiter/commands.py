@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 
-from ftagent.arbiter import convert
+from ftagent.arbiter import convert, snapshots
 from ftagent.arbiter.connection import FanOut, live
 from ftagent.arbiter.state import (
     COMMANDS,
@@ -47,7 +47,9 @@ def send(job: JobState, d: Decision, metrics: ArbiterMetrics | None,
             conn.send(convert.command_for(d, cid, restarts=job.restarts).SerializeToString())
         return
     targets = d.targets or tuple(job.ranks)
-    data = convert.command_for(d, cid, restarts=job.restarts).SerializeToString()
+    resume = snapshots.resume_step(job)  # every rank is told the same step
+    data = convert.command_for(d, cid, restarts=job.restarts,
+                               resume_step=resume).SerializeToString()
     fan = None
     if received is not None and d.verdict in _TIMED and metrics:
         n = sum(1 for r in targets if (rs := job.ranks.get(r)) and rs.conn is not None)
@@ -59,7 +61,8 @@ def send(job: JobState, d: Decision, metrics: ArbiterMetrics | None,
         if d.verdict is Verdict.REPLACE and r == d.rank:
             rid = cid + "-replace"
             _queue(rs, d.verdict, rid, convert.command_for(
-                d, rid, replace=True, restarts=job.restarts).SerializeToString(), fan)
+                d, rid, replace=True, restarts=job.restarts,
+                resume_step=resume).SerializeToString(), fan)
         else:
             _queue(rs, d.verdict, cid, data, fan)
 

@@ -38,15 +38,20 @@ _COMMAND_KINDS = {
 
 
 def command_for(d: Decision, command_id: str, *, replace: bool = False,
-                restarts: int | None = None) -> pb.ArbiterMessage:
+                restarts: int | None = None, resume_step: int | None = None
+                ) -> pb.ArbiterMessage:
     """The command a decision sends; for REPLACE, ``replace`` picks the target's variant.
-    ``restarts``: the job's restart count once ``d`` is applied (restarting commands)."""
+    ``restarts``: the job's restart count once ``d`` is applied (restarting commands).
+    ``resume_step``: the newest step whose snapshot every rank holds (restarting ones)."""
     kind = _COMMAND_KINDS[d.verdict]
     cmd = pb.Command(id=command_id, kind=kind, generation=d.generation, reason=d.reason,
                      fault_id=d.fault_id)
     if restarts is not None and d.verdict in (Verdict.RESTART, Verdict.REPLACE,
                                               Verdict.REJOIN, Verdict.ASSIGN):
         cmd.restarts = restarts
+    if resume_step is not None and d.verdict in (Verdict.RESTART, Verdict.REPLACE,
+                                                 Verdict.REJOIN):
+        cmd.resume_step = resume_step
     if d.verdict is Verdict.RETIRE_SPARE:
         cmd.exit_code = EXIT_REPLACE
     elif d.verdict is Verdict.REPLACE:

@@ -187,7 +187,7 @@ def _goodput(led: Ledger | None, at: float) -> dict[str, Any]:
 INCIDENT_FIELDS = ("generation", "kind", "onset", "detected", "decided", "released",
                    "first_step_at", "reached", "resumed", "resume_source",
                    "recompute_seconds", "superseded", "restarted")
-RESUME_SOURCES = ("reported", "first_step", "")
+RESUME_SOURCES = ("reported", "first_step", "", "memory", "peer", "disk")
 MAX_STEP = limits.MAX_STEP
 
 

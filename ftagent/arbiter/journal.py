@@ -117,7 +117,7 @@ class Journal:
         g = rs.generation if rs.released_generation >= rs.generation or rs.running \
             else max(0, rs.released_generation)
         if p.HasField("resumed_step"):  # before its first step: it decides the resume
-            led.resumed(g, p.resumed_step)
+            led.resumed(g, p.resumed_step, p.resume_source)
         led.progress(rs.rank, g, step, at)
         led.phases(rs.rank, g, (p.checkpoint_seconds, p.other_phase_seconds), at)
         if led.mode is not mode:  # the record says where time goes (arbiter restart)

@@ -66,6 +66,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+SNAPSHOT_SOURCES = ("memory", "peer", "disk")  # where ftagent.checkpoint found the state
+SAID_SOURCES = ("reported", *SNAPSHOT_SOURCES)  # the trainer said where it resumed
 CATEGORIES = ("startup", "productive", "recomputed", "detection", "decision", "restart",
               "unattributed", "checkpoint", "other_phases", "straggler", "capacity",
               "outage")
@@ -159,7 +161,9 @@ class Incident:
     first_step_at: float | None = None
     reached: int | None = None  # the step the old generation had reached
     resumed: int | None = None  # the last step kept (the new generation starts after it)
-    resume_source: str = ""  # "reported" | "first_step" | "" (unknown)
+    # "reported" | "memory" | "peer" | "disk" (the trainer said; the last three:
+    # ftagent.checkpoint's snapshot) | "first_step" | "" (unknown)
+    resume_source: str = ""
     recompute_seconds: float = 0.0
     # restarted again before its generation trained: it redid nothing (the next incident
     # takes over the step the job had reached)
@@ -289,16 +293,19 @@ class Ledger:
                     and at >= out.back:
                 self._outage_over(at, step)
 
-    def resumed(self, generation: int, step: int) -> None:
+    def resumed(self, generation: int, step: int, source: str = "") -> None:
         """The job says generation ``generation`` resumed after ``step`` (a checkpoint
         loaded at iteration ``step``, an SDK call): preferred over the first step seen.
-        Call it before the generation's first step (such lines come before it); later,
-        the first step has already decided."""
+        ``source``: where ftagent.checkpoint found the state (``SNAPSHOT_SOURCES``; ""
+        : the trainer did not say, recorded as "reported"). Call it before the
+        generation's first step (such lines come before it); later, the first step has
+        already decided."""
         if step < 0 or generation < self.generation:
             return
         inc = self._incident(generation)
         if inc is not None and inc.first_step_at is None:
-            inc.resumed, inc.resume_source = step, "reported"
+            inc.resumed = step
+            inc.resume_source = source if source in SNAPSHOT_SOURCES else "reported"
 
     def phases(self, rank: int, generation: int, seconds: tuple[float, ...],
                at: float) -> None:
@@ -648,8 +655,8 @@ class Ledger:
         inc = self._incident(self.generation)
         if inc is not None and inc.first_step_at is None:
             inc.first_step_at = at
-            if inc.resume_source == "reported" and inc.resumed is not None:
-                self._recompute(inc, inc.resumed, "reported")
+            if inc.resume_source in SAID_SOURCES and inc.resumed is not None:
+                self._recompute(inc, inc.resumed, inc.resume_source)
             else:
                 self._recompute(inc, first - 1, "first_step")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ftagent.arbiter import barrier, convert
+from ftagent.arbiter import barrier, convert, snapshots
 from ftagent.arbiter.history import (
     History,
     JobRecord,
@@ -106,6 +106,9 @@ class Readout:
                     + ("" if sp.assigned is None else " (retired: a fatal fault)"
                        if sp.assigned < 0 else f" (assigned rank {sp.assigned})")
                     for sp in job.spares.values()])
+        snap = snapshots.resume_step(job)
+        if snap is not None:
+            info.snapshot_step = snap
         s = self.journal.current(job)
         led = s.ledger if s is not None else None
         if led is not None:

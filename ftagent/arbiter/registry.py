@@ -31,13 +31,13 @@ from ftagent.arbiter.intake import STRAGGLER_EVERY, Intake
 from ftagent.arbiter.jobs import DecisionListener, Jobs
 from ftagent.arbiter.journal import Journal
 from ftagent.arbiter.readout import Readout
-from ftagent.arbiter.state import Decision, JobState, RankState
+from ftagent.arbiter.state import Decision, JobState, RankState, SnapshotsIn, apply
 from ftagent.arbiter.straggler import JobTimings
 from ftagent.arbiter.timeline import Timeline
 from ftagent.metrics import ArbiterMetrics, JobSnapshot
 from ftagent.model import Fault
 from ftagent.v1 import ftagent_pb2 as pb
-from ftagent.wire.checks import progress_in_range
+from ftagent.wire.checks import progress_in_range, snapshot_steps
 
 __all__ = ["FORGET_AFTER", "MAX_RANKS_PER_JOB", "RESTART_CEILING", "STRAGGLER_EVERY",
            "Connection", "DecisionListener", "FanOut", "Outgoing", "Registry", "Reject"]
@@ -160,6 +160,10 @@ class Registry:
             commands.acked(rs, m.ack.command_id)
         elif body == "stacks":
             self.intake.stacks(job, rs, m.stacks, now)
+        elif body == "snapshots":
+            steps = snapshot_steps(m.snapshots)
+            if steps is not None:  # a report out of range is dropped; the next will do
+                apply(job, SnapshotsIn(rs.rank, steps), now)
 
     def execute(self, job: JobState, decisions: Iterable[Decision], now: float,
                 received: float | None = None) -> None:

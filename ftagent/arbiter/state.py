@@ -129,6 +129,8 @@ class RankState:
     pending: dict[str, tuple[str, bytes]] = field(default_factory=dict)
     conn: object | None = None  # the registry's live connection, if any
     from_spare: bool = False  # a spare took this rank over (ASSIGN, then Promoted)
+    # steps whose in-memory snapshot its trainer holds complete (SnapshotReport), sorted
+    snapshot_steps: tuple[int, ...] = ()
 
     def progress_age(self, now: float) -> float | None:
         return None if self.last_step_at is None else max(0.0, now - self.last_step_at)
@@ -368,9 +370,16 @@ class StacksIn(NamedTuple):
     fr: dict[str, Any] | None
 
 
+class SnapshotsIn(NamedTuple):
+    """``rank``'s trainer holds complete snapshots of ``steps`` (SnapshotReport, checked)."""
+
+    rank: int
+    steps: tuple[int, ...]
+
+
 Change = (Decision | Registered | Owned | Left | Progressed | Arrived | AtBarrier | Exited
           | FaultSeen | Settled | StacksIn | SpareJoined | SpareLeft | Promoted
-          | SpareArrived)
+          | SpareArrived | SnapshotsIn)
 
 # What a command does to the state its target ranks show (status) until they report.
 _RANK_STATES = {Verdict.RESTART: "restarting", Verdict.REJOIN: "restarting",
@@ -588,6 +597,7 @@ def _registered(job: JobState, c: Registered, now: float) -> None:
     if rs.instance != c.instance:
         rs.commanded = -1  # a new agent process: it was told nothing yet
         rs.exit_heard = None  # nor heard of
+        rs.snapshot_steps = ()  # its trainer's snapshots: said again by the new agent
     rs.pod, rs.node, rs.state, rs.instance = c.pod, c.node, c.state, c.instance
     if c.pod_uid:
         rs.pod_uid = c.pod_uid
@@ -650,8 +660,15 @@ def _promoted(job: JobState, c: Promoted, now: float) -> None:
 
 
 # What each kind of change an agent's message makes does (one lookup per message).
+def _snapshots_in(job: JobState, c: SnapshotsIn, now: float) -> None:
+    rs = job.ranks.get(c.rank)
+    if rs is not None:
+        rs.snapshot_steps = c.steps
+
+
 _AGENT_SAYS: dict[type, Callable[[JobState, Any, float], None]] = {
     Registered: _registered, Owned: _owned, Left: _left, Progressed: _progressed,
     Arrived: _arrived, AtBarrier: _at_barrier, Exited: _exited, FaultSeen: _fault_seen,
     Settled: _settled, StacksIn: _stacks_in, SpareJoined: _spare_joined,
-    SpareLeft: _spare_left, Promoted: _promoted, SpareArrived: _spare_arrived}
+    SpareLeft: _spare_left, Promoted: _promoted, SpareArrived: _spare_arrived,
+    SnapshotsIn: _snapshots_in}

@@ -160,7 +160,8 @@ def format_incidents(incidents: Iterable[pb.GoodputIncident]) -> str:
     for i in incidents:
         redone = str(i.recomputed_steps) if i.HasField("recomputed_steps") else (
             "unknown" if i.HasField("restart_seconds") else "-")
-        how = "reported" if i.resume_source == "reported" else "first step"
+        how = i.resume_source if i.resume_source in ("reported", "memory", "peer", "disk") \
+            else "first step"
         resumed = f"{i.resumed_step} ({how})" if i.HasField("resumed_step") else "-"
         rows.append([f"g{i.generation}", i.kind[:16], _duration(i.detect_seconds),
                      opt(i, "decide_seconds"),
@@ -181,6 +182,9 @@ def format_job(j: pb.JobInfo) -> str:
         out.append(f"busy: {printable(j.busy)}")
     if j.spares:  # warm spares (ftagent run --spare)
         out.append(f"spares: {printable(', '.join(j.spares))}")
+    if j.HasField("snapshot_step"):  # ftagent.checkpoint: the step a restart resumes at
+        out.append(f"snapshot: newest complete on every rank: step {j.snapshot_step} "
+                   "(memory)")
     if j.HasField("goodput"):
         out += ["", format_goodput(j.goodput)]
     rows = [["RANK", "POD", "NODE", "STATE", "STEP", "LOSS", "LAST STEP", "RESTARTS", "GEN",

@@ -14,6 +14,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -131,6 +132,12 @@ def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
     if budget is None:  # one per process: the launcher's workers share theirs
         budget = StandbyBudget(cfg.supervisor.warm_restart_memory_share)
     standbys = budget
+    from ftagent.agent.standby_memory import container_memory
+    from ftagent.checkpoint.agent_env import snapshot_env
+    from ftagent.checkpoint.persister import BackgroundPersist
+    mem = container_memory()
+    memory_limit = mem.limit if mem is not None else None
+    nproc = cfg.launch.nproc_per_node or "1"
 
     def parts(w: Worker) -> WorkerParts:
         """The worker's parts, in the order they see what happens: the metrics sink, the
@@ -144,6 +151,14 @@ def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
         p = flight_recorder_parts(w, cfg, rundir, p)
         if node_sources:  # the host's GPUs and links: one source of the agent (ftagent/watch/)
             p = p.plus(sources=[add_watch(w, cfg, environ, registry, labels)])
+        snap = cfg.snapshot
+        p = p.plus(env=snapshot_env(snap, ids.job, limit=memory_limit,
+                                    workers=int(nproc) if nproc.isdigit() else 1))
+        if snap.checkpoint_dir and (snap.persist_every or snap.persist_seconds):
+            p = p.plus(observers=[BackgroundPersist(
+                os.path.abspath(snap.snapshot_dir), ids.job, lambda: w.ident.rank,
+                os.path.abspath(snap.checkpoint_dir), every=snap.persist_every,
+                seconds=snap.persist_seconds)])
         return p
 
     agent = pod.add(spec, metrics=metrics, parts=parts)
@@ -430,6 +445,19 @@ def scrub_credentials(environ: dict[str, str]) -> None:
         os.environ.pop(name, None)
 
 
+def say_last_words(cfg: RunConfig, pod: PodAgent) -> None:
+    """The pod is going (a stop signal): its ranks' newest complete snapshots go to
+    --checkpoint-dir (checkpoint/lastwords.py), within --stop-timeout."""
+    from ftagent.checkpoint.lastwords import last_words
+    ranks = sorted({w.ident.rank for w in pod.workers if w.ident.rank >= 0})
+    try:
+        last_words(os.path.abspath(cfg.snapshot.snapshot_dir), cfg.identity.job, ranks,
+                   os.path.abspath(cfg.snapshot.checkpoint_dir),
+                   deadline=time.monotonic() + cfg.supervisor.stop_timeout)
+    except Exception as e:  # noqa: BLE001 - the trainer's exit status comes first
+        log.warning("last words failed: %s: %s", type(e).__name__, e)
+
+
 def main(argv: Sequence[str]) -> int:
     environ = dict(os.environ)
     try:
@@ -456,6 +484,9 @@ def main(argv: Sequence[str]) -> int:
         except ConfigError as e:
             sys.stderr.write(f"ftagent run: error: {e} (see ftagent run --help)\n")
             return 2
-        return asyncio.run(pod.run()).exit_status
+        result = asyncio.run(pod.run())
+        if pod.stop_signal is not None and cfg.snapshot.checkpoint_dir:
+            say_last_words(cfg, pod)
+        return result.exit_status
     finally:
         shutil.rmtree(rundir, ignore_errors=True)

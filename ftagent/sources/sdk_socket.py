@@ -3,7 +3,7 @@
 The agent binds a unix datagram socket, puts its path in ``FTAGENT_SDK_SOCKET`` for the
 trainer, and ``SdkSocketSource.run`` turns each datagram (format: ``ftagent/sdk.py``) into
 ``Progress(source="sdk")``, ``PhaseMarker(source="sdk")``, ``CollectiveSample``,
-``PhaseTiming`` or ``Resumed(source="sdk")``, stamped
+``PhaseTiming``, ``Resumed(source="sdk")`` or ``SnapshotsHeld``, stamped
 with the agent's monotonic clock on arrival (a datagram is delivered at once, so that is
 when the step completed).
 
@@ -41,7 +41,9 @@ from ftagent.model import (
     PhaseTiming,
     Progress,
     Resumed,
+    SnapshotsHeld,
 )
+from ftagent.sdk import MAX_SNAPSHOTS_HELD, RESUME_SOURCES
 from ftagent.wire.limits import (
     MAX_LABEL_NAME,
     MAX_OPS,
@@ -69,7 +71,8 @@ RANGE = "range"  # a number out of its range, a non-finite float where one must 
 NAME = "name"  # a phase or op name empty, too long, not UTF-8 or not printable
 DROP_REASONS = (OVERSIZE, VERSION, MALFORMED, RANGE, NAME)
 
-SdkObservation = Progress | PhaseMarker | CollectiveSample | PhaseTiming | Resumed
+SdkObservation = (Progress | PhaseMarker | CollectiveSample | PhaseTiming | Resumed
+                  | SnapshotsHeld)
 
 
 class _Drop(Exception):
@@ -152,8 +155,16 @@ def check_datagram(data: bytes, ts: float, phases: Callable[[str], str] = str,
                 return RANGE
             return CollectiveSample(op=ops(op), nbytes=nbytes, seconds=seconds,
                                     world_size=world, ts=ts, count=count)
-        if kind == b"r" and len(args) == 1:
-            return Resumed(step=_count(args[0]), source="sdk", ts=ts)
+        if kind == b"r" and len(args) in (1, 2):
+            origin = args[1].decode("ascii", "replace") if len(args) == 2 else ""
+            if origin and origin not in RESUME_SOURCES:
+                return MALFORMED
+            return Resumed(step=_count(args[0]), source="sdk", ts=ts, origin=origin)
+        if kind == b"k" and 2 <= len(args) <= MAX_SNAPSHOTS_HELD + 2:
+            if _count(args[0], 0, MAX_SNAPSHOTS_HELD) != len(args) - 2:
+                return MALFORMED
+            return SnapshotsHeld(steps=tuple(sorted({_count(a) for a in args[1:-1]})),
+                                 nbytes=_count(args[-1]), ts=ts)
         if kind == b"t" and len(args) == 3:
             name = _name(args[0])
             count, seconds = _count(args[1], 1), _float(args[2])

@@ -78,7 +78,7 @@ COMMAND_KIND_ASSIGN: CommandKind
 COMMAND_KIND_SPARE: CommandKind
 
 class AgentMessage(_message.Message):
-    __slots__ = ("job", "hello", "progress", "fault", "arrival", "exit", "ack", "stacks")
+    __slots__ = ("job", "hello", "progress", "fault", "arrival", "exit", "ack", "stacks", "snapshots")
     JOB_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +87,7 @@ class AgentMessage(_message.Message):
     EXIT_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     STACKS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
     job: str
     hello: Hello
     progress: ProgressSummary
@@ -95,7 +96,14 @@ class AgentMessage(_message.Message):
     exit: TrainerExit
     ack: Ack
     stacks: Stacks
-    def __init__(self, job: _Optional[str] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., progress: _Optional[_Union[ProgressSummary, _Mapping]] = ..., fault: _Optional[_Union[Fault, _Mapping]] = ..., arrival: _Optional[_Union[BarrierArrival, _Mapping]] = ..., exit: _Optional[_Union[TrainerExit, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., stacks: _Optional[_Union[Stacks, _Mapping]] = ...) -> None: ...
+    snapshots: SnapshotReport
+    def __init__(self, job: _Optional[str] = ..., hello: _Optional[_Union[Hello, _Mapping]] = ..., progress: _Optional[_Union[ProgressSummary, _Mapping]] = ..., fault: _Optional[_Union[Fault, _Mapping]] = ..., arrival: _Optional[_Union[BarrierArrival, _Mapping]] = ..., exit: _Optional[_Union[TrainerExit, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., stacks: _Optional[_Union[Stacks, _Mapping]] = ..., snapshots: _Optional[_Union[SnapshotReport, _Mapping]] = ...) -> None: ...
+
+class SnapshotReport(_message.Message):
+    __slots__ = ("steps",)
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    steps: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, steps: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("job", "namespace", "pod", "node", "rank", "world_size", "restart_count", "generation", "agent_version", "max_restarts", "alert_only", "released_generation", "state", "agent_instance", "trainer_running", "gpus", "spare")
@@ -136,7 +144,7 @@ class Hello(_message.Message):
     def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., pod: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., restart_count: _Optional[int] = ..., generation: _Optional[int] = ..., agent_version: _Optional[str] = ..., max_restarts: _Optional[int] = ..., alert_only: _Optional[bool] = ..., released_generation: _Optional[int] = ..., state: _Optional[str] = ..., agent_instance: _Optional[str] = ..., trainer_running: _Optional[bool] = ..., gpus: _Optional[_Iterable[str]] = ..., spare: _Optional[bool] = ...) -> None: ...
 
 class ProgressSummary(_message.Message):
-    __slots__ = ("step", "loss", "samples_per_second", "tokens_per_second", "seconds_since_progress", "hung", "ts", "step_seconds", "collective_seconds", "data_seconds", "timed_steps", "resumed_step", "checkpoint_seconds", "other_phase_seconds")
+    __slots__ = ("step", "loss", "samples_per_second", "tokens_per_second", "seconds_since_progress", "hung", "ts", "step_seconds", "collective_seconds", "data_seconds", "timed_steps", "resumed_step", "checkpoint_seconds", "other_phase_seconds", "resume_source")
     STEP_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
@@ -151,6 +159,7 @@ class ProgressSummary(_message.Message):
     RESUMED_STEP_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     OTHER_PHASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RESUME_SOURCE_FIELD_NUMBER: _ClassVar[int]
     step: int
     loss: float
     samples_per_second: float
@@ -165,7 +174,8 @@ class ProgressSummary(_message.Message):
     resumed_step: int
     checkpoint_seconds: float
     other_phase_seconds: float
-    def __init__(self, step: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., seconds_since_progress: _Optional[float] = ..., hung: _Optional[bool] = ..., ts: _Optional[float] = ..., step_seconds: _Optional[float] = ..., collective_seconds: _Optional[float] = ..., data_seconds: _Optional[float] = ..., timed_steps: _Optional[int] = ..., resumed_step: _Optional[int] = ..., checkpoint_seconds: _Optional[float] = ..., other_phase_seconds: _Optional[float] = ...) -> None: ...
+    resume_source: str
+    def __init__(self, step: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., seconds_since_progress: _Optional[float] = ..., hung: _Optional[bool] = ..., ts: _Optional[float] = ..., step_seconds: _Optional[float] = ..., collective_seconds: _Optional[float] = ..., data_seconds: _Optional[float] = ..., timed_steps: _Optional[int] = ..., resumed_step: _Optional[int] = ..., checkpoint_seconds: _Optional[float] = ..., other_phase_seconds: _Optional[float] = ..., resume_source: _Optional[str] = ...) -> None: ...
 
 class Fault(_message.Message):
     __slots__ = ("id", "kind", "severity", "scope", "message", "evidence_json", "detected_at", "generation", "exit_status")
@@ -290,7 +300,7 @@ class JobBusy(_message.Message):
     def __init__(self, busy_ranks: _Optional[_Iterable[int]] = ..., waiting_ranks: _Optional[_Iterable[int]] = ..., where: _Optional[str] = ..., state: _Optional[str] = ..., spin_culprits: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("id", "kind", "generation", "exit_code", "reason", "fault_id", "target_rank", "restarts", "busy")
+    __slots__ = ("id", "kind", "generation", "exit_code", "reason", "fault_id", "target_rank", "restarts", "busy", "resume_step")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -300,6 +310,7 @@ class Command(_message.Message):
     TARGET_RANK_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
     BUSY_FIELD_NUMBER: _ClassVar[int]
+    RESUME_STEP_FIELD_NUMBER: _ClassVar[int]
     id: str
     kind: CommandKind
     generation: int
@@ -309,7 +320,8 @@ class Command(_message.Message):
     target_rank: int
     restarts: int
     busy: JobBusy
-    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., generation: _Optional[int] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., fault_id: _Optional[str] = ..., target_rank: _Optional[int] = ..., restarts: _Optional[int] = ..., busy: _Optional[_Union[JobBusy, _Mapping]] = ...) -> None: ...
+    resume_step: int
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., generation: _Optional[int] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., fault_id: _Optional[str] = ..., target_rank: _Optional[int] = ..., restarts: _Optional[int] = ..., busy: _Optional[_Union[JobBusy, _Mapping]] = ..., resume_step: _Optional[int] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
     __slots__ = ()
@@ -366,7 +378,7 @@ class RankInfo(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., pod: _Optional[str] = ..., node: _Optional[str] = ..., connected: _Optional[bool] = ..., state: _Optional[str] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., progress_age_seconds: _Optional[float] = ..., hung: _Optional[bool] = ..., generation: _Optional[int] = ..., restarts: _Optional[int] = ..., last_fault: _Optional[str] = ..., last_exit_status: _Optional[int] = ...) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ("job", "namespace", "generation", "restarts", "max_restarts", "world_size", "connected", "state", "alert_only", "barrier", "ranks", "timeline", "goodput", "busy", "spares")
+    __slots__ = ("job", "namespace", "generation", "restarts", "max_restarts", "world_size", "connected", "state", "alert_only", "barrier", "ranks", "timeline", "goodput", "busy", "spares", "snapshot_step")
     JOB_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -382,6 +394,7 @@ class JobInfo(_message.Message):
     GOODPUT_FIELD_NUMBER: _ClassVar[int]
     BUSY_FIELD_NUMBER: _ClassVar[int]
     SPARES_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_STEP_FIELD_NUMBER: _ClassVar[int]
     job: str
     namespace: str
     generation: int
@@ -397,7 +410,8 @@ class JobInfo(_message.Message):
     goodput: Goodput
     busy: str
     spares: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., generation: _Optional[int] = ..., restarts: _Optional[int] = ..., max_restarts: _Optional[int] = ..., world_size: _Optional[int] = ..., connected: _Optional[int] = ..., state: _Optional[str] = ..., alert_only: _Optional[bool] = ..., barrier: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., timeline: _Optional[_Iterable[_Union[TimelineEntry, _Mapping]]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., busy: _Optional[str] = ..., spares: _Optional[_Iterable[str]] = ...) -> None: ...
+    snapshot_step: int
+    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., generation: _Optional[int] = ..., restarts: _Optional[int] = ..., max_restarts: _Optional[int] = ..., world_size: _Optional[int] = ..., connected: _Optional[int] = ..., state: _Optional[str] = ..., alert_only: _Optional[bool] = ..., barrier: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., timeline: _Optional[_Iterable[_Union[TimelineEntry, _Mapping]]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., busy: _Optional[str] = ..., spares: _Optional[_Iterable[str]] = ..., snapshot_step: _Optional[int] = ...) -> None: ...
 
 class Goodput(_message.Message):
     __slots__ = ("wall_seconds", "seconds", "ratio", "recomputed_steps", "incidents", "per_incident", "started_at")

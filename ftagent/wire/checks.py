@@ -136,4 +136,21 @@ def progress_in_range(p: pb.ProgressSummary) -> bool:
             and 0 <= p.timed_steps <= limits.MAX_TIMED_STEPS
             and (not p.HasField("resumed_step") or 0 <= p.resumed_step <= limits.MAX_STEP)
             and all(0 <= v <= limits.MAX_TOTAL_SECONDS for v in (   # NaN fails too
-                p.checkpoint_seconds, p.other_phase_seconds)))
+                p.checkpoint_seconds, p.other_phase_seconds))
+            and p.resume_source in RESUME_SOURCES_OR_NONE)
+
+
+RESUME_SOURCES_OR_NONE = ("", "memory", "peer", "disk")
+MAX_SNAPSHOTS_REPORTED = 8  # steps one SnapshotReport may name
+
+
+def snapshot_steps(m: pb.SnapshotReport) -> tuple[int, ...] | None:
+    """The steps a rank says it holds a complete snapshot of, sorted and distinct; None
+    (the report is dropped) for more than ``MAX_SNAPSHOTS_REPORTED`` or a step out of
+    range. What a rank says only ever picks among the steps every rank holds: a rank that
+    lies can make its own job resume at a step it does not have (its load then falls to
+    disk), never touch another job."""
+    if len(m.steps) > MAX_SNAPSHOTS_REPORTED or not all(
+            0 <= s <= limits.MAX_STEP for s in m.steps):
+        return None
+    return tuple(sorted(set(m.steps)))

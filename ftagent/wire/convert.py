@@ -131,12 +131,19 @@ def fill_step_times(msg: pb.ProgressSummary, step_seconds: float, collective_sec
     msg.timed_steps = min(max(timed_steps, 0), limits.MAX_TIMED_STEPS)
 
 
+RESUME_SOURCES = ("memory", "peer", "disk")  # where ftagent.checkpoint found the state
+
+
 def fill_resume_and_phases(msg: pb.ProgressSummary, resumed: int | None,
-                           checkpoint_seconds: float, other_phase_seconds: float) -> None:
-    """The step the trainer resumed after (None: it did not say) and its seconds in
-    declared phases, within the limits the arbiter checks."""
+                           checkpoint_seconds: float, other_phase_seconds: float, *,
+                           source: str = "") -> None:
+    """The step the trainer resumed after (None: it did not say), where its state came
+    from (``RESUME_SOURCES``, "" : not said) and its seconds in declared phases, within
+    the limits the arbiter checks."""
     if resumed is not None and 0 <= resumed <= limits.MAX_STEP:
         msg.resumed_step = resumed
+        if source in RESUME_SOURCES:
+            msg.resume_source = source
     msg.checkpoint_seconds = min(_rate(checkpoint_seconds), limits.MAX_TOTAL_SECONDS)
     msg.other_phase_seconds = min(_rate(other_phase_seconds), limits.MAX_TOTAL_SECONDS)
 
@@ -165,6 +172,8 @@ def command_to_action(cmd: pb.Command) -> Action | None:
         target_rank=cmd.target_rank if cmd.HasField("target_rank") else None,
         fault_id=cmd.fault_id or None, id=cmd.id,
         restarts=cmd.restarts if cmd.HasField("restarts") else None,
+        resume_step=cmd.resume_step if cmd.HasField("resume_step")
+        and 0 <= cmd.resume_step <= limits.MAX_STEP else None,
         busy=busy_from_proto(cmd.busy) if kind is ActionKind.BUSY else None)
 
 

@@ -248,3 +248,16 @@ def test_latency_without_evidence_is_not_made_up(m: AgentMetrics,
     for kind in ("crash", "hang", "gpu"):
         assert latency(reg, kind) == (None, None)  # no sample rather than a wrong one
         assert value(reg, "ftagent_faults_total", kind=kind) == 1
+
+
+def test_snapshots_held_set_step_bytes_and_time(m: AgentMetrics, reg: CollectorRegistry) -> None:
+    """ftagent.checkpoint's report: the newest complete step, its bytes, when it came (the
+    age is time() minus it); the blocking copy is the "snapshot" phase's histogram."""
+    from ftagent.model import PhaseTiming, SnapshotsHeld
+    sink = MetricsSink(m, wall=lambda: 1234.5)
+    sink.observe(SnapshotsHeld((10, 20), ts=1.0, nbytes=4096))
+    sink.observe(PhaseTiming("snapshot", 0.002, ts=1.0))
+    assert value(reg, "ftagent_snapshot_step") == 20
+    assert value(reg, "ftagent_snapshot_bytes") == 4096
+    assert value(reg, "ftagent_snapshot_timestamp_seconds") == 1234.5
+    assert value(reg, "ftagent_phase_duration_seconds_count", phase="snapshot") == 1

@@ -1,0 +1,222 @@
+"""Where snapshots lie and what makes one usable: paths, the completion marker, checks.
+
+One rank's snapshot of one step is a directory in standard DCP layout (``.metadata`` and
+``__0_0.distcp``, written by :class:`~ftagent.checkpoint.storage.SnapshotWriter`), plus
+``ftagent-snapshot.json``, the per-rank completion marker, written last::
+
+    <root>/<job>/rank-<R>/step-<N>/            complete (renamed into place last)
+    <root>/<job>/rank-<R>/.step-<N>.<pid>.tmp/  being written (never read)
+
+The marker says which job, rank, world size and step the shard is, each file's size and
+CRC-32, and the state's fingerprint (every leaf's key, dtype and shape). A shard is usable
+only when its directory has the final name, its marker parses (bounded), names this job,
+rank and step, every file has the size and checksum the marker says, and the fingerprint
+covers the state it is loaded into: a torn, truncated, foreign or stale (the model's shape
+changed) shard is refused with a one-line reason, never half-loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MARKER = "ftagent-snapshot.json"
+FORMAT = 1
+MAX_MARKER_BYTES = 1 << 20  # a marker past it is not ours
+MAX_FILES = 4096  # files one shard may have
+_STEP_DIR = re.compile(r"step-(\d{1,18})")
+_CHUNK = 1 << 20
+
+
+class SnapshotRejected(Exception):
+    """A snapshot that must not be loaded; ``str()`` says why in one line."""
+
+
+def rank_dir(root: str, job: str, rank: int) -> str:
+    return os.path.join(root, job, f"rank-{rank}")
+
+
+def step_dir(root: str, job: str, rank: int, step: int) -> str:
+    return os.path.join(rank_dir(root, job, rank), f"step-{step}")
+
+
+def temp_dir(root: str, job: str, rank: int, step: int) -> str:
+    return os.path.join(rank_dir(root, job, rank), f".step-{step}.{os.getpid()}.tmp")
+
+
+def steps_in(directory: str) -> list[int]:
+    """The steps of the final-named shard directories under ``directory`` (oldest first);
+    whether each is complete is :func:`verify`'s question, not this listing's."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    return sorted(int(m.group(1)) for n in names if (m := _STEP_DIR.fullmatch(n)))
+
+
+def crc_of(path: str) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def files_of(directory: str) -> dict[str, list[int]]:
+    """name -> [size, crc32] of every plain file in ``directory`` but the marker."""
+    out: dict[str, list[int]] = {}
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if name != MARKER and os.path.isfile(path):
+            out[name] = [os.path.getsize(path), crc_of(path)]
+    return out
+
+
+def fingerprint(state: Any, prefix: str = "") -> dict[str, str]:
+    """Every leaf of a (nested) state dict: dotted key -> ``tensor:<dtype>:<shape>`` for a
+    tensor, ``obj:<type>`` for anything else. Two states load into each other only when
+    the target's leaves are the snapshot's."""
+    out: dict[str, str] = {}
+    if isinstance(state, Mapping):
+        for k, v in state.items():
+            out.update(fingerprint(v, f"{prefix}{k}."))
+    elif isinstance(state, (list, tuple)):
+        for i, v in enumerate(state):
+            out.update(fingerprint(v, f"{prefix}{i}."))
+    else:
+        shape = getattr(state, "shape", None)
+        dtype = getattr(state, "dtype", None)
+        key = prefix[:-1]
+        if shape is not None and dtype is not None and hasattr(state, "untyped_storage"):
+            out[key] = f"tensor:{str(dtype).removeprefix('torch.')}:{list(shape)}"
+        else:
+            out[key] = f"obj:{type(state).__name__}"
+    return out
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A parsed completion marker."""
+
+    job: str
+    rank: int
+    world_size: int
+    step: int
+    files: dict[str, list[int]]
+    fingerprint: dict[str, str]
+    saved_at: float
+
+    @property
+    def nbytes(self) -> int:
+        return sum(size for size, _ in self.files.values())
+
+    def to_json(self) -> str:
+        return json.dumps({"format": FORMAT, "job": self.job, "rank": self.rank,
+                           "world_size": self.world_size, "step": self.step,
+                           "files": self.files, "fingerprint": self.fingerprint,
+                           "saved_at": self.saved_at}, sort_keys=True)
+
+
+def write_marker(directory: str, marker: Marker) -> None:
+    """The marker, atomically (temporary file, rename): the last file of a shard."""
+    tmp = os.path.join(directory, f".{MARKER}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(marker.to_json())
+    os.replace(tmp, os.path.join(directory, MARKER))
+
+
+def read_marker(directory: str) -> Marker:
+    """The marker of the shard in ``directory``; SnapshotRejected when it is missing or not
+    one (size-bounded, every field type-checked)."""
+    path = os.path.join(directory, MARKER)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_MARKER_BYTES + 1)
+    except OSError as e:
+        raise SnapshotRejected(f"no completion marker in {directory} "
+                               f"(not finished: {e.strerror})") from None
+    if len(raw) > MAX_MARKER_BYTES:
+        raise SnapshotRejected(f"completion marker in {directory} is too large")
+    try:
+        d = json.loads(raw)
+        files = d["files"]
+        fp = d["fingerprint"]
+        ok = (d.get("format") == FORMAT and isinstance(d["job"], str)
+              and all(isinstance(d[k], int) and not isinstance(d[k], bool)
+                      for k in ("rank", "world_size", "step"))
+              and isinstance(d["saved_at"], (int, float))
+              and isinstance(files, dict) and len(files) <= MAX_FILES
+              and all(isinstance(k, str) and "/" not in k and isinstance(v, list) and len(v) == 2
+                      and all(isinstance(x, int) and x >= 0 for x in v)
+                      for k, v in files.items())
+              and isinstance(fp, dict)
+              and all(isinstance(k, str) and isinstance(v, str) for k, v in fp.items()))
+    except (ValueError, KeyError, TypeError):
+        ok = False
+    if not ok:
+        raise SnapshotRejected(f"completion marker in {directory} is not one ftagent wrote")
+    return Marker(d["job"], d["rank"], d["world_size"], d["step"], files, fp,
+                  float(d["saved_at"]))
+
+
+def verify(directory: str, *, job: str, rank: int, step: int,
+           state_fingerprint: Mapping[str, str] | None = None,
+           checksums: bool = True) -> Marker:
+    """The shard in ``directory`` is complete and is (job, rank, step)'s, and the state it
+    would fill has its leaves: its marker, else SnapshotRejected saying why."""
+    m = read_marker(directory)
+    if (m.job, m.rank, m.step) != (job, rank, step):
+        raise SnapshotRejected(f"{directory} is a foreign snapshot (job {m.job!r} rank "
+                               f"{m.rank} step {m.step}, wanted {job!r} rank {rank} step {step})")
+    try:
+        present = set(os.listdir(directory)) - {MARKER}
+    except OSError as e:
+        raise SnapshotRejected(f"{directory}: {e.strerror}") from None
+    if set(m.files) - present:
+        raise SnapshotRejected(f"{directory} is torn: missing {sorted(set(m.files) - present)[:3]}")
+    for name, (size, crc) in m.files.items():
+        path = os.path.join(directory, name)
+        have = os.path.getsize(path)
+        if have != size:
+            raise SnapshotRejected(f"{directory} is truncated: {name} has {have} bytes, "
+                                   f"its marker says {size}")
+        if checksums and crc_of(path) != crc:
+            raise SnapshotRejected(f"{directory} is corrupt: {name}'s checksum differs")
+    if state_fingerprint is not None:
+        differ = [k for k, v in state_fingerprint.items() if m.fingerprint.get(k) != v]
+        if differ:
+            k = differ[0]
+            raise SnapshotRejected(
+                f"{directory} does not fit the state (the model changed?): {k} is "
+                f"{m.fingerprint.get(k, 'absent')} there, {state_fingerprint[k]} here"
+                + (f" (+{len(differ) - 1} more)" if len(differ) > 1 else ""))
+    return m
+
+
+def complete_steps(root: str, job: str, rank: int) -> list[int]:
+    """Steps of this rank's shards whose marker is there and names them (cheap: no
+    checksums; the load verifies those), oldest first."""
+    out = []
+    d = rank_dir(root, job, rank)
+    for step in steps_in(d):
+        try:
+            m = read_marker(os.path.join(d, f"step-{step}"))
+        except SnapshotRejected:
+            continue
+        if (m.job, m.rank, m.step) == (job, rank, step):
+            out.append(step)
+    return out
+
+
+def newest_common(held: Iterable[Iterable[int]]) -> int | None:
+    """The newest step every rank holds (None: none)."""
+    sets = [set(h) for h in held]
+    if not sets:
+        return None
+    common = set.intersection(*sets)
+    return max(common) if common else None
