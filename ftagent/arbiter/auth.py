@@ -251,21 +251,32 @@ class Presented:
     bearer: str | None = None  # None: no authorization metadata at all
     certificate: str = ""  # identity of a verified client certificate ("" without mTLS)
     problem: str = ""  # why the authorization metadata cannot be used (then refused)
+    source: str = ""  # the caller's address without its port (per-source limits)
 
     @classmethod
     def from_call(cls, metadata: Sequence[tuple[str, Any]] | None,
-                  identities: Sequence[bytes] | None = None) -> Presented:
+                  identities: Sequence[bytes] | None = None, peer: str = "") -> Presented:
         values = [v if isinstance(v, str) else bytes(v).decode(errors="replace")
                   for k, v in metadata or () if k == "authorization"]
         cert = b", ".join(identities or ()).decode(errors="replace")
+        src = peer_source(peer)
         if not values:
-            return cls(None, cert)
+            return cls(None, cert, source=src)
         if len(values) > 1:
-            return cls(None, cert, "more than one authorization header")
+            return cls(None, cert, "more than one authorization header", src)
         scheme, _, token = values[0].partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            return cls(None, cert, "authorization is not `Bearer <token>`")
-        return cls(token.strip(), cert)
+            return cls(None, cert, "authorization is not `Bearer <token>`", src)
+        return cls(token.strip(), cert, source=src)
+
+
+def peer_source(peer: str) -> str:
+    """gRPC's peer (``ipv4:10.0.0.7:41234``, ``ipv6:[::1]:5000``, ``unix:...``) without the
+    port: one source per address, whatever ports it opens."""
+    kind, _, rest = peer[:300].partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return rest.rpartition(":")[0].strip("[]") or rest
+    return peer[:300]
 
 
 class Authenticator(Protocol):
@@ -411,8 +422,9 @@ Review = Callable[[str], Awaitable[Reviewed]]
 
 
 def token_expiry(token: str) -> float | None:
-    """The ``exp`` claim of a JWT-shaped token, unverified (only to bound a cache entry's
-    life: the API server alone says whether the token is valid)."""
+    """The ``exp`` claim of a JWT-shaped token, unverified: only to bound the life of a
+    cache entry for a token the API server accepted (never a refusal's: a junk token's
+    ``exp`` is whatever its sender wrote)."""
     parts = token.split(".")
     if len(parts) != 3 or len(parts[1]) > MAX_TOKEN:
         return None
@@ -444,26 +456,41 @@ def principal_of(r: Reviewed, audience: str, node_namespace: str,
 
 
 class TokenReviews:
-    """Pod-bound projected ServiceAccount tokens, checked with ``review`` (a TokenReview).
+    """Pod-bound projected ServiceAccount tokens, checked with ``review`` (a TokenReview):
+    the fallback where the issuer's keys cannot be read (kube/projected.py verifies them
+    locally otherwise), and the confirmation of node agents' pods.
 
-    Answers are cached by the token's SHA-256 for ``ttl`` seconds, never past the token's
-    ``exp`` (kubelet-rotated tokens are fresh strings; a deleted pod's token stops working
-    within ``ttl``); refusals for ``negative_ttl`` so a flood of bad tokens costs the API
-    server one review each per window. At most ``max_entries`` are kept (least recently
-    used first out). Concurrent calls with one token share one review."""
+    Answers are cached by the token's SHA-256: an accepted one for ``ttl`` seconds, never
+    past the token's ``exp`` (read only once the API server vouched for the token), a
+    refused one for ``negative_ttl`` whatever the token claims (a junk ``exp`` in the past
+    must not make every retry a new review). At most ``max_entries`` are kept (least
+    recently used first out). Concurrent calls with one token share one review.
+
+    An unauthenticated caller must not be able to make the API server work for it, nor
+    delay honest callers: at most ``max_pending`` reviews wait at once (beyond that:
+    ReviewUnavailable, retry), at most ``per_source`` of them for one source address, and a
+    source gets ``source_rate`` new reviews a second (burst ``source_burst``). Honest agents
+    come from their own pods' addresses, so a flood from a few addresses spends its own
+    budget only."""
 
     def __init__(self, review: Review, *, audience: str = "ftagent",
                  node_namespace: str = "", node_account: str = "ftagent-node",
-                 ttl: float = 60.0, negative_ttl: float = 5.0, max_entries: int = 50_000,
-                 clock: Callable[[], float] = time.time) -> None:
+                 ttl: float = 60.0, negative_ttl: float = 30.0, max_entries: int = 50_000,
+                 max_pending: int = 256, per_source: int = 8, source_rate: float = 2.0,
+                 source_burst: float = 20.0, clock: Callable[[], float] = time.time) -> None:
         self._review = review
         self.audience, self.node_namespace, self.node_account = (audience, node_namespace,
                                                                  node_account)
         self.ttl, self.negative_ttl, self.max_entries = ttl, negative_ttl, max_entries
+        self.max_pending, self.per_source = max_pending, per_source
+        self.source_rate, self.source_burst = source_rate, source_burst
         self.clock = clock
         self._cache: OrderedDict[bytes, tuple[float, Principal | None]] = OrderedDict()
         self._inflight: dict[bytes, asyncio.Future[Principal | None]] = {}
+        self._pending_by: dict[str, int] = {}
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # tokens, at
         self.reviews = 0  # calls made to the API server (for tests and the bench)
+        self.shed = 0  # reviews refused by the limits above
 
     async def authenticate(self, presented: Presented) -> Principal | None:
         token = presented.bearer
@@ -480,21 +507,52 @@ class TokenReviews:
             del self._cache[key]
         pending = self._inflight.get(key)
         if pending is None:  # one review per token at a time, not tied to any one caller
-            pending = self._inflight[key] = asyncio.ensure_future(self._ask(token, key, now))
+            self._admit(presented.source, now)
+            src = presented.source
+            self._pending_by[src] = self._pending_by.get(src, 0) + 1
+            pending = self._inflight[key] = asyncio.ensure_future(
+                self._ask(token, key, now, src))
             # an outage's error is read even when every caller went away meanwhile
             pending.add_done_callback(lambda f: f.cancelled() or f.exception())
         return await asyncio.shield(pending)
 
-    async def _ask(self, token: str, key: bytes, now: float) -> Principal | None:
+    def _admit(self, source: str, now: float) -> None:
+        """Raise ReviewUnavailable unless one more review may start for ``source``."""
+        why = ""
+        if len(self._inflight) >= self.max_pending:
+            why = f"{len(self._inflight)} tokens are waiting for review"
+        elif self._pending_by.get(source, 0) >= self.per_source:
+            why = f"{self.per_source} reviews from {source or 'this source'} are under way"
+        else:
+            tokens, at = self._buckets.pop(source, (self.source_burst, now))
+            tokens = min(self.source_burst, tokens + (now - at) * self.source_rate)
+            if tokens < 1:
+                why = f"too many reviews from {source or 'this source'}"
+            self._buckets[source] = (tokens - 1 if not why else tokens, now)
+            while len(self._buckets) > self.max_entries:
+                self._buckets.popitem(last=False)
+        if why:
+            self.shed += 1
+            raise ReviewUnavailable(f"{why}: retry later")
+
+    async def _ask(self, token: str, key: bytes, now: float, source: str) -> Principal | None:
         try:
             self.reviews += 1
             reviewed = await self._review(token)
         finally:
             self._inflight.pop(key, None)
+            left = self._pending_by.get(source, 1) - 1
+            if left > 0:
+                self._pending_by[source] = left
+            else:
+                self._pending_by.pop(source, None)
         p = principal_of(reviewed, self.audience, self.node_namespace, self.node_account)
-        life = self.ttl if p is not None else self.negative_ttl
-        exp = token_expiry(token)
-        self._cache[key] = (min(now + life, exp) if exp is not None else now + life, p)
+        if p is None:  # refused: for negative_ttl, whatever exp the token claims
+            until = now + self.negative_ttl
+        else:  # the API server vouched for the token, so its exp is the issuer's
+            exp = token_expiry(token)
+            until = min(now + self.ttl, exp) if exp is not None else now + self.ttl
+        self._cache[key] = (until, p)
         while len(self._cache) > self.max_entries:
             self._cache.popitem(last=False)
         return p
@@ -611,7 +669,7 @@ class Guard:
 
     async def principal(self, context: grpc.aio.ServicerContext) -> Principal | None:
         presented = Presented.from_call(context.invocation_metadata(),
-                                        context.peer_identities())
+                                        context.peer_identities(), context.peer())
         try:
             p = await self.authenticator.authenticate(presented)
         except ReviewUnavailable as e:

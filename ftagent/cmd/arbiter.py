@@ -574,6 +574,10 @@ def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
     cluster.on_action_failed = lambda action: server.metrics.actions_failed.labels(
         action=action).inc()
     cluster.on_cordon_skipped = server.metrics.cordons_skipped.inc
+    projected = _projected(server.guard.authenticator)
+    if projected is not None:  # tokens verified locally: checked against this watch
+        projected.pod_uid = lambda ns, pod: cluster._uid(ns, pod) or None
+        cluster.on_pod_deleted = projected.pod_deleted
     server.on_registry.append(cluster.rebind)  # each term as leader has its own registry
     loop = asyncio.get_running_loop()
     start_watches(cluster, kube, loop, threading.Event())
@@ -584,6 +588,14 @@ def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
         for r in list(j.ranks.values()) if r.connected} if server.leading else None)
     cluster.ticker = loop.create_task(tick_forever(cluster))
     return cluster
+
+
+def _projected(authenticator: Any) -> Any:
+    """The chain's ProjectedTokens (kube/projected.py), if it has one."""
+    from ftagent.kube.projected import ProjectedTokens
+
+    return next((a for a in getattr(authenticator, "authenticators", ())
+                 if isinstance(a, ProjectedTokens)), None)
 
 
 def kube_settings(cfg: ArbiterConfig) -> Any:
@@ -599,20 +611,24 @@ def kube_settings(cfg: ArbiterConfig) -> Any:
 
 
 def kube_authenticator(cfg: ArbiterConfig, kube: Any) -> Any:
-    """--kube: pods' projected ServiceAccount tokens (TokenReview) beside what --token and
-    --tls-client-ca allow; callers without any token are the admin only without either,
-    and only on loopback or with --insecure (a token refused never falls through)."""
+    """--kube: pods' projected ServiceAccount tokens (verified locally against the
+    issuer's published keys, TokenReview where those cannot be read) beside what --token
+    and --tls-client-ca allow; callers without any token are the admin only without
+    either, and only on loopback or with --insecure (a token refused never falls through)."""
     from ftagent.arbiter import auth
+    from ftagent.kube.projected import IssuerKeys, ProjectedTokens
     from ftagent.kube.tokenreview import reviewer
 
     chain: list[Any] = []
     if cfg.token:
         both = (cfg.token, cfg.previous_token)
         chain += [auth.JobTokens(both), auth.NodeTokens(both), auth.Secret(both)]
-    chain.append(auth.TokenReviews(reviewer(kube, cfg.token_audience),
-                                   audience=cfg.token_audience,
-                                   node_namespace=pod_namespace(),
-                                   node_account=cfg.node_service_account))
+    reviews = auth.TokenReviews(reviewer(kube, cfg.token_audience),
+                                audience=cfg.token_audience, node_namespace=pod_namespace(),
+                                node_account=cfg.node_service_account)
+    chain.append(ProjectedTokens(IssuerKeys(kube), reviews, audience=cfg.token_audience,
+                                 node_namespace=pod_namespace(),
+                                 node_account=cfg.node_service_account))
     if cfg.tls_client_ca and not cfg.token:
         chain.append(auth.ClientCertificate())
     elif not cfg.token and not cfg.tls_client_ca and (
