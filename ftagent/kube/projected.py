@@ -145,7 +145,7 @@ class IssuerKeys:
     rate-limited form: at most one fetch per ``min_refresh`` seconds, concurrent callers
     share it, a failure keeps the keys already held."""
 
-    def __init__(self, api_client: Any, *, min_refresh: float = 30.0,
+    def __init__(self, api_client: Any, *, min_refresh: float = 10.0,
                  clock: Callable[[], float] = time.monotonic,
                  fetcher: Callable[[], tuple[str, dict[str, Any]]] | None = None) -> None:
         self.api_client = api_client
@@ -168,10 +168,10 @@ class IssuerKeys:
             conf = client.WellKnownApi(self.api_client) \
                 .get_service_account_issuer_open_id_configuration(
                     _preload_content=False, _request_timeout=TIMEOUT)
-            doc = json.loads(conf.data)
+            doc = json.loads(getattr(conf, "data", b""))
             jwks = client.OpenidApi(self.api_client).get_service_account_issuer_open_id_keyset(
                 _preload_content=False, _request_timeout=TIMEOUT)
-            keyset = json.loads(jwks.data)
+            keyset = json.loads(getattr(jwks, "data", b""))
         except Exception as e:  # ApiException (403: RBAC), urllib3 errors, bad JSON
             status = getattr(e, "status", None)
             hint = (": the arbiter needs the system:service-account-issuer-discovery "

@@ -32,9 +32,11 @@ events.k8s.io/v1: one storage, two views, as on the real server), configmaps, se
 namespaces, services, deployments.apps, jobs.batch, leases.coordination.k8s.io,
 mutatingwebhookconfigurations.admissionregistration.k8s.io, tokenreviews.authentication.k8s.io
 (create only, never stored: projected ServiceAccount tokens from ``mint_token``/``token_file``
-are reviewed as the real server reviews them, see tokens.py), and as custom resources (no
-strategic merge: 415, as for real CRDs) pytorchjobs/tfjobs/mpijobs/paddlejobs/mxjobs/
-xgboostjobs.kubeflow.org (v1), trainjobs.trainer.kubeflow.org (v1alpha1),
+are reviewed as the real server reviews them, see tokens.py), the service-account issuer's
+OIDC discovery (``/.well-known/openid-configuration``, ``/openid/v1/jwks``: logged and
+fault-injectable as verb ``get`` on the path; the tokens are signed with a real RSA key),
+and as custom resources (no strategic merge: 415, as for real CRDs)
+pytorchjobs/tfjobs/mpijobs/paddlejobs/mxjobs/xgboostjobs.kubeflow.org (v1), trainjobs.trainer.kubeflow.org (v1alpha1),
 jobsets.jobset.x-k8s.io (v1alpha2), jobs.batch.volcano.sh (v1alpha1). Verbs: get, list (label
 selectors ``k``, ``!k``, ``k=v``, ``k!=v``, ``k in (a,b)``, ``k notin (a)``; field selectors
 on the kind's real fields, e.g. ``spec.nodeName``, ``metadata.name``, ``status.phase``;
@@ -75,7 +77,8 @@ Control API of :class:`FakeKube` (thread-safe; objects are plain dicts as on the
 * Faults: ``forbid(verb, resource, namespace=None, name=None, times=None)`` (403 with the real
   RBAC message for user ``system:serviceaccount:ftagent:arbiter``),
   ``fail(verb, resource, code=500, times=1, retry_after=None, message=None)`` (500, 503,
-  429 with ``Retry-After`` and ``details.retryAfterSeconds``, any code), ``clear_faults()``,
+  429 with ``Retry-After`` and ``details.retryAfterSeconds``, any code),
+  ``slow(verb, resource, seconds)`` (answered that late), ``clear_faults()``,
   ``drop_watches()`` (every open watch is cut mid-stream, no final chunk),
   ``compact()`` (forget the history: older versions get 410), ``send_bookmarks()``
   (a BOOKMARK now on every watch that allowed them; also every ``bookmark_interval`` s),
@@ -333,6 +336,12 @@ class FakeKube:
              namespace: str | None = None, name: str | None = None) -> None:
         self.faults.add(verb, resource, code, namespace=namespace, name=name, times=times,
                         retry_after=retry_after, message=message)
+
+    def slow(self, verb: str, resource: str, seconds: float) -> None:
+        """Answer every ``verb`` on ``resource`` ``seconds`` late (a loaded API server, or
+        the client-side rate limit a real one imposes); ``clear_faults`` ends it."""
+        with self.faults.lock:
+            self.faults.delays.append((verb, resource, seconds))
 
     def clear_faults(self) -> None:
         self.faults.clear()

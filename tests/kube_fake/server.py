@@ -173,6 +173,9 @@ class _Handler(BaseHTTPRequestHandler):
         req = Request(verb, r.resource, r.namespace, r.name, query,
                       {k.lower(): v for k, v in self.headers.items()}, body)
         self.server.faults.log(req)
+        delay = self.server.faults.delay_for(req)
+        if delay > 0:
+            time.sleep(delay)  # a loaded API server answering late (FakeKube.slow)
         try:
             injected = self.server.faults.check(req)
             if injected is not None:
