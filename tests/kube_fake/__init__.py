@@ -36,7 +36,8 @@ are reviewed as the real server reviews them, see tokens.py), the service-accoun
 OIDC discovery (``/.well-known/openid-configuration``, ``/openid/v1/jwks``: logged and
 fault-injectable as verb ``get`` on the path; the tokens are signed with a real RSA key),
 and as custom resources (no strategic merge: 415, as for real CRDs)
-pytorchjobs/tfjobs/mpijobs/paddlejobs/mxjobs/xgboostjobs.kubeflow.org (v1), trainjobs.trainer.kubeflow.org (v1alpha1),
+pytorchjobs/tfjobs/mpijobs/paddlejobs/mxjobs/xgboostjobs.kubeflow.org (v1),
+trainjobs.trainer.kubeflow.org (v1alpha1),
 jobsets.jobset.x-k8s.io (v1alpha2), jobs.batch.volcano.sh (v1alpha1). Verbs: get, list (label
 selectors ``k``, ``!k``, ``k=v``, ``k!=v``, ``k in (a,b)``, ``k notin (a)``; field selectors
 on the kind's real fields, e.g. ``spec.nodeName``, ``metadata.name``, ``status.phase``;
