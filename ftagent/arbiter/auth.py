@@ -292,12 +292,16 @@ def _secrets(secret: str | Sequence[str]) -> tuple[str, ...]:
 
 
 class JobTokens:
-    """Job tokens derived from the secret (``job_token``); ftj2 ones until their expiry."""
+    """Job tokens derived from the secret (``job_token``); ftj2 ones until their expiry.
+    Without ``unexpiring`` a never-expiring ftj1 token is refused: in a shared cluster
+    (``--kube`` without ``--allow-legacy-tokens``) one leaked copy would squat the job's
+    ranks forever."""
 
     def __init__(self, secret: str | Sequence[str],
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, *, unexpiring: bool = True) -> None:
         self._secrets = _secrets(secret)
         self.clock = clock
+        self.unexpiring = unexpiring
 
     async def authenticate(self, presented: Presented) -> Principal | None:
         token = presented.bearer or ""
@@ -317,14 +321,24 @@ class JobTokens:
         namespace, job, mac = parsed
         if not any(hmac.compare_digest(mac, _mac(s, namespace, job)) for s in self._secrets):
             return None
+        if not self.unexpiring:
+            log.warning("refused a never-expiring ftj1 job token for %s: in the cluster only "
+                        "expiring ones (`ftagent token --ttl SECONDS`) are accepted, unless "
+                        "the arbiter runs with --allow-legacy-tokens",
+                        _job_name(namespace, job))
+            return None
         return Principal(f"job {_job_name(namespace, job)}", namespace=namespace, job=job)
 
 
 class NodeTokens:
-    """Node tokens derived from the secret (``node_token``)."""
+    """Node tokens derived from the secret (``node_token``). Without ``every_node`` the
+    ``*`` token is refused: in a shared cluster (``--kube`` without
+    ``--allow-legacy-tokens``) one leaked copy would report for, replace ranks on and
+    cordon any node; one node's own token still works."""
 
-    def __init__(self, secret: str | Sequence[str]) -> None:
+    def __init__(self, secret: str | Sequence[str], *, every_node: bool = True) -> None:
         self._secrets = _secrets(secret)
+        self.every_node = every_node
 
     async def authenticate(self, presented: Presented) -> Principal | None:
         parsed = parse_node_token(presented.bearer or "")
@@ -332,6 +346,11 @@ class NodeTokens:
             return None
         node, mac = parsed
         if not any(hmac.compare_digest(mac, _node_mac(s, node)) for s in self._secrets):
+            return None
+        if node == ALL_NODES and not self.every_node:
+            log.warning("refused the every-node (*) node token: in the cluster node agents "
+                        "present their pods' tokens or one node's token, unless the arbiter "
+                        "runs with --allow-legacy-tokens")
             return None
         return Principal(f"node {node}", node=node)
 

@@ -136,7 +136,9 @@ class ArbiterConfig:
     insecure: bool = opt(False, "--insecure", "allow listening beyond loopback without "
                          "authentication (no --token, no --tls-client-ca, no --kube): any "
                          "peer that reaches the port can speak for any job; with --kube, "
-                         "allow plaintext gRPC (no TLS)")
+                         "allow plaintext gRPC (no TLS), and without --token and "
+                         "--tls-client-ca a caller that presents no token at all is the "
+                         "ADMIN (every job, every node's reports)")
     previous_token: str = opt(
         "", "--previous-token", "during a secret rotation: the old secret, accepted beside "
         "--token (and the job and node tokens derived from it) until removed",
@@ -155,6 +157,11 @@ class ArbiterConfig:
         "ftagent-node", "--node-service-account", "with --kube: the ServiceAccount (in the "
         "arbiter's namespace) of the node agents; its pod-bound tokens report for their "
         "node only", metavar="NAME")
+    allow_legacy_tokens: bool = opt(
+        False, "--allow-legacy-tokens", "with --kube: also accept what --token derives that "
+        "a leak makes dangerous in a shared cluster: never-expiring ftj1 job tokens "
+        "(`ftagent token --ttl 0`) and the every-node (*) node token; without it they are "
+        "refused (ftj2 job tokens, one node's token and the secret itself still work)")
     restart_ceiling: int = opt(
         100, "--restart-ceiling", "the most restarts a job's agents may ask for (their "
         "--max-restarts is cut to it)", check=RESTARTS, metavar="N")
@@ -297,6 +304,23 @@ def check_authority(cfg: ArbiterConfig) -> None:
     raise ConfigError(f"refusing to listen on {cfg.listen} without authentication: set "
                       f"--token (FTAGENT_TOKEN) or --tls-client-ca, or --listen "
                       f"127.0.0.1:{port}, or --insecure")
+
+
+def tokenless_admin(cfg: ArbiterConfig) -> str:
+    """The start-up line saying that, with --kube, a caller without a token is the admin
+    (no --token, no --tls-client-ca: --insecure, or loopback); "" when none is."""
+    from ftagent.arbiter.auth import listens_on_loopback
+
+    if not cfg.kube or cfg.token or cfg.tls_client_ca:
+        return ""
+    if cfg.insecure:
+        return (f"--kube --insecure without --token: a caller on {cfg.listen} that presents "
+                "no token at all is the ADMIN (every job, every node's reports); pods' "
+                "tokens are still checked")
+    if listens_on_loopback(cfg.listen):
+        return (f"--kube on loopback ({cfg.listen}) without --token: a local caller that "
+                "presents no token is the admin")
+    return ""
 
 
 def unauthenticated_beyond_loopback(cfg: ArbiterConfig) -> bool:
@@ -513,6 +537,9 @@ async def run(cfg: ArbiterConfig) -> int:
         if unauthenticated_beyond_loopback(cfg):
             log.warning("listening on %s without authentication (--insecure): any peer "
                         "can speak for any job", address)
+        warning = tokenless_admin(cfg)
+        if warning:
+            log.warning("%s", warning)
         if election is not None:
             from ftagent.kube.lease import LeaderElector, LeaseApi
 
@@ -622,7 +649,9 @@ def kube_authenticator(cfg: ArbiterConfig, kube: Any) -> Any:
     chain: list[Any] = []
     if cfg.token:
         both = (cfg.token, cfg.previous_token)
-        chain += [auth.JobTokens(both), auth.NodeTokens(both), auth.Secret(both)]
+        legacy = cfg.allow_legacy_tokens
+        chain += [auth.JobTokens(both, unexpiring=legacy),
+                  auth.NodeTokens(both, every_node=legacy), auth.Secret(both)]
     reviews = auth.TokenReviews(reviewer(kube, cfg.token_audience),
                                 audience=cfg.token_audience, node_namespace=pod_namespace(),
                                 node_account=cfg.node_service_account)
