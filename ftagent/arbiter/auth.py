@@ -99,10 +99,18 @@ class Principal:
     pod: str | None = None
     pod_uid: str = ""
     pod_node: str = ""
+    # An operator's own Kubernetes credentials (arbiter/operators.py): who the API server
+    # says they are; what they may read is the cluster's RBAC's answer for this call
+    # (SubjectAccessReview), as "ns", "ns/job" or "*" in ``readable``.
+    operator: UserInfo | None = None
+    readable: frozenset[str] = frozenset()
 
     def scope(self) -> str:
         if self.admin:
             return "every job"
+        if self.operator is not None:
+            return (f"the jobs the cluster's RBAC lets {self.operator.username!r} read "
+                    "(ftagentjobs.ftagent.io)")
         if self.node is not None:
             return "every node's reports" if self.node == ALL_NODES else \
                 f"the reports of node {self.node!r}"
@@ -113,13 +121,28 @@ class Principal:
         return f"job {_job_name(self.namespace or '', self.job)}"
 
 
+@dataclass(frozen=True, slots=True)
+class UserInfo:
+    """A Kubernetes user as a TokenReview names them (for SubjectAccessReview)."""
+
+    username: str
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
 ANONYMOUS = Principal("anonymous (the arbiter has no credentials set)", admin=True)
 
 
 def authorize(p: Principal, namespace: str, job: str) -> bool:
-    """May ``p`` act for (read, register as, report for) ``job`` in ``namespace``?"""
+    """May ``p`` act for (read, register as, report for) ``job`` in ``namespace``? An
+    operator only reads, and only what the Guard's SubjectAccessReview granted this call
+    (``readable``; nothing on Connect or ReportNode)."""
     if p.admin:
         return True
+    if p.operator is not None:
+        return bool(p.readable) and ("*" in p.readable or namespace in p.readable
+                                     or f"{namespace}/{job}" in p.readable)
     return p.namespace is not None and p.namespace == namespace and (
         p.job is None or p.job == job)
 
@@ -430,6 +453,8 @@ class Reviewed:
     audiences: tuple[str, ...] = ()
     extra: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     error: str = ""
+    uid: str = ""
+    groups: tuple[str, ...] = ()
 
     def one(self, key: str) -> str:
         """The single value of extra ``authentication.kubernetes.io/<key>`` ("" if not one)."""
@@ -496,8 +521,11 @@ class TokenReviews:
                  node_namespace: str = "", node_account: str = "ftagent-node",
                  ttl: float = 60.0, negative_ttl: float = 30.0, max_entries: int = 50_000,
                  max_pending: int = 256, per_source: int = 8, source_rate: float = 2.0,
-                 source_burst: float = 20.0, clock: Callable[[], float] = time.time) -> None:
+                 source_burst: float = 20.0, clock: Callable[[], float] = time.time,
+                 to_principal: Callable[[Reviewed], Principal | None] | None = None) -> None:
         self._review = review
+        self.to_principal = to_principal or (lambda r: principal_of(
+            r, self.audience, self.node_namespace, self.node_account))
         self.audience, self.node_namespace, self.node_account = (audience, node_namespace,
                                                                  node_account)
         self.ttl, self.negative_ttl, self.max_entries = ttl, negative_ttl, max_entries
@@ -565,7 +593,7 @@ class TokenReviews:
                 self._pending_by[source] = left
             else:
                 self._pending_by.pop(source, None)
-        p = principal_of(reviewed, self.audience, self.node_namespace, self.node_account)
+        p = self.to_principal(reviewed)
         if p is None:  # refused: for negative_ttl, whatever exp the token claims
             until = now + self.negative_ttl
         else:  # the API server vouched for the token, so its exp is the issuer's
@@ -672,6 +700,28 @@ def listens_on_loopback(listen: str) -> bool:
 
 R = TypeVar("R")
 Handler = Callable[[Any, grpc.aio.ServicerContext, Principal], Awaitable[R]]
+Reads = Callable[[Any], tuple[str, str, str]]  # request -> (verb, namespace, job)
+
+
+class OperatorGrants(Protocol):
+    """What an operator may read on this call (arbiter/operators.OperatorAccess)."""
+
+    async def grant(self, p: Principal, verb: str, namespace: str, job: str
+                    ) -> Principal: ...
+
+
+def reads_of(message: Any, verb: str) -> Reads:
+    """``reads`` for a request type with ``namespace`` and ``job`` fields (raw bytes in:
+    the handler parses again; a request that does not parse is granted nothing)."""
+    def reads(raw: Any) -> tuple[str, str, str]:
+        m = message()
+        try:
+            m.ParseFromString(raw)
+        except Exception:  # the handler answers INVALID_ARGUMENT
+            return verb, "\x00", "\x00"
+        return verb, str(getattr(m, "namespace", "")), str(getattr(m, "job", ""))
+
+    return reads
 
 
 class Guard:
@@ -685,6 +735,9 @@ class Guard:
     def __init__(self, authenticator: Authenticator, metrics: ArbiterMetrics | None) -> None:
         self.authenticator = authenticator
         self.metrics = metrics
+        # operators (arbiter/operators.OperatorAccess): what a call's ``reads`` names is
+        # granted by the cluster's RBAC before the handler runs; None: operators read nothing
+        self.access: OperatorGrants | None = None
 
     async def principal(self, context: grpc.aio.ServicerContext) -> Principal | None:
         presented = Presented.from_call(context.invocation_metadata(),
@@ -721,12 +774,24 @@ class Guard:
                             f"these credentials ({p.name}) speak for {p.scope()}, not for "
                             f"job {_job_name(namespace, job)!r}")
 
-    def __call__(self, handler: Handler[R]) -> Callable[[Any, grpc.aio.ServicerContext],
-                                                        Awaitable[R | None]]:
+    def __call__(self, handler: Handler[R], reads: Reads | None = None
+                 ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[R | None]]:
+        """``reads(request) -> (verb, namespace, job)`` marks a read-only RPC: an operator's
+        call is granted what the cluster's RBAC allows for it (``OperatorGrants``); on
+        any other RPC an operator may do nothing."""
         async def guarded(request: Any, context: grpc.aio.ServicerContext) -> R | None:
             p = await self.principal(context)
             if p is None:  # abort raised already; for type checkers
                 return None
+            if p.operator is not None and reads is not None and self.access is not None:
+                try:
+                    p = await self.access.grant(p, *reads(request))
+                except ReviewUnavailable as e:
+                    if self.metrics:
+                        self.metrics.rejected.labels(reason="unavailable").inc()
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot check "
+                                        f"permissions now ({e}): retry")
+                    return None
             return await handler(request, context, p)
 
         return guarded

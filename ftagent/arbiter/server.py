@@ -50,6 +50,7 @@ from ftagent.arbiter.auth import (
     has_credentials,
     identity_problem,
     listens_on_loopback,
+    reads_of,
     server_credentials,
 )
 from ftagent.arbiter.history import RETENTION, History, HistoryStore, NoStore
@@ -287,12 +288,14 @@ class ArbiterServer:
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
             "Connect": grpc.stream_stream_rpc_method_handler(
                 guard(self._leader_only(self._connect))),
+            # read-only: operators get what the cluster's RBAC grants (arbiter/operators.py)
             "ListJobs": grpc.unary_unary_rpc_method_handler(
-                guard(self._leader_only(self._list_jobs))),
+                guard(self._leader_only(self._list_jobs), lambda raw: ("list", "", ""))),
             "GetJob": grpc.unary_unary_rpc_method_handler(
-                guard(self._leader_only(self._get_job))),
+                guard(self._leader_only(self._get_job), reads_of(pb.GetJobRequest, "get"))),
             "WatchEvents": grpc.unary_stream_rpc_method_handler(
-                guard(self._leader_only(self._watch))),
+                guard(self._leader_only(self._watch),
+                      reads_of(pb.WatchEventsRequest, "watch"))),
             "ReportNode": grpc.unary_unary_rpc_method_handler(
                 guard(self._leader_only(self._report_node))),
         }),))

@@ -162,6 +162,13 @@ class ArbiterConfig:
         "a leak makes dangerous in a shared cluster: never-expiring ftj1 job tokens "
         "(`ftagent token --ttl 0`) and the every-node (*) node token; without it they are "
         "refused (ftj2 job tokens, one node's token and the secret itself still work)")
+    operators: bool = opt(
+        False, "--operators", "with --kube: people read jobs (`ftagent status "
+        "--kube-credentials`) with their own Kubernetes credentials: the bearer token is "
+        "checked with a TokenReview (the API server's audience) and each read with a "
+        "SubjectAccessReview (get/list/watch on ftagentjobs.ftagent.io in the job's "
+        "namespace); every distinct unknown token then costs one TokenReview, limited per "
+        "source address")
     restart_ceiling: int = opt(
         100, "--restart-ceiling", "the most restarts a job's agents may ask for (their "
         "--max-restarts is cut to it)", check=RESTARTS, metavar="N")
@@ -511,6 +518,8 @@ async def run(cfg: ArbiterConfig) -> int:
     except OSError as e:  # --state-dir cannot be created, read or written
         raise StartError(f"cannot keep history in --state-dir {cfg.state_dir}: "
                          f"{e.strerror or e}") from None
+    if cfg.kube and cfg.operators:
+        attach_operators(server, kube)
     httpd = start_metrics(cfg, server.prom, lambda: server.ready)
     elector = None
     # SIGTERM/SIGINT are handled before "listening on" is printed: whoever starts the
@@ -617,6 +626,17 @@ def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
     return cluster
 
 
+def attach_operators(server: Any, kube: Any) -> Any:
+    """--operators: an operator's read is granted what SubjectAccessReview allows."""
+    from ftagent.arbiter.operators import OperatorAccess
+    from ftagent.kube.tokenreview import access_reviewer
+
+    access = OperatorAccess(access_reviewer(kube))
+    access.namespaces = lambda: {j.namespace for j in server.registry.listing()}
+    server.guard.access = access
+    return access
+
+
 def _projected(authenticator: Any) -> Any:
     """The chain's ProjectedTokens (kube/projected.py), if it has one."""
     from ftagent.kube.projected import ProjectedTokens
@@ -658,6 +678,10 @@ def kube_authenticator(cfg: ArbiterConfig, kube: Any) -> Any:
     chain.append(ProjectedTokens(IssuerKeys(kube), reviews, audience=cfg.token_audience,
                                  node_namespace=pod_namespace(),
                                  node_account=cfg.node_service_account))
+    if cfg.operators:  # after the pods' own path: only what is no pod's token gets here
+        from ftagent.arbiter.operators import operator_of
+
+        chain.append(auth.TokenReviews(reviewer(kube, ""), to_principal=operator_of))
     if cfg.tls_client_ca and not cfg.token:
         chain.append(auth.ClientCertificate())
     elif not cfg.token and not cfg.tls_client_ca and (

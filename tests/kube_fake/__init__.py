@@ -73,8 +73,13 @@ Control API of :class:`FakeKube` (thread-safe; objects are plain dicts as on the
   ``prune_status(resource, *fields)`` (a CRD schema without those status fields: they are
   dropped from writes, as the real server prunes unknown fields).
 * Tokens: ``mint_token(namespace, service_account="default", pod=None, audiences=("ftagent",),
-  expiration_seconds=3600) -> Minted``, ``token_file(directory, namespace, pod, ...)`` (a
-  projected-volume token file; call again to rotate), ``issuer.clock`` (settable: expiry).
+  expiration_seconds=3600) -> Minted``, ``user_token(username, groups=())`` (a person's OIDC
+  id token), ``issuer.rotate_key(alg)`` / ``issuer.retire_key(kid)``,
+  ``token_file(directory, namespace, pod, ...)`` (a projected-volume token file; call again
+  to rotate), ``issuer.clock`` (settable: expiry).
+* RBAC for SubjectAccessReview (``subjectaccessreviews.authorization.k8s.io``, create only,
+  see access.py): ``allow(subject, verbs, resource="ftagentjobs", group="ftagent.io",
+  namespace=None, names=())``.
 * Faults: ``forbid(verb, resource, namespace=None, name=None, times=None)`` (403 with the real
   RBAC message for user ``system:serviceaccount:ftagent:arbiter``),
   ``fail(verb, resource, code=500, times=1, retry_after=None, message=None)`` (500, 503,
@@ -106,6 +111,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .access import Access
 from .errors import ApiError, now_rfc3339
 from .faults import Faults, Request
 from .resources import Kind, kind_for, parse_label_selector
@@ -136,6 +142,8 @@ class FakeKube:
         self._http = FakeHTTPServer(self.store, self.faults, token, bookmark_interval, ctx)
         self.issuer = Issuer(self.get)
         self._http.issuer = self.issuer
+        self.access = Access()
+        self._http.access = self.access
         port = self._http.server_address[1]
         self.url = f"https://localhost:{port}" if tls else f"http://127.0.0.1:{port}"
         self._thread = threading.Thread(target=self._http.serve_forever,
@@ -326,6 +334,19 @@ class FakeKube:
         minted = self.mint_token(namespace, service_account, pod=pod, audiences=audiences,
                                  expiration_seconds=expiration_seconds)
         return write_projected(directory, minted.token)
+
+    def user_token(self, username: str, groups: tuple[str, ...] = ()) -> str:
+        """A person's OIDC id token, as a kubeconfig holds it (TokenReview: the API
+        server's audiences only)."""
+        return self.issuer.user_token(username, groups)
+
+    def allow(self, subject: str, verbs: tuple[str, ...] | str, resource: str = "ftagentjobs",
+              group: str = "ftagent.io", namespace: str | None = None,
+              names: tuple[str, ...] = ()) -> None:
+        """RBAC for SubjectAccessReview (access.py): ``subject`` a user or ``group:NAME``;
+        with ``namespace`` a RoleBinding there, else a ClusterRoleBinding; ``names`` its
+        resourceNames."""
+        self.access.allow(subject, verbs, resource, group, namespace, names)
 
     # ------------------------------------------------------------------- faults
     def forbid(self, verb: str, resource: str, namespace: str | None = None,

@@ -80,6 +80,7 @@ class FakeHTTPServer(ThreadingHTTPServer):
         self.bookmark_interval = bookmark_interval
         self.bookmark_epoch = 0
         self.issuer: Any = None  # tokens.Issuer: answers TokenReviews
+        self.access: Any = None  # access.Access: answers SubjectAccessReviews
         self.stopping = threading.Event()
         self.conns: set[socket.socket] = set()
         self.conns_lock = threading.Lock()
@@ -244,6 +245,11 @@ class _Handler(BaseHTTPRequestHandler):
             if not isinstance(body, dict) or not isinstance(body.get("spec"), dict):
                 raise ApiError(400, "BadRequest", "TokenReview has no spec")
             return 201, self.server.issuer.review(body)
+        if r.kind.plural == "subjectaccessreviews":  # create-only, never stored
+            if verb != "create" or r.name is not None:
+                raise ApiError(405, "MethodNotAllowed", "the server does not allow this "
+                               "method on the requested resource")
+            return 201, self.server.access.review(body)
         if verb == "get":
             return 200, store.get(r.kind, r.namespace, r.name or "")
         if verb == "list":

@@ -60,6 +60,7 @@ from cryptography.hazmat.primitives.asymmetric.utils import (
 
 API_AUDIENCE = "https://kubernetes.default.svc.cluster.local"
 ISSUER = "https://kubernetes.default.svc.cluster.local"
+OIDC_ISSUER = "https://oidc.example.com"  # people's tokens (FakeKube.user_token)
 EXTRA = "authentication.kubernetes.io/"
 
 
@@ -100,6 +101,7 @@ class Issuer:
         self._lock = threading.Lock()
         self._keys: dict[str, SigningKey] = {}
         self.kid = self.rotate_key(alg)
+        self._oidc = SigningKey.generate("RS256")  # a people's identity provider (OIDC)
 
     def rotate_key(self, alg: str = "RS256") -> str:
         """Sign from now on with a new key (``RS256`` or ``ES256``); the old ones stay
@@ -170,6 +172,40 @@ class Issuer:
         body = _b64(json.dumps(claims, separators=(",", ":")).encode())
         return f"{head}.{body}.{_b64(key.sign(f'{head}.{body}'.encode()))}"
 
+    def user_token(self, username: str, groups: Sequence[str] = (),
+                   expiration_seconds: int = 3600) -> str:
+        """A person's id token from the cluster's OIDC provider (``--oidc-issuer-url``), as
+        ``kubectl`` sends it from a kubeconfig: the API server authenticates it for its own
+        audiences only (``spec.audiences`` empty, or naming the API server's)."""
+        now = self.clock()
+        claims = {"iss": OIDC_ISSUER, "aud": ["kubernetes"], "sub": username,
+                  "email": username, "groups": list(groups), "iat": int(now),
+                  "exp": int(now + expiration_seconds)}
+        key = self._oidc
+        head = _b64(json.dumps({"alg": key.alg, "kid": key.kid}).encode())
+        body = _b64(json.dumps(claims, separators=(",", ":")).encode())
+        return f"{head}.{body}.{_b64(key.sign(f'{head}.{body}'.encode()))}"
+
+    def _user(self, token: str, wanted: list[str]) -> tuple[dict[str, Any], str] | None:
+        """TokenReview of an OIDC id token (None: not one of the provider's)."""
+        parts = token.split(".")
+        if len(parts) != 3:
+            return None
+        try:
+            if not self._oidc.verify(f"{parts[0]}.{parts[1]}".encode(), _unb64(parts[2])):
+                return None
+            claims = json.loads(_unb64(parts[1]))
+        except (ValueError, TypeError):
+            return None
+        if API_AUDIENCE not in wanted:  # audience-agnostic: the API server's audiences
+            return {}, (f"token audiences {json.dumps([API_AUDIENCE])} is invalid for the "
+                        f"target audiences {json.dumps(wanted)}")
+        if self.clock() >= claims["exp"]:
+            return {}, "oidc: verify token: oidc: token is expired"
+        user = {"username": claims["sub"], "groups": [*claims["groups"],
+                                                      "system:authenticated"]}
+        return {"authenticated": True, "user": user, "audiences": [API_AUDIENCE]}, ""
+
     def _claims(self, token: str) -> dict[str, Any] | None:
         parts = token.split(".")
         if len(parts) != 3:
@@ -195,7 +231,7 @@ class Issuer:
         out = {"kind": "TokenReview", "apiVersion": "authentication.k8s.io/v1",
                "metadata": {"creationTimestamp": None}, "spec": spec}
         try:
-            status, problem = self._check(token, wanted)
+            status, problem = self._user(token, wanted) or self._check(token, wanted)
         except (KeyError, TypeError, AttributeError):  # signed, but not claims it writes
             status, problem = {}, "service account token is malformed"
         if problem:
