@@ -240,7 +240,7 @@ class Bench:
             env = {"POD_NAMESPACE": "ftagent"}
         self.arbiter = ArbiterProcess("--log-level", os.environ.get("BENCH_LOG", "warning"),
                                       "--metrics-port", "0", "--metrics-addr", "127.0.0.1",
-                                      *extra, env=env)
+                                      *extra, env=env, start_timeout=180.0)
         self.pipes: list[Connection] = []
         self.procs: list[Any] = []
         self.total = 0
@@ -361,6 +361,9 @@ class Bench:
             row: dict[str, Any] = {"agents": self.total, "ramp_s": ramp}
             print(f"{self.total} agents connected in {ramp:.1f}s; measuring ...", flush=True)
             row["cpu"], row["rss"], row["client_cpu"] = self.measure(self.args.window)
+            if self.total < level:
+                print(f"only {self.total} of {level} agents connected; the arbiter's log "
+                      "ends:\n" + "\n".join(self.arbiter.log_text().splitlines()[-15:]))
             lat: list[float] = []
             bar: list[float] = []
             bar_all: list[float] = []
@@ -378,7 +381,9 @@ class Bench:
             self.rows.append(row)
             print(self.format_row(row), flush=True)
             if self.total < level:
-                print(f"only {self.total} of {level} agents connected; stopping here")
+                print(f"only {self.total} of {level} agents connected; stopping here; the "
+                      "arbiter's log ends:\n" + "\n".join(
+                          self.arbiter.log_text().splitlines()[-15:]))
                 break
         if self.args.failover and self.rows:
             self.failover(self.rows[-1])

@@ -639,10 +639,8 @@ def attach_operators(server: Any, kube: Any) -> Any:
 
 def _projected(authenticator: Any) -> Any:
     """The chain's ProjectedTokens (kube/projected.py), if it has one."""
-    from ftagent.kube.projected import ProjectedTokens
-
     return next((a for a in getattr(authenticator, "authenticators", ())
-                 if isinstance(a, ProjectedTokens)), None)
+                 if type(a).__name__ == "ProjectedTokens"), None)
 
 
 def kube_settings(cfg: ArbiterConfig) -> Any:
@@ -663,7 +661,6 @@ def kube_authenticator(cfg: ArbiterConfig, kube: Any) -> Any:
     and --tls-client-ca allow; callers without any token are the admin only without
     either, and only on loopback or with --insecure (a token refused never falls through)."""
     from ftagent.arbiter import auth
-    from ftagent.kube.projected import IssuerKeys, ProjectedTokens
     from ftagent.kube.tokenreview import reviewer
 
     chain: list[Any] = []
@@ -675,9 +672,18 @@ def kube_authenticator(cfg: ArbiterConfig, kube: Any) -> Any:
     reviews = auth.TokenReviews(reviewer(kube, cfg.token_audience),
                                 audience=cfg.token_audience, node_namespace=pod_namespace(),
                                 node_account=cfg.node_service_account)
-    chain.append(ProjectedTokens(IssuerKeys(kube), reviews, audience=cfg.token_audience,
-                                 node_namespace=pod_namespace(),
-                                 node_account=cfg.node_service_account))
+    try:
+        import jwt  # noqa: F401  (PyJWT, the arbiter extra: local verification)
+
+        from ftagent.kube.projected import IssuerKeys, ProjectedTokens
+    except ImportError:
+        log.warning("PyJWT is not installed (pip install 'ftagent[arbiter]'): every pod token "
+                    "is checked with a TokenReview instead of locally")
+        chain.append(reviews)
+    else:
+        chain.append(ProjectedTokens(IssuerKeys(kube), reviews, audience=cfg.token_audience,
+                                     node_namespace=pod_namespace(),
+                                     node_account=cfg.node_service_account))
     if cfg.operators:  # after the pods' own path: only what is no pod's token gets here
         from ftagent.arbiter.operators import operator_of
 

@@ -72,6 +72,9 @@ class Checked:
     bound: Bound | None = None
     problem: str = ""
     unknown_key: str = ""
+    # signed with the cluster's key but naming another issuer (an API server accepting
+    # several --service-account-issuer values during a migration): the API server decides
+    other_issuer: bool = False
 
 
 def _str(v: Any) -> str:
@@ -113,8 +116,8 @@ def verify(token: str, keys: dict[str, Any], issuer: str, audience: str,
                                      "require": ["iss", "aud", "exp", "sub"]})
     except jwt.InvalidAudienceError:
         return Checked(problem="wrong audience")
-    except jwt.InvalidIssuerError:
-        return Checked(problem="another issuer")
+    except jwt.InvalidIssuerError:  # raised after the signature was found good
+        return Checked(problem="another issuer", other_issuer=True)
     except jwt.PyJWTError as e:
         return Checked(problem=f"invalid: {type(e).__name__}")
     exp, nbf = claims.get("exp"), claims.get("nbf", claims.get("iat", 0))
@@ -283,6 +286,8 @@ class ProjectedTokens:
             if checked.unknown_key:  # a rotated key, or junk: refresh at most once a window
                 await self.keys.refresh()
                 checked = verify(token, self.keys.keys, self.keys.issuer, self.audience, now)
+            if checked.other_issuer:  # the cluster signed it: its API server decides
+                return await self.fallback.authenticate(presented)
             if checked.bound is None:
                 self.refused += 1
                 log.debug("refused a token from %s: %s", presented.source or "?",
