@@ -20,7 +20,10 @@ project's fake API server, tests/kube_fake, in this process, whose issuer signs 
 RSA key and serves OIDC discovery): every agent presents its own pod-bound projected token,
 verified in the arbiter against the issuer's published keys (kube/projected.py), its Hello
 checked against its pod as the arbiter's pod watch sees it. ``--identity none,projected``
-runs both, one after the other, and prints their rows side by side. (The TokenReview
+runs both, one after the other, and prints their rows side by side; ``kube-admin`` is the
+same cluster and pods with every agent presenting the arbiter's secret instead (the
+cluster's own work, Events and pod annotations, without the identity checks), to tell
+what identity costs from what ``--kube`` costs. (The TokenReview
 fallback, where discovery cannot be read, limits reviews per source address: on loopback
 every agent is one source, so it is not benched here.)
 
@@ -53,6 +56,7 @@ NAMESPACE = "bench"
 NODES = 64
 CONNECT = "/ftagent.v1.Arbiter/Connect"
 REVIEWS = "tokenreviews.authentication.k8s.io"
+ADMIN_SECRET = "bench-admin-secret-0123456789"
 BACKOFF_FIRST, BACKOFF_CAP = 0.2, 4.0  # the agent's (ftagent/agent/reporter.py)
 
 
@@ -230,13 +234,15 @@ class Bench:
         self.kube: Any = None
         extra: list[str] = []
         env: dict[str, str] = {}
-        if identity == "projected":
+        if identity in ("projected", "kube-admin"):
             from tests.kube_fake import FakeKube
 
             self.kube = FakeKube()
             for n in range(NODES):
                 self.kube.add_node(f"node-{n}")
             extra = ["--kube", "--kube-api", self.kube.url]
+            if identity == "kube-admin":
+                extra += ["--token", ADMIN_SECRET]
             env = {"POD_NAMESPACE": "ftagent"}
         self.arbiter = ArbiterProcess("--log-level", os.environ.get("BENCH_LOG", "warning"),
                                       "--metrics-port", "0", "--metrics-addr", "127.0.0.1",
@@ -297,6 +303,8 @@ class Bench:
                                          "ftagent.io/world-size": str(JOB_SIZE)}},
             "spec": {"nodeName": node, "containers": [{"name": "trainer", "image": "t"}]},
             "status": {"phase": "Running"}})
+        if self.identity == "kube-admin":
+            return name, node, ADMIN_SECRET
         token = self.kube.mint_token(NAMESPACE, "trainer", pod=name).token
         return name, node, token
 
@@ -447,17 +455,19 @@ def main() -> int:
     ap.add_argument("--max-seconds", type=float, default=300.0)
     ap.add_argument("--identity", default="none",
                     type=lambda s: [x for x in s.split(",") if x],
-                    help="none, projected, or both (none,projected: run one after the other, "
-                    "rows side by side); projected: --kube against the fake API server, a "
-                    "pod-bound token per agent, verified in the arbiter (OIDC keys)")
+                    help="none, projected, kube-admin, or several (none,projected: run one "
+                    "after the other, rows side by side); projected: --kube against the fake "
+                    "API server, a pod-bound token per agent, verified in the arbiter (OIDC "
+                    "keys); kube-admin: the same cluster and pods, every agent presenting the "
+                    "admin secret (no identity check: what --kube costs without it)")
     ap.add_argument("--failover", action="store_true",
                     help="after the last level: kill the arbiter, start a new one, time "
                     "every agent back")
     ap.add_argument("--failover-timeout", type=float, default=120.0)
     args = ap.parse_args()
     for identity in args.identity:
-        if identity not in ("none", "projected"):
-            ap.error(f"--identity {identity!r}: none or projected")
+        if identity not in ("none", "projected", "kube-admin"):
+            ap.error(f"--identity {identity!r}: none, projected or kube-admin")
     print(f"command: {' '.join([sys.executable, *sys.argv])}")
     print(f"machine: {os.cpu_count()} CPUs; arbiter and {args.workers} client processes share "
           f"them (loopback); identity: {','.join(args.identity)}")
