@@ -616,7 +616,8 @@ def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
         cluster.on_pod_deleted = projected.pod_deleted
     server.on_registry.append(cluster.rebind)  # each term as leader has its own registry
     loop = asyncio.get_running_loop()
-    start_watches(cluster, kube, loop, threading.Event())
+    watches = start_watches(cluster, kube, loop, threading.Event())
+    server.pods_synced = watches[0].informer.until_synced  # the pod informer
     from ftagent.kube.uninjected import watch_uninjected  # pods injection missed (gauge)
 
     watch_uninjected(kube, loop, server.prom, connected=lambda: {
