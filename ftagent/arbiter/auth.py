@@ -325,6 +325,7 @@ class JobTokens:
         self._secrets = _secrets(secret)
         self.clock = clock
         self.unexpiring = unexpiring
+        self._warned = 0.0  # the last refusal's warning (one a minute, not one per retry)
 
     async def authenticate(self, presented: Presented) -> Principal | None:
         token = presented.bearer or ""
@@ -345,10 +346,12 @@ class JobTokens:
         if not any(hmac.compare_digest(mac, _mac(s, namespace, job)) for s in self._secrets):
             return None
         if not self.unexpiring:
-            log.warning("refused a never-expiring ftj1 job token for %s: in the cluster only "
-                        "expiring ones (`ftagent token --ttl SECONDS`) are accepted, unless "
-                        "the arbiter runs with --allow-legacy-tokens",
-                        _job_name(namespace, job))
+            if self.clock() - self._warned >= 60:
+                self._warned = self.clock()
+                log.warning("refused a never-expiring ftj1 job token for %s: in the cluster "
+                            "only expiring ones (`ftagent token --ttl SECONDS`) are accepted, "
+                            "unless the arbiter runs with --allow-legacy-tokens",
+                            _job_name(namespace, job))
             return None
         return Principal(f"job {_job_name(namespace, job)}", namespace=namespace, job=job)
 
