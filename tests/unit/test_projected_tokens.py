@@ -270,3 +270,38 @@ def test_peer_source_drops_the_port() -> None:
     assert peer_source("ipv4:10.1.2.3:5555") == "10.1.2.3"
     assert peer_source("ipv6:[::1]:40000") == "::1"
     assert peer_source("unix:/tmp/x") == "unix:/tmp/x"
+
+
+def test_a_pod_call_waits_for_the_pod_watchs_first_list() -> None:
+    """After a start or failover the pod watch's first list is under way: a pod's call
+    waits for it (4 s at most) instead of every agent retrying into it."""
+    from ftagent.arbiter.auth import PodFacts, Principal
+    from ftagent.arbiter.server import ArbiterServer, ServerSettings
+
+    class Aborted(Exception):
+        pass
+
+    class Context:
+        async def abort(self, code: Any, details: str) -> None:
+            raise Aborted(details)
+
+    async def main() -> None:
+        srv = ArbiterServer(ServerSettings(listen="127.0.0.1:0", metrics_port=-1))
+        facts: dict[tuple[str, str], PodFacts] = {}
+        srv.pod_lookup = lambda ns, pod: facts.get((ns, pod))
+        listed = asyncio.Event()
+        srv.pods_synced = listed.wait
+        p = Principal("pod team/p0", namespace="team", pod="p0", pod_uid="u0")
+        call = asyncio.ensure_future(srv._pod_principal(p, Context()))  # type: ignore[arg-type]
+        await asyncio.sleep(0.05)
+        assert not call.done()  # waiting, not refused
+        facts[("team", "p0")] = PodFacts(uid="u0", job="alpha")
+        listed.set()
+        got = await asyncio.wait_for(call, 5)
+        assert got.job == "alpha"
+        # once listed, a pod the watch has not seen is UNAVAILABLE at once (retry)
+        other = Principal("pod team/p1", namespace="team", pod="p1", pod_uid="u1")
+        with pytest.raises(Aborted, match="not \\(yet\\) in the arbiter's watch"):
+            await asyncio.wait_for(srv._pod_principal(other, Context()), 1)  # type: ignore[arg-type]
+
+    asyncio.run(main())
