@@ -1,7 +1,7 @@
 """How far one arbiter process goes: CPU and memory per agent, fan-out and barrier latency.
 
     .venv/bin/python bench/arbiter_scale.py [--levels 1000,5000,10000] [--workers 4]
-        [--identity none|tokenreview]
+        [--identity none,projected] [--failover]
 
 The arbiter runs in its own process (``python -m ftagent arbiter``); simulated agents
 run in ``--workers`` client processes, one gRPC stream each (one TCP connection per
@@ -15,10 +15,23 @@ we time fault -> RESTART received by every rank (p50/p99/max) and the barrier (l
 arrival sent -> last RELEASE received; first arrival -> last release). Loopback only;
 everything stops by itself within ``--max-seconds``.
 
-``--identity tokenreview`` runs the arbiter as in a cluster (``--kube`` against the
-project's fake API server, tests/kube_fake, in this process): every agent presents its
-own pod-bound projected token, checked with a TokenReview (cached), its Hello checked
-against its pod as the arbiter's pod watch sees it. Compare its rows with ``none``'s.
+``--identity projected`` runs the arbiter as in a cluster (``--kube`` against the
+project's fake API server, tests/kube_fake, in this process, whose issuer signs with a real
+RSA key and serves OIDC discovery): every agent presents its own pod-bound projected token,
+verified in the arbiter against the issuer's published keys (kube/projected.py), its Hello
+checked against its pod as the arbiter's pod watch sees it. ``--identity none,projected``
+runs both, one after the other, and prints their rows side by side; ``kube-admin`` is the
+same cluster and pods with every agent presenting the arbiter's secret instead (the
+cluster's own work, Events and pod annotations, without the identity checks), to tell
+what identity costs from what ``--kube`` costs. (The TokenReview
+fallback, where discovery cannot be read, limits reviews per source address: on loopback
+every agent is one source, so it is not benched here.)
+
+``--failover``: after the last level the arbiter is killed (SIGKILL) and a new one started
+on the same port, cold (with ``--kube`` it lists the pods again); the agents reconnect as
+real ones do (backoff with jitter, 0.2 s doubling to 4 s), and we time kill -> every agent
+connected again (and from the new arbiter's "listening on"), and count the TokenReviews the
+fake API server answered meanwhile.
 """
 
 from __future__ import annotations
@@ -42,6 +55,9 @@ JOB_SIZE = 1000
 NAMESPACE = "bench"
 NODES = 64
 CONNECT = "/ftagent.v1.Arbiter/Connect"
+REVIEWS = "tokenreviews.authentication.k8s.io"
+ADMIN_SECRET = "bench-admin-secret-0123456789"
+BACKOFF_FIRST, BACKOFF_CAP = 0.2, 4.0  # the agent's (ftagent/agent/reporter.py)
 
 
 # --------------------------------------------------------------------------- client process
@@ -72,7 +88,12 @@ class Worker:
 
     def _channel(self) -> Any:
         if not self.channels or self.channels[-1][1] >= self.per_conn:
-            self.channels.append([self.grpc.aio.insecure_channel(self.address), 0])
+            self.channels.append([self.grpc.aio.insecure_channel(self.address, options=[
+                # as an agent that opens a fresh connection per attempt: no growing
+                # channel-level reconnect backoff of its own
+                ("grpc.initial_reconnect_backoff_ms", 200),
+                ("grpc.min_reconnect_backoff_ms", 200),
+                ("grpc.max_reconnect_backoff_ms", int(BACKOFF_CAP * 1000))]), 0])
         self.channels[-1][1] += 1
         return self.channels[-1][0]
 
@@ -86,7 +107,7 @@ class Worker:
                 for job, rank, pod, node, token in msg[1]:
                     self.tasks.append(asyncio.create_task(self._agent(job, rank, pod, node,
                                                                       token)))
-                want = len(self.agents) + len(msg[1])
+                want = self.connected + len(msg[1])
                 while self.connected < want and time.monotonic() - t < 120:
                     await asyncio.sleep(0.05)
                 self.pipe.send(("added", self.connected, time.monotonic() - t))
@@ -100,6 +121,11 @@ class Worker:
                 async with a["lock"]:
                     await a["call"].write(self.pb.AgentMessage(fault=f).SerializeToString())
                 self.pipe.send(("sent", t0))
+            elif cmd == "wait":  # until every agent is connected (again), or a timeout
+                t = time.monotonic()
+                while self.connected < len(self.agents) and time.monotonic() - t < msg[1]:
+                    await asyncio.sleep(0.05)
+                self.pipe.send(("connected", self.connected, time.monotonic()))
             elif cmd == "events":
                 self.pipe.send(("events", self.events))
                 self.events = []
@@ -116,6 +142,10 @@ class Worker:
 
     async def _agent(self, job: str, rank: int, pod: str = "", node: str = "",
                      token: str = "") -> None:
+        """One agent: connect, serve its stream; when the stream ends (the arbiter died),
+        reconnect as a real agent does (backoff with jitter)."""
+        import random
+
         pb = self.pb
         namespace = NAMESPACE if token else ""
         hello = pb.AgentMessage(hello=pb.Hello(job=job, rank=rank, world_size=JOB_SIZE,
@@ -123,48 +153,62 @@ class Worker:
                                                pod=pod, node=node))
         channel = self._channel()
         metadata = (("authorization", f"Bearer {token}"),) if token else ()
-        until = time.monotonic() + 120
-        while True:  # UNAVAILABLE until the arbiter's pod watch has seen the pod: retry
-            call = channel.stream_stream(CONNECT)(metadata=metadata)
-            await call.write(hello.SerializeToString())
-            raw = await call.read()
-            if raw is not self.grpc.aio.EOF:
-                break
-            if time.monotonic() > until:
-                raise RuntimeError(f"{job} rank {rank}: {await call.details()}")
-            await asyncio.sleep(0.2)
-        first = pb.ArbiterMessage.FromString(raw)
-        assert first.WhichOneof("body") == "welcome"
-        lock = asyncio.Lock()  # grpc.aio allows one write at a time per call
-        self.agents[(job, rank)] = a = {"call": call, "gen": 0, "lock": lock}
-        self.connected += 1
-        writer = asyncio.create_task(self._progress(call, lock))
-        try:
-            while True:
+        a: dict[str, Any] = self.agents.setdefault((job, rank), {"gen": 0})
+        delay = BACKOFF_FIRST
+        while True:
+            try:
+                call = channel.stream_stream(CONNECT)(metadata=metadata)
+                await call.write(hello.SerializeToString())
                 raw = await call.read()
-                if raw is self.grpc.aio.EOF:
-                    return
-                t = time.monotonic()
-                m = pb.ArbiterMessage.FromString(raw)
-                if m.WhichOneof("body") != "command":
-                    continue
-                c = m.command
+            except Exception:  # the arbiter is gone: as UNAVAILABLE
+                raw = self.grpc.aio.EOF
+            if raw is self.grpc.aio.EOF:
+                # UNAVAILABLE until the arbiter's pod watch has seen the pod, or while
+                # it is down: retry with backoff and jitter
+                await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+                delay = min(BACKOFF_CAP, delay * 2)
+                continue
+            delay = BACKOFF_FIRST
+            first = pb.ArbiterMessage.FromString(raw)
+            assert first.WhichOneof("body") == "welcome"
+            lock = asyncio.Lock()  # grpc.aio allows one write at a time per call
+            a.update(call=call, lock=lock)
+            self.connected += 1
+            writer = asyncio.create_task(self._progress(call, lock))
+            try:
+                await self._serve(job, rank, a, call, lock)
+            except Exception:
+                pass
+            finally:
+                writer.cancel()
+                self.connected -= 1
+
+    async def _serve(self, job: str, rank: int, a: dict[str, Any], call: Any,
+                     lock: asyncio.Lock) -> None:
+        pb = self.pb
+        while True:
+            raw = await call.read()
+            if raw is self.grpc.aio.EOF:
+                return
+            t = time.monotonic()
+            m = pb.ArbiterMessage.FromString(raw)
+            if m.WhichOneof("body") != "command":
+                continue
+            c = m.command
+            async with lock:
+                await call.write(pb.AgentMessage(ack=pb.Ack(command_id=c.id))
+                                 .SerializeToString())
+            if c.kind == pb.COMMAND_KIND_RESTART:
+                self.events.append(("restart", job, rank, c.generation, t))
+                a["gen"] = c.generation
+                ts = time.monotonic()
                 async with lock:
-                    await call.write(pb.AgentMessage(ack=pb.Ack(command_id=c.id))
-                                     .SerializeToString())
-                if c.kind == pb.COMMAND_KIND_RESTART:
-                    self.events.append(("restart", job, rank, c.generation, t))
-                    a["gen"] = c.generation
-                    ts = time.monotonic()
-                    async with lock:
-                        await call.write(pb.AgentMessage(arrival=pb.BarrierArrival(
-                            generation=c.generation, previous_trainer_exited=True))
-                            .SerializeToString())
-                    self.events.append(("arrive", job, rank, c.generation, ts))
-                elif c.kind == pb.COMMAND_KIND_RELEASE_BARRIER:
-                    self.events.append(("release", job, rank, c.generation, t))
-        finally:
-            writer.cancel()
+                    await call.write(pb.AgentMessage(arrival=pb.BarrierArrival(
+                        generation=c.generation, previous_trainer_exited=True))
+                        .SerializeToString())
+                self.events.append(("arrive", job, rank, c.generation, ts))
+            elif c.kind == pb.COMMAND_KIND_RELEASE_BARRIER:
+                self.events.append(("release", job, rank, c.generation, t))
 
     async def _progress(self, call: Any, lock: asyncio.Lock) -> None:
         await asyncio.sleep(self.interval * (hash(id(call)) % 1000) / 1000)  # spread agents
@@ -183,24 +227,26 @@ def pct(values: list[float], q: float) -> float:
 
 
 class Bench:
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, identity: str = "none") -> None:
         from ftagent.arbiter.process import ArbiterProcess
 
-        self.args = args
+        self.args, self.identity = args, identity
         self.kube: Any = None
         extra: list[str] = []
         env: dict[str, str] = {}
-        if args.identity == "tokenreview":
+        if identity in ("projected", "kube-admin"):
             from tests.kube_fake import FakeKube
 
             self.kube = FakeKube()
             for n in range(NODES):
                 self.kube.add_node(f"node-{n}")
             extra = ["--kube", "--kube-api", self.kube.url]
+            if identity == "kube-admin":
+                extra += ["--token", ADMIN_SECRET]
             env = {"POD_NAMESPACE": "ftagent"}
         self.arbiter = ArbiterProcess("--log-level", os.environ.get("BENCH_LOG", "warning"),
                                       "--metrics-port", "0", "--metrics-addr", "127.0.0.1",
-                                      *extra, env=env)
+                                      *extra, env=env, start_timeout=180.0)
         self.pipes: list[Connection] = []
         self.procs: list[Any] = []
         self.total = 0
@@ -245,7 +291,7 @@ class Bench:
         return time.monotonic() - t
 
     def pod(self, job: str, rank: int) -> tuple[str, str, str]:
-        """(pod, node, token) of a rank: with --identity tokenreview a pod in the fake API
+        """(pod, node, token) of a rank: with --identity projected a pod in the fake API
         server, labelled for its job and rank, and its pod-bound token; else nothing."""
         if self.kube is None:
             return "", "", ""
@@ -257,6 +303,8 @@ class Bench:
                                          "ftagent.io/world-size": str(JOB_SIZE)}},
             "spec": {"nodeName": node, "containers": [{"name": "trainer", "image": "t"}]},
             "status": {"phase": "Running"}})
+        if self.identity == "kube-admin":
+            return name, node, ADMIN_SECRET
         token = self.kube.mint_token(NAMESPACE, "trainer", pod=name).token
         return name, node, token
 
@@ -321,6 +369,9 @@ class Bench:
             row: dict[str, Any] = {"agents": self.total, "ramp_s": ramp}
             print(f"{self.total} agents connected in {ramp:.1f}s; measuring ...", flush=True)
             row["cpu"], row["rss"], row["client_cpu"] = self.measure(self.args.window)
+            if self.total < level:
+                print(f"only {self.total} of {level} agents connected; the arbiter's log "
+                      "ends:\n" + "\n".join(self.arbiter.log_text().splitlines()[-15:]))
             lat: list[float] = []
             bar: list[float] = []
             bar_all: list[float] = []
@@ -334,15 +385,42 @@ class Bench:
             row["server"] = (s1 - s0) / (n1 - n0) if n1 > n0 else float("nan")
             row.update(p50=pct(lat, 50), p99=pct(lat, 99), max=max(lat),
                        barrier=statistics.median(bar), barrier_all=statistics.median(bar_all))
+            row["identity"] = self.identity
             self.rows.append(row)
             print(self.format_row(row), flush=True)
             if self.total < level:
-                print(f"only {self.total} of {level} agents connected; stopping here")
+                print(f"only {self.total} of {level} agents connected; stopping here; the "
+                      "arbiter's log ends:\n" + "\n".join(
+                          self.arbiter.log_text().splitlines()[-15:]))
                 break
+        if self.args.failover and self.rows:
+            self.failover(self.rows[-1])
+
+    def failover(self, row: dict[str, Any]) -> None:
+        """Kill the arbiter, start a new one on the port (cold), time every agent back."""
+        reviews = self.kube.count("create", REVIEWS) if self.kube is not None else 0
+        t0 = time.monotonic()
+        self.arbiter.kill()
+        self.arbiter.start()
+        started = time.monotonic() - t0
+        got = self.broadcast(("wait", self.args.failover_timeout))
+        back = sum(g[1] for g in got)
+        row["failover_s"] = max(g[2] for g in got) - t0
+        row["failover_listening_s"] = row["failover_s"] - started
+        row["failover_back"] = back
+        row["failover_reviews"] = (self.kube.count("create", REVIEWS) - reviews
+                                   if self.kube is not None else 0)
+        print(f"failover ({self.identity}): new arbiter listening {started:.1f}s after the "
+              f"kill; {back} of {self.total} agents connected again {row['failover_s']:.1f}s "
+              f"after the kill ({row['failover_listening_s']:.1f}s after it listened); "
+              f"{row['failover_reviews']} TokenReviews meanwhile", flush=True)
 
     @staticmethod
     def format_row(r: dict[str, Any]) -> str:
-        return (f"{r['agents']:>7} {r['ramp_s']:>8.1f} {r['cpu']:>11.1f} {r['rss']:>9.0f} "
+        fo = (f"{r['failover_back']:>6}/{r['failover_listening_s']:>6.1f}s"
+              if "failover_s" in r else f"{'-':>14}")
+        return (f"{r.get('identity', ''):>10} {fo} {r['agents']:>7} {r['ramp_s']:>8.1f} "
+                f"{r['cpu']:>11.1f} {r['rss']:>9.0f} "
                 f"{r['client_cpu']:>11.1f} {r['p50'] * 1000:>9.1f} {r['p99'] * 1000:>9.1f} "
                 f"{r['max'] * 1000:>9.1f} {r['server'] * 1000:>9.1f} {r['barrier'] * 1000:>11.1f} "
                 f"{r['barrier_all'] * 1000:>11.1f}")
@@ -375,30 +453,47 @@ def main() -> int:
     ap.add_argument("--window", type=float, default=15.0, help="steady-state CPU window")
     ap.add_argument("--rounds", type=int, default=3, help="fault -> restart rounds per level")
     ap.add_argument("--max-seconds", type=float, default=300.0)
-    ap.add_argument("--identity", choices=("none", "tokenreview"), default="none",
-                    help="tokenreview: --kube against the fake API server, a pod-bound "
-                    "token per agent, checked with a TokenReview (cached)")
+    ap.add_argument("--identity", default="none",
+                    type=lambda s: [x for x in s.split(",") if x],
+                    help="none, projected, kube-admin, or several (none,projected: run one "
+                    "after the other, rows side by side); projected: --kube against the fake "
+                    "API server, a pod-bound token per agent, verified in the arbiter (OIDC "
+                    "keys); kube-admin: the same cluster and pods, every agent presenting the "
+                    "admin secret (no identity check: what --kube costs without it)")
+    ap.add_argument("--failover", action="store_true",
+                    help="after the last level: kill the arbiter, start a new one, time "
+                    "every agent back")
+    ap.add_argument("--failover-timeout", type=float, default=120.0)
     args = ap.parse_args()
-    bench = Bench(args)
+    for identity in args.identity:
+        if identity not in ("none", "projected", "kube-admin"):
+            ap.error(f"--identity {identity!r}: none, projected or kube-admin")
     print(f"command: {' '.join([sys.executable, *sys.argv])}")
     print(f"machine: {os.cpu_count()} CPUs; arbiter and {args.workers} client processes share "
-          f"them (loopback); identity: {args.identity}")
-    try:
-        bench.run()
-    finally:
-        bench.stop()
+          f"them (loopback); identity: {','.join(args.identity)}")
+    rows: list[dict[str, Any]] = []
+    for identity in args.identity:
+        bench = Bench(args, identity)
+        try:
+            bench.run()
+        finally:
+            bench.stop()
+        rows += bench.rows
     print()
-    print(f"{'agents':>7} {'ramp s':>8} {'arbiter %':>11} {'RSS MiB':>9} {'clients %':>11} "
+    print(f"{'identity':>10} {'failover back':>14} {'agents':>7} {'ramp s':>8} "
+          f"{'arbiter %':>11} {'RSS MiB':>9} {'clients %':>11} "
           f"{'p50 ms':>9} {'p99 ms':>9} {'max ms':>9} {'srv ms':>9} {'barrier ms':>11} "
           f"{'1st->rel ms':>11}")
-    for r in bench.rows:
+    for r in rows:
         print(Bench.format_row(r))
     print("arbiter % = CPU of the arbiter process, % of one core, steady state (progress "
           f"every {args.interval:g}s per agent); p50/p99/max = fault sent -> RESTART received, "
           f"over every rank of a {JOB_SIZE}-rank job x {args.rounds} rounds; srv = inside the "
           "arbiter, fault received -> RESTART written to the last stream (mean); barrier = last "
           "arrival sent -> last RELEASE received (median of rounds); 1st->rel = first arrival "
-          "-> last release.")
+          "-> last release; failover back = agents connected again / seconds from the new "
+          "arbiter's 'listening on' (--failover; the line above each table row also gives "
+          "it from the kill).")
     return 0
 
 

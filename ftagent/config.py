@@ -655,6 +655,11 @@ class StatusConfig:
                        "(Ctrl-C to stop)", short="-f")
     timeline: int = opt(50, "--timeline", "timeline entries shown for JOB (0: all kept)",
                         check=Range(0, MAX_COUNT), metavar="N")
+    kube_credentials: bool = opt(
+        False, "--kube-credentials", "present your own Kubernetes credentials (the bearer "
+        "token of $KUBECONFIG's current context, or ~/.kube/config's: token, tokenFile, "
+        "exec plugin or OIDC id-token) instead of --token: an arbiter with --operators "
+        "checks them and lets the cluster's RBAC decide what you may read")
 
 
 @dataclass(frozen=True)

@@ -99,10 +99,18 @@ class Principal:
     pod: str | None = None
     pod_uid: str = ""
     pod_node: str = ""
+    # An operator's own Kubernetes credentials (arbiter/operators.py): who the API server
+    # says they are; what they may read is the cluster's RBAC's answer for this call
+    # (SubjectAccessReview), as "ns", "ns/job" or "*" in ``readable``.
+    operator: UserInfo | None = None
+    readable: frozenset[str] = frozenset()
 
     def scope(self) -> str:
         if self.admin:
             return "every job"
+        if self.operator is not None:
+            return (f"the jobs the cluster's RBAC lets {self.operator.username!r} read "
+                    "(ftagentjobs.ftagent.io)")
         if self.node is not None:
             return "every node's reports" if self.node == ALL_NODES else \
                 f"the reports of node {self.node!r}"
@@ -113,13 +121,28 @@ class Principal:
         return f"job {_job_name(self.namespace or '', self.job)}"
 
 
+@dataclass(frozen=True, slots=True)
+class UserInfo:
+    """A Kubernetes user as a TokenReview names them (for SubjectAccessReview)."""
+
+    username: str
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
 ANONYMOUS = Principal("anonymous (the arbiter has no credentials set)", admin=True)
 
 
 def authorize(p: Principal, namespace: str, job: str) -> bool:
-    """May ``p`` act for (read, register as, report for) ``job`` in ``namespace``?"""
+    """May ``p`` act for (read, register as, report for) ``job`` in ``namespace``? An
+    operator only reads, and only what the Guard's SubjectAccessReview granted this call
+    (``readable``; nothing on Connect or ReportNode)."""
     if p.admin:
         return True
+    if p.operator is not None:
+        return bool(p.readable) and ("*" in p.readable or namespace in p.readable
+                                     or f"{namespace}/{job}" in p.readable)
     return p.namespace is not None and p.namespace == namespace and (
         p.job is None or p.job == job)
 
@@ -251,21 +274,32 @@ class Presented:
     bearer: str | None = None  # None: no authorization metadata at all
     certificate: str = ""  # identity of a verified client certificate ("" without mTLS)
     problem: str = ""  # why the authorization metadata cannot be used (then refused)
+    source: str = ""  # the caller's address without its port (per-source limits)
 
     @classmethod
     def from_call(cls, metadata: Sequence[tuple[str, Any]] | None,
-                  identities: Sequence[bytes] | None = None) -> Presented:
+                  identities: Sequence[bytes] | None = None, peer: str = "") -> Presented:
         values = [v if isinstance(v, str) else bytes(v).decode(errors="replace")
                   for k, v in metadata or () if k == "authorization"]
         cert = b", ".join(identities or ()).decode(errors="replace")
+        src = peer_source(peer)
         if not values:
-            return cls(None, cert)
+            return cls(None, cert, source=src)
         if len(values) > 1:
-            return cls(None, cert, "more than one authorization header")
+            return cls(None, cert, "more than one authorization header", src)
         scheme, _, token = values[0].partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            return cls(None, cert, "authorization is not `Bearer <token>`")
-        return cls(token.strip(), cert)
+            return cls(None, cert, "authorization is not `Bearer <token>`", src)
+        return cls(token.strip(), cert, source=src)
+
+
+def peer_source(peer: str) -> str:
+    """gRPC's peer (``ipv4:10.0.0.7:41234``, ``ipv6:[::1]:5000``, ``unix:...``) without the
+    port: one source per address, whatever ports it opens."""
+    kind, _, rest = peer[:300].partition(":")
+    if kind in ("ipv4", "ipv6"):
+        return rest.rpartition(":")[0].strip("[]") or rest
+    return peer[:300]
 
 
 class Authenticator(Protocol):
@@ -281,12 +315,17 @@ def _secrets(secret: str | Sequence[str]) -> tuple[str, ...]:
 
 
 class JobTokens:
-    """Job tokens derived from the secret (``job_token``); ftj2 ones until their expiry."""
+    """Job tokens derived from the secret (``job_token``); ftj2 ones until their expiry.
+    Without ``unexpiring`` a never-expiring ftj1 token is refused: in a shared cluster
+    (``--kube`` without ``--allow-legacy-tokens``) one leaked copy would squat the job's
+    ranks forever."""
 
     def __init__(self, secret: str | Sequence[str],
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, *, unexpiring: bool = True) -> None:
         self._secrets = _secrets(secret)
         self.clock = clock
+        self.unexpiring = unexpiring
+        self._warned = 0.0  # the last refusal's warning (one a minute, not one per retry)
 
     async def authenticate(self, presented: Presented) -> Principal | None:
         token = presented.bearer or ""
@@ -306,14 +345,26 @@ class JobTokens:
         namespace, job, mac = parsed
         if not any(hmac.compare_digest(mac, _mac(s, namespace, job)) for s in self._secrets):
             return None
+        if not self.unexpiring:
+            if self.clock() - self._warned >= 60:
+                self._warned = self.clock()
+                log.warning("refused a never-expiring ftj1 job token for %s: in the cluster "
+                            "only expiring ones (`ftagent token --ttl SECONDS`) are accepted, "
+                            "unless the arbiter runs with --allow-legacy-tokens",
+                            _job_name(namespace, job))
+            return None
         return Principal(f"job {_job_name(namespace, job)}", namespace=namespace, job=job)
 
 
 class NodeTokens:
-    """Node tokens derived from the secret (``node_token``)."""
+    """Node tokens derived from the secret (``node_token``). Without ``every_node`` the
+    ``*`` token is refused: in a shared cluster (``--kube`` without
+    ``--allow-legacy-tokens``) one leaked copy would report for, replace ranks on and
+    cordon any node; one node's own token still works."""
 
-    def __init__(self, secret: str | Sequence[str]) -> None:
+    def __init__(self, secret: str | Sequence[str], *, every_node: bool = True) -> None:
         self._secrets = _secrets(secret)
+        self.every_node = every_node
 
     async def authenticate(self, presented: Presented) -> Principal | None:
         parsed = parse_node_token(presented.bearer or "")
@@ -321,6 +372,11 @@ class NodeTokens:
             return None
         node, mac = parsed
         if not any(hmac.compare_digest(mac, _node_mac(s, node)) for s in self._secrets):
+            return None
+        if node == ALL_NODES and not self.every_node:
+            log.warning("refused the every-node (*) node token: in the cluster node agents "
+                        "present their pods' tokens or one node's token, unless the arbiter "
+                        "runs with --allow-legacy-tokens")
             return None
         return Principal(f"node {node}", node=node)
 
@@ -400,6 +456,8 @@ class Reviewed:
     audiences: tuple[str, ...] = ()
     extra: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     error: str = ""
+    uid: str = ""
+    groups: tuple[str, ...] = ()
 
     def one(self, key: str) -> str:
         """The single value of extra ``authentication.kubernetes.io/<key>`` ("" if not one)."""
@@ -411,8 +469,9 @@ Review = Callable[[str], Awaitable[Reviewed]]
 
 
 def token_expiry(token: str) -> float | None:
-    """The ``exp`` claim of a JWT-shaped token, unverified (only to bound a cache entry's
-    life: the API server alone says whether the token is valid)."""
+    """The ``exp`` claim of a JWT-shaped token, unverified: only to bound the life of a
+    cache entry for a token the API server accepted (never a refusal's: a junk token's
+    ``exp`` is whatever its sender wrote)."""
     parts = token.split(".")
     if len(parts) != 3 or len(parts[1]) > MAX_TOKEN:
         return None
@@ -444,26 +503,44 @@ def principal_of(r: Reviewed, audience: str, node_namespace: str,
 
 
 class TokenReviews:
-    """Pod-bound projected ServiceAccount tokens, checked with ``review`` (a TokenReview).
+    """Pod-bound projected ServiceAccount tokens, checked with ``review`` (a TokenReview):
+    the fallback where the issuer's keys cannot be read (kube/projected.py verifies them
+    locally otherwise), and the confirmation of node agents' pods.
 
-    Answers are cached by the token's SHA-256 for ``ttl`` seconds, never past the token's
-    ``exp`` (kubelet-rotated tokens are fresh strings; a deleted pod's token stops working
-    within ``ttl``); refusals for ``negative_ttl`` so a flood of bad tokens costs the API
-    server one review each per window. At most ``max_entries`` are kept (least recently
-    used first out). Concurrent calls with one token share one review."""
+    Answers are cached by the token's SHA-256: an accepted one for ``ttl`` seconds, never
+    past the token's ``exp`` (read only once the API server vouched for the token), a
+    refused one for ``negative_ttl`` whatever the token claims (a junk ``exp`` in the past
+    must not make every retry a new review). At most ``max_entries`` are kept (least
+    recently used first out). Concurrent calls with one token share one review.
+
+    An unauthenticated caller must not be able to make the API server work for it, nor
+    delay honest callers: at most ``max_pending`` reviews wait at once (beyond that:
+    ReviewUnavailable, retry), at most ``per_source`` of them for one source address, and a
+    source gets ``source_rate`` new reviews a second (burst ``source_burst``). Honest agents
+    come from their own pods' addresses, so a flood from a few addresses spends its own
+    budget only."""
 
     def __init__(self, review: Review, *, audience: str = "ftagent",
                  node_namespace: str = "", node_account: str = "ftagent-node",
-                 ttl: float = 60.0, negative_ttl: float = 5.0, max_entries: int = 50_000,
-                 clock: Callable[[], float] = time.time) -> None:
+                 ttl: float = 60.0, negative_ttl: float = 30.0, max_entries: int = 50_000,
+                 max_pending: int = 256, per_source: int = 8, source_rate: float = 2.0,
+                 source_burst: float = 20.0, clock: Callable[[], float] = time.time,
+                 to_principal: Callable[[Reviewed], Principal | None] | None = None) -> None:
         self._review = review
+        self.to_principal = to_principal or (lambda r: principal_of(
+            r, self.audience, self.node_namespace, self.node_account))
         self.audience, self.node_namespace, self.node_account = (audience, node_namespace,
                                                                  node_account)
         self.ttl, self.negative_ttl, self.max_entries = ttl, negative_ttl, max_entries
+        self.max_pending, self.per_source = max_pending, per_source
+        self.source_rate, self.source_burst = source_rate, source_burst
         self.clock = clock
         self._cache: OrderedDict[bytes, tuple[float, Principal | None]] = OrderedDict()
         self._inflight: dict[bytes, asyncio.Future[Principal | None]] = {}
+        self._pending_by: dict[str, int] = {}
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # tokens, at
         self.reviews = 0  # calls made to the API server (for tests and the bench)
+        self.shed = 0  # reviews refused by the limits above
 
     async def authenticate(self, presented: Presented) -> Principal | None:
         token = presented.bearer
@@ -480,21 +557,52 @@ class TokenReviews:
             del self._cache[key]
         pending = self._inflight.get(key)
         if pending is None:  # one review per token at a time, not tied to any one caller
-            pending = self._inflight[key] = asyncio.ensure_future(self._ask(token, key, now))
+            self._admit(presented.source, now)
+            src = presented.source
+            self._pending_by[src] = self._pending_by.get(src, 0) + 1
+            pending = self._inflight[key] = asyncio.ensure_future(
+                self._ask(token, key, now, src))
             # an outage's error is read even when every caller went away meanwhile
             pending.add_done_callback(lambda f: f.cancelled() or f.exception())
         return await asyncio.shield(pending)
 
-    async def _ask(self, token: str, key: bytes, now: float) -> Principal | None:
+    def _admit(self, source: str, now: float) -> None:
+        """Raise ReviewUnavailable unless one more review may start for ``source``."""
+        why = ""
+        if len(self._inflight) >= self.max_pending:
+            why = f"{len(self._inflight)} tokens are waiting for review"
+        elif self._pending_by.get(source, 0) >= self.per_source:
+            why = f"{self.per_source} reviews from {source or 'this source'} are under way"
+        else:
+            tokens, at = self._buckets.pop(source, (self.source_burst, now))
+            tokens = min(self.source_burst, tokens + (now - at) * self.source_rate)
+            if tokens < 1:
+                why = f"too many reviews from {source or 'this source'}"
+            self._buckets[source] = (tokens - 1 if not why else tokens, now)
+            while len(self._buckets) > self.max_entries:
+                self._buckets.popitem(last=False)
+        if why:
+            self.shed += 1
+            raise ReviewUnavailable(f"{why}: retry later")
+
+    async def _ask(self, token: str, key: bytes, now: float, source: str) -> Principal | None:
         try:
             self.reviews += 1
             reviewed = await self._review(token)
         finally:
             self._inflight.pop(key, None)
-        p = principal_of(reviewed, self.audience, self.node_namespace, self.node_account)
-        life = self.ttl if p is not None else self.negative_ttl
-        exp = token_expiry(token)
-        self._cache[key] = (min(now + life, exp) if exp is not None else now + life, p)
+            left = self._pending_by.get(source, 1) - 1
+            if left > 0:
+                self._pending_by[source] = left
+            else:
+                self._pending_by.pop(source, None)
+        p = self.to_principal(reviewed)
+        if p is None:  # refused: for negative_ttl, whatever exp the token claims
+            until = now + self.negative_ttl
+        else:  # the API server vouched for the token, so its exp is the issuer's
+            exp = token_expiry(token)
+            until = min(now + self.ttl, exp) if exp is not None else now + self.ttl
+        self._cache[key] = (until, p)
         while len(self._cache) > self.max_entries:
             self._cache.popitem(last=False)
         return p
@@ -595,6 +703,28 @@ def listens_on_loopback(listen: str) -> bool:
 
 R = TypeVar("R")
 Handler = Callable[[Any, grpc.aio.ServicerContext, Principal], Awaitable[R]]
+Reads = Callable[[Any], tuple[str, str, str]]  # request -> (verb, namespace, job)
+
+
+class OperatorGrants(Protocol):
+    """What an operator may read on this call (arbiter/operators.OperatorAccess)."""
+
+    async def grant(self, p: Principal, verb: str, namespace: str, job: str
+                    ) -> Principal: ...
+
+
+def reads_of(message: Any, verb: str) -> Reads:
+    """``reads`` for a request type with ``namespace`` and ``job`` fields (raw bytes in:
+    the handler parses again; a request that does not parse is granted nothing)."""
+    def reads(raw: Any) -> tuple[str, str, str]:
+        m = message()
+        try:
+            m.ParseFromString(raw)
+        except Exception:  # the handler answers INVALID_ARGUMENT
+            return verb, "\x00", "\x00"
+        return verb, str(getattr(m, "namespace", "")), str(getattr(m, "job", ""))
+
+    return reads
 
 
 class Guard:
@@ -608,10 +738,13 @@ class Guard:
     def __init__(self, authenticator: Authenticator, metrics: ArbiterMetrics | None) -> None:
         self.authenticator = authenticator
         self.metrics = metrics
+        # operators (arbiter/operators.OperatorAccess): what a call's ``reads`` names is
+        # granted by the cluster's RBAC before the handler runs; None: operators read nothing
+        self.access: OperatorGrants | None = None
 
     async def principal(self, context: grpc.aio.ServicerContext) -> Principal | None:
         presented = Presented.from_call(context.invocation_metadata(),
-                                        context.peer_identities())
+                                        context.peer_identities(), context.peer())
         try:
             p = await self.authenticator.authenticate(presented)
         except ReviewUnavailable as e:
@@ -644,12 +777,24 @@ class Guard:
                             f"these credentials ({p.name}) speak for {p.scope()}, not for "
                             f"job {_job_name(namespace, job)!r}")
 
-    def __call__(self, handler: Handler[R]) -> Callable[[Any, grpc.aio.ServicerContext],
-                                                        Awaitable[R | None]]:
+    def __call__(self, handler: Handler[R], reads: Reads | None = None
+                 ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[R | None]]:
+        """``reads(request) -> (verb, namespace, job)`` marks a read-only RPC: an operator's
+        call is granted what the cluster's RBAC allows for it (``OperatorGrants``); on
+        any other RPC an operator may do nothing."""
         async def guarded(request: Any, context: grpc.aio.ServicerContext) -> R | None:
             p = await self.principal(context)
             if p is None:  # abort raised already; for type checkers
                 return None
+            if p.operator is not None and reads is not None and self.access is not None:
+                try:
+                    p = await self.access.grant(p, *reads(request))
+                except ReviewUnavailable as e:
+                    if self.metrics:
+                        self.metrics.rejected.labels(reason="unavailable").inc()
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot check "
+                                        f"permissions now ({e}): retry")
+                    return None
             return await handler(request, context, p)
 
         return guarded

@@ -27,7 +27,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -50,6 +50,7 @@ from ftagent.arbiter.auth import (
     has_credentials,
     identity_problem,
     listens_on_loopback,
+    reads_of,
 )
 from ftagent.arbiter.history import RETENTION, History, HistoryStore, NoStore
 from ftagent.arbiter.policy import PolicyConfig
@@ -74,6 +75,9 @@ log = logging.getLogger("ftagent.arbiter")
 SERVICE = "ftagent.v1.Arbiter"
 TICK_SECONDS = 0.5
 MAX_STREAMS_PER_IDENTITY = 1024
+# seconds a pod credential's call waits for the pod watch's first list (under the agent's
+# 5 s Welcome timeout, so it gets a clean UNAVAILABLE and retries with backoff)
+POD_SYNC_WAIT = 4.0
 SERVER_OPTIONS = [
     # gRPC sets SO_REUSEPORT by default: a second arbiter on the same port would then
     # silently take half of the agents and decide for them on its own.
@@ -159,6 +163,10 @@ class ArbiterServer:
         # --kube: the pod as the arbiter's watch sees it (kube/cluster.py); a pod
         # principal's job comes from it, and its Hello is checked against it.
         self.pod_lookup: PodLookup | None = None
+        # --kube: resolves once the pod watch's first list is in (a cold start, a
+        # failover): a pod credential's call waits for it, briefly, instead of every agent
+        # retrying into the list
+        self.pods_synced: Callable[[], Awaitable[None]] | None = None
         # A node agent's report for a node was accepted (node, fault ids, kinds), before
         # its faults are decided: node-scope evidence for the cluster (kube/cluster.py).
         self.on_node_report: list[Callable[[str, list[str], set[str]], None]] = []
@@ -267,6 +275,10 @@ class ArbiterServer:
         (never for what the caller names): the principal narrowed to that job."""
         facts = self.pod_lookup(p.namespace or "", p.pod or "") \
             if self.pod_lookup is not None else None
+        if facts is None and self.pods_synced is not None and self.pod_lookup is not None:
+            with contextlib.suppress(asyncio.TimeoutError):  # then UNAVAILABLE: retry
+                await asyncio.wait_for(self.pods_synced(), POD_SYNC_WAIT)
+            facts = self.pod_lookup(p.namespace or "", p.pod or "")
         if facts is None or facts.uid != p.pod_uid:
             why = "is not (yet) in the arbiter's watch of ftagent pods" if facts is None \
                 else f"is now uid {facts.uid}, not the credentials' {p.pod_uid}"
@@ -293,12 +305,14 @@ class ArbiterServer:
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {
             "Connect": grpc.stream_stream_rpc_method_handler(
                 guard(self._leader_only(self._connect))),
+            # read-only: operators get what the cluster's RBAC grants (arbiter/operators.py)
             "ListJobs": grpc.unary_unary_rpc_method_handler(
-                guard(self._leader_only(self._list_jobs))),
+                guard(self._leader_only(self._list_jobs), lambda raw: ("list", "", ""))),
             "GetJob": grpc.unary_unary_rpc_method_handler(
-                guard(self._leader_only(self._get_job))),
+                guard(self._leader_only(self._get_job), reads_of(pb.GetJobRequest, "get"))),
             "WatchEvents": grpc.unary_stream_rpc_method_handler(
-                guard(self._leader_only(self._watch))),
+                guard(self._leader_only(self._watch),
+                      reads_of(pb.WatchEventsRequest, "watch"))),
             "ReportNode": grpc.unary_unary_rpc_method_handler(
                 guard(self._leader_only(self._report_node))),
         }),))

@@ -137,7 +137,9 @@ class ArbiterConfig:
     insecure: bool = opt(False, "--insecure", "allow listening beyond loopback without "
                          "authentication (no --token, no --tls-client-ca, no --kube): any "
                          "peer that reaches the port can speak for any job; with --kube, "
-                         "allow plaintext gRPC (no TLS)")
+                         "allow plaintext gRPC (no TLS), and without --token and "
+                         "--tls-client-ca a caller that presents no token at all is the "
+                         "ADMIN (every job, every node's reports)")
     previous_token: str = opt(
         "", "--previous-token", "during a secret rotation: the old secret, accepted beside "
         "--token (and the job and node tokens derived from it) until removed",
@@ -161,6 +163,18 @@ class ArbiterConfig:
         "ftagent-node", "--node-service-account", "with --kube: the ServiceAccount (in the "
         "arbiter's namespace) of the node agents; its pod-bound tokens report for their "
         "node only", metavar="NAME")
+    allow_legacy_tokens: bool = opt(
+        False, "--allow-legacy-tokens", "with --kube: also accept what --token derives that "
+        "a leak makes dangerous in a shared cluster: never-expiring ftj1 job tokens "
+        "(`ftagent token --ttl 0`) and the every-node (*) node token; without it they are "
+        "refused (ftj2 job tokens, one node's token and the secret itself still work)")
+    operators: bool = opt(
+        False, "--operators", "with --kube: people read jobs (`ftagent status "
+        "--kube-credentials`) with their own Kubernetes credentials: the bearer token is "
+        "checked with a TokenReview (the API server's audience) and each read with a "
+        "SubjectAccessReview (get/list/watch on ftagentjobs.ftagent.io in the job's "
+        "namespace); every distinct unknown token then costs one TokenReview, limited per "
+        "source address")
     restart_ceiling: int = opt(
         100, "--restart-ceiling", "the most restarts a job's agents may ask for (their "
         "--max-restarts is cut to it)", check=RESTARTS, metavar="N")
@@ -314,6 +328,23 @@ def check_authority(cfg: ArbiterConfig) -> None:
     raise ConfigError(f"refusing to listen on {cfg.listen} without authentication: set "
                       f"--token (FTAGENT_TOKEN) or --tls-client-ca, or --listen "
                       f"127.0.0.1:{port}, or --insecure")
+
+
+def tokenless_admin(cfg: ArbiterConfig) -> str:
+    """The start-up line saying that, with --kube, a caller without a token is the admin
+    (no --token, no --tls-client-ca: --insecure, or loopback); "" when none is."""
+    from ftagent.arbiter.auth import listens_on_loopback
+
+    if not cfg.kube or cfg.token or cfg.tls_client_ca:
+        return ""
+    if cfg.insecure:
+        return (f"--kube --insecure without --token: a caller on {cfg.listen} that presents "
+                "no token at all is the ADMIN (every job, every node's reports); pods' "
+                "tokens are still checked")
+    if listens_on_loopback(cfg.listen):
+        return (f"--kube on loopback ({cfg.listen}) without --token: a local caller that "
+                "presents no token is the admin")
+    return ""
 
 
 def unauthenticated_beyond_loopback(cfg: ArbiterConfig) -> bool:
@@ -519,6 +550,8 @@ async def run(cfg: ArbiterConfig) -> int:
     except OSError as e:  # --state-dir cannot be created, read or written
         raise StartError(f"cannot keep history in --state-dir {cfg.state_dir}: "
                          f"{e.strerror or e}") from None
+    if cfg.kube and cfg.operators:
+        attach_operators(server, kube)
     httpd = start_metrics(cfg, server.prom, lambda: server.serving)
     try:
         probes = start_health(cfg, lambda: server.serving)
@@ -553,6 +586,9 @@ async def run(cfg: ArbiterConfig) -> int:
         if unauthenticated_beyond_loopback(cfg):
             log.warning("listening on %s without authentication (--insecure): any peer "
                         "can speak for any job", address)
+        warning = tokenless_admin(cfg)
+        if warning:
+            log.warning("%s", warning)
         if election is not None:
             from ftagent.kube.lease import LeaderElector, LeaseApi
 
@@ -652,9 +688,14 @@ def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
     cluster.on_action_failed = lambda action: server.metrics.actions_failed.labels(
         action=action).inc()
     cluster.on_cordon_skipped = server.metrics.cordons_skipped.inc
+    projected = _projected(server.guard.authenticator)
+    if projected is not None:  # tokens verified locally: checked against this watch
+        projected.pod_uid = lambda ns, pod: cluster._uid(ns, pod) or None
+        cluster.on_pod_deleted = projected.pod_deleted
     server.on_registry.append(cluster.rebind)  # each term as leader has its own registry
     loop = asyncio.get_running_loop()
-    start_watches(cluster, kube, loop, threading.Event())
+    watches = start_watches(cluster, kube, loop, threading.Event())
+    server.pods_synced = watches[0].informer.until_synced  # the pod informer
     from ftagent.kube.uninjected import watch_uninjected  # pods injection missed (gauge)
 
     watch_uninjected(kube, loop, server.prom, connected=lambda: {
@@ -662,6 +703,23 @@ def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
         for r in list(j.ranks.values()) if r.connected} if server.leading else None)
     cluster.ticker = loop.create_task(tick_forever(cluster))
     return cluster
+
+
+def attach_operators(server: Any, kube: Any) -> Any:
+    """--operators: an operator's read is granted what SubjectAccessReview allows."""
+    from ftagent.arbiter.operators import OperatorAccess
+    from ftagent.kube.tokenreview import access_reviewer
+
+    access = OperatorAccess(access_reviewer(kube))
+    access.namespaces = lambda: {j.namespace for j in server.registry.listing()}
+    server.guard.access = access
+    return access
+
+
+def _projected(authenticator: Any) -> Any:
+    """The chain's ProjectedTokens (kube/projected.py), if it has one."""
+    return next((a for a in getattr(authenticator, "authenticators", ())
+                 if type(a).__name__ == "ProjectedTokens"), None)
 
 
 def kube_settings(cfg: ArbiterConfig) -> Any:
@@ -677,20 +735,38 @@ def kube_settings(cfg: ArbiterConfig) -> Any:
 
 
 def kube_authenticator(cfg: ArbiterConfig, kube: Any) -> Any:
-    """--kube: pods' projected ServiceAccount tokens (TokenReview) beside what --token and
-    --tls-client-ca allow; callers without any token are the admin only without either,
-    and only on loopback or with --insecure (a token refused never falls through)."""
+    """--kube: pods' projected ServiceAccount tokens (verified locally against the
+    issuer's published keys, TokenReview where those cannot be read) beside what --token
+    and --tls-client-ca allow; callers without any token are the admin only without
+    either, and only on loopback or with --insecure (a token refused never falls through)."""
     from ftagent.arbiter import auth
     from ftagent.kube.tokenreview import reviewer
 
     chain: list[Any] = []
     if cfg.token:
         both = (cfg.token, cfg.previous_token)
-        chain += [auth.JobTokens(both), auth.NodeTokens(both), auth.Secret(both)]
-    chain.append(auth.TokenReviews(reviewer(kube, cfg.token_audience),
-                                   audience=cfg.token_audience,
-                                   node_namespace=pod_namespace(),
-                                   node_account=cfg.node_service_account))
+        legacy = cfg.allow_legacy_tokens
+        chain += [auth.JobTokens(both, unexpiring=legacy),
+                  auth.NodeTokens(both, every_node=legacy), auth.Secret(both)]
+    reviews = auth.TokenReviews(reviewer(kube, cfg.token_audience),
+                                audience=cfg.token_audience, node_namespace=pod_namespace(),
+                                node_account=cfg.node_service_account)
+    try:
+        import jwt  # noqa: F401  (PyJWT, the arbiter extra: local verification)
+
+        from ftagent.kube.projected import IssuerKeys, ProjectedTokens
+    except ImportError:
+        log.warning("PyJWT is not installed (pip install 'ftagent[arbiter]'): every pod token "
+                    "is checked with a TokenReview instead of locally")
+        chain.append(reviews)
+    else:
+        chain.append(ProjectedTokens(IssuerKeys(kube), reviews, audience=cfg.token_audience,
+                                     node_namespace=pod_namespace(),
+                                     node_account=cfg.node_service_account))
+    if cfg.operators:  # after the pods' own path: only what is no pod's token gets here
+        from ftagent.arbiter.operators import operator_of
+
+        chain.append(auth.TokenReviews(reviewer(kube, ""), to_principal=operator_of))
     if cfg.tls_client_ca and not cfg.token:
         chain.append(auth.ClientCertificate())
     elif not cfg.token and not cfg.tls_client_ca and (

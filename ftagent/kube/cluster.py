@@ -103,6 +103,9 @@ class Cluster:
         # and a cordon the breaker skipped: the arbiter's metrics count them
         self.on_action_failed: Callable[[str], None] = lambda action: None
         self.on_cordon_skipped: Callable[[], None] = lambda: None
+        # a pod the watch saw deleted (namespace, name, uid): its tokens are dead
+        # (kube/projected.py refuses them without asking the API server)
+        self.on_pod_deleted: Callable[[str, str, str], None] = lambda ns, name, uid: None
         self.api_client = api_client
         self.actuator = actuator or Actuator(api_client, clock=clock)
         self.recorder = Recorder(api_client, self.actuator, component=settings.component,
@@ -220,6 +223,8 @@ class Cluster:
         if deleted:
             self.pod_cache.pop(key, None)
             self._terminating.pop(key, None)
+            uid = get(pod, "metadata", "uid")
+            self.on_pod_deleted(ns, name, uid if isinstance(uid, str) else "")
         elif isinstance(pod, dict):
             self.pod_cache[key] = pod
             gone_at = parse_time(get(pod, "metadata", "deletionTimestamp"))

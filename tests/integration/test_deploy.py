@@ -521,8 +521,9 @@ def test_the_arbiter_is_an_active_passive_pair() -> None:
 
 
 def _rules(obj: dict[str, Any]) -> set[tuple[str, str, str]]:
-    return {(g, r, v) for rule in obj["rules"] for g in rule["apiGroups"]
-            for r in rule["resources"] for v in rule["verbs"]}
+    return {(g, r, v) for rule in obj["rules"] for g in rule.get("apiGroups", ["(url)"])
+            for r in rule.get("resources", rule.get("nonResourceURLs", []))
+            for v in rule["verbs"]}
 
 
 @needs_kubectl
@@ -548,7 +549,10 @@ def test_the_arbiter_may_do_exactly_what_it_calls() -> None:
         ("", "namespaces", v) for v in ("list", "watch")} | {
         ("batch", "jobs", "get"), ("jobset.x-k8s.io", "jobsets", "get"),
         ("trainer.kubeflow.org", "trainjobs/status", "patch"),  # kube/trainjob_status.py
-        ("authentication.k8s.io", "tokenreviews", "create")}
+        ("authentication.k8s.io", "tokenreviews", "create"),
+        ("authorization.k8s.io", "subjectaccessreviews", "create"),  # operators (auth.py)
+        ("(url)", "/.well-known/openid-configuration", "get"),  # kube/projected.py
+        ("(url)", "/openid/v1/jwks", "get")}
     for kind in ("RoleBinding", "ClusterRoleBinding"):
         b = objs[(kind, "ftagent-arbiter")]
         assert b["subjects"] == [{"kind": "ServiceAccount", "name": "ftagent-arbiter",

@@ -32,9 +32,12 @@ events.k8s.io/v1: one storage, two views, as on the real server), configmaps, se
 namespaces, services, deployments.apps, jobs.batch, leases.coordination.k8s.io,
 mutatingwebhookconfigurations.admissionregistration.k8s.io, tokenreviews.authentication.k8s.io
 (create only, never stored: projected ServiceAccount tokens from ``mint_token``/``token_file``
-are reviewed as the real server reviews them, see tokens.py), and as custom resources (no
-strategic merge: 415, as for real CRDs) pytorchjobs/tfjobs/mpijobs/paddlejobs/mxjobs/
-xgboostjobs.kubeflow.org (v1), trainjobs.trainer.kubeflow.org (v1alpha1),
+are reviewed as the real server reviews them, see tokens.py), the service-account issuer's
+OIDC discovery (``/.well-known/openid-configuration``, ``/openid/v1/jwks``: logged and
+fault-injectable as verb ``get`` on the path; the tokens are signed with a real RSA key),
+and as custom resources (no strategic merge: 415, as for real CRDs)
+pytorchjobs/tfjobs/mpijobs/paddlejobs/mxjobs/xgboostjobs.kubeflow.org (v1),
+trainjobs.trainer.kubeflow.org (v1alpha1),
 jobsets.jobset.x-k8s.io (v1alpha2), jobs.batch.volcano.sh (v1alpha1). Verbs: get, list (label
 selectors ``k``, ``!k``, ``k=v``, ``k!=v``, ``k in (a,b)``, ``k notin (a)``; field selectors
 on the kind's real fields, e.g. ``spec.nodeName``, ``metadata.name``, ``status.phase``;
@@ -70,12 +73,18 @@ Control API of :class:`FakeKube` (thread-safe; objects are plain dicts as on the
   ``prune_status(resource, *fields)`` (a CRD schema without those status fields: they are
   dropped from writes, as the real server prunes unknown fields).
 * Tokens: ``mint_token(namespace, service_account="default", pod=None, audiences=("ftagent",),
-  expiration_seconds=3600) -> Minted``, ``token_file(directory, namespace, pod, ...)`` (a
-  projected-volume token file; call again to rotate), ``issuer.clock`` (settable: expiry).
+  expiration_seconds=3600) -> Minted``, ``user_token(username, groups=())`` (a person's OIDC
+  id token), ``issuer.rotate_key(alg)`` / ``issuer.retire_key(kid)``,
+  ``token_file(directory, namespace, pod, ...)`` (a projected-volume token file; call again
+  to rotate), ``issuer.clock`` (settable: expiry).
+* RBAC for SubjectAccessReview (``subjectaccessreviews.authorization.k8s.io``, create only,
+  see access.py): ``allow(subject, verbs, resource="ftagentjobs", group="ftagent.io",
+  namespace=None, names=())``.
 * Faults: ``forbid(verb, resource, namespace=None, name=None, times=None)`` (403 with the real
   RBAC message for user ``system:serviceaccount:ftagent:arbiter``),
   ``fail(verb, resource, code=500, times=1, retry_after=None, message=None)`` (500, 503,
-  429 with ``Retry-After`` and ``details.retryAfterSeconds``, any code), ``clear_faults()``,
+  429 with ``Retry-After`` and ``details.retryAfterSeconds``, any code),
+  ``slow(verb, resource, seconds)`` (answered that late), ``clear_faults()``,
   ``drop_watches()`` (every open watch is cut mid-stream, no final chunk),
   ``compact()`` (forget the history: older versions get 410), ``send_bookmarks()``
   (a BOOKMARK now on every watch that allowed them; also every ``bookmark_interval`` s),
@@ -102,6 +111,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .access import Access
 from .errors import ApiError, now_rfc3339
 from .faults import Faults, Request
 from .resources import Kind, kind_for, parse_label_selector
@@ -132,6 +142,8 @@ class FakeKube:
         self._http = FakeHTTPServer(self.store, self.faults, token, bookmark_interval, ctx)
         self.issuer = Issuer(self.get)
         self._http.issuer = self.issuer
+        self.access = Access()
+        self._http.access = self.access
         port = self._http.server_address[1]
         self.url = f"https://localhost:{port}" if tls else f"http://127.0.0.1:{port}"
         self._thread = threading.Thread(target=self._http.serve_forever,
@@ -323,6 +335,19 @@ class FakeKube:
                                  expiration_seconds=expiration_seconds)
         return write_projected(directory, minted.token)
 
+    def user_token(self, username: str, groups: tuple[str, ...] = ()) -> str:
+        """A person's OIDC id token, as a kubeconfig holds it (TokenReview: the API
+        server's audiences only)."""
+        return self.issuer.user_token(username, groups)
+
+    def allow(self, subject: str, verbs: tuple[str, ...] | str, resource: str = "ftagentjobs",
+              group: str = "ftagent.io", namespace: str | None = None,
+              names: tuple[str, ...] = ()) -> None:
+        """RBAC for SubjectAccessReview (access.py): ``subject`` a user or ``group:NAME``;
+        with ``namespace`` a RoleBinding there, else a ClusterRoleBinding; ``names`` its
+        resourceNames."""
+        self.access.allow(subject, verbs, resource, group, namespace, names)
+
     # ------------------------------------------------------------------- faults
     def forbid(self, verb: str, resource: str, namespace: str | None = None,
                name: str | None = None, times: int | None = None) -> None:
@@ -333,6 +358,12 @@ class FakeKube:
              namespace: str | None = None, name: str | None = None) -> None:
         self.faults.add(verb, resource, code, namespace=namespace, name=name, times=times,
                         retry_after=retry_after, message=message)
+
+    def slow(self, verb: str, resource: str, seconds: float) -> None:
+        """Answer every ``verb`` on ``resource`` ``seconds`` late (a loaded API server, or
+        the client-side rate limit a real one imposes); ``clear_faults`` ends it."""
+        with self.faults.lock:
+            self.faults.delays.append((verb, resource, seconds))
 
     def clear_faults(self) -> None:
         self.faults.clear()

@@ -61,6 +61,7 @@ class Faults:
         self.rules: list[Rule] = []
         self.requests: list[Request] = []
         self.lock = threading.Condition()
+        self.delays: list[tuple[str, str, float]] = []  # (verb, resource, seconds)
 
     def add(self, verb: str, resource: str, code: int, *, namespace: str | None = None,
             name: str | None = None, times: int | None = 1, retry_after: int | None = None,
@@ -74,6 +75,13 @@ class Faults:
     def clear(self) -> None:
         with self.lock:
             self.rules.clear()
+            self.delays.clear()
+
+    def delay_for(self, req: Request) -> float:
+        """Seconds to hold ``req`` before answering (a loaded or rate-limited server)."""
+        with self.lock:
+            return sum(d for v, r, d in self.delays if v in ("*", req.verb)
+                       and r in ("*", req.resource))
 
     def log(self, req: Request) -> None:
         with self.lock:

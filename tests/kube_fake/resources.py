@@ -76,6 +76,8 @@ KINDS: list[Kind] = [
     *[Kind(g, v, p, k, status=True, custom=True) for g, v, p, k in _JOB_KINDS],
     # create-only, never stored: answered by tokens.Issuer (server.py routes it there)
     Kind("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", namespaced=False),
+    Kind("authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview",
+         namespaced=False),
 ]
 
 

@@ -26,6 +26,7 @@ from .resources import (
 from .store import Dropped, Store
 
 MAX_BODY = 3 * 1024 * 1024  # the real server's request size limit (3 MiB)
+DISCOVERY = ("/.well-known/openid-configuration", "/openid/v1/jwks")
 
 
 class _Route:
@@ -81,6 +82,7 @@ class FakeHTTPServer(ThreadingHTTPServer):
         self.bookmark_interval = bookmark_interval
         self.bookmark_epoch = 0
         self.issuer: Any = None  # tokens.Issuer: answers TokenReviews
+        self.access: Any = None  # access.Access: answers SubjectAccessReviews
         self.stopping = threading.Event()
         self.conns: set[socket.socket] = set()
         self.conns_lock = threading.Lock()
@@ -155,6 +157,9 @@ class _Handler(BaseHTTPRequestHandler):
         if token and self.headers.get("Authorization") != f"Bearer {token}":
             self._send_json(401, ApiError(401, "Unauthorized", "Unauthorized").status())
             return
+        if url.path in DISCOVERY and self.server.issuer is not None:
+            self._discovery(method, url.path, query)
+            return
         r = route(url.path)
         if r is None or r.kind.qualified in self.server.absent:
             self._send_json(404, ApiError(404, "NotFound", "the server could not find the "
@@ -171,6 +176,9 @@ class _Handler(BaseHTTPRequestHandler):
         req = Request(verb, r.resource, r.namespace, r.name, query,
                       {k.lower(): v for k, v in self.headers.items()}, body)
         self.server.faults.log(req)
+        delay = self.server.faults.delay_for(req)
+        if delay > 0:
+            time.sleep(delay)  # a loaded API server answering late (FakeKube.slow)
         try:
             injected = self.server.faults.check(req)
             if injected is not None:
@@ -189,6 +197,38 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self.server.faults.answered(req, code)
         self._send_json(code, out)
+
+    def _discovery(self, method: str, path: str, query: dict[str, str]) -> None:
+        """The service-account issuer's OIDC discovery and key set (non-resource URLs:
+        RBAC's ``nonResourceURLs``, the ``system:service-account-issuer-discovery``
+        ClusterRole); logged and fault-injectable as verb ``get`` on the path."""
+        req = Request(method.lower(), path, None, None, query,
+                      {k.lower(): v for k, v in self.headers.items()}, None)
+        self.server.faults.log(req)
+        try:
+            injected = self.server.faults.check(req)
+            if injected is not None:
+                raise injected
+            if method != "GET":
+                raise ApiError(405, "MethodNotAllowed", "the server does not allow this "
+                               "method on the requested resource")
+        except ApiError as e:
+            self.server.faults.answered(req, e.code)
+            self._send_json(e.code, e.status(), e.headers)
+            return
+        self.server.faults.answered(req, 200)
+        issuer = self.server.issuer
+        if path == DISCOVERY[0]:
+            scheme = "https" if isinstance(self.connection, ssl.SSLSocket) else "http"
+            host = self.headers.get("Host") or "127.0.0.1"
+            self._send_json(200, issuer.discovery(f"{scheme}://{host}"))
+        else:
+            data = json.dumps(issuer.jwks(), separators=(",", ":")).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/jwk-set+json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
 
     def _selectors(self, r: _Route, query: dict[str, str]) -> tuple[Any, Any]:
         try:
@@ -212,6 +252,11 @@ class _Handler(BaseHTTPRequestHandler):
                 raise ApiError(405, "MethodNotAllowed", "the server does not allow this "
                                "method on the requested resource")
             return 201, evict(store, r.namespace or "", r.name or "", body)
+        if r.kind.plural == "subjectaccessreviews":  # create-only, never stored
+            if verb != "create" or r.name is not None:
+                raise ApiError(405, "MethodNotAllowed", "the server does not allow this "
+                               "method on the requested resource")
+            return 201, self.server.access.review(body)
         if verb == "get":
             return 200, store.get(r.kind, r.namespace, r.name or "")
         if verb == "list":

@@ -5,11 +5,17 @@ to the pod) and writes it into the pod's projected volume; whoever receives it c
 a TokenReview (``POST /apis/authentication.k8s.io/v1/tokenreviews``). This module is both
 sides for the fake:
 
-* :class:`Issuer` mints JWT-shaped tokens (``header.payload.signature``, base64url; the claims
-  the real issuer writes: ``aud``, ``exp``, ``iat``, ``nbf``, ``iss``, ``jti``, ``sub`` and
-  ``kubernetes.io`` with the namespace, service account, pod and node) and signs them with its
-  own key (HS256 here, RS256 for real: nobody but the issuer verifies the signature, so only
-  the shape matters to a client).
+* :class:`Issuer` mints JWTs (``header.payload.signature``, base64url; the claims the real
+  issuer writes: ``aud``, ``exp``, ``iat``, ``nbf``, ``iss``, ``jti``, ``sub`` and
+  ``kubernetes.io`` with the namespace, service account, pod and node) and signs them with a
+  real key (RS256 with a 2048-bit RSA key, or ES256 with P-256, as the API server's
+  ``--service-account-signing-key-file``); the header's ``kid`` is the key's id as the API
+  server computes it (unpadded base64url of the SHA-256 of the DER public key). It publishes
+  the keys as the API server does: OIDC discovery (:meth:`Issuer.discovery`, served at
+  ``/.well-known/openid-configuration``) and the key set (:meth:`Issuer.jwks`, served at
+  ``/openid/v1/jwks``, every key it still accepts). :meth:`Issuer.rotate_key` starts signing
+  with a new key and keeps the old one published (several ``--service-account-key-file``);
+  :meth:`Issuer.retire_key` stops accepting one.
 * :meth:`Issuer.review` answers a TokenReview as the real server does: ``status.authenticated``,
   ``status.user`` (``username`` ``system:serviceaccount:NS:NAME``, the service account's
   ``uid``, ``groups`` ``system:serviceaccounts``, ``system:serviceaccounts:NS``,
@@ -26,15 +32,14 @@ sides for the fake:
   ``..data/token``; a rotation writes a new timestamped directory and swaps ``..data`` in
   one rename.
 
-Not modelled: ServiceAccount objects (any name is accepted; its uid is stable per name), the
-signing keys' rotation, legacy (Secret-based) tokens, the 600 s minimum expiry of TokenRequest.
+Not modelled: ServiceAccount objects (any name is accepted; its uid is stable per name),
+legacy (Secret-based) tokens, the 600 s minimum expiry of TokenRequest, ``warnafter``.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import hmac
 import json
 import os
 import threading
@@ -45,8 +50,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
+from cryptography.hazmat.primitives.asymmetric.utils import (
+    decode_dss_signature,
+    encode_dss_signature,
+)
+
 API_AUDIENCE = "https://kubernetes.default.svc.cluster.local"
 ISSUER = "https://kubernetes.default.svc.cluster.local"
+OIDC_ISSUER = "https://oidc.example.com"  # people's tokens (FakeKube.user_token)
 EXTRA = "authentication.kubernetes.io/"
 
 
@@ -79,12 +93,42 @@ class Issuer:
     fake's store (the pod a token is bound to must still exist with the same uid)."""
 
     def __init__(self, lookup: Callable[[str, str, str | None], dict[str, Any] | None],
-                 clock: Callable[[], float] = time.time) -> None:
-        self._key = os.urandom(32)
+                 clock: Callable[[], float] = time.time, alg: str = "RS256") -> None:
         self._lookup = lookup
         self.clock = clock
+        self.issuer = ISSUER
         self._sa_uids: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
+        self._keys: dict[str, SigningKey] = {}
+        self.kid = self.rotate_key(alg)
+        self._oidc = SigningKey.generate("RS256")  # a people's identity provider (OIDC)
+
+    def rotate_key(self, alg: str = "RS256") -> str:
+        """Sign from now on with a new key (``RS256`` or ``ES256``); the old ones stay
+        published and accepted until ``retire_key``. Returns the new key's ``kid``."""
+        key = SigningKey.generate(alg)
+        with self._lock:
+            self._keys[key.kid] = key
+            self.kid = key.kid
+        return key.kid
+
+    def retire_key(self, kid: str) -> None:
+        """Stop publishing and accepting ``kid`` (tokens it signed stop validating)."""
+        with self._lock:
+            self._keys.pop(kid, None)
+
+    def discovery(self, server_url: str) -> dict[str, Any]:
+        """``/.well-known/openid-configuration`` as the API server serves it."""
+        return {"issuer": self.issuer, "jwks_uri": f"{server_url}/openid/v1/jwks",
+                "response_types_supported": ["id_token"],
+                "subject_types_supported": ["public"],
+                "id_token_signing_alg_values_supported": sorted(
+                    {k.alg for k in list(self._keys.values())})}
+
+    def jwks(self) -> dict[str, Any]:
+        """``/openid/v1/jwks``: every public key tokens may be signed with."""
+        with self._lock:
+            return {"keys": [k.jwk() for k in self._keys.values()]}
 
     def _sa_uid(self, namespace: str, name: str) -> str:
         with self._lock:
@@ -116,25 +160,68 @@ class Issuer:
             claims["kubernetes.io"]["pod"] = {"name": pod, "uid": pod_uid}
             if node:
                 claims["kubernetes.io"]["node"] = {"name": node, "uid": node_uid}
-        head = _b64(json.dumps({"alg": "HS256", "kid": "fake"}).encode())
-        body = _b64(json.dumps(claims, separators=(",", ":")).encode())
-        sig = _b64(hmac.new(self._key, f"{head}.{body}".encode(), hashlib.sha256).digest())
-        return Minted(f"{head}.{body}.{sig}", namespace, service_account, tuple(audiences),
+        return Minted(self.sign(claims), namespace, service_account, tuple(audiences),
                       float(claims["exp"]), jti, pod, pod_uid, node, node_uid)
+
+    def sign(self, claims: dict[str, Any], kid: str | None = None) -> str:
+        """A JWT of ``claims`` signed with the current key (or ``kid``'s): for tests that
+        need claims the issuer would never write (a token for another issuer, ...)."""
+        key = self._keys[kid or self.kid]
+        head = _b64(json.dumps({"alg": key.alg, "kid": key.kid},
+                               separators=(",", ":")).encode())
+        body = _b64(json.dumps(claims, separators=(",", ":")).encode())
+        return f"{head}.{body}.{_b64(key.sign(f'{head}.{body}'.encode()))}"
+
+    def user_token(self, username: str, groups: Sequence[str] = (),
+                   expiration_seconds: int = 3600) -> str:
+        """A person's id token from the cluster's OIDC provider (``--oidc-issuer-url``), as
+        ``kubectl`` sends it from a kubeconfig: the API server authenticates it for its own
+        audiences only (``spec.audiences`` empty, or naming the API server's)."""
+        now = self.clock()
+        claims = {"iss": OIDC_ISSUER, "aud": ["kubernetes"], "sub": username,
+                  "email": username, "groups": list(groups), "iat": int(now),
+                  "exp": int(now + expiration_seconds)}
+        key = self._oidc
+        head = _b64(json.dumps({"alg": key.alg, "kid": key.kid}).encode())
+        body = _b64(json.dumps(claims, separators=(",", ":")).encode())
+        return f"{head}.{body}.{_b64(key.sign(f'{head}.{body}'.encode()))}"
+
+    def _user(self, token: str, wanted: list[str]) -> tuple[dict[str, Any], str] | None:
+        """TokenReview of an OIDC id token (None: not one of the provider's)."""
+        parts = token.split(".")
+        if len(parts) != 3:
+            return None
+        try:
+            if not self._oidc.verify(f"{parts[0]}.{parts[1]}".encode(), _unb64(parts[2])):
+                return None
+            claims = json.loads(_unb64(parts[1]))
+        except (ValueError, TypeError):
+            return None
+        if API_AUDIENCE not in wanted:  # audience-agnostic: the API server's audiences
+            return {}, (f"token audiences {json.dumps([API_AUDIENCE])} is invalid for the "
+                        f"target audiences {json.dumps(wanted)}")
+        if self.clock() >= claims["exp"]:
+            return {}, "oidc: verify token: oidc: token is expired"
+        user = {"username": claims["sub"], "groups": [*claims["groups"],
+                                                      "system:authenticated"]}
+        return {"authenticated": True, "user": user, "audiences": [API_AUDIENCE]}, ""
 
     def _claims(self, token: str) -> dict[str, Any] | None:
         parts = token.split(".")
         if len(parts) != 3:
             return None
-        want = _b64(hmac.new(self._key, f"{parts[0]}.{parts[1]}".encode(),
-                             hashlib.sha256).digest())
-        if not hmac.compare_digest(want, parts[2]):
-            return None
         try:
+            head = json.loads(_unb64(parts[0]))
+            key = self._keys.get(head.get("kid")) if isinstance(head, dict) else None
+            if key is None or head.get("alg") != key.alg \
+                    or not key.verify(f"{parts[0]}.{parts[1]}".encode(), _unb64(parts[2])):
+                return None
             claims = json.loads(_unb64(parts[1]))
-        except ValueError:
+        except (ValueError, TypeError):
             return None
-        return claims if isinstance(claims, dict) else None
+        if not isinstance(claims, dict) or claims.get("iss") != self.issuer:
+            return None
+        return claims
 
     def review(self, body: Any) -> dict[str, Any]:
         """The TokenReview answered (the request's object with ``status`` filled in)."""
@@ -143,7 +230,10 @@ class Issuer:
         wanted = list(spec.get("audiences") or []) or [API_AUDIENCE]
         out = {"kind": "TokenReview", "apiVersion": "authentication.k8s.io/v1",
                "metadata": {"creationTimestamp": None}, "spec": spec}
-        status, problem = self._check(token, wanted)
+        try:
+            status, problem = self._user(token, wanted) or self._check(token, wanted)
+        except (KeyError, TypeError, AttributeError):  # signed, but not claims it writes
+            status, problem = {}, "service account token is malformed"
         if problem:
             status = {"user": {}, "error": f"[invalid bearer token, {problem}]"}
         out["status"] = status
@@ -180,6 +270,56 @@ class Issuer:
                            "system:authenticated"],
                 "extra": extra}
         return {"authenticated": True, "user": user, "audiences": auds}, ""
+
+
+class SigningKey:
+    """One service-account signing key: RS256 (RSA 2048) or ES256 (P-256)."""
+
+    def __init__(self, alg: str, private: Any) -> None:
+        self.alg, self.private = alg, private
+        der = private.public_key().public_bytes(serialization.Encoding.DER,
+                                                serialization.PublicFormat.SubjectPublicKeyInfo)
+        self.kid = _b64(hashlib.sha256(der).digest())  # as the API server's keyIDFromPublicKey
+
+    @classmethod
+    def generate(cls, alg: str) -> SigningKey:
+        if alg == "RS256":
+            return cls(alg, rsa.generate_private_key(public_exponent=65537, key_size=2048))
+        if alg == "ES256":
+            return cls(alg, ec.generate_private_key(ec.SECP256R1()))
+        raise ValueError(f"the fake issuer signs RS256 or ES256, not {alg!r}")
+
+    def sign(self, data: bytes) -> bytes:
+        if self.alg == "RS256":
+            return bytes(self.private.sign(data, padding.PKCS1v15(), hashes.SHA256()))
+        r, s = decode_dss_signature(self.private.sign(data, ec.ECDSA(hashes.SHA256())))
+        return r.to_bytes(32, "big") + s.to_bytes(32, "big")  # JWS: r || s, 64 bytes
+
+    def verify(self, data: bytes, sig: bytes) -> bool:
+        public = self.private.public_key()
+        try:
+            if self.alg == "RS256":
+                public.verify(sig, data, padding.PKCS1v15(), hashes.SHA256())
+            else:
+                if len(sig) != 64:
+                    return False
+                der = encode_dss_signature(int.from_bytes(sig[:32], "big"),
+                                           int.from_bytes(sig[32:], "big"))
+                public.verify(der, data, ec.ECDSA(hashes.SHA256()))
+        except InvalidSignature:
+            return False
+        return True
+
+    def jwk(self) -> dict[str, Any]:
+        """The public key as the API server's JWKS lists it."""
+        nums = self.private.public_key().public_numbers()
+        if self.alg == "RS256":
+            n = nums.n.to_bytes((nums.n.bit_length() + 7) // 8, "big")
+            e = nums.e.to_bytes((nums.e.bit_length() + 7) // 8, "big")
+            return {"use": "sig", "kty": "RSA", "kid": self.kid, "alg": "RS256",
+                    "n": _b64(n), "e": _b64(e)}
+        return {"use": "sig", "kty": "EC", "kid": self.kid, "crv": "P-256", "alg": "ES256",
+                "x": _b64(nums.x.to_bytes(32, "big")), "y": _b64(nums.y.to_bytes(32, "big"))}
 
 
 def write_projected(directory: str | os.PathLike[str], token: str) -> Path:
