@@ -10,11 +10,14 @@ decision listener and turns into actions:
   sees it (labelled for the job, the registering pod's uid), always with its uid as a
   precondition -- so its controller recreates it; cordon + taint that pod's
   ``spec.nodeName`` only on node-scope evidence (``node_scope.py``: the node watch, the
-  node's own agent, or two jobs) and within the circuit breaker; the other ranks restart
+  node's own agent, or pods of two namespaces and ServiceAccounts) and within the circuit
+  breaker (``breaker.py``: the nodes held cordoned now); the other ranks restart
   in place (their commands were queued before the listener ran) and the barrier waits
   for the replacement;
 * every fault decision and barrier release: an Event on the pod and the job object;
-* pods of the job's ranks: annotated with their ftagent state (coalesced, latest wins).
+* pods of the job's ranks: annotated with their ftagent state (coalesced, latest wins);
+* with --uncordon-after: ftagent's own cordon undone once the node agent has reported the
+  node healthy that long (``uncordon.py``).
 
 Everything on the loop is memory only; API calls go to two small thread pools (actions
 first, Events and annotations in the background), so a slow or failing API server never
@@ -38,8 +41,15 @@ from typing import Any
 from ftagent.arbiter.auth import PodFacts
 from ftagent.arbiter.registry import Registry
 from ftagent.arbiter.state import Decision, JobState, Verdict
-from ftagent.kube.actuator import ANNOTATIONS, STATE_ANNOTATION, Actuator, Forbidden, GaveUp
-from ftagent.kube.breaker import CordonBreaker
+from ftagent.kube.actuator import (
+    ANNOTATIONS,
+    EVIDENCE_ANNOTATION,
+    STATE_ANNOTATION,
+    Actuator,
+    Forbidden,
+    GaveUp,
+)
+from ftagent.kube.breaker import CordonBreaker, Held
 from ftagent.kube.cluster_faults import (
     ClusterFault,
     NodeFaults,
@@ -53,6 +63,7 @@ from ftagent.kube.identity import identify, literal_env, trainer_index
 from ftagent.kube.node_scope import NodeEvidence
 from ftagent.kube.recorder import JOB_KINDS, ObjectRef, Recorder, job_owner, pod_ref
 from ftagent.kube.trainjob_status import TrainJobStatus, trainer_status
+from ftagent.kube.uncordon import NodeHealth
 from ftagent.model import Scope
 
 log = logging.getLogger("ftagent.kube.cluster")
@@ -76,12 +87,16 @@ class KubeSettings:
     node_notready_grace: float = 40.0
     force_delete_after: float = -1.0  # off
     max_cordon_fraction: float = 0.1
-    max_cordons: int = 10  # nodes cordoned cluster-wide per breaker window
+    max_cordons: int = 10  # nodes held cordoned cluster-wide on corroborated pod evidence
     node_evidence_window: float = 300.0
     pending_grace: float = 300.0
     component: str = "ftagent-arbiter"
     # seconds between two writes of a job's progress to its TrainJob (0: never)
     trainjob_status_interval: float = 30.0
+    # nodes held cordoned on node evidence (its agent, its conditions): their own budget
+    max_confirmed_cordons: int = 50
+    # uncordon ftagent's cordon after the node agent says healthy this long (0: never)
+    uncordon_after: float = 0.0
 
 
 # Owners read to find a pod's job object: batch Job -> JobSet -> TrainJob (get on them)
@@ -108,7 +123,13 @@ class Cluster:
         self.recorder = Recorder(api_client, self.actuator, component=settings.component,
                                  instance=registry.arbiter_id, clock=clock)
         self.breaker = CordonBreaker(settings.max_cordon_fraction,
-                                     max_nodes=settings.max_cordons)
+                                     max_nodes=settings.max_cordons,
+                                     max_confirmed=settings.max_confirmed_cordons)
+        self.health = NodeHealth(settings.uncordon_after)
+        self._uncordoning: set[str] = set()
+        self._uncordoned: list[str] = []  # (from workers, under _lock)
+        # an uncordon made (node): the arbiter may count it
+        self.on_uncordon: Callable[[str], None] = lambda node: None
         self.evidence = NodeEvidence(settings.node_evidence_window)
         self.nodes = NodeFaults(settings.node_notready_grace)
         self.pods = PodFaults()
@@ -191,15 +212,11 @@ class Cluster:
         (self.node_names.discard if deleted else self.node_names.add)(name)
         if deleted:
             self.node_cache.pop(name, None)
+            self.breaker.observe(name, None, float("inf"))
         elif isinstance(node, dict):
             self.node_cache[name] = node
-            notes = get(node, "metadata", "annotations")
-            if isinstance(notes, dict) and notes.get(ANNOTATIONS + "cordoned-by") \
-                    == "ftagent-arbiter":  # the breaker's memory across leaders
-                at = parse_time(notes.get(ANNOTATIONS + "cordoned-at"))
-                if at is not None:
-                    self.breaker.seed(name, str(notes.get(ANNOTATIONS + "fault-job", "")), at,
-                                      self.clock())
+            # the breaker's memory across leaders: the nodes held cordoned now
+            self.breaker.observe(name, held_cordon(node, self.clock()), self.clock())
         if not self.active():  # a standby only keeps its caches (replayed when it leads)
             return
         # a node nobody runs on is watched for its Ready condition all the same (cheap),
@@ -298,6 +315,7 @@ class Cluster:
         if not self._flushing and self.recorder.dirty():
             self._flush_events()
         self._trainjob_progress(now)
+        self._uncordon_due(now)
 
     def _trainjob_progress(self, now: float) -> None:
         """Each training job whose pods belong to a Kubeflow TrainJob: its step, loss,
@@ -352,10 +370,18 @@ class Cluster:
         # the node is where the watch says the pod runs, never what a Hello said
         node = cf.node if cf is not None and cf.node else next(
             (n for ns, name, _ in pods if (n := self._node_of(ns, name))), "")
+        evidence = "corroborated"
         if cf is not None:  # the API server's own view: its scope decides
             cordon, why = bool(node) and cf.fault.scope is Scope.NODE, ""
+            evidence = "node-condition"
         elif node:
-            cordon, why = self.evidence.verdict(node, who, kind, d.fault_id, now)
+            account = next((a for ns, name, _ in pods
+                            if (a := self._account_of(ns, name))), "")
+            cordon, why = self.evidence.verdict(node, who, kind, d.fault_id, now,
+                                                job.namespace, account)
+            if self.evidence.from_node_agent(d.fault_id, node) or \
+                    self.evidence.agent_confirms(node, kind, now):
+                evidence = "node-agent"
         else:
             cordon, why = False, ""
         if node and not cordon and why:
@@ -365,19 +391,21 @@ class Cluster:
             self._event(job, pods[0][1] if pods else "", "Normal", "NodeNotCordoned", msg,
                         now)
         if cordon:
-            cordon = self._breaker_allows(job, rs, node, who, d, now)
+            cordon = self._breaker_allows(job, rs, node, who, d, now, evidence)
         for _, _, uid in pods:
             self.pods.deleted_by_us(uid)
         self._replacing[(job.namespace, job.job)] = now
         self._submit(self._actions, self._carry_out_replace, job, node if cordon else "",
-                     kind, d.reason, d.fault_id, who, pods, now)
+                     kind, d.reason, d.fault_id, who, pods, now, evidence)
 
     def _breaker_allows(self, job: JobState, rs: Any, node: str, who: str, d: Decision,
-                        now: float) -> bool:
+                        now: float, evidence: str = "corroborated") -> bool:
         job_nodes = len(self._job_nodes(job))
-        v = self.breaker.check(node, who, job_nodes, len(self.node_names), now)
+        confirmed = evidence != "corroborated"
+        v = self.breaker.check(node, who, job_nodes, len(self.node_names), now, confirmed)
         if v.allowed:
-            self.breaker.record(node, who, now)
+            self.breaker.record(node, who, now, confirmed)
+            self.health.forget(node)  # healthy from now on counts afresh
             return True
         msg = f"node {node} not cordoned: {v.reason}"
         log.warning("%s (job %s)", msg, who)
@@ -393,6 +421,14 @@ class Cluster:
         return {n for (ns, _), pod in self.pod_cache.items()
                 if ns == job.namespace and get(pod, "metadata", "labels", JOB_LABEL) == job.job
                 and isinstance(n := get(pod, "spec", "nodeName"), str) and n}
+
+    def _account_of(self, namespace: str, pod: str) -> str:
+        """The pod's ServiceAccount as the watch sees it (``default`` when unset)."""
+        p = self.pod_cache.get((namespace, pod))
+        if p is None:
+            return ""
+        sa = get(p, "spec", "serviceAccountName")
+        return sa if isinstance(sa, str) and sa else "default"
 
     def _node_of(self, namespace: str, pod: str) -> str:
         node = get(self.pod_cache.get((namespace, pod)), "spec", "nodeName")
@@ -438,17 +474,50 @@ class Cluster:
                 continue
             d = Decision(Verdict.REPLACE, reason=f"node {node}'s agent confirmed the {p.kind} "
                          "fault", generation=job.generation, fault_id=p.fault_id)
-            if self._breaker_allows(job, None, node, p.job, d, now):
+            if self._breaker_allows(job, None, node, p.job, d, now, "node-agent"):
                 self._submit(self._actions, self._carry_out_replace, job, node, p.kind,
-                             d.reason, p.fault_id, p.job, (), now)
+                             d.reason, p.fault_id, p.job, (), now, "node-agent")
+
+    def node_health(self, node: str, healthy: bool) -> None:
+        """A verified node agent's report for ``node`` said whether the node is healthy
+        (the server's hook, on the loop): with --uncordon-after, ftagent's own cordon of
+        a node healthy that long is undone (``tick``)."""
+        if self.active():
+            self.health.report(node, healthy, self.clock())
+
+    def _uncordon_due(self, now: float) -> None:
+        with self._lock:
+            done, self._uncordoned = self._uncordoned, []
+        for node in done:
+            self._uncordoning.discard(node)
+            self.breaker.release(node)
+            self.health.forget(node)
+        for node in self.health.due(self.breaker.cordoned(), now):
+            if node in self._uncordoning:
+                continue
+            self._uncordoning.add(node)
+            self._submit(self._actions, self._uncordon, node,
+                         f"its node agent reported it healthy for "
+                         f"{self.settings.uncordon_after:.0f}s (--uncordon-after)")
+
+    def _uncordon(self, node: str, why: str) -> None:
+        """In a worker: undo ftagent's cordon of ``node``."""
+        try:
+            if self.actuator.uncordon(node, why):
+                self.on_uncordon(node)
+        except (Forbidden, GaveUp):
+            self.on_action_failed("uncordon")
+        finally:
+            with self._lock:  # the loop's next tick forgets it (breaker, health)
+                self._uncordoned.append(node)
 
     def _carry_out_replace(self, job: JobState, node: str, kind: str, reason: str,
                            fault_id: str, who: str, pods: tuple[tuple[str, str, str], ...],
-                           now: float) -> None:
+                           now: float, evidence: str = "corroborated") -> None:
         """In a worker: cordon first (so the new pod lands elsewhere), then delete."""
         if node:
             try:
-                if self.actuator.cordon(node, kind, reason, fault_id, who, now):
+                if self.actuator.cordon(node, kind, reason, fault_id, who, now, evidence):
                     self.on_cordon(node, kind)
                     self._event(job, pods[0][1] if pods else "", "Warning", "NodeCordoned",
                                 f"node {node} cordoned and tainted ftagent.io/fault={kind}:"
@@ -604,6 +673,20 @@ class Cluster:
             fn(*args)
         except Exception:
             log.exception("kube action %s failed", getattr(fn, "__name__", fn))
+
+
+def held_cordon(node: Any, now: float) -> Held | None:
+    """ftagent's cordon of ``node`` as the watch shows it (its annotation, and the node
+    still unschedulable), or None: what the breaker counts."""
+    notes = get(node, "metadata", "annotations")
+    if not isinstance(notes, dict) or notes.get(ANNOTATIONS + "cordoned-by") \
+            != "ftagent-arbiter" or get(node, "spec", "unschedulable") is not True:
+        return None
+    at = parse_time(notes.get(ANNOTATIONS + "cordoned-at"))
+    evidence = notes.get(EVIDENCE_ANNOTATION)
+    return Held(str(notes.get(ANNOTATIONS + "fault-job", ""))[:300],
+                at if at is not None else now,
+                evidence in ("node-agent", "node-condition"))
 
 
 async def tick_forever(cluster: Cluster, interval: float = 0.5) -> None:
