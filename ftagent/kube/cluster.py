@@ -60,7 +60,9 @@ from ftagent.kube.cluster_faults import (
     waits_for_a_node,
 )
 from ftagent.kube.identity import identify, literal_env, trainer_index
+from ftagent.kube.membership import KIND_RANK, JobOwners, Ref, controller_ref, local_world
 from ftagent.kube.node_scope import NodeEvidence
+from ftagent.kube.owners import OwnerChains
 from ftagent.kube.recorder import JOB_KINDS, ObjectRef, Recorder, job_owner, pod_ref
 from ftagent.kube.trainjob_status import TrainJobStatus, trainer_status
 from ftagent.kube.uncordon import NodeHealth
@@ -143,6 +145,11 @@ class Cluster:
         self._terminating: dict[tuple[str, str], float] = {}
         self._force_deleted: set[str] = set()
         self._owners: dict[str, ObjectRef | None] = {}
+        # job membership (membership.py): roots of the pods' controller chains
+        self.job_owners = JobOwners()
+        self.chains = OwnerChains(api_client)
+        self._chain_pending: dict[tuple[str, str], set[str]] = {}  # (ns, job) -> uids
+        self._chain_waiting: dict[str, tuple[str, Ref, set[tuple[str, str]]]] = {}
         self._annotations: dict[tuple[str, str], dict[str, str]] = {}
         self._annotating = False
         self._lock = threading.Lock()
@@ -160,8 +167,11 @@ class Cluster:
     def pod_facts(self, namespace: str, name: str) -> PodFacts | None:
         """The pod as the watch sees it (job, rank, node, uid), for the server to check a
         pod credential's Hello against; None when the watch has not seen it (or it is
-        gone). The job and rank come from its labels (kube/identity.py), the job label
-        ``ftagent.io/job`` first: never from anything the agent says."""
+        gone, or its job's controller chains are still being read: retry). The job label
+        ``ftagent.io/job`` names the job; membership comes from the pod's controller chain
+        (kube/membership.py: a pod whose chain does not lead to the job's owner is no
+        member); the rank from its labels (kube/identity.py), the world size from the
+        owner's spec where it has one: never from anything the agent says."""
         pod = self.pod_cache.get((namespace, name))
         if not isinstance(pod, dict):
             return None
@@ -169,15 +179,66 @@ class Cluster:
         job = get(pod, "metadata", "labels", JOB_LABEL)
         if not isinstance(uid, str) or not isinstance(job, str):
             return None
+        self._chains_resolved()
+        if self._chain_pending.get((namespace, job)):
+            return None  # the owners of the job's pods are being read
+        ref = controller_ref(pod)
+        root = None
+        if ref is not None and (ref.group, ref.kind) in KIND_RANK:
+            done, root = self.chains.known(ref.uid)
+            if not done:
+                self._index_owner(namespace, pod)
+                return None
+        member, why = self.job_owners.member(namespace, job, root)
+        owner = self.job_owners.owner(namespace, job)
         found = identify(pod, {})
         index, _ = trainer_index(pod, found.role if found else "")
         containers = get(pod, "spec", "containers")
-        if found is not None and index is not None and isinstance(containers, list):
-            found = identify(pod, literal_env(containers[index]))
+        trainer = containers[index] if index is not None and isinstance(containers, list) \
+            else None
+        if found is not None and isinstance(trainer, dict):
+            found = identify(pod, literal_env(trainer))
         node = get(pod, "spec", "nodeName")
-        return PodFacts(uid=uid, job=job, node=node if isinstance(node, str) else "",
-                        rank=found.rank if found else None,
-                        world_size=found.world_size if found else None)
+        world = owner.world if owner is not None and owner.world else \
+            (found.world_size if found else None)
+        return PodFacts(uid=uid, job=job if member else "",
+                        node=node if isinstance(node, str) else "",
+                        rank=found.rank if found else None, world_size=world,
+                        local_world=local_world(pod, trainer if isinstance(trainer, dict)
+                                                else None),
+                        not_member=why)
+
+    def _index_owner(self, namespace: str, pod: Any) -> None:
+        """A labelled pod seen: its controller chain into the job owners' index (read in
+        the background when not known yet)."""
+        job = get(pod, "metadata", "labels", JOB_LABEL)
+        ref = controller_ref(pod)
+        if not isinstance(job, str) or ref is None or (ref.group, ref.kind) not in KIND_RANK:
+            return
+        done, root = self.chains.known(ref.uid)
+        if done:
+            if root is not None:
+                self.job_owners.see(namespace, job, root)
+            return
+        if len(self._chain_waiting) >= CONTEXT_KEPT and ref.uid not in self._chain_waiting:
+            return
+        self._chain_pending.setdefault((namespace, job), set()).add(ref.uid)
+        self._chain_waiting.setdefault(ref.uid, (namespace, ref, set()))[2].add(
+            (namespace, job))
+        self.chains.ask(namespace, ref)
+
+    def _chains_resolved(self) -> None:
+        """On the loop: chains the reader resolved join the index."""
+        for uid, root in self.chains.take():
+            got = self._chain_waiting.pop(uid, None)
+            for key in got[2] if got is not None else ():
+                pending = self._chain_pending.get(key)
+                if pending is not None:
+                    pending.discard(uid)
+                    if not pending:
+                        del self._chain_pending[key]
+                if root is not None:
+                    self.job_owners.see(key[0], key[1], root)
 
     def pod_alive(self, namespace: str, name: str, uid: str) -> bool:
         """Is pod ``namespace/name`` with ``uid`` still in the watch (a rank it registered
@@ -198,6 +259,7 @@ class Cluster:
 
     def close(self, wait: bool = True) -> None:
         """Stop the workers (calls under way finish, queued ones are dropped)."""
+        self.chains.close()
         self._actions.shutdown(wait=wait, cancel_futures=True)
         self._background.shutdown(wait=wait, cancel_futures=True)
 
@@ -239,6 +301,7 @@ class Cluster:
             self._terminating.pop(key, None)
         elif isinstance(pod, dict):
             self.pod_cache[key] = pod
+            self._index_owner(ns, pod)
             gone_at = parse_time(get(pod, "metadata", "deletionTimestamp"))
             if gone_at is not None:  # Terminating since the delete: its deadline less grace
                 grace = get(pod, "metadata", "deletionGracePeriodSeconds")
@@ -286,6 +349,9 @@ class Cluster:
         """On the loop, every half second: nodes past their grace, replacements stuck
         Pending, pods stuck Terminating, Events waiting for the rate limit."""
         now = self.clock()
+        self._chains_resolved()
+        for ns, ref, _ in list(self._chain_waiting.values()):
+            self.chains.ask(ns, ref)  # one that failed (5xx, transport): again
         for cf in self.nodes.due(now):
             self._report_node(cf)
         for (ns, name), since in list(self._replacing.items()):
