@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import re
 import resource
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -44,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ftagent.agent.evidence import MAX_THREADS, find_py_spy, sample_process
+from ftagent.agent.stall_window import window_of
 from ftagent.config import HangConfig
 from ftagent.detect.hang import HangDetector, Observed, Sample, verify_plan
 from ftagent.detect.liveness import (
@@ -55,11 +57,12 @@ from ftagent.detect.liveness import (
     Snapshot,
     Thresholds,
     Verdict,
-    declare,
     in_collective,
     judge,
     stacks_of,
 )
+from ftagent.detect.stall import Act, Budget, Peers, State, decide
+from ftagent.detect.stall import Verdict as StallVerdict
 from ftagent.model import (
     Fault,
     FaultKind,
@@ -82,6 +85,7 @@ LEAD = 1.0  # seconds before its first sample the early sampling starts (ticks a
 # took 3.2 s, and a one-budget wait (2 s) declared a rank that only waited (seen in
 # tests/e2e/test_fr_verdict.py). A real hang is the arbiter's to restart meanwhile.
 ARBITER_ANSWER_WAIT = 20.0
+_RANK = re.compile(r"(?:local )?rank (\d{1,7})\b")  # the busy rank in BUSY's words
 
 
 class GpuProbe(Protocol):
@@ -209,6 +213,7 @@ class Stall:
     waiting_on: str | None = None  # the arbiter judged the job busy: whom this rank waits on
     spin_cap: float | None = None  # the others wait on this spinning rank: its spin budget
     snaps: list[Snapshot] = dataclasses.field(default_factory=list)  # the last window's
+    decision: StallVerdict | None = None  # the stall policy's last verdict
 
 
 @dataclass
@@ -257,6 +262,7 @@ class Verifier:
         # launcher mode: this pod's other local ranks' verifiers (cmd/run.py wires them);
         # without an arbiter, a rank waiting in a collective asks them who is busy
         self.local_peers: Callable[[], Sequence[tuple[int, Verifier]]] | None = None
+        self.rank: int | None = None  # this rank, for the verdict's culprits
         self.stall: Stall | None = None
         # BUSY arrived before this rank's own budget ran out (no stall open yet): the
         # stall it is in is that wait; forgotten when steps resume
@@ -488,11 +494,14 @@ class Verifier:
         arbiter = self.ask_arbiter is not None and self.ask_arbiter()
         if waiting and stall.waiting_on is None and not stall.declared and not arbiter and \
                 self.local_peers is not None:
-            await self._local_wait(stall)
+            await self._local_wait(stall)  # sampling the local peers: before the policy
             if self.stall is not stall:
                 return  # steps resumed while the peers were asked
-        if waiting and stall.waiting_on is not None and \
-                stalled < float(self.cfg.hang_phase_timeout):
+        got = decide(self._budget(stall, stalled, spin_budget), window_of(verdict, snaps),
+                     self._peers(stall, arbiter))
+        stall.decision = got
+        if got.act is Act.RECHECK and got.state is State.WAITING_ON_PEER and \
+                got.rule == "P1":
             # the arbiter judged the job busy: waiting on that rank is not a hang (its own
             # agent declares it if it hangs); bounded by --hang-phase-timeout
             self._count("waiting")
@@ -500,49 +509,75 @@ class Verifier:
             det.defer(again)
             self._write("verify", "waiting", f"stalled {stalled:.1f}s waiting in "
                         f"{verdict.where} on {stall.waiting_on}: not a hang", verdict, cost,
-                        stall, waiting_on=stall.waiting_on,
+                        stall, waiting_on=stall.waiting_on, rule=got.rule,
                         suspect_again_in=round(again - self.clock(), 3))
             return
-        if waiting and stall.suspected and stall.asked_at is not None and arbiter and \
-                not stall.declared and stall.waiting_on is None and \
-                self.clock() - stall.asked_at < ARBITER_ANSWER_WAIT:
+        if got.rule == "C2":
             # still waiting in the collective, the arbiter still comparing the ranks: its
             # answer (BUSY, or a restart for a job hang) decides, not this rank alone
             stall.asking = True
             again = self.clock() + det.step_budget()
             det.defer(again)
+            assert stall.asked_at is not None
             self._write("verify", "asking", f"stalled {stalled:.1f}s waiting in "
                         f"{verdict.where}; the arbiter has not answered for "
                         f"{self.clock() - stall.asked_at:.1f}s (it decides within "
-                        f"{ARBITER_ANSWER_WAIT:.0f}s)", verdict, cost, stall,
+                        f"{ARBITER_ANSWER_WAIT:.0f}s)", verdict, cost, stall, rule=got.rule,
                         suspect_again_in=round(again - self.clock(), 3))
             return
-        if waiting and not stall.suspected and not stall.declared and arbiter:
+        if got.act is Act.ASK:
             self._count("suspect")
             stall.suspected = stall.asking = True
             stall.asked_at = self.clock()
             out = self._suspicion(fault, verdict, stalled, entries)
             det.defer(self.clock() + det.step_budget())  # not "hung" while it compares
-            self._write("verify", "suspect", out.message, verdict, cost, stall)
+            self._write("verify", "suspect", out.message, verdict, cost, stall, rule=got.rule)
             self._raise(out)
             return
-        self._count(verdict.state.value)
-        if not declare(verdict, stalled, spin_budget, float(self.cfg.hang_phase_timeout)):
-            stall.verified = True
+        self._count(verdict.state.value if got.rule[0] in "ASH" else got.state.value)
+        if got.act is not Act.DECLARE:
+            stall.verified = got.state is not State.UNDECIDED
             again = self.clock() + self._recheck_in(early is not None)
-            if verdict.state is Liveness.SPINNING:
+            if got.state in (State.SPINNING, State.WAITING_ON_IO):
+                again = max(self.clock() + 0.5, min(again, self.clock() + (got.recheck_in or 0)))
+            if got.state is State.SPINNING:
                 again = max(self.clock() + 0.5, min(again, stall.start + spin_budget))
             det.defer(again)
             self._anchor = self.clock()  # the next budget's samples count from here
-            self._write("verify", verdict.state.value, self._alive_text(verdict, stall,
-                                                                        stalled, spin_budget),
-                        verdict, cost, stall, suspect_again_in=round(again - self.clock(), 3),
+            text = (self._alive_text(verdict, stall, stalled, spin_budget)
+                    if got.rule[0] in "AS" else got.reason)
+            self._write("verify", verdict.state.value if got.rule[0] in "AS" else
+                        got.state.value, text, verdict, cost, stall, rule=got.rule,
+                        suspect_again_in=round(again - self.clock(), 3),
                         budget_seconds=fault.evidence.get("budget_seconds"))
             return
         stall.declared = True
-        out = self._fault(fault, verdict, stalled, spin_budget, entries)
-        self._write("verify", verdict.state.value, out.message, verdict, cost, stall)
+        out = self._fault(fault, verdict, stalled, spin_budget, entries, got)
+        self._write("verify", verdict.state.value if got.rule[0] in "ASH" else
+                    got.state.value, out.message, verdict, cost, stall, rule=got.rule)
         self._raise(out)
+
+    def _budget(self, stall: Stall, stalled: float, spin_budget: float) -> Budget:
+        det = self.detector
+        return Budget(stalled_for=stalled, step_budget=det.step_budget(),
+                      spin_budget=spin_budget,
+                      phase_timeout=float(self.cfg.hang_phase_timeout),
+                      io_timeout=float(getattr(self.cfg, "hang_io_timeout", 300.0)),
+                      dead_still_window=float(getattr(self.cfg, "hang_dead_still_window",
+                                                      60.0)),
+                      phase=det.current_phase(), first_step=det.last_step is None,
+                      declared=stall.declared, rank=self.rank)
+
+    def _peers(self, stall: Stall, arbiter: bool) -> Peers:
+        asked = None
+        if stall.suspected and stall.asked_at is not None:
+            asked = self.clock() - stall.asked_at
+        busy = None
+        if stall.waiting_on is not None:
+            m = _RANK.match(stall.waiting_on)
+            busy = int(m.group(1)) if m else None
+        return Peers(busy_rank=busy, busy_in=stall.waiting_on, arbiter=arbiter,
+                     asked_for=asked, answer_wait=ARBITER_ANSWER_WAIT)
 
     def _raise(self, out: Fault) -> None:
         if self.emit is None:
@@ -766,8 +801,11 @@ class Verifier:
     # ------------------------------------------------------------------ helpers
 
     def _fault(self, fault: Fault, verdict: Verdict, stalled: float, spin_budget: float,
-               entries: list[dict[str, Any]]) -> Fault:
-        if verdict.state is Liveness.SPINNING:
+               entries: list[dict[str, Any]], got: StallVerdict | None = None) -> Fault:
+        new = got is not None and got.rule[0] in "UFDI"  # a row the motion judge lacks
+        if got is not None and new:
+            msg = f"{fault.message}; {got.reason}"
+        elif verdict.state is Liveness.SPINNING:
             msg = (f"spinning in {verdict.where} for {stalled:.1f}s, over the spin budget of "
                    f"{spin_budget:.0f}s (busy, but not progressing): {verdict.reason}")
         elif verdict.state is Liveness.ALIVE:  # alive by I/O alone, past the phase budget
@@ -781,8 +819,15 @@ class Verifier:
             msg = f"{fault.message}; verified hung over {verdict.window_seconds:.1f}s: " \
                   f"{verdict.reason}"
         evidence = {**fault.evidence, "verification": verdict.to_json(),
-                    "verdict": verdict.state.value, "where": verdict.where,
+                    "verdict": got.state.value if got is not None and new
+                    else verdict.state.value,
+                    "where": got.where if got is not None and new and got.where
+                    else verdict.where,
                     "stall_seconds": round(stalled, 3), "processes": entries}
+        if got is not None:
+            evidence.update(stall=got.to_json(), rule=got.rule, culprits=list(got.culprits))
+            if got.kill:
+                evidence["kill"] = True  # a stopped process ignores SIGTERM
         return dataclasses.replace(fault, message=msg, evidence=evidence)
 
     def _suspicion(self, fault: Fault, verdict: Verdict, stalled: float,

@@ -323,6 +323,7 @@ def progress_parts(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir:
             says.learned, agent.events.write)
         verifier = Verifier(detector, cfg.hang, sampler, record=record,
                             metrics=metrics, emit=agent.raise_fault, now=agent.detector_now)
+        verifier.rank = cfg.identity.rank  # the verdict's culprit when it is this rank
     watch = HangWatch(detector, metrics, parser, verifier=verifier)
     parts = parts.plus(detectors=[watch])
     if cfg.loss.loss_action != "off":  # NaN/inf and spikes of the loss (detect/loss.py)

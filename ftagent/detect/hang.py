@@ -326,6 +326,10 @@ class HangDetector:
         self.phase_longest[name] = max(self.phase_longest.get(name, 0.0), seconds)
         return seconds
 
+    def current_phase(self) -> str | None:
+        """The open phase whose budget ends last (None: none open)."""
+        return self._current_phase()
+
     def _current_phase(self) -> str | None:
         if not self._phases:
             return None

@@ -46,7 +46,7 @@ S2    spinning past its spin budget                       hung             decla
 C1    still in a collective, an arbiter to ask, not       waiting_on_peer  ask
       asked yet
 C2    still in a collective, asked, no answer yet (for    waiting_on_peer  recheck
-      less than ``answer_wait``)
+      less than ``answer_wait``), no busy peer named
 H1    still (parked or waiting) outside the rows above    hung             declare
 H2    nothing readable (no stacks, CPU in between)        hung             declare
 ====  ==================================================  ===============  =======
@@ -241,7 +241,7 @@ class Peers:
     """What the arbiter (or, without one, a local peer) relays about the other ranks."""
 
     busy_rank: int | None = None  # the rank this one waits on, judged busy
-    busy_in: str | None = None  # what it is busy in
+    busy_in: str | None = None  # what it is busy in (or the arbiter's words for the wait)
     arbiter: bool = False  # an arbiter can compare the ranks now
     asked_for: float | None = None  # seconds since this rank asked it (None: not asked)
     answer_wait: float = 20.0  # how long an open question holds the verdict
@@ -277,11 +277,13 @@ def decide(budget: Budget, window: Window, peers: Peers | None = None, *,
                        f"frozen: {'; '.join(w.uninterruptible)[:200]} in uninterruptible "
                        f"sleep over {w.seconds:.1f}s, no I/O advancing", where=w.uninterruptible[0],
                        culprits=me, kill=True)
-    if (not phase_check and w.in_collective and peers.busy_rank is not None
-            and b.stalled_for < b.phase_timeout):
+    if (not phase_check and w.in_collective and b.stalled_for < b.phase_timeout
+            and (peers.busy_rank is not None or peers.busy_in is not None)):
+        whom = (f"rank {peers.busy_rank} (busy in {peers.busy_in or '?'})"
+                if peers.busy_rank is not None and not (peers.busy_in or "").startswith(
+                    ("rank", "local rank")) else peers.busy_in)
         return Verdict(State.WAITING_ON_PEER, Act.RECHECK, "P1",
-                       f"waiting on rank {peers.busy_rank} (busy in {peers.busy_in or '?'}) "
-                       f"in {w.where}: a state, not a hang", where=w.where,
+                       f"waiting on {whom} in {w.where}: a state, not a hang", where=w.where,
                        waiting_on=peers.busy_rank, waiting_for=peers.busy_in,
                        budget_seconds=b.phase_timeout, budget_flag="--hang-phase-timeout",
                        recheck_in=recheck)
@@ -349,7 +351,7 @@ def decide(budget: Budget, window: Window, peers: Peers | None = None, *,
                            f"waiting in a collective for {b.stalled_for:.1f}s ({w.where}): a "
                            "hang only if no peer is busy; the arbiter compares the ranks",
                            where=w.where, recheck_in=recheck)
-        if peers.asked_for < peers.answer_wait:
+        if peers.asked_for < peers.answer_wait and peers.busy_in is None:
             return Verdict(State.WAITING_ON_PEER, Act.RECHECK, "C2",
                            f"waiting in {w.where}; the arbiter has not answered for "
                            f"{peers.asked_for:.1f}s (it decides within "
