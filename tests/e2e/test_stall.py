@@ -59,6 +59,7 @@ def test_a_sigstopped_rank_in_a_collective_is_named_frozen_and_trains_again_in_1
             wait_for(lambda: _trainer_pid(job, 1, 1) and _steps(job, 1) > at, 60,
                      "rank 1 training at generation 1", interval=0.05)
             again = time.monotonic() - declared
+            print(f"frozen: declared -> training again in {again:.1f}s")
             st = status(arb.address)
         finally:
             for pid in stopped:
