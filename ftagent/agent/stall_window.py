@@ -13,6 +13,7 @@ stopped while py-spy found a thread running in the same sample.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from ftagent.detect.liveness import Liveness, ProcessSample, Snapshot, in_collective
@@ -21,6 +22,10 @@ from ftagent.detect.stall import Blocked, Window
 
 STOPPED = frozenset({"stopped", "tracing-stop"})  # psutil's names of T and t
 DISK_SLEEP = "disk-sleep"  # D
+# a still thread here waits for its peers (a rendezvous, the store), not on a dead resource
+PEER_WAIT = re.compile(r"rendezvous|init_process_group|_store_based_barrier|TCPStore|"
+                       r"\bstore\b|_create_c10d_store|wait_for_workers|\bbarrier\b", re.I)
+TIMED = re.compile(r"^_?sleep\b")
 OFF_CPU = frozenset({"S", "D", "T", "t", "I"})  # /proc thread states of a thread not running
 
 
@@ -76,6 +81,8 @@ def window_of(motion: Motion, snaps: Sequence[Snapshot],
         stopped=tuple(stopped), uninterruptible=tuple(disk), blocked=tuple(blocked),
         working_threads=sum(1 for p in motion.processes for t in p.threads
                             if t.state in ("working", "resumed", "spinning")),
+        waits_on_peer=bool(motion.where and PEER_WAIT.search(motion.where)),
+        timed_wait=bool(motion.where and TIMED.search(motion.where)),
         errors=tuple(dict.fromkeys(errors)))
 
 

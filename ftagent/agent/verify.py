@@ -271,6 +271,9 @@ class Verifier:
         self._task: asyncio.Task[None] | None = None
         self._ready: list[Fault] = []
         self._emitting: set[asyncio.Task[Any]] = set()
+        from ftagent.agent.dead_still import DeadStillWatch
+
+        self.dead_still = DeadStillWatch(self)  # inside phases and before the first step
 
     @property
     def window(self) -> float:
@@ -294,7 +297,9 @@ class Verifier:
     def prepare(self, now: float) -> None:
         """Before the detector's tick at ``now``: start sampling a budget that is running
         out (``verify_plan``), so its verdict is ready when it ends; drop samples taken
-        for a deadline that moved (a phase began, a verdict deferred it)."""
+        for a deadline that moved (a phase began, a verdict deferred it). Inside a phase
+        and before the first step the dead-still watch looks too (agent/dead_still.py)."""
+        self.dead_still.tick(now)
         if self.window <= 0 or self.cfg.hang_verify_from >= 1:
             return
         det = self.detector
@@ -742,7 +747,18 @@ class Verifier:
 
     # ------------------------------------------------------------------ the end of a stall
 
+    def declare_now(self, fault: Fault, start: float, motion: Verdict,
+                    got: StallVerdict) -> None:
+        """A hang the dead-still watch declared inside a phase (its budget not run out)."""
+        self.stall = Stall(start=start, step=self.detector.last_step, declared=True,
+                           verdict=motion, decision=got)
+        self._count(got.state.value)
+        self._write("verify", got.state.value, fault.message, motion, 0.0, self.stall,
+                    rule=got.rule)
+        self._raise(fault)
+
     def _end(self, obs: Progress | PhaseMarker | None) -> None:
+        self.dead_still.reset()
         stall, self.stall = self.stall, None
         self._waiting_hint = None
         self._drop_early()

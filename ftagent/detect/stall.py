@@ -33,7 +33,8 @@ I2    the same, stalled past --hang-io-timeout            hung             decla
 D1    in a phase (declared, or never learned) or before   dead_still       declare
       the first step: every thread blocked, no CPU, no
       I/O, no stack movement over --hang-dead-still-
-      window
+      window; not in a collective, a rendezvous or a
+      store wait (peers), not in a sleep (timed)
 D2    in a phase or before the first step, any sign of    (its state)      none
       life: the phase budget holds
 A1    the stacks move (its code advances)                 progressing      recheck
@@ -233,6 +234,8 @@ class Window:
     uninterruptible: tuple[str, ...] = ()  # processes in D in every sample
     blocked: tuple[Blocked, ...] = ()  # threads blocked in a syscall on an fd
     working_threads: int = 0  # threads whose stacks advance
+    waits_on_peer: bool = False  # still in a rendezvous or store wait (peers not there yet)
+    timed_wait: bool = False  # still in a sleep: it ends by itself
     errors: tuple[str, ...] = ()  # contradictions, /proc gone mid-read, a torn dump
 
 
@@ -308,6 +311,7 @@ def decide(budget: Budget, window: Window, peers: Peers | None = None, *,
     if phase_check or in_phase:
         if (w.seconds >= b.dead_still_window and w.all_blocked and w.moved is False
                 and w.motion == "hung" and not w.io_bytes and w.cpu_seconds is not None
+                and not (w.in_collective or w.waits_on_peer or w.timed_wait)
                 and w.cpu_seconds <= DEAD_CPU * max(w.seconds, 1.0)):
             where = w.where or "an unknown frame"
             during = (f"the {b.phase} phase" if b.phase else "warm-up, before the first step")

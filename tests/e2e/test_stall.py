@@ -73,3 +73,72 @@ def test_a_sigstopped_rank_in_a_collective_is_named_frozen_and_trains_again_in_1
     assert again <= 10.0, (again, timeline_text(st))
     restarts = [e for e in st["timeline"] if e.get("action") == "restart"]
     assert restarts and restarts[0].get("rank") == 1, timeline_text(st)
+
+
+# A trainer whose first save blocks forever: open() on a FIFO nobody writes (a dead mount:
+# no CPU, no I/O, its stack still in open). No torch: the agent watches any command.
+FIRST_SAVE = """
+import sys, time
+for step in range(1, int(sys.argv[2]) + 1):
+    time.sleep(0.05)
+    print(f"step={step}/1000 loss=1.0", flush=True)
+print(sys.argv[3], flush=True)
+def save(path):
+    with open(path, "rb") as f:  # nobody ever opens it for writing
+        return f.read()
+save(sys.argv[1])
+"""
+
+
+def _dead_still_run(tmp_path: Path, steps: int, window: str, marker: str,
+                    within: float) -> tuple[dict[str, Any], float]:
+    import subprocess
+
+    from tests.conftest import PY, ftagent_cmd, read_events
+
+    script = tmp_path / "first_save.py"
+    script.write_text(FIRST_SAVE)
+    fifo = tmp_path / "dead-mount"
+    os.mkfifo(fifo)
+    events = tmp_path / "events.jsonl"
+    out = tmp_path / "out.txt"
+    cmd = ftagent_cmd("--events-file", str(events), "--rank", "0", "--world-size", "1",
+                      "--hang-timeout-min", "2", "--output-interval", "0.1", "--nic", "lo",
+                      "--hang-dead-still-window", window, "--max-restarts", "0",
+                      cmd=[PY, str(script), str(fifo), str(steps), marker])
+    with open(out, "wb") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: marker in out.read_text(errors="replace"), 60, marker, interval=0.05)
+        seen = time.monotonic()
+
+        def dead() -> list[dict[str, Any]]:
+            return [e for e in read_events(events) if e["event"] == "fault"
+                    and e["kind"] == "hang"]
+        (f,) = wait_for(dead, within + 30, "the dead-still hang", interval=0.2)
+        took = time.monotonic() - seen
+    finally:
+        proc.kill()
+        proc.wait()
+    return f, took
+
+
+def test_a_first_save_blocked_forever_is_declared_dead_still_within_90s(
+        tmp_path: Path) -> None:
+    """The checkpoint phase was never seen: its budget is --hang-phase-timeout (30 min).
+    Dead-still over --hang-dead-still-window (60 s) declares it, naming the frame."""
+    f, took = _dead_still_run(tmp_path, 30, "60", "saving checkpoint at iteration 30", 90)
+    print(f"dead-still first save: declared {took:.1f}s after the save began")
+    assert took <= 90.0, took
+    assert f["verdict"] == "dead_still" and f["rule"] == "D1" and f["phase"] == "checkpoint", f
+    assert "save (first_save.py:" in f["message"] and "checkpoint phase" in f["message"], \
+        f["message"]
+    assert f["severity"] == "error" and f["culprits"] == [0], f
+
+
+def test_before_the_first_step_dead_still_is_declared_too(tmp_path: Path) -> None:
+    """No step yet (--hang-first-step-timeout, 600 s): a 5 s window here."""
+    f, took = _dead_still_run(tmp_path, 0, "5", "opening the data set", 20)
+    assert f["verdict"] == "dead_still" and "save (first_save.py:" in f["message"], f
+    assert f["phase"] is None and "before the first step" in f["message"], f
+    assert took <= 20.0, took

@@ -115,7 +115,9 @@ def test_a_pipe_nothing_writes_is_not_io_and_a_worker_still_working_is_not_waiti
 
 def test_a_sign_of_life_keeps_the_phase_budget() -> None:
     for alive in (w(DEAD, cpu_seconds=3.0), w(DEAD, io_bytes=4096), w(DEAD, moved=True),
-                  w(DEAD, all_blocked=False), w(DEAD, seconds=30.0)):
+                  w(DEAD, all_blocked=False), w(DEAD, seconds=30.0),
+                  w(DEAD, in_collective=True), w(DEAD, waits_on_peer=True),
+                  w(DEAD, timed_wait=True)):
         assert decide(PHASE, alive, phase_check=True).act is Act.NONE
 
 
