@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ftagent.agent.evidence import MAX_THREADS, find_py_spy, sample_process
+from ftagent.agent.proc_wait import Waits
 from ftagent.agent.stall_window import window_of
 from ftagent.config import HangConfig
 from ftagent.detect.hang import HangDetector, Observed, Sample, verify_plan
@@ -61,7 +62,7 @@ from ftagent.detect.liveness import (
     judge,
     stacks_of,
 )
-from ftagent.detect.stall import Act, Budget, Peers, State, decide
+from ftagent.detect.stall import Act, Budget, Peers, State, Window, decide
 from ftagent.detect.stall import Verdict as StallVerdict
 from ftagent.model import (
     Fault,
@@ -236,9 +237,13 @@ class Verifier:
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
                  thresholds: Thresholds | None = None,
-                 now: Callable[[], float] | None = None) -> None:
+                 now: Callable[[], float] | None = None,
+                 waits: Callable[[Sequence[int]], Waits] | None = None) -> None:
         """``now``: the detector's clock where it differs from ``clock`` (the agent's
-        ``detector_now``: no hang is called on output not looked at yet)."""
+        ``detector_now``: no hang is called on output not looked at yet). ``waits``: what
+        the tree's blocked threads wait on (``proc_wait.blocked_threads``; None: not read,
+        no "waiting on I/O" verdict)."""
+        self.waits = waits
         self.detector = detector
         self.now = now or clock
         # the flight recorder's snapshot (agent/flight_recorder.py), taken in the window
@@ -502,8 +507,8 @@ class Verifier:
             await self._local_wait(stall)  # sampling the local peers: before the policy
             if self.stall is not stall:
                 return  # steps resumed while the peers were asked
-        got = decide(self._budget(stall, stalled, spin_budget), window_of(verdict, snaps),
-                     self._peers(stall, arbiter))
+        got = decide(self._budget(stall, stalled, spin_budget),
+                     await self._window(verdict, snaps), self._peers(stall, arbiter))
         stall.decision = got
         if got.act is Act.RECHECK and got.state is State.WAITING_ON_PEER and \
                 got.rule == "P1":
@@ -562,7 +567,7 @@ class Verifier:
                     got.state.value, out.message, verdict, cost, stall, rule=got.rule)
         self._raise(out)
 
-    def _budget(self, stall: Stall, stalled: float, spin_budget: float) -> Budget:
+    def _budget(self, stall: Stall | None, stalled: float, spin_budget: float) -> Budget:
         det = self.detector
         return Budget(stalled_for=stalled, step_budget=det.step_budget(),
                       spin_budget=spin_budget,
@@ -571,7 +576,7 @@ class Verifier:
                       dead_still_window=float(getattr(self.cfg, "hang_dead_still_window",
                                                       60.0)),
                       phase=det.current_phase(), first_step=det.last_step is None,
-                      declared=stall.declared, rank=self.rank)
+                      declared=stall is not None and stall.declared, rank=self.rank)
 
     def _peers(self, stall: Stall, arbiter: bool) -> Peers:
         asked = None
@@ -715,8 +720,9 @@ class Verifier:
             # samples of this stall's window (taken while its budget ran down): one more
             # now, and the verdict over them, without waiting a window
             snap, entries = await self.sampler.sample()
-            verdict = judge([*self._recent(stall), snap], self.thresholds)
-            live = {**_brief(verdict), "declared": False}
+            snaps = [*self._recent(stall), snap]
+            verdict = judge(snaps, self.thresholds)
+            live = await self._answer(verdict, snaps, stall)
         else:
             snaps = []
             n = max(2, int(self.cfg.hang_verify_samples))
@@ -728,8 +734,35 @@ class Verifier:
                 snap, entries = await self.sampler.sample()
                 snaps.append(snap)
             verdict = judge(snaps, self.thresholds)
-            live = {**_brief(verdict), "declared": False}
+            live = await self._answer(verdict, snaps, stall)
         return {"processes": entries, "seconds": round(self.clock() - t, 3), "liveness": live}
+
+    async def _answer(self, verdict: Verdict, snaps: list[Snapshot],
+                      stall: Stall | None) -> dict[str, Any]:
+        """The liveness the arbiter reads: the motion verdict, and the stall policy's over
+        the same samples; a rank waiting on remote I/O is busy to its peers (alive), not
+        hung: the arbiter answers BUSY and the peers wait (issue 35)."""
+        live: dict[str, Any] = {**_brief(verdict), "declared": False}
+        stalled = 0.0 if stall is None else max(0.0, self.clock() - stall.start)
+        got = decide(self._budget(stall, stalled, self._spin_budget(verdict)),
+                     await self._window(verdict, snaps))
+        live["stall"] = got.to_json()
+        if got.state is State.WAITING_ON_IO:
+            live.update(state="alive", reason=got.reason)
+        return live
+
+    async def _window(self, verdict: Verdict, snaps: Sequence[Snapshot]) -> Window:
+        """The policy's window over ``snaps``, with what /proc says the still threads wait
+        on (agent/proc_wait.py: read once, on the tree of the last sample)."""
+        if self.waits is None or not snaps:
+            return window_of(verdict, snaps)
+        pids = [p.pid for p in snaps[-1].processes if not p.gone]
+        try:
+            got = self.waits(pids)  # a few /proc files per blocked thread: milliseconds
+        except Exception:  # noqa: BLE001 - evidence is best effort; never the verdict's end
+            log.exception("reading what the trainer's threads wait on failed")
+            return window_of(verdict, snaps)
+        return window_of(verdict, snaps, got.blocked)
 
     def _recent(self, stall: Stall) -> list[Snapshot]:
         """This stall's samples from the last window (the one being taken, else the last
