@@ -112,7 +112,7 @@ def _process(pid: int, proc: str, out: Waits) -> None:
                     sockets = _tcp(base)
                 inode = int(target[8:-1]) if target[8:-1].isdigit() else -1
                 remote = sockets.get(inode)
-                if remote is None:
+                if remote is None or remote[1] == 0:  # a unix socket, or listening
                     kind, what = "local", target
                 else:
                     kind = "peer" if _is_store(remote, store) else "remote"

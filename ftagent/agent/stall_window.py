@@ -3,8 +3,9 @@
 The motion judge (``detect/liveness.judge``) says whether the stacks moved; this adds what
 /proc says over the same samples: processes stopped (``T``/``t``) or in uninterruptible
 sleep (``D``) in every sample, every thread off-CPU, the tree's CPU and storage bytes over
-the window, and the threads blocked on a file descriptor (``Snapshot.blocked``, read by
-``agent/proc_wait.py``). Pure: samples in, a value out.
+the window, and the Python threads blocked on a file descriptor (read by
+``agent/proc_wait.py``; native threads are left out: gloo's loop thread waits on its
+peers' sockets in every job). Pure: samples in, a value out.
 
 Contradicting samples are named, never smoothed over: a process whose CPU seconds or I/O
 bytes went backwards (another process reusing the pid, or a lie), or one /proc says is
@@ -71,6 +72,10 @@ def window_of(motion: Motion, snaps: Sequence[Snapshot],
                 all_blocked = False
             if any(t.state is not None and t.state not in OFF_CPU for t in threads):
                 all_blocked = False
+    # only Python threads count (py-spy saw them): native loops (gloo's epoll thread on
+    # its peers' sockets, NCCL's proxies) wait on sockets in every healthy or hung job
+    python = {(p.pid, t.tid) for s in snaps for p in s.processes for t in (p.threads or ())}
+    blocked = [b for b in blocked if (b.pid, b.tid) in python]
     moved = _moved(motion)
     return Window(
         motion=motion.state.value, motion_reason=motion.reason, where=motion.where,

@@ -142,3 +142,137 @@ def test_before_the_first_step_dead_still_is_declared_too(tmp_path: Path) -> Non
     assert f["verdict"] == "dead_still" and "save (first_save.py:" in f["message"], f
     assert f["phase"] is None and "before the first step" in f["message"], f
     assert took <= 20.0, took
+
+
+# Rank 0 reads a shard from a slow remote store every EVERY steps: a loopback server that
+# answers after STALL seconds (no peer of the job), directly or in a DataLoader worker.
+SLOW_READS = """
+import datetime, os, socket, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+rank = dist.get_rank()
+port, mode, every, steps = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+
+def fetch():
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"shard\\n")
+        return s.recv(16)
+
+class Shards(torch.utils.data.Dataset):
+    def __len__(self):
+        return 1 << 20
+    def __getitem__(self, i):
+        if rank == 0 and i % every == every - 1:
+            fetch()
+        return torch.ones(4)
+
+loader = iter(torch.utils.data.DataLoader(Shards(), batch_size=None, num_workers=1)) \\
+    if mode == "worker" else None
+for step in range(1, steps + 1):
+    if loader is not None:
+        next(loader)
+    elif rank == 0 and step % every == every - 1:
+        fetch()
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    time.sleep(0.05)
+    print(f"step={step}/{steps} loss=1.0", flush=True)
+dist.destroy_process_group()
+"""
+STALL = 8.0
+
+
+class SlowStore:
+    """A remote store on loopback that answers every request STALL seconds late."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.stop = threading.Event()
+        self.served = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import threading
+
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: Any) -> None:
+        with conn:
+            conn.recv(64)
+            self.stop.wait(STALL)  # the slow store (the fault injected), not a sync
+            self.served += 1
+            with contextlib.suppress(OSError):
+                conn.sendall(b"data")
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+
+
+def test_slow_remote_reads_are_waiting_on_io_never_a_restart_or_a_fault(
+        tmp_path: Path) -> None:
+    """Issue 35 item 3: 8 s reads from a slow remote store every 15 steps, on rank 0,
+    directly (its main thread in recv) and through a DataLoader worker (the main thread
+    polls the worker's queue, the worker sits in recv): rank 0 is waiting on I/O, rank 1
+    waits on rank 0; no restart, no fault of any severity, the job finishes."""
+    import subprocess
+
+    from tests.conftest import PY, free_port, ftagent_cmd, read_events
+
+    script = tmp_path / "slow_reads.py"
+    script.write_text(SLOW_READS)
+    for mode in ("direct", "worker"):
+        store = SlowStore()
+        run = tmp_path / mode
+        run.mkdir()
+        port = free_port()
+        try:
+            with ArbiterProcess(log_dir=str(run)) as arb:
+                procs = []
+                for r in range(2):
+                    env = dict(os.environ, RANK=str(r), WORLD_SIZE="2",
+                               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                               TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+                    cmd = ftagent_cmd("--arbiter", arb.address, "--job", "e2e",
+                                      "--events-file", str(run / f"rank{r}.jsonl"),
+                                      "--rank", str(r), "--world-size", "2", *FLOOR,
+                                      cmd=[PY, str(script), str(store.port), mode, "15", "40"])
+                    out = open(run / f"rank{r}.out", "wb")  # noqa: SIM115
+                    procs.append(subprocess.Popen(cmd, env=env, stdout=out,
+                                                  stderr=subprocess.STDOUT))
+                    out.close()
+                try:
+                    codes = [p.wait(timeout=300) for p in procs]
+                finally:
+                    for p in procs:
+                        if p.poll() is None:
+                            p.kill()
+                            p.wait()
+                st = status(arb.address)
+        finally:
+            store.close()
+        logs = [(run / f"rank{r}.out").read_text(errors="replace")[-1500:] for r in (0, 1)]
+        assert codes == [0, 0], (mode, logs)
+        assert store.served >= 2, (mode, store.served)
+        restarts = [e for e in st["timeline"] if e.get("action") in ("restart", "replace")]
+        assert not restarts, (mode, timeline_text(st))
+        for r in (0, 1):
+            events = read_events(run / f"rank{r}.jsonl")
+            faults = [e for e in events if e["event"] == "fault"]
+            assert not faults, (mode, r, [(f["kind"], f["severity"], f["message"])
+                                          for f in faults])
+        rank0 = read_events(run / "rank0.jsonl")
+        io = [e for e in rank0 if e["event"] == "verify" and e["kind"] == "waiting_on_io"]
+        assert io and "tcp 127.0.0.1:" in io[0]["message"], (mode, [
+            (e["kind"], e["message"]) for e in rank0 if e["event"] == "verify"])
