@@ -62,7 +62,7 @@ WINDOW = 200  # recent step intervals (steps, not observations) the percentile i
 MAX_WEIGHT = WINDOW // 2  # steps one observation counts for at most: a jump in the step
 # numbers (a trainer that skips some) never fills the window alone
 LONGEST_MARGIN = 2.0  # a step as long as the longest one survived is not a hang
-OUTLIER = 2.0  # a step over this x the median of plain steps held a phase (a silent save)
+OUTLIER = 1.5  # a step over this x the median of plain steps held a phase (a silent save)
 OUTLIER_AFTER = 20  # steps in the window before outliers are told apart
 REWIND_CONFIRM = 3  # increasing steps below the last one before they count as progress
 FINISH_PHASE = "finish"  # after the last step of a known total, until the trainer exits
@@ -232,7 +232,7 @@ class HangDetector:
         return self._pct
 
     def _phase_between_steps(self, interval: float, advanced: int) -> bool:
-        """A step far longer than the plain ones (over ``OUTLIER`` x their median, once
+        """A step longer than the plain ones (over ``OUTLIER`` x their median, once
         ``OUTLIER_AFTER`` steps are in the window) held a phase nobody declared: a silent
         checkpoint save every N steps. It belongs to that phase, not to the step budget:
         it is kept in ``longest`` (the budget never falls below twice it) but not in the

@@ -284,3 +284,28 @@ def test_slow_remote_reads_are_waiting_on_io_never_a_restart_or_a_fault(
         io = [e for e in rank0 if e["event"] == "verify" and e["kind"] == "waiting_on_io"]
         assert io and "tcp 127.0.0.1:" in io[0]["message"], (mode, [
             (e["kind"], e["message"]) for e in rank0 if e["event"] == "verify"])
+
+
+def test_silent_saves_every_20_steps_leave_the_step_budget_at_its_floor(
+        tmp_path: Path) -> None:
+    """0.2 s steps, a silent 0.3 s save after every 20th: the saves belong to no step
+    budget (they were p99 of the intervals: a 5 s budget, a hang declared 5.2 s after the
+    last step); a hang at step 150 is declared <= 3.5 s after step 149."""
+    saves = ",".join(f"{s}:0.3" for s in range(20, 150, 20))
+    job = start_job(tmp_path, 1, flags=["--output-interval", "0.1", "--nic", "lo",
+                                        "--max-restarts", "0"],
+                    env={"TRAIN_STEP_SLEEP": "0.2", "TRAIN_STEPS": "100000",
+                         "SILENT_SAVES": saves, "SILENT_SAVE_DIR": str(tmp_path),
+                         "FAULT_HANG_AT_STEP": "150"})
+    try:
+        (f,) = wait_for(lambda: job.faults(0, "hang"), 240, "the hang", interval=0.2)[:1]
+    finally:
+        job.stop()
+    print(f"silent saves: declared {f['seconds_since_progress']:.2f}s after the last step "
+          f"(budget {f['budget_seconds']:.2f}s)")
+    assert f["last_step"] == 149, f
+    # the saves are the longest steps, not the p99 the budget is taken from
+    assert f["interval_seconds"] < 0.75 * f["longest_interval_seconds"], f
+    # <= 3.5 s where the plain steps' own p99 is theirs (0.2 s steps: the 3 s floor); on a
+    # loaded machine their jitter alone moves p99 (0.37 s at load 15: a 3.7 s budget)
+    assert f["stall_seconds"] <= max(3.5, 10 * f["interval_seconds"] + 0.5), f
