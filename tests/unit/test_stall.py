@@ -26,11 +26,11 @@ PIPE = Blocked(pid=11, tid=11, syscall="read", kind="pipe", target="pipe:[77]")
 
 
 def b(**kw: object) -> Budget:
-    return Budget(**{**STEP.__dict__, **kw})  # type: ignore[arg-type]
+    return Budget(**{**STEP.__dict__, **kw})
 
 
 def w(base: Window = STILL, **kw: object) -> Window:
-    return Window(**{**base.__dict__, **kw})  # type: ignore[arg-type]
+    return Window(**{**base.__dict__, **kw})
 
 
 CASES = [
