@@ -62,7 +62,7 @@ from ftagent.detect.liveness import (
     judge,
     stacks_of,
 )
-from ftagent.detect.stall import Act, Budget, Peers, State, Window, decide
+from ftagent.detect.stall import IO_KINDS, Act, Blocked, Budget, Peers, State, Window, decide
 from ftagent.detect.stall import Verdict as StallVerdict
 from ftagent.model import (
     Fault,
@@ -217,6 +217,8 @@ class Stall:
     decision: StallVerdict | None = None  # the stall policy's last verdict
     entries: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # its stacks
     dump: dict[str, Any] | None = None  # the flight recorder's dump of its window
+    io_blocked: tuple[Blocked, ...] = ()  # the remote reads the last I1 verdict saw
+    io_grace: bool = False  # one look granted after such a read ended mid-window
 
 
 @dataclass
@@ -525,9 +527,13 @@ class Verifier:
             await self._local_wait(stall)  # sampling the local peers: before the policy
             if self.stall is not stall:
                 return  # steps resumed while the peers were asked
-        got = decide(self._budget(stall, stalled, spin_budget),
-                     await self._window(verdict, snaps), self._peers(stall, arbiter))
+        window = self._io_grace(stall, verdict, await self._window(verdict, snaps))
+        got = decide(self._budget(stall, stalled, spin_budget), window,
+                     self._peers(stall, arbiter))
         stall.decision = got
+        if got.rule == "I1":
+            stall.io_blocked = tuple(b for b in window.blocked if b.kind in IO_KINDS)
+            stall.io_grace = False
         if got.act is Act.RECHECK and got.state is State.WAITING_ON_PEER and \
                 got.rule == "P1":
             # the arbiter judged the job busy: waiting on that rank is not a hang (its own
@@ -584,6 +590,20 @@ class Verifier:
         self._write("verify", verdict.state.value if got.rule[0] in "ASH" else
                     got.state.value, out.message, verdict, cost, stall, rule=got.rule)
         self._raise(out)
+
+    @staticmethod
+    def _io_grace(stall: Stall, verdict: Verdict, window: Window) -> Window:
+        """The read the last verdict found waiting on remote I/O ended inside this window
+        (the thread moved on: not blocked on it any more, its place changed), so the still
+        samples before it are the read's: one more look a budget later, not a hang on
+        samples that straddle its end (seen: an 8 s read ending 0.2 s before the verdict).
+        Once per read: a thread still stuck after it is judged on its own."""
+        prev = stall.decision
+        if prev is None or prev.rule != "I1" or stall.io_grace or not stall.io_blocked or \
+                any(b.kind in IO_KINDS for b in window.blocked) or verdict.where == prev.where:
+            return window
+        stall.io_grace = True
+        return dataclasses.replace(window, blocked=stall.io_blocked)
 
     def _budget(self, stall: Stall | None, stalled: float, spin_budget: float) -> Budget:
         det = self.detector
