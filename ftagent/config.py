@@ -424,6 +424,16 @@ class HangConfig:
         "arbiter can name who never reached which collective; 0 turns the recorder, its "
         "dump trigger and the TORCH_* variables off", check=Range(0, 1_000_000),
         metavar="ENTRIES")
+    hang_dead_still_window: float = opt(
+        60.0, "--hang-dead-still-window", "in a declared or never-learned phase, or before "
+        "the first step, a trainer whose threads are all blocked with no CPU, no I/O and no "
+        "stack movement this long is declared hung whatever the phase budget says; 0 off",
+        check=Range(0, 86400), metavar="SECONDS")
+    hang_io_timeout: float = opt(
+        300.0, "--hang-io-timeout", "a trainer (or a process of its tree) blocked reading "
+        "from a remote that is not a peer (a data server, an object store, a network "
+        "mount) is waiting on I/O, not hung, for this long", check=POSITIVE_SECONDS,
+        metavar="SECONDS")
 
 
 @dataclass(frozen=True)

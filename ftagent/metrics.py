@@ -295,7 +295,9 @@ class AgentMetrics:
             "ftagent_hang_verifications",
             "Suspected hangs verified, by verdict (alive, spinning, hung, unknown, recognised: "
             "a learned undeclared phase, no window; suspect: waiting in a collective, the "
-            "arbiter asked; waiting: on a rank the arbiter judged busy).", ["verdict"])
+            "arbiter asked; waiting: on a rank the arbiter judged busy; waiting_on_io: blocked "
+            "on a remote read; frozen: stopped or in D; dead_still: blocked in a phase; "
+            "undecided: contradicting evidence).", ["verdict"])
         self.waiting_on_busy_peer = gauge(
             "ftagent_waiting_on_busy_peer",
             "1 while this rank's trainer waits in a collective on a rank the arbiter judged "

@@ -269,9 +269,22 @@ async def stop_tree(pgid: int | None, timeout: float, poll: float = 0.02,
         signal_group(pgid, signal.SIGTERM)
     signal_tree(signal.SIGTERM, procs())
     deadline = time.monotonic() + timeout
-    while procs() and time.monotonic() < deadline:
+    while (left := procs()) and time.monotonic() < deadline:
+        if all(frozen(p) for p in left):
+            break  # stopped (SIGSTOP, a frozen cgroup): SIGTERM waits for a SIGCONT
         await asyncio.sleep(poll)
     return await kill_tree(pgid, procs=procs)
+
+
+def frozen(proc: psutil.Process | int) -> bool:
+    """Stopped by a signal (SIGSTOP, state T): it cannot act on SIGTERM until continued,
+    so a grace is only lost time (issue 35: a SIGSTOPped rank was restarted --stop-timeout
+    late). Traced (t) is not frozen here: py-spy lets go within milliseconds."""
+    try:
+        p = psutil.Process(proc) if isinstance(proc, int) else proc
+        return bool(p.status() == psutil.STATUS_STOPPED)
+    except (psutil.Error, OSError):
+        return False
 
 
 async def kill_tree(pgid: int | None, poll: float = 0.01, timeout: float = 5.0,

@@ -94,6 +94,10 @@ async def terminate(trainer: TrainerProcess, tree: Tree, deadline: float, *,
         if forwarded is None:  # our own stop: SIGTERM the group and the tree
             trainer.send_signal(signal.SIGTERM)
             supervisor.signal_tree(signal.SIGTERM, tree())
+            if supervisor.frozen(trainer.pid):  # stopped: SIGTERM waits for a SIGCONT
+                log.warning("trainer (pid %d) is stopped (frozen): SIGKILL, no grace",
+                            trainer.pid)
+                deadline = time.monotonic()
             await stop_grace.wait_stopped(trainer.exited, lambda: [p.pid for p in tree()],
                                           signal.SIGTERM, deadline)
         else:

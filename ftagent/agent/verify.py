@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import re
 import resource
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -44,6 +45,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ftagent.agent.evidence import MAX_THREADS, find_py_spy, sample_process
+from ftagent.agent.proc_wait import Waits
+from ftagent.agent.stall_window import window_of
 from ftagent.config import HangConfig
 from ftagent.detect.hang import HangDetector, Observed, Sample, verify_plan
 from ftagent.detect.liveness import (
@@ -55,11 +58,12 @@ from ftagent.detect.liveness import (
     Snapshot,
     Thresholds,
     Verdict,
-    declare,
     in_collective,
     judge,
     stacks_of,
 )
+from ftagent.detect.stall import IO_KINDS, Act, Blocked, Budget, Peers, State, Window, decide
+from ftagent.detect.stall import Verdict as StallVerdict
 from ftagent.model import (
     Fault,
     FaultKind,
@@ -82,6 +86,7 @@ LEAD = 1.0  # seconds before its first sample the early sampling starts (ticks a
 # took 3.2 s, and a one-budget wait (2 s) declared a rank that only waited (seen in
 # tests/e2e/test_fr_verdict.py). A real hang is the arbiter's to restart meanwhile.
 ARBITER_ANSWER_WAIT = 20.0
+_RANK = re.compile(r"(?:local )?rank (\d{1,7})\b")  # the busy rank in BUSY's words
 
 
 class GpuProbe(Protocol):
@@ -209,6 +214,11 @@ class Stall:
     waiting_on: str | None = None  # the arbiter judged the job busy: whom this rank waits on
     spin_cap: float | None = None  # the others wait on this spinning rank: its spin budget
     snaps: list[Snapshot] = dataclasses.field(default_factory=list)  # the last window's
+    decision: StallVerdict | None = None  # the stall policy's last verdict
+    entries: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # its stacks
+    dump: dict[str, Any] | None = None  # the flight recorder's dump of its window
+    io_blocked: tuple[Blocked, ...] = ()  # the remote reads the last I1 verdict saw
+    io_grace: bool = False  # one look granted after such a read ended mid-window
 
 
 @dataclass
@@ -231,9 +241,13 @@ class Verifier:
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
                  thresholds: Thresholds | None = None,
-                 now: Callable[[], float] | None = None) -> None:
+                 now: Callable[[], float] | None = None,
+                 waits: Callable[[Sequence[int]], Waits] | None = None) -> None:
         """``now``: the detector's clock where it differs from ``clock`` (the agent's
-        ``detector_now``: no hang is called on output not looked at yet)."""
+        ``detector_now``: no hang is called on output not looked at yet). ``waits``: what
+        the tree's blocked threads wait on (``proc_wait.blocked_threads``; None: not read,
+        no "waiting on I/O" verdict)."""
+        self.waits = waits
         self.detector = detector
         self.now = now or clock
         # the flight recorder's snapshot (agent/flight_recorder.py), taken in the window
@@ -257,6 +271,7 @@ class Verifier:
         # launcher mode: this pod's other local ranks' verifiers (cmd/run.py wires them);
         # without an arbiter, a rank waiting in a collective asks them who is busy
         self.local_peers: Callable[[], Sequence[tuple[int, Verifier]]] | None = None
+        self.rank: int | None = None  # this rank, for the verdict's culprits
         self.stall: Stall | None = None
         # BUSY arrived before this rank's own budget ran out (no stall open yet): the
         # stall it is in is that wait; forgotten when steps resume
@@ -265,6 +280,9 @@ class Verifier:
         self._task: asyncio.Task[None] | None = None
         self._ready: list[Fault] = []
         self._emitting: set[asyncio.Task[Any]] = set()
+        from ftagent.agent.dead_still import DeadStillWatch
+
+        self.dead_still = DeadStillWatch(self)  # inside phases and before the first step
 
     @property
     def window(self) -> float:
@@ -288,7 +306,9 @@ class Verifier:
     def prepare(self, now: float) -> None:
         """Before the detector's tick at ``now``: start sampling a budget that is running
         out (``verify_plan``), so its verdict is ready when it ends; drop samples taken
-        for a deadline that moved (a phase began, a verdict deferred it)."""
+        for a deadline that moved (a phase began, a verdict deferred it). Inside a phase
+        and before the first step the dead-still watch looks too (agent/dead_still.py)."""
+        self.dead_still.tick(now)
         if self.window <= 0 or self.cfg.hang_verify_from >= 1:
             return
         det = self.detector
@@ -375,11 +395,26 @@ class Verifier:
         if dump is None or dump.cancelled():
             return None
         try:
-            return await dump
+            got = await dump
         except asyncio.CancelledError:
             if not dump.cancelled():
                 raise  # the caller is being cancelled, not the dump
             return None
+        stall = self.stall
+        if stall is not None and stall.declared:
+            stall.dump = got  # the arbiter's DUMP_STACKS answer takes this one too
+        return got
+
+    def declared_dump(self) -> dict[str, Any] | None:
+        """The flight-recorder dump of the declared stall's window, if one was taken and
+        is no older than a window: one capture per verification, for the fault's evidence
+        and the arbiter's question alike (issue 35)."""
+        stall = self.stall
+        if stall is None or not stall.declared or stall.dump is None or not stall.snaps:
+            return None
+        if self.clock() - stall.snaps[-1].ts > max(self.window, 1.0) * 4:
+            return None
+        return stall.dump
 
     async def _budget_out(self, deadline: float) -> Fault | None:
         """The HANG fault for ``deadline``: the one the tick raised meanwhile, or the
@@ -474,6 +509,7 @@ class Verifier:
         if self.stall is not stall:
             return  # steps resumed while sampling
         stall.snaps = snaps
+        stall.entries = entries
         stall.asking = False  # a new verdict answers for the stall now
         verdict = judge(snaps, self.thresholds)
         cost = _usage() - usage
@@ -488,11 +524,18 @@ class Verifier:
         arbiter = self.ask_arbiter is not None and self.ask_arbiter()
         if waiting and stall.waiting_on is None and not stall.declared and not arbiter and \
                 self.local_peers is not None:
-            await self._local_wait(stall)
+            await self._local_wait(stall)  # sampling the local peers: before the policy
             if self.stall is not stall:
                 return  # steps resumed while the peers were asked
-        if waiting and stall.waiting_on is not None and \
-                stalled < float(self.cfg.hang_phase_timeout):
+        window = self._io_grace(stall, verdict, await self._window(verdict, snaps))
+        got = decide(self._budget(stall, stalled, spin_budget), window,
+                     self._peers(stall, arbiter))
+        stall.decision = got
+        if got.rule == "I1":
+            stall.io_blocked = tuple(b for b in window.blocked if b.kind in IO_KINDS)
+            stall.io_grace = False
+        if got.act is Act.RECHECK and got.state is State.WAITING_ON_PEER and \
+                got.rule == "P1":
             # the arbiter judged the job busy: waiting on that rank is not a hang (its own
             # agent declares it if it hangs); bounded by --hang-phase-timeout
             self._count("waiting")
@@ -500,49 +543,89 @@ class Verifier:
             det.defer(again)
             self._write("verify", "waiting", f"stalled {stalled:.1f}s waiting in "
                         f"{verdict.where} on {stall.waiting_on}: not a hang", verdict, cost,
-                        stall, waiting_on=stall.waiting_on,
+                        stall, waiting_on=stall.waiting_on, rule=got.rule,
                         suspect_again_in=round(again - self.clock(), 3))
             return
-        if waiting and stall.suspected and stall.asked_at is not None and arbiter and \
-                not stall.declared and stall.waiting_on is None and \
-                self.clock() - stall.asked_at < ARBITER_ANSWER_WAIT:
+        if got.rule == "C2":
             # still waiting in the collective, the arbiter still comparing the ranks: its
             # answer (BUSY, or a restart for a job hang) decides, not this rank alone
             stall.asking = True
             again = self.clock() + det.step_budget()
             det.defer(again)
+            assert stall.asked_at is not None
             self._write("verify", "asking", f"stalled {stalled:.1f}s waiting in "
                         f"{verdict.where}; the arbiter has not answered for "
                         f"{self.clock() - stall.asked_at:.1f}s (it decides within "
-                        f"{ARBITER_ANSWER_WAIT:.0f}s)", verdict, cost, stall,
+                        f"{ARBITER_ANSWER_WAIT:.0f}s)", verdict, cost, stall, rule=got.rule,
                         suspect_again_in=round(again - self.clock(), 3))
             return
-        if waiting and not stall.suspected and not stall.declared and arbiter:
+        if got.act is Act.ASK:
             self._count("suspect")
             stall.suspected = stall.asking = True
             stall.asked_at = self.clock()
             out = self._suspicion(fault, verdict, stalled, entries)
             det.defer(self.clock() + det.step_budget())  # not "hung" while it compares
-            self._write("verify", "suspect", out.message, verdict, cost, stall)
+            self._write("verify", "suspect", out.message, verdict, cost, stall, rule=got.rule)
             self._raise(out)
             return
-        self._count(verdict.state.value)
-        if not declare(verdict, stalled, spin_budget, float(self.cfg.hang_phase_timeout)):
-            stall.verified = True
+        self._count(verdict.state.value if got.rule[0] in "ASH" else got.state.value)
+        if got.act is not Act.DECLARE:
+            stall.verified = got.state is not State.UNDECIDED
             again = self.clock() + self._recheck_in(early is not None)
-            if verdict.state is Liveness.SPINNING:
+            if got.state in (State.SPINNING, State.WAITING_ON_IO):
+                again = max(self.clock() + 0.5, min(again, self.clock() + (got.recheck_in or 0)))
+            if got.state is State.SPINNING:
                 again = max(self.clock() + 0.5, min(again, stall.start + spin_budget))
             det.defer(again)
             self._anchor = self.clock()  # the next budget's samples count from here
-            self._write("verify", verdict.state.value, self._alive_text(verdict, stall,
-                                                                        stalled, spin_budget),
-                        verdict, cost, stall, suspect_again_in=round(again - self.clock(), 3),
+            text = (self._alive_text(verdict, stall, stalled, spin_budget)
+                    if got.rule[0] in "AS" else got.reason)
+            self._write("verify", verdict.state.value if got.rule[0] in "AS" else
+                        got.state.value, text, verdict, cost, stall, rule=got.rule,
+                        suspect_again_in=round(again - self.clock(), 3),
                         budget_seconds=fault.evidence.get("budget_seconds"))
             return
         stall.declared = True
-        out = self._fault(fault, verdict, stalled, spin_budget, entries)
-        self._write("verify", verdict.state.value, out.message, verdict, cost, stall)
+        out = self._fault(fault, verdict, stalled, spin_budget, entries, got)
+        self._write("verify", verdict.state.value if got.rule[0] in "ASH" else
+                    got.state.value, out.message, verdict, cost, stall, rule=got.rule)
         self._raise(out)
+
+    @staticmethod
+    def _io_grace(stall: Stall, verdict: Verdict, window: Window) -> Window:
+        """The read the last verdict found waiting on remote I/O ended inside this window
+        (the thread moved on: not blocked on it any more, its place changed), so the still
+        samples before it are the read's: one more look a budget later, not a hang on
+        samples that straddle its end (seen: an 8 s read ending 0.2 s before the verdict).
+        Once per read: a thread still stuck after it is judged on its own."""
+        prev = stall.decision
+        if prev is None or prev.rule != "I1" or stall.io_grace or not stall.io_blocked or \
+                any(b.kind in IO_KINDS for b in window.blocked) or verdict.where == prev.where:
+            return window
+        stall.io_grace = True
+        return dataclasses.replace(window, blocked=stall.io_blocked)
+
+    def _budget(self, stall: Stall | None, stalled: float, spin_budget: float) -> Budget:
+        det = self.detector
+        return Budget(stalled_for=stalled, step_budget=det.step_budget(),
+                      spin_budget=spin_budget,
+                      phase_timeout=float(self.cfg.hang_phase_timeout),
+                      io_timeout=float(getattr(self.cfg, "hang_io_timeout", 300.0)),
+                      dead_still_window=float(getattr(self.cfg, "hang_dead_still_window",
+                                                      60.0)),
+                      phase=det.current_phase(), first_step=det.last_step is None,
+                      declared=stall is not None and stall.declared, rank=self.rank)
+
+    def _peers(self, stall: Stall, arbiter: bool) -> Peers:
+        asked = None
+        if stall.suspected and stall.asked_at is not None:
+            asked = self.clock() - stall.asked_at
+        busy = None
+        if stall.waiting_on is not None:
+            m = _RANK.match(stall.waiting_on)
+            busy = int(m.group(1)) if m else None
+        return Peers(busy_rank=busy, busy_in=stall.waiting_on, arbiter=arbiter,
+                     asked_for=asked, answer_wait=ARBITER_ANSWER_WAIT)
 
     def _raise(self, out: Fault) -> None:
         if self.emit is None:
@@ -669,14 +752,21 @@ class Verifier:
         t = self.clock()
         stall = self.stall
         if stall is not None and stall.declared and stall.verdict is not None:
-            _, entries = await self.sampler.sample()
+            if stall.entries and stall.snaps and \
+                    self.clock() - stall.snaps[-1].ts <= max(self.window, 1.0) * 4:
+                entries = stall.entries  # the declaration's own capture: not taken twice
+            else:
+                _, entries = await self.sampler.sample()
             live = {**_brief(stall.verdict), "declared": True}
+            if stall.decision is not None:
+                live["stall"] = stall.decision.to_json()
         elif stall is not None and self._recent(stall):
             # samples of this stall's window (taken while its budget ran down): one more
             # now, and the verdict over them, without waiting a window
             snap, entries = await self.sampler.sample()
-            verdict = judge([*self._recent(stall), snap], self.thresholds)
-            live = {**_brief(verdict), "declared": False}
+            snaps = [*self._recent(stall), snap]
+            verdict = judge(snaps, self.thresholds)
+            live = await self._answer(verdict, snaps, stall)
         else:
             snaps = []
             n = max(2, int(self.cfg.hang_verify_samples))
@@ -688,8 +778,35 @@ class Verifier:
                 snap, entries = await self.sampler.sample()
                 snaps.append(snap)
             verdict = judge(snaps, self.thresholds)
-            live = {**_brief(verdict), "declared": False}
+            live = await self._answer(verdict, snaps, stall)
         return {"processes": entries, "seconds": round(self.clock() - t, 3), "liveness": live}
+
+    async def _answer(self, verdict: Verdict, snaps: list[Snapshot],
+                      stall: Stall | None) -> dict[str, Any]:
+        """The liveness the arbiter reads: the motion verdict, and the stall policy's over
+        the same samples; a rank waiting on remote I/O is busy to its peers (alive), not
+        hung: the arbiter answers BUSY and the peers wait (issue 35)."""
+        live: dict[str, Any] = {**_brief(verdict), "declared": False}
+        stalled = 0.0 if stall is None else max(0.0, self.clock() - stall.start)
+        got = decide(self._budget(stall, stalled, self._spin_budget(verdict)),
+                     await self._window(verdict, snaps))
+        live["stall"] = got.to_json()
+        if got.state is State.WAITING_ON_IO:
+            live.update(state="alive", reason=got.reason)
+        return live
+
+    async def _window(self, verdict: Verdict, snaps: Sequence[Snapshot]) -> Window:
+        """The policy's window over ``snaps``, with what /proc says the still threads wait
+        on (agent/proc_wait.py: read once, on the tree of the last sample)."""
+        if self.waits is None or not snaps:
+            return window_of(verdict, snaps)
+        pids = [p.pid for p in snaps[-1].processes if not p.gone]
+        try:
+            got = self.waits(pids)  # a few /proc files per blocked thread: milliseconds
+        except Exception:  # noqa: BLE001 - evidence is best effort; never the verdict's end
+            log.exception("reading what the trainer's threads wait on failed")
+            return window_of(verdict, snaps)
+        return window_of(verdict, snaps, got.blocked)
 
     def _recent(self, stall: Stall) -> list[Snapshot]:
         """This stall's samples from the last window (the one being taken, else the last
@@ -707,7 +824,18 @@ class Verifier:
 
     # ------------------------------------------------------------------ the end of a stall
 
+    def declare_now(self, fault: Fault, start: float, motion: Verdict,
+                    got: StallVerdict) -> None:
+        """A hang the dead-still watch declared inside a phase (its budget not run out)."""
+        self.stall = Stall(start=start, step=self.detector.last_step, declared=True,
+                           verdict=motion, decision=got)
+        self._count(got.state.value)
+        self._write("verify", got.state.value, fault.message, motion, 0.0, self.stall,
+                    rule=got.rule)
+        self._raise(fault)
+
     def _end(self, obs: Progress | PhaseMarker | None) -> None:
+        self.dead_still.reset()
         stall, self.stall = self.stall, None
         self._waiting_hint = None
         self._drop_early()
@@ -766,8 +894,11 @@ class Verifier:
     # ------------------------------------------------------------------ helpers
 
     def _fault(self, fault: Fault, verdict: Verdict, stalled: float, spin_budget: float,
-               entries: list[dict[str, Any]]) -> Fault:
-        if verdict.state is Liveness.SPINNING:
+               entries: list[dict[str, Any]], got: StallVerdict | None = None) -> Fault:
+        new = got is not None and got.rule[0] in "UFDI"  # a row the motion judge lacks
+        if got is not None and new:
+            msg = f"{fault.message}; {got.reason}"
+        elif verdict.state is Liveness.SPINNING:
             msg = (f"spinning in {verdict.where} for {stalled:.1f}s, over the spin budget of "
                    f"{spin_budget:.0f}s (busy, but not progressing): {verdict.reason}")
         elif verdict.state is Liveness.ALIVE:  # alive by I/O alone, past the phase budget
@@ -781,8 +912,15 @@ class Verifier:
             msg = f"{fault.message}; verified hung over {verdict.window_seconds:.1f}s: " \
                   f"{verdict.reason}"
         evidence = {**fault.evidence, "verification": verdict.to_json(),
-                    "verdict": verdict.state.value, "where": verdict.where,
+                    "verdict": got.state.value if got is not None and new
+                    else verdict.state.value,
+                    "where": got.where if got is not None and new and got.where
+                    else verdict.where,
                     "stall_seconds": round(stalled, 3), "processes": entries}
+        if got is not None:
+            evidence.update(stall=got.to_json(), rule=got.rule, culprits=list(got.culprits))
+            if got.kill:
+                evidence["kill"] = True  # a stopped process ignores SIGTERM
         return dataclasses.replace(fault, message=msg, evidence=evidence)
 
     def _suspicion(self, fault: Fault, verdict: Verdict, stalled: float,

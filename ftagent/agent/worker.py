@@ -328,10 +328,17 @@ class Worker:
                 return
         if fault.kind == FaultKind.HANG:
             self._hang_faults.add(fault.id)
-        log.warning("fault %s: %s", fault.kind.value, fault.message)
-        self.events.write("fault", fault.kind.value, fault.message, fault_id=fault.id,
-                          severity=fault.severity.value, scope=fault.scope.value,
-                          **fault.evidence)
+        if fault.evidence.get("waiting_in_collective") is True:
+            # a question to the arbiter (compare the ranks), not a fault: waiting is a
+            # state (issue 35); the arbiter's answer (BUSY or a restart) is recorded
+            log.info("asking the arbiter: %s", fault.message)
+            self.events.write("peer", "asking", fault.message, fault_id=fault.id,
+                              **fault.evidence)
+        else:
+            log.warning("fault %s: %s", fault.kind.value, fault.message)
+            self.events.write("fault", fault.kind.value, fault.message, fault_id=fault.id,
+                              severity=fault.severity.value, scope=fault.scope.value,
+                              **fault.evidence)
         for hook in self.fault_hooks:
             try:
                 hook(fault)

@@ -336,8 +336,12 @@ def progress_parts(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir:
         says = getattr(getattr(rank_session(agent), "link", None), "trainer_says", None)
         record = agent.events.write if says is None else learned_phases_to(
             says.learned, agent.events.write)
+        from ftagent.agent.proc_wait import blocked_threads
+
         verifier = Verifier(detector, cfg.hang, sampler, record=record,
-                            metrics=metrics, emit=agent.raise_fault, now=agent.detector_now)
+                            metrics=metrics, emit=agent.raise_fault, now=agent.detector_now,
+                            waits=blocked_threads)
+        verifier.rank = cfg.identity.rank  # the verdict's culprit when it is this rank
     watch = HangWatch(detector, metrics, parser, verifier=verifier)
     parts = parts.plus(detectors=[watch])
     if cfg.loss.loss_action != "off":  # NaN/inf and spikes of the loss (detect/loss.py)

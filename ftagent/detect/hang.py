@@ -17,7 +17,9 @@ The budget for the next step, measured from the last progress (or the end of a p
   a stall, is one step among the hundreds read seven at a time, not one read in
   seventy. Intervals of warm-up steps, intervals that span
   a phase and intervals declared a hang are not recorded: they say nothing about a
-  normal step;
+  normal step. Neither is a single step over ``OUTLIER`` x the median of the window (once
+  it holds ``OUTLIER_AFTER`` steps): it held a phase nobody declared (a silent save every
+  N steps), and belongs to ``longest``, not to the percentile;
 * **in a phase** (checkpoint, eval, from a PhaseMarker) — the phase's own budget,
   ``max(hang_timeout_min, hang_factor × its longest duration seen)``, or
   ``hang_phase_timeout`` until one has been seen.
@@ -60,6 +62,8 @@ WINDOW = 200  # recent step intervals (steps, not observations) the percentile i
 MAX_WEIGHT = WINDOW // 2  # steps one observation counts for at most: a jump in the step
 # numbers (a trainer that skips some) never fills the window alone
 LONGEST_MARGIN = 2.0  # a step as long as the longest one survived is not a hang
+OUTLIER = 1.5  # a step over this x the median of plain steps held a phase (a silent save)
+OUTLIER_AFTER = 20  # steps in the window before outliers are told apart
 REWIND_CONFIRM = 3  # increasing steps below the last one before they count as progress
 FINISH_PHASE = "finish"  # after the last step of a known total, until the trainer exits
 
@@ -127,6 +131,8 @@ class HangDetector:
         self._ever_progress = False
         self._sdk = False
         self._pct: float | None = None  # cached percentile, None when stale
+        self._med: float | None = None  # cached median, None when stale
+        self.phase_intervals = 0  # steps that held an undeclared phase (not in the window)
         self._start(0.0)
         self._running = False
 
@@ -225,12 +231,38 @@ class HangDetector:
                     break
         return self._pct
 
+    def _phase_between_steps(self, interval: float, advanced: int) -> bool:
+        """A step longer than the plain ones (over ``OUTLIER`` x their median, once
+        ``OUTLIER_AFTER`` steps are in the window) held a phase nobody declared: a silent
+        checkpoint save every N steps. It belongs to that phase, not to the step budget:
+        it is kept in ``longest`` (the budget never falls below twice it) but not in the
+        percentile, where one save in 20 steps made p99 the save (0.2 s steps, 0.5 s
+        saves: a 5 s budget instead of the 3 s floor)."""
+        if advanced != 1 or self._window_steps < OUTLIER_AFTER:
+            return False
+        median = self._median()
+        if median is None or median <= 0 or interval <= OUTLIER * median:
+            return False
+        self.phase_intervals += 1
+        return True
+
+    def _median(self) -> float | None:
+        if self._med is None and self._window:
+            half, seen = max(1, math.ceil(self._window_steps / 2)), 0
+            for iv, n in sorted(self._window):
+                seen += n
+                if seen >= half:
+                    self._med = iv
+                    break
+        return self._med
+
     def _learn_interval(self, seconds_per_step: float, steps: int) -> None:
         self._window.append((seconds_per_step, steps))
         self._window_steps += steps
         while self._window_steps - self._window[0][1] >= WINDOW:
             self._window_steps -= self._window.popleft()[1]
         self._pct = None
+        self._med = None
 
     # ------------------------------------------------------------------ internals
 
@@ -277,7 +309,8 @@ class HangDetector:
         ended = self._end_all_phases(ts)
         clean = not self._tainted and not ended and self._observed >= 2
         if clean and not self.hung and self._events > max(self.cfg.hang_warmup_steps, 1):
-            self._learn_interval(interval, min(advanced, MAX_WEIGHT))
+            if not self._phase_between_steps(interval, advanced):
+                self._learn_interval(interval, min(advanced, MAX_WEIGHT))
             self.longest = max(self.longest, gap)
         self._ref = self._last_progress = ts
         self.last_step = p.step
@@ -325,6 +358,10 @@ class HangDetector:
     def _learn_phase(self, name: str, seconds: float) -> float:
         self.phase_longest[name] = max(self.phase_longest.get(name, 0.0), seconds)
         return seconds
+
+    def current_phase(self) -> str | None:
+        """The open phase whose budget ends last (None: none open)."""
+        return self._current_phase()
 
     def _current_phase(self) -> str | None:
         if not self._phases:

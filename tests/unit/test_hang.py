@@ -415,3 +415,26 @@ def test_steps_weigh_the_percentile_by_steps_within_a_window_of_steps() -> None:
     assert len(det.intervals) == WINDOW, "the older steps left the window"
     det.observe(Progress(step=step + 10 * WINDOW, ts=t + 0.001))  # a jump, not 2000 steps
     assert len(det.intervals) == WINDOW - MAX_WEIGHT + 1, "it weighs MAX_WEIGHT steps"
+
+
+def test_a_silent_save_every_20_steps_belongs_to_no_step_budget() -> None:
+    """Issue 35: 0.2 s steps with a 0.5 s step (a silent save) every 20: the p99 was the
+    save and the budget 10 x 0.5 = 5 s (a hang declared 5.2 s after the last step); the
+    saves are kept as the longest step, not in the percentile: the 3 s floor, a hang
+    declared <= 3.5 s after the last step."""
+    det = HangDetector(DEFAULT)
+    intervals = [0.5 if i % 20 == 19 else 0.2 for i in range(400)]
+    events = steps(intervals)
+    last = max(e.ts for e in events)
+    faults = run(det, events, last + 10.0, tick=0.05)
+    assert det.step_budget() == pytest.approx(DEFAULT.hang_timeout_min)
+    assert det.phase_intervals >= 15 and det.longest == pytest.approx(0.5)
+    (at, f), = faults
+    assert at - last <= 3.5, at - last
+
+
+def test_bimodal_steps_keep_twice_the_longest() -> None:
+    """Half the steps three times as long as the others: never below 2 x the longest."""
+    det = HangDetector(dataclasses.replace(DEFAULT, hang_timeout_min=0.1))
+    run(det, steps([0.2, 0.6] * 100), 200.0)
+    assert det.step_budget() >= LONGEST_MARGIN * 0.6

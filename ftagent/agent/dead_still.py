@@ -1,0 +1,126 @@
+"""Dead-still: a hang inside a phase whose budget has not run out (issue 35, item 4).
+
+A declared phase gets ``--hang-phase-timeout`` (30 minutes) until its length has been seen
+once, and the first step ``--hang-first-step-timeout`` (10 minutes): the first save and the
+first evaluation are where storage and configuration faults show up, and a save blocked
+forever on a dead mount waited out the whole budget. While a phase is open (or no step has
+been seen), this watch samples the trainer's tree every quarter of
+``--hang-dead-still-window`` (stacks, CPU, I/O, thread states: one ``TreeSampler`` sample,
+~20 ms of py-spy per process) and asks the stall policy (``detect/stall.decide`` with
+``phase_check``) about the samples spanning the last window: every thread blocked, no CPU,
+no I/O, no stack movement is row D1, a hang declared then with the blocking frame as the
+reason; any sign of life is row D2 and the phase budget holds. A stopped process is row F1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ftagent.agent.stall_window import window_of
+from ftagent.detect.liveness import Snapshot, judge
+from ftagent.detect.stall import Act, Budget, decide
+from ftagent.model import Fault, FaultKind, Scope, Severity
+
+if TYPE_CHECKING:
+    from ftagent.agent.verify import Verifier
+
+log = logging.getLogger("ftagent.dead_still")
+
+MIN_EVERY = 1.0  # seconds between samples at least (a tiny window in tests)
+
+
+@dataclass
+class _Episode:
+    start: float  # the stall's start (the detector's clock): the phase began, or the start
+    snaps: list[Snapshot] = field(default_factory=list)
+    entries: list[dict[str, Any]] = field(default_factory=list)
+    next_at: float = 0.0  # the verifier's clock
+    done: bool = False  # declared, or nothing more to look at in this episode
+
+
+class DeadStillWatch:
+    """Called on every tick (``Verifier.prepare``); raises through the verifier."""
+
+    def __init__(self, verifier: Verifier) -> None:
+        self.v = verifier
+        self._ep: _Episode | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def window(self) -> float:
+        return float(getattr(self.v.cfg, "hang_dead_still_window", 0.0) or 0.0)
+
+    def tick(self, now: float) -> None:
+        det = self.v.detector
+        window = self.window
+        phase = det.current_phase()
+        armed = det.deadline() is not None and not det.hung and (
+            phase is not None or det.last_step is None)
+        if window <= 0 or not armed:
+            self.reset()
+            return
+        start = now - det.seconds_since_progress(now)
+        ep = self._ep
+        if ep is None or abs(ep.start - start) > 1e-6:
+            self.reset()
+            ep = self._ep = _Episode(start, next_at=self.v.clock() + MIN_EVERY)
+        if ep.done or (self._task is not None and not self._task.done()):
+            return
+        if self.v.clock() >= ep.next_at:
+            self._task = asyncio.get_running_loop().create_task(self._look(ep, now))
+
+    def reset(self) -> None:
+        self._ep = None
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+
+    async def _look(self, ep: _Episode, now: float) -> None:
+        v = self.v
+        window = self.window
+        every = max(MIN_EVERY, window / 4)
+        snap, entries = await v.sampler.sample(stacks=True)
+        if self._ep is not ep:
+            return
+        ep.snaps.append(snap)
+        ep.entries = entries
+        ep.next_at = v.clock() + every
+        ep.snaps = [s for s in ep.snaps if snap.ts - s.ts <= window + every]
+        span = [s for s in ep.snaps if snap.ts - s.ts <= window + 1e-6]
+        older = [s for s in ep.snaps if snap.ts - s.ts > window + 1e-6]
+        if older:  # the newest sample at least a window back
+            span = [older[-1], *span]
+        if len(span) < 2 or span[-1].ts - span[0].ts < window:
+            return
+        det = v.detector
+        motion = judge(span, v.thresholds)
+        stalled = det.seconds_since_progress(v.now())
+        phase = det.current_phase()
+        got = decide(Budget(stalled_for=stalled, step_budget=det.step_budget(),
+                            phase_timeout=float(v.cfg.hang_phase_timeout),
+                            io_timeout=float(getattr(v.cfg, "hang_io_timeout", 300.0)),
+                            dead_still_window=window, phase=phase,
+                            phase_learned=phase is not None and phase in det.phase_longest,
+                            first_step=det.last_step is None, rank=v.rank),
+                     window_of(motion, span), phase_check=True)
+        if got.act is not Act.DECLARE:
+            return
+        if det.hung or self._ep is not ep:
+            return  # the budget ran out meanwhile: the verifier has it
+        ep.done = True
+        det.hung = True  # one fault per episode; progress or a phase marker clears it
+        fault = Fault(kind=FaultKind.HANG, message=got.reason, severity=Severity.ERROR,
+                      scope=Scope.PROCESS, evidence={
+                          "last_step": det.last_step, "phase": phase,
+                          "seconds_since_progress": round(stalled, 3),
+                          "budget_seconds": round(det.budget(now), 3),
+                          "attempt": det.attempt, "verdict": got.state.value,
+                          "where": got.where, "stall_seconds": round(stalled, 3),
+                          "stall": got.to_json(), "rule": got.rule,
+                          "culprits": list(got.culprits), "verification": motion.to_json(),
+                          "processes": entries, **({"kill": True} if got.kill else {})})
+        log.warning("%s", got.reason)
+        v.declare_now(fault, ep.start, motion, got)
