@@ -1,0 +1,171 @@
+"""Build the agent for the training image's own Python (``make vendor``): ``build/vendor/py/``,
+which the init container copies beside the bundle and the entry shim runs with
+``PYTHON -I -S py/launch.py run -- CMD`` (packaging/launch.py).
+
+For each CPython the agent runs on (3.10 up: ftagent's floor, and the generated gRPC code's
+runtime, grpcio>=1.85.1 and protobuf>=7.35.1, has no wheels for 3.9) and each architecture
+(x86_64, aarch64), ``pip download`` fetches the runtime dependencies as manylinux2014 wheels
+(glibc 2.17) at the lock's versions (requirements/dev.lock), without running them, and this
+unpacks them, each wheel once, where its tags say it belongs:
+
+* ``any/``: pure Python (``py3-none-any``), and ftagent's own package from this checkout;
+* ``ARCH/``: one architecture, any CPython 3 (``abi3``, ``none``: protobuf, psutil; py-spy's
+  binary in ``ARCH/bin/``);
+* ``ARCH/cpXY/``: one architecture and CPython version (grpcio).
+
+``manifest.json`` names the versions and, per architecture, the glibc floor: the highest of
+the wheels' manylinux tags and of the GLIBC_x.y symbol versions their ELF files need
+(``objdump -T``, where objdump exists). Skips the build when its inputs are unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "build" / "vendor"
+DIST = OUT / "py"
+STAMP = OUT / "inputs.sha256"
+PYTHONS = ("3.10", "3.11", "3.12", "3.13", "3.14")
+ARCHES = ("x86_64", "aarch64")
+LOCK = ROOT / "requirements" / "dev.lock"
+# `ftagent run`'s dependencies (pyproject.toml [project] dependencies), nothing more
+RUNTIME = re.compile(r'^\s*"([^"]+)",', re.M)
+TAG = re.compile(r"manylinux_?(\d+)_(\d+)_|manylinux(1|2010|2014)_")
+LEGACY = {"1": (2, 5), "2010": (2, 12), "2014": (2, 17)}
+
+
+def requirements() -> list[str]:
+    text = (ROOT / "pyproject.toml").read_text()
+    block = text.split("dependencies = [", 1)[1].split("]", 1)[0]
+    return [r.split(";")[0].strip() for r in RUNTIME.findall(block)]
+
+
+def inputs_hash() -> str:
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    for f in sorted([*ROOT.glob("ftagent/**/*.py"), *ROOT.glob("ftagent/**/*.pyi"),
+                     ROOT / "packaging" / "launch.py", ROOT / "pyproject.toml", LOCK]):
+        if f.is_file():
+            h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def download(version: str, arch: str, into: Path) -> list[Path]:
+    into.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check",
+           "--only-binary=:all:", "--implementation", "cp", "--python-version", version,
+           "--platform", f"manylinux2014_{arch}", "-d", str(into)]
+    if LOCK.is_file():
+        cmd += ["-c", str(LOCK)]
+    subprocess.run([*cmd, *requirements()], check=True, stdout=subprocess.DEVNULL)
+    return sorted(into.glob("*.whl"))
+
+
+def place(wheel: Path, arch: str, version: str) -> Path:
+    """The folder a wheel belongs in, from its file name's tags."""
+    _, _, rest = wheel.stem.partition("-")
+    python_tag, abi, platform = rest.split("-")[-3:]
+    if platform == "any":
+        return DIST / "any"
+    if abi in ("abi3", "none"):
+        return DIST / arch
+    return DIST / arch / ("cp" + version.replace(".", ""))
+
+
+def unpack(wheel: Path, folder: Path) -> None:
+    with zipfile.ZipFile(wheel) as z:
+        for info in z.infolist():
+            name = info.filename
+            parts = name.split("/")
+            if parts[0].endswith(".data") and len(parts) > 2:
+                if parts[1] == "scripts":
+                    dest = folder / "bin" / "/".join(parts[2:])
+                elif parts[1] in ("purelib", "platlib"):
+                    dest = folder / "/".join(parts[2:])
+                else:
+                    continue
+            else:
+                dest = folder / name
+            if name.endswith("/"):
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with z.open(info) as src, open(dest, "wb") as out:
+                shutil.copyfileobj(src, out)
+            mode = (info.external_attr >> 16) & 0o777
+            exe = mode & 0o111 or dest.parent.name == "bin" or dest.suffix == ".so"
+            dest.chmod(0o755 if exe else 0o644)
+
+
+def elf_floor(folder: Path) -> tuple[int, int]:
+    """The highest GLIBC_x.y any ELF file under ``folder`` needs (objdump -T)."""
+    best = (2, 0)
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        return best
+    for f in folder.rglob("*"):
+        if not f.is_file() or f.read_bytes()[:4] != b"\x7fELF":
+            continue
+        out = subprocess.run([objdump, "-T", str(f)], capture_output=True, text=True).stdout
+        for m in re.finditer(r"GLIBC_(\d+)\.(\d+)", out):
+            best = max(best, (int(m.group(1)), int(m.group(2))))
+    return best
+
+
+def tag_floor(wheel: Path) -> tuple[int, int]:
+    """The lowest glibc the wheel's manylinux tags promise to run on (compressed tag sets:
+    the lowest tag of the set)."""
+    floors = []
+    for m in TAG.finditer(wheel.name + "_"):
+        if m.group(3):
+            floors.append(LEGACY[m.group(3)])
+        else:
+            floors.append((int(m.group(1)), int(m.group(2))))
+    return min(floors) if floors else (2, 0)
+
+
+def build() -> Path:
+    digest = inputs_hash()
+    if (DIST / "manifest.json").is_file() and STAMP.is_file() and STAMP.read_text() == digest:
+        return DIST
+    shutil.rmtree(DIST, ignore_errors=True)
+    DIST.mkdir(parents=True)
+    floors: dict[str, tuple[int, int]] = {}
+    wheels: dict[str, list[str]] = {}
+    for arch in ARCHES:
+        floor = (2, 17)
+        for version in PYTHONS:
+            for wheel in download(version, arch, OUT / "wheels" / f"{arch}-{version}"):
+                folder = place(wheel, arch, version)
+                marker = folder / ".wheels" / wheel.name
+                if not marker.exists():
+                    unpack(wheel, folder)
+                    marker.parent.mkdir(parents=True, exist_ok=True)
+                    marker.touch()
+                    wheels.setdefault(arch, []).append(wheel.name)
+                floor = max(floor, tag_floor(wheel))
+        floors[arch] = max(floor, elf_floor(DIST / arch))
+    shutil.copytree(ROOT / "ftagent", DIST / "any" / "ftagent",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copy2(ROOT / "packaging" / "launch.py", DIST / "launch.py")
+    from_checkout = {"pythons": list(PYTHONS), "glibc": {a: list(f) for a, f in floors.items()},
+                     "wheels": {a: sorted(w) for a, w in wheels.items()}}
+    (DIST / "manifest.json").write_text(json.dumps(from_checkout, indent=1) + "\n")
+    STAMP.write_text(digest)
+    return DIST
+
+
+if __name__ == "__main__":
+    out = build()
+    manifest = json.loads((out / "manifest.json").read_text())
+    for arch, floor in manifest["glibc"].items():
+        size = sum(f.stat().st_size for f in (out / arch).rglob("*") if f.is_file())
+        print(f"{arch}: CPython {', '.join(manifest['pythons'])}, glibc {floor[0]}.{floor[1]}+,"
+              f" {size / 2**20:.0f} MiB")
+    print(out)
