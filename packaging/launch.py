@@ -1,3 +1,4 @@
+# ruff: noqa: UP031 - runs on any Python 3 to say that it is too old: no f-strings, no .format
 """Run the agent with the training image's own Python (the "wheels" path of the entry shim).
 
     PYTHON -I -S /opt/ftagent/py/launch.py --probe        (the shim's check)

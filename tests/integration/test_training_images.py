@@ -1,0 +1,223 @@
+"""The injected agent in real root filesystems of training-image distributions.
+
+Debian root filesystems built here from Debian's packages (``mmdebstrap``, minbase, cached
+under ``build/roots/``): bullseye (glibc 2.31, Python 3.9), bookworm (2.36, 3.11), trixie
+(2.41, 3.13), and bookworm without Python. The agent folder the init container fills
+(the entry shim, the bundle, the vendored wheels: packaging/build_bundle.py,
+packaging/build_vendor.py) is bind-mounted read-only at /opt/ftagent, ``proc`` is mounted,
+and the pod's command runs in ``chroot``, as the kubelet would run it:
+``/bin/sh /opt/ftagent/ftagent-entry -- python3 -c ...``. Where the agent can start it
+really wraps the trainer (its events file is written, the trainer's output and exit status
+pass through); where it cannot, the trainer still runs and one stderr line says why.
+
+Needs root, ``mmdebstrap``, ``unshare`` and ``chroot``; skipped otherwise, failed instead
+when ``FTAGENT_REQUIRE_IMAGE=1`` (CI, as root).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "packaging"))
+import build_bundle  # noqa: E402
+import build_vendor  # noqa: E402
+
+ROOTS = ROOT / "build" / "roots"
+FLAVOURS = {  # name: (suite, packages)
+    "bullseye": ("bullseye", "python3"),
+    "bookworm": ("bookworm", "python3"),
+    "trixie": ("trixie", "python3"),
+    "bookworm-nopython": ("bookworm", ""),
+}
+REQUIRED = os.environ.get("FTAGENT_REQUIRE_IMAGE") == "1"
+MISSING = [t for t in ("mmdebstrap", "unshare", "chroot") if shutil.which(t) is None]
+if os.geteuid() != 0 or MISSING:
+    why = f"needs root and {', '.join(MISSING) or 'mmdebstrap'}"
+    if REQUIRED:
+        pytest.fail(f"FTAGENT_REQUIRE_IMAGE=1 but {why}", pytrace=False)
+    pytest.skip(why, allow_module_level=True)
+
+TRAINER = ("import os, sys; print('trainer', sys.version_info[:2], os.environ.get("
+           "'FTAGENT_RESTART_COUNT')); sys.stderr.write('trainer-stderr\\n'); sys.exit(7)")
+FALLBACK = "ftagent: not started, the trainer runs without fault tolerance: "
+
+
+def root_of(flavour: str) -> Path:
+    """The flavour's root filesystem, built once (a stamp names what it was built from)."""
+    suite, include = FLAVOURS[flavour]
+    path, stamp = ROOTS / flavour, ROOTS / f"{flavour}.stamp"
+    argv = ["mmdebstrap", "--mode=root", "--variant=minbase", "--skip=output/mknod",
+            "--dpkgopt=path-exclude=/usr/share/doc/*", "--dpkgopt=path-exclude=/usr/share/man/*",
+            "--dpkgopt=path-exclude=/usr/share/locale/*",
+            *([f"--include={include}"] if include else []), suite]
+    if stamp.is_file() and stamp.read_text() == " ".join(argv) and (path / "bin").exists():
+        return path
+    ROOTS.mkdir(parents=True, exist_ok=True)
+    part = ROOTS / f"{flavour}.part"
+    shutil.rmtree(part, ignore_errors=True)
+    shutil.rmtree(path, ignore_errors=True)
+    subprocess.run([*argv, str(part)], check=True, capture_output=True, timeout=600)
+    part.rename(path)
+    stamp.write_text(" ".join(argv))
+    return path
+
+
+@pytest.fixture(scope="module")
+def agent_dir() -> Path:
+    """What the init container copies: the shim, the bundle, the wheels (one folder)."""
+    bundle, vendor = build_bundle.build(), build_vendor.build()
+    folder = ROOTS / "agent"
+    stamp = folder / ".from"
+    want = json.dumps([(bundle / "ftagent").stat().st_mtime_ns,
+                       (vendor / "manifest.json").stat().st_mtime_ns,
+                       (ROOT / "packaging" / "ftagent-entry.sh").read_text()])
+    if stamp.is_file() and stamp.read_text() == want:
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(bundle, folder, symlinks=True)
+    shutil.copytree(vendor, folder / "py", symlinks=True,
+                    ignore=shutil.ignore_patterns(".wheels"))
+    shutil.copy2(ROOT / "packaging" / "ftagent-entry.sh", folder / "ftagent-entry")
+    stamp.write_text(want)
+    return folder
+
+
+def run_in(root: Path, agent: Path, command: list[str], tmp: Path, *,
+           env: dict[str, str] | None = None, read_only: bool = False,
+           noexec_tmp: bool = False) -> subprocess.CompletedProcess[str]:
+    """``/bin/sh /opt/ftagent/ftagent-entry -- COMMAND`` in ``root``, in a mount namespace
+    of its own: the agent folder read-only at /opt/ftagent, /proc, and ``tmp`` (a folder of
+    this host, so the test reads the agent's events file) as /tmp, unless ``read_only``:
+    then the whole root, /tmp included, is read-only."""
+    r = str(root)
+    (root / "opt" / "ftagent").mkdir(parents=True, exist_ok=True)
+    steps = [f"mount --bind '{r}' '{r}'", f"mount -o remount,bind,ro '{r}'"] if read_only \
+        else [f"mount --bind '{tmp}' '{r}/tmp'"] + \
+        ([f"mount -o remount,bind,noexec '{r}/tmp'"] if noexec_tmp else [])
+    steps += [f"mount --bind '{agent}' '{r}/opt/ftagent'",
+              f"mount -o remount,bind,ro '{r}/opt/ftagent'",
+              f"mount -t proc proc '{r}/proc'"]
+    script = " && ".join(steps) + f" && exec chroot '{r}' \"$@\""
+    base = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root",
+            "FTAGENT_METRICS_PORT": "-1", "FTAGENT_MAX_RESTARTS": "0",
+            "FTAGENT_EVENTS_FILE": "/tmp/events.jsonl", "FTAGENT_PROBE_TIMEOUT": "120"}
+    tmp.chmod(0o1777)
+    argv = ["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", script, "sh",
+            "/bin/sh", "/opt/ftagent/ftagent-entry", "--", *command]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300,
+                          env={**base, **(env or {})})
+
+
+def wrapped(r: subprocess.CompletedProcess[str], version: str, tmp: Path) -> None:
+    """The agent ran: the trainer's line and status passed through, and the agent's events
+    file has the trainer's start and exit."""
+    assert r.returncode == 7, r.stderr[-3000:]
+    assert r.stdout.splitlines() == [f"trainer ({version.replace('.', ', ')}) 0"], r.stderr
+    assert FALLBACK not in r.stderr and "trainer-stderr" in r.stderr
+    events = [json.loads(line) for line in (tmp / "events.jsonl").read_text().splitlines()]
+    assert events, r.stderr
+
+
+@pytest.mark.parametrize(("flavour", "version"), [("bookworm", "3.11"), ("trixie", "3.13")])
+def test_agent_runs_on_the_images_python(flavour: str, version: str, agent_dir: Path,
+                                         tmp_path: Path) -> None:
+    """Python 3.10+: the wheels path, on the image's own interpreter."""
+    r = run_in(root_of(flavour), agent_dir, ["python3", "-c", TRAINER], tmp_path)
+    wrapped(r, version, tmp_path)
+
+
+def test_without_python_the_bundle_runs(agent_dir: Path, tmp_path: Path) -> None:
+    """No Python in the image (glibc 2.36): the self-contained bundle."""
+    root = root_of("bookworm-nopython")
+    assert not (root / "usr" / "bin" / "python3").exists()
+    r = run_in(root, agent_dir, ["/bin/sh", "-c", "echo trainer-out; echo trainer-stderr >&2;"
+                                 ' echo "count=$FTAGENT_RESTART_COUNT"; exit 7'], tmp_path)
+    assert r.returncode == 7 and r.stdout == "trainer-out\ncount=0\n", r.stderr[-3000:]
+    assert FALLBACK not in r.stderr
+
+
+def test_python_39_falls_back_with_one_line(agent_dir: Path, tmp_path: Path) -> None:
+    """bullseye: Python 3.9 (no grpcio>=1.85 wheels for it) and glibc 2.31 (older than
+    the bundle's): the trainer runs unwrapped and one line says why, both ways."""
+    r = run_in(root_of("bullseye"), agent_dir, ["python3", "-c", TRAINER], tmp_path)
+    assert r.returncode == 7 and r.stdout == "trainer (3, 9) None\n", r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith(FALLBACK) and lines[1:] == ["trainer-stderr"], r.stderr
+    assert "Python 3.9 here" in lines[0] and "GLIBC_2.3" in lines[0]
+
+
+def test_wheels_binaries_resolve_against_glibc_231(agent_dir: Path) -> None:
+    """The vendored wheels' own floor (manylinux2014, glibc 2.17) checked against a real
+    older glibc: bullseye's dynamic loader (2.31) finds every GLIBC_x.y symbol version the
+    x86_64 wheels' shared objects need (a Python 3.10+ in such an image runs them)."""
+    root = root_of("bullseye")
+    sos = ["/opt/ftagent/" + str(p.relative_to(agent_dir))
+           for p in sorted((agent_dir / "py" / "x86_64").rglob("*.so*")) if p.is_file()]
+    assert len(sos) >= 5
+    (root / "opt" / "ftagent").mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c",
+         f"mount --bind '{agent_dir}' '{root}/opt/ftagent' && exec chroot '{root}' /bin/sh -c "
+         "'for f; do echo \"== $f\"; /lib64/ld-linux-x86-64.so.2 --list \"$f\" 2>&1; done' "
+         "sh \"$@\"", "sh", *sos], capture_output=True, text=True, timeout=120)
+    assert r.stdout.count("== ") == len(sos), r.stderr
+    assert "version `GLIBC" not in r.stdout, r.stdout
+
+
+def test_read_only_root_without_tmp_falls_back(agent_dir: Path, tmp_path: Path) -> None:
+    """A read-only root and no writable /tmp: the agent has nowhere for its runtime
+    folder; the trainer runs and the line says so."""
+    r = run_in(root_of("bookworm"), agent_dir, ["python3", "-c", TRAINER], tmp_path,
+               read_only=True)
+    assert r.returncode == 7 and r.stdout == "trainer (3, 11) None\n", r.stderr
+    first = r.stderr.splitlines()[0]
+    assert first.startswith(FALLBACK) and "no writable temporary folder" in first
+
+
+def test_noexec_tmp_does_not_matter(agent_dir: Path, tmp_path: Path) -> None:
+    r = run_in(root_of("bookworm"), agent_dir, ["python3", "-c", TRAINER], tmp_path,
+               noexec_tmp=True)
+    wrapped(r, "3.11", tmp_path)
+
+
+def test_hostile_environment_still_starts_the_trainer(agent_dir: Path, tmp_path: Path) -> None:
+    """The image sets FTAGENT_* values `ftagent run` refuses, and points the old
+    FTAGENT_AGENT_BIN at a program that is not the agent: the trainer starts and one line
+    names the bad value; no variable swaps the agent's program."""
+    root = root_of("bookworm")
+    r = run_in(root, agent_dir, ["python3", "-c", TRAINER], tmp_path,
+               env={"FTAGENT_METRICS_PORT": "abc", "FTAGENT_AGENT_BIN": "/bin/true",
+                    "PYTHONPATH": "/nonexistent", "PYTHONHOME": "/nonexistent"})
+    assert r.returncode == 7 and r.stdout.startswith("trainer (3, 11)"), r.stderr
+    first = r.stderr.splitlines()[0]
+    assert first.startswith(FALLBACK) and "FTAGENT_METRICS_PORT" in first
+    r = run_in(root, agent_dir, ["python3", "-c", TRAINER], tmp_path,
+               env={"FTAGENT_AGENT_BIN": "/bin/true", "FTAGENT_PROBE_TIMEOUT": "0"})
+    wrapped(r, "3.11", tmp_path)
+
+
+def test_arm64_files(agent_dir: Path) -> None:
+    """arm64 cannot run here: its wheels are checked as files (ELF machine, glibc floor)."""
+    manifest = json.loads((agent_dir / "py" / "manifest.json").read_text())
+    assert manifest["glibc"]["aarch64"] == [2, 17]
+    grpc = list((agent_dir / "py" / "aarch64").glob("cp3*/grpc/_cython/cygrpc*.so"))
+    assert {p.parent.parent.parent.name for p in grpc} == {
+        "cp" + v.replace(".", "") for v in manifest["pythons"]}
+    for so in grpc:
+        assert so.read_bytes()[18:20] == b"\xb7\x00"  # e_machine: EM_AARCH64
+    if shutil.which("objdump"):
+        out = subprocess.run(["objdump", "-T", str(grpc[0])], capture_output=True,
+                             text=True).stdout
+        versions = {tuple(int(x) for x in v.split(".")) for v in
+                    __import__("re").findall(r"GLIBC_(\d+\.\d+)", out)}
+        assert versions and max(versions) <= (2, 17)
+    assert (agent_dir / "py" / "aarch64" / "bin" / "py-spy").read_bytes()[18:20] == b"\xb7\x00"
