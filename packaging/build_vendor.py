@@ -130,15 +130,15 @@ def tag_floor(wheel: Path) -> tuple[int, int]:
     return min(floors) if floors else (2, 0)
 
 
-def build() -> Path:
-    digest = inputs_hash()
+def build(arches: tuple[str, ...] = ARCHES) -> Path:
+    digest = inputs_hash() + " " + ",".join(arches)
     if (DIST / "manifest.json").is_file() and STAMP.is_file() and STAMP.read_text() == digest:
         return DIST
     shutil.rmtree(DIST, ignore_errors=True)
     DIST.mkdir(parents=True)
     floors: dict[str, tuple[int, int]] = {}
     wheels: dict[str, list[str]] = {}
-    for arch in ARCHES:
+    for arch in arches:
         floor = (2, 17)
         for version in PYTHONS:
             for wheel in download(version, arch, OUT / "wheels" / f"{arch}-{version}"):
@@ -161,8 +161,38 @@ def build() -> Path:
     return DIST
 
 
+def copy_for(arch: str, dest: Path) -> None:
+    """One architecture's part of the build (what an image of that architecture ships) at
+    ``dest``: launch.py, any/, ARCH/ and a manifest naming ARCH alone."""
+    manifest = json.loads((DIST / "manifest.json").read_text())
+    if arch not in manifest["glibc"]:
+        raise SystemExit(f"build_vendor: no {arch} in {DIST} (built for "
+                         f"{', '.join(manifest['glibc'])})")
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    skip = shutil.ignore_patterns(".wheels")
+    shutil.copytree(DIST / "any", dest / "any", ignore=skip)
+    shutil.copytree(DIST / arch, dest / arch, ignore=skip)
+    shutil.copy2(DIST / "launch.py", dest / "launch.py")
+    manifest["glibc"] = {arch: manifest["glibc"][arch]}
+    manifest["wheels"] = {arch: manifest["wheels"].get(arch, [])}
+    (dest / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+
+
 if __name__ == "__main__":
-    out = build()
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arch", action="append", choices=ARCHES,
+                    help="only this architecture (repeatable; default: all)")
+    ap.add_argument("--copy-to", metavar="DIR",
+                    help="then copy the (single) architecture's part to DIR")
+    args = ap.parse_args()
+    out = build(tuple(args.arch or ARCHES))
+    if args.copy_to:
+        if not args.arch or len(args.arch) != 1:
+            raise SystemExit("build_vendor: --copy-to needs exactly one --arch")
+        copy_for(args.arch[0], Path(args.copy_to))
     manifest = json.loads((out / "manifest.json").read_text())
     for arch, floor in manifest["glibc"].items():
         size = sum(f.stat().st_size for f in (out / arch).rglob("*") if f.is_file())

@@ -205,6 +205,13 @@ def test_version_inside_the_image(image: Image, tmp: Path) -> None:
     r = subprocess.run(image.argv("--version", tmp=tmp, entry=["/opt/ftagent-bundle/ftagent"]),
                        capture_output=True, text=True, timeout=120)
     assert (r.returncode, r.stdout) == (0, f"ftagent {ftagent.__version__}\n"), r.stderr
+    # and the agent for a training image's own Python (the image's python3 plays one)
+    r = subprocess.run(image.argv("-I", "-S", "/opt/ftagent-bundle/py/launch.py", "--version",
+                                  tmp=tmp, entry=["python3"]),
+                       capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout) == (0, f"ftagent {ftagent.__version__}\n"), r.stderr
+    manifest = json.loads((image.rootfs / "opt/ftagent-bundle/py/manifest.json").read_text())
+    assert list(manifest["glibc"]) == ["x86_64"]  # this image's architecture only
     # the root filesystem the servers below run on is read-only, /tmp is not
     r = subprocess.run(image.argv("-c", "touch /tmp/ok && touch /opt/venv/x", tmp=tmp,
                                   entry=["/bin/sh"]), capture_output=True, text=True, timeout=60)

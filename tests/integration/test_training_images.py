@@ -108,7 +108,7 @@ def agent_dir() -> Path:
     if stamp.is_file() and stamp.read_text() == want:
         return folder
     shutil.rmtree(folder, ignore_errors=True)
-    shutil.copytree(bundle, folder, symlinks=True)
+    shutil.copytree(bundle, folder, symlinks=True, ignore=shutil.ignore_patterns("py"))
     shutil.copytree(vendor, folder / "py", symlinks=True,
                     ignore=shutil.ignore_patterns(".wheels"))
     shutil.copy2(ROOT / "packaging" / "ftagent-entry.sh", folder / "ftagent-entry")
