@@ -6,18 +6,21 @@ denial. The webhook (``webhook.py``) only carries it over HTTPS.
 
 What an injected pod gets:
 
-* an init container ``ftagent-install`` (the ftagent image) that copies the
-  self-contained agent and its entry shim (``packaging/ftagent-entry.sh``) into the
-  ``emptyDir`` ``ftagent``, mounted read-only at ``/opt/ftagent`` in the trainer, and
+* an init container ``ftagent-install`` (the ftagent image) that copies the agent (the
+  self-contained bundle, and in ``py/`` the wheels the training image's own Python runs
+  it from) and its entry shim (``packaging/ftagent-entry.sh``) into the ``emptyDir``
+  ``ftagent``, mounted read-only at ``/opt/ftagent`` in the trainer, and
   writes the arbiter's CA there (``ca.crt``) when the webhook has one (``--arbiter-ca``,
   re-read when the file changes). It meets Pod Security "restricted" on its own: no
   privilege escalation, every capability dropped, non-root, seccomp ``RuntimeDefault``,
   read-only root. (Annotation ``ftagent.io/agent: image``: the image has ftagent on its
   PATH; nothing is copied);
 * the trainer container's ``command`` becomes ``/bin/sh /opt/ftagent/ftagent-entry --
-  <command>`` (its ``args`` stay as they are): the shim runs ``ftagent run -- <command>``,
-  or, when the agent cannot start in this image (old glibc, noexec mount, another
-  architecture), the command itself, saying why on stderr: the trainer always starts.
+  <command>`` (its ``args`` stay as they are): the shim runs ``ftagent run -- <command>``
+  on the image's Python (3.10+) or as the bundle, or, when neither can start in this
+  image (docs/compatibility.md: an old Python and glibc, musl, noexec mount, another
+  architecture, a malformed ``FTAGENT_*`` value), the command itself, saying why on
+  stderr: the trainer always starts.
   A container without ``command`` runs its image's ENTRYPOINT, which admission cannot see:
   it is left alone with a warning and the annotation ``ftagent.io/injected: "skipped: no
   command"``, unless the annotation ``ftagent.io/command`` (a JSON list) says what the

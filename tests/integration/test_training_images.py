@@ -233,6 +233,22 @@ def test_hostile_environment_still_starts_the_trainer(agent_dir: Path, tmp_path:
     wrapped(r, "3.11", tmp_path)
 
 
+def test_the_agent_on_the_images_python_finds_its_py_spy(agent_dir: Path,
+                                                         tmp_path: Path) -> None:
+    """Hang evidence needs py-spy: on the wheels path it is the vendored one (ARCH/bin),
+    found through the import folders launch.py puts first, and it runs in the image."""
+    code = ("import json, runpy, subprocess, sys; m = runpy.run_path('/opt/ftagent/py/launch.py');"
+            " sys.path[:0] = m['paths'](json.load(open('/opt/ftagent/py/manifest.json')));"
+            " from ftagent.agent.evidence import find_py_spy; exe = find_py_spy();"
+            " print(exe); print(subprocess.run([exe, '--version'], capture_output=True,"
+            " text=True).stdout.strip())")
+    r = run_in(root_of("bookworm"), agent_dir, ["python3", "-I", "-S", "-c", code], tmp_path,
+               env={"FTAGENT_PROBE_TIMEOUT": "1"})  # the shim's own probe may fall back:
+    lines = [x for x in r.stdout.splitlines() if x.strip()]  # only this output matters
+    assert lines[:1] == ["/opt/ftagent/py/x86_64/bin/py-spy"], r.stdout + r.stderr
+    assert lines[1].startswith("py-spy "), r.stdout + r.stderr
+
+
 def test_arm64_files(agent_dir: Path) -> None:
     """arm64 cannot run here: its wheels are checked as files (ELF machine, glibc floor)."""
     manifest = json.loads((agent_dir / "py" / "manifest.json").read_text())

@@ -68,3 +68,11 @@ def test_a_release_is_the_image_for_two_architectures_the_wheel_and_the_docs() -
     assert any("mkdocs build --strict" in str(s.get("run", "")) for s in jobs["docs"]["steps"])
     assert jobs["pages"]["needs"] == "docs" and jobs["pypi"]["needs"] == "wheel"
     assert wf["permissions"] == {"contents": "read"}  # each job asks for more itself
+
+
+def test_the_released_image_ships_the_wheels_path() -> None:
+    """What the release builds (deploy/Dockerfile) carries, like `make image`, the agent for
+    the training image's own Python beside the bundle, for the architecture it is built for."""
+    text = (ROOT / "deploy" / "Dockerfile").read_text()
+    assert 'build_vendor.py --arch "$(uname -m)" --copy-to /src/build/py-image' in text
+    assert "COPY --from=build /src/build/py-image /opt/ftagent-bundle/py" in text
