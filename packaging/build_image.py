@@ -182,7 +182,7 @@ def build() -> Path:
         return out
     STAMP.unlink(missing_ok=True)
     bundle = build_bundle.build()
-    build_vendor.build((ARCH,))
+    build_vendor.build()  # both architectures: the same build the tests use
     build_vendor.copy_for(ARCH, OUT / "py")
     house = wheels(ver)
     tar = rootfs(house, bundle, OUT / "py", ver)

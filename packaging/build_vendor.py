@@ -49,11 +49,21 @@ def requirements() -> list[str]:
 
 
 def inputs_hash() -> str:
-    h = hashlib.sha256(Path(__file__).read_bytes())
+    """Everything the result depends on (the wheels' part and ftagent's sources)."""
+    h = hashlib.sha256(wheels_hash().encode())
     for f in sorted([*ROOT.glob("ftagent/**/*.py"), *ROOT.glob("ftagent/**/*.pyi"),
-                     ROOT / "packaging" / "launch.py", ROOT / "pyproject.toml", LOCK]):
+                     ROOT / "packaging" / "launch.py"]):
+        h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+def wheels_hash() -> str:
+    """What decides the wheels (this file, the dependencies, the lock): a change of
+    ftagent's own sources alone re-copies them, without asking the index again."""
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    for f in (ROOT / "pyproject.toml", LOCK):
         if f.is_file():
-            h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
+            h.update(f.read_bytes())
     return h.hexdigest()
 
 
@@ -134,6 +144,26 @@ def build(arches: tuple[str, ...] = ARCHES) -> Path:
     digest = inputs_hash() + " " + ",".join(arches)
     if (DIST / "manifest.json").is_file() and STAMP.is_file() and STAMP.read_text() == digest:
         return DIST
+    wheels_stamp = OUT / "wheels.sha256"
+    wheels_digest = wheels_hash() + " " + ",".join(arches)
+    found = OUT / "wheels.json"
+    if not (wheels_stamp.is_file() and wheels_stamp.read_text() == wheels_digest
+            and found.is_file()):
+        wheels_stamp.unlink(missing_ok=True)
+        found.write_text(json.dumps(unpack_all(arches)))
+        wheels_stamp.write_text(wheels_digest)
+    manifest = json.loads(found.read_text())
+    shutil.rmtree(DIST / "any" / "ftagent", ignore_errors=True)
+    shutil.copytree(ROOT / "ftagent", DIST / "any" / "ftagent",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copy2(ROOT / "packaging" / "launch.py", DIST / "launch.py")
+    (DIST / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    STAMP.write_text(digest)
+    return DIST
+
+
+def unpack_all(arches: tuple[str, ...]) -> dict[str, object]:
+    """Download and unpack every (CPython, architecture)'s wheels into DIST; the manifest."""
     shutil.rmtree(DIST, ignore_errors=True)
     DIST.mkdir(parents=True)
     floors: dict[str, tuple[int, int]] = {}
@@ -151,14 +181,8 @@ def build(arches: tuple[str, ...] = ARCHES) -> Path:
                     wheels.setdefault(arch, []).append(wheel.name)
                 floor = max(floor, tag_floor(wheel))
         floors[arch] = max(floor, elf_floor(DIST / arch))
-    shutil.copytree(ROOT / "ftagent", DIST / "any" / "ftagent",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    shutil.copy2(ROOT / "packaging" / "launch.py", DIST / "launch.py")
-    from_checkout = {"pythons": list(PYTHONS), "glibc": {a: list(f) for a, f in floors.items()},
-                     "wheels": {a: sorted(w) for a, w in wheels.items()}}
-    (DIST / "manifest.json").write_text(json.dumps(from_checkout, indent=1) + "\n")
-    STAMP.write_text(digest)
-    return DIST
+    return {"pythons": list(PYTHONS), "glibc": {a: list(f) for a, f in floors.items()},
+            "wheels": {a: sorted(w) for a, w in wheels.items()}}
 
 
 def copy_for(arch: str, dest: Path) -> None:
