@@ -96,6 +96,32 @@ def without_python(source: Path) -> Path:
     return path
 
 
+def musl_root() -> Path:
+    """An Alpine-like root: musl's loader (Debian's ``musl``), a static busybox as the
+    shell and its applets, no glibc, no Python."""
+    path, stamp = ROOTS / "musl", ROOTS / "musl.stamp"
+    want = "busybox-static musl"
+    if stamp.is_file() and stamp.read_text() == want and (path / "bin" / "sh").exists():
+        return path
+    debs, part = ROOTS / "musl-debs", ROOTS / "musl.part"
+    for d in (debs, part, path):
+        shutil.rmtree(d, ignore_errors=True)
+    debs.mkdir(parents=True)
+    subprocess.run(["apt-get", "download", "-q", *want.split()], cwd=debs, check=True,
+                   capture_output=True, timeout=300)
+    for deb in sorted(debs.glob("*.deb")):
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(part)], check=True, timeout=120)
+    for d in ("tmp", "proc", "dev", "opt/ftagent"):
+        (part / d).mkdir(parents=True, exist_ok=True)
+    subprocess.run([CHROOT, str(part), "/bin/busybox", "--install", "-s", "/bin"], check=True,
+                   capture_output=True, timeout=60)
+    assert not (part / "lib64").exists() and (part / "lib" / "ld-musl-x86_64.so.1").exists()
+    part.rename(path)
+    stamp.write_text(want)
+    shutil.rmtree(debs, ignore_errors=True)
+    return path
+
+
 @pytest.fixture(scope="module")
 def agent_dir() -> Path:
     """What the init container copies: the shim, the bundle, the wheels (one folder)."""
@@ -125,10 +151,12 @@ def run_in(root: Path, agent: Path, command: list[str], tmp: Path, *,
     then the whole root, /tmp included, is read-only."""
     r = str(root)
     (root / "opt" / "ftagent").mkdir(parents=True, exist_ok=True)
+    (root / "dev").mkdir(exist_ok=True)
     steps = [f"mount --bind '{r}' '{r}'", f"mount -o remount,bind,ro '{r}'"] if read_only \
         else [f"mount --bind '{tmp}' '{r}/tmp'"] + \
         ([f"mount -o remount,bind,noexec '{r}/tmp'"] if noexec_tmp else [])
-    steps += [f"mount --bind '{agent}' '{r}/opt/ftagent'",
+    steps += [f"mount --rbind /dev '{r}/dev'",  # as a container runtime provides it
+              f"mount --bind '{agent}' '{r}/opt/ftagent'",
               f"mount -o remount,bind,ro '{r}/opt/ftagent'",
               f"mount -t proc proc '{r}/proc'"]
     script = " && ".join(steps) + f" && exec {CHROOT} '{r}' \"$@\""
@@ -168,6 +196,17 @@ def test_without_python_the_bundle_runs(agent_dir: Path, tmp_path: Path) -> None
                                  ' echo "count=$FTAGENT_RESTART_COUNT"; exit 7'], tmp_path)
     assert r.returncode == 7 and r.stdout == "trainer-out\ncount=0\n", r.stderr[-3000:]
     assert FALLBACK not in r.stderr
+
+
+def test_musl_falls_back_with_one_clear_line(agent_dir: Path, tmp_path: Path) -> None:
+    """musl libc (as in Alpine), no Python: neither way can start; the line says musl."""
+    r = run_in(musl_root(), agent_dir, ["/bin/sh", "-c", "echo trainer-out; exit 7"],
+               tmp_path)
+    assert r.returncode == 7 and r.stdout == "trainer-out\n", r.stderr
+    assert len(r.stderr.splitlines()) == 1, r.stderr
+    line = r.stderr.splitlines()[0]
+    assert line.startswith(FALLBACK) and "image Python: no python3 on PATH" in line
+    assert "musl libc (/lib/ld-musl-x86_64.so.1, as in Alpine): the bundle needs glibc" in line
 
 
 def test_python_39_falls_back_with_one_line(agent_dir: Path, tmp_path: Path) -> None:
