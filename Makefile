@@ -122,8 +122,9 @@ $(IMAGE_STAMP): pyproject.toml $(LOCK)
 # auth file). SKOPEO_FLAGS passes more, e.g. --dest-tls-verify=false for a local registry.
 REGISTRY ?=
 SKOPEO_FLAGS ?=
-push: image
+push:
 	@if [ -z "$(REGISTRY)" ]; then echo "make push REGISTRY=HOST[/PATH]: where to push ftagent:$(VERSION)" >&2; exit 2; fi
+	$(MAKE) --no-print-directory image
 	@command -v skopeo >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends skopeo >/dev/null; } || \
 	  { echo "make push needs skopeo (apt-get install skopeo)" >&2; exit 2; }
