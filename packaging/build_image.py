@@ -182,6 +182,9 @@ def build() -> Path:
         return out
     STAMP.unlink(missing_ok=True)
     bundle = build_bundle.build()
+    if not (bundle / "busybox").is_file():
+        raise SystemExit("build_image: the bundle has no static busybox (the injected pods' "
+                         "shell): apt-get download busybox-static failed, see above")
     build_vendor.build()  # both architectures: the same build the tests use
     build_vendor.copy_for(ARCH, OUT / "py")
     house = wheels(ver)

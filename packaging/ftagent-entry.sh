@@ -28,14 +28,19 @@
 # Nothing in the image's environment chooses the agent's program: the image cannot swap
 # the agent for something else and so turn it off without a line.
 #
-# POSIX sh only (dash, busybox ash, bash): the training image is all there is. It is run
-# with `sh FILE`, so it needs no exec permission on its own mount.
+# POSIX sh only (dash, busybox ash, bash): the training image is all there is. The pod runs
+# it with the static busybox beside it (`busybox sh FILE`: images without /bin/sh, e.g.
+# distroless, start it too), so it needs no exec permission of its own, and borrows
+# busybox's `sleep` where the image has none.
 
 case $0 in
     */*) here=${0%/*} ;;
     *) here=. ;;
 esac
 agent=$here/ftagent
+if ! command -v sleep >/dev/null 2>&1 && [ -x "$here/busybox" ]; then
+    sleep() { "$here/busybox" sleep "$@"; }
+fi
 if [ "${1-}" = "--" ]; then
     shift
 fi

@@ -51,6 +51,8 @@ if os.geteuid() != 0 or MISSING:
 pytestmark = pytest.mark.timeout(1200)  # the first run builds the root filesystems
 
 CHROOT = shutil.which("chroot") or "chroot"
+# what the webhook makes the trainer container's command (ftagent/kube/inject.py)
+POD_COMMAND = ["/opt/ftagent/busybox", "sh", "/opt/ftagent/ftagent-entry", "--"]
 TRAINER = ("import os, sys; print('trainer', sys.version_info[:2], os.environ.get("
            "'FTAGENT_RESTART_COUNT')); sys.stderr.write('trainer-stderr\\n'); sys.exit(7)")
 FALLBACK = "ftagent: not started, the trainer runs without fault tolerance: "
@@ -166,7 +168,8 @@ def agent_dir() -> Path:
 
 def run_in(root: Path, agent: Path, command: list[str], tmp: Path, *,
            env: dict[str, str] | None = None, read_only: bool = False,
-           noexec_tmp: bool = False) -> subprocess.CompletedProcess[str]:
+           noexec_tmp: bool = False, no_shell: bool = False
+           ) -> subprocess.CompletedProcess[str]:
     """``/bin/sh /opt/ftagent/ftagent-entry -- COMMAND`` in ``root``, in a mount namespace
     of its own: the agent folder read-only at /opt/ftagent, /proc, and ``tmp`` (a folder of
     this host, so the test reads the agent's events file) as /tmp, unless ``read_only``:
@@ -181,13 +184,16 @@ def run_in(root: Path, agent: Path, command: list[str], tmp: Path, *,
               f"mount --bind '{agent}' '{r}/opt/ftagent'",
               f"mount -o remount,bind,ro '{r}/opt/ftagent'",
               f"mount -t proc proc '{r}/proc'"]
+    if no_shell:  # as in a distroless image: no program at /bin/sh (nor bash, dash)
+        steps += [f"mount --bind /dev/null '{os.path.realpath(root / p)}'"
+                  for p in ("bin/sh", "bin/bash") if (root / p).exists()]
     script = " && ".join(steps) + f" && exec {CHROOT} '{r}' \"$@\""
     base = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root",
             "FTAGENT_METRICS_PORT": "-1", "FTAGENT_MAX_RESTARTS": "0",
             "FTAGENT_EVENTS_FILE": "/tmp/events.jsonl", "FTAGENT_PROBE_TIMEOUT": "120"}
     tmp.chmod(0o1777)
     argv = ["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", script, "sh",
-            "/bin/sh", "/opt/ftagent/ftagent-entry", "--", *command]
+            *POD_COMMAND, *command]
     return subprocess.run(argv, capture_output=True, text=True, timeout=300,
                           env={**base, **(env or {})})
 
@@ -267,6 +273,17 @@ def test_read_only_root_without_tmp_falls_back(agent_dir: Path, tmp_path: Path) 
     assert r.returncode == 7 and r.stdout == "trainer (3, 11) None\n", r.stderr
     first = r.stderr.splitlines()[0]
     assert first.startswith(FALLBACK) and "no writable temporary folder" in first
+
+
+def test_an_image_without_a_shell(agent_dir: Path, tmp_path: Path) -> None:
+    """No /bin/sh in the image (distroless): the pod's command is the static busybox
+    beside the agent, so the shim runs, and the agent wraps the trainer."""
+    code = "import os; print(os.access('/bin/sh', os.X_OK));" + TRAINER
+    r = run_in(root_of("bookworm"), agent_dir, ["python3", "-c", code], tmp_path,
+               no_shell=True)
+    assert r.stdout.startswith("False\n"), r.stdout + r.stderr
+    r = subprocess.CompletedProcess(r.args, r.returncode, r.stdout.split("\n", 1)[1], r.stderr)
+    wrapped(r, "3.11", tmp_path)
 
 
 def test_noexec_tmp_does_not_matter(agent_dir: Path, tmp_path: Path) -> None:
