@@ -1,8 +1,9 @@
 """Build the self-contained agent (``make bundle``): ``build/bundle/ftagent/`` holds the
 ``ftagent`` program with its own Python and libraries (PyInstaller, one folder: nothing to
 unpack at each start), ``py-spy`` beside it, the entry shim ``ftagent-entry`` and
-``busybox``, a static one: the pod's command is ``busybox sh ftagent-entry -- ...``. glibc is its only host dependency, so
-build it on the oldest glibc it should run on (the Dockerfile's base).
+``busybox``, a static one: the pod's command is ``busybox sh ftagent-entry -- ...``.
+glibc is the program's only host dependency, so build it on the oldest glibc it should run
+on (the Dockerfile's base; docs/compatibility.md has the measured floors).
 
 Skips the build when its inputs (ftagent/, packaging/, pyproject.toml, the Python) are
 unchanged since the last one (a hash in build/bundle/inputs.sha256).
