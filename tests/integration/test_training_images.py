@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -127,8 +126,8 @@ def musl_root() -> Path:
     if stamp.is_file() and stamp.read_text() == want and (path / "bin" / "sh").exists():
         return path
     debs, part = ROOTS / "musl-debs", ROOTS / "musl.part"
-    for d in (debs, part, path):
-        shutil.rmtree(d, ignore_errors=True)
+    for old in (debs, part, path):
+        shutil.rmtree(old, ignore_errors=True)
     debs.mkdir(parents=True)
     subprocess.run(["apt-get", "download", "-q", *want.split()], cwd=debs, check=True,
                    capture_output=True, timeout=300)
@@ -147,6 +146,10 @@ def musl_root() -> Path:
 
 @pytest.fixture(scope="module")
 def agent_dir() -> Path:
+    return assemble_agent_dir()
+
+
+def assemble_agent_dir() -> Path:
     """What the init container copies: the shim, the bundle, the wheels (one folder).
     The root filesystems are built first, together."""
     build_roots(list(FLAVOURS))
@@ -326,63 +329,3 @@ def test_the_agent_on_the_images_python_finds_its_py_spy(agent_dir: Path,
     lines = [x for x in r.stdout.splitlines() if x.strip()]  # only this output matters
     assert lines[:1] == ["/opt/ftagent/py/x86_64/bin/py-spy"], r.stdout + r.stderr
     assert lines[1].startswith("py-spy "), r.stdout + r.stderr
-
-
-def arm64_root() -> Path:
-    """bookworm's arm64 libc and Python, unpacked without running anything (extract
-    variant: no maintainer scripts, so no arm64 CPU or emulator is needed)."""
-    path, stamp = ROOTS / "arm64-bookworm", ROOTS / "arm64-bookworm.stamp"
-    argv = ["mmdebstrap", "--mode=root", "--variant=extract", "--arch=arm64",
-            "--include=libc6,python3.11-minimal", "bookworm"]
-    if stamp.is_file() and stamp.read_text() == " ".join(argv) and path.is_dir():
-        return path
-    part = ROOTS / "arm64-bookworm.part"
-    shutil.rmtree(part, ignore_errors=True)
-    shutil.rmtree(path, ignore_errors=True)
-    subprocess.run([*argv, str(part)], check=True, capture_output=True, timeout=600)
-    part.rename(path)
-    stamp.write_text(" ".join(argv))
-    return path
-
-
-def glibc_versions(elf: Path) -> set[tuple[int, int]]:
-    out = subprocess.run(["objdump", "-T", str(elf)], capture_output=True, text=True,
-                         timeout=60).stdout
-    return {(int(a), int(b)) for a, b in re.findall(r"GLIBC_(\d+)\.(\d+)", out)}
-
-
-@pytest.mark.skipif(shutil.which("objdump") is None, reason="no objdump (binutils)")
-def test_arm64_image_files_meet_the_wheels(agent_dir: Path) -> None:
-    """An arm64 Debian 12 root's files, read: its loader sits where the shim looks for
-    glibc's, its Python is an AArch64 CPython 3.11 (a version the wheels have), and its
-    libc defines every GLIBC_x.y symbol version the aarch64 wheels' shared objects need."""
-    root = arm64_root()
-    assert (root / "lib" / "ld-linux-aarch64.so.1").exists()
-    python = root / "usr" / "bin" / "python3.11"
-    assert python.read_bytes()[18:20] == b"\xb7\x00"  # e_machine: EM_AARCH64
-    manifest = json.loads((agent_dir / "py" / "manifest.json").read_text())
-    assert "3.11" in manifest["pythons"]
-    defined = glibc_versions(root / "lib" / "aarch64-linux-gnu" / "libc.so.6")
-    needed: set[tuple[int, int]] = set()
-    for so in (agent_dir / "py" / "aarch64").rglob("*.so*"):
-        if so.is_file():
-            needed |= glibc_versions(so)
-    assert needed and needed <= defined | {(2, 0)}, sorted(needed - defined)
-
-
-def test_arm64_files(agent_dir: Path) -> None:
-    """arm64 cannot run here: its wheels are checked as files (ELF machine, glibc floor)."""
-    manifest = json.loads((agent_dir / "py" / "manifest.json").read_text())
-    assert manifest["glibc"]["aarch64"] == [2, 17]
-    grpc = list((agent_dir / "py" / "aarch64").glob("cp3*/grpc/_cython/cygrpc*.so"))
-    assert {p.parent.parent.parent.name for p in grpc} == {
-        "cp" + v.replace(".", "") for v in manifest["pythons"]}
-    for so in grpc:
-        assert so.read_bytes()[18:20] == b"\xb7\x00"  # e_machine: EM_AARCH64
-    if shutil.which("objdump"):
-        out = subprocess.run(["objdump", "-T", str(grpc[0])], capture_output=True,
-                             text=True).stdout
-        versions = {tuple(int(x) for x in v.split(".")) for v in
-                    re.findall(r"GLIBC_(\d+\.\d+)", out)}
-        assert versions and max(versions) <= (2, 17)
-    assert (agent_dir / "py" / "aarch64" / "bin" / "py-spy").read_bytes()[18:20] == b"\xb7\x00"
