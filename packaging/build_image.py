@@ -7,8 +7,10 @@ Made from the project's files and the package registries alone:
 
 1. the project's wheel (``python -m build``) and its dependencies with the ``kube`` extra,
    as a directory of wheels (pip's cache and index);
-2. the self-contained agent the webhook's init container copies into training pods
-   (packaging/build_bundle.py), at /opt/ftagent-bundle;
+2. what the webhook's init container copies into training pods, at /opt/ftagent-bundle:
+   the self-contained agent (packaging/build_bundle.py), the entry shim, and in ``py/``
+   the agent for the training image's own Python, this image's architecture's wheels
+   (packaging/build_vendor.py);
 3. a Debian root filesystem made by ``mmdebstrap`` (minbase, no recommends, no docs but
    the copyright files), with ``python3`` and a virtualenv at /opt/venv into which the
    wheels are installed offline (``--no-index``), pip removed afterwards, and the user
@@ -35,12 +37,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "packaging"))
 import build_bundle  # noqa: E402
+import build_vendor  # noqa: E402
 
 OUT = ROOT / "build" / "image"
 STAMP = OUT / "inputs.sha256"
 NAME = "ghcr.io/ftagent/ftagent"
 SUITE = "bookworm"  # python3 is 3.11, as the wheels pip picks for this virtualenv
 UID = 65532
+ARCH = "x86_64"  # this machine's, as the bundle's (--architecture=amd64 below)
 VENV = "/opt/venv"
 BUNDLE = "/opt/ftagent-bundle"
 PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -71,8 +75,10 @@ def wheels(ver: str) -> Path:
     run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist),
          str(ROOT)], stdout=subprocess.DEVNULL)
     wheel = dist / f"ftagent-{ver}-py3-none-any.whl"
+    lock = ROOT / "requirements" / "dev.lock"  # the versions the tests ran with
     run([sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", str(house),
-         "--only-binary", ":all:", f"{wheel}[kube]"])
+         "--only-binary", ":all:", *(["-c", str(lock)] if lock.is_file() else []),
+         f"{wheel}[kube]"])
     return house
 
 
@@ -83,17 +89,19 @@ def inputs_hash() -> str:
     h = hashlib.sha256(SUITE.encode())
     h.update(Path(__file__).read_bytes())
     h.update(build_bundle.inputs_hash().encode())
+    h.update(build_vendor.inputs_hash().encode())
     for name in ("LICENSE", "README.md"):
         h.update(hashlib.sha256((ROOT / name).read_bytes()).digest())
     return h.hexdigest()
 
 
-def rootfs(house: Path, bundle: Path, ver: str) -> Path:
+def rootfs(house: Path, bundle: Path, vendor: Path, ver: str) -> Path:
     """The root filesystem as one tar (mmdebstrap; the hooks run on this host as root)."""
     tar = OUT / "rootfs.tar"
     root = '"$1"'
     hooks = [
         f"cp -a {bundle} {root}{BUNDLE}",
+        f"cp -a {vendor} {root}{BUNDLE}/py",
         f"cp -a {house} {root}/tmp/wheels",
         f"chroot {root} python3 -m venv {VENV}",
         f"chroot {root} {VENV}/bin/pip install -q --no-index --no-cache-dir --no-compile"
@@ -108,6 +116,7 @@ def rootfs(house: Path, bundle: Path, ver: str) -> Path:
         " --home-dir /nonexistent --shell /usr/sbin/nologin ftagent",
         f"chroot {root} ftagent --version",
         f"{root}{BUNDLE}/ftagent --version",
+        f"chroot {root} python3 -I -S {BUNDLE}/py/launch.py --version",
         f"rm -rf {root}/var/log/* {root}/var/cache/ldconfig/aux-cache",
     ]
     argv = ["mmdebstrap", "--mode=root", "--variant=minbase", "--include=python3,python3-venv",
@@ -173,8 +182,13 @@ def build() -> Path:
         return out
     STAMP.unlink(missing_ok=True)
     bundle = build_bundle.build()
+    if not (bundle / "busybox").is_file():
+        raise SystemExit("build_image: the bundle has no static busybox (the injected pods' "
+                         "shell): apt-get download busybox-static failed, see above")
+    build_vendor.build()  # both architectures: the same build the tests use
+    build_vendor.copy_for(ARCH, OUT / "py")
     house = wheels(ver)
-    tar = rootfs(house, bundle, ver)
+    tar = rootfs(house, bundle, OUT / "py", ver)
     out = commit(tar, ver)
     (OUT / "image.json").write_text(json.dumps({"unpacked_bytes": tar.stat().st_size}))
     tar.unlink()

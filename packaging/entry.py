@@ -1,10 +1,13 @@
-"""The bundle's entry point: ``ftagent`` as the console script, and ``ftagent -I -S -c
-CODE ARGS...`` as ``python -I -S -c`` (the agent runs its exec shim and watchdog with
-``sys.executable -c``; in the bundle ``sys.executable`` is this program)."""
+"""The bundle's entry point: ``ftagent`` as the console script, ``ftagent -I -S -c CODE
+ARGS...`` as ``python -I -S -c`` (the agent runs its exec shim and watchdog with
+``sys.executable -c``; in the bundle ``sys.executable`` is this program), and
+``ftagent --ftagent-entry-probe``: the entry shim's check that ``ftagent run`` can start
+here (ftagent/cmd/probe.py; no flag of any command, so no environment can reach it)."""
 
 import sys
 
 PYTHON_FLAGS = ("-I", "-S", "-E", "-s", "-u", "-B")
+PROBE = "--ftagent-entry-probe"
 
 
 def _as_python_c(argv: list[str]) -> bool:
@@ -20,6 +23,10 @@ def _as_python_c(argv: list[str]) -> bool:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == [PROBE]:
+        from ftagent.cmd.probe import main as probe
+
+        sys.exit(probe())
     if not _as_python_c(sys.argv):
         from ftagent.cli import main
 

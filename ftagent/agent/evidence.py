@@ -50,12 +50,20 @@ OWN_PY_SPY = "the agent's own py-spy"
 
 
 def find_py_spy(name: str = "py-spy") -> str | None:
-    """``name`` on PATH, else next to this Python (a virtualenv's bin/), else None."""
+    """``name`` on PATH, else next to this Python (a virtualenv's bin/), else in the ``bin/``
+    of one of the first import folders (the injected agent on the training image's own
+    Python: packaging/launch.py puts the vendored wheels first, py-spy in ``ARCH/bin``),
+    else None."""
     found = shutil.which(name)
     if found:
         return found
     beside = Path(sys.executable).parent / name
-    return str(beside) if beside.is_file() else None
+    if beside.is_file():
+        return str(beside)
+    for entry in sys.path[:3]:
+        if entry and os.path.isabs(entry) and (Path(entry) / "bin" / name).is_file():
+            return str(Path(entry) / "bin" / name)
+    return None
 
 
 async def capture(pids: Sequence[int], deadline_seconds: float,

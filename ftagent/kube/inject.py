@@ -6,9 +6,10 @@ denial. The webhook (``webhook.py``) only carries it over HTTPS.
 
 What an injected pod gets:
 
-* an init container ``ftagent-install`` (the ftagent image) that copies the
-  self-contained agent and its entry shim (``packaging/ftagent-entry.sh``) into the
-  ``emptyDir`` ``ftagent``, mounted read-only at ``/opt/ftagent`` in the trainer, and
+* an init container ``ftagent-install`` (the ftagent image) that copies the agent (the
+  self-contained bundle, and in ``py/`` the wheels the training image's own Python runs
+  it from) and its entry shim (``packaging/ftagent-entry.sh``) into the ``emptyDir``
+  ``ftagent``, mounted read-only at ``/opt/ftagent`` in the trainer, and
   writes the arbiter's CA there (``ca.crt``) when the webhook has one (``--arbiter-ca``,
   re-read when the file changes). It meets Pod Security "restricted" on its own: no
   privilege escalation, every capability dropped, non-root, seccomp ``RuntimeDefault``,
@@ -16,10 +17,13 @@ What an injected pod gets:
   ``runAsUser: 0`` gets the image's UID on it: :func:`init_security_context`). Windows
   pods are left alone. (Annotation ``ftagent.io/agent: image``: the image has ftagent on its
   PATH; nothing is copied);
-* the trainer container's ``command`` becomes ``/bin/sh /opt/ftagent/ftagent-entry --
-  <command>`` (its ``args`` stay as they are): the shim runs ``ftagent run -- <command>``,
-  or, when the agent cannot start in this image (old glibc, noexec mount, another
-  architecture), the command itself, saying why on stderr: the trainer always starts.
+* the trainer container's ``command`` becomes ``/opt/ftagent/busybox sh
+  /opt/ftagent/ftagent-entry -- <command>`` (its ``args`` stay as they are; a static
+  busybox: images without ``/bin/sh`` start it too): the shim runs ``ftagent run -- <command>``
+  on the image's Python (3.10+) or as the bundle, or, when neither can start in this
+  image (docs/compatibility.md: an old Python and glibc, musl, noexec mount, another
+  architecture, a malformed ``FTAGENT_*`` value), the command itself, saying why on
+  stderr: the trainer always starts.
   A container without ``command`` runs its image's ENTRYPOINT, which admission cannot see:
   it is left alone with a warning and the annotation ``ftagent.io/injected: "skipped: no
   command"``, unless the annotation ``ftagent.io/command`` (a JSON list) says what the
@@ -89,6 +93,7 @@ TOKEN_AUDIENCE = "ftagent"
 TOKEN_SECONDS = 3600
 INIT_NAME = "ftagent-install"
 ENTRY = "ftagent-entry"  # the shim beside the agent in the bundle
+SHELL = "busybox"  # a static busybox beside it: its sh runs the shim (images without one)
 CA_FILE = "ca.crt"
 PORT_NAME = "ftagent-metrics"
 MAX_PORT_SPAN = 1000
@@ -242,7 +247,8 @@ def _inject(pod: dict[str, Any], namespace: str, s: Settings
     if from_image:
         trainer["command"] = ["ftagent", "run", "--", *command]
     else:
-        trainer["command"] = ["/bin/sh", f"{s.agent_dir}/{ENTRY}", "--", *command]
+        trainer["command"] = [f"{s.agent_dir}/{SHELL}", "sh", f"{s.agent_dir}/{ENTRY}", "--",
+                              *command]
     monitor_only = _false(labels.get("ftagent.io/fault-tolerance")) or \
         _false(notes.get("ftagent.io/fault-tolerance"))
     arbitrated = ident.arbitrated and bool(s.arbiter) and not monitor_only
@@ -279,8 +285,9 @@ def _windows(spec: Mapping[str, Any]) -> bool:
 
 def _wrapped(command: list[str], s: Settings) -> bool:
     """Already injected (a reinvocation, or a pod made from an injected one)."""
-    return command[:2] in (["/bin/sh", f"{s.agent_dir}/{ENTRY}"],
-                           [f"{s.agent_dir}/ftagent", "run"], ["ftagent", "run"])
+    return command[:3] == [f"{s.agent_dir}/{SHELL}", "sh", f"{s.agent_dir}/{ENTRY}"] or \
+        command[:2] in (["/bin/sh", f"{s.agent_dir}/{ENTRY}"],  # before the static shell
+                        [f"{s.agent_dir}/ftagent", "run"], ["ftagent", "run"])
 
 
 def _command(c: Mapping[str, Any], notes: Mapping[str, str]) -> list[str] | None:

@@ -175,6 +175,17 @@ def served() -> Iterator[list[Served]]:
         s.stop()
 
 
+def _interpreter(elf: bytes) -> bool:
+    """Whether a 64-bit little-endian ELF file names a program interpreter (PT_INTERP):
+    a dynamically linked program."""
+    import struct
+
+    phoff, = struct.unpack_from("<Q", elf, 0x20)
+    phentsize, phnum = struct.unpack_from("<HH", elf, 0x36)
+    return any(struct.unpack_from("<I", elf, phoff + i * phentsize)[0] == 3
+               for i in range(phnum))
+
+
 def test_layout_tag_user_and_entry_point(image: Image) -> None:
     assert image.json("oci-layout") == {"imageLayoutVersion": "1.0.0"}
     assert image.tag == ftagent.__version__
@@ -185,6 +196,9 @@ def test_layout_tag_user_and_entry_point(image: Image) -> None:
     # what the webhook's init container copies into training pods
     bundle = image.rootfs / "opt" / "ftagent-bundle" / "ftagent"
     assert bundle.is_file() and os.access(bundle, os.X_OK)
+    # the injected pods' shell: static (no program interpreter), so it runs in any image
+    shell = bundle.parent / "busybox"
+    assert os.access(shell, os.X_OK) and not _interpreter(shell.read_bytes())
     assert "ftagent:x:65532:65532:" in (image.rootfs / "etc" / "passwd").read_text()
     # nothing in the image belongs to its user or is writable by anyone but root (/tmp
     # aside: sticky, and an emptyDir in deploy/)
@@ -205,6 +219,13 @@ def test_version_inside_the_image(image: Image, tmp: Path) -> None:
     r = subprocess.run(image.argv("--version", tmp=tmp, entry=["/opt/ftagent-bundle/ftagent"]),
                        capture_output=True, text=True, timeout=120)
     assert (r.returncode, r.stdout) == (0, f"ftagent {ftagent.__version__}\n"), r.stderr
+    # and the agent for a training image's own Python (the image's python3 plays one)
+    r = subprocess.run(image.argv("-I", "-S", "/opt/ftagent-bundle/py/launch.py", "--version",
+                                  tmp=tmp, entry=["python3"]),
+                       capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout) == (0, f"ftagent {ftagent.__version__}\n"), r.stderr
+    manifest = json.loads((image.rootfs / "opt/ftagent-bundle/py/manifest.json").read_text())
+    assert list(manifest["glibc"]) == ["x86_64"]  # this image's architecture only
     # the root filesystem the servers below run on is read-only, /tmp is not
     r = subprocess.run(image.argv("-c", "touch /tmp/ok && touch /opt/venv/x", tmp=tmp,
                                   entry=["/bin/sh"]), capture_output=True, text=True, timeout=60)

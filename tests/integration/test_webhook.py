@@ -105,7 +105,7 @@ def test_example_pods_over_https(webhook: Webhook, ex: ExamplePod) -> None:
     pod = patched(webhook.review(admission_review(ex.pod)), ex.pod)
     validate(pod)  # and so is what the API server stores after our patch
     c = next(x for x in pod["spec"]["containers"] if x["name"] == ex.container)
-    assert c["command"][:3] == ["/bin/sh", "/opt/ftagent/ftagent-entry", "--"]
+    assert c["command"][:4] == ["/opt/ftagent/busybox", "sh", "/opt/ftagent/ftagent-entry", "--"]
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["FTAGENT_JOB"] == ex.job
     # the webhook mints nothing: no token, nothing derived from the secret it was given

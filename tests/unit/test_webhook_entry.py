@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.agent_launcher import ftagent_launcher
 from tests.conftest import ROOT
 
 SHIM = ROOT / "packaging" / "ftagent-entry.sh"
@@ -106,9 +107,9 @@ def test_agent_on_a_noexec_mount(tmp_path: Path) -> None:
     shim itself still runs (``sh FILE`` needs no exec permission)."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
+    agent = ftagent_launcher(tmp_path / "launcher" / "ftagent")
     script = (f'mount -t tmpfs -o noexec ftagent "{mnt}" && cp "{SHIM}" "{mnt}/ftagent-entry"'
-              f' && cp "{shutil.which("ftagent") or ROOT / ".venv/bin/ftagent"}" '
-              f'"{mnt}/ftagent" && exec /bin/sh "{mnt}/ftagent-entry" -- "$@"')
+              f' && cp "{agent}" "{mnt}/ftagent" && exec /bin/sh "{mnt}/ftagent-entry" -- "$@"')
     env = {"PATH": os.environ["PATH"], "FTAGENT_FALLBACK_FILE": str(tmp_path / "fallback")}
     r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script,
                         "sh", *TRAINER], capture_output=True, text=True, env=env, timeout=60)
@@ -118,9 +119,8 @@ def test_agent_on_a_noexec_mount(tmp_path: Path) -> None:
 def test_a_working_agent_wraps_the_trainer(tmp_path: Path) -> None:
     """The real agent (this checkout's ``ftagent``): the trainer runs under ``ftagent run``
     with its arguments intact, and the agent exits with the trainer's status."""
-    agent = Path(shutil.which("ftagent") or ROOT / ".venv" / "bin" / "ftagent")
     entry = install(tmp_path / "agent")
-    (tmp_path / "agent" / "ftagent").symlink_to(agent)
+    ftagent_launcher(tmp_path / "agent" / "ftagent")
     r = run(entry, tmp_path)
     assert r.returncode == 7 and r.stdout == ARGS_SEEN
     assert "not started" not in r.stderr and "[ftagent" in r.stderr  # the agent's log
@@ -146,8 +146,11 @@ def test_the_injected_commands_run_as_the_kubelet_would(tmp_path: Path) -> None:
 
     bundle, agent_dir = tmp_path / "bundle", tmp_path / "agent"
     install(bundle)
-    shutil.copy(shutil.which("ftagent") or ROOT / ".venv" / "bin" / "ftagent",
-                bundle / "ftagent")
+    ftagent_launcher(bundle / "ftagent")
+    busybox = shutil.which("busybox")  # the bundle's is static (build_bundle.static_shell)
+    if busybox is None:
+        pytest.skip("no busybox (make deps installs it)")
+    shutil.copy(busybox, bundle / "busybox")
     agent_dir.mkdir()
     ca = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----"
     s = Settings(arbiter="127.0.0.1:9", arbiter_ca=lambda: ca, bundle_dir=str(bundle),
@@ -186,7 +189,7 @@ def test_an_agent_that_hangs_is_given_up_on(tmp_path: Path) -> None:
            "FTAGENT_FALLBACK_FILE": str(tmp_path / "fallback")}
     r = subprocess.run(["/bin/sh", str(entry), "--", *TRAINER], capture_output=True,
                        text=True, env=env, timeout=30)
-    assert_fell_back(r, tmp_path, "no answer to --version within 1 s")
+    assert_fell_back(r, tmp_path, "no answer within 1 s")
 
 
 SHELLS = [s for s in (["dash"], ["bash", "--posix"], ["busybox", "sh"])
@@ -206,9 +209,106 @@ def test_the_shells_of_training_images(shell: list[str], tmp_path: Path) -> None
            "FTAGENT_METRICS_PORT": "0"}
     r = subprocess.run([*shell, str(entry), "--", *TRAINER], capture_output=True,
                        text=True, env=env, timeout=30)
-    assert_fell_back(r, tmp_path, "no answer to --version within 1 s")
+    assert_fell_back(r, tmp_path, "no answer within 1 s")
     agent.unlink()
-    agent.symlink_to(shutil.which("ftagent") or ROOT / ".venv" / "bin" / "ftagent")
+    ftagent_launcher(agent)
+    env["FTAGENT_PROBE_TIMEOUT"] = "60"  # the real probe loads what `ftagent run` loads
     r = subprocess.run([*shell, str(entry), "--", *TRAINER], capture_output=True,
-                       text=True, env=env, timeout=60)
+                       text=True, env=env, timeout=90)
     assert r.returncode == 7 and r.stdout == ARGS_SEEN and "[ftagent" in r.stderr
+
+
+# ------------------------------------------------------------------ what the image sets
+
+
+def test_a_malformed_ftagent_variable_still_starts_the_trainer(tmp_path: Path) -> None:
+    """The image sets an FTAGENT_* value `ftagent run` refuses: before, the agent exited 2
+    and the trainer never started; now the probe sees it and the trainer runs, the line
+    naming the variable."""
+    entry = install(tmp_path / "agent")
+    ftagent_launcher(tmp_path / "agent" / "ftagent")
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "FTAGENT_METRICS_PORT": "abc",
+           "FTAGENT_FALLBACK_FILE": str(tmp_path / "fallback")}
+    r = subprocess.run(["/bin/sh", str(entry), "--", *TRAINER], capture_output=True,
+                       text=True, env=env, timeout=90)
+    assert_fell_back(r, tmp_path, "FTAGENT_METRICS_PORT: 'abc' is not a valid int")
+
+
+@pytest.mark.parametrize("hostile", [{"FTAGENT_AGENT_BIN": "/bin/true"},
+                                     {"FTAGENT_PROBE_TIMEOUT": "0"},
+                                     {"FTAGENT_PROBE_TIMEOUT": "1" + "0" * 30}])
+def test_the_image_cannot_turn_the_agent_off(hostile: dict[str, str], tmp_path: Path) -> None:
+    """Before, FTAGENT_AGENT_BIN=/bin/true replaced the agent (and the trainer: nothing
+    ran, exit 0) and FTAGENT_PROBE_TIMEOUT=0 killed every probe at once. The agent's
+    program is not the image's to choose, and a timeout out of 1-300 s is the default."""
+    entry = install(tmp_path / "agent")
+    ftagent_launcher(tmp_path / "agent" / "ftagent")
+    r = subprocess.run(
+        ["/bin/sh", str(entry), "--", *TRAINER], capture_output=True, text=True, timeout=90,
+        env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), "FTAGENT_MAX_RESTARTS": "0",
+             "FTAGENT_METRICS_PORT": "0", "FTAGENT_FALLBACK_FILE": str(tmp_path / "fallback"),
+             **hostile})
+    assert r.returncode == 7 and r.stdout == ARGS_SEEN, r.stderr
+    assert "not started" not in r.stderr and "[ftagent" in r.stderr
+
+
+def _python_dir(folder: Path, manifest: dict[str, object]) -> Path:
+    """The wheels path's folder with a manifest and no wheels: launch.py's checks only."""
+    import json
+
+    py = folder / "py"
+    py.mkdir(parents=True)
+    shutil.copy(ROOT / "packaging" / "launch.py", py / "launch.py")
+    (py / "manifest.json").write_text(json.dumps(manifest))
+    return py
+
+
+@pytest.mark.skipif(not shutil.which("python3", path="/usr/bin:/bin"),
+                    reason="no system python3")
+@pytest.mark.parametrize(("manifest", "why"), [
+    ({"pythons": ["3.99"], "glibc": {"x86_64": [2, 17], "aarch64": [2, 17]}},
+     "here, the agent's wheels are for CPython 3.99"),
+    ({"pythons": [], "glibc": {"s390x": [2, 17]}}, "no wheels for it (have s390x)"),
+    ("not a manifest", "cannot read"),
+])
+def test_the_images_python_says_why_it_cannot(manifest: object, why: str,
+                                                 tmp_path: Path) -> None:
+    """The image's python3 for another version, another architecture (as an unknown one
+    would be), a damaged copy: one line each, then the bundle is tried, then the trainer
+    runs."""
+    import platform
+
+    if isinstance(manifest, dict) and manifest["pythons"] == []:
+        manifest["pythons"] = [".".join(platform.python_version_tuple()[:2])]
+    entry = install(tmp_path / "agent")
+    _python_dir(tmp_path / "agent", manifest)  # type: ignore[arg-type]
+    if manifest == "not a manifest":
+        (tmp_path / "agent" / "py" / "manifest.json").write_text("{")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+           "FTAGENT_FALLBACK_FILE": str(tmp_path / "fallback")}
+    r = subprocess.run(["/bin/sh", str(entry), "--", *TRAINER], capture_output=True,
+                       text=True, env=env, timeout=90)
+    assert_fell_back(r, tmp_path, why)
+    line = r.stderr.splitlines()[0]
+    assert "image Python: /usr/bin/python3" in line and "; bundle: " in line
+    assert "ftagent does not exist" in line
+
+
+def test_no_glibc_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """musl (Alpine) has no CS_GNU_LIBC_VERSION: the wheels path says so (pure check)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ftagent_launch",
+                                                  ROOT / "packaging" / "launch.py")
+    assert spec is not None and spec.loader is not None
+    launch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launch)
+
+    def no_confstr(name: str) -> str:
+        raise ValueError("unrecognized configuration name")
+
+    monkeypatch.setattr(os, "confstr", no_confstr)
+    import platform
+    here = ".".join(platform.python_version_tuple()[:2])
+    why = launch.paths({"pythons": [here], "glibc": {os.uname().machine: [2, 17]}})
+    assert why == "no glibc here (musl libc, as in Alpine?): the wheels need glibc 2.17+"

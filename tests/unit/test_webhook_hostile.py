@@ -196,7 +196,7 @@ def test_a_large_review_is_answered() -> None:
            "spec": {"containers": [{"name": "main", "image": "x", "command": ["t"], "env": [
                {"name": f"V{i}", "value": "v" * 1000} for i in range(3000)]}]}}
     new, resp = patched(pod)
-    assert new["spec"]["containers"][0]["command"][:2] == ["/bin/sh",
+    assert new["spec"]["containers"][0]["command"][:3] == ["/opt/ftagent/busybox", "sh",
                                                             "/opt/ftagent/ftagent-entry"]
 
 
@@ -228,7 +228,7 @@ def test_plain_batch_job_in_an_opted_in_namespace_is_not_injected() -> None:
     assert resp["auditAnnotations"]["injected"].startswith("skipped: plain Job")
     # labelled for it: injected
     pod, _ = patched(_plain_job_pod(**{"ftagent.io/inject": "true"}))
-    assert pod["spec"]["containers"][0]["command"][0] == "/bin/sh"
+    assert pod["spec"]["containers"][0]["command"][0] == "/opt/ftagent/busybox"
 
 
 # ------------------------------------------------------------------ Pod Security "restricted"

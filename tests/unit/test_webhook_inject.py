@@ -16,7 +16,7 @@ CA = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----"
 SETTINGS = Settings(image="ghcr.io/ftagent/ftagent:test", arbiter="arbiter.ftagent:9400",
                     arbiter_ca=lambda: CA)
 PODS = example_pods()
-ENTRY = ["/bin/sh", "/opt/ftagent/ftagent-entry", "--"]
+ENTRY = ["/opt/ftagent/busybox", "sh", "/opt/ftagent/ftagent-entry", "--"]
 TOKEN_VOLUME = {"name": "ftagent-token", "projected": {"sources": [{"serviceAccountToken": {
     "audience": "ftagent", "expirationSeconds": 3600, "path": "token"}}]}}
 TOKEN_MOUNT = {"name": "ftagent-token", "mountPath": "/var/run/secrets/ftagent",
@@ -152,7 +152,7 @@ def test_trainer_container_choice() -> None:
     raw["spec"]["containers"][1]["name"] = "pytorch"
     pod, _ = apply(raw)
     assert pod["spec"]["containers"][0]["command"] == ["s"]
-    assert pod["spec"]["containers"][1]["command"][:3] == ENTRY
+    assert pod["spec"]["containers"][1]["command"][:len(ENTRY)] == ENTRY
     # two containers, no conventional name: not guessed
     raw["spec"]["containers"][1]["name"] = "main"
     pod, m = apply(raw)
@@ -161,7 +161,7 @@ def test_trainer_container_choice() -> None:
     # the annotation decides
     raw["metadata"]["annotations"] = {"ftagent.io/container": "sidecar"}
     pod, _ = apply(raw)
-    assert pod["spec"]["containers"][0]["command"][:3] == ENTRY
+    assert pod["spec"]["containers"][0]["command"][:len(ENTRY)] == ENTRY
 
 
 def test_fault_tolerance_off_monitors_only() -> None:
