@@ -35,33 +35,13 @@ from typing import Any
 
 import psutil
 
-from ftagent.agent.tee import MAX_LINE
+from ftagent.agent.redact import REDACTED, redact_argv, redact_secrets  # noqa: F401 (re-exported)
 from ftagent.detect.liveness import Frame, ProcessSample, ThreadSample
 
 MAX_STACK = 256 * 1024  # characters of py-spy output kept per process
 
-# ``KEY=VALUE`` (env dumps, ``--flag=value``, ``export K=V``) whose key names a credential:
-# the value is redacted from evidence, which the arbiter, its timeline and ``ftagent
-# report`` show to anyone who may read the job. Linear: the key is at most 128 characters
-# of one class, the value runs to the next space (or the closing quote).
-_SECRET_PAIR = re.compile(r"\b([A-Za-z_][A-Za-z0-9_.-]{0,127})=(\"[^\"]*\"|'[^']*'|[^\s\"']+)")
-_SECRET_KEY = re.compile(r"token|secret|pass|key|credential", re.I)
-REDACTED = "[redacted]"
-
-
-def redact_secrets(line: str, limit: int = MAX_LINE) -> str:
-    """``line`` with the value of every ``KEY=VALUE`` whose key names a token, secret,
-    password, key or credential replaced by ``[redacted]``. Evidence keeps its bounds: a
-    line the redaction made longer than ``limit`` (the tee's cut of one line) is cut
-    there again, at its end."""
-    if "=" not in line:
-        return line
-
-    def hide(m: re.Match[str]) -> str:
-        return f"{m.group(1)}={REDACTED}" if _SECRET_KEY.search(m.group(1)) else m.group(0)
-
-    out = _SECRET_PAIR.sub(hide, line)
-    return out if len(out) <= max(len(line), limit) else out[: max(len(line), limit)]
+# Secrets out of evidence (env dumps, flag pairs, bearer headers, URL credentials): the
+# shapes and why are in agent/redact.py; re-exported here, where evidence is made.
 MAX_THREADS = 16  # concurrent dumps
 # The trainer's tree is every descendant of the agent, so it holds the agent's own py-spy
 # while another capture runs (a verification sample beside a DUMP_STACKS answer): such an
@@ -137,7 +117,7 @@ def _capture_one(pid: int, exe: str | None, deadline: float) -> dict[str, Any]:
         proc = psutil.Process(pid)
         with proc.oneshot():
             before = (time.monotonic(), _read_state(proc, entry))
-            entry["cmdline"] = [redact_secrets(a) for a in proc.cmdline()]
+            entry["cmdline"] = redact_argv(proc.cmdline())
     except psutil.NoSuchProcess:
         entry["error"] = "no such process (it exited)"
         return entry

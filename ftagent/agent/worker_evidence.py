@@ -9,7 +9,7 @@ import logging
 import signal
 from collections.abc import Sequence
 
-from ftagent.agent.evidence import redact_secrets
+from ftagent.agent.redact import redact_secrets
 from ftagent.agent.tee import LastLines
 from ftagent.agent.worker_parts import Evidence
 from ftagent.model import Fault, FaultKind, ProcessExit, Scope

@@ -509,7 +509,9 @@ class PodFacts:
     job: str
     node: str = ""
     rank: int | None = None  # None: its labels do not say (then the Hello's, held by uid)
-    world_size: int | None = None
+    world_size: int | None = None  # pods of the job: its controller's spec, else its labels
+    local_world: int = 1  # ranks this pod runs (its --nproc-per-node, capped: membership.py)
+    not_member: str = ""  # why its controller chain makes it no member of its labelled job
 
 
 PodLookup = Callable[[str, str], "PodFacts | None"]  # (namespace, pod) -> facts
@@ -539,20 +541,23 @@ def identity_problem(p: Principal, namespace: str, pod: str, node: str, job: str
     if facts.uid != p.pod_uid:
         return (f"pod {p.namespace}/{p.pod} is now uid {facts.uid}, these credentials are "
                 f"uid {p.pod_uid}: a replaced pod's token"), facts.uid == ""
+    if facts.not_member:
+        return (f"pod {p.namespace}/{p.pod} is no member of job {job!r}: "
+                f"{facts.not_member}"), False
     if job != facts.job:
         return (f"Hello says job {job!r} but pod {p.namespace}/{p.pod} belongs to job "
                 f"{facts.job!r} (its labels): job mismatch"), False
     if spare:
         return "", False
-    # The labels count pods; with --nproc-per-node each pod runs world/pods ranks, pod k
-    # the ranks k*per_pod .. (k+1)*per_pod-1 (torchrun's contract).
-    per_pod = 1
-    if facts.world_size:
-        if world_size % facts.world_size:
-            return (f"Hello says world size {world_size} but job {facts.job!r} has "
-                    f"{facts.world_size} pods (pod {p.pod}'s labels), and {world_size} is no "
-                    "multiple of it: world size mismatch"), False
-        per_pod = world_size // facts.world_size
+    # The controller's spec (else the labels) counts pods; each pod runs the ranks its
+    # own --nproc-per-node says (facts.local_world, capped), pod k the ranks
+    # k*per_pod .. (k+1)*per_pod-1 (torchrun's contract): never what dividing a Hello's
+    # world size by a label's gives (one pod could otherwise hold every rank).
+    per_pod = max(1, facts.local_world)
+    if facts.world_size and world_size != facts.world_size * per_pod:
+        return (f"Hello says world size {world_size} but job {facts.job!r} has "
+                f"{facts.world_size} pods of {per_pod} rank(s) each (pod {p.pod}'s "
+                f"controller and --nproc-per-node): world size mismatch"), False
     if facts.rank is not None and rank // per_pod != facts.rank:
         mine = f"rank {facts.rank}" if per_pod == 1 else \
             f"ranks {facts.rank * per_pod}-{(facts.rank + 1) * per_pod - 1}"

@@ -11,8 +11,11 @@ happen, ``load`` gives back what survived a restart, ``forget`` drops a job. The
 store is ``history_file.FileHistory`` (``--state-dir``, JSON lines); a Kubernetes store
 (Events plus a compact record on the job object) implements the same three calls.
 
-``History`` owns the past jobs in memory (bounded: ``MAX_PAST_JOBS``, the oldest go
-first); ``expired(now)`` takes the registry's clock, so tests inject one.
+``History`` owns the past jobs in memory, bounded per namespace (``MAX_PAST_JOBS`` each,
+its oldest go first) and in all (``MAX_PAST_JOBS_TOTAL``: then the namespace holding the
+most past jobs loses its oldest), so one tenant's churn never deletes another namespace's
+history (nor the rank owners its record keeps); ``expired(now)`` takes the registry's
+clock, so tests inject one.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from ftagent.wire import limits
 log = logging.getLogger("ftagent.arbiter.history")
 
 RETENTION = 24 * 3600.0
-MAX_PAST_JOBS = 500  # jobs kept in history once their agents are gone; the oldest go first
+MAX_PAST_JOBS = 500  # past jobs kept per namespace once their agents are gone (oldest go first)
+MAX_PAST_JOBS_TOTAL = 20_000  # in all: past it, the namespace holding the most loses its oldest
 MAX_REASON = 200
 FAULTS_KEPT = 64
 
@@ -278,6 +282,32 @@ class NoStore:
         pass
 
 
+def evictions(past: Iterable[tuple[tuple[str, str], float]], namespace: str,
+              per_namespace: int, total: int) -> list[tuple[str, str]]:
+    """Which past jobs ((namespace, job), last seen) to drop after ``namespace`` gained
+    one, oldest first: ``namespace``'s over ``per_namespace``, then, while over
+    ``total``, the oldest of whichever namespace holds the most. Pure."""
+    by_ns: dict[str, list[tuple[float, tuple[str, str]]]] = {}
+    for key, last in past:
+        by_ns.setdefault(key[0], []).append((last, key))
+    out: list[tuple[str, str]] = []
+    mine = sorted(by_ns.get(namespace, []))
+    while len(mine) > max(per_namespace, 0):
+        out.append(mine.pop(0)[1])
+    if mine:
+        by_ns[namespace] = mine
+    count = sum(len(v) for v in by_ns.values())
+    while count > max(total, 0):
+        biggest = max(by_ns, key=lambda n: len(by_ns[n]))
+        jobs = by_ns[biggest]
+        jobs.sort()
+        out.append(jobs.pop(0)[1])
+        if not jobs:
+            del by_ns[biggest]
+        count -= 1
+    return out
+
+
 class History:
     """Past jobs (no agent left, live state dropped) and retention over them.
 
@@ -286,10 +316,12 @@ class History:
     """
 
     def __init__(self, store: HistoryStore | None = None, retention: float = RETENTION,
-                 max_jobs: int = MAX_PAST_JOBS) -> None:
+                 max_jobs: int = MAX_PAST_JOBS_TOTAL,
+                 per_namespace: int = MAX_PAST_JOBS) -> None:
         self.store: HistoryStore = store or NoStore()
         self.retention = retention
         self.max_jobs = max_jobs
+        self.per_namespace = per_namespace
         self.past: dict[tuple[str, str], JobRecord] = {}
         self._written: dict[tuple[str, str], tuple[Any, ...]] = {}
         self._owners: dict[tuple[str, str], tuple[JobRecord, dict[int, tuple[str, str]]]] = {}
@@ -330,9 +362,15 @@ class History:
         rec = record_of(job, stats, job.last_seen)
         self.past[rec.key] = rec
         self.store.record(rec)
-        while len(self.past) > self.max_jobs:
-            oldest = min(self.past.values(), key=lambda r: r.last_seen)
-            self.drop(oldest.namespace, oldest.job)
+        self._bound(rec.namespace)
+
+    def _bound(self, namespace: str) -> None:
+        """Past jobs within the per-namespace and total bounds: a namespace over its own
+        bound loses its oldest; over the total, the namespace with the most past jobs
+        does (never the one with few: one tenant's churn costs only its own history)."""
+        for key in evictions(((k, r.last_seen) for k, r in self.past.items()), namespace,
+                             self.per_namespace, self.max_jobs):
+            self.drop(*key)
 
     def owners(self, key: tuple[str, str]) -> dict[int, tuple[str, str]]:
         """The ranks' owners a past job's record kept, if it did not finish (the same run,

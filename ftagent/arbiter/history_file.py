@@ -24,7 +24,7 @@ import contextlib
 import json
 import logging
 import os
-from collections import deque
+from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +125,11 @@ class FileHistory:
         j = self._jobs.get(key)
         if j is None:
             j = self._jobs[key] = _Job(self.keep)
-            if len(self._jobs) > self.max_jobs:
-                oldest = min(self._jobs, key=lambda k: self._jobs[k].last)
+            if len(self._jobs) > self.max_jobs:  # the namespace holding the most pays
+                counts = Counter(ns for ns, _ in self._jobs)
+                biggest = max(counts, key=lambda n: counts[n])
+                oldest = min((k for k in self._jobs if k[0] == biggest),
+                             key=lambda k: self._jobs[k].last)
                 if oldest != key:
                     del self._jobs[oldest]
         return j

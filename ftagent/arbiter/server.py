@@ -39,6 +39,7 @@ from prometheus_client import CollectorRegistry
 from ftagent import metrics_http
 from ftagent.arbiter import convert
 from ftagent.arbiter.auth import (
+    ALL_NODES,
     MIN_SECRET,
     Authenticator,
     Guard,
@@ -162,6 +163,8 @@ class ArbiterServer:
         # A node agent's report for a node was accepted (node, fault ids, kinds), before
         # its faults are decided: node-scope evidence for the cluster (kube/cluster.py).
         self.on_node_report: list[Callable[[str, list[str], set[str]], None]] = []
+        # (node, healthy) of every report a node agent's own credential made
+        self.on_node_health: list[Callable[[str, bool], None]] = []
         self.on_registry: list[Callable[[Registry], None]] = []
         self.timeline, self.history, self.registry = self._new_registry(
             store if self.leading else None)
@@ -598,6 +601,12 @@ class ArbiterServer:
                     hook(req.node, ids, kinds)
                 except Exception:  # a hook's bug must not lose the report
                     log.exception("node report hook %r failed", hook)
+        if principal.node is not None and principal.node != ALL_NODES:
+            for health in self.on_node_health:
+                try:
+                    health(req.node, req.healthy and not req.faults)
+                except Exception:
+                    log.exception("node health hook %r failed", health)
         return node_report_ack(self.registry, req, self.arbiter_id).SerializeToString()
 
     async def _parse(self, cls: Any, raw: bytes, context: grpc.aio.ServicerContext) -> Any:

@@ -216,13 +216,23 @@ class ArbiterConfig:
         "Terminating this long; -1 never (with --kube)",
         check=Range(0, MAX_SECONDS, also=((-1, "never"),)), metavar="SECONDS")
     max_cordon_fraction: float = opt(
-        0.1, "--max-cordon-fraction", "circuit breaker: within an hour, cordon at most this "
-        "fraction (at least one node) of the nodes a job uses and of the cluster; 0 never "
-        "cordons (with --kube)", check=Range(0, 1), metavar="FRACTION")
+        0.1, "--max-cordon-fraction", "circuit breaker: hold at most this fraction (at "
+        "least one node) of the nodes a job uses and of the cluster cordoned at once; 0 "
+        "never cordons (with --kube)", check=Range(0, 1), metavar="FRACTION")
     max_cordons: int = opt(
-        10, "--max-cordons", "circuit breaker: within an hour, cordon at most this many "
-        "nodes in the whole cluster, whatever the fraction allows (with --kube)",
+        10, "--max-cordons", "circuit breaker: hold at most this many nodes of the "
+        "whole cluster cordoned at once on corroborated pod evidence, whatever the fraction "
+        "allows (with --kube)",
         check=Range(0, 1_000_000), metavar="N")
+    max_confirmed_cordons: int = opt(
+        50, "--max-confirmed-cordons", "circuit breaker: hold at most this many nodes "
+        "cordoned at once on node evidence (the node's own agent, its NotReady condition); "
+        "cordons on corroborated pod evidence count against --max-cordons (with --kube)",
+        check=Range(0, 1_000_000), metavar="N")
+    uncordon_after: float = opt(
+        0.0, "--uncordon-after", "uncordon a node ftagent cordoned once its node agent has "
+        "reported it healthy without a break for this long; 0 never (the operator "
+        "uncordons: docs/runbooks.md) (with --kube)", check=SECONDS, metavar="SECONDS")
     replacement_pending_grace: float = opt(
         300.0, "--replacement-pending-grace", "seconds a replacement pod may stay Pending "
         "before the timeline and an Event say why it is not scheduled (with --kube)",
@@ -569,6 +579,7 @@ def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
     cluster.active = lambda: bool(server.leading)
     server.pod_lookup = cluster.pod_facts
     server.on_node_report.append(cluster.node_reported)
+    server.on_node_health.append(cluster.node_health)
     cluster.on_cordon = lambda node, kind: server.metrics.cordons.labels(
         node=node[:253], kind=kind[:64]).inc()  # prometheus_client counters: thread-safe
     cluster.on_action_failed = lambda action: server.metrics.actions_failed.labels(
@@ -594,6 +605,7 @@ def kube_settings(cfg: ArbiterConfig) -> Any:
         node_notready_grace=cfg.node_notready_grace,
         force_delete_after=cfg.force_delete_after,
         max_cordon_fraction=cfg.max_cordon_fraction, max_cordons=cfg.max_cordons,
+        max_confirmed_cordons=cfg.max_confirmed_cordons, uncordon_after=cfg.uncordon_after,
         pending_grace=cfg.replacement_pending_grace,
         trainjob_status_interval=cfg.trainjob_status_interval)
 

@@ -34,6 +34,10 @@ TAINT_KEY = "ftagent.io/fault"
 ANNOTATIONS = "ftagent.io/"
 CORDONED_LABEL = "ftagent.io/cordoned"
 STATE_ANNOTATION = "ftagent.io/state"
+# on what the cordon stands: "node-agent", "node-condition" or "corroborated" (breaker.py)
+EVIDENCE_ANNOTATION = "ftagent.io/cordon-evidence"
+CORDON_ANNOTATIONS = ("cordoned-by", "cordoned-at", "fault-kind", "fault-id", "fault-job",
+                      "fault", "cordon-evidence")
 T = TypeVar("T")
 _RETRIED = {429, 500, 502, 503, 504}
 
@@ -129,7 +133,7 @@ class Actuator:
     # ------------------------------------------------------------------ actions
 
     def cordon(self, node: str, kind: str, reason: str, fault_id: str, job: str,
-               now: float | None = None) -> bool:
+               now: float | None = None, evidence: str = "") -> bool:
         """Cordon ``node`` and taint it ``ftagent.io/fault=KIND:NoSchedule`` with
         annotations saying which fault, which job and when. True when written (or the node
         was already so); False when the node is gone; Forbidden / GaveUp otherwise."""
@@ -146,7 +150,7 @@ class Actuator:
                     log.info("node %s is gone: nothing to cordon", node)
                     return False
                 raise
-            if not _mark(obj, kind, reason[:1000], fault_id, job, at):
+            if not _mark(obj, kind, reason[:1000], fault_id, job, at, evidence):
                 return True
             try:
                 self.call("update", "nodes", lambda o=obj: self.core.replace_node(  # type: ignore[misc]
@@ -163,6 +167,38 @@ class Actuator:
                 raise
         log.warning("cordoning node %s: 5 conflicts in a row, given up", node)
         raise GaveUp(f"cordoning node {node}")
+
+    def uncordon(self, node: str, why: str) -> bool:
+        """Undo ftagent's own cordon of ``node``: unschedulable off, the
+        ``ftagent.io/fault`` taint and the cordon annotations removed. Only a node that
+        carries ftagent's cordon annotation is touched (an operator's own cordon stays).
+        True when written; False when the node is gone or not ftagent's cordon."""
+        from kubernetes.client.rest import ApiException
+
+        for _ in range(5):
+            try:
+                obj = self._json(self.call("get", "nodes", lambda: self.core.read_node(
+                    node, _preload_content=False, _request_timeout=self.timeout),
+                    f"reading node {node}"))
+            except ApiException as e:
+                if _status(e) == 404:
+                    return False
+                raise
+            if not _unmark(obj):
+                return False
+            try:
+                self.call("update", "nodes", lambda o=obj: self.core.replace_node(  # type: ignore[misc]
+                    node, o, _preload_content=False, _request_timeout=self.timeout),
+                    f"uncordoning node {node}")
+                log.info("uncordoned node %s (ftagent's cordon): %s", node, why[:200])
+                return True
+            except ApiException as e:
+                if _status(e) == 409:
+                    continue
+                if _status(e) == 404:
+                    return False
+                raise
+        raise GaveUp(f"uncordoning node {node}")
 
     def delete_pod(self, namespace: str, name: str, uid: str = "",
                    grace: int | None = None) -> bool:
@@ -206,7 +242,7 @@ class Actuator:
 
 
 def _mark(obj: dict[str, Any], kind: str, reason: str, fault_id: str, job: str,
-          at: str) -> bool:
+          at: str, evidence: str = "") -> bool:
     """Cordon + taint + annotate ``obj`` in place; False when it already says so."""
     spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else None
     if spec is None:
@@ -228,7 +264,29 @@ def _mark(obj: dict[str, Any], kind: str, reason: str, fault_id: str, job: str,
     meta["annotations"] = {**notes, f"{ANNOTATIONS}cordoned-by": "ftagent-arbiter",
                            f"{ANNOTATIONS}cordoned-at": at,
                            f"{ANNOTATIONS}fault-kind": kind, f"{ANNOTATIONS}fault-id": fault_id,
-                           f"{ANNOTATIONS}fault-job": job, f"{ANNOTATIONS}fault": reason}
+                           f"{ANNOTATIONS}fault-job": job, f"{ANNOTATIONS}fault": reason,
+                           EVIDENCE_ANNOTATION: evidence or "corroborated"}
     labels: dict[str, Any] = meta["labels"] if isinstance(meta.get("labels"), dict) else {}
     meta["labels"] = {**labels, CORDONED_LABEL: "true"}
+    return True
+
+
+def _unmark(obj: dict[str, Any]) -> bool:
+    """Undo ``_mark`` in place; False when ``obj`` carries no cordon of ftagent's."""
+    meta: dict[str, Any] = obj["metadata"] if isinstance(obj.get("metadata"), dict) else {}
+    notes: dict[str, Any] = meta["annotations"] if isinstance(meta.get("annotations"),
+                                                              dict) else {}
+    if notes.get(f"{ANNOTATIONS}cordoned-by") != "ftagent-arbiter":
+        return False
+    meta["annotations"] = {k: v for k, v in notes.items()
+                           if k not in {ANNOTATIONS + n for n in CORDON_ANNOTATIONS}}
+    labels = meta.get("labels")
+    if isinstance(labels, dict):
+        labels.pop(CORDONED_LABEL, None)
+    spec: dict[str, Any] = obj["spec"] if isinstance(obj.get("spec"), dict) else {}
+    spec.pop("unschedulable", None)
+    taints = spec.get("taints")
+    if isinstance(taints, list):
+        spec["taints"] = [t for t in taints if not (isinstance(t, dict)
+                                                   and t.get("key") == TAINT_KEY)]
     return True

@@ -10,11 +10,14 @@ decision listener and turns into actions:
   sees it (labelled for the job, the registering pod's uid), always with its uid as a
   precondition -- so its controller recreates it; cordon + taint that pod's
   ``spec.nodeName`` only on node-scope evidence (``node_scope.py``: the node watch, the
-  node's own agent, or two jobs) and within the circuit breaker; the other ranks restart
+  node's own agent, or pods of two namespaces and ServiceAccounts) and within the circuit
+  breaker (``breaker.py``: the nodes held cordoned now); the other ranks restart
   in place (their commands were queued before the listener ran) and the barrier waits
   for the replacement;
 * every fault decision and barrier release: an Event on the pod and the job object;
-* pods of the job's ranks: annotated with their ftagent state (coalesced, latest wins).
+* pods of the job's ranks: annotated with their ftagent state (coalesced, latest wins);
+* with --uncordon-after: ftagent's own cordon undone once the node agent has reported the
+  node healthy that long (``uncordon.py``).
 
 Everything on the loop is memory only; API calls go to two small thread pools (actions
 first, Events and annotations in the background), so a slow or failing API server never
@@ -38,8 +41,15 @@ from typing import Any
 from ftagent.arbiter.auth import PodFacts
 from ftagent.arbiter.registry import Registry
 from ftagent.arbiter.state import Decision, JobState, Verdict
-from ftagent.kube.actuator import ANNOTATIONS, STATE_ANNOTATION, Actuator, Forbidden, GaveUp
-from ftagent.kube.breaker import CordonBreaker
+from ftagent.kube.actuator import (
+    ANNOTATIONS,
+    EVIDENCE_ANNOTATION,
+    STATE_ANNOTATION,
+    Actuator,
+    Forbidden,
+    GaveUp,
+)
+from ftagent.kube.breaker import CordonBreaker, Held
 from ftagent.kube.cluster_faults import (
     ClusterFault,
     NodeFaults,
@@ -50,9 +60,12 @@ from ftagent.kube.cluster_faults import (
     waits_for_a_node,
 )
 from ftagent.kube.identity import identify, literal_env, trainer_index
+from ftagent.kube.membership import KIND_RANK, JobOwners, Ref, controller_ref, local_world
 from ftagent.kube.node_scope import NodeEvidence
+from ftagent.kube.owners import OwnerChains
 from ftagent.kube.recorder import JOB_KINDS, ObjectRef, Recorder, job_owner, pod_ref
 from ftagent.kube.trainjob_status import TrainJobStatus, trainer_status
+from ftagent.kube.uncordon import NodeHealth
 from ftagent.model import Scope
 
 log = logging.getLogger("ftagent.kube.cluster")
@@ -76,12 +89,16 @@ class KubeSettings:
     node_notready_grace: float = 40.0
     force_delete_after: float = -1.0  # off
     max_cordon_fraction: float = 0.1
-    max_cordons: int = 10  # nodes cordoned cluster-wide per breaker window
+    max_cordons: int = 10  # nodes held cordoned cluster-wide on corroborated pod evidence
     node_evidence_window: float = 300.0
     pending_grace: float = 300.0
     component: str = "ftagent-arbiter"
     # seconds between two writes of a job's progress to its TrainJob (0: never)
     trainjob_status_interval: float = 30.0
+    # nodes held cordoned on node evidence (its agent, its conditions): their own budget
+    max_confirmed_cordons: int = 50
+    # uncordon ftagent's cordon after the node agent says healthy this long (0: never)
+    uncordon_after: float = 0.0
 
 
 # Owners read to find a pod's job object: batch Job -> JobSet -> TrainJob (get on them)
@@ -108,7 +125,13 @@ class Cluster:
         self.recorder = Recorder(api_client, self.actuator, component=settings.component,
                                  instance=registry.arbiter_id, clock=clock)
         self.breaker = CordonBreaker(settings.max_cordon_fraction,
-                                     max_nodes=settings.max_cordons)
+                                     max_nodes=settings.max_cordons,
+                                     max_confirmed=settings.max_confirmed_cordons)
+        self.health = NodeHealth(settings.uncordon_after)
+        self._uncordoning: set[str] = set()
+        self._uncordoned: list[str] = []  # (from workers, under _lock)
+        # an uncordon made (node): the arbiter may count it
+        self.on_uncordon: Callable[[str], None] = lambda node: None
         self.evidence = NodeEvidence(settings.node_evidence_window)
         self.nodes = NodeFaults(settings.node_notready_grace)
         self.pods = PodFaults()
@@ -122,6 +145,11 @@ class Cluster:
         self._terminating: dict[tuple[str, str], float] = {}
         self._force_deleted: set[str] = set()
         self._owners: dict[str, ObjectRef | None] = {}
+        # job membership (membership.py): roots of the pods' controller chains
+        self.job_owners = JobOwners()
+        self.chains = OwnerChains(api_client)
+        self._chain_pending: dict[tuple[str, str], set[str]] = {}  # (ns, job) -> uids
+        self._chain_waiting: dict[str, tuple[str, Ref, set[tuple[str, str]]]] = {}
         self._annotations: dict[tuple[str, str], dict[str, str]] = {}
         self._annotating = False
         self._lock = threading.Lock()
@@ -139,8 +167,11 @@ class Cluster:
     def pod_facts(self, namespace: str, name: str) -> PodFacts | None:
         """The pod as the watch sees it (job, rank, node, uid), for the server to check a
         pod credential's Hello against; None when the watch has not seen it (or it is
-        gone). The job and rank come from its labels (kube/identity.py), the job label
-        ``ftagent.io/job`` first: never from anything the agent says."""
+        gone, or its job's controller chains are still being read: retry). The job label
+        ``ftagent.io/job`` names the job; membership comes from the pod's controller chain
+        (kube/membership.py: a pod whose chain does not lead to the job's owner is no
+        member); the rank from its labels (kube/identity.py), the world size from the
+        owner's spec where it has one: never from anything the agent says."""
         pod = self.pod_cache.get((namespace, name))
         if not isinstance(pod, dict):
             return None
@@ -148,15 +179,66 @@ class Cluster:
         job = get(pod, "metadata", "labels", JOB_LABEL)
         if not isinstance(uid, str) or not isinstance(job, str):
             return None
+        self._chains_resolved()
+        if self._chain_pending.get((namespace, job)):
+            return None  # the owners of the job's pods are being read
+        ref = controller_ref(pod)
+        root = None
+        if ref is not None and (ref.group, ref.kind) in KIND_RANK:
+            done, root = self.chains.known(ref.uid)
+            if not done:
+                self._index_owner(namespace, pod)
+                return None
+        member, why = self.job_owners.member(namespace, job, root)
+        owner = self.job_owners.owner(namespace, job)
         found = identify(pod, {})
         index, _ = trainer_index(pod, found.role if found else "")
         containers = get(pod, "spec", "containers")
-        if found is not None and index is not None and isinstance(containers, list):
-            found = identify(pod, literal_env(containers[index]))
+        trainer = containers[index] if index is not None and isinstance(containers, list) \
+            else None
+        if found is not None and isinstance(trainer, dict):
+            found = identify(pod, literal_env(trainer))
         node = get(pod, "spec", "nodeName")
-        return PodFacts(uid=uid, job=job, node=node if isinstance(node, str) else "",
-                        rank=found.rank if found else None,
-                        world_size=found.world_size if found else None)
+        world = owner.world if owner is not None and owner.world else \
+            (found.world_size if found else None)
+        return PodFacts(uid=uid, job=job if member else "",
+                        node=node if isinstance(node, str) else "",
+                        rank=found.rank if found else None, world_size=world,
+                        local_world=local_world(pod, trainer if isinstance(trainer, dict)
+                                                else None),
+                        not_member=why)
+
+    def _index_owner(self, namespace: str, pod: Any) -> None:
+        """A labelled pod seen: its controller chain into the job owners' index (read in
+        the background when not known yet)."""
+        job = get(pod, "metadata", "labels", JOB_LABEL)
+        ref = controller_ref(pod)
+        if not isinstance(job, str) or ref is None or (ref.group, ref.kind) not in KIND_RANK:
+            return
+        done, root = self.chains.known(ref.uid)
+        if done:
+            if root is not None:
+                self.job_owners.see(namespace, job, root)
+            return
+        if len(self._chain_waiting) >= CONTEXT_KEPT and ref.uid not in self._chain_waiting:
+            return
+        self._chain_pending.setdefault((namespace, job), set()).add(ref.uid)
+        self._chain_waiting.setdefault(ref.uid, (namespace, ref, set()))[2].add(
+            (namespace, job))
+        self.chains.ask(namespace, ref)
+
+    def _chains_resolved(self) -> None:
+        """On the loop: chains the reader resolved join the index."""
+        for uid, root in self.chains.take():
+            got = self._chain_waiting.pop(uid, None)
+            for key in got[2] if got is not None else ():
+                pending = self._chain_pending.get(key)
+                if pending is not None:
+                    pending.discard(uid)
+                    if not pending:
+                        del self._chain_pending[key]
+                if root is not None:
+                    self.job_owners.see(key[0], key[1], root)
 
     def pod_alive(self, namespace: str, name: str, uid: str) -> bool:
         """Is pod ``namespace/name`` with ``uid`` still in the watch (a rank it registered
@@ -177,6 +259,7 @@ class Cluster:
 
     def close(self, wait: bool = True) -> None:
         """Stop the workers (calls under way finish, queued ones are dropped)."""
+        self.chains.close()
         self._actions.shutdown(wait=wait, cancel_futures=True)
         self._background.shutdown(wait=wait, cancel_futures=True)
 
@@ -191,15 +274,11 @@ class Cluster:
         (self.node_names.discard if deleted else self.node_names.add)(name)
         if deleted:
             self.node_cache.pop(name, None)
+            self.breaker.observe(name, None, float("inf"))
         elif isinstance(node, dict):
             self.node_cache[name] = node
-            notes = get(node, "metadata", "annotations")
-            if isinstance(notes, dict) and notes.get(ANNOTATIONS + "cordoned-by") \
-                    == "ftagent-arbiter":  # the breaker's memory across leaders
-                at = parse_time(notes.get(ANNOTATIONS + "cordoned-at"))
-                if at is not None:
-                    self.breaker.seed(name, str(notes.get(ANNOTATIONS + "fault-job", "")), at,
-                                      self.clock())
+            # the breaker's memory across leaders: the nodes held cordoned now
+            self.breaker.observe(name, held_cordon(node, self.clock()), self.clock())
         if not self.active():  # a standby only keeps its caches (replayed when it leads)
             return
         # a node nobody runs on is watched for its Ready condition all the same (cheap),
@@ -222,6 +301,7 @@ class Cluster:
             self._terminating.pop(key, None)
         elif isinstance(pod, dict):
             self.pod_cache[key] = pod
+            self._index_owner(ns, pod)
             gone_at = parse_time(get(pod, "metadata", "deletionTimestamp"))
             if gone_at is not None:  # Terminating since the delete: its deadline less grace
                 grace = get(pod, "metadata", "deletionGracePeriodSeconds")
@@ -269,6 +349,9 @@ class Cluster:
         """On the loop, every half second: nodes past their grace, replacements stuck
         Pending, pods stuck Terminating, Events waiting for the rate limit."""
         now = self.clock()
+        self._chains_resolved()
+        for ns, ref, _ in list(self._chain_waiting.values()):
+            self.chains.ask(ns, ref)  # one that failed (5xx, transport): again
         for cf in self.nodes.due(now):
             self._report_node(cf)
         for (ns, name), since in list(self._replacing.items()):
@@ -298,6 +381,7 @@ class Cluster:
         if not self._flushing and self.recorder.dirty():
             self._flush_events()
         self._trainjob_progress(now)
+        self._uncordon_due(now)
 
     def _trainjob_progress(self, now: float) -> None:
         """Each training job whose pods belong to a Kubeflow TrainJob: its step, loss,
@@ -352,10 +436,18 @@ class Cluster:
         # the node is where the watch says the pod runs, never what a Hello said
         node = cf.node if cf is not None and cf.node else next(
             (n for ns, name, _ in pods if (n := self._node_of(ns, name))), "")
+        evidence = "corroborated"
         if cf is not None:  # the API server's own view: its scope decides
             cordon, why = bool(node) and cf.fault.scope is Scope.NODE, ""
+            evidence = "node-condition"
         elif node:
-            cordon, why = self.evidence.verdict(node, who, kind, d.fault_id, now)
+            account = next((a for ns, name, _ in pods
+                            if (a := self._account_of(ns, name))), "")
+            cordon, why = self.evidence.verdict(node, who, kind, d.fault_id, now,
+                                                job.namespace, account)
+            if self.evidence.from_node_agent(d.fault_id, node) or \
+                    self.evidence.agent_confirms(node, kind, now):
+                evidence = "node-agent"
         else:
             cordon, why = False, ""
         if node and not cordon and why:
@@ -365,19 +457,21 @@ class Cluster:
             self._event(job, pods[0][1] if pods else "", "Normal", "NodeNotCordoned", msg,
                         now)
         if cordon:
-            cordon = self._breaker_allows(job, rs, node, who, d, now)
+            cordon = self._breaker_allows(job, rs, node, who, d, now, evidence)
         for _, _, uid in pods:
             self.pods.deleted_by_us(uid)
         self._replacing[(job.namespace, job.job)] = now
         self._submit(self._actions, self._carry_out_replace, job, node if cordon else "",
-                     kind, d.reason, d.fault_id, who, pods, now)
+                     kind, d.reason, d.fault_id, who, pods, now, evidence)
 
     def _breaker_allows(self, job: JobState, rs: Any, node: str, who: str, d: Decision,
-                        now: float) -> bool:
+                        now: float, evidence: str = "corroborated") -> bool:
         job_nodes = len(self._job_nodes(job))
-        v = self.breaker.check(node, who, job_nodes, len(self.node_names), now)
+        confirmed = evidence != "corroborated"
+        v = self.breaker.check(node, who, job_nodes, len(self.node_names), now, confirmed)
         if v.allowed:
-            self.breaker.record(node, who, now)
+            self.breaker.record(node, who, now, confirmed)
+            self.health.forget(node)  # healthy from now on counts afresh
             return True
         msg = f"node {node} not cordoned: {v.reason}"
         log.warning("%s (job %s)", msg, who)
@@ -393,6 +487,14 @@ class Cluster:
         return {n for (ns, _), pod in self.pod_cache.items()
                 if ns == job.namespace and get(pod, "metadata", "labels", JOB_LABEL) == job.job
                 and isinstance(n := get(pod, "spec", "nodeName"), str) and n}
+
+    def _account_of(self, namespace: str, pod: str) -> str:
+        """The pod's ServiceAccount as the watch sees it (``default`` when unset)."""
+        p = self.pod_cache.get((namespace, pod))
+        if p is None:
+            return ""
+        sa = get(p, "spec", "serviceAccountName")
+        return sa if isinstance(sa, str) and sa else "default"
 
     def _node_of(self, namespace: str, pod: str) -> str:
         node = get(self.pod_cache.get((namespace, pod)), "spec", "nodeName")
@@ -438,17 +540,50 @@ class Cluster:
                 continue
             d = Decision(Verdict.REPLACE, reason=f"node {node}'s agent confirmed the {p.kind} "
                          "fault", generation=job.generation, fault_id=p.fault_id)
-            if self._breaker_allows(job, None, node, p.job, d, now):
+            if self._breaker_allows(job, None, node, p.job, d, now, "node-agent"):
                 self._submit(self._actions, self._carry_out_replace, job, node, p.kind,
-                             d.reason, p.fault_id, p.job, (), now)
+                             d.reason, p.fault_id, p.job, (), now, "node-agent")
+
+    def node_health(self, node: str, healthy: bool) -> None:
+        """A verified node agent's report for ``node`` said whether the node is healthy
+        (the server's hook, on the loop): with --uncordon-after, ftagent's own cordon of
+        a node healthy that long is undone (``tick``)."""
+        if self.active():
+            self.health.report(node, healthy, self.clock())
+
+    def _uncordon_due(self, now: float) -> None:
+        with self._lock:
+            done, self._uncordoned = self._uncordoned, []
+        for node in done:
+            self._uncordoning.discard(node)
+            self.breaker.release(node)
+            self.health.forget(node)
+        for node in self.health.due(self.breaker.cordoned(), now):
+            if node in self._uncordoning:
+                continue
+            self._uncordoning.add(node)
+            self._submit(self._actions, self._uncordon, node,
+                         f"its node agent reported it healthy for "
+                         f"{self.settings.uncordon_after:.0f}s (--uncordon-after)")
+
+    def _uncordon(self, node: str, why: str) -> None:
+        """In a worker: undo ftagent's cordon of ``node``."""
+        try:
+            if self.actuator.uncordon(node, why):
+                self.on_uncordon(node)
+        except (Forbidden, GaveUp):
+            self.on_action_failed("uncordon")
+        finally:
+            with self._lock:  # the loop's next tick forgets it (breaker, health)
+                self._uncordoned.append(node)
 
     def _carry_out_replace(self, job: JobState, node: str, kind: str, reason: str,
                            fault_id: str, who: str, pods: tuple[tuple[str, str, str], ...],
-                           now: float) -> None:
+                           now: float, evidence: str = "corroborated") -> None:
         """In a worker: cordon first (so the new pod lands elsewhere), then delete."""
         if node:
             try:
-                if self.actuator.cordon(node, kind, reason, fault_id, who, now):
+                if self.actuator.cordon(node, kind, reason, fault_id, who, now, evidence):
                     self.on_cordon(node, kind)
                     self._event(job, pods[0][1] if pods else "", "Warning", "NodeCordoned",
                                 f"node {node} cordoned and tainted ftagent.io/fault={kind}:"
@@ -604,6 +739,20 @@ class Cluster:
             fn(*args)
         except Exception:
             log.exception("kube action %s failed", getattr(fn, "__name__", fn))
+
+
+def held_cordon(node: Any, now: float) -> Held | None:
+    """ftagent's cordon of ``node`` as the watch shows it (its annotation, and the node
+    still unschedulable), or None: what the breaker counts."""
+    notes = get(node, "metadata", "annotations")
+    if not isinstance(notes, dict) or notes.get(ANNOTATIONS + "cordoned-by") \
+            != "ftagent-arbiter" or get(node, "spec", "unschedulable") is not True:
+        return None
+    at = parse_time(notes.get(ANNOTATIONS + "cordoned-at"))
+    evidence = notes.get(EVIDENCE_ANNOTATION)
+    return Held(str(notes.get(ANNOTATIONS + "fault-job", ""))[:300],
+                at if at is not None else now,
+                evidence in ("node-agent", "node-condition"))
 
 
 async def tick_forever(cluster: Cluster, interval: float = 0.5) -> None:

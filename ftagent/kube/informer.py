@@ -271,7 +271,10 @@ class Informer(Generic[T]):
 
     # --------------------------------------------------------------------- list
     def _list(self) -> None:
-        fresh: dict[str, dict[str, Any]] = {}
+        """List in pages; each page is parsed and projected as it arrives, so at most one
+        page of API objects is alive at a time (never the whole list: about 10x its JSON
+        as Python objects), whatever the cluster holds."""
+        fresh: dict[str, tuple[str, Any]] = {}  # key -> (resourceVersion, projection)
         cont: str | None = None
         rv = ""
         while True:
@@ -287,9 +290,16 @@ class Informer(Generic[T]):
                 resp.release_conn()
             self.stats.list_pages += 1
             meta = body.get("metadata") or {} if isinstance(body, dict) else {}
-            for item in (body.get("items") or []) if isinstance(body, dict) else []:
+            items = (body.get("items") or []) if isinstance(body, dict) else []
+            for item in items if isinstance(items, list) else []:
                 if isinstance(item, dict) and isinstance(item.get("metadata"), dict):
-                    fresh[key_of(item)] = item
+                    key = key_of(item)
+                    version = str(item["metadata"].get("resourceVersion", ""))
+                    with self._lock:  # an unchanged object keeps its projection
+                        same = self._versions.get(key) == version and key in self._cache
+                        kept = self._cache.get(key) if same else None
+                    fresh[key] = (version, kept if same else self._project(item))
+            del body, items  # the page's objects go before the next page is read
             rv = str(meta.get("resourceVersion") or rv)
             cont = meta.get("continue") or None
             if not cont or self._stop.is_set():
@@ -299,8 +309,8 @@ class Informer(Generic[T]):
             self.stats.relists += 1
         self._replace(fresh, rv)
 
-    def _replace(self, fresh: dict[str, dict[str, Any]], rv: str) -> None:
-        """Swap the cache for a fresh list; hand over the difference."""
+    def _replace(self, fresh: dict[str, tuple[str, Any]], rv: str) -> None:
+        """Swap the cache for a fresh list (projected); hand over the difference."""
         changes: list[Change[T]] = []
         first = not self._synced.is_set()
         with self._lock:
@@ -308,11 +318,9 @@ class Informer(Generic[T]):
                 old = self._cache.pop(key)
                 self._versions.pop(key, None)
                 changes.append(Change(DELETED, key, old, old, relist=True))
-            for key, raw in fresh.items():
-                version = str(raw["metadata"].get("resourceVersion", ""))
-                if self._versions.get(key) == version:
+            for key, (version, obj) in fresh.items():
+                if self._versions.get(key) == version and key in self._cache:
                     continue
-                obj = self._project(raw)
                 old_obj = self._cache.get(key)
                 typ = MODIFIED if key in self._cache else ADDED
                 self._cache[key], self._versions[key] = obj, version

@@ -4,8 +4,8 @@ open, made visible.
 The webhook's ``failurePolicy: Ignore`` keeps pods starting when the webhook is down, slow
 or its certificate broken, and the webhook skips pods it cannot wrap (no command, several
 containers): in both cases the pod trains without fault tolerance and nothing fails. The
-arbiter (``--kube``) watches every pod and the namespaces labelled
-``ftagent.io/inject=true``, and exports at scrape time
+arbiter (``--kube``) watches the namespaces labelled ``ftagent.io/inject=true`` and the
+Running pods of those namespaces only, and exports at scrape time
 
     ftagent_training_pods_without_agent{namespace, reason}
 
@@ -24,14 +24,18 @@ labelled ``ftagent.io/inject=true``, not opted out, in an opted-in namespace, wh
   streams).
 
 Pure at the core (:func:`without_agent` takes a pod, returns a reason or None); the
-informers (``informer.py``) keep one small projection per pod, and the collector counts
-them when Prometheus scrapes, as client_python's custom collectors do.
+informers (``informer.py``) list only what they need -- Running pods of opted-in
+namespaces, one informer per such namespace (:class:`OptedInPods`), projected page by page
+-- and keep one small projection per pod; the collector counts them when Prometheus
+scrapes, as client_python's custom collectors do. Memory follows the opted-in namespaces'
+running pods, never the cluster's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -172,21 +176,76 @@ class UninjectedCollector:
         yield family
 
 
+class OptedInPods:
+    """Running pods of the namespaces that opted in, one pod informer per such namespace
+    (``fieldSelector=status.phase=Running``, projected per page by ``view``), started and
+    stopped as the namespace informer sees namespaces gain or lose ``ftagent.io/inject=true``.
+    Pods of other namespaces are never listed: they cannot grow the arbiter's memory.
+    ``items()`` is the union of their caches (thread-safe, as the collector reads it)."""
+
+    def __init__(self, api_client: Any, max_namespaces: int = 10_000) -> None:
+        self.api_client = api_client
+        self.max_namespaces = max_namespaces
+        self._lock = threading.Lock()
+        self._informers: dict[str, Any] = {}
+        self._stopped = False
+
+    def on_namespace(self, change: Any) -> None:
+        """The namespace informer's handler (its thread, or the loop)."""
+        from ftagent.kube.informer import DELETED, pod_informer
+
+        name = change.key
+        with self._lock:
+            if self._stopped:
+                return
+            if change.type == DELETED:
+                gone = self._informers.pop(name, None)
+                if gone is not None:  # stop off this thread: a join must not block a loop
+                    threading.Thread(target=gone.stop, daemon=True,
+                                     name=f"ftagent-stop-pods-{name[:40]}").start()
+                return
+            if name in self._informers or len(self._informers) >= self.max_namespaces:
+                return
+            inf = pod_informer(self.api_client, namespace=name, project=view,
+                               field_selector="status.phase=Running")
+            self._informers[name] = inf
+        inf.start()
+
+    def items(self) -> list[tuple[str, PodView | None]]:
+        with self._lock:
+            informers = list(self._informers.values())
+        return [kv for inf in informers for kv in inf.items()]
+
+    def __len__(self) -> int:
+        with self._lock:
+            informers = list(self._informers.values())
+        return sum(len(inf) for inf in informers)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        with self._lock:
+            self._stopped = True
+            informers, self._informers = list(self._informers.values()), {}
+        for inf in informers:
+            inf.stop(timeout)
+
+
 def watch_uninjected(api_client: Any, loop: asyncio.AbstractEventLoop | None,
                      registry: Any,
                      connected: Callable[[], set[tuple[str, str]] | None] = lambda: None
                      ) -> list[Any]:
-    """Start the pod and namespace informers and register the gauge in ``registry``
-    (needs list/watch on pods and namespaces). Returns the informers (``stop()`` them)."""
+    """Start the namespace informer (namespaces labelled ``ftagent.io/inject=true``) and,
+    per such namespace, an informer of its Running pods; register the gauge in
+    ``registry`` (needs list/watch on pods and namespaces). Returns what to ``stop()``."""
     from kubernetes import client
 
-    from ftagent.kube.informer import Informer, pod_informer
+    from ftagent.kube.informer import Informer
 
-    pods = pod_informer(api_client, project=view, loop=loop)
+    pods = OptedInPods(api_client)
+    # the handler runs in the namespace informer's own thread (loop=None): it only starts
+    # and stops informers, never touches the arbiter's state
     namespaces = Informer(client.CoreV1Api(api_client).list_namespace, name="namespaces",
-                          label_selector=f"{OPT_IN}=true", loop=loop,
+                          label_selector=f"{OPT_IN}=true", handler=pods.on_namespace,
                           project=lambda o: str(o["metadata"]["name"]))
-    for inf in (pods, namespaces):
-        inf.start()
+    namespaces.start()
     registry.register(UninjectedCollector(pods, namespaces, connected))
-    return [pods, namespaces]
+    return [namespaces, pods]

@@ -154,7 +154,8 @@ class NodeReporter:
     async def _call(self, stub: pb_grpc.ArbiterStub, s: Shard) -> bool:
         batch = list(s.pending.values())[:limits.MAX_NODE_FAULTS]
         req = pb.NodeReport(node=self.node, agent_instance=self.instance,
-                            agent_version=self.version, faults=batch)
+                            agent_version=self.version, faults=batch,
+                            healthy=not batch and not self.lasting)
         try:
             token = current_token(self.token, self.token_file)  # fresh: the kubelet rotates it
             ack = await stub.ReportNode(req, timeout=CALL_TIMEOUT, metadata=bearer(token))

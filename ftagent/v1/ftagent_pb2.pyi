@@ -222,16 +222,18 @@ class Stacks(_message.Message):
     def __init__(self, command_id: _Optional[str] = ..., json: _Optional[str] = ...) -> None: ...
 
 class NodeReport(_message.Message):
-    __slots__ = ("node", "agent_instance", "agent_version", "faults")
+    __slots__ = ("node", "agent_instance", "agent_version", "faults", "healthy")
     NODE_FIELD_NUMBER: _ClassVar[int]
     AGENT_INSTANCE_FIELD_NUMBER: _ClassVar[int]
     AGENT_VERSION_FIELD_NUMBER: _ClassVar[int]
     FAULTS_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
     node: str
     agent_instance: str
     agent_version: str
     faults: _containers.RepeatedCompositeFieldContainer[Fault]
-    def __init__(self, node: _Optional[str] = ..., agent_instance: _Optional[str] = ..., agent_version: _Optional[str] = ..., faults: _Optional[_Iterable[_Union[Fault, _Mapping]]] = ...) -> None: ...
+    healthy: bool
+    def __init__(self, node: _Optional[str] = ..., agent_instance: _Optional[str] = ..., agent_version: _Optional[str] = ..., faults: _Optional[_Iterable[_Union[Fault, _Mapping]]] = ..., healthy: _Optional[bool] = ...) -> None: ...
 
 class NodeReportAck(_message.Message):
     __slots__ = ("arbiter_id", "acks", "ranks")

@@ -13,6 +13,7 @@ import json
 import logging
 import math
 import re
+from itertools import accumulate
 from typing import Any
 
 from ftagent.model import Action, ActionKind, Fault, FaultKind, JobBusy, Progress, Scope, Severity
@@ -86,6 +87,28 @@ def stacks_json(captured: Any, limit: int = limits.MAX_STACKS,
     return text
 
 
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_BRACKETS = b"[]{}"
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in _BRACKETS)
+_OPENS = bytes.maketrans(b"{}", b"[]")
+_STEP = [0] * 256
+_STEP[ord("[")], _STEP[ord("]")] = 1, -1
+
+
+def too_deep(text: str, limit: int) -> bool:
+    """Does JSON ``text`` nest ``[``/``{`` deeper than ``limit``? Without parsing it (a
+    recursive parser is what deep nesting attacks), linear and mostly at C speed: strings
+    out, brackets kept, then a run of ``limit + 1`` openers or the running depth. Fewer
+    brackets than ``limit`` cannot nest deeper: no work."""
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    raw = _JSON_STRING.sub("", text).encode("utf-8", "replace")
+    b = raw.translate(_OPENS, _NOT_BRACKETS)
+    if b"[" * (limit + 1) in b:
+        return True
+    return max(accumulate(map(_STEP.__getitem__, b)), default=0) > limit
+
+
 def fault_from_proto(m: pb.Fault) -> Fault:
     """The model Fault; raises ValueError when it lacks an id or a kind."""
     if not m.id:
@@ -96,11 +119,16 @@ def fault_from_proto(m: pb.Fault) -> Fault:
     severity = _enum(Severity, pb.Severity, m.severity, "SEVERITY_") or Severity.ERROR
     scope = _enum(Scope, pb.Scope, m.scope, "SCOPE_") or Scope.PROCESS
     evidence: dict[str, Any] = {}
-    if m.evidence_json:
+    if m.evidence_json and too_deep(m.evidence_json, limits.MAX_EVIDENCE_DEPTH):
+        # json.loads recurses once per level: before, a traceback past ~1000 levels and no
+        # acknowledgement; now the fault stands and its evidence says why it has none
+        evidence = {"error": f"evidence nested deeper than {limits.MAX_EVIDENCE_DEPTH} "
+                             "levels: dropped"}
+    elif m.evidence_json:
         try:
             loaded = json.loads(m.evidence_json)
             evidence = loaded if isinstance(loaded, dict) else {"value": loaded}
-        except ValueError:
+        except (ValueError, RecursionError):
             evidence = {"raw": m.evidence_json[:4000]}
     return Fault(kind=kind, message=limits.printable(m.message), severity=severity, scope=scope,
                  evidence=evidence, id=m.id, detected_at=m.detected_at)

@@ -29,6 +29,7 @@ MAX_NAME = 253  # a Kubernetes object name (DNS subdomain); jobs, pods, nodes
 MAX_LABEL_NAME = 64  # phase and op names from the SDK or a log (as the SDK caps them)
 MAX_MESSAGE = 4096  # a fault's or a command's human message
 MAX_EVIDENCE = 256 * 1024  # a fault's evidence JSON
+MAX_EVIDENCE_DEPTH = 64  # nesting of a fault's evidence JSON (deeper: replaced by an error)
 MAX_STACKS = 512 * 1024  # one Stacks message's JSON (an agent clips what it sends to it)
 MAX_STACK_TEXT = 32 * 1024  # one process's py-spy text in a Stacks message: the first
 # frames of its first 8 threads, which is what the arbiter compares (16 processes fit)

@@ -143,11 +143,15 @@ def test_identity_problem_names_each_mismatch() -> None:
         args[i] = bad
         problem, retry = identity_problem(p, *args, facts=facts)  # type: ignore[arg-type,misc]
         assert f"{word} mismatch" in problem and not retry
-    # --nproc-per-node 4: pod rank 0 of 2 pods runs ranks 0-3 of 8
-    assert identity_problem(p, "team", "p0", "n1", "alpha", 3, 8, facts) == ("", False)
+    # --nproc-per-node 4 (the pod's own): pod rank 0 of 2 pods runs ranks 0-3 of 8
+    four = PodFacts(uid="u0", job="alpha", node="n1", rank=0, world_size=2, local_world=4)
+    assert identity_problem(p, "team", "p0", "n1", "alpha", 3, 8, four) == ("", False)
     for rank, world in ((4, 8), (5, 8)):
         assert "rank mismatch" in identity_problem(p, "team", "p0", "n1", "alpha", rank,
-                                                   world, facts)[0]
+                                                   world, four)[0]
+    # a Hello's world size no longer divides the pod into ranks: 8 of a 1-rank pod is not
+    assert "world size mismatch" in identity_problem(p, "team", "p0", "n1", "alpha", 3, 8,
+                                                     facts)[0]
     assert identity_problem(p, *ok, None)[1] is True  # not seen yet: retry
     stale = identity_problem(p, *ok, PodFacts(uid="u9", job="alpha"))
     assert "replaced pod" in stale[0] and not stale[1]
