@@ -59,6 +59,7 @@ from ftagent.kube.cluster_faults import (
     pending_fault,
     waits_for_a_node,
 )
+from ftagent.kube.device_health import DeviceHealth
 from ftagent.kube.identity import identify, literal_env, trainer_index
 from ftagent.kube.membership import KIND_RANK, JobOwners, Ref, controller_ref, local_world
 from ftagent.kube.node_scope import NodeEvidence
@@ -135,6 +136,7 @@ class Cluster:
         self.evidence = NodeEvidence(settings.node_evidence_window)
         self.nodes = NodeFaults(settings.node_notready_grace)
         self.pods = PodFaults()
+        self.devices = DeviceHealth()  # device health in pod status (KEP-4680)
         self.pod_cache: dict[tuple[str, str], dict[str, Any]] = {}
         self.node_names: set[str] = set()
         self.node_cache: dict[str, Any] = {}  # the watch's nodes (one entry per node)
@@ -320,6 +322,29 @@ class Cluster:
             self._remember(cf, ((ns, name, cf.uid),))
             self.registry.report_fault(job.namespace, job.job, cf.fault, self.clock(),
                                        rank=rs.rank)
+        if not deleted:
+            self._device_health(job, rs, pod)
+
+    def _device_health(self, job: JobState, rs: Any, pod: Any) -> None:
+        """The kubelet's device health in the pod's status (device_health.py): an
+        Unhealthy device the pod holds replaces that rank's pod, as node-scope evidence.
+        Only for the job's own pod as the watch sees it (its namespace, its job label, the
+        uid its rank registered from): a status of another job's pod acts on nothing here."""
+        ns, name = get(pod, "metadata", "namespace"), get(pod, "metadata", "name")
+        uid = get(pod, "metadata", "uid")
+        if ns != job.namespace or get(pod, "metadata", "labels", JOB_LABEL) != job.job or \
+                (rs.pod_uid and rs.pod_uid != uid):
+            return
+        faults, ignored = self.devices.observe(pod)
+        now = self.clock()
+        for why in ignored:
+            msg = f"device health of pod {name} ignored: {why}"
+            log.warning("job %s/%s: %s", job.namespace, job.job, msg)
+            self.registry.timeline.add(now, job.job, job.namespace, job.generation, "note",
+                                       msg, rank=rs.rank)
+        for cf in faults:
+            self._remember(cf, ((ns, name, cf.uid),))
+            self.registry.report_fault(job.namespace, job.job, cf.fault, now, rank=rs.rank)
 
     def _report_node(self, cf: ClusterFault) -> None:
         by_job: dict[tuple[str, str], list[Any]] = {}
@@ -439,7 +464,8 @@ class Cluster:
         evidence = "corroborated"
         if cf is not None:  # the API server's own view: its scope decides
             cordon, why = bool(node) and cf.fault.scope is Scope.NODE, ""
-            evidence = "node-condition"
+            evidence = "device-health" if cf.fault.evidence.get("device_health") is True \
+                else "node-condition"
         elif node:
             account = next((a for ns, name, _ in pods
                             if (a := self._account_of(ns, name))), "")
@@ -752,7 +778,7 @@ def held_cordon(node: Any, now: float) -> Held | None:
     evidence = notes.get(EVIDENCE_ANNOTATION)
     return Held(str(notes.get(ANNOTATIONS + "fault-job", ""))[:300],
                 at if at is not None else now,
-                evidence in ("node-agent", "node-condition"))
+                evidence in ("node-agent", "node-condition", "device-health"))
 
 
 async def tick_forever(cluster: Cluster, interval: float = 0.5) -> None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import patch as patches
+from . import validate
 from .errors import (
     ApiError,
     Obj,
@@ -288,6 +289,7 @@ class Store:
             new.pop(k, None)
         if new == old:
             return to_view(kind, old)
+        validate.pod(kind, new)
         spec_keys = set(new) | set(old)
         if "generation" in ometa and any(new.get(k) != old.get(k)
                                          for k in spec_keys - {"metadata", "status"}):
