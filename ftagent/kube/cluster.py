@@ -62,6 +62,7 @@ from ftagent.kube.cluster_faults import (
 from ftagent.kube.device_health import DeviceHealth
 from ftagent.kube.identity import identify, literal_env, trainer_index
 from ftagent.kube.membership import KIND_RANK, JobOwners, Ref, controller_ref, local_world
+from ftagent.kube.node_blip import STEP_WINDOW, still_stepping
 from ftagent.kube.node_scope import NodeEvidence
 from ftagent.kube.owners import OwnerChains
 from ftagent.kube.recorder import JOB_KINDS, ObjectRef, Recorder, job_owner, pod_ref
@@ -137,6 +138,9 @@ class Cluster:
         self.nodes = NodeFaults(settings.node_notready_grace)
         self.pods = PodFaults()
         self.devices = DeviceHealth()  # device health in pod status (KEP-4680)
+        # NotReady faults held back while the job's ranks there keep stepping (node_blip)
+        self._blips: dict[tuple[str, tuple[str, str]], ClusterFault] = {}
+        self.step_window = STEP_WINDOW  # a rank stepped within this long is alive
         self.pod_cache: dict[tuple[str, str], dict[str, Any]] = {}
         self.node_names: set[str] = set()
         self.node_cache: dict[str, Any] = {}  # the watch's nodes (one entry per node)
@@ -252,6 +256,7 @@ class Cluster:
         decisions are acted on. What the watches saw (pods, nodes) is kept."""
         self.registry = registry
         self._replacing.clear()
+        self._blips.clear()
         registry.add_decision_listener(self.on_decision)
         registry.pod_alive = self.pod_alive
         if self.active():  # a term as leader: what the nodes are now, judged afresh
@@ -346,11 +351,14 @@ class Cluster:
             self._remember(cf, ((ns, name, cf.uid),))
             self.registry.report_fault(job.namespace, job.job, cf.fault, now, rank=rs.rank)
 
-    def _report_node(self, cf: ClusterFault) -> None:
+    def _report_node(self, cf: ClusterFault, only: tuple[str, str] | None = None) -> None:
         by_job: dict[tuple[str, str], list[Any]] = {}
         for job, rs in self.registry.ranks_on_node(cf.node):
-            if not job.finished:
+            if not job.finished and only in (None, (job.namespace, job.job)):
                 by_job.setdefault((job.namespace, job.job), []).append(rs)
+        for (ns, name), ranks in list(by_job.items()):
+            if only is None and self._blip(cf, ns, name, ranks):
+                del by_job[(ns, name)]
         for (ns, name), ranks in by_job.items():
             pods = tuple((ns, r.pod, self._uid(ns, r.pod)) for r in ranks if r.pod)
             ev = {**cf.fault.evidence, "ranks": [r.rank for r in ranks][:64],
@@ -358,6 +366,49 @@ class Cluster:
             fault = dataclasses.replace(cf.fault, evidence=ev)
             self._remember(cf, pods)
             self.registry.report_fault(ns, name, fault, self.clock(), rank=ranks[0].rank)
+
+    def _blip(self, cf: ClusterFault, ns: str, name: str, ranks: list[Any]) -> bool:
+        """A NotReady node whose ranks of this job all keep stepping (node_blip.py): the
+        fault is held back (``_blips``, re-checked every tick) and the timeline says so."""
+        since = cf.fault.evidence.get("since")
+        if "ready" not in cf.fault.evidence or not isinstance(since, float | int):
+            return False  # a deleted node is never a blip
+        now = self.clock()
+        got = still_stepping(ranks, float(since), now, self._step_window())
+        if not got.stepping:
+            return False
+        if (cf.node, (ns, name)) not in self._blips and len(self._blips) < CONTEXT_KEPT:
+            self._blips[(cf.node, (ns, name))] = cf
+            job = self.registry.jobs.get((ns, name))
+            if job is not None:
+                self.registry.timeline.add(
+                    now, name, ns, job.generation, "note",
+                    f"node {cf.node} not Ready for {now - since:.0f}s but {got.why}: a "
+                    "blip, no replacement (acted on if they stop while it stays NotReady)",
+                    rank=ranks[0].rank, fault_id=cf.fault.id)
+        return True
+
+    def _step_window(self) -> float:
+        return max(self.settings.node_notready_grace, self.step_window)
+
+    def _blips_due(self, now: float) -> None:
+        """Held-back NotReady faults: dropped once the node is Ready again, reported to
+        the job once its ranks there stop stepping while it is still NotReady."""
+        for (node, key), cf in list(self._blips.items()):
+            job = self.registry.jobs.get(key)
+            since = self.nodes.down(node, cf.fault.id)
+            if job is None or job.finished or since is None:
+                del self._blips[(node, key)]
+                if job is not None and not job.finished and node in self.node_names:
+                    self.registry.timeline.add(
+                        now, key[1], key[0], job.generation, "note",
+                        f"node {node} Ready again (or a new transition): the NotReady blip "
+                        "passed with nothing replaced", fault_id=cf.fault.id)
+                continue
+            ranks = [rs for j, rs in self.registry.ranks_on_node(node) if j is job]
+            if not still_stepping(ranks, since, now, self._step_window()).stepping:
+                del self._blips[(node, key)]
+                self._report_node(cf, only=key)
 
     def _remember(self, cf: ClusterFault, pods: tuple[tuple[str, str, str], ...]) -> None:
         self._context[cf.fault.id] = (cf, pods)
@@ -379,6 +430,7 @@ class Cluster:
             self.chains.ask(ns, ref)  # one that failed (5xx, transport): again
         for cf in self.nodes.due(now):
             self._report_node(cf)
+        self._blips_due(now)
         for (ns, name), since in list(self._replacing.items()):
             job = self.registry.jobs.get((ns, name))
             if job is None or job.finished or job.barrier is None or job.barrier.released:

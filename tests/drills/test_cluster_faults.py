@@ -4,7 +4,9 @@ The arbiter runs with ``--kube`` against tests/kube_fake (real HTTP, real watche
 ``kubernetes`` client) where the job's pods and nodes are objects; the agents say which pod
 and node they are (``--pod``, ``--node``), as the webhook's env does in a cluster.
 
-1. node-1 goes NotReady (the kubelet stops posting status) past --node-notready-grace ->
+1. node-1 goes NotReady (the kubelet stops posting status) while rank 1 there keeps
+   stepping -> a blip: nothing replaced, the timeline says so; rank 1 then stalls (no step,
+   as on a node really lost) while node-1 stays NotReady past --node-notready-grace ->
    rank 1 replaced: node-1 cordoned and tainted, its pod deleted, Events on the pod and
    the job; rank 1's agent exits with the replace status; the "controller" (the drill)
    creates the replacement pod on node-2 and starts its agent; the job trains again
@@ -112,6 +114,14 @@ def test_1_node_not_ready_replaces_its_rank_cordons_and_the_new_pod_takes_over(
     trained_past(lab, CKPT_EVERY + 3, timeout=180)
     n = len(decisions(lab, "replace"))
     kube.set_node_ready("node-1", "Unknown")
+    # NotReady is not death: rank 1 keeps stepping there, so nothing is replaced
+    wait(lambda: any("a blip, no replacement" in str(e["message"]) for e in lab.timeline()),
+         60, "the NotReady blip noted", lab)
+    at = lab.steps(1)
+    trained_past(lab, at + 5)
+    assert len(decisions(lab, "replace")) == n, lab.dump()
+    # the node really lost: its rank stops stepping while the node stays NotReady
+    lab.trigger("stall", 1)
     replace = replaced_and_back(lab, kube, 1, "lab-worker-1-b", "node-2", n)
     assert "not Ready" in replace["message"] or any(
         "node node-1 not Ready" in str(e["message"]) for e in lab.timeline()), lab.dump()
