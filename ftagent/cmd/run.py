@@ -15,7 +15,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
@@ -40,7 +40,7 @@ from ftagent.config import (
     unrecognized,
 )
 from ftagent.metrics import AgentMetrics
-from ftagent.model import Progress
+from ftagent.model import Fault, Progress
 from ftagent.sources.progress import LogObservation
 from ftagent.watch.loop import WatchLoop
 
@@ -142,14 +142,44 @@ def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
         p = progress_parts(w, cfg, metrics, rundir, p)
         p = warm_restart_parts(w, cfg, rundir, p, standbys)
         p = flight_recorder_parts(w, cfg, rundir, p)
+        watch = None
         if node_sources:  # the host's GPUs and links: one source of the agent (ftagent/watch/)
-            p = p.plus(sources=[add_watch(w, cfg, environ, registry, labels)])
-        return p
+            watch = add_watch(w, cfg, environ, registry, labels)
+            p = p.plus(sources=[watch])
+        return preflight_parts(w, cfg, watch, p)
 
     agent = pod.add(spec, metrics=metrics, parts=parts)
     if serve:
         start_metrics(cfg, registry, agent)
     return agent
+
+
+def preflight_parts(w: Worker, cfg: RunConfig, watch: Any, p: WorkerParts) -> WorkerParts:
+    """``p`` with preflight before each barrier (agent/preflight.py), unless
+    --no-preflight: the full budgets at this agent's first start (a new pod, a new
+    node), the fast ones for a restart in place (--preflight-warm)."""
+    sup = cfg.supervisor
+    if not sup.preflight:
+        return p
+    from ftagent.agent.preflight import Preflight
+    from ftagent.detect.preflight import fault_of
+
+    check = Preflight(watch, sup.preflight_checkpoint_dir,
+                      full_on_warm=sup.preflight_warm == "full")
+
+    async def before_barrier(worker: Worker) -> Fault | None:
+        warm = worker.restarts > 0
+        v = await check.run(warm=warm)
+        worker.events.write("state", "preflight", v.reason or "preflight passed",
+                            generation=worker.generation, ok=v.ok, failed=list(v.failed),
+                            preflight_seconds=round(v.seconds, 3), fast=warm)
+        if v.ok:
+            log.debug("preflight passed in %.3fs", v.seconds)
+            return None
+        log.error("%s (generation %d)", v.reason, worker.generation)
+        return fault_of(v, worker.generation)
+
+    return p.plus(before_barrier=[before_barrier])
 
 
 def pod_decider(cfg: RunConfig) -> Decider:

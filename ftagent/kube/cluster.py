@@ -376,6 +376,7 @@ class Cluster:
         now = self.clock()
         got = still_stepping(ranks, float(since), now, self._step_window())
         if not got.stepping:
+            log.info("node %s not Ready: job %s/%s acted on (%s)", cf.node, ns, name, got.why)
             return False
         if (cf.node, (ns, name)) not in self._blips and len(self._blips) < CONTEXT_KEPT:
             self._blips[(cf.node, (ns, name))] = cf

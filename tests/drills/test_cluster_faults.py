@@ -5,9 +5,9 @@ The arbiter runs with ``--kube`` against tests/kube_fake (real HTTP, real watche
 and node they are (``--pod``, ``--node``), as the webhook's env does in a cluster.
 
 1. node-1 goes NotReady (the kubelet stops posting status) while rank 1 there keeps
-   stepping -> a blip: nothing replaced, the timeline says so; rank 1 then stalls (no step,
-   as on a node really lost) while node-1 stays NotReady past --node-notready-grace ->
-   rank 1 replaced: node-1 cordoned and tainted, its pod deleted, Events on the pod and
+   stepping -> a blip: nothing replaced, the timeline says so; rank 1's pod then dies (its
+   agent killed, as on a node really lost) while node-1 stays NotReady -> rank 1
+   replaced: node-1 cordoned and tainted, its pod deleted, Events on the pod and
    the job; rank 1's agent exits with the replace status; the "controller" (the drill)
    creates the replacement pod on node-2 and starts its agent; the job trains again
 2. rank 0's pod is preempted (DisruptionTarget, PreemptionByScheduler) -> rank 0 replaced
@@ -75,7 +75,7 @@ def lab(kube: FakeKube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[La
 
 
 def replaced_and_back(lab: Lab, kube: FakeKube, rank: int, pod: str, node: str,
-                      n: int) -> dict[str, Any]:
+                      n: int, killed: bool = False) -> dict[str, Any]:
     """The replace decision for ``rank`` (after ``n`` earlier ones); its agent's exit; the
     replacement pod on ``node`` with its agent; the job training again from the last
     checkpoint before the decision (the node's trouble does not stop training here: the
@@ -84,7 +84,8 @@ def replaced_and_back(lab: Lab, kube: FakeKube, rank: int, pod: str, node: str,
     before = max(lab.steps(0), lab.steps(1)) + 2
     replace = decisions(lab, "replace")[-1]
     assert f"rank {rank}" in replace["message"], line_of(replace)
-    assert lab.agents[rank].wait(60) == EXIT_REPLACE, lab.dump()
+    # (``killed``: its agent died with its node, so it heard no decision)
+    assert lab.agents[rank].wait(60) == (-9 if killed else EXIT_REPLACE), lab.dump()
     # its agent gone, its log is whole: the step its trainer stopped at (the replace stops
     # every rank at one step and rank 0 checkpoints it). ``before`` may be a few steps short
     # of it: the log the test reads trails the trainer by the agent's output batching.
@@ -120,9 +121,10 @@ def test_1_node_not_ready_replaces_its_rank_cordons_and_the_new_pod_takes_over(
     at = lab.steps(1)
     trained_past(lab, at + 5)
     assert len(decisions(lab, "replace")) == n, lab.dump()
-    # the node really lost: its rank stops stepping while the node stays NotReady
-    lab.trigger("stall", 1)
-    replace = replaced_and_back(lab, kube, 1, "lab-worker-1-b", "node-2", n)
+    # the node really lost: its pod dies with it (the agent and trainer killed) while the
+    # node stays NotReady -> replaced as before
+    lab.kill_agent(1)
+    replace = replaced_and_back(lab, kube, 1, "lab-worker-1-b", "node-2", n, killed=True)
     assert "not Ready" in replace["message"] or any(
         "node node-1 not Ready" in str(e["message"]) for e in lab.timeline()), lab.dump()
     node = kube.get("nodes", "node-1") or {}
