@@ -60,12 +60,13 @@ async def in_thread(fn: Callable[[], T], timeout: float) -> T:
             fut.set_exception(value)
 
     def run() -> None:
+        value: Any
         try:
-            value = fn()
+            ok, value = True, fn()
         except BaseException as e:  # noqa: BLE001 - handed to the loop
-            loop.call_soon_threadsafe(settle, False, e)
-            return
-        loop.call_soon_threadsafe(settle, True, value)
+            ok, value = False, e
+        with contextlib.suppress(RuntimeError):  # the loop closed since: nobody waits
+            loop.call_soon_threadsafe(settle, ok, value)
 
     # a probe abandoned at its budget may still settle: its outcome is read, never logged
     fut.add_done_callback(lambda f: f.cancelled() or f.exception())
