@@ -14,7 +14,9 @@ whole job restarting into a rank that fails again.
   whose "lost" is an event of its own); a vendor tool (Ascend, Kunlunxin): one sample of
   every device. A device the watch already knows lost fails at once. No accelerator
   watch, or one still starting: skipped (never a failed start for a slow ``nvmlInit``).
-* nic: the links the NIC watch watches (its netlink view), each up with carrier.
+* nic: the links the NIC watch watches (its netlink view), each up with carrier -- when
+  the job names them (``--nic``, ``NCCL_SOCKET_IFNAME``, ``GLOO_SOCKET_IFNAME``); when
+  the watch guessed (every link up at start), only all of them down fails.
 * storage: ``--preflight-checkpoint-dir``: a small file written, fsynced, read back and
   removed.
 
@@ -40,6 +42,7 @@ log = logging.getLogger("ftagent.agent")
 
 T = TypeVar("T")
 PROBE_BYTES = 4096
+GUESSED = "links up at start"  # sources/nic.py select_links' fallback: no link named
 
 
 class TimedOut(Exception):
@@ -216,6 +219,12 @@ class Preflight:
                                skipped=True)
         down = [f"{n.device} is {'down' if not n.up else 'without carrier'}"
                 for n in links if not (n.up and n.carrier)]
+        sel = getattr(source, "selection", None)
+        if down and getattr(sel, "why", "") == GUESSED and len(down) < len(links):
+            # the job named no links (--nic, NCCL_/GLOO_SOCKET_IFNAME): the watch guessed
+            # every link up at start, so one of them down is not the job's path down
+            return CheckResult("nic", True, self.clock() - t0,
+                               f"{', '.join(down[:8])} (not named as the job's links)")
         return CheckResult("nic", not down, self.clock() - t0, ", ".join(down[:8]))
 
     async def _storage(self, budget: float) -> CheckResult:

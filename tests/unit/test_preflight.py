@@ -160,8 +160,21 @@ def test_no_watch_skips_and_a_link_down_fails() -> None:
     down = NicStats("eth1", True, False, 0, 0, 0, 0.0, 0.0)
     assert asyncio.run(Preflight().run()).ok
     assert asyncio.run(Preflight(Watch(Part("nic", Nic([up])))).run()).ok
-    v = asyncio.run(Preflight(Watch(Part("nic", Nic([up, down])))).run())
+    named = Nic([up, down])
+    named.selection = Selection("--nic eth0,eth1")  # type: ignore[attr-defined]
+    v = asyncio.run(Preflight(Watch(Part("nic", named))).run())
     assert not v.ok and v.reason == "preflight failed: nic: eth1 is without carrier"
+    # links the watch guessed (none named): one down is not the job's path down; all are
+    guessed = Nic([up, down])
+    guessed.selection = Selection("links up at start")  # type: ignore[attr-defined]
+    assert asyncio.run(Preflight(Watch(Part("nic", guessed))).run()).ok
+    guessed.links = [down]
+    assert not asyncio.run(Preflight(Watch(Part("nic", guessed))).run()).ok
+
+
+@dataclass
+class Selection:
+    why: str
 
 
 def test_storage_writable_passes_missing_or_read_only_fails(tmp_path: Path) -> None:
