@@ -173,6 +173,10 @@ def preflight_parts(w: Worker, cfg: RunConfig, watch: Any, p: WorkerParts) -> Wo
         worker.events.write("state", "preflight", v.reason or "preflight passed",
                             generation=worker.generation, ok=v.ok, failed=list(v.failed),
                             preflight_seconds=round(v.seconds, 3), fast=warm)
+        session = rank_session(worker)  # the arbiter's ledger counts it (its arrival)
+        proto = getattr(getattr(session, "link", None), "proto", None)
+        if proto is not None:
+            proto.preflight_seconds = v.seconds
         if v.ok:
             log.debug("preflight passed in %.3fs", v.seconds)
             return None
