@@ -114,6 +114,13 @@ def test_1_node_not_ready_replaces_its_rank_cordons_and_the_new_pod_takes_over(
     lab.settled()
     trained_past(lab, CKPT_EVERY + 3, timeout=180)
     n = len(decisions(lab, "replace"))
+
+    def fresh() -> bool:  # the arbiter heard rank 1's recent steps (summaries every 5 s)
+        ranks = lab.status().get("ranks") or []
+        return any(r.get("rank") == 1 and 0 <= r.get("progress_age_seconds", -1) < 5
+                   and r.get("step", 0) > 0 for r in ranks)
+
+    wait(fresh, 60, "the arbiter to know rank 1 steps", lab)
     kube.set_node_ready("node-1", "Unknown")
     # NotReady is not death: rank 1 keeps stepping there, so nothing is replaced
     wait(lambda: any("a blip, no replacement" in str(e["message"]) for e in lab.timeline()),
