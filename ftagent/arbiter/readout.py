@@ -6,6 +6,7 @@ counters and ledger (``journal.py``) and the stragglers (``intake.py``).
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 
 from ftagent.arbiter import barrier, convert
@@ -18,7 +19,7 @@ from ftagent.arbiter.history import (
 )
 from ftagent.arbiter.journal import Journal
 from ftagent.arbiter.ledger import Breakdown, Incident
-from ftagent.arbiter.state import JobState
+from ftagent.arbiter.state import JobState, RankState
 from ftagent.arbiter.timeline import Timeline
 from ftagent.metrics import JobSnapshot
 from ftagent.v1 import ftagent_pb2 as pb
@@ -113,11 +114,13 @@ class Readout:
         if not ranks:
             return info
         stragglers = set(self.stragglers_of(job))
-        for r in sorted(job.ranks.values(), key=lambda r: r.rank):
+        shown = shown_ranks(job, stragglers)
+        info.ranks_omitted = len(job.ranks) - len(shown)
+        for r in shown:
             age = r.progress_age(now)
-            shown = f"{r.state} (straggler)" if r.rank in stragglers else r.state
+            said = f"{r.state} (straggler)" if r.rank in stragglers else r.state
             ri = info.ranks.add(
-                rank=r.rank, pod=r.pod, node=r.node, connected=r.connected, state=shown,
+                rank=r.rank, pod=r.pod, node=r.node, connected=r.connected, state=said,
                 step=r.step, samples_per_second=r.samples_per_second,
                 tokens_per_second=r.tokens_per_second,
                 progress_age_seconds=-1.0 if age is None else age, hung=r.hung,
@@ -180,3 +183,31 @@ def _incident_pb(i: Incident) -> pb.GoodputIncident:
         resumed_step=i.resumed if over else None,
         recomputed_steps=i.recomputed_steps if over else None,
         resume_source=i.resume_source if over else "", no_restart=not i.restarted)
+
+
+MAX_RANKS_SHOWN = 1000  # ranks in one GetJob answer (JobInfo.ranks_omitted counts the rest)
+
+
+def shown_ranks(job: JobState, stragglers: set[int],
+                limit: int = MAX_RANKS_SHOWN) -> list[RankState]:
+    """The ranks GetJob shows, by rank: all of them up to ``limit``; past it, the ones
+    worth a look first (not running, hung, disconnected, at fault, stragglers), then the
+    lowest. One pass over the ranks and a heap of ``limit``: at 100,000 ranks the answer
+    is still ``limit`` rows (building a row costs far more than looking at a rank)."""
+    ranks = job.ranks
+    if len(ranks) <= limit:
+        return [ranks[k] for k in sorted(ranks)]
+    picked: dict[int, RankState] = {}
+    for k, r in ranks.items():
+        if not r.connected or r.hung or r.state != "running" or r.last_fault \
+                or k in stragglers:
+            picked[k] = r
+            if len(picked) >= limit:
+                break
+    if len(picked) < limit:
+        for k in heapq.nsmallest(limit, ranks):
+            if len(picked) >= limit:
+                break
+            picked.setdefault(k, ranks[k])
+    return [picked[k] for k in sorted(picked)]
+

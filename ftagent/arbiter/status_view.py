@@ -195,6 +195,9 @@ def format_job(j: pb.JobInfo) -> str:
                      r.last_fault[:60] or "-"])
     if j.ranks:
         out += ["", _table(rows)]
+    if j.ranks_omitted:
+        out += [f"... and {j.ranks_omitted} more ranks, running (the ranks worth a look are "
+                "shown first)"]
     elif j.connected == 0:
         out += ["", "no ranks: every agent has left (kept in the arbiter's history)"]
     out += ["", "timeline:"]

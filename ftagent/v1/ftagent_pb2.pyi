@@ -370,7 +370,7 @@ class RankInfo(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., pod: _Optional[str] = ..., node: _Optional[str] = ..., connected: _Optional[bool] = ..., state: _Optional[str] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., progress_age_seconds: _Optional[float] = ..., hung: _Optional[bool] = ..., generation: _Optional[int] = ..., restarts: _Optional[int] = ..., last_fault: _Optional[str] = ..., last_exit_status: _Optional[int] = ...) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ("job", "namespace", "generation", "restarts", "max_restarts", "world_size", "connected", "state", "alert_only", "barrier", "ranks", "timeline", "goodput", "busy", "spares")
+    __slots__ = ("job", "namespace", "generation", "restarts", "max_restarts", "world_size", "connected", "state", "alert_only", "barrier", "ranks", "timeline", "goodput", "busy", "spares", "ranks_omitted")
     JOB_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -386,6 +386,7 @@ class JobInfo(_message.Message):
     GOODPUT_FIELD_NUMBER: _ClassVar[int]
     BUSY_FIELD_NUMBER: _ClassVar[int]
     SPARES_FIELD_NUMBER: _ClassVar[int]
+    RANKS_OMITTED_FIELD_NUMBER: _ClassVar[int]
     job: str
     namespace: str
     generation: int
@@ -401,7 +402,8 @@ class JobInfo(_message.Message):
     goodput: Goodput
     busy: str
     spares: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., generation: _Optional[int] = ..., restarts: _Optional[int] = ..., max_restarts: _Optional[int] = ..., world_size: _Optional[int] = ..., connected: _Optional[int] = ..., state: _Optional[str] = ..., alert_only: _Optional[bool] = ..., barrier: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., timeline: _Optional[_Iterable[_Union[TimelineEntry, _Mapping]]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., busy: _Optional[str] = ..., spares: _Optional[_Iterable[str]] = ...) -> None: ...
+    ranks_omitted: int
+    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., generation: _Optional[int] = ..., restarts: _Optional[int] = ..., max_restarts: _Optional[int] = ..., world_size: _Optional[int] = ..., connected: _Optional[int] = ..., state: _Optional[str] = ..., alert_only: _Optional[bool] = ..., barrier: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., timeline: _Optional[_Iterable[_Union[TimelineEntry, _Mapping]]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., busy: _Optional[str] = ..., spares: _Optional[_Iterable[str]] = ..., ranks_omitted: _Optional[int] = ...) -> None: ...
 
 class Goodput(_message.Message):
     __slots__ = ("wall_seconds", "seconds", "ratio", "recomputed_steps", "incidents", "per_incident", "started_at")
