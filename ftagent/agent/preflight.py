@@ -13,7 +13,8 @@ whole job restarting into a rank that fails again.
   on every watched GPU, straight on the backend (not through the watch's call wrapper,
   whose "lost" is an event of its own); a vendor tool (Ascend, Kunlunxin): one sample of
   every device. A device the watch already knows lost fails at once. No accelerator
-  watch, or one still starting: skipped (never a failed start for a slow ``nvmlInit``).
+  watch, or one still starting when the budget is spent: skipped (never a failed start
+  for a slow ``nvmlInit``).
 * nic: the links the NIC watch watches (its netlink view), each up with carrier -- when
   the job names them (``--nic``, ``NCCL_SOCKET_IFNAME``, ``GLOO_SOCKET_IFNAME``); when
   the watch guessed (every link up at start), only all of them down fails.
@@ -194,10 +195,15 @@ class Preflight:
         part = _parts(self.watch).get("gpu")
         source = getattr(part, "source", None)
         ready = getattr(source, "ready", None)
+        t0 = self.clock()
+        if source is not None and ready is not None and not ready.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):  # the watch's NVML starting
+                await asyncio.wait_for(ready.wait(), budget)
         if source is None or ready is None or not ready.is_set():
             return await self._timed("accelerator", None, budget,
                                      "no accelerator watch (or it is still starting)")
-        return await self._timed("accelerator", accelerator_probe(source), budget,
+        left = max(0.1, budget - (self.clock() - t0))
+        return await self._timed("accelerator", accelerator_probe(source), left,
                                  "no devices watched")
 
     async def _nic(self, budget: float) -> CheckResult:

@@ -128,3 +128,42 @@ def test_an_unwritable_checkpoint_dir_stops_the_start_with_one_line_and_exit_rep
     line = [ln for ln in r.stderr.splitlines() if "preflight failed" in ln]
     assert line and "storage: " in line[0] and "is not a directory" in line[0], r.stderr
     assert time.monotonic() - t0 < 30
+
+
+def test_a_spare_that_fails_preflight_is_never_used_and_the_timeline_says_why(
+        tmp_path: Path) -> None:
+    """A warm spare whose node cannot serve (its checkpoint directory is missing) fails
+    its preflight: the arbiter retires it (it exits with the replace status, its pod
+    moves), the reason is on the job's timeline, and the job itself is untouched (no
+    restart, no budget spent)."""
+    (tmp_path / "train.py").write_text(TRAINER)
+    clean = tmp_path / "clean.txt"
+    clean.write_text("gpus 1\n")
+    procs: list[subprocess.Popen[bytes]] = []
+    with ArbiterProcess(log_dir=str(tmp_path)) as arb:
+        try:
+            r0 = start(tmp_path, arb.address, "rank0", 0, clean)
+            r1 = start(tmp_path, arb.address, "rank1", 1, clean)
+            spare = start(tmp_path, arb.address, "spare", 0, clean, extra=(
+                "--spare", "--preflight-checkpoint-dir", str(tmp_path / "not-mounted")))
+            procs += [r0, r1, spare]
+            assert spare.wait(60) == EXIT_REPLACE, (tmp_path / "spare.out").read_text()[-3000:]
+            assert r0.wait(90) == 0 and r1.wait(90) == 0
+            st = status(arb.address)
+        except BaseException:
+            for n in ("rank0", "rank1", "spare"):
+                out = tmp_path / f"{n}.out"
+                print(f"--- {n}\n{out.read_text()[-3000:] if out.exists() else ''}")
+            raise
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    msgs = [e["message"] for e in st["timeline"]]
+    retired = [m for m in msgs if "retired as a spare" in m]
+    assert retired and "preflight failed: storage: " in retired[0], msgs
+    assert "not-mounted is not a directory" in retired[0], msgs
+    assert not decisions(st, "restart") and not decisions(st, "replace"), msgs
+    assert not decisions(st, "assign"), msgs
+    assert decisions(st, "succeeded"), msgs
