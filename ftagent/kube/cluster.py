@@ -63,6 +63,7 @@ from ftagent.kube.device_health import DeviceHealth
 from ftagent.kube.identity import identify, literal_env, trainer_index
 from ftagent.kube.membership import KIND_RANK, JobOwners, Ref, controller_ref, local_world
 from ftagent.kube.node_blip import STEP_WINDOW, still_stepping
+from ftagent.kube.node_lifecycle import held_by_other, planned
 from ftagent.kube.node_scope import NodeEvidence
 from ftagent.kube.owners import OwnerChains
 from ftagent.kube.recorder import JOB_KINDS, ObjectRef, Recorder, job_owner, pod_ref
@@ -141,6 +142,7 @@ class Cluster:
         # NotReady faults held back while the job's ranks there keep stepping (node_blip)
         self._blips: dict[tuple[str, tuple[str, str]], ClusterFault] = {}
         self.step_window = STEP_WINDOW  # a rank stepped within this long is alive
+        self._planned_seen: OrderedDict[str, None] = OrderedDict()  # lifecycle transitions
         self.pod_cache: dict[tuple[str, str], dict[str, Any]] = {}
         self.node_names: set[str] = set()
         self.node_cache: dict[str, Any] = {}  # the watch's nodes (one entry per node)
@@ -295,6 +297,29 @@ class Cluster:
             return
         for cf in self.nodes.observe(node, self.clock(), deleted=deleted):
             self._report_node(cf)
+        if not deleted:
+            self._planned(name, node)
+
+    def _planned(self, name: str, node: Any) -> None:
+        """Lifecycle conditions True on ``node`` (node_lifecycle.py): a planned event on
+        the timeline of each job with ranks there, once per transition; not a fault."""
+        for p in planned(node):
+            key = f"{name}:{p.type}:{p.since}"
+            if key in self._planned_seen:
+                continue
+            self._planned_seen[key] = None
+            while len(self._planned_seen) > CONTEXT_KEPT:
+                self._planned_seen.popitem(last=False)
+            now = self.clock()
+            for job, rs in self.registry.ranks_on_node(name):
+                if job.finished:
+                    continue
+                self.registry.timeline.add(
+                    now, job.job, job.namespace, job.generation, "note",
+                    f"planned: node {name} {p.type}" + (f" ({p.reason}: {p.message})"
+                                                        if p.reason or p.message else "")
+                    + ": not a fault; ftagent does not cordon a node another system "
+                    "drains", rank=rs.rank)
 
     def on_pod(self, type_: str, pod: Any) -> None:
         """A pod watch event, on the loop."""
@@ -535,6 +560,12 @@ class Cluster:
                                        "decision", msg, rank=d.rank, fault_id=d.fault_id)
             self._event(job, pods[0][1] if pods else "", "Normal", "NodeNotCordoned", msg,
                         now)
+        other = held_by_other(self.node_cache.get(node)) if cordon else ""
+        if other:  # another system drains it: the pod moves, the node stays theirs
+            cordon = False
+            msg = f"node {node} not cordoned: {other}"
+            self.registry.timeline.add(now, job.job, job.namespace, job.generation,
+                                       "decision", msg, rank=d.rank, fault_id=d.fault_id)
         if cordon:
             cordon = self._breaker_allows(job, rs, node, who, d, now, evidence)
         for _, _, uid in pods:
