@@ -43,6 +43,7 @@ log = logging.getLogger("ftagent.agent")
 
 T = TypeVar("T")
 PROBE_BYTES = 4096
+NIC_POLL = 0.05  # seconds between looks at a link that is down (within the budget)
 GUESSED = "links up at start"  # sources/nic.py select_links' fallback: no link named
 
 
@@ -223,6 +224,11 @@ class Preflight:
         if not links:
             return CheckResult("nic", True, self.clock() - t0, "no links watched",
                                skipped=True)
+        # a link down now may be a flap: looked at again until the budget is spent
+        while any(not (n.up and n.carrier) for n in links) and \
+                self.clock() - t0 + NIC_POLL < budget:
+            await asyncio.sleep(NIC_POLL)
+            links = source.snapshot()
         down = [f"{n.device} is {'down' if not n.up else 'without carrier'}"
                 for n in links if not (n.up and n.carrier)]
         sel = getattr(source, "selection", None)

@@ -196,3 +196,21 @@ def test_storage_writable_passes_missing_or_read_only_fails(tmp_path: Path) -> N
 def test_the_checks_run_together_within_the_slowest_budget(tmp_path: Path) -> None:
     v = asyncio.run(Preflight(None, str(tmp_path)).run())
     assert v.ok and {r.name for r in v.results} == {"accelerator", "nic", "storage"}
+
+
+def test_a_link_that_flaps_back_within_the_budget_passes() -> None:
+    class Flapping:
+        ready = None
+        selection = Selection("--nic eth0")
+
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def snapshot(self) -> list[NicStats]:
+            self.calls += 1
+            up = self.calls > 3  # down for the first looks, then back
+            return [NicStats("eth0", True, up, 0, 0, 0, 0.0, 0.0)]
+
+    src = Flapping()
+    v = asyncio.run(Preflight(Watch(Part("nic", src))).run(warm=True))
+    assert v.ok and src.calls == 4
