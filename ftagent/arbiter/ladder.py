@@ -18,7 +18,9 @@ replace-onto-spare the other ranks, the spare's standby    any     -
 replace-pod        the other ranks                         any     -
 ================== ======================================= ======= ==========================
 
-restart-container and reset-pod are *not built* (``built`` False): ``pick`` passes over
+A REPLACE for an unhealthy DRA device taints that device (kube/device_taint.py) instead
+of cordoning its node; that is the node's fate, not a tier. restart-container and
+reset-pod are *not built* (``built`` False): ``pick`` passes over
 them (saying so) unless asked for the plan (``built_only=False``). Feature-gate names are
 the KEPs'.
 """

@@ -60,6 +60,7 @@ from ftagent.kube.cluster_faults import (
     waits_for_a_node,
 )
 from ftagent.kube.device_health import DeviceHealth
+from ftagent.kube.device_taint import TAINT_KEY, Absent, taint_device
 from ftagent.kube.identity import identify, literal_env, trainer_index
 from ftagent.kube.membership import KIND_RANK, JobOwners, Ref, controller_ref, local_world
 from ftagent.kube.node_blip import STEP_WINDOW, still_stepping
@@ -133,6 +134,9 @@ class Cluster:
         self.health = NodeHealth(settings.uncordon_after)
         self._uncordoning: set[str] = set()
         self._uncordoned: list[str] = []  # (from workers, under _lock)
+        # DRA device taints the cluster could not take: the node's cordon instead, judged
+        # on the loop (the breaker): (job key, node, kind, reason, fault id, rank)
+        self._taint_fallbacks: list[tuple[tuple[str, str], str, str, str, str, Any]] = []
         # an uncordon made (node): the arbiter may count it
         self.on_uncordon: Callable[[str], None] = lambda node: None
         self.evidence = NodeEvidence(settings.node_evidence_window)
@@ -485,6 +489,7 @@ class Cluster:
             self._flush_events()
         self._trainjob_progress(now)
         self._uncordon_due(now)
+        self._taint_fallbacks_due(now)
 
     def _trainjob_progress(self, now: float) -> None:
         """Each training job whose pods belong to a Kubeflow TrainJob: its step, loss,
@@ -560,6 +565,13 @@ class Cluster:
                                        "decision", msg, rank=d.rank, fault_id=d.fault_id)
             self._event(job, pods[0][1] if pods else "", "Normal", "NodeNotCordoned", msg,
                         now)
+        dra = cf.fault.evidence.get("dra") if cf is not None else None
+        if cordon and dra and isinstance(dra, list):
+            # DRA devices: taint each one (KEP-5055), not the node; the node's cordon
+            # only if the cluster cannot take the taint (_taint_fallbacks_due)
+            cordon = False
+            self._submit(self._actions, self._taint_devices, job, node, kind, d.reason,
+                         d.fault_id, who, [tuple(x) for x in dra[:16]], d.rank, now)
         other = held_by_other(self.node_cache.get(node)) if cordon else ""
         if other:  # another system drains it: the pod moves, the node stays theirs
             cordon = False
@@ -713,6 +725,46 @@ class Cluster:
             except Exception:
                 self.on_action_failed("delete_pod")
                 log.exception("deleting pod %s/%s failed", ns, name)
+
+    def _taint_devices(self, job: JobState, node: str, kind: str, reason: str,
+                       fault_id: str, who: str, devices: list[tuple[str, ...]], rank: Any,
+                       now: float) -> None:
+        """In a worker: a DeviceTaintRule per faulty DRA device; where the cluster has
+        none (or forbids it), the node's cordon instead, decided on the loop."""
+        for dev in devices:
+            if len(dev) != 3:
+                continue
+            driver, pool, device = (str(x) for x in dev)
+            try:
+                if taint_device(self.api_client, driver, pool, device, reason, fault_id,
+                                who):
+                    self._event(job, "", "Warning", "DeviceTainted",
+                                f"device {driver}/{pool}/{device} tainted "
+                                f"{TAINT_KEY}=device:NoSchedule (node {node} stays "
+                                f"schedulable): {reason}", now)
+            except Absent as e:
+                log.warning("job %s: %s; cordoning node %s instead", who, e, node)
+                with self._lock:
+                    self._taint_fallbacks.append(((job.namespace, job.job), node, kind,
+                                                  reason, fault_id, rank))
+                return
+            except Exception:
+                self.on_action_failed("taint_device")
+                log.exception("tainting device %s/%s/%s failed", driver, pool, device)
+
+    def _taint_fallbacks_due(self, now: float) -> None:
+        with self._lock:
+            due, self._taint_fallbacks = self._taint_fallbacks, []
+        for key, node, kind, reason, fault_id, rank in due:
+            job = self.registry.jobs.get(key)
+            if job is None or not node or held_by_other(self.node_cache.get(node)):
+                continue
+            who = f"{job.namespace}/{job.job}" if job.namespace else job.job
+            d = Decision(Verdict.REPLACE, reason=reason, generation=job.generation,
+                         fault_id=fault_id, rank=rank)
+            if self._breaker_allows(job, None, node, who, d, now, "device-health"):
+                self._submit(self._actions, self._carry_out_replace, job, node, kind,
+                             reason, fault_id, who, (), now, "device-health")
 
     def _force_delete(self, ns: str, name: str, uid: str, stuck: float) -> None:
         try:

@@ -50,6 +50,17 @@ class BadDevice:
     device: str  # resourceID
     message: str = ""
 
+    @property
+    def dra(self) -> tuple[str, str, str] | None:
+        """(driver, pool, device) of a DRA device (a ``claim:`` resource, whose
+        resourceID the kubelet writes as ``<driver>/<pool>/<device>``), else None."""
+        if not self.resource.startswith("claim:"):
+            return None
+        parts = self.device.split("/")
+        if len(parts) != 3 or not all(parts):
+            return None
+        return parts[0], parts[1], parts[2]
+
 
 def held(container: Mapping[str, Any]) -> set[str]:
     """The resource names a spec container holds, as ``allocatedResourcesStatus[].name``
@@ -142,7 +153,10 @@ class DeviceHealth:
                f"{first.container}) reported Unhealthy by the kubelet{why}{more}")
         evidence = {"device_health": True, "pod": name, "namespace": ns, "node": node,
                     "devices": [{"container": b.container, "resource": b.resource,
-                                 "device": b.device} for b in bad[:16]]}
+                                 "device": b.device} for b in bad[:16]],
+                    # every one a DRA device: the arbiter taints them, not the node
+                    "dra": [list(d) for b in bad[:16] if (d := b.dra) is not None]
+                    if all(b.dra is not None for b in bad) else []}
         f = Fault(FaultKind.NODE, msg, Severity.FATAL, Scope.NODE, evidence=evidence,
                   id=f"pod:{uid}:device-unhealthy")
         return [ClusterFault(f, node=node, namespace=ns, pod=name, uid=uid)], said

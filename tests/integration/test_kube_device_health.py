@@ -115,3 +115,40 @@ def test_a_device_flapping_every_tick_is_decided_once() -> None:
             assert job.generation == 1 and job.restarts == 1
             assert s.fake.count("delete", "pods") == 1
     run(body)
+
+
+DRA: dict[str, Any] = {"containers": [{"name": "trainer", "image": "trainer:latest",
+                                       "resources": {"claims": [{"name": "gpu",
+                                                                 "request": "one"}]}}]}
+
+
+def test_an_unhealthy_dra_device_is_tainted_not_its_node_cordoned() -> None:
+    async def body() -> None:
+        async with cluster(pod_spec=DRA) as s:
+            s.fake.set_device_health(NS, "llm-worker-2", "claim:gpu/one",
+                                     "gpu.nvidia.com/node-2/gpu-3", message="Xid 79")
+            job = s.reg.jobs[(NS, "llm")]
+            await wait_until(lambda: job.generation == 1, 20, "the device fault's decision")
+            await wait_until(lambda: bool(s.fake.list("devicetaintrules.resource.k8s.io")), 20,
+                             "the device tainted")
+            (rule,) = s.fake.list("devicetaintrules.resource.k8s.io")
+            assert rule["spec"]["deviceSelector"] == {"driver": "gpu.nvidia.com",
+                                                      "pool": "node-2", "device": "gpu-3"}
+            assert rule["spec"]["taint"] == {"key": "ftagent.io/fault", "value": "device",
+                                             "effect": "NoSchedule"}
+            await wait_until(lambda: s.fake.count("delete", "pods") >= 1, 20, "pod deleted")
+            await asyncio.sleep(0.3)  # noqa: ASYNC110 -- no cordon may follow
+            assert not unschedulable(s, "node-2") and s.fake.count("update", "nodes") == 0
+    run(body)
+
+
+def test_without_device_taint_rules_the_node_is_cordoned_instead() -> None:
+    async def body() -> None:
+        async with cluster(pod_spec=DRA) as s:
+            s.fake.remove_resource("devicetaintrules.resource.k8s.io")  # an older cluster
+            s.fake.set_device_health(NS, "llm-worker-1", "claim:gpu/one",
+                                     "gpu.nvidia.com/node-1/gpu-0")
+            await wait_until(lambda: unschedulable(s, "node-1"), 20, "node-1 cordoned")
+            notes = (s.fake.get("nodes", "node-1") or {})["metadata"]["annotations"]
+            assert notes["ftagent.io/cordon-evidence"] == "device-health"
+    run(body)

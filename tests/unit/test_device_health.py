@@ -92,3 +92,16 @@ def test_a_terminating_pod_is_not_judged() -> None:
     p = pod([{"name": "nvidia.com/gpu", "resources": [dev("g")]}])
     p["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     assert DeviceHealth().observe(p)[0] == []
+
+
+def test_dra_devices_are_named_by_driver_pool_device_and_only_all_dra_taints() -> None:
+    res = {"claims": [{"name": "gpu"}], "limits": {"nvidia.com/gpu": "1"}}
+    dra_only = pod([{"name": "claim:gpu", "resources": [dev("gpu.nvidia.com/pool-a/gpu-1")]}],
+                   res)
+    f = DeviceHealth().observe(dra_only)[0][0].fault
+    assert f.evidence["dra"] == [["gpu.nvidia.com", "pool-a", "gpu-1"]]
+    mixed = pod([{"name": "claim:gpu", "resources": [dev("gpu.nvidia.com/pool-a/gpu-1")]},
+                 {"name": "nvidia.com/gpu", "resources": [dev("GPU-9")]}], res)
+    assert DeviceHealth().observe(mixed)[0][0].fault.evidence["dra"] == []
+    odd = pod([{"name": "claim:gpu", "resources": [dev("a/b"), dev("a//c")]}], res)
+    assert DeviceHealth().observe(odd)[0][0].fault.evidence["dra"] == []
