@@ -10,7 +10,8 @@ reference names (``owners.py``). So:
   -> JobSet -> TrainJob, or Pod -> PyTorchJob / MPIJob / TFJob / ... ), each link
   ``controller: true`` and matched by uid;
 * the job named ``J`` in a namespace is **owned** by one root: of the roots of the pods
-  labelled ``J``, the one named ``J`` (its label value) first, then the higher kind
+  labelled ``J``, the one named ``J`` (its label value) first, then one read and checked
+  over one taken on its reference's word (RBAC refused the read), then the higher kind
   (TrainJob over JobSet over the Kubeflow kinds over a batch Job), then the first seen;
 * a pod is a **member** of ``J`` when its root is that owner; a pod with no job controller
   (a bare pod, a Deployment's) is a member only of a job that no controller owns (a job of
@@ -64,6 +65,7 @@ class Root:
     name: str
     uid: str
     world: int | None = None  # pods (nodes) the job runs, from its spec; None: unknown
+    verified: bool = True  # read and its uid matched (False: RBAC refused the read)
 
     @property
     def rank(self) -> int:
@@ -162,8 +164,8 @@ class JobOwners:
 
     def __init__(self) -> None:
         # (namespace, job) -> {root uid: (score, root)}
-        self._roots: OrderedDict[tuple[str, str], dict[str, tuple[tuple[int, int, int], Root]]] \
-            = OrderedDict()
+        self._roots: OrderedDict[tuple[str, str],
+                                 dict[str, tuple[tuple[int, int, int, int], Root]]] = OrderedDict()
         self._seq = 0
 
     def see(self, namespace: str, job: str, root: Root) -> None:
@@ -175,7 +177,8 @@ class JobOwners:
                 return  # a flood of foreign roots: the first ones stand
             self._seq += 1
             named = int(job_label_value(root.name) == job or root.name == job)
-            roots[root.uid] = ((named, root.rank, -self._seq), root)
+            # a root read and checked outranks one taken on its reference's word
+            roots[root.uid] = ((named, int(root.verified), root.rank, -self._seq), root)
         else:
             roots[root.uid] = (roots[root.uid][0], root)  # its world may be known now
         self._roots.move_to_end(key)

@@ -9,7 +9,8 @@ most ``MAX_OWNER_BYTES``. What the answers mean:
 * the owner read, uid as referenced: the link holds (climb on from it);
 * 404, or another uid (deleted, recreated under the same name): the link is broken, the
   pod has no job root;
-* 403 (no RBAC on that kind): the reference is taken as it stands, with no world size;
+* 403 (no RBAC on that kind): the reference is taken as it stands, with no world size,
+  marked unverified (a verified root of the same name outranks it: membership.py);
 * anything else (5xx, transport): not cached, asked again at the next pod event.
 """
 
@@ -93,7 +94,7 @@ class OwnerChains:
             status, obj = self._fetch(namespace, cur)
             self.reads += 1
             if status == 403:
-                return Root(cur.group, cur.kind, cur.name, cur.uid)
+                return Root(cur.group, cur.kind, cur.name, cur.uid, verified=False)
             if status != 200 or not isinstance(obj, dict):
                 if status in (404, 410) or status == 200:
                     return None
@@ -108,7 +109,7 @@ class OwnerChains:
             if up is None or (up.group, up.kind) not in KIND_RANK:
                 return here
             cur = up
-        return Root(cur.group, cur.kind, cur.name, cur.uid)
+        return Root(cur.group, cur.kind, cur.name, cur.uid, verified=False)
 
     def _read(self, namespace: str, ref: Ref) -> tuple[int, Any]:
         from kubernetes import client

@@ -69,3 +69,14 @@ def test_the_root_named_like_the_job_owns_it_whoever_came_first() -> None:
     # a job of bare pods only: as strong as its labels
     assert owners.member("ns", "bare", None) == (True, "")
     assert owners.owner("other", "llm") is None
+
+
+def test_a_root_taken_on_its_references_word_never_outranks_a_checked_one() -> None:
+    owners = JobOwners()
+    forged = Root("kubeflow.org", "PyTorchJob", "llm", "made-up", verified=False)
+    real = Root("kubeflow.org", "PyTorchJob", "llm", "real")
+    owners.see("ns", "llm", forged)  # the forger's pod seen first, its read refused (403)
+    owners.see("ns", "llm", real)
+    assert owners.owner("ns", "llm") == real
+    assert not owners.member("ns", "llm", forged)[0]
+
