@@ -152,3 +152,17 @@ def test_without_device_taint_rules_the_node_is_cordoned_instead() -> None:
             notes = (s.fake.get("nodes", "node-1") or {})["metadata"]["annotations"]
             assert notes["ftagent.io/cordon-evidence"] == "device-health"
     run(body)
+
+
+def test_the_fake_refuses_a_device_taint_rule_the_real_server_refuses() -> None:
+    from kubernetes import client
+
+    from tests.kube_fake import FakeKube
+    with FakeKube() as fake:
+        api = client.ResourceV1Api(fake.client())
+        bad: Any = {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+                    "metadata": {"name": "x"},
+                    "spec": {"taint": {"key": "k", "effect": "PreferNoSchedule"}}}
+        with pytest.raises(ApiException) as err:
+            api.create_device_taint_rule(bad)
+        assert err.value.status == 422 and "spec.taint.effect" in str(err.value.body)

@@ -8,6 +8,9 @@ extended resources), or ``claim:<claim>`` / ``claim:<claim>/<request>`` for one 
 ``resources.claims``, when the container is in the spec (a status for a container the spec
 lacks is not checked: kubernetes/kubernetes#124915); each ``resources[k].health`` is
 Healthy, Unhealthy or Unknown; ``resourceID`` unique within the entry.
+
+DeviceTaintRule (resource.k8s.io/v1, ``validateDeviceTaint``): ``spec.taint.key``
+required, ``spec.taint.effect`` one of None, NoSchedule, NoExecute.
 """
 
 from __future__ import annotations
@@ -70,3 +73,24 @@ def pod(kind: Kind, obj: Obj) -> None:
         msg = errs[0] if len(errs) == 1 else "[" + ", ".join(errs) + "]"
         raise ApiError(422, "Invalid", f'Pod "{name}" is invalid: {msg}',
                        details(kind, name))
+
+
+EFFECTS = ("None", "NoSchedule", "NoExecute")
+
+
+def device_taint_rule(kind: Kind, obj: Obj) -> None:
+    """Raise the real server's 422 for an invalid DeviceTaintRule's taint."""
+    if kind.plural != "devicetaintrules":
+        return
+    taint = (obj.get("spec") or {}).get("taint") or {}
+    name = (obj.get("metadata") or {}).get("name", "")
+    errs = []
+    if not taint.get("key"):
+        errs.append("spec.taint.key: Required value")
+    if taint.get("effect") not in EFFECTS:
+        errs.append(f"spec.taint.effect: Unsupported value: {json.dumps(taint.get('effect'))}"
+                    ": supported values: " + ", ".join(f'"{e}"' for e in EFFECTS))
+    if errs:
+        msg = errs[0] if len(errs) == 1 else "[" + ", ".join(errs) + "]"
+        raise ApiError(422, "Invalid", f'DeviceTaintRule.resource.k8s.io "{name}" is invalid: '
+                       f"{msg}", details(kind, name))
