@@ -474,6 +474,14 @@ class ArbiterMetrics:
             "ftagent_arbiter_cordons_skipped",
             "Cordons the circuit breaker skipped (--max-cordon-fraction, --max-cordons): the "
             "pods were still replaced.", registry=registry)
+        self.uncordons = Counter(
+            "ftagent_arbiter_uncordons",
+            "Nodes this arbiter uncordoned (its own cordon, --uncordon-after: the node agent "
+            "reported the node healthy that long), by node.", ["node"], registry=registry)
+        self.cordons_held = Gauge(
+            "ftagent_arbiter_cordons_held",
+            "Nodes ftagent holds cordoned now (its annotation on a node still unschedulable, "
+            "from the node watch): what the circuit breaker counts.", registry=registry)
         self.actions_failed = Counter(
             "ftagent_arbiter_actions_failed",
             "Cluster actions of a decision that could not be carried out (refused by RBAC, "

@@ -585,6 +585,8 @@ def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
     cluster.on_action_failed = lambda action: server.metrics.actions_failed.labels(
         action=action).inc()
     cluster.on_cordon_skipped = server.metrics.cordons_skipped.inc
+    cluster.on_uncordon = lambda node: server.metrics.uncordons.labels(node=node[:253]).inc()
+    server.metrics.cordons_held.set_function(lambda: cluster.breaker.count())
     server.on_registry.append(cluster.rebind)  # each term as leader has its own registry
     loop = asyncio.get_running_loop()
     start_watches(cluster, kube, loop, threading.Event())

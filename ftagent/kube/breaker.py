@@ -129,6 +129,10 @@ class CordonBreaker:
         """A cordon found on a node (its annotations, from the watch)."""
         self.observe(node, Held(job, at, confirmed), now)
 
+    def count(self) -> int:
+        """Nodes held cordoned now (safe from another thread: one len)."""
+        return len(self._held)
+
     def held(self, node: str) -> Held | None:
         return self._held.get(node)
 
