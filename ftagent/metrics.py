@@ -576,8 +576,9 @@ class JobCollector(Collector):
             "decision (and barrier), restart, checkpoint and other_phases (declared "
             "phases), straggler (waiting on a slow rank), capacity (a replacement pod "
             "waiting for a node), outage (stalled on a link outage that restarted "
-            "nothing), unattributed. Productive holds its highest value when "
-            "time moves out of it.", labels=job + ["category"])
+            "nothing), preflight (the checks before a barrier), unattributed. "
+            "Productive holds its highest value when time moves out of it.",
+            labels=job + ["category"])
         ratio = GaugeMetricFamily("ftagent_job_goodput_ratio", "Effective training time "
                                   "ratio: productive seconds over the job's wall time.",
                                   labels=job)

@@ -87,6 +87,7 @@ class LinkProtocol:
         self.arbiter_id = ""
         self.faults: OrderedDict[str, pb.Fault] = OrderedDict()
         self.arrival: pb.BarrierArrival | None = None
+        self.preflight_seconds = 0.0  # the last preflight's, said with the next arrival
         self.later: deque[pb.AgentMessage] = deque(maxlen=KEPT_OFFLINE)
         self.last_exit: pb.AgentMessage | None = None  # until confirmed read, or moved on
         self.outcomes: OrderedDict[str, str] = OrderedDict()  # settled faults' outcomes
@@ -163,7 +164,8 @@ class LinkProtocol:
         self.last_exit = None  # the arrival says the previous trainer exited
         if generation <= self.released_generation:
             return None
-        self.arrival = pb.BarrierArrival(generation=generation, previous_trainer_exited=True)
+        self.arrival = pb.BarrierArrival(generation=generation, previous_trainer_exited=True,
+                                         preflight_seconds=self.preflight_seconds)
         return pb.AgentMessage(arrival=self.arrival)
 
     def started(self, generation: int, *, released: bool) -> None:

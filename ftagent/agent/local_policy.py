@@ -83,6 +83,10 @@ def _decide(fault: Fault, *, restarts_done: int, max_restarts: int, backoff_base
                                         or fault.scope == Scope.NODE):
         return Action(ActionKind.REPLACE, f"fatal GPU fault: {fault.message}",
                       exit_code=EXIT_REPLACE, fault_id=fault.id)
+    if fault.evidence.get("preflight") is True and fault.severity == Severity.FATAL:
+        # the rank cannot start here (detect/preflight.py): move the pod, never loop
+        return Action(ActionKind.REPLACE, fault.message, exit_code=EXIT_REPLACE,
+                      fault_id=fault.id)
     if fault.kind == FaultKind.HANG and hang_action == "alert":
         return Action(ActionKind.ALERT_ONLY, f"hang (--hang-action alert): {fault.message}",
                       fault_id=fault.id)

@@ -175,6 +175,7 @@ class Worker:
         self.fault_hooks: tuple[Callable[[Fault], None], ...] = p.fault_hooks  # metrics
         self.evidence: Evidence | None = p.evidence  # the hang fault's async enrichment
         self.before_start = p.before_start  # awaited just before each trainer starts
+        self.before_barrier = p.before_barrier  # awaited before each barrier (preflight)
         self.extra_env: Mapping[str, str] = dict(p.env)
         # the step the arbiter's last RESTART said every rank's snapshot holds: the next
         # attempt's FTAGENT_RESUME_STEP (ftagent.checkpoint.load loads it)
@@ -367,7 +368,10 @@ class Worker:
             if self.stop_signal is not None:
                 return 128 + self.stop_signal
             self._apply(self.lifecycle.waiting())
+            failed = await self._before_barrier()
             go = await self.decider.before_start(self)
+            if go is None and failed:
+                go = self._decisive()  # the local policy's answer to it, already delivered
             if go is not None:  # the arbiter said STOP/REPLACE before we started
                 return self._exit_code_of(go, None)
             if self.stop_signal is not None:
@@ -395,6 +399,37 @@ class Worker:
                 await self._interruptible_sleep(action.backoff_seconds)
                 continue
             return self._exit_code_of(action, exit_)
+
+    async def _before_barrier(self) -> bool:
+        """The before-barrier parts (preflight): a fault one returns is raised now, before
+        this rank arrives at the barrier, so the decider answers it (REPLACE) before the
+        barrier releases. True when one was raised. Fails open: a part that raises is
+        logged and the start goes on."""
+        for part in self.before_barrier:
+            try:
+                fault = await part(self)
+            except Exception:
+                log.exception("before-barrier part failed; starting all the same")
+                continue
+            if fault is not None:
+                await self.raise_fault(fault)
+                return True
+        return False
+
+    def _decisive(self) -> Action | None:
+        """A STOP or REPLACE delivered and not carried out yet (recorded), else None;
+        what else was delivered stays, in order."""
+        queued = self.take_delivered()
+        found = None
+        for action in queued:
+            if found is None and action.kind in (ActionKind.STOP, ActionKind.REPLACE) \
+                    and not self.lifecycle.moot(action):
+                found = action
+            else:
+                self.deliver(action)
+        if found is not None:
+            self.record(found)
+        return found
 
     def _exit_code_of(self, action: Action, exit_: ProcessExit | None) -> int:
         """The worker ends on ``action``: its exit status (lifecycle.exit_status_of)."""

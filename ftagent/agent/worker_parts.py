@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from ftagent.agent.supervisor import TrainerProcess
 from ftagent.model import Fault, Observation
@@ -39,6 +39,10 @@ Close = Callable[[], Awaitable[None]]
 # the next attempt's environment -> awaited before its trainer is started (the barrier
 # already released): standby.py's wait for the rendezvous store (store_wait.py)
 BeforeStart = Callable[[Mapping[str, str]], Awaitable[None]]
+# the worker -> awaited before it arrives at the barrier of the generation it is about to
+# start: a fault (a failed preflight, agent/preflight.py) is raised before the barrier
+# releases, so the decider answers it first; None: go on
+BeforeBarrier = Callable[[Any], Awaitable["Fault | None"]]
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,8 @@ class WorkerParts:
     raised: metrics), ``evidence`` (the async enrichment of a hang fault), ``env`` (on top
     of the spec's environment for every attempt), ``spawn`` (the one place a trainer is
     started: the seam warm standbys replace), ``before_start`` (awaited with the next
-    attempt's environment just before its trainer starts) and ``on_close`` (awaited when
+    attempt's environment just before its trainer starts), ``before_barrier`` (awaited
+    with the worker before it arrives at the barrier: preflight) and ``on_close`` (awaited when
     the worker's supervision ends, however it ends: the standbys' close)."""
 
     sources: tuple[Source, ...] = ()
@@ -65,13 +70,15 @@ class WorkerParts:
     spawn: Spawn = TrainerProcess
     on_close: tuple[Close, ...] = ()
     before_start: tuple[BeforeStart, ...] = ()
+    before_barrier: tuple[BeforeBarrier, ...] = ()
 
     def plus(self, *, sources: Sequence[Source] = (), detectors: Sequence[Detector] = (),
              observers: Sequence[Observer] = (), line_handlers: Sequence[LineHandler] = (),
              fault_hooks: Sequence[Callable[[Fault], None]] = (),
              env: Mapping[str, str] | None = None,
              on_close: Sequence[Close] = (),
-             before_start: Sequence[BeforeStart] = ()) -> WorkerParts:
+             before_start: Sequence[BeforeStart] = (),
+             before_barrier: Sequence[BeforeBarrier] = ()) -> WorkerParts:
         """These parts with more added after the ones already there (order is kept:
         observers and detectors run in the order they were added)."""
         return dataclasses.replace(
@@ -80,7 +87,8 @@ class WorkerParts:
             line_handlers=(*self.line_handlers, *line_handlers),
             fault_hooks=(*self.fault_hooks, *fault_hooks),
             env={**self.env, **(env or {})}, on_close=(*self.on_close, *on_close),
-            before_start=(*self.before_start, *before_start))
+            before_start=(*self.before_start, *before_start),
+            before_barrier=(*self.before_barrier, *before_barrier))
 
     def with_(self, *, spawn: Spawn | None = None,
               evidence: Evidence | None = None) -> WorkerParts:

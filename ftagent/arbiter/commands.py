@@ -86,6 +86,13 @@ def resend(rs: RankState) -> None:
             conn.send(data)
 
 
+def forget_replace(rs: RankState) -> None:
+    """Drop an unacknowledged REPLACE of this rank's pod (a new pod holds the rank now)."""
+    for slot, (cid, _) in list(rs.pending.items()):
+        if cid.endswith("-replace"):
+            del rs.pending[slot]
+
+
 def acked(rs: RankState, command_id: str) -> None:
     for slot, (cid, _) in list(rs.pending.items()):
         if cid == command_id:

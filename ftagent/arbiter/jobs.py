@@ -136,6 +136,12 @@ class Jobs:
                  f"previous stream from {rs.pod or old.peer} is closed)", rank=h.rank)
         fresh = rs is None or rs.conn is None
         owners_were = job.owners_print
+        # a REPLACE the rank's previous pod never acknowledged (it died with its node)
+        # is that pod's, not its successor's: a new pod (another name or uid) is not
+        # replaced in turn, it rejoins (barrier.decide_hello)
+        if rs is not None and ((h.pod and rs.pod and h.pod != rs.pod) or (
+                conn.pod_uid and rs.pod_uid and conn.pod_uid != rs.pod_uid)):
+            commands.forget_replace(rs)
         apply(job, Registered(
             rank=h.rank, pod=h.pod, node=h.node, state=h.state, instance=h.agent_instance,
             pod_uid=conn.pod_uid, gpus=tuple(h.gpus), generation=h.generation,

@@ -28,6 +28,11 @@ not hold the ledger in ``restart``).
 - ``straggler``: training time the job waited on a slow rank: the share of each step the
   slowest rank's own time exceeds the others' median (arbiter/straggler.py's
   ``slowdown``, only while a rank is slow by its measure), over the time it was so.
+- ``preflight``: the checks every rank runs before it arrives at a barrier
+  (agent/preflight.py), as its agent measured them (``preflight``): carved out of the
+  category the job was in (``decision`` after a fault, ``startup`` at the first start),
+  the slowest rank's per generation (they run together), never more than that category
+  holds.
 - ``capacity``: after a decision, time a replacement pod of the job was Pending (no node
   for it yet: the cluster's capacity, not the job's fault), from the Kubernetes side's
   pod watch (``capacity``); it is carved out of ``decision``.
@@ -70,7 +75,8 @@ SNAPSHOT_SOURCES = ("memory", "peer", "disk")  # where ftagent.checkpoint found 
 SAID_SOURCES = ("reported", *SNAPSHOT_SOURCES)  # the trainer said where it resumed
 CATEGORIES = ("startup", "productive", "recomputed", "detection", "decision", "restart",
               "unattributed", "checkpoint", "other_phases", "straggler", "capacity",
-              "outage")
+              "outage", "preflight")
+MAX_PREFLIGHT = 600.0  # seconds one preflight may claim (its budgets are seconds)
 PHASE_CATEGORIES = ("checkpoint", "other_phases")  # (checkpoint, other) seconds, in order
 SAMPLES_KEPT = 4096  # (time, step) points kept per training stretch, for interpolation
 INCIDENTS_KEPT = 64  # per job, the newest
@@ -258,6 +264,7 @@ class Ledger:
         self._quiet_until = -1  # no straggler share up to this step (an outage's stall)
         # (seconds, until): phase time reported by then is the last outage's stall
         self._stall_credit: tuple[float, float] | None = None
+        self._preflight: dict[int, float] = {}  # generation -> the slowest preflight
         if midway or any(self.carried.values()):
             # met midway (an arbiter restarted under a running job): until every rank's
             # next step, the ledger cannot say what the job is doing
@@ -382,6 +389,23 @@ class Ledger:
         move = min(share * (at - start), self.totals["productive"])
         self.totals["productive"] -= move
         self.totals["straggler"] += move
+
+    def preflight(self, generation: int, seconds: float, at: float) -> None:
+        """A rank's preflight for ``generation`` took ``seconds`` (before its arrival at
+        ``at``): that time, the slowest rank's per generation, moves into ``preflight``
+        from the mode the job waits in (decision, capacity, startup)."""
+        if self.ended is not None or generation != self.generation or \
+                self.mode not in (Mode.DECISION, Mode.CAPACITY, Mode.STARTUP):
+            return
+        secs = min(_finite(seconds, 0.0), MAX_PREFLIGHT)
+        done = self._preflight.get(generation, 0.0)
+        if secs <= done:
+            return
+        self._preflight = {generation: secs}  # only the current generation's is kept
+        self._close(max(_finite(at, self.since), self.since), self.mode)
+        move = min(secs - done, self.totals[self.mode.value])
+        self.totals[self.mode.value] -= move
+        self.totals["preflight"] += move
 
     def capacity(self, waiting: bool, at: float) -> None:
         """A replacement pod of the job is Pending (``waiting``) or no longer is, as of

@@ -154,6 +154,9 @@ class Registry:
             self.intake.fault(conn, job, rs, m.fault, now, received)
         elif body == "arrival":
             self._jobs.arrival(job, rs, m.arrival.generation, now)
+            if m.arrival.preflight_seconds > 0:  # its own ledger category
+                self.journal.ledger(job, now).preflight(m.arrival.generation,
+                                                        m.arrival.preflight_seconds, now)
         elif body == "exit":
             self._jobs.exit(job, rs, m.exit, now)
         elif body == "ack":

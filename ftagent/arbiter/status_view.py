@@ -126,7 +126,7 @@ def format_entry(e: pb.TimelineEntry) -> str:
 
 GOODPUT_ORDER = ("productive", "startup", "recomputed", "detection", "decision", "restart",
                  "outage", "checkpoint", "other_phases", "straggler", "capacity",
-                 "unattributed")
+                 "preflight", "unattributed")
 
 
 def format_goodput(g: pb.Goodput) -> str:

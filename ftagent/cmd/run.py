@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
@@ -41,7 +41,7 @@ from ftagent.config import (
     unrecognized,
 )
 from ftagent.metrics import AgentMetrics
-from ftagent.model import Progress
+from ftagent.model import Fault, Progress
 from ftagent.sources.progress import LogObservation
 from ftagent.watch.loop import WatchLoop
 
@@ -149,8 +149,10 @@ def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
         p = progress_parts(w, cfg, metrics, rundir, p)
         p = warm_restart_parts(w, cfg, rundir, p, standbys)
         p = flight_recorder_parts(w, cfg, rundir, p)
+        watch = None
         if node_sources:  # the host's GPUs and links: one source of the agent (ftagent/watch/)
-            p = p.plus(sources=[add_watch(w, cfg, environ, registry, labels)])
+            watch = add_watch(w, cfg, environ, registry, labels)
+            p = p.plus(sources=[watch])
         snap = cfg.snapshot
         p = p.plus(env=snapshot_env(snap, ids.job, limit=memory_limit,
                                     workers=int(nproc) if nproc.isdigit() else 1))
@@ -159,12 +161,44 @@ def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
                 os.path.abspath(snap.snapshot_dir), ids.job, lambda: w.ident.rank,
                 os.path.abspath(snap.checkpoint_dir), every=snap.persist_every,
                 seconds=snap.persist_seconds)])
-        return p
+        return preflight_parts(w, cfg, watch, p)
 
     agent = pod.add(spec, metrics=metrics, parts=parts)
     if serve:
         start_metrics(cfg, registry, agent)
     return agent
+
+
+def preflight_parts(w: Worker, cfg: RunConfig, watch: Any, p: WorkerParts) -> WorkerParts:
+    """``p`` with preflight before each barrier (agent/preflight.py), unless
+    --no-preflight: the full budgets at this agent's first start (a new pod, a new
+    node), the fast ones for a restart in place (--preflight-warm)."""
+    sup = cfg.supervisor
+    if not sup.preflight:
+        return p
+    from ftagent.agent.preflight import Preflight
+    from ftagent.detect.preflight import fault_of
+
+    check = Preflight(watch, sup.preflight_checkpoint_dir,
+                      full_on_warm=sup.preflight_warm == "full")
+
+    async def before_barrier(worker: Worker) -> Fault | None:
+        warm = worker.restarts > 0
+        v = await check.run(warm=warm)
+        worker.events.write("state", "preflight", v.reason or "preflight passed",
+                            generation=worker.generation, ok=v.ok, failed=list(v.failed),
+                            preflight_seconds=round(v.seconds, 3), fast=warm)
+        session = rank_session(worker)  # the arbiter's ledger counts it (its arrival)
+        proto = getattr(getattr(session, "link", None), "proto", None)
+        if proto is not None:
+            proto.preflight_seconds = v.seconds
+        if v.ok:
+            log.debug("preflight passed in %.3fs", v.seconds)
+            return None
+        log.error("%s (generation %d)", v.reason, worker.generation)
+        return fault_of(v, worker.generation)
+
+    return p.plus(before_barrier=[before_barrier])
 
 
 def pod_decider(cfg: RunConfig) -> Decider:

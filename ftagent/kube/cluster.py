@@ -59,8 +59,12 @@ from ftagent.kube.cluster_faults import (
     pending_fault,
     waits_for_a_node,
 )
+from ftagent.kube.device_health import DeviceHealth
+from ftagent.kube.device_taint import TAINT_KEY, Absent, taint_device
 from ftagent.kube.identity import identify, literal_env, trainer_index
 from ftagent.kube.membership import KIND_RANK, JobOwners, Ref, controller_ref, local_world
+from ftagent.kube.node_blip import STEP_WINDOW, still_stepping
+from ftagent.kube.node_lifecycle import held_by_other, planned
 from ftagent.kube.node_scope import NodeEvidence
 from ftagent.kube.owners import OwnerChains
 from ftagent.kube.recorder import JOB_KINDS, ObjectRef, Recorder, job_owner, pod_ref
@@ -133,11 +137,19 @@ class Cluster:
         self.health = NodeHealth(settings.uncordon_after)
         self._uncordoning: set[str] = set()
         self._uncordoned: list[str] = []  # (from workers, under _lock)
+        # DRA device taints the cluster could not take: the node's cordon instead, judged
+        # on the loop (the breaker): (job key, node, kind, reason, fault id, rank)
+        self._taint_fallbacks: list[tuple[tuple[str, str], str, str, str, str, Any]] = []
         # an uncordon made (node): the arbiter may count it
         self.on_uncordon: Callable[[str], None] = lambda node: None
         self.evidence = NodeEvidence(settings.node_evidence_window)
         self.nodes = NodeFaults(settings.node_notready_grace)
         self.pods = PodFaults()
+        self.devices = DeviceHealth()  # device health in pod status (KEP-4680)
+        # NotReady faults held back while the job's ranks there keep stepping (node_blip)
+        self._blips: dict[tuple[str, tuple[str, str]], ClusterFault] = {}
+        self.step_window = STEP_WINDOW  # a rank stepped within this long is alive
+        self._planned_seen: OrderedDict[str, None] = OrderedDict()  # lifecycle transitions
         self.pod_cache: dict[tuple[str, str], dict[str, Any]] = {}
         self.node_names: set[str] = set()
         self.node_cache: dict[str, Any] = {}  # the watch's nodes (one entry per node)
@@ -253,6 +265,7 @@ class Cluster:
         decisions are acted on. What the watches saw (pods, nodes) is kept."""
         self.registry = registry
         self._replacing.clear()
+        self._blips.clear()
         registry.add_decision_listener(self.on_decision)
         registry.pod_alive = self.pod_alive
         if self.active():  # a term as leader: what the nodes are now, judged afresh
@@ -291,6 +304,29 @@ class Cluster:
             return
         for cf in self.nodes.observe(node, self.clock(), deleted=deleted):
             self._report_node(cf)
+        if not deleted:
+            self._planned(name, node)
+
+    def _planned(self, name: str, node: Any) -> None:
+        """Lifecycle conditions True on ``node`` (node_lifecycle.py): a planned event on
+        the timeline of each job with ranks there, once per transition; not a fault."""
+        for p in planned(node):
+            key = f"{name}:{p.type}:{p.since}"
+            if key in self._planned_seen:
+                continue
+            self._planned_seen[key] = None
+            while len(self._planned_seen) > CONTEXT_KEPT:
+                self._planned_seen.popitem(last=False)
+            now = self.clock()
+            for job, rs in self.registry.ranks_on_node(name):
+                if job.finished:
+                    continue
+                self.registry.timeline.add(
+                    now, job.job, job.namespace, job.generation, "note",
+                    f"planned: node {name} {p.type}" + (f" ({p.reason}: {p.message})"
+                                                        if p.reason or p.message else "")
+                    + ": not a fault; ftagent does not cordon a node another system "
+                    "drains", rank=rs.rank)
 
     def on_pod(self, type_: str, pod: Any) -> None:
         """A pod watch event, on the loop."""
@@ -325,12 +361,38 @@ class Cluster:
             self._remember(cf, ((ns, name, cf.uid),))
             self.registry.report_fault(job.namespace, job.job, cf.fault, self.clock(),
                                        rank=rs.rank)
+        if not deleted:
+            self._device_health(job, rs, pod)
 
-    def _report_node(self, cf: ClusterFault) -> None:
+    def _device_health(self, job: JobState, rs: Any, pod: Any) -> None:
+        """The kubelet's device health in the pod's status (device_health.py): an
+        Unhealthy device the pod holds replaces that rank's pod, as node-scope evidence.
+        Only for the job's own pod as the watch sees it (its namespace, its job label, the
+        uid its rank registered from): a status of another job's pod acts on nothing here."""
+        ns, name = get(pod, "metadata", "namespace"), get(pod, "metadata", "name")
+        uid = get(pod, "metadata", "uid")
+        if ns != job.namespace or get(pod, "metadata", "labels", JOB_LABEL) != job.job or \
+                (rs.pod_uid and rs.pod_uid != uid):
+            return
+        faults, ignored = self.devices.observe(pod)
+        now = self.clock()
+        for why in ignored:
+            msg = f"device health of pod {name} ignored: {why}"
+            log.warning("job %s/%s: %s", job.namespace, job.job, msg)
+            self.registry.timeline.add(now, job.job, job.namespace, job.generation, "note",
+                                       msg, rank=rs.rank)
+        for cf in faults:
+            self._remember(cf, ((ns, name, cf.uid),))
+            self.registry.report_fault(job.namespace, job.job, cf.fault, now, rank=rs.rank)
+
+    def _report_node(self, cf: ClusterFault, only: tuple[str, str] | None = None) -> None:
         by_job: dict[tuple[str, str], list[Any]] = {}
         for job, rs in self.registry.ranks_on_node(cf.node):
-            if not job.finished:
+            if not job.finished and only in (None, (job.namespace, job.job)):
                 by_job.setdefault((job.namespace, job.job), []).append(rs)
+        for (ns, name), ranks in list(by_job.items()):
+            if only is None and self._blip(cf, ns, name, ranks):
+                del by_job[(ns, name)]
         for (ns, name), ranks in by_job.items():
             pods = tuple((ns, r.pod, self._uid(ns, r.pod)) for r in ranks if r.pod)
             ev = {**cf.fault.evidence, "ranks": [r.rank for r in ranks][:64],
@@ -338,6 +400,50 @@ class Cluster:
             fault = dataclasses.replace(cf.fault, evidence=ev)
             self._remember(cf, pods)
             self.registry.report_fault(ns, name, fault, self.clock(), rank=ranks[0].rank)
+
+    def _blip(self, cf: ClusterFault, ns: str, name: str, ranks: list[Any]) -> bool:
+        """A NotReady node whose ranks of this job all keep stepping (node_blip.py): the
+        fault is held back (``_blips``, re-checked every tick) and the timeline says so."""
+        since = cf.fault.evidence.get("since")
+        if "ready" not in cf.fault.evidence or not isinstance(since, float | int):
+            return False  # a deleted node is never a blip
+        now = self.clock()
+        got = still_stepping(ranks, float(since), now, self._step_window())
+        if not got.stepping:
+            log.info("node %s not Ready: job %s/%s acted on (%s)", cf.node, ns, name, got.why)
+            return False
+        if (cf.node, (ns, name)) not in self._blips and len(self._blips) < CONTEXT_KEPT:
+            self._blips[(cf.node, (ns, name))] = cf
+            job = self.registry.jobs.get((ns, name))
+            if job is not None:
+                self.registry.timeline.add(
+                    now, name, ns, job.generation, "note",
+                    f"node {cf.node} not Ready for {now - since:.0f}s but {got.why}: a "
+                    "blip, no replacement (acted on if they stop while it stays NotReady)",
+                    rank=ranks[0].rank, fault_id=cf.fault.id)
+        return True
+
+    def _step_window(self) -> float:
+        return max(self.settings.node_notready_grace, self.step_window)
+
+    def _blips_due(self, now: float) -> None:
+        """Held-back NotReady faults: dropped once the node is Ready again, reported to
+        the job once its ranks there stop stepping while it is still NotReady."""
+        for (node, key), cf in list(self._blips.items()):
+            job = self.registry.jobs.get(key)
+            since = self.nodes.down(node, cf.fault.id)
+            if job is None or job.finished or since is None:
+                del self._blips[(node, key)]
+                if job is not None and not job.finished and node in self.node_names:
+                    self.registry.timeline.add(
+                        now, key[1], key[0], job.generation, "note",
+                        f"node {node} Ready again (or a new transition): the NotReady blip "
+                        "passed with nothing replaced", fault_id=cf.fault.id)
+                continue
+            ranks = [rs for j, rs in self.registry.ranks_on_node(node) if j is job]
+            if not still_stepping(ranks, since, now, self._step_window()).stepping:
+                del self._blips[(node, key)]
+                self._report_node(cf, only=key)
 
     def _remember(self, cf: ClusterFault, pods: tuple[tuple[str, str, str], ...]) -> None:
         self._context[cf.fault.id] = (cf, pods)
@@ -359,6 +465,7 @@ class Cluster:
             self.chains.ask(ns, ref)  # one that failed (5xx, transport): again
         for cf in self.nodes.due(now):
             self._report_node(cf)
+        self._blips_due(now)
         for (ns, name), since in list(self._replacing.items()):
             job = self.registry.jobs.get((ns, name))
             if job is None or job.finished or job.barrier is None or job.barrier.released:
@@ -387,6 +494,7 @@ class Cluster:
             self._flush_events()
         self._trainjob_progress(now)
         self._uncordon_due(now)
+        self._taint_fallbacks_due(now)
 
     def _trainjob_progress(self, now: float) -> None:
         """Each training job whose pods belong to a Kubeflow TrainJob: its step, loss,
@@ -444,7 +552,8 @@ class Cluster:
         evidence = "corroborated"
         if cf is not None:  # the API server's own view: its scope decides
             cordon, why = bool(node) and cf.fault.scope is Scope.NODE, ""
-            evidence = "node-condition"
+            evidence = "device-health" if cf.fault.evidence.get("device_health") is True \
+                else "node-condition"
         elif node:
             account = next((a for ns, name, _ in pods
                             if (a := self._account_of(ns, name))), "")
@@ -461,6 +570,19 @@ class Cluster:
                                        "decision", msg, rank=d.rank, fault_id=d.fault_id)
             self._event(job, pods[0][1] if pods else "", "Normal", "NodeNotCordoned", msg,
                         now)
+        dra = cf.fault.evidence.get("dra") if cf is not None else None
+        if cordon and dra and isinstance(dra, list):
+            # DRA devices: taint each one (KEP-5055), not the node; the node's cordon
+            # only if the cluster cannot take the taint (_taint_fallbacks_due)
+            cordon = False
+            self._submit(self._actions, self._taint_devices, job, node, kind, d.reason,
+                         d.fault_id, who, [tuple(x) for x in dra[:16]], d.rank, now)
+        other = held_by_other(self.node_cache.get(node)) if cordon else ""
+        if other:  # another system drains it: the pod moves, the node stays theirs
+            cordon = False
+            msg = f"node {node} not cordoned: {other}"
+            self.registry.timeline.add(now, job.job, job.namespace, job.generation,
+                                       "decision", msg, rank=d.rank, fault_id=d.fault_id)
         if cordon:
             cordon = self._breaker_allows(job, rs, node, who, d, now, evidence)
         for _, _, uid in pods:
@@ -608,6 +730,46 @@ class Cluster:
             except Exception:
                 self.on_action_failed("delete_pod")
                 log.exception("deleting pod %s/%s failed", ns, name)
+
+    def _taint_devices(self, job: JobState, node: str, kind: str, reason: str,
+                       fault_id: str, who: str, devices: list[tuple[str, ...]], rank: Any,
+                       now: float) -> None:
+        """In a worker: a DeviceTaintRule per faulty DRA device; where the cluster has
+        none (or forbids it), the node's cordon instead, decided on the loop."""
+        for dev in devices:
+            if len(dev) != 3:
+                continue
+            driver, pool, device = (str(x) for x in dev)
+            try:
+                if taint_device(self.api_client, driver, pool, device, reason, fault_id,
+                                who):
+                    self._event(job, "", "Warning", "DeviceTainted",
+                                f"device {driver}/{pool}/{device} tainted "
+                                f"{TAINT_KEY}=device:NoSchedule (node {node} stays "
+                                f"schedulable): {reason}", now)
+            except Absent as e:
+                log.warning("job %s: %s; cordoning node %s instead", who, e, node)
+                with self._lock:
+                    self._taint_fallbacks.append(((job.namespace, job.job), node, kind,
+                                                  reason, fault_id, rank))
+                return
+            except Exception:
+                self.on_action_failed("taint_device")
+                log.exception("tainting device %s/%s/%s failed", driver, pool, device)
+
+    def _taint_fallbacks_due(self, now: float) -> None:
+        with self._lock:
+            due, self._taint_fallbacks = self._taint_fallbacks, []
+        for key, node, kind, reason, fault_id, rank in due:
+            job = self.registry.jobs.get(key)
+            if job is None or not node or held_by_other(self.node_cache.get(node)):
+                continue
+            who = f"{job.namespace}/{job.job}" if job.namespace else job.job
+            d = Decision(Verdict.REPLACE, reason=reason, generation=job.generation,
+                         fault_id=fault_id, rank=rank)
+            if self._breaker_allows(job, None, node, who, d, now, "device-health"):
+                self._submit(self._actions, self._carry_out_replace, job, node, kind,
+                             reason, fault_id, who, (), now, "device-health")
 
     def _force_delete(self, ns: str, name: str, uid: str, stuck: float) -> None:
         try:
@@ -757,7 +919,7 @@ def held_cordon(node: Any, now: float) -> Held | None:
     evidence = notes.get(EVIDENCE_ANNOTATION)
     return Held(str(notes.get(ANNOTATIONS + "fault-job", ""))[:300],
                 at if at is not None else now,
-                evidence in ("node-agent", "node-condition"))
+                evidence in ("node-agent", "node-condition", "device-health"))
 
 
 async def tick_forever(cluster: Cluster, interval: float = 0.5) -> None:

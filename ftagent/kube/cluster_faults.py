@@ -170,6 +170,12 @@ class NodeFaults:
                                                "reason": d.reason, "since": d.since}, d.key))
         return out
 
+    def down(self, name: str, key: str) -> float | None:
+        """Since when ``name`` is NotReady, if still in the same transition ``key`` (the
+        fault's id), else None (Ready again, deleted, or a newer transition)."""
+        d = self._down.get(name)
+        return d.since if d is not None and d.key == key else None
+
     def next_deadline(self) -> float | None:
         """When the earliest NotReady node passes its grace (None: none pending)."""
         times = [d.since + self.grace for d in self._down.values()]

@@ -200,12 +200,14 @@ class Fault(_message.Message):
     def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[FaultKind, str]] = ..., severity: _Optional[_Union[Severity, str]] = ..., scope: _Optional[_Union[Scope, str]] = ..., message: _Optional[str] = ..., evidence_json: _Optional[str] = ..., detected_at: _Optional[float] = ..., generation: _Optional[int] = ..., exit_status: _Optional[int] = ...) -> None: ...
 
 class BarrierArrival(_message.Message):
-    __slots__ = ("generation", "previous_trainer_exited")
+    __slots__ = ("generation", "previous_trainer_exited", "preflight_seconds")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_TRAINER_EXITED_FIELD_NUMBER: _ClassVar[int]
+    PREFLIGHT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     generation: int
     previous_trainer_exited: bool
-    def __init__(self, generation: _Optional[int] = ..., previous_trainer_exited: _Optional[bool] = ...) -> None: ...
+    preflight_seconds: float
+    def __init__(self, generation: _Optional[int] = ..., previous_trainer_exited: _Optional[bool] = ..., preflight_seconds: _Optional[float] = ...) -> None: ...
 
 class TrainerExit(_message.Message):
     __slots__ = ("generation", "exit_code", "signal")

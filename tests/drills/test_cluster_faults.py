@@ -4,8 +4,10 @@ The arbiter runs with ``--kube`` against tests/kube_fake (real HTTP, real watche
 ``kubernetes`` client) where the job's pods and nodes are objects; the agents say which pod
 and node they are (``--pod``, ``--node``), as the webhook's env does in a cluster.
 
-1. node-1 goes NotReady (the kubelet stops posting status) past --node-notready-grace ->
-   rank 1 replaced: node-1 cordoned and tainted, its pod deleted, Events on the pod and
+1. node-1 goes NotReady (the kubelet stops posting status) while rank 1 there keeps
+   stepping -> a blip: nothing replaced, the timeline says so; rank 1's pod then dies (its
+   agent killed, as on a node really lost) while node-1 stays NotReady -> rank 1
+   replaced: node-1 cordoned and tainted, its pod deleted, Events on the pod and
    the job; rank 1's agent exits with the replace status; the "controller" (the drill)
    creates the replacement pod on node-2 and starts its agent; the job trains again
 2. rank 0's pod is preempted (DisruptionTarget, PreemptionByScheduler) -> rank 0 replaced
@@ -73,7 +75,7 @@ def lab(kube: FakeKube, tmp_path_factory: pytest.TempPathFactory) -> Iterator[La
 
 
 def replaced_and_back(lab: Lab, kube: FakeKube, rank: int, pod: str, node: str,
-                      n: int) -> dict[str, Any]:
+                      n: int, killed: bool = False) -> dict[str, Any]:
     """The replace decision for ``rank`` (after ``n`` earlier ones); its agent's exit; the
     replacement pod on ``node`` with its agent; the job training again from the last
     checkpoint before the decision (the node's trouble does not stop training here: the
@@ -82,7 +84,8 @@ def replaced_and_back(lab: Lab, kube: FakeKube, rank: int, pod: str, node: str,
     before = max(lab.steps(0), lab.steps(1)) + 2
     replace = decisions(lab, "replace")[-1]
     assert f"rank {rank}" in replace["message"], line_of(replace)
-    assert lab.agents[rank].wait(60) == EXIT_REPLACE, lab.dump()
+    # (``killed``: its agent died with its node, so it heard no decision)
+    assert lab.agents[rank].wait(60) == (-9 if killed else EXIT_REPLACE), lab.dump()
     # its agent gone, its log is whole: the step its trainer stopped at (the replace stops
     # every rank at one step and rank 0 checkpoints it). ``before`` may be a few steps short
     # of it: the log the test reads trails the trainer by the agent's output batching.
@@ -111,8 +114,24 @@ def test_1_node_not_ready_replaces_its_rank_cordons_and_the_new_pod_takes_over(
     lab.settled()
     trained_past(lab, CKPT_EVERY + 3, timeout=180)
     n = len(decisions(lab, "replace"))
+
+    def fresh() -> bool:  # the arbiter heard rank 1's recent steps (summaries every 5 s)
+        ranks = lab.status().get("ranks") or []
+        return any(r.get("rank") == 1 and 0 <= r.get("progress_age_seconds", -1) < 5
+                   and r.get("step", 0) > 0 for r in ranks)
+
+    wait(fresh, 60, "the arbiter to know rank 1 steps", lab)
     kube.set_node_ready("node-1", "Unknown")
-    replace = replaced_and_back(lab, kube, 1, "lab-worker-1-b", "node-2", n)
+    # NotReady is not death: rank 1 keeps stepping there, so nothing is replaced
+    wait(lambda: any("a blip, no replacement" in str(e["message"]) for e in lab.timeline()),
+         60, "the NotReady blip noted", lab)
+    at = lab.steps(1)
+    trained_past(lab, at + 5)
+    assert len(decisions(lab, "replace")) == n, lab.dump()
+    # the node really lost: its pod dies with it (the agent and trainer killed) while the
+    # node stays NotReady -> replaced as before
+    lab.kill_agent(1)
+    replace = replaced_and_back(lab, kube, 1, "lab-worker-1-b", "node-2", n, killed=True)
     assert "not Ready" in replace["message"] or any(
         "node node-1 not Ready" in str(e["message"]) for e in lab.timeline()), lab.dump()
     node = kube.get("nodes", "node-1") or {}

@@ -64,8 +64,10 @@ class Setup:
 async def cluster(world: int = 4, per_node: int = 1, nodes: int = 8,
                   owner: dict[str, Any] = OWNER,
                   before: Callable[[FakeKube], None] | None = None,
+                  pod_spec: dict[str, Any] | None = None,
                   **settings: Any) -> AsyncIterator[Setup]:
-    """``owner``: the rank pods' controller; ``before``: objects to create first."""
+    """``owner``: the rank pods' controller; ``before``: objects to create first;
+    ``pod_spec``: more of the rank pods' spec (their containers with resources)."""
     fake = FakeKube()
     if before is not None:
         before(fake)
@@ -75,7 +77,7 @@ async def cluster(world: int = 4, per_node: int = 1, nodes: int = 8,
     conns = []
     for r in range(world):
         fake.add_pod(NS, f"llm-worker-{r}", labels={JOB_LABEL: "llm"},
-                     node=f"node-{r // per_node}", owner=owner)
+                     node=f"node-{r // per_node}", owner=owner, **(pod_spec or {}))
         c = Connection(f"peer-{r}")
         reg.hello(c, pb.Hello(job="llm", namespace=NS, rank=r, world_size=world,
                               agent_instance=f"i{r}", pod=f"llm-worker-{r}",

@@ -67,6 +67,11 @@ Control API of :class:`FakeKube` (thread-safe; objects are plain dicts as on the
   ``set_pod_phase(namespace, name, phase, reason=None, message=None)``,
   ``set_pod_condition(namespace, name, type, status="True", reason=None, message=None)``
   (e.g. ``DisruptionTarget`` with reason ``PreemptionByScheduler``),
+  ``set_device_health(namespace, name, resource, device, health="Unhealthy",
+  container="trainer", message=None)`` (the kubelet's ``allocatedResourcesStatus``, KEP-4680,
+  validated as the real server does: 422 for a resource the container does not hold);
+  node lifecycle conditions (KEP-5683) through ``set_node_condition`` (e.g.
+  ``"DrainInProgress"``, ``"MaintenancePlanned"``),
   ``finish_termination(namespace, name)`` (the kubelet's final delete of a Terminating pod),
   ``events(namespace=None, involved=None) -> list`` (core/v1 shape).
 * CRDs: ``remove_resource(resource)`` (not installed: 404 on every request for it),
@@ -310,6 +315,34 @@ class FakeKube:
         cond = {"type": type_, "status": status, "reason": reason, "message": message,
                 "lastTransitionTime": now_rfc3339()}
         return self.patch("pods", name, {"status": {"conditions": [cond]}}, namespace,
+                          STRATEGIC, "status")
+
+    def set_device_health(self, namespace: str, name: str, resource: str, device: str,
+                          health: str = "Unhealthy", container: str = "trainer",
+                          message: str | None = None) -> dict[str, Any]:
+        """The kubelet's device health for one device of ``container`` (KEP-4680):
+        ``status.containerStatuses[name=container].allocatedResourcesStatus[name=resource]
+        .resources[resourceID=device].health`` set (the entry and the container's status
+        added when absent), other devices and entries kept. Validated as the real server
+        validates it (validate.py): a resource the container does not hold is 422."""
+        pod = self.get("pods", name, namespace) or {}
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        st = next((c for c in statuses if c.get("name") == container), None) or {
+            "name": container, "image": "trainer:latest", "imageID": "", "ready": True,
+            "restartCount": 0, "started": True,
+            "state": {"running": {"startedAt": now_rfc3339()}}}
+        entries = [dict(e) for e in st.get("allocatedResourcesStatus") or []]
+        entry = next((e for e in entries if e.get("name") == resource), None)
+        if entry is None:
+            entry = {"name": resource, "resources": []}
+            entries.append(entry)
+        dev: dict[str, Any] = {"resourceID": device, "health": health}
+        if message is not None:
+            dev["message"] = message
+        entry["resources"] = [r for r in entry.get("resources") or []
+                              if r.get("resourceID") != device] + [dev]
+        st = {**st, "allocatedResourcesStatus": entries}
+        return self.patch("pods", name, {"status": {"containerStatuses": [st]}}, namespace,
                           STRATEGIC, "status")
 
     def events(self, namespace: str | None = None,

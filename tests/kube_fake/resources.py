@@ -74,6 +74,11 @@ KINDS: list[Kind] = [
     Kind("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
          "MutatingWebhookConfiguration", namespaced=False),
     *[Kind(g, v, p, k, status=True, custom=True) for g, v, p, k in _JOB_KINDS],
+    # DRA (resource.k8s.io/v1): slices the drivers publish, taint rules (KEP-5055)
+    Kind("resource.k8s.io", "v1", "resourceslices", "ResourceSlice", namespaced=False,
+         fields=("metadata.name", "spec.nodeName", "spec.driver")),
+    Kind("resource.k8s.io", "v1", "devicetaintrules", "DeviceTaintRule", namespaced=False,
+         status=True),
     # create-only, never stored: answered by tokens.Issuer (server.py routes it there)
     Kind("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", namespaced=False),
     Kind("authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview",

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import patch as patches
+from . import validate
 from .errors import (
     ApiError,
     Obj,
@@ -134,6 +135,7 @@ class Store:
             meta["namespace"] = ns or meta.get("namespace") or "default"
         else:
             meta.pop("namespace", None)
+        validate.device_taint_rule(kind, obj)
         with self.lock:
             key = self._key(kind, meta.get("namespace"), name)
             if key in self._bucket(kind):
@@ -288,6 +290,8 @@ class Store:
             new.pop(k, None)
         if new == old:
             return to_view(kind, old)
+        validate.pod(kind, new)
+        validate.device_taint_rule(kind, new)
         spec_keys = set(new) | set(old)
         if "generation" in ometa and any(new.get(k) != old.get(k)
                                          for k in spec_keys - {"metadata", "status"}):

@@ -220,3 +220,30 @@ def test_a_replacement_pending_past_the_grace_is_a_warning_saying_why() -> None:
     assert "Pending 60s" in got.fault.message and "Insufficient nvidia.com/gpu" in \
         got.fault.message
     assert pending_fault(pending, 200.0, since=50.0, grace=60.0, once=once) is None
+
+
+def test_a_replace_the_dead_pod_never_acknowledged_is_not_sent_to_its_successor() -> None:
+    """A node dies with its pod: the REPLACE decided for that rank is never acknowledged.
+    The controller's new pod (another name) registers the rank: it rejoins the job's
+    generation, it is not replaced in turn (one pod per REPLACE)."""
+    reg, conns, clock = running_job()
+    for c in conns:
+        commands(c)
+    f = Fault(FaultKind.NODE, "node node-1 NotReady", Severity.FATAL, Scope.NODE, id="n1")
+    reg.report_fault("ns", "j", f, clock(), rank=2)
+    assert [c.kind for c in commands(conns[2])] == [pb.COMMAND_KIND_REPLACE]
+    reg.disconnect(conns[2])  # the pod died with its node: no ack
+    new = Connection("peer-2b")
+    reg.hello(new, pb.Hello(job="j", namespace="ns", rank=2, world_size=4,
+                            agent_instance="i2b", pod="j-2-b", node="node-5"))
+    got = [c.kind for c in commands(new)]
+    assert pb.COMMAND_KIND_REPLACE not in got, got
+    # the same pod reconnecting (its agent's stream broke) still gets it
+    reg2, conns2, clock2 = running_job()
+    reg2.report_fault("ns", "j", f, clock2(), rank=2)
+    commands(conns2[2])
+    reg2.disconnect(conns2[2])
+    again = Connection("peer-2c")
+    reg2.hello(again, pb.Hello(job="j", namespace="ns", rank=2, world_size=4,
+                               agent_instance="i2", pod="j-2", node="node-1"))
+    assert pb.COMMAND_KIND_REPLACE in [c.kind for c in commands(again)]

@@ -1,0 +1,245 @@
+"""Preflight at the edge: the checks of detect/preflight.py, run before every (re)start.
+
+Awaited by the worker before it arrives at the barrier of the generation it is about to
+start (``WorkerParts.before_barrier``): the checks run together, each bounded by its
+budget (detect/preflight.py's table: the fast one for a warm restart), so a preflight
+never holds a start longer than its slowest budget. The verdict is pure; a failure is
+raised as a fault (``fault_of``) through the worker, so the decider -- the arbiter, or the
+local policy -- replaces this rank's pod before the barrier releases, instead of the
+whole job restarting into a rank that fails again.
+
+* accelerator: the watch's own devices (``watch/gpu.py``'s source). NVML, real or
+  ``--gpu-backend simulated:FILE``: ``nvmlDeviceGetUUID`` and ``nvmlDeviceGetMemoryInfo``
+  on every watched GPU, straight on the backend (not through the watch's call wrapper,
+  whose "lost" is an event of its own); a vendor tool (Ascend, Kunlunxin): one sample of
+  every device. A device the watch already knows lost fails at once. No accelerator
+  watch, or one still starting when the budget is spent: skipped (never a failed start
+  for a slow ``nvmlInit``).
+* nic: the links the NIC watch watches (its netlink view), each up with carrier -- when
+  the job names them (``--nic``, ``NCCL_SOCKET_IFNAME``, ``GLOO_SOCKET_IFNAME``); when
+  the watch guessed (every link up at start), only all of them down fails.
+* storage: ``--preflight-checkpoint-dir``: a small file written, fsynced, read back and
+  removed.
+
+A blocking call (NVML, a file system) runs in a daemon thread of its own: one that never
+returns is abandoned at its budget (it cannot be interrupted) and never holds the agent's
+exit, as a pool thread would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from ftagent.detect.preflight import CheckResult, Verdict, budgets, verdict
+
+log = logging.getLogger("ftagent.agent")
+
+T = TypeVar("T")
+PROBE_BYTES = 4096
+NIC_POLL = 0.05  # seconds between looks at a link that is down (within the budget)
+GUESSED = "links up at start"  # sources/nic.py select_links' fallback: no link named
+
+
+class TimedOut(Exception):
+    pass
+
+
+async def in_thread(fn: Callable[[], T], timeout: float) -> T:
+    """``fn()`` in a daemon thread, its result or exception; TimedOut past ``timeout``."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[T] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if fut.done():
+            return
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+
+    def run() -> None:
+        value: Any
+        try:
+            ok, value = True, fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the loop
+            ok, value = False, e
+        with contextlib.suppress(RuntimeError):  # the loop closed since: nobody waits
+            loop.call_soon_threadsafe(settle, ok, value)
+
+    # a probe abandoned at its budget may still settle: its outcome is read, never logged
+    fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+    threading.Thread(target=run, name="ftagent-preflight", daemon=True).start()
+    try:
+        return await asyncio.wait_for(asyncio.shield(fut), timeout)
+    except asyncio.TimeoutError:
+        raise TimedOut() from None
+
+
+def _parts(watch: Any) -> dict[str, Any]:
+    return {getattr(p, "name", ""): p for p in getattr(watch, "parts", ()) or ()}
+
+
+def accelerator_probe(source: Any) -> Callable[[], str] | None:
+    """A blocking probe of every device of ``source`` ('' when they all answer, else why
+    not), or None when there is nothing to probe (no devices, the watch off)."""
+    devices = list(getattr(source, "gpus", ()) or ())
+    nvml: Any = getattr(getattr(source, "nv", None), "nvml", None)
+    backend: Any = getattr(source, "backend", None)
+    if not devices or (nvml is None and backend is None):
+        return None
+
+    def nvml_probe() -> str:
+        import pynvml
+
+        for g in devices:
+            name = f"GPU {g.dev.index} ({g.dev.uuid or g.dev.pci_bus_id})"
+            if g.lost:
+                return f"{name} is lost (the GPU watch saw it go)"
+            try:
+                nvml.nvmlDeviceGetUUID(g.handle)
+                nvml.nvmlDeviceGetMemoryInfo(g.handle)
+            except pynvml.NVMLError_NotSupported:
+                continue
+            except pynvml.NVMLError as e:
+                return f"{name} does not answer NVML ({type(e).__name__}: {e})"
+        return ""
+
+    def vendor_probe() -> str:
+        from ftagent.sources.accel import BackendUnavailable
+
+        for w in devices:
+            if w.lost:
+                return f"device {w.dev.index} ({w.dev.uuid}) is lost (the watch saw it go)"
+        try:
+            samples = backend.sample([w.dev for w in devices])
+        except BackendUnavailable as e:
+            return f"{getattr(backend, 'tool', 'the vendor tool')} does not answer: {e}"
+        by_index = {s.index: s for s in samples}
+        for w in devices:
+            s = by_index.get(w.dev.index)
+            if s is None or s.lost:
+                return f"device {w.dev.index} ({w.dev.uuid}) does not answer " \
+                       f"{getattr(backend, 'tool', 'the vendor tool')}"
+        return ""
+
+    return nvml_probe if nvml is not None else vendor_probe
+
+
+def storage_probe(directory: str) -> Callable[[], str]:
+    def probe() -> str:
+        if not os.path.isdir(directory):
+            return f"{directory} is not a directory"
+        path = os.path.join(directory, f".ftagent-preflight-{os.getpid()}-"
+                                       f"{threading.get_ident()}")
+        data = os.urandom(PROBE_BYTES)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            with open(path, "rb") as f:
+                back = f.read(PROBE_BYTES + 1)
+            if back != data:
+                return f"{directory}: a file written there read back different"
+        except OSError as e:
+            return f"{directory} is not writable and readable ({e.strerror or e})"
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        return ""
+    return probe
+
+
+class Preflight:
+    """The checks of one worker (its node's watch when it carries it, its checkpoint
+    directory). ``run(warm)`` -> the verdict, within the budgets."""
+
+    def __init__(self, watch: Any = None, checkpoint_dir: str = "", *,
+                 full_on_warm: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.watch = watch
+        self.checkpoint_dir = checkpoint_dir
+        self.full_on_warm = full_on_warm
+        self.clock = clock
+
+    async def run(self, warm: bool = False) -> Verdict:
+        limits = budgets(fast=warm and not self.full_on_warm)
+        results = await asyncio.gather(self._accelerator(limits["accelerator"]),
+                                       self._nic(limits["nic"]),
+                                       self._storage(limits["storage"]))
+        return verdict(results)
+
+    async def _timed(self, name: str, probe: Callable[[], str] | None, budget: float,
+                     skip: str = "") -> CheckResult:
+        if probe is None:
+            return CheckResult(name, True, 0.0, skip, skipped=True)
+        t0 = self.clock()
+        try:
+            why = await in_thread(probe, budget)
+        except TimedOut:
+            return CheckResult(name, False, self.clock() - t0,
+                               f"did not answer within {budget:g}s", timed_out=True)
+        except Exception as e:  # a probe that raised: its message, one line
+            why = f"{type(e).__name__}: {e}"
+        return CheckResult(name, not why, self.clock() - t0, why)
+
+    async def _accelerator(self, budget: float) -> CheckResult:
+        part = _parts(self.watch).get("gpu")
+        source = getattr(part, "source", None)
+        ready = getattr(source, "ready", None)
+        t0 = self.clock()
+        if source is not None and ready is not None and not ready.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):  # the watch's NVML starting
+                await asyncio.wait_for(ready.wait(), budget)
+        if source is None or ready is None or not ready.is_set():
+            return await self._timed("accelerator", None, budget,
+                                     "no accelerator watch (or it is still starting)")
+        left = max(0.1, budget - (self.clock() - t0))
+        return await self._timed("accelerator", accelerator_probe(source), left,
+                                 "no devices watched")
+
+    async def _nic(self, budget: float) -> CheckResult:
+        part = _parts(self.watch).get("nic")
+        source = getattr(part, "source", None)
+        if source is None:
+            return CheckResult("nic", True, 0.0, "no NIC watch", skipped=True)
+        t0 = self.clock()
+        ready = getattr(source, "ready", None)
+        if ready is not None and not ready.is_set():
+            try:
+                await asyncio.wait_for(ready.wait(), budget)
+            except asyncio.TimeoutError:
+                return CheckResult("nic", True, self.clock() - t0,
+                                   "the NIC watch is still starting", skipped=True)
+        links: Sequence[Any] = source.snapshot()
+        if not links:
+            return CheckResult("nic", True, self.clock() - t0, "no links watched",
+                               skipped=True)
+        # a link down now may be a flap: looked at again until the budget is spent
+        while any(not (n.up and n.carrier) for n in links) and \
+                self.clock() - t0 + NIC_POLL < budget:
+            await asyncio.sleep(NIC_POLL)
+            links = source.snapshot()
+        down = [f"{n.device} is {'down' if not n.up else 'without carrier'}"
+                for n in links if not (n.up and n.carrier)]
+        sel = getattr(source, "selection", None)
+        if down and getattr(sel, "why", "") == GUESSED and len(down) < len(links):
+            # the job named no links (--nic, NCCL_/GLOO_SOCKET_IFNAME): the watch guessed
+            # every link up at start, so one of them down is not the job's path down
+            return CheckResult("nic", True, self.clock() - t0,
+                               f"{', '.join(down[:8])} (not named as the job's links)")
+        return CheckResult("nic", not down, self.clock() - t0, ", ".join(down[:8]))
+
+    async def _storage(self, budget: float) -> CheckResult:
+        d = self.checkpoint_dir
+        return await self._timed("storage", storage_probe(d) if d else None, budget,
+                                 "no checkpoint directory given")

@@ -1,0 +1,62 @@
+"""Planned disruptions (KEP-5683 node lifecycle conditions, a drain by someone else)
+through the fake API server: recorded as planned, never a fault, and a node another
+system drains is never cordoned again by ftagent."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ftagent.kube.node_lifecycle import held_by_other, planned
+from tests.arbiter_helpers import wait_until
+from tests.integration.test_kube_actions import NS, cluster, run
+
+
+def notes(s: Any) -> list[str]:
+    return [e.message for e in s.reg.timeline.entries("llm", NS, 0)]
+
+
+def test_a_drain_in_progress_is_planned_not_a_fault_and_is_said_once() -> None:
+    async def body() -> None:
+        async with cluster() as s:
+            job = s.reg.jobs[(NS, "llm")]
+            for _ in range(3):  # the same transition seen again (heartbeats): said once
+                s.fake.set_node_condition("node-1", "DrainInProgress", "True",
+                                          reason="NodeMaintenance", message="by ops")
+            await wait_until(lambda: any("planned: node node-1 DrainInProgress" in m
+                                         for m in notes(s)), 20, "the planned event")
+            await asyncio.sleep(0.3)  # noqa: ASYNC110 -- nothing else may follow
+            assert len([m for m in notes(s) if m.startswith("planned:")]) == 1
+            assert job.generation == 0 and s.fake.count("delete", "pods") == 0
+    run(body)
+
+
+def test_a_node_another_system_drains_is_not_cordoned_again() -> None:
+    async def body() -> None:
+        async with cluster(node_notready_grace=0.5) as s:
+            job = s.reg.jobs[(NS, "llm")]
+            s.fake.set_node_condition("node-2", "DrainInProgress", "True",
+                                      reason="Upgrade")
+            await wait_until(lambda: any("planned" in m for m in notes(s)), 20, "planned")
+            s.fake.set_node_ready("node-2", "Unknown")  # then it goes away for real
+            await wait_until(lambda: job.generation == 1, 20, "the node loss decided")
+            await wait_until(lambda: s.fake.count("delete", "pods") >= 1, 20, "pod deleted")
+            assert s.fake.count("update", "nodes") == 0
+            assert any("node node-2 not cordoned: DrainInProgress on the node (Upgrade)" in m
+                       for m in notes(s))
+    run(body)
+
+
+def test_the_pure_rules() -> None:
+    node: dict[str, Any] = {"status": {"conditions": [
+        {"type": "Ready", "status": "True"},
+        {"type": "MaintenancePlanned", "status": "True", "reason": "Firmware",
+         "lastTransitionTime": "2026-01-01T00:00:00Z"},
+        {"type": "DrainInProgress", "status": "False"}, 1, None]}}
+    assert [p.type for p in planned(node)] == ["MaintenancePlanned"]
+    assert held_by_other(node).startswith("MaintenancePlanned")
+    cordoned: dict[str, Any] = {"spec": {"unschedulable": True}}
+    assert "someone else" in held_by_other(cordoned)
+    ours = {"spec": {"unschedulable": True}, "metadata": {"annotations": {
+        "ftagent.io/cordoned-by": "ftagent-arbiter"}}}
+    assert held_by_other(ours) == "" and held_by_other(None) == "" and planned("x") == []

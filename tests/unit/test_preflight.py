@@ -1,0 +1,216 @@
+"""Preflight: the pure verdict (detect/preflight.py) and the checks at the edge
+(agent/preflight.py) against the simulated NVML, a real directory, and a probe that hangs."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ftagent.agent.preflight import Preflight, TimedOut, in_thread, storage_probe
+from ftagent.config import GpuConfig
+from ftagent.detect.preflight import CheckResult, budgets, fault_of, verdict
+from ftagent.model import FaultKind, NicStats, Scope, Severity
+from ftagent.sources import gpu_script
+from ftagent.sources.gpu import GpuSource
+from ftagent.sources.gpu_sim import SimulatedNvml
+
+
+def test_all_passing_or_skipped_passes_and_reports_the_longest_check() -> None:
+    v = verdict([CheckResult("nic", True, 0.2), CheckResult("accelerator", True, 0.5),
+                 CheckResult("storage", True, 0.0, "none", skipped=True)])
+    assert v.ok and v.reason == "" and v.failed == () and v.seconds == 0.5
+
+
+def test_a_failure_and_a_timeout_are_named_in_check_order() -> None:
+    v = verdict([CheckResult("storage", False, 5.0, "did not answer within 5s",
+                             timed_out=True),
+                 CheckResult("accelerator", False, 0.1, "GPU 0 is lost")])
+    assert not v.ok and v.failed == ("accelerator", "storage")
+    assert v.reason == ("preflight failed: accelerator: GPU 0 is lost; storage: did not "
+                        "answer within 5s")
+    f = fault_of(v, 3)
+    assert (f.kind, f.severity, f.scope) == (FaultKind.GPU, Severity.FATAL, Scope.NODE)
+    assert f.evidence["preflight"] is True and f.evidence["generation"] == 3
+    nic = fault_of(verdict([CheckResult("nic", False, 0.0, "eth0 is down")]), 1)
+    assert (nic.kind, nic.scope) == (FaultKind.NODE, Scope.POD)  # never cordons a node
+    assert fault_of(v, 3).id != f.id  # a new fault every time (a new pod: decided again)
+
+
+def test_odd_values_stay_bounded() -> None:
+    v = verdict([CheckResult("nic", False, float("nan"), "x" * 10_000)])
+    assert v.seconds == 0.0 and len(v.reason) < 400
+    assert budgets(fast=True)["accelerator"] < budgets(fast=False)["accelerator"]
+
+
+def test_a_probe_that_hangs_is_abandoned_at_its_budget() -> None:
+    gate = threading.Event()
+
+    async def body() -> float:
+        t0 = time.monotonic()
+        with pytest.raises(TimedOut):
+            await in_thread(gate.wait, 0.3)
+        return time.monotonic() - t0
+
+    try:
+        took = asyncio.run(body())
+    finally:
+        gate.set()
+    assert 0.25 <= took < 2.0
+
+
+@dataclass
+class Dev:
+    index: int = 0
+    uuid: str = "GPU-x"
+    pci_bus_id: str = "0000:18:00.0"
+
+
+@dataclass
+class Hung:
+    dev: Dev = field(default_factory=Dev)
+    handle: Any = None
+    lost: bool = False
+
+
+class HangingNvml:
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:  # noqa: N802 - pynvml's name
+        self.gate.wait()
+        return "GPU-x"
+
+
+class Part:
+    def __init__(self, name: str, source: Any) -> None:
+        self.name, self.source = name, source
+
+
+class Watch:
+    def __init__(self, *parts: Part) -> None:
+        self.parts = list(parts)
+
+
+def test_an_accelerator_that_hangs_fails_within_its_budget_not_forever() -> None:
+    nvml = HangingNvml()
+
+    class Source:
+        ready = asyncio.Event()
+        gpus = [Hung()]
+
+        class nv:  # noqa: N801 - the shape of GpuSource.nv
+            pass
+
+    Source.nv.nvml = nvml  # type: ignore[attr-defined]
+
+    async def body() -> Any:
+        Source.ready.set()
+        return await Preflight(Watch(Part("gpu", Source()))).run(warm=True)
+
+    t0 = time.monotonic()
+    try:
+        v = asyncio.run(body())
+    finally:
+        nvml.gate.set()
+    assert time.monotonic() - t0 < budgets(fast=True)["accelerator"] + 1.5
+    assert not v.ok and v.failed == ("accelerator",)
+    assert "did not answer within 2s" in v.reason
+
+
+def test_a_lost_simulated_gpu_fails_and_a_healthy_one_passes(tmp_path: Path) -> None:
+    script = tmp_path / "gpus.txt"
+    script.write_text("gpus 2\nt=300ms gpu=1 lost\n")
+    sim = SimulatedNvml(gpu_script.load(str(script)))
+    source = GpuSource(GpuConfig(gpu_backend=f"simulated:{script}"), {}, lambda: sim)
+
+    async def body() -> tuple[Any, Any]:
+        assert await asyncio.get_running_loop().run_in_executor(None, source._start)
+        source.ready.set()
+        pre = Preflight(Watch(Part("gpu", source)))
+        first = await pre.run()
+        await asyncio.sleep(0.4)  # noqa: ASYNC110 -- the script's clock: past t=300ms
+        return first, await pre.run()
+
+    try:
+        first, second = asyncio.run(body())
+    finally:
+        source.stop()
+    assert first.ok, first.reason
+    assert not second.ok and "GPU 1" in second.reason and "GpuIsLost" in second.reason
+    assert second.failed == ("accelerator",)
+
+
+def test_no_watch_skips_and_a_link_down_fails() -> None:
+    class Nic:
+        ready = None
+
+        def __init__(self, links: list[NicStats]) -> None:
+            self.links = links
+
+        def snapshot(self) -> list[NicStats]:
+            return self.links
+
+    up = NicStats("eth0", True, True, 0, 0, 0, 0.0, 0.0)
+    down = NicStats("eth1", True, False, 0, 0, 0, 0.0, 0.0)
+    assert asyncio.run(Preflight().run()).ok
+    assert asyncio.run(Preflight(Watch(Part("nic", Nic([up])))).run()).ok
+    named = Nic([up, down])
+    named.selection = Selection("--nic eth0,eth1")  # type: ignore[attr-defined]
+    v = asyncio.run(Preflight(Watch(Part("nic", named))).run())
+    assert not v.ok and v.reason == "preflight failed: nic: eth1 is without carrier"
+    # links the watch guessed (none named): one down is not the job's path down; all are
+    guessed = Nic([up, down])
+    guessed.selection = Selection("links up at start")  # type: ignore[attr-defined]
+    assert asyncio.run(Preflight(Watch(Part("nic", guessed))).run()).ok
+    guessed.links = [down]
+    assert not asyncio.run(Preflight(Watch(Part("nic", guessed))).run()).ok
+
+
+@dataclass
+class Selection:
+    why: str
+
+
+def test_storage_writable_passes_missing_or_read_only_fails(tmp_path: Path) -> None:
+    assert storage_probe(str(tmp_path))() == ""
+    assert list(tmp_path.iterdir()) == []  # its probe file removed
+    assert "is not a directory" in storage_probe(str(tmp_path / "nope"))()
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        import os
+        if os.geteuid() == 0:
+            pytest.skip("root writes into a read-only directory")
+        assert "not writable" in storage_probe(str(ro))()
+    finally:
+        ro.chmod(0o700)
+
+
+def test_the_checks_run_together_within_the_slowest_budget(tmp_path: Path) -> None:
+    v = asyncio.run(Preflight(None, str(tmp_path)).run())
+    assert v.ok and {r.name for r in v.results} == {"accelerator", "nic", "storage"}
+
+
+def test_a_link_that_flaps_back_within_the_budget_passes() -> None:
+    class Flapping:
+        ready = None
+        selection = Selection("--nic eth0")
+
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def snapshot(self) -> list[NicStats]:
+            self.calls += 1
+            up = self.calls > 3  # down for the first looks, then back
+            return [NicStats("eth0", True, up, 0, 0, 0, 0.0, 0.0)]
+
+    src = Flapping()
+    v = asyncio.run(Preflight(Watch(Part("nic", src))).run(warm=True))
+    assert v.ok and src.calls == 4
