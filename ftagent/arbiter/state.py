@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from ftagent.arbiter import fr_verdict
 from ftagent.model import JobBusy
 from ftagent.wire.limits import MAX_OPEN_FAULTS, MAX_SPARES
 
@@ -152,9 +153,10 @@ class RankState:
     # again on a new stream until an arbiter confirms reading it (link_protocol.py)
     exit_heard: tuple[int, int] | None = None
     stack: str | None = None  # signature of the stacks sent for the current hang probe
-    # its flight-recorder summary sent with those stacks (fr_verdict.summary_of); read
-    # only while ``stack`` is set, so the resets of ``stack`` retire it too
-    fr: dict[str, Any] | None = None
+    # its flight-recorder summary sent with those stacks (fr_verdict.summary_of, read
+    # once on arrival: fr_verdict.read; a plain dict is read at the verdict); used only
+    # while ``stack`` is set, so the resets of ``stack`` retire it too
+    fr: fr_verdict.Summary | dict[str, Any] | None = None
     # Commands sent but not acknowledged, re-sent on reconnect: slot -> (id, bytes).
     pending: dict[str, tuple[str, bytes]] = field(default_factory=dict)
     conn: object | None = None  # the registry's live connection, if any
@@ -391,11 +393,11 @@ class Settled(NamedTuple):
 
 class StacksIn(NamedTuple):
     """``rank``'s stacks for the current hang probe: their signature and flight-recorder
-    summary (policy.signature_in, fr_verdict.summary_in)."""
+    summary (policy.signature_in, fr_verdict.summary_in then fr_verdict.read)."""
 
     rank: int
     signature: str
-    fr: dict[str, Any] | None
+    fr: fr_verdict.Summary | dict[str, Any] | None
 
 
 Change = (Decision | Registered | Owned | Left | Progressed | Arrived | AtBarrier | Exited

@@ -31,12 +31,12 @@ STUCK = "hang_before_collective (train.py:120) < main (train.py:300)"
 
 
 def summary(rank: int, enqueued: int, completed: int) -> dict:
-    """A flight-recorder summary of one rank in process group 0 (agent/fr_summary.py)."""
+    """A flight-recorder summary of one rank in process group 0 (agent/fr_summary.py:
+    its last 8 collectives)."""
+    entries = [{"seq": s, "op": "all_reduce", "in_sizes": [[4]], "dtypes": ["Float"]}
+               for s in range(max(1, enqueued - 7), enqueued + 1)]
     return {"rank": rank, "groups": [{"name": "0", "enqueued": enqueued,
-                                      "completed": completed,
-                                      "entries": [{"seq": s, "op": "all_reduce",
-                                                   "in_sizes": [[4]], "dtypes": ["Float"]}
-                                                  for s in range(1, enqueued + 1)]}]}
+                                      "completed": completed, "entries": entries}]}
 
 
 def hung_job(world: int, culprits: set[int], *, restarts: int = 0) -> JobState:
