@@ -3,6 +3,8 @@ PyTorch DDP job (gloo on CPU, one process per rank, ``step=N/M loss=X`` lines) w
 ``SCENARIO`` picks what happens on rank ``FAULT_RANK`` (default 0) at step ``AT``
 (default 10), first attempt only (``FTAGENT_RESTART_COUNT`` 0), so a restart heals it:
 
+  first_step_hang   before its first step, blocks forever reading its data index from a
+                    dead mount (a FIFO nobody writes: no CPU, no I/O, its stack in ``open``)
   save_hang_first   "saving checkpoint at iteration AT", then blocks forever opening a FIFO
                     nobody writes (a dead mount: no CPU, no I/O, its stack in ``open``)
   save_hang_later   saves of SAVE_SECONDS (default 2) at steps 5 and AT-5 complete; the
@@ -151,6 +153,8 @@ def main() -> int:
         loader = iter(torch.utils.data.DataLoader(data, batch_size=None, num_workers=1,
                                                   prefetch_factor=1))
     log(f"started: world={WORLD} attempt={ATTEMPT} steps={steps} scenario={SCENARIO}")
+    if SCENARIO == "first_step_hang" and FAULTY:
+        dead_mount(0)
     last = time.monotonic()
     for step in range(1, steps + 1):
         x = next(loader) if loader is not None else torch.randn(16, 32)

@@ -142,6 +142,9 @@ SCENARIOS: list[Scenario] = [
              world=4),
     Scenario("first-step-r1", "hang: before the first step", True, (1,),
              _t(**HANG, FAULT_RANK="1", FAULT_HANG_AT_STEP="1"), needs="stall"),
+    Scenario("first-step-dead-mount", "hang: before the first step", True, (0,),
+             _t(**HANG, SCENARIO="first_step_hang"), script=FAULTS, deadline=150.0,
+             needs="stall"),
     # ------------------------------------------------------------------ healthy look-alikes
     Scenario("declared-saves", "healthy: long saves", False,
              env=_t(TRAIN_STEPS="70", CKPT_EVERY="20", CKPT_FACTOR="40"), quick=True),
