@@ -16,9 +16,10 @@ PyTorch DDP job (gloo on CPU, one process per rank, ``step=N/M loss=X`` lines) w
   mismatch          at AT rank FAULT_RANK calls all_gather where the others all_reduce
   inner             WORLD 4: two data-parallel groups {0,1}, {2,3} inside the world; at AT
                     rank FAULT_RANK skips its group's all-reduce (its peer waits in it)
-  slow_read         healthy: every READ_EVERY (default 10) steps the rank reads a shard from
-                    SLOW_SERVER (host:port, a loopback server that answers after its delay)
-                    in its main thread: a socket recv() of seconds
+  slow_read         healthy: every READ_EVERY (default 10) steps rank FAULT_RANK reads a
+                    shard from SLOW_SERVER (host:port, a loopback server that answers after
+                    its delay) in its main thread: a socket recv() of seconds, while the
+                    other ranks wait for it in the next all-reduce
   slow_read_loader  healthy: the same read, inside a DataLoader worker (num_workers=1)
   gc_pause          healthy: at AT, a garbage collection over millions of cyclic objects,
                     GC_SECONDS (default 8) of CPU, printing nothing
@@ -148,7 +149,7 @@ def main() -> int:
     server = os.environ.get("SLOW_SERVER", "")
     loader = None
     if SCENARIO in ("loader_hang", "slow_read_loader"):
-        data = Batches(steps + 10, server if SCENARIO == "slow_read_loader" else "",
+        data = Batches(steps + 10, server if SCENARIO == "slow_read_loader" and FAULTY else "",
                        AT if SCENARIO == "loader_hang" and FAULTY else -1)
         loader = iter(torch.utils.data.DataLoader(data, batch_size=None, num_workers=1,
                                                   prefetch_factor=1))
@@ -158,7 +159,7 @@ def main() -> int:
     last = time.monotonic()
     for step in range(1, steps + 1):
         x = next(loader) if loader is not None else torch.randn(16, 32)
-        if SCENARIO == "slow_read" and server and step % int(os.environ.get(
+        if SCENARIO == "slow_read" and server and FAULTY and step % int(os.environ.get(
                 "READ_EVERY", "10")) == 0:
             read_shard(server)
         time.sleep(sleep * slow)

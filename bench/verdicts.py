@@ -13,8 +13,9 @@ process group, slow remote reads, GC pauses), with 0.2 s steps. The scenarios ar
 
 A **hang** row passes when the arbiter decides a restart (or stop) within its deadline and
 names exactly its culprit ranks (the decision's ``culprits`` field; issue 35 item 7).
-Detection latency: from the culprit's last step line (as this script read it) to the
-decision (the arbiter's timeline time; one clock). A **healthy** row passes when the job
+Detection latency: from the culprit's last step line (as this script read it; before the
+first step, its trainer's "started" line) to the decision (the arbiter's timeline time;
+one clock). A **healthy** row passes when the job
 trains to its end with no restart; hang faults its agents recorded (any severity) are
 counted too ("faults"), since a healthy job should raise none.
 
@@ -56,6 +57,7 @@ TRAIN = str(ROOT / "examples" / "train.py")
 FAULTS = str(ROOT / "bench" / "verdict_trainer.py")
 STEP_SLEEP = 0.2
 STEP = re.compile(r"\[rank(\d+)\] step=(\d+)/")
+STARTED = re.compile(r"\[rank(\d+)\] started: ")
 _prctl = ctypes.CDLL(None, use_errno=True).prctl
 
 
@@ -93,7 +95,7 @@ SCENARIOS: list[Scenario] = [
     Scenario("collective-4ranks", "hang: before a collective", True, (2,),
              _t(**HANG, FAULT_RANK="2", FAULT_HANG_AT_STEP="12"), world=4),
     Scenario("first-step", "hang: before the first step", True, (0,),
-             _t(**HANG, FAULT_HANG_AT_STEP="1"), needs="stall"),
+             _t(**HANG, FAULT_HANG_AT_STEP="1"), deadline=150.0, needs="stall"),
     Scenario("data-stall", "hang: data loading", True, (0,),
              _t(**HANG, FAULT_DATA_STALL_AT_STEP="10"), quick=True),
     Scenario("loader-worker", "hang: data loading", True, (0,),
@@ -141,7 +143,8 @@ SCENARIOS: list[Scenario] = [
     Scenario("sigstop-trainer-4ranks", "hang: frozen", True, (2,), HANG, action="sigstop",
              world=4),
     Scenario("first-step-r1", "hang: before the first step", True, (1,),
-             _t(**HANG, FAULT_RANK="1", FAULT_HANG_AT_STEP="1"), needs="stall"),
+             _t(**HANG, FAULT_RANK="1", FAULT_HANG_AT_STEP="1"), deadline=150.0,
+             needs="stall"),
     Scenario("first-step-dead-mount", "hang: before the first step", True, (0,),
              _t(**HANG, SCENARIO="first_step_hang"), script=FAULTS, deadline=150.0,
              needs="stall"),
@@ -200,6 +203,7 @@ class Rank:
     proc: subprocess.Popen[bytes]
     events_file: Path
     steps: list[tuple[float, int]] = field(default_factory=list)  # (arrival, step)
+    started: float | None = None  # arrival of the trainer's first "started:" line
     lines: list[str] = field(default_factory=list)
 
     def read(self) -> None:
@@ -207,6 +211,9 @@ class Rank:
         for raw in self.proc.stdout:
             text = raw.decode("utf-8", "replace").rstrip("\n")
             self.lines.append(text)
+            m = STARTED.search(text)
+            if m is not None and int(m.group(1)) == self.rank and self.started is None:
+                self.started = time.time()
             for m in STEP.finditer(text):
                 if int(m.group(1)) == self.rank:
                     self.steps.append((time.time(), int(m.group(2))))
@@ -385,6 +392,8 @@ def run_scenario(s: Scenario, address: str, tmp: Path) -> Outcome:
                 out.message = str(d.get("message", ""))
                 before = [t for rk in ([culprit] if s.culprits and len(s.culprits) == 1
                                        else ranks) for t, _ in rk.steps if t < float(d["ts"])]
+                if not before and culprit.started is not None:  # before the first step
+                    before = [culprit.started]
                 if before:
                     out.latency = float(d["ts"]) - max(before)
         else:
