@@ -123,7 +123,7 @@ def registries() -> list[tuple[str, Any]]:
     arbiter = CollectorRegistry()
     ArbiterMetrics(arbiter).watch_jobs(lambda: [JobSnapshot(
         "j", "n", "running", 1, 1, {"crash": 1}, 2.0, 2, 2, 2, ((1, "node-1"),),
-        (("productive", 9.0),), 0.9)])
+        (("productive", 9.0),), 0.9, ((1, 1),))])
     return [("pod agent (`ftagent run`)", agent),
             ("NICs and RDMA ports (`ftagent run` and `ftagent node`)", links),
             ("GPUs (`ftagent run` and `ftagent node`)", gpus),

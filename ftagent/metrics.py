@@ -536,6 +536,9 @@ class JobSnapshot:
     # exported) and the effective training time ratio (None: no wall time yet).
     goodput: tuple[tuple[str, float], ...] = ()
     goodput_ratio: float | None = None
+    # Decisions (restart, replace, stop) that named each rank a culprit: (rank, count);
+    # rank -1 counts the ranks past the job's first 64 (history.CULPRIT_RANKS_KEPT).
+    culprits: tuple[tuple[int, int], ...] = ()
 
 
 class JobCollector(Collector):
@@ -582,6 +585,10 @@ class JobCollector(Collector):
         ratio = GaugeMetricFamily("ftagent_job_goodput_ratio", "Effective training time "
                                   "ratio: productive seconds over the job's wall time.",
                                   labels=job)
+        culprits = CounterMetricFamily(
+            "ftagent_job_culprits", "Decisions (restart, replace, stop) that named the rank "
+            "a culprit: a hang's culprits, the crashed or replaced rank. rank=\"other\" "
+            "counts the ranks past the job's first 64 named.", labels=job + ["rank"])
         try:
             for j in self.snapshot():
                 lv = [j.job, j.namespace]
@@ -605,9 +612,12 @@ class JobCollector(Collector):
                     goodput.add_metric(lv + [category], seconds)
                 if j.goodput_ratio is not None:
                     ratio.add_metric(lv, j.goodput_ratio)
+                for rank, count in j.culprits:
+                    culprits.add_metric(lv + [str(rank) if rank >= 0 else OTHER], count)
         except Exception:  # a scrape must never fail because the registry did
             log.exception("job snapshot failed")
-        yield from (state, gen, restarts, ranks, lost, stragglers, straggler, goodput, ratio)
+        yield from (state, gen, restarts, ranks, lost, stragglers, straggler, goodput, ratio,
+                    culprits)
 
 
 # --------------------------------------------------------------------------- scrape-time collectors

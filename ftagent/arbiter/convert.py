@@ -76,4 +76,6 @@ def entry_to_proto(e: Entry) -> pb.TimelineEntry:
                          fault_id=e.fault_id, action=e.action)
     if e.rank is not None:
         m.rank = e.rank
+    for c in e.culprits:
+        m.culprits.add(rank=c.rank, pod=c.pod, node=c.node)
     return m

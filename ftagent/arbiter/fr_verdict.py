@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_RANKS = 1 << 16
-MAX_GROUPS = 64
+MAX_GROUPS = 64  # groups one rank's summary lists
+MAX_JOB_GROUPS = 1 << 14  # distinct groups over a job's ranks
 MAX_ENTRIES = 8
 MAX_TEXT = 160
 
@@ -103,26 +104,53 @@ def _call(rank: int, e: Any) -> Call | None:
                 _text(frames[0]) if isinstance(frames, list) and frames else "")
 
 
-def _groups(summaries: Mapping[int, Any]) -> dict[str, dict[int, _Rank]]:
-    """name -> {rank: its state}, from the summaries that parse; bounded."""
+@dataclass(frozen=True)
+class Summary:
+    """One rank's summary, checked, bounded and parsed once, when its answer arrives
+    (``read``): the verdict over 1,024 ranks then compares positions, not 16,000 raw
+    entries (parsing every summary at decision time took 0.6 s of the 1 s budget there,
+    bench/verdict_scale.py). ``silent``: the rank's agent answered without a dump."""
+
+    groups: tuple[tuple[str, _Rank], ...]
+    silent: bool = False
+
+
+def read(s: Any, rank: int) -> Summary | None:
+    """``s``, rank ``rank``'s summary as sent (or already read), as a ``Summary``; None
+    for a rank that sent none (not a mapping)."""
+    if isinstance(s, Summary):
+        return s
+    if not isinstance(s, Mapping):
+        return None
+    listed = s.get("groups")
+    if not isinstance(listed, list):
+        return Summary((), silent=True)
+    out = []
+    for g in listed[:MAX_GROUPS]:
+        if not isinstance(g, Mapping):
+            continue
+        entries = g.get("entries")
+        if not isinstance(entries, list):
+            entries = []
+        calls = {c.seq: c for c in (_call(rank, e) for e in entries[:MAX_ENTRIES])
+                 if c is not None}
+        out.append((_text(g.get("name")), _Rank(_int(g.get("enqueued")),
+                                                _int(g.get("completed")), calls)))
+    return Summary(tuple(out))
+
+
+def _groups(summaries: Mapping[int, Summary | None]) -> dict[str, dict[int, _Rank]]:
+    """name -> {rank: its state}, from the summaries read; bounded (each rank lists at
+    most MAX_GROUPS; a job has at most MAX_JOB_GROUPS distinct ones: 1,024 ranks in
+    tensor-parallel groups of 8 have 128, plus their data- and pipeline-parallel ones)."""
     out: dict[str, dict[int, _Rank]] = {}
     for rank, s in summaries.items():
-        listed = s.get("groups") if isinstance(s, Mapping) else None
-        if not isinstance(listed, list):
+        if s is None:
             continue
-        for g in listed[:MAX_GROUPS]:
-            if not isinstance(g, Mapping):
+        for name, st in s.groups:
+            if name not in out and len(out) >= MAX_JOB_GROUPS:
                 continue
-            name = _text(g.get("name"))
-            entries = g.get("entries")
-            if not isinstance(entries, list):
-                entries = []
-            calls = {c.seq: c for c in (_call(rank, e) for e in entries[:MAX_ENTRIES])
-                     if c is not None}
-            if name not in out and len(out) >= MAX_GROUPS:
-                continue
-            out.setdefault(name, {})[rank] = _Rank(_int(g.get("enqueued")),
-                                                   _int(g.get("completed")), calls)
+            out.setdefault(name, {})[rank] = st
     return out
 
 
@@ -138,12 +166,12 @@ def decide(summaries: Mapping[int, Any], world: int | None = None) -> Verdict:
     without its rank's dump, or None); ``world``: the job's rank count, so a rank absent
     from ``summaries`` (it sent nothing at all) is unresponsive too."""
     ranks = set(list(summaries)[:MAX_RANKS])
+    read_in = {r: read(summaries[r], r) for r in ranks if r in summaries}
     if world is not None:
         ranks |= set(range(min(world, MAX_RANKS)))
-    silent = sorted(r for r in ranks if not isinstance(summaries.get(r), Mapping)
-                    or not isinstance(summaries[r].get("groups"), list))
-    absent = [r for r in silent if not isinstance(summaries.get(r), Mapping)]
-    groups = _groups(summaries)
+    silent = sorted(r for r in ranks if (p := read_in.get(r)) is None or p.silent)
+    absent = [r for r in silent if read_in.get(r) is None]
+    groups = _groups(read_in)
     order = sorted(groups, key=lambda n: (len(groups[n]), n))
     findings: list[Finding] = []
     waiting: dict[int, str] = {}  # rank -> the inner group it waits in

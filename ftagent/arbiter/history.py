@@ -40,6 +40,9 @@ MAX_REASON = 200
 FAULTS_KEPT = 64
 
 
+CULPRIT_RANKS_KEPT = 64  # per job: ranks with their own culprit counter
+
+
 @dataclass(slots=True)
 class JobStats:
     """What the exporter adds up per job: restarts by fault kind, time lost to faults."""
@@ -54,6 +57,14 @@ class JobStats:
     faults: OrderedDict[str, tuple[float, str]] = field(default_factory=OrderedDict)
     ledger: Ledger | None = None  # where the job's wall time went (ledger.py)
     carried: JobRecord | None = None  # the job's record before an arbiter restart
+    # decisions that blamed each rank (Decision.culprits of restarts, replacements and
+    # stops), for ftagent_job_culprits_total; at most CULPRIT_RANKS_KEPT ranks, the rest
+    # counted under -1 ("other"): a job of 100,000 ranks adds no 100,000 series
+    culprits: dict[int, int] = field(default_factory=dict)
+
+    def blamed(self, rank: int) -> None:
+        key = rank if rank in self.culprits or len(self.culprits) < CULPRIT_RANKS_KEPT else -1
+        self.culprits[key] = self.culprits.get(key, 0) + 1
 
     def fault(self, fault_id: str, at: float, kind: str) -> None:
         self.faults[fault_id] = (at, kind)

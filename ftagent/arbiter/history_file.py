@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from ftagent.arbiter.history import JobRecord, Loaded
-from ftagent.arbiter.timeline import KEEP_PER_JOB, Entry
+from ftagent.arbiter.state import Culprit
+from ftagent.arbiter.timeline import KEEP_PER_JOB, MAX_ENTRY_CULPRITS, Entry
+from ftagent.wire.limits import MAX_NAME
 
 log = logging.getLogger("ftagent.arbiter.history")
 
@@ -45,7 +47,22 @@ def entry_json(e: Entry) -> dict[str, Any]:
     d: dict[str, Any] = {"t": "e"}
     for f in _ENTRY_FIELDS:
         d[f] = getattr(e, f)
+    if e.culprits:  # [[rank, pod, node], ...]: absent in entries without (and older files)
+        d["culprits"] = [[c.rank, c.pod, c.node] for c in e.culprits]
     return d
+
+
+def culprits_from_json(v: Any) -> tuple[Culprit, ...]:
+    """An entry's culprits as written by ``entry_json``; anything else is none (a file
+    is this arbiter's own, but a torn or hand-edited line loses only its culprits)."""
+    if not isinstance(v, list):
+        return ()
+    out = []
+    for c in v[:MAX_ENTRY_CULPRITS]:
+        if isinstance(c, list) and len(c) == 3 and isinstance(c[0], int) and \
+                not isinstance(c[0], bool) and isinstance(c[1], str) and isinstance(c[2], str):
+            out.append(Culprit(c[0], c[1][:MAX_NAME], c[2][:MAX_NAME]))
+    return tuple(out)
 
 
 def entry_from_json(d: dict[str, Any]) -> Entry:
@@ -53,7 +70,7 @@ def entry_from_json(d: dict[str, Any]) -> Entry:
     e = Entry(int(d["seq"]), float(d["ts"]), str(d["job"]), str(d.get("namespace", "")),
               int(d["generation"]), str(d["kind"]), str(d["message"]),
               None if rank is None else int(rank), str(d.get("fault_id", "")),
-              str(d.get("action", "")))
+              str(d.get("action", "")), culprits_from_json(d.get("culprits")))
     if not e.job:
         raise ValueError("no job name")
     return e

@@ -108,7 +108,7 @@ class Intake:
         if size <= policy.MAX_STACKS:  # parsed once, for both readers
             data = policy.parse_stacks(text)
             change = StacksIn(rs.rank, policy.signature_in(data, text),
-                              fr_verdict.summary_in(data, rs.rank))
+                              fr_verdict.read(fr_verdict.summary_in(data, rs.rank), rs.rank))
         else:
             change = StacksIn(rs.rank, f"{policy.NO_STACK}stacks of {size} bytes (over "
                               f"{policy.MAX_STACKS})", None)

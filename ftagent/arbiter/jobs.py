@@ -378,7 +378,7 @@ class Jobs:
             last = d.verdict.value
             kind = "barrier" if d.verdict is Verdict.RELEASE_BARRIER else "decision"
             self.journal.note(job, now, kind, d.reason, rank=d.rank, fault_id=d.fault_id,
-                              action=d.verdict.value)
+                              action=d.verdict.value, culprits=d.culprits)
             if self.metrics:
                 self.metrics.decisions.labels(action=d.verdict.value).inc()
             commands.send(job, d, self.metrics, received)

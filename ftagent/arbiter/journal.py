@@ -15,7 +15,7 @@ from collections.abc import Callable
 from ftagent.arbiter.fault_onset import onset_of
 from ftagent.arbiter.history import History, JobStats, incident_or_none
 from ftagent.arbiter.ledger import Ledger
-from ftagent.arbiter.state import Decision, JobState, RankState, Verdict
+from ftagent.arbiter.state import Culprit, Decision, JobState, RankState, Verdict
 from ftagent.arbiter.timeline import Timeline
 from ftagent.model import Fault, FaultKind
 from ftagent.v1 import ftagent_pb2 as pb
@@ -37,9 +37,10 @@ class Journal:
         self.stats: dict[Key, tuple[JobState, JobStats]] = {}
 
     def note(self, job: JobState, now: float, kind: str, message: str, *,
-             rank: int | None = None, fault_id: str = "", action: str = "") -> None:
+             rank: int | None = None, fault_id: str = "", action: str = "",
+             culprits: tuple[Culprit, ...] = ()) -> None:
         self.timeline.add(now, job.job, job.namespace, job.generation, kind, message,
-                          rank=rank, fault_id=fault_id, action=action)
+                          rank=rank, fault_id=fault_id, action=action, culprits=culprits)
         self.history.update(job, self.stats_of(job), now)
 
     def save(self, job: JobState, now: float) -> None:
@@ -160,6 +161,9 @@ class Journal:
             led.outage(d.fault_id, now)
         elif d.verdict is Verdict.ALERT_ONLY:  # a link back the job resumed from by itself
             led.settled(d.fault_id, now)
+        if d.verdict in (Verdict.RESTART, Verdict.REPLACE, Verdict.STOP):
+            for c in d.culprits:
+                s.blamed(c.rank)
         if d.verdict in (Verdict.RESTART, Verdict.REPLACE):
             seen = s.faults.get(d.fault_id)
             reason = seen[1] if seen else "other"

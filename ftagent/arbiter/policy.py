@@ -83,7 +83,14 @@ from typing import Any
 
 from ftagent.arbiter import fr_verdict
 from ftagent.arbiter.barrier import barrier_expired, rank_list
-from ftagent.arbiter.state import Decision, JobState, SpareState, Verdict
+from ftagent.arbiter.state import (
+    Culprit,
+    Decision,
+    JobState,
+    SpareState,
+    Verdict,
+    culprit_clause,
+)
 from ftagent.arbiter.straggler import StragglerAction
 from ftagent.model import Fault, FaultKind, JobBusy, Scope, Severity
 from ftagent.wire import limits
@@ -174,19 +181,32 @@ def suspected_hang(f: Fault) -> bool:
 
 
 def restart_or_stop(job: JobState, reason: str, rep: FaultReport, cfg: PolicyConfig, *,
-                    culprit: int | None = None, replace: int | None = None) -> list[Decision]:
-    """RESTART (or REPLACE ``replace``) at generation+1 if the job's budget allows, else STOP."""
+                    culprit: int | None = None, replace: int | None = None,
+                    culprits: Sequence[int] = ()) -> list[Decision]:
+    """RESTART (or REPLACE ``replace``) at generation+1 if the job's budget allows, else STOP.
+
+    The ranks to blame -- ``culprits``, else ``culprit``, else the replaced rank -- go on
+    every decision as structured ``Culprit`` values and into its reason in one form
+    (``culprit_clause``), right after ``reason``: whichever rank reported the fault, and
+    however many culprits there are. (It was said only when one culprit differed from
+    the reporting rank, so the same hang named its culprit or not depending on which
+    rank's report came first.)"""
     g = job.generation
+    named = culprits_of(job, culprits or ([culprit] if culprit is not None else
+                                          [replace] if replace is not None else []))
+    clause = f"; {culprit_clause(named)}" if named else ""
+    one = culprit if culprit is not None else named[0].rank if len(named) == 1 else None
     if job.restarts >= job.max_restarts:
         code = rep.exit_status if rep.exit_status not in (None, 0) else 1
-        return [Decision(Verdict.STOP, f"{reason}; restart budget spent "
+        return [Decision(Verdict.STOP, f"{reason}{clause}; restart budget spent "
                          f"({job.restarts}/{job.max_restarts}): stopping every rank with exit "
                          f"code {code}", g, exit_code=code, fault_id=rep.fault.id,
-                         rank=culprit if replace is None else replace)]
+                         rank=one if replace is None else replace, culprits=named)]
     spent = f"restart {job.restarts + 1}/{job.max_restarts}"
     if replace is not None:
-        out = [Decision(Verdict.REPLACE, f"{reason}; others restart at generation {g + 1} "
-                        f"({spent})", g + 1, rank=replace, fault_id=rep.fault.id)]
+        out = [Decision(Verdict.REPLACE, f"{reason}{clause}; others restart at generation "
+                        f"{g + 1} ({spent})", g + 1, rank=replace, fault_id=rep.fault.id,
+                        culprits=named)]
         spare = pick_spare(job, replace)
         if spare is not None:
             on = f" on node {spare.node}" if spare.node else ""
@@ -194,9 +214,20 @@ def restart_or_stop(job: JobState, reason: str, rep: FaultReport, cfg: PolicyCon
                                 f"takes rank {replace} at generation {g + 1}", g + 1,
                                 rank=replace, fault_id=rep.fault.id, spare=spare.instance))
         return out
-    who = f"; culprit rank {culprit}" if culprit is not None and culprit != rep.rank else ""
-    return [Decision(Verdict.RESTART, f"{reason}{who}; every rank restarts at generation "
-                     f"{g + 1} ({spent})", g + 1, rank=culprit, fault_id=rep.fault.id)]
+    return [Decision(Verdict.RESTART, f"{reason}{clause}; every rank restarts at generation "
+                     f"{g + 1} ({spent})", g + 1, rank=one, fault_id=rep.fault.id,
+                     culprits=named)]
+
+
+def culprits_of(job: JobState, ranks: Sequence[int]) -> tuple[Culprit, ...]:
+    """``ranks`` (deduplicated, sorted, the negative "no rank" left out) with the pod and
+    node each ran on as the job knows them now."""
+    out = []
+    for r in sorted({r for r in ranks if r >= 0}):
+        rs = job.ranks.get(r)
+        out.append(Culprit(r, rs.pod if rs is not None else "", rs.node if rs is not None
+                           else ""))
+    return tuple(out)
 
 
 def pick_spare(job: JobState, rank: int) -> SpareState | None:
@@ -370,11 +401,13 @@ def decide_stacks(job: JobState, now: float, cfg: PolicyConfig, *,
                       job.generation, probe.exit_status)
     culprit = culprits[0] if len(culprits) == 1 else None
     if fr is not None and fr.key and fr.key == job.mismatch:  # a program error: no retry
-        return [Decision(Verdict.STOP, f"job hang ({got}): {why}; the same collective "
+        named = culprits_of(job, culprits)
+        clause = f"; {culprit_clause(named)}" if named else ""
+        return [Decision(Verdict.STOP, f"job hang ({got}): {why}{clause}; the same collective "
                          "mismatch as before the last restart: a program error, stopping every "
                          "rank", job.generation, exit_code=1,
-                         fault_id=probe.fault_id, rank=culprit)]
-    out = restart_or_stop(job, f"job hang ({got}): {why}", rep, cfg, culprit=culprit)
+                         fault_id=probe.fault_id, rank=culprit, culprits=named)]
+    out = restart_or_stop(job, f"job hang ({got}): {why}", rep, cfg, culprits=culprits)
     if fr is not None and fr.key:
         out = [dataclasses.replace(d, mismatch=fr.key) for d in out]
     return out

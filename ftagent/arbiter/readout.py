@@ -156,7 +156,8 @@ class Readout:
                                        dict(s.restarts_by_reason), s.seconds_lost,
                                        j.world_size, j.connected, running,
                                        tuple((r, nodes.get(r, "")) for r in slow),
-                                       tuple(gp.items()), ratio))
+                                       tuple(gp.items()), ratio,
+                                       tuple(sorted(s.culprits.items()))))
             else:
                 wall = sum(j.goodput.values())
                 out.append(JobSnapshot(j.job, j.namespace, j.phase if j.finished else "gone",

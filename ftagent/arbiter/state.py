@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from ftagent.arbiter import fr_verdict
 from ftagent.model import JobBusy
 from ftagent.wire.limits import MAX_OPEN_FAULTS, MAX_SPARES
 
@@ -70,6 +71,33 @@ class Verdict(str, enum.Enum):
     # it exits with the replace status (its pod moves), its stream's end drops it
 
 
+@dataclass(frozen=True, slots=True)
+class Culprit:
+    """A rank a decision blames, with the pod and node it ran on when decided ("" where
+    its agent did not say): the structured form of a verdict's culprit, the same in the
+    decision's message (``culprit_clause``), its timeline entry, the status JSON, the
+    per-rank culprit counter and the Kubernetes Event."""
+
+    rank: int
+    pod: str = ""
+    node: str = ""
+
+
+MAX_CULPRITS_LISTED = 8  # culprits a message names one by one ("and N more" after)
+
+
+def culprit_clause(culprits: tuple[Culprit, ...]) -> str:
+    """The one form every decision names its culprits in: ``culprit ranks 1 (pod p,
+    node n), 3 (pod q, node m)`` (``-`` for a pod or node not known), at most
+    ``MAX_CULPRITS_LISTED`` of them then ``and N more``. Empty without culprits."""
+    if not culprits:
+        return ""
+    shown = ", ".join(f"{c.rank} (pod {c.pod or '-'}, node {c.node or '-'})"
+                      for c in culprits[:MAX_CULPRITS_LISTED])
+    more = len(culprits) - MAX_CULPRITS_LISTED
+    return f"culprit ranks {shown}" + (f" and {more} more" if more > 0 else "")
+
+
 @dataclass(frozen=True)
 class Decision:
     """One decision of the policy, with the reason a human reads in the timeline."""
@@ -90,6 +118,9 @@ class Decision:
     mismatch: str = ""
     busy: JobBusy | None = None  # BUSY: who is busy, who waits
     spare: str = ""  # ASSIGN: the spare's agent instance (JobState.spares)
+    # the ranks this decision blames (a hang's culprits, the crashed or replaced rank),
+    # sorted by rank; its reason names them in ``culprit_clause``'s form
+    culprits: tuple[Culprit, ...] = ()
 
 
 @dataclass(slots=True)
@@ -122,9 +153,10 @@ class RankState:
     # again on a new stream until an arbiter confirms reading it (link_protocol.py)
     exit_heard: tuple[int, int] | None = None
     stack: str | None = None  # signature of the stacks sent for the current hang probe
-    # its flight-recorder summary sent with those stacks (fr_verdict.summary_of); read
-    # only while ``stack`` is set, so the resets of ``stack`` retire it too
-    fr: dict[str, Any] | None = None
+    # its flight-recorder summary sent with those stacks (fr_verdict.summary_of, read
+    # once on arrival: fr_verdict.read; a plain dict is read at the verdict); used only
+    # while ``stack`` is set, so the resets of ``stack`` retire it too
+    fr: fr_verdict.Summary | dict[str, Any] | None = None
     # Commands sent but not acknowledged, re-sent on reconnect: slot -> (id, bytes).
     pending: dict[str, tuple[str, bytes]] = field(default_factory=dict)
     conn: object | None = None  # the registry's live connection, if any
@@ -363,11 +395,11 @@ class Settled(NamedTuple):
 
 class StacksIn(NamedTuple):
     """``rank``'s stacks for the current hang probe: their signature and flight-recorder
-    summary (policy.signature_in, fr_verdict.summary_in)."""
+    summary (policy.signature_in, fr_verdict.summary_in then fr_verdict.read)."""
 
     rank: int
     signature: str
-    fr: dict[str, Any] | None
+    fr: fr_verdict.Summary | dict[str, Any] | None
 
 
 class SnapshotsIn(NamedTuple):

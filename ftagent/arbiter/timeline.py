@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 
+from ftagent.arbiter.state import Culprit
 from ftagent.wire.limits import clip, printable
 
 log = logging.getLogger("ftagent.arbiter.timeline")
@@ -24,6 +25,7 @@ log = logging.getLogger("ftagent.arbiter.timeline")
 KEEP_PER_JOB = 1000
 MAX_ENTRY_MESSAGE = 1000  # characters of an entry's message (escaped) kept: a job's
 # timeline holds at most ~1 MB of text whatever its peers send (a fault's is 4 KiB)
+MAX_ENTRY_CULPRITS = 64  # culprits one entry keeps as data (a decision names more by count)
 WATCH_QUEUE = 10_000  # entries a slow watcher may lag behind before it is dropped
 
 
@@ -39,6 +41,9 @@ class Entry:
     rank: int | None = None
     fault_id: str = ""
     action: str = ""
+    # a decision's culprits (Decision.culprits): rank, pod and node as data, the same
+    # ranks its message names
+    culprits: tuple[Culprit, ...] = ()
 
 
 class Watcher:
@@ -79,10 +84,11 @@ class Timeline:
 
     def add(self, now: float, job: str, namespace: str, generation: int, kind: str,
             message: str, *, rank: int | None = None, fault_id: str = "",
-            action: str = "") -> Entry:
+            action: str = "", culprits: tuple[Culprit, ...] = ()) -> Entry:
         self._seq += 1
         e = Entry(self._seq, now, job, namespace, generation, kind,
-                  clip(printable(message), MAX_ENTRY_MESSAGE), rank, fault_id, action)
+                  clip(printable(message), MAX_ENTRY_MESSAGE), rank, fault_id, action,
+                  culprits[:MAX_ENTRY_CULPRITS])
         q = self._jobs.get((namespace, job))
         if q is None:
             q = self._jobs[(namespace, job)] = deque(maxlen=self._keep)

@@ -33,7 +33,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -83,6 +83,24 @@ REASONS = {Verdict.RESTART: ("Warning", "FaultRestart"),
            Verdict.ALERT_ONLY: ("Warning", "FaultRecorded"),
            Verdict.DUMP_STACKS: ("Warning", "HangCollectingStacks"),
            Verdict.WAIT: ("Warning", "LinkDownWaiting")}
+# The culprits of a decision on its Events, as data (comma-separated, in rank order, the
+# same ranks its message names); "" when it named none (a later occurrence of the series
+# clears an earlier one's). Pods and nodes are the ones the ranks' agents registered.
+CULPRIT_RANKS = "ftagent.io/culprit-ranks"
+CULPRIT_PODS = "ftagent.io/culprit-pods"
+CULPRIT_NODES = "ftagent.io/culprit-nodes"
+CULPRIT_VERDICTS = (Verdict.RESTART, Verdict.REPLACE, Verdict.STOP)
+CULPRIT_EVENT_PODS = 8  # culprit pods that get the Event themselves
+
+
+def culprit_annotations(d: Decision) -> dict[str, str]:
+    """The Event annotations naming ``d``'s culprits (at most 64: Decision's own bound)."""
+    cs = d.culprits[:64]
+    return {CULPRIT_RANKS: ",".join(str(c.rank) for c in cs),
+            CULPRIT_PODS: ",".join(c.pod for c in cs),
+            CULPRIT_NODES: ",".join(c.node for c in cs)}
+
+
 _QUIET_STATES = ("replacing", "exited", "succeeded", "stopping")
 
 
@@ -788,22 +806,31 @@ class Cluster:
         got = REASONS.get(d.verdict)
         if got is None:
             return
-        rs = job.ranks.get(d.rank) if d.rank is not None else None
-        self._event(job, rs.pod if rs is not None else "", got[0], got[1], d.reason, now)
+        if d.culprits:  # on each culprit's pod (the first few) and the job object
+            pods = [c.pod for c in d.culprits[:CULPRIT_EVENT_PODS] if c.pod]
+        else:
+            rs = job.ranks.get(d.rank) if d.rank is not None else None
+            pods = [rs.pod] if rs is not None and rs.pod else []
+        notes = culprit_annotations(d) if d.verdict in CULPRIT_VERDICTS else None
+        self._event(job, pods, got[0], got[1], d.reason, now, notes)
 
-    def _event(self, job: JobState, pod: str, type_: str, reason: str, message: str,
-               now: float) -> None:
-        """An Event on ``pod`` (if known) and on the job object (from the loop or a worker:
-        the recorder is thread-safe; the pod cache is only read here)."""
-        obj = self.pod_cache.get((job.namespace, pod)) if pod else None
-        if obj is not None and (ref := pod_ref(obj)) is not None:
-            self.recorder.record(ref, reason, message, type_, now)
+    def _event(self, job: JobState, pod: str | list[str], type_: str, reason: str,
+               message: str, now: float,
+               annotations: Mapping[str, str] | None = None) -> None:
+        """An Event on each of ``pod`` (those known) and one on the job object (from the
+        loop or a worker: the recorder is thread-safe; the pod cache is only read here)."""
+        obj = None
+        for name in [pod] if isinstance(pod, str) else pod:
+            got = self.pod_cache.get((job.namespace, name)) if name else None
+            if got is not None and (ref := pod_ref(got)) is not None:
+                self.recorder.record(ref, reason, message, type_, now, annotations)
+            obj = obj or got
         if obj is None:  # any pod of the job tells its owner
             obj = next((self.pod_cache[(job.namespace, r.pod)] for r in list(job.ranks.values())
                         if (job.namespace, r.pod) in self.pod_cache), None)
         owner = self._owner(obj) if obj is not None else None
         if owner is not None:
-            self.recorder.record(owner, reason, message, type_, now)
+            self.recorder.record(owner, reason, message, type_, now, annotations)
         self._flush_events()
 
     def _owner(self, pod: dict[str, Any]) -> ObjectRef | None:

@@ -157,7 +157,7 @@ def decode(data: Any) -> tuple[JobRecord, list[Entry], int]:
         if (e.namespace, e.job) == rec.key:
             entries.append(Entry(e.seq, e.ts, e.job, e.namespace, e.generation, e.kind,
                                  e.message[:MAX_MESSAGE], e.rank, e.fault_id[:128],
-                                 e.action[:32]))
+                                 e.action[:32], e.culprits))
     return rec, entries, int(dropped) if isinstance(dropped, int) else 0
 
 

@@ -21,7 +21,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ftagent.kube.actuator import Actuator, Forbidden, GaveUp, _status, rfc3339
@@ -115,6 +115,8 @@ class _Series:
     name: str = ""  # the Event's name once created
     written: int = 0  # count the API server has
     busy: bool = False
+    # the Event's metadata.annotations (the latest occurrence's): the culprit as data
+    annotations: dict[str, str] = field(default_factory=dict)
 
 
 class Recorder:
@@ -137,8 +139,12 @@ class Recorder:
         self.written = 0  # API writes made (create + patch), for tests and the bench
 
     def record(self, ref: ObjectRef, reason: str, message: str, type_: str = "Normal",
-               now: float | None = None) -> None:
-        """Count one occurrence (on the loop: memory only; ``flush`` writes)."""
+               now: float | None = None,
+               annotations: Mapping[str, str] | None = None) -> None:
+        """Count one occurrence (on the loop: memory only; ``flush`` writes).
+        ``annotations`` go on the Event object (the latest occurrence's replace the
+        series' earlier ones, as its message does): structured facts such as the
+        culprit ranks a decision named, for tools that read Events."""
         if self.off:
             return
         now = self.clock() if now is None else now
@@ -152,6 +158,8 @@ class Recorder:
                     self._series.popitem(last=False)
             s.count += 1
             s.last, s.message = now, message
+            if annotations is not None:
+                s.annotations = dict(annotations)
             if type_ == "Warning":
                 s.type = type_
 
@@ -171,8 +179,9 @@ class Recorder:
                     return n
                 todo.busy = True
                 count, message, last = todo.count, todo.message, todo.last
+                notes = dict(todo.annotations)
             try:
-                self._write(todo, count, message, last)
+                self._write(todo, count, message, last, notes)
                 n += 1
             except Forbidden:
                 self.off = True
@@ -195,13 +204,16 @@ class Recorder:
         self._tokens -= 1
         return True
 
-    def _write(self, s: _Series, count: int, message: str, last: float) -> None:
+    def _write(self, s: _Series, count: int, message: str, last: float,
+               notes: Mapping[str, str] | None = None) -> None:
         from kubernetes.client.rest import ApiException
 
         ns = s.ref.namespace or "default"
         if s.name:
-            body = {"count": count, "lastTimestamp": rfc3339(last), "message": message,
-                    "type": s.type}
+            body: dict[str, Any] = {"count": count, "lastTimestamp": rfc3339(last),
+                                    "message": message, "type": s.type}
+            if notes:  # merge patch: the keys given replace theirs, others stay
+                body["metadata"] = {"annotations": dict(notes)}
             try:
                 self.actuator.call("patch", "events", lambda: self.core.patch_namespaced_event(
                     s.name, ns, body, _content_type="application/merge-patch+json",
@@ -216,7 +228,8 @@ class Recorder:
                 s.name = ""  # expired (events live an hour): a new series starts
         name = f"{s.ref.name[:200]}.{uuid.uuid4().hex[:16]}"
         event = {"apiVersion": "v1", "kind": "Event",
-                 "metadata": {"name": name, "namespace": ns},
+                 "metadata": {"name": name, "namespace": ns,
+                              **({"annotations": dict(notes)} if notes else {})},
                  "involvedObject": s.ref.body(), "reason": s.reason, "message": message,
                  "type": s.type, "count": count, "firstTimestamp": rfc3339(s.first),
                  "lastTimestamp": rfc3339(last), "source": {"component": self.component},

@@ -483,7 +483,7 @@ class WatchEventsRequest(_message.Message):
     def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., replay: _Optional[bool] = ...) -> None: ...
 
 class TimelineEntry(_message.Message):
-    __slots__ = ("seq", "ts", "job", "namespace", "generation", "kind", "message", "rank", "fault_id", "action")
+    __slots__ = ("seq", "ts", "job", "namespace", "generation", "kind", "message", "rank", "fault_id", "action", "culprits")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TS_FIELD_NUMBER: _ClassVar[int]
     JOB_FIELD_NUMBER: _ClassVar[int]
@@ -494,6 +494,7 @@ class TimelineEntry(_message.Message):
     RANK_FIELD_NUMBER: _ClassVar[int]
     FAULT_ID_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
+    CULPRITS_FIELD_NUMBER: _ClassVar[int]
     seq: int
     ts: float
     job: str
@@ -504,4 +505,15 @@ class TimelineEntry(_message.Message):
     rank: int
     fault_id: str
     action: str
-    def __init__(self, seq: _Optional[int] = ..., ts: _Optional[float] = ..., job: _Optional[str] = ..., namespace: _Optional[str] = ..., generation: _Optional[int] = ..., kind: _Optional[str] = ..., message: _Optional[str] = ..., rank: _Optional[int] = ..., fault_id: _Optional[str] = ..., action: _Optional[str] = ...) -> None: ...
+    culprits: _containers.RepeatedCompositeFieldContainer[Culprit]
+    def __init__(self, seq: _Optional[int] = ..., ts: _Optional[float] = ..., job: _Optional[str] = ..., namespace: _Optional[str] = ..., generation: _Optional[int] = ..., kind: _Optional[str] = ..., message: _Optional[str] = ..., rank: _Optional[int] = ..., fault_id: _Optional[str] = ..., action: _Optional[str] = ..., culprits: _Optional[_Iterable[_Union[Culprit, _Mapping]]] = ...) -> None: ...
+
+class Culprit(_message.Message):
+    __slots__ = ("rank", "pod", "node")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    pod: str
+    node: str
+    def __init__(self, rank: _Optional[int] = ..., pod: _Optional[str] = ..., node: _Optional[str] = ...) -> None: ...

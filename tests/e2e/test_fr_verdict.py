@@ -130,6 +130,7 @@ def test_the_culprit_is_found_in_the_inner_group(tmp_path: Path) -> None:
             restart = wait_for(lambda: [e for e in status(arb.address)["timeline"]
                                         if e.get("action") == "restart"], 180,
                                "the job hang's restart", interval=0.5)[0]
+            ranks = {r["rank"]: r for r in status(arb.address)["ranks"]}
         finally:
             for p in procs:
                 p.kill()
@@ -138,6 +139,11 @@ def test_the_culprit_is_found_in_the_inner_group(tmp_path: Path) -> None:
     assert "flight recorder: rank 3 at #9 never reached collective #10 (all_reduce) of " \
         "process group 2; rank 2 waits in it" in text, text
     assert restart["rank"] == 3, restart
+    # the culprit as data in the status JSON, and named in the message's one form
+    pod, node = ranks[3]["pod"], ranks[3]["node"]
+    assert restart["culprits"] == [{"rank": 3, "pod": pod, "node": node}], restart
+    assert f"; culprit ranks 3 (pod {pod or '-'}, node {node or '-'}); every rank restarts" \
+        in text, text
 
 
 def _trainer_pid(job: Job, rank: int, generation: int) -> int:
@@ -227,6 +233,11 @@ def test_a_rank_behind_a_stopped_trainer_a_spinning_one_and_a_frozen_rank_are_na
         behind, stopped, spun, dead = _restarts(arb.address)[:4]
     assert [d["rank"] for d in (behind, stopped, spun, dead)] == [1, 1, 1, 1], \
         (behind, stopped, spun, dead)
+    # every restart names rank 1 as data and in one form, whichever rank reported the
+    # hang first (rank 0 waiting on it, or rank 1's own agent: the spin)
+    for d in (behind, stopped, spun, dead):
+        assert [c["rank"] for c in d["culprits"]] == [1], d
+        assert "; culprit ranks 1 (pod " in d["message"], d["message"]
     text = behind["message"]
     assert "flight recorder: rank 1 at #" in text and "never reached collective #" in text, text
     assert "(all_reduce) of process group 0; rank 0 waits in it" in text, text

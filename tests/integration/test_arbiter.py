@@ -149,7 +149,10 @@ def test_job_hang_collects_stacks_and_names_the_culprit(arbiter: ArbiterProcess)
                     {"name": fn, "filename": "x.py", "line": 3}]}]))
             restarts = await next_actions(links)
             assert {(a.kind, a.generation) for a in restarts} == {(ActionKind.RESTART, 1)}
-            assert "culprit rank 1" in restarts[0].reason
+            assert "culprit ranks 1 (pod " in restarts[0].reason
+            (decided,) = [e for e in (await get_job(arbiter.address, "hang")).timeline
+                          if e.action == "restart"]
+            assert [c.rank for c in decided.culprits] == [1]  # the culprit as data
     asyncio.run(body())
 
 

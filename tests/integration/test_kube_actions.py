@@ -281,6 +281,40 @@ def test_events_aggregate_into_one_series_whose_count_grows() -> None:
     run(body)
 
 
+def test_a_restarts_event_names_its_culprit_as_annotations_on_its_pod_and_job() -> None:
+    """Issue 35: the culprit as data on the Kubernetes Event too (the same ranks as its
+    message), on the culprit's pod and the job object; a later occurrence of the series
+    that blames another rank replaces them."""
+    async def body() -> None:
+        async with cluster(per_node=2) as s:
+            def crash(rank: int, i: int) -> None:
+                job = s.reg.jobs[(NS, "llm")]
+                f = pb.Fault(id=f"crash-{i}", kind=pb.FAULT_KIND_CRASH, message="exit 1",
+                             generation=job.generation, exit_status=1)
+                s.reg.handle(s.conns[rank], pb.AgentMessage(fault=f), time.monotonic())
+
+            def notes(kind: str) -> list[dict[str, str]]:
+                return [e["metadata"].get("annotations", {}) for e in s.events()
+                        if e["reason"] == "FaultRestart"
+                        and e["involvedObject"]["kind"] == kind]
+
+            crash(3, 0)
+            want = {"ftagent.io/culprit-ranks": "3", "ftagent.io/culprit-pods": "llm-worker-3",
+                    "ftagent.io/culprit-nodes": "node-1"}
+            await wait_until(lambda: notes("Pod") == [want] and notes("PyTorchJob") == [want],
+                             20, "the culprit's annotations on its pod's and job's Event")
+            (ev,) = [e for e in s.events() if e["reason"] == "FaultRestart"
+                     and e["involvedObject"]["kind"] == "Pod"]
+            assert ev["involvedObject"]["name"] == "llm-worker-3"
+            assert "; culprit ranks 3 (pod llm-worker-3, node node-1); " in ev["message"]
+            crash(0, 1)
+            later = {"ftagent.io/culprit-ranks": "0", "ftagent.io/culprit-pods": "llm-worker-0",
+                     "ftagent.io/culprit-nodes": "node-0"}
+            await wait_until(lambda: later in notes("Pod") and notes("PyTorchJob") == [later],
+                             20, "the job's series annotated with the later culprit")
+    run(body)
+
+
 def test_a_pod_stuck_terminating_is_force_deleted_past_the_limit() -> None:
     async def body() -> None:
         async with cluster(force_delete_after=0.3) as s:
