@@ -10,7 +10,9 @@ Running for longer than the grace, of which no agent holds a stream to this arbi
 it leads. That pod is counted by the gauge (``uninjected.py``, reason
 ``agent not connected``) and gets one Warning Event ``FtagentAgentNotRunning``:
 
-* once per pod uid (remembered, bounded): a pod is not re-announced at every pass;
+* once per pod uid (remembered while the pod runs, bounded) and leader's term: a pod is
+  not re-announced at every pass (a failover may announce it once more: the new leader
+  does not read the old one's Events);
 * at most ``per_namespace`` Events per namespace per ``window``, and ``per_pass`` per pass
   over all namespaces: a namespace with thousands of such pods cannot flood the API server
   (the recorder's own token bucket is behind this too); the gauge still counts every pod,
@@ -44,8 +46,9 @@ log = logging.getLogger("ftagent.kube.skipped")
 REASON = "FtagentAgentNotRunning"
 PER_NAMESPACE = 10  # Events per namespace per window
 WINDOW = 3600.0  # seconds
-PER_PASS = 20  # Events per pass, all namespaces together
-KEPT = 100_000  # pod uids remembered as announced (oldest forgotten first)
+PER_PASS = 10  # Events per pass (every 5 s at most), all namespaces together: <= 2/s,
+#   so the recorder's bucket (5/s) keeps room for fault Events
+KEPT = 20_000  # pod uids remembered as announced (oldest forgotten first)
 
 Record = Callable[[ObjectRef, str, str, str, float], None]
 
@@ -99,7 +102,10 @@ class SkipEvents:
         if connected is None or term_since is None:
             return []
         out: list[PodView] = []
+        running: set[str] = set()
         for _, v in pods:
+            if v is not None and v.uid:
+                running.add(v.uid)
             if v is None or v.reason != INJECTED_OK or v.since is None or not v.uid or \
                     v.namespace not in opted_in or v.uid in self._announced or \
                     now - max(v.since, term_since) <= self.grace or \
@@ -118,6 +124,8 @@ class SkipEvents:
             out.append(v)
         for ns in [ns for ns, d in self._recent.items() if not d or ns not in opted_in]:
             del self._recent[ns]
+        for uid in [u for u in self._announced if u not in running]:  # gone: forgotten
+            del self._announced[uid]
         return out
 
 

@@ -80,3 +80,10 @@ def test_the_term_starts_when_leading_and_ends_with_it() -> None:
 def test_the_message_is_the_arbiters_own_words(since: float | None) -> None:
     m = message(PodView("ml", "a", "", since, "u"), T0 + 130, 120)
     assert "ftagent: not started" in m and "120 s" in m and len(m) < 1024
+
+
+def test_a_pod_that_is_gone_is_forgotten() -> None:
+    s = SkipEvents(grace=1)
+    assert len(s.due([pv("a"), pv("b")], {"ml"}, set(), T0, T0 + 10)) == 2
+    assert s.due([pv("b")], {"ml"}, set(), T0, T0 + 20) == []
+    assert list(s._announced) == ["uid-ml-b"]
