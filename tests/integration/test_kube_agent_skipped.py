@@ -1,5 +1,5 @@
 """The image cannot skip the agent silently (issue 33 item 7, issue 32 "Bad input"): the
-real ``ftagent arbiter --kube --agent-connect-grace 3`` against the fake API server.
+real ``ftagent arbiter --kube --agent-connect-grace 10`` against the fake API server.
 
 A PyTorchJob of two injected pods in an opted-in namespace: the master's agent connects
 (a real pod-bound token, a stream held open), the worker's never does (its image could not
@@ -95,7 +95,7 @@ def metrics_port() -> int:
 def arbiter(kube: FakeKube, metrics_port: int) -> Iterator[ArbiterProcess]:
     with ArbiterProcess("--kube", "--kube-api", kube.url, "--token", SECRET,
                         "--metrics-port", str(metrics_port), "--metrics-addr", "127.0.0.1",
-                        "--agent-connect-grace", "3", env={"POD_NAMESPACE": ARBITER_NS}) as a:
+                        "--agent-connect-grace", "10", env={"POD_NAMESPACE": ARBITER_NS}) as a:
         yield a
 
 
