@@ -272,6 +272,11 @@ class ArbiterConfig:
         30.0, "--trainjob-status-interval", "seconds between two writes of a job's progress "
         "and goodput to its Kubeflow TrainJob's status.trainerStatus; 0 never writes (with "
         "--kube)", check=SECONDS, metavar="SECONDS")
+    agent_connect_grace: float = opt(
+        120.0, "--agent-connect-grace", "seconds an injected pod may run before its agent "
+        "must have connected: after it, ftagent_training_pods_without_agent counts the pod "
+        "(reason \"agent not connected\") and the pod gets one Warning Event "
+        "FtagentAgentNotRunning (with --kube)", check=POSITIVE_SECONDS, metavar="SECONDS")
     history_namespace: str = opt(
         "", "--history-namespace", "keep job history in Kubernetes, one bounded ConfigMap "
         "per job (ftagent-job.NS.JOB.HASH) in this namespace, read back when leading; the "
@@ -711,9 +716,14 @@ def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
     server.pods_synced = watches[0].informer.until_synced  # the pod informer
     from ftagent.kube.uninjected import watch_uninjected  # pods injection missed (gauge)
 
+    def record(*args: Any) -> None:  # an Event on the pod, written in the background
+        cluster.recorder.record(*args)
+        cluster._flush_events()
+
     watch_uninjected(kube, loop, server.prom, connected=lambda: {
         (j.namespace, r.pod) for j in list(cluster.registry.jobs.values())
-        for r in list(j.ranks.values()) if r.connected} if server.leading else None)
+        for r in list(j.ranks.values()) if r.connected} if server.leading else None,
+        record=record, grace=cfg.agent_connect_grace)
     cluster.ticker = loop.create_task(tick_forever(cluster))
     return cluster
 

@@ -61,6 +61,7 @@ class PodView:
     name: str
     reason: str  # one of REASONS, or INJECTED_OK
     since: float | None = None  # status.startTime (epoch seconds) when INJECTED_OK
+    uid: str = ""  # metadata.uid when INJECTED_OK (the Event of kube/skipped.py names it)
 
 
 def view(pod: Mapping[str, Any]) -> PodView | None:
@@ -83,7 +84,9 @@ def view(pod: Mapping[str, Any]) -> PodView | None:
     containers = spec.get("containers") if isinstance(spec, Mapping) else None
     if not any(_arbitrated(c) for c in _list(containers)):
         return None
-    return PodView(namespace, name, INJECTED_OK, _epoch(status.get("startTime")))
+    uid = meta.get("uid") if isinstance(meta, Mapping) else None
+    return PodView(namespace, name, INJECTED_OK, _epoch(status.get("startTime")),
+                   uid[:128] if isinstance(uid, str) else "")
 
 
 def _list(v: Any) -> list[Any]:
@@ -133,16 +136,20 @@ def without_agent(pod: Mapping[str, Any]) -> tuple[str, str] | None:
 
 def count(pods: list[tuple[str, PodView | None]], opted_in: set[str],
           connected: set[tuple[str, str]] | None, now: float,
-          grace: float = AGENT_GRACE) -> Counter[tuple[str, str]]:
+          grace: float = AGENT_GRACE, term_since: float | None = None
+          ) -> Counter[tuple[str, str]]:
     """Pods without the agent per (namespace, reason), opted-in namespaces only.
-    ``connected``: (namespace, pod) of every agent with a stream, None when not leading."""
+    ``connected``: (namespace, pod) of every agent with a stream, None when not leading;
+    ``term_since``: when this arbiter began leading (the grace runs from then too: a new
+    leader's agents are still reconnecting)."""
     out: Counter[tuple[str, str]] = Counter()
     for _, v in pods:
         if v is None or v.namespace not in opted_in:
             continue
         if v.reason != INJECTED_OK:
             out[(v.namespace, v.reason)] += 1
-        elif connected is not None and v.since is not None and now - v.since > grace \
+        elif connected is not None and v.since is not None \
+                and now - max(v.since, v.since if term_since is None else term_since) > grace \
                 and (v.namespace, v.name) not in connected:
             out[(v.namespace, NOT_CONNECTED)] += 1
     return out
@@ -155,9 +162,11 @@ class UninjectedCollector:
 
     def __init__(self, pods: Any, namespaces: Any,
                  connected: Callable[[], set[tuple[str, str]] | None] = lambda: None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, grace: float = AGENT_GRACE,
+                 term: Any = None) -> None:
         self.pods, self.namespaces = pods, namespaces
-        self.connected, self.clock = connected, clock
+        self.connected, self.clock, self.grace = connected, clock, grace
+        self.term = term  # a kube.skipped.Term: the grace also runs from the term's start
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
@@ -169,7 +178,10 @@ class UninjectedCollector:
             "injected, but no agent of the pod reports to the leading arbiter).",
             labels=["namespace", "reason"])
         opted_in = {name for _, name in self.namespaces.items()}
-        by = count(self.pods.items(), opted_in, self.connected(), self.clock())
+        now = self.clock()
+        connected, since = self.term.observe(now) if self.term is not None else \
+            (self.connected(), None)
+        by = count(self.pods.items(), opted_in, connected, now, self.grace, since)
         for ns in sorted(opted_in):  # a zero for every opted-in namespace: alerts see 0
             for reason in REASONS:
                 family.add_metric([ns, reason], by.get((ns, reason), 0))
@@ -231,14 +243,19 @@ class OptedInPods:
 
 def watch_uninjected(api_client: Any, loop: asyncio.AbstractEventLoop | None,
                      registry: Any,
-                     connected: Callable[[], set[tuple[str, str]] | None] = lambda: None
-                     ) -> list[Any]:
+                     connected: Callable[[], set[tuple[str, str]] | None] = lambda: None,
+                     record: Callable[..., None] | None = None, grace: float = AGENT_GRACE,
+                     clock: Callable[[], float] = time.time) -> list[Any]:
     """Start the namespace informer (namespaces labelled ``ftagent.io/inject=true``) and,
     per such namespace, an informer of its Running pods; register the gauge in
-    ``registry`` (needs list/watch on pods and namespaces). Returns what to ``stop()``."""
+    ``registry`` (needs list/watch on pods and namespaces). With ``record`` (a
+    ``Recorder.record``) and a ``loop``, injected pods whose agent never connected also
+    get one Warning Event each (``kube/skipped.py``; needs create on events). Returns what
+    to ``stop()``."""
     from kubernetes import client
 
     from ftagent.kube.informer import Informer
+    from ftagent.kube.skipped import SkipEvents, Term, announce_forever
 
     pods = OptedInPods(api_client)
     # the handler runs in the namespace informer's own thread (loop=None): it only starts
@@ -247,5 +264,22 @@ def watch_uninjected(api_client: Any, loop: asyncio.AbstractEventLoop | None,
                           label_selector=f"{OPT_IN}=true", handler=pods.on_namespace,
                           project=lambda o: str(o["metadata"]["name"]))
     namespaces.start()
-    registry.register(UninjectedCollector(pods, namespaces, connected))
-    return [namespaces, pods]
+    term = Term(connected)
+    registry.register(UninjectedCollector(pods, namespaces, connected, clock, grace, term))
+    out: list[Any] = [namespaces, pods]
+    if record is not None and loop is not None:
+        task = loop.create_task(announce_forever(
+            pods, namespaces, term, SkipEvents(grace), record, clock,
+            period=min(5.0, max(0.2, grace / 4))))
+        out.append(_Cancel(task))
+    return out
+
+
+class _Cancel:
+    """``stop()`` for the announcing task (from any thread)."""
+
+    def __init__(self, task: asyncio.Task[None]) -> None:
+        self.task = task
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.task.get_loop().call_soon_threadsafe(self.task.cancel)
