@@ -67,6 +67,36 @@ def crc_of(path: str) -> int:
     return crc
 
 
+def read_checked(path: str, size: int, crc: int) -> bytearray:
+    """The file at ``path``, read once into memory with its CRC-32 computed on the way
+    (each chunk while it is still in cache): its bytes when they are exactly ``size``
+    long and their checksum is ``crc``, else SnapshotRejected. The load's one pass:
+    DCP then reads these verified bytes, not the file again (storage.SnapshotReader)."""
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    c = 0
+    try:
+        with open(path, "rb") as f:
+            while got < size:
+                n = f.readinto(view[got:got + _CHUNK])
+                if not n:
+                    break
+                c = zlib.crc32(view[got:got + n], c)
+                got += n
+            extra = f.read(1) if got == size else b""
+    except OSError as e:
+        raise SnapshotRejected(f"{path}: {e.strerror}") from None
+    if got != size or extra:
+        raise SnapshotRejected(f"{os.path.dirname(path)} is truncated: "
+                               f"{os.path.basename(path)} changed size while read "
+                               f"(its marker says {size})")
+    if c != crc:
+        raise SnapshotRejected(f"{os.path.dirname(path)} is corrupt: "
+                               f"{os.path.basename(path)}'s checksum differs")
+    return buf
+
+
 def files_of(directory: str) -> dict[str, list[int]]:
     """name -> [size, crc32] of every plain file in ``directory`` but the marker."""
     out: dict[str, list[int]] = {}

@@ -12,7 +12,8 @@ so a restarted trainer finds them.
 ``load`` walks the ladder: the step the arbiter named (``FTAGENT_RESUME_STEP``: the newest
 step every rank of the job holds) or, without one, the newest step every rank agrees it
 holds (a collective when torch.distributed is initialized, else the ranks' directories
-visible here); verified (layout.verify) before DCP reads it; when torch.distributed is
+visible here); verified before DCP reads it (read once into memory, its checksums computed
+on the way, and DCP loads those verified bytes: storage.SnapshotReader); when torch.distributed is
 initialized every rank must have loaded it, else every rank falls to the durable copy
 (the disk rung), else to nothing. Each fall is logged with its reason. The peer rung (a
 replica on another node's agent) is not built: ``load`` says so when it would be next.
@@ -325,14 +326,13 @@ class Snapshotter:
 
     def _try_load(self, state: MutableMapping[str, Any], directory: str, step: int,
                   fp: dict[str, str], why: list[str], rung: str) -> bool:
-        try:  # refused here with its reason; DCP would wrap it in its own exception
-            layout.verify(directory, job=self.s.job, rank=self.s.rank, step=step,
-                          state_fingerprint=fp)
+        reader = SnapshotReader(directory, job=self.s.job, rank=self.s.rank, step=step,
+                                fingerprint=fp)
+        try:  # refused here with its reason (DCP would wrap it in its own exception);
+            reader.check()  # the shard read once, checked on the way; DCP loads those bytes
         except layout.SnapshotRejected as e:
             why.append(f"{rung}: step {step} refused: {e}")
             return False
-        reader = SnapshotReader(directory, job=self.s.job, rank=self.s.rank, step=step,
-                                fingerprint=fp, checksums=False)
         try:
             dcp.load(state, storage_reader=reader, no_dist=True)
         except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP's: the next rung
