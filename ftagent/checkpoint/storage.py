@@ -6,9 +6,9 @@ completion marker (layout.py) last. :class:`SnapshotReader` is DCP's
 :class:`FileSystemReader` that refuses, before DCP reads a byte of it, a shard whose marker
 is missing, foreign, torn, truncated, corrupt or of another shape (layout.verify): so plain
 ``dcp.load(state, storage_reader=SnapshotReader(...))`` never half-fills a state from a bad
-shard. The shard is read once: each file into memory with its checksum computed on the way
-(layout.read_checked), and DCP reads those verified bytes, not the file a second time
-(the price: the shard's size in memory, until the load returns). No flush to stable
+shard. The shard is read once: each file is mapped (tmpfs pages, no copy), its checksum computed
+over the mapping (layout.map_checked), and DCP reads those verified pages, not the file
+through a second read. No flush to stable
 storage: the shards live in memory (tmpfs); the durable copy is persist.py's.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import mmap
 import os
 import time
 from collections.abc import Generator, Mapping
@@ -55,13 +56,17 @@ class SnapshotWriter(FileSystemWriter):
 class _HeldStream(io.RawIOBase):
     """A read-only, seekable stream over bytes already in memory (no copy of them)."""
 
-    def __init__(self, data: bytearray) -> None:
+    def __init__(self, data: mmap.mmap | bytes) -> None:
         super().__init__()
         self._view = memoryview(data)
         self._pos = 0
 
     def readable(self) -> bool:
         return True
+
+    def close(self) -> None:
+        self._view.release()
+        super().close()
 
     def seekable(self) -> bool:
         return True
@@ -92,8 +97,16 @@ class _HeldFiles(FileSystem):
     """DCP's file system, reading only the files verified into memory (by name in the
     shard's directory); any other read is refused."""
 
-    def __init__(self, held: dict[str, bytearray]) -> None:
+    def __init__(self, held: dict[str, mmap.mmap | bytes]) -> None:
         self.held = held
+
+    def release(self) -> None:
+        """Unmap (a mapping still viewed by a stream is left to the collector)."""
+        for m in self.held.values():
+            if isinstance(m, mmap.mmap):
+                with contextlib.suppress(BufferError):
+                    m.close()
+        self.held.clear()
 
     @contextlib.contextmanager
     def create_stream(self, path: str | os.PathLike[str],
@@ -101,8 +114,11 @@ class _HeldFiles(FileSystem):
         name = Path(path).name
         if mode != "rb" or name not in self.held:
             raise layout.SnapshotRejected(f"{path}: not a verified file of the snapshot")
-        with _HeldStream(self.held[name]) as stream:
+        stream = _HeldStream(self.held[name])
+        try:
             yield cast(io.IOBase, stream)
+        finally:
+            stream.close()
 
 
 class SnapshotReader(FileSystemReader):
@@ -132,7 +148,7 @@ class SnapshotReader(FileSystemReader):
         marker = layout.verify(directory, job=job, rank=rank, step=step,
                                state_fingerprint=self.state_fingerprint, checksums=False)
         if self.checksums:  # then each file once, its checksum on the way
-            self.fs = _HeldFiles({name: layout.read_checked(os.path.join(directory, name),
+            self.fs = _HeldFiles({name: layout.map_checked(os.path.join(directory, name),
                                                             size, crc)
                                   for name, (size, crc) in marker.files.items()})
         self.marker = marker
@@ -147,4 +163,4 @@ class SnapshotReader(FileSystemReader):
             return super().read_data(plan, planner)
         finally:  # the verified bytes are no longer needed: the state holds them now
             if isinstance(self.fs, _HeldFiles):
-                self.fs.held.clear()
+                self.fs.release()

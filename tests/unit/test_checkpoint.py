@@ -381,12 +381,12 @@ def test_the_load_reads_the_shard_once_and_dcp_loads_the_verified_bytes(tmp_path
 
 
 @pytest.mark.parametrize("change", ["flip", "shorter", "longer"])
-def test_read_checked_refuses_bytes_that_are_not_the_markers(tmp_path, change):
+def test_map_checked_refuses_bytes_that_are_not_the_markers(tmp_path, change):
     p = tmp_path / "f"
     data = bytes(range(256)) * 9000  # > one chunk
     p.write_bytes(data)
     crc = layout.crc_of(str(p))
-    assert bytes(layout.read_checked(str(p), len(data), crc)) == data
+    assert bytes(layout.map_checked(str(p), len(data), crc)) == data
     if change == "flip":
         p.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
     elif change == "shorter":
@@ -395,7 +395,7 @@ def test_read_checked_refuses_bytes_that_are_not_the_markers(tmp_path, change):
         p.write_bytes(data + b"x")
     with pytest.raises(layout.SnapshotRejected, match="corrupt" if change == "flip"
                        else "truncated"):
-        layout.read_checked(str(p), len(data), crc)
+        layout.map_checked(str(p), len(data), crc)
 
 
 def test_a_shard_corrupted_after_its_sizes_were_checked_is_refused_whole(tmp_path):
