@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MARKER = "ftagent-snapshot.json"
+FROM_PEER = "from-peer"  # a note in a shard fetched from a peer's replica (replica.py)
 FORMAT = 1
 MAX_MARKER_BYTES = 1 << 20  # a marker past it is not ours
 MAX_FILES = 4096  # files one shard may have

@@ -31,10 +31,11 @@ from typing import BinaryIO, Protocol, cast
 
 from ftagent.checkpoint import layout
 from ftagent.checkpoint import replica_protocol as rp
+from ftagent.model import SnapshotsHeld
 
 log = logging.getLogger("ftagent.checkpoint.replica")
 
-FROM_PEER = "from-peer"  # the note in a fetched shard's directory
+FROM_PEER = layout.FROM_PEER  # the note in a fetched shard's directory
 IO_TIMEOUT = 10.0  # seconds a read or write may wait on the peer
 _CHUNK = 1 << 20
 
@@ -266,3 +267,83 @@ def fetch(address: tuple[str, int], key: bytes, root: str, job: str, rank: int) 
     with open(os.path.join(final, FROM_PEER), "w") as note:
         note.write(f"{address[0]}:{address[1]}\n")
     return marker.step
+
+
+class BackgroundReplica:
+    """An observer of the worker's observations (``SnapshotsHeld``): each newer complete
+    shard the trainer reports is pushed to the holder at ``peer()`` in a thread of the
+    agent, one push at a time (a shard reported meanwhile waits for the next report), at
+    most ``rate`` bytes a second, each read and write bounded by IO_TIMEOUT: a stalled or
+    refusing holder costs this thread a deadline and a log line, never the trainer."""
+
+    def __init__(self, root: str, job: str, rank: Callable[[], int], key: bytes,
+                 peer: Callable[[], tuple[str, int] | None], *, rate: int = 0) -> None:
+        self.root, self.job, self.rank, self.key, self.peer = root, job, rank, key, peer
+        self.rate = rate
+        self._thread: threading.Thread | None = None
+        self.pushed: list[tuple[int, float]] = []  # (step, seconds) of each copy
+        self.failed: list[str] = []  # why, newest last (bounded)
+        self.lag_steps = 0  # newest reported minus newest replicated
+
+    def observe(self, obs: object) -> None:
+        if not isinstance(obs, SnapshotsHeld) or not obs.steps:
+            return
+        newest = obs.steps[-1]
+        last = self.pushed[-1][0] if self.pushed else None
+        self.lag_steps = newest - last if last is not None else newest
+        if newest == last or self.busy():
+            return
+        address = self.peer()
+        if address is None:
+            return
+        self._thread = threading.Thread(target=self._push, args=(address, self.rank()),
+                                        name="ftagent-replica-push", daemon=True)
+        self._thread.start()
+
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def wait(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _push(self, address: tuple[str, int], rank: int) -> None:
+        t0 = time.monotonic()
+        try:
+            step = push(address, self.key, self.root, self.job, rank, rate=self.rate)
+        except (rp.Refused, layout.SnapshotRejected, OSError) as e:
+            why = f"{type(e).__name__}: {e}"
+            self.failed = [*self.failed[-15:], why]
+            log.warning("replica of rank %d not copied to %s:%d: %s", rank, *address, why)
+            return
+        if step is not None:
+            took = time.monotonic() - t0
+            self.pushed.append((step, took))
+            log.info("replicated rank %d's snapshot of step %d to %s:%d in %.2fs", rank,
+                     step, *address, took)
+
+
+def parse_address(text: str) -> tuple[str, int] | None:
+    """``HOST:PORT`` (``[v6]:PORT`` too), or None when empty or not one."""
+    host, _, port = text.strip().rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host, int(port)
+
+
+def fetch_before_start(root: str, job: str, rank: int, key: bytes,
+                       address: tuple[str, int]) -> int | None:
+    """A replaced pod's rank with no complete shard in memory fetches its replica from
+    the holder before its trainer starts (bounded by IO_TIMEOUT per read); the step, or
+    None (said in one line) when there is none or it was refused: the ladder goes on."""
+    if layout.complete_steps(root, job, rank):
+        return None  # the memory rung has it (a warm restart)
+    try:
+        step = fetch(address, key, root, job, rank)
+    except (rp.Refused, layout.SnapshotRejected, OSError) as e:
+        log.warning("no replica of rank %d fetched from %s:%d: %s", rank, *address, e)
+        return None
+    log.info("fetched rank %d's snapshot of step %d from its replica at %s:%d", rank, step,
+             *address)
+    return step

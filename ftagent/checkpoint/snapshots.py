@@ -15,8 +15,10 @@ holds (a collective when torch.distributed is initialized, else the ranks' direc
 visible here); verified before DCP reads it (read once into memory, its checksums computed
 on the way, and DCP loads those verified bytes: storage.SnapshotReader); when torch.distributed is
 initialized every rank must have loaded it, else every rank falls to the durable copy
-(the disk rung), else to nothing. Each fall is logged with its reason. The peer rung (a
-replica on another node's agent) is not built: ``load`` says so when it would be next.
+(the disk rung), else to nothing. Each fall is logged with its reason. The peer rung: a
+shard the agent fetched from its replica holder before the trainer started (replica.py)
+lies where the memory rung looks, noted ``from-peer``; ``load`` reports its source
+``peer``.
 """
 
 from __future__ import annotations
@@ -265,13 +267,17 @@ class Snapshotter:
     # ------------------------------------------------------------------ load
 
     def load(self, state: MutableMapping[str, Any]) -> int | None:
-        """Fill ``state`` in place from the newest complete snapshot: memory, then (not
-        built) peer, then the durable copy; its step, or None. Call on every rank."""
+        """Fill ``state`` in place from the newest complete snapshot: memory (or a peer's
+        replica fetched into it), then the durable copy; its step, or None. Call on every
+        rank."""
         fp = layout.fingerprint(state)
         why: list[str] = []
         step, source = self._from_memory(state, fp, why), "memory"
+        if step is not None and os.path.exists(os.path.join(
+                layout.step_dir(self.s.root, self.s.job, self.s.rank, step), layout.FROM_PEER)):
+            source = "peer"  # fetched from a replica holder before the trainer started
         if step is None:
-            why.append("peer: not built (no replica on another node)")
+            why.append("peer: no replica fetched for this rank")
             step, source = self._from_disk(state, fp, why), "disk"
         self.last_load = (step, source if step is not None else "", why)
         if step is None:

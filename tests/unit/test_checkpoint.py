@@ -123,7 +123,7 @@ def test_a_damaged_newest_shard_is_refused_and_the_load_says_why(tmp_path, damag
     assert loader.load(target) is None  # never the damaged one; no disk rung configured
     assert torch.equal(target["model"]["w"], torch.zeros(4, 3))  # type: ignore[index]
     why = " ".join(loader.last_load[2])
-    assert "memory: step 2" in why and "peer: not built" in why
+    assert "memory: step 2" in why and "peer: no replica" in why
     # without the arbiter's step the newest complete one every rank holds is taken
     if damage in ("no_marker", "foreign_job", "foreign_step", "garbage_marker"):
         assert _snap(str(tmp_path)).load(_zeros()) == 1
