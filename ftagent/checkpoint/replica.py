@@ -27,7 +27,7 @@ import socketserver
 import threading
 import time
 from collections.abc import Callable
-from typing import BinaryIO, Protocol, cast
+from typing import Any, BinaryIO, Protocol, cast
 
 from ftagent.checkpoint import layout
 from ftagent.checkpoint import replica_protocol as rp
@@ -37,6 +37,7 @@ log = logging.getLogger("ftagent.checkpoint.replica")
 
 FROM_PEER = layout.FROM_PEER  # the note in a fetched shard's directory
 IO_TIMEOUT = 10.0  # seconds a read or write may wait on the peer
+FETCH_SECONDS = 120.0  # a replaced pod's fetch in all: its trainer waits for it
 _CHUNK = 1 << 20
 
 
@@ -88,7 +89,7 @@ def _send_shard(sock: socket.socket, directory: str, marker: layout.Marker,
 
 
 def _receive_shard(f: _Reader, limits: rp.Limits, transcript: rp.Transcript,
-                   final: str) -> layout.Marker:
+                   final: str, deadline: float | None = None) -> layout.Marker:
     """Read an offer and its stream from ``f``, into a temporary directory beside
     ``final``; renamed to ``final`` with the marker last when all of it checks."""
     line = _readline(f, rp.MAX_OFFER)
@@ -107,6 +108,8 @@ def _receive_shard(f: _Reader, limits: rp.Limits, transcript: rp.Transcript,
             for name in marker.files:
                 handles[name] = open(os.path.join(tmp, name), "wb")  # noqa: SIM115
             while not recv.done:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise rp.Refused("the peer's shard did not arrive in time")
                 data = f.read1(_CHUNK)
                 if not data:
                     recv.eof()
@@ -253,9 +256,12 @@ def push(address: tuple[str, int], key: bytes, root: str, job: str, rank: int,
     return step
 
 
-def fetch(address: tuple[str, int], key: bytes, root: str, job: str, rank: int) -> int:
+def fetch(address: tuple[str, int], key: bytes, root: str, job: str, rank: int,
+          *, within: float = FETCH_SECONDS) -> int:
     """This rank's shard from the holder at ``address``, checked, into this agent's
-    memory root where ``checkpoint.load`` finds it (noted ``from-peer``); its step."""
+    memory root where ``checkpoint.load`` finds it (noted ``from-peer``); its step.
+    Refused when it has not all come ``within`` seconds (the trainer is waiting)."""
+    deadline = time.monotonic() + within
     sock, f, t = _connect(address, key, job, "fetch", rank)
     with sock, f:
         line = f.readline(rp.MAX_OFFER + 1)
@@ -263,7 +269,7 @@ def fetch(address: tuple[str, int], key: bytes, root: str, job: str, rank: int) 
             raise rp.Refused(line[8:].decode(errors="replace").strip())
         marker = rp.parse_offer(line, rp.Limits(job, {rank}))
         final = layout.step_dir(root, job, rank, marker.step)
-        _receive_shard(_Prefixed(line, f), rp.Limits(job, {rank}), t, final)
+        _receive_shard(_Prefixed(line, f), rp.Limits(job, {rank}), t, final, deadline)
     with open(os.path.join(final, FROM_PEER), "w") as note:
         note.write(f"{address[0]}:{address[1]}\n")
     return marker.step
@@ -347,3 +353,47 @@ def fetch_before_start(root: str, job: str, rank: int, key: bytes,
     log.info("fetched rank %d's snapshot of step %d from its replica at %s:%d", rank, step,
              *address)
     return step
+
+
+_holders: dict[tuple[str, str, str], Holder] = {}  # one per pod (the launcher's workers share)
+_holders_lock = threading.Lock()
+
+
+def replica_parts(w: Any, cfg: Any, job: str, parts: Any) -> Any:
+    """The agent's replica parts for worker ``w`` (``--replica-listen``/``--replica-peer``):
+    the pod's holder (started once), the fetch of this rank's replica before its trainer
+    starts (a replaced pod; not a warm spare before its ASSIGN), and the background push.
+    Without a job token nothing starts (said once): the channel's key is derived from it."""
+    from ftagent.wire.credentials import current_token
+    snap = cfg.snapshot
+    token = current_token(cfg.arbiter.token, cfg.arbiter.token_file)
+    if not token:
+        log.warning("replica: --replica-listen/--replica-peer need the job token (--token): "
+                    "no peer replica")
+        return parts
+    key = rp.replica_key(token, job)
+    root = os.path.abspath(snap.snapshot_dir)
+    listen = parse_address(snap.replica_listen) if snap.replica_listen else None
+    if snap.replica_listen and listen is None:
+        log.warning("replica: --replica-listen %r is not HOST:PORT: not serving",
+                    snap.replica_listen[:64])
+    if listen is not None:
+        with _holders_lock:
+            ident = (root, job, snap.replica_listen)
+            if ident not in _holders:
+                try:
+                    _holders[ident] = Holder(root, job, key, host=listen[0], port=listen[1],
+                                             rate=snap.replica_bandwidth).start()
+                    log.info("replica: holding peers' snapshots on %s:%d", *listen)
+                except OSError as e:
+                    log.warning("replica: cannot listen on %s:%d: %s", *listen, e)
+    peer = parse_address(snap.replica_peer) if snap.replica_peer else None
+    if snap.replica_peer and peer is None:
+        log.warning("replica: --replica-peer %r is not HOST:PORT: no replica",
+                    snap.replica_peer[:64])
+    if peer is None:
+        return parts
+    if not w.ident.spare:
+        fetch_before_start(root, job, w.ident.rank, key, peer)
+    return parts.plus(observers=[BackgroundReplica(
+        root, job, lambda: w.ident.rank, key, lambda: peer, rate=snap.replica_bandwidth)])
