@@ -653,7 +653,7 @@ class SnapshotConfig:
         "empty)", metavar="HOST:PORT")
     replica_bandwidth: int = opt(
         100 << 20, "--replica-bandwidth", "bytes per second one replica copy may send "
-        "(0: unpaced)", check=Range(0, 1 << 40), metavar="BYTES")
+        "(0: unpaced)", check=Range(0, (1 << 31) - 1), metavar="BYTES")
 
 
 @dataclass(frozen=True)
