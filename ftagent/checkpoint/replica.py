@@ -185,9 +185,11 @@ class Holder:
         rp.check_response(_readline(rfile, rp.MAX_LINE), self.key, h.nonce, server_nonce)
         t = rp.Transcript(self.key, h.nonce, server_nonce)
         if h.op == "push":
-            held = {r: s for r in (self.ranks or ()) if (s := self.held(r)) is not None}
-            limits = rp.Limits(self.job, self.ranks, self.max_bytes, held)
             line = _readline(rfile, rp.MAX_OFFER)
+            offered = rp.parse_offer(line, rp.Limits(self.job, self.ranks, self.max_bytes))
+            held = self.held(offered.rank)  # then not older than the one held for it
+            limits = rp.Limits(self.job, self.ranks, self.max_bytes,
+                               {} if held is None else {offered.rank: held})
             marker = rp.parse_offer(line, limits)  # refused before a directory is made
             rdir = replica_dir(self.root, self.job, marker.rank)
             final = os.path.join(rdir, f"step-{marker.step}")
@@ -319,6 +321,9 @@ class BackgroundReplica:
             step = push(address, self.key, self.root, self.job, rank, rate=self.rate)
         except (rp.Refused, layout.SnapshotRejected, OSError) as e:
             why = f"{type(e).__name__}: {e}"
+            if "this agent holds step" in why:  # it has it already (e.g. just fetched)
+                log.info("replica of rank %d not copied to %s:%d: %s", rank, *address, why)
+                return
             self.failed = [*self.failed[-15:], why]
             log.warning("replica of rank %d not copied to %s:%d: %s", rank, *address, why)
             return
@@ -348,7 +353,9 @@ def fetch_before_start(root: str, job: str, rank: int, key: bytes,
     try:
         step = fetch(address, key, root, job, rank)
     except (rp.Refused, layout.SnapshotRejected, OSError) as e:
-        log.warning("no replica of rank %d fetched from %s:%d: %s", rank, *address, e)
+        # a fresh job's first start has none: said, not warned
+        (log.info if "no replica of rank" in str(e) else log.warning)(
+            "no replica of rank %d fetched from %s:%d: %s", rank, *address, e)
         return None
     log.info("fetched rank %d's snapshot of step %d from its replica at %s:%d", rank, step,
              *address)

@@ -79,6 +79,16 @@ def test_an_older_step_is_not_taken_over_a_newer_one(tmp_path, holder):
     with pytest.raises(rp.Refused, match="holds step 5"):
         replica.push(holder.address, KEY, old, JOB, 1)
     assert holder.held(1) == 5
+    # nor the same step again; and a holder that keeps any rank checks it too
+    with pytest.raises(rp.Refused, match="holds step 5"):
+        replica.push(holder.address, KEY, a, JOB, 1)
+    anyrank = replica.Holder(str(tmp_path / "node-d"), JOB, KEY).start()
+    try:
+        assert replica.push(anyrank.address, KEY, a, JOB, 1) == 5
+        with pytest.raises(rp.Refused, match="holds step 5"):
+            replica.push(anyrank.address, KEY, old, JOB, 1)
+    finally:
+        anyrank.close()
 
 
 def test_foreign_shards_and_peers_are_refused(tmp_path, holder):
