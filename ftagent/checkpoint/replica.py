@@ -178,6 +178,20 @@ class Holder:
         steps = layout.steps_in(replica_dir(self.root, self.job, rank))
         return steps[-1] if steps else None
 
+    def _bytes_held(self, but: int) -> int:
+        """Bytes of the replicas held for every rank but ``but`` (their markers')."""
+        total = 0
+        base = os.path.join(self.root, self.job, "replica")
+        with contextlib.suppress(OSError):
+            for name in os.listdir(base):
+                if not name.startswith("rank-") or name == f"rank-{but}":
+                    continue
+                for s in layout.steps_in(os.path.join(base, name)):
+                    with contextlib.suppress(layout.SnapshotRejected):
+                        total += layout.read_marker(os.path.join(base, name,
+                                                                 f"step-{s}")).nbytes
+        return total
+
     def _serve(self, conn: socket.socket, rfile: _Reader) -> None:
         h = rp.parse_hello(_readline(rfile, rp.MAX_LINE), job=self.job)
         server_nonce = secrets.token_hex(16)
@@ -189,7 +203,8 @@ class Holder:
             offered = rp.parse_offer(line, rp.Limits(self.job, self.ranks, self.max_bytes))
             held = self.held(offered.rank)  # then not older than the one held for it
             limits = rp.Limits(self.job, self.ranks, self.max_bytes,
-                               {} if held is None else {offered.rank: held})
+                               {} if held is None else {offered.rank: held},
+                               other_bytes=self._bytes_held(but=offered.rank))
             marker = rp.parse_offer(line, limits)  # refused before a directory is made
             rdir = replica_dir(self.root, self.job, marker.rank)
             final = os.path.join(rdir, f"step-{marker.step}")
@@ -389,8 +404,14 @@ def replica_parts(w: Any, cfg: Any, job: str, parts: Any) -> Any:
             ident = (root, job, snap.replica_listen)
             if ident not in _holders:
                 try:
+                    from ftagent.agent.standby_memory import container_memory
+                    from ftagent.checkpoint.agent_env import cap_bytes
+                    mem = container_memory()  # the replicas' cap, in all: as the pod's own
+                    cap = cap_bytes(snap.snapshot_memory_share,
+                                    mem.limit if mem is not None else None, 1)
                     _holders[ident] = Holder(root, job, key, host=listen[0], port=listen[1],
-                                             rate=snap.replica_bandwidth).start()
+                                             rate=snap.replica_bandwidth,
+                                             max_bytes=cap).start()
                     log.info("replica: holding peers' snapshots on %s:%d", *listen)
                 except OSError as e:
                     log.warning("replica: cannot listen on %s:%d: %s", *listen, e)

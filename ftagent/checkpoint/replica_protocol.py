@@ -122,14 +122,16 @@ def offer(marker: layout.Marker) -> bytes:
 
 @dataclass(frozen=True)
 class Limits:
-    """What a holder takes: this job, these ranks, at most ``max_bytes`` per shard, and
-    only a step newer than the one it holds for that rank (``held``)."""
+    """What a holder takes: this job, these ranks, at most ``max_bytes`` in all (the
+    replicas of other ranks it holds take ``other_bytes`` of it), and only a step newer
+    than the one it holds for that rank (``held``)."""
 
     job: str
     ranks: Collection[int] | None = None  # None: any rank (a fetch: the one asked for)
     max_bytes: int = 0  # 0: no cap
     held: dict[int, int] = field(default_factory=dict)  # rank -> step held
     step: int | None = None  # a fetch: exactly this step (None: any)
+    other_bytes: int = 0  # held for other ranks, counted against max_bytes
 
 
 def parse_offer(line: bytes, limits: Limits) -> layout.Marker:
@@ -154,9 +156,10 @@ def parse_offer(line: bytes, limits: Limits) -> layout.Marker:
     if held is not None and m.step <= held:
         raise Refused(f"a shard of step {m.step}, this agent holds step {held} of rank "
                       f"{m.rank} already")
-    if limits.max_bytes and m.nbytes > limits.max_bytes:
+    if limits.max_bytes and m.nbytes + limits.other_bytes > limits.max_bytes:
         raise Refused(f"a shard of {m.nbytes} bytes, over this agent's replica cap "
-                      f"({limits.max_bytes} bytes)")
+                      f"({limits.max_bytes} bytes, {limits.other_bytes} held for other "
+                      "ranks)")
     if not m.files:
         raise Refused("a shard without files")
     return m

@@ -91,6 +91,22 @@ def test_an_older_step_is_not_taken_over_a_newer_one(tmp_path, holder):
         anyrank.close()
 
 
+def test_the_holders_cap_counts_every_rank_it_holds(tmp_path):
+    a = str(tmp_path / "node-a")
+    _saved(a, 2, rank=0)
+    _saved(a, 2, rank=1)
+    one = layout.read_marker(layout.step_dir(a, JOB, 0, 2)).nbytes
+    h = replica.Holder(str(tmp_path / "node-b"), JOB, KEY, max_bytes=one + one // 2).start()
+    try:
+        assert replica.push(h.address, KEY, a, JOB, 0) == 2
+        with pytest.raises(rp.Refused, match="replica cap"):
+            replica.push(h.address, KEY, a, JOB, 1)
+        _saved(a, 4, rank=0)  # rank 0's newer one replaces its own: within the cap
+        assert replica.push(h.address, KEY, a, JOB, 0) == 4
+    finally:
+        h.close()
+
+
 def test_foreign_shards_and_peers_are_refused(tmp_path, holder):
     a = str(tmp_path / "node-a")
     _saved(a, 2, rank=0)  # a rank this holder does not keep

@@ -98,6 +98,7 @@ def test_a_shard_arrives_whole_and_checked():
     (_marker(step=5), rp.Limits(JOB, {1}, step=6), "asked for step 6"),
     (_marker(), rp.Limits(JOB, {1}, max_bytes=100), "over this agent's replica cap"),
     (_marker(rank=3, world=2), rp.Limits(JOB, None), "not one"),
+    (_marker(), rp.Limits(JOB, None, max_bytes=20000, other_bytes=15000), "held for other"),
 ])
 def test_foreign_stale_or_oversized_offers_are_refused(marker, limits, why):
     with pytest.raises(rp.Refused, match=why):
