@@ -83,8 +83,10 @@ def map_checked(path: str, size: int, crc: int) -> mmap.mmap | bytes:
                 raise SnapshotRejected(f"{os.path.dirname(path)} is truncated: "
                                        f"{os.path.basename(path)} has {have} bytes, "
                                        f"its marker says {size}")
-            m: mmap.mmap | bytes = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) \
-                if size else b""
+            # the page tables filled in one call, not one fault per page
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            m: mmap.mmap | bytes = mmap.mmap(f.fileno(), 0, flags=flags,
+                                             prot=mmap.PROT_READ) if size else b""
     except OSError as e:
         raise SnapshotRejected(f"{path}: {e.strerror}") from None
     c = 0
