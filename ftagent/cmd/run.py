@@ -160,7 +160,7 @@ def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
                 os.path.abspath(snap.checkpoint_dir), every=snap.persist_every,
                 seconds=snap.persist_seconds)])
         if snap.replica_peer or snap.replica_listen:
-            from ftagent.checkpoint.replica import replica_parts
+            from ftagent.checkpoint.replica_agent import replica_parts
             p = replica_parts(w, cfg, ids.job, p)
         return p
 

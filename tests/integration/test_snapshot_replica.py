@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from ftagent.checkpoint import layout, replica
+from ftagent.checkpoint import layout, replica, replica_agent
 from ftagent.checkpoint import replica_protocol as rp
 from ftagent.checkpoint.settings import Settings
 from ftagent.checkpoint.snapshots import Snapshotter
@@ -51,7 +51,7 @@ def test_a_shard_is_replicated_and_a_replaced_pod_resumes_from_it(tmp_path, hold
     a = str(tmp_path / "node-a")
     _saved(a, 3)
     _saved(a, 5)
-    bg = replica.BackgroundReplica(a, JOB, lambda: 1, KEY, lambda: holder.address)
+    bg = replica_agent.BackgroundReplica(a, JOB, lambda: 1, KEY, lambda: holder.address)
     bg.observe(SnapshotsHeld((3, 5)))
     wait_for(lambda: bg.pushed or bg.failed, 30, "the push")
     assert [s for s, _ in bg.pushed] == [5], bg.failed
@@ -60,14 +60,14 @@ def test_a_shard_is_replicated_and_a_replaced_pod_resumes_from_it(tmp_path, hold
                   job=JOB, rank=1, step=5)
     # the pod is replaced: a fresh memory root; its agent fetches before the trainer starts
     c = str(tmp_path / "node-c")
-    assert replica.fetch_before_start(c, JOB, 1, KEY, holder.address) == 5
+    assert replica_agent.fetch_before_start(c, JOB, 1, KEY, holder.address) == 5
     target = _state(0.0)
     trainer = _snap(c, resume_step=5)
     assert trainer.load(target) == 5
     assert trainer.last_load[1] == "peer"
     assert torch.equal(target["model"]["w"], torch.full((64, 64), 5.0))  # type: ignore[index]
     # a warm restart (the shard is in memory) fetches nothing
-    assert replica.fetch_before_start(c, JOB, 1, KEY, holder.address) is None
+    assert replica_agent.fetch_before_start(c, JOB, 1, KEY, holder.address) is None
 
 
 def test_an_older_step_is_not_taken_over_a_newer_one(tmp_path, holder):
@@ -157,7 +157,7 @@ def test_a_stalled_holder_never_blocks_the_trainer(tmp_path, monkeypatch):
         a = str(tmp_path / "node-a")
         trainer = _snap(a)
         assert trainer.save(1, _state(1.0)) and trainer.wait(30)
-        bg = replica.BackgroundReplica(a, JOB, lambda: 1, KEY,
+        bg = replica_agent.BackgroundReplica(a, JOB, lambda: 1, KEY,
                                        lambda: stalled.getsockname()[:2])
         t0 = time.monotonic()
         bg.observe(SnapshotsHeld((1,)))
