@@ -38,6 +38,9 @@ log = logging.getLogger("ftagent.checkpoint.replica")
 FROM_PEER = layout.FROM_PEER  # the note in a fetched shard's directory
 IO_TIMEOUT = 10.0  # seconds a read or write may wait on the peer
 FETCH_SECONDS = 120.0  # a replaced pod's fetch in all: its trainer waits for it
+MAX_CONNECTIONS = 8  # a holder's connections at once; past it a new one is closed
+PUSH_SECONDS = 60.0  # a push may take this long plus its size at MIN_RATE
+MIN_RATE = 1 << 20  # bytes a second: slower than this, a push is dropped (a slow reader)
 _CHUNK = 1 << 20
 
 
@@ -89,7 +92,8 @@ def _send_shard(sock: socket.socket, directory: str, marker: layout.Marker,
 
 
 def _receive_shard(f: _Reader, limits: rp.Limits, transcript: rp.Transcript,
-                   final: str, deadline: float | None = None) -> layout.Marker:
+                   final: str, deadline: float | None = None,
+                   place: threading.Lock | None = None) -> layout.Marker:
     """Read an offer and its stream from ``f``, into a temporary directory beside
     ``final``; renamed to ``final`` with the marker last when all of it checks."""
     line = _readline(f, rp.MAX_OFFER)
@@ -119,9 +123,14 @@ def _receive_shard(f: _Reader, limits: rp.Limits, transcript: rp.Transcript,
             for h in handles.values():
                 h.close()
         layout.write_marker(tmp, marker)  # last
-        if os.path.isdir(final):
-            shutil.rmtree(final, ignore_errors=True)
-        os.rename(tmp, final)
+        with place or contextlib.nullcontext():
+            newer = [s for s in layout.steps_in(parent) if s > marker.step]
+            if newer and place is not None:  # a racing push put a newer one in place
+                raise rp.Refused(f"a shard of step {marker.step}, this agent holds step "
+                                 f"{newer[-1]} of rank {marker.rank} already")
+            if os.path.isdir(final):
+                shutil.rmtree(final, ignore_errors=True)
+            os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -138,12 +147,24 @@ class Holder:
         self.root, self.job, self.key = root, job, key
         self.ranks, self.max_bytes, self.rate = ranks, max_bytes, rate
         self.refused: list[str] = []  # why, newest last (bounded)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._place = threading.Lock()  # one shard put into place at a time
+        self._clear_temps()
         holder = self
 
         class Handler(socketserver.StreamRequestHandler):
             timeout = IO_TIMEOUT
 
             def handle(self) -> None:
+                if not holder._slots.acquire(blocking=False):
+                    holder._refuse("too many connections at once: one closed")
+                    return
+                try:
+                    self._handle()
+                finally:
+                    holder._slots.release()
+
+            def _handle(self) -> None:
                 try:
                     holder._serve(self.connection, self.rfile)
                 except (rp.Refused, layout.SnapshotRejected) as e:
@@ -173,6 +194,17 @@ class Holder:
     def _refuse(self, why: str) -> None:
         log.warning("replica: refused: %s", why)
         self.refused = [*self.refused[-31:], why]
+
+    def _clear_temps(self) -> None:
+        """Shards a dead holder left half-received (never read; their space is freed)."""
+        base = os.path.join(self.root, self.job, "replica")
+        with contextlib.suppress(OSError):
+            for name in os.listdir(base):
+                d = os.path.join(base, name)
+                with contextlib.suppress(OSError):
+                    for t in os.listdir(d):
+                        if t.startswith(".") and t.endswith(".tmp"):
+                            shutil.rmtree(os.path.join(d, t), ignore_errors=True)
 
     def held(self, rank: int) -> int | None:
         steps = layout.steps_in(replica_dir(self.root, self.job, rank))
@@ -208,10 +240,13 @@ class Holder:
             marker = rp.parse_offer(line, limits)  # refused before a directory is made
             rdir = replica_dir(self.root, self.job, marker.rank)
             final = os.path.join(rdir, f"step-{marker.step}")
-            _receive_shard(_Prefixed(line, rfile), limits, t, final)
-            for s in layout.steps_in(rdir):
-                if s < marker.step:  # one kept per rank: the newest
-                    shutil.rmtree(os.path.join(rdir, f"step-{s}"), ignore_errors=True)
+            deadline = time.monotonic() + PUSH_SECONDS + marker.nbytes / MIN_RATE
+            _receive_shard(_Prefixed(line, rfile), limits, t, final, deadline,
+                           place=self._place)
+            with self._place:
+                for s in layout.steps_in(rdir):
+                    if s < marker.step:  # one kept per rank: the newest
+                        shutil.rmtree(os.path.join(rdir, f"step-{s}"), ignore_errors=True)
             conn.sendall(b"OK\n")
         else:
             assert h.rank is not None

@@ -169,3 +169,40 @@ def test_a_stalled_holder_never_blocks_the_trainer(tmp_path, monkeypatch):
         trainer.close()
     finally:
         stalled.close()
+
+
+def test_a_flood_of_idle_connections_is_bounded_and_passes(tmp_path, monkeypatch):
+    monkeypatch.setattr(replica, "MAX_CONNECTIONS", 2)
+    os.makedirs(os.path.join(replica.replica_dir(str(tmp_path / "node-b"), JOB, 1),
+                             ".step-3.1.2.tmp"))  # a dead holder's half-received shard
+    h = replica.Holder(str(tmp_path / "node-b"), JOB, KEY).start()
+    idle = [socket.create_connection(h.address, timeout=10) for _ in range(2)]
+    try:
+        assert os.listdir(replica.replica_dir(h.root, JOB, 1)) == []  # cleared at start
+        a = str(tmp_path / "node-a")
+        _saved(a, 3)
+        wait_for(lambda: _refused_flood(h, a), 10, "the third connection closed")
+        assert any("too many connections" in r for r in h.refused)
+        for s in idle:
+            s.close()
+        wait_for(lambda: _pushed(h, a), 20, "a push once the idle ones are gone")
+        assert h.held(1) == 3
+    finally:
+        for s in idle:
+            s.close()
+        h.close()
+
+
+def _refused_flood(h: replica.Holder, root: str) -> bool:
+    try:
+        replica.push(h.address, KEY, root, JOB, 1)
+    except rp.Refused:
+        return True
+    return False
+
+
+def _pushed(h: replica.Holder, root: str) -> bool:
+    try:
+        return replica.push(h.address, KEY, root, JOB, 1) == 3
+    except (rp.Refused, OSError):
+        return False
