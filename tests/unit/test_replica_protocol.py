@@ -137,3 +137,25 @@ def test_bytes_after_the_end_are_refused():
     line, rest = _stream(_marker())
     with pytest.raises(rp.Refused, match="after the end"):
         _receive(line, rest + b"x", rp.Limits(JOB, {1}), piece=len(rest) + 1)
+
+
+def test_the_copy_is_paced_to_its_bandwidth():
+    from ftagent.checkpoint.replica import _Paced
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    p = _Paced(1000, clock=lambda: now[0], sleep=sleep)
+    p.pace(500)  # 0.5 s worth at once: waits it out
+    assert slept == [pytest.approx(0.5)]
+    now[0] += 2.0  # the sender was slow anyway: no wait
+    p.pace(1000)
+    assert len(slept) == 1
+    p.pace(3000)  # 4.5 s worth sent by t=2.5: waits 2 s
+    assert slept[-1] == pytest.approx(2.0)
+    unpaced = _Paced(0, clock=lambda: now[0], sleep=sleep)
+    unpaced.pace(1 << 30)
+    assert len(slept) == 2
