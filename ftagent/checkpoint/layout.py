@@ -18,6 +18,7 @@ changed) shard is refused with a one-line reason, never half-loaded.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import re
 import zlib
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MARKER = "ftagent-snapshot.json"
+FROM_PEER = "from-peer"  # a note in a shard fetched from a peer's replica (replica.py)
 FORMAT = 1
 MAX_MARKER_BYTES = 1 << 20  # a marker past it is not ours
 MAX_FILES = 4096  # files one shard may have
@@ -65,6 +67,38 @@ def crc_of(path: str) -> int:
         while chunk := f.read(_CHUNK):
             crc = zlib.crc32(chunk, crc)
     return crc
+
+
+def map_checked(path: str, size: int, crc: int) -> mmap.mmap | bytes:
+    """The file at ``path`` mapped read-only (tmpfs pages: no copy, no allocation), its
+    CRC-32 computed over the mapping: the mapping when it is exactly ``size`` bytes and its
+    checksum is ``crc``, else SnapshotRejected. The load's one pass: DCP then reads these
+    verified pages (storage.SnapshotReader), not the file through a second read. Shards are
+    never rewritten in place (written under a temporary name, then renamed), so the mapping
+    stays what was verified; an unlinked file's pages live until it is closed."""
+    try:
+        with open(path, "rb") as f:
+            have = os.fstat(f.fileno()).st_size
+            if have != size:
+                raise SnapshotRejected(f"{os.path.dirname(path)} is truncated: "
+                                       f"{os.path.basename(path)} has {have} bytes, "
+                                       f"its marker says {size}")
+            # the page tables filled in one call, not one fault per page
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            m: mmap.mmap | bytes = mmap.mmap(f.fileno(), 0, flags=flags,
+                                             prot=mmap.PROT_READ) if size else b""
+    except OSError as e:
+        raise SnapshotRejected(f"{path}: {e.strerror}") from None
+    c = 0
+    with memoryview(m) as view:
+        for i in range(0, size, _CHUNK):
+            c = zlib.crc32(view[i:i + _CHUNK], c)
+    if c != crc:
+        if isinstance(m, mmap.mmap):
+            m.close()
+        raise SnapshotRejected(f"{os.path.dirname(path)} is corrupt: "
+                               f"{os.path.basename(path)}'s checksum differs")
+    return m
 
 
 def files_of(directory: str) -> dict[str, list[int]]:
@@ -140,6 +174,13 @@ def read_marker(directory: str) -> Marker:
     except OSError as e:
         raise SnapshotRejected(f"no completion marker in {directory} "
                                f"(not finished: {e.strerror})") from None
+    return parse_marker(raw, directory)
+
+
+def parse_marker(raw: bytes, where: str) -> Marker:
+    """A marker from its bytes (a file's, or a peer's: replica_protocol.py); bounded and
+    every field type-checked, else SnapshotRejected naming ``where``."""
+    directory = where
     if len(raw) > MAX_MARKER_BYTES:
         raise SnapshotRejected(f"completion marker in {directory} is too large")
     try:

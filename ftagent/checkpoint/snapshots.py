@@ -12,10 +12,13 @@ so a restarted trainer finds them.
 ``load`` walks the ladder: the step the arbiter named (``FTAGENT_RESUME_STEP``: the newest
 step every rank of the job holds) or, without one, the newest step every rank agrees it
 holds (a collective when torch.distributed is initialized, else the ranks' directories
-visible here); verified (layout.verify) before DCP reads it; when torch.distributed is
+visible here); verified before DCP reads it (read once into memory, its checksums computed
+on the way, and DCP loads those verified bytes: storage.SnapshotReader); when torch.distributed is
 initialized every rank must have loaded it, else every rank falls to the durable copy
-(the disk rung), else to nothing. Each fall is logged with its reason. The peer rung (a
-replica on another node's agent) is not built: ``load`` says so when it would be next.
+(the disk rung), else to nothing. Each fall is logged with its reason. The peer rung: a
+shard the agent fetched from its replica holder before the trainer started (replica.py)
+lies where the memory rung looks, noted ``from-peer``; ``load`` reports its source
+``peer``.
 """
 
 from __future__ import annotations
@@ -264,13 +267,17 @@ class Snapshotter:
     # ------------------------------------------------------------------ load
 
     def load(self, state: MutableMapping[str, Any]) -> int | None:
-        """Fill ``state`` in place from the newest complete snapshot: memory, then (not
-        built) peer, then the durable copy; its step, or None. Call on every rank."""
+        """Fill ``state`` in place from the newest complete snapshot: memory (or a peer's
+        replica fetched into it), then the durable copy; its step, or None. Call on every
+        rank."""
         fp = layout.fingerprint(state)
         why: list[str] = []
         step, source = self._from_memory(state, fp, why), "memory"
+        if step is not None and os.path.exists(os.path.join(
+                layout.step_dir(self.s.root, self.s.job, self.s.rank, step), layout.FROM_PEER)):
+            source = "peer"  # fetched from a replica holder before the trainer started
         if step is None:
-            why.append("peer: not built (no replica on another node)")
+            why.append("peer: no replica fetched for this rank")
             step, source = self._from_disk(state, fp, why), "disk"
         self.last_load = (step, source if step is not None else "", why)
         if step is None:
@@ -325,14 +332,13 @@ class Snapshotter:
 
     def _try_load(self, state: MutableMapping[str, Any], directory: str, step: int,
                   fp: dict[str, str], why: list[str], rung: str) -> bool:
-        try:  # refused here with its reason; DCP would wrap it in its own exception
-            layout.verify(directory, job=self.s.job, rank=self.s.rank, step=step,
-                          state_fingerprint=fp)
+        reader = SnapshotReader(directory, job=self.s.job, rank=self.s.rank, step=step,
+                                fingerprint=fp)
+        try:  # refused here with its reason (DCP would wrap it in its own exception);
+            reader.check()  # the shard read once, checked on the way; DCP loads those bytes
         except layout.SnapshotRejected as e:
             why.append(f"{rung}: step {step} refused: {e}")
             return False
-        reader = SnapshotReader(directory, job=self.s.job, rank=self.s.rank, step=step,
-                                fingerprint=fp, checksums=False)
         try:
             dcp.load(state, storage_reader=reader, no_dist=True)
         except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP's: the next rung

@@ -6,20 +6,29 @@ completion marker (layout.py) last. :class:`SnapshotReader` is DCP's
 :class:`FileSystemReader` that refuses, before DCP reads a byte of it, a shard whose marker
 is missing, foreign, torn, truncated, corrupt or of another shape (layout.verify): so plain
 ``dcp.load(state, storage_reader=SnapshotReader(...))`` never half-fills a state from a bad
-shard. No flush to stable storage: the shards live in memory (tmpfs); the durable copy is
-persist.py's.
+shard. The shard is read once: each file is mapped (tmpfs pages, no copy), its checksum computed
+over the mapping (layout.map_checked), and DCP reads those verified pages, not the file
+through a second read. No flush to stable
+storage: the shards live in memory (tmpfs); the durable copy is persist.py's.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import mmap
 import os
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Generator, Mapping
+from pathlib import Path
+from typing import Any, cast
 
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
 
 from ftagent.checkpoint import layout
 
@@ -44,10 +53,80 @@ class SnapshotWriter(FileSystemWriter):
         layout.write_marker(directory, self.marker)
 
 
+class _HeldStream(io.RawIOBase):
+    """A read-only, seekable stream over bytes already in memory (no copy of them)."""
+
+    def __init__(self, data: mmap.mmap | bytes) -> None:
+        super().__init__()
+        self._view = memoryview(data)
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._view.release()
+        super().close()
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET, /) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, b: Any) -> int:
+        n = max(0, min(len(b), len(self._view) - self._pos))
+        memoryview(b).cast("B")[:n] = self._view[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+    def read(self, size: int | None = -1) -> bytes:
+        end = len(self._view) if size is None or size < 0 else min(len(self._view),
+                                                                   self._pos + size)
+        out = bytes(self._view[self._pos:end]) if end > self._pos else b""
+        self._pos += len(out)
+        return out
+
+
+class _HeldFiles(FileSystem):
+    """DCP's file system, reading only the files verified into memory (by name in the
+    shard's directory); any other read is refused."""
+
+    def __init__(self, held: dict[str, mmap.mmap | bytes]) -> None:
+        self.held = held
+
+    def release(self) -> None:
+        """Unmap (a mapping still viewed by a stream is left to the collector)."""
+        for m in self.held.values():
+            if isinstance(m, mmap.mmap):
+                with contextlib.suppress(BufferError):
+                    m.close()
+        self.held.clear()
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike[str],
+                      mode: str) -> Generator[io.IOBase, None, None]:
+        name = Path(path).name
+        if mode != "rb" or name not in self.held:
+            raise layout.SnapshotRejected(f"{path}: not a verified file of the snapshot")
+        stream = _HeldStream(self.held[name])
+        try:
+            yield cast(io.IOBase, stream)
+        finally:
+            stream.close()
+
+
 class SnapshotReader(FileSystemReader):
     """DCP's file system reader of the shard in ``path``, verified first (its marker names
     ``job``, ``rank``, ``step``; sizes and checksums match; ``fingerprint``, the state to
-    fill, fits): :class:`~ftagent.checkpoint.layout.SnapshotRejected` otherwise."""
+    fill, fits): :class:`~ftagent.checkpoint.layout.SnapshotRejected` otherwise. With
+    ``checksums`` (the default) the files are read once, checked on the way, and DCP
+    loads from those bytes; without, the caller verified them and DCP reads the files."""
 
     def __init__(self, path: str | os.PathLike[str], *, job: str, rank: int, step: int,
                  fingerprint: Mapping[str, str] | None = None, checksums: bool = True) -> None:
@@ -57,9 +136,31 @@ class SnapshotReader(FileSystemReader):
         self.checksums = checksums  # False: the caller verified them just now
         self.marker: layout.Marker | None = None
 
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+    def check(self) -> layout.Marker:
+        """Verify the shard (and, with ``checksums``, read it into memory on the way):
+        its marker, else SnapshotRejected saying why. DCP's ``read_metadata`` calls it
+        when the caller has not."""
+        if self.marker is not None:
+            return self.marker
         job, rank, step = self.expect
-        self.marker = layout.verify(os.fspath(self.path), job=job, rank=rank, step=step,
-                                    state_fingerprint=self.state_fingerprint,
-                                    checksums=self.checksums)
+        directory = os.fspath(self.path)
+        # marker, identity, files present with their sizes, shape: before any byte is read
+        marker = layout.verify(directory, job=job, rank=rank, step=step,
+                               state_fingerprint=self.state_fingerprint, checksums=False)
+        if self.checksums:  # then each file once, its checksum on the way
+            self.fs = _HeldFiles({name: layout.map_checked(os.path.join(directory, name),
+                                                            size, crc)
+                                  for name, (size, crc) in marker.files.items()})
+        self.marker = marker
+        return marker
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        self.check()
         return super().read_metadata(*args, **kwargs)
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        try:
+            return super().read_data(plan, planner)
+        finally:  # the verified bytes are no longer needed: the state holds them now
+            if isinstance(self.fs, _HeldFiles):
+                self.fs.release()

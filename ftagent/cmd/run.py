@@ -161,6 +161,9 @@ def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
                 os.path.abspath(snap.snapshot_dir), ids.job, lambda: w.ident.rank,
                 os.path.abspath(snap.checkpoint_dir), every=snap.persist_every,
                 seconds=snap.persist_seconds)])
+        if snap.replica_peer or snap.replica_listen:
+            from ftagent.checkpoint.replica_agent import replica_parts
+            p = replica_parts(w, cfg, ids.job, p)
         return preflight_parts(w, cfg, watch, p)
 
     agent = pod.add(spec, metrics=metrics, parts=parts)

@@ -94,7 +94,7 @@ def test_a_torn_shard_on_one_rank_sends_every_rank_to_disk(tmp_path: Path) -> No
     assert [g["w"] for g in got] == [1.0, 101.0], got  # each its own rank's shard
     why0, why1 = (" | ".join(g["why"]) for g in got)  # type: ignore[arg-type]
     assert "not loadable on every rank (ranks [1])" in why0, why0
-    assert "truncated" in why1 and "peer: not built" in why1, why1
+    assert "truncated" in why1 and "peer: no replica" in why1, why1
     # rank 1 told nothing (a replaced pod's agent): the same collectives on every rank,
     # they agree on the newest step both hold, rank 1's is torn: both to disk again
     got = _run(tmp_path, "load", "2", None)

@@ -123,7 +123,7 @@ def test_a_damaged_newest_shard_is_refused_and_the_load_says_why(tmp_path, damag
     assert loader.load(target) is None  # never the damaged one; no disk rung configured
     assert torch.equal(target["model"]["w"], torch.zeros(4, 3))  # type: ignore[index]
     why = " ".join(loader.last_load[2])
-    assert "memory: step 2" in why and "peer: not built" in why
+    assert "memory: step 2" in why and "peer: no replica" in why
     # without the arbiter's step the newest complete one every rank holds is taken
     if damage in ("no_marker", "foreign_job", "foreign_step", "garbage_marker"):
         assert _snap(str(tmp_path)).load(_zeros()) == 1
@@ -362,3 +362,55 @@ def test_a_full_tmpfs_fails_the_snapshot_not_the_training(tmp_path, capsys):
         assert _snap(str(mnt)).load(target) == 1
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_the_load_reads_the_shard_once_and_dcp_loads_the_verified_bytes(tmp_path):
+    # one pass: once check() has read and verified the files, DCP loads from those bytes;
+    # the files may be gone (the old reader read them a second time and failed here)
+    s = _snap(str(tmp_path))
+    assert s.save(3, _state(3.0)) and s.wait(30)
+    d = layout.step_dir(str(tmp_path), JOB, 0, 3)
+    target = _zeros()
+    reader = SnapshotReader(d, job=JOB, rank=0, step=3, fingerprint=layout.fingerprint(target))
+    reader.check()
+    for name in os.listdir(d):
+        os.remove(os.path.join(d, name))
+    dcp.load(target, storage_reader=reader, no_dist=True)
+    assert torch.equal(target["model"]["w"], torch.full((4, 3), 3.0))  # type: ignore[index]
+    assert reader.fs.held == {}  # type: ignore[attr-defined]  # released after the load
+
+
+@pytest.mark.parametrize("change", ["flip", "shorter", "longer"])
+def test_map_checked_refuses_bytes_that_are_not_the_markers(tmp_path, change):
+    p = tmp_path / "f"
+    data = bytes(range(256)) * 9000  # > one chunk
+    p.write_bytes(data)
+    crc = layout.crc_of(str(p))
+    assert bytes(layout.map_checked(str(p), len(data), crc)) == data
+    if change == "flip":
+        p.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    elif change == "shorter":
+        p.write_bytes(data[:-1])
+    else:
+        p.write_bytes(data + b"x")
+    with pytest.raises(layout.SnapshotRejected, match="corrupt" if change == "flip"
+                       else "truncated"):
+        layout.map_checked(str(p), len(data), crc)
+
+
+def test_a_shard_corrupted_after_its_sizes_were_checked_is_refused_whole(tmp_path):
+    # same size, one flipped byte: the one-pass read refuses it before DCP fills anything
+    s = _snap(str(tmp_path))
+    assert s.save(2, _state(2.0)) and s.wait(30)
+    d = layout.step_dir(str(tmp_path), JOB, 0, 2)
+    data = os.path.join(d, "__0_0.distcp")
+    with open(data, "r+b") as f:
+        f.seek(os.path.getsize(data) // 2)
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ 0xFF]))
+    target = _zeros()
+    with pytest.raises(layout.SnapshotRejected, match="corrupt"):
+        SnapshotReader(d, job=JOB, rank=0, step=2).check()
+    assert _snap(str(tmp_path)).load(target) is None
+    assert torch.equal(target["model"]["w"], torch.zeros(4, 3))  # type: ignore[index]
