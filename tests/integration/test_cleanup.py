@@ -100,7 +100,8 @@ def test_cleanup_leaves_the_node_as_it_was_before_ftagent(fake: FakeKube) -> Non
     assert dirty is not None
     found = marks(dirty, CONDITIONS)
     assert found.taints == 1 and found.labels == ("ftagent.io/cordoned",)
-    assert len(found.annotations) == 6 and set(found.conditions) == set(CONDITIONS)
+    assert len(found.annotations) == 7 and set(found.conditions) == set(CONDITIONS)
+    assert "ftagent.io/cordon-evidence" in found.annotations  # the breaker's (node_scope.py)
     assert found.cordoned_by_ftagent and "Xid 79" in found.why
 
     r = cleanup(fake)
