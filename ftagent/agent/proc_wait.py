@@ -17,11 +17,11 @@ points at (``/proc/PID/fd/N``):
 * anything else (a local file, a unix socket, an eventfd) is **local**.
 
 A poll() that a stop interrupted shows as ``restart_syscall`` until it returns; its wait
-channel says it is poll (``restarted``). A ``poll``/``select``'s fd list lives in the process's memory: read from ``/proc/PID/mem``
-(root, as py-spy needs) at the address the syscall's arguments give, bounded. Nothing here
-raises: a thread or process vanishing mid-read is skipped and said in ``errors``. Linux
-x86_64 and aarch64 system call numbers; elsewhere nothing is classified (the verdict does
-not use what it cannot read).
+channel says it is poll (``restarted``). A ``poll``/``select``'s fd list lives in the
+process's memory: read from ``/proc/PID/mem`` (root, as py-spy needs) at the address the
+syscall's arguments give, bounded. Nothing here raises: a thread or process vanishing
+mid-read is skipped and said in ``errors``. Linux x86_64 and aarch64 system call numbers;
+elsewhere nothing is classified (the verdict does not use what it cannot read).
 """
 
 from __future__ import annotations
