@@ -16,11 +16,12 @@ points at (``/proc/PID/fd/N``):
   tree is itself blocked on remote I/O: a DataLoader worker feeding the main process);
 * anything else (a local file, a unix socket, an eventfd) is **local**.
 
-A ``poll``/``select``'s fd list lives in the process's memory: read from ``/proc/PID/mem``
-(root, as py-spy needs) at the address the syscall's arguments give, bounded. Nothing here
-raises: a thread or process vanishing mid-read is skipped and said in ``errors``. Linux
-x86_64 and aarch64 system call numbers; elsewhere nothing is classified (the verdict does
-not use what it cannot read).
+A poll() that a stop interrupted shows as ``restart_syscall`` until it returns; its wait
+channel says it is poll (``restarted``). A ``poll``/``select``'s fd list lives in the
+process's memory: read from ``/proc/PID/mem`` (root, as py-spy needs) at the address the
+syscall's arguments give, bounded. Nothing here raises: a thread or process vanishing
+mid-read is skipped and said in ``errors``. Linux x86_64 and aarch64 system call numbers;
+elsewhere nothing is classified (the verdict does not use what it cannot read).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ SYSCALLS: dict[str, tuple[int | None, int | None]] = {
     "recvmsg": (47, 212), "poll": (7, None), "ppoll": (271, 73), "select": (23, None),
     "pselect6": (270, 72), "epoll_wait": (232, None), "epoll_pwait": (281, 22),
     "openat": (257, 56), "open": (2, None), "connect": (42, 203),
+    "restart_syscall": (219, 128),
 }
 ARCH = {"x86_64": 0, "amd64": 0, "aarch64": 1, "arm64": 1}.get(platform.machine().lower())
 BY_NUMBER = {nums[ARCH]: name for name, nums in SYSCALLS.items()
@@ -93,6 +95,10 @@ def _process(pid: int, proc: str, out: Waits) -> None:
         name = BY_NUMBER.get(int(fields[0]))
         if name is None:
             continue
+        if name == "restart_syscall":
+            name = restarted(_wchan(f"{base}/task/{tid}"))
+            if name is None:
+                continue  # a sleep or a futex wait resumed: no fd
         args = [int(a, 16) for a in fields[1:7]]
         if name in ("open", "openat"):
             path = _read_path(pid, args[1 if name == "openat" else 0])
@@ -124,6 +130,33 @@ def _process(pid: int, proc: str, out: Waits) -> None:
                     mounts = _mounts(base)
                 kind, what = ("netfs" if _fstype(target, mounts) else "local"), target
             out.blocked.append(Blocked(pid, tid, name, kind, what[:200]))
+
+
+# wait channels of a poll() sleeping again after its restart (fs/select.c)
+POLL_WCHANS = ("poll_schedule_timeout", "do_poll", "do_sys_poll")
+
+
+def restarted(wchan: str) -> str | None:
+    """The call a ``restart_syscall`` resumes, from the thread's wait channel, or None.
+
+    A poll() with a timeout that a stop interrupted (py-spy's ptrace stop while the agent
+    samples the stacks, a SIGSTOP/SIGCONT) does not come back as poll: the kernel resumes it
+    as ``restart_syscall``, and /proc shows that number for the rest of the wait, poll's own
+    arguments still in the registers. Python polls before every read on a socket with a
+    timeout, so without this a slow remote read is unseen once the stacks were sampled.
+    Of the calls read here only poll() restarts this way (select, ppoll and epoll_wait are
+    re-issued under their own numbers); a sleep or a futex wait is no fd wait: None. An
+    unreadable wait channel ("0" without kallsyms) says nothing: None, never a guess."""
+    fn = wchan.strip().split(".", 1)[0]
+    return "poll" if fn in POLL_WCHANS else None
+
+
+def _wchan(task: str) -> str:
+    try:
+        with open(f"{task}/wchan", encoding="ascii", errors="replace") as f:
+            return f.read(128)
+    except OSError:
+        return ""
 
 
 def _fds(pid: int, name: str, args: Sequence[int]) -> list[int]:

@@ -161,8 +161,9 @@ dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
 rank = dist.get_rank()
 port, mode, every, steps = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 
-def fetch():
-    with socket.create_connection(("127.0.0.1", port)) as s:
+def fetch():  # the worker's socket has a timeout: Python polls (restarted after a stop)
+    with socket.create_connection(("127.0.0.1", port),
+                                  timeout=120 if mode == "worker" else None) as s:
         s.sendall(b"shard\\n")
         return s.recv(16)
 
@@ -232,7 +233,8 @@ def test_slow_remote_reads_are_waiting_on_io_never_a_restart_or_a_fault(
         tmp_path: Path) -> None:
     """Issue 35 item 3: 8 s reads from a slow remote store every 15 steps, on rank 0,
     directly (its main thread in recv) and through a DataLoader worker (the main thread
-    polls the worker's queue, the worker sits in recv): rank 0 is waiting on I/O, rank 1
+    polls the worker's queue, the worker sits in poll on its socket with a timeout, which
+    py-spy's sampling turns into restart_syscall): rank 0 is waiting on I/O, rank 1
     waits on rank 0; no restart, no fault of any severity, the job finishes."""
     import subprocess
 

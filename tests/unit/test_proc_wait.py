@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from ftagent.agent.proc_wait import ARCH, blocked_threads
+from ftagent.agent.proc_wait import ARCH, blocked_threads, restarted
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.skipif(ARCH is None or not sys.platform.startswith("linux"),
@@ -71,6 +71,47 @@ def test_a_read_from_a_server_that_is_no_peer_is_remote_io(mode: str) -> None:
                              ("poll", "ppoll")), got
         (b,) = [b for b in blocked_threads([p.pid]).blocked if b.kind == "remote"]
         assert b.target == f"tcp 127.0.0.1:{srv.getsockname()[1]}"
+
+
+def test_a_poll_restarted_after_a_stop_is_still_remote_io() -> None:
+    """A poll with a timeout that a stop interrupted (py-spy's ptrace stop when the agent
+    samples the stacks, or SIGSTOP/SIGCONT) resumes as ``restart_syscall``: /proc then shows
+    that number, not poll's, with poll's arguments still in the registers. Seen in
+    bench/verdicts.py's slow-read rows: the reading rank declared hung, its read unseen."""
+    import signal
+
+    with server() as srv, child(RECV, str(srv.getsockname()[1]), "timeout") as p:
+        wait_for(lambda: [w for w in waits(p.pid) if w[0] == "remote"], 10, "the remote read")
+        os.kill(p.pid, signal.SIGSTOP)
+        wait_for(lambda: _state(p.pid) == "T", 10, "the stop")
+        os.kill(p.pid, signal.SIGCONT)
+        wait_for(lambda: _state(p.pid) == "S" and _syscall(p.pid) == RESTART, 10,
+                 "the restarted poll")
+        assert waits(p.pid) == [("remote", "poll")]
+
+
+@pytest.mark.parametrize(("wchan", "call"), [
+    ("poll_schedule_timeout.constprop.0", "poll"), ("poll_schedule_timeout", "poll"),
+    ("do_sys_poll\n", "poll"), ("futex_do_wait", None), ("futex_wait_queue", None),
+    ("hrtimer_nanosleep", None), ("do_nanosleep", None), ("0", None), ("", None)])
+def test_a_restarted_call_is_poll_only_by_its_wait_channel(wchan: str, call: str | None
+                                                            ) -> None:
+    assert restarted(wchan) == call
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def _syscall(pid: int) -> int:
+    with open(f"/proc/{pid}/syscall", encoding="ascii") as f:
+        first = f.read().split()[0]
+    return int(first) if first.lstrip("-").isdigit() else -1
+
+
+RESTART = {"x86_64": 219, "amd64": 219, "aarch64": 128, "arm64": 128}.get(
+    os.uname().machine.lower(), -2)
 
 
 def test_the_jobs_store_is_a_peer_not_io() -> None:
