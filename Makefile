@@ -106,14 +106,16 @@ dist: venv
 # (build/image/ftagent-$(VERSION).oci.tar) from Debian packages, the wheel and the bundle,
 # without a container runtime (root: mmdebstrap, chroot; umoci; `make deps` installs both).
 # Push it with `make push REGISTRY=registry.example.com/ml` (skopeo).
+# It builds in its own environment: the runtime dependencies, build and PyInstaller at the
+# lock's versions, the project editable (its sources are what the bundle and the wheel are
+# made from); no torch, no test or docs toolchain. Defined before the rule that names it:
+# make expands a rule's prerequisites as it reads the rule (after it, the stamp was empty
+# and a clean clone's `make image` found no build/image-venv).
+IMAGE_VENV  ?= build/image-venv
+IMAGE_STAMP := $(IMAGE_VENV)/.installed-stamp
 image: deps $(IMAGE_STAMP)
 	$(IMAGE_VENV)/bin/python packaging/build_image.py
 
-# The image's own build environment: the runtime dependencies, build and PyInstaller at the
-# lock's versions, the project editable (its sources are what the bundle and the wheel are
-# made from). No torch, no test or docs toolchain: a few hundred MB less than .venv.
-IMAGE_VENV  ?= build/image-venv
-IMAGE_STAMP := $(IMAGE_VENV)/.installed-stamp
 $(IMAGE_STAMP): pyproject.toml $(LOCK)
 	rm -rf $(IMAGE_VENV) && $(PY) -m venv $(IMAGE_VENV)
 	$(IMAGE_VENV)/bin/pip install -q $(if $(LOCK),-c $(LOCK)) build pyinstaller 'setuptools>=77' -e .
