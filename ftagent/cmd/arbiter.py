@@ -714,6 +714,7 @@ def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
     loop = asyncio.get_running_loop()
     watches = start_watches(cluster, kube, loop, threading.Event())
     server.pods_synced = watches[0].informer.until_synced  # the pod informer
+    from ftagent.kube.skipped import start_announcing  # their Events (one per pod)
     from ftagent.kube.uninjected import watch_uninjected  # pods injection missed (gauge)
 
     def record(*args: Any) -> None:  # an Event on the pod, written in the background
@@ -723,7 +724,8 @@ def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
     watch_uninjected(kube, loop, server.prom, connected=lambda: {
         (j.namespace, r.pod) for j in list(cluster.registry.jobs.values())
         for r in list(j.ranks.values()) if r.connected} if server.leading else None,
-        record=record, grace=cfg.agent_connect_grace)
+        announce=start_announcing(loop, record, cfg.agent_connect_grace),
+        grace=cfg.agent_connect_grace)
     cluster.ticker = loop.create_task(tick_forever(cluster))
     return cluster
 

@@ -33,13 +33,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from ftagent.kube.recorder import ObjectRef
-from ftagent.kube.uninjected import AGENT_GRACE, INJECTED_OK, PodView
+from ftagent.kube.uninjected import AGENT_GRACE, INJECTED_OK, PodView, Term
 
 log = logging.getLogger("ftagent.kube.skipped")
 
@@ -51,26 +51,6 @@ PER_PASS = 10  # Events per pass (every 5 s at most), all namespaces together: <
 KEPT = 20_000  # pod uids remembered as announced (oldest forgotten first)
 
 Record = Callable[[ObjectRef, str, str, str, float], None]
-
-
-class Term:
-    """When this arbiter's current term as leader began, as seen by whoever asks:
-    ``connected()`` is None while it does not lead (followers have no streams)."""
-
-    def __init__(self, connected: Callable[[], set[tuple[str, str]] | None]) -> None:
-        self._connected = connected
-        self._since: float | None = None
-        self._lock = threading.Lock()
-
-    def observe(self, now: float) -> tuple[set[tuple[str, str]] | None, float | None]:
-        """(the connected (namespace, pod) set or None, the term's start or None)."""
-        got = self._connected()
-        with self._lock:
-            if got is None:
-                self._since = None
-            elif self._since is None:
-                self._since = now
-            return got, self._since
 
 
 def message(view: PodView, now: float, grace: float) -> str:
@@ -160,3 +140,28 @@ async def announce_forever(pods: Any, namespaces: Any, term: Term, skips: SkipEv
         except Exception:  # the next pass tries again; the gauge is unaffected
             log.exception("announcing pods without an agent")
         await asyncio.sleep(period)
+
+
+def start_announcing(loop: asyncio.AbstractEventLoop, record: Record, grace: float = AGENT_GRACE,
+                     clock: Callable[[], float] = time.time,
+                     ) -> Callable[[Any, Any, Term], _Cancel]:
+    """What ``uninjected.watch_uninjected(announce=...)`` calls with its opted-in pods,
+    namespace informer and leader term: the announcing task on ``loop``, and its stop()."""
+
+    def announce(pods: Any, namespaces: Any, term: Term) -> _Cancel:
+        task = loop.create_task(announce_forever(
+            pods, namespaces, term, SkipEvents(grace), record, clock,
+            period=min(5.0, max(0.2, grace / 4))))
+        return _Cancel(task)
+
+    return announce
+
+
+class _Cancel:
+    """``stop()`` for the announcing task (from any thread)."""
+
+    def __init__(self, task: asyncio.Task[None]) -> None:
+        self.task = task
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.task.get_loop().call_soon_threadsafe(self.task.cancel)

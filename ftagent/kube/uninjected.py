@@ -241,21 +241,42 @@ class OptedInPods:
             inf.stop(timeout)
 
 
+class Term:
+    """When this arbiter's current term as leader began, as seen by whoever asks:
+    ``connected()`` is None while it does not lead (followers have no streams)."""
+
+    def __init__(self, connected: Callable[[], set[tuple[str, str]] | None]) -> None:
+        self._connected = connected
+        self._since: float | None = None
+        self._lock = threading.Lock()
+
+    def observe(self, now: float) -> tuple[set[tuple[str, str]] | None, float | None]:
+        """(the connected (namespace, pod) set or None, the term's start or None)."""
+        got = self._connected()
+        with self._lock:
+            if got is None:
+                self._since = None
+            elif self._since is None:
+                self._since = now
+            return got, self._since
+
+
 def watch_uninjected(api_client: Any, loop: asyncio.AbstractEventLoop | None,
                      registry: Any,
                      connected: Callable[[], set[tuple[str, str]] | None] = lambda: None,
-                     record: Callable[..., None] | None = None, grace: float = AGENT_GRACE,
+                     announce: Callable[[OptedInPods, Any, Term], Any] | None = None,
+                     grace: float = AGENT_GRACE,
                      clock: Callable[[], float] = time.time) -> list[Any]:
     """Start the namespace informer (namespaces labelled ``ftagent.io/inject=true``) and,
     per such namespace, an informer of its Running pods; register the gauge in
-    ``registry`` (needs list/watch on pods and namespaces). With ``record`` (a
-    ``Recorder.record``) and a ``loop``, injected pods whose agent never connected also
+    ``registry`` (needs list/watch on pods and namespaces). With ``announce``
+    (``kube/skipped.start_announcing``, wired by cmd/arbiter.py), injected pods whose
+    agent never connected also
     get one Warning Event each (``kube/skipped.py``; needs create on events). Returns what
     to ``stop()``."""
     from kubernetes import client
 
     from ftagent.kube.informer import Informer
-    from ftagent.kube.skipped import SkipEvents, Term, announce_forever
 
     pods = OptedInPods(api_client)
     # the handler runs in the namespace informer's own thread (loop=None): it only starts
@@ -267,19 +288,7 @@ def watch_uninjected(api_client: Any, loop: asyncio.AbstractEventLoop | None,
     term = Term(connected)
     registry.register(UninjectedCollector(pods, namespaces, connected, clock, grace, term))
     out: list[Any] = [namespaces, pods]
-    if record is not None and loop is not None:
-        task = loop.create_task(announce_forever(
-            pods, namespaces, term, SkipEvents(grace), record, clock,
-            period=min(5.0, max(0.2, grace / 4))))
-        out.append(_Cancel(task))
+    if announce is not None:  # kube/skipped.py's Events, wired by cmd/arbiter.py
+        out.append(announce(pods, namespaces, term))
     return out
 
-
-class _Cancel:
-    """``stop()`` for the announcing task (from any thread)."""
-
-    def __init__(self, task: asyncio.Task[None]) -> None:
-        self.task = task
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self.task.get_loop().call_soon_threadsafe(self.task.cancel)
