@@ -113,3 +113,15 @@ def timeline_text(st: dict[str, Any]) -> str:
 def kinds(st: dict[str, Any]) -> list[str]:
     """Timeline kinds, decisions by their action (restart, dump_stacks, stop, ...)."""
     return [e["action"] if e["kind"] == "decision" else e["kind"] for e in st["timeline"]]
+
+
+def trainer_pid(job: Job, rank: int, generation: int) -> int:
+    """The pid of ``rank``'s trainer at ``generation`` (its agent's "running" event), or 0."""
+    running = [e for e in job.events(rank) if e["event"] == "state"
+               and e["kind"] == "running" and e["generation"] == generation]
+    return int(running[-1]["pid"]) if running else 0
+
+
+def steps(job: Job, rank: int) -> int:
+    """How many step lines ``rank``'s trainer has printed so far."""
+    return job.log(rank).count("step=")

@@ -17,7 +17,15 @@ from typing import Any
 from ftagent.model import EXIT_STOP
 from tests.arbiter_helpers import ArbiterProcess
 from tests.conftest import PY, free_port, ftagent_cmd, wait_for
-from tests.e2e.jobs import Job, connected, needs_torch, start_job, status, timeline_text
+from tests.e2e.jobs import (
+    connected,
+    needs_torch,
+    start_job,
+    status,
+    steps,
+    timeline_text,
+    trainer_pid,
+)
 
 pytestmark = needs_torch
 
@@ -146,16 +154,6 @@ def test_the_culprit_is_found_in_the_inner_group(tmp_path: Path) -> None:
         in text, text
 
 
-def _trainer_pid(job: Job, rank: int, generation: int) -> int:
-    running = [e for e in job.events(rank) if e["event"] == "state"
-               and e["kind"] == "running" and e["generation"] == generation]
-    return int(running[-1]["pid"]) if running else 0
-
-
-def _steps(job: Job, rank: int) -> int:
-    return job.log(rank).count("step=")
-
-
 def _restarts(address: str) -> list[dict[str, Any]]:
     return [e for e in status(address)["timeline"] if e.get("action") == "restart"]
 
@@ -199,18 +197,18 @@ def test_a_rank_behind_a_stopped_trainer_a_spinning_one_and_a_frozen_rank_are_na
                              "FAULT_RANK": "1", "FAULT_SPIN_AT_STEP": str(SPIN_AT),
                              "FAULT_SPIN_ATTEMPT": "2"})
         try:
-            def trains(generation: int, steps: int) -> None:
+            def trains(generation: int, count: int) -> None:
                 """Rank 1 at ``generation`` past its hang detector's warm-up (5 steps)."""
-                at = _steps(job, 1)
-                wait_for(lambda: _trainer_pid(job, 1, generation) and
-                         _steps(job, 1) >= at + steps, 120,
+                at = steps(job, 1)
+                wait_for(lambda: trainer_pid(job, 1, generation) and
+                         steps(job, 1) >= at + count, 120,
                          f"rank 1 training at generation {generation}", interval=0.2)
 
             trains(0, 8)
             (trig / "hang.1").touch()
             wait_for(lambda: _restarts(arb.address), 120, "the first restart", interval=0.3)
             trains(1, 8)
-            frozen.append(_trainer_pid(job, 1, 1))
+            frozen.append(trainer_pid(job, 1, 1))
             os.kill(frozen[-1], signal.SIGSTOP)
             wait_for(lambda: _restarts(arb.address)[1:], 120, "the second restart",
                      interval=0.3)
@@ -220,7 +218,7 @@ def test_a_rank_behind_a_stopped_trainer_a_spinning_one_and_a_frozen_rank_are_na
             wait_for(lambda: _restarts(arb.address)[2:], 120, "the spin's restart",
                      interval=0.3)
             trains(3, 8)
-            frozen += [job.procs[1].pid, _trainer_pid(job, 1, 3)]
+            frozen += [job.procs[1].pid, trainer_pid(job, 1, 3)]
             for pid in frozen:
                 os.kill(pid, signal.SIGSTOP)
             wait_for(lambda: _restarts(arb.address)[3:], 120, "the fourth restart",

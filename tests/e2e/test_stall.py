@@ -13,21 +13,11 @@ from typing import Any
 
 from tests.arbiter_helpers import ArbiterProcess
 from tests.conftest import wait_for
-from tests.e2e.jobs import Job, needs_torch, start_job, status, timeline_text
+from tests.e2e.jobs import Job, needs_torch, start_job, status, steps, timeline_text, trainer_pid
 
 pytestmark = needs_torch
 
 FLOOR = ["--hang-timeout-min", "2", "--output-interval", "0.1", "--nic", "lo"]
-
-
-def _trainer_pid(job: Job, rank: int, generation: int) -> int:
-    running = [e for e in job.events(rank) if e["event"] == "state"
-               and e["kind"] == "running" and e["generation"] == generation]
-    return int(running[-1]["pid"]) if running else 0
-
-
-def _steps(job: Job, rank: int) -> int:
-    return job.log(rank).count("step=")
 
 
 def _frozen(job: Job) -> list[dict[str, Any]]:
@@ -49,13 +39,13 @@ def test_a_sigstopped_rank_in_a_collective_is_named_frozen_and_trains_again_in_1
                         env={"TRAIN_STEP_SLEEP": "0.02", "TRAIN_PG_TIMEOUT": "120",
                              "TRAIN_STEPS": "100000", "FAULT_TRIGGER_DIR": str(trig)})
         try:
-            wait_for(lambda: _trainer_pid(job, 1, 0) and _steps(job, 1) >= 10, 120,
+            wait_for(lambda: trainer_pid(job, 1, 0) and steps(job, 1) >= 10, 120,
                      "rank 1 past its warm-up", interval=0.2)
-            stopped.append(_trainer_pid(job, 1, 0))
+            stopped.append(trainer_pid(job, 1, 0))
             os.kill(stopped[0], signal.SIGSTOP)
             wait_for(lambda: _frozen(job), 60, "rank 1 named frozen", interval=0.05)
-            at = _steps(job, 1)
-            wait_for(lambda: _trainer_pid(job, 1, 1) and _steps(job, 1) > at, 60,
+            at = steps(job, 1)
+            wait_for(lambda: trainer_pid(job, 1, 1) and steps(job, 1) > at, 60,
                      "rank 1 training at generation 1", interval=0.05)
             trains = time.time()
             st = status(arb.address)
