@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import IO, Any
 
@@ -20,9 +21,11 @@ log = logging.getLogger("ftagent.events")
 
 
 class EventsFile:
-    def __init__(self, path: str, static: dict[str, Any] | None = None) -> None:
+    def __init__(self, path: str, static: Mapping[str, Any] | None = None) -> None:
+        """``static``: the fields every line starts with, read at each write (a worker's
+        rank is its lifecycle's: a spare that takes a rank names it from then on)."""
         self.path = path
-        self.static = dict(static or {})
+        self.static: Mapping[str, Any] = static if static is not None else {}
         self._fh: IO[str] | None = None
         self._failed = False
         if path:

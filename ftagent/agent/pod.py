@@ -3,8 +3,8 @@
 ``ftagent run -- CMD`` is one worker; ``ftagent run --nproc-per-node N`` is N (the
 launcher: torchrun's local group). A :class:`PodAgent` holds, by composition:
 
-* its workers (worker.py: one trainer process each, built from a ``WorkerSpec``), each
-  its own rank to the arbiter;
+* its workers (worker.py: one trainer process each, built from a ``WorkerSpec``,
+  worker_spec.py), each its own rank to the arbiter;
 * one decider for them all (decider.py): the local policy for the workers together
   (``LocalDecider``: what it decides stops and restarts them all), or the arbiter's
   (arbiter_decider.py ``ArbiterDecider``: one link session per rank inside it, failing
@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING
 from ftagent.agent import supervisor
 from ftagent.agent.decider import Decider, LocalDecider
 from ftagent.agent.supervisor import ChildReaper
-from ftagent.agent.worker import Worker, WorkerSpec
+from ftagent.agent.worker import Worker
 from ftagent.agent.worker_parts import WorkerParts
+from ftagent.agent.worker_spec import WorkerSpec
 from ftagent.model import TrainerState
 
 if TYPE_CHECKING:

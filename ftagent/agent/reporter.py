@@ -266,11 +266,8 @@ class ArbiterLink:
 
     @property
     def trainer_state(self) -> str:
+        """Read-only: the worker's lifecycle says it (link_protocol.py)."""
         return self.proto.trainer_state
-
-    @trainer_state.setter
-    def trainer_state(self, value: str) -> None:
-        self.proto.trainer_state = value
 
     @property
     def arbiter_id(self) -> str:

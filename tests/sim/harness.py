@@ -80,9 +80,10 @@ class SimAgent:
     def __init__(self, world: World, rank: int) -> None:
         self.world = world
         self.rank = rank
-        # the shipped lifecycle (agent/lifecycle.py) owns generation and restarts; the
-        # link reads them (its Hello, its RESTART dedup), as the agent's does
-        self.lifecycle = Lifecycle(clock=lambda: world.now)
+        # the shipped lifecycle (agent/lifecycle.py) owns rank, generation, restarts and
+        # the trainer's state; the link reads them (its Hello, its RESTART dedup), as the
+        # agent's does
+        self.lifecycle = Lifecycle(clock=lambda: world.now, rank=rank)
         self.proto = LinkProtocol(IdentityConfig(job=JOB, rank=rank, world_size=world.size,
                                                  pod=f"pod-{rank}", node=f"node-{rank}"),
                                   max_restarts=world.budget, version="sim",
@@ -130,8 +131,7 @@ class SimAgent:
     def crash(self) -> None:
         if self.phase is not Phase.RUNNING:
             return
-        self.phase = Phase.DEAD
-        self.proto.trainer_state = "restarting"
+        self.phase = Phase.DEAD  # the lifecycle stays RUNNING until decided, as the worker's
         self.send(self.proto.exit(ProcessExit(pid=1, code=3, signal=None),
                                   self.generation), keep=True)
         self.report(Fault(FaultKind.CRASH, f"rank {self.rank} crashed",
@@ -173,8 +173,8 @@ class SimAgent:
             self.send(self.proto.exit(ProcessExit(pid=1, code=None, signal=15),
                                       self.generation), keep=True)
         self.lifecycle.restart(action)
+        self.lifecycle.waiting()
         self.phase = Phase.WAITING
-        self.proto.trainer_state = "waiting"
         self.send(self.proto.arrive(self.generation))
 
     def exit(self, code: int) -> None:
@@ -185,7 +185,7 @@ class SimAgent:
     def start(self, released: bool) -> None:
         self.phase = Phase.RUNNING
         self.started_released = released
-        self.proto.trainer_state = "running"
+        self.lifecycle.running(1)
         self.proto.started(self.generation, released=released)
 
     def command(self, action: Action) -> None:
