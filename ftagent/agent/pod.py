@@ -76,7 +76,12 @@ class PodAgent:
         self.reaper = ChildReaper()  # one SIGCHLD handler reaps every worker's trainer
         self.decider: Decider = decider if decider is not None else LocalDecider()
         self.workers: list[Worker] = []
-        self.stop_signal: int | None = None
+
+    @property
+    def stop_signal(self) -> int | None:
+        """The stop signal the agent was sent, if any (its workers' lifecycles hold it)."""
+        return next((w.lifecycle.stop_signal for w in self.workers
+                     if w.lifecycle.stop_signal is not None), None)
 
     def add(self, spec: WorkerSpec, *, metrics: AgentMetrics | None = None,
             parts: Callable[[Worker], WorkerParts] | None = None) -> Worker:
@@ -89,7 +94,6 @@ class PodAgent:
 
     def on_signal(self, sig: int) -> None:
         """SIGTERM/SIGINT/SIGHUP to the agent: every worker forwards it to its trainer."""
-        self.stop_signal = sig
         for w in self.workers:
             w.on_signal(sig)
 
