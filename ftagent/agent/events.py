@@ -21,11 +21,14 @@ log = logging.getLogger("ftagent.events")
 
 
 class EventsFile:
-    def __init__(self, path: str, static: Mapping[str, Any] | None = None) -> None:
-        """``static``: the fields every line starts with, read at each write (a worker's
-        rank is its lifecycle's: a spare that takes a rank names it from then on)."""
+    def __init__(self, path: str, static: Mapping[str, Any] | None = None, *,
+                 ranked: Any = None) -> None:
+        """``static``: the fields every line carries; ``ranked``: whose ``rank`` attribute
+        each line names, read at each write (a worker's lifecycle, the rank's one owner:
+        a spare that takes a rank names it from then on)."""
         self.path = path
-        self.static: Mapping[str, Any] = static if static is not None else {}
+        self.static: Mapping[str, Any] = dict(static or {})
+        self.ranked = ranked
         self._fh: IO[str] | None = None
         self._failed = False
         if path:
@@ -43,6 +46,7 @@ class EventsFile:
             "event": event,
             "kind": kind,
             "message": message,
+            **({"rank": self.ranked.rank} if self.ranked is not None else {}),
             **self.static,
             **fields,
         }

@@ -40,7 +40,7 @@ import dataclasses
 import logging
 import signal
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ftagent.agent import supervisor
@@ -98,27 +98,6 @@ TICK_SECONDS = 0.5
 __all__ = ["Worker", "WorkerSpec", "console", "no_attempt_env"]  # the spec's own module
 
 
-class _EventFields(Mapping[str, Any]):
-    """The fields every events line of a worker starts with; its rank read from the
-    lifecycle at each write (never a copy: a spare's lines name the rank it took)."""
-
-    def __init__(self, lifecycle: Lifecycle, fixed: Mapping[str, Any]) -> None:
-        self._lifecycle = lifecycle
-        self._fixed = dict(fixed)
-
-    def _now(self) -> dict[str, Any]:
-        return {"rank": self._lifecycle.rank, **self._fixed}
-
-    def __getitem__(self, key: str) -> Any:
-        return self._now()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._now())
-
-    def __len__(self) -> int:
-        return len(self._fixed) + 1
-
-
 class Worker:
     """Supervises one trainer command until it succeeds, is stopped, or its decider ends it."""
 
@@ -142,7 +121,7 @@ class Worker:
         fixed: dict[str, Any] = {"job": cfg.identity.job}
         if spec.local_rank is not None:
             fixed["local_rank"] = spec.local_rank
-        self.events = EventsFile(sup.events_file, _EventFields(self.lifecycle, fixed))
+        self.events = EventsFile(sup.events_file, fixed, ranked=self.lifecycle)
         self.last_lines = LastLines(sup.log_lines)
         self.reaper = reaper if reaper is not None else ChildReaper()
         self.metrics = metrics
@@ -468,9 +447,11 @@ class Worker:
     def next_env(self) -> dict[str, str]:
         """The environment the next attempt's trainer gets (a spare's standby is started
         with it: agent/standby.py)."""
+        per_attempt = self.spec.attempt_env(self.restarts) \
+            if self.spec.attempt_env is not None else {}
         env = attempt_env(self._rank_environ(), restarts=self.restarts,
                           generation=self.generation, extra=self.extra_env,
-                          per_attempt=self.spec.attempt_env(self.restarts))
+                          per_attempt=per_attempt)
         env.pop(RESUME_VAR, None)  # only the arbiter's, for this attempt
         if self.resume_step is not None:
             env[RESUME_VAR] = str(self.resume_step)
@@ -506,7 +487,8 @@ class Worker:
         self._reconcile_labels()
         env = self.next_env()
         self._hang_faults.clear()
-        out, err = self.spec.outputs(self.restarts)
+        out, err = self.spec.outputs(self.restarts) if self.spec.outputs is not None \
+            else (1, 2)  # as is: the agent's own stdout and stderr
         trainer = self.spawn_trainer(self.cfg.command, env, self.reaper,
                                      self.feed.pumps_callback(), stdout_fd=out, stderr_fd=err,
                                      output_interval=self.cfg.supervisor.output_interval)

@@ -35,7 +35,9 @@ class WorkerSpec:
     cfg: RunConfig
     environ: Mapping[str, str] = field(default_factory=dict)
     local_rank: int | None = None  # under the launcher (--nproc-per-node); None: alone
-    # per attempt: environment on top of the worker's own (torchrun's restart count)
-    attempt_env: Callable[[int], Mapping[str, str]] = no_attempt_env
-    # per attempt: where stdout/stderr go (fds as is, or the launcher's WorkerOutput)
-    outputs: Callable[[int], tuple[int | Writer, int | Writer]] = console
+    # per attempt: environment on top of the worker's own (torchrun's restart count);
+    # None: none (no_attempt_env)
+    attempt_env: Callable[[int], Mapping[str, str]] | None = None
+    # per attempt: where stdout/stderr go (fds as is, or the launcher's WorkerOutput);
+    # None: the agent's own stdout and stderr, as is (console)
+    outputs: Callable[[int], tuple[int | Writer, int | Writer]] | None = None
