@@ -325,7 +325,7 @@ class ArbiterDecider:
                 if fault.kind == FaultKind.CRASH:
                     self._decide_locally(worker, fault)  # the trainer is gone: local policy
                 return
-            await link.wait_settled(POLL)
+            await link.wait_settled(self._fail_open_left(link))
 
     async def on_minor_action(self, worker: Seat, action: Action) -> None:
         s = self.sessions[worker]
@@ -348,13 +348,23 @@ class ArbiterDecider:
     # ------------------------------------------------------------------ helpers
 
     async def _online(self, link: ArbiterLink) -> bool:
-        """True once connected; False when the link has been down --arbiter-fail-open-after."""
+        """True once connected; False when the link has been down --arbiter-fail-open-after.
+        Woken by the Welcome (or the fail-open time), not a polling loop."""
         while not link.connected:
             left = self.fail_open_after - link.offline_for()
             if left <= 0:
                 return False
-            await link.wait_connected(min(left, POLL))
+            await link.wait_connected(left)
         return True
+
+    def _fail_open_left(self, link: ArbiterLink) -> float:
+        """How long a wait may last before failing open can be due: the time left until
+        the link has been down --arbiter-fail-open-after, or all of it while the link is up
+        (if it drops meanwhile, the next look finds it down for less, and waits the rest:
+        the local decision comes exactly that long after the drop). At least POLL."""
+        if link.connected:
+            return max(POLL, self.fail_open_after)
+        return max(POLL, self.fail_open_after - link.offline_for())
 
     def _still_online(self, link: ArbiterLink) -> bool:
         """False once the link has been down for --arbiter-fail-open-after seconds."""
