@@ -250,15 +250,6 @@ class Worker:
         """One line of the events file (its rank: the lifecycle's)."""
         return self.events.write(event, kind, message, **fields)
 
-    @property
-    def stop_requested(self) -> bool:
-        return self.lifecycle.stop_requested
-
-    def record(self, action: Action) -> None:
-        """An action carried out that a decider's hook returned (a STOP at the barrier,
-        the group's decision for a worker that succeeded): the events file, lifecycle."""
-        self._record_action(action)
-
     async def _stacks(self) -> dict[str, Any]:
         """DUMP_STACKS without a verifier: the stacks of this trainer's tree."""
         return await capture(self.tree_pids(), self.cfg.hang.hang_dump_timeout)
@@ -372,7 +363,7 @@ class Worker:
             failed = await self._before_barrier()
             go = await self.decider.before_start(self)
             if go is not None:  # the arbiter said STOP/REPLACE before we started
-                self.record(go)
+                self._record_action(go)  # a decider's hook returned it
             elif failed:
                 go = self._decisive()  # the local policy's answer to it, already delivered
             if go is not None:
@@ -392,7 +383,7 @@ class Worker:
             if action is None and exit_ is not None and exit_.ok:
                 action = await self.decider.finished(self)  # a peer's failure restarts all
                 if action is not None:
-                    self.record(action)
+                    self._record_action(action)
             if action is None:  # finished: success, or stopped by a signal
                 assert exit_ is not None
                 return exit_.exit_status
@@ -433,7 +424,7 @@ class Worker:
             else:
                 self.deliver(action)
         if found is not None:
-            self.record(found)
+            self._record_action(found)
         return found
 
     def _exit_code_of(self, action: Action, exit_: ProcessExit | None) -> int:
