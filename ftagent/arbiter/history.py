@@ -334,7 +334,7 @@ class History:
         self.max_jobs = max_jobs
         self.per_namespace = per_namespace
         self.past: dict[tuple[str, str], JobRecord] = {}
-        self._written: dict[tuple[str, str], tuple[Any, ...]] = {}
+        self._written: dict[tuple[str, str], tuple[tuple[Any, ...], tuple[int, Any]]] = {}
         self._owners: dict[tuple[str, str], tuple[JobRecord, dict[int, tuple[str, str]]]] = {}
         self.on_forget: Callable[[str, str], None] = lambda namespace, job: None
 
@@ -354,17 +354,23 @@ class History:
     def entry(self, e: Entry) -> None:
         self.store.record(e)
 
-    def update(self, job: JobState, stats: JobStats | None, now: float) -> None:
-        """Write the job's record when its summary changed since the last write."""
+    def update(self, job: JobState, stats: JobStats | None, now: float, *,
+               owners: bool = False) -> None:
+        """Write the job's record when its summary changed since the last write; with
+        ``owners`` also when only its ranks' owners did. Writing the owners is O(ranks), so
+        a Hello's note does not write them: the tick's ``save`` does, once per job whose
+        owners changed (10,000 agents reconnecting after a failover otherwise wrote
+        O(ranks^2) owners, on the event loop, before the last of them was back)."""
         rec = record_of(job, stats, now, owners=False)
-        summary = (len(job.owners), job.owners_print,
-                   rec.world_size, rec.generation, rec.restarts, rec.max_restarts,
+        summary = (rec.world_size, rec.generation, rec.restarts, rec.max_restarts,
                    rec.alert_only, rec.phase, rec.stop_reason, job.connected == 0,
                    tuple(sorted(rec.restarts_by_reason.items())), round(rec.seconds_lost, 3),
                    rec.goodput_mode, rec.goodput_steps, rec.goodput_restarts,
                    str(rec.goodput_incidents[-1:]))
-        if self._written.get(rec.key) != summary:
-            self._written[rec.key] = summary
+        was = self._written.get(rec.key)
+        print_ = (len(job.owners), job.owners_print)
+        if was is None or was[0] != summary or (owners and was[1] != print_):
+            self._written[rec.key] = (summary, print_)
             rec.owners = owners_json(job.owners)
             self.store.record(rec)
 

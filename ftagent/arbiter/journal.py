@@ -44,8 +44,9 @@ class Journal:
         self.history.update(job, self.stats_of(job), now)
 
     def save(self, job: JobState, now: float) -> None:
-        """Refresh the job's history record (its last agent left, the ledger's mode)."""
-        self.history.update(job, self.stats_of(job), now)
+        """Refresh the job's history record (its last agent left, the ledger's mode, its
+        ranks' owners: the tick's save_owners)."""
+        self.history.update(job, self.stats_of(job), now, owners=True)
 
     def stats_of(self, job: JobState) -> JobStats:
         """The job's counters for the exporter; a job of the history that runs again
