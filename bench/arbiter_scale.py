@@ -117,6 +117,9 @@ class Worker:
                 f = self.pb.Fault(id=f"f-{job}-{gen}", kind=self.pb.FAULT_KIND_CRASH,
                                   severity=self.pb.SEVERITY_ERROR, message="bench crash",
                                   generation=gen, exit_status=1)
+                if "lock" not in a:  # that agent never connected (a loaded machine)
+                    self.pipe.send(("sent", None))
+                    continue
                 t0 = time.monotonic()
                 async with a["lock"]:
                     await a["call"].write(self.pb.AgentMessage(fault=f).SerializeToString())
@@ -340,6 +343,8 @@ class Bench:
         gen = self.generation[job]
         self.broadcast(("events",))
         t0 = self.ask(0, ("fault", job, 0, gen))[1]
+        if t0 is None:
+            raise RuntimeError(f"rank 0 of {job} never connected: no round to time")
         want = JOB_SIZE
         events: list[tuple[str, str, int, int, float]] = []
         end = time.monotonic() + 30
