@@ -898,10 +898,10 @@ def main(argv: list[str]) -> int:
         return end_process(asyncio.run(run(cfg)))
     except ConfigError as e:
         sys.stderr.write(f"{PROG}: error: {e} (see {PROG} --help)\n")
-        return 2
-    except StartError as e:
+        return end_process(2)
+    except StartError as e:  # with --kube, after its threads started (a --tls-secret's)
         sys.stderr.write(f"{PROG}: error: {e}\n")
-        return 1
+        return end_process(1)
 
 
 def end_process(rc: int) -> int:
