@@ -435,3 +435,11 @@ class Action:
 # no code a trainer commonly uses. See deploy/examples/ for the matching policies.
 EXIT_REPLACE = 215
 EXIT_STOP = 86
+# The pod-level tiers of the recovery ladder (arbiter/ladder.py): an agent told to restart
+# its container in place, or to reset its whole pod in place, exits with one of these; the
+# webhook's container restart rules (KEP-5307 ``Restart``, KEP-5532 ``RestartAllContainers``)
+# match them. Above 128+64 like EXIT_REPLACE, and retryable (128-255) where no rule matches
+# (the gate off): the pod then fails and is replaced, the next tier down.
+EXIT_RESTART_CONTAINER = 216
+EXIT_RESET_POD = 217
+IN_PLACE_EXITS = (EXIT_RESTART_CONTAINER, EXIT_RESET_POD)

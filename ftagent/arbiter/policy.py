@@ -81,7 +81,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ftagent.arbiter import fr_verdict
+from ftagent.arbiter import fr_verdict, ladder
 from ftagent.arbiter.barrier import barrier_expired, rank_list
 from ftagent.arbiter.state import (
     Culprit,
@@ -214,9 +214,12 @@ def restart_or_stop(job: JobState, reason: str, rep: FaultReport, cfg: PolicyCon
                                 f"takes rank {replace} at generation {g + 1}", g + 1,
                                 rank=replace, fault_id=rep.fault.id, spare=spare.instance))
         return out
-    return [Decision(Verdict.RESTART, f"{reason}{clause}; every rank restarts at generation "
-                     f"{g + 1} ({spent})", g + 1, rank=one, fault_id=rep.fault.id,
-                     culprits=named)]
+    d = Decision(Verdict.RESTART, f"{reason}{clause}; every rank restarts at generation "
+                 f"{g + 1} ({spent})", g + 1, rank=one, fault_id=rep.fault.id, culprits=named)
+    # the recovery ladder's tier for it (ladder.py): a pod-level one where the culprit's
+    # process restart did not clear it and its pod and node have one
+    rs = job.ranks.get(one) if one is not None else None
+    return [ladder.carry_out(d, rep.fault.kind.value, rs.tiers if rs is not None else None)]
 
 
 def culprits_of(job: JobState, ranks: Sequence[int]) -> tuple[Culprit, ...]:

@@ -163,6 +163,9 @@ class RankState:
     from_spare: bool = False  # a spare took this rank over (ASSIGN, then Promoted)
     # steps whose in-memory snapshot its trainer holds complete (SnapshotReport), sorted
     snapshot_steps: tuple[int, ...] = ()
+    # what its pod and node have for the ladder's pod-level tiers (ladder.Features), kept
+    # by the cluster's watches (kube/cluster.py); None outside Kubernetes or not seen yet
+    tiers: Any = None
 
     def progress_age(self, now: float) -> float | None:
         return None if self.last_step_at is None else max(0.0, now - self.last_step_at)

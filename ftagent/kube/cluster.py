@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftagent.arbiter.auth import PodFacts
+from ftagent.arbiter.ladder import in_place
 from ftagent.arbiter.registry import Registry
 from ftagent.arbiter.state import Decision, JobState, Verdict
 from ftagent.kube.actuator import (
@@ -67,6 +68,7 @@ from ftagent.kube.node_blip import STEP_WINDOW, still_stepping
 from ftagent.kube.node_lifecycle import held_by_other, planned
 from ftagent.kube.node_scope import NodeEvidence
 from ftagent.kube.owners import OwnerChains
+from ftagent.kube.pod_tiers import Streaks, features_of
 from ftagent.kube.recorder import JOB_KINDS, ObjectRef, Recorder, job_owner, pod_ref
 from ftagent.kube.trainjob_status import TrainJobStatus, trainer_status
 from ftagent.kube.uncordon import NodeHealth
@@ -164,6 +166,7 @@ class Cluster:
         self.nodes = NodeFaults(settings.node_notready_grace)
         self.pods = PodFaults()
         self.devices = DeviceHealth()  # device health in pod status (KEP-4680)
+        self.streaks = Streaks()  # restarts in a row blamed on one rank (the ladder's)
         # NotReady faults held back while the job's ranks there keep stepping (node_blip)
         self._blips: dict[tuple[str, tuple[str, str]], ClusterFault] = {}
         self.step_window = STEP_WINDOW  # a rank stepped within this long is alive
@@ -381,6 +384,7 @@ class Cluster:
                                        rank=rs.rank)
         if not deleted:
             self._device_health(job, rs, pod)
+            self._set_tiers(job, rs)
 
     def _device_health(self, job: JobState, rs: Any, pod: Any) -> None:
         """The kubelet's device health in the pod's status (device_health.py): an
@@ -548,11 +552,31 @@ class Cluster:
     def on_decision(self, job: JobState, d: Decision, now: float) -> None:
         """The registry's decision listener (on the loop, commands already queued)."""
         self._events_for(job, d, now)
-        if d.verdict is Verdict.REPLACE and d.rank is not None:
-            self._replace(job, d, now)
+        if d.verdict is Verdict.REPLACE and d.rank is not None and not in_place(d):
+            self._replace(job, d, now)  # (an in-place tier keeps the pod and its node)
+        if d.verdict in (Verdict.RESTART, Verdict.REPLACE) or (
+                d.verdict is Verdict.RELEASE_BARRIER and not d.targets):
+            self._ladder(job, d)
         if d.verdict in (Verdict.RESTART, Verdict.REPLACE, Verdict.STOP) or (
                 d.verdict is Verdict.RELEASE_BARRIER and not d.targets):
             self._annotate(job)
+
+    def _ladder(self, job: JobState, d: Decision) -> None:
+        """The recovery ladder's view of the job's ranks (ladder.Features on each): the
+        restart streak this decision extends or ends, then what each rank's pod and node
+        have, read again (a new generation: pods may have moved)."""
+        if d.verdict is not Verdict.RELEASE_BARRIER:
+            self.streaks.note((job.namespace, job.job), d.rank, d.generation,
+                              restart=d.verdict is Verdict.RESTART or in_place(d))
+        for rs in list(job.ranks.values()):
+            self._set_tiers(job, rs)
+
+    def _set_tiers(self, job: JobState, rs: Any) -> None:
+        pod = self.pod_cache.get((job.namespace, rs.pod)) if rs.pod else None
+        node_name = get(pod, "spec", "nodeName")
+        node = self.node_cache.get(node_name) if isinstance(node_name, str) else None
+        rs.tiers = features_of(pod, node, spare=bool(job.spares), repeats=self.streaks.repeats(
+            (job.namespace, job.job), rs.rank, job.generation))
 
     def _replace(self, job: JobState, d: Decision, now: float) -> None:
         rs = job.ranks.get(d.rank) if d.rank is not None else None
