@@ -127,8 +127,10 @@ class Settings:
         "requests": {"cpu": "50m", "memory": "32Mi"},
         "limits": {"cpu": "1", "memory": "128Mi"}})
     # container restart rules for the ladder's pod-level tiers (kube/pod_tiers.py) on every
-    # arbitrated pod; a pod opts in or out itself with ftagent.io/restart-in-place
-    restart_rules: bool = False
+    # arbitrated pod: "" none, "container" (KEP-5307 Restart only: 1.35), "pod" (and
+    # KEP-5532 RestartAllContainers: 1.36+); a pod says its own with
+    # ftagent.io/restart-in-place (the same values, "true" for "pod", "false" for none)
+    restart_rules: str = ""
 
 
 @dataclass
@@ -284,11 +286,15 @@ def _restart_rules(spec: dict[str, Any], trainer: dict[str, Any], labels: Mappin
                    notes: Mapping[str, str], s: Settings) -> list[str]:
     """The trainer container's restart rules for the in-place tiers (pod_tiers.add_rules),
     where the webhook adds them (Settings.restart_rules) or the pod asks
-    (``ftagent.io/restart-in-place: "true"``, label or annotation; "false" opts out)."""
+    (``ftagent.io/restart-in-place``, label or annotation: "pod" or "true" both rules,
+    "container" the KEP-5307 one only, "false" none)."""
     asked = (notes.get(RESTART_IN_PLACE) or labels.get(RESTART_IN_PLACE) or "").strip().lower()
-    if _false(asked) or not (s.restart_rules or asked == "true"):
+    if _false(asked):
         return []
-    why = add_rules(trainer, spec.get("restartPolicy"))
+    which = {"true": "pod", "pod": "pod", "container": "container"}.get(asked, s.restart_rules)
+    if which not in ("pod", "container"):
+        return []
+    why = add_rules(trainer, spec.get("restartPolicy"), reset_pod=which == "pod")
     return [f"ftagent: no in-place restart rules: {why}"] if why else []
 
 

@@ -4,11 +4,12 @@ restart rules the webhook adds (KEP-5307/5532), and what one rank's pod and node
 
 * ``add_rules(container, pod_policy)``: the trainer container (where the agent is the
   entrypoint) gets two rules -- exit ``EXIT_RESTART_CONTAINER`` -> ``Restart``, exit
-  ``EXIT_RESET_POD`` -> ``RestartAllContainers`` -- after any rules of its own (the first
-  match wins, theirs stay first), and, as the API server requires of a container with
-  rules, its own ``restartPolicy``: the pod's (``Always`` when unset), so that every other
-  exit behaves as before. A cluster without the gates drops the fields at admission
-  (disabled-gate fields are cleared), so the pod is the same as without them.
+  ``EXIT_RESET_POD`` -> ``RestartAllContainers`` (only the first where the cluster is
+  1.35: its API server refuses the second action with that gate off) -- after any rules
+  of its own (the first match wins, theirs stay first), and, as the API server requires
+  of a container with rules, its own ``restartPolicy``: the pod's (``Always`` when
+  unset), so that every other exit behaves as before. A cluster without the gates drops
+  the fields at admission (disabled-gate fields are cleared): the pod is as without them.
 * ``features_of(pod, node)``: the actions those rules give ftagent's exit codes *in the
   pod as stored* (the API server kept them: its gates are on), the node's declared
   features (``status.declaredFeatures``, NodeDeclaredFeatures; None when it says none)
@@ -36,16 +37,19 @@ AGENT_ENV = "FTAGENT_JOB"  # set by the webhook on the container it wraps
 KEPT_JOBS = 10_000
 
 
-def add_rules(container: dict[str, Any], pod_policy: Any) -> str:
-    """Give ``container`` ftagent's restart rules; '' when added, else why not (its rules
-    already full, or a restart policy the API would refuse next to them)."""
+def add_rules(container: dict[str, Any], pod_policy: Any, reset_pod: bool = True) -> str:
+    """Give ``container`` ftagent's restart rules (without the RestartAllContainers one
+    unless ``reset_pod``: an API server without that gate refuses the action, 1.35);
+    '' when added, else why not (its rules already full, or a restart policy the API
+    would refuse next to them)."""
+    wanted = RULES if reset_pod else RULES[:1]
     rules = container.get("restartPolicyRules")
     rules = list(rules) if isinstance(rules, list) else []
-    mine = [c for c, _ in RULES if any(isinstance(r, Mapping) and _codes(r) == [c]
-                                       for r in rules)]
-    if len(mine) == len(RULES):
+    mine = [c for c, _ in wanted if any(isinstance(r, Mapping) and _codes(r) == [c]
+                                        for r in rules)]
+    if len(mine) == len(wanted):
         return ""  # a reinvocation, or the user's own template carries them
-    if len(rules) + len(RULES) > MAX_RULES:
+    if len(rules) + len(wanted) > MAX_RULES:
         return f"the container has {len(rules)} restart rules (at most {MAX_RULES})"
     own = container.get("restartPolicy")
     if own is None:
@@ -53,7 +57,7 @@ def add_rules(container: dict[str, Any], pod_policy: Any) -> str:
         container["restartPolicy"] = policy
     elif own not in POD_POLICIES:
         return f"the container's restartPolicy {str(own)[:20]!r} is not one rules go with"
-    for code, action in RULES:
+    for code, action in wanted:
         if code not in mine:
             rules.append({"action": action,
                           "exitCodes": {"operator": "In", "values": [code]}})

@@ -117,3 +117,28 @@ def test_versions_parse_or_are_unknown() -> None:
     assert parse_version("1.37+") == (1, 37)
     for bad in ("", "vX", "v1", "v1.x", "9" * 1000):
         assert parse_version(bad) is None
+
+
+def test_the_in_place_replace_reaches_the_agent_as_its_exit_code() -> None:
+    """The command carries the tier's code (arbiter/convert.py) and the agent exits with
+    it (agent/lifecycle.py); any other REPLACE still exits with --exit-replace."""
+    from ftagent.agent.lifecycle import exit_status_of
+    from ftagent.arbiter.convert import command_for
+    from ftagent.model import EXIT_REPLACE, Action, ActionKind
+    from ftagent.wire.convert import command_to_action
+
+    d = carry_out(Decision(Verdict.RESTART, "crash", 3, rank=1), "hang", f())
+    cmd = command_for(d, "c1", replace=True).command
+    assert cmd.exit_code == EXIT_RESET_POD and cmd.target_rank == 1
+    action = command_to_action(cmd)
+    assert action is not None and action.kind is ActionKind.REPLACE
+    assert exit_status_of(action, None, exit_replace=EXIT_REPLACE, exit_stop=86) == \
+        EXIT_RESET_POD
+    # the other ranks restart their process (not the pod-level code)
+    from ftagent.v1 import ftagent_pb2 as pb
+    assert command_for(d, "c2", replace=False).command.kind == pb.COMMAND_KIND_RESTART
+    plain = Decision(Verdict.REPLACE, "gpu lost", 3, rank=1)
+    assert command_for(plain, "c3", replace=True).command.exit_code == EXIT_REPLACE
+    for code in (None, 1, 99, EXIT_REPLACE):
+        a = Action(ActionKind.REPLACE, "x", exit_code=code)
+        assert exit_status_of(a, None, exit_replace=200, exit_stop=86) == 200
