@@ -67,6 +67,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ftagent.arbiter_decider")
 
 POLL = 0.25
+ASSIGNED_WAIT = 30.0  # seconds an assigned spare whose preflight failed waits for the arbiter
 
 
 class RankSession:
@@ -178,6 +179,8 @@ class ArbiterDecider:
         link = s.link
         if link.proto.spare:
             ended = await self._serve_as_spare(worker, s)
+            if ended is None and not worker.stop_requested:
+                ended = await self._preflight_assigned(worker)
             if ended is not None or worker.stop_requested:
                 return ended
         gen = worker.generation
@@ -204,6 +207,8 @@ class ArbiterDecider:
                 return None
             if link.proto.spare:  # told SPARE: a former spare holds this rank now
                 ended = await self._serve_as_spare(worker, s)
+                if ended is None and not worker.stop_requested:
+                    ended = await self._preflight_assigned(worker)
                 if ended is not None or worker.stop_requested:
                     return ended
                 gen = worker.generation
@@ -255,6 +260,39 @@ class ArbiterDecider:
         worker.events.write("state", "assigned", f"the arbiter assigned rank {rank} to this "
                             f"spare: it starts generation {gen} from its warm standby",
                             rank=rank, generation=gen)
+        return None
+
+    async def _preflight_assigned(self, worker: Worker) -> Action | None:
+        """A spare just ASSIGNed a rank checks its node again before it arrives (its last
+        preflight may be hours old): the worker's before-barrier parts, the fast budgets.
+        A fault one returns goes to the arbiter from the spare's stream, which retires the
+        spare (its pod moves) and gives the rank to the next spare or the rank's own pod:
+        the arbiter's REPLACE is returned (the worker exits with it). No answer within
+        ``ASSIGNED_WAIT``: the local policy's answer to a failed preflight (move the pod)."""
+        for part in worker.before_barrier:
+            try:
+                fault = await part(worker)
+            except Exception:
+                log.exception("preflight after ASSIGN failed; starting all the same")
+                continue
+            if fault is None:
+                continue
+            await worker.raise_fault(fault)
+            deadline = self.clock() + ASSIGNED_WAIT
+            while self.clock() < deadline and not worker.stop_requested:
+                decisive = _take_decisive(worker)
+                if decisive is not None and decisive.kind in (ActionKind.STOP,
+                                                              ActionKind.REPLACE):
+                    worker.record(decisive)
+                    return decisive
+                await asyncio.sleep(POLL)
+            if worker.stop_requested:
+                return None
+            log.warning("no answer from the arbiter to this spare's failed preflight within "
+                        "%.0fs: exiting so that its pod moves", ASSIGNED_WAIT)
+            found = Action(ActionKind.REPLACE, fault.message, fault_id=fault.id)
+            worker.record(found)
+            return found
         return None
 
     def decide(self, worker: Worker, fault: Fault) -> None:

@@ -259,6 +259,20 @@ def decide_spare_fault(job: JobState, spare: SpareState, fault: Fault) -> list[D
         fault.severity is Severity.FATAL or fault.scope is Scope.NODE or (
             fault.kind is FaultKind.NIC and fault.severity is Severity.ERROR
             and not fault.evidence.get("recovered")))
+    if fatal and spare.assigned is not None and spare.assigned >= 0:
+        # assigned, not arrived yet: its preflight on ASSIGN failed. It never takes the
+        # rank; the next spare does, else the rank's own recreated pod
+        rank = spare.assigned
+        out = [Decision(Verdict.RETIRE_SPARE, f"{where}: not used for rank {rank}, retired "
+                        "as a spare (it exits with the replace status; its pod moves)", g,
+                        rank=rank, fault_id=fault.id, spare=spare.instance)]
+        nxt = pick_spare(job, rank)
+        if nxt is not None and nxt.instance != spare.instance:
+            on = f" on node {nxt.node}" if nxt.node else ""
+            out.append(Decision(Verdict.ASSIGN, f"spare {nxt.pod or nxt.instance}{on} takes "
+                                f"rank {rank} at generation {g}", g, rank=rank,
+                                fault_id=fault.id, spare=nxt.instance))
+        return out
     if not fatal or spare.assigned is not None:
         return [Decision(Verdict.ALERT_ONLY, f"{where} (a spare: recorded)", g,
                          fault_id=fault.id)]

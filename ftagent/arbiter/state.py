@@ -490,7 +490,13 @@ def apply(job: JobState, d: Change, now: float) -> None:
         if sp.pod_uid:  # the arbiter's decision makes its pod the rank's owner
             _own(job, d.rank, (sp.pod, sp.pod_uid))
     elif v is Verdict.RETIRE_SPARE and d.spare in job.spares:
-        job.spares[d.spare].assigned = -1
+        sp = job.spares[d.spare]
+        if sp.assigned is not None and sp.assigned >= 0 and \
+                job.owners.get(sp.assigned) == (sp.pod, sp.pod_uid):
+            # assigned but never arrived (its preflight failed): the rank is not its pod's
+            # any more, so the rank's recreated pod (or the next spare) may take it
+            job.owners_print ^= hash((sp.assigned, *job.owners.pop(sp.assigned)))
+        sp.assigned = -1
 
 
 def _new_generation(job: JobState, generation: int, now: float) -> None:
