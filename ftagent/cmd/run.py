@@ -179,7 +179,7 @@ def preflight_parts(w: Worker, cfg: RunConfig, watch: Any, p: WorkerParts) -> Wo
     sup = cfg.supervisor
     if not sup.preflight:
         return p
-    from ftagent.agent.preflight import Preflight
+    from ftagent.agent.preflight import Preflight, rendezvous
     from ftagent.detect.preflight import fault_of
 
     check = Preflight(watch, sup.preflight_checkpoint_dir,
@@ -187,6 +187,7 @@ def preflight_parts(w: Worker, cfg: RunConfig, watch: Any, p: WorkerParts) -> Wo
 
     async def before_barrier(worker: Worker) -> Fault | None:
         warm = worker.restarts > 0
+        check.peer = rendezvous(worker.environ, worker.ident.rank)  # (a spare's rank moves)
         v = await check.run(warm=warm)
         worker.events.write("state", "preflight", v.reason or "preflight passed",
                             generation=worker.generation, ok=v.ok, failed=list(v.failed),
