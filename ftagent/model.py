@@ -55,11 +55,14 @@ class ActionKind(str, enum.Enum):
     ALERT_ONLY = "alert_only"  # record and alert; touch nothing
     DUMP_STACKS = "dump_stacks"  # capture py-spy stacks of the trainer tree and report them
     BUSY = "busy"  # the job is busy, not hung: record who is busy and who waits (``JobBusy``)
+    # persist the newest complete snapshot now (a planned disruption of the node announced)
+    LAST_WORDS = "last_words"
 
 
 # Actions that leave the trainer running: carried out on the way (the decider's
 # ``on_minor_action``), never the end of an attempt.
-MINOR_ACTIONS = frozenset({ActionKind.ALERT_ONLY, ActionKind.DUMP_STACKS, ActionKind.BUSY})
+MINOR_ACTIONS = frozenset({ActionKind.ALERT_ONLY, ActionKind.DUMP_STACKS, ActionKind.BUSY,
+                           ActionKind.LAST_WORDS})
 
 
 class Origin(str, enum.Enum):

@@ -85,6 +85,8 @@ class RankSession:
         self.on_busy: Callable[[Action], None] | None = None
         # --spare: start the trainer's warm standby now (cmd/run.py: agent/standby.py)
         self.prepare_spare: Callable[[], None] = lambda: None
+        # LAST_WORDS: persist the newest complete snapshot now (cmd/run.py, where on)
+        self.on_last_words: Callable[[], Awaitable[None]] | None = None
         self.released_start = False  # the current trainer was started by the barrier
         self.undecided: Fault | None = None
         self.tasks: list[asyncio.Task[Any]] = []
@@ -366,6 +368,14 @@ class ArbiterDecider:
         if action.kind == ActionKind.DUMP_STACKS:
             captured = await s.stack_capture(worker.tree_pids())
             s.link.report_stacks(action.id, stacks_json(captured))
+        elif action.kind == ActionKind.LAST_WORDS:
+            if s.on_last_words is None:
+                log.info("%s: no --checkpoint-dir, nothing to persist", action.reason)
+                return
+            try:  # the trainer keeps running; a failure is one line, never the agent's end
+                await s.on_last_words()
+            except Exception as e:  # noqa: BLE001
+                log.warning("last words failed: %s: %s", type(e).__name__, e)
         elif action.kind == ActionKind.BUSY and s.on_busy is not None:
             try:
                 s.on_busy(action)

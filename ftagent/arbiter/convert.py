@@ -34,6 +34,7 @@ _COMMAND_KINDS = {
     Verdict.BUSY: pb.COMMAND_KIND_BUSY,
     Verdict.ASSIGN: pb.COMMAND_KIND_ASSIGN,
     Verdict.RETIRE_SPARE: pb.COMMAND_KIND_REPLACE,  # the spare's pod moves
+    Verdict.LAST_WORDS: pb.COMMAND_KIND_LAST_WORDS,
 }
 
 

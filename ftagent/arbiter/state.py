@@ -69,6 +69,8 @@ class Verdict(str, enum.Enum):
     ASSIGN = "assign"  # the spare `spare` becomes rank `rank` at `generation` (after a REPLACE)
     RETIRE_SPARE = "retire_spare"  # the spare `spare` had a fatal fault: never assigned;
     # it exits with the replace status (its pod moves), its stream's end drops it
+    LAST_WORDS = "last_words"  # targets persist their newest complete snapshot now (their
+    # node announced a planned disruption: kube/node_lifecycle.py); nothing restarts
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,7 +425,7 @@ _RANK_STATES = {Verdict.RESTART: "restarting", Verdict.REJOIN: "restarting",
 # Verdicts that are commands to agents (the others are recorded only).
 COMMANDS = frozenset((Verdict.RESTART, Verdict.REJOIN, Verdict.STOP, Verdict.REPLACE,
                       Verdict.RELEASE_BARRIER, Verdict.DUMP_STACKS, Verdict.BUSY,
-                      Verdict.ASSIGN, Verdict.RETIRE_SPARE))
+                      Verdict.ASSIGN, Verdict.RETIRE_SPARE, Verdict.LAST_WORDS))
 SPARE_COMMANDS = frozenset((Verdict.ASSIGN, Verdict.RETIRE_SPARE))  # to a spare's stream
 
 

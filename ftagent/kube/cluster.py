@@ -339,6 +339,7 @@ class Cluster:
             while len(self._planned_seen) > CONTEXT_KEPT:
                 self._planned_seen.popitem(last=False)
             now = self.clock()
+            there: dict[tuple[str, str], tuple[JobState, list[int]]] = {}
             for job, rs in self.registry.ranks_on_node(name):
                 if job.finished:
                     continue
@@ -348,6 +349,13 @@ class Cluster:
                                                         if p.reason or p.message else "")
                     + ": not a fault; ftagent does not cordon a node another system "
                     "drains", rank=rs.rank)
+                there.setdefault((job.namespace, job.job), (job, []))[1].append(rs.rank)
+            for job, ranks in there.values():  # last words before the disruption comes
+                self.registry.execute(job, [Decision(
+                    Verdict.LAST_WORDS, f"last words: node {name} {p.type}: ranks "
+                    f"{', '.join(map(str, sorted(ranks)[:8]))} persist their newest complete "
+                    "snapshot now (last words, where snapshots are on)", job.generation,
+                    targets=tuple(sorted(ranks)))], now)
 
     def on_pod(self, type_: str, pod: Any) -> None:
         """A pod watch event, on the loop."""
