@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ftagent.arbiter.registry import Connection
 from ftagent.kube.pod_tiers import add_rules
 from ftagent.model import EXIT_RESTART_CONTAINER
 from ftagent.v1 import ftagent_pb2 as pb
@@ -77,6 +78,21 @@ def test_a_crash_the_process_restart_did_not_clear_restarts_the_container_in_pla
             assert s.fake.count("delete", "pods") == 0  # the pod stays: in place
             assert not (s.fake.get("nodes", "node-2") or {}).get("spec", {}).get(
                 "unschedulable")
+            # the restarted container's new agent (same pod, a new process) rejoins: the
+            # REPLACE its predecessor never acknowledged is not sent to it again
+            s.reg.disconnect(s.conns[2])  # the old agent exited (216) before its ack went
+            c = Connection("peer-2b")
+            s.reg.hello(c, pb.Hello(job="llm", namespace=NS, rank=2, world_size=4,
+                                    agent_instance="i2-restarted", pod="llm-worker-2",
+                                    node="node-2"))
+            sent = []
+            while not c.outbox.empty():
+                item = c.outbox.get_nowait()
+                if isinstance(item, tuple):
+                    m = pb.ArbiterMessage.FromString(item[0])
+                    if m.WhichOneof("body") == "command":
+                        sent.append(m.command.kind)
+            assert pb.COMMAND_KIND_REPLACE not in sent, sent
     run(body)
 
 
