@@ -75,6 +75,7 @@ from ftagent.kube.uncordon import NodeHealth
 from ftagent.model import Scope
 
 log = logging.getLogger("ftagent.kube.cluster")
+LAST_WORDS_EVERY = 60.0  # seconds between two LAST_WORDS to one job's ranks on a node
 
 JOB_LABEL = "ftagent.io/job"  # the pod watch selects ftagent pods by this label
 CONTEXT_KEPT = 10_000
@@ -171,6 +172,7 @@ class Cluster:
         self._blips: dict[tuple[str, tuple[str, str]], ClusterFault] = {}
         self.step_window = STEP_WINDOW  # a rank stepped within this long is alive
         self._planned_seen: OrderedDict[str, None] = OrderedDict()  # lifecycle transitions
+        self._last_words_at: OrderedDict[str, float] = OrderedDict()  # job@node -> when
         self.pod_cache: dict[tuple[str, str], dict[str, Any]] = {}
         self.node_names: set[str] = set()
         self.node_cache: dict[str, Any] = {}  # the watch's nodes (one entry per node)
@@ -351,6 +353,12 @@ class Cluster:
                     "drains", rank=rs.rank)
                 there.setdefault((job.namespace, job.job), (job, []))[1].append(rs.rank)
             for job, ranks in there.values():  # last words before the disruption comes
+                key = f"{job.namespace}/{job.job}@{name}"
+                if now - self._last_words_at.get(key, -1e18) < LAST_WORDS_EVERY:
+                    continue  # a condition flapping: once a minute per job and node
+                self._last_words_at[key] = now
+                while len(self._last_words_at) > CONTEXT_KEPT:
+                    self._last_words_at.popitem(last=False)
                 self.registry.execute(job, [Decision(
                     Verdict.LAST_WORDS, f"last words: node {name} {p.type}: ranks "
                     f"{', '.join(map(str, sorted(ranks)[:8]))} persist their newest complete "
