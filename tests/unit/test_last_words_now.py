@@ -40,9 +40,20 @@ class Worker:
     events: Events = field(default_factory=Events)
 
 
-def test_the_command_is_a_minor_action() -> None:
+def test_the_command_is_a_minor_action_delivered_once_and_acknowledged() -> None:
+    from ftagent.agent.link_protocol import LinkProtocol
+    from ftagent.config import IdentityConfig
+
     a = command_to_action(pb.Command(id="c", kind=pb.COMMAND_KIND_LAST_WORDS, reason="r"))
     assert a is not None and a.kind is ActionKind.LAST_WORDS and a.kind in MINOR_ACTIONS
+    p = LinkProtocol(IdentityConfig(job="j", rank=1, world_size=2))
+    msg = pb.ArbiterMessage(command=pb.Command(id="lw1", kind=pb.COMMAND_KIND_LAST_WORDS,
+                                               reason="last words: node n DrainInProgress"))
+    got = p.on_message(msg)
+    assert [x.kind for x in got.actions] == [ActionKind.LAST_WORDS]
+    assert [m.ack.command_id for m in got.send] == ["lw1"]
+    assert not p.final_delivered  # the trainer keeps running
+    assert p.on_message(msg).actions == []  # a re-send (after a reconnect): once
 
 
 def test_last_words_now_persists_the_newest_complete_snapshot(
@@ -70,3 +81,29 @@ def test_last_words_now_persists_the_newest_complete_snapshot(
     w0 = Worker(Ident(0))
     asyncio.run(last_words_now(cfg, w0))  # type: ignore[arg-type]
     assert "no complete snapshot to persist" in w0.events.got[0][2]
+
+
+def test_the_arbiter_decider_hands_last_words_to_its_hook_and_survives_a_failure() -> None:
+    from types import SimpleNamespace
+
+    from ftagent.agent.arbiter_decider import ArbiterDecider, RankSession
+    from ftagent.model import Action
+
+    calls: list[str] = []
+    class W:  # the one field RankSession reads (a Worker is hashable by identity)
+        cfg = SimpleNamespace(hang=SimpleNamespace(hang_dump_timeout=1.0))
+
+    worker: Any = W()
+    d = ArbiterDecider()
+    s = RankSession(worker, link=None)  # type: ignore[arg-type]
+    d.sessions[worker] = s
+    action = Action(ActionKind.LAST_WORDS, "last words: node n DrainInProgress")
+    asyncio.run(d.on_minor_action(worker, action))  # no hook (no --checkpoint-dir): a line
+
+    async def hook() -> None:
+        calls.append("persist")
+        raise OSError("disk full")
+
+    s.on_last_words = hook
+    asyncio.run(d.on_minor_action(worker, action))  # the failure is one line, not a crash
+    assert calls == ["persist"]
