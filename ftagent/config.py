@@ -319,12 +319,13 @@ class SupervisorConfig:
         check=Range(1, 255, also=((-1, "the failing rank's status"),)), metavar="STATUS")
     preflight: bool = opt(
         True, "--preflight", "before every start and restart, before the barrier: the "
-        "accelerators answer, the watched links are up, --preflight-checkpoint-dir takes a "
-        "file, each within its budget (5 s, 1 s, 5 s); a failure is a fault that replaces "
+        "accelerators answer and their memory is usable, the watched links are up, "
+        "--preflight-checkpoint-dir takes a file, the rendezvous (MASTER_ADDR) has a route, "
+        "each within its budget (5 s, 1 s, 5 s, 2 s); a failure is a fault that replaces "
         "this rank's pod; --no-preflight: off (default: on)")
     preflight_warm: str = opt(
-        "fast", "--preflight-warm", "budgets on a restart in place: fast (2 s, 0.5 s, 2 s: "
-        "the devices answered moments ago) or full", choices=("fast", "full"))
+        "fast", "--preflight-warm", "budgets on a restart in place: fast (2 s, 0.5 s, 2 s, "
+        "1 s: the devices answered moments ago) or full", choices=("fast", "full"))
     preflight_checkpoint_dir: str = opt(
         "", "--preflight-checkpoint-dir", "directory preflight checks is writable and "
         "readable (the trainer's checkpoints; default: none checked)", metavar="DIR")

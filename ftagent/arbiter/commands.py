@@ -27,7 +27,7 @@ from ftagent.metrics import ArbiterMetrics
 _SLOTS = {Verdict.RESTART: "life", Verdict.REJOIN: "life", Verdict.STOP: "life",
           Verdict.REPLACE: "life", Verdict.RELEASE_BARRIER: "release",
           Verdict.DUMP_STACKS: "dump", Verdict.BUSY: "busy", Verdict.ASSIGN: "life",
-          Verdict.RETIRE_SPARE: "life"}
+          Verdict.RETIRE_SPARE: "life", Verdict.LAST_WORDS: "words"}
 assert set(_SLOTS) == COMMANDS
 _TIMED = (Verdict.RESTART, Verdict.REPLACE, Verdict.STOP, Verdict.DUMP_STACKS)
 

@@ -138,9 +138,11 @@ class Jobs:
         owners_were = job.owners_print
         # a REPLACE the rank's previous pod never acknowledged (it died with its node)
         # is that pod's, not its successor's: a new pod (another name or uid) is not
-        # replaced in turn, it rejoins (barrier.decide_hello)
+        # replaced in turn, it rejoins (barrier.decide_hello); nor is a new agent process
+        # of the same pod (a pod-level tier restarted it in place: arbiter/ladder.py)
         if rs is not None and ((h.pod and rs.pod and h.pod != rs.pod) or (
-                conn.pod_uid and rs.pod_uid and conn.pod_uid != rs.pod_uid)):
+                conn.pod_uid and rs.pod_uid and conn.pod_uid != rs.pod_uid) or (
+                h.agent_instance and rs.instance and h.agent_instance != rs.instance)):
             commands.forget_replace(rs)
         apply(job, Registered(
             rank=h.rank, pod=h.pod, node=h.node, state=h.state, instance=h.agent_instance,

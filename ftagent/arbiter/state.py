@@ -69,6 +69,8 @@ class Verdict(str, enum.Enum):
     ASSIGN = "assign"  # the spare `spare` becomes rank `rank` at `generation` (after a REPLACE)
     RETIRE_SPARE = "retire_spare"  # the spare `spare` had a fatal fault: never assigned;
     # it exits with the replace status (its pod moves), its stream's end drops it
+    LAST_WORDS = "last_words"  # targets persist their newest complete snapshot now (their
+    # node announced a planned disruption: kube/node_lifecycle.py); nothing restarts
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +165,9 @@ class RankState:
     from_spare: bool = False  # a spare took this rank over (ASSIGN, then Promoted)
     # steps whose in-memory snapshot its trainer holds complete (SnapshotReport), sorted
     snapshot_steps: tuple[int, ...] = ()
+    # what its pod and node have for the ladder's pod-level tiers (ladder.Features), kept
+    # by the cluster's watches (kube/cluster.py); None outside Kubernetes or not seen yet
+    tiers: Any = None
 
     def progress_age(self, now: float) -> float | None:
         return None if self.last_step_at is None else max(0.0, now - self.last_step_at)
@@ -420,7 +425,7 @@ _RANK_STATES = {Verdict.RESTART: "restarting", Verdict.REJOIN: "restarting",
 # Verdicts that are commands to agents (the others are recorded only).
 COMMANDS = frozenset((Verdict.RESTART, Verdict.REJOIN, Verdict.STOP, Verdict.REPLACE,
                       Verdict.RELEASE_BARRIER, Verdict.DUMP_STACKS, Verdict.BUSY,
-                      Verdict.ASSIGN, Verdict.RETIRE_SPARE))
+                      Verdict.ASSIGN, Verdict.RETIRE_SPARE, Verdict.LAST_WORDS))
 SPARE_COMMANDS = frozenset((Verdict.ASSIGN, Verdict.RETIRE_SPARE))  # to a spare's stream
 
 
@@ -487,7 +492,13 @@ def apply(job: JobState, d: Change, now: float) -> None:
         if sp.pod_uid:  # the arbiter's decision makes its pod the rank's owner
             _own(job, d.rank, (sp.pod, sp.pod_uid))
     elif v is Verdict.RETIRE_SPARE and d.spare in job.spares:
-        job.spares[d.spare].assigned = -1
+        sp = job.spares[d.spare]
+        if sp.assigned is not None and sp.assigned >= 0 and \
+                job.owners.get(sp.assigned) == (sp.pod, sp.pod_uid):
+            # assigned but never arrived (its preflight failed): the rank is not its pod's
+            # any more, so the rank's recreated pod (or the next spare) may take it
+            job.owners_print ^= hash((sp.assigned, *job.owners.pop(sp.assigned)))
+        sp.assigned = -1
 
 
 def _new_generation(job: JobState, generation: int, now: float) -> None:

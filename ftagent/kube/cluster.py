@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftagent.arbiter.auth import PodFacts
+from ftagent.arbiter.ladder import in_place
 from ftagent.arbiter.registry import Registry
 from ftagent.arbiter.state import Decision, JobState, Verdict
 from ftagent.kube.actuator import (
@@ -67,12 +68,14 @@ from ftagent.kube.node_blip import STEP_WINDOW, still_stepping
 from ftagent.kube.node_lifecycle import held_by_other, planned
 from ftagent.kube.node_scope import NodeEvidence
 from ftagent.kube.owners import OwnerChains
+from ftagent.kube.pod_tiers import Streaks, features_of
 from ftagent.kube.recorder import JOB_KINDS, ObjectRef, Recorder, job_owner, pod_ref
 from ftagent.kube.trainjob_status import TrainJobStatus, trainer_status
 from ftagent.kube.uncordon import NodeHealth
 from ftagent.model import Scope
 
 log = logging.getLogger("ftagent.kube.cluster")
+LAST_WORDS_EVERY = 60.0  # seconds between two LAST_WORDS to one job's ranks on a node
 
 JOB_LABEL = "ftagent.io/job"  # the pod watch selects ftagent pods by this label
 CONTEXT_KEPT = 10_000
@@ -164,10 +167,12 @@ class Cluster:
         self.nodes = NodeFaults(settings.node_notready_grace)
         self.pods = PodFaults()
         self.devices = DeviceHealth()  # device health in pod status (KEP-4680)
+        self.streaks = Streaks()  # restarts in a row blamed on one rank (the ladder's)
         # NotReady faults held back while the job's ranks there keep stepping (node_blip)
         self._blips: dict[tuple[str, tuple[str, str]], ClusterFault] = {}
         self.step_window = STEP_WINDOW  # a rank stepped within this long is alive
         self._planned_seen: OrderedDict[str, None] = OrderedDict()  # lifecycle transitions
+        self._last_words_at: OrderedDict[str, float] = OrderedDict()  # job@node -> when
         self.pod_cache: dict[tuple[str, str], dict[str, Any]] = {}
         self.node_names: set[str] = set()
         self.node_cache: dict[str, Any] = {}  # the watch's nodes (one entry per node)
@@ -336,6 +341,7 @@ class Cluster:
             while len(self._planned_seen) > CONTEXT_KEPT:
                 self._planned_seen.popitem(last=False)
             now = self.clock()
+            there: dict[tuple[str, str], tuple[JobState, list[int]]] = {}
             for job, rs in self.registry.ranks_on_node(name):
                 if job.finished:
                     continue
@@ -345,6 +351,19 @@ class Cluster:
                                                         if p.reason or p.message else "")
                     + ": not a fault; ftagent does not cordon a node another system "
                     "drains", rank=rs.rank)
+                there.setdefault((job.namespace, job.job), (job, []))[1].append(rs.rank)
+            for job, ranks in there.values():  # last words before the disruption comes
+                key = f"{job.namespace}/{job.job}@{name}"
+                if now - self._last_words_at.get(key, -1e18) < LAST_WORDS_EVERY:
+                    continue  # a condition flapping: once a minute per job and node
+                self._last_words_at[key] = now
+                while len(self._last_words_at) > CONTEXT_KEPT:
+                    self._last_words_at.popitem(last=False)
+                self.registry.execute(job, [Decision(
+                    Verdict.LAST_WORDS, f"last words: node {name} {p.type}: ranks "
+                    f"{', '.join(map(str, sorted(ranks)[:8]))} persist their newest complete "
+                    "snapshot now (last words, where snapshots are on)", job.generation,
+                    targets=tuple(sorted(ranks)))], now)
 
     def on_pod(self, type_: str, pod: Any) -> None:
         """A pod watch event, on the loop."""
@@ -381,6 +400,7 @@ class Cluster:
                                        rank=rs.rank)
         if not deleted:
             self._device_health(job, rs, pod)
+            self._set_tiers(job, rs)
 
     def _device_health(self, job: JobState, rs: Any, pod: Any) -> None:
         """The kubelet's device health in the pod's status (device_health.py): an
@@ -548,11 +568,31 @@ class Cluster:
     def on_decision(self, job: JobState, d: Decision, now: float) -> None:
         """The registry's decision listener (on the loop, commands already queued)."""
         self._events_for(job, d, now)
-        if d.verdict is Verdict.REPLACE and d.rank is not None:
-            self._replace(job, d, now)
+        if d.verdict is Verdict.REPLACE and d.rank is not None and not in_place(d):
+            self._replace(job, d, now)  # (an in-place tier keeps the pod and its node)
+        if d.verdict in (Verdict.RESTART, Verdict.REPLACE) or (
+                d.verdict is Verdict.RELEASE_BARRIER and not d.targets):
+            self._ladder(job, d)
         if d.verdict in (Verdict.RESTART, Verdict.REPLACE, Verdict.STOP) or (
                 d.verdict is Verdict.RELEASE_BARRIER and not d.targets):
             self._annotate(job)
+
+    def _ladder(self, job: JobState, d: Decision) -> None:
+        """The recovery ladder's view of the job's ranks (ladder.Features on each): the
+        restart streak this decision extends or ends, then what each rank's pod and node
+        have, read again (a new generation: pods may have moved)."""
+        if d.verdict is not Verdict.RELEASE_BARRIER:
+            self.streaks.note((job.namespace, job.job), d.rank, d.generation,
+                              restart=d.verdict is Verdict.RESTART or in_place(d))
+        for rs in list(job.ranks.values()):
+            self._set_tiers(job, rs)
+
+    def _set_tiers(self, job: JobState, rs: Any) -> None:
+        pod = self.pod_cache.get((job.namespace, rs.pod)) if rs.pod else None
+        node_name = get(pod, "spec", "nodeName")
+        node = self.node_cache.get(node_name) if isinstance(node_name, str) else None
+        rs.tiers = features_of(pod, node, spare=bool(job.spares), repeats=self.streaks.repeats(
+            (job.namespace, job.job), rs.rank, job.generation))
 
     def _replace(self, job: JobState, d: Decision, now: float) -> None:
         rs = job.ranks.get(d.rank) if d.rank is not None else None

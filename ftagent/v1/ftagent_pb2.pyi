@@ -47,6 +47,7 @@ class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMMAND_KIND_BUSY: _ClassVar[CommandKind]
     COMMAND_KIND_ASSIGN: _ClassVar[CommandKind]
     COMMAND_KIND_SPARE: _ClassVar[CommandKind]
+    COMMAND_KIND_LAST_WORDS: _ClassVar[CommandKind]
 FAULT_KIND_UNSPECIFIED: FaultKind
 FAULT_KIND_CRASH: FaultKind
 FAULT_KIND_HANG: FaultKind
@@ -76,6 +77,7 @@ COMMAND_KIND_REPLACE: CommandKind
 COMMAND_KIND_BUSY: CommandKind
 COMMAND_KIND_ASSIGN: CommandKind
 COMMAND_KIND_SPARE: CommandKind
+COMMAND_KIND_LAST_WORDS: CommandKind
 
 class AgentMessage(_message.Message):
     __slots__ = ("job", "hello", "progress", "fault", "arrival", "exit", "ack", "stacks", "snapshots")

@@ -70,6 +70,10 @@ Control API of :class:`FakeKube` (thread-safe; objects are plain dicts as on the
   ``set_device_health(namespace, name, resource, device, health="Unhealthy",
   container="trainer", message=None)`` (the kubelet's ``allocatedResourcesStatus``, KEP-4680,
   validated as the real server does: 422 for a resource the container does not hold);
+  ``set_node_features(name, kubelet_version=None, declared=None)`` (the kubelet's version
+  and NodeDeclaredFeatures' ``status.declaredFeatures``), ``set_feature_gates(*gates)``
+  (the API server's ContainerRestartRules / RestartAllContainersOnContainerExits: pod
+  restart rules dropped or refused as the real server does, validate.py),
   node lifecycle conditions (KEP-5683) through ``set_node_condition`` (e.g.
   ``"DrainInProgress"``, ``"MaintenancePlanned"``),
   ``finish_termination(namespace, name)`` (the kubelet's final delete of a Terminating pod),
@@ -279,6 +283,22 @@ class FakeKube:
         self.create("nodes", {"metadata": {"name": name, "labels": labels or {}}, "spec": {}})
         return self.set_node_ready(name, ready, reason="KubeletReady" if ready else
                                    "KubeletNotReady")
+
+    def set_feature_gates(self, *gates: str) -> None:
+        """The API server's gates of validate.GATES that are on (the rest off): pods
+        created from now on lose a disabled gate's restart-rule fields or are refused."""
+        self.store.gates = set(gates)
+
+    def set_node_features(self, name: str, kubelet_version: str | None = None,
+                          declared: list[str] | None = None) -> dict[str, Any]:
+        """The kubelet's ``status.nodeInfo.kubeletVersion`` and its NodeDeclaredFeatures
+        list ``status.declaredFeatures`` (sorted, as the kubelet writes it)."""
+        status: dict[str, Any] = {}
+        if kubelet_version is not None:
+            status["nodeInfo"] = {"kubeletVersion": kubelet_version}
+        if declared is not None:
+            status["declaredFeatures"] = sorted(set(declared))
+        return self.patch("nodes", name, {"status": status}, subresource="status")
 
     def set_node_condition(self, name: str, type_: str, status: str, reason: str = "",
                            message: str = "") -> dict[str, Any]:
