@@ -338,6 +338,12 @@ class History:
         self._owners: dict[tuple[str, str], tuple[JobRecord, dict[int, tuple[str, str]]]] = {}
         self.on_forget: Callable[[str, str], None] = lambda namespace, job: None
 
+    @property
+    def durable(self) -> bool:
+        """Does a store keep what is written (``--state-dir``, the cluster's records)? In
+        memory only, records are not built on the way (the live job is what status reads)."""
+        return not isinstance(self.store, NoStore)
+
     def load(self) -> list[Entry]:
         """Records into ``past`` (to be superseded by live jobs); returns the entries."""
         got = self.store.load()

@@ -21,13 +21,12 @@ from ftagent.arbiter.state import (
     JobPhase,
     JobState,
     RankState,
+    Slowed,
     StacksIn,
-    apply,
 )
 from ftagent.arbiter.straggler import JobTimings, RankTiming, StragglerConfig, StragglerWatch
 from ftagent.model import Fault, FaultKind, Scope, Severity
 from ftagent.v1 import ftagent_pb2 as pb
-from ftagent.wire import limits
 
 Key = tuple[str, str]  # (namespace, job)
 STRAGGLER_EVERY = 5.0  # seconds between straggler assessments (the agents' summary interval)
@@ -36,7 +35,6 @@ STRAGGLER_EVERY = 5.0  # seconds between straggler assessments (the agents' summ
 class Intake:
     def __init__(self, jobs: Jobs, clock: Callable[[], float]) -> None:
         self.jobs = jobs
-        self.journal = jobs.journal
         self.cfg = jobs.cfg
         self.metrics = jobs.metrics
         self.clock = clock
@@ -58,22 +56,18 @@ class Intake:
         try:
             fault = convert.checked_fault(m)
         except ValueError as e:
-            self.journal.note(job, now, "fault", f"unusable fault ignored: {e}", rank=rs.rank)
+            self.jobs.record(job, "fault", f"unusable fault ignored: {e}", now, rank=rs.rank)
             conn.ack(m.id, True, f"ignored: {e}")
             return
         if self.metrics:
             self.metrics.faults.labels(kind=fault.kind.value).inc()
-        self.journal.fault(job, rs, fault, now)
-        summary = f"{fault.kind.value}: {fault.message}"
-        self.journal.note(job, now, "fault", f"{fault.kind.value} ({fault.severity.value}, "
-                          f"generation {m.generation}): {fault.message}", rank=rs.rank,
-                          fault_id=fault.id)
         rep = policy.FaultReport(fault, rs.rank, m.generation,
                                  m.exit_status if m.HasField("exit_status") else None)
         decisions = policy.decide_fault(job, rep, now, self.cfg)
         final = not any(d.pending for d in decisions)
-        apply(job, FaultSeen(fault.id, final, rs.rank, summary), now)
-        self.jobs.execute(job, decisions, now, received)
+        self.jobs.execute(job, decisions, now, received, seen=FaultSeen(
+            fault.id, final, rs.rank, f"{fault.kind.value}: {fault.message}", fault,
+            m.generation))
         outcome = decisions[0].verdict.value if decisions else "recorded"
         conn.ack(fault.id, final, outcome)
 
@@ -88,16 +82,12 @@ class Intake:
         rs = j.ranks.get(rank) if rank is not None else None
         if self.metrics:
             self.metrics.faults.labels(kind=fault.kind.value).inc()
-        self.journal.fault(j, rs, fault, now)
-        self.journal.note(j, now, "fault", f"{fault.kind.value} ({fault.severity.value}, "
-                          f"generation {g}, seen by the arbiter): "
-                          f"{limits.clip(fault.message, 1000)}", rank=rank, fault_id=fault.id)
         rep = policy.FaultReport(fault, -1 if rank is None else rank, g)
         decisions = policy.decide_fault(j, rep, now, self.cfg)
         # no agent re-sends it: decided now, whatever the outcome
-        apply(j, FaultSeen(fault.id, True, rank if rs is not None else None,
-                           f"{fault.kind.value}: {fault.message}"), now)
-        self.jobs.execute(j, decisions, now)
+        self.jobs.execute(j, decisions, now, seen=FaultSeen(
+            fault.id, True, rank if rs is not None else None,
+            f"{fault.kind.value}: {fault.message}", fault, g, by_arbiter=True))
         return decisions
 
     def stacks(self, job: JobState, rs: RankState, m: pb.Stacks, now: float) -> None:
@@ -112,8 +102,7 @@ class Intake:
         else:
             change = StacksIn(rs.rank, f"{policy.NO_STACK}stacks of {size} bytes (over "
                               f"{policy.MAX_STACKS})", None)
-        apply(job, change, now)
-        self.journal.note(job, now, "stacks", f"stacks received ({size} bytes)", rank=rs.rank)
+        self.jobs.apply(job, change._replace(size=size), now)
         self.jobs.execute(job, policy.decide_stacks(job, now, self.cfg), now)
 
     # ------------------------------------------------------------------ stragglers
@@ -126,8 +115,7 @@ class Intake:
             at = min(now, p.ts) if p.ts > 0 else (now if rs.last_step_at is None
                                                   else rs.last_step_at)
             # waited on a slow rank (means over this summary's last timed steps)
-            self.journal.ledger(job, now).slowed(jt.slowdown(now), at, step=p.step,
-                                                 over=p.timed_steps)
+            self.jobs.apply(job, Slowed(jt.slowdown(now), at, p.step, p.timed_steps), now)
 
     def _timings(self, job: JobState) -> JobTimings:
         key = (job.namespace, job.job)

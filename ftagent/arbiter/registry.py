@@ -6,10 +6,12 @@ holds the parts, each with one job, and routes to them:
 - ``connection.py``: one agent's stream (an outbox its writer drains); ``commands.py``:
   a decision's command queued on its targets' streams, re-sent on reconnect.
 - ``jobs.py``: job state -- Hellos, progress, arrivals, exits and decisions, each a change
-  ``state.apply`` makes (the one place a job changes); ``execute`` carries decisions out.
+  ``state.apply`` makes (the one place a job changes), then published to the observers
+  subscribed to its kind; ``execute`` carries decisions out.
 - ``intake.py``: faults from agents, from the cluster and from comparing ranks
   (stragglers), stacks of a hang probe; decided by the policy (``policy.py``).
-- ``journal.py``: timeline, history, counters and the goodput ledger's feed.
+- ``journal.py``: timeline, history, counters and the goodput ledger's feed: an observer
+  of the applied changes (nothing calls it to write).
 - ``nodemap.py``: which ranks run on a node, in a pod (the cluster's hooks).
 - ``readout.py``: status and the exporter's view.
 
@@ -31,7 +33,13 @@ from ftagent.arbiter.intake import STRAGGLER_EVERY, Intake
 from ftagent.arbiter.jobs import DecisionListener, Jobs
 from ftagent.arbiter.journal import Journal
 from ftagent.arbiter.readout import Readout
-from ftagent.arbiter.state import Decision, JobState, RankState, SnapshotsIn, apply
+from ftagent.arbiter.state import (
+    CapacityWait,
+    Decision,
+    JobState,
+    RankState,
+    SnapshotsIn,
+)
 from ftagent.arbiter.straggler import JobTimings
 from ftagent.arbiter.timeline import Timeline
 from ftagent.metrics import ArbiterMetrics, JobSnapshot
@@ -61,8 +69,9 @@ class Registry:
         self.arbiter_id = arbiter_id
         self.clock = clock
         self.journal = Journal(timeline, history or History(), clock)
-        self._jobs = Jobs(cfg, self.journal, metrics, arbiter_id, clock,
+        self._jobs = Jobs(cfg, self.journal.history, metrics, arbiter_id, clock,
                           restart_ceiling=restart_ceiling, max_ranks_per_job=max_ranks_per_job)
+        self._jobs.subscribe(self.journal.observe, Journal.OBSERVES)
         self.intake = Intake(self._jobs, clock)
         self.readout = Readout(self._jobs.jobs, self.journal, self.intake.stragglers_of,
                                clock)
@@ -140,9 +149,11 @@ class Registry:
             elif m.WhichOneof("body") == "arrival":
                 self._jobs.spare_arrival(conn, m.arrival.generation)
             return
-        job, rs = self._jobs.lookup(conn)
-        if job is None or rs is None:
+        job = self._jobs.jobs.get(conn.key) if conn.key is not None else None
+        rs = job.ranks.get(conn.rank) if job is not None else None
+        if rs is None or rs.conn is not conn:  # superseded by a newer stream of the rank
             return
+        assert job is not None
         now = self.clock()
         body = m.WhichOneof("body")
         if body == "progress":
@@ -153,10 +164,8 @@ class Registry:
         elif body == "fault":
             self.intake.fault(conn, job, rs, m.fault, now, received)
         elif body == "arrival":
-            self._jobs.arrival(job, rs, m.arrival.generation, now)
-            if m.arrival.preflight_seconds > 0:  # its own ledger category
-                self.journal.ledger(job, now).preflight(m.arrival.generation,
-                                                        m.arrival.preflight_seconds, now)
+            self._jobs.arrival(job, rs, m.arrival.generation, now,
+                               preflight=m.arrival.preflight_seconds)
         elif body == "exit":
             self._jobs.exit(job, rs, m.exit, now)
         elif body == "ack":
@@ -166,7 +175,7 @@ class Registry:
         elif body == "snapshots":
             steps = snapshot_steps(m.snapshots)
             if steps is not None:  # a report out of range is dropped; the next will do
-                apply(job, SnapshotsIn(rs.rank, steps), now)
+                self._jobs.apply(job, SnapshotsIn(rs.rank, steps), now)
 
     def execute(self, job: JobState, decisions: Iterable[Decision], now: float,
                 received: float | None = None) -> None:
@@ -177,7 +186,7 @@ class Registry:
     def tick(self) -> None:
         """Deadlines (stacks, links, barriers) and forgetting jobs nobody runs any more."""
         now = self.clock()
-        self._jobs.save_owners()
+        self.journal.flush(now)
         self.intake.assess_stragglers(now)
         for key, job in list(self.jobs.items()):
             self._jobs.execute(job, policy.decide_tick(job, now, self.cfg), now)
@@ -230,7 +239,14 @@ class Registry:
         ledger places that time in ``capacity`` instead of ``decision``."""
         j = self.jobs.get((namespace, job))
         if j is not None and not j.finished:
-            self.journal.ledger(j, now).capacity(waiting, now)
+            self._jobs.apply(j, CapacityWait(waiting), now)
+
+    def record(self, job: JobState, kind: str, message: str, now: float, *,
+               rank: int | None = None, fault_id: str = "") -> None:
+        """A fact the cluster saw for the job's timeline that changes nothing (a planned
+        node event, a cordon not made and why): applied as ``state.Noted``, so that the
+        journal stays the one writer of the timeline."""
+        self._jobs.record(job, kind, message, now, rank=rank, fault_id=fault_id)
 
     def fault_kind(self, job: JobState, fault_id: str) -> str:
         """The kind (``model.FaultKind`` value) of a fault the job saw, "" if unknown."""

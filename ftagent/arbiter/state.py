@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ftagent.arbiter import fr_verdict
-from ftagent.model import JobBusy
+from ftagent.model import Fault, JobBusy
 from ftagent.wire.limits import MAX_OPEN_FAULTS, MAX_SPARES
 
 SEEN_FAULTS_KEPT = 10_000  # per job; duplicate ids older than this are long acknowledged
@@ -297,6 +297,11 @@ class Registered(NamedTuple):
     world_size: int
     alert_only: bool
     conn: object
+    # what the timeline says of it (journal.py): who connected ("pod" or the peer), and
+    # whether the rank was known (a reconnect) and had no live stream (a new stream)
+    peer: str = ""
+    known: bool = False
+    fresh: bool = True
 
 
 class Owned(NamedTuple):
@@ -315,12 +320,17 @@ class SpareJoined(NamedTuple):
     node: str
     pod_uid: str
     conn: object
+    peer: str = ""  # its pod, else its stream's peer (the timeline's name for it)
+    # the rank it claimed, held by a former spare: it is told to serve as a spare (None:
+    # it came as a spare)
+    told: int | None = None
 
 
 class SpareLeft(NamedTuple):
     """The spare's stream ended: it is no spare of the job any more (a Hello brings it back)."""
 
     instance: str
+    peer: str = ""  # its pod or instance, for the timeline
 
 
 class Promoted(NamedTuple):
@@ -354,6 +364,12 @@ class Progressed(NamedTuple):
     samples_per_second: float
     tokens_per_second: float
     last_step_at: float
+    # for the goodput ledger (journal.py): the summary's own stamp (0: none), the step it
+    # resumed from and how (ProgressSummary.resumed_step, resume_source; None: not said),
+    # and the seconds its trainer spent checkpointing and in other phases
+    ts: float = 0.0
+    resumed: tuple[int, str] | None = None
+    phases: tuple[float, float] = (0.0, 0.0)
 
 
 class Arrived(NamedTuple):
@@ -361,6 +377,15 @@ class Arrived(NamedTuple):
 
     rank: int
     generation: int
+
+
+class Preflighted(NamedTuple):
+    """``rank``'s preflight before ``generation`` took ``seconds`` (BarrierArrival): the
+    goodput ledger's own category."""
+
+    rank: int
+    generation: int
+    seconds: float
 
 
 class AtBarrier(NamedTuple):
@@ -377,6 +402,7 @@ class Exited(NamedTuple):
     rank: int
     generation: int
     status: int
+    signal: int | None = None  # killed by this signal (``status`` is then 128+signal)
 
 
 class FaultSeen(NamedTuple):
@@ -388,6 +414,11 @@ class FaultSeen(NamedTuple):
     final: bool
     rank: int | None = None
     summary: str = ""
+    # the fault itself (checked) and the generation it was seen at, for the timeline and
+    # the ledger (journal.py); None: a spare's, recorded only
+    fault: Fault | None = None
+    generation: int = 0
+    by_arbiter: bool = False  # a fault no agent sent (the cluster, a node agent, stragglers)
 
 
 class Settled(NamedTuple):
@@ -400,6 +431,7 @@ class StacksIn(NamedTuple):
     rank: int
     signature: str
     fr: fr_verdict.Summary | dict[str, Any] | None
+    size: int = 0  # bytes received (the timeline says it)
 
 
 class SnapshotsIn(NamedTuple):
@@ -409,9 +441,50 @@ class SnapshotsIn(NamedTuple):
     steps: tuple[int, ...]
 
 
+class Noted(NamedTuple):
+    """A fact for the timeline that changes no job state: a stream superseded, a budget
+    or world size the job already fixed, a new run starting, an unusable fault, what the
+    cluster did or did not do (a cordon skipped, a planned node event). Applied like every
+    change, so that the journal is the one writer of the timeline."""
+
+    kind: str  # the timeline entry's kind (agent | fault | decision | note | ...)
+    message: str
+    rank: int | None = None
+    fault_id: str = ""
+    action: str = ""
+
+
+class Slowed(NamedTuple):
+    """The job waited ``seconds`` per step on its slowest rank (the straggler watch's
+    timings, over ``over`` timed steps up to ``step``, seen at ``at``): the ledger's."""
+
+    seconds: float
+    at: float
+    step: int
+    over: int
+
+
+class CapacityWait(NamedTuple):
+    """A pod of the job is Pending without a node (``waiting``) or none is (the cluster,
+    while a REPLACE waits for its pod): the ledger's ``capacity``."""
+
+    waiting: bool
+
+
+class Forgotten(NamedTuple):
+    """No agent for long: the live state is dropped, only the history record stays."""
+
+
+class Finished(NamedTuple):
+    """Derived by ``apply``: the change before it ended the job (every rank exited 0)."""
+
+    phase: JobPhase
+
+
 Change = (Decision | Registered | Owned | Left | Progressed | Arrived | AtBarrier | Exited
           | FaultSeen | Settled | StacksIn | SpareJoined | SpareLeft | Promoted
-          | SpareArrived | SnapshotsIn)
+          | SpareArrived | SnapshotsIn | Preflighted | Noted | Slowed | CapacityWait
+          | Forgotten | Finished)
 
 # What a command does to the state its target ranks show (status) until they report.
 _RANK_STATES = {Verdict.RESTART: "restarting", Verdict.REJOIN: "restarting",
@@ -424,12 +497,14 @@ COMMANDS = frozenset((Verdict.RESTART, Verdict.REJOIN, Verdict.STOP, Verdict.REP
 SPARE_COMMANDS = frozenset((Verdict.ASSIGN, Verdict.RETIRE_SPARE))  # to a spare's stream
 
 
-def apply(job: JobState, d: Change, now: float) -> None:
+def apply(job: JobState, d: Change, now: float) -> Finished | None:
     """Change ``job`` as ``d`` says. Idempotent for STOP, RELEASE_BARRIER, Left, AtBarrier
-    and Exited."""
+    and Exited. Returns a change it derived for the observers (jobs.py): ``Finished`` when
+    an exit ended the job."""
     if not isinstance(d, Decision):
+        was = job.phase
         _AGENT_SAYS[type(d)](job, d, now)
-        return
+        return Finished(job.phase) if job.phase is not was and job.finished else None
     if d.verdict in COMMANDS and d.verdict not in SPARE_COMMANDS:
         _commanded(job, d)
     v = d.verdict
@@ -488,6 +563,7 @@ def apply(job: JobState, d: Change, now: float) -> None:
             _own(job, d.rank, (sp.pod, sp.pod_uid))
     elif v is Verdict.RETIRE_SPARE and d.spare in job.spares:
         job.spares[d.spare].assigned = -1
+    return None
 
 
 def _new_generation(job: JobState, generation: int, now: float) -> None:
@@ -698,9 +774,15 @@ def _snapshots_in(job: JobState, c: SnapshotsIn, now: float) -> None:
         rs.snapshot_steps = c.steps
 
 
+def _recorded(job: JobState, c: Any, now: float) -> None:
+    """A change for the observers only (the timeline, the ledger): the job is as it was."""
+
+
 _AGENT_SAYS: dict[type, Callable[[JobState, Any, float], None]] = {
     Registered: _registered, Owned: _owned, Left: _left, Progressed: _progressed,
     Arrived: _arrived, AtBarrier: _at_barrier, Exited: _exited, FaultSeen: _fault_seen,
     Settled: _settled, StacksIn: _stacks_in, SpareJoined: _spare_joined,
     SpareLeft: _spare_left, Promoted: _promoted, SpareArrived: _spare_arrived,
-    SnapshotsIn: _snapshots_in}
+    SnapshotsIn: _snapshots_in, Preflighted: _recorded, Noted: _recorded,
+    Slowed: _recorded, CapacityWait: _recorded, Forgotten: _recorded,
+    Finished: _recorded}

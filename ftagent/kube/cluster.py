@@ -339,12 +339,12 @@ class Cluster:
             for job, rs in self.registry.ranks_on_node(name):
                 if job.finished:
                     continue
-                self.registry.timeline.add(
-                    now, job.job, job.namespace, job.generation, "note",
+                self.registry.record(
+                    job, "note",
                     f"planned: node {name} {p.type}" + (f" ({p.reason}: {p.message})"
                                                         if p.reason or p.message else "")
                     + ": not a fault; ftagent does not cordon a node another system "
-                    "drains", rank=rs.rank)
+                    "drains", now, rank=rs.rank)
 
     def on_pod(self, type_: str, pod: Any) -> None:
         """A pod watch event, on the loop."""
@@ -397,8 +397,7 @@ class Cluster:
         for why in ignored:
             msg = f"device health of pod {name} ignored: {why}"
             log.warning("job %s/%s: %s", job.namespace, job.job, msg)
-            self.registry.timeline.add(now, job.job, job.namespace, job.generation, "note",
-                                       msg, rank=rs.rank)
+            self.registry.record(job, "note", msg, now, rank=rs.rank)
         for cf in faults:
             self._remember(cf, ((ns, name, cf.uid),))
             self.registry.report_fault(job.namespace, job.job, cf.fault, now, rank=rs.rank)
@@ -434,11 +433,11 @@ class Cluster:
             self._blips[(cf.node, (ns, name))] = cf
             job = self.registry.jobs.get((ns, name))
             if job is not None:
-                self.registry.timeline.add(
-                    now, name, ns, job.generation, "note",
+                self.registry.record(
+                    job, "note",
                     f"node {cf.node} not Ready for {now - since:.0f}s but {got.why}: a "
                     "blip, no replacement (acted on if they stop while it stays NotReady)",
-                    rank=ranks[0].rank, fault_id=cf.fault.id)
+                    now, rank=ranks[0].rank, fault_id=cf.fault.id)
         return True
 
     def _step_window(self) -> float:
@@ -453,10 +452,10 @@ class Cluster:
             if job is None or job.finished or since is None:
                 del self._blips[(node, key)]
                 if job is not None and not job.finished and node in self.node_names:
-                    self.registry.timeline.add(
-                        now, key[1], key[0], job.generation, "note",
+                    self.registry.record(
+                        job, "note",
                         f"node {node} Ready again (or a new transition): the NotReady blip "
-                        "passed with nothing replaced", fault_id=cf.fault.id)
+                        "passed with nothing replaced", now, fault_id=cf.fault.id)
                 continue
             ranks = [rs for j, rs in self.registry.ranks_on_node(node) if j is job]
             if not still_stepping(ranks, since, now, self._step_window()).stepping:
@@ -584,8 +583,7 @@ class Cluster:
             cordon, why = False, ""
         if node and not cordon and why:
             msg = f"node {node} not cordoned: {why}"
-            self.registry.timeline.add(now, job.job, job.namespace, job.generation,
-                                       "decision", msg, rank=d.rank, fault_id=d.fault_id)
+            self.registry.record(job, "decision", msg, now, rank=d.rank, fault_id=d.fault_id)
             self._event(job, pods[0][1] if pods else "", "Normal", "NodeNotCordoned", msg,
                         now)
         dra = cf.fault.evidence.get("dra") if cf is not None else None
@@ -599,8 +597,7 @@ class Cluster:
         if other:  # another system drains it: the pod moves, the node stays theirs
             cordon = False
             msg = f"node {node} not cordoned: {other}"
-            self.registry.timeline.add(now, job.job, job.namespace, job.generation,
-                                       "decision", msg, rank=d.rank, fault_id=d.fault_id)
+            self.registry.record(job, "decision", msg, now, rank=d.rank, fault_id=d.fault_id)
         if cordon:
             cordon = self._breaker_allows(job, rs, node, who, d, now, evidence)
         for _, _, uid in pods:
@@ -621,8 +618,7 @@ class Cluster:
         msg = f"node {node} not cordoned: {v.reason}"
         log.warning("%s (job %s)", msg, who)
         self.on_cordon_skipped()
-        self.registry.timeline.add(now, job.job, job.namespace, job.generation,
-                                   "decision", msg, rank=d.rank, fault_id=d.fault_id)
+        self.registry.record(job, "decision", msg, now, rank=d.rank, fault_id=d.fault_id)
         self._event(job, rs.pod if rs else "", "Warning", "CordonSkipped", msg, now)
         return False
 
