@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Mapping
 
 from ftagent.arbiter import convert, snapshots
-from ftagent.arbiter.connection import FanOut, live
+from ftagent.arbiter.connection import Connection, FanOut, live
 from ftagent.arbiter.state import (
     COMMANDS,
     SPARE_COMMANDS,
@@ -73,9 +73,8 @@ def _queue(rs: RankState, verdict: Verdict, cid: str, data: bytes,
     if slot == "life":
         rs.pending.clear()
     rs.pending[slot] = (cid, data)
-    conn = live(rs.conn)
-    if conn is not None:
-        conn.send(data, fan)
+    if isinstance(rs.conn, Connection):  # connection.live, inline: once per rank
+        rs.conn.send(data, fan)
 
 
 def resend(rs: RankState) -> None:

@@ -13,7 +13,7 @@ runs on the server's event loop only (no locks) and never blocks.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import grpc
 
@@ -37,6 +37,7 @@ from ftagent.arbiter.state import (
     Promoted,
     RankState,
     Registered,
+    Revived,
     Settled,
     SpareArrived,
     SpareJoined,
@@ -364,6 +365,50 @@ class Jobs:
         self.apply(job, Exited(rs.rank, m.generation, status, sig), now)
         if job.spares:  # a spare may wait for this replaced rank's trainer to be gone
             self.promote_waiting(job, rs.rank)
+
+    def exits_seen(self, namespace: str, name: str,
+                   exits: Mapping[int, tuple[int | None, int]], via: str,
+                   now: float) -> bool:
+        """Exits the ranks' agents could not deliver, read where they are left (``via``:
+        the pods' terminal status in the cluster, the exit notes of --state-dir): rank ->
+        (generation, or None for the one its agent last said; status). Each counts for a
+        rank whose agent is not connected and whose exit of that generation was not heard;
+        a job of the history that did not finish is taken live again (``Revived``) to
+        hear them, so its status says succeeded or failed, not gone. Returns whether the
+        job is over or unknown: nothing more to read for it."""
+        key = (namespace, name)
+        job = self.jobs.get(key)
+        if job is None:
+            rec = self.history.past.get(key)
+            if rec is None or rec.finished:
+                return True
+            if not exits:
+                return False
+            world = max(1, min(rec.world_size, self.max_ranks_per_job))
+            job = self.jobs[key] = JobState(job=name, namespace=namespace, world_size=world,
+                                            generation=rec.generation, restarts=rec.restarts,
+                                            max_restarts=rec.max_restarts,
+                                            alert_only=rec.alert_only)
+            carried = self.history.owners(key)
+            if carried:
+                self.apply(job, Owned(tuple((r, p, u) for r, (p, u) in carried.items())),
+                           now)
+            said = max((g for g, _ in exits.values() if g is not None), default=-1)
+            self.apply(job, Revived(max(rec.generation, said)), now)
+            self.record(job, "agent", f"no agent for {max(0.0, now - rec.last_seen):.0f}s "
+                        f"(gone before this arbiter's term): its ranks' exits read from "
+                        f"{via}", now)
+            self.gauges()
+        for rank, (generation, status) in sorted(exits.items()):
+            if job.finished:
+                break
+            rs = job.ranks.get(rank)
+            g = rs.generation if rs is not None and generation is None else generation
+            if rs is None or rs.connected or g is None or (
+                    rs.exit_heard is not None and rs.exit_heard[0] >= g):
+                continue
+            self.apply(job, Exited(rank, g, status, None, via), now)
+        return job.finished
 
     # ------------------------------------------------------------------ decisions
 

@@ -26,6 +26,7 @@ from ftagent.arbiter.state import (
     FaultSeen,
     Finished,
     Forgotten,
+    JobPhase,
     JobState,
     Left,
     Noted,
@@ -41,7 +42,6 @@ from ftagent.arbiter.state import (
 )
 from ftagent.arbiter.timeline import Timeline
 from ftagent.model import FaultKind
-from ftagent.wire.limits import clip
 
 Key = tuple[str, str]  # (namespace, job)
 
@@ -212,12 +212,19 @@ class Journal:
     def _exited(self, job: JobState, c: Exited, now: float) -> None:
         how = f"signal {c.signal}" if c.signal is not None else f"code {c.status}"
         self.note(job, now, "exit", f"trainer of generation {c.generation} exited with "
-                  f"{how}", rank=c.rank)
+                  f"{how}" + (f" (read from {c.via}: its agent could not say it)"
+                              if c.via else ""), rank=c.rank)
 
     def _finished(self, job: JobState, c: Finished, now: float) -> None:
+        """Every rank's exit is known: succeeded (all 0), or failed (state._ended_unheard:
+        exits read where agents left them, no arbiter decided it)."""
         self.ledger(job, now).end(now)
-        self.note(job, now, "decision", f"every rank exited 0: job succeeded at "
-                  f"generation {job.generation}", action="succeeded")
+        if c.phase is JobPhase.SUCCEEDED:
+            self.note(job, now, "decision", f"every rank exited 0: job succeeded at "
+                      f"generation {job.generation}", action="succeeded")
+        else:
+            self.note(job, now, "decision", f"every rank exited: job {job.stop_reason}",
+                      action="stop")
         self.save(job, now)
 
     def _forgotten(self, job: JobState, c: Forgotten, now: float) -> None:
@@ -270,7 +277,7 @@ class Journal:
         kind = fault.kind.value
         seen = ", seen by the arbiter" if c.by_arbiter else ""
         self.note(job, now, "fault", f"{kind} ({fault.severity.value}, generation "
-                  f"{c.generation}{seen}): {clip(fault.message, 1000)}", rank=c.rank,
+                  f"{c.generation}{seen}): {fault.message}", rank=c.rank,
                   fault_id=fault.id)
         self.stats_of(job).fault(fault.id, now, kind)
         detected = min(fault.detected_at, now)

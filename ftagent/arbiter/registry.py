@@ -24,7 +24,7 @@ released generation) rebuild what matters.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from ftagent.arbiter import commands, policy
 from ftagent.arbiter.connection import Connection, FanOut, Outgoing, Reject
@@ -53,6 +53,8 @@ __all__ = ["FORGET_AFTER", "MAX_RANKS_PER_JOB", "RESTART_CEILING", "STRAGGLER_EV
 # Seconds a job with no agent left keeps its live state (a Hello continues it); then
 # only its history record is kept, until --history-retention after its last agent left.
 FORGET_AFTER = 3600.0
+# Seconds between two looks for exit notes agents left in --state-dir (wire/exit_note.py).
+EXIT_NOTES_EVERY = 2.0
 # Defaults of --restart-ceiling and --max-ranks-per-job: what one job's agents may ask for.
 RESTART_CEILING = 100
 MAX_RANKS_PER_JOB = 100_000
@@ -73,6 +75,7 @@ class Registry:
                           restart_ceiling=restart_ceiling, max_ranks_per_job=max_ranks_per_job)
         self._jobs.subscribe(self.journal.observe, Journal.OBSERVES)
         self.intake = Intake(self._jobs, clock)
+        self._exit_notes_at = 0.0
         self.readout = Readout(self._jobs.jobs, self.journal, self.intake.stragglers_of,
                                clock)
 
@@ -187,6 +190,9 @@ class Registry:
         """Deadlines (stacks, links, barriers) and forgetting jobs nobody runs any more."""
         now = self.clock()
         self.journal.flush(now)
+        if now >= self._exit_notes_at:
+            self._exit_notes_at = now + EXIT_NOTES_EVERY
+            self._exit_notes(now)
         self.intake.assess_stragglers(now)
         for key, job in list(self.jobs.items()):
             self._jobs.execute(job, policy.decide_tick(job, now, self.cfg), now)
@@ -198,6 +204,24 @@ class Registry:
                 self.journal.stats_of(job)
         for namespace, name in self.history.expired(now):
             self.history.drop(namespace, name)
+
+    def _exit_notes(self, now: float) -> None:
+        """Exits agents left in --state-dir while no arbiter heard them (exit_note.py)."""
+        by_job: dict[tuple[str, str], dict[int, tuple[int | None, int]]] = {}
+        for n in self.history.take_exits():
+            by_job.setdefault((n.namespace, n.job), {})[n.rank] = (n.generation, n.status)
+        for (namespace, name), exits in by_job.items():
+            self._jobs.exits_seen(namespace, name, exits, "the exit notes its agents left",
+                                  now)
+
+    def exits_seen(self, namespace: str, job: str, exits: Mapping[int, int], via: str,
+                   now: float | None = None) -> bool:
+        """The cluster's pod watch: ranks' exit statuses read from their pods' terminal
+        status (rank -> status), for ranks whose agent is not connected; a job of the
+        history that did not finish is taken live to hear them (jobs.exits_seen).
+        Returns whether the job is over or unknown (nothing more to read for it)."""
+        return self._jobs.exits_seen(namespace, job, {r: (None, s) for r, s in exits.items()},
+                                     via, self.clock() if now is None else now)
 
     # ------------------------------------------------------------------ cluster hooks
 

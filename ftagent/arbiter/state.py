@@ -403,6 +403,17 @@ class Exited(NamedTuple):
     generation: int
     status: int
     signal: int | None = None  # killed by this signal (``status`` is then 128+signal)
+    # "" from the rank's agent; else where the arbiter read an exit the agent could not
+    # deliver (its pod's terminal status, the exit note it left: ``exits_seen``)
+    via: str = ""
+
+
+class Revived(NamedTuple):
+    """A job of the history that did not finish, taken live again to hear how its ranks
+    ended while no arbiter ran (their pods' terminal status, exit notes): its ranks
+    ``0..world_size-1`` as known at ``generation``, none connected."""
+
+    generation: int
 
 
 class FaultSeen(NamedTuple):
@@ -483,7 +494,7 @@ class Finished(NamedTuple):
 
 Change = (Decision | Registered | Owned | Left | Progressed | Arrived | AtBarrier | Exited
           | FaultSeen | Settled | StacksIn | SpareJoined | SpareLeft | Promoted
-          | SpareArrived | SnapshotsIn | Preflighted | Noted | Slowed | CapacityWait
+          | SpareArrived | SnapshotsIn | Revived | Preflighted | Noted | Slowed | CapacityWait
           | Forgotten | Finished)
 
 # What a command does to the state its target ranks show (status) until they report.
@@ -667,6 +678,36 @@ def _exited(job: JobState, c: Exited, now: float) -> None:
                    if r.state == "succeeded" and r.generation == job.generation)
         if done >= job.world_size and not job.finished:
             job.phase = JobPhase.SUCCEEDED
+    if c.via and not job.finished and job.connected == 0:
+        _ended_unheard(job)
+
+
+def _ended_unheard(job: JobState) -> None:
+    """Exits read where agents left them (``Exited.via``): with no agent connected and
+    every rank's exit known for the job's generation, one that was not 0 ends the job
+    as failed (no arbiter decided it: the agents ended alone, failing open)."""
+    exits = [r for r in job.ranks.values() if r.exit_heard is not None
+             and r.exit_heard[0] >= job.generation]
+    if len(exits) < job.world_size:
+        return
+    failed = next((r for r in sorted(exits, key=lambda r: r.rank)
+                   if r.last_exit_status != 0), None)
+    if failed is not None:
+        job.phase = JobPhase.STOPPED
+        job.stop_reason = (f"failed: rank {failed.rank} exited with code "
+                           f"{failed.last_exit_status} while no arbiter heard it")
+        job.barrier = None
+        job.hang_probe = None
+
+
+def _revived(job: JobState, c: Revived, now: float) -> None:
+    job.generation = max(job.generation, c.generation)
+    job.phase = JobPhase.RUNNING
+    job.last_seen = now
+    for r in range(job.world_size):
+        if r not in job.ranks:
+            job.ranks[r] = RankState(rank=r, generation=job.generation,
+                                     released_generation=job.generation, state="gone")
 
 
 def _fault_seen(job: JobState, c: FaultSeen, now: float) -> None:
@@ -783,6 +824,6 @@ _AGENT_SAYS: dict[type, Callable[[JobState, Any, float], None]] = {
     Arrived: _arrived, AtBarrier: _at_barrier, Exited: _exited, FaultSeen: _fault_seen,
     Settled: _settled, StacksIn: _stacks_in, SpareJoined: _spare_joined,
     SpareLeft: _spare_left, Promoted: _promoted, SpareArrived: _spare_arrived,
-    SnapshotsIn: _snapshots_in, Preflighted: _recorded, Noted: _recorded,
+    SnapshotsIn: _snapshots_in, Revived: _revived, Preflighted: _recorded, Noted: _recorded,
     Slowed: _recorded, CapacityWait: _recorded, Forgotten: _recorded,
     Finished: _recorded}

@@ -57,6 +57,7 @@ from ftagent.kube.cluster_faults import (
     get,
     parse_time,
     pending_fault,
+    terminal_status,
     waits_for_a_node,
 )
 from ftagent.kube.device_health import DeviceHealth
@@ -169,6 +170,10 @@ class Cluster:
         self.step_window = STEP_WINDOW  # a rank stepped within this long is alive
         self._planned_seen: OrderedDict[str, None] = OrderedDict()  # lifecycle transitions
         self.pod_cache: dict[tuple[str, str], dict[str, Any]] = {}
+        # Pods of a job in a terminal phase, by job: (namespace, job) -> {pod: status}
+        # (terminal_status): how ranks ended whose agents could not say it (the arbiter
+        # was away), handed to the registry every tick until the job is over (_exits_due)
+        self._exits: dict[tuple[str, str], dict[str, int]] = {}
         self.node_names: set[str] = set()
         self.node_cache: dict[str, Any] = {}  # the watch's nodes (one entry per node)
         self._context: OrderedDict[str, tuple[ClusterFault, tuple[tuple[str, str, str], ...]]] \
@@ -356,11 +361,15 @@ class Cluster:
         if deleted:
             self.pod_cache.pop(key, None)
             self._terminating.pop(key, None)
+            job_name = get(pod, "metadata", "labels", JOB_LABEL)
+            if isinstance(job_name, str) and (ns, job_name) in self._exits:
+                self._exits[(ns, job_name)].pop(name, None)
             uid = get(pod, "metadata", "uid")
             self.on_pod_deleted(ns, name, uid if isinstance(uid, str) else "")
         elif isinstance(pod, dict):
             self.pod_cache[key] = pod
             self._index_owner(ns, pod)
+            self._terminal(ns, name, pod)
             gone_at = parse_time(get(pod, "metadata", "deletionTimestamp"))
             if gone_at is not None:  # Terminating since the delete: its deadline less grace
                 grace = get(pod, "metadata", "deletionGracePeriodSeconds")
@@ -381,6 +390,41 @@ class Cluster:
                                        rank=rs.rank)
         if not deleted:
             self._device_health(job, rs, pod)
+
+    def _terminal(self, ns: str, name: str, pod: dict[str, Any]) -> None:
+        """A labelled pod in a terminal phase: its trainer's exit kept for the tick."""
+        job = get(pod, "metadata", "labels", JOB_LABEL)
+        if not isinstance(job, str) or not job:
+            return
+        found = identify(pod, {})
+        index, _ = trainer_index(pod, found.role if found else "")
+        containers = get(pod, "spec", "containers")
+        trainer = get(containers[index], "name") if index is not None and \
+            isinstance(containers, list) else ""
+        status = terminal_status(pod, trainer if isinstance(trainer, str) else "")
+        if status is None:
+            return
+        if (ns, job) not in self._exits and len(self._exits) >= CONTEXT_KEPT:
+            return
+        self._exits.setdefault((ns, job), {})[name] = status
+
+    def _exits_due(self, now: float) -> None:
+        """Terminal pods' exits to the registry, per job, as ranks (the pod's rank as the
+        watch sees it, members of the job only: pod_facts); a job over, or one the
+        registry does not know, is dropped."""
+        for key, pods in list(self._exits.items()):
+            exits: dict[int, int] = {}
+            for name, status in pods.items():
+                facts = self.pod_facts(key[0], name)
+                if facts is not None and facts.job == key[1] and facts.rank is not None:
+                    # a rank's pod that succeeded beats an earlier one that failed (a
+                    # pod replaced, then its successor finished)
+                    exits[facts.rank] = min(status, exits.get(facts.rank, status))
+            if not exits:
+                continue  # membership still being read, or none is a member: next tick
+            if self.registry.exits_seen(key[0], key[1], exits, "its pods' terminal "
+                                        "status", now):
+                del self._exits[key]
 
     def _device_health(self, job: JobState, rs: Any, pod: Any) -> None:
         """The kubelet's device health in the pod's status (device_health.py): an
@@ -509,6 +553,7 @@ class Cluster:
                                  now - gone_at)
         if not self._flushing and self.recorder.dirty():
             self._flush_events()
+        self._exits_due(now)
         self._trainjob_progress(now)
         self._uncordon_due(now)
         self._taint_fallbacks_due(now)
