@@ -240,6 +240,11 @@ class Registry:
         """
         return self.intake.report(namespace, job, fault, now, rank, generation)
 
+    def node_report(self, req: pb.NodeReport) -> pb.NodeReportAck:
+        """A node agent's (checked, authorized) report: each fault decided for the jobs
+        with ranks on its node (intake.node_report)."""
+        return self.intake.node_report(req, self.arbiter_id)
+
     def ranks_on_node(self, node: str) -> list[tuple[JobState, RankState]]:
         """Every live job's ranks whose agent said it runs on ``node`` (Hello.node)."""
         return self._jobs.nodes.ranks_on_node(node)
