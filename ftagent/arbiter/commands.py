@@ -30,6 +30,7 @@ _SLOTS = {Verdict.RESTART: "life", Verdict.REJOIN: "life", Verdict.STOP: "life",
           Verdict.RETIRE_SPARE: "life"}
 assert set(_SLOTS) == COMMANDS
 _TIMED = (Verdict.RESTART, Verdict.REPLACE, Verdict.STOP, Verdict.DUMP_STACKS)
+_RESUMING = (Verdict.RESTART, Verdict.REPLACE, Verdict.REJOIN)  # convert.command_for
 
 
 def send(job: JobState, d: Decision, metrics: ArbiterMetrics | None,
@@ -47,7 +48,8 @@ def send(job: JobState, d: Decision, metrics: ArbiterMetrics | None,
             conn.send(convert.command_for(d, cid, restarts=job.restarts).SerializeToString())
         return
     targets = d.targets or tuple(job.ranks)
-    resume = snapshots.resume_step(job)  # every rank is told the same step
+    # every rank is told the same step; only commands that start a trainer carry it
+    resume = snapshots.resume_step(job) if d.verdict in _RESUMING else None
     data = convert.command_for(d, cid, restarts=job.restarts,
                                resume_step=resume).SerializeToString()
     fan = None
