@@ -115,7 +115,7 @@ def test_arbiter_sigkilled_at_random_moments_counts_each_restart_once(
     # both kinds of crash round first, in a random order; then any kind
     plan = rng.sample(["inside", "after"], 2) + [rng.choice(("inside", "after", "quiet"))
                                                  for _ in range(max(0, rounds - 2))]
-    print(f"chaos seed {seed} ({rounds} rounds): FTAGENT_CHAOS_SEED={seed} replays it")
+    print(f"chaos seed {seed} ({rounds} rounds): FTAGENT_CHAOS_SEEDS={seed} replays it")
     story: list[str] = []
     # its history (and the timeline the checks read) across the kills: --state-dir
     with ArbiterProcess("--state-dir", str(tmp_path / "state"), log_dir=str(tmp_path)) as arb:
@@ -202,6 +202,8 @@ def test_arbiter_sigkilled_at_random_moments_counts_each_restart_once(
     assert info.state == "succeeded", (info.state, logs())
     check_counts(info, crashes)
     assert (info.generation, info.restarts) == (crashes, crashes), (info, logs())
+    print(f"chaos seed {seed}: {rounds} rounds ({', '.join(story)}), crashes {crashes}, "
+          f"restarts {info.restarts}, generation {info.generation}, state {info.state}")
     for r in range(WORLD):
         assert runs(tmp_path / f"rank{r}.jsonl") == list(range(crashes + 1)), logs()
         assert info.ranks[r].restarts == crashes, (info.ranks[r], logs())
