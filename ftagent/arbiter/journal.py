@@ -63,8 +63,9 @@ class Journal:
         self.timeline.sink = self.history.entry if history.durable else None
         # Per job (the JobState it belongs to: a new run of the job starts over).
         self.stats: dict[Key, tuple[JobState, JobStats]] = {}
-        # Jobs whose ranks' owners may have changed since their record was last written:
-        # ``flush`` (the registry's tick) writes them, so a storm of Hellos is one write.
+        # Jobs a Hello or a spare's promotion may have changed since their record was last
+        # written: ``flush`` (the registry's tick) writes them, so a storm of Hellos is one
+        # write.
         self.unsaved: dict[Key, JobState] = {}
         self._observe: dict[type, Callable[[JobState, Any, float], None]] = {
             Decision: self._decided, FaultSeen: self._fault, Exited: self._exited,
@@ -161,8 +162,9 @@ class Journal:
         s = self.stats_of(job)
         if s.ledger is None:
             self.ledger(job, now, c.generation, midway=c.generation > 0 or c.running)
-        if job.owners:
-            self.unsaved[(job.namespace, job.job)] = job
+        # its owners, world size, restart count or connected agents may have changed: the
+        # record is written at the next tick (unchanged records are not written again)
+        self.unsaved[(job.namespace, job.job)] = job
         if not c.fresh:
             return
         if c.known:
