@@ -399,6 +399,10 @@ class Jobs:
                         f"(gone before this arbiter's term): its ranks' exits read from "
                         f"{via}", now)
             self.gauges()
+        elif job.connected == 0 and not job.finished and any(
+                r not in job.ranks for r in exits if r < job.world_size):
+            # ranks whose agents never reached this arbiter (it started after they ended)
+            self.apply(job, Revived(job.generation), now)
         for rank, (generation, status) in sorted(exits.items()):
             if job.finished:
                 break

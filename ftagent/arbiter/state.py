@@ -411,7 +411,8 @@ class Exited(NamedTuple):
 class Revived(NamedTuple):
     """A job of the history that did not finish, taken live again to hear how its ranks
     ended while no arbiter ran (their pods' terminal status, exit notes): its ranks
-    ``0..world_size-1`` as known at ``generation``, none connected."""
+    ``0..world_size-1`` as known at ``generation``, none connected. (Also a live job with
+    no agent left whose exits name ranks this arbiter never heard from: those are added.)"""
 
     generation: int
 
@@ -701,8 +702,9 @@ def _ended_unheard(job: JobState) -> None:
 
 
 def _revived(job: JobState, c: Revived, now: float) -> None:
+    if not job.ranks:  # taken from its record: it ran
+        job.phase = JobPhase.RUNNING
     job.generation = max(job.generation, c.generation)
-    job.phase = JobPhase.RUNNING
     job.last_seen = now
     for r in range(job.world_size):
         if r not in job.ranks:

@@ -159,3 +159,20 @@ def test_exits_read_by_the_arbiter_end_a_job_only_with_no_agent_left() -> None:
     assert job.phase is JobPhase.RUNNING
     apply(job, Exited(1, 2, 1, via="pods"), 0.0)
     assert job.phase is JobPhase.STOPPED and "rank 1 exited with code 1" in job.stop_reason
+
+
+def test_ranks_that_never_reached_this_arbiter_are_heard_from_their_notes(
+        tmp_path: Path) -> None:
+    """After a restart rank 0's agent came back, then left; rank 1's never came (its
+    trainer had ended): both exits known, the job succeeded, not "gone"."""
+    clock = Clock()
+    running(tmp_path, clock)
+    reg = registry(tmp_path, clock)
+    conn = Connection("peer-0")
+    reg.hello(conn, pb.Hello(job="j", rank=0, world_size=2, pod="pod-0", node="n",
+                             agent_instance="i0", generation=0, released_generation=0))
+    reg.disconnect(conn)
+    exit_note.leave(str(tmp_path), "", "j", 0, 0, 0)
+    exit_note.leave(str(tmp_path), "", "j", 1, 0, 0)
+    reg.tick()
+    assert status(reg) == "succeeded"
