@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Mapping
 
 from ftagent.arbiter import convert, snapshots
-from ftagent.arbiter.connection import FanOut, live
+from ftagent.arbiter.connection import Connection, FanOut, live
 from ftagent.arbiter.state import (
     COMMANDS,
     SPARE_COMMANDS,
@@ -30,6 +30,7 @@ _SLOTS = {Verdict.RESTART: "life", Verdict.REJOIN: "life", Verdict.STOP: "life",
           Verdict.RETIRE_SPARE: "life", Verdict.LAST_WORDS: "words"}
 assert set(_SLOTS) == COMMANDS
 _TIMED = (Verdict.RESTART, Verdict.REPLACE, Verdict.STOP, Verdict.DUMP_STACKS)
+_RESUMING = (Verdict.RESTART, Verdict.REPLACE, Verdict.REJOIN)  # convert.command_for
 
 
 def send(job: JobState, d: Decision, metrics: ArbiterMetrics | None,
@@ -47,7 +48,8 @@ def send(job: JobState, d: Decision, metrics: ArbiterMetrics | None,
             conn.send(convert.command_for(d, cid, restarts=job.restarts).SerializeToString())
         return
     targets = d.targets or tuple(job.ranks)
-    resume = snapshots.resume_step(job)  # every rank is told the same step
+    # every rank is told the same step; only commands that start a trainer carry it
+    resume = snapshots.resume_step(job) if d.verdict in _RESUMING else None
     data = convert.command_for(d, cid, restarts=job.restarts,
                                resume_step=resume).SerializeToString()
     fan = None
@@ -73,9 +75,8 @@ def _queue(rs: RankState, verdict: Verdict, cid: str, data: bytes,
     if slot == "life":
         rs.pending.clear()
     rs.pending[slot] = (cid, data)
-    conn = live(rs.conn)
-    if conn is not None:
-        conn.send(data, fan)
+    if isinstance(rs.conn, Connection):  # connection.live, inline: once per rank
+        rs.conn.send(data, fan)
 
 
 def resend(rs: RankState) -> None:

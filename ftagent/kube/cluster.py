@@ -58,6 +58,7 @@ from ftagent.kube.cluster_faults import (
     get,
     parse_time,
     pending_fault,
+    terminal_status,
     waits_for_a_node,
 )
 from ftagent.kube.device_health import DeviceHealth
@@ -174,6 +175,10 @@ class Cluster:
         self._planned_seen: OrderedDict[str, None] = OrderedDict()  # lifecycle transitions
         self._last_words_at: OrderedDict[str, float] = OrderedDict()  # job@node -> when
         self.pod_cache: dict[tuple[str, str], dict[str, Any]] = {}
+        # Pods of a job in a terminal phase, by job: (namespace, job) -> {pod: status}
+        # (terminal_status): how ranks ended whose agents could not say it (the arbiter
+        # was away), handed to the registry every tick until the job is over (_exits_due)
+        self._exits: dict[tuple[str, str], dict[str, int]] = {}
         self.node_names: set[str] = set()
         self.node_cache: dict[str, Any] = {}  # the watch's nodes (one entry per node)
         self._context: OrderedDict[str, tuple[ClusterFault, tuple[tuple[str, str, str], ...]]] \
@@ -345,12 +350,12 @@ class Cluster:
             for job, rs in self.registry.ranks_on_node(name):
                 if job.finished:
                     continue
-                self.registry.timeline.add(
-                    now, job.job, job.namespace, job.generation, "note",
+                self.registry.record(
+                    job, "note",
                     f"planned: node {name} {p.type}" + (f" ({p.reason}: {p.message})"
                                                         if p.reason or p.message else "")
                     + ": not a fault; ftagent does not cordon a node another system "
-                    "drains", rank=rs.rank)
+                    "drains", now, rank=rs.rank)
                 there.setdefault((job.namespace, job.job), (job, []))[1].append(rs.rank)
             for job, ranks in there.values():  # last words before the disruption comes
                 key = f"{job.namespace}/{job.job}@{name}"
@@ -375,11 +380,15 @@ class Cluster:
         if deleted:
             self.pod_cache.pop(key, None)
             self._terminating.pop(key, None)
+            job_name = get(pod, "metadata", "labels", JOB_LABEL)
+            if isinstance(job_name, str) and (ns, job_name) in self._exits:
+                self._exits[(ns, job_name)].pop(name, None)
             uid = get(pod, "metadata", "uid")
             self.on_pod_deleted(ns, name, uid if isinstance(uid, str) else "")
         elif isinstance(pod, dict):
             self.pod_cache[key] = pod
             self._index_owner(ns, pod)
+            self._terminal(ns, name, pod)
             gone_at = parse_time(get(pod, "metadata", "deletionTimestamp"))
             if gone_at is not None:  # Terminating since the delete: its deadline less grace
                 grace = get(pod, "metadata", "deletionGracePeriodSeconds")
@@ -402,6 +411,41 @@ class Cluster:
             self._device_health(job, rs, pod)
             self._set_tiers(job, rs)
 
+    def _terminal(self, ns: str, name: str, pod: dict[str, Any]) -> None:
+        """A labelled pod in a terminal phase: its trainer's exit kept for the tick."""
+        job = get(pod, "metadata", "labels", JOB_LABEL)
+        if not isinstance(job, str) or not job:
+            return
+        found = identify(pod, {})
+        index, _ = trainer_index(pod, found.role if found else "")
+        containers = get(pod, "spec", "containers")
+        trainer = get(containers[index], "name") if index is not None and \
+            isinstance(containers, list) else ""
+        status = terminal_status(pod, trainer if isinstance(trainer, str) else "")
+        if status is None:
+            return
+        if (ns, job) not in self._exits and len(self._exits) >= CONTEXT_KEPT:
+            return
+        self._exits.setdefault((ns, job), {})[name] = status
+
+    def _exits_due(self, now: float) -> None:
+        """Terminal pods' exits to the registry, per job, as ranks (the pod's rank as the
+        watch sees it, members of the job only: pod_facts); a job over, or one the
+        registry does not know, is dropped."""
+        for key, pods in list(self._exits.items()):
+            exits: dict[int, int] = {}
+            for name, status in pods.items():
+                facts = self.pod_facts(key[0], name)
+                if facts is not None and facts.job == key[1] and facts.rank is not None:
+                    # a rank's pod that succeeded beats an earlier one that failed (a
+                    # pod replaced, then its successor finished)
+                    exits[facts.rank] = min(status, exits.get(facts.rank, status))
+            if not exits:
+                continue  # membership still being read, or none is a member: next tick
+            if self.registry.exits_seen(key[0], key[1], exits, "its pods' terminal "
+                                        "status", now):
+                del self._exits[key]
+
     def _device_health(self, job: JobState, rs: Any, pod: Any) -> None:
         """The kubelet's device health in the pod's status (device_health.py): an
         Unhealthy device the pod holds replaces that rank's pod, as node-scope evidence.
@@ -417,8 +461,7 @@ class Cluster:
         for why in ignored:
             msg = f"device health of pod {name} ignored: {why}"
             log.warning("job %s/%s: %s", job.namespace, job.job, msg)
-            self.registry.timeline.add(now, job.job, job.namespace, job.generation, "note",
-                                       msg, rank=rs.rank)
+            self.registry.record(job, "note", msg, now, rank=rs.rank)
         for cf in faults:
             self._remember(cf, ((ns, name, cf.uid),))
             self.registry.report_fault(job.namespace, job.job, cf.fault, now, rank=rs.rank)
@@ -454,11 +497,11 @@ class Cluster:
             self._blips[(cf.node, (ns, name))] = cf
             job = self.registry.jobs.get((ns, name))
             if job is not None:
-                self.registry.timeline.add(
-                    now, name, ns, job.generation, "note",
+                self.registry.record(
+                    job, "note",
                     f"node {cf.node} not Ready for {now - since:.0f}s but {got.why}: a "
                     "blip, no replacement (acted on if they stop while it stays NotReady)",
-                    rank=ranks[0].rank, fault_id=cf.fault.id)
+                    now, rank=ranks[0].rank, fault_id=cf.fault.id)
         return True
 
     def _step_window(self) -> float:
@@ -473,10 +516,10 @@ class Cluster:
             if job is None or job.finished or since is None:
                 del self._blips[(node, key)]
                 if job is not None and not job.finished and node in self.node_names:
-                    self.registry.timeline.add(
-                        now, key[1], key[0], job.generation, "note",
+                    self.registry.record(
+                        job, "note",
                         f"node {node} Ready again (or a new transition): the NotReady blip "
-                        "passed with nothing replaced", fault_id=cf.fault.id)
+                        "passed with nothing replaced", now, fault_id=cf.fault.id)
                 continue
             ranks = [rs for j, rs in self.registry.ranks_on_node(node) if j is job]
             if not still_stepping(ranks, since, now, self._step_window()).stepping:
@@ -530,6 +573,7 @@ class Cluster:
                                  now - gone_at)
         if not self._flushing and self.recorder.dirty():
             self._flush_events()
+        self._exits_due(now)
         self._trainjob_progress(now)
         self._uncordon_due(now)
         self._taint_fallbacks_due(now)
@@ -624,8 +668,7 @@ class Cluster:
             cordon, why = False, ""
         if node and not cordon and why:
             msg = f"node {node} not cordoned: {why}"
-            self.registry.timeline.add(now, job.job, job.namespace, job.generation,
-                                       "decision", msg, rank=d.rank, fault_id=d.fault_id)
+            self.registry.record(job, "decision", msg, now, rank=d.rank, fault_id=d.fault_id)
             self._event(job, pods[0][1] if pods else "", "Normal", "NodeNotCordoned", msg,
                         now)
         dra = cf.fault.evidence.get("dra") if cf is not None else None
@@ -639,8 +682,7 @@ class Cluster:
         if other:  # another system drains it: the pod moves, the node stays theirs
             cordon = False
             msg = f"node {node} not cordoned: {other}"
-            self.registry.timeline.add(now, job.job, job.namespace, job.generation,
-                                       "decision", msg, rank=d.rank, fault_id=d.fault_id)
+            self.registry.record(job, "decision", msg, now, rank=d.rank, fault_id=d.fault_id)
         if cordon:
             cordon = self._breaker_allows(job, rs, node, who, d, now, evidence)
         for _, _, uid in pods:
@@ -661,8 +703,7 @@ class Cluster:
         msg = f"node {node} not cordoned: {v.reason}"
         log.warning("%s (job %s)", msg, who)
         self.on_cordon_skipped()
-        self.registry.timeline.add(now, job.job, job.namespace, job.generation,
-                                   "decision", msg, rank=d.rank, fault_id=d.fault_id)
+        self.registry.record(job, "decision", msg, now, rank=d.rank, fault_id=d.fault_id)
         self._event(job, rs.pod if rs else "", "Warning", "CordonSkipped", msg, now)
         return False
 

@@ -67,6 +67,8 @@ Control API of :class:`FakeKube` (thread-safe; objects are plain dicts as on the
   ``set_pod_phase(namespace, name, phase, reason=None, message=None)``,
   ``set_pod_condition(namespace, name, type, status="True", reason=None, message=None)``
   (e.g. ``DisruptionTarget`` with reason ``PreemptionByScheduler``),
+  ``terminate_pod(namespace, name, exit_code=0, container="trainer", signal=None)`` (the
+  kubelet's terminal status: phase, ``state.terminated``),
   ``set_device_health(namespace, name, resource, device, health="Unhealthy",
   container="trainer", message=None)`` (the kubelet's ``allocatedResourcesStatus``, KEP-4680,
   validated as the real server does: 422 for a resource the container does not hold);
@@ -328,6 +330,31 @@ class FakeKube:
                       message: str | None = None) -> dict[str, Any]:
         status: dict[str, Any] = {"phase": phase, "reason": reason, "message": message}
         return self.patch("pods", name, {"status": status}, namespace, STRATEGIC, "status")
+
+    def terminate_pod(self, namespace: str, name: str, exit_code: int = 0,
+                      container: str = "trainer", signal: int | None = None
+                      ) -> dict[str, Any]:
+        """The kubelet's status for a pod whose only restart policy is Never and whose
+        ``container`` ended: phase ``Succeeded`` (exit 0) or ``Failed``, the container's
+        ``state.terminated`` (exitCode, reason Completed/Error, signal when killed by
+        one, start and finish times, containerID), no longer ready or started."""
+        pod = self.get("pods", name, namespace) or {}
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        st = next((c for c in statuses if c.get("name") == container), None) or {
+            "name": container, "image": "trainer:latest", "imageID": "", "restartCount": 0}
+        now = now_rfc3339()
+        done: dict[str, Any] = {"exitCode": exit_code,
+                                "reason": "Completed" if exit_code == 0 else "Error",
+                                "startedAt": now, "finishedAt": now,
+                                "containerID": f"containerd://{name}-{container}"}
+        if signal is not None:
+            done["signal"] = signal
+        st = {**st, "ready": False, "started": False, "state": {"terminated": done}}
+        return self.patch("pods", name, {"status": {
+            "phase": "Succeeded" if exit_code == 0 else "Failed",
+            "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted",
+                            "lastTransitionTime": now}],
+            "containerStatuses": [st]}}, namespace, STRATEGIC, "status")
 
     def set_pod_condition(self, namespace: str, name: str, type_: str, status: str = "True",
                           reason: str | None = None, message: str | None = None
