@@ -53,11 +53,14 @@ def proof(key: bytes, role: str, client_nonce: str, server_nonce: str) -> str:
                     hashlib.sha256).hexdigest()
 
 
-def hello(job: str, op: str, nonce: str, rank: int | None = None) -> bytes:
-    """The client's first line: what it wants (``push`` a shard, ``fetch`` one) and its
-    nonce."""
-    return json.dumps({"v": VERSION, "job": job, "op": op, "nonce": nonce,
-                       "rank": rank}).encode() + b"\n"
+def hello(job: str, op: str, nonce: str, rank: int | None = None,
+          step: int | None = None) -> bytes:
+    """The client's first line: what it wants (``push`` a shard, ``fetch`` one: of
+    ``step`` where held) and its nonce."""
+    d: dict[str, object] = {"v": VERSION, "job": job, "op": op, "nonce": nonce, "rank": rank}
+    if step is not None:
+        d["step"] = step
+    return json.dumps(d).encode() + b"\n"
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class Hello:
     op: str
     nonce: str
     rank: int | None
+    step: int | None = None  # a fetch: this step where held (None: the newest)
 
 
 def parse_hello(line: bytes, *, job: str) -> Hello:
@@ -81,7 +85,11 @@ def parse_hello(line: bytes, *, job: str) -> Hello:
         raise Refused(f"hello for job {d['job'][:64]!r}, this agent is job {job!r}")
     if op == "fetch" and rank is None:
         raise Refused("fetch without a rank")
-    return Hello(d["job"], op, str(nonce), rank)
+    step = d.get("step")
+    if not (step is None or (isinstance(step, int) and not isinstance(step, bool)
+                             and step >= 0)):
+        raise Refused("hello is not one an ftagent agent sends")
+    return Hello(d["job"], op, str(nonce), rank, step)
 
 
 def challenge(key: bytes, client_nonce: str, server_nonce: str) -> bytes:

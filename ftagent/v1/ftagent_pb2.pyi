@@ -106,7 +106,7 @@ class SnapshotReport(_message.Message):
     def __init__(self, steps: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("job", "namespace", "pod", "node", "rank", "world_size", "restart_count", "generation", "agent_version", "max_restarts", "alert_only", "released_generation", "state", "agent_instance", "trainer_running", "gpus", "spare")
+    __slots__ = ("job", "namespace", "pod", "node", "rank", "world_size", "restart_count", "generation", "agent_version", "max_restarts", "alert_only", "released_generation", "state", "agent_instance", "trainer_running", "gpus", "spare", "replica_port")
     JOB_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     POD_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +124,7 @@ class Hello(_message.Message):
     TRAINER_RUNNING_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     SPARE_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_PORT_FIELD_NUMBER: _ClassVar[int]
     job: str
     namespace: str
     pod: str
@@ -141,7 +142,8 @@ class Hello(_message.Message):
     trainer_running: bool
     gpus: _containers.RepeatedScalarFieldContainer[str]
     spare: bool
-    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., pod: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., restart_count: _Optional[int] = ..., generation: _Optional[int] = ..., agent_version: _Optional[str] = ..., max_restarts: _Optional[int] = ..., alert_only: _Optional[bool] = ..., released_generation: _Optional[int] = ..., state: _Optional[str] = ..., agent_instance: _Optional[str] = ..., trainer_running: _Optional[bool] = ..., gpus: _Optional[_Iterable[str]] = ..., spare: _Optional[bool] = ...) -> None: ...
+    replica_port: int
+    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., pod: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., restart_count: _Optional[int] = ..., generation: _Optional[int] = ..., agent_version: _Optional[str] = ..., max_restarts: _Optional[int] = ..., alert_only: _Optional[bool] = ..., released_generation: _Optional[int] = ..., state: _Optional[str] = ..., agent_instance: _Optional[str] = ..., trainer_running: _Optional[bool] = ..., gpus: _Optional[_Iterable[str]] = ..., spare: _Optional[bool] = ..., replica_port: _Optional[int] = ...) -> None: ...
 
 class ProgressSummary(_message.Message):
     __slots__ = ("step", "loss", "samples_per_second", "tokens_per_second", "seconds_since_progress", "hung", "ts", "step_seconds", "collective_seconds", "data_seconds", "timed_steps", "resumed_step", "checkpoint_seconds", "other_phase_seconds", "resume_source")
@@ -268,16 +270,20 @@ class ArbiterMessage(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., fault_ack: _Optional[_Union[FaultAck, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("generation", "arbiter_id", "max_restarts", "restarts")
+    __slots__ = ("generation", "arbiter_id", "max_restarts", "restarts", "replica_peer", "replica_key")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     ARBITER_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_PEER_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_KEY_FIELD_NUMBER: _ClassVar[int]
     generation: int
     arbiter_id: str
     max_restarts: int
     restarts: int
-    def __init__(self, generation: _Optional[int] = ..., arbiter_id: _Optional[str] = ..., max_restarts: _Optional[int] = ..., restarts: _Optional[int] = ...) -> None: ...
+    replica_peer: str
+    replica_key: bytes
+    def __init__(self, generation: _Optional[int] = ..., arbiter_id: _Optional[str] = ..., max_restarts: _Optional[int] = ..., restarts: _Optional[int] = ..., replica_peer: _Optional[str] = ..., replica_key: _Optional[bytes] = ...) -> None: ...
 
 class FaultAck(_message.Message):
     __slots__ = ("fault_id", "final", "outcome")
@@ -304,7 +310,7 @@ class JobBusy(_message.Message):
     def __init__(self, busy_ranks: _Optional[_Iterable[int]] = ..., waiting_ranks: _Optional[_Iterable[int]] = ..., where: _Optional[str] = ..., state: _Optional[str] = ..., spin_culprits: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("id", "kind", "generation", "exit_code", "reason", "fault_id", "target_rank", "restarts", "busy", "resume_step")
+    __slots__ = ("id", "kind", "generation", "exit_code", "reason", "fault_id", "target_rank", "restarts", "busy", "resume_step", "replica_peer")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -315,6 +321,7 @@ class Command(_message.Message):
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
     BUSY_FIELD_NUMBER: _ClassVar[int]
     RESUME_STEP_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_PEER_FIELD_NUMBER: _ClassVar[int]
     id: str
     kind: CommandKind
     generation: int
@@ -325,7 +332,8 @@ class Command(_message.Message):
     restarts: int
     busy: JobBusy
     resume_step: int
-    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., generation: _Optional[int] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., fault_id: _Optional[str] = ..., target_rank: _Optional[int] = ..., restarts: _Optional[int] = ..., busy: _Optional[_Union[JobBusy, _Mapping]] = ..., resume_step: _Optional[int] = ...) -> None: ...
+    replica_peer: str
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., generation: _Optional[int] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., fault_id: _Optional[str] = ..., target_rank: _Optional[int] = ..., restarts: _Optional[int] = ..., busy: _Optional[_Union[JobBusy, _Mapping]] = ..., resume_step: _Optional[int] = ..., replica_peer: _Optional[str] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
     __slots__ = ()
