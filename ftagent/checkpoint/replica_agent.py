@@ -93,11 +93,12 @@ class BackgroundReplica:
                      step, *address, took)
 
 
-def parse_address(text: str) -> tuple[str, int] | None:
-    """``HOST:PORT`` (``[v6]:PORT`` too), or None when empty or not one."""
+def parse_address(text: str, *, listen: bool = False) -> tuple[str, int] | None:
+    """``HOST:PORT`` (``[v6]:PORT`` too; port 0, any free one, where ``listen``), or None
+    when empty or not one."""
     host, _, port = text.strip().rpartition(":")
     host = host.strip("[]")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not host or not port.isdigit() or not (0 if listen else 1) <= int(port) < 65536:
         return None
     return host, int(port)
 
@@ -200,7 +201,7 @@ def _start_holder(cfg: Any, root: str, job: str,
     snap = cfg.snapshot
     if not snap.replica_listen:
         return None
-    listen = parse_address(snap.replica_listen)
+    listen = parse_address(snap.replica_listen, listen=True)
     if listen is None:
         log.warning("replica: --replica-listen %r is not HOST:PORT: not serving",
                     snap.replica_listen[:64])
@@ -216,7 +217,8 @@ def _start_holder(cfg: Any, root: str, job: str,
                                 mem.limit if mem is not None else None, 1)
                 _holders[ident] = Holder(root, job, key, host=listen[0], port=listen[1],
                                          rate=snap.replica_bandwidth, max_bytes=cap).start()
-                log.info("replica: holding peers' snapshots on %s:%d", *listen)
+                log.info("replica: holding peers' snapshots on %s:%d",
+                         *_holders[ident].address)
             except OSError as e:
                 log.warning("replica: cannot listen on %s:%d: %s", *listen, e)
                 return None
