@@ -1,0 +1,132 @@
+"""The arbiter hands out the peer replica's ring and key over the wire: a real arbiter
+process, agents as ArbiterLinks on loopback (as tests/integration/test_arbiter_spare.py),
+real replica holders (checkpoint/replica.py) keyed with what the arbiter said.
+
+* Two ranks on two nodes say their holders' ports; the barrier's release tells each the
+  other's address (the stream's host, the port it said); both hold the job's key, and an
+  agent of another job holds another key: a holder of job A refuses it (the handshake),
+  and the fetch says so and leaves the ladder to go on to disk.
+* A fatal GPU fault replaces rank 1; the warm spare ASSIGNed rank 1 is told the holder of
+  rank 1's replica (rank 0's agent) and fetches it from there with the job's key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from ftagent.agent.reporter import ArbiterLink
+from ftagent.checkpoint import layout, replica, replica_agent
+from ftagent.checkpoint.settings import Settings
+from ftagent.checkpoint.snapshots import Snapshotter
+from ftagent.config import ArbiterClientConfig, IdentityConfig
+from ftagent.model import ActionKind, Fault, FaultKind, ProcessExit, Severity
+from tests.arbiter_helpers import ArbiterProcess, all_released, wait_until
+
+TOKEN = "s3cret-for-the-replica-ring"
+
+
+@pytest.fixture(scope="module")
+def arbiter() -> Iterator[ArbiterProcess]:
+    with ArbiterProcess("--token", TOKEN) as a:
+        yield a
+
+
+def _link(address: str, job: str, rank: int, node: str, port: int, *,
+          spare: bool = False) -> ArbiterLink:
+    lk = ArbiterLink(ArbiterClientConfig(arbiter=address, token=TOKEN),
+                     IdentityConfig(job=job, rank=rank, world_size=2, pod=f"{job}-{node}",
+                                    node=node, spare=spare))
+    lk.proto.replica_port = port  # what replica_agent sets from its holder
+    return lk
+
+
+def _saved(root: str, job: str, rank: int, step: int) -> None:
+    s = Snapshotter(Settings(root=root, job=job, rank=rank, world_size=2),
+                    report_held=lambda s: None, report_resumed=lambda s, src: None)
+    assert s.save(step, {"w": torch.full((16, 16), float(step))}) and s.wait(30)
+    s.close()
+
+
+def test_the_arbiter_gives_each_rank_its_holder_and_each_job_its_key(
+        arbiter: ArbiterProcess, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    async def body() -> None:
+        addr = arbiter.address
+        links = [_link(addr, "ring-a", r, f"node-{r}", 7100 + r) for r in (0, 1)]
+        other = _link(addr, "ring-b", 0, "node-5", 7105)
+        tasks = [asyncio.create_task(lk.run()) for lk in (*links, other)]
+        try:
+            await wait_until(lambda: all(lk.connected for lk in (*links, other)), 10,
+                             "the links to connect")
+            assert await all_released(links)
+            assert [lk.proto.replica_peer for lk in links] == ["127.0.0.1:7101",
+                                                              "127.0.0.1:7100"]
+            key_a = links[0].proto.replica_key
+            assert len(key_a) == 32 and links[1].proto.replica_key == key_a
+            key_b = other.proto.replica_key
+            assert len(key_b) == 32 and key_b != key_a
+            # a holder of job A (the key its arbiter gave) and an agent of job B
+            a_root, b_root = str(tmp_path / "a"), str(tmp_path / "b")
+            holder = replica.Holder(a_root, "ring-a", lambda: links[0].proto.replica_key
+                                    ).start()
+            try:
+                _saved(str(tmp_path / "src"), "ring-a", 1, 4)
+                assert replica.push(holder.address, key_a, str(tmp_path / "src"),
+                                    "ring-a", 1) == 4
+                with caplog.at_level(logging.INFO, "ftagent.checkpoint.replica"):
+                    # job B's agent, with job B's key, asks for a rank of "ring-a"
+                    assert replica_agent.fetch_before_start(
+                        b_root, "ring-a", 1, key_b, holder.address) is None
+                assert "does not hold this job's replica key" in caplog.text
+                assert "the ladder goes on to disk" in caplog.text
+                assert not layout.complete_steps(b_root, "ring-a", 1)
+                # the job's own agent gets it
+                assert replica_agent.fetch_before_start(
+                    b_root, "ring-a", 1, key_a, holder.address, step=4) == 4
+            finally:
+                holder.close()
+        finally:
+            for lk in (*links, other):
+                await lk.close()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    asyncio.run(body())
+
+
+def test_a_spare_assigned_a_replaced_rank_is_told_where_its_replica_is(
+        arbiter: ArbiterProcess, tmp_path: Path) -> None:
+    async def body() -> None:
+        addr = arbiter.address
+        links = [_link(addr, "ring-s", r, f"node-{r}", 7200 + r) for r in (0, 1)]
+        tasks = [asyncio.create_task(lk.run()) for lk in links]
+        spare = _link(addr, "ring-s", 0, "node-9", 7209, spare=True)
+        try:
+            await wait_until(lambda: all(lk.connected for lk in links), 10, "links")
+            assert await all_released(links)
+            tasks.append(asyncio.create_task(spare.run()))
+            await wait_until(lambda: spare.connected, 10, "the spare to connect")
+            assert len(spare.proto.replica_key) == 32
+            assert spare.proto.replica_key == links[0].proto.replica_key
+            links[1].report_fault(Fault(FaultKind.GPU, "Xid 79: fallen off the bus",
+                                        severity=Severity.FATAL))
+            a0, a1 = await asyncio.gather(*(asyncio.wait_for(lk.commands.get(), 5)
+                                            for lk in links))
+            assert (a0.kind, a1.kind) == (ActionKind.RESTART, ActionKind.REPLACE)
+            assert await spare.wait_assigned(5)
+            # rank 1's replica is at rank 0's agent: the spare fetches it from there
+            assert spare.proto.replica_peer == "127.0.0.1:7200"
+            spare.arrive(1)
+            links[0].arrive(1)
+            links[1].report_exit(ProcessExit(pid=1, code=None, signal=9), 0)
+            assert all(await asyncio.gather(spare.wait_released(1, 5),
+                                            links[0].wait_released(1, 5)))
+            assert spare.proto.replica_peer == "127.0.0.1:7200"
+        finally:
+            for lk in (*links, spare):
+                await lk.close()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    asyncio.run(body())
