@@ -195,7 +195,9 @@ class Holder:
         self._server.server_close()
 
     def _refuse(self, why: str) -> None:
-        log.warning("replica: refused: %s", why)
+        # a fetch of a rank it holds nothing of is a fresh job's first start: said, not warned
+        (log.info if why.startswith("no replica of rank") else log.warning)(
+            "replica: refused: %s", why)
         self.refused = [*self.refused[-31:], why]
 
     def _clear_temps(self) -> None:

@@ -114,6 +114,7 @@ def test_a_replaced_pod_resumes_from_the_replica_the_arbiter_placed(tmp_path: Pa
         # the ledger: the incident resumed there; its recomputed steps are the steps redone
         incs = st["goodput"]["per_incident"]
         assert incs and incs[-1]["resumed_step"] == resumed, (incs, timeline_text(st))
+        assert incs[-1]["resume_source"] == "peer", incs  # the slowest rung the ranks took
         # rank 0's first attempt reached reached0; the job redid reached0 - resumed steps
         first0 = log0.split("snapshot loaded: ")[1]
         reached0 = _last_step(first0)
