@@ -118,7 +118,10 @@ def fetch_before_start(root: str, job: str, rank: int, key: bytes,
         (log.info if "no replica of rank" in str(e) else log.warning)(
             "no replica of rank %d fetched from %s:%d (the ladder goes on to disk): %s",
             rank, *address, e)
+        layout.note_peer_missed(root, job, rank, f"the replica at {address[0]}:{address[1]} "
+                                f"was not fetched: {type(e).__name__}: {e}")
         return None
+    layout.note_peer_missed(root, job, rank, "")
     log.info("fetched rank %d's snapshot of step %d from its replica at %s:%d", rank, got,
              *address)
     return got
@@ -180,9 +183,10 @@ def replica_parts(w: Any, cfg: Any, job: str, parts: Any,
             return
         address, k = peer(), key()
         if address is None or not k:
-            log.info("replica: rank %d has no snapshot in memory and no replica holder is "
-                     "known%s: the ladder goes on to disk", rank,
-                     "" if k else " (no replica key)")
+            why = "no replica holder is known" if address is None else "no replica key"
+            log.info("replica: rank %d has no snapshot in memory and %s: the ladder goes on "
+                     "to disk", rank, why)
+            layout.note_peer_missed(root, job, rank, why + " (the arbiter said none)")
             return
         resume = env.get("FTAGENT_RESUME_STEP", "")
         await asyncio.to_thread(fetch_before_start, root, job, rank, k, address,
