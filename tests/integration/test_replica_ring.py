@@ -8,6 +8,8 @@ real replica holders (checkpoint/replica.py) keyed with what the arbiter said.
   and the fetch says so and leaves the ladder to go on to disk.
 * A fatal GPU fault replaces rank 1; the warm spare ASSIGNed rank 1 is told the holder of
   rank 1's replica (rank 0's agent) and fetches it from there with the job's key.
+* The replica's lag is exported (``ftagent_snapshot_replica_lag_steps``) and falls to 0
+  once the newest snapshot is copied.
 """
 
 from __future__ import annotations
@@ -19,14 +21,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from prometheus_client import CollectorRegistry
 
 from ftagent.agent.reporter import ArbiterLink
 from ftagent.checkpoint import layout, replica, replica_agent
+from ftagent.checkpoint import replica_protocol as rp
 from ftagent.checkpoint.settings import Settings
 from ftagent.checkpoint.snapshots import Snapshotter
 from ftagent.config import ArbiterClientConfig, IdentityConfig
-from ftagent.model import ActionKind, Fault, FaultKind, ProcessExit, Severity
+from ftagent.metrics import AgentMetrics
+from ftagent.model import ActionKind, Fault, FaultKind, ProcessExit, Severity, SnapshotsHeld
 from tests.arbiter_helpers import ArbiterProcess, all_released, wait_until
+from tests.conftest import wait_for
 
 TOKEN = "s3cret-for-the-replica-ring"
 
@@ -130,3 +136,31 @@ def test_a_spare_assigned_a_replaced_rank_is_told_where_its_replica_is(
                 await lk.close()
             await asyncio.gather(*tasks, return_exceptions=True)
     asyncio.run(body())
+
+
+def test_the_replica_lag_is_exported_and_falls_to_zero_once_copied(tmp_path: Path) -> None:
+    reg = CollectorRegistry()
+    m = AgentMetrics(reg, {"job_name": "lag", "namespace": "", "pod": "p", "node": "n",
+                           "rank": "1"})
+    key = rp.replica_key("tok", "lag")
+    holder = replica.Holder(str(tmp_path / "holder"), "lag", key).start()
+    root = str(tmp_path / "pod")
+    peer: list[tuple[str, int] | None] = [None]  # no holder known yet
+
+    def lag() -> float | None:
+        return reg.get_sample_value("ftagent_snapshot_replica_lag_steps",
+                                    {"job_name": "lag", "namespace": "", "pod": "p",
+                                     "node": "n", "rank": "1"})
+    try:
+        _saved(root, "lag", 1, 3)
+        bg = replica_agent.BackgroundReplica(root, "lag", lambda: 1, key, lambda: peer[0],
+                                             on_lag=m.snapshot_replica_lag.set)
+        bg.observe(SnapshotsHeld((3,)))
+        assert lag() == 3  # nothing replicated: every step so far
+        peer[0] = holder.address
+        _saved(root, "lag", 1, 6)
+        bg.observe(SnapshotsHeld((3, 6)))
+        wait_for(lambda: bg.pushed, 10, "the copy")
+        assert bg.pushed[-1][0] == 6 and lag() == 0
+    finally:
+        holder.close()
