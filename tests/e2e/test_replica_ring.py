@@ -82,6 +82,9 @@ def test_a_replaced_pod_resumes_from_the_replica_the_arbiter_placed(tmp_path: Pa
             held = roots[0] / JOB / "replica" / "rank-1"  # rank 0's agent keeps rank 1's
             wait_for(lambda: any(s >= 2 * EVERY for s in _steps_in(held)), 180,
                      "rank 1's replica (step >= 6) at rank 0's agent")
+            # mid-interval (a step past the snapshot), so that work is redone
+            wait_for(lambda: _last_step(_log(tmp_path, "rank1")) % EVERY != 0, 60,
+                     "rank 1 to step past its snapshot")
             assert _steps_in(roots[1] / JOB / "replica" / "rank-0"), \
                 "rank 0's replica is not at rank 1's agent"
             # rank 1's pod is lost: agent and trainer killed, its memory gone

@@ -7,7 +7,7 @@ real replica holders (checkpoint/replica.py) keyed with what the arbiter said.
   agent of another job holds another key: a holder of job A refuses it (the handshake),
   and the fetch says so and leaves the ladder to go on to disk.
 * A fatal GPU fault replaces rank 1; the warm spare ASSIGNed rank 1 is told the holder of
-  rank 1's replica (rank 0's agent) and fetches it from there with the job's key.
+  rank 1's replica (rank 0's agent), where it fetches it from before its trainer starts.
 * The replica's lag is exported (``ftagent_snapshot_replica_lag_steps``) and falls to 0
   once the newest snapshot is copied.
 """
