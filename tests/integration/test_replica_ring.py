@@ -164,3 +164,26 @@ def test_the_replica_lag_is_exported_and_falls_to_zero_once_copied(tmp_path: Pat
         assert bg.pushed[-1][0] == 6 and lag() == 0
     finally:
         holder.close()
+
+
+def test_before_the_arbiters_key_nothing_is_copied_or_served(tmp_path: Path) -> None:
+    """An agent whose Welcome has not come yet has no key: its holder refuses every
+    connection and its push waits (no copy made with a key it does not have)."""
+    key = rp.replica_key("tok", "nokey")
+    now: list[bytes] = [b""]
+    holder = replica.Holder(str(tmp_path / "holder"), "nokey", lambda: now[0]).start()
+    root = str(tmp_path / "pod")
+    try:
+        _saved(root, "nokey", 1, 3)
+        with pytest.raises(rp.Refused, match="no replica key yet"):
+            replica.push(holder.address, key, root, "nokey", 1)
+        bg = replica_agent.BackgroundReplica(root, "nokey", lambda: 1, lambda: now[0],
+                                             lambda: holder.address)
+        bg.observe(SnapshotsHeld((3,)))
+        assert not bg.busy() and not bg.pushed and bg.lag_steps == 3
+        now[0] = key  # the Welcome came
+        bg.observe(SnapshotsHeld((3,)))
+        wait_for(lambda: bg.pushed, 10, "the copy")
+        assert holder.held(1) == 3
+    finally:
+        holder.close()
