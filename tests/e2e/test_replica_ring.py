@@ -1,15 +1,18 @@
 """A replaced pod resumes from the peer replica the arbiter placed: a real 2-rank PyTorch
 job (gloo, CPU) under a real arbiter, one ``ftagent run`` per rank ("pod"), each with its
-own memory root and ``--replica-listen 127.0.0.1:0`` (no ``--replica-peer``, no job
-token): the arbiter's Welcome gives the job's replica key, its commands each rank's holder
-(one node here: the ring by rank, rank 0's agent keeps rank 1's replica and back).
+own memory root, its own node name (node-a, node-b) and ``--replica-listen 127.0.0.1:0``
+(no ``--replica-peer``, no job token): the arbiter's Welcome gives the job's replica key,
+its commands each rank's holder (the ring by node: rank 0's agent keeps rank 1's replica
+and back).
 
-Mid-run, rank 1's pod is killed (agent and trainer, SIGKILL: a lost node) and its memory
-root deleted; rank 0's trainer fails in its next collective and the arbiter restarts the
-job. A new pod for rank 1 (a new agent, an empty root, another port) registers; its
-agent fetches rank 1's shard from rank 0's agent before its trainer starts; every rank
-resumes at the newest complete snapshot step (rank 1 from ``peer``, rank 0 from
-``memory``), and the ledger's recomputed steps equal the steps redone.
+Mid-run, one step past a snapshot, rank 1's pod is killed (agent and trainer, SIGKILL: a
+lost node) and its memory root deleted; rank 0's trainer fails in its next collective and
+the arbiter restarts the job. A new pod for rank 1 (a new agent on another node, node-c,
+an empty root, another port) registers; the arbiter keeps rank 1's holder (rank 0's
+agent: the ring is sticky); the new agent fetches rank 1's shard from there before its
+trainer starts; every rank resumes at the newest complete snapshot step (rank 1 from
+``peer``, rank 0 from ``memory``), and the ledger's recomputed steps equal the steps
+redone, its incident's source ``peer``.
 """
 
 from __future__ import annotations
@@ -31,13 +34,14 @@ JOB = "e2e"
 EVERY = 3
 
 
-def _start(tmp: Path, tag: str, rank: int, master: int, root: Path,
-           arbiter: str) -> subprocess.Popen[bytes]:
+def _start(tmp: Path, tag: str, rank: int, master: int, root: Path, arbiter: str,
+           node: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(master), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     env.update(FAST, TRAIN_STEPS="15", TRAIN_STEP_SLEEP="0.3", SNAPSHOT_EVERY=str(EVERY))
     cmd = ftagent_cmd("--rank", str(rank), "--world-size", "2", "--job", JOB,
                       "--arbiter", arbiter, "--max-restarts", "3", "--stop-timeout", "10",
+                      "--node", node,
                       "--snapshot-dir", str(root), "--replica-listen", "127.0.0.1:0",
                       "--nic", "lo", "--events-file", str(tmp / f"{tag}.jsonl"),
                       cmd=[PY, TRAIN])
@@ -77,8 +81,8 @@ def test_a_replaced_pod_resumes_from_the_replica_the_arbiter_placed(tmp_path: Pa
     try:
         with ArbiterProcess(log_dir=str(tmp_path)) as arb:
             master = free_port()
-            procs = [_start(tmp_path, f"rank{r}", r, master, roots[r], arb.address)
-                     for r in (0, 1)]
+            procs = [_start(tmp_path, f"rank{r}", r, master, roots[r], arb.address,
+                            f"node-{'ab'[r]}") for r in (0, 1)]
             held = roots[0] / JOB / "replica" / "rank-1"  # rank 0's agent keeps rank 1's
             wait_for(lambda: any(s >= 2 * EVERY for s in _steps_in(held)), 180,
                      "rank 1's replica (step >= 6) at rank 0's agent")
@@ -93,7 +97,8 @@ def test_a_replaced_pod_resumes_from_the_replica_the_arbiter_placed(tmp_path: Pa
             killed_at = _last_step(_log(tmp_path, "rank1"))
             shutil.rmtree(roots[1])
             # its replacement: a new pod (another root, another port), same rank
-            procs.append(_start(tmp_path, "rank1-new", 1, master, roots[2], arb.address))
+            procs.append(_start(tmp_path, "rank1-new", 1, master, roots[2], arb.address,
+                                "node-c"))
             try:
                 codes = [procs[0].wait(240), procs[2].wait(240)]
             except subprocess.TimeoutExpired:
