@@ -75,8 +75,9 @@ class Jobs:
         # Jobs whose ranks' owners changed since their history record was last written:
         # the registry's tick writes them (a note in between writes them sooner).
         self.unsaved_owners: set[Key] = set()
-        # The key of every job's replica keys (snapshots.welcome_replica): this process's
-        # own, never sent; agents get their job's on each Welcome (a failover: a new one).
+        # The secret every job's replica key is derived from (snapshots.welcome_replica):
+        # this process's own, never sent; agents get their job's key with each Welcome
+        # (after a restart or failover: the new arbiter's).
         self.replica_secret = secrets.token_bytes(32)
 
     # ------------------------------------------------------------------ streams
@@ -168,11 +169,10 @@ class Jobs:
             elif job.connected == job.world_size:
                 note(job, now, "agent", f"all {job.world_size} ranks connected")
         snapshots.hello_replica(job, h.rank, h.node, conn.peer, h.replica_port)
-        conn.send(pb.ArbiterMessage(welcome=pb.Welcome(
-            generation=job.generation, arbiter_id=self.arbiter_id,
-            max_restarts=job.max_restarts, restarts=job.restarts,
-            **snapshots.welcome_replica(job, h.rank, self.replica_secret))  # type: ignore[arg-type]
-        ).SerializeToString())
+        welcome = pb.Welcome(generation=job.generation, arbiter_id=self.arbiter_id,
+                             max_restarts=job.max_restarts, restarts=job.restarts)
+        snapshots.welcome_replica(welcome, job, h.rank, self.replica_secret)
+        conn.send(pb.ArbiterMessage(welcome=welcome).SerializeToString())
         commands.resend(rs)
         self.execute(job, barrier.decide_hello(job, h.rank, now), now)
 
@@ -201,11 +201,10 @@ class Jobs:
         apply(job, SpareJoined(h.agent_instance, h.pod, h.node, conn.pod_uid, conn), now)
         conn.key, conn.rank, conn.spare = (h.namespace, h.job), -1, h.agent_instance
         snapshots.spare_replica(job, h.agent_instance, h.node, conn.peer, h.replica_port)
-        conn.send(pb.ArbiterMessage(welcome=pb.Welcome(
-            generation=job.generation, arbiter_id=self.arbiter_id,
-            max_restarts=job.max_restarts, restarts=job.restarts,
-            **snapshots.welcome_replica(job, None, self.replica_secret))  # type: ignore[arg-type]
-        ).SerializeToString())
+        welcome = pb.Welcome(generation=job.generation, arbiter_id=self.arbiter_id,
+                             max_restarts=job.max_restarts, restarts=job.restarts)
+        snapshots.welcome_replica(welcome, job, None, self.replica_secret)
+        conn.send(pb.ArbiterMessage(welcome=welcome).SerializeToString())
         if told:
             holder = job.ranks[h.rank]
             reason = (f"rank {h.rank} is held by spare {holder.pod or holder.instance}, which "

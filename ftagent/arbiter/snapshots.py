@@ -53,16 +53,17 @@ def spare_replica(job: JobState, instance: str, node: str, stream_peer: str,
                                     set(job.spares))
 
 
-def welcome_replica(job: JobState, rank: int | None, secret: bytes) -> dict[str, object]:
-    """Welcome's replica fields for ``rank`` (None: a spare, no rank yet): the job's key,
-    to a stream the arbiter admitted for this job, and the rank's holder where known.
-    Nothing for a job none of whose agents holds replicas."""
+def welcome_replica(welcome: pb.Welcome, job: JobState, rank: int | None,
+                    secret: bytes) -> None:
+    """Fill ``welcome``'s replica fields for ``rank`` (None: a spare, no rank yet): the
+    job's key, to a stream the arbiter admitted for this job, and the rank's holder where
+    known. Nothing for a job none of whose agents holds replicas."""
     book = job.replica_book
     if not book.ranks and not book.spares:
-        return {}
-    peer = book.peer_of(rank, job.world_size) if rank is not None else ""
-    return {"replica_key": replica_ring.replica_key(secret, job.namespace, job.job),
-            "replica_peer": peer}
+        return
+    welcome.replica_key = replica_ring.replica_key(secret, job.namespace, job.job)
+    if rank is not None:
+        welcome.replica_peer = book.peer_of(rank, job.world_size)
 
 
 def replica_peers(job: JobState, verdict: Verdict) -> Mapping[int, str]:

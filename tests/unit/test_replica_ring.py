@@ -88,20 +88,26 @@ def test_each_job_has_its_own_key() -> None:
     assert a != replica_key(b"t" * 32, "ns", "job-a")  # another arbiter's secret
 
 
+def _welcome(job: JobState, rank: int | None) -> pb.Welcome:
+    w = pb.Welcome()
+    snapshots.welcome_replica(w, job, rank, b"s" * 32)
+    return w
+
+
 def test_welcome_says_nothing_for_a_job_without_replicas() -> None:
     job = JobState(job="j", world_size=2)
     snapshots.hello_replica(job, 0, "n0", "ipv4:10.0.0.1:5", 0)
-    assert snapshots.welcome_replica(job, 0, b"s" * 32) == {}
+    assert _welcome(job, 0) == pb.Welcome()
     assert snapshots.replica_peers(job, Verdict.RELEASE_BARRIER) == {}
 
 
 def test_the_ring_is_given_once_every_rank_said_its_address() -> None:
     job = JobState(job="j", namespace="ns", world_size=2)
     snapshots.hello_replica(job, 0, "n0", "ipv4:10.0.0.1:5", 7000)
-    w = snapshots.welcome_replica(job, 0, b"s" * 32)
-    assert w == {"replica_key": replica_key(b"s" * 32, "ns", "j"), "replica_peer": ""}
+    assert _welcome(job, 0) == pb.Welcome(replica_key=replica_key(b"s" * 32, "ns", "j"))
     snapshots.hello_replica(job, 1, "n1", "ipv4:10.0.0.2:6", 7001)
-    assert snapshots.welcome_replica(job, 1, b"s" * 32)["replica_peer"] == "10.0.0.1:7000"
+    assert _welcome(job, 1).replica_peer == "10.0.0.1:7000"
+    assert _welcome(job, None).replica_peer == ""  # a spare: no rank yet
     assert snapshots.replica_peers(job, Verdict.RELEASE_BARRIER) == {
         0: "10.0.0.2:7001", 1: "10.0.0.1:7000"}
     assert snapshots.replica_peers(job, Verdict.DUMP_STACKS) == {}
