@@ -187,3 +187,23 @@ def test_before_the_arbiters_key_nothing_is_copied_or_served(tmp_path: Path) -> 
         assert holder.held(1) == 3
     finally:
         holder.close()
+
+
+def test_a_holder_keeps_two_steps_and_serves_the_one_asked_for(tmp_path: Path) -> None:
+    """The arbiter's resume step may be the one before the newest (a rank died before its
+    peers' next snapshot): the holder keeps the newest two per rank and serves the step
+    asked for where it has it, else its newest."""
+    key = rp.replica_key("tok", "two")
+    holder = replica.Holder(str(tmp_path / "holder"), "two", key).start()
+    src = str(tmp_path / "src")
+    try:
+        for step in (3, 6, 9):
+            _saved(src, "two", 1, step)
+            assert replica.push(holder.address, key, src, "two", 1) == step
+        assert layout.steps_in(replica.replica_dir(holder.root, "two", 1)) == [6, 9]
+        for asked, got in ((6, 6), (9, 9), (None, 9), (3, 9), (7, 9)):
+            root = str(tmp_path / f"pod-{asked}")
+            assert replica.fetch(holder.address, key, root, "two", 1, step=asked) == got
+            assert layout.complete_steps(root, "two", 1) == [got]
+    finally:
+        holder.close()
