@@ -1,18 +1,18 @@
-"""A replaced pod resumes from the peer replica the arbiter placed: a real 2-rank PyTorch
-job (gloo, CPU) under a real arbiter, one ``ftagent run`` per rank ("pod"), each with its
-own memory root, its own node name (node-a, node-b) and ``--replica-listen 127.0.0.1:0``
-(no ``--replica-peer``, no job token): the arbiter's Welcome gives the job's replica key,
-its commands each rank's holder (the ring by node: rank 0's agent keeps rank 1's replica
-and back).
+"""A replaced pod resumes from the peer replica the arbiter placed: real 2- and 4-rank
+PyTorch jobs (gloo, CPU) under a real arbiter, one ``ftagent run`` per rank ("pod"), each
+with its own memory root, a node name (node-a, node-b; two ranks a node at 4) and
+``--replica-listen 127.0.0.1:0`` (no ``--replica-peer``, no job token): the arbiter's
+Welcome gives the job's replica key, its commands each rank's holder (the ring by node:
+a rank's replica is at the agent of the same place on the other node).
 
-Mid-run, one step past a snapshot, rank 1's pod is killed (agent and trainer, SIGKILL: a
-lost node) and its memory root deleted; rank 0's trainer fails in its next collective and
-the arbiter restarts the job. A new pod for rank 1 (a new agent on another node, node-c,
-an empty root, another port) registers; the arbiter keeps rank 1's holder (rank 0's
-agent: the ring is sticky); the new agent fetches rank 1's shard from there before its
-trainer starts; every rank resumes at the newest complete snapshot step (rank 1 from
-``peer``, rank 0 from ``memory``), and the ledger's recomputed steps equal the steps
-redone, its incident's source ``peer``.
+Mid-run, one step past a snapshot, the last rank's pod is killed (agent and trainer,
+SIGKILL: a lost node) and its memory root deleted; the others' trainers fail in their next
+collective and the arbiter restarts the job. A new pod for that rank (a new agent on
+another node, node-c, an empty root, another port) registers; the arbiter keeps the rank's
+holder (the ring is sticky); the new agent fetches the rank's shard from there before its
+trainer starts; every rank resumes at the newest complete snapshot step (the replaced one
+from ``peer``, the others from ``memory``), and the ledger's recomputed steps equal the
+steps redone, its incident's source ``peer``.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import subprocess
 import uuid
 from pathlib import Path
 
+import pytest
+
 from tests.arbiter_helpers import ArbiterProcess
 from tests.conftest import PY, free_port, ftagent_cmd, wait_for
 from tests.e2e.jobs import FAST, TRAIN, needs_torch, status, timeline_text
@@ -34,12 +36,12 @@ JOB = "e2e"
 EVERY = 3
 
 
-def _start(tmp: Path, tag: str, rank: int, master: int, root: Path, arbiter: str,
-           node: str) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+def _start(tmp: Path, tag: str, rank: int, world: int, master: int, root: Path,
+           arbiter: str, node: str) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(master), TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     env.update(FAST, TRAIN_STEPS="15", TRAIN_STEP_SLEEP="0.3", SNAPSHOT_EVERY=str(EVERY))
-    cmd = ftagent_cmd("--rank", str(rank), "--world-size", "2", "--job", JOB,
+    cmd = ftagent_cmd("--rank", str(rank), "--world-size", str(world), "--job", JOB,
                       "--arbiter", arbiter, "--max-restarts", "3", "--stop-timeout", "10",
                       "--node", node,
                       "--snapshot-dir", str(root), "--replica-listen", "127.0.0.1:0",
@@ -73,65 +75,75 @@ def _last_step(log: str) -> int:
     return max((int(s) for s in re.findall(r"step=(\d+)/", log)), default=0)
 
 
-def test_a_replaced_pod_resumes_from_the_replica_the_arbiter_placed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_replaced_pod_resumes_from_the_replica_the_arbiter_placed(
+        tmp_path: Path, world: int) -> None:
+    """Ranks 0..W/2-1 on node-a, the rest on node-b; the last rank's pod is replaced onto
+    node-c. Its replica is at the agent of the same place on the other node (the ring by
+    node): rank W-1 - W/2."""
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
     base = shm / f"ftagent-test-{uuid.uuid4().hex[:8]}"
-    roots = [base / "pod-0", base / "pod-1", base / "pod-1-new"]
+    roots = [base / f"pod-{r}" for r in range(world)] + [base / "pod-new"]
+    victim, keeper = world - 1, world - 1 - world // 2
     procs: list[subprocess.Popen[bytes]] = []
     try:
         with ArbiterProcess(log_dir=str(tmp_path)) as arb:
             master = free_port()
-            procs = [_start(tmp_path, f"rank{r}", r, master, roots[r], arb.address,
-                            f"node-{'ab'[r]}") for r in (0, 1)]
-            held = roots[0] / JOB / "replica" / "rank-1"  # rank 0's agent keeps rank 1's
-            wait_for(lambda: any(s >= 2 * EVERY for s in _steps_in(held)), 180,
-                     "rank 1's replica (step >= 6) at rank 0's agent")
+            procs = [_start(tmp_path, f"rank{r}", r, world, master, roots[r], arb.address,
+                            "node-a" if r < world // 2 else "node-b") for r in range(world)]
+            held = roots[keeper] / JOB / "replica" / f"rank-{victim}"
+            wait_for(lambda: any(s >= 2 * EVERY for s in _steps_in(held)), 240,
+                     f"rank {victim}'s replica (step >= 6) at rank {keeper}'s agent")
             # mid-interval (a step past the snapshot), so that work is redone
-            wait_for(lambda: _last_step(_log(tmp_path, "rank1")) % EVERY != 0, 60,
-                     "rank 1 to step past its snapshot")
-            assert _steps_in(roots[1] / JOB / "replica" / "rank-0"), \
-                "rank 0's replica is not at rank 1's agent"
-            # rank 1's pod is lost: agent and trainer killed, its memory gone
-            os.killpg(procs[1].pid, signal.SIGKILL)
-            procs[1].wait(30)
-            killed_at = _last_step(_log(tmp_path, "rank1"))
-            shutil.rmtree(roots[1])
-            # its replacement: a new pod (another root, another port), same rank
-            procs.append(_start(tmp_path, "rank1-new", 1, master, roots[2], arb.address,
-                                "node-c"))
+            wait_for(lambda: _last_step(_log(tmp_path, f"rank{victim}")) % EVERY != 0, 60,
+                     f"rank {victim} to step past its snapshot")
+            assert _steps_in(roots[victim] / JOB / "replica" / f"rank-{keeper}"), \
+                f"rank {keeper}'s replica is not at rank {victim}'s agent"
+            # the victim's pod is lost: agent and trainer killed, its memory gone
+            os.killpg(procs[victim].pid, signal.SIGKILL)
+            procs[victim].wait(30)
+            killed_at = _last_step(_log(tmp_path, f"rank{victim}"))
+            shutil.rmtree(roots[victim])
+            # its replacement: a new pod on another node (another root, port), same rank
+            procs.append(_start(tmp_path, "new", victim, world, master, roots[-1],
+                                arb.address, "node-c"))
+            alive = [p for r, p in enumerate(procs) if r != victim]
             try:
-                codes = [procs[0].wait(240), procs[2].wait(240)]
+                codes = [p.wait(300) for p in alive]
             except subprocess.TimeoutExpired:
                 raise AssertionError(
                     f"the job did not finish:\n{timeline_text(status(arb.address))}\n"
                     f"{_log(tmp_path, 'rank0')[-2000:]}\n"
-                    f"{_log(tmp_path, 'rank1-new')[-2000:]}") from None
+                    f"{_log(tmp_path, 'new')[-2000:]}") from None
             st = status(arb.address)
-        log0, log1 = _log(tmp_path, "rank0"), _log(tmp_path, "rank1-new")
-        assert codes == [0, 0], (log0[-2500:], log1[-2500:], timeline_text(st))
-        assert "fetched rank 1's snapshot of step" in log1, log1[-3000:]
-        m1 = re.search(r"resumed after step (\d+) from (\w+)", log1)
-        m0 = re.findall(r"resumed after step (\d+) from (\w+)", log0)
-        assert m1 is not None and m1.group(2) == "peer", log1[-3000:]
-        assert m0 and m0[-1] == (m1.group(1), "memory"), (m0, log0[-3000:])
-        resumed = int(m1.group(1))
-        # the newest complete snapshot step: at most one interval behind where rank 1 died
+        logs = [_log(tmp_path, f"rank{r}") for r in range(world - 1)]
+        new = _log(tmp_path, "new")
+        assert codes == [0] * world, ([lg[-1500:] for lg in logs], new[-2500:],
+                                      timeline_text(st))
+        assert f"fetched rank {victim}'s snapshot of step" in new, new[-3000:]
+        m = re.search(r"resumed after step (\d+) from (\w+)", new)
+        assert m is not None and m.group(2) == "peer", new[-3000:]
+        for log in logs:
+            said = re.findall(r"resumed after step (\d+) from (\w+)", log)
+            assert said and said[-1] == (m.group(1), "memory"), (said, log[-3000:])
+        resumed = int(m.group(1))
+        # the newest complete snapshot step: at most one interval behind where it died
         assert resumed % EVERY == 0 and killed_at - EVERY <= resumed <= killed_at, \
             (resumed, killed_at)
-        assert _loaded(log1) == [resumed], log1[-3000:]
+        assert _loaded(new) == [resumed], new[-3000:]
         # the ledger: the incident resumed there; its recomputed steps are the steps redone
         incs = st["goodput"]["per_incident"]
         assert incs and incs[-1]["resumed_step"] == resumed, (incs, timeline_text(st))
         assert incs[-1]["resume_source"] == "peer", incs  # the slowest rung the ranks took
-        # rank 0's first attempt reached reached0; the job redid reached0 - resumed steps
-        first0 = log0.split("snapshot loaded: ")[1]
-        reached0 = _last_step(first0)
-        assert st["goodput"]["recomputed_steps"] == reached0 - resumed, \
-            (st["goodput"], reached0, resumed)
-        assert reached0 - resumed <= EVERY + 1, (reached0, resumed)
-        print(f"\nrank 1's pod replaced at step {killed_at}: resumed after step {resumed} "
-              f"(rank 1 from its peer replica, rank 0 from memory), "
-              f"{reached0 - resumed} steps redone; incident {incs[-1]}")
+        # the job's first attempt reached `reached` (the furthest rank); redone: past resumed
+        reached = max(_last_step(log.split("snapshot loaded: ")[1]) for log in logs)
+        assert st["goodput"]["recomputed_steps"] == reached - resumed, \
+            (st["goodput"], reached, resumed)
+        assert reached - resumed <= EVERY + 1, (reached, resumed)
+        print(f"\n{world} ranks, rank {victim}'s pod replaced at step {killed_at}: resumed "
+              f"after step {resumed} (rank {victim} from its replica at rank {keeper}'s "
+              f"agent, the others from memory), {reached - resumed} steps redone; "
+              f"incident {incs[-1]}")
     finally:
         for p in procs:
             if p.poll() is None:
