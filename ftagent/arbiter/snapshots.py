@@ -80,3 +80,18 @@ def with_replica_peer(data: bytes, peer: str) -> bytes:
     if not peer:
         return data
     return data + pb.ArbiterMessage(command=pb.Command(replica_peer=peer)).SerializeToString()
+
+
+def replica_summary(job: JobState) -> str:
+    """One line for ``ftagent status``: how the job's replicas are placed ("" : none)."""
+    book = job.replica_book
+    if not book.ranks:
+        return ""
+    nodes = {node for node, _ in book.ranks.values()}
+    ring = book.peers()
+    kind = f"ring by node over {len(nodes)} nodes" if len(nodes) > 1 else \
+        "ring by rank on one node (a lost node loses them)"
+    at_spares = {a for _, a in book.spares.values()}
+    spares = sum(1 for a in ring.values() if a in at_spares)
+    return (f"{kind}: {len(ring)} of {job.world_size} ranks have a holder"
+            + (f" ({spares} on warm spares)" if spares else ""))

@@ -390,7 +390,7 @@ class RankInfo(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., pod: _Optional[str] = ..., node: _Optional[str] = ..., connected: _Optional[bool] = ..., state: _Optional[str] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., progress_age_seconds: _Optional[float] = ..., hung: _Optional[bool] = ..., generation: _Optional[int] = ..., restarts: _Optional[int] = ..., last_fault: _Optional[str] = ..., last_exit_status: _Optional[int] = ...) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ("job", "namespace", "generation", "restarts", "max_restarts", "world_size", "connected", "state", "alert_only", "barrier", "ranks", "timeline", "goodput", "busy", "spares", "snapshot_step", "ranks_omitted")
+    __slots__ = ("job", "namespace", "generation", "restarts", "max_restarts", "world_size", "connected", "state", "alert_only", "barrier", "ranks", "timeline", "goodput", "busy", "spares", "snapshot_step", "ranks_omitted", "replicas")
     JOB_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -408,6 +408,7 @@ class JobInfo(_message.Message):
     SPARES_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_STEP_FIELD_NUMBER: _ClassVar[int]
     RANKS_OMITTED_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     job: str
     namespace: str
     generation: int
@@ -425,7 +426,8 @@ class JobInfo(_message.Message):
     spares: _containers.RepeatedScalarFieldContainer[str]
     snapshot_step: int
     ranks_omitted: int
-    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., generation: _Optional[int] = ..., restarts: _Optional[int] = ..., max_restarts: _Optional[int] = ..., world_size: _Optional[int] = ..., connected: _Optional[int] = ..., state: _Optional[str] = ..., alert_only: _Optional[bool] = ..., barrier: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., timeline: _Optional[_Iterable[_Union[TimelineEntry, _Mapping]]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., busy: _Optional[str] = ..., spares: _Optional[_Iterable[str]] = ..., snapshot_step: _Optional[int] = ..., ranks_omitted: _Optional[int] = ...) -> None: ...
+    replicas: str
+    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., generation: _Optional[int] = ..., restarts: _Optional[int] = ..., max_restarts: _Optional[int] = ..., world_size: _Optional[int] = ..., connected: _Optional[int] = ..., state: _Optional[str] = ..., alert_only: _Optional[bool] = ..., barrier: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., timeline: _Optional[_Iterable[_Union[TimelineEntry, _Mapping]]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., busy: _Optional[str] = ..., spares: _Optional[_Iterable[str]] = ..., snapshot_step: _Optional[int] = ..., ranks_omitted: _Optional[int] = ..., replicas: _Optional[str] = ...) -> None: ...
 
 class Goodput(_message.Message):
     __slots__ = ("wall_seconds", "seconds", "ratio", "recomputed_steps", "incidents", "per_incident", "started_at")

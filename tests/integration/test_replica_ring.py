@@ -19,6 +19,7 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 import torch
 from prometheus_client import CollectorRegistry
@@ -31,6 +32,9 @@ from ftagent.checkpoint.snapshots import Snapshotter
 from ftagent.config import ArbiterClientConfig, IdentityConfig
 from ftagent.metrics import AgentMetrics
 from ftagent.model import ActionKind, Fault, FaultKind, ProcessExit, Severity, SnapshotsHeld
+from ftagent.v1 import ftagent_pb2 as pb
+from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
+from ftagent.wire.credentials import bearer
 from tests.arbiter_helpers import ArbiterProcess, all_released, wait_until
 from tests.conftest import wait_for
 
@@ -72,6 +76,10 @@ def test_the_arbiter_gives_each_rank_its_holder_and_each_job_its_key(
             assert await all_released(links)
             assert [lk.proto.replica_peer for lk in links] == ["127.0.0.1:7101",
                                                               "127.0.0.1:7100"]
+            async with grpc.aio.insecure_channel(addr) as ch:  # ftagent status's view
+                info = await pb_grpc.ArbiterStub(ch).GetJob(
+                    pb.GetJobRequest(job="ring-a"), metadata=bearer(TOKEN), timeout=5)
+            assert info.replicas == "ring by node over 2 nodes: 2 of 2 ranks have a holder"
             key_a = links[0].proto.replica_key
             assert len(key_a) == 32 and links[1].proto.replica_key == key_a
             key_b = other.proto.replica_key

@@ -145,3 +145,19 @@ def test_the_agent_keeps_what_the_arbiter_said() -> None:
     # a key that is not one, an empty or oversized peer: kept as they were
     proto.on_welcome(pb.Welcome(replica_key=b"short", replica_peer="x" * 301))
     assert (proto.replica_key, proto.replica_peer) == (b"k" * 32, "10.0.0.3:7000")
+
+
+def test_status_says_how_the_replicas_are_placed() -> None:
+    job = JobState(job="j", world_size=3)
+    assert snapshots.replica_summary(job) == ""
+    for r, node in ((0, "a"), (1, "a"), (2, "b")):
+        snapshots.hello_replica(job, r, node, f"ipv4:10.0.0.{r}:5", 7000)
+    assert snapshots.replica_summary(job) == "ring by node over 2 nodes: 3 of 3 ranks " \
+        "have a holder"
+    one = JobState(job="k", world_size=1)
+    snapshots.hello_replica(one, 0, "a", "ipv4:10.0.0.1:5", 7000)
+    assert snapshots.replica_summary(one) == "ring by rank on one node (a lost node loses " \
+        "them): 0 of 1 ranks have a holder"
+    snapshots.spare_replica(one, "sp", "z", "ipv4:10.0.0.9:5", 7000)
+    assert snapshots.replica_summary(one).endswith("1 of 1 ranks have a holder (1 on warm "
+                                                   "spares)")
