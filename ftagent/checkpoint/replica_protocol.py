@@ -6,8 +6,10 @@ replica.py moves these bytes over TCP on loopback or the pod network; the tests 
 directly. Everything a peer says is checked here before anything is written:
 
 1. **Handshake** (both directions authenticated): each side sends a line with a fresh
-   nonce; each proves it holds the job's replica key (:func:`replica_key`, derived from the
-   job token both agents hold) with an HMAC over both nonces and its role. A peer without
+   nonce; each proves it holds the job's replica key (the one the arbiter handed every
+   agent it admitted for the job, arbiter/replica_ring.replica_key; without an arbiter,
+   :func:`replica_key` of the job token both agents hold) with an HMAC over both nonces and
+   its role. A peer without
    the key, or replaying another connection's proof, is refused.
 2. **Offer**: one bounded JSON line, the shard's completion marker (layout.parse_marker:
    type-checked) and what it is: job, rank, step. Refused when the job is not this one, the
@@ -43,7 +45,8 @@ class Refused(Exception):
 
 
 def replica_key(token: str, job: str) -> bytes:
-    """The key both agents of ``job`` derive from the job token they hold (never sent)."""
+    """The key both agents of ``job`` derive from the job token they hold (never sent),
+    where no arbiter hands one out."""
     return hmac.new(token.encode(), f"ftagent-replica/v{VERSION}/{job}".encode(),
                     hashlib.sha256).digest()
 
