@@ -9,8 +9,7 @@ directly. Everything a peer says is checked here before anything is written:
    nonce; each proves it holds the job's replica key (the one the arbiter handed every
    agent it admitted for the job, arbiter/replica_ring.replica_key; without an arbiter,
    :func:`replica_key` of the job token both agents hold) with an HMAC over both nonces and
-   its role. A peer without
-   the key, or replaying another connection's proof, is refused.
+   its role. A peer without the key, or replaying another connection's proof, is refused.
 2. **Offer**: one bounded JSON line, the shard's completion marker (layout.parse_marker:
    type-checked) and what it is: job, rank, step. Refused when the job is not this one, the
    rank is not one this holder keeps, the marker does not name the same (job, rank, step),
