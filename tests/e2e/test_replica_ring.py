@@ -27,8 +27,12 @@ import subprocess
 import uuid
 from pathlib import Path
 
+import grpc
 import pytest
 
+from ftagent.model import EXIT_REPLACE
+from ftagent.v1 import ftagent_pb2 as pb
+from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
 from tests.arbiter_helpers import ArbiterProcess
 from tests.conftest import PY, free_port, ftagent_cmd, wait_for
 from tests.e2e.jobs import FAST, TRAIN, needs_torch, status, timeline_text
@@ -171,12 +175,6 @@ def test_a_warm_spare_given_a_replaced_rank_fetches_its_replica(tmp_path: Path) 
     test picks: one step past a snapshot): the arbiter replaces rank 1 and ASSIGNs the warm
     spare (node-c) rank 1; the spare's agent fetches rank 1's shard from the holder the
     ASSIGN names (rank 0's agent) before its trainer starts, and resumes from ``peer``."""
-    import grpc
-
-    from ftagent.model import EXIT_REPLACE
-    from ftagent.v1 import ftagent_pb2 as pb
-    from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
-
     shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
     base = shm / f"ftagent-test-{uuid.uuid4().hex[:8]}"
     roots = [base / "pod-0", base / "pod-1", base / "spare"]
