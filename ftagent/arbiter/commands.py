@@ -45,7 +45,11 @@ def send(job: JobState, d: Decision, metrics: ArbiterMetrics | None,
         sp = job.spares.get(d.spare)
         conn = live(sp.conn) if sp is not None else None
         if conn is not None:
-            conn.send(convert.command_for(d, cid, restarts=job.restarts).SerializeToString())
+            data = convert.command_for(d, cid, restarts=job.restarts).SerializeToString()
+            if d.rank is not None:  # ASSIGN: where the rank's replica is kept
+                data = snapshots.with_replica_peer(
+                    data, snapshots.replica_peers(job, d.verdict).get(d.rank, ""))
+            conn.send(data)
         return
     targets = d.targets or tuple(job.ranks)
     # every rank is told the same step; only commands that start a trainer carry it
@@ -56,6 +60,7 @@ def send(job: JobState, d: Decision, metrics: ArbiterMetrics | None,
     if received is not None and d.verdict in _TIMED and metrics:
         n = sum(1 for r in targets if (rs := job.ranks.get(r)) and rs.conn is not None)
         fan = FanOut(n, received, metrics.fault_to_command.observe) if n else None
+    peers = snapshots.replica_peers(job, d.verdict)  # each rank's replica holder
     for r in targets:
         rs = job.ranks.get(r)
         if rs is None:
@@ -66,7 +71,8 @@ def send(job: JobState, d: Decision, metrics: ArbiterMetrics | None,
                 d, rid, replace=True, restarts=job.restarts,
                 resume_step=resume).SerializeToString(), fan)
         else:
-            _queue(rs, d.verdict, cid, data, fan)
+            _queue(rs, d.verdict, cid, snapshots.with_replica_peer(data, peers.get(r, "")),
+                   fan)
 
 
 def _queue(rs: RankState, verdict: Verdict, cid: str, data: bytes,

@@ -13,11 +13,12 @@ runs on the server's event loop only (no locks) and never blocks.
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Callable, Iterable, Mapping
 
 import grpc
 
-from ftagent.arbiter import barrier, commands, convert, policy, state
+from ftagent.arbiter import barrier, commands, convert, policy, snapshots, state
 from ftagent.arbiter.connection import Connection, live
 from ftagent.arbiter.history import History
 from ftagent.arbiter.nodemap import NodeMap
@@ -104,6 +105,10 @@ class Jobs:
                rank: int | None = None, fault_id: str = "", action: str = "") -> None:
         """A fact for the timeline that changes nothing (``state.Noted``)."""
         self.apply(job, Noted(kind, message, rank, fault_id, action), now)
+        # The secret every job's replica key is derived from (snapshots.welcome_replica):
+        # this process's own, never sent; agents get their job's key with each Welcome
+        # (after a restart or failover: the new arbiter's).
+        self.replica_secret = secrets.token_bytes(32)
 
     # ------------------------------------------------------------------ streams
 
@@ -187,9 +192,11 @@ class Jobs:
         rs = job.ranks[h.rank]
         self.nodes.index(key, rs)
         conn.key, conn.rank = key, h.rank
-        conn.send(pb.ArbiterMessage(welcome=pb.Welcome(
-            generation=job.generation, arbiter_id=self.arbiter_id,
-            max_restarts=job.max_restarts, restarts=job.restarts)).SerializeToString())
+        snapshots.hello_replica(job, h.rank, h.node, conn.peer, h.replica_port)
+        welcome = pb.Welcome(generation=job.generation, arbiter_id=self.arbiter_id,
+                             max_restarts=job.max_restarts, restarts=job.restarts)
+        snapshots.welcome_replica(welcome, job, h.rank, self.replica_secret)
+        conn.send(pb.ArbiterMessage(welcome=welcome).SerializeToString())
         commands.resend(rs)
         self.execute(job, barrier.decide_hello(job, h.rank, now), now)
 
@@ -218,9 +225,11 @@ class Jobs:
         self.apply(job, SpareJoined(h.agent_instance, h.pod, h.node, conn.pod_uid, conn,
                                     h.pod or conn.peer, h.rank if told else None), now)
         conn.key, conn.rank, conn.spare = (h.namespace, h.job), -1, h.agent_instance
-        conn.send(pb.ArbiterMessage(welcome=pb.Welcome(
-            generation=job.generation, arbiter_id=self.arbiter_id,
-            max_restarts=job.max_restarts, restarts=job.restarts)).SerializeToString())
+        snapshots.spare_replica(job, h.agent_instance, h.node, conn.peer, h.replica_port)
+        welcome = pb.Welcome(generation=job.generation, arbiter_id=self.arbiter_id,
+                             max_restarts=job.max_restarts, restarts=job.restarts)
+        snapshots.welcome_replica(welcome, job, None, self.replica_secret)
+        conn.send(pb.ArbiterMessage(welcome=welcome).SerializeToString())
         if told:
             holder = job.ranks[h.rank]
             reason = (f"rank {h.rank} is held by spare {holder.pod or holder.instance}, which "

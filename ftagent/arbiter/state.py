@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ftagent.arbiter import fr_verdict
+from ftagent.arbiter.replica_ring import ReplicaBook
 from ftagent.model import Fault, JobBusy
 from ftagent.wire.limits import MAX_OPEN_FAULTS, MAX_SPARES
 
@@ -274,6 +275,8 @@ class JobState:
     # Connected warm spares, by agent instance, oldest first: at most MAX_SPARES (a Hello
     # beyond is refused where it enters, jobs.py).
     spares: dict[str, SpareState] = field(default_factory=dict)
+    # Its agents' replica holders and the ring by node they were given (replica_ring.py)
+    replica_book: ReplicaBook = field(default_factory=ReplicaBook)
 
     def remember_fault(self, fault_id: str, final: bool = True) -> None:
         self.seen_faults[fault_id] = final

@@ -163,7 +163,7 @@ def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
                 seconds=snap.persist_seconds)])
         if snap.replica_peer or snap.replica_listen:
             from ftagent.checkpoint.replica_agent import replica_parts
-            p = replica_parts(w, cfg, ids.job, p)
+            p = replica_parts(w, cfg, ids.job, p, on_lag=metrics.snapshot_replica_lag.set)
         return preflight_parts(w, cfg, watch, p)
 
     agent = pod.add(spec, metrics=metrics, parts=parts)
