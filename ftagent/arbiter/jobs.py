@@ -82,6 +82,10 @@ class Jobs:
         self.connected = 0
         self.listeners: list[DecisionListener] = []
         self._observers: dict[type, list[Observer]] = {}
+        # The secret every job's replica key is derived from (snapshots.welcome_replica):
+        # this process's own, never sent; agents get their job's key with each Welcome
+        # (after a restart or failover: the new arbiter's).
+        self.replica_secret = secrets.token_bytes(32)
 
     # ------------------------------------------------------------------ changes
 
@@ -105,10 +109,6 @@ class Jobs:
                rank: int | None = None, fault_id: str = "", action: str = "") -> None:
         """A fact for the timeline that changes nothing (``state.Noted``)."""
         self.apply(job, Noted(kind, message, rank, fault_id, action), now)
-        # The secret every job's replica key is derived from (snapshots.welcome_replica):
-        # this process's own, never sent; agents get their job's key with each Welcome
-        # (after a restart or failover: the new arbiter's).
-        self.replica_secret = secrets.token_bytes(32)
 
     # ------------------------------------------------------------------ streams
 
