@@ -67,6 +67,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ftagent.arbiter_decider")
 
 POLL = 0.25
+ASSIGNED_WAIT = 30.0  # seconds an assigned spare whose preflight failed waits for the arbiter
 
 
 class RankSession:
@@ -84,6 +85,8 @@ class RankSession:
         self.on_busy: Callable[[Action], None] | None = None
         # --spare: start the trainer's warm standby now (cmd/run.py: agent/standby.py)
         self.prepare_spare: Callable[[], None] = lambda: None
+        # LAST_WORDS: persist the newest complete snapshot now (cmd/run.py, where on)
+        self.on_last_words: Callable[[], Awaitable[None]] | None = None
         self.released_start = False  # the current trainer was started by the barrier
         self.undecided: Fault | None = None
         self.tasks: list[asyncio.Task[Any]] = []
@@ -178,6 +181,8 @@ class ArbiterDecider:
         link = s.link
         if link.proto.spare:
             ended = await self._serve_as_spare(worker, s)
+            if ended is None and not worker.stop_requested:
+                ended = await self._preflight_assigned(worker)
             if ended is not None or worker.stop_requested:
                 return ended
         gen = worker.generation
@@ -204,6 +209,8 @@ class ArbiterDecider:
                 return None
             if link.proto.spare:  # told SPARE: a former spare holds this rank now
                 ended = await self._serve_as_spare(worker, s)
+                if ended is None and not worker.stop_requested:
+                    ended = await self._preflight_assigned(worker)
                 if ended is not None or worker.stop_requested:
                     return ended
                 gen = worker.generation
@@ -255,6 +262,39 @@ class ArbiterDecider:
         worker.events.write("state", "assigned", f"the arbiter assigned rank {rank} to this "
                             f"spare: it starts generation {gen} from its warm standby",
                             rank=rank, generation=gen)
+        return None
+
+    async def _preflight_assigned(self, worker: Worker) -> Action | None:
+        """A spare just ASSIGNed a rank checks its node again before it arrives (its last
+        preflight may be hours old): the worker's before-barrier parts, the fast budgets.
+        A fault one returns goes to the arbiter from the spare's stream, which retires the
+        spare (its pod moves) and gives the rank to the next spare or the rank's own pod:
+        the arbiter's REPLACE is returned (the worker exits with it). No answer within
+        ``ASSIGNED_WAIT``: the local policy's answer to a failed preflight (move the pod)."""
+        for part in worker.before_barrier:
+            try:
+                fault = await part(worker)
+            except Exception:
+                log.exception("preflight after ASSIGN failed; starting all the same")
+                continue
+            if fault is None:
+                continue
+            await worker.raise_fault(fault)
+            deadline = self.clock() + ASSIGNED_WAIT
+            while self.clock() < deadline and not worker.stop_requested:
+                decisive = _take_decisive(worker)
+                if decisive is not None and decisive.kind in (ActionKind.STOP,
+                                                              ActionKind.REPLACE):
+                    worker.record(decisive)
+                    return decisive
+                await asyncio.sleep(POLL)
+            if worker.stop_requested:
+                return None
+            log.warning("no answer from the arbiter to this spare's failed preflight within "
+                        "%.0fs: exiting so that its pod moves", ASSIGNED_WAIT)
+            found = Action(ActionKind.REPLACE, fault.message, fault_id=fault.id)
+            worker.record(found)
+            return found
         return None
 
     def decide(self, worker: Worker, fault: Fault) -> None:
@@ -328,6 +368,14 @@ class ArbiterDecider:
         if action.kind == ActionKind.DUMP_STACKS:
             captured = await s.stack_capture(worker.tree_pids())
             s.link.report_stacks(action.id, stacks_json(captured))
+        elif action.kind == ActionKind.LAST_WORDS:
+            if s.on_last_words is None:
+                log.info("%s: no --checkpoint-dir, nothing to persist", action.reason)
+                return
+            try:  # the trainer keeps running; a failure is one line, never the agent's end
+                await s.on_last_words()
+            except Exception as e:  # noqa: BLE001
+                log.warning("last words failed: %s: %s", type(e).__name__, e)
         elif action.kind == ActionKind.BUSY and s.on_busy is not None:
             try:
                 s.on_busy(action)

@@ -18,8 +18,14 @@ whole job restarting into a rank that fails again.
 * nic: the links the NIC watch watches (its netlink view), each up with carrier -- when
   the job names them (``--nic``, ``NCCL_SOCKET_IFNAME``, ``GLOO_SOCKET_IFNAME``); when
   the watch guessed (every link up at start), only all of them down fails.
+  The device memory too (``memory_state``): a row remap failed or pending, or a page
+  retirement pending, fails -- the GPU needs a reset or a replacement before a job uses it.
 * storage: ``--preflight-checkpoint-dir``: a small file written, fsynced, read back and
   removed.
+* peer: a TCP connect to the job's rendezvous (``MASTER_ADDR:MASTER_PORT``, ranks other
+  than 0): connected or refused passes, no route from this pod (ENETUNREACH) fails
+  (``peer_probe``). Not built: a collective among the restarting ranks, an RDMA probe, a
+  compute check on the device (it needs CUDA in the agent).
 
 A blocking call (NVML, a file system) runs in a daemon thread of its own: one that never
 returns is abandoned at its budget (it cannot be interrupted) and never holds the agent's
@@ -30,11 +36,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
+import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ftagent.detect.preflight import CheckResult, Verdict, budgets, verdict
@@ -109,6 +117,9 @@ def accelerator_probe(source: Any) -> Callable[[], str] | None:
                 continue
             except pynvml.NVMLError as e:
                 return f"{name} does not answer NVML ({type(e).__name__}: {e})"
+            why = memory_state(nvml, g.handle, pynvml)
+            if why:
+                return f"{name}: {why}"
         return ""
 
     def vendor_probe() -> str:
@@ -130,6 +141,70 @@ def accelerator_probe(source: Any) -> Callable[[], str] | None:
         return ""
 
     return nvml_probe if nvml is not None else vendor_probe
+
+
+def memory_state(nvml: Any, handle: Any, pynvml: Any) -> str:
+    """The device memory's state as NVML keeps it ('' when usable): a row remap that
+    failed (the memory cannot be repaired: NVIDIA's guidance is to replace the GPU) or one
+    pending (it takes effect only after a GPU reset: a job started now runs on the bad
+    row); on GPUs without row remapping, dynamic page retirement pending likewise. A call
+    the GPU does not support is no answer, never a failure."""
+    try:
+        _, _, pending, failure = nvml.nvmlDeviceGetRemappedRows(handle)
+        if failure:
+            return "a row remap failed (its memory cannot be repaired: replace the GPU)"
+        if pending:
+            return "a row remap is pending (the GPU needs a reset before a job uses it)"
+        return ""
+    except pynvml.NVMLError_NotSupported:
+        pass
+    except pynvml.NVMLError:
+        return ""  # (a GPU lost since the calls above is the watch's to report)
+    try:
+        if nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle):
+            return "a page retirement is pending (the GPU needs a reset before a job uses it)"
+    except pynvml.NVMLError:
+        pass
+    return ""
+
+
+def peer_probe(host: str, port: int, timeout: float) -> Callable[[], str]:
+    """A TCP connect to the job's rendezvous (MASTER_ADDR:MASTER_PORT) before the barrier:
+    the path from this pod to its peers. A connection, or a refusal (the host answered:
+    its store is not listening yet, as before every start), passes; "no route to the
+    network" (ENETUNREACH: this pod has no route at all) fails. A name that does not
+    resolve, a timeout or a host that does not answer is said but passes: the master's
+    pod may be being replaced right now, and a false failure would replace this one."""
+    def probe() -> str:
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError):
+            return ""  # (said by peer_note; the rendezvous fails loudly if it stays so)
+        for family, kind, proto, _, addr in infos[:4]:
+            with socket.socket(family, kind, proto) as sock:
+                sock.settimeout(timeout)
+                try:
+                    sock.connect(addr)
+                    return ""
+                except ConnectionRefusedError:
+                    return ""
+                except OSError as e:
+                    if e.errno == errno.ENETUNREACH:
+                        return f"no route from this pod to {host}:{port} ({e.strerror})"
+        return ""
+    return probe
+
+
+def rendezvous(environ: Mapping[str, str], rank: int) -> tuple[str, int] | None:
+    """MASTER_ADDR and MASTER_PORT of a rank other than the master's, else None (rank 0,
+    a single node, unset or odd values: nothing to probe)."""
+    host = environ.get("MASTER_ADDR", "").strip()
+    port = environ.get("MASTER_PORT", "").strip()
+    if rank <= 0 or not host or len(host) > 253 or host in ("localhost", "127.0.0.1", "::1"):
+        return None
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return None
+    return host, int(port)
 
 
 def storage_probe(directory: str) -> Callable[[], str]:
@@ -164,19 +239,28 @@ class Preflight:
     directory). ``run(warm)`` -> the verdict, within the budgets."""
 
     def __init__(self, watch: Any = None, checkpoint_dir: str = "", *,
-                 full_on_warm: bool = False,
+                 full_on_warm: bool = False, peer: tuple[str, int] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.watch = watch
         self.checkpoint_dir = checkpoint_dir
         self.full_on_warm = full_on_warm
+        self.peer = peer  # the job's rendezvous to probe (rendezvous()), None: none
         self.clock = clock
 
     async def run(self, warm: bool = False) -> Verdict:
         limits = budgets(fast=warm and not self.full_on_warm)
         results = await asyncio.gather(self._accelerator(limits["accelerator"]),
                                        self._nic(limits["nic"]),
-                                       self._storage(limits["storage"]))
+                                       self._storage(limits["storage"]),
+                                       self._peer(limits["peer"]))
         return verdict(results)
+
+    async def _peer(self, budget: float) -> CheckResult:
+        if self.peer is None:
+            return CheckResult("peer", True, 0.0, "no rendezvous to probe", skipped=True)
+        host, port = self.peer
+        # the connect's own timeout inside the budget: a host that does not answer passes
+        return await self._timed("peer", peer_probe(host, port, budget * 0.8), budget)
 
     async def _timed(self, name: str, probe: Callable[[], str] | None, budget: float,
                      skip: str = "") -> CheckResult:

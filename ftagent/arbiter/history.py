@@ -30,6 +30,7 @@ from ftagent.arbiter.ledger import CATEGORIES, INCIDENTS_KEPT, Incident, Ledger
 from ftagent.arbiter.state import JobPhase, JobState
 from ftagent.arbiter.timeline import Entry
 from ftagent.wire import limits
+from ftagent.wire.exit_note import ExitNote
 
 log = logging.getLogger("ftagent.arbiter.history")
 
@@ -330,11 +331,14 @@ class History:
                  max_jobs: int = MAX_PAST_JOBS_TOTAL,
                  per_namespace: int = MAX_PAST_JOBS) -> None:
         self.store: HistoryStore = store or NoStore()
+        # Does a store keep what is written (--state-dir, the cluster's records)? In memory
+        # only, records are not built on the way (the live job is what status reads).
+        self.durable = not isinstance(self.store, NoStore)
         self.retention = retention
         self.max_jobs = max_jobs
         self.per_namespace = per_namespace
         self.past: dict[tuple[str, str], JobRecord] = {}
-        self._written: dict[tuple[str, str], tuple[tuple[Any, ...], tuple[int, Any]]] = {}
+        self._written: dict[tuple[str, str], tuple[Any, ...]] = {}
         self._owners: dict[tuple[str, str], tuple[JobRecord, dict[int, tuple[str, str]]]] = {}
         self.on_forget: Callable[[str, str], None] = lambda namespace, job: None
 
@@ -351,26 +355,26 @@ class History:
             rec.last_seen = max(rec.last_seen, last_ts.get(k, 0.0))
         return [e for e in got.entries if (e.namespace, e.job) in self.past]
 
+    def take_exits(self) -> list[ExitNote]:
+        """Exit notes agents left in the store's directory (wire/exit_note.py), each once;
+        [] for a store that has none."""
+        take = getattr(self.store, "take_exits", None)
+        return take() if callable(take) else []
+
     def entry(self, e: Entry) -> None:
         self.store.record(e)
 
-    def update(self, job: JobState, stats: JobStats | None, now: float, *,
-               owners: bool = False) -> None:
-        """Write the job's record when its summary changed since the last write; with
-        ``owners`` also when only its ranks' owners did. Writing the owners is O(ranks), so
-        a Hello's note does not write them: the tick's ``save`` does, once per job whose
-        owners changed (10,000 agents reconnecting after a failover otherwise wrote
-        O(ranks^2) owners, on the event loop, before the last of them was back)."""
+    def update(self, job: JobState, stats: JobStats | None, now: float) -> None:
+        """Write the job's record when its summary changed since the last write."""
         rec = record_of(job, stats, now, owners=False)
-        summary = (rec.world_size, rec.generation, rec.restarts, rec.max_restarts,
+        summary = (len(job.owners), job.owners_print,
+                   rec.world_size, rec.generation, rec.restarts, rec.max_restarts,
                    rec.alert_only, rec.phase, rec.stop_reason, job.connected == 0,
                    tuple(sorted(rec.restarts_by_reason.items())), round(rec.seconds_lost, 3),
                    rec.goodput_mode, rec.goodput_steps, rec.goodput_restarts,
                    str(rec.goodput_incidents[-1:]))
-        was = self._written.get(rec.key)
-        print_ = (len(job.owners), job.owners_print)
-        if was is None or was[0] != summary or (owners and was[1] != print_):
-            self._written[rec.key] = (summary, print_)
+        if self._written.get(rec.key) != summary:
+            self._written[rec.key] = summary
             rec.owners = owners_json(job.owners)
             self.store.record(rec)
 

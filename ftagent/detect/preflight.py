@@ -10,13 +10,17 @@ restarting the whole job into a rank that fails again after the barrier.
 check                   passes when                                  budget  fast
 ======================= ============================================ ======= =====
 accelerator             every device of the trainer answers (NVML:     5 s    2 s
-                          UUID and memory info, no GpuIsLost;
-                          vendor tools: a health read)
+                          UUID and memory info, no GpuIsLost, no
+                          row remap failed or pending; vendor
+                          tools: a health read)
 nic                     every link the agent watches is up             1 s   0.5 s
                           (IFF_UP and carrier)
 storage                 the checkpoint directory (if given) takes a    5 s    2 s
                           small file: written, fsynced, read back,
                           removed
+peer                    a TCP connect to MASTER_ADDR:MASTER_PORT      2 s    1 s
+                          (ranks other than 0) finds a route:
+                          connected or refused; ENETUNREACH fails
 ======================= ============================================ ======= =====
 
 A check that takes longer than its budget fails as "did not answer within": a device or
@@ -34,9 +38,9 @@ from dataclasses import dataclass
 
 from ftagent.model import Fault, FaultKind, Scope, Severity
 
-CHECKS = ("accelerator", "nic", "storage")
-BUDGETS = {"accelerator": 5.0, "nic": 1.0, "storage": 5.0}
-FAST_BUDGETS = {"accelerator": 2.0, "nic": 0.5, "storage": 2.0}
+CHECKS = ("accelerator", "nic", "storage", "peer")
+BUDGETS = {"accelerator": 5.0, "nic": 1.0, "storage": 5.0, "peer": 2.0}
+FAST_BUDGETS = {"accelerator": 2.0, "nic": 0.5, "storage": 2.0, "peer": 1.0}
 MAX_DETAIL = 300
 
 

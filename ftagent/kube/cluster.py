@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftagent.arbiter.auth import PodFacts
+from ftagent.arbiter.ladder import in_place
 from ftagent.arbiter.registry import Registry
 from ftagent.arbiter.state import Decision, JobState, Verdict
 from ftagent.kube.actuator import (
@@ -57,6 +58,7 @@ from ftagent.kube.cluster_faults import (
     get,
     parse_time,
     pending_fault,
+    terminal_status,
     waits_for_a_node,
 )
 from ftagent.kube.device_health import DeviceHealth
@@ -67,12 +69,14 @@ from ftagent.kube.node_blip import STEP_WINDOW, still_stepping
 from ftagent.kube.node_lifecycle import held_by_other, planned
 from ftagent.kube.node_scope import NodeEvidence
 from ftagent.kube.owners import OwnerChains
+from ftagent.kube.pod_tiers import Streaks, features_of
 from ftagent.kube.recorder import JOB_KINDS, ObjectRef, Recorder, job_owner, pod_ref
 from ftagent.kube.trainjob_status import TrainJobStatus, trainer_status
 from ftagent.kube.uncordon import NodeHealth
 from ftagent.model import Scope
 
 log = logging.getLogger("ftagent.kube.cluster")
+LAST_WORDS_EVERY = 60.0  # seconds between two LAST_WORDS to one job's ranks on a node
 
 JOB_LABEL = "ftagent.io/job"  # the pod watch selects ftagent pods by this label
 CONTEXT_KEPT = 10_000
@@ -164,11 +168,17 @@ class Cluster:
         self.nodes = NodeFaults(settings.node_notready_grace)
         self.pods = PodFaults()
         self.devices = DeviceHealth()  # device health in pod status (KEP-4680)
+        self.streaks = Streaks()  # restarts in a row blamed on one rank (the ladder's)
         # NotReady faults held back while the job's ranks there keep stepping (node_blip)
         self._blips: dict[tuple[str, tuple[str, str]], ClusterFault] = {}
         self.step_window = STEP_WINDOW  # a rank stepped within this long is alive
         self._planned_seen: OrderedDict[str, None] = OrderedDict()  # lifecycle transitions
+        self._last_words_at: OrderedDict[str, float] = OrderedDict()  # job@node -> when
         self.pod_cache: dict[tuple[str, str], dict[str, Any]] = {}
+        # Pods of a job in a terminal phase, by job: (namespace, job) -> {pod: status}
+        # (terminal_status): how ranks ended whose agents could not say it (the arbiter
+        # was away), handed to the registry every tick until the job is over (_exits_due)
+        self._exits: dict[tuple[str, str], dict[str, int]] = {}
         self.node_names: set[str] = set()
         self.node_cache: dict[str, Any] = {}  # the watch's nodes (one entry per node)
         self._context: OrderedDict[str, tuple[ClusterFault, tuple[tuple[str, str, str], ...]]] \
@@ -336,15 +346,29 @@ class Cluster:
             while len(self._planned_seen) > CONTEXT_KEPT:
                 self._planned_seen.popitem(last=False)
             now = self.clock()
+            there: dict[tuple[str, str], tuple[JobState, list[int]]] = {}
             for job, rs in self.registry.ranks_on_node(name):
                 if job.finished:
                     continue
-                self.registry.timeline.add(
-                    now, job.job, job.namespace, job.generation, "note",
+                self.registry.record(
+                    job, "note",
                     f"planned: node {name} {p.type}" + (f" ({p.reason}: {p.message})"
                                                         if p.reason or p.message else "")
                     + ": not a fault; ftagent does not cordon a node another system "
-                    "drains", rank=rs.rank)
+                    "drains", now, rank=rs.rank)
+                there.setdefault((job.namespace, job.job), (job, []))[1].append(rs.rank)
+            for job, ranks in there.values():  # last words before the disruption comes
+                key = f"{job.namespace}/{job.job}@{name}"
+                if now - self._last_words_at.get(key, -1e18) < LAST_WORDS_EVERY:
+                    continue  # a condition flapping: once a minute per job and node
+                self._last_words_at[key] = now
+                while len(self._last_words_at) > CONTEXT_KEPT:
+                    self._last_words_at.popitem(last=False)
+                self.registry.execute(job, [Decision(
+                    Verdict.LAST_WORDS, f"last words: node {name} {p.type}: ranks "
+                    f"{', '.join(map(str, sorted(ranks)[:8]))} persist their newest complete "
+                    "snapshot now (last words, where snapshots are on)", job.generation,
+                    targets=tuple(sorted(ranks)))], now)
 
     def on_pod(self, type_: str, pod: Any) -> None:
         """A pod watch event, on the loop."""
@@ -356,11 +380,15 @@ class Cluster:
         if deleted:
             self.pod_cache.pop(key, None)
             self._terminating.pop(key, None)
+            job_name = get(pod, "metadata", "labels", JOB_LABEL)
+            if isinstance(job_name, str) and (ns, job_name) in self._exits:
+                self._exits[(ns, job_name)].pop(name, None)
             uid = get(pod, "metadata", "uid")
             self.on_pod_deleted(ns, name, uid if isinstance(uid, str) else "")
         elif isinstance(pod, dict):
             self.pod_cache[key] = pod
             self._index_owner(ns, pod)
+            self._terminal(ns, name, pod)
             gone_at = parse_time(get(pod, "metadata", "deletionTimestamp"))
             if gone_at is not None:  # Terminating since the delete: its deadline less grace
                 grace = get(pod, "metadata", "deletionGracePeriodSeconds")
@@ -381,6 +409,42 @@ class Cluster:
                                        rank=rs.rank)
         if not deleted:
             self._device_health(job, rs, pod)
+            self._set_tiers(job, rs)
+
+    def _terminal(self, ns: str, name: str, pod: dict[str, Any]) -> None:
+        """A labelled pod in a terminal phase: its trainer's exit kept for the tick."""
+        job = get(pod, "metadata", "labels", JOB_LABEL)
+        if not isinstance(job, str) or not job:
+            return
+        found = identify(pod, {})
+        index, _ = trainer_index(pod, found.role if found else "")
+        containers = get(pod, "spec", "containers")
+        trainer = get(containers[index], "name") if index is not None and \
+            isinstance(containers, list) else ""
+        status = terminal_status(pod, trainer if isinstance(trainer, str) else "")
+        if status is None:
+            return
+        if (ns, job) not in self._exits and len(self._exits) >= CONTEXT_KEPT:
+            return
+        self._exits.setdefault((ns, job), {})[name] = status
+
+    def _exits_due(self, now: float) -> None:
+        """Terminal pods' exits to the registry, per job, as ranks (the pod's rank as the
+        watch sees it, members of the job only: pod_facts); a job over, or one the
+        registry does not know, is dropped."""
+        for key, pods in list(self._exits.items()):
+            exits: dict[int, int] = {}
+            for name, status in pods.items():
+                facts = self.pod_facts(key[0], name)
+                if facts is not None and facts.job == key[1] and facts.rank is not None:
+                    # a rank's pod that succeeded beats an earlier one that failed (a
+                    # pod replaced, then its successor finished)
+                    exits[facts.rank] = min(status, exits.get(facts.rank, status))
+            if not exits:
+                continue  # membership still being read, or none is a member: next tick
+            if self.registry.exits_seen(key[0], key[1], exits, "its pods' terminal "
+                                        "status", now):
+                del self._exits[key]
 
     def _device_health(self, job: JobState, rs: Any, pod: Any) -> None:
         """The kubelet's device health in the pod's status (device_health.py): an
@@ -397,8 +461,7 @@ class Cluster:
         for why in ignored:
             msg = f"device health of pod {name} ignored: {why}"
             log.warning("job %s/%s: %s", job.namespace, job.job, msg)
-            self.registry.timeline.add(now, job.job, job.namespace, job.generation, "note",
-                                       msg, rank=rs.rank)
+            self.registry.record(job, "note", msg, now, rank=rs.rank)
         for cf in faults:
             self._remember(cf, ((ns, name, cf.uid),))
             self.registry.report_fault(job.namespace, job.job, cf.fault, now, rank=rs.rank)
@@ -434,11 +497,11 @@ class Cluster:
             self._blips[(cf.node, (ns, name))] = cf
             job = self.registry.jobs.get((ns, name))
             if job is not None:
-                self.registry.timeline.add(
-                    now, name, ns, job.generation, "note",
+                self.registry.record(
+                    job, "note",
                     f"node {cf.node} not Ready for {now - since:.0f}s but {got.why}: a "
                     "blip, no replacement (acted on if they stop while it stays NotReady)",
-                    rank=ranks[0].rank, fault_id=cf.fault.id)
+                    now, rank=ranks[0].rank, fault_id=cf.fault.id)
         return True
 
     def _step_window(self) -> float:
@@ -453,10 +516,10 @@ class Cluster:
             if job is None or job.finished or since is None:
                 del self._blips[(node, key)]
                 if job is not None and not job.finished and node in self.node_names:
-                    self.registry.timeline.add(
-                        now, key[1], key[0], job.generation, "note",
+                    self.registry.record(
+                        job, "note",
                         f"node {node} Ready again (or a new transition): the NotReady blip "
-                        "passed with nothing replaced", fault_id=cf.fault.id)
+                        "passed with nothing replaced", now, fault_id=cf.fault.id)
                 continue
             ranks = [rs for j, rs in self.registry.ranks_on_node(node) if j is job]
             if not still_stepping(ranks, since, now, self._step_window()).stepping:
@@ -510,6 +573,7 @@ class Cluster:
                                  now - gone_at)
         if not self._flushing and self.recorder.dirty():
             self._flush_events()
+        self._exits_due(now)
         self._trainjob_progress(now)
         self._uncordon_due(now)
         self._taint_fallbacks_due(now)
@@ -548,11 +612,31 @@ class Cluster:
     def on_decision(self, job: JobState, d: Decision, now: float) -> None:
         """The registry's decision listener (on the loop, commands already queued)."""
         self._events_for(job, d, now)
-        if d.verdict is Verdict.REPLACE and d.rank is not None:
-            self._replace(job, d, now)
+        if d.verdict is Verdict.REPLACE and d.rank is not None and not in_place(d):
+            self._replace(job, d, now)  # (an in-place tier keeps the pod and its node)
+        if d.verdict in (Verdict.RESTART, Verdict.REPLACE) or (
+                d.verdict is Verdict.RELEASE_BARRIER and not d.targets):
+            self._ladder(job, d)
         if d.verdict in (Verdict.RESTART, Verdict.REPLACE, Verdict.STOP) or (
                 d.verdict is Verdict.RELEASE_BARRIER and not d.targets):
             self._annotate(job)
+
+    def _ladder(self, job: JobState, d: Decision) -> None:
+        """The recovery ladder's view of the job's ranks (ladder.Features on each): the
+        restart streak this decision extends or ends, then what each rank's pod and node
+        have, read again (a new generation: pods may have moved)."""
+        if d.verdict is not Verdict.RELEASE_BARRIER:
+            self.streaks.note((job.namespace, job.job), d.rank, d.generation,
+                              restart=d.verdict is Verdict.RESTART or in_place(d))
+        for rs in list(job.ranks.values()):
+            self._set_tiers(job, rs)
+
+    def _set_tiers(self, job: JobState, rs: Any) -> None:
+        pod = self.pod_cache.get((job.namespace, rs.pod)) if rs.pod else None
+        node_name = get(pod, "spec", "nodeName")
+        node = self.node_cache.get(node_name) if isinstance(node_name, str) else None
+        rs.tiers = features_of(pod, node, spare=bool(job.spares), repeats=self.streaks.repeats(
+            (job.namespace, job.job), rs.rank, job.generation))
 
     def _replace(self, job: JobState, d: Decision, now: float) -> None:
         rs = job.ranks.get(d.rank) if d.rank is not None else None
@@ -584,8 +668,7 @@ class Cluster:
             cordon, why = False, ""
         if node and not cordon and why:
             msg = f"node {node} not cordoned: {why}"
-            self.registry.timeline.add(now, job.job, job.namespace, job.generation,
-                                       "decision", msg, rank=d.rank, fault_id=d.fault_id)
+            self.registry.record(job, "decision", msg, now, rank=d.rank, fault_id=d.fault_id)
             self._event(job, pods[0][1] if pods else "", "Normal", "NodeNotCordoned", msg,
                         now)
         dra = cf.fault.evidence.get("dra") if cf is not None else None
@@ -599,8 +682,7 @@ class Cluster:
         if other:  # another system drains it: the pod moves, the node stays theirs
             cordon = False
             msg = f"node {node} not cordoned: {other}"
-            self.registry.timeline.add(now, job.job, job.namespace, job.generation,
-                                       "decision", msg, rank=d.rank, fault_id=d.fault_id)
+            self.registry.record(job, "decision", msg, now, rank=d.rank, fault_id=d.fault_id)
         if cordon:
             cordon = self._breaker_allows(job, rs, node, who, d, now, evidence)
         for _, _, uid in pods:
@@ -621,8 +703,7 @@ class Cluster:
         msg = f"node {node} not cordoned: {v.reason}"
         log.warning("%s (job %s)", msg, who)
         self.on_cordon_skipped()
-        self.registry.timeline.add(now, job.job, job.namespace, job.generation,
-                                   "decision", msg, rank=d.rank, fault_id=d.fault_id)
+        self.registry.record(job, "decision", msg, now, rank=d.rank, fault_id=d.fault_id)
         self._event(job, rs.pod if rs else "", "Warning", "CordonSkipped", msg, now)
         return False
 

@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -195,7 +198,7 @@ def test_storage_writable_passes_missing_or_read_only_fails(tmp_path: Path) -> N
 
 def test_the_checks_run_together_within_the_slowest_budget(tmp_path: Path) -> None:
     v = asyncio.run(Preflight(None, str(tmp_path)).run())
-    assert v.ok and {r.name for r in v.results} == {"accelerator", "nic", "storage"}
+    assert v.ok and {r.name for r in v.results} == {"accelerator", "nic", "storage", "peer"}
 
 
 def test_a_link_that_flaps_back_within_the_budget_passes() -> None:
@@ -214,3 +217,77 @@ def test_a_link_that_flaps_back_within_the_budget_passes() -> None:
     src = Flapping()
     v = asyncio.run(Preflight(Watch(Part("nic", src))).run(warm=True))
     assert v.ok and src.calls == 4
+
+
+def test_a_failed_or_pending_row_remap_fails_the_memory_check(tmp_path: Path) -> None:
+    """The device-memory check through NVML (memory_state): a GPU whose row remap is
+    pending needs a reset before a job uses it, one whose remap failed a replacement."""
+    script = tmp_path / "gpus.txt"
+    script.write_text("gpus 2\nt=200ms gpu=1 remap_pending=1\nt=400ms gpu=0 remap_failure=1\n")
+    sim = SimulatedNvml(gpu_script.load(str(script)))
+    source = GpuSource(GpuConfig(gpu_backend=f"simulated:{script}"), {}, lambda: sim)
+
+    async def body() -> list[Any]:
+        assert await asyncio.get_running_loop().run_in_executor(None, source._start)
+        source.ready.set()
+        pre = Preflight(Watch(Part("gpu", source)))
+        out = [await pre.run()]
+        await asyncio.sleep(0.25)  # noqa: ASYNC110 -- the script's clock: past t=200ms
+        out.append(await pre.run())
+        await asyncio.sleep(0.25)  # noqa: ASYNC110 -- past t=400ms
+        out.append(await pre.run())
+        return out
+
+    try:
+        clean, pending, failed = asyncio.run(body())
+    finally:
+        source.stop()
+    assert clean.ok, clean.reason
+    assert not pending.ok and "GPU 1" in pending.reason
+    assert "a row remap is pending (the GPU needs a reset" in pending.reason
+    assert not failed.ok and "GPU 0" in failed.reason and "a row remap failed" in failed.reason
+
+
+def test_the_peer_probe_passes_a_refusal_or_a_listener_and_skips_rank_0() -> None:
+    from ftagent.agent.preflight import peer_probe, rendezvous
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(1)
+        assert peer_probe("127.0.0.1", srv.getsockname()[1], 1.0)() == ""
+    with socket.socket() as s:  # a port nobody listens on: the host answered (refused)
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert peer_probe("127.0.0.1", port, 1.0)() == ""
+    assert peer_probe("no-such-host.invalid", port, 1.0)() == ""  # said, not failed
+    env = {"MASTER_ADDR": "llm-master-0.llm", "MASTER_PORT": "29500"}
+    assert rendezvous(env, 1) == ("llm-master-0.llm", 29500)
+    assert rendezvous(env, 0) is None  # the master itself
+    for bad in ({"MASTER_ADDR": "x"}, {**env, "MASTER_PORT": "99999"},
+                {**env, "MASTER_ADDR": "localhost"}, {**env, "MASTER_PORT": "2e3"}):
+        assert rendezvous(bad, 3) is None
+
+
+def test_a_pod_with_no_route_to_its_rendezvous_fails_the_peer_check() -> None:
+    """In a network namespace with only its loopback up (a pod whose network is gone):
+    the connect fails with ENETUNREACH at once, no packet leaves, the check fails and
+    names the address."""
+    from tests.netns import ip, namespaces, require_netns
+
+    require_netns()
+    code = ("from ftagent.agent.preflight import peer_probe; "
+            "print(repr(peer_probe('10.255.255.1', 29500, 1.0)()))")
+    with namespaces(1) as (ns,):
+        ip("-n", ns, "link", "set", "lo", "up")
+        r = subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", code],
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "no route from this pod to 10.255.255.1:29500" in r.stdout, r.stdout
+
+
+def test_the_peer_check_runs_with_the_others_and_its_failure_is_the_pods() -> None:
+    v = verdict([CheckResult("peer", False, 0.01, "no route from this pod to m:1 (x)")])
+    assert not v.ok and v.failed == ("peer",) and "peer: no route" in v.reason
+    f = fault_of(v, 3)
+    assert f.kind is FaultKind.NODE and f.scope is Scope.POD  # never cordons on it
+    assert budgets(fast=True)["peer"] <= budgets(fast=False)["peer"]
