@@ -147,6 +147,10 @@ test: venv deps lint typecheck lint-workflows bundle
 	@if [ -f $(PROTO) ]; then $(MAKE) --no-print-directory proto-check; fi
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory image; \
 	  else echo "not root: no image built (tests/integration/test_image.py skips)"; fi
+	@# Byte-compile the checkout once, as an installed wheel is: where the environment sets
+	@# PYTHONDONTWRITEBYTECODE (this machine and CI do), every agent, arbiter and trainer
+	@# the tests start would otherwise compile ftagent from source (0.9 vs 0.4 s a start).
+	$(BIN)/python -m compileall -q ftagent tests bench examples >/dev/null
 	$(BIN)/pytest -q -p no:cacheprovider --durations=25 tests
 
 unit: venv
