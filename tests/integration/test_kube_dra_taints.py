@@ -105,3 +105,22 @@ def test_the_breaker_refuses_the_device_taint_and_the_pod_is_still_replaced() ->
             assert any("device gpu.nvidia.com/node-1/gpu-0 not tainted: cordoning is off"
                        in e.message for e in entries)
     run(body)
+
+
+def test_the_fakes_slices_claims_and_ftagents_rules_are_valid_kubernetes_1_37() -> None:
+    import kubernetes_validate
+
+    from ftagent.kube.device_taint import rule
+    from tests.kube_fake import FakeKube
+    with FakeKube() as fake:
+        fake.add_node("node-0")
+        fake.add_pod(NS, "p", node="node-0", **DRA)
+        fake.add_resource_slice("node-0", devices=("gpu-0",))
+        fake.taint_slice_device("node-0", "gpu-0", "gpu.nvidia.com/xid", "79")
+        fake.allocate_claim(NS, "p", ["gpu-0"], "node-0")
+        objs = [*fake.list("resourceslices.resource.k8s.io"),
+                *fake.list("resourceclaims.resource.k8s.io", NS),
+                *(rule("gpu.nvidia.com", "node-0", "gpu-0", "why", "f", "j", effect=e)
+                  for e in ("None", "NoSchedule"))]
+        for o in objs:
+            kubernetes_validate.validate(o, "1.37", strict=True)
