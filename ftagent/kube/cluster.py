@@ -443,8 +443,9 @@ class Cluster:
 
     def on_resource_claim(self, type_: str, claim: Any) -> None:
         """A ResourceClaim watch event, on the loop (its allocation, whom it serves)."""
-        if self.dra.on_claim(type_, claim) and self.active():
-            self._dra_all()
+        uids = self.dra.on_claim(type_, claim)
+        if uids and self.active():
+            self._dra_all(uids)
 
     def on_device_taint_rule(self, type_: str, obj: Any) -> None:
         """ftagent's own DeviceTaintRules as the watch sees them: the breaker holds each
@@ -460,14 +461,17 @@ class Cluster:
             else Held(job if isinstance(job, str) else "", now, True)
         self.breaker.observe(device_key(*dev), held, now)
 
-    def _dra_all(self) -> None:
+    def _dra_all(self, uids: frozenset[str] | None = None) -> None:
+        """The running jobs' pods (only those of ``uids`` when given) against the taints."""
         for job in list(self.registry.jobs.values()):
             if job.finished:
                 continue
             for rs in list(job.ranks.values()):
                 pod = self.pod_cache.get((job.namespace, rs.pod)) if rs.pod else None
-                if pod is not None and rs.state not in _QUIET_STATES:
-                    self._dra_taints(job, rs, pod)
+                if pod is None or rs.state in _QUIET_STATES or (
+                        uids is not None and get(pod, "metadata", "uid") not in uids):
+                    continue
+                self._dra_taints(job, rs, pod)
 
     def _dra_taints(self, job: JobState, rs: Any, pod: Any) -> None:
         """A DRA device the pod holds tainted by its driver (dra.py): that rank's pod is

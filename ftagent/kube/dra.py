@@ -152,19 +152,21 @@ class DraTaints:
             self._slices.pop(name, None)
         return bool(new) and new != old
 
-    def on_claim(self, type_: str, obj: Any) -> bool:
-        """A ResourceClaim event; True when what it holds changed."""
+    def on_claim(self, type_: str, obj: Any) -> frozenset[str]:
+        """A ResourceClaim event: the uids of the pods it is now reserved for when what it
+        holds changed (those pods are looked at again, no others), else none."""
         ns, name = text(get(obj, "metadata", "namespace"), 63), name_of(obj)
         if not ns or not name:
-            return False
+            return frozenset()
         key = (ns, name)
         if type_ == "DELETED":
-            return self._claims.pop(key, None) is not None
+            self._claims.pop(key, None)
+            return frozenset()
         c = claim_of(obj)
         changed = self._claims.get(key) != c
         if key in self._claims or len(self._claims) < MAX_CLAIMS_KEPT:
             self._claims[key] = c
-        return changed
+        return c.reserved if changed and c.devices else frozenset()
 
     def taint_of(self, dev: Dev) -> Taint | None:
         for taints in self._slices.values():

@@ -124,3 +124,18 @@ def test_the_fakes_slices_claims_and_ftagents_rules_are_valid_kubernetes_1_37() 
                   for e in ("None", "NoSchedule"))]
         for o in objs:
             kubernetes_validate.validate(o, "1.37", strict=True)
+
+
+def test_a_device_tainted_before_its_claim_is_seen_is_acted_on_when_the_claim_comes(
+        ) -> None:
+    async def body() -> None:
+        async with cluster(pod_spec=DRA) as s:
+            s.fake.add_resource_slice("node-3", devices=("gpu-0",))
+            s.fake.taint_slice_device("node-3", "gpu-0", "gpu.nvidia.com/xid", "79")
+            await wait_until(lambda: len(s.cluster.dra._slices) == 1, 20, "slice watched")
+            job = s.reg.jobs[(NS, "llm")]
+            assert job.generation == 0
+            s.fake.allocate_claim(NS, "llm-worker-3", ["gpu-0"], "node-3")
+            await wait_until(lambda: job.generation == 1, 20, "the taint's decision")
+            assert [c.kind for c in s.commands(3)] == [pb.COMMAND_KIND_REPLACE]
+    run(body)
