@@ -177,6 +177,36 @@ def memory_state(nvml: Any, handle: Any, pynvml: Any) -> str:
     return ""
 
 
+async def compute_check(source: Any, budget: float,
+                        clock: Callable[[], float] = time.monotonic) -> CheckResult:
+    """The compute check of a started GPU source's devices (also ``gpu_check``'s): the
+    simulated backend's own, the CUDA child on real NVML where torch is importable, else
+    no compute path (skipped, said so)."""
+    t0 = clock()
+    devices = list(getattr(source, "gpus", ()) or ())
+    nvml: Any = getattr(getattr(source, "nv", None), "nvml", None)
+    backend: Any = getattr(source, "backend", None)
+    sim = getattr(nvml if nvml is not None else backend, "ftagent_compute_check", None)
+    if sim is not None:  # a simulated backend: its script says how each device does
+        probe = compute_sim_probe(sim, devices)
+        try:
+            why = await in_thread(probe, budget)
+        except TimedOut:
+            return CheckResult("compute", False, clock() - t0,
+                               f"did not answer within {budget:g}s", timed_out=True)
+        except Exception as e:  # a probe that raised: its message, one line
+            why = f"{type(e).__name__}: {e}"
+        return CheckResult("compute", not why, clock() - t0, why)
+    if nvml is None or not isinstance(nvml, types.ModuleType):  # not pynvml itself
+        tool = getattr(backend, "tool", "") or type(nvml).__name__
+        return CheckResult("compute", True, clock() - t0,
+                           f"no compute path through {tool} (not checked)", skipped=True)
+    if importlib.util.find_spec("torch") is None:
+        return CheckResult("compute", True, clock() - t0, "no compute path: torch is not "
+                           "installed where the agent runs (not checked)", skipped=True)
+    return await compute_child(budget, clock)
+
+
 def compute_sim_probe(check: Callable[[Any], str], devices: Sequence[Any]
                       ) -> Callable[[], str]:
     """The simulated backends' compute check of every device ('' when all pass)."""
@@ -369,20 +399,7 @@ class Preflight:
             return CheckResult("compute", True, self.clock() - t0,
                                "no accelerator watched", skipped=True)
         left = max(0.1, budget - (self.clock() - t0))
-        nvml: Any = getattr(getattr(source, "nv", None), "nvml", None)
-        backend: Any = getattr(source, "backend", None)
-        sim = getattr(nvml if nvml is not None else backend, "ftagent_compute_check", None)
-        if sim is not None:  # a simulated backend: its script says how each device does
-            return await self._timed("compute", compute_sim_probe(sim, devices), left)
-        if nvml is None or not isinstance(nvml, types.ModuleType):  # not pynvml itself
-            tool = getattr(backend, "tool", "") or type(nvml).__name__
-            return CheckResult("compute", True, self.clock() - t0,
-                               f"no compute path through {tool} (not checked)", skipped=True)
-        if importlib.util.find_spec("torch") is None:
-            return CheckResult("compute", True, self.clock() - t0, "no compute path: torch "
-                               "is not installed where the agent runs (not checked)",
-                               skipped=True)
-        return await compute_child(left, self.clock)
+        return await compute_check(source, left, self.clock)
 
     async def _peer(self, budget: float) -> CheckResult:
         if self.peer is None:
