@@ -139,3 +139,15 @@ def test_a_device_tainted_before_its_claim_is_seen_is_acted_on_when_the_claim_co
             await wait_until(lambda: job.generation == 1, 20, "the taint's decision")
             assert [c.kind for c in s.commands(3)] == [pb.COMMAND_KIND_REPLACE]
     run(body)
+
+
+def test_the_fake_refuses_a_slice_taint_the_real_server_refuses() -> None:
+    import pytest
+
+    from tests.kube_fake import FakeKube
+    from tests.kube_fake.errors import ApiError
+    with FakeKube() as fake:
+        fake.add_resource_slice("node-0")
+        with pytest.raises(ApiError) as err:
+            fake.taint_slice_device("node-0", "gpu-0", "k", effect="PreferNoSchedule")
+        assert err.value.code == 422 and "spec.devices[0].taints[0].effect" in str(err.value)
