@@ -169,6 +169,7 @@ class Cluster:
         # DRA device taints the cluster could not take: the node's cordon instead, judged
         # on the loop (the breaker): (job key, node, kind, reason, fault id, rank)
         self._taint_fallbacks: list[tuple[tuple[str, str], str, str, str, str, Any]] = []
+        self._taint_failed: list[str] = []  # device keys whose rule was never written
         # an uncordon made (node): the arbiter may count it
         self.on_uncordon: Callable[[str], None] = lambda node: None
         self.evidence = NodeEvidence(settings.node_evidence_window)
@@ -864,7 +865,7 @@ class Cluster:
                        now: float) -> None:
         """In a worker: a DeviceTaintRule per faulty DRA device; where the cluster has
         none (or forbids it), the node's cordon instead, decided on the loop."""
-        for dev in devices:
+        for i, dev in enumerate(devices):
             if len(dev) != 3:
                 continue
             driver, pool, device = (str(x) for x in dev)
@@ -877,18 +878,24 @@ class Cluster:
                                 f"(node {node} stays schedulable): {reason}", now)
             except Absent as e:
                 log.warning("job %s: %s; cordoning node %s instead", who, e, node)
-                self.breaker.release(device_key(driver, pool, device))
-                with self._lock:
+                with self._lock:  # this device and the ones after it: never written
+                    self._taint_failed.extend(device_key(*(str(x) for x in d))
+                                              for d in devices[i:] if len(d) == 3)
                     self._taint_fallbacks.append(((job.namespace, job.job), node, kind,
                                                   reason, fault_id, rank))
                 return
             except Exception:
                 self.on_action_failed("taint_device")
                 log.exception("tainting device %s/%s/%s failed", driver, pool, device)
+                with self._lock:  # never written: the breaker forgets it on the loop
+                    self._taint_failed.append(device_key(driver, pool, device))
 
     def _taint_fallbacks_due(self, now: float) -> None:
         with self._lock:
             due, self._taint_fallbacks = self._taint_fallbacks, []
+            failed, self._taint_failed = self._taint_failed, []
+        for dev_key in failed:  # (the breaker is the loop's: released here, not in a worker)
+            self.breaker.release(dev_key)
         for key, node, kind, reason, fault_id, rank in due:
             job = self.registry.jobs.get(key)
             if job is None or not node or held_by_other(self.node_cache.get(node)):

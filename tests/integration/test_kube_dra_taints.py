@@ -151,3 +151,19 @@ def test_the_fake_refuses_a_slice_taint_the_real_server_refuses() -> None:
         with pytest.raises(ApiError) as err:
             fake.taint_slice_device("node-0", "gpu-0", "k", effect="PreferNoSchedule")
         assert err.value.code == 422 and "spec.devices[0].taints[0].effect" in str(err.value)
+
+
+def test_a_device_taint_the_api_server_failed_is_not_held_by_the_breaker() -> None:
+    """A rule never written (500) does not keep a breaker slot: the cluster's one slot
+    (8 nodes, --max-cordon-fraction 0.1) is free again for the next fault."""
+    async def body() -> None:
+        async with cluster(pod_spec=DRA) as s:
+            allocate(s)
+            s.fake.fail("create", RULES, 500, times=None)
+            await wait_until(lambda: len(s.cluster.dra._claims) == 4, 20, "claims watched")
+            s.fake.taint_slice_device("node-2", "gpu-0", "gpu.nvidia.com/xid", "79")
+            job = s.reg.jobs[(NS, "llm")]
+            await wait_until(lambda: job.generation == 1, 20, "the taint's decision")
+            await wait_until(lambda: s.fake.count("create", RULES) >= 1, 20, "tried")
+            await wait_until(lambda: s.cluster.breaker.count() == 0, 20, "slot released")
+    run(body)
