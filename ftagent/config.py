@@ -321,11 +321,13 @@ class SupervisorConfig:
         True, "--preflight", "before every start and restart, before the barrier: the "
         "accelerators answer and their memory is usable, the watched links are up, "
         "--preflight-checkpoint-dir takes a file, the rendezvous (MASTER_ADDR) has a route, "
-        "each within its budget (5 s, 1 s, 5 s, 2 s); a failure is a fault that replaces "
-        "this rank's pod; --no-preflight: off (default: on)")
+        "the devices store and compute right, each within its budget (5 s, 1 s, 5 s, 2 s, "
+        "10 s); a failure is a fault that replaces this rank's pod; --no-preflight: off "
+        "(default: on)")
     preflight_warm: str = opt(
         "fast", "--preflight-warm", "budgets on a restart in place: fast (2 s, 0.5 s, 2 s, "
-        "1 s: the devices answered moments ago) or full", choices=("fast", "full"))
+        "1 s, no compute check: the devices answered moments ago) or full",
+        choices=("fast", "full"))
     preflight_checkpoint_dir: str = opt(
         "", "--preflight-checkpoint-dir", "directory preflight checks is writable and "
         "readable (the trainer's checkpoints; default: none checked)", metavar="DIR")

@@ -21,6 +21,11 @@ storage                 the checkpoint directory (if given) takes a    5 s    2 
 peer                    a TCP connect to MASTER_ADDR:MASTER_PORT      2 s    1 s
                           (ranks other than 0) finds a route:
                           connected or refused; ENETUNREACH fails
+compute                 every device stores and reads back 64 MiB    10 s   skip
+                          and computes a known sum and matmul
+                          (agent/compute_probe.py in a child with
+                          torch and CUDA; the simulated backends'
+                          own; no compute path: skipped, said so)
 ======================= ============================================ ======= =====
 
 A check that takes longer than its budget fails as "did not answer within": a device or
@@ -38,9 +43,10 @@ from dataclasses import dataclass
 
 from ftagent.model import Fault, FaultKind, Scope, Severity
 
-CHECKS = ("accelerator", "nic", "storage", "peer")
-BUDGETS = {"accelerator": 5.0, "nic": 1.0, "storage": 5.0, "peer": 2.0}
-FAST_BUDGETS = {"accelerator": 2.0, "nic": 0.5, "storage": 2.0, "peer": 1.0}
+CHECKS = ("accelerator", "nic", "storage", "peer", "compute")
+BUDGETS = {"accelerator": 5.0, "nic": 1.0, "storage": 5.0, "peer": 2.0, "compute": 10.0}
+# compute 0: skipped on a warm restart (the devices computed moments ago)
+FAST_BUDGETS = {"accelerator": 2.0, "nic": 0.5, "storage": 2.0, "peer": 1.0, "compute": 0.0}
 MAX_DETAIL = 300
 
 
@@ -98,7 +104,7 @@ def fault_of(v: Verdict, generation: int) -> Fault:
     arbiter REPLACEs this rank's pod. An accelerator failure is a GPU fault of the node's
     hardware (node-scope: a node agent's or other tenants' reports can corroborate it); a
     link or the storage is the pod's view (scope POD: its node is never cordoned on it)."""
-    gpu = "accelerator" in v.failed
+    gpu = "accelerator" in v.failed or "compute" in v.failed
     kind = FaultKind.GPU if gpu else FaultKind.NODE
     scope = Scope.NODE if gpu else Scope.POD
     evidence = {"preflight": True, "checks": list(v.failed), "generation": generation,

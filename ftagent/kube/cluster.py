@@ -56,13 +56,21 @@ from ftagent.kube.cluster_faults import (
     NodeFaults,
     PodFaults,
     get,
+    name_of,
     parse_time,
     pending_fault,
     terminal_status,
     waits_for_a_node,
 )
 from ftagent.kube.device_health import DeviceHealth
-from ftagent.kube.device_taint import TAINT_KEY, Absent, taint_device
+from ftagent.kube.device_taint import (
+    TAINT_KEY,
+    Absent,
+    device_key,
+    rule_name,
+    taint_device,
+)
+from ftagent.kube.dra import DraTaints
 from ftagent.kube.identity import identify, literal_env, trainer_index
 from ftagent.kube.membership import KIND_RANK, JobOwners, Ref, controller_ref, local_world
 from ftagent.kube.node_blip import STEP_WINDOW, still_stepping
@@ -162,12 +170,14 @@ class Cluster:
         # DRA device taints the cluster could not take: the node's cordon instead, judged
         # on the loop (the breaker): (job key, node, kind, reason, fault id, rank)
         self._taint_fallbacks: list[tuple[tuple[str, str], str, str, str, str, Any]] = []
+        self._taint_failed: list[str] = []  # device keys whose rule was never written
         # an uncordon made (node): the arbiter may count it
         self.on_uncordon: Callable[[str], None] = lambda node: None
         self.evidence = NodeEvidence(settings.node_evidence_window)
         self.nodes = NodeFaults(settings.node_notready_grace)
         self.pods = PodFaults()
         self.devices = DeviceHealth()  # device health in pod status (KEP-4680)
+        self.dra = DraTaints()  # DRA device taints on ResourceSlices (KEP-5055)
         self.streaks = Streaks()  # restarts in a row blamed on one rank (the ladder's)
         # NotReady faults held back while the job's ranks there keep stepping (node_blip)
         self._blips: dict[tuple[str, tuple[str, str]], ClusterFault] = {}
@@ -409,6 +419,7 @@ class Cluster:
                                        rank=rs.rank)
         if not deleted:
             self._device_health(job, rs, pod)
+            self._dra_taints(job, rs, pod)
             self._set_tiers(job, rs)
 
     def _terminal(self, ns: str, name: str, pod: dict[str, Any]) -> None:
@@ -465,6 +476,59 @@ class Cluster:
         for cf in faults:
             self._remember(cf, ((ns, name, cf.uid),))
             self.registry.report_fault(job.namespace, job.job, cf.fault, now, rank=rs.rank)
+
+    # ------------------------------------------------------------ DRA (kube/dra.py)
+
+    def on_resource_slice(self, type_: str, sl: Any) -> None:
+        """A ResourceSlice watch event, on the loop: a device newly tainted by its driver
+        is looked for among the running jobs' pods."""
+        if self.dra.on_slice(type_, sl) and self.active():
+            self._dra_all()
+
+    def on_resource_claim(self, type_: str, claim: Any) -> None:
+        """A ResourceClaim watch event, on the loop (its allocation, whom it serves)."""
+        uids = self.dra.on_claim(type_, claim)
+        if uids and self.active():
+            self._dra_all(uids)
+
+    def on_device_taint_rule(self, type_: str, obj: Any) -> None:
+        """ftagent's own DeviceTaintRules as the watch sees them: the breaker holds each
+        tainted device until its rule is deleted (a new leader counts its predecessor's)."""
+        sel = get(obj, "spec", "deviceSelector")
+        dev = tuple(get(sel, k) for k in ("driver", "pool", "device"))
+        if not all(isinstance(x, str) and x for x in dev) or \
+                name_of(obj) != rule_name(*dev):
+            return
+        now = self.clock()
+        job = get(obj, "metadata", "annotations", "ftagent.io/fault-job")
+        held = None if type_ == "DELETED" or get(obj, "spec", "taint", "effect") == "None" \
+            else Held(job if isinstance(job, str) else "", now, True)
+        self.breaker.observe(device_key(*dev), held, now)
+
+    def _dra_all(self, uids: frozenset[str] | None = None) -> None:
+        """The running jobs' pods (only those of ``uids`` when given) against the taints."""
+        for job in list(self.registry.jobs.values()):
+            if job.finished:
+                continue
+            for rs in list(job.ranks.values()):
+                pod = self.pod_cache.get((job.namespace, rs.pod)) if rs.pod else None
+                if pod is None or rs.state in _QUIET_STATES or (
+                        uids is not None and get(pod, "metadata", "uid") not in uids):
+                    continue
+                self._dra_taints(job, rs, pod)
+
+    def _dra_taints(self, job: JobState, rs: Any, pod: Any) -> None:
+        """A DRA device the pod holds tainted by its driver (dra.py): that rank's pod is
+        replaced and the device tainted, as node-scope evidence; only for the job's own
+        pod as the watch sees it (as ``_device_health``)."""
+        ns, name = get(pod, "metadata", "namespace"), get(pod, "metadata", "name")
+        if ns != job.namespace or get(pod, "metadata", "labels", JOB_LABEL) != job.job or \
+                (rs.pod_uid and rs.pod_uid != get(pod, "metadata", "uid")):
+            return
+        for cf in self.dra.observe(pod):
+            self._remember(cf, ((ns, name, cf.uid),))
+            self.registry.report_fault(job.namespace, job.job, cf.fault, self.clock(),
+                                       rank=rs.rank)
 
     def _report_node(self, cf: ClusterFault, only: tuple[str, str] | None = None) -> None:
         by_job: dict[tuple[str, str], list[Any]] = {}
@@ -655,6 +719,7 @@ class Cluster:
         if cf is not None:  # the API server's own view: its scope decides
             cordon, why = bool(node) and cf.fault.scope is Scope.NODE, ""
             evidence = "device-health" if cf.fault.evidence.get("device_health") is True \
+                else "dra-taint" if cf.fault.evidence.get("dra_taint") is True \
                 else "node-condition"
         elif node:
             account = next((a for ns, name, _ in pods
@@ -676,8 +741,13 @@ class Cluster:
             # DRA devices: taint each one (KEP-5055), not the node; the node's cordon
             # only if the cluster cannot take the taint (_taint_fallbacks_due)
             cordon = False
-            self._submit(self._actions, self._taint_devices, job, node, kind, d.reason,
-                         d.fault_id, who, [tuple(x) for x in dra[:16]], d.rank, now)
+            devs = [tuple(str(y) for y in x) for x in dra[:16]
+                    if isinstance(x, list) and len(x) == 3]
+            devs = [x for x in devs if self._breaker_allows(
+                job, rs, device_key(*x), who, d, now, evidence)]  # as a node costs
+            if devs:
+                self._submit(self._actions, self._taint_devices, job, node, kind, d.reason,
+                             d.fault_id, who, devs, d.rank, now)
         other = held_by_other(self.node_cache.get(node)) if cordon else ""
         if other:  # another system drains it: the pod moves, the node stays theirs
             cordon = False
@@ -700,7 +770,8 @@ class Cluster:
             self.breaker.record(node, who, now, confirmed)
             self.health.forget(node)  # healthy from now on counts afresh
             return True
-        msg = f"node {node} not cordoned: {v.reason}"
+        msg = f"{node} not tainted: {v.reason}" if node.startswith("device ") else \
+            f"node {node} not cordoned: {v.reason}"
         log.warning("%s (job %s)", msg, who)
         self.on_cordon_skipped()
         self.registry.record(job, "decision", msg, now, rank=d.rank, fault_id=d.fault_id)
@@ -835,7 +906,7 @@ class Cluster:
                        now: float) -> None:
         """In a worker: a DeviceTaintRule per faulty DRA device; where the cluster has
         none (or forbids it), the node's cordon instead, decided on the loop."""
-        for dev in devices:
+        for i, dev in enumerate(devices):
             if len(dev) != 3:
                 continue
             driver, pool, device = (str(x) for x in dev)
@@ -844,21 +915,28 @@ class Cluster:
                                 who):
                     self._event(job, "", "Warning", "DeviceTainted",
                                 f"device {driver}/{pool}/{device} tainted "
-                                f"{TAINT_KEY}=device:NoSchedule (node {node} stays "
-                                f"schedulable): {reason}", now)
+                                f"{TAINT_KEY}=device:None (dry run), then NoSchedule "
+                                f"(node {node} stays schedulable): {reason}", now)
             except Absent as e:
                 log.warning("job %s: %s; cordoning node %s instead", who, e, node)
-                with self._lock:
+                with self._lock:  # this device and the ones after it: never written
+                    self._taint_failed.extend(device_key(*(str(x) for x in d))
+                                              for d in devices[i:] if len(d) == 3)
                     self._taint_fallbacks.append(((job.namespace, job.job), node, kind,
                                                   reason, fault_id, rank))
                 return
             except Exception:
                 self.on_action_failed("taint_device")
                 log.exception("tainting device %s/%s/%s failed", driver, pool, device)
+                with self._lock:  # never written: the breaker forgets it on the loop
+                    self._taint_failed.append(device_key(driver, pool, device))
 
     def _taint_fallbacks_due(self, now: float) -> None:
         with self._lock:
             due, self._taint_fallbacks = self._taint_fallbacks, []
+            failed, self._taint_failed = self._taint_failed, []
+        for dev_key in failed:  # (the breaker is the loop's: released here, not in a worker)
+            self.breaker.release(dev_key)
         for key, node, kind, reason, fault_id, rank in due:
             job = self.registry.jobs.get(key)
             if job is None or not node or held_by_other(self.node_cache.get(node)):
@@ -1061,13 +1139,16 @@ def start_watches(cluster: Cluster, api_client: Any, loop: asyncio.AbstractEvent
     (ftagent/kube/informer.py: list + watch, resume, bookmarks, 410 -> relist with the
     difference handed over, backoff with jitter), handing changes to the cluster on
     ``loop``. ``stop`` set, then ``join``: they end."""
+    from ftagent.kube.dra_watch import dra_informers
     from ftagent.kube.informer import node_informer, pod_informer
 
     pods = pod_informer(api_client, label_selector=JOB_LABEL, loop=loop,
                         handler=lambda c: cluster.on_pod(c.type, c.obj))
     nodes = node_informer(api_client, loop=loop,
                           handler=lambda c: cluster.on_node(c.type, c.obj))
-    watches = [_Watch(pods), _Watch(nodes)]
+    watches = [_Watch(pods), _Watch(nodes), *(_Watch(i) for i in dra_informers(
+        api_client, loop, cluster.on_resource_slice, cluster.on_resource_claim,
+        cluster.on_device_taint_rule))]
     for w in watches:
         w.informer.start()
 

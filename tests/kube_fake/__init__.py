@@ -392,6 +392,59 @@ class FakeKube:
         return self.patch("pods", name, {"status": {"containerStatuses": [st]}}, namespace,
                           STRATEGIC, "status")
 
+    def add_resource_slice(self, node: str, driver: str = "gpu.nvidia.com",
+                           devices: tuple[str, ...] = ("gpu-0",),
+                           pool: str | None = None) -> dict[str, Any]:
+        """A DRA driver's ResourceSlice for ``node`` (resource.k8s.io/v1): pool ``pool``
+        (default the node's name, as NVIDIA's driver names it), one generation, one slice."""
+        pool = pool or node
+        return self.create("resourceslices.resource.k8s.io", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-{driver}".replace("/", "-")},
+            "spec": {"driver": driver, "nodeName": node,
+                     "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": d} for d in devices]}})
+
+    def taint_slice_device(self, node: str, device: str, key: str, value: str = "",
+                           effect: str = "NoSchedule",
+                           driver: str = "gpu.nvidia.com") -> dict[str, Any]:
+        """The driver taints ``device`` in its slice (``spec.devices[].taints``, KEP-5055;
+        effect None, NoSchedule or NoExecute, ``timeAdded`` set as the server sets it)."""
+        name = f"{node}-{driver}".replace("/", "-")
+        sl = self.get("resourceslices.resource.k8s.io", name) or {}
+        taint = {"key": key, "effect": effect, "timeAdded": now_rfc3339()}
+        if value:
+            taint["value"] = value
+        devs = [({**d, "taints": [*(d.get("taints") or []), taint]}
+                 if d.get("name") == device else d) for d in sl["spec"]["devices"]]
+        return self.patch("resourceslices.resource.k8s.io", name,
+                          {"spec": {"devices": devs}})
+
+    def allocate_claim(self, namespace: str, pod: str, devices: builtins.list[str],
+                       node: str, driver: str = "gpu.nvidia.com", request: str = "gpu",
+                       claim: str | None = None) -> dict[str, Any]:
+        """A ResourceClaim for ``pod`` allocated ``devices`` of ``node``'s pool and
+        reserved for the pod (its uid in ``status.reservedFor``), and the pod's
+        ``status.resourceClaimStatuses`` naming it, as the scheduler and the
+        ResourceClaim controller leave them for a claim made from a template."""
+        p = self.get("pods", pod, namespace) or {}
+        uid = (p.get("metadata") or {}).get("uid", "")
+        name = claim or f"{pod}-gpu"
+        self.create("resourceclaims.resource.k8s.io", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"devices": {"requests": [{"name": request, "exactly": {
+                "deviceClassName": driver}}]}}})
+        status = {"allocation": {"devices": {"results": [
+            {"request": request, "driver": driver, "pool": node, "device": d}
+            for d in devices]}},
+            "reservedFor": [{"resource": "pods", "name": pod, "uid": uid}]}
+        got = self.patch("resourceclaims.resource.k8s.io", name, {"status": status},
+                         namespace, subresource="status")
+        self.patch("pods", pod, {"status": {"resourceClaimStatuses": [
+            {"name": request, "resourceClaimName": name}]}}, namespace, STRATEGIC, "status")
+        return got
+
     def events(self, namespace: str | None = None,
                involved: str | None = None) -> builtins.list[dict[str, Any]]:
         evs = self.list("events", namespace)

@@ -139,6 +139,7 @@ class Store:
         else:
             meta.pop("namespace", None)
         validate.device_taint_rule(kind, obj)
+        validate.resource_slice(kind, obj)
         validate.pod_spec(kind, obj, self.gates)
         with self.lock:
             key = self._key(kind, meta.get("namespace"), name)
@@ -296,6 +297,7 @@ class Store:
             return to_view(kind, old)
         validate.pod(kind, new)
         validate.device_taint_rule(kind, new)
+        validate.resource_slice(kind, new)
         spec_keys = set(new) | set(old)
         if "generation" in ometa and any(new.get(k) != old.get(k)
                                          for k in spec_keys - {"metadata", "status"}):

@@ -18,7 +18,8 @@ a container with rules must set ``restartPolicy``, at most 20 rules, each with
 ``Restart`` -- or ``RestartAllContainers`` only with that gate on.
 
 DeviceTaintRule (resource.k8s.io/v1, ``validateDeviceTaint``): ``spec.taint.key``
-required, ``spec.taint.effect`` one of None, NoSchedule, NoExecute.
+required, ``spec.taint.effect`` one of None, NoSchedule, NoExecute; the same for each
+taint of a ResourceSlice's device (``spec.devices[].taints[]``, at most 16 per device).
 """
 
 from __future__ import annotations
@@ -101,6 +102,33 @@ def device_taint_rule(kind: Kind, obj: Obj) -> None:
     if errs:
         msg = errs[0] if len(errs) == 1 else "[" + ", ".join(errs) + "]"
         raise ApiError(422, "Invalid", f'DeviceTaintRule.resource.k8s.io "{name}" is invalid: '
+                       f"{msg}", details(kind, name))
+
+
+def resource_slice(kind: Kind, obj: Obj) -> None:
+    """Raise the real server's 422 for an invalid device taint in a ResourceSlice
+    (``validateDeviceTaint`` on ``spec.devices[i].taints[j]``: key required, effect one
+    of None, NoSchedule, NoExecute; at most 16 taints per device)."""
+    if kind.plural != "resourceslices":
+        return
+    name = (obj.get("metadata") or {}).get("name", "")
+    errs = []
+    for i, d in enumerate((obj.get("spec") or {}).get("devices") or []):
+        taints = (d or {}).get("taints") or []
+        if len(taints) > 16:
+            errs.append(f"spec.devices[{i}].taints: Too many: {len(taints)}: must have at "
+                        "most 16 items")
+        for j, t in enumerate(taints[:64]):
+            path = f"spec.devices[{i}].taints[{j}]"
+            if not (t or {}).get("key"):
+                errs.append(f"{path}.key: Required value")
+            if (t or {}).get("effect") not in EFFECTS:
+                errs.append(f"{path}.effect: Unsupported value: "
+                            f"{json.dumps((t or {}).get('effect'))}: supported values: "
+                            + ", ".join(f'"{e}"' for e in EFFECTS))
+    if errs:
+        msg = errs[0] if len(errs) == 1 else "[" + ", ".join(errs) + "]"
+        raise ApiError(422, "Invalid", f'ResourceSlice.resource.k8s.io "{name}" is invalid: '
                        f"{msg}", details(kind, name))
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import jsonpatch
 import kubernetes_validate
+import pytest
 
 from ftagent.arbiter.ladder import Features
 from ftagent.kube.inject import Settings, mutate
@@ -138,3 +139,16 @@ def test_streaks_count_restarts_in_a_row_blamed_on_one_rank() -> None:
     assert s.repeats(key, 3, 3) == 1
     s.note(key, None, 4, restart=False)  # a REPLACE of another pod ends it
     assert s.repeats(key, 3, 4) == 0
+
+
+def test_the_webhooks_restart_in_place_flag_and_variable_set_the_default_rules() -> None:
+    """--restart-in-place / FTAGENT_RESTART_IN_PLACE -> Settings.restart_rules (none: "")."""
+    from ftagent.cmd.webhook import _server, parse
+
+    assert _server(parse(["--self-signed"], {})).settings.restart_rules == ""
+    assert _server(parse(["--self-signed", "--restart-in-place", "pod"], {})
+                   ).settings.restart_rules == "pod"
+    assert _server(parse(["--self-signed"], {"FTAGENT_RESTART_IN_PLACE": "container"})
+                   ).settings.restart_rules == "container"
+    with pytest.raises(SystemExit):
+        parse(["--self-signed", "--restart-in-place", "always"], {})
