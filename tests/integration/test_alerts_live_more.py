@@ -1,10 +1,13 @@
-"""More of the shipped alerts, live (issue 32.4): the NIC alerts, under a real Prometheus
-scraping a real agent that watches a real link.
+"""More of the shipped alerts, live (issue 32.4), each under a real Prometheus scraping
+real processes on loopback, with the test copy of the rules of test_alerts_live.py (every
+``for:`` 2 s, every window and ``offset`` 20 s).
 
-The agent runs in a network namespace of its own with one end of a veth pair; the test
-takes the other end down and up. Prometheus runs in the same namespace (it scrapes the
-agent on that namespace's loopback) and the test reads its API with ``curl`` run there.
-The rules are the test copy of test_alerts_live.py (every ``for:`` 2 s, every window 20 s).
+* The NIC alerts: a real agent watches one end of a veth pair in a network namespace of
+  its own; the test takes the other end down and up. Prometheus runs in that namespace (it
+  scrapes the agent on the namespace's loopback) and the test reads its API with ``curl``
+  run there.
+* The job alerts: a real arbiter and real agents (a job waiting for a rank, a job stopped
+  by a crash with no restart left, calls with a wrong token).
 """
 
 from __future__ import annotations
@@ -70,3 +73,87 @@ def test_the_nic_alerts_fire_and_resolve_on_a_real_link(tmp_path: Path) -> None:
             prom.stop()
             agent.send_signal(signal.SIGTERM)
             agent.wait(timeout=30)
+
+
+SECRET = "alerts-t0ken-0123456789"
+JOBS = ("FtagentJobNotTraining", "FtagentJobStopped", "FtagentArbiterRejectingRequests")
+# A trainer that steps until its file says "exit" (then exits 0), or exits 2 at once
+# when its file says "crash".
+STEPPER = (
+    "import sys, time\n"
+    "while True:\n"
+    "    m = open(sys.argv[1]).read().strip()\n"
+    "    if m == 'crash':\n"
+    "        sys.exit(2)\n"
+    "    if m == 'exit':\n"
+    "        sys.exit(0)\n"
+    "    print('step=1 loss=1.0', flush=True)\n"
+    "    time.sleep(0.2)\n")
+
+
+def test_the_job_alerts_fire_and_resolve_on_a_real_arbiter(tmp_path: Path) -> None:
+    """FtagentJobNotTraining (a job whose second rank has not come: "starting"),
+    FtagentJobStopped (a crash with no restart left: the arbiter stops the job; a new run
+    resolves it) and FtagentArbiterRejectingRequests (calls with a wrong token), from a
+    real arbiter and real agents."""
+    import grpc
+
+    from ftagent.arbiter.process import ArbiterProcess
+    from ftagent.v1 import ftagent_pb2 as pb
+    from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
+    from ftagent.wire.credentials import bearer
+
+    metrics = free_port()
+    arbiter = ArbiterProcess("--token", SECRET, "--metrics-port", str(metrics),
+                             "--metrics-addr", "127.0.0.1")
+    address = arbiter.start()
+    agents: list[subprocess.Popen[bytes]] = []
+
+    def agent(job: str, rank: int, world: int, mode: Path, *flags: str) -> None:
+        agents.append(popen([PY, "-m", "ftagent", "run", "--metrics-port=-1",
+                             "--arbiter", address, "--token", SECRET, "--job", job,
+                             "--rank", str(rank), "--world-size", str(world), *flags,
+                             "--", PY, "-c", STEPPER, str(mode)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+    prom = Prometheus(tmp_path, {"ftagent-arbiter": ("ftagent-system", metrics)})
+    try:
+        wait_for(lambda: (prom.get("/api/v1/query?query=up") or {}).get("result"), 60,
+                 "the arbiter scraped")
+        steps = tmp_path / "steps"
+        steps.write_text("run")
+        agent("nt", 0, 2, steps)  # rank 1 of 2 does not come yet
+        wait_for(lambda: "FtagentJobNotTraining" in prom.alerts(), 60,
+                 "FtagentJobNotTraining to fire (starting)")
+        agent("nt", 1, 2, steps)
+        wait_for(lambda: "FtagentJobNotTraining" not in prom.active(), 60,
+                 "FtagentJobNotTraining to resolve (running)")
+
+        crash = tmp_path / "crash"
+        crash.write_text("crash")
+        agent("st", 0, 1, crash, "--max-restarts", "0")
+        wait_for(lambda: "FtagentJobStopped" in prom.alerts(), 60,
+                 "FtagentJobStopped to fire")
+        wait_for(lambda: agents[-1].poll() is not None, 30, "the stopped run's agent gone")
+        agent("st", 0, 1, steps)  # a new run of the job
+        wait_for(lambda: "FtagentJobStopped" not in prom.active(), 60,
+                 "FtagentJobStopped to resolve (a new run)")
+
+        with grpc.insecure_channel(address) as ch:
+            stub = pb_grpc.ArbiterStub(ch)
+            for _ in range(8):
+                with pytest.raises(grpc.RpcError):
+                    stub.ListJobs(pb.ListJobsRequest(), metadata=bearer("wrong"), timeout=5)
+        wait_for(lambda: "FtagentArbiterRejectingRequests" in prom.alerts(), 60,
+                 "FtagentArbiterRejectingRequests to fire")
+        steps.write_text("exit")  # every run ends well: succeeded
+        wait_for(lambda: all(a.poll() is not None for a in agents), 60, "the agents done")
+        wait_for(lambda: not prom.active() & set(JOBS), 60,
+                 "the job alerts to resolve (the rejections leave the window)")
+    finally:
+        prom.stop()
+        for a in agents:
+            if a.poll() is None:
+                a.send_signal(signal.SIGTERM)
+                a.wait(timeout=30)
+        arbiter.stop()
