@@ -76,14 +76,16 @@ def test_the_nic_alerts_fire_and_resolve_on_a_real_link(tmp_path: Path) -> None:
 
 
 SECRET = "alerts-t0ken-0123456789"
-JOBS = ("FtagentJobNotTraining", "FtagentJobStopped", "FtagentArbiterRejectingRequests")
-# A trainer that steps until its file says "exit" (then exits 0), or exits 2 at once
-# when its file says "crash".
+JOBS = ("FtagentJobNotTraining", "FtagentJobStopped", "FtagentArbiterRejectingRequests",
+        "FtagentTimeLostToFaults")
+# A trainer that steps until its file says "exit" (then exits 0), exits 2 at once when
+# it says "crash", and once (its first start) when it says "crash-once".
 STEPPER = (
-    "import sys, time\n"
+    "import os, sys, time\n"
     "while True:\n"
     "    m = open(sys.argv[1]).read().strip()\n"
-    "    if m == 'crash':\n"
+    "    if m == 'crash' or m == 'crash-once' and not os.path.exists(sys.argv[1] + '.1'):\n"
+    "        open(sys.argv[1] + '.1', 'w').close()\n"
     "        sys.exit(2)\n"
     "    if m == 'exit':\n"
     "        sys.exit(0)\n"
@@ -94,8 +96,9 @@ STEPPER = (
 def test_the_job_alerts_fire_and_resolve_on_a_real_arbiter(tmp_path: Path) -> None:
     """FtagentJobNotTraining (a job whose second rank has not come: "starting"),
     FtagentJobStopped (a crash with no restart left: the arbiter stops the job; a new run
-    resolves it) and FtagentArbiterRejectingRequests (calls with a wrong token), from a
-    real arbiter and real agents."""
+    resolves it), FtagentTimeLostToFaults (a crash and a restart; its budget of an hour a
+    day at 0 s in the test copy: THRESHOLDS) and FtagentArbiterRejectingRequests (calls
+    with a wrong token), from a real arbiter and real agents."""
     import grpc
 
     from ftagent.arbiter.process import ArbiterProcess
@@ -139,6 +142,17 @@ def test_the_job_alerts_fire_and_resolve_on_a_real_arbiter(tmp_path: Path) -> No
         wait_for(lambda: "FtagentJobStopped" not in prom.active(), 60,
                  "FtagentJobStopped to resolve (a new run)")
 
+        lost = tmp_path / "lost"
+        lost.write_text("run")
+        agent("tl", 0, 1, lost, "--max-restarts", "3")
+        wait_for(lambda: (prom.get('/api/v1/query?query=ftagent_job_seconds_lost_to_faults_total'
+                                   '{job_name="tl"}') or {}).get("result"), 60,
+                 "the job's time lost scraped before its crash")
+        lost.write_text("crash-once")
+        wait_for(lambda: "FtagentTimeLostToFaults" in prom.alerts(), 60,
+                 "FtagentTimeLostToFaults to fire")
+        lost.write_text("run")
+
         with grpc.insecure_channel(address) as ch:
             stub = pb_grpc.ArbiterStub(ch)
             for _ in range(8):
@@ -147,6 +161,7 @@ def test_the_job_alerts_fire_and_resolve_on_a_real_arbiter(tmp_path: Path) -> No
         wait_for(lambda: "FtagentArbiterRejectingRequests" in prom.alerts(), 60,
                  "FtagentArbiterRejectingRequests to fire")
         steps.write_text("exit")  # every run ends well: succeeded
+        lost.write_text("exit")
         wait_for(lambda: all(a.poll() is not None for a in agents), 60, "the agents done")
         wait_for(lambda: not prom.active() & set(JOBS), 60,
                  "the job alerts to resolve (the rejections leave the window)")
