@@ -14,7 +14,8 @@ the way the official ``python:3.11-slim-bullseye`` image does (the Dockerfile's 
    source is trixie's ``python3.13`` source package (``apt-get source``, its upstream
    tarball, 3.13.5; Debian's own patches are not applied);
 2. CPython built there (``--enable-shared``: PyInstaller needs libpython; no tests, no
-   profile-guided build: 2-4 minutes on two cores), installed at ``/opt/python``;
+   profile-guided build; about 40 minutes on the shared, loaded 2-core machine it was
+   written on, an idle one not measured), installed at ``/opt/python``;
 3. the agent's runtime dependencies and PyInstaller as manylinux2014 wheels at the lock's
    versions (``pip download`` here, installed there with ``--no-index``);
 4. packaging/build_bundle.py run there by that Python, on this checkout (bind-mounted
@@ -139,7 +140,7 @@ def build_python() -> None:
     exe = BROOT / PREFIX.lstrip("/") / "bin" / f"python{PY}"
     if stamped("python", want) and exe.is_file():
         return
-    log(f"CPython {PY} from source in the {SUITE} root (a few minutes)")
+    log(f"CPython {PY} from source in the {SUITE} root (the long step)")
     jobs = os.cpu_count() or 2
     # /tmp/b is kept until the build is done: an interrupted build resumes (make)
     chroot(f"mkdir -p /tmp/b && cd /tmp/b && {{ [ -f Makefile ] ||"
