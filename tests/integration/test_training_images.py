@@ -50,7 +50,9 @@ if os.geteuid() != 0 or MISSING:
         pytest.fail(f"FTAGENT_REQUIRE_IMAGE=1 but {why}", pytrace=False)
     pytest.skip(why, allow_module_level=True)
 
-pytestmark = pytest.mark.timeout(1200)  # the first run builds the root filesystems
+# the first run builds the root filesystems and, unless `make image` did, the bullseye
+# bundle (CPython compiled in a bullseye root: the long part)
+pytestmark = pytest.mark.timeout(3600)
 
 CHROOT = shutil.which("chroot") or "chroot"
 # what the webhook makes the trainer container's command (ftagent/kube/inject.py)
