@@ -7,7 +7,8 @@ real processes on loopback, with the test copy of the rules of test_alerts_live.
   scrapes the agent on the namespace's loopback) and the test reads its API with ``curl``
   run there.
 * The job alerts: a real arbiter and real agents (a job waiting for a rank, a job stopped
-  by a crash with no restart left, calls with a wrong token).
+  by a crash with no restart left, a crash and a restart, calls with a wrong token).
+* Training pods without an agent: ``ftagent arbiter --kube`` against the fake API server.
 """
 
 from __future__ import annotations
@@ -172,3 +173,37 @@ def test_the_job_alerts_fire_and_resolve_on_a_real_arbiter(tmp_path: Path) -> No
                 a.send_signal(signal.SIGTERM)
                 a.wait(timeout=30)
         arbiter.stop()
+
+
+def test_pods_without_agent_fires_and_resolves_on_a_real_arbiter(tmp_path: Path) -> None:
+    """FtagentTrainingPodsWithoutAgent: ``ftagent arbiter --kube`` against the fake API
+    server; an injected, running training pod whose agent never connects (its image could
+    not start it) is counted after ``--agent-connect-grace``; the alert resolves once the
+    pod is gone."""
+    pytest.importorskip("kubernetes")
+    from ftagent.arbiter.process import ArbiterProcess
+    from tests.integration.test_kube_agent_skipped import ENV, _injected
+    from tests.kube_fake import FakeKube
+
+    ns, metrics = "team", free_port()
+    with FakeKube() as fake:
+        fake.create("namespaces", {"metadata": {"name": ns, "labels": {
+            "ftagent.io/inject": "true"}}})
+        fake.add_node("n1")
+        _injected(fake, ns, "lonely-0", node="n1", labels={"ftagent.io/inject": "true"},
+                  containers=[{"name": "pytorch", "image": "t", "env": list(ENV)}])
+        arbiter = ArbiterProcess("--kube", "--kube-api", fake.url, "--token", SECRET,
+                                 "--metrics-port", str(metrics), "--metrics-addr", "127.0.0.1",
+                                 "--agent-connect-grace", "2",
+                                 env={"POD_NAMESPACE": "ftagent-system"})
+        arbiter.start()
+        prom = Prometheus(tmp_path, {"ftagent-arbiter": ("ftagent-system", metrics)})
+        try:
+            wait_for(lambda: "FtagentTrainingPodsWithoutAgent" in prom.alerts(), 90,
+                     "FtagentTrainingPodsWithoutAgent to fire")
+            fake.delete("pods", "lonely-0", ns)
+            wait_for(lambda: "FtagentTrainingPodsWithoutAgent" not in prom.active(), 90,
+                     "FtagentTrainingPodsWithoutAgent to resolve (the pod gone)")
+        finally:
+            prom.stop()
+            arbiter.stop()
