@@ -69,6 +69,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ftagent.arbiter_decider")
 
 POLL = 0.25
+ASSIGNED_WAIT = 30.0  # seconds an assigned spare whose preflight failed waits for the arbiter
 
 
 class RankSession:
@@ -121,6 +122,7 @@ class ArbiterDecider:
         """A rank's session (its link, not yet running, and its ``hooks``) and its seat in
         the local group; the worker carries the link's observer."""
         s = self.sessions[worker] = RankSession(self._link(worker), hooks or RankHooks())
+        s.link.proto.replica_port = s.hooks.replica_port  # said in the Hello (before start)
         self.fail_open_after = worker.cfg.arbiter.arbiter_fail_open_after
         return (*self.local.add(worker), _LinkObserver(worker, s))
 
@@ -190,6 +192,8 @@ class ArbiterDecider:
         link = s.link
         if link.proto.spare:
             ended = await self._serve_as_spare(worker, s)
+            if ended is None and not worker.lifecycle.stop_requested:
+                ended = await self._preflight_assigned(worker, s)
             if ended is not None or worker.lifecycle.stop_requested:
                 return ended
         gen = worker.lifecycle.generation
@@ -216,6 +220,8 @@ class ArbiterDecider:
                 return None
             if link.proto.spare:  # told SPARE: a former spare holds this rank now
                 ended = await self._serve_as_spare(worker, s)
+                if ended is None and not worker.lifecycle.stop_requested:
+                    ended = await self._preflight_assigned(worker, s)
                 if ended is not None or worker.lifecycle.stop_requested:
                     return ended
                 gen = worker.lifecycle.generation
@@ -260,6 +266,31 @@ class ArbiterDecider:
                      f"spare: it starts generation {life.generation} from its warm standby",
                      rank=life.rank, generation=life.generation)
         return None
+
+    async def _preflight_assigned(self, worker: Seat, s: RankSession) -> Action | None:
+        """A spare just ASSIGNed a rank checks its node again before it arrives (its last
+        preflight may be hours old): the worker's before-barrier parts (the ``preflight``
+        hook, which raises the fault it finds), the fast budgets. The fault goes to the
+        arbiter from the spare's stream, which retires the spare (its pod moves) and gives
+        the rank to the next spare or the rank's own pod: the arbiter's REPLACE is returned
+        (the worker records it as it exits with it). No answer within ``ASSIGNED_WAIT``:
+        the local policy's answer to a failed preflight (move the pod)."""
+        if s.hooks.preflight is None:
+            return None
+        fault = await s.hooks.preflight()
+        if fault is None:
+            return None
+        deadline = self.clock() + ASSIGNED_WAIT
+        while self.clock() < deadline and not worker.lifecycle.stop_requested:
+            decisive = _take_decisive(worker)
+            if decisive is not None and decisive.kind in (ActionKind.STOP, ActionKind.REPLACE):
+                return decisive
+            await asyncio.sleep(POLL)
+        if worker.lifecycle.stop_requested:
+            return None
+        log.warning("no answer from the arbiter to this spare's failed preflight within "
+                    "%.0fs: exiting so that its pod moves", ASSIGNED_WAIT)
+        return Action(ActionKind.REPLACE, fault.message, fault_id=fault.id)
 
     def decide(self, worker: Seat, fault: Fault) -> None:
         if not self._decide_remotely(worker, fault):
@@ -335,6 +366,14 @@ class ArbiterDecider:
             else:  # no tree to read: an empty answer, never none
                 captured = await capture([], worker.cfg.hang.hang_dump_timeout)
             s.link.report_stacks(action.id, stacks_json(captured))
+        elif action.kind == ActionKind.LAST_WORDS:
+            if s.hooks.on_last_words is None:
+                log.info("%s: no --checkpoint-dir, nothing to persist", action.reason)
+                return
+            try:  # the trainer keeps running; a failure is one line, never the agent's end
+                await s.hooks.on_last_words()
+            except Exception as e:  # noqa: BLE001
+                log.warning("last words failed: %s: %s", type(e).__name__, e)
         elif action.kind == ActionKind.BUSY and s.hooks.on_busy is not None:
             try:
                 s.hooks.on_busy(action)

@@ -51,7 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ftagent.model import Action, ActionKind, Origin, ProcessExit, TrainerState
+from ftagent.model import IN_PLACE_EXITS, Action, ActionKind, Origin, ProcessExit, TrainerState
 
 CARRIED_KEPT = 64  # ids of the last actions carried out, against a second delivery
 
@@ -192,7 +192,9 @@ def exit_status_of(action: Action, exit_: ProcessExit | None, *, exit_replace: i
                    exit_stop: int) -> int:
     """The agent's exit status when ``action`` ends it (:meth:`Lifecycle.failed`)."""
     if action.kind == ActionKind.REPLACE:
-        return exit_replace
+        # a pod-level tier of the ladder: the kubelet's restart rule for this code restarts
+        # the container (or the pod) in place; any other REPLACE moves the pod
+        return action.exit_code if action.exit_code in IN_PLACE_EXITS else exit_replace
     if action.kind == ActionKind.STOP and action.origin is Origin.ARBITER and exit_stop > 0:
         return exit_stop
     if action.exit_code is not None:

@@ -94,6 +94,12 @@ class LinkProtocol:
         self._seen_commands: OrderedDict[str, None] = OrderedDict()
         self.final_delivered = False
         self.assigned = False  # this spare was ASSIGNed a rank (the lifecycle holds it)
+        # the peer replica (checkpoint/replica_agent.py): the port this agent's holder
+        # listens on (said in Hello), and what the arbiter said: the job's replica key and
+        # where this rank's replica is kept ("HOST:PORT")
+        self.replica_port: int = 0
+        self.replica_key: bytes = b""
+        self.replica_peer: str = ""
 
     @property
     def generation(self) -> int:
@@ -126,7 +132,7 @@ class LinkProtocol:
                      generation=self.generation, agent_version=self.version,
                      alert_only=self.alert_only, state=self.trainer_state,
                      agent_instance=self.instance, trainer_running=self.trainer_running,
-                     gpus=i.gpus, spare=self.spare)
+                     gpus=i.gpus, spare=self.spare, replica_port=self.replica_port)
         if self.released_generation >= 0:
             h.released_generation = self.released_generation
         if self.max_restarts is not None:
@@ -136,6 +142,7 @@ class LinkProtocol:
     def on_welcome(self, w: pb.Welcome) -> list[pb.AgentMessage]:
         """A new stream is up: what to send first (unsettled faults, the arrival, later)."""
         self.arbiter_id = w.arbiter_id
+        self._replica(w.replica_key, w.replica_peer)
         out = [pb.AgentMessage(fault=f) for f in self.faults.values()]
         if self.arrival is not None:
             out.append(pb.AgentMessage(arrival=self.arrival))
@@ -209,8 +216,16 @@ class LinkProtocol:
             self._command(m.command, got)
         return got
 
+    def _replica(self, key: bytes, peer: str) -> None:
+        """The arbiter's replica key (32 bytes) and this rank's holder, when it says them."""
+        if len(key) == 32:
+            self.replica_key = key
+        if peer and len(peer) <= 300:
+            self.replica_peer = peer
+
     def _command(self, cmd: pb.Command, got: Received) -> None:
         got.send.append(pb.AgentMessage(ack=pb.Ack(command_id=cmd.id)))
+        self._replica(b"", cmd.replica_peer)
         if cmd.id in self._seen_commands:
             return
         self._seen_commands[cmd.id] = None

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from ftagent.agent.lifecycle import Lifecycle
     from ftagent.config import RunConfig
-    from ftagent.model import Action
+    from ftagent.model import Action, Fault
 
 
 class Seat(Protocol):
@@ -67,3 +67,11 @@ class RankHooks:
     stacks: Callable[[], Awaitable[dict[str, Any]]] | None = None
     on_busy: Callable[[Action], None] | None = None
     prepare_spare: Callable[[], None] | None = None
+    # LAST_WORDS: persist the newest complete snapshot now (cmd/run.py, --checkpoint-dir)
+    on_last_words: Callable[[], Awaitable[None]] | None = None
+    # a spare ASSIGNed a rank: the before-barrier parts (preflight) once more; the fault
+    # one found, already raised (the worker's), or None
+    preflight: Callable[[], Awaitable[Fault | None]] | None = None
+    # the port of the pod's replica holder (checkpoint/replica_agent.py), said in the
+    # rank's Hello so that the arbiter places replicas in a ring by node; 0: none
+    replica_port: int = 0

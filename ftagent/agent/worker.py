@@ -147,6 +147,8 @@ class Worker:
         p = parts(self) if parts is not None else WorkerParts()
         hooks = p.hooks if p.hooks.stacks is not None else dataclasses.replace(
             p.hooks, stacks=self._stacks)
+        if hooks.preflight is None:
+            hooks = dataclasses.replace(hooks, preflight=self._preflight_again)
         # seated with the rank's hooks before the watch loop is made: the decider may add
         # an observer (the arbiter's link), which hears everything before the parts do
         self.observers.extend(self.decider.add(self, hooks))
@@ -401,6 +403,12 @@ class Worker:
         this rank arrives at the barrier, so the decider answers it (REPLACE) before the
         barrier releases. True when one was raised. Fails open: a part that raises is
         logged and the start goes on."""
+        return await self._preflight_again() is not None
+
+    async def _preflight_again(self) -> Fault | None:
+        """The before-barrier parts, in order, until one finds a fault: raised now (the
+        decider answers it) and returned. Also a spare's check when ASSIGNed a rank
+        (seat.py ``RankHooks.preflight``)."""
         for part in self.before_barrier:
             try:
                 fault = await part(self)
@@ -409,8 +417,8 @@ class Worker:
                 continue
             if fault is not None:
                 await self.raise_fault(fault)
-                return True
-        return False
+                return fault
+        return None
 
     def _decisive(self) -> Action | None:
         """A STOP or REPLACE delivered and not carried out yet (recorded), else None;

@@ -164,7 +164,7 @@ def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
                 seconds=snap.persist_seconds)])
         if snap.replica_peer or snap.replica_listen:
             from ftagent.checkpoint.replica_agent import replica_parts
-            p = replica_parts(w, cfg, ids.job, p)
+            p = replica_parts(w, cfg, ids.job, p, on_lag=metrics.snapshot_replica_lag.set)
         return preflight_parts(w, cfg, watch, p)
 
     agent = pod.add(spec, metrics=metrics, parts=parts)
@@ -180,7 +180,7 @@ def preflight_parts(w: Worker, cfg: RunConfig, watch: Any, p: WorkerParts) -> Wo
     sup = cfg.supervisor
     if not sup.preflight:
         return p
-    from ftagent.agent.preflight import Preflight
+    from ftagent.agent.preflight import Preflight, rendezvous
     from ftagent.detect.preflight import fault_of
 
     check = Preflight(watch, sup.preflight_checkpoint_dir,
@@ -188,6 +188,7 @@ def preflight_parts(w: Worker, cfg: RunConfig, watch: Any, p: WorkerParts) -> Wo
 
     async def before_barrier(worker: Worker) -> Fault | None:
         warm = worker.restarts > 0
+        check.peer = rendezvous(worker.environ, worker.ident.rank)  # (a spare's rank moves)
         v = await check.run(warm=warm)
         worker.events.write("state", "preflight", v.reason or "preflight passed",
                             generation=worker.generation, ok=v.ok, failed=list(v.failed),
@@ -397,6 +398,8 @@ def progress_parts(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir:
         from ftagent.detect.loss import LossDetector, LossSettings
 
         parts = parts.plus(detectors=[LossDetector(LossSettings.of(cfg.loss))])
+    if cfg.snapshot.checkpoint_dir:  # LAST_WORDS: a planned disruption (arbiter only)
+        parts = parts.with_(on_last_words=lambda: last_words_now(cfg, agent))
     # the rank's arbiter session calls these back (seat.py RankHooks, given with the seat)
     parts = parts.with_(hang_state=watch.state)  # the progress summaries carry it
     if verifier is not None:  # DUMP_STACKS + liveness
@@ -512,6 +515,26 @@ def say_last_words(cfg: RunConfig, pod: PodAgent) -> None:
                    deadline=time.monotonic() + cfg.supervisor.stop_timeout)
     except Exception as e:  # noqa: BLE001 - the trainer's exit status comes first
         log.warning("last words failed: %s: %s", type(e).__name__, e)
+
+
+async def last_words_now(cfg: RunConfig, worker: Worker) -> None:
+    """The arbiter's LAST_WORDS (this rank's node announced a planned disruption): the
+    rank's newest complete snapshots go to --checkpoint-dir now, in a thread, within
+    --stop-timeout; the trainer keeps running. Said as a "last_words" state event."""
+    from ftagent.checkpoint.lastwords import last_words
+    rank = worker.ident.rank
+    if rank < 0:
+        return
+    said = await asyncio.to_thread(
+        last_words, os.path.abspath(cfg.snapshot.snapshot_dir), cfg.identity.job, [rank],
+        os.path.abspath(cfg.snapshot.checkpoint_dir),
+        deadline=time.monotonic() + cfg.supervisor.stop_timeout)
+    for s in said:
+        msg = (f"persisted step(s) {', '.join(map(str, s.persisted))}" if s.persisted
+               else "no complete snapshot to persist") + f" in {s.seconds:.2f}s"
+        log.info("last words (a planned disruption of the node): %s", msg)
+        worker.events.write("state", "last_words", msg, persisted=list(s.persisted),
+                            seconds=round(s.seconds, 3), left=list(s.left))
 
 
 def main(argv: Sequence[str]) -> int:
