@@ -140,20 +140,26 @@ def replica_parts(w: Any, cfg: Any, job: str, parts: Any,
     and this rank's holder (a ring by node, arbiter/replica_ring.py); ``--replica-peer``
     overrides the holder, and without an arbiter the key is derived from the job token
     (``--token``): with neither, nothing starts (said once)."""
-    from ftagent.agent.decider import rank_session
     from ftagent.wire.credentials import current_token
     snap = cfg.snapshot
-    session = rank_session(w)
-    proto = getattr(getattr(session, "link", None), "proto", None)
+    arbitrated = bool(cfg.arbiter.arbiter)
+
+    def link_proto() -> Any:
+        """The rank's link core (Welcome's key, the commands' holder), looked up when
+        used: the parts are built before the worker takes its seat at the decider."""
+        link_of = getattr(getattr(w, "decider", None), "link_of", None)
+        return getattr(link_of(w) if link_of is not None else None, "proto", None)
+
     token = current_token(cfg.arbiter.token, cfg.arbiter.token_file)
     static_key = rp.replica_key(token, job) if token else b""
-    if proto is None and not static_key:
+    if not arbitrated and not static_key:
         log.warning("replica: --replica-listen/--replica-peer need the job token (--token) "
                     "or an arbiter (--arbiter): no peer replica")
         return parts
 
     def key() -> bytes:
         """The arbiter's key for this job (Welcome), else the job token's."""
+        proto = link_proto()
         return (proto.replica_key if proto is not None else b"") or static_key
 
     static_peer = parse_address(snap.replica_peer) if snap.replica_peer else None
@@ -166,14 +172,15 @@ def replica_parts(w: Any, cfg: Any, job: str, parts: Any,
         """--replica-peer, else the holder the arbiter named for this rank."""
         if static_peer is not None:
             return static_peer
+        proto = link_proto()
         return parse_address(proto.replica_peer) if proto is not None and \
             proto.replica_peer else None
 
     root = os.path.abspath(snap.snapshot_dir)
     holder = _start_holder(cfg, root, job, key)
-    if holder is not None and proto is not None:
-        proto.replica_port = holder.address[1]  # said in the Hello: the arbiter's ring
-    if static_peer is None and proto is None:
+    if holder is not None and arbitrated:  # said in the Hello: the arbiter's ring
+        parts = parts.with_(replica_port=holder.address[1])
+    if static_peer is None and not arbitrated:
         return parts
 
     async def fetch_first(env: Mapping[str, str]) -> None:

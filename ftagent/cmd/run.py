@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from ftagent import metrics_http
-from ftagent.agent.decider import Decider, LocalDecider, rank_session
+from ftagent.agent.decider import Decider, LocalDecider
 from ftagent.agent.launcher import normalize_flags
 from ftagent.agent.metrics_sink import MetricsSink
 from ftagent.agent.pod import PodAgent
-from ftagent.agent.worker import Worker, WorkerSpec
+from ftagent.agent.worker import Worker
 from ftagent.agent.worker_parts import WorkerParts
+from ftagent.agent.worker_spec import WorkerSpec
 from ftagent.config import (
     RUN_GROUPS,
     ConfigError,
@@ -144,7 +145,7 @@ def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
         progress sources and hang detector, the spawn seam (a warm standby, else cold),
         the flight recorder around it (TORCH_FR_* env, per-attempt dumps), the node's
         GPUs and links."""
-        sink = MetricsSink(metrics)
+        sink = MetricsSink(metrics, restarts=lambda: w.lifecycle.restarts)
         p = WorkerParts(observers=(sink,), fault_hooks=(sink.on_fault,))
         p = progress_parts(w, cfg, metrics, rundir, p)
         p = warm_restart_parts(w, cfg, rundir, p, standbys)
@@ -158,7 +159,7 @@ def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
                                     workers=int(nproc) if nproc.isdigit() else 1))
         if snap.checkpoint_dir and (snap.persist_every or snap.persist_seconds):
             p = p.plus(observers=[BackgroundPersist(
-                os.path.abspath(snap.snapshot_dir), ids.job, lambda: w.ident.rank,
+                os.path.abspath(snap.snapshot_dir), ids.job, lambda: w.lifecycle.rank,
                 os.path.abspath(snap.checkpoint_dir), every=snap.persist_every,
                 seconds=snap.persist_seconds)])
         if snap.replica_peer or snap.replica_listen:
@@ -192,8 +193,8 @@ def preflight_parts(w: Worker, cfg: RunConfig, watch: Any, p: WorkerParts) -> Wo
         worker.events.write("state", "preflight", v.reason or "preflight passed",
                             generation=worker.generation, ok=v.ok, failed=list(v.failed),
                             preflight_seconds=round(v.seconds, 3), fast=warm)
-        session = rank_session(worker)  # the arbiter's ledger counts it (its arrival)
-        proto = getattr(getattr(session, "link", None), "proto", None)
+        link = arbiter_link(worker)  # the arbiter's ledger counts it (its arrival)
+        proto = getattr(link, "proto", None)
         if proto is not None:
             proto.preflight_seconds = v.seconds
         if v.ok:
@@ -203,6 +204,13 @@ def preflight_parts(w: Worker, cfg: RunConfig, watch: Any, p: WorkerParts) -> Wo
         return fault_of(v, worker.generation)
 
     return p.plus(before_barrier=[before_barrier])
+
+
+def arbiter_link(worker: Worker) -> Any:
+    """``worker``'s link to the arbiter (None without one), looked up when used: the parts
+    are built before the worker takes its seat, so none of them keeps it."""
+    link_of = getattr(worker.decider, "link_of", None)
+    return link_of(worker) if link_of is not None else None
 
 
 def pod_decider(cfg: RunConfig) -> Decider:
@@ -371,9 +379,13 @@ def progress_parts(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir:
 
         sampler = TreeSampler(agent.tree_pids, min(cfg.hang.hang_dump_timeout, 2.0),
                               gpu=NvmlProbe())
-        says = getattr(getattr(rank_session(agent), "link", None), "trainer_says", None)
-        record = agent.events.write if says is None else learned_phases_to(
-            says.learned, agent.events.write)
+        def learned(seconds: float, where: str) -> None:
+            says = getattr(arbiter_link(agent), "trainer_says", None)
+            if says is not None:
+                says.learned(seconds, where)
+
+        record = agent.events.write if not cfg.arbiter.arbiter else learned_phases_to(
+            learned, agent.events.write)
         from ftagent.agent.proc_wait import blocked_threads
 
         verifier = Verifier(detector, cfg.hang, sampler, record=record,
@@ -386,23 +398,26 @@ def progress_parts(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir:
         from ftagent.detect.loss import LossDetector, LossSettings
 
         parts = parts.plus(detectors=[LossDetector(LossSettings.of(cfg.loss))])
-    decider = rank_session(agent)  # the arbiter's session for this rank, if any
-    if cfg.snapshot.checkpoint_dir and hasattr(decider, "on_last_words"):  # planned disruption
-        decider.on_last_words = lambda: last_words_now(cfg, agent)
-    if hasattr(decider, "hang_state"):  # the arbiter's progress summaries carry it
-        decider.hang_state = watch.state
-    if verifier is not None and hasattr(decider, "stack_capture"):  # DUMP_STACKS + liveness
-        decider.stack_capture = verifier.stacks_for_arbiter
-    if verifier is not None and hasattr(decider, "on_busy"):  # waiting is not hanging
+    if cfg.snapshot.checkpoint_dir:  # LAST_WORDS: a planned disruption (arbiter only)
+        parts = parts.with_(on_last_words=lambda: last_words_now(cfg, agent))
+    # the rank's arbiter session calls these back (seat.py RankHooks, given with the seat)
+    parts = parts.with_(hang_state=watch.state)  # the progress summaries carry it
+    if verifier is not None:  # DUMP_STACKS + liveness
+        stacks_for_arbiter = verifier.stacks_for_arbiter
+
+        async def stacks() -> dict[str, Any]:
+            return await stacks_for_arbiter(agent.tree_pids())
+
+        parts = parts.with_(stacks=stacks)
+    if verifier is not None and cfg.arbiter.arbiter:  # waiting is not hanging
         from ftagent.agent.peer_wait import PeerWait
 
-        waits = PeerWait(cfg.identity.rank, verifier, agent.events.write, metrics,
+        waits = PeerWait(lambda: agent.lifecycle.rank, verifier, agent.events.write, metrics,
                          culprit_spin_timeout=cfg.hang.hang_culprit_spin_timeout)
-        decider.on_busy = waits.on_action
-        parts = parts.plus(observers=[waits])
-        link = getattr(decider, "link", None)
+        parts = parts.plus(observers=[waits]).with_(on_busy=waits.on_action)
         if cfg.hang.hang_action != "alert":  # alert: the arbiter decides no hang at all
-            verifier.ask_arbiter = lambda: bool(getattr(link, "connected", False))
+            verifier.ask_arbiter = lambda: bool(getattr(arbiter_link(agent), "connected",
+                                                        False))
     return parts.with_(evidence=evidence_hook(cfg.hang.hang_dump_timeout, agent.tail))
 
 

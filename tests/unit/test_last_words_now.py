@@ -87,16 +87,16 @@ def test_the_arbiter_decider_hands_last_words_to_its_hook_and_survives_a_failure
     from types import SimpleNamespace
 
     from ftagent.agent.arbiter_decider import ArbiterDecider, RankSession
+    from ftagent.agent.seat import RankHooks
     from ftagent.model import Action
 
     calls: list[str] = []
-    class W:  # the one field RankSession reads (a Worker is hashable by identity)
+    class W:  # the one field the session reads (a Worker is hashable by identity)
         cfg = SimpleNamespace(hang=SimpleNamespace(hang_dump_timeout=1.0))
 
     worker: Any = W()
     d = ArbiterDecider()
-    s = RankSession(worker, link=None)  # type: ignore[arg-type]
-    d.sessions[worker] = s
+    d.sessions[worker] = RankSession(None, RankHooks())  # type: ignore[arg-type]
     action = Action(ActionKind.LAST_WORDS, "last words: node n DrainInProgress")
     asyncio.run(d.on_minor_action(worker, action))  # no hook (no --checkpoint-dir): a line
 
@@ -104,6 +104,6 @@ def test_the_arbiter_decider_hands_last_words_to_its_hook_and_survives_a_failure
         calls.append("persist")
         raise OSError("disk full")
 
-    s.on_last_words = hook
+    d.sessions[worker] = RankSession(None, RankHooks(on_last_words=hook))  # type: ignore[arg-type]
     asyncio.run(d.on_minor_action(worker, action))  # the failure is one line, not a crash
     assert calls == ["persist"]
