@@ -23,7 +23,25 @@ job also has N warm spares (``ftagent run --spare``, one more lab node each): th
 ASSIGNs rank 1 to a spare, which starts it from its warm standby at once; the new pod's
 agent the bench starts then serves as the job's next spare.
 
+**The random schedule** (``--schedule random``, issue 34): the trainer's disk checkpoint
+every ``--ckpt-seconds`` (300: twice in a ten-minute job; made steps with
+``--step-estimate``, the interval actually run is printed), and each fault (crash, hang,
+Xid; ``--faults`` to change) at a uniformly random point of its own slot of the window
+(the window less ``--warmup`` and ``--tail``, cut into one slot per fault; the draws from
+``--seed``, the same for every launcher), so each lands at a random point of the disk
+interval. Printed per fault: where it landed (steps since the disk checkpoint) and the
+work it redid (the furthest step before the restart less the step resumed from), and, for
+``ftagent-snapshots``, whether that stayed within one snapshot interval. ``--json FILE``
+writes the runs' figures (bench/goodput_projection.py --from reads them).
+
 Launchers (one lab each, alternated over ``--rounds``):
+
+* **ftagent-snapshots**: ftagent as below, and the trainer snapshots its state every
+  ``--snapshot-every`` steps (``ftagent.checkpoint``, SNAPSHOT_EVERY), each node's own
+  memory root under /dev/shm (a replaced pod gets a new, empty one), replicas in a ring
+  (``--replica-listen``/``--replica-peer``, keyed by a job token); no warm spare (a spare
+  fetches no replica yet): after the Xid the new pod's agent fetches rank 1's replica
+  from rank 0's agent before its trainer starts.
 
 * **ftagent**: one ``ftagent run`` per node, a real arbiter, warm restarts as by default,
   ``--hang-timeout-min 2``, ``--nic-grace 2``, and ``--spares`` warm spares on nodes of
@@ -77,6 +95,8 @@ Needs root (network namespaces). Not run in CI. Do not edit examples/train.py wh
 runs: ftagent's warm standby then (rightly) starts the next attempt cold.
 
     sudo .venv/bin/python bench/goodput.py --minutes 10 --default-trials 0 --no-overhead
+    sudo .venv/bin/python bench/goodput.py --schedule random --minutes 10 \
+        --launchers ftagent-snapshots,ftagent --default-trials 0 --no-overhead --json g.json
     bash bench/peers.sh && sudo .venv/bin/python bench/goodput.py --minutes 10 \
         --launchers ftagent,torchrun,ft_launcher,dlrover-run --default-trials 0 --no-overhead
 """

@@ -4,14 +4,20 @@
     python bench/goodput_projection.py --gpus 4096 --checkpoint-interval 900
     python bench/goodput_projection.py --json
 
+    python bench/goodput_projection.py --from bench/results/goodput-random.json \
+        --from bench/results/snapshot-1gib.json     # ftagent's costs measured
+
 The failure rate and mix are Llama 3's (466 interruptions in 54 days on 16,384 H100, 419
 of them unexpected; about 59 % GPU/HBM, as summarised in the field notes), scaled
 linearly with the GPU count. The hardware share is restarted on a new node; the rest
 (network, host, software) in place. The per-fault costs of each strategy
 (detection, decision, restart in place or on a new node) are **assumptions** printed beside
-the result: the ten-minute side-by-side bench that would measure them (issue 24, part 3)
-is not written yet. Replace them with measured values (``--set ftagent.detect_hang=45``)
-when there are some.
+the result, unless ``--from`` gives the benches' JSON (``bench/goodput.py --json``, its
+random schedule; ``bench/snapshot.py --json``): then ftagent's are the measured ones
+(``from_measurements``: injection -> training again per fault class) and a strategy
+"ftagent + snapshots" is added, its redone work half the snapshot interval the agent would
+choose from the measured blocking time (``snapshot_interval``) and its load the measured
+resume. ``--set ftagent.detect_hang=45`` overrides any single value.
 
 Model, per strategy, for a job long enough that its start-up does not matter:
 
@@ -19,7 +25,8 @@ Model, per strategy, for a job long enough that its start-up does not matter:
 * each one costs detection (a crash or a hang, by ``hang_share``) + decision + restart
   (on a new node for the hardware share of the mix, in place otherwise) + the work since
   the last checkpoint (half an interval on average) + loading the checkpoint;
-* checkpoint saves block ``checkpoint_save`` seconds per interval;
+* checkpoint saves block ``checkpoint_save`` seconds per interval (snapshots: their
+  measured blocking time per snapshot interval);
 * ETTR = (1 - r x cost) x interval / (interval + save), floored at 0.
 
 Pure functions of the inputs (``project``); the output names every input it used.

@@ -1,25 +1,35 @@
-"""Side by side: what a save blocks the training step for, and what a resume takes.
+"""Side by side: what a save blocks the training step for, what a resume takes, and the
+work a fault redoes.
 
 One process, one model state of ``--gib`` GiB (float32 tensors of 64 MiB; a state dict of
 ``model`` + ``optim``, as a trainer hands it over), the same step loop (``--step-seconds``
-of sleep, then every tensor's first element moves) and ``--saves`` saves each, for:
+of sleep, then every tensor's first element moves), ``--saves`` saves one every
+``--every`` steps, then ``--faults`` faults, each at a random step after a save (the
+same steps for every method, ``--seed``): the trainer's state is lost, the method resumes
+into a fresh state of the same shapes (checked against the saved values) and the steps
+since are redone. For:
 
-* ``ftagent``: ``ftagent.checkpoint.save`` into a memory-backed directory (``/dev/shm``):
-  blocks for the copy into its staging buffers; DCP writes the shard in the background.
+* ``ftagent``: ``ftagent.checkpoint``'s Snapshotter into a memory-backed directory
+  (``/dev/shm``): blocks for the copy into its staging buffers; DCP writes the shard in the
+  background; the resume verifies sizes and checksums first.
 * ``dcp-async``: ``torch.distributed.checkpoint.async_save`` to local disk (its default
   stager: a copy to host memory, then the write in a thread).
 * ``torch.save``: a plain ``torch.save`` of the state to local disk (blocks for all of it).
-* ``dlrover-flash``: DLRover's flash checkpoint, run only when its virtualenv exists
-  (``.bench-venvs/dlrover``); otherwise printed as not run.
+* ``dlrover-flash``: DLRover's flash checkpoint (``DdpCheckpointer``, memory storage: a
+  copy into shared memory its saver process owns), run by bench/snapshot_dlrover.py in
+  DLRover's own virtualenv (``.bench-venvs/dlrover``, ``bash bench/peers.sh``); without
+  it, printed as not run and why.
 
-Per method: the first save's blocking time (it allocates: ftagent's staging buffers), the
-median blocking time of the saves after it, the time the background part took, the
-time to resume (a fresh state of the same shapes filled from the newest save: ftagent's
-load verifies sizes and checksums first), and the snapshot interval at which its blocking
-time is at most 1 % of the step loop's time. The machine is shared and loaded: compare
-the methods within one run, not across runs. Usage::
+Per method: the first save's blocking time (it allocates: staging buffers, shared
+memory), the median blocking time of the saves after it, the background part, the median
+time to resume, the steps redone per fault, the interval at which its blocking time is at
+most 1 % of the training time (what ``--snapshot-budget 0.01`` chooses) and the work a
+fault at a random point of that interval redoes (half of it on average). Then issue 34's
+bar: ftagent's blocking time at most the fastest peer's and at most 1 % at its interval.
+``--json FILE`` writes the figures (bench/goodput_projection.py --from reads them). The
+machine is shared and loaded: compare the methods within one run, not across runs::
 
-    PYTHONPATH=. .venv/bin/python bench/snapshot.py --gib 1 --saves 3
+    PYTHONPATH=. .venv/bin/python bench/snapshot.py --gib 1 --saves 3 --json snapshot.json
 """
 
 from __future__ import annotations
