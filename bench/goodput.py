@@ -131,7 +131,10 @@ from tests.lab import FAST_ENV, Lab  # noqa: E402
 from tests.lab.lab import MASTER_PORT, PY, _free_port  # noqa: E402
 from tests.netns import netns_unavailable  # noqa: E402
 
-STEP = re.compile(r"^(\d+\.\d+) \[rank(\d)\] step=(\d+)/\d+ loss=\S+ samples_per_second=(\S+)")
+# the rate is a number: an agent's line can follow it on the same line (the two writers
+# share the output), "samples_per_second=70.2[ftagent rank0 ...] INFO ..."
+STEP = re.compile(r"^(\d+\.\d+) \[rank(\d)\] step=(\d+)/\d+ loss=\S+ "
+                  r"samples_per_second=(\d+(?:\.\d+)?)")
 STARTED = re.compile(r"^(\d+\.\d+) \[rank(\d)\] started: .* from_step=(\d+)")
 BATCH = 16  # examples/train.py's batch: step seconds = BATCH / samples_per_second
 SETTLE = 6.0  # seconds after training resumes before it counts (a restart may follow)

@@ -213,8 +213,10 @@ def from_measurements(i: Inputs, goodput: dict[str, Any] | None,
         if f is None:
             raise ValueError("the snapshot bench's JSON has no ftagent row")
         who = "ftagent-snapshots" if "ftagent-snapshots" in launchers else "ftagent"
+        restarts = f"bench/goodput.py ({who})" if who in launchers else \
+            "restarts ASSUMED (no bench/goodput.py JSON)"
         snap = measured(disk, who, "ftagent + snapshots",
-                        f"measured: bench/goodput.py ({who}), bench/snapshot.py "
+                        f"measured: {restarts}, bench/snapshot.py "
                         f"({float(snapshot.get('gib', 0)):.2g} GiB a rank)")
         out.insert(1, replace(snap, snapshot_blocking=float(f["blocking"]),
                               snapshot_load=float(f["resume"])))

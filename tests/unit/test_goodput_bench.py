@@ -175,3 +175,14 @@ def test_redone_work_is_each_faults_steps_since_the_resumed_step() -> None:
     assert r["mean_steps"] == 10 and r["max_steps"] == 10
     assert r["mean_seconds"] == pytest.approx(1.0)
     assert gb.redone([], 0.1, 10)["max_steps"] is None
+
+
+def test_a_step_line_with_an_agents_line_run_into_it_still_parses() -> None:
+    # the trainer and its agent share the output: an agent's line can follow a step line
+    # without a newline between them (a ten-minute run with replicas died of it: float()
+    # of "70.2[ftagent")
+    lines = [step(100.0, 0, 1, 0.1),
+             "100.200 [rank0] step=2/100000000 loss=0.1 samples_per_second=70.2[ftagent "
+             "rank0 06:18:45] INFO replicated rank 0's snapshot of step 2 in 0.01s"]
+    assert [(s, round(dt, 3)) for _, s, dt in gb.steps(Logs(lines))] == \
+        [(1, 0.1), (2, round(gb.BATCH / 70.2, 3))]
