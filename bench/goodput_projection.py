@@ -235,15 +235,18 @@ def read_json(path: str) -> dict[str, Any]:
 
 
 def with_overrides(i: Inputs, sets: list[str]) -> Inputs:
-    """``strategy.field=value`` (the strategy's name up to its first space) or
-    ``field=value`` for a top-level input."""
+    """``strategy.field=value`` (the strategy's name without its spaces, e.g.
+    ``ftagent+snapshots``, or up to its first space) or ``field=value`` for a top-level
+    input."""
     for item in sets:
         key, _, value = item.partition("=")
         if not value:
             raise ValueError(f"--set {item!r}: expected NAME=VALUE")
         if "." in key:
             who, attr = key.split(".", 1)
-            found = [s for s in i.strategies if s.name.split(" ")[0] == who]
+            # the whole name without spaces ("ftagent+snapshots"), else its first word
+            found = [s for s in i.strategies if s.name.replace(" ", "") == who] or \
+                [s for s in i.strategies if s.name.split(" ")[0] == who]
             if not found or attr not in Strategy.__dataclass_fields__ or attr == "name":
                 raise ValueError(f"--set {item!r}: no strategy field {key!r}")
             new = replace(found[0], **{attr: float(value)})  # type: ignore[arg-type]

@@ -97,3 +97,11 @@ def test_the_measured_projection_reads_the_benches_json_files(tmp_path: Path) ->
     bad = tmp_path / "bad.json"
     bad.write_text('{"bench": "other"}')
     assert gp.main(["--from", str(bad)]) == 2
+
+
+def test_set_reaches_the_snapshot_strategy_by_its_whole_name() -> None:
+    i = gp.from_measurements(gp.Inputs(), GOODPUT, SNAPSHOT)
+    j = gp.with_overrides(i, ["ftagent+snapshots.restart_new_node=69"])
+    by = {s.name: s for s in j.strategies}
+    assert by["ftagent + snapshots"].restart_new_node == 69.0
+    assert by["ftagent"].restart_new_node == 3.0  # the first word still means ftagent's
