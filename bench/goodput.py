@@ -527,7 +527,13 @@ def snapshot_flags(lab: Lab, name: str, r: int) -> list[str]:
             "--replica-peer", f"{lab.net.data_ip(1 - r)}:{REPLICA_PORT}"]
 
 
-SNAPSHOT_ROOTS: list[Path] = []  # removed at the end of each run
+SNAPSHOT_ROOTS: list[Path] = []  # removed at the end of each run, whatever ends it
+
+
+def drop_snapshot_roots() -> None:
+    for root in SNAPSHOT_ROOTS:
+        shutil.rmtree(root, ignore_errors=True)
+    SNAPSHOT_ROOTS.clear()
 
 
 def launch(lab: Lab, name: str, env: dict[str, str], args: argparse.Namespace,
@@ -758,9 +764,6 @@ def run_schedule(name: str, args: argparse.Namespace, tmp: Path) -> Run:
         run.kept_printed_seconds = kept_printed_seconds(all_steps, outages)
     run.ckpt_every = args.ckpt_every
     run.snapshot_every = args.snapshot_every if name == "ftagent-snapshots" else 0
-    for root in SNAPSHOT_ROOTS:
-        shutil.rmtree(root, ignore_errors=True)
-    SNAPSHOT_ROOTS.clear()
     (tmp / "run.json").write_text(json.dumps(dataclasses.asdict(run), indent=1))
     return run
 
@@ -1148,6 +1151,8 @@ def main() -> int:
                 failed = Run(name)
                 failed.notes.append(f"run failed: {type(e).__name__}: {e} (logs in {d})")
                 runs.append(failed)
+            finally:
+                drop_snapshot_roots()  # memory the run's agents held (tmpfs)
     trials = None
     if args.default_trials > 0:
         print("torchrun default-settings restart trials ...", flush=True)

@@ -268,7 +268,8 @@ def dlrover_row(a: argparse.Namespace, tag: str) -> tuple[dict[str, Any] | None,
            str(a.saves), "--every", str(a.every), "--step-seconds", str(a.step_seconds),
            "--faults", str(a.faults), "--seed", str(a.seed), "--disk",
            os.path.join(a.disk, f"dlrover-bench-{tag}")]
-    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    shm = os.path.isdir("/dev/shm")
+    shm_before = set(os.listdir("/dev/shm")) if shm else set()
     with tempfile.TemporaryFile("w+") as out_f, tempfile.TemporaryFile("w+") as err_f:
         # its own session: DLRover's saver process (forked, holding the output) is ended
         # with it, by the group's id
@@ -283,7 +284,7 @@ def dlrover_row(a: argparse.Namespace, tag: str) -> tuple[dict[str, Any] | None,
                 os.killpg(p.pid, signal.SIGKILL)
             p.wait()
             shutil.rmtree(os.path.join(a.disk, f"dlrover-bench-{tag}"), ignore_errors=True)
-            if shm_before:  # the shared memory its saver made and did not remove
+            if shm:  # the shared memory its saver made and did not remove (1 GiB a run)
                 for name in set(os.listdir("/dev/shm")) - shm_before:
                     if name.startswith("ckpt_shm_"):
                         with contextlib.suppress(OSError):
