@@ -302,6 +302,15 @@ def dlrover_row(a: argparse.Namespace, tag: str) -> tuple[dict[str, Any] | None,
     return row, ""
 
 
+def merge_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One method's row over alternated rounds: each figure's median, and the rounds'
+    blocking times as they came."""
+    out: dict[str, Any] = {k: statistics.median(float(r[k]) for r in rounds)
+                           for k in rounds[0] if isinstance(rounds[0][k], (int, float))}
+    out["blocking_rounds"] = [float(r["blocking"]) for r in rounds]
+    return out
+
+
 def rows_with_intervals(rows: list[tuple[str, dict[str, Any]]], step_seconds: float,
                         budget: float = BUDGET) -> list[dict[str, Any]]:
     """Each method's row with the interval it can afford (saves blocking at most
@@ -341,6 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--faults", type=int, default=2,
                     help="faults per method, each at a random step after a save")
     ap.add_argument("--seed", type=int, default=0, help="where the faults land")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rounds over the methods, the order reversed every other round "
+                    "(the figures: medians over the rounds)")
     ap.add_argument("--disk", default=tempfile.gettempdir(), help="local disk directory")
     ap.add_argument("--shm", default="/dev/shm" if os.path.isdir("/dev/shm") else
                     tempfile.gettempdir(), help="memory-backed directory")
@@ -366,28 +378,30 @@ def main(argv: list[str] | None = None) -> int:
             f"torch {torch.__version__}, {os.cpu_count()} CPUs, load "
             f"{os.getloadavg()[0]:.1f}; memory dir {a.shm}, disk {a.disk}")
     print(head, flush=True)
-    rows: list[tuple[str, dict[str, Any]]] = []
-    for name, make in makers.items():
-        if name not in only:
-            continue
-        m = make()
-        try:
-            r = run(m, state, a.saves, a.every, a.step_seconds, a.faults,
-                    random.Random(a.seed))
-        finally:
-            m.close()
-        rows.append((name, r))
-        print(f"  {name}: done", flush=True)
+    per: dict[str, list[dict[str, Any]]] = {}
     missing: dict[str, str] = {}
-    if "dlrover-flash" in only:
-        del state  # its own process builds its own state: one at a time in memory
-        row, why = dlrover_row(a, tag)
-        if row is None:
-            missing["dlrover-flash"] = why
-        else:
-            version = row.pop("version", "")
-            rows.append(("dlrover-flash", row))
-            print(f"  dlrover-flash (DLRover {version}): done", flush=True)
+    names = [n for n in [*makers, "dlrover-flash"] if n in only]
+    for rnd in range(a.rounds):  # alternate the order: the machine's load moves
+        for name in names if rnd % 2 == 0 else names[::-1]:
+            if name == "dlrover-flash":  # its own process builds its own state
+                row, why = dlrover_row(a, f"{tag}-{rnd}")
+                if row is None:
+                    missing[name] = why
+                    continue
+                version = row.pop("version", "")
+                per.setdefault(name, []).append(row)
+                print(f"  round {rnd + 1}: {name} (DLRover {version}): blocking "
+                      f"{row['blocking']:.3f} s", flush=True)
+                continue
+            m = makers[name]()
+            try:
+                r = run(m, state, a.saves, a.every, a.step_seconds, a.faults,
+                        random.Random(a.seed))
+            finally:
+                m.close()
+            per.setdefault(name, []).append(r)
+            print(f"  round {rnd + 1}: {name}: blocking {r['blocking']:.3f} s", flush=True)
+    rows = [(n, merge_rounds(per[n])) for n in names if n in per]
     table = rows_with_intervals(rows, a.step_seconds)
     print(f"\n{'method':14} {'first save':>11} {'blocking/save':>14} {'background':>11} "
           f"{'resume':>9} {'redone/fault':>13} {'interval for <=1% blocking':>27} "
@@ -410,6 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(a.json).write_text(json.dumps({
             "bench": "snapshot", "command": " ".join(sys.argv), "head": head,
             "gib": a.gib, "bytes": nbytes, "step_seconds": a.step_seconds, "every": a.every,
+            "rounds": a.rounds,
             "budget": BUDGET, "load": os.getloadavg()[0], "methods": table,
             "not_run": missing, "verdict": v}, indent=1))
         print(f"figures in {a.json}")
