@@ -44,3 +44,9 @@ def test_the_bar_is_ftagent_at_most_the_fastest_peer_and_the_budget() -> None:
     v = sb.verdict(slower, 0.2)
     assert not v["ok"] and not v["le_fastest_peer"] and v["le_budget"]
     assert not sb.verdict(sb.rows_with_intervals([("ftagent", row(0.1))], 0.2), 0.2)["ok"]
+
+
+def test_rounds_merge_into_medians_and_keep_each_rounds_blocking() -> None:
+    m = sb.merge_rounds([row(0.4), row(0.6), row(2.0)])
+    assert m["blocking"] == 0.6 and m["resume"] == 1.0
+    assert m["blocking_rounds"] == [0.4, 0.6, 2.0]
