@@ -488,6 +488,12 @@ class ArbiterClientConfig:
         15.0, "--arbiter-fail-open-after", "with the arbiter unreachable this long (at a "
         "start, a barrier, or awaiting a decision) the agent goes on alone: it starts the "
         "trainer and its local policy decides", check=SECONDS, metavar="SECONDS")
+    exit_notes_dir: str = opt(
+        "", "--exit-notes-dir", "the arbiter's --state-dir, where this agent shares it (one "
+        "machine, a shared volume): an exit the arbiter did not confirm within "
+        "--arbiter-fail-open-after is left there, so that `ftagent status` says succeeded "
+        "or failed, not gone (in Kubernetes the pods' terminal status says it)",
+        metavar="DIR")
 
 
 # What `ftagent status` uses of ArbiterClientConfig: the address and the credentials.

@@ -60,6 +60,7 @@ from ftagent.model import (
     SnapshotsHeld,
     TrainerState,
 )
+from ftagent.wire import exit_note
 from ftagent.wire.convert import stacks_json
 
 if TYPE_CHECKING:
@@ -167,6 +168,7 @@ class ArbiterDecider:
                     log.warning("the arbiter did not confirm how this rank ended within "
                                 "%.0fs: exiting all the same (its status may read \"gone\")",
                                 self.fail_open_after)
+                    _leave_exit(worker, link)
         finally:
             for dog in list(s.watchdogs):
                 dog.cancel()
@@ -447,3 +449,23 @@ class _LinkObserver:
             link.started(self.worker.lifecycle.generation, released=self.session.released_start)
         else:
             link.proto.trainer_running = False
+
+
+def _leave_exit(worker: Seat, link: ArbiterLink) -> None:
+    """The exit the arbiter did not confirm, left in --exit-notes-dir (the arbiter's
+    --state-dir) for the next arbiter (wire/exit_note.py). A spare, or a rank whose trainer
+    never exited, leaves nothing."""
+    directory = worker.cfg.arbiter.exit_notes_dir
+    msg = link.proto.last_exit
+    if not directory or msg is None or worker.lifecycle.spare:
+        return
+    e = msg.exit
+    status = e.exit_code if e.HasField("exit_code") else \
+        128 + e.signal if e.HasField("signal") else None
+    if status is None or not 0 <= status <= 255:
+        return
+    ident = worker.cfg.identity
+    if exit_note.leave(directory, ident.namespace, ident.job, worker.lifecycle.rank,
+                       e.generation, status):
+        log.warning("left this rank's exit (status %d) in %s for the next arbiter", status,
+                    directory)
