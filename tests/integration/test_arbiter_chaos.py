@@ -87,7 +87,11 @@ def seeds() -> list[int]:
     given = os.environ.get("FTAGENT_CHAOS_SEEDS") or os.environ.get("FTAGENT_CHAOS_SEED")
     if given:
         return [int(x) for x in given.split(",") if x.strip()]
-    return [random.randrange(1 << 30)
+    # one draw per test session: pytest-xdist's workers each collect the tests and must
+    # collect the same ones, so they share the session's run id as the seed of the draw
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    rng = random.Random(run) if run else random.Random()
+    return [rng.randrange(1 << 30)
             for _ in range(int(os.environ.get("FTAGENT_CHAOS_RUNS") or 2))]
 
 
