@@ -53,17 +53,26 @@ from ftagent.detect.liveness import (
     GpuSample,
     Learned,
     Liveness,
+    Motion,
     PhaseBook,
     ProcessSample,
     Snapshot,
     Thresholds,
-    Verdict,
     in_collective,
     judge,
     stacks_of,
 )
-from ftagent.detect.stall import IO_KINDS, Act, Blocked, Budget, Peers, State, Window, decide
-from ftagent.detect.stall import Verdict as StallVerdict
+from ftagent.detect.stall import (
+    IO_KINDS,
+    Act,
+    Blocked,
+    Budget,
+    Peers,
+    State,
+    Verdict,
+    Window,
+    decide,
+)
 from ftagent.model import (
     Fault,
     FaultKind,
@@ -206,7 +215,7 @@ class Stall:
     verified: bool = False  # a verification found it alive or spinning
     recognised: Learned | None = None  # it runs where a learned phase ran
     declared: bool = False  # a hang fault was raised for it
-    verdict: Verdict | None = None
+    verdict: Motion | None = None
     verifications: int = 0
     suspected: bool = False  # verified waiting in a collective: the arbiter was asked
     asked_at: float | None = None  # when (the verifier's clock)
@@ -214,7 +223,7 @@ class Stall:
     waiting_on: str | None = None  # the arbiter judged the job busy: whom this rank waits on
     spin_cap: float | None = None  # the others wait on this spinning rank: its spin budget
     snaps: list[Snapshot] = dataclasses.field(default_factory=list)  # the last window's
-    decision: StallVerdict | None = None  # the stall policy's last verdict
+    decision: Verdict | None = None  # the stall policy's last verdict
     entries: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # its stacks
     dump: dict[str, Any] | None = None  # the flight recorder's dump of its window
     io_blocked: tuple[Blocked, ...] = ()  # the remote reads the last I1 verdict saw
@@ -592,7 +601,7 @@ class Verifier:
         self._raise(out)
 
     @staticmethod
-    def _io_grace(stall: Stall, verdict: Verdict, window: Window) -> Window:
+    def _io_grace(stall: Stall, verdict: Motion, window: Window) -> Window:
         """The read the last verdict found waiting on remote I/O ended inside this window
         (the thread moved on: not blocked on it any more, its place changed), so the still
         samples before it are the read's: one more look a budget later, not a hang on
@@ -726,7 +735,7 @@ class Verifier:
                         budget, 3))
         return True
 
-    def _spin_budget(self, verdict: Verdict) -> float:
+    def _spin_budget(self, verdict: Motion) -> float:
         learned = self.book.at(verdict.place)
         if learned is not None:
             return self.book.budget(learned, self.detector.step_budget())
@@ -781,7 +790,7 @@ class Verifier:
             live = await self._answer(verdict, snaps, stall)
         return {"processes": entries, "seconds": round(self.clock() - t, 3), "liveness": live}
 
-    async def _answer(self, verdict: Verdict, snaps: list[Snapshot],
+    async def _answer(self, verdict: Motion, snaps: list[Snapshot],
                       stall: Stall | None) -> dict[str, Any]:
         """The liveness the arbiter reads: the motion verdict, and the stall policy's over
         the same samples; a rank waiting on remote I/O is busy to its peers (alive), not
@@ -795,7 +804,7 @@ class Verifier:
             live.update(state="alive", reason=got.reason)
         return live
 
-    async def _window(self, verdict: Verdict, snaps: Sequence[Snapshot]) -> Window:
+    async def _window(self, verdict: Motion, snaps: Sequence[Snapshot]) -> Window:
         """The policy's window over ``snaps``, with what /proc says the still threads wait
         on (agent/proc_wait.py: read once, on the tree of the last sample)."""
         if self.waits is None or not snaps:
@@ -824,8 +833,8 @@ class Verifier:
 
     # ------------------------------------------------------------------ the end of a stall
 
-    def declare_now(self, fault: Fault, start: float, motion: Verdict,
-                    got: StallVerdict) -> None:
+    def declare_now(self, fault: Fault, start: float, motion: Motion,
+                    got: Verdict) -> None:
         """A hang the dead-still watch declared inside a phase (its budget not run out)."""
         self.stall = Stall(start=start, step=self.detector.last_step, declared=True,
                            verdict=motion, decision=got)
@@ -893,8 +902,8 @@ class Verifier:
 
     # ------------------------------------------------------------------ helpers
 
-    def _fault(self, fault: Fault, verdict: Verdict, stalled: float, spin_budget: float,
-               entries: list[dict[str, Any]], got: StallVerdict | None = None) -> Fault:
+    def _fault(self, fault: Fault, verdict: Motion, stalled: float, spin_budget: float,
+               entries: list[dict[str, Any]], got: Verdict | None = None) -> Fault:
         new = got is not None and got.rule[0] in "UFDI"  # a row the motion judge lacks
         if got is not None and new:
             msg = f"{fault.message}; {got.reason}"
@@ -923,7 +932,7 @@ class Verifier:
                 evidence["kill"] = True  # a stopped process ignores SIGTERM
         return dataclasses.replace(fault, message=msg, evidence=evidence)
 
-    def _suspicion(self, fault: Fault, verdict: Verdict, stalled: float,
+    def _suspicion(self, fault: Fault, verdict: Motion, stalled: float,
                    entries: list[dict[str, Any]]) -> Fault:
         """A rank verified waiting in a collective: a WARNING the arbiter decides as a
         hang (policy.suspected_hang) once it has compared the ranks."""
@@ -934,7 +943,7 @@ class Verifier:
                     "only if no peer is busy; the arbiter compares the ranks",
             evidence={**out.evidence, "waiting_in_collective": True})
 
-    def _alive_text(self, verdict: Verdict, stall: Stall, stalled: float,
+    def _alive_text(self, verdict: Motion, stall: Stall, stalled: float,
                     spin_budget: float) -> str:
         step = "no step yet" if stall.step is None else f"last step {stall.step}"
         if verdict.state is Liveness.SPINNING:
@@ -943,7 +952,7 @@ class Verifier:
         return (f"stalled {stalled:.1f}s ({step}) but alive: {verdict.reason}; an "
                 "undeclared phase, not a hang")
 
-    def _write(self, event: str, kind: str, message: str, verdict: Verdict | None,
+    def _write(self, event: str, kind: str, message: str, verdict: Motion | None,
                cost: float, stall: Stall, **fields: Any) -> None:
         log.info("hang verification: %s", message)
         if self.record is None:
@@ -984,7 +993,7 @@ async def _call(fn: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
         return {"summaries": [], "errors": [f"flight-recorder dump failed: {e!r}"[:300]]}
 
 
-def _brief(v: Verdict) -> dict[str, Any]:
+def _brief(v: Motion) -> dict[str, Any]:
     """The verdict without per-thread detail beyond the first few threads per process."""
     out = v.to_json()
     for p in out["processes"]:

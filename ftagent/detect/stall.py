@@ -52,6 +52,25 @@ H1    still (parked or waiting) outside the rows above    hung             decla
 H2    nothing readable (no stacks, CPU in between)        hung             declare
 ====  ==================================================  ===============  =======
 
+The arbiter's rows: the flight recorder's per-group positions over every rank of the job
+(``arbiter/fr_verdict.decide``, the same ``Verdict``; its ``kind`` names the row's finding;
+per group, innermost first, the first of R1-R4 found wins):
+
+====  ==================================================  ===============  =======
+row   evidence (per process group)                        state            act
+====  ==================================================  ===============  =======
+R1    mismatch: ranks at one sequence number, not all     hung             declare
+      complete, with different op, sizes or dtypes
+R2    behind: a rank whose last enqueued collective is    hung             declare
+      below the group's highest (not one waiting in an
+      inner group's collective)
+R3    unresponsive: a rank with no dump while a rank      hung             declare
+      that sent one waits inside a collective
+R4    stall: every rank inside one collective, none       hung             declare
+      behind, none silent
+R0    none of those                                       undecided        none
+====  ==================================================  ===============  =======
+
 Why the order: bad evidence first (never act on a guess); a frozen process cannot give
 stacks, so /proc's word decides before anything asks for motion; a named busy peer and a
 slow remote read explain a still stack, so they come before "still is hung"; dead-still
@@ -90,6 +109,22 @@ class Act(str, enum.Enum):
 
 
 HUNG_STATES = frozenset({State.HUNG, State.DEAD_STILL, State.FROZEN})
+# the arbiter's flight-recorder rows (arbiter/fr_verdict.py) and the kind each one names
+FR_KINDS = {"R1": "mismatch", "R2": "behind", "R3": "unresponsive", "R4": "stall",
+            "R0": "none"}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing the flight recorder's positions show in one process group (rows R1-R4,
+    and ``waiting``: a rank behind in an outer group because it waits in an inner one)."""
+
+    kind: str  # behind | mismatch | stall | unresponsive | waiting
+    group: str
+    ranks: tuple[int, ...]
+    seq: int = -1
+    op: str = ""
+    message: str = ""
 
 
 @dataclass(frozen=True)
@@ -110,10 +145,19 @@ class Verdict:
     recheck_in: float | None = None  # seconds until the next look (act RECHECK)
     kill: bool = False  # the restart ends it with SIGKILL (a stopped process ignores TERM)
     missing: tuple[str, ...] = ()  # what could not be read
+    # the arbiter's rows (R0-R4): every finding over the job's groups, and a mismatch's
+    # place (group, #N, both calls): equal when the same mismatch recurs
+    findings: tuple[Finding, ...] = ()
+    key: str = ""
 
     @property
     def hung(self) -> bool:
         return self.state in HUNG_STATES
+
+    @property
+    def kind(self) -> str:
+        """The flight recorder's finding for rows R0-R4, else the state's name."""
+        return FR_KINDS.get(self.rule, self.state.value)
 
     def to_json(self) -> dict[str, Any]:
         return {"state": self.state.value, "act": self.act.value, "rule": self.rule,
@@ -380,5 +424,6 @@ def _alive_state(w: Window) -> State:
 
 ROWS = ("U1", "U2", "F1", "F2", "P1", "I1", "I2", "D1", "D2", "A1", "A2", "A3", "S1", "S2",
         "C1", "C2", "H1", "H2")
-__all__ = ["Act", "Blocked", "Budget", "Peers", "ROWS", "State", "Verdict", "Window",
-           "decide", "undecided"]
+FR_ROWS = ("R1", "R2", "R3", "R4", "R0")
+__all__ = ["FR_KINDS", "FR_ROWS", "Act", "Blocked", "Budget", "Finding", "Peers", "ROWS",
+           "State", "Verdict", "Window", "decide", "undecided"]

@@ -96,6 +96,32 @@ def test_every_row_has_a_case_and_a_line_in_the_docs() -> None:
         assert f"| {row} " in page, row
 
 
+def test_the_arbiters_rows_have_a_line_in_the_docs_and_a_test() -> None:
+    doc = stall.__doc__ or ""
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "docs" / "hangs.md").read_text()
+    tests = (root / "tests" / "unit" / "test_fr_verdict.py").read_text()
+    for row in stall.FR_ROWS:
+        assert f"\n{row}  " in doc and f"| {row} " in page, row
+        assert f'"{stall.FR_KINDS[row]}"' in tests, row
+
+
+def test_one_verdict_type() -> None:
+    """The agent's policy and the arbiter's flight-recorder rows return the same class;
+    the motion judge returns evidence (``Motion``), no verdict of its own (issue 35)."""
+    from ftagent.arbiter import fr_verdict
+    from ftagent.detect import liveness
+
+    assert fr_verdict.Verdict is Verdict
+    assert isinstance(fr_verdict.decide({}), Verdict)
+    assert not hasattr(liveness, "Verdict")
+    v = fr_verdict.decide({0: {"groups": [{"name": "0", "enqueued": 4, "completed": 3}]},
+                           1: {"groups": [{"name": "0", "enqueued": 3, "completed": 3}]}})
+    assert (v.state, v.act, v.rule, v.kind, v.culprits) == (
+        State.HUNG, Act.DECLARE, "R2", "behind", (1,))
+    assert Verdict.from_json(v.to_json()).culprits == (1,)
+
+
 def test_the_verdict_names_what_matters() -> None:
     io = decide(STEP, w(blocked=(SOCK,)))
     assert io.budget_flag == "--hang-io-timeout" and "127.0.0.9:9000" in io.reason
