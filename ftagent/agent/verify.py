@@ -72,6 +72,8 @@ from ftagent.detect.stall import (
     Verdict,
     Window,
     decide,
+    fault_message,
+    peer_state,
 )
 from ftagent.model import (
     Fault,
@@ -226,8 +228,7 @@ class Stall:
     decision: Verdict | None = None  # the stall policy's last verdict
     entries: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # its stacks
     dump: dict[str, Any] | None = None  # the flight recorder's dump of its window
-    io_blocked: tuple[Blocked, ...] = ()  # the remote reads the last I1 verdict saw
-    io_grace: bool = False  # one look granted after such a read ended mid-window
+    io_blocked: tuple[Blocked, ...] = ()  # the remote reads the last I1 verdict saw (I3)
 
 
 @dataclass
@@ -536,13 +537,12 @@ class Verifier:
             await self._local_wait(stall)  # sampling the local peers: before the policy
             if self.stall is not stall:
                 return  # steps resumed while the peers were asked
-        window = self._io_grace(stall, verdict, await self._window(verdict, snaps))
-        got = decide(self._budget(stall, stalled, spin_budget), window,
-                     self._peers(stall, arbiter))
+        window = await self.window_of(verdict, snaps)
+        got = decide(self.budget(stall, stalled, spin_budget, self._recheck_in(
+            early is not None)), window, self._peers(stall, arbiter))
         stall.decision = got
-        if got.rule == "I1":
-            stall.io_blocked = tuple(b for b in window.blocked if b.kind in IO_KINDS)
-            stall.io_grace = False
+        stall.io_blocked = tuple(b for b in window.blocked if b.kind in IO_KINDS) \
+            if got.rule == "I1" else ()
         if got.act is Act.RECHECK and got.state is State.WAITING_ON_PEER and \
                 got.rule == "P1":
             # the arbiter judged the job busy: waiting on that rank is not a hang (its own
@@ -580,11 +580,8 @@ class Verifier:
         self._count(verdict.state.value if got.rule[0] in "ASH" else got.state.value)
         if got.act is not Act.DECLARE:
             stall.verified = got.state is not State.UNDECIDED
-            again = self.clock() + self._recheck_in(early is not None)
-            if got.state in (State.SPINNING, State.WAITING_ON_IO):
-                again = max(self.clock() + 0.5, min(again, self.clock() + (got.recheck_in or 0)))
-            if got.state is State.SPINNING:
-                again = max(self.clock() + 0.5, min(again, stall.start + spin_budget))
+            again = self.clock() + (got.recheck_in if got.recheck_in is not None
+                                    else self._recheck_in(early is not None))
             det.defer(again)
             self._anchor = self.clock()  # the next budget's samples count from here
             text = (self._alive_text(verdict, stall, stalled, spin_budget)
@@ -600,30 +597,24 @@ class Verifier:
                     got.state.value, out.message, verdict, cost, stall, rule=got.rule)
         self._raise(out)
 
-    @staticmethod
-    def _io_grace(stall: Stall, verdict: Motion, window: Window) -> Window:
-        """The read the last verdict found waiting on remote I/O ended inside this window
-        (the thread moved on: not blocked on it any more, its place changed), so the still
-        samples before it are the read's: one more look a budget later, not a hang on
-        samples that straddle its end (seen: an 8 s read ending 0.2 s before the verdict).
-        Once per read: a thread still stuck after it is judged on its own."""
-        prev = stall.decision
-        if prev is None or prev.rule != "I1" or stall.io_grace or not stall.io_blocked or \
-                any(b.kind in IO_KINDS for b in window.blocked) or verdict.where == prev.where:
-            return window
-        stall.io_grace = True
-        return dataclasses.replace(window, blocked=stall.io_blocked)
-
-    def _budget(self, stall: Stall | None, stalled: float, spin_budget: float) -> Budget:
+    def budget(self, stall: Stall | None, stalled: float, spin_budget: float,
+               recheck_every: float | None = None) -> Budget:
+        """The policy's budget input for this rank now (the dead-still watch's too)."""
         det = self.detector
+        phase = det.current_phase()
+        prev = stall.decision if stall is not None else None
         return Budget(stalled_for=stalled, step_budget=det.step_budget(),
                       spin_budget=spin_budget,
                       phase_timeout=float(self.cfg.hang_phase_timeout),
-                      io_timeout=float(getattr(self.cfg, "hang_io_timeout", 300.0)),
-                      dead_still_window=float(getattr(self.cfg, "hang_dead_still_window",
-                                                      60.0)),
-                      phase=det.current_phase(), first_step=det.last_step is None,
-                      declared=stall is not None and stall.declared, rank=self.rank)
+                      io_timeout=float(self.cfg.hang_io_timeout),
+                      dead_still_window=float(self.cfg.hang_dead_still_window),
+                      phase=phase, phase_learned=phase is not None and
+                      phase in det.phase_longest, first_step=det.last_step is None,
+                      declared=stall is not None and stall.declared, rank=self.rank,
+                      recheck_every=recheck_every,
+                      last_io=stall.io_blocked if stall is not None else (),
+                      last_where=prev.where if prev is not None else None)
+
 
     def _peers(self, stall: Stall, arbiter: bool) -> Peers:
         asked = None
@@ -797,14 +788,15 @@ class Verifier:
         hung: the arbiter answers BUSY and the peers wait (issue 35)."""
         live: dict[str, Any] = {**_brief(verdict), "declared": False}
         stalled = 0.0 if stall is None else max(0.0, self.clock() - stall.start)
-        got = decide(self._budget(stall, stalled, self._spin_budget(verdict)),
-                     await self._window(verdict, snaps))
+        got = decide(self.budget(stall, stalled, self._spin_budget(verdict)),
+                     await self.window_of(verdict, snaps))
         live["stall"] = got.to_json()
-        if got.state is State.WAITING_ON_IO:
-            live.update(state="alive", reason=got.reason)
+        state = peer_state(got, verdict.state.value)
+        if state != live["state"]:
+            live.update(state=state, reason=got.reason)
         return live
 
-    async def _window(self, verdict: Motion, snaps: Sequence[Snapshot]) -> Window:
+    async def window_of(self, verdict: Motion, snaps: Sequence[Snapshot]) -> Window:
         """The policy's window over ``snaps``, with what /proc says the still threads wait
         on (agent/proc_wait.py: read once, on the tree of the last sample)."""
         if self.waits is None or not snaps:
@@ -905,21 +897,7 @@ class Verifier:
     def _fault(self, fault: Fault, verdict: Motion, stalled: float, spin_budget: float,
                entries: list[dict[str, Any]], got: Verdict | None = None) -> Fault:
         new = got is not None and got.rule[0] in "UFDI"  # a row the motion judge lacks
-        if got is not None and new:
-            msg = f"{fault.message}; {got.reason}"
-        elif verdict.state is Liveness.SPINNING:
-            msg = (f"spinning in {verdict.where} for {stalled:.1f}s, over the spin budget of "
-                   f"{spin_budget:.0f}s (busy, but not progressing): {verdict.reason}")
-        elif verdict.state is Liveness.ALIVE:  # alive by I/O alone, past the phase budget
-            msg = (f"doing storage I/O but no step for {stalled:.1f}s, over "
-                   f"--hang-phase-timeout ({self.cfg.hang_phase_timeout:.0f}s): "
-                   f"{verdict.reason}")
-        elif verdict.state is Liveness.UNKNOWN:
-            msg = (f"{fault.message}; could not verify ({verdict.reason}): declared on the "
-                   "budget alone")
-        else:
-            msg = f"{fault.message}; verified hung over {verdict.window_seconds:.1f}s: " \
-                  f"{verdict.reason}"
+        msg = fault.message if got is None else fault_message(got, fault.message)
         evidence = {**fault.evidence, "verification": verdict.to_json(),
                     "verdict": got.state.value if got is not None and new
                     else verdict.state.value,

@@ -687,23 +687,6 @@ def in_collective(verdict: Motion) -> bool:
 
 
 
-def spin_due(stalled_for: float, spin_budget: float) -> bool:
-    """A spinning trainer is declared hung once its stall has lasted the spin budget."""
-    return stalled_for >= spin_budget
-
-
-def declare(verdict: Motion, stalled_for: float, spin_budget: float,
-            io_budget: float = float("inf")) -> bool:
-    """True: raise the hang now. Alive defers (alive by I/O alone: until ``io_budget``,
-    --hang-phase-timeout); spinning defers until its budget; hung and unknown declare (the
-    budget ran out, and nothing says the trainer lives)."""
-    if verdict.state is Liveness.ALIVE:
-        return verdict.by_io and stalled_for >= io_budget
-    if verdict.state is Liveness.SPINNING:
-        return spin_due(stalled_for, spin_budget)
-    return True
-
-
 # --------------------------------------------------------------------------- learning
 
 

@@ -30,6 +30,10 @@ I1    every still thread blocked reading a socket to a    waiting_on_io    reche
       non-peer or a file on a network mount, nothing
       working; stalled below --hang-io-timeout
 I2    the same, stalled past --hang-io-timeout            hung             declare
+I3    the remote read the last verdict (I1) saw ended     waiting_on_io    recheck
+      inside this window (no thread on remote I/O now,
+      its place changed), still nothing working: once
+      per read, below --hang-io-timeout
 D1    in a phase (declared, or never learned) or before   dead_still       declare
       the first step: every thread blocked, no CPU, no
       I/O, no stack movement over --hang-dead-still-
@@ -240,6 +244,11 @@ class Budget:
     first_step: bool = False  # no step yet this attempt
     declared: bool = False  # a hang was already raised for this stall
     rank: int | None = None
+    recheck_every: float | None = None  # seconds between looks (None: the step budget)
+    # the remote reads the stall's last verdict (row I1) saw and where, for row I3; empty
+    # when that verdict was another row or I3 already granted its look
+    last_io: tuple[Blocked, ...] = ()
+    last_where: str | None = None
 
 
 @dataclass(frozen=True)
@@ -305,7 +314,8 @@ def decide(budget: Budget, window: Window, peers: Peers | None = None, *,
     peers = peers or Peers()
     b, w = budget, window
     me = () if b.rank is None else (b.rank,)
-    recheck = max(0.5, b.step_budget)
+    recheck = max(0.5, b.step_budget if b.recheck_every is None else b.recheck_every)
+    soon = max(0.5, b.step_budget)  # a budgeted wait (I/O, a spin) is looked at each step
     if w.errors:
         if b.stalled_for >= b.phase_timeout:
             return Verdict(State.HUNG, Act.DECLARE, "U2",
@@ -345,12 +355,24 @@ def decide(budget: Budget, window: Window, peers: Peers | None = None, *,
                            f"{b.io_timeout:.0f}s): not a hang", where=w.where,
                            waiting_for=what, budget_seconds=b.io_timeout,
                            budget_flag="--hang-io-timeout",
-                           recheck_in=max(0.5, min(recheck, b.io_timeout - b.stalled_for)))
+                           recheck_in=max(0.5, min(soon, b.io_timeout - b.stalled_for)))
         return Verdict(State.HUNG, Act.DECLARE, "I2",
                        f"blocked in {what} for {b.stalled_for:.0f}s, past --hang-io-timeout "
                        f"({b.io_timeout:.0f}s)", where=w.where, culprits=me,
                        waiting_for=what, budget_seconds=b.io_timeout,
                        budget_flag="--hang-io-timeout")
+    if (b.last_io and not io and w.where != b.last_where and w.working_threads == 0
+            and w.motion in ("hung", "unknown") and b.stalled_for < b.io_timeout):
+        # the still samples before the read's end were the read's (seen: an 8 s read
+        # ending 0.2 s before the verdict): one more look, not a hang on samples that
+        # straddle it; a thread still stuck after it is judged on its own
+        t = b.last_io[0]
+        what = f"{t.syscall} on {t.target}"
+        return Verdict(State.WAITING_ON_IO, Act.RECHECK, "I3",
+                       f"waiting on I/O: the read ({what}) ended inside this window; one "
+                       "more look before anything is called a hang", where=w.where,
+                       waiting_for=what, budget_seconds=b.io_timeout,
+                       budget_flag="--hang-io-timeout", recheck_in=soon)
     in_phase = b.phase is not None or b.first_step
     if phase_check or in_phase:
         if (w.seconds >= b.dead_still_window and w.all_blocked and w.moved is False
@@ -387,7 +409,7 @@ def decide(budget: Budget, window: Window, peers: Peers | None = None, *,
                            f"spinning in {w.where}: a hang if it still spins at "
                            f"{b.spin_budget:.0f}s; {w.motion_reason}"[:MAX_TEXT],
                            where=w.where, budget_seconds=b.spin_budget,
-                           recheck_in=max(0.5, min(recheck, b.spin_budget - b.stalled_for)))
+                           recheck_in=max(0.5, min(soon, b.spin_budget - b.stalled_for)))
         return Verdict(State.HUNG, Act.DECLARE, "S2",
                        f"spinning in {w.where} for {b.stalled_for:.1f}s, over the spin budget "
                        f"of {b.spin_budget:.0f}s (busy, but not progressing): "
@@ -414,6 +436,20 @@ def decide(budget: Budget, window: Window, peers: Peers | None = None, *,
                    budget_seconds=b.step_budget)
 
 
+def fault_message(v: Verdict, budget_message: str) -> str:
+    """The hang fault's message, one form per row: the budget's words ("no progress for
+    3.2s ...") then the reason; rows S2 and A3 name their own budget, so their reason
+    stands alone ("spinning in f (file:line) for 31.0s, over the spin budget ...")."""
+    return v.reason if v.rule in ("S2", "A3") else f"{budget_message}; {v.reason}"
+
+
+def peer_state(v: Verdict, motion: str) -> str:
+    """The liveness state a rank's peers (the arbiter's BUSY judgement) read for it:
+    ``motion`` (alive, spinning, hung, unknown), except that a rank waiting on remote I/O
+    (rows I1, I3) is busy to them, alive, not hung: they wait on it (issue 35)."""
+    return "alive" if v.state is State.WAITING_ON_IO else motion
+
+
 def _alive_state(w: Window) -> State:
     if w.motion == "spinning":
         return State.SPINNING
@@ -422,8 +458,9 @@ def _alive_state(w: Window) -> State:
     return State.UNDECIDED
 
 
-ROWS = ("U1", "U2", "F1", "F2", "P1", "I1", "I2", "D1", "D2", "A1", "A2", "A3", "S1", "S2",
-        "C1", "C2", "H1", "H2")
+ROWS = ("U1", "U2", "F1", "F2", "P1", "I1", "I2", "I3", "D1", "D2", "A1", "A2", "A3", "S1",
+        "S2", "C1", "C2", "H1", "H2")
 FR_ROWS = ("R1", "R2", "R3", "R4", "R0")
 __all__ = ["FR_KINDS", "FR_ROWS", "Act", "Blocked", "Budget", "Finding", "Peers", "ROWS",
-           "State", "Verdict", "Window", "decide", "undecided"]
+           "State", "Verdict", "Window", "decide", "fault_message", "peer_state",
+           "undecided"]
