@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ftagent.agent.evidence import MAX_THREADS, find_py_spy, sample_process
-from ftagent.agent.proc_wait import Waits
+from ftagent.agent.hang_parts import HangParts
 from ftagent.agent.stall_window import window_of
 from ftagent.config import HangConfig
 from ftagent.detect.hang import HangDetector, Observed, Sample, verify_plan
@@ -245,23 +245,24 @@ class Early:
 class Verifier:
     """Sits between the hang detector's suspicion and the fault (see the module docstring)."""
 
-    def __init__(self, detector: HangDetector, cfg: HangConfig, sampler: Sampler, *,
+    def __init__(self, detector: HangDetector, cfg: HangConfig, sampler: Sampler,
+                 parts: HangParts | None = None, *,
                  record: Callable[..., Any] | None = None, metrics: Any = None,
                  emit: Callable[[Fault], Coroutine[Any, Any, Any]] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
                  thresholds: Thresholds | None = None,
-                 now: Callable[[], float] | None = None,
-                 waits: Callable[[Sequence[int]], Waits] | None = None) -> None:
-        """``now``: the detector's clock where it differs from ``clock`` (the agent's
-        ``detector_now``: no hang is called on output not looked at yet). ``waits``: what
-        the tree's blocked threads wait on (``proc_wait.blocked_threads``; None: not read,
-        no "waiting on I/O" verdict)."""
-        self.waits = waits
+                 now: Callable[[], float] | None = None) -> None:
+        """``parts``: the hang parts, built first (agent/hang_parts.py: the rank, the
+        flight recorder's snapshot, the arbiter's "can I ask?", the local peers, the /proc
+        wait reader). ``now``: the detector's clock where it differs from ``clock`` (the
+        agent's ``detector_now``: no hang is called on output not looked at yet)."""
+        parts = parts or HangParts()
+        self.waits = parts.waits
         self.detector = detector
         self.now = now or clock
         # the flight recorder's snapshot (agent/flight_recorder.py), taken in the window
-        self.window_dump: Callable[[], Awaitable[dict[str, Any]]] | None = None
+        self.window_dump = parts.window_dump
         self._early: Early | None = None
         self._suspect: Fault | None = None  # a HANG the tick raised while sampling early
         self._anchor: float | None = None  # when a deferred budget began
@@ -277,11 +278,14 @@ class Verifier:
         self.book = PhaseBook(max_places=MAX_PLACES)
         # True while an arbiter can compare the ranks: a rank verified waiting in a
         # collective then raises a WARNING suspicion, not the hang (agent/peer_wait.py)
-        self.ask_arbiter: Callable[[], bool] | None = None
-        # launcher mode: this pod's other local ranks' verifiers (cmd/run.py wires them);
-        # without an arbiter, a rank waiting in a collective asks them who is busy
-        self.local_peers: Callable[[], Sequence[tuple[int, Verifier]]] | None = None
-        self.rank: int | None = None  # this rank, for the verdict's culprits
+        self.ask_arbiter = parts.ask_arbiter
+        # launcher mode: this pod's local ranks' verifiers (this one joins them); without
+        # an arbiter, a rank waiting in a collective asks them who is busy
+        self.local_peers: Callable[[], Sequence[tuple[int, Verifier]]] | None = \
+            parts.local_peers
+        self.rank = parts.rank  # this rank, for the verdict's culprits
+        if parts.local_peers is not None and parts.rank is not None:
+            parts.local_peers.add(parts.rank, self)
         self.stall: Stall | None = None
         # BUSY arrived before this rank's own budget ran out (no stall open yet): the
         # stall it is in is that wait; forgotten when steps resume
