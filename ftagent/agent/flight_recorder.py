@@ -297,8 +297,8 @@ def flight_recorder_parts(worker: Any, cfg: Any, rundir: str, parts: WorkerParts
     capture = getattr(decider, "stack_capture", None)
     if capture is not None:
         async def stacks_with_dumps(*args: Any, **kwargs: Any) -> dict[str, Any]:
-            taken = verifier.declared_dump() if verifier is not None else None
-            if taken is not None:  # the declared hang's window dump: one per verification
+            taken = await verifier.stall_dump() if verifier is not None else None
+            if taken is not None:  # the verification's window dump: one per verification
                 return {**await capture(*args, **kwargs), "flight_recorder": taken}
             got, stacks = await asyncio.gather(fr.snapshot(), capture(*args, **kwargs))
             return {**stacks, "flight_recorder": got}

@@ -415,19 +415,31 @@ class Verifier:
                 raise  # the caller is being cancelled, not the dump
             return None
         stall = self.stall
-        if stall is not None and stall.declared:
+        if stall is not None and (stall.declared or stall.asking):
             stall.dump = got  # the arbiter's DUMP_STACKS answer takes this one too
         return got
 
-    def declared_dump(self) -> dict[str, Any] | None:
-        """The flight-recorder dump of the declared stall's window, if one was taken and
-        is no older than a window: one capture per verification, for the fault's evidence
-        and the arbiter's question alike (issue 35)."""
+    def _shared(self, stall: Stall | None) -> bool:
+        """The open stall's last verification speaks for it now: it declared the hang or
+        asked the arbiter (row C1), and its samples are no older than four windows."""
+        return stall is not None and (stall.declared or stall.asking) and \
+            stall.verdict is not None and bool(stall.snaps) and \
+            self.clock() - stall.snaps[-1].ts <= max(self.window, 1.0) * 4
+
+    async def stall_dump(self) -> dict[str, Any] | None:
+        """The flight-recorder dump of the verification that declared the stall or asked
+        the arbiter about it (awaited if still being taken): one capture per
+        verification, for the fault's evidence and the arbiter's DUMP_STACKS alike (issue
+        35); None when there is none, or it is stale."""
         stall = self.stall
-        if stall is None or not stall.declared or stall.dump is None or not stall.snaps:
+        if stall is None or not self._shared(stall):
             return None
-        if self.clock() - stall.snaps[-1].ts > max(self.window, 1.0) * 4:
-            return None
+        dump = self._dump
+        if stall.dump is None and dump is not None and not dump.cancelled():
+            with contextlib.suppress(asyncio.CancelledError):
+                got = await asyncio.shield(dump)
+                if self.stall is stall:
+                    stall.dump = got
         return stall.dump
 
     async def _budget_out(self, deadline: float) -> Fault | None:
@@ -755,12 +767,19 @@ class Verifier:
     async def _stacks_for_arbiter(self) -> dict[str, Any]:
         t = self.clock()
         stall = self.stall
-        if stall is not None and stall.declared and stall.verdict is not None:
-            if stall.entries and stall.snaps and \
-                    self.clock() - stall.snaps[-1].ts <= max(self.window, 1.0) * 4:
-                entries = stall.entries  # the declaration's own capture: not taken twice
-            else:
-                _, entries = await self.sampler.sample()
+        if stall is not None and stall.verdict is not None and self._shared(stall) and \
+                stall.entries:
+            # the verification that declared the hang or asked the arbiter: its own
+            # capture and verdict, not taken twice (issue 35)
+            entries = stall.entries
+            live = {**_brief(stall.verdict), "declared": stall.declared}
+            if stall.decision is not None:
+                live["stall"] = stall.decision.to_json()
+                state = peer_state(stall.decision, live["state"])
+                if state != live["state"]:
+                    live.update(state=state, reason=stall.decision.reason)
+        elif stall is not None and stall.declared and stall.verdict is not None:
+            _, entries = await self.sampler.sample()  # the declaration's capture is stale
             live = {**_brief(stall.verdict), "declared": True}
             if stall.decision is not None:
                 live["stall"] = stall.decision.to_json()
