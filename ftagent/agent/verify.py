@@ -73,6 +73,7 @@ from ftagent.detect.stall import (
     Window,
     decide,
     fault_message,
+    label,
     peer_state,
 )
 from ftagent.model import (
@@ -593,7 +594,8 @@ class Verifier:
             self._write("verify", "suspect", out.message, verdict, cost, stall, rule=got.rule)
             self._raise(out)
             return
-        self._count(verdict.state.value if got.rule[0] in "ASH" else got.state.value)
+        kind = label(got, verdict.state.value)
+        self._count(kind)
         if got.act is not Act.DECLARE:
             stall.verified = got.state is not State.UNDECIDED
             again = self.clock() + (got.recheck_in if got.recheck_in is not None
@@ -602,15 +604,13 @@ class Verifier:
             self._anchor = self.clock()  # the next budget's samples count from here
             text = (self._alive_text(verdict, stall, stalled, spin_budget)
                     if got.rule[0] in "AS" else got.reason)
-            self._write("verify", verdict.state.value if got.rule[0] in "AS" else
-                        got.state.value, text, verdict, cost, stall, rule=got.rule,
+            self._write("verify", kind, text, verdict, cost, stall, rule=got.rule,
                         suspect_again_in=round(again - self.clock(), 3),
                         budget_seconds=fault.evidence.get("budget_seconds"))
             return
         stall.declared = True
         out = self._fault(fault, verdict, stalled, spin_budget, entries, got)
-        self._write("verify", verdict.state.value if got.rule[0] in "ASH" else
-                    got.state.value, out.message, verdict, cost, stall, rule=got.rule)
+        self._write("verify", kind, out.message, verdict, cost, stall, rule=got.rule)
         self._raise(out)
 
     def budget(self, stall: Stall | None, stalled: float, spin_budget: float,
@@ -919,13 +919,11 @@ class Verifier:
 
     def _fault(self, fault: Fault, verdict: Motion, stalled: float, spin_budget: float,
                entries: list[dict[str, Any]], got: Verdict | None = None) -> Fault:
-        new = got is not None and got.rule[0] in "UFDI"  # a row the motion judge lacks
         msg = fault.message if got is None else fault_message(got, fault.message)
         evidence = {**fault.evidence, "verification": verdict.to_json(),
-                    "verdict": got.state.value if got is not None and new
-                    else verdict.state.value,
-                    "where": got.where if got is not None and new and got.where
-                    else verdict.where,
+                    "verdict": verdict.state.value if got is None
+                    else label(got, verdict.state.value),
+                    "where": (got.where if got is not None else None) or verdict.where,
                     "stall_seconds": round(stalled, 3), "processes": entries}
         if got is not None:
             evidence.update(stall=got.to_json(), rule=got.rule, culprits=list(got.culprits))

@@ -443,6 +443,14 @@ def fault_message(v: Verdict, budget_message: str) -> str:
     return v.reason if v.rule in ("S2", "A3") else f"{budget_message}; {v.reason}"
 
 
+def label(v: Verdict, motion: str) -> str:
+    """The name a look is recorded under (the ``verify`` event's kind, the fault's
+    ``verdict``, ``ftagent_hang_verifications_total{verdict}``): the motion (alive,
+    spinning, hung, unknown) for rows A, S and H, whose names predate this table; the
+    state for the rows the motion judge lacks (U, F, P, I, D, C)."""
+    return motion if v.rule[:1] in ("A", "S", "H") else v.state.value
+
+
 def peer_state(v: Verdict, motion: str) -> str:
     """The liveness state a rank's peers (the arbiter's BUSY judgement) read for it:
     ``motion`` (alive, spinning, hung, unknown), except that a rank waiting on remote I/O
@@ -462,5 +470,5 @@ ROWS = ("U1", "U2", "F1", "F2", "P1", "I1", "I2", "I3", "D1", "D2", "A1", "A2", 
         "S2", "C1", "C2", "H1", "H2")
 FR_ROWS = ("R1", "R2", "R3", "R4", "R0")
 __all__ = ["FR_KINDS", "FR_ROWS", "Act", "Blocked", "Budget", "Finding", "Peers", "ROWS",
-           "State", "Verdict", "Window", "decide", "fault_message", "peer_state",
-           "undecided"]
+           "State", "Verdict", "Window", "decide", "fault_message", "label",
+           "peer_state", "undecided"]

@@ -169,6 +169,8 @@ def test_a_fault_message_has_one_form_per_row() -> None:
     assert stall.fault_message(spin, "no progress").startswith("spinning in open (save.py:9)")
     io = decide(STEP, w(blocked=(SOCK,)))
     assert stall.peer_state(io, "hung") == "alive" and stall.peer_state(hung, "hung") == "hung"
+    assert stall.label(spin, "spinning") == "spinning" and stall.label(io, "hung") == \
+        "waiting_on_io"
 
 
 def test_a_sign_of_life_keeps_the_phase_budget() -> None:
