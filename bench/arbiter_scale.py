@@ -117,6 +117,9 @@ class Worker:
                 f = self.pb.Fault(id=f"f-{job}-{gen}", kind=self.pb.FAULT_KIND_CRASH,
                                   severity=self.pb.SEVERITY_ERROR, message="bench crash",
                                   generation=gen, exit_status=1)
+                if "lock" not in a:  # that agent never connected (a loaded machine)
+                    self.pipe.send(("sent", None))
+                    continue
                 t0 = time.monotonic()
                 async with a["lock"]:
                     await a["call"].write(self.pb.AgentMessage(fault=f).SerializeToString())
@@ -340,6 +343,8 @@ class Bench:
         gen = self.generation[job]
         self.broadcast(("events",))
         t0 = self.ask(0, ("fault", job, 0, gen))[1]
+        if t0 is None:
+            raise RuntimeError(f"rank 0 of {job} never connected: no round to time")
         want = JOB_SIZE
         events: list[tuple[str, str, int, int, float]] = []
         end = time.monotonic() + 30
@@ -494,7 +499,34 @@ def main() -> int:
           "-> last release; failover back = agents connected again / seconds from the new "
           "arbiter's 'listening on' (--failover; the line above each table row also gives "
           "it from the kill).")
+    ratio = side_by_side(rows)
+    if ratio:
+        print(ratio)
     return 0
+
+
+def side_by_side(rows: list[dict[str, Any]]) -> str:
+    """One line: each identity's figures over those without identity in the same run (on
+    a shared machine the ratio is what means something, not the seconds)."""
+    base = next((r for r in rows if r.get("identity") == "none"), None)
+    if base is None:
+        return ""
+    out = []
+    for r in rows:
+        if r is base or r.get("identity") == "none":
+            continue
+        parts = [f"{r['identity']}/none:"]
+        if "failover_s" in r and "failover_s" in base:
+            heard, killed = r["failover_listening_s"], r["failover_s"]
+            heard0, killed0 = base["failover_listening_s"], base["failover_s"]
+            parts.append(f"failover back {heard:.1f}/{heard0:.1f} s after listening "
+                         f"(x{heard / max(heard0, 1e-9):.2f}), {killed:.1f}/{killed0:.1f} s "
+                         f"after the kill (x{killed / max(killed0, 1e-9):.2f});")
+        parts.append(f"fault->RESTART p99 {r['p99'] * 1000:.0f}/{base['p99'] * 1000:.0f} ms "
+                     f"(x{r['p99'] / max(base['p99'], 1e-9):.2f}); ramp {r['ramp_s']:.1f}/"
+                     f"{base['ramp_s']:.1f} s")
+        out.append(" ".join(parts))
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

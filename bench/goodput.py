@@ -23,7 +23,25 @@ job also has N warm spares (``ftagent run --spare``, one more lab node each): th
 ASSIGNs rank 1 to a spare, which starts it from its warm standby at once; the new pod's
 agent the bench starts then serves as the job's next spare.
 
+**The random schedule** (``--schedule random``, issue 34): the trainer's disk checkpoint
+every ``--ckpt-seconds`` (300: twice in a ten-minute job; made steps with
+``--step-estimate``, the interval actually run is printed), and each fault (crash, hang,
+Xid; ``--faults`` to change) at a uniformly random point of its own slot of the window
+(the window less ``--warmup`` and ``--tail``, cut into one slot per fault; the draws from
+``--seed``, the same for every launcher), so each lands at a random point of the disk
+interval. Printed per fault: where it landed (steps since the disk checkpoint) and the
+work it redid (the furthest step before the restart less the step resumed from), and, for
+``ftagent-snapshots``, whether that stayed within one snapshot interval. ``--json FILE``
+writes the runs' figures (bench/goodput_projection.py --from reads them).
+
 Launchers (one lab each, alternated over ``--rounds``):
+
+* **ftagent-snapshots**: ftagent as below, and the trainer snapshots its state every
+  ``--snapshot-every`` steps (``ftagent.checkpoint``, SNAPSHOT_EVERY), each node's own
+  memory root under /dev/shm (a replaced pod gets a new, empty one), replicas in a ring
+  (``--replica-listen``/``--replica-peer``, keyed by a job token); no warm spare (a spare
+  fetches no replica yet): after the Xid the new pod's agent fetches rank 1's replica
+  from rank 0's agent before its trainer starts.
 
 * **ftagent**: one ``ftagent run`` per node, a real arbiter, warm restarts as by default,
   ``--hang-timeout-min 2``, ``--nic-grace 2``, and ``--spares`` warm spares on nodes of
@@ -77,6 +95,8 @@ Needs root (network namespaces). Not run in CI. Do not edit examples/train.py wh
 runs: ftagent's warm standby then (rightly) starts the next attempt cold.
 
     sudo .venv/bin/python bench/goodput.py --minutes 10 --default-trials 0 --no-overhead
+    sudo .venv/bin/python bench/goodput.py --schedule random --minutes 10 \
+        --launchers ftagent-snapshots,ftagent --default-trials 0 --no-overhead --json g.json
     bash bench/peers.sh && sudo .venv/bin/python bench/goodput.py --minutes 10 \
         --launchers ftagent,torchrun,ft_launcher,dlrover-run --default-trials 0 --no-overhead
 """
@@ -89,8 +109,10 @@ import dataclasses
 import json
 import os
 import platform
+import random
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -109,7 +131,10 @@ from tests.lab import FAST_ENV, Lab  # noqa: E402
 from tests.lab.lab import MASTER_PORT, PY, _free_port  # noqa: E402
 from tests.netns import netns_unavailable  # noqa: E402
 
-STEP = re.compile(r"^(\d+\.\d+) \[rank(\d)\] step=(\d+)/\d+ loss=\S+ samples_per_second=(\S+)")
+# the rate is a number: an agent's line can follow it on the same line (the two writers
+# share the output), "samples_per_second=70.2[ftagent rank0 ...] INFO ..."
+STEP = re.compile(r"^(\d+\.\d+) \[rank(\d)\] step=(\d+)/\d+ loss=\S+ "
+                  r"samples_per_second=(\d+(?:\.\d+)?)")
 STARTED = re.compile(r"^(\d+\.\d+) \[rank(\d)\] started: .* from_step=(\d+)")
 BATCH = 16  # examples/train.py's batch: step seconds = BATCH / samples_per_second
 SETTLE = 6.0  # seconds after training resumes before it counts (a restart may follow)
@@ -146,6 +171,8 @@ class Run:
     ledger: dict[str, Any] | None = None  # ftagent: the arbiter's goodput block at the end
     ledger_at: float = 0.0
     load: float = 0.0  # the machine's mean 1-minute load average over the window
+    ckpt_every: int = 0  # the trainer's disk checkpoint interval, steps
+    snapshot_every: int = 0  # ftagent-snapshots: steps between two snapshots (0: none)
 
     @property
     def goodput(self) -> float:
@@ -339,6 +366,38 @@ def launcher_detect(lab: Lab, f: Fault) -> float | None:
     return first
 
 
+# ---------------------------------------------------------------------- the random schedule
+
+
+def fault_times(n: int, window: float, warmup: float, tail: float,
+                rng: random.Random) -> list[float]:
+    """Seconds after training first started at which ``n`` faults land: the span between
+    ``warmup`` and ``window - tail`` cut into ``n`` equal slots, one fault at a uniformly
+    random point of each (the same draws for every launcher of a run: one ``rng``). A
+    random point of the window is a random point of the disk checkpoint's interval."""
+    span = max(0.0, window - tail - warmup)
+    return [warmup + (j + rng.random()) * span / n for j in range(n)]
+
+
+def disk_interval_steps(ckpt_seconds: float, step_seconds: float) -> int:
+    """The trainer's CHECKPOINT_EVERY for a disk checkpoint every ``ckpt_seconds`` of
+    training at ``step_seconds`` a step (at least 1)."""
+    return max(1, round(ckpt_seconds / step_seconds)) if step_seconds > 0 else 1
+
+
+def redone(faults: list[Fault], step_seconds: float, interval: int) -> dict[str, Any]:
+    """The work each fault redid (steps from the step resumed to the furthest step before
+    the restart: ``Fault.lost``), in steps and seconds, with where the fault landed in the
+    disk checkpoint's ``interval`` (steps since the last disk checkpoint)."""
+    rows = [{"kind": f.kind, "lost_steps": f.lost, "lost_seconds": f.lost * step_seconds,
+             "since_disk_checkpoint": f.before % interval if interval > 0 else None}
+            for f in faults if f.back is not None]
+    lost = [r["lost_steps"] for r in rows]
+    return {"faults": rows, "mean_steps": statistics.mean(lost) if lost else None,
+            "max_steps": max(lost) if lost else None,
+            "mean_seconds": statistics.mean(lost) * step_seconds if lost else None}
+
+
 # ---------------------------------------------------------------------- launchers
 
 
@@ -449,17 +508,48 @@ def gpu_flags(timeline: Path) -> list[str]:
     return ["--gpu-backend", f"simulated:{timeline}"]
 
 
+REPLICA_PORT = 29700
+SNAPSHOT_TOKEN = "goodput-bench-job-token"  # the replica channel's key is derived from it
+
+
+def snapshot_flags(lab: Lab, name: str, r: int) -> list[str]:
+    """ftagent-snapshots: each node's own memory root (a new pod: a new, empty one, under
+    /dev/shm as a memory-backed emptyDir would be), and the peer replica in a ring (node
+    r's agent keeps node 1-r's replica), keyed by the job token."""
+    if name != "ftagent-snapshots":
+        return []
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else lab.tmp
+    root = base / f"ftagent-goodput-{lab.tmp.name}-{os.getpid()}" / \
+        f"node{r}.{lab.incarnation.get(r, -1) + 1}"
+    SNAPSHOT_ROOTS.append(root.parent)
+    return ["--snapshot-dir", str(root), "--token", SNAPSHOT_TOKEN,
+            "--replica-listen", f"{lab.net.data_ip(r)}:{REPLICA_PORT}",
+            "--replica-peer", f"{lab.net.data_ip(1 - r)}:{REPLICA_PORT}"]
+
+
+SNAPSHOT_ROOTS: list[Path] = []  # removed at the end of each run, whatever ends it
+
+
+def drop_snapshot_roots() -> None:
+    for root in SNAPSHOT_ROOTS:
+        shutil.rmtree(root, ignore_errors=True)
+    SNAPSHOT_ROOTS.clear()
+
+
 def launch(lab: Lab, name: str, env: dict[str, str], args: argparse.Namespace,
            gpus: tuple[Path, Path] | None = None) -> None:
-    if name == "ftagent":
+    if name in ("ftagent", "ftagent-snapshots"):
         flags = [*FTAGENT_FLAGS, *shlex.split(args.ftagent_flags)]
-        if gpus is None:
+        if name == "ftagent-snapshots":
+            env = {**env, "SNAPSHOT_EVERY": str(args.snapshot_every)}
+        if gpus is None and name == "ftagent":
             lab.start_job(env, flags)
-        else:  # start_job with one GPU timeline per rank
+        else:  # start_job with one GPU timeline (and snapshot memory) per rank
             lab.env = {**FAST_ENV, **env}
             lab.flags = flags
             for r in range(lab.world):
-                lab.start_rank(r, extra=gpu_flags(gpus[0] if r == 1 else gpus[1]))
+                gpu = [] if gpus is None else gpu_flags(gpus[0] if r == 1 else gpus[1])
+                lab.start_rank(r, extra=[*gpu, *snapshot_flags(lab, name, r)])
             for i in range(lab.spares):  # a spare's GPU is healthy
                 lab.start_rank(lab.world + i, extra=gpu_flags(gpus[1]), spare=True)
     elif name in ("torchrun", "torchrun-default"):
@@ -548,11 +638,26 @@ def run_schedule(name: str, args: argparse.Namespace, tmp: Path) -> Run:
     arbiter_args = ["--max-restarts", "10", "--nic-replace-after", "600"]
     kinds = [k for k in KINDS if k in args.faults.split(",")]
     xid_at = args.xid_at if args.xid_at > 0 else max(200.0, args.minutes * 30 + 30)
+    slot_at: dict[str, float] = {}  # the random schedule: seconds after the first step
+    if args.schedule == "random":
+        env["CHECKPOINT_EVERY"] = str(args.ckpt_every)
+        slot_at = dict(zip(kinds, fault_times(len(kinds), args.minutes * 60, args.warmup,
+                                         args.tail, random.Random(args.seed)), strict=True))
+        if "xid" in kinds:  # its GPU timeline counts from the agent's start
+            xid_at = slot_at["xid"] + args.startup_estimate
+        when = ", ".join(f"{k} {t:.0f}" for k, t in slot_at.items())
+        run.notes.append(f"random schedule (seed {args.seed}): {when} s after the first "
+                         f"step; disk checkpoint every {args.ckpt_every} steps")
     gpus = gpu_timeline(tmp, xid_at if "xid" in kinds else None)
+    ftagent_like = name in ("ftagent", "ftagent-snapshots")
+    # a warm spare fetches no replica yet (docs/snapshots.md): with snapshots, the
+    # replaced rank's new pod fetches its shard from the peer instead
     spares = args.spares if name == "ftagent" else 0
-    if name == "ftagent":
-        run.notes.append(f"warm spares: {spares} (--spares)")
-    with Lab(tmp, 2, job="goodput", arbiter=name == "ftagent", arbiter_args=arbiter_args,
+    if ftagent_like:
+        run.notes.append(f"warm spares: {spares}" + (" (--spares)" if name == "ftagent" else
+                         f"; a snapshot every {args.snapshot_every} steps, replicas in a "
+                         "ring, the replaced pod fetches its rank's"))
+    with Lab(tmp, 2, job="goodput", arbiter=ftagent_like, arbiter_args=arbiter_args,
              stamp=True, spares=spares) as lab:
         launched = time.time()
         launch(lab, name, env, args, gpus)
@@ -566,11 +671,17 @@ def run_schedule(name: str, args: argparse.Namespace, tmp: Path) -> Run:
             """The bench plays Kubernetes after a fatal Xid: rank 1's agent exits with the
             replace status (its pod goes), and a new pod's agent starts at once on a
             healthy GPU (a real cluster adds scheduling and container start)."""
-            if name == "ftagent" and not replaced and lab.agents[1].poll() is not None:
+            if ftagent_like and not replaced and lab.agents[1].poll() is not None:
                 replaced.append(lab.agents[1].returncode)
-                lab.start_rank(1, extra=gpu_flags(gpus[1]))
+                lab.start_rank(1, extra=[*gpu_flags(gpus[1]), *snapshot_flags(lab, name, 1)])
 
         for kind in kinds:
+            if kind in slot_at and kind != "xid":
+                late = time.time() - run.start - slot_at[kind]
+                if late > 0:
+                    run.notes.append(f"the {kind} came {late:.0f} s late: the previous fault "
+                                     "was not over")
+                wait_until(run.start + slot_at[kind])
             if kind == "xid":
                 if time.time() > launched + xid_at:
                     run.notes.append(f"the Xid came {time.time() - launched - xid_at:.0f} s "
@@ -582,7 +693,7 @@ def run_schedule(name: str, args: argparse.Namespace, tmp: Path) -> Run:
                 time.sleep(args.outage)
                 lab.link_up(1)
                 f.end = time.time()
-            elif kind == "xid" and name != "ftagent":
+            elif kind == "xid" and not ftagent_like:
                 lab.trigger("crash", 1)  # no GPU watch: a fatal Xid is a crash of the rank
             elif kind != "xid":  # ftagent's simulated GPU raises the Xid by itself
                 lab.trigger(kind, 1)
@@ -613,7 +724,7 @@ def run_schedule(name: str, args: argparse.Namespace, tmp: Path) -> Run:
             except TimeoutError as e:
                 run.notes.append(str(e))
                 break
-            if kind == "xid" and name == "ftagent":
+            if kind == "xid" and ftagent_like:
                 seen = xid_seen(lab)
                 if seen is not None:  # the Xid's onset: when the simulated GPU raised it
                     f.at = seen
@@ -624,12 +735,12 @@ def run_schedule(name: str, args: argparse.Namespace, tmp: Path) -> Run:
                 if spares:
                     run.notes.append(f"xid: {took[-1]['message']}" if took else
                                      "xid: no spare took rank 1 over")
-            f.detect = (ftagent_detect if name == "ftagent" else launcher_detect)(lab, f)
+            f.detect = (ftagent_detect if ftagent_like else launcher_detect)(lab, f)
             wait_until(time.time() + args.gap)
         wait_until(max(deadline, time.time()))
         run.end = time.time()
         run.load = statistics.mean(LOADS) if LOADS else os.getloadavg()[0]
-        if name == "ftagent":
+        if ftagent_like:
             phases(lab.timeline(), run.faults)
             run.ledger = read_ledger(lab)
             run.ledger_at = time.time()
@@ -651,6 +762,8 @@ def run_schedule(name: str, args: argparse.Namespace, tmp: Path) -> Run:
                   if f.end is not None]
         run.kept_seconds = kept_wall_seconds(lines(lab, 0), stalls, run.start, run.end)
         run.kept_printed_seconds = kept_printed_seconds(all_steps, outages)
+    run.ckpt_every = args.ckpt_every
+    run.snapshot_every = args.snapshot_every if name == "ftagent-snapshots" else 0
     (tmp / "run.json").write_text(json.dumps(dataclasses.asdict(run), indent=1))
     return run
 
@@ -842,6 +955,44 @@ def ledger_table(rs: list[Run]) -> None:
             print(f"  {k:<14} {statistics.mean(vs):8.1f} s")
 
 
+def redone_table(runs: list[Run]) -> None:
+    """The work each fault redid, where it landed in the disk checkpoint's interval, and the
+    bar of issue 34: with snapshots at most one snapshot interval a fault."""
+    print("\n| launcher | fault | since the disk checkpoint | redone | redone, seconds |")
+    print("|---|---|---|---|---|")
+    for r in runs:
+        red = redone(r.faults, r.step_seconds, r.ckpt_every)
+        for f in red["faults"]:
+            print(f"| {r.launcher} | {f['kind']} | {f['since_disk_checkpoint']} steps | "
+                  f"{f['lost_steps']} steps | {f['lost_seconds']:.1f} s |")
+    for r in runs:
+        red = redone(r.faults, r.step_seconds, r.ckpt_every)
+        if red["max_steps"] is None:
+            continue
+        half = r.ckpt_every / 2
+        line = (f"{r.launcher}: redone per fault {red['mean_steps']:.1f} steps on average "
+                f"({red['mean_seconds']:.1f} s), at most {red['max_steps']}; disk interval "
+                f"{r.ckpt_every} steps ({r.ckpt_every * r.step_seconds:.0f} s; half: "
+                f"{half:.0f})")
+        if r.snapshot_every:
+            ok = red["max_steps"] <= r.snapshot_every
+            line += (f"; snapshot interval {r.snapshot_every} steps: "
+                     f"{'within' if ok else 'NOT within'} one snapshot interval")
+        print(line)
+
+
+def run_json(r: Run) -> dict[str, Any]:
+    """One run's figures for the projection (bench/goodput_projection.py --from)."""
+    return {"launcher": r.launcher, "goodput": r.goodput, "window": r.end - r.start,
+            "load": r.load, "step_seconds": r.step_seconds, "ckpt_every": r.ckpt_every,
+            "snapshot_every": r.snapshot_every,
+            "redone": redone(r.faults, r.step_seconds, r.ckpt_every),
+            "faults": [{"kind": f.kind, "detect": None if f.detect is None else f.detect - f.at,
+                        "back": None if f.back is None else f.back - f.at,
+                        "lost_steps": f.lost} for f in r.faults],
+            "ledger": r.ledger, "notes": r.notes}
+
+
 def report(runs: list[Run], trials: tuple[int, int] | None,
            over: dict[str, dict[str, float]], args: argparse.Namespace) -> None:
     print(f"\nmachine: {platform.node()} {platform.processor() or platform.machine()}, "
@@ -897,7 +1048,8 @@ def report(runs: list[Run], trials: tuple[int, int] | None,
           f"{XID}; ftagent replaces the rank and the bench starts the new pod's agent at once; "
           "every other launcher has no GPU watch, so for them it is a crash of rank 1 at the "
           "same time after the launch)")
-    ledger_table(by.get("ftagent", []))
+    ledger_table(by.get("ftagent", []) + by.get("ftagent-snapshots", []))
+    redone_table(runs)
     for col in missing_columns(list(by)):
         print(f"missing column -- {col}")
     for r in runs:
@@ -942,6 +1094,23 @@ def main() -> int:
                     help="ft_launcher's --ft-rank-heartbeat-timeout (seconds)")
     ap.add_argument("--step-sleep", type=float, default=0.05)
     ap.add_argument("--ckpt-every", type=int, default=20)
+    ap.add_argument("--schedule", choices=("fixed", "random"), default="fixed",
+                    help="random: each fault at a random point of its slot of the window "
+                    "(--seed), the disk checkpoint every --ckpt-seconds")
+    ap.add_argument("--ckpt-seconds", type=float, default=300.0,
+                    help="random schedule: the disk checkpoint interval, in seconds of "
+                    "training (made steps by --step-estimate)")
+    ap.add_argument("--step-estimate", type=float, default=0.0,
+                    help="seconds a healthy step takes (0: --step-sleep + 15 ms)")
+    ap.add_argument("--seed", type=int, default=1, help="random schedule: its draws")
+    ap.add_argument("--tail", type=float, default=60.0,
+                    help="random schedule: healthy seconds after the last fault's slot")
+    ap.add_argument("--startup-estimate", type=float, default=15.0,
+                    help="random schedule: seconds from the launch to the first step (the "
+                    "Xid's GPU timeline counts from the agent's start)")
+    ap.add_argument("--snapshot-every", type=int, default=10,
+                    help="ftagent-snapshots: steps between two in-memory snapshots")
+    ap.add_argument("--json", default="", help="also write the runs' figures here")
     ap.add_argument("--default-trials", type=int, default=3)
     ap.add_argument("--overhead-steps", type=int, default=600)
     ap.add_argument("--overhead-rounds", type=int, default=2, help="alternated rounds")
@@ -951,6 +1120,11 @@ def main() -> int:
     ap.add_argument("--overhead-no-prometheus", action="store_true",
                     help="no Prometheus scraping ftagent's agents (the lab's is every 1 s)")
     args = ap.parse_args()
+    if args.schedule == "random":
+        est = args.step_estimate or args.step_sleep + 0.015
+        args.ckpt_every = disk_interval_steps(args.ckpt_seconds, est)
+        if args.faults == ",".join(KINDS):
+            args.faults = "crash,hang,xid"
     why = netns_unavailable()
     if why:
         print(f"goodput: {why}", file=sys.stderr)
@@ -977,6 +1151,8 @@ def main() -> int:
                 failed = Run(name)
                 failed.notes.append(f"run failed: {type(e).__name__}: {e} (logs in {d})")
                 runs.append(failed)
+            finally:
+                drop_snapshot_roots()  # memory the run's agents held (tmpfs)
     trials = None
     if args.default_trials > 0:
         print("torchrun default-settings restart trials ...", flush=True)
@@ -994,6 +1170,11 @@ def main() -> int:
         over = {name: {k: statistics.median(o[k] for o in os_) for k in os_[0]}
                 for name, os_ in got.items()}
     report(runs, trials, over, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps({
+            "bench": "goodput", "command": " ".join(sys.argv), "schedule": args.schedule,
+            "minutes": args.minutes, "runs": [run_json(r) for r in runs]}, indent=1))
+        print(f"figures in {args.json}")
     return 0
 
 

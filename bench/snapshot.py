@@ -1,34 +1,49 @@
-"""Side by side: what a save blocks the training step for, and what a resume takes.
+"""Side by side: what a save blocks the training step for, what a resume takes, and the
+work a fault redoes.
 
 One process, one model state of ``--gib`` GiB (float32 tensors of 64 MiB; a state dict of
 ``model`` + ``optim``, as a trainer hands it over), the same step loop (``--step-seconds``
-of sleep, then every tensor's first element moves) and ``--saves`` saves each, for:
+of sleep, then every tensor's first element moves), ``--saves`` saves one every
+``--every`` steps, then ``--faults`` faults, each at a random step after a save (the
+same steps for every method, ``--seed``): the trainer's state is lost, the method resumes
+into a fresh state of the same shapes (checked against the saved values) and the steps
+since are redone. For:
 
-* ``ftagent``: ``ftagent.checkpoint.save`` into a memory-backed directory (``/dev/shm``):
-  blocks for the copy into its staging buffers; DCP writes the shard in the background.
+* ``ftagent``: ``ftagent.checkpoint``'s Snapshotter into a memory-backed directory
+  (``/dev/shm``): blocks for the copy into its staging buffers; DCP writes the shard in the
+  background; the resume verifies sizes and checksums first.
 * ``dcp-async``: ``torch.distributed.checkpoint.async_save`` to local disk (its default
   stager: a copy to host memory, then the write in a thread).
 * ``torch.save``: a plain ``torch.save`` of the state to local disk (blocks for all of it).
-* ``dlrover-flash``: DLRover's flash checkpoint, run only when its virtualenv exists
-  (``.bench-venvs/dlrover``); otherwise printed as not run.
+* ``dlrover-flash``: DLRover's flash checkpoint (``DdpCheckpointer``, memory storage: a
+  copy into shared memory its saver process owns), run by bench/snapshot_dlrover.py in
+  DLRover's own virtualenv (``.bench-venvs/dlrover``, ``bash bench/peers.sh``); without
+  it, printed as not run and why.
 
-Per method: the first save's blocking time (it allocates: ftagent's staging buffers), the
-median blocking time of the saves after it, the time the background part took, the
-time to resume (a fresh state of the same shapes filled from the newest save: ftagent's
-load verifies sizes and checksums first), and the snapshot interval at which its blocking
-time is at most 1 % of the step loop's time. The machine is shared and loaded: compare
-the methods within one run, not across runs. Usage::
+Per method: the first save's blocking time (it allocates: staging buffers, shared
+memory), the median blocking time of the saves after it, the background part, the median
+time to resume, the steps redone per fault, the interval at which its blocking time is at
+most 1 % of the training time (what ``--snapshot-budget 0.01`` chooses) and the work a
+fault at a random point of that interval redoes (half of it on average). Then issue 34's
+bar: ftagent's blocking time at most the fastest peer's and at most 1 % at its interval.
+``--json FILE`` writes the figures (bench/goodput_projection.py --from reads them). The
+machine is shared and loaded: compare the methods within one run, not across runs::
 
-    PYTHONPATH=. .venv/bin/python bench/snapshot.py --gib 1 --saves 3
+    PYTHONPATH=. .venv/bin/python bench/snapshot.py --gib 1 --saves 3 --json snapshot.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import math
 import os
+import random
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +56,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 CHUNK = 16 << 20  # float32 elements per tensor: 64 MiB
+BUDGET = 0.01  # the share of training time saves may block (--snapshot-budget)
 
 
 def make_state(gib: float) -> dict[str, Any]:
@@ -151,30 +167,178 @@ class TorchSave(Method):
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+def chosen_interval(blocking: float, step_seconds: float, budget: float = BUDGET) -> int:
+    """Steps between two saves so that saves block at most ``budget`` of the training time:
+    the rule the agent applies with ``--snapshot-budget`` (settings.interval_due)."""
+    if blocking <= 0 or step_seconds <= 0 or budget <= 0:
+        return 1
+    return max(1, math.ceil(blocking / (budget * step_seconds)))
+
+
+def redone_at(interval: int, step_seconds: float) -> dict[str, float]:
+    """Work redone by a fault at a uniformly random point of an ``interval``-step interval:
+    the steps since the last complete save, ``(interval - 1) / 2`` on average (0 to
+    ``interval - 1`` whole steps, plus the step in flight, which every method redoes),
+    ``interval`` at most; in steps and in seconds of training."""
+    mean = (interval - 1) / 2 + 1
+    return {"steps_mean": mean, "steps_max": float(interval),
+            "seconds_mean": mean * step_seconds, "seconds_max": interval * step_seconds}
+
+
 def run(method: Method, state: dict[str, Any], saves: int, every: int,
-        step_seconds: float) -> dict[str, float]:
-    blocking, background = [], []
+        step_seconds: float, faults: int = 0, rng: random.Random | None = None,
+        ) -> dict[str, Any]:
+    """``saves`` saves, one every ``every`` steps (each save's background part waited for
+    and timed apart: in training it overlaps the next steps), then ``faults`` faults, each
+    at a random step of the next interval: the state in the trainer's memory is lost (a
+    fresh state of the same shapes), the method resumes from its newest save, and the
+    steps from it to the fault are redone before the next save. Resume time: the median
+    over the faults (one resume after the saves when ``faults`` is 0)."""
+    rng = rng or random.Random(0)
+    blocking, background, resumes, redone = [], [], [], []
     i = 0
-    for _ in range(saves):
-        for _ in range(every):
-            i += 1
-            step(state, step_seconds, i)
+
+    marks: dict[str, float] = {}  # each tensor's moving element at the newest save
+
+    def save() -> None:
+        marks.update({k: float(v[0]) for k, v in state["model"].items()})
         t0 = time.perf_counter()
         method.save(i, state)
         blocking.append(time.perf_counter() - t0)
         t1 = time.perf_counter()
-        method.finish()  # measured apart: in training it overlaps the next steps
+        method.finish()
         background.append(time.perf_counter() - t1)
-    target = fresh_like(state)
-    t0 = time.perf_counter()
-    got = method.resume(target)
-    resume = time.perf_counter() - t0
-    assert got == i, (method.name, got, i)
-    for k, v in state["model"].items():
-        assert torch.equal(target["model"][k], v), (method.name, k)
+
+    def resume() -> int:
+        target = fresh_like(state)
+        t0 = time.perf_counter()
+        got = method.resume(target)
+        resumes.append(time.perf_counter() - t0)
+        assert got is not None, (method.name, "nothing to resume from")
+        assert target["optim"]["step"] == got, (method.name, target["optim"]["step"], got)
+        for k, v in target["model"].items():
+            assert float(v[0]) == marks[k] and torch.equal(v[1:], state["model"][k][1:]), \
+                (method.name, k)
+        state["model"], state["optim"] = target["model"], target["optim"]  # trains on from it
+        return got
+
+    for _ in range(saves):
+        for _ in range(every):
+            i += 1
+            step(state, step_seconds, i)
+        save()
+    saved = i
+    if faults <= 0:
+        assert resume() == i, (method.name, i)
+    for _ in range(faults):
+        at = saved + rng.randrange(0, every) + 1  # the fault's step: 1..every after the save
+        while i < at:
+            i += 1
+            step(state, step_seconds, i)
+        got = resume()
+        assert got == saved, (method.name, got, saved)
+        redone.append(at - got)
+        i = got  # the steps after it are done again
+        while i < saved + every:
+            i += 1
+            step(state, step_seconds, i)
+        save()
+        saved = i
     later = blocking[1:] or blocking  # the first save allocates (ftagent: its buffers)
     return {"first": blocking[0], "blocking": statistics.median(later),
-            "background": statistics.median(background), "resume": resume}
+            "background": statistics.median(background), "resume": statistics.median(resumes),
+            "saves": len(blocking), "faults": len(redone),
+            "redone_steps": statistics.mean(redone) if redone else math.nan,
+            "redone_steps_max": max(redone) if redone else math.nan}
+
+
+DLROVER_VENV = Path(os.environ.get("BENCH_VENVS", Path(__file__).resolve().parent.parent
+                                   / ".bench-venvs")) / "dlrover"
+
+
+def dlrover_row(a: argparse.Namespace, tag: str) -> tuple[dict[str, Any] | None, str]:
+    """DLRover's flash checkpoint, run by bench/snapshot_dlrover.py in DLRover's own
+    virtualenv (its torch, not the project's): (its row, '') or (None, why not)."""
+    py = DLROVER_VENV / "bin" / "python"
+    if not py.exists():
+        return None, (f"no virtualenv at {DLROVER_VENV} (bash bench/peers.sh installs "
+                      "dlrover[k8s,torch] there)")
+    here = Path(__file__).resolve().parent
+    cmd = [str(py), str(here / "snapshot_dlrover.py"), "--gib", str(a.gib), "--saves",
+           str(a.saves), "--every", str(a.every), "--step-seconds", str(a.step_seconds),
+           "--faults", str(a.faults), "--seed", str(a.seed), "--disk",
+           os.path.join(a.disk, f"dlrover-bench-{tag}")]
+    shm = os.path.isdir("/dev/shm")
+    shm_before = set(os.listdir("/dev/shm")) if shm else set()
+    with tempfile.TemporaryFile("w+") as out_f, tempfile.TemporaryFile("w+") as err_f:
+        # its own session: DLRover's saver process (forked, holding the output) is ended
+        # with it, by the group's id
+        p = subprocess.Popen(cmd, stdout=out_f, stderr=err_f, cwd=here.parent,
+                             start_new_session=True)
+        try:
+            rc: int | None = p.wait(timeout=a.peer_timeout)
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            shutil.rmtree(os.path.join(a.disk, f"dlrover-bench-{tag}"), ignore_errors=True)
+            if shm:  # the shared memory its saver made and did not remove (1 GiB a run)
+                for name in set(os.listdir("/dev/shm")) - shm_before:
+                    if name.startswith("ckpt_shm_"):
+                        with contextlib.suppress(OSError):
+                            os.unlink(os.path.join("/dev/shm", name))
+        out_f.seek(0)
+        err_f.seek(0)
+        stdout, stderr = out_f.read(), err_f.read()
+    if rc is None:
+        return None, f"timed out after {a.peer_timeout:.0f} s: {' '.join(cmd)}"
+    out = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+    if rc != 0 or not out:
+        tail = (stderr.strip().splitlines() or ["no output"])[-1][:300]
+        return None, f"exit {rc}: {tail}"
+    row: dict[str, Any] = json.loads(out[-1])
+    return row, ""
+
+
+def merge_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """One method's row over alternated rounds: each figure's median, and the rounds'
+    blocking times as they came."""
+    out: dict[str, Any] = {k: statistics.median(float(r[k]) for r in rounds)
+                           for k in rounds[0] if isinstance(rounds[0][k], (int, float))}
+    out["blocking_rounds"] = [float(r["blocking"]) for r in rounds]
+    return out
+
+
+def rows_with_intervals(rows: list[tuple[str, dict[str, Any]]], step_seconds: float,
+                        budget: float = BUDGET) -> list[dict[str, Any]]:
+    """Each method's row with the interval it can afford (saves blocking at most
+    ``budget`` of the training time) and the work a fault redoes at that interval."""
+    out = []
+    for name, r in rows:
+        interval = chosen_interval(r["blocking"], step_seconds, budget)
+        out.append({"method": name, **r, "interval_steps": interval,
+                    "interval_seconds": interval * step_seconds,
+                    "redone_at_interval": redone_at(interval, step_seconds)})
+    return out
+
+
+def verdict(rows: list[dict[str, Any]], step_seconds: float,
+            budget: float = BUDGET) -> dict[str, Any]:
+    """Issue 34's bar: ftagent's blocking time per save at most the fastest peer's, and at
+    most ``budget`` of the training time at its chosen interval."""
+    by = {r["method"]: r for r in rows}
+    f = by.get("ftagent")
+    peers = [r for r in rows if r["method"] != "ftagent"]
+    if f is None or not peers:
+        return {"ok": False, "why": "ftagent and at least one peer must have run"}
+    fastest = min(peers, key=lambda r: r["blocking"])
+    share = f["blocking"] / (f["interval_steps"] * step_seconds)
+    return {"fastest_peer": fastest["method"], "ratio": f["blocking"] / fastest["blocking"],
+            "share_at_interval": share, "le_fastest_peer": f["blocking"] <= fastest["blocking"],
+            "le_budget": share <= budget + 1e-12,
+            "ok": f["blocking"] <= fastest["blocking"] and share <= budget + 1e-12}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,10 +347,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--saves", type=int, default=3)
     ap.add_argument("--every", type=int, default=5, help="steps between two saves")
     ap.add_argument("--step-seconds", type=float, default=0.2)
+    ap.add_argument("--faults", type=int, default=2,
+                    help="faults per method, each at a random step after a save")
+    ap.add_argument("--seed", type=int, default=0, help="where the faults land")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rounds over the methods, the order reversed every other round "
+                    "(the figures: medians over the rounds)")
     ap.add_argument("--disk", default=tempfile.gettempdir(), help="local disk directory")
     ap.add_argument("--shm", default="/dev/shm" if os.path.isdir("/dev/shm") else
                     tempfile.gettempdir(), help="memory-backed directory")
     ap.add_argument("--only", default="", help="comma-separated methods to run")
+    ap.add_argument("--json", default="", help="also write the figures to this file")
+    ap.add_argument("--peer-timeout", type=float, default=900.0,
+                    help="seconds DLRover's run may take")
     a = ap.parse_args(argv)
     torch.manual_seed(0)
     state = make_state(a.gib)
@@ -198,36 +371,63 @@ def main(argv: list[str] | None = None) -> int:
         "dcp-async": lambda: DcpAsync(os.path.join(a.disk, f"dcp-bench-{tag}")),
         "torch.save": lambda: TorchSave(os.path.join(a.disk, f"torchsave-bench-{tag}")),
     }
-    only = {m for m in a.only.split(",") if m} or set(makers)
+    only = {m for m in a.only.split(",") if m} or {*makers, "dlrover-flash"}
     tensors = len(state["model"]) + len(state["optim"]["state"])
-    print(f"state {nbytes / (1 << 30):.2f} GiB in {tensors} tensors; {a.saves} saves, one "
-          f"every {a.every} steps of {a.step_seconds:.2f} s; "
-          f"torch {torch.__version__}, {os.cpu_count()} CPUs; memory dir {a.shm}, disk {a.disk}")
-    rows = []
-    for name, make in makers.items():
-        if name not in only:
-            continue
-        m = make()
-        try:
-            r = run(m, state, a.saves, a.every, a.step_seconds)
-        finally:
-            m.close()
-        rows.append((name, r))
-    dl = Path(".bench-venvs") / "dlrover"
+    head = (f"state {nbytes / (1 << 30):.2f} GiB in {tensors} tensors; {a.saves} saves, one "
+            f"every {a.every} steps of {a.step_seconds:.2f} s, then {a.faults} faults; "
+            f"torch {torch.__version__}, {os.cpu_count()} CPUs, load "
+            f"{os.getloadavg()[0]:.1f}; memory dir {a.shm}, disk {a.disk}")
+    print(head, flush=True)
+    per: dict[str, list[dict[str, Any]]] = {}
+    missing: dict[str, str] = {}
+    names = [n for n in [*makers, "dlrover-flash"] if n in only]
+    for rnd in range(a.rounds):  # alternate the order: the machine's load moves
+        for name in names if rnd % 2 == 0 else names[::-1]:
+            if name == "dlrover-flash":  # its own process builds its own state
+                row, why = dlrover_row(a, f"{tag}-{rnd}")
+                if row is None:
+                    missing[name] = why
+                    continue
+                version = row.pop("version", "")
+                per.setdefault(name, []).append(row)
+                print(f"  round {rnd + 1}: {name} (DLRover {version}): blocking "
+                      f"{row['blocking']:.3f} s", flush=True)
+                continue
+            m = makers[name]()
+            try:
+                r = run(m, state, a.saves, a.every, a.step_seconds, a.faults,
+                        random.Random(a.seed))
+            finally:
+                m.close()
+            per.setdefault(name, []).append(r)
+            print(f"  round {rnd + 1}: {name}: blocking {r['blocking']:.3f} s", flush=True)
+    rows = [(n, merge_rounds(per[n])) for n in names if n in per]
+    table = rows_with_intervals(rows, a.step_seconds)
     print(f"\n{'method':14} {'first save':>11} {'blocking/save':>14} {'background':>11} "
-          f"{'resume':>9} {'interval for <=1% blocking':>27}")
-    for name, r in rows:
-        interval = max(1, math.ceil(r["blocking"] / (0.01 * a.step_seconds)))
-        print(f"{name:14} {r['first']:10.3f}s {r['blocking']:13.3f}s {r['background']:10.3f}s "
-              f"{r['resume']:8.3f}s {interval:>18d} steps ({interval * a.step_seconds:.0f} s)")
-    if not dl.is_dir():
-        print(f"{'dlrover-flash':14} not run: no virtualenv at {dl} (DLRover's flash "
-              "checkpoint needs dlrover[torch] in its own venv)")
-    base = dict(rows)
-    if "ftagent" in base:
-        fastest = min((r["blocking"] for n, r in rows if n != "ftagent"), default=math.nan)
-        print(f"\nftagent blocking / fastest peer's: {base['ftagent']['blocking'] / fastest:.2f}"
-              if fastest == fastest else "")
+          f"{'resume':>9} {'redone/fault':>13} {'interval for <=1% blocking':>27} "
+          f"{'redone/fault there':>19}")
+    for r in table:
+        red = r["redone_at_interval"]
+        print(f"{r['method']:14} {r['first']:10.3f}s {r['blocking']:13.3f}s "
+              f"{r['background']:10.3f}s {r['resume']:8.3f}s "
+              f"{r['redone_steps']:7.1f} steps {r['interval_steps']:>16d} steps "
+              f"({r['interval_seconds']:.0f} s) {red['seconds_mean']:>14.0f} s mean")
+    for name, why in missing.items():
+        print(f"{name:14} not run: {why}")
+    v = verdict(table, a.step_seconds)
+    if "ratio" in v:
+        print(f"\nftagent blocking / fastest peer's ({v['fastest_peer']}): {v['ratio']:.2f}; "
+              f"at its chosen interval saves block {100 * v['share_at_interval']:.2f} % of the "
+              f"training time; bar (<= fastest peer, <= {100 * BUDGET:.0f} %): "
+              f"{'met' if v['ok'] else 'NOT met'}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({
+            "bench": "snapshot", "command": " ".join(sys.argv), "head": head,
+            "gib": a.gib, "bytes": nbytes, "step_seconds": a.step_seconds, "every": a.every,
+            "rounds": a.rounds,
+            "budget": BUDGET, "load": os.getloadavg()[0], "methods": table,
+            "not_run": missing, "verdict": v}, indent=1))
+        print(f"figures in {a.json}")
     return 0
 
 

@@ -319,12 +319,15 @@ class SupervisorConfig:
         check=Range(1, 255, also=((-1, "the failing rank's status"),)), metavar="STATUS")
     preflight: bool = opt(
         True, "--preflight", "before every start and restart, before the barrier: the "
-        "accelerators answer, the watched links are up, --preflight-checkpoint-dir takes a "
-        "file, each within its budget (5 s, 1 s, 5 s); a failure is a fault that replaces "
-        "this rank's pod; --no-preflight: off (default: on)")
+        "accelerators answer and their memory is usable, the watched links are up, "
+        "--preflight-checkpoint-dir takes a file, the rendezvous (MASTER_ADDR) has a route, "
+        "the devices store and compute right, each within its budget (5 s, 1 s, 5 s, 2 s, "
+        "10 s); a failure is a fault that replaces this rank's pod; --no-preflight: off "
+        "(default: on)")
     preflight_warm: str = opt(
-        "fast", "--preflight-warm", "budgets on a restart in place: fast (2 s, 0.5 s, 2 s: "
-        "the devices answered moments ago) or full", choices=("fast", "full"))
+        "fast", "--preflight-warm", "budgets on a restart in place: fast (2 s, 0.5 s, 2 s, "
+        "1 s, no compute check: the devices answered moments ago) or full",
+        choices=("fast", "full"))
     preflight_checkpoint_dir: str = opt(
         "", "--preflight-checkpoint-dir", "directory preflight checks is writable and "
         "readable (the trainer's checkpoints; default: none checked)", metavar="DIR")
@@ -485,6 +488,12 @@ class ArbiterClientConfig:
         15.0, "--arbiter-fail-open-after", "with the arbiter unreachable this long (at a "
         "start, a barrier, or awaiting a decision) the agent goes on alone: it starts the "
         "trainer and its local policy decides", check=SECONDS, metavar="SECONDS")
+    exit_notes_dir: str = opt(
+        "", "--exit-notes-dir", "the arbiter's --state-dir, where this agent shares it (one "
+        "machine, a shared volume): an exit the arbiter did not confirm within "
+        "--arbiter-fail-open-after is left there, so that `ftagent status` says succeeded "
+        "or failed, not gone (in Kubernetes the pods' terminal status says it)",
+        metavar="DIR")
 
 
 # What `ftagent status` uses of ArbiterClientConfig: the address and the credentials.
@@ -663,15 +672,16 @@ class SnapshotConfig:
         "--checkpoint-dir once this long has passed since the last one (0: not by time; "
         "with neither, only on SIGTERM)", check=Range(0, 86400 * 30), metavar="SECONDS")
     replica_listen: str = opt(
-        "", "--replica-listen", "serve peer replicas on this address: the agents whose "
-        "--replica-peer names it copy their ranks' newest snapshot here, and a replaced "
-        "pod's agent fetches it back (needs the job token, --token: the channel's key is "
-        "derived from it; off when empty)", metavar="HOST:PORT")
+        "", "--replica-listen", "serve peer replicas on this address (port 0: any): "
+        "other ranks' agents copy their newest snapshot here, and a replaced pod's agent "
+        "fetches it back. Under --arbiter the arbiter places the replicas in a ring by node "
+        "and hands out the job's channel key; without one, needs the job token (--token) "
+        "and --replica-peer (off when empty)", metavar="HOST:PORT")
     replica_peer: str = opt(
         "", "--replica-peer", "the agent that keeps this rank's replica (the next node's "
-        "--replica-listen): each newer complete snapshot is copied there in the background, "
-        "and a rank starting with none in memory fetches it from there first (off when "
-        "empty)", metavar="HOST:PORT")
+        "--replica-listen), overriding the arbiter's ring: each newer complete snapshot is "
+        "copied there in the background, and a rank starting with none in memory fetches it "
+        "from there first (empty: the arbiter's choice, else off)", metavar="HOST:PORT")
     replica_bandwidth: int = opt(
         100 << 20, "--replica-bandwidth", "bytes per second one replica copy may send "
         "(0: unpaced)", check=Range(0, (1 << 31) - 1), metavar="BYTES")

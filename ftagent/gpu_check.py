@@ -13,6 +13,9 @@ detector; default: the real NVML through nvidia-ml-py), runs it in the same watc
 * per GPU, each NVML call the source makes and its outcome: ``ok``, ``not supported``
   (turned off for that GPU, as the agent does) or the error;
 * the Prometheus samples the GPU collector produces.
+* preflight's device-memory and compute check (agent/preflight.py ``compute_check``: on
+  real NVML ``agent/compute_probe.py`` in a child where torch with CUDA is importable,
+  else said to have no compute path); it does not change the exit status.
 
 With ``--accelerator ascend|kunlunxin`` (``make gpu-check ACCELERATOR=ascend``) it runs
 the vendor source instead (sources/accel.py: ``npu-smi`` / ``xpu-smi``, or their
@@ -96,6 +99,11 @@ async def check(cfg: GpuConfig, seconds: float, out: TextIO) -> int:
             + f"; NVLink links {list(g.links) or 'none'}")
         say(f"    events registered: {', '.join(source.registered.get(d.index, [])) or 'none'}")
     say(f"kernel log: {source.feed.path if source.feed is not None else 'not read'}")
+    from ftagent.agent.preflight import compute_check
+
+    r = await compute_check(source, 10.0)  # preflight's (agent/compute_probe.py on CUDA)
+    say(f"compute check: {'skipped' if r.skipped else 'passed' if r.ok else 'FAILED'} in "
+        f"{r.seconds:.1f}s" + (f": {r.detail}" if r.detail else ""))
     say(f"running for {seconds:g}s (poll every {cfg.gpu_poll_interval:g}s)...")
     await asyncio.sleep(seconds)
     registry = CollectorRegistry()

@@ -252,6 +252,11 @@ class AgentMetrics:
             "ftagent_snapshot_timestamp_seconds",
             "Unix time the newest snapshot was reported complete (its age: time() - this)."
         ).labels(**i)
+        self.snapshot_replica_lag = gauge(
+            "ftagent_snapshot_replica_lag_steps",
+            "Steps between the newest snapshot this rank's trainer holds and the newest one "
+            "copied to its peer replica (0: replicated; grows while the copy falls behind "
+            "or its holder refuses).").labels(**i)
         # -- progress
         # The attempt's progress: absent until this attempt reports it (reset_progress).
         self._step = gauge("ftagent_training_step", "Last training step seen.")

@@ -55,11 +55,14 @@ class ActionKind(str, enum.Enum):
     ALERT_ONLY = "alert_only"  # record and alert; touch nothing
     DUMP_STACKS = "dump_stacks"  # capture py-spy stacks of the trainer tree and report them
     BUSY = "busy"  # the job is busy, not hung: record who is busy and who waits (``JobBusy``)
+    # persist the newest complete snapshot now (a planned disruption of the node announced)
+    LAST_WORDS = "last_words"
 
 
 # Actions that leave the trainer running: carried out on the way (the decider's
 # ``on_minor_action``), never the end of an attempt.
-MINOR_ACTIONS = frozenset({ActionKind.ALERT_ONLY, ActionKind.DUMP_STACKS, ActionKind.BUSY})
+MINOR_ACTIONS = frozenset({ActionKind.ALERT_ONLY, ActionKind.DUMP_STACKS, ActionKind.BUSY,
+                           ActionKind.LAST_WORDS})
 
 
 class Origin(str, enum.Enum):
@@ -435,3 +438,11 @@ class Action:
 # no code a trainer commonly uses. See deploy/examples/ for the matching policies.
 EXIT_REPLACE = 215
 EXIT_STOP = 86
+# The pod-level tiers of the recovery ladder (arbiter/ladder.py): an agent told to restart
+# its container in place, or to reset its whole pod in place, exits with one of these; the
+# webhook's container restart rules (KEP-5307 ``Restart``, KEP-5532 ``RestartAllContainers``)
+# match them. Above 128+64 like EXIT_REPLACE, and retryable (128-255) where no rule matches
+# (the gate off): the pod then fails and is replaced, the next tier down.
+EXIT_RESTART_CONTAINER = 216
+EXIT_RESET_POD = 217
+IN_PLACE_EXITS = (EXIT_RESTART_CONTAINER, EXIT_RESET_POD)

@@ -12,13 +12,15 @@ unchanged since the last one (a hash in build/bundle/inputs.sha256).
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "build" / "bundle"
+# packaging/build_compat.py runs this in an old-glibc root with its own output folder
+OUT = Path(os.environ.get("FTAGENT_BUNDLE_OUT") or ROOT / "build" / "bundle")
 DIST = OUT / "ftagent"
 STAMP = OUT / "inputs.sha256"
 # Not for `ftagent run`: the webhook's and the tests' dependencies stay out of the bundle.
@@ -72,7 +74,7 @@ def static_shell() -> Path | None:
     command runs the shim with its ``sh``, so the shim runs in images that have no
     ``/bin/sh`` (its applets: the shim's ``sleep`` where the image has none). None, with a
     warning, where apt cannot fetch it (``make image`` then fails: its pods need it)."""
-    folder = ROOT / "build" / "static-sh"
+    folder = OUT.parent / "static-sh"
     exe = folder / "root" / "bin" / "busybox"
     if exe.is_file():
         return exe

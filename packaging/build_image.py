@@ -8,7 +8,8 @@ Made from the project's files and the package registries alone:
 1. the project's wheel (``python -m build``) and its dependencies with the ``kube`` extra,
    as a directory of wheels (pip's cache and index);
 2. what the webhook's init container copies into training pods, at /opt/ftagent-bundle:
-   the self-contained agent (packaging/build_bundle.py), the entry shim, and in ``py/``
+   the self-contained agent built on Debian bullseye, glibc 2.31 (packaging/build_compat.py
+   runs packaging/build_bundle.py there), the entry shim, and in ``py/``
    the agent for the training image's own Python, this image's architecture's wheels
    (packaging/build_vendor.py);
 3. a Debian root filesystem made by ``mmdebstrap`` (minbase, no recommends, no docs but
@@ -37,6 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "packaging"))
 import build_bundle  # noqa: E402
+import build_compat  # noqa: E402
 import build_vendor  # noqa: E402
 
 OUT = ROOT / "build" / "image"
@@ -181,7 +183,7 @@ def build() -> Path:
         print(f"up to date: {describe(out)}")
         return out
     STAMP.unlink(missing_ok=True)
-    bundle = build_bundle.build()
+    bundle = build_compat.build()  # the old-glibc bundle: what training images can run
     if not (bundle / "busybox").is_file():
         raise SystemExit("build_image: the bundle has no static busybox (the injected pods' "
                          "shell): apt-get download busybox-static failed, see above")

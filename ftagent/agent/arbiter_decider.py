@@ -26,7 +26,8 @@ every rank fails open. What changes against the local policy, and only this:
 * **Spare** (``--spare``, or told SPARE by the arbiter): before its first trainer the
   agent serves as the job's warm spare -- its warm standby prepared (``prepare_spare``),
   no trainer, never failing open (a spare has no rank to train as) -- until the arbiter
-  ASSIGNs it a replaced rank; then it takes that rank (``Worker.take_rank``) and arrives
+  ASSIGNs it a replaced rank; then it is that rank (the link's core moves the lifecycle,
+  ``Lifecycle.assign``: every part reads the rank there) and arrives
   at the new generation's barrier like any rank, and its first trainer is the standby.
 """
 
@@ -42,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from ftagent.agent.decider import LocalDecider
 from ftagent.agent.evidence import capture
 from ftagent.agent.reporter import ArbiterLink
+from ftagent.agent.seat import RankHooks
 from ftagent.model import (
     Action,
     ActionKind,
@@ -58,38 +60,42 @@ from ftagent.model import (
     SnapshotsHeld,
     TrainerState,
 )
+from ftagent.wire import exit_note
 from ftagent.wire.convert import stacks_json
 
 if TYPE_CHECKING:
-    from ftagent.agent.worker import Worker
+    from ftagent.agent.seat import Seat
     from ftagent.agent.worker_parts import Observer
 
 log = logging.getLogger("ftagent.arbiter_decider")
 
 POLL = 0.25
+ASSIGNED_WAIT = 30.0  # seconds an assigned spare whose preflight failed waits for the arbiter
 
 
 class RankSession:
     """One rank's seat at the pod's arbiter decider: its link (one stream per rank: the
-    arbiter thinks in ranks) and the hooks cmd/run.py fills in for that rank."""
+    arbiter thinks in ranks) and that rank's hooks (seat.py ``RankHooks``), given when
+    it is made and never set afterwards."""
 
-    def __init__(self, worker: Worker, link: ArbiterLink) -> None:
-        cfg = worker.cfg
+    def __init__(self, link: ArbiterLink, hooks: RankHooks) -> None:
         self.link = link
-        self.hang_state: Callable[[], tuple[float, bool]] = lambda: (0.0, False)
-        # DUMP_STACKS: stacks of the tree (cmd/run.py adds the liveness verdict, agent/verify.py)
-        self.stack_capture: Callable[[Sequence[int]], Awaitable[dict[str, Any]]] = \
-            lambda pids: capture(pids, cfg.hang.hang_dump_timeout)
-        # BUSY: the arbiter's "job busy, no restart" verdict (cmd/run.py: agent/peer_wait.py)
-        self.on_busy: Callable[[Action], None] | None = None
-        # --spare: start the trainer's warm standby now (cmd/run.py: agent/standby.py)
-        self.prepare_spare: Callable[[], None] = lambda: None
+        # hang_state (progress summaries), stacks (DUMP_STACKS: cmd/run.py adds the liveness
+        # verdict, the flight recorder its dumps), on_busy (peer_wait.py), prepare_spare
+        self.hooks = hooks
         self.released_start = False  # the current trainer was started by the barrier
         self.undecided: Fault | None = None
-        self.tasks: list[asyncio.Task[Any]] = []
+        self.tasks: list[asyncio.Task[Any]] = []  # the link and the command forwarder
+        self.watchdogs: set[asyncio.Task[Any]] = set()  # decisions awaited
+
+    def spawn(self, coro: Awaitable[Any]) -> None:
+        """A task of this rank's (a decision watchdog), kept until it is done."""
+        task = asyncio.ensure_future(coro)
+        self.watchdogs.add(task)
+        task.add_done_callback(self.watchdogs.discard)
 
 
-def rank_link(worker: Worker) -> ArbiterLink:
+def rank_link(worker: Seat) -> ArbiterLink:
     """A rank's link to the arbiter (one gRPC stream); its Hello's restart count and its
     RESTART dedup read the worker's lifecycle."""
     cfg = worker.cfg
@@ -105,32 +111,39 @@ class ArbiterDecider:
     own transport and time, and drives this very class."""
 
     def __init__(self, local: LocalDecider | None = None, *,
-                 link: Callable[[Worker], ArbiterLink] = rank_link,
+                 link: Callable[[Seat], ArbiterLink] = rank_link,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.local = local if local is not None else LocalDecider()
-        self.sessions: dict[Worker, RankSession] = {}
+        self.sessions: dict[Seat, RankSession] = {}
         self.fail_open_after = 0.0  # from the workers' configuration (one per pod)
         self._link = link
         self.clock = clock
 
-    def add(self, worker: Worker) -> Sequence[Observer]:
-        """A rank's session (its link, not yet running) and its seat in the local group;
-        the worker carries the link's observer."""
-        s = self.sessions[worker] = RankSession(worker, self._link(worker))
+    def add(self, worker: Seat, hooks: RankHooks | None = None) -> Sequence[Observer]:
+        """A rank's session (its link, not yet running, and its ``hooks``) and its seat in
+        the local group; the worker carries the link's observer."""
+        s = self.sessions[worker] = RankSession(self._link(worker), hooks or RankHooks())
+        s.link.proto.replica_port = s.hooks.replica_port  # said in the Hello (before start)
         self.fail_open_after = worker.cfg.arbiter.arbiter_fail_open_after
         return (*self.local.add(worker), _LinkObserver(worker, s))
 
-    def session(self, worker: Worker) -> RankSession:
-        """``worker``'s rank session (cmd/run.py sets its hooks)."""
+    def session(self, worker: Seat) -> RankSession:
+        """``worker``'s rank session."""
         return self.sessions[worker]
 
-    def start(self, worker: Worker) -> None:
+    def link_of(self, worker: Seat) -> ArbiterLink | None:
+        """``worker``'s link to the arbiter, once it has a seat (read when used, never
+        kept: the parts are built before the seat is taken)."""
+        s = self.sessions.get(worker)
+        return s.link if s is not None else None
+
+    def start(self, worker: Seat) -> None:
         s = self.sessions[worker]
         s.link.starting()  # the fail-open clock starts now, before the first barrier
         s.tasks = [asyncio.create_task(s.link.run()),
                    asyncio.create_task(self._forward_commands(worker, s))]
 
-    async def close(self, worker: Worker) -> None:
+    async def close(self, worker: Seat) -> None:
         """Tell the arbiter how this rank ended, then close its link.
 
         The link ends its stream and waits for the arbiter to confirm it read it all
@@ -155,7 +168,10 @@ class ArbiterDecider:
                     log.warning("the arbiter did not confirm how this rank ended within "
                                 "%.0fs: exiting all the same (its status may read \"gone\")",
                                 self.fail_open_after)
+                    _leave_exit(worker, link)
         finally:
+            for dog in list(s.watchdogs):
+                dog.cancel()
             if s.tasks:
                 link_task, forward = s.tasks
                 forward.cancel()
@@ -164,7 +180,7 @@ class ArbiterDecider:
                 await asyncio.gather(link_task, forward, return_exceptions=True)
 
     @staticmethod
-    async def _forward_commands(worker: Worker, s: RankSession) -> None:
+    async def _forward_commands(worker: Seat, s: RankSession) -> None:
         while True:
             action = await s.link.commands.get()
             s.undecided = None
@@ -172,15 +188,17 @@ class ArbiterDecider:
 
     # ------------------------------------------------------------------ the hooks
 
-    async def before_start(self, worker: Worker) -> Action | None:
+    async def before_start(self, worker: Seat) -> Action | None:
         """Meet the other ranks at the barrier of this generation (or fail open)."""
         s = self.sessions[worker]
         link = s.link
         if link.proto.spare:
             ended = await self._serve_as_spare(worker, s)
-            if ended is not None or worker.stop_requested:
+            if ended is None and not worker.lifecycle.stop_requested:
+                ended = await self._preflight_assigned(worker, s)
+            if ended is not None or worker.lifecycle.stop_requested:
                 return ended
-        gen = worker.generation
+        gen = worker.lifecycle.generation
         s.released_start = False
         link.arrive(gen)  # kept and re-sent on every stream until released
         self.local.arrive(worker)
@@ -188,25 +206,27 @@ class ArbiterDecider:
             log.warning("no arbiter for %.0fs: starting generation %d without the barrier",
                         self.fail_open_after, gen)
             return await self.local.before_start(worker)
-        worker.events.write("state", "barrier", f"waiting at the barrier of generation {gen}",
+        worker.write("state", "barrier", f"waiting at the barrier of generation {gen}",
                             generation=gen)
         t0 = self.clock()
         while True:
             if await link.wait_released(gen, POLL):
                 worker.lifecycle.reached(link.released_generation)
                 s.released_start = True
-                worker.events.write("state", "released",
+                worker.write("state", "released",
                                     f"barrier of generation {gen} released",
-                                    generation=worker.generation,
+                                    generation=worker.lifecycle.generation,
                                     barrier_seconds=round(self.clock() - t0, 3))
                 return None
-            if worker.stop_requested:
+            if worker.lifecycle.stop_requested:
                 return None
             if link.proto.spare:  # told SPARE: a former spare holds this rank now
                 ended = await self._serve_as_spare(worker, s)
-                if ended is not None or worker.stop_requested:
+                if ended is None and not worker.lifecycle.stop_requested:
+                    ended = await self._preflight_assigned(worker, s)
+                if ended is not None or worker.lifecycle.stop_requested:
                     return ended
-                gen = worker.generation
+                gen = worker.lifecycle.generation
                 link.arrive(gen)
                 self.local.arrive(worker)
                 t0 = self.clock()
@@ -215,59 +235,76 @@ class ArbiterDecider:
             if decisive is not None:
                 if decisive.kind == ActionKind.RESTART and decisive.generation > gen:
                     worker.lifecycle.reached(decisive.generation, decisive.restarts)
-                    gen = worker.generation
+                    gen = worker.lifecycle.generation
                     link.arrive(gen)
                     self.local.arrive(worker)
                     continue
                 if decisive.kind in (ActionKind.STOP, ActionKind.REPLACE):
-                    worker.record(decisive)
-                    return decisive
+                    return decisive  # the worker records it as it ends on it
             if not self._still_online(link):
                 log.warning("arbiter unreachable for %.0fs during the barrier: starting "
                             "generation %d alone", self.fail_open_after, gen)
                 return await self.local.before_start(worker)
 
-    async def _serve_as_spare(self, worker: Worker, s: RankSession) -> Action | None:
+    async def _serve_as_spare(self, worker: Seat, s: RankSession) -> Action | None:
         """Wait as the job's warm spare (standby prepared, no trainer) until the arbiter
         ASSIGNs a rank, then take it (None). Returns early on a stop signal (None), or with
         the arbiter's REPLACE/STOP of this spare (a fatal fault of its own: the worker ends
         with it)."""
-        link = s.link
-        link.trainer_state = "spare"
-        worker.events.write("state", "spare", f"serving as a warm spare of job "
-                            f"{worker.ident.job}: no trainer until the arbiter assigns a rank")
-        if worker.metrics is not None:
-            worker.metrics.spare.set(1)
-        s.prepare_spare()
+        link = s.link  # its Hello says "spare": the lifecycle's spare flag
+        worker.write("state", "spare", f"serving as a warm spare of job "
+                     f"{worker.cfg.identity.job}: no trainer until the arbiter assigns a rank")
+        if s.hooks.prepare_spare is not None:
+            s.hooks.prepare_spare()
         while not await link.wait_assigned(POLL):
-            if worker.stop_requested:
+            if worker.lifecycle.stop_requested:
                 return None
             decisive = _take_decisive(worker)
             if decisive is not None and decisive.kind in (ActionKind.STOP, ActionKind.REPLACE):
-                worker.record(decisive)
-                return decisive
-        assert link.proto.assignment is not None
-        rank, gen, restarts = link.proto.assignment
-        worker.take_rank(rank)
-        worker.lifecycle.reached(gen, restarts)
-        if worker.metrics is not None:
-            worker.metrics.spare.set(0)
-        worker.events.write("state", "assigned", f"the arbiter assigned rank {rank} to this "
-                            f"spare: it starts generation {gen} from its warm standby",
-                            rank=rank, generation=gen)
+                return decisive  # the worker records it as it ends on it
+        # the link's core moved the lifecycle (Lifecycle.assign): rank, generation, count
+        life = worker.lifecycle
+        worker.write("state", "assigned", f"the arbiter assigned rank {life.rank} to this "
+                     f"spare: it starts generation {life.generation} from its warm standby",
+                     rank=life.rank, generation=life.generation)
         return None
 
-    def decide(self, worker: Worker, fault: Fault) -> None:
+    async def _preflight_assigned(self, worker: Seat, s: RankSession) -> Action | None:
+        """A spare just ASSIGNed a rank checks its node again before it arrives (its last
+        preflight may be hours old): the worker's before-barrier parts (the ``preflight``
+        hook, which raises the fault it finds), the fast budgets. The fault goes to the
+        arbiter from the spare's stream, which retires the spare (its pod moves) and gives
+        the rank to the next spare or the rank's own pod: the arbiter's REPLACE is returned
+        (the worker records it as it exits with it). No answer within ``ASSIGNED_WAIT``:
+        the local policy's answer to a failed preflight (move the pod)."""
+        if s.hooks.preflight is None:
+            return None
+        fault = await s.hooks.preflight()
+        if fault is None:
+            return None
+        deadline = self.clock() + ASSIGNED_WAIT
+        while self.clock() < deadline and not worker.lifecycle.stop_requested:
+            decisive = _take_decisive(worker)
+            if decisive is not None and decisive.kind in (ActionKind.STOP, ActionKind.REPLACE):
+                return decisive
+            await asyncio.sleep(POLL)
+        if worker.lifecycle.stop_requested:
+            return None
+        log.warning("no answer from the arbiter to this spare's failed preflight within "
+                    "%.0fs: exiting so that its pod moves", ASSIGNED_WAIT)
+        return Action(ActionKind.REPLACE, fault.message, fault_id=fault.id)
+
+    def decide(self, worker: Seat, fault: Fault) -> None:
         if not self._decide_remotely(worker, fault):
             self._decide_locally(worker, fault)
 
-    def _decide_locally(self, worker: Worker, fault: Fault) -> None:
+    def _decide_locally(self, worker: Seat, fault: Fault) -> None:
         """The local policy decides (the arbiter away or silent for this rank). A restart
         it decides is one of the job's restarts: the lifecycle counts it when it is
         carried out, and the next Hello tells the arbiter."""
         self.local.decide(worker, fault)
 
-    def _decide_remotely(self, worker: Worker, fault: Fault) -> bool:
+    def _decide_remotely(self, worker: Seat, fault: Fault) -> bool:
         """True when the arbiter will answer ``fault`` with a command (or the watchdog
         decides locally after all)."""
         s = self.sessions[worker]
@@ -278,21 +315,21 @@ class ArbiterDecider:
                         if k != "waiting_in_collective"}  # recorded, never probed
             s.link.report_fault(dataclasses.replace(fault, severity=Severity.WARNING,
                                                     evidence=evidence),
-                                generation=worker.generation)
+                                generation=worker.lifecycle.generation)
             return False
-        s.link.report_fault(fault, generation=worker.generation)
+        s.link.report_fault(fault, generation=worker.lifecycle.generation)
         if fault.evidence.get("recovered"):
             return True  # an all-clear: the arbiter may act on it, locally nothing to do
         if not self._still_online(s.link):
             return False  # failing open already: queued for the arbiter, decided here now
         s.undecided = fault
-        worker.spawn(self._decision_watchdog(worker, fault, worker.lifecycle.attempt))
+        s.spawn(self._decision_watchdog(worker, fault, worker.lifecycle.attempt))
         return True
 
-    def report(self, worker: Worker, fault: Fault) -> None:
-        self.sessions[worker].link.report_fault(fault, generation=worker.generation)
+    def report(self, worker: Seat, fault: Fault) -> None:
+        self.sessions[worker].link.report_fault(fault, generation=worker.lifecycle.generation)
 
-    async def _decision_watchdog(self, worker: Worker, fault: Fault,
+    async def _decision_watchdog(self, worker: Seat, fault: Fault,
                                  attempt: tuple[int, int]) -> None:
         """Decide locally after all if the arbiter stays away, or settles a crash without
         a command for this rank (alert only, say): a dead trainer must not wait forever.
@@ -321,40 +358,61 @@ class ArbiterDecider:
                 if fault.kind == FaultKind.CRASH:
                     self._decide_locally(worker, fault)  # the trainer is gone: local policy
                 return
-            await link.wait_settled(POLL)
+            await link.wait_settled(self._fail_open_left(link))
 
-    async def on_minor_action(self, worker: Worker, action: Action) -> None:
+    async def on_minor_action(self, worker: Seat, action: Action) -> None:
         s = self.sessions[worker]
         if action.kind == ActionKind.DUMP_STACKS:
-            captured = await s.stack_capture(worker.tree_pids())
+            if s.hooks.stacks is not None:
+                captured = await s.hooks.stacks()
+            else:  # no tree to read: an empty answer, never none
+                captured = await capture([], worker.cfg.hang.hang_dump_timeout)
             s.link.report_stacks(action.id, stacks_json(captured))
-        elif action.kind == ActionKind.BUSY and s.on_busy is not None:
+        elif action.kind == ActionKind.LAST_WORDS:
+            if s.hooks.on_last_words is None:
+                log.info("%s: no --checkpoint-dir, nothing to persist", action.reason)
+                return
+            try:  # the trainer keeps running; a failure is one line, never the agent's end
+                await s.hooks.on_last_words()
+            except Exception as e:  # noqa: BLE001
+                log.warning("last words failed: %s: %s", type(e).__name__, e)
+        elif action.kind == ActionKind.BUSY and s.hooks.on_busy is not None:
             try:
-                s.on_busy(action)
+                s.hooks.on_busy(action)
             except Exception:  # recording a verdict must never take the agent down
                 log.exception("applying the arbiter's busy verdict failed")
 
-    async def finished(self, worker: Worker) -> Action | None:
+    async def finished(self, worker: Seat) -> Action | None:
         """The trainer succeeded: the worker ends (the arbiter heard of the exit)."""
         return None
 
     # ------------------------------------------------------------------ helpers
 
     async def _online(self, link: ArbiterLink) -> bool:
-        """True once connected; False when the link has been down --arbiter-fail-open-after."""
+        """True once connected; False when the link has been down --arbiter-fail-open-after.
+        Woken by the Welcome (or the fail-open time), not a polling loop."""
         while not link.connected:
             left = self.fail_open_after - link.offline_for()
             if left <= 0:
                 return False
-            await link.wait_connected(min(left, POLL))
+            await link.wait_connected(left)
         return True
+
+    def _fail_open_left(self, link: ArbiterLink) -> float:
+        """How long a wait may last before failing open can be due: the time left until
+        the link has been down --arbiter-fail-open-after, or all of it while the link is up
+        (if it drops meanwhile, the next look finds it down for less, and waits the rest:
+        the local decision comes exactly that long after the drop). At least POLL."""
+        if link.connected:
+            return max(POLL, self.fail_open_after)
+        return max(POLL, self.fail_open_after - link.offline_for())
 
     def _still_online(self, link: ArbiterLink) -> bool:
         """False once the link has been down for --arbiter-fail-open-after seconds."""
         return link.connected or link.offline_for() < self.fail_open_after
 
 
-def _take_decisive(worker: Worker) -> Action | None:
+def _take_decisive(worker: Seat) -> Action | None:
     """A STOP/REPLACE/RESTART that arrived while waiting at the barrier."""
     queued = worker.take_delivered()
     for i, action in enumerate(queued):
@@ -368,17 +426,17 @@ def _take_decisive(worker: Worker) -> Action | None:
 class _LinkObserver:
     """Tells the arbiter about one rank's progress, exits and trainer state."""
 
-    def __init__(self, worker: Worker, session: RankSession) -> None:
+    def __init__(self, worker: Seat, session: RankSession) -> None:
         self.worker = worker
         self.session = session
 
     def observe(self, obs: Observation) -> None:
         link = self.session.link
         if isinstance(obs, Progress):
-            since, hung = self.session.hang_state()
+            since, hung = self.session.hooks.hang_state()
             link.report_progress(obs, seconds_since_progress=since, hung=hung)
         elif isinstance(obs, ProcessExit):
-            link.report_exit(obs, self.worker.generation)
+            link.report_exit(obs, self.worker.lifecycle.generation)
         elif isinstance(obs, (CollectiveSample, PhaseTiming)):
             link.observe_timing(obs)  # where the step's time goes: stragglers at the arbiter
         elif isinstance(obs, (Resumed, PhaseMarker, SnapshotsHeld)):
@@ -386,9 +444,28 @@ class _LinkObserver:
             # the snapshots held: the arbiter's resume step
 
     def on_state(self, state: TrainerState, restarts: int) -> None:
-        link = self.session.link
-        link.trainer_state = state.value
+        link = self.session.link  # its Hello reads the state from the lifecycle
         if state is TrainerState.RUNNING:
-            link.started(self.worker.generation, released=self.session.released_start)
+            link.started(self.worker.lifecycle.generation, released=self.session.released_start)
         else:
             link.proto.trainer_running = False
+
+
+def _leave_exit(worker: Seat, link: ArbiterLink) -> None:
+    """The exit the arbiter did not confirm, left in --exit-notes-dir (the arbiter's
+    --state-dir) for the next arbiter (wire/exit_note.py). A spare, or a rank whose trainer
+    never exited, leaves nothing."""
+    directory = worker.cfg.arbiter.exit_notes_dir
+    msg = link.proto.last_exit
+    if not directory or msg is None or worker.lifecycle.spare:
+        return
+    e = msg.exit
+    status = e.exit_code if e.HasField("exit_code") else \
+        128 + e.signal if e.HasField("signal") else None
+    if status is None or not 0 <= status <= 255:
+        return
+    ident = worker.cfg.identity
+    if exit_note.leave(directory, ident.namespace, ident.job, worker.lifecycle.rank,
+                       e.generation, status):
+        log.warning("left this rank's exit (status %d) in %s for the next arbiter", status,
+                    directory)

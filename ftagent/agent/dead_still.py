@@ -17,14 +17,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ftagent.detect.liveness import Snapshot, judge
 from ftagent.detect.stall import Act, decide
 from ftagent.model import Fault, FaultKind, Scope, Severity
-
-if TYPE_CHECKING:
-    from ftagent.agent.verify import Verifier
 
 log = logging.getLogger("ftagent.dead_still")
 
@@ -43,7 +40,9 @@ class _Episode:
 class DeadStillWatch:
     """Called on every tick (``Verifier.prepare``); raises through the verifier."""
 
-    def __init__(self, verifier: Verifier) -> None:
+    def __init__(self, verifier: Any) -> None:
+        """``verifier``: verify.py's ``Verifier`` (not named here: verify.py builds this
+        watch, and a type-checking import back would be an import cycle, test_layers)."""
         self.v = verifier
         self._ep: _Episode | None = None
         self._task: asyncio.Task[None] | None = None

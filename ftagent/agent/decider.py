@@ -3,10 +3,11 @@
 A worker (worker.py) supervises one trainer; what it does between two attempts and about
 a fault is not its own business but the pod's decider's, chosen at start (cmd/run.py),
 held by the pod (pod.py) and shared by all its workers, never a subclass of the worker.
-Each worker takes its seat with ``add`` when it is built; from then on it calls the
-decider's hooks with itself, and the decider answers through the worker's narrow port
-(worker.py: read the lifecycle, ``deliver`` an action, await ``stopping``, ``record``,
-``spawn``) and never writes the worker's state:
+Each worker takes its seat with ``add`` when it is built (with its rank's hooks, seat.py
+``RankHooks``); from then on it calls the decider's hooks with itself, and the decider
+answers through the worker's narrow port (seat.py ``Seat``: read the lifecycle,
+``deliver`` an action or take the undelivered back, await ``stopping``, ``write`` an
+event) and never writes the worker's state. Deciders do not import worker.py:
 
 * :class:`LocalDecider` -- the local policy (local_policy.py) for the pod's workers, one
   or the launcher's N, as torchrun's local group: the first failure of a generation
@@ -16,7 +17,9 @@ decider's hooks with itself, and the decider answers through the worker's narrow
   inside it (the wire is one stream per rank), the job barrier, faults decided by the
   arbiter, and failing open to the pod's one ``LocalDecider``.
 
-Every action says who decided it (``Action.origin``: the local policy's are LOCAL).
+Every action says who decided it (``Action.origin``: the local policy's are LOCAL). An
+action a hook returns (``before_start``'s STOP, ``finished``'s restart) is recorded by the
+worker that carries it out, like any other.
 
 The hooks, in the order a worker calls them: ``add`` once when it is built; ``start``
 once before its first attempt; ``before_start`` before every attempt (a barrier; an
@@ -40,7 +43,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ftagent.agent.local_policy import FailureStreak, decide
 from ftagent.model import Action, ActionKind, Fault
@@ -48,7 +51,7 @@ from ftagent.model import Action, ActionKind, Fault
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from ftagent.agent.worker import Worker
+    from ftagent.agent.seat import RankHooks, Seat
     from ftagent.agent.worker_parts import Observer
 
 log = logging.getLogger("ftagent.decider")
@@ -59,32 +62,33 @@ GROUP_ACTIONS = (ActionKind.RESTART, ActionKind.STOP, ActionKind.REPLACE)
 class Decider(Protocol):
     """The pod's decider, as its workers see it (module docstring: the hooks)."""
 
-    def add(self, worker: Worker) -> Sequence[Observer]:
-        """``worker`` takes its seat (when it is built, before any worker runs); returns
-        the observers the decider asks the worker to carry (the arbiter link's): the
-        worker adds them itself, nothing outside worker.py changes a worker."""
+    def add(self, worker: Seat, hooks: RankHooks) -> Sequence[Observer]:
+        """``worker`` takes its seat (when it is built, before any worker runs) with its
+        rank's ``hooks``; returns the observers the decider asks the worker to carry (the
+        arbiter link's): the worker adds them itself, nothing outside worker.py changes a
+        worker."""
 
-    def start(self, worker: Worker) -> None:
+    def start(self, worker: Seat) -> None:
         """Before ``worker``'s first attempt, on the agent's loop (its rank's link)."""
 
-    async def close(self, worker: Worker) -> None:
+    async def close(self, worker: Seat) -> None:
         """After ``worker``'s last attempt: nothing of its seat outlives it."""
 
-    async def before_start(self, worker: Worker) -> Action | None:
+    async def before_start(self, worker: Seat) -> Action | None:
         """Return when ``worker``'s next attempt may start, or the decision that ends it
         before it does (STOP/REPLACE)."""
 
-    def decide(self, worker: Worker, fault: Fault) -> None:
+    def decide(self, worker: Seat, fault: Fault) -> None:
         """Decide about ``worker``'s ``fault``: the action is delivered (now or later)."""
 
-    def report(self, worker: Worker, fault: Fault) -> None:
+    def report(self, worker: Seat, fault: Fault) -> None:
         """Record ``worker``'s ``fault`` with whoever decides, without asking for a
         decision (one already came with the trainer's exit)."""
 
-    async def on_minor_action(self, worker: Worker, action: Action) -> None:
+    async def on_minor_action(self, worker: Seat, action: Action) -> None:
         """Carry out ALERT_ONLY, DUMP_STACKS or BUSY; the trainer keeps running."""
 
-    async def finished(self, worker: Worker) -> Action | None:
+    async def finished(self, worker: Seat) -> Action | None:
         """``worker``'s trainer succeeded: None to end it, or a decision that restarts or
         stops it after all (a peer failed)."""
 
@@ -93,7 +97,7 @@ class LocalDecider:
     """The local policy for the pod's workers together (module docstring)."""
 
     def __init__(self) -> None:
-        self.workers: list[Worker] = []
+        self.workers: list[Seat] = []
         # per local rank: quick repeats of its failures (the backoff grows only with these)
         self._streaks: list[FailureStreak] = []
         self.decided: dict[int, Action] = {}  # generation -> the decision that ends it
@@ -102,15 +106,15 @@ class LocalDecider:
         self._finished: dict[int, asyncio.Future[Action | None]] = {}  # by local rank
         self._gone: set[int] = set()  # workers whose supervision ended for good
 
-    def add(self, worker: Worker) -> Sequence[Observer]:
+    def add(self, worker: Seat, hooks: RankHooks | None = None) -> Sequence[Observer]:
         self.workers.append(worker)
         self._streaks.append(FailureStreak(worker.cfg.supervisor.restart_backoff_window))
         return ()
 
-    def start(self, worker: Worker) -> None:
+    def start(self, worker: Seat) -> None:
         pass
 
-    async def close(self, worker: Worker) -> None:
+    async def close(self, worker: Seat) -> None:
         """The worker's supervision ended (success, stop, a trainer that cannot start):
         the barrier and the all-finished check stop counting it."""
         self._gone.add(self.workers.index(worker))
@@ -118,9 +122,9 @@ class LocalDecider:
             self._check(gen)
         self._check_done()
 
-    async def before_start(self, worker: Worker) -> Action | None:
+    async def before_start(self, worker: Seat) -> Action | None:
         """Return once every live worker arrived at this generation (or a stop signal)."""
-        gen = worker.generation
+        gen = worker.lifecycle.generation
         self.arrive(worker)
         released = self._released.setdefault(gen, asyncio.Event())
         self._check(gen)
@@ -128,29 +132,30 @@ class LocalDecider:
             await _first(released.wait(), worker.stopping())
         return None
 
-    def arrive(self, worker: Worker) -> None:
+    def arrive(self, worker: Seat) -> None:
         """``worker`` is at the barrier of its generation (the group's, or the arbiter's:
         a peer that starts alone, failing open, need not wait for it): its trainers of
         every earlier one have exited. It counts for that generation's barrier and every
         earlier one's (under an arbiter a worker may be told a higher generation than
         its peers')."""
         i = self.workers.index(worker)
-        self._arrived[i] = max(self._arrived.get(i, worker.generation), worker.generation)
+        gen = worker.lifecycle.generation
+        self._arrived[i] = max(self._arrived.get(i, gen), gen)
         for gen in list(self._released):
             self._check(gen)
 
-    def decide(self, worker: Worker, fault: Fault) -> None:
+    def decide(self, worker: Seat, fault: Fault) -> None:
         """The local policy's action for ``fault`` goes on the action queue (of every
         worker of the pod, for a restart or stop)."""
         self.decide_action(worker, fault)
 
-    def decide_action(self, worker: Worker, fault: Fault) -> Action:
+    def decide_action(self, worker: Seat, fault: Fault) -> Action:
         """``decide``, returning the action the worker was given."""
         action = self.action(worker, fault)
         if action.kind not in GROUP_ACTIONS:  # alert only: this worker's alone
             worker.deliver(action)
             return action
-        gen = worker.generation
+        gen = worker.lifecycle.generation
         if gen in self.decided:
             log.info("local rank %d: the group's decision for generation %d stands (%s)",
                      self.workers.index(worker), gen, action.reason)
@@ -170,20 +175,20 @@ class LocalDecider:
             fut = self._finished.get(i)
             if fut is not None and not fut.done():
                 fut.set_result(action)
-            elif w.generation == gen and i not in self._gone:
+            elif w.lifecycle.generation == gen and i not in self._gone:
                 w.deliver(action)
         return action
 
-    def report(self, worker: Worker, fault: Fault) -> None:
+    def report(self, worker: Seat, fault: Fault) -> None:
         pass
 
-    async def on_minor_action(self, worker: Worker, action: Action) -> None:
+    async def on_minor_action(self, worker: Seat, action: Action) -> None:
         pass
 
-    async def finished(self, worker: Worker) -> Action | None:
+    async def finished(self, worker: Seat) -> Action | None:
         """A worker whose trainer succeeded: None once every worker succeeded, or the
         group's decision if a peer fails first."""
-        gen, i = worker.generation, self.workers.index(worker)
+        gen, i = worker.lifecycle.generation, self.workers.index(worker)
         if gen in self.decided:
             return self._take(worker, self.decided[gen])
         fut: asyncio.Future[Action | None] = asyncio.get_running_loop().create_future()
@@ -196,12 +201,13 @@ class LocalDecider:
         action = fut.result()
         return None if action is None else self._take(worker, action)
 
-    def action(self, worker: Worker, fault: Fault) -> Action:
+    def action(self, worker: Seat, fault: Fault) -> Action:
         """What the local policy does about ``worker``'s ``fault`` (pure but for this
         attempt's state)."""
         sup = worker.cfg.supervisor
         streak = self._streaks[self.workers.index(worker)]
-        action = decide(fault, restarts_done=worker.restarts, max_restarts=sup.max_restarts,
+        action = decide(fault, restarts_done=worker.lifecycle.restarts,
+                        max_restarts=sup.max_restarts,
                         backoff_base=sup.restart_backoff, backoff_cap=sup.restart_backoff_max,
                         hang_action=worker.cfg.hang.hang_action,
                         repeats=streak.record(time.monotonic()))
@@ -210,12 +216,12 @@ class LocalDecider:
         return dataclasses.replace(action,
                                    generation=worker.lifecycle.next_generation(action.kind))
 
-    def _take(self, worker: Worker, action: Action) -> Action:
-        """The decision, taken out of the worker's queue if it was put there too."""
+    def _take(self, worker: Seat, action: Action) -> Action:
+        """The decision, taken out of the worker's queue if it was put there too (the
+        worker records it as it carries it out)."""
         for queued in worker.take_delivered():
             if queued.id != action.id:
                 worker.deliver(queued)
-        worker.record(action)
         return action
 
     def _check(self, gen: int) -> None:
@@ -229,14 +235,6 @@ class LocalDecider:
             for fut in self._finished.values():
                 if not fut.done():
                     fut.set_result(None)
-
-
-def rank_session(worker: Worker) -> Any:
-    """``worker``'s rank session at the pod's arbiter decider (its link and the hooks
-    cmd/run.py and the flight recorder fill in: arbiter_decider.RankSession), or None
-    when no arbiter decides."""
-    session = getattr(worker.decider, "session", None)
-    return session(worker) if session is not None else None
 
 
 async def _first(*aws: object) -> None:

@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import IO, Any
 
@@ -20,9 +21,14 @@ log = logging.getLogger("ftagent.events")
 
 
 class EventsFile:
-    def __init__(self, path: str, static: dict[str, Any] | None = None) -> None:
+    def __init__(self, path: str, static: Mapping[str, Any] | None = None, *,
+                 ranked: Any = None) -> None:
+        """``static``: the fields every line carries; ``ranked``: whose ``rank`` attribute
+        each line names, read at each write (a worker's lifecycle, the rank's one owner:
+        a spare that takes a rank names it from then on)."""
         self.path = path
-        self.static = dict(static or {})
+        self.static: Mapping[str, Any] = dict(static or {})
+        self.ranked = ranked
         self._fh: IO[str] | None = None
         self._failed = False
         if path:
@@ -40,6 +46,7 @@ class EventsFile:
             "event": event,
             "kind": kind,
             "message": message,
+            **({"rank": self.ranked.rank} if self.ranked is not None else {}),
             **self.static,
             **fields,
         }

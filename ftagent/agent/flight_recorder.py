@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
-from ftagent.agent.decider import rank_session
+from ftagent.agent.evidence import capture
 from ftagent.agent.fr_summary import MAX_DUMP_BYTES, DumpError, load_dump, summarize
 from ftagent.agent.worker_parts import WorkerParts
 
@@ -293,15 +293,20 @@ def flight_recorder_parts(worker: Any, cfg: Any, rundir: str, parts: WorkerParts
                                                         "flight_recorder": got})
 
         evidence = with_dumps
-    decider = rank_session(worker)  # the arbiter's session for this rank, if any
-    capture = getattr(decider, "stack_capture", None)
-    if capture is not None:
-        async def stacks_with_dumps(*args: Any, **kwargs: Any) -> dict[str, Any]:
-            taken = await verifier.stall_dump() if verifier is not None else None
-            if taken is not None:  # the verification's window dump: one per verification
-                return {**await capture(*args, **kwargs), "flight_recorder": taken}
-            got, stacks = await asyncio.gather(fr.snapshot(), capture(*args, **kwargs))
-            return {**stacks, "flight_recorder": got}
+    # the rank's DUMP_STACKS answer (seat.py RankHooks.stacks), around the one there
+    base = parts.hooks.stacks
 
-        decider.stack_capture = stacks_with_dumps
+    async def stacks_of_tree() -> dict[str, Any]:
+        return await capture(worker.tree_pids(), cfg.hang.hang_dump_timeout)
+
+    stacks_only = base if base is not None else stacks_of_tree
+
+    async def stacks_with_dumps() -> dict[str, Any]:
+        taken = await verifier.stall_dump() if verifier is not None else None
+        if taken is not None:  # the verification's window dump: one per verification
+            return {**await stacks_only(), "flight_recorder": taken}
+        got, stacks = await asyncio.gather(fr.snapshot(), stacks_only())
+        return {**stacks, "flight_recorder": got}
+
+    parts = parts.with_(stacks=stacks_with_dumps)
     return parts.plus(env=env).with_(spawn=spawn_in_attempt, evidence=evidence)

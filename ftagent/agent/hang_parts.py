@@ -17,7 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ftagent.agent.proc_wait import Waits
-    from ftagent.agent.verify import Verifier
+
+# a local rank's verifier (agent/verify.py ``Verifier``), typed loosely here: verify.py
+# imports this module, and the layer test forbids import cycles, type-checking ones too
+Verifier = Any
 
 
 class LocalPeers:
@@ -39,7 +42,9 @@ class LocalPeers:
 class HangParts:
     """What one worker's verifier is given at construction (none of it assigned later)."""
 
-    rank: int | None = None  # this rank: the verdict's culprit when it hangs itself
+    # this rank: the verdict's culprit when it hangs itself; a callable reads the worker's
+    # lifecycle when asked (a warm spare that takes over rank 3 is rank 3 here at once)
+    rank: int | Callable[[], int] | None = None
     # the flight recorder's snapshot (agent/flight_recorder.FlightRecorder.snapshot),
     # taken once in each verification window
     window_dump: Callable[[], Awaitable[dict[str, Any]]] | None = None

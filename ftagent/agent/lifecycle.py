@@ -1,5 +1,5 @@
-"""One worker's lifecycle, without I/O: the sole owner of its generation, restart count,
-trainer state and who decided what ended each attempt.
+"""One worker's lifecycle, without I/O: the sole owner of its rank, generation, restart
+count, trainer state, stop request and who decided what ended each attempt.
 
 Events in (the worker's supervision and its decider tell it what happened), steps out (a
 :class:`Step` per state change, which the worker writes to the events file and hands to
@@ -29,6 +29,18 @@ adopted (never down): a rejoin into a generation the job restarted into already 
 new restart, so an agent never counts one restart twice, across any arbiter restart.
     succeeded() / stopped(...)     the trainer's own exit 0 / a stop signal to the agent
     failed(action, exit, ...)      FAILED: the exit status the agent leaves with
+
+and, at any time::
+
+    assign(rank, generation, restarts)  a warm spare takes a replaced rank (the arbiter's
+                                   ASSIGN, read by the link's core): no longer a spare
+    make_spare()                   the arbiter said SPARE: a former spare holds this rank
+    stop(signal)                   a stop signal to the agent (the first one counts)
+
+The rank is here, not in the configuration's identity (that is the rank the agent was
+started with): the link's Hello, the events file, the trainer's RANK, the metrics' rank
+label, the peer-wait check and the persisted snapshots all read ``rank`` when they use
+it, so a spare that takes over rank 3 is rank 3 to every part at once.
 """
 
 from __future__ import annotations
@@ -39,7 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ftagent.model import Action, ActionKind, Origin, ProcessExit, TrainerState
+from ftagent.model import IN_PLACE_EXITS, Action, ActionKind, Origin, ProcessExit, TrainerState
 
 CARRIED_KEPT = 64  # ids of the last actions carried out, against a second delivery
 
@@ -58,8 +70,12 @@ class Step:
 class Lifecycle:
     """The facts of one worker's attempts (module docstring)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, *, rank: int = 0,
+                 spare: bool = False) -> None:
         self.clock = clock
+        self.rank = rank  # this worker's rank in the job (-1 for a spare before ASSIGN)
+        self.spare = spare  # a warm spare: no rank (and no trainer) until assigned one
+        self.stop_signal: int | None = None  # the stop signal the agent was sent, if any
         self.state = TrainerState.INIT
         self.generation = 0  # of the trainer that runs, or of the barrier it waits at
         self.restarts = 0  # the job's restarts as this worker knows them (docstring)
@@ -90,6 +106,28 @@ class Lifecycle:
         self.generation = max(self.generation, generation)
         if restarts is not None:
             self.restarts = max(self.restarts, restarts)
+
+    def assign(self, rank: int, generation: int, restarts: int | None = None) -> None:
+        """This spare takes ``rank`` and joins at ``generation`` (with the job's restart
+        count, if the arbiter named one): every part reads the new rank from here."""
+        self.rank = rank
+        self.spare = False
+        self.reached(generation, restarts)
+
+    def make_spare(self) -> None:
+        """The arbiter said SPARE: this agent serves as a spare before any trainer."""
+        self.spare = True
+
+    def stop(self, sig: int) -> bool:
+        """A stop signal to the agent; True the first time (a second one only hurries)."""
+        if self.stop_signal is not None:
+            return False
+        self.stop_signal = sig
+        return True
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.stop_signal is not None
 
     def running(self, pid: int) -> Step:
         return self._to(TrainerState.RUNNING, pid=pid, attempt=self.restarts)
@@ -154,7 +192,9 @@ def exit_status_of(action: Action, exit_: ProcessExit | None, *, exit_replace: i
                    exit_stop: int) -> int:
     """The agent's exit status when ``action`` ends it (:meth:`Lifecycle.failed`)."""
     if action.kind == ActionKind.REPLACE:
-        return exit_replace
+        # a pod-level tier of the ladder: the kubelet's restart rule for this code restarts
+        # the container (or the pod) in place; any other REPLACE moves the pod
+        return action.exit_code if action.exit_code in IN_PLACE_EXITS else exit_replace
     if action.kind == ActionKind.STOP and action.origin is Origin.ARBITER and exit_stop > 0:
         return exit_stop
     if action.exit_code is not None:

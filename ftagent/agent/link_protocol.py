@@ -4,12 +4,13 @@
 simulation (tests/sim/) moves them over a simulated one. Both run this code, so what the
 simulation proves about it holds for the agent.
 
-What the agent tells the arbiter is the truth about itself, and only that: the generation
-its trainer runs or waits for, the highest generation whose barrier it saw released,
-whether a trainer runs now, and its restart count -- read from the worker's lifecycle
-(lifecycle.py), the one owner of generation and restart count: the link keeps no count
-of its own. It never takes the job's generation from a Welcome: an agent that is behind
-is told to REJOIN, so it restarts into the job instead of pretending to be there.
+What the agent tells the arbiter is the truth about itself, and only that: its rank, the
+generation its trainer runs or waits for, the highest generation whose barrier it saw
+released, whether a trainer runs now, its trainer state and its restart count -- rank,
+generation, state and count read from the worker's lifecycle (lifecycle.py), their one
+owner: the link keeps no copy of them. It never takes the job's generation from a
+Welcome: an agent that is behind is told to REJOIN, so it restarts into the job instead
+of pretending to be there.
 
 What must not be lost is kept until it is settled, and sent again on every new stream:
 
@@ -27,8 +28,9 @@ What must not be lost is kept until it is settled, and sent again on every new s
   exited 0 while it restarted was recorded "gone (was running)".
 
 A warm spare (``--spare``) says so in its Hello and has no rank until the arbiter ASSIGNs it
-one (``assignment``: the rank, the generation, the job's restart count); from then on its
-Hello names that rank. An agent told SPARE (its rank is held by a former spare) becomes a
+one: the rank, the generation and the job's restart count go to the lifecycle
+(``Lifecycle.assign``), and from then on the Hello, the events, the trainer and every
+other part name that rank. An agent told SPARE (its rank is held by a former spare) becomes a
 spare before it starts any trainer.
 
 Commands are delivered at most once by id, and a RESTART only when it moves the agent to
@@ -40,7 +42,6 @@ lifecycle.moot). After STOP or REPLACE nothing more is delivered.
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -74,16 +75,15 @@ class LinkProtocol:
                  lifecycle: Lifecycle | None = None) -> None:
         """``lifecycle``: the worker's, read for its restart count and generation (a link
         used alone, without a worker, has a lifecycle nobody moves)."""
-        self.identity = identity
-        self.lifecycle = lifecycle if lifecycle is not None else Lifecycle()
+        self.identity = identity  # as configured: the rank and spare flag are the lifecycle's
+        self.lifecycle = lifecycle if lifecycle is not None else Lifecycle(
+            rank=identity.rank, spare=identity.spare)
         self.max_restarts = max_restarts
         self.version = version
         self.alert_only = alert_only
         self.instance = instance or uuid.uuid4().hex
-        self.generation = 0  # the generation this agent's trainer runs or waits for
         self.released_generation = -1  # highest generation whose barrier was released
-        self.trainer_running = False  # a trainer of `generation` runs now
-        self.trainer_state = "init"  # model.TrainerState value, for status
+        self.trainer_running = False  # a trainer of `generation` runs now (as last said)
         self.arbiter_id = ""
         self.faults: OrderedDict[str, pb.Fault] = OrderedDict()
         self.arrival: pb.BarrierArrival | None = None
@@ -93,20 +93,46 @@ class LinkProtocol:
         self.outcomes: OrderedDict[str, str] = OrderedDict()  # settled faults' outcomes
         self._seen_commands: OrderedDict[str, None] = OrderedDict()
         self.final_delivered = False
-        self.spare = identity.spare  # a warm spare: no rank until ASSIGNed one
-        # ASSIGN: (rank, generation, the job's restart count) the arbiter gave this spare
-        self.assignment: tuple[int, int, int | None] | None = None
+        self.assigned = False  # this spare was ASSIGNed a rank (the lifecycle holds it)
+        # the peer replica (checkpoint/replica_agent.py): the port this agent's holder
+        # listens on (said in Hello), and what the arbiter said: the job's replica key and
+        # where this rank's replica is kept ("HOST:PORT")
+        self.replica_port: int = 0
+        self.replica_key: bytes = b""
+        self.replica_peer: str = ""
+
+    @property
+    def generation(self) -> int:
+        """The generation this agent's trainer runs or waits for (the lifecycle's)."""
+        return self.lifecycle.generation
+
+    @property
+    def spare(self) -> bool:
+        """A warm spare: no rank until ASSIGNed one (the lifecycle's)."""
+        return self.lifecycle.spare
+
+    @property
+    def trainer_state(self) -> str:
+        """The trainer's state for status: the lifecycle's, or "spare"."""
+        return "spare" if self.lifecycle.spare else self.lifecycle.state.value
+
+    @property
+    def assignment(self) -> tuple[int, int, int] | None:
+        """(rank, generation, restart count) once ASSIGNed, as the lifecycle has them."""
+        life = self.lifecycle
+        return (life.rank, life.generation, life.restarts) if self.assigned else None
 
     # ------------------------------------------------------------------ agent -> arbiter
 
     def hello(self) -> pb.Hello:
         i = self.identity
-        h = pb.Hello(job=i.job, namespace=i.namespace, pod=i.pod, node=i.node, rank=i.rank,
+        h = pb.Hello(job=i.job, namespace=i.namespace, pod=i.pod, node=i.node,
+                     rank=self.lifecycle.rank,
                      world_size=i.world_size, restart_count=self.lifecycle.restarts,
                      generation=self.generation, agent_version=self.version,
                      alert_only=self.alert_only, state=self.trainer_state,
                      agent_instance=self.instance, trainer_running=self.trainer_running,
-                     gpus=i.gpus, spare=self.spare)
+                     gpus=i.gpus, spare=self.spare, replica_port=self.replica_port)
         if self.released_generation >= 0:
             h.released_generation = self.released_generation
         if self.max_restarts is not None:
@@ -116,6 +142,7 @@ class LinkProtocol:
     def on_welcome(self, w: pb.Welcome) -> list[pb.AgentMessage]:
         """A new stream is up: what to send first (unsettled faults, the arrival, later)."""
         self.arbiter_id = w.arbiter_id
+        self._replica(w.replica_key, w.replica_peer)
         out = [pb.AgentMessage(fault=f) for f in self.faults.values()]
         if self.arrival is not None:
             out.append(pb.AgentMessage(arrival=self.arrival))
@@ -159,7 +186,7 @@ class LinkProtocol:
     def arrive(self, generation: int) -> pb.AgentMessage | None:
         """The previous trainer has exited; ready to start ``generation``. None when that
         barrier was released already (nothing to wait for)."""
-        self.generation = max(self.generation, generation)
+        self.lifecycle.reached(generation)  # the worker's own (a no-op but alone)
         self.trainer_running = False
         self.last_exit = None  # the arrival says the previous trainer exited
         if generation <= self.released_generation:
@@ -170,7 +197,7 @@ class LinkProtocol:
 
     def started(self, generation: int, *, released: bool) -> None:
         """A trainer of ``generation`` runs now; ``released`` False: failing open."""
-        self.generation = max(self.generation, generation)
+        self.lifecycle.reached(generation)  # the worker's own (a no-op but alone)
         self.trainer_running = True
         self.last_exit = None
         if not released:
@@ -189,8 +216,16 @@ class LinkProtocol:
             self._command(m.command, got)
         return got
 
+    def _replica(self, key: bytes, peer: str) -> None:
+        """The arbiter's replica key (32 bytes) and this rank's holder, when it says them."""
+        if len(key) == 32:
+            self.replica_key = key
+        if peer and len(peer) <= 300:
+            self.replica_peer = peer
+
     def _command(self, cmd: pb.Command, got: Received) -> None:
         got.send.append(pb.AgentMessage(ack=pb.Ack(command_id=cmd.id)))
+        self._replica(b"", cmd.replica_peer)
         if cmd.id in self._seen_commands:
             return
         self._seen_commands[cmd.id] = None
@@ -198,18 +233,16 @@ class LinkProtocol:
             self._seen_commands.popitem(last=False)
         if cmd.kind == pb.COMMAND_KIND_ASSIGN:
             r = cmd.target_rank
-            if self.spare and self.assignment is None and cmd.HasField("target_rank") and \
+            if self.spare and not self.assigned and cmd.HasField("target_rank") and \
                     0 <= r < self.identity.world_size and not self.final_delivered:
-                self.assignment = (r, cmd.generation,
-                                   cmd.restarts if cmd.HasField("restarts") else None)
-                self.identity = dataclasses.replace(self.identity, rank=r, spare=False)
-                self.spare = False
+                self.lifecycle.assign(r, cmd.generation,
+                                      cmd.restarts if cmd.HasField("restarts") else None)
+                self.assigned = True
                 got.assigned = True
             return
         if cmd.kind == pb.COMMAND_KIND_SPARE:
             if not self.trainer_running and not self.final_delivered and not self.spare:
-                self.spare = True
-                self.identity = dataclasses.replace(self.identity, spare=True)
+                self.lifecycle.make_spare()
                 got.assigned = True
             return
         if cmd.kind == pb.COMMAND_KIND_RELEASE_BARRIER:
@@ -222,7 +255,7 @@ class LinkProtocol:
         if action is None or self.final_delivered:
             return
         if action.kind is ActionKind.RESTART:
-            if cmd.generation <= max(self.generation, self.lifecycle.generation):
+            if cmd.generation <= self.lifecycle.generation:
                 return  # already there (a repeated or stale REJOIN): nothing to restart
             # (the job's count it carries is the lifecycle's to adopt, Action.restarts)
             self.trainer_running = False

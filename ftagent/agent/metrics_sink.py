@@ -4,6 +4,9 @@ A sink only listens: it never decides. A step that does not increase (a tqdm red
 not new progress. Step and phase durations are not computed here: the hang detector
 already separates clean step intervals from phases, and ``HangWatch`` records them.
 
+``ftagent_restarts_total`` is read at scrape time from the worker's lifecycle (its one
+owner of the restart count): the sink keeps no count of its own.
+
 A new attempt (``TrainerStart``) removes the last attempt's step, loss and throughput
 until it reports its own. Every fault observes ``ftagent_detection_latency_seconds``:
 from the evidence that triggered it to the moment it is raised (the hook runs then) —
@@ -30,7 +33,6 @@ from ftagent.model import (
     Progress,
     SnapshotsHeld,
     TrainerStart,
-    TrainerState,
 )
 
 log = logging.getLogger("ftagent.metrics")
@@ -43,14 +45,40 @@ def _seconds(v: object) -> float | None:
     return None
 
 
+class ScrapedCount:
+    """A counter child's value, read at scrape time (prometheus_client's ``_value``
+    protocol: ``get``, ``get_exemplar``; ``inc`` is refused: the count has one owner)."""
+
+    def __init__(self, read: Callable[[], int]) -> None:
+        self.read = read
+
+    def get(self) -> float:
+        return float(self.read())
+
+    def get_exemplar(self) -> None:
+        return None
+
+    def inc(self, amount: float) -> None:
+        raise TypeError("read at scrape time from its owner; never counted here")
+
+
+def read_at_scrape(counter: object, read: Callable[[], int]) -> None:
+    """``counter`` (a labelled child) reports ``read()`` whenever it is scraped."""
+    counter._value = ScrapedCount(read)  # type: ignore[attr-defined]
+
+
 class MetricsSink:
     def __init__(self, metrics: AgentMetrics, *, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time,
+                 restarts: Callable[[], int] | None = None) -> None:
+        """``restarts``: how to read the worker's restart count (its lifecycle's), for
+        ``ftagent_restarts_total`` at scrape time."""
         self.m = metrics
         self.clock = clock  # monotonic, as observations' ts
         self.wall = wall  # as Fault.detected_at
         self._last_step: int | None = None
-        self._restarts_seen = 0
+        if restarts is not None:
+            read_at_scrape(metrics.restarts, restarts)
         self._exit_ts: float | None = None  # the trainer's last exit (monotonic)
         self._snapshot_step: int | None = None  # the newest snapshot reported complete
 
@@ -93,11 +121,6 @@ class MetricsSink:
             m.trainer_running.set(0)
             m.trainer_last_exit_code.set(obs.exit_status)
             self._exit_ts = obs.ts
-
-    def on_state(self, state: TrainerState, restarts: int) -> None:
-        if restarts > self._restarts_seen:
-            self.m.restarts.inc(restarts - self._restarts_seen)
-            self._restarts_seen = restarts
 
     def on_fault(self, fault: Fault) -> None:
         if fault.evidence.get("recovered"):  # the all-clear after an outage, not a fault

@@ -98,15 +98,22 @@ def local_waiting_text(rank: int, state: str, where: str) -> str:
 class PeerWait:
     """Applies BUSY commands to this rank's hang verification, events and metrics."""
 
-    def __init__(self, rank: int, target: BusyTarget | None,
+    def __init__(self, rank: int | Callable[[], int], target: BusyTarget | None,
                  record: Callable[..., Any] | None, metrics: Any = None, *,
                  culprit_spin_timeout: float = 30.0) -> None:
-        self.rank = rank
+        """``rank``: this rank, or how to read it when a verdict arrives (the worker's
+        lifecycle: a spare that took over rank 3 judges verdicts as rank 3)."""
+        self._rank = rank
         self.target = target
         self.record = record
         self.metrics = metrics
         self.culprit_spin_timeout = culprit_spin_timeout
         self.waiting = False
+
+    @property
+    def rank(self) -> int:
+        """This rank now (read, never copied: lifecycle.py owns it)."""
+        return self._rank() if callable(self._rank) else self._rank
 
     def on_action(self, action: Action) -> None:
         if action.kind is not ActionKind.BUSY or action.busy is None:

@@ -3,8 +3,8 @@
 ``ftagent run -- CMD`` is one worker; ``ftagent run --nproc-per-node N`` is N (the
 launcher: torchrun's local group). A :class:`PodAgent` holds, by composition:
 
-* its workers (worker.py: one trainer process each, built from a ``WorkerSpec``), each
-  its own rank to the arbiter;
+* its workers (worker.py: one trainer process each, built from a ``WorkerSpec``,
+  worker_spec.py), each its own rank to the arbiter;
 * one decider for them all (decider.py): the local policy for the workers together
   (``LocalDecider``: what it decides stops and restarts them all), or the arbiter's
   (arbiter_decider.py ``ArbiterDecider``: one link session per rank inside it, failing
@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING
 from ftagent.agent import supervisor
 from ftagent.agent.decider import Decider, LocalDecider
 from ftagent.agent.supervisor import ChildReaper
-from ftagent.agent.worker import Worker, WorkerSpec
+from ftagent.agent.worker import Worker
 from ftagent.agent.worker_parts import WorkerParts
+from ftagent.agent.worker_spec import WorkerSpec
 from ftagent.model import TrainerState
 
 if TYPE_CHECKING:
@@ -75,7 +76,12 @@ class PodAgent:
         self.reaper = ChildReaper()  # one SIGCHLD handler reaps every worker's trainer
         self.decider: Decider = decider if decider is not None else LocalDecider()
         self.workers: list[Worker] = []
-        self.stop_signal: int | None = None
+
+    @property
+    def stop_signal(self) -> int | None:
+        """The stop signal the agent was sent, if any (its workers' lifecycles hold it)."""
+        return next((w.lifecycle.stop_signal for w in self.workers
+                     if w.lifecycle.stop_signal is not None), None)
 
     def add(self, spec: WorkerSpec, *, metrics: AgentMetrics | None = None,
             parts: Callable[[Worker], WorkerParts] | None = None) -> Worker:
@@ -88,7 +94,6 @@ class PodAgent:
 
     def on_signal(self, sig: int) -> None:
         """SIGTERM/SIGINT/SIGHUP to the agent: every worker forwards it to its trainer."""
-        self.stop_signal = sig
         for w in self.workers:
             w.on_signal(sig)
 

@@ -241,6 +241,7 @@ class ArbiterLink:
         self._wake = asyncio.Event()
         self._released = asyncio.Event()
         self._assigned = asyncio.Event()  # a spare was given a rank, or made a spare
+        self._up = asyncio.Event()  # set while a stream is up (Welcome read): no polling
         self._settled = asyncio.Event()
         self._closed = asyncio.Event()
         self._finishing = False  # finish(): half-close each stream once all is written
@@ -266,11 +267,8 @@ class ArbiterLink:
 
     @property
     def trainer_state(self) -> str:
+        """Read-only: the worker's lifecycle says it (link_protocol.py)."""
         return self.proto.trainer_state
-
-    @trainer_state.setter
-    def trainer_state(self, value: str) -> None:
-        self.proto.trainer_state = value
 
     @property
     def arbiter_id(self) -> str:
@@ -436,12 +434,11 @@ class ArbiterLink:
         return self.proto.assignment is not None
 
     async def wait_connected(self, timeout: float) -> bool:
-        """True once a stream is up (Welcome received) within ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while not self.connected and not self._closed.is_set():
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(0.05)
+        """True once a stream is up (Welcome received) within ``timeout`` seconds: woken
+        by the Welcome, not a polling loop."""
+        if not self.connected and not self._closed.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._up.wait(), timeout)
         return self.connected
 
     async def finish(self, timeout: float) -> bool:
@@ -512,6 +509,7 @@ class ArbiterLink:
         if self.connected or self.offline_since is None:
             self.offline_since = time.monotonic()
         self.connected = False
+        self._up.clear()
 
     async def _session(self) -> bool:
         """One stream: Hello, Welcome, then read and write until it breaks. True if welcomed."""
@@ -593,6 +591,7 @@ class ArbiterLink:
         self._progress_new = self._progress is not None
         self._progress_sent_at = -1e9
         self.connected = True
+        self._up.set()
         if self._snapshots is not None:  # a new arbiter learns them from the agents
             self._snapshots_due = True
             self._flush_snapshots(force=True)

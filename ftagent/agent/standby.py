@@ -605,12 +605,9 @@ def warm_restart_parts(worker: Any, cfg: Any, rundir: str, parts: WorkerParts,
     gauge = getattr(getattr(worker, "metrics", None), "standby_memory", None)
     if gauge is not None:
         gauge.set_function(starter.memory_bytes)
-    from ftagent.agent.decider import rank_session
-
-    session = rank_session(worker)
-    if cfg.identity.spare and hasattr(session, "prepare_spare"):  # --spare: warm at once
-        session.prepare_spare = lambda: starter.prepare_now(
-            cfg.command, worker.next_env(), worker.reaper)
+    if cfg.identity.spare:  # --spare: warm at once (the rank's hook, seat.py RankHooks)
+        parts = parts.with_(prepare_spare=lambda: starter.prepare_now(
+            cfg.command, worker.next_env(), worker.reaper))
     async def store_first(env: Mapping[str, str]) -> None:
         """A warm start of a rank that dials the rendezvous store waits (briefly) for it
         to listen (store_wait.py): torch's own retry sleeps 250-750 ms."""

@@ -284,9 +284,9 @@ class Verifier:
         # an arbiter, a rank waiting in a collective asks them who is busy
         self.local_peers: Callable[[], Sequence[tuple[int, Verifier]]] | None = \
             parts.local_peers
-        self.rank = parts.rank  # this rank, for the verdict's culprits
-        if parts.local_peers is not None and parts.rank is not None:
-            parts.local_peers.add(parts.rank, self)
+        self._rank = parts.rank  # this rank, for the verdict's culprits (the lifecycle's)
+        if parts.local_peers is not None and self.rank is not None:
+            parts.local_peers.add(self.rank, self)
         self.stall: Stall | None = None
         # BUSY arrived before this rank's own budget ran out (no stall open yet): the
         # stall it is in is that wait; forgotten when steps resume
@@ -747,6 +747,16 @@ class Verifier:
         if learned is not None:
             return self.book.budget(learned, self.detector.step_budget())
         return float(self.cfg.hang_spin_timeout)
+
+    @property
+    def rank(self) -> int | None:
+        """This rank, as the worker's lifecycle says it now (HangParts.rank)."""
+        r = self._rank
+        return r() if callable(r) else r
+
+    @rank.setter
+    def rank(self, value: int | Callable[[], int] | None) -> None:
+        self._rank = value
 
     async def stacks_for_arbiter(self, pids: Sequence[int] = ()) -> dict[str, Any]:
         """The DUMP_STACKS answer: this rank's stacks plus a ``liveness`` field (a fresh

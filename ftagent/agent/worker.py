@@ -1,15 +1,17 @@
 """One worker: one trainer process, supervised until it succeeds, is stopped, or its
 decider ends it.
 
-A :class:`Worker` is built from a :class:`WorkerSpec` (what to run and how: the
+A :class:`Worker` is built from a ``WorkerSpec`` (worker_spec.py: what to run and how: the
 configuration, the environment, the local rank under the launcher, the per-attempt
 environment and where the output goes) and the pod's process-wide parts it is given (the
 SIGCHLD reaper, the pod's one decider); pod.py's ``PodAgent`` holds the N workers of
 one agent process. Everything flows one way (DESIGN.md): the trainer's output and the sources
 produce observations -> detectors turn them into faults -> the decider (the local policy,
 or the arbiter's commands) turns faults into actions -> the control loop here carries
-actions out on the trainer. Generation, restart count, trainer state and who decided are
-the lifecycle's (lifecycle.py); this module reads them and reports what happens to it.
+actions out on the trainer. Rank, generation, restart count, trainer state, the stop
+request and who decided are the lifecycle's (lifecycle.py); this module reads them and
+reports what happens to it: the trainer's RANK, the events' rank and the metrics' rank
+label follow the lifecycle's rank (a spare taking over a rank), compared where used.
 One asyncio loop; the output pumps and blocking libraries are threads that hand their
 results to it.
 
@@ -25,8 +27,9 @@ line_feed.py (the trainer's output from the pump threads to the loop, and the de
 worker_evidence.py (the last lines, the crash fault, the hang fault's enrichment),
 worker_parts.py (what it is made of), and watch/loop.py (its sources -> observers ->
 detectors -> faults: the loop the node's GPUs and links run in too). What stays here: the
-control loop (start, supervise, carry out actions), the deciders' port, fault intake (the
-evidence, the events file, the decider), the signals.
+control loop (start, supervise, carry out actions), the deciders' port (seat.py ``Seat``:
+six members; deciders never import this module), fault intake (the evidence, the events
+file, the decider), the signals.
 """
 
 from __future__ import annotations
@@ -38,16 +41,16 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ftagent.agent import supervisor
 from ftagent.agent.decider import Decider, LocalDecider
 from ftagent.agent.events import EventsFile, ProgressLog
+from ftagent.agent.evidence import capture
 from ftagent.agent.lifecycle import Lifecycle, Step
 from ftagent.agent.line_feed import LineFeed
 from ftagent.agent.supervisor import ChildReaper, SpawnError, TrainerProcess
-from ftagent.agent.tee import LastLines, Writer
+from ftagent.agent.tee import LastLines
 from ftagent.agent.trainer_exec import (
     RESUME_VAR,
     Tree,
@@ -68,7 +71,8 @@ from ftagent.agent.worker_parts import (
     TrainerWatch,
     WorkerParts,
 )
-from ftagent.config import RunConfig
+from ftagent.agent.worker_spec import WorkerSpec, console, no_attempt_env
+from ftagent.config import IdentityConfig
 from ftagent.model import (
     MINOR_ACTIONS,
     Action,
@@ -91,28 +95,7 @@ log = logging.getLogger("ftagent.agent")
 TICK_SECONDS = 0.5
 
 
-def no_attempt_env(attempt: int) -> dict[str, str]:
-    """No per-attempt variables (alone; the launcher adds torchrun's)."""
-    return {}
-
-
-def console(attempt: int) -> tuple[int | Writer, int | Writer]:
-    """The trainer's output goes to the agent's own stdout and stderr, as is."""
-    return 1, 2
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """What one worker runs and how (torch elastic's spec, apart from the running
-    state): a value, built once by cmd/run.py and never changed."""
-
-    cfg: RunConfig
-    environ: Mapping[str, str] = field(default_factory=dict)
-    local_rank: int | None = None  # under the launcher (--nproc-per-node); None: alone
-    # per attempt: environment on top of the worker's own (torchrun's restart count)
-    attempt_env: Callable[[int], Mapping[str, str]] = no_attempt_env
-    # per attempt: where stdout/stderr go (fds as is, or the launcher's WorkerOutput)
-    outputs: Callable[[int], tuple[int | Writer, int | Writer]] = console
+__all__ = ["Worker", "WorkerSpec", "console", "no_attempt_env"]  # the spec's own module
 
 
 class Worker:
@@ -131,22 +114,23 @@ class Worker:
         self.spec = spec
         self.cfg = cfg = spec.cfg
         self.environ = dict(spec.environ)
-        self.ident = cfg.identity
         sup = cfg.supervisor
-        static: dict[str, Any] = {"rank": self.ident.rank, "job": self.ident.job}
+        # rank, generation, restarts, trainer state, the stop request, who decided: their
+        # one owner (lifecycle.py); everything here and in the parts reads them there
+        self.lifecycle = Lifecycle(rank=cfg.identity.rank, spare=cfg.identity.spare)
+        fixed: dict[str, Any] = {"job": cfg.identity.job}
         if spec.local_rank is not None:
-            static["local_rank"] = spec.local_rank
-        self.events = EventsFile(sup.events_file, static)
+            fixed["local_rank"] = spec.local_rank
+        self.events = EventsFile(sup.events_file, fixed, ranked=self.lifecycle)
         self.last_lines = LastLines(sup.log_lines)
         self.reaper = reaper if reaper is not None else ChildReaper()
         self.metrics = metrics
+        if metrics is not None:  # read at scrape time: the lifecycle says whether a spare
+            metrics.spare.set_function(lambda: float(self.lifecycle.spare))
         self.actions: asyncio.Queue[Action] = asyncio.Queue()
         # a list: the arbiter decider adds its link's observer as it is built (decider.py)
         self.observers: list[Observer] = [ProgressLog(self.events)] if sup.events_file else []
         self.trainer: TrainerProcess | None = None
-        # generation, restarts, trainer state, who decided: their one owner (lifecycle.py)
-        self.lifecycle = Lifecycle()
-        self.stop_signal: int | None = None
         self._stop_event = asyncio.Event()
         self._stop_deadline = 0.0
         self._tasks: list[asyncio.Task[Any]] = []
@@ -159,11 +143,15 @@ class Worker:
             else worker_tree(lambda: self.trainer, spec.local_rank)
         # who decides: the pod's decider (one for all its workers), through the port below
         self.decider: Decider = decider if decider is not None else LocalDecider()
-        # seated before the parts are built and the watch loop is made: the decider may
-        # add an observer (the arbiter's link), and the parts read the rank's session
-        self.observers.extend(self.decider.add(self))
         # its parts, copied in once (worker_parts.py says what each is for)
         p = parts(self) if parts is not None else WorkerParts()
+        hooks = p.hooks if p.hooks.stacks is not None else dataclasses.replace(
+            p.hooks, stacks=self._stacks)
+        if hooks.preflight is None:
+            hooks = dataclasses.replace(hooks, preflight=self._preflight_again)
+        # seated with the rank's hooks before the watch loop is made: the decider may add
+        # an observer (the arbiter's link), which hears everything before the parts do
+        self.observers.extend(self.decider.add(self, hooks))
         self.observers.extend(p.observers)
         self.detectors = p.detectors  # read-only: the wiring finds the hang verifiers here
         # its sources -> observers -> detectors -> raise_fault: the one watch loop's shape
@@ -185,6 +173,17 @@ class Worker:
         self.on_close: tuple[Close, ...] = p.on_close
 
     # ----------------------------------------------------------------- lifecycle
+
+    @property
+    def ident(self) -> IdentityConfig:
+        """Who this worker is: as configured, with the lifecycle's rank (read-only)."""
+        life = self.lifecycle
+        return dataclasses.replace(self.cfg.identity, rank=life.rank, spare=life.spare)
+
+    @property
+    def stop_signal(self) -> int | None:
+        """The stop signal the agent was sent (read-only: lifecycle)."""
+        return self.lifecycle.stop_signal
 
     @property
     def generation(self) -> int:
@@ -231,8 +230,8 @@ class Worker:
                 log.exception("telling the decider how this rank ended failed")
 
     # ----------------------------------------------------------------- the deciders' port
-    # What a decider (decider.py, arbiter_decider.py) may do to a worker: read its
-    # lifecycle, deliver an action, await its stopping, record; nothing else.
+    # What a decider (decider.py, arbiter_decider.py) may use of a worker (seat.py Seat):
+    # lifecycle, cfg, deliver, take_delivered, stopping, write; nothing else.
 
     def deliver(self, action: Action) -> None:
         """An action for this worker's control loop (carried out in order)."""
@@ -249,18 +248,13 @@ class Worker:
         """Return once the agent was told to stop (a signal)."""
         await self._stop_event.wait()
 
-    @property
-    def stop_requested(self) -> bool:
-        return self.stop_signal is not None
+    def write(self, event: str, kind: str, message: str, **fields: Any) -> Any:
+        """One line of the events file (its rank: the lifecycle's)."""
+        return self.events.write(event, kind, message, **fields)
 
-    def record(self, action: Action) -> None:
-        """An action carried out outside the control loop (a STOP at the barrier, the
-        group's decision for a worker that succeeded): the events file and lifecycle."""
-        self._record_action(action)
-
-    def spawn(self, coro: Any) -> None:
-        """A task of this worker's (a decision watchdog), kept until it is done."""
-        self._spawn(coro)
+    async def _stacks(self) -> dict[str, Any]:
+        """DUMP_STACKS without a verifier: the stacks of this trainer's tree."""
+        return await capture(self.tree_pids(), self.cfg.hang.hang_dump_timeout)
 
     def tree_pids(self) -> list[int]:
         """The pids of this trainer's tree (evidence, verification, DUMP_STACKS)."""
@@ -370,9 +364,11 @@ class Worker:
             self._apply(self.lifecycle.waiting())
             failed = await self._before_barrier()
             go = await self.decider.before_start(self)
-            if go is None and failed:
-                go = self._decisive()  # the local policy's answer to it, already delivered
             if go is not None:  # the arbiter said STOP/REPLACE before we started
+                self._record_action(go)  # a decider's hook returned it
+            elif failed:
+                go = self._decisive()  # the local policy's answer to it, already delivered
+            if go is not None:
                 return self._exit_code_of(go, None)
             if self.stop_signal is not None:
                 return 128 + self.stop_signal
@@ -388,6 +384,8 @@ class Worker:
             action, exit_ = await self._supervise(self.trainer)
             if action is None and exit_ is not None and exit_.ok:
                 action = await self.decider.finished(self)  # a peer's failure restarts all
+                if action is not None:
+                    self._record_action(action)
             if action is None:  # finished: success, or stopped by a signal
                 assert exit_ is not None
                 return exit_.exit_status
@@ -405,6 +403,12 @@ class Worker:
         this rank arrives at the barrier, so the decider answers it (REPLACE) before the
         barrier releases. True when one was raised. Fails open: a part that raises is
         logged and the start goes on."""
+        return await self._preflight_again() is not None
+
+    async def _preflight_again(self) -> Fault | None:
+        """The before-barrier parts, in order, until one finds a fault: raised now (the
+        decider answers it) and returned. Also a spare's check when ASSIGNed a rank
+        (seat.py ``RankHooks.preflight``)."""
         for part in self.before_barrier:
             try:
                 fault = await part(self)
@@ -413,8 +417,8 @@ class Worker:
                 continue
             if fault is not None:
                 await self.raise_fault(fault)
-                return True
-        return False
+                return fault
+        return None
 
     def _decisive(self) -> Action | None:
         """A STOP or REPLACE delivered and not carried out yet (recorded), else None;
@@ -428,7 +432,7 @@ class Worker:
             else:
                 self.deliver(action)
         if found is not None:
-            self.record(found)
+            self._record_action(found)
         return found
 
     def _exit_code_of(self, action: Action, exit_: ProcessExit | None) -> int:
@@ -442,31 +446,48 @@ class Worker:
     def next_env(self) -> dict[str, str]:
         """The environment the next attempt's trainer gets (a spare's standby is started
         with it: agent/standby.py)."""
-        env = attempt_env(self.environ, restarts=self.restarts, generation=self.generation,
-                          extra=self.extra_env, per_attempt=self.spec.attempt_env(self.restarts))
+        per_attempt = self.spec.attempt_env(self.restarts) \
+            if self.spec.attempt_env is not None else {}
+        env = attempt_env(self._rank_environ(), restarts=self.restarts,
+                          generation=self.generation, extra=self.extra_env,
+                          per_attempt=per_attempt)
         env.pop(RESUME_VAR, None)  # only the arbiter's, for this attempt
         if self.resume_step is not None:
             env[RESUME_VAR] = str(self.resume_step)
         return env
 
-    def take_rank(self, rank: int) -> None:
-        """A spare becomes ``rank`` (the arbiter's ASSIGN): its trainer's RANK and
-        WORLD_SIZE (and GROUP_RANK/PET_NODE_RANK where set) as the replaced rank's were;
-        its events name that rank from now on."""
-        self.ident = dataclasses.replace(self.ident, rank=rank, spare=False)
-        self.environ["RANK"] = str(rank)
-        self.environ["WORLD_SIZE"] = str(self.ident.world_size)
+    def _rank_environ(self) -> dict[str, str]:
+        """The worker's environment with the lifecycle's rank: a spare that took over a
+        rank (the arbiter's ASSIGN) starts its trainer as that rank -- RANK and
+        WORLD_SIZE (and GROUP_RANK/PET_NODE_RANK where set) as the replaced rank's were.
+        Compared, not copied: the environment as started is the spec's."""
+        env = dict(self.environ)
+        rank = self.lifecycle.rank
+        if rank == self.cfg.identity.rank:
+            return env
+        env["RANK"] = str(rank)
+        env["WORLD_SIZE"] = str(self.cfg.identity.world_size)
         for var in ("GROUP_RANK", "PET_NODE_RANK"):
-            if var in self.environ:
-                self.environ[var] = str(rank)
-        self.events.static["rank"] = rank
-        if self.metrics is not None:
-            self.metrics.relabel(rank=str(rank))
+            if var in env:
+                env[var] = str(rank)
+        return env
+
+    def _reconcile_labels(self) -> None:
+        """The metrics' rank label as the lifecycle says (a spare that took a rank exports
+        as that rank from now on): observed against desired, before every attempt."""
+        m = self.metrics
+        if m is None:
+            return
+        rank = str(self.lifecycle.rank)
+        if m.identity.get("rank") != rank:
+            m.relabel(rank=rank)
 
     def _start(self) -> TrainerProcess:
+        self._reconcile_labels()
         env = self.next_env()
         self._hang_faults.clear()
-        out, err = self.spec.outputs(self.restarts)
+        out, err = self.spec.outputs(self.restarts) if self.spec.outputs is not None \
+            else (1, 2)  # as is: the agent's own stdout and stderr
         trainer = self.spawn_trainer(self.cfg.command, env, self.reaper,
                                      self.feed.pumps_callback(), stdout_fd=out, stderr_fd=err,
                                      output_interval=self.cfg.supervisor.output_interval)
@@ -604,13 +625,12 @@ class Worker:
 
     def on_signal(self, sig: int) -> None:
         """A stop signal to the agent (the pod forwards it to every worker)."""
-        if self.stop_signal is not None:  # a second signal: no more grace
+        if not self.lifecycle.stop(sig):  # a second signal: no more grace
             log.warning("second %s: killing the trainer's tree now", signal.Signals(sig).name)
             self._stop_deadline = time.monotonic()
             self._spawn(supervisor.kill_tree(self.trainer.pgid if self.trainer else None,
                                              procs=self.tree))
             return
-        self.stop_signal = sig
         self._stop_deadline = time.monotonic() + self.cfg.supervisor.stop_timeout
         log.info("received %s: forwarding to the trainer, stop timeout %.0fs",
                  signal.Signals(sig).name, self.cfg.supervisor.stop_timeout)
@@ -620,6 +640,8 @@ class Worker:
 
     def _apply(self, step: Step) -> None:
         """Carry out a lifecycle step at the edges: the events file, the observers."""
+        if step.state is TrainerState.WAITING:
+            self._reconcile_labels()
         self.events.write("state", step.state.value, f"trainer {step.state.value}",
                           restarts=step.restarts, generation=step.generation, **step.fields)
         for o in self.observers:

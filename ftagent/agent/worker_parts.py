@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ftagent.agent.seat import RankHooks
 from ftagent.agent.supervisor import TrainerProcess
 from ftagent.model import Fault, Observation
 from ftagent.watch.loop import Detector, Source  # one definition of a source and a detector
@@ -58,7 +59,9 @@ class WorkerParts:
     started: the seam warm standbys replace), ``before_start`` (awaited with the next
     attempt's environment just before its trainer starts), ``before_barrier`` (awaited
     with the worker before it arrives at the barrier: preflight) and ``on_close`` (awaited when
-    the worker's supervision ends, however it ends: the standbys' close)."""
+    the worker's supervision ends, however it ends: the standbys' close); ``hooks``: what
+    the rank's arbiter session calls back (seat.py ``RankHooks``), handed to the decider
+    with the worker's seat."""
 
     sources: tuple[Source, ...] = ()
     detectors: tuple[Detector, ...] = ()
@@ -71,6 +74,7 @@ class WorkerParts:
     on_close: tuple[Close, ...] = ()
     before_start: tuple[BeforeStart, ...] = ()
     before_barrier: tuple[BeforeBarrier, ...] = ()
+    hooks: RankHooks = field(default_factory=RankHooks)
 
     def plus(self, *, sources: Sequence[Source] = (), detectors: Sequence[Detector] = (),
              observers: Sequence[Observer] = (), line_handlers: Sequence[LineHandler] = (),
@@ -90,12 +94,14 @@ class WorkerParts:
             before_start=(*self.before_start, *before_start),
             before_barrier=(*self.before_barrier, *before_barrier))
 
-    def with_(self, *, spawn: Spawn | None = None,
-              evidence: Evidence | None = None) -> WorkerParts:
-        """These parts with a seam replaced (``spawn``, ``evidence``): the caller wraps the
-        one there (``parts.spawn``), never loses it."""
+    def with_(self, *, spawn: Spawn | None = None, evidence: Evidence | None = None,
+              **hooks: Any) -> WorkerParts:
+        """These parts with a seam replaced (``spawn``, ``evidence``, or one of the rank's
+        ``hooks`` by name): the caller wraps the one there (``parts.spawn``,
+        ``parts.hooks.stacks``), never loses it."""
         return dataclasses.replace(self, spawn=spawn or self.spawn,
-                                   evidence=evidence or self.evidence)
+                                   evidence=evidence or self.evidence,
+                                   hooks=dataclasses.replace(self.hooks, **hooks))
 
 
 @dataclass  # not frozen: the Part protocol's name is a plain attribute

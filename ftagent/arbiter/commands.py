@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Mapping
 
 from ftagent.arbiter import convert, snapshots
-from ftagent.arbiter.connection import FanOut, live
+from ftagent.arbiter.connection import Connection, FanOut, live
 from ftagent.arbiter.state import (
     COMMANDS,
     SPARE_COMMANDS,
@@ -27,9 +27,10 @@ from ftagent.metrics import ArbiterMetrics
 _SLOTS = {Verdict.RESTART: "life", Verdict.REJOIN: "life", Verdict.STOP: "life",
           Verdict.REPLACE: "life", Verdict.RELEASE_BARRIER: "release",
           Verdict.DUMP_STACKS: "dump", Verdict.BUSY: "busy", Verdict.ASSIGN: "life",
-          Verdict.RETIRE_SPARE: "life"}
+          Verdict.RETIRE_SPARE: "life", Verdict.LAST_WORDS: "words"}
 assert set(_SLOTS) == COMMANDS
 _TIMED = (Verdict.RESTART, Verdict.REPLACE, Verdict.STOP, Verdict.DUMP_STACKS)
+_RESUMING = (Verdict.RESTART, Verdict.REPLACE, Verdict.REJOIN)  # convert.command_for
 
 
 def send(job: JobState, d: Decision, metrics: ArbiterMetrics | None,
@@ -44,16 +45,22 @@ def send(job: JobState, d: Decision, metrics: ArbiterMetrics | None,
         sp = job.spares.get(d.spare)
         conn = live(sp.conn) if sp is not None else None
         if conn is not None:
-            conn.send(convert.command_for(d, cid, restarts=job.restarts).SerializeToString())
+            data = convert.command_for(d, cid, restarts=job.restarts).SerializeToString()
+            if d.rank is not None:  # ASSIGN: where the rank's replica is kept
+                data = snapshots.with_replica_peer(
+                    data, snapshots.replica_peers(job, d.verdict).get(d.rank, ""))
+            conn.send(data)
         return
     targets = d.targets or tuple(job.ranks)
-    resume = snapshots.resume_step(job)  # every rank is told the same step
+    # every rank is told the same step; only commands that start a trainer carry it
+    resume = snapshots.resume_step(job) if d.verdict in _RESUMING else None
     data = convert.command_for(d, cid, restarts=job.restarts,
                                resume_step=resume).SerializeToString()
     fan = None
     if received is not None and d.verdict in _TIMED and metrics:
         n = sum(1 for r in targets if (rs := job.ranks.get(r)) and rs.conn is not None)
         fan = FanOut(n, received, metrics.fault_to_command.observe) if n else None
+    peers = snapshots.replica_peers(job, d.verdict)  # each rank's replica holder
     for r in targets:
         rs = job.ranks.get(r)
         if rs is None:
@@ -64,7 +71,8 @@ def send(job: JobState, d: Decision, metrics: ArbiterMetrics | None,
                 d, rid, replace=True, restarts=job.restarts,
                 resume_step=resume).SerializeToString(), fan)
         else:
-            _queue(rs, d.verdict, cid, data, fan)
+            _queue(rs, d.verdict, cid, snapshots.with_replica_peer(data, peers.get(r, "")),
+                   fan)
 
 
 def _queue(rs: RankState, verdict: Verdict, cid: str, data: bytes,
@@ -73,9 +81,8 @@ def _queue(rs: RankState, verdict: Verdict, cid: str, data: bytes,
     if slot == "life":
         rs.pending.clear()
     rs.pending[slot] = (cid, data)
-    conn = live(rs.conn)
-    if conn is not None:
-        conn.send(data, fan)
+    if isinstance(rs.conn, Connection):  # connection.live, inline: once per rank
+        rs.conn.send(data, fan)
 
 
 def resend(rs: RankState) -> None:

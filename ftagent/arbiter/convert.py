@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ftagent.arbiter.state import Decision, Verdict
 from ftagent.arbiter.timeline import Entry
-from ftagent.model import EXIT_REPLACE, Fault
+from ftagent.model import EXIT_REPLACE, IN_PLACE_EXITS, Fault
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.wire.checks import check_fault
 from ftagent.wire.convert import busy_to_proto, command_to_action, fault_from_proto
@@ -34,6 +34,7 @@ _COMMAND_KINDS = {
     Verdict.BUSY: pb.COMMAND_KIND_BUSY,
     Verdict.ASSIGN: pb.COMMAND_KIND_ASSIGN,
     Verdict.RETIRE_SPARE: pb.COMMAND_KIND_REPLACE,  # the spare's pod moves
+    Verdict.LAST_WORDS: pb.COMMAND_KIND_LAST_WORDS,
 }
 
 
@@ -55,8 +56,8 @@ def command_for(d: Decision, command_id: str, *, replace: bool = False,
     if d.verdict is Verdict.RETIRE_SPARE:
         cmd.exit_code = EXIT_REPLACE
     elif d.verdict is Verdict.REPLACE:
-        if replace:
-            cmd.exit_code = EXIT_REPLACE
+        if replace:  # an in-place tier's own code (arbiter/ladder.py), else move the pod
+            cmd.exit_code = d.exit_code if d.exit_code in IN_PLACE_EXITS else EXIT_REPLACE
         else:
             cmd.kind = pb.COMMAND_KIND_RESTART
         if d.rank is not None:

@@ -30,6 +30,7 @@ from ftagent.arbiter.ledger import CATEGORIES, INCIDENTS_KEPT, Incident, Ledger
 from ftagent.arbiter.state import JobPhase, JobState
 from ftagent.arbiter.timeline import Entry
 from ftagent.wire import limits
+from ftagent.wire.exit_note import ExitNote
 
 log = logging.getLogger("ftagent.arbiter.history")
 
@@ -330,6 +331,9 @@ class History:
                  max_jobs: int = MAX_PAST_JOBS_TOTAL,
                  per_namespace: int = MAX_PAST_JOBS) -> None:
         self.store: HistoryStore = store or NoStore()
+        # Does a store keep what is written (--state-dir, the cluster's records)? In memory
+        # only, records are not built on the way (the live job is what status reads).
+        self.durable = not isinstance(self.store, NoStore)
         self.retention = retention
         self.max_jobs = max_jobs
         self.per_namespace = per_namespace
@@ -350,6 +354,12 @@ class History:
         for k, rec in self.past.items():  # a running job's record may predate its last entry
             rec.last_seen = max(rec.last_seen, last_ts.get(k, 0.0))
         return [e for e in got.entries if (e.namespace, e.job) in self.past]
+
+    def take_exits(self) -> list[ExitNote]:
+        """Exit notes agents left in the store's directory (wire/exit_note.py), each once;
+        [] for a store that has none."""
+        take = getattr(self.store, "take_exits", None)
+        return take() if callable(take) else []
 
     def entry(self, e: Entry) -> None:
         self.store.record(e)

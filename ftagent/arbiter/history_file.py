@@ -4,7 +4,8 @@ One file, ``DIR/history.jsonl``, one JSON object a line: ``{"t": "e", ...}`` a t
 entry, ``{"t": "j", ...}`` a job's latest record (a later one replaces an earlier one),
 ``{"t": "f", "namespace", "job"}`` the job was forgotten. Each line is one ``write`` on
 an ``O_APPEND`` descriptor, so a SIGKILLed arbiter loses nothing it wrote and a torn
-write leaves at most a truncated last line.
+write leaves at most a truncated last line. Beside it, ``DIR/exits/`` holds the exits
+agents could not deliver (``wire/exit_note.py``), read and removed by ``take_exits``.
 
 Bounded: the store mirrors what it keeps in memory (per job the record and the last
 ``keep_per_job`` entries, as the timeline keeps; at most ``max_jobs`` jobs). When the file
@@ -31,6 +32,8 @@ from typing import Any
 from ftagent.arbiter.history import JobRecord, Loaded
 from ftagent.arbiter.state import Culprit
 from ftagent.arbiter.timeline import KEEP_PER_JOB, MAX_ENTRY_CULPRITS, Entry
+from ftagent.wire import exit_note
+from ftagent.wire.exit_note import ExitNote
 from ftagent.wire.limits import MAX_NAME
 
 log = logging.getLogger("ftagent.arbiter.history")
@@ -230,6 +233,11 @@ class FileHistory:
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
         self.size = used
+
+    def take_exits(self) -> list[ExitNote]:
+        """Exits agents could not deliver, left in ``DIR/exits/`` (wire/exit_note.py):
+        read and removed."""
+        return exit_note.take(str(self.dir))
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

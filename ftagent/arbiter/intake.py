@@ -1,16 +1,20 @@
-"""Fault intake: faults from agents, from the cluster and from comparing ranks, decided.
+"""Fault intake: faults from agents, node agents, the cluster and comparing ranks, decided.
 
 An agent's fault is acknowledged after its decision's commands are queued (``final``
 unless the decision is still open: stacks awaited, a link down); a fault id seen before
 is acknowledged again and decided nothing. A fault no agent sent (``report``: the
-cluster's watches, a node agent, the straggler watch) is decided exactly like one. The
+cluster's watches, the straggler watch) is decided exactly like one; a node agent's
+report is routed here to the jobs with ranks on its node (``node_report``). The
 stacks of a hang probe come in here too, as does the rank timing the straggler watch
 compares (``straggler.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
 
 from ftagent.arbiter import convert, fr_verdict, policy
 from ftagent.arbiter.connection import Connection
@@ -21,13 +25,15 @@ from ftagent.arbiter.state import (
     JobPhase,
     JobState,
     RankState,
+    Slowed,
     StacksIn,
-    apply,
 )
 from ftagent.arbiter.straggler import JobTimings, RankTiming, StragglerConfig, StragglerWatch
 from ftagent.model import Fault, FaultKind, Scope, Severity
 from ftagent.v1 import ftagent_pb2 as pb
-from ftagent.wire import limits
+from ftagent.wire.limits import clip
+
+log = logging.getLogger("ftagent.arbiter")
 
 Key = tuple[str, str]  # (namespace, job)
 STRAGGLER_EVERY = 5.0  # seconds between straggler assessments (the agents' summary interval)
@@ -36,7 +42,6 @@ STRAGGLER_EVERY = 5.0  # seconds between straggler assessments (the agents' summ
 class Intake:
     def __init__(self, jobs: Jobs, clock: Callable[[], float]) -> None:
         self.jobs = jobs
-        self.journal = jobs.journal
         self.cfg = jobs.cfg
         self.metrics = jobs.metrics
         self.clock = clock
@@ -58,22 +63,18 @@ class Intake:
         try:
             fault = convert.checked_fault(m)
         except ValueError as e:
-            self.journal.note(job, now, "fault", f"unusable fault ignored: {e}", rank=rs.rank)
+            self.jobs.record(job, "fault", f"unusable fault ignored: {e}", now, rank=rs.rank)
             conn.ack(m.id, True, f"ignored: {e}")
             return
         if self.metrics:
             self.metrics.faults.labels(kind=fault.kind.value).inc()
-        self.journal.fault(job, rs, fault, now)
-        summary = f"{fault.kind.value}: {fault.message}"
-        self.journal.note(job, now, "fault", f"{fault.kind.value} ({fault.severity.value}, "
-                          f"generation {m.generation}): {fault.message}", rank=rs.rank,
-                          fault_id=fault.id)
         rep = policy.FaultReport(fault, rs.rank, m.generation,
                                  m.exit_status if m.HasField("exit_status") else None)
         decisions = policy.decide_fault(job, rep, now, self.cfg)
         final = not any(d.pending for d in decisions)
-        apply(job, FaultSeen(fault.id, final, rs.rank, summary), now)
-        self.jobs.execute(job, decisions, now, received)
+        self.jobs.execute(job, decisions, now, received, seen=FaultSeen(
+            fault.id, final, rs.rank, f"{fault.kind.value}: {fault.message}", fault,
+            m.generation))
         outcome = decisions[0].verdict.value if decisions else "recorded"
         conn.ack(fault.id, final, outcome)
 
@@ -88,17 +89,64 @@ class Intake:
         rs = j.ranks.get(rank) if rank is not None else None
         if self.metrics:
             self.metrics.faults.labels(kind=fault.kind.value).inc()
-        self.journal.fault(j, rs, fault, now)
-        self.journal.note(j, now, "fault", f"{fault.kind.value} ({fault.severity.value}, "
-                          f"generation {g}, seen by the arbiter): "
-                          f"{limits.clip(fault.message, 1000)}", rank=rank, fault_id=fault.id)
         rep = policy.FaultReport(fault, -1 if rank is None else rank, g)
         decisions = policy.decide_fault(j, rep, now, self.cfg)
         # no agent re-sends it: decided now, whatever the outcome
-        apply(j, FaultSeen(fault.id, True, rank if rs is not None else None,
-                           f"{fault.kind.value}: {fault.message}"), now)
-        self.jobs.execute(j, decisions, now)
+        self.jobs.execute(j, decisions, now, seen=FaultSeen(
+            fault.id, True, rank if rs is not None else None,
+            f"{fault.kind.value}: {fault.message}", fault, g, by_arbiter=True))
         return decisions
+
+    def node_report(self, req: pb.NodeReport, arbiter_id: str) -> pb.NodeReportAck:
+        """A node agent's report (ReportNode, checked and authorized by the server): decide
+        each fault of it for every live job with ranks on the node.
+
+        One decision per job and fault, about the job's lowest rank on the node: a REPLACE
+        moves that rank's pod, the job's other ranks (there too, or elsewhere) restart in
+        place; a second decision for another rank of the same job would spend the budget
+        twice for one fault. A GPU's fault is about the ranks whose pods hold that GPU
+        (``Hello.gpus``, ``holds_gpu``): a job whose ranks there all hold other GPUs is not
+        touched, and a rank whose GPUs are not known counts as holding it. A fault seen
+        before the job's current generation began (its wall time before the barrier opened)
+        is decided as of the generation before, so it is ignored when the pod agent's own
+        report of it already restarted the job. A node with no job is recorded in the log
+        and acknowledged: nothing to decide.
+        """
+        now = self.clock()
+        on_node = self.jobs.nodes.ranks_on_node(req.node)
+        ack = pb.NodeReportAck(arbiter_id=arbiter_id, ranks=len(on_node))
+        for m in req.faults:
+            try:
+                fault = convert.fault_from_proto(m)
+            except ValueError as e:
+                ack.acks.add(fault_id=m.id, final=True, outcome=f"ignored: {e}")
+                continue
+            fault = replace(fault, message=f"node {req.node}: {fault.message}")
+            lowest: dict[tuple[str, str], RankState] = {}
+            for job, rs in on_node:  # sorted by job, then rank
+                if fault.kind is not FaultKind.GPU or \
+                        holds_gpu(rs.gpus, fault.evidence) is not False:
+                    lowest.setdefault((job.namespace, job.job), rs)
+            spared = sorted({_name(j.namespace, j.job) for j, _ in on_node}
+                            - {_name(*key) for key in lowest})
+            outcomes = []
+            for (namespace, name), rs in lowest.items():
+                job = self.jobs.jobs[(namespace, name)]
+                g = job.generation
+                if g > 0 and job.barrier is not None and \
+                        fault.detected_at < job.barrier.opened_at:
+                    g -= 1
+                decided = self.report(namespace, name, fault, now, rank=rs.rank, generation=g)
+                what = decided[0].verdict.value if decided else "already received"
+                outcomes.append(f"{_name(namespace, name)} rank {rs.rank}: {what}")
+            if spared:
+                outcomes.append(f"{', '.join(spared)}: not on that GPU")
+            if not outcomes:
+                log.info("node %s: %s fault %s, and no job has ranks on it: recorded (%s)",
+                         req.node, fault.kind.value, fault.id, clip(fault.message, 300))
+                outcomes.append(f"no job has ranks on node {req.node}: recorded")
+            ack.acks.add(fault_id=m.id, final=True, outcome=clip("; ".join(outcomes), 200))
+        return ack
 
     def stacks(self, job: JobState, rs: RankState, m: pb.Stacks, now: float) -> None:
         if job.hang_probe is None or rs.stack is not None:
@@ -112,8 +160,7 @@ class Intake:
         else:
             change = StacksIn(rs.rank, f"{policy.NO_STACK}stacks of {size} bytes (over "
                               f"{policy.MAX_STACKS})", None)
-        apply(job, change, now)
-        self.journal.note(job, now, "stacks", f"stacks received ({size} bytes)", rank=rs.rank)
+        self.jobs.apply(job, change._replace(size=size), now)
         self.jobs.execute(job, policy.decide_stacks(job, now, self.cfg), now)
 
     # ------------------------------------------------------------------ stragglers
@@ -126,8 +173,7 @@ class Intake:
             at = min(now, p.ts) if p.ts > 0 else (now if rs.last_step_at is None
                                                   else rs.last_step_at)
             # waited on a slow rank (means over this summary's last timed steps)
-            self.journal.ledger(job, now).slowed(jt.slowdown(now), at, step=p.step,
-                                                 over=p.timed_steps)
+            self.jobs.apply(job, Slowed(jt.slowdown(now), at, p.step, p.timed_steps), now)
 
     def _timings(self, job: JobState) -> JobTimings:
         key = (job.namespace, job.job)
@@ -162,3 +208,28 @@ class Intake:
                 fault = Fault(FaultKind.STRAGGLER, f.message, severity=Severity.WARNING,
                               scope=Scope.POD, evidence=f.evidence, detected_at=now)
                 self.report(job.namespace, job.job, fault, now, rank=f.rank)
+
+
+def holds_gpu(gpus: Sequence[str], evidence: Mapping[str, Any]) -> bool | None:
+    """Does a pod holding ``gpus`` (UUIDs or the node's indices, ``Hello.gpus``) hold the
+    GPU a node fault's ``evidence`` names (its ``uuid`` and ``gpu`` index)? None when it
+    cannot be told: no GPUs given, an NVSwitch fault (``gpu`` < 0: every GPU), a MIG slice
+    (its parent GPU is not named), or an id of a kind the evidence lacks."""
+    want = str(evidence.get("uuid") or "").lower()
+    index = evidence.get("gpu")
+    if not gpus or not isinstance(index, int) or index < 0:
+        return None
+    for g in gpus:
+        if g.startswith("GPU-") and want:
+            if g.lower() == want:
+                return True
+        elif g.isdigit():
+            if int(g) == index:
+                return True
+        else:
+            return None
+    return False
+
+
+def _name(namespace: str, job: str) -> str:
+    return f"{namespace}/{job}" if namespace else job

@@ -1,41 +1,49 @@
 """The jobs: what agents tell changes them, decisions are carried out.
 
-Every change of a job goes through ``state.apply`` (a Hello, a progress summary, an
-arrival, an exit, a decision); this part turns checked messages into those changes, asks
-the barrier what an arrival or a Hello decides, and ``execute``s decisions: apply, write
-down (``journal.py``), queue the commands (``commands.py``), tell the listeners. It runs
-on the server's event loop only (no locks) and never blocks.
+Every change of a job goes through ``Jobs.apply``: ``state.apply`` (the one place a job
+changes: a Hello, a progress summary, an arrival, an exit, a decision), then each
+observer subscribed to that kind of change (``subscribe``: the journal writes the
+timeline, the history and the goodput ledger from them). This part turns checked
+messages into those changes, asks the barrier what an arrival or a Hello decides, and
+``execute``s decisions: apply, queue the commands (``commands.py``), tell the decision
+listeners (the cluster's actions). Nothing here writes the timeline or the ledger. It
+runs on the server's event loop only (no locks) and never blocks.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+import secrets
+from collections.abc import Callable, Iterable, Mapping
 
 import grpc
 
-from ftagent.arbiter import barrier, commands, convert, policy
+from ftagent.arbiter import barrier, commands, convert, policy, snapshots, state
 from ftagent.arbiter.connection import Connection, live
-from ftagent.arbiter.journal import Journal
+from ftagent.arbiter.history import History
 from ftagent.arbiter.nodemap import NodeMap
 from ftagent.arbiter.state import (
     Arrived,
+    Change,
     Decision,
     Exited,
     FaultSeen,
+    Forgotten,
     JobState,
     Left,
+    Noted,
     Owned,
+    Preflighted,
     Progressed,
     Promoted,
     RankState,
     Registered,
+    Revived,
     Settled,
     SpareArrived,
     SpareJoined,
     SpareLeft,
     Verdict,
-    apply,
     replaced_gone,
 )
 from ftagent.metrics import ArbiterMetrics
@@ -48,15 +56,17 @@ log = logging.getLogger("ftagent.arbiter.registry")
 Key = tuple[str, str]  # (namespace, job)
 # Called with (job, decision, now) after each executed decision (add_decision_listener).
 DecisionListener = Callable[[JobState, Decision, float], None]
+# Called with (job, change, now) after ``state.apply`` applied a change (``subscribe``).
+Observer = Callable[[JobState, Change, float], None]
 
 
 class Jobs:
-    def __init__(self, cfg: policy.PolicyConfig, journal: Journal,
+    def __init__(self, cfg: policy.PolicyConfig, history: History,
                  metrics: ArbiterMetrics | None, arbiter_id: str,
                  clock: Callable[[], float], *, restart_ceiling: int,
                  max_ranks_per_job: int) -> None:
         self.cfg = cfg
-        self.journal = journal
+        self.history = history  # read only: the ranks' owners a record kept
         self.metrics = metrics
         self.arbiter_id = arbiter_id
         self.clock = clock
@@ -71,9 +81,34 @@ class Jobs:
         self.nodes = NodeMap(self.jobs)
         self.connected = 0
         self.listeners: list[DecisionListener] = []
-        # Jobs whose ranks' owners changed since their history record was last written:
-        # the registry's tick writes them (a note in between writes them sooner).
-        self.unsaved_owners: set[Key] = set()
+        self._observers: dict[type, list[Observer]] = {}
+        # The secret every job's replica key is derived from (snapshots.welcome_replica):
+        # this process's own, never sent; agents get their job's key with each Welcome
+        # (after a restart or failover: the new arbiter's).
+        self.replica_secret = secrets.token_bytes(32)
+
+    # ------------------------------------------------------------------ changes
+
+    def subscribe(self, fn: Observer, kinds: Iterable[type]) -> None:
+        """Call ``fn(job, change, now)`` after each change of these kinds is applied (on
+        the loop; it must not block). The journal subscribes here."""
+        for k in kinds:
+            self._observers.setdefault(k, []).append(fn)
+
+    def apply(self, job: JobState, change: Change, now: float) -> None:
+        """``state.apply``, then the observers of what it applied (and of what it derived:
+        the job finished)."""
+        derived = state.apply(job, change, now)
+        for fn in self._observers.get(type(change), ()):
+            fn(job, change, now)
+        if derived is not None:
+            for fn in self._observers.get(type(derived), ()):
+                fn(job, derived, now)
+
+    def record(self, job: JobState, kind: str, message: str, now: float, *,
+               rank: int | None = None, fault_id: str = "", action: str = "") -> None:
+        """A fact for the timeline that changes nothing (``state.Noted``)."""
+        self.apply(job, Noted(kind, message, rank, fault_id, action), now)
 
     # ------------------------------------------------------------------ streams
 
@@ -93,19 +128,18 @@ class Jobs:
             return
         rs = job.ranks.get(h.rank) if job is not None else None
         # the rank's owner: the job's, or (no live job: an arbiter restart) its record's
-        carried = self.journal.history.owners(key) if job is None else {}
+        carried = self.history.owners(key) if job is None else {}
         self._admit(conn, h, rs, job.owners.get(h.rank) if job is not None
                     else carried.get(h.rank))
-        note = self.journal.note
         same_agent = rs is not None and bool(h.agent_instance) \
             and rs.instance == h.agent_instance
         if job is not None and job.finished and job.connected == 0 and not same_agent:
             # Every agent of the finished run is gone: this Hello starts a new run. (Not
             # when it is one of them, back to say again how its rank ended: its link keeps
             # the exit until an arbiter confirms it read it. A new run is new agents.)
-            note(job, now, "agent", f"a new run of the job starts (the previous one "
-                 f"{job.phase.value}{': ' + job.stop_reason if job.stop_reason else ''})",
-                 rank=h.rank)
+            self.record(job, "agent", f"a new run of the job starts (the previous one "
+                        f"{job.phase.value}{': ' + job.stop_reason if job.stop_reason else ''})",
+                        now, rank=h.rank)
             del self.jobs[key]
             job = rs = None
         if job is None:
@@ -117,55 +151,52 @@ class Jobs:
             job = self.jobs[key] = JobState(job=h.job, namespace=h.namespace,
                                             world_size=h.world_size, max_restarts=budget)
             if carried:
-                apply(job, Owned(tuple((r, p, u) for r, (p, u) in carried.items())), now)
-            self.journal.ledger(job, now, h.generation,
-                                midway=h.generation > 0 or h.trainer_running)
+                self.apply(job, Owned(tuple((r, p, u) for r, (p, u) in carried.items())),
+                           now)
             self.gauges()
         elif h.HasField("max_restarts") and h.max_restarts != job.max_restarts:
-            note(job, now, "agent", f"asks for a restart budget of {h.max_restarts}; the "
-                 f"job's is {job.max_restarts}, fixed by its first registration", rank=h.rank)
+            self.record(job, "agent", f"asks for a restart budget of {h.max_restarts}; the "
+                        f"job's is {job.max_restarts}, fixed by its first registration", now,
+                        rank=h.rank)
         if h.world_size != job.world_size:
-            note(job, now, "agent", f"says world size {h.world_size}, the job had "
-                 f"{job.world_size}: using the larger", rank=h.rank)
+            self.record(job, "agent", f"says world size {h.world_size}, the job had "
+                        f"{job.world_size}: using the larger", now, rank=h.rank)
         known = rs is not None
         old = live(rs.conn) if rs is not None else None
         if rs is not None and old is not None and old is not conn:
             old.reject(grpc.StatusCode.ABORTED, f"rank {h.rank} of job {h.job} registered "
                        f"again from {h.pod or conn.peer}: this stream is replaced", "superseded")
-            note(job, now, "agent", f"re-registered from {h.pod or conn.peer} (the "
-                 f"previous stream from {rs.pod or old.peer} is closed)", rank=h.rank)
+            self.record(job, "agent", f"re-registered from {h.pod or conn.peer} (the "
+                        f"previous stream from {rs.pod or old.peer} is closed)", now,
+                        rank=h.rank)
         fresh = rs is None or rs.conn is None
-        owners_were = job.owners_print
         # a REPLACE the rank's previous pod never acknowledged (it died with its node)
         # is that pod's, not its successor's: a new pod (another name or uid) is not
-        # replaced in turn, it rejoins (barrier.decide_hello)
+        # replaced in turn, it rejoins (barrier.decide_hello); nor is a new agent process
+        # of the same pod (a pod-level tier restarted it in place: arbiter/ladder.py)
         if rs is not None and ((h.pod and rs.pod and h.pod != rs.pod) or (
-                conn.pod_uid and rs.pod_uid and conn.pod_uid != rs.pod_uid)):
+                conn.pod_uid and rs.pod_uid and conn.pod_uid != rs.pod_uid) or (
+                h.agent_instance and rs.instance and h.agent_instance != rs.instance)):
             commands.forget_replace(rs)
-        apply(job, Registered(
+        if fresh:
+            self.connected += 1
+            self.gauges()
+        self.apply(job, Registered(
             rank=h.rank, pod=h.pod, node=h.node, state=h.state, instance=h.agent_instance,
             pod_uid=conn.pod_uid, gpus=tuple(h.gpus), generation=h.generation,
             released_generation=h.released_generation
             if h.HasField("released_generation") else -1,
             running=h.trainer_running, restart_count=h.restart_count,
-            world_size=h.world_size, alert_only=h.alert_only, conn=conn), now)
+            world_size=h.world_size, alert_only=h.alert_only, conn=conn,
+            peer=h.pod or conn.peer, known=known, fresh=fresh), now)
         rs = job.ranks[h.rank]
-        if job.owners_print != owners_were:
-            self.unsaved_owners.add(key)
         self.nodes.index(key, rs)
         conn.key, conn.rank = key, h.rank
-        if fresh:
-            self.connected += 1
-            self.gauges()
-            if known:
-                note(job, now, "agent", f"reconnected ({h.pod or conn.peer}, generation "
-                     f"{h.generation}{', trainer running' if h.trainer_running else ''})",
-                     rank=h.rank)
-            elif job.connected == job.world_size:
-                note(job, now, "agent", f"all {job.world_size} ranks connected")
-        conn.send(pb.ArbiterMessage(welcome=pb.Welcome(
-            generation=job.generation, arbiter_id=self.arbiter_id,
-            max_restarts=job.max_restarts, restarts=job.restarts)).SerializeToString())
+        snapshots.hello_replica(job, h.rank, h.node, conn.peer, h.replica_port)
+        welcome = pb.Welcome(generation=job.generation, arbiter_id=self.arbiter_id,
+                             max_restarts=job.max_restarts, restarts=job.restarts)
+        snapshots.welcome_replica(welcome, job, h.rank, self.replica_secret)
+        conn.send(pb.ArbiterMessage(welcome=welcome).SerializeToString())
         commands.resend(rs)
         self.execute(job, barrier.decide_hello(job, h.rank, now), now)
 
@@ -191,11 +222,14 @@ class Jobs:
             raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"job {h.job} has "
                           f"{len(job.spares)} spares, the most it keeps; this one "
                           f"({h.pod or conn.peer}) is refused", "too_many_spares")
-        apply(job, SpareJoined(h.agent_instance, h.pod, h.node, conn.pod_uid, conn), now)
+        self.apply(job, SpareJoined(h.agent_instance, h.pod, h.node, conn.pod_uid, conn,
+                                    h.pod or conn.peer, h.rank if told else None), now)
         conn.key, conn.rank, conn.spare = (h.namespace, h.job), -1, h.agent_instance
-        conn.send(pb.ArbiterMessage(welcome=pb.Welcome(
-            generation=job.generation, arbiter_id=self.arbiter_id,
-            max_restarts=job.max_restarts, restarts=job.restarts)).SerializeToString())
+        snapshots.spare_replica(job, h.agent_instance, h.node, conn.peer, h.replica_port)
+        welcome = pb.Welcome(generation=job.generation, arbiter_id=self.arbiter_id,
+                             max_restarts=job.max_restarts, restarts=job.restarts)
+        snapshots.welcome_replica(welcome, job, None, self.replica_secret)
+        conn.send(pb.ArbiterMessage(welcome=welcome).SerializeToString())
         if told:
             holder = job.ranks[h.rank]
             reason = (f"rank {h.rank} is held by spare {holder.pod or holder.instance}, which "
@@ -204,9 +238,6 @@ class Jobs:
             conn.send(pb.ArbiterMessage(command=pb.Command(
                 id=f"spare-{h.agent_instance}", kind=pb.COMMAND_KIND_SPARE,
                 generation=job.generation, reason=reason)).SerializeToString())
-        else:
-            reason = f"spare {h.pod or conn.peer} connected ({len(job.spares)} spare(s))"
-        self.journal.note(job, now, "agent", reason, rank=h.rank if told else None)
 
     def spare_arrival(self, conn: Connection, generation: int) -> None:
         """The spare on ``conn`` arrives at the barrier of ``generation``: if it was
@@ -218,7 +249,7 @@ class Jobs:
         if job is None or sp is None or sp.conn is not conn or sp.assigned is None \
                 or sp.assigned < 0 or generation < sp.generation:
             return
-        apply(job, SpareArrived(sp.instance, generation), self.clock())
+        self.apply(job, SpareArrived(sp.instance, generation), self.clock())
         self.promote_waiting(job, sp.assigned)
 
     def promote_waiting(self, job: JobState, rank: int) -> None:
@@ -233,18 +264,13 @@ class Jobs:
         conn = live(sp.conn)
         if old is not None and live(old.conn) is not None:
             self.connected -= 1  # that stream's end is not counted again (lookup: superseded)
-        owners_were = job.owners_print
         now = self.clock()
-        apply(job, Promoted(sp.instance, rank), now)
+        self.apply(job, Promoted(sp.instance, rank), now)
         if conn is not None:
             conn.rank, conn.spare = rank, ""
         self.connected += 1
         rs = job.ranks[rank]
         self.nodes.index(key, rs)
-        if job.owners_print != owners_were:
-            self.unsaved_owners.add(key)
-        self.journal.note(job, now, "agent", f"spare {sp.pod or sp.instance} is rank "
-                          f"{rank} now (generation {sp.generation})", rank=rank)
         self.arrival(job, rs, sp.arrived, now)
 
     def spare_fault(self, conn: Connection, m: pb.Fault, now: float) -> None:
@@ -260,7 +286,7 @@ class Jobs:
             conn.ack(m.id, True, f"ignored: {e}")
             return
         decisions = policy.decide_spare_fault(job, sp, fault)
-        apply(job, FaultSeen(fault.id, True), now)
+        self.apply(job, FaultSeen(fault.id, True), now)
         self.execute(job, decisions, now)
         conn.ack(fault.id, True, decisions[0].verdict.value if decisions else "recorded")
 
@@ -299,37 +325,33 @@ class Jobs:
             job = self.jobs.get(conn.key) if conn.key is not None else None
             sp = job.spares.get(conn.spare) if job is not None else None
             if job is not None and sp is not None and sp.conn is conn:
-                apply(job, SpareLeft(sp.instance), self.clock())
-                if not job.finished:
-                    self.journal.note(job, job.last_seen, "agent", f"spare "
-                                      f"{sp.pod or sp.instance} disconnected")
+                self.apply(job, SpareLeft(sp.instance, sp.pod or sp.instance), self.clock())
             return
         job, rs = self.lookup(conn)
         if job is None or rs is None:
             return
-        apply(job, Left(rs.rank), self.clock())
+        self.connected -= 1
+        self.apply(job, Left(rs.rank), self.clock())
         if job.spares:  # a spare may wait for this replaced rank's agent to be gone
             self.promote_waiting(job, rs.rank)
-        self.connected -= 1
         self.gauges()
-        if not job.finished:
-            self.journal.note(job, job.last_seen, "agent", "disconnected", rank=rs.rank)
-        if job.connected == 0:
-            self.journal.save(job, job.last_seen)
 
     # ------------------------------------------------------------------ agent messages
 
     def progress(self, job: JobState, rs: RankState, p: pb.ProgressSummary,
                  now: float) -> None:
-        apply(job, Progressed(rs.rank, p.step, p.hung, p.loss if p.HasField("loss") else None,
-                              p.samples_per_second, p.tokens_per_second,
-                              now - max(0.0, p.seconds_since_progress)), now)
-        self.journal.progress(job, rs, p, now)
+        self.apply(job, Progressed(
+            rs.rank, p.step, p.hung, p.loss if p.HasField("loss") else None,
+            p.samples_per_second, p.tokens_per_second,
+            now - max(0.0, p.seconds_since_progress), ts=p.ts,
+            resumed=(p.resumed_step, p.resume_source) if p.HasField("resumed_step")
+            else None, phases=(p.checkpoint_seconds, p.other_phase_seconds)), now)
 
-    def arrival(self, job: JobState, rs: RankState, a: int, now: float) -> None:
+    def arrival(self, job: JobState, rs: RankState, a: int, now: float,
+                preflight: float = 0.0) -> None:
         if not 0 <= a <= max(job.generation, limits.MAX_CLAIMED_GENERATION):
             return  # no agent sends this (the server refuses it at the edge too)
-        apply(job, Arrived(rs.rank, a), now)
+        self.apply(job, Arrived(rs.rank, a), now)
         if a > job.generation:
             # Only an arrival above the job's generation can change what reconcile
             # decides: ranks running alone or behind were already seen in their
@@ -342,6 +364,8 @@ class Jobs:
                 d.verdict is Verdict.RELEASE_BARRIER and not d.targets for d in decisions):
             self.metrics.barrier_seconds.observe(now - b.first_arrival_at)
         self.execute(job, decisions, now)
+        if preflight > 0:  # its own ledger category
+            self.apply(job, Preflighted(rs.rank, a, preflight), now)
 
     def exit(self, job: JobState, rs: RankState, m: pb.TrainerExit, now: float) -> None:
         sig = m.signal if m.HasField("signal") else None
@@ -349,42 +373,81 @@ class Jobs:
         status = 128 + sig if sig is not None else (code or 0)
         if rs.exit_heard == (m.generation, status):
             return  # said again on a new stream: the agent did not know it was read
-        was = job.phase
-        apply(job, Exited(rs.rank, m.generation, status), now)
-        how = f"signal {sig}" if sig is not None else f"code {code}"
-        self.journal.note(job, now, "exit", f"trainer of generation {m.generation} exited "
-                          f"with {how}", rank=rs.rank)
+        self.apply(job, Exited(rs.rank, m.generation, status, sig), now)
         if job.spares:  # a spare may wait for this replaced rank's trainer to be gone
             self.promote_waiting(job, rs.rank)
-        if job.phase is not was and job.finished:
-            self.journal.succeeded(job, now)
-            self.journal.note(job, now, "decision", f"every rank exited 0: job succeeded at "
-                              f"generation {job.generation}", action="succeeded")
+
+    def exits_seen(self, namespace: str, name: str,
+                   exits: Mapping[int, tuple[int | None, int]], via: str,
+                   now: float) -> bool:
+        """Exits the ranks' agents could not deliver, read where they are left (``via``:
+        the pods' terminal status in the cluster, the exit notes of --state-dir): rank ->
+        (generation, or None for the one its agent last said; status). Each counts for a
+        rank whose agent is not connected and whose exit of that generation was not heard;
+        a job of the history that did not finish is taken live again (``Revived``) to
+        hear them, so its status says succeeded or failed, not gone. Returns whether the
+        job is over or unknown: nothing more to read for it."""
+        key = (namespace, name)
+        job = self.jobs.get(key)
+        if job is None:
+            rec = self.history.past.get(key)
+            if rec is None or rec.finished:
+                return True
+            if not exits:
+                return False
+            world = max(1, min(rec.world_size, self.max_ranks_per_job))
+            job = self.jobs[key] = JobState(job=name, namespace=namespace, world_size=world,
+                                            generation=rec.generation, restarts=rec.restarts,
+                                            max_restarts=rec.max_restarts,
+                                            alert_only=rec.alert_only)
+            carried = self.history.owners(key)
+            if carried:
+                self.apply(job, Owned(tuple((r, p, u) for r, (p, u) in carried.items())),
+                           now)
+            said = max((g for g, _ in exits.values() if g is not None), default=-1)
+            self.apply(job, Revived(max(rec.generation, said)), now)
+            self.record(job, "agent", f"no agent for {max(0.0, now - rec.last_seen):.0f}s "
+                        f"(gone before this arbiter's term): its ranks' exits read from "
+                        f"{via}", now)
+            self.gauges()
+        elif job.connected == 0 and not job.finished and any(
+                r not in job.ranks for r in exits if r < job.world_size):
+            # ranks whose agents never reached this arbiter (it started after they ended)
+            self.apply(job, Revived(job.generation), now)
+        for rank, (generation, status) in sorted(exits.items()):
+            if job.finished:
+                break
+            rs = job.ranks.get(rank)
+            g = rs.generation if rs is not None and generation is None else generation
+            if rs is None or rs.connected or g is None or (
+                    rs.exit_heard is not None and rs.exit_heard[0] >= g):
+                continue
+            self.apply(job, Exited(rank, g, status, None, via), now)
+        return job.finished
 
     # ------------------------------------------------------------------ decisions
 
     def execute(self, job: JobState, decisions: Iterable[Decision], now: float,
-                received: float | None = None) -> None:
-        """Apply each decision, record it, and queue its commands on the ranks' streams;
-        then tell the decision listeners (the agents' commands are queued first)."""
+                received: float | None = None, seen: FaultSeen | None = None) -> None:
+        """Apply each decision (its observers write it down) and queue its commands on the
+        ranks' streams; then tell the decision listeners (the agents' commands are queued
+        first). ``seen``: the fault these decisions are about, applied first."""
+        if seen is not None:
+            self.apply(job, seen, now)
         if not decisions and isinstance(decisions, list):
             return  # most arrivals and Hellos decide nothing
         last = ""
         done: list[Decision] = []
         for d in decisions:
             done.append(d)
-            apply(job, d, now)
-            self.journal.decided(job, d, now)
+            self.apply(job, d, now)
             last = d.verdict.value
-            kind = "barrier" if d.verdict is Verdict.RELEASE_BARRIER else "decision"
-            self.journal.note(job, now, kind, d.reason, rank=d.rank, fault_id=d.fault_id,
-                              action=d.verdict.value, culprits=d.culprits)
             if self.metrics:
                 self.metrics.decisions.labels(action=d.verdict.value).inc()
             commands.send(job, d, self.metrics, received)
         if last and job.open_faults:
             settled = dict(job.open_faults)
-            apply(job, Settled(), now)
+            self.apply(job, Settled(), now)
             if not job.open_faults:
                 commands.settle(job, settled, last)
         for d in done if self.listeners else ():
@@ -394,19 +457,11 @@ class Jobs:
                 except Exception:  # a listener's bug must not stop the decisions
                     log.exception("decision listener %r failed", fn)
 
-    def save_owners(self) -> None:
-        """Write the history record of each job whose ranks' owners changed (the tick)."""
-        for key in self.unsaved_owners:
-            job = self.jobs.get(key)
-            if job is not None:
-                self.journal.save(job, self.clock())
-        self.unsaved_owners.clear()
-
     def forget(self, key: Key, job: JobState) -> None:
         """Drop a job nobody ran for long: only its history record stays."""
+        self.apply(job, Forgotten(), self.clock())
         del self.jobs[key]
         self.nodes.unindex(key)
-        self.journal.retire(key, job)
         self.gauges()
 
     def gauges(self) -> None:

@@ -311,8 +311,13 @@ class Ledger:
             return
         inc = self._incident(generation)
         if inc is not None and inc.first_step_at is None:
+            said = source if source in SNAPSHOT_SOURCES else "reported"
+            if inc.resumed == step and inc.resume_source in SNAPSHOT_SOURCES and said in \
+                    SNAPSHOT_SOURCES and SNAPSHOT_SOURCES.index(said) < \
+                    SNAPSHOT_SOURCES.index(inc.resume_source):
+                return  # ranks resumed from different rungs: the slowest one is the job's
             inc.resumed = step
-            inc.resume_source = source if source in SNAPSHOT_SOURCES else "reported"
+            inc.resume_source = said
 
     def phases(self, rank: int, generation: int, seconds: tuple[float, ...],
                at: float) -> None:

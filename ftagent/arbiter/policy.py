@@ -81,7 +81,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ftagent.arbiter import fr_verdict
+from ftagent.arbiter import fr_verdict, ladder
 from ftagent.arbiter.barrier import barrier_expired, rank_list
 from ftagent.arbiter.state import (
     Culprit,
@@ -214,9 +214,12 @@ def restart_or_stop(job: JobState, reason: str, rep: FaultReport, cfg: PolicyCon
                                 f"takes rank {replace} at generation {g + 1}", g + 1,
                                 rank=replace, fault_id=rep.fault.id, spare=spare.instance))
         return out
-    return [Decision(Verdict.RESTART, f"{reason}{clause}; every rank restarts at generation "
-                     f"{g + 1} ({spent})", g + 1, rank=one, fault_id=rep.fault.id,
-                     culprits=named)]
+    d = Decision(Verdict.RESTART, f"{reason}{clause}; every rank restarts at generation "
+                 f"{g + 1} ({spent})", g + 1, rank=one, fault_id=rep.fault.id, culprits=named)
+    # the recovery ladder's tier for it (ladder.py): a pod-level one where the culprit's
+    # process restart did not clear it and its pod and node have one
+    rs = job.ranks.get(one) if one is not None else None
+    return [ladder.carry_out(d, rep.fault.kind.value, rs.tiers if rs is not None else None)]
 
 
 def culprits_of(job: JobState, ranks: Sequence[int]) -> tuple[Culprit, ...]:
@@ -256,6 +259,20 @@ def decide_spare_fault(job: JobState, spare: SpareState, fault: Fault) -> list[D
         fault.severity is Severity.FATAL or fault.scope is Scope.NODE or (
             fault.kind is FaultKind.NIC and fault.severity is Severity.ERROR
             and not fault.evidence.get("recovered")))
+    if fatal and spare.assigned is not None and spare.assigned >= 0:
+        # assigned, not arrived yet: its preflight on ASSIGN failed. It never takes the
+        # rank; the next spare does, else the rank's own recreated pod
+        rank = spare.assigned
+        out = [Decision(Verdict.RETIRE_SPARE, f"{where}: not used for rank {rank}, retired "
+                        "as a spare (it exits with the replace status; its pod moves)", g,
+                        rank=rank, fault_id=fault.id, spare=spare.instance)]
+        nxt = pick_spare(job, rank)
+        if nxt is not None and nxt.instance != spare.instance:
+            on = f" on node {nxt.node}" if nxt.node else ""
+            out.append(Decision(Verdict.ASSIGN, f"spare {nxt.pod or nxt.instance}{on} takes "
+                                f"rank {rank} at generation {g}", g, rank=rank,
+                                fault_id=fault.id, spare=nxt.instance))
+        return out
     if not fatal or spare.assigned is not None:
         return [Decision(Verdict.ALERT_ONLY, f"{where} (a spare: recorded)", g,
                          fault_id=fault.id)]

@@ -110,6 +110,7 @@ class Readout:
         snap = snapshots.resume_step(job)
         if snap is not None:
             info.snapshot_step = snap
+        info.replicas = snapshots.replica_summary(job)
         s = self.journal.current(job)
         led = s.ledger if s is not None else None
         if led is not None:

@@ -6,10 +6,12 @@ holds the parts, each with one job, and routes to them:
 - ``connection.py``: one agent's stream (an outbox its writer drains); ``commands.py``:
   a decision's command queued on its targets' streams, re-sent on reconnect.
 - ``jobs.py``: job state -- Hellos, progress, arrivals, exits and decisions, each a change
-  ``state.apply`` makes (the one place a job changes); ``execute`` carries decisions out.
+  ``state.apply`` makes (the one place a job changes), then published to the observers
+  subscribed to its kind; ``execute`` carries decisions out.
 - ``intake.py``: faults from agents, from the cluster and from comparing ranks
   (stragglers), stacks of a hang probe; decided by the policy (``policy.py``).
-- ``journal.py``: timeline, history, counters and the goodput ledger's feed.
+- ``journal.py``: timeline, history, counters and the goodput ledger's feed: an observer
+  of the applied changes (nothing calls it to write).
 - ``nodemap.py``: which ranks run on a node, in a pod (the cluster's hooks).
 - ``readout.py``: status and the exporter's view.
 
@@ -22,7 +24,7 @@ released generation) rebuild what matters.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from ftagent.arbiter import commands, policy
 from ftagent.arbiter.connection import Connection, FanOut, Outgoing, Reject
@@ -31,7 +33,13 @@ from ftagent.arbiter.intake import STRAGGLER_EVERY, Intake
 from ftagent.arbiter.jobs import DecisionListener, Jobs
 from ftagent.arbiter.journal import Journal
 from ftagent.arbiter.readout import Readout
-from ftagent.arbiter.state import Decision, JobState, RankState, SnapshotsIn, apply
+from ftagent.arbiter.state import (
+    CapacityWait,
+    Decision,
+    JobState,
+    RankState,
+    SnapshotsIn,
+)
 from ftagent.arbiter.straggler import JobTimings
 from ftagent.arbiter.timeline import Timeline
 from ftagent.metrics import ArbiterMetrics, JobSnapshot
@@ -45,6 +53,8 @@ __all__ = ["FORGET_AFTER", "MAX_RANKS_PER_JOB", "RESTART_CEILING", "STRAGGLER_EV
 # Seconds a job with no agent left keeps its live state (a Hello continues it); then
 # only its history record is kept, until --history-retention after its last agent left.
 FORGET_AFTER = 3600.0
+# Seconds between two looks for exit notes agents left in --state-dir (wire/exit_note.py).
+EXIT_NOTES_EVERY = 2.0
 # Defaults of --restart-ceiling and --max-ranks-per-job: what one job's agents may ask for.
 RESTART_CEILING = 100
 MAX_RANKS_PER_JOB = 100_000
@@ -61,9 +71,11 @@ class Registry:
         self.arbiter_id = arbiter_id
         self.clock = clock
         self.journal = Journal(timeline, history or History(), clock)
-        self._jobs = Jobs(cfg, self.journal, metrics, arbiter_id, clock,
+        self._jobs = Jobs(cfg, self.journal.history, metrics, arbiter_id, clock,
                           restart_ceiling=restart_ceiling, max_ranks_per_job=max_ranks_per_job)
+        self._jobs.subscribe(self.journal.observe, Journal.OBSERVES)
         self.intake = Intake(self._jobs, clock)
+        self._exit_notes_at = 0.0
         self.readout = Readout(self._jobs.jobs, self.journal, self.intake.stragglers_of,
                                clock)
 
@@ -140,9 +152,11 @@ class Registry:
             elif m.WhichOneof("body") == "arrival":
                 self._jobs.spare_arrival(conn, m.arrival.generation)
             return
-        job, rs = self._jobs.lookup(conn)
-        if job is None or rs is None:
+        job = self._jobs.jobs.get(conn.key) if conn.key is not None else None
+        rs = job.ranks.get(conn.rank) if job is not None else None
+        if rs is None or rs.conn is not conn:  # superseded by a newer stream of the rank
             return
+        assert job is not None
         now = self.clock()
         body = m.WhichOneof("body")
         if body == "progress":
@@ -153,10 +167,8 @@ class Registry:
         elif body == "fault":
             self.intake.fault(conn, job, rs, m.fault, now, received)
         elif body == "arrival":
-            self._jobs.arrival(job, rs, m.arrival.generation, now)
-            if m.arrival.preflight_seconds > 0:  # its own ledger category
-                self.journal.ledger(job, now).preflight(m.arrival.generation,
-                                                        m.arrival.preflight_seconds, now)
+            self._jobs.arrival(job, rs, m.arrival.generation, now,
+                               preflight=m.arrival.preflight_seconds)
         elif body == "exit":
             self._jobs.exit(job, rs, m.exit, now)
         elif body == "ack":
@@ -166,7 +178,7 @@ class Registry:
         elif body == "snapshots":
             steps = snapshot_steps(m.snapshots)
             if steps is not None:  # a report out of range is dropped; the next will do
-                apply(job, SnapshotsIn(rs.rank, steps), now)
+                self._jobs.apply(job, SnapshotsIn(rs.rank, steps), now)
 
     def execute(self, job: JobState, decisions: Iterable[Decision], now: float,
                 received: float | None = None) -> None:
@@ -177,7 +189,10 @@ class Registry:
     def tick(self) -> None:
         """Deadlines (stacks, links, barriers) and forgetting jobs nobody runs any more."""
         now = self.clock()
-        self._jobs.save_owners()
+        self.journal.flush(now)
+        if now >= self._exit_notes_at:
+            self._exit_notes_at = now + EXIT_NOTES_EVERY
+            self._exit_notes(now)
         self.intake.assess_stragglers(now)
         for key, job in list(self.jobs.items()):
             self._jobs.execute(job, policy.decide_tick(job, now, self.cfg), now)
@@ -189,6 +204,24 @@ class Registry:
                 self.journal.stats_of(job)
         for namespace, name in self.history.expired(now):
             self.history.drop(namespace, name)
+
+    def _exit_notes(self, now: float) -> None:
+        """Exits agents left in --state-dir while no arbiter heard them (exit_note.py)."""
+        by_job: dict[tuple[str, str], dict[int, tuple[int | None, int]]] = {}
+        for n in self.history.take_exits():
+            by_job.setdefault((n.namespace, n.job), {})[n.rank] = (n.generation, n.status)
+        for (namespace, name), exits in by_job.items():
+            self._jobs.exits_seen(namespace, name, exits, "the exit notes its agents left",
+                                  now)
+
+    def exits_seen(self, namespace: str, job: str, exits: Mapping[int, int], via: str,
+                   now: float | None = None) -> bool:
+        """The cluster's pod watch: ranks' exit statuses read from their pods' terminal
+        status (rank -> status), for ranks whose agent is not connected; a job of the
+        history that did not finish is taken live to hear them (jobs.exits_seen).
+        Returns whether the job is over or unknown (nothing more to read for it)."""
+        return self._jobs.exits_seen(namespace, job, {r: (None, s) for r, s in exits.items()},
+                                     via, self.clock() if now is None else now)
 
     # ------------------------------------------------------------------ cluster hooks
 
@@ -206,6 +239,11 @@ class Registry:
         fault of a job or rank it does not know; call it on the server's event loop.
         """
         return self.intake.report(namespace, job, fault, now, rank, generation)
+
+    def node_report(self, req: pb.NodeReport) -> pb.NodeReportAck:
+        """A node agent's (checked, authorized) report: each fault decided for the jobs
+        with ranks on its node (intake.node_report)."""
+        return self.intake.node_report(req, self.arbiter_id)
 
     def ranks_on_node(self, node: str) -> list[tuple[JobState, RankState]]:
         """Every live job's ranks whose agent said it runs on ``node`` (Hello.node)."""
@@ -230,7 +268,14 @@ class Registry:
         ledger places that time in ``capacity`` instead of ``decision``."""
         j = self.jobs.get((namespace, job))
         if j is not None and not j.finished:
-            self.journal.ledger(j, now).capacity(waiting, now)
+            self._jobs.apply(j, CapacityWait(waiting), now)
+
+    def record(self, job: JobState, kind: str, message: str, now: float, *,
+               rank: int | None = None, fault_id: str = "") -> None:
+        """A fact the cluster saw for the job's timeline that changes nothing (a planned
+        node event, a cordon not made and why): applied as ``state.Noted``, so that the
+        journal stays the one writer of the timeline."""
+        self._jobs.record(job, kind, message, now, rank=rank, fault_id=fault_id)
 
     def fault_kind(self, job: JobState, fault_id: str) -> str:
         """The kind (``model.FaultKind`` value) of a fault the job saw, "" if unknown."""

@@ -15,7 +15,7 @@ shown). A Hello's fields (``wire.checks``) and the generations of later messages
 ReportNode takes a node agent's faults (``ftagent node``): checked whole
 (``check_node_report``), allowed for the admin and that node's token only
 (``authorize_node``), then each fault is decided for every live job with ranks on the
-node (``node_report_ack``).
+node (``Registry.node_report``: the routing is the fault intake's, ``intake.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -62,13 +62,11 @@ from ftagent.arbiter.registry import (
     Registry,
     Reject,
 )
-from ftagent.arbiter.state import RankState
 from ftagent.arbiter.timeline import Entry, Timeline
 from ftagent.metrics import ArbiterMetrics, JobSnapshot
-from ftagent.model import FaultKind
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.wire.checks import Refused, check_hello, check_message, check_node_report
-from ftagent.wire.limits import OutOfRange, clip
+from ftagent.wire.limits import OutOfRange
 from ftagent.wire.tls_files import server_credentials as reloading_credentials
 
 log = logging.getLogger("ftagent.arbiter")
@@ -627,7 +625,7 @@ class ArbiterServer:
                     health(req.node, req.healthy and not req.faults)
                 except Exception:
                     log.exception("node health hook %r failed", health)
-        return node_report_ack(self.registry, req, self.arbiter_id).SerializeToString()
+        return self.registry.node_report(req).SerializeToString()
 
     async def _parse(self, cls: Any, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
         try:
@@ -636,77 +634,6 @@ class ArbiterServer:
             self.metrics.rejected.labels(reason="invalid_argument").inc()
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"not an ftagent.v1.{cls.__name__}")
-
-
-def node_report_ack(registry: Registry, req: pb.NodeReport, arbiter_id: str) -> pb.NodeReportAck:
-    """Decide each fault of a (checked) node report for every live job with ranks on the node.
-
-    One decision per job and fault, about the job's lowest rank on the node: a REPLACE
-    moves that rank's pod, the job's other ranks (there too, or elsewhere) restart in place;
-    a second decision for another rank of the same job would spend the budget twice for
-    one fault. A GPU's fault is about the ranks whose pods hold that GPU (``Hello.gpus``,
-    ``holds_gpu``): a job whose ranks there all hold other GPUs is not touched, and a rank
-    whose GPUs are not known counts as holding it. A fault seen before the job's current
-    generation began (its wall time before the barrier opened) is decided as of the
-    generation before, so it is ignored when the pod agent's own report of it already
-    restarted the job. A node with no job is recorded in the log and acknowledged: nothing
-    to decide.
-    """
-    now = registry.clock()
-    on_node = registry.ranks_on_node(req.node)
-    ack = pb.NodeReportAck(arbiter_id=arbiter_id, ranks=len(on_node))
-    for m in req.faults:
-        try:
-            fault = convert.fault_from_proto(m)
-        except ValueError as e:
-            ack.acks.add(fault_id=m.id, final=True, outcome=f"ignored: {e}")
-            continue
-        fault = replace(fault, message=f"node {req.node}: {fault.message}")
-        lowest: dict[tuple[str, str], RankState] = {}
-        for job, rs in on_node:  # sorted by job, then rank
-            if fault.kind is not FaultKind.GPU or holds_gpu(rs.gpus, fault.evidence) is not False:
-                lowest.setdefault((job.namespace, job.job), rs)
-        spared = sorted({_name(j.namespace, j.job) for j, _ in on_node}
-                        - {_name(*key) for key in lowest})
-        outcomes = []
-        for (namespace, name), rs in lowest.items():
-            job = registry.jobs[(namespace, name)]
-            g = job.generation
-            if g > 0 and job.barrier is not None and fault.detected_at < job.barrier.opened_at:
-                g -= 1
-            decided = registry.report_fault(namespace, name, fault, now, rank=rs.rank,
-                                            generation=g)
-            what = decided[0].verdict.value if decided else "already received"
-            outcomes.append(f"{_name(namespace, name)} rank {rs.rank}: {what}")
-        if spared:
-            outcomes.append(f"{', '.join(spared)}: not on that GPU")
-        if not outcomes:
-            log.info("node %s: %s fault %s, and no job has ranks on it: recorded (%s)",
-                     req.node, fault.kind.value, fault.id, clip(fault.message, 300))
-            outcomes.append(f"no job has ranks on node {req.node}: recorded")
-        ack.acks.add(fault_id=m.id, final=True, outcome=clip("; ".join(outcomes), 200))
-    return ack
-
-
-def holds_gpu(gpus: Sequence[str], evidence: Mapping[str, Any]) -> bool | None:
-    """Does a pod holding ``gpus`` (UUIDs or the node's indices, ``Hello.gpus``) hold the
-    GPU a node fault's ``evidence`` names (its ``uuid`` and ``gpu`` index)? None when it
-    cannot be told: no GPUs given, an NVSwitch fault (``gpu`` < 0: every GPU), a MIG slice
-    (its parent GPU is not named), or an id of a kind the evidence lacks."""
-    want = str(evidence.get("uuid") or "").lower()
-    index = evidence.get("gpu")
-    if not gpus or not isinstance(index, int) or index < 0:
-        return None
-    for g in gpus:
-        if g.startswith("GPU-") and want:
-            if g.lower() == want:
-                return True
-        elif g.isdigit():
-            if int(g) == index:
-                return True
-        else:
-            return None
-    return False
 
 
 def _name(namespace: str, job: str) -> str:

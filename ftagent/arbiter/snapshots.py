@@ -5,11 +5,19 @@ Each rank's agent says which steps its trainer holds a complete in-memory snapsh
 job holds it, so the resume step is the newest step in all of them. Pure: it reads the
 ranks' last reports and nothing else. A rank that never reported, or a job whose ranks
 are not all known yet, has none.
+
+The peer replica's ring (where each rank's shard is copied, replica_ring.py) is handed to
+the agents here too: the job's replica key and each rank's holder in Welcome, the holder
+again in every command that (re)starts a trainer.
 """
 
 from __future__ import annotations
 
-from ftagent.arbiter.state import JobState
+from collections.abc import Mapping
+
+from ftagent.arbiter import replica_ring
+from ftagent.arbiter.state import JobState, Verdict
+from ftagent.v1 import ftagent_pb2 as pb
 
 
 def resume_step(job: JobState) -> int | None:
@@ -22,3 +30,68 @@ def resume_step(job: JobState) -> int | None:
         held.append(set(rs.snapshot_steps))
     common = set.intersection(*held) if held else set()
     return max(common) if common else None
+
+
+# ---------------------------------------------------------------- the peer replica's ring
+
+# the commands that (re)start a rank's trainer: each carries that rank's replica holder
+REPLICA_CARRIED = (Verdict.RELEASE_BARRIER, Verdict.RESTART, Verdict.REPLACE,
+                   Verdict.REJOIN, Verdict.ASSIGN)
+
+
+def hello_replica(job: JobState, rank: int, node: str, stream_peer: str, port: int) -> None:
+    """A rank's Hello: its holder's address (the stream's host, the port it said)."""
+    if port or job.replica_book.ranks:
+        job.replica_book.rank_said(rank, node, replica_ring.address_of(stream_peer, port))
+
+
+def spare_replica(job: JobState, instance: str, node: str, stream_peer: str,
+                  port: int) -> None:
+    """A spare's Hello: it may hold replicas (where a rank has no other node's holder)."""
+    if port or job.replica_book.spares:
+        job.replica_book.spare_said(instance, node, replica_ring.address_of(stream_peer, port),
+                                    set(job.spares))
+
+
+def welcome_replica(welcome: pb.Welcome, job: JobState, rank: int | None,
+                    secret: bytes) -> None:
+    """Fill ``welcome``'s replica fields for ``rank`` (None: a spare, no rank yet): the
+    job's key, to a stream the arbiter admitted for this job, and the rank's holder where
+    known. Nothing for a job none of whose agents holds replicas."""
+    book = job.replica_book
+    if not book.ranks and not book.spares:
+        return
+    welcome.replica_key = replica_ring.replica_key(secret, job.namespace, job.job)
+    if rank is not None:
+        welcome.replica_peer = book.peer_of(rank, job.world_size)
+
+
+def replica_peers(job: JobState, verdict: Verdict) -> Mapping[int, str]:
+    """Each rank's holder, for a command of ``verdict`` that carries it (else none)."""
+    if verdict not in REPLICA_CARRIED or not job.replica_book.ranks:
+        return {}
+    return job.replica_book.peers()
+
+
+def with_replica_peer(data: bytes, peer: str) -> bytes:
+    """A serialised ArbiterMessage(command=...) with ``replica_peer`` set: protobuf merges
+    a concatenation field by field, so the rank's one field is appended to the bytes
+    serialised once for every rank (a command to n ranks costs no n serialisations)."""
+    if not peer:
+        return data
+    return data + pb.ArbiterMessage(command=pb.Command(replica_peer=peer)).SerializeToString()
+
+
+def replica_summary(job: JobState) -> str:
+    """One line for ``ftagent status``: how the job's replicas are placed ("" : none)."""
+    book = job.replica_book
+    if not book.ranks:
+        return ""
+    nodes = {node for node, _ in book.ranks.values()}
+    ring = book.peers()
+    kind = f"ring by node over {len(nodes)} nodes" if len(nodes) > 1 else \
+        "ring by rank on one node (a lost node loses them)"
+    at_spares = {a for _, a in book.spares.values()}
+    spares = sum(1 for a in ring.values() if a in at_spares)
+    return (f"{kind}: {len(ring)} of {job.world_size} ranks have a holder"
+            + (f" ({spares} on warm spares)" if spares else ""))

@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ftagent.arbiter import fr_verdict
-from ftagent.model import JobBusy
+from ftagent.arbiter.replica_ring import ReplicaBook
+from ftagent.model import Fault, JobBusy
 from ftagent.wire.limits import MAX_OPEN_FAULTS, MAX_SPARES
 
 SEEN_FAULTS_KEPT = 10_000  # per job; duplicate ids older than this are long acknowledged
@@ -69,6 +70,8 @@ class Verdict(str, enum.Enum):
     ASSIGN = "assign"  # the spare `spare` becomes rank `rank` at `generation` (after a REPLACE)
     RETIRE_SPARE = "retire_spare"  # the spare `spare` had a fatal fault: never assigned;
     # it exits with the replace status (its pod moves), its stream's end drops it
+    LAST_WORDS = "last_words"  # targets persist their newest complete snapshot now (their
+    # node announced a planned disruption: kube/node_lifecycle.py); nothing restarts
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +166,9 @@ class RankState:
     from_spare: bool = False  # a spare took this rank over (ASSIGN, then Promoted)
     # steps whose in-memory snapshot its trainer holds complete (SnapshotReport), sorted
     snapshot_steps: tuple[int, ...] = ()
+    # what its pod and node have for the ladder's pod-level tiers (ladder.Features), kept
+    # by the cluster's watches (kube/cluster.py); None outside Kubernetes or not seen yet
+    tiers: Any = None
 
     def progress_age(self, now: float) -> float | None:
         return None if self.last_step_at is None else max(0.0, now - self.last_step_at)
@@ -269,6 +275,8 @@ class JobState:
     # Connected warm spares, by agent instance, oldest first: at most MAX_SPARES (a Hello
     # beyond is refused where it enters, jobs.py).
     spares: dict[str, SpareState] = field(default_factory=dict)
+    # Its agents' replica holders and the ring by node they were given (replica_ring.py)
+    replica_book: ReplicaBook = field(default_factory=ReplicaBook)
 
     def remember_fault(self, fault_id: str, final: bool = True) -> None:
         self.seen_faults[fault_id] = final
@@ -297,6 +305,11 @@ class Registered(NamedTuple):
     world_size: int
     alert_only: bool
     conn: object
+    # what the timeline says of it (journal.py): who connected ("pod" or the peer), and
+    # whether the rank was known (a reconnect) and had no live stream (a new stream)
+    peer: str = ""
+    known: bool = False
+    fresh: bool = True
 
 
 class Owned(NamedTuple):
@@ -315,12 +328,17 @@ class SpareJoined(NamedTuple):
     node: str
     pod_uid: str
     conn: object
+    peer: str = ""  # its pod, else its stream's peer (the timeline's name for it)
+    # the rank it claimed, held by a former spare: it is told to serve as a spare (None:
+    # it came as a spare)
+    told: int | None = None
 
 
 class SpareLeft(NamedTuple):
     """The spare's stream ended: it is no spare of the job any more (a Hello brings it back)."""
 
     instance: str
+    peer: str = ""  # its pod or instance, for the timeline
 
 
 class Promoted(NamedTuple):
@@ -354,6 +372,12 @@ class Progressed(NamedTuple):
     samples_per_second: float
     tokens_per_second: float
     last_step_at: float
+    # for the goodput ledger (journal.py): the summary's own stamp (0: none), the step it
+    # resumed from and how (ProgressSummary.resumed_step, resume_source; None: not said),
+    # and the seconds its trainer spent checkpointing and in other phases
+    ts: float = 0.0
+    resumed: tuple[int, str] | None = None
+    phases: tuple[float, float] = (0.0, 0.0)
 
 
 class Arrived(NamedTuple):
@@ -361,6 +385,15 @@ class Arrived(NamedTuple):
 
     rank: int
     generation: int
+
+
+class Preflighted(NamedTuple):
+    """``rank``'s preflight before ``generation`` took ``seconds`` (BarrierArrival): the
+    goodput ledger's own category."""
+
+    rank: int
+    generation: int
+    seconds: float
 
 
 class AtBarrier(NamedTuple):
@@ -377,6 +410,19 @@ class Exited(NamedTuple):
     rank: int
     generation: int
     status: int
+    signal: int | None = None  # killed by this signal (``status`` is then 128+signal)
+    # "" from the rank's agent; else where the arbiter read an exit the agent could not
+    # deliver (its pod's terminal status, the exit note it left: ``exits_seen``)
+    via: str = ""
+
+
+class Revived(NamedTuple):
+    """A job of the history that did not finish, taken live again to hear how its ranks
+    ended while no arbiter ran (their pods' terminal status, exit notes): its ranks
+    ``0..world_size-1`` as known at ``generation``, none connected. (Also a live job with
+    no agent left whose exits name ranks this arbiter never heard from: those are added.)"""
+
+    generation: int
 
 
 class FaultSeen(NamedTuple):
@@ -388,6 +434,11 @@ class FaultSeen(NamedTuple):
     final: bool
     rank: int | None = None
     summary: str = ""
+    # the fault itself (checked) and the generation it was seen at, for the timeline and
+    # the ledger (journal.py); None: a spare's, recorded only
+    fault: Fault | None = None
+    generation: int = 0
+    by_arbiter: bool = False  # a fault no agent sent (the cluster, a node agent, stragglers)
 
 
 class Settled(NamedTuple):
@@ -400,6 +451,7 @@ class StacksIn(NamedTuple):
     rank: int
     signature: str
     fr: fr_verdict.Summary | dict[str, Any] | None
+    size: int = 0  # bytes received (the timeline says it)
 
 
 class SnapshotsIn(NamedTuple):
@@ -409,9 +461,50 @@ class SnapshotsIn(NamedTuple):
     steps: tuple[int, ...]
 
 
+class Noted(NamedTuple):
+    """A fact for the timeline that changes no job state: a stream superseded, a budget
+    or world size the job already fixed, a new run starting, an unusable fault, what the
+    cluster did or did not do (a cordon skipped, a planned node event). Applied like every
+    change, so that the journal is the one writer of the timeline."""
+
+    kind: str  # the timeline entry's kind (agent | fault | decision | note | ...)
+    message: str
+    rank: int | None = None
+    fault_id: str = ""
+    action: str = ""
+
+
+class Slowed(NamedTuple):
+    """The job waited ``seconds`` per step on its slowest rank (the straggler watch's
+    timings, over ``over`` timed steps up to ``step``, seen at ``at``): the ledger's."""
+
+    seconds: float
+    at: float
+    step: int
+    over: int
+
+
+class CapacityWait(NamedTuple):
+    """A pod of the job is Pending without a node (``waiting``) or none is (the cluster,
+    while a REPLACE waits for its pod): the ledger's ``capacity``."""
+
+    waiting: bool
+
+
+class Forgotten(NamedTuple):
+    """No agent for long: the live state is dropped, only the history record stays."""
+
+
+class Finished(NamedTuple):
+    """Derived by ``apply``: the change before it ended the job (every rank exited 0)."""
+
+    phase: JobPhase
+
+
 Change = (Decision | Registered | Owned | Left | Progressed | Arrived | AtBarrier | Exited
           | FaultSeen | Settled | StacksIn | SpareJoined | SpareLeft | Promoted
-          | SpareArrived | SnapshotsIn)
+          | SpareArrived | SnapshotsIn | Revived | Preflighted | Noted | Slowed | CapacityWait
+          | Forgotten | Finished)
 
 # What a command does to the state its target ranks show (status) until they report.
 _RANK_STATES = {Verdict.RESTART: "restarting", Verdict.REJOIN: "restarting",
@@ -420,16 +513,18 @@ _RANK_STATES = {Verdict.RESTART: "restarting", Verdict.REJOIN: "restarting",
 # Verdicts that are commands to agents (the others are recorded only).
 COMMANDS = frozenset((Verdict.RESTART, Verdict.REJOIN, Verdict.STOP, Verdict.REPLACE,
                       Verdict.RELEASE_BARRIER, Verdict.DUMP_STACKS, Verdict.BUSY,
-                      Verdict.ASSIGN, Verdict.RETIRE_SPARE))
+                      Verdict.ASSIGN, Verdict.RETIRE_SPARE, Verdict.LAST_WORDS))
 SPARE_COMMANDS = frozenset((Verdict.ASSIGN, Verdict.RETIRE_SPARE))  # to a spare's stream
 
 
-def apply(job: JobState, d: Change, now: float) -> None:
+def apply(job: JobState, d: Change, now: float) -> Finished | None:
     """Change ``job`` as ``d`` says. Idempotent for STOP, RELEASE_BARRIER, Left, AtBarrier
-    and Exited."""
+    and Exited. Returns a change it derived for the observers (jobs.py): ``Finished`` when
+    an exit ended the job."""
     if not isinstance(d, Decision):
+        was = job.phase
         _AGENT_SAYS[type(d)](job, d, now)
-        return
+        return Finished(job.phase) if job.phase is not was and job.finished else None
     if d.verdict in COMMANDS and d.verdict not in SPARE_COMMANDS:
         _commanded(job, d)
     v = d.verdict
@@ -487,7 +582,14 @@ def apply(job: JobState, d: Change, now: float) -> None:
         if sp.pod_uid:  # the arbiter's decision makes its pod the rank's owner
             _own(job, d.rank, (sp.pod, sp.pod_uid))
     elif v is Verdict.RETIRE_SPARE and d.spare in job.spares:
-        job.spares[d.spare].assigned = -1
+        sp = job.spares[d.spare]
+        if sp.assigned is not None and sp.assigned >= 0 and \
+                job.owners.get(sp.assigned) == (sp.pod, sp.pod_uid):
+            # assigned but never arrived (its preflight failed): the rank is not its pod's
+            # any more, so the rank's recreated pod (or the next spare) may take it
+            job.owners_print ^= hash((sp.assigned, *job.owners.pop(sp.assigned)))
+        sp.assigned = -1
+    return None
 
 
 def _new_generation(job: JobState, generation: int, now: float) -> None:
@@ -591,6 +693,37 @@ def _exited(job: JobState, c: Exited, now: float) -> None:
                    if r.state == "succeeded" and r.generation == job.generation)
         if done >= job.world_size and not job.finished:
             job.phase = JobPhase.SUCCEEDED
+    if c.via and not job.finished and job.connected == 0:
+        _ended_unheard(job)
+
+
+def _ended_unheard(job: JobState) -> None:
+    """Exits read where agents left them (``Exited.via``): with no agent connected and
+    every rank's exit known for the job's generation, one that was not 0 ends the job
+    as failed (no arbiter decided it: the agents ended alone, failing open)."""
+    exits = [r for r in job.ranks.values() if r.exit_heard is not None
+             and r.exit_heard[0] >= job.generation]
+    if len(exits) < job.world_size:
+        return
+    failed = next((r for r in sorted(exits, key=lambda r: r.rank)
+                   if r.last_exit_status != 0), None)
+    if failed is not None:
+        job.phase = JobPhase.STOPPED
+        job.stop_reason = (f"failed: rank {failed.rank} exited with code "
+                           f"{failed.last_exit_status} while no arbiter heard it")
+        job.barrier = None
+        job.hang_probe = None
+
+
+def _revived(job: JobState, c: Revived, now: float) -> None:
+    if not job.ranks:  # taken from its record: it ran
+        job.phase = JobPhase.RUNNING
+    job.generation = max(job.generation, c.generation)
+    job.last_seen = now
+    for r in range(job.world_size):
+        if r not in job.ranks:
+            job.ranks[r] = RankState(rank=r, generation=job.generation,
+                                     released_generation=job.generation, state="gone")
 
 
 def _fault_seen(job: JobState, c: FaultSeen, now: float) -> None:
@@ -698,9 +831,15 @@ def _snapshots_in(job: JobState, c: SnapshotsIn, now: float) -> None:
         rs.snapshot_steps = c.steps
 
 
+def _recorded(job: JobState, c: Any, now: float) -> None:
+    """A change for the observers only (the timeline, the ledger): the job is as it was."""
+
+
 _AGENT_SAYS: dict[type, Callable[[JobState, Any, float], None]] = {
     Registered: _registered, Owned: _owned, Left: _left, Progressed: _progressed,
     Arrived: _arrived, AtBarrier: _at_barrier, Exited: _exited, FaultSeen: _fault_seen,
     Settled: _settled, StacksIn: _stacks_in, SpareJoined: _spare_joined,
     SpareLeft: _spare_left, Promoted: _promoted, SpareArrived: _spare_arrived,
-    SnapshotsIn: _snapshots_in}
+    SnapshotsIn: _snapshots_in, Revived: _revived, Preflighted: _recorded, Noted: _recorded,
+    Slowed: _recorded, CapacityWait: _recorded, Forgotten: _recorded,
+    Finished: _recorded}

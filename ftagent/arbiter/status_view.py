@@ -185,6 +185,8 @@ def format_job(j: pb.JobInfo) -> str:
     if j.HasField("snapshot_step"):  # ftagent.checkpoint: the step a restart resumes at
         out.append(f"snapshot: newest complete on every rank: step {j.snapshot_step} "
                    "(memory)")
+    if j.replicas:  # the peer replicas' ring (arbiter/replica_ring.py)
+        out.append(f"replicas: {printable(j.replicas)}")
     if j.HasField("goodput"):
         out += ["", format_goodput(j.goodput)]
     rows = [["RANK", "POD", "NODE", "STATE", "STEP", "LOSS", "LAST STEP", "RESTARTS", "GEN",

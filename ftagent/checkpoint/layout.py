@@ -28,6 +28,10 @@ from typing import Any
 
 MARKER = "ftagent-snapshot.json"
 FROM_PEER = "from-peer"  # a note in a shard fetched from a peer's replica (replica.py)
+# the agent's note, in a rank's directory, of why it fetched no replica before this
+# trainer started (replica_agent.py): checkpoint.load says it when it passes the peer rung
+PEER_MISSED = "peer-missed"
+MAX_NOTE = 300  # bytes of that note read back
 FORMAT = 1
 MAX_MARKER_BYTES = 1 << 20  # a marker past it is not ours
 MAX_FILES = 4096  # files one shard may have
@@ -261,3 +265,28 @@ def newest_common(held: Iterable[Iterable[int]]) -> int | None:
         return None
     common = set.intersection(*sets)
     return max(common) if common else None
+
+
+def note_peer_missed(root: str, job: str, rank: int, why: str) -> None:
+    """Say (for this rank's next ``load``) why no replica was fetched; "" clears it."""
+    path = os.path.join(rank_dir(root, job, rank), PEER_MISSED)
+    try:
+        if not why:
+            if os.path.exists(path):
+                os.unlink(path)
+            return
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(why[:MAX_NOTE])
+    except OSError:
+        pass  # a note: never a reason to fail
+
+
+def peer_missed(root: str, job: str, rank: int) -> str:
+    """The agent's note of why it fetched no replica ("" : none), bounded, one line."""
+    try:
+        with open(os.path.join(rank_dir(root, job, rank), PEER_MISSED), "rb") as f:
+            raw = f.read(MAX_NOTE)
+    except OSError:
+        return ""
+    return " ".join(raw.decode(errors="replace").split())

@@ -4,15 +4,14 @@ replica_protocol.py decides; this moves bytes. A rank's agent pushes its newest 
 shard to the holder (another node's agent) from a background thread, at most
 ``bandwidth`` bytes a second, with a deadline on every read and write: a stalled peer
 costs that thread its deadline, never the trainer a step (the trainer does not wait on
-it). The holder keeps one shard per rank it holds (the newest), in its memory-backed
+it). The holder keeps the newest two shards per rank it holds, in its memory-backed
 root under ``<root>/<job>/replica/rank-<R>/step-<N>``, written under a temporary name with
 the marker last and renamed into place; a replaced pod's agent fetches it back into its
 own ``<root>/<job>/rank-<R>/step-<N>`` (with a ``from-peer`` note, so ``checkpoint.load``
 reports the source ``peer``) before its trainer starts.
 
-The agent's side (the background push, the fetch before the trainer starts, the flags)
-is replica_agent.py. The arbiter does not name each agent's replica peer yet: the ring
-is the flags' (docs/snapshots.md says what is built).
+The agent's side (the background push, the fetch before the trainer starts, the flags,
+the arbiter's ring and key) is replica_agent.py.
 """
 
 from __future__ import annotations
@@ -39,6 +38,7 @@ FROM_PEER = layout.FROM_PEER  # the note in a fetched shard's directory
 IO_TIMEOUT = 10.0  # seconds a read or write may wait on the peer
 FETCH_SECONDS = 120.0  # a replaced pod's fetch in all: its trainer waits for it
 MAX_CONNECTIONS = 8  # a holder's connections at once; past it a new one is closed
+KEPT = 2  # replicas kept per rank by a holder: the newest two
 PUSH_SECONDS = 60.0  # a push may take this long plus its size at MIN_RATE
 MIN_RATE = 1 << 20  # bytes a second: slower than this, a push is dropped (a slow reader)
 _CHUNK = 1 << 20
@@ -141,10 +141,13 @@ class Holder:
     """The agent's replica service: takes pushes of the ranks it holds for ``job``,
     serves fetches of them. Every connection must prove the job's replica key."""
 
-    def __init__(self, root: str, job: str, key: bytes, *, ranks: set[int] | None = None,
-                 max_bytes: int = 0, host: str = "127.0.0.1", port: int = 0,
-                 rate: int = 0) -> None:
-        self.root, self.job, self.key = root, job, key
+    def __init__(self, root: str, job: str, key: bytes | Callable[[], bytes], *,
+                 ranks: set[int] | None = None, max_bytes: int = 0,
+                 host: str = "127.0.0.1", port: int = 0, rate: int = 0) -> None:
+        """``key``: the job's replica key, or a function giving the current one (the
+        arbiter's, which comes with its Welcome and changes with a failover)."""
+        self.root, self.job = root, job
+        self.key: Callable[[], bytes] = key if callable(key) else (lambda: key)
         self.ranks, self.max_bytes, self.rate = ranks, max_bytes, rate
         self.refused: list[str] = []  # why, newest last (bounded)
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
@@ -192,7 +195,9 @@ class Holder:
         self._server.server_close()
 
     def _refuse(self, why: str) -> None:
-        log.warning("replica: refused: %s", why)
+        # a fetch of a rank it holds nothing of is a fresh job's first start: said, not warned
+        (log.info if why.startswith("no replica of rank") else log.warning)(
+            "replica: refused: %s", why)
         self.refused = [*self.refused[-31:], why]
 
     def _clear_temps(self) -> None:
@@ -210,7 +215,7 @@ class Holder:
         steps = layout.steps_in(replica_dir(self.root, self.job, rank))
         return steps[-1] if steps else None
 
-    def _bytes_held(self, but: int) -> int:
+    def _bytes_held(self, but: int | None) -> int:
         """Bytes of the replicas held for every rank but ``but`` (their markers')."""
         total = 0
         base = os.path.join(self.root, self.job, "replica")
@@ -226,10 +231,13 @@ class Holder:
 
     def _serve(self, conn: socket.socket, rfile: _Reader) -> None:
         h = rp.parse_hello(_readline(rfile, rp.MAX_LINE), job=self.job)
+        key = self.key()
+        if not key:
+            raise rp.Refused("this agent has no replica key yet (the arbiter's Welcome)")
         server_nonce = secrets.token_hex(16)
-        conn.sendall(rp.challenge(self.key, h.nonce, server_nonce))
-        rp.check_response(_readline(rfile, rp.MAX_LINE), self.key, h.nonce, server_nonce)
-        t = rp.Transcript(self.key, h.nonce, server_nonce)
+        conn.sendall(rp.challenge(key, h.nonce, server_nonce))
+        rp.check_response(_readline(rfile, rp.MAX_LINE), key, h.nonce, server_nonce)
+        t = rp.Transcript(key, h.nonce, server_nonce)
         if h.op == "push":
             line = _readline(rfile, rp.MAX_OFFER)
             offered = rp.parse_offer(line, rp.Limits(self.job, self.ranks, self.max_bytes))
@@ -243,16 +251,21 @@ class Holder:
             deadline = time.monotonic() + PUSH_SECONDS + marker.nbytes / MIN_RATE
             _receive_shard(_Prefixed(line, rfile), limits, t, final, deadline,
                            place=self._place)
-            with self._place:
-                for s in layout.steps_in(rdir):
-                    if s < marker.step:  # one kept per rank: the newest
-                        shutil.rmtree(os.path.join(rdir, f"step-{s}"), ignore_errors=True)
+            with self._place:  # KEPT per rank: the newest, and the one before it (which
+                # a replaced pod loads when the others' newest common step is that one)
+                # while the cap leaves room for it (the newest alone fits: checked above)
+                steps = layout.steps_in(rdir)
+                over = self.max_bytes and self._bytes_held(None) > self.max_bytes
+                for s in steps[:-1] if over else steps[:-KEPT]:
+                    shutil.rmtree(os.path.join(rdir, f"step-{s}"), ignore_errors=True)
             conn.sendall(b"OK\n")
         else:
             assert h.rank is not None
-            step = self.held(h.rank)
-            if step is None:
+            kept = layout.steps_in(replica_dir(self.root, self.job, h.rank))
+            if not kept:
                 raise rp.Refused(f"no replica of rank {h.rank} here")
+            # the step asked for (the arbiter's resume step) where held, else the newest
+            step = h.step if h.step is not None and h.step in kept else kept[-1]
             d = os.path.join(replica_dir(self.root, self.job, h.rank), f"step-{step}")
             marker = layout.verify(d, job=self.job, rank=h.rank, step=step)
             _send_shard(conn, d, marker, t, self.rate)
@@ -272,13 +285,14 @@ class _Prefixed:
         return self._f.read1(n)
 
 
-def _connect(address: tuple[str, int], key: bytes, job: str, op: str,
-             rank: int | None) -> tuple[socket.socket, io.BufferedReader, rp.Transcript]:
+def _connect(address: tuple[str, int], key: bytes, job: str, op: str, rank: int | None,
+             step: int | None = None
+             ) -> tuple[socket.socket, io.BufferedReader, rp.Transcript]:
     sock = socket.create_connection(address, timeout=IO_TIMEOUT)
     sock.settimeout(IO_TIMEOUT)
     f = cast(io.BufferedReader, sock.makefile("rb"))
     nonce = secrets.token_hex(16)
-    sock.sendall(rp.hello(job, op, nonce, rank))
+    sock.sendall(rp.hello(job, op, nonce, rank, step))
     line = f.readline(rp.MAX_LINE + 1)
     if line.startswith(b"REFUSED"):
         raise rp.Refused(line[8:].decode(errors="replace").strip())
@@ -309,12 +323,13 @@ def push(address: tuple[str, int], key: bytes, root: str, job: str, rank: int,
 
 
 def fetch(address: tuple[str, int], key: bytes, root: str, job: str, rank: int,
-          *, within: float = FETCH_SECONDS) -> int:
-    """This rank's shard from the holder at ``address``, checked, into this agent's
-    memory root where ``checkpoint.load`` finds it (noted ``from-peer``); its step.
-    Refused when it has not all come ``within`` seconds (the trainer is waiting)."""
+          *, within: float = FETCH_SECONDS, step: int | None = None) -> int:
+    """This rank's shard from the holder at ``address`` (``step`` where it holds it, else
+    its newest), checked, into this agent's memory root where ``checkpoint.load`` finds it
+    (noted ``from-peer``); its step. Refused when it has not all come ``within`` seconds
+    (the trainer is waiting)."""
     deadline = time.monotonic() + within
-    sock, f, t = _connect(address, key, job, "fetch", rank)
+    sock, f, t = _connect(address, key, job, "fetch", rank, step)
     with sock, f:
         line = f.readline(rp.MAX_OFFER + 1)
         if line.startswith(b"REFUSED"):

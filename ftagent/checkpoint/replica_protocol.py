@@ -6,9 +6,10 @@ replica.py moves these bytes over TCP on loopback or the pod network; the tests 
 directly. Everything a peer says is checked here before anything is written:
 
 1. **Handshake** (both directions authenticated): each side sends a line with a fresh
-   nonce; each proves it holds the job's replica key (:func:`replica_key`, derived from the
-   job token both agents hold) with an HMAC over both nonces and its role. A peer without
-   the key, or replaying another connection's proof, is refused.
+   nonce; each proves it holds the job's replica key (the one the arbiter handed every
+   agent it admitted for the job, arbiter/replica_ring.replica_key; without an arbiter,
+   :func:`replica_key` of the job token both agents hold) with an HMAC over both nonces and
+   its role. A peer without the key, or replaying another connection's proof, is refused.
 2. **Offer**: one bounded JSON line, the shard's completion marker (layout.parse_marker:
    type-checked) and what it is: job, rank, step. Refused when the job is not this one, the
    rank is not one this holder keeps, the marker does not name the same (job, rank, step),
@@ -43,7 +44,8 @@ class Refused(Exception):
 
 
 def replica_key(token: str, job: str) -> bytes:
-    """The key both agents of ``job`` derive from the job token they hold (never sent)."""
+    """The key both agents of ``job`` derive from the job token they hold (never sent),
+    where no arbiter hands one out."""
     return hmac.new(token.encode(), f"ftagent-replica/v{VERSION}/{job}".encode(),
                     hashlib.sha256).digest()
 
@@ -53,11 +55,14 @@ def proof(key: bytes, role: str, client_nonce: str, server_nonce: str) -> str:
                     hashlib.sha256).hexdigest()
 
 
-def hello(job: str, op: str, nonce: str, rank: int | None = None) -> bytes:
-    """The client's first line: what it wants (``push`` a shard, ``fetch`` one) and its
-    nonce."""
-    return json.dumps({"v": VERSION, "job": job, "op": op, "nonce": nonce,
-                       "rank": rank}).encode() + b"\n"
+def hello(job: str, op: str, nonce: str, rank: int | None = None,
+          step: int | None = None) -> bytes:
+    """The client's first line: what it wants (``push`` a shard, ``fetch`` one: of
+    ``step`` where held) and its nonce."""
+    d: dict[str, object] = {"v": VERSION, "job": job, "op": op, "nonce": nonce, "rank": rank}
+    if step is not None:
+        d["step"] = step
+    return json.dumps(d).encode() + b"\n"
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,7 @@ class Hello:
     op: str
     nonce: str
     rank: int | None
+    step: int | None = None  # a fetch: this step where held (None: the newest)
 
 
 def parse_hello(line: bytes, *, job: str) -> Hello:
@@ -81,7 +87,11 @@ def parse_hello(line: bytes, *, job: str) -> Hello:
         raise Refused(f"hello for job {d['job'][:64]!r}, this agent is job {job!r}")
     if op == "fetch" and rank is None:
         raise Refused("fetch without a rank")
-    return Hello(d["job"], op, str(nonce), rank)
+    step = d.get("step")
+    if not (step is None or (isinstance(step, int) and not isinstance(step, bool)
+                             and step >= 0)):
+        raise Refused("hello is not one an ftagent agent sends")
+    return Hello(d["job"], op, str(nonce), rank, step)
 
 
 def challenge(key: bytes, client_nonce: str, server_nonce: str) -> bytes:

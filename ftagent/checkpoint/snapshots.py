@@ -277,7 +277,11 @@ class Snapshotter:
                 layout.step_dir(self.s.root, self.s.job, self.s.rank, step), layout.FROM_PEER)):
             source = "peer"  # fetched from a replica holder before the trainer started
         if step is None:
-            why.append("peer: no replica fetched for this rank")
+            missed = layout.peer_missed(self.s.root, self.s.job, self.s.rank) \
+                if self.s.root else ""
+            if missed:  # said once: the next start's reason is the agent's next note
+                layout.note_peer_missed(self.s.root, self.s.job, self.s.rank, "")
+            why.append(f"peer: {missed}" if missed else "peer: no replica fetched for this rank")
             step, source = self._from_disk(state, fp, why), "disk"
         self.last_load = (step, source if step is not None else "", why)
         if step is None:

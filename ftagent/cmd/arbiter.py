@@ -25,6 +25,7 @@ import signal
 import socket
 import ssl
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -690,7 +691,6 @@ def pod_namespace() -> str:
 def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
     """--kube: plug kube.cluster.Cluster into the server's registry, start the pod and
     node watches (threads) and the cluster's ticker (a task on this loop)."""
-    import threading
 
     from ftagent.kube.cluster import Cluster, start_watches, tick_forever
 
@@ -842,7 +842,6 @@ def follow_tls_secret(kube: Any, namespace: str, name: str, d: Any,
     """Re-read the Secret every ``interval`` seconds (cert-manager renews it in place) and
     rewrite the files when it changed: the gRPC credentials serve them from the next
     handshake (wire/tls_files.py). A daemon thread; API errors are one log line each."""
-    import threading
 
     from kubernetes import client
 
@@ -896,10 +895,33 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        return asyncio.run(run(cfg))
+        return end_process(asyncio.run(run(cfg)))
     except ConfigError as e:
         sys.stderr.write(f"{PROG}: error: {e} (see {PROG} --help)\n")
-        return 2
-    except StartError as e:
+        return end_process(2)
+    except StartError as e:  # with --kube, after its threads started (a --tls-secret's)
         sys.stderr.write(f"{PROG}: error: {e}\n")
-        return 1
+        return end_process(1)
+
+
+def end_process(rc: int) -> int:
+    """Exit with ``rc`` now, without the interpreter's finalization, when daemon threads
+    are still alive (``main`` is the process's: ``ftagent arbiter``).
+
+    With --kube, threads of ours and of the ``kubernetes`` client may be inside an API
+    call when SIGTERM stops the arbiter (an informer's watch read, an Event, the lease).
+    Finalization ends a daemon thread that wakes from such a call with pthread_exit, whose
+    forced unwind aborts the process when the stack holds frames that cannot be unwound:
+    the ``kubernetes`` client's methods run inside pydantic-core's (Rust) ``validate_call``.
+    That was a SIGABRT (exit -6) after a clean stop. Everything the arbiter keeps (history,
+    the lease, the leader label, the servers) was closed by ``run`` before this; only the
+    standard streams and the log handlers are left to flush."""
+    if threading.current_thread() is not threading.main_thread() or not any(
+            t.daemon and t.is_alive() for t in threading.enumerate()):
+        return rc
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(rc)
+

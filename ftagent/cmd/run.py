@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from ftagent import metrics_http
-from ftagent.agent.decider import Decider, LocalDecider, rank_session
+from ftagent.agent.decider import Decider, LocalDecider
 from ftagent.agent.launcher import normalize_flags
 from ftagent.agent.metrics_sink import MetricsSink
 from ftagent.agent.pod import PodAgent
-from ftagent.agent.worker import Worker, WorkerSpec
+from ftagent.agent.worker import Worker
 from ftagent.agent.worker_parts import WorkerParts
+from ftagent.agent.worker_spec import WorkerSpec
 from ftagent.config import (
     RUN_GROUPS,
     ConfigError,
@@ -147,7 +148,7 @@ def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
         progress sources and hang detector, the spawn seam (a warm standby, else cold),
         the flight recorder around it (TORCH_FR_* env, per-attempt dumps), the node's
         GPUs and links."""
-        sink = MetricsSink(metrics)
+        sink = MetricsSink(metrics, restarts=lambda: w.lifecycle.restarts)
         p = WorkerParts(observers=(sink,), fault_hooks=(sink.on_fault,))
         fr = prepare_recorder(w, cfg, rundir)  # before the hang parts: the verifier dumps it
         p = progress_parts(w, cfg, metrics, rundir, p, fr, local_peers)
@@ -162,12 +163,12 @@ def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
                                     workers=int(nproc) if nproc.isdigit() else 1))
         if snap.checkpoint_dir and (snap.persist_every or snap.persist_seconds):
             p = p.plus(observers=[BackgroundPersist(
-                os.path.abspath(snap.snapshot_dir), ids.job, lambda: w.ident.rank,
+                os.path.abspath(snap.snapshot_dir), ids.job, lambda: w.lifecycle.rank,
                 os.path.abspath(snap.checkpoint_dir), every=snap.persist_every,
                 seconds=snap.persist_seconds)])
         if snap.replica_peer or snap.replica_listen:
             from ftagent.checkpoint.replica_agent import replica_parts
-            p = replica_parts(w, cfg, ids.job, p)
+            p = replica_parts(w, cfg, ids.job, p, on_lag=metrics.snapshot_replica_lag.set)
         return preflight_parts(w, cfg, watch, p)
 
     agent = pod.add(spec, metrics=metrics, parts=parts)
@@ -183,7 +184,7 @@ def preflight_parts(w: Worker, cfg: RunConfig, watch: Any, p: WorkerParts) -> Wo
     sup = cfg.supervisor
     if not sup.preflight:
         return p
-    from ftagent.agent.preflight import Preflight
+    from ftagent.agent.preflight import Preflight, rendezvous
     from ftagent.detect.preflight import fault_of
 
     check = Preflight(watch, sup.preflight_checkpoint_dir,
@@ -191,12 +192,13 @@ def preflight_parts(w: Worker, cfg: RunConfig, watch: Any, p: WorkerParts) -> Wo
 
     async def before_barrier(worker: Worker) -> Fault | None:
         warm = worker.restarts > 0
+        check.peer = rendezvous(worker.environ, worker.ident.rank)  # (a spare's rank moves)
         v = await check.run(warm=warm)
         worker.events.write("state", "preflight", v.reason or "preflight passed",
                             generation=worker.generation, ok=v.ok, failed=list(v.failed),
                             preflight_seconds=round(v.seconds, 3), fast=warm)
-        session = rank_session(worker)  # the arbiter's ledger counts it (its arrival)
-        proto = getattr(getattr(session, "link", None), "proto", None)
+        link = arbiter_link(worker)  # the arbiter's ledger counts it (its arrival)
+        proto = getattr(link, "proto", None)
         if proto is not None:
             proto.preflight_seconds = v.seconds
         if v.ok:
@@ -206,6 +208,13 @@ def preflight_parts(w: Worker, cfg: RunConfig, watch: Any, p: WorkerParts) -> Wo
         return fault_of(v, worker.generation)
 
     return p.plus(before_barrier=[before_barrier])
+
+
+def arbiter_link(worker: Worker) -> Any:
+    """``worker``'s link to the arbiter (None without one), looked up when used: the parts
+    are built before the worker takes its seat, so none of them keeps it."""
+    link_of = getattr(worker.decider, "link_of", None)
+    return link_of(worker) if link_of is not None else None
 
 
 def pod_decider(cfg: RunConfig) -> Decider:
@@ -364,18 +373,21 @@ def progress_parts(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir:
 
         sampler = TreeSampler(agent.tree_pids, min(cfg.hang.hang_dump_timeout, 2.0),
                               gpu=NvmlProbe())
-        says = getattr(getattr(rank_session(agent), "link", None), "trainer_says", None)
-        record = agent.events.write if says is None else learned_phases_to(
-            says.learned, agent.events.write)
+        def learned(seconds: float, where: str) -> None:
+            says = getattr(arbiter_link(agent), "trainer_says", None)
+            if says is not None:
+                says.learned(seconds, where)
+
+        record = agent.events.write if not cfg.arbiter.arbiter else learned_phases_to(
+            learned, agent.events.write)
         from ftagent.agent.hang_parts import HangParts
         from ftagent.agent.proc_wait import blocked_threads
 
-        session = rank_session(agent)
-        link = getattr(session, "link", None)
         asks = None  # alert: the arbiter decides no hang at all
-        if hasattr(session, "on_busy") and cfg.hang.hang_action != "alert":
-            asks = lambda: bool(getattr(link, "connected", False))  # noqa: E731
-        hang = HangParts(rank=cfg.identity.rank, ask_arbiter=asks, local_peers=local_peers,
+        if cfg.arbiter.arbiter and cfg.hang.hang_action != "alert":
+            asks = lambda: bool(getattr(arbiter_link(agent), "connected", False))  # noqa: E731
+        hang = HangParts(rank=lambda: agent.lifecycle.rank, ask_arbiter=asks,
+                         local_peers=local_peers,
                          window_dump=None if recorder is None else recorder.snapshot,
                          waits=blocked_threads)
         verifier = Verifier(detector, cfg.hang, sampler, hang, record=record,
@@ -386,18 +398,23 @@ def progress_parts(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir:
         from ftagent.detect.loss import LossDetector, LossSettings
 
         parts = parts.plus(detectors=[LossDetector(LossSettings.of(cfg.loss))])
-    decider = rank_session(agent)  # the arbiter's session for this rank, if any
-    if hasattr(decider, "hang_state"):  # the arbiter's progress summaries carry it
-        decider.hang_state = watch.state
-    if verifier is not None and hasattr(decider, "stack_capture"):  # DUMP_STACKS + liveness
-        decider.stack_capture = verifier.stacks_for_arbiter
-    if verifier is not None and hasattr(decider, "on_busy"):  # waiting is not hanging
+    if cfg.snapshot.checkpoint_dir:  # LAST_WORDS: a planned disruption (arbiter only)
+        parts = parts.with_(on_last_words=lambda: last_words_now(cfg, agent))
+    # the rank's arbiter session calls these back (seat.py RankHooks, given with the seat)
+    parts = parts.with_(hang_state=watch.state)  # the progress summaries carry it
+    if verifier is not None:  # DUMP_STACKS + liveness
+        stacks_for_arbiter = verifier.stacks_for_arbiter
+
+        async def stacks() -> dict[str, Any]:
+            return await stacks_for_arbiter(agent.tree_pids())
+
+        parts = parts.with_(stacks=stacks)
+    if verifier is not None and cfg.arbiter.arbiter:  # waiting is not hanging
         from ftagent.agent.peer_wait import PeerWait
 
-        waits = PeerWait(cfg.identity.rank, verifier, agent.events.write, metrics,
+        waits = PeerWait(lambda: agent.lifecycle.rank, verifier, agent.events.write, metrics,
                          culprit_spin_timeout=cfg.hang.hang_culprit_spin_timeout)
-        decider.on_busy = waits.on_action
-        parts = parts.plus(observers=[waits])
+        parts = parts.plus(observers=[waits]).with_(on_busy=waits.on_action)
     return parts.with_(evidence=evidence_hook(cfg.hang.hang_dump_timeout, agent.tail))
 
 
@@ -495,6 +512,26 @@ def say_last_words(cfg: RunConfig, pod: PodAgent) -> None:
                    deadline=time.monotonic() + cfg.supervisor.stop_timeout)
     except Exception as e:  # noqa: BLE001 - the trainer's exit status comes first
         log.warning("last words failed: %s: %s", type(e).__name__, e)
+
+
+async def last_words_now(cfg: RunConfig, worker: Worker) -> None:
+    """The arbiter's LAST_WORDS (this rank's node announced a planned disruption): the
+    rank's newest complete snapshots go to --checkpoint-dir now, in a thread, within
+    --stop-timeout; the trainer keeps running. Said as a "last_words" state event."""
+    from ftagent.checkpoint.lastwords import last_words
+    rank = worker.ident.rank
+    if rank < 0:
+        return
+    said = await asyncio.to_thread(
+        last_words, os.path.abspath(cfg.snapshot.snapshot_dir), cfg.identity.job, [rank],
+        os.path.abspath(cfg.snapshot.checkpoint_dir),
+        deadline=time.monotonic() + cfg.supervisor.stop_timeout)
+    for s in said:
+        msg = (f"persisted step(s) {', '.join(map(str, s.persisted))}" if s.persisted
+               else "no complete snapshot to persist") + f" in {s.seconds:.2f}s"
+        log.info("last words (a planned disruption of the node): %s", msg)
+        worker.events.write("state", "last_words", msg, persisted=list(s.persisted),
+                            seconds=round(s.seconds, 3), left=list(s.left))
 
 
 def main(argv: Sequence[str]) -> int:

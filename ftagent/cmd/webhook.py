@@ -124,6 +124,12 @@ class WebhookConfig:
                        check=Range(1, 64), metavar="N")
     log_level: str = opt("info", "--log-level", "messages on stderr",
                          choices=("debug", "info", "warning", "error"))
+    restart_in_place: str = opt("none", "--restart-in-place", "container restart rules "
+                                "added to every arbitrated pod's trainer for the ladder's "
+                                "in-place tiers: container (KEP-5307, exit 216: Kubernetes "
+                                "1.35+), pod (and KEP-5532 RestartAllContainers, exit 217: "
+                                "1.36+), none; a pod's ftagent.io/restart-in-place says its "
+                                "own", choices=("none", "container", "pod"))
 
 
 def build_parser() -> OneLineParser:
@@ -183,7 +189,9 @@ def _server(cfg: WebhookConfig, counters: Counters | None = None) -> WebhookServ
                             n.strip() for v in cfg.image_pull_secrets for n in v.split(",")
                             if n.strip()),
                         metrics_port=cfg.metrics_port,
-                        metrics_port_span=cfg.metrics_port_span)
+                        metrics_port_span=cfg.metrics_port_span,
+                        restart_rules="" if cfg.restart_in_place == "none"
+                        else cfg.restart_in_place)
     from ftagent.kube.webhook import connection_cap
 
     return WebhookServer(settings, max_body=cfg.max_body,

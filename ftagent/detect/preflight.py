@@ -10,13 +10,22 @@ restarting the whole job into a rank that fails again after the barrier.
 check                   passes when                                  budget  fast
 ======================= ============================================ ======= =====
 accelerator             every device of the trainer answers (NVML:     5 s    2 s
-                          UUID and memory info, no GpuIsLost;
-                          vendor tools: a health read)
+                          UUID and memory info, no GpuIsLost, no
+                          row remap failed or pending; vendor
+                          tools: a health read)
 nic                     every link the agent watches is up             1 s   0.5 s
                           (IFF_UP and carrier)
 storage                 the checkpoint directory (if given) takes a    5 s    2 s
                           small file: written, fsynced, read back,
                           removed
+peer                    a TCP connect to MASTER_ADDR:MASTER_PORT      2 s    1 s
+                          (ranks other than 0) finds a route:
+                          connected or refused; ENETUNREACH fails
+compute                 every device stores and reads back 64 MiB    10 s   skip
+                          and computes a known sum and matmul
+                          (agent/compute_probe.py in a child with
+                          torch and CUDA; the simulated backends'
+                          own; no compute path: skipped, said so)
 ======================= ============================================ ======= =====
 
 A check that takes longer than its budget fails as "did not answer within": a device or
@@ -34,9 +43,10 @@ from dataclasses import dataclass
 
 from ftagent.model import Fault, FaultKind, Scope, Severity
 
-CHECKS = ("accelerator", "nic", "storage")
-BUDGETS = {"accelerator": 5.0, "nic": 1.0, "storage": 5.0}
-FAST_BUDGETS = {"accelerator": 2.0, "nic": 0.5, "storage": 2.0}
+CHECKS = ("accelerator", "nic", "storage", "peer", "compute")
+BUDGETS = {"accelerator": 5.0, "nic": 1.0, "storage": 5.0, "peer": 2.0, "compute": 10.0}
+# compute 0: skipped on a warm restart (the devices computed moments ago)
+FAST_BUDGETS = {"accelerator": 2.0, "nic": 0.5, "storage": 2.0, "peer": 1.0, "compute": 0.0}
 MAX_DETAIL = 300
 
 
@@ -94,7 +104,7 @@ def fault_of(v: Verdict, generation: int) -> Fault:
     arbiter REPLACEs this rank's pod. An accelerator failure is a GPU fault of the node's
     hardware (node-scope: a node agent's or other tenants' reports can corroborate it); a
     link or the storage is the pod's view (scope POD: its node is never cordoned on it)."""
-    gpu = "accelerator" in v.failed
+    gpu = "accelerator" in v.failed or "compute" in v.failed
     kind = FaultKind.GPU if gpu else FaultKind.NODE
     scope = Scope.NODE if gpu else Scope.POD
     evidence = {"preflight": True, "checks": list(v.failed), "generation": generation,

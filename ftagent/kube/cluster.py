@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftagent.arbiter.auth import PodFacts
+from ftagent.arbiter.ladder import in_place
 from ftagent.arbiter.registry import Registry
 from ftagent.arbiter.state import Decision, JobState, Verdict
 from ftagent.kube.actuator import (
@@ -55,24 +56,35 @@ from ftagent.kube.cluster_faults import (
     NodeFaults,
     PodFaults,
     get,
+    name_of,
     parse_time,
     pending_fault,
+    terminal_status,
     waits_for_a_node,
 )
 from ftagent.kube.device_health import DeviceHealth
-from ftagent.kube.device_taint import TAINT_KEY, Absent, taint_device
+from ftagent.kube.device_taint import (
+    TAINT_KEY,
+    Absent,
+    device_key,
+    rule_name,
+    taint_device,
+)
+from ftagent.kube.dra import DraTaints
 from ftagent.kube.identity import identify, literal_env, trainer_index
 from ftagent.kube.membership import KIND_RANK, JobOwners, Ref, controller_ref, local_world
 from ftagent.kube.node_blip import STEP_WINDOW, still_stepping
 from ftagent.kube.node_lifecycle import held_by_other, planned
 from ftagent.kube.node_scope import NodeEvidence
 from ftagent.kube.owners import OwnerChains
+from ftagent.kube.pod_tiers import Streaks, features_of
 from ftagent.kube.recorder import JOB_KINDS, ObjectRef, Recorder, job_owner, pod_ref
 from ftagent.kube.trainjob_status import TrainJobStatus, trainer_status
 from ftagent.kube.uncordon import NodeHealth
 from ftagent.model import Scope
 
 log = logging.getLogger("ftagent.kube.cluster")
+LAST_WORDS_EVERY = 60.0  # seconds between two LAST_WORDS to one job's ranks on a node
 
 JOB_LABEL = "ftagent.io/job"  # the pod watch selects ftagent pods by this label
 CONTEXT_KEPT = 10_000
@@ -158,17 +170,25 @@ class Cluster:
         # DRA device taints the cluster could not take: the node's cordon instead, judged
         # on the loop (the breaker): (job key, node, kind, reason, fault id, rank)
         self._taint_fallbacks: list[tuple[tuple[str, str], str, str, str, str, Any]] = []
+        self._taint_failed: list[str] = []  # device keys whose rule was never written
         # an uncordon made (node): the arbiter may count it
         self.on_uncordon: Callable[[str], None] = lambda node: None
         self.evidence = NodeEvidence(settings.node_evidence_window)
         self.nodes = NodeFaults(settings.node_notready_grace)
         self.pods = PodFaults()
         self.devices = DeviceHealth()  # device health in pod status (KEP-4680)
+        self.dra = DraTaints()  # DRA device taints on ResourceSlices (KEP-5055)
+        self.streaks = Streaks()  # restarts in a row blamed on one rank (the ladder's)
         # NotReady faults held back while the job's ranks there keep stepping (node_blip)
         self._blips: dict[tuple[str, tuple[str, str]], ClusterFault] = {}
         self.step_window = STEP_WINDOW  # a rank stepped within this long is alive
         self._planned_seen: OrderedDict[str, None] = OrderedDict()  # lifecycle transitions
+        self._last_words_at: OrderedDict[str, float] = OrderedDict()  # job@node -> when
         self.pod_cache: dict[tuple[str, str], dict[str, Any]] = {}
+        # Pods of a job in a terminal phase, by job: (namespace, job) -> {pod: status}
+        # (terminal_status): how ranks ended whose agents could not say it (the arbiter
+        # was away), handed to the registry every tick until the job is over (_exits_due)
+        self._exits: dict[tuple[str, str], dict[str, int]] = {}
         self.node_names: set[str] = set()
         self.node_cache: dict[str, Any] = {}  # the watch's nodes (one entry per node)
         self._context: OrderedDict[str, tuple[ClusterFault, tuple[tuple[str, str, str], ...]]] \
@@ -336,15 +356,29 @@ class Cluster:
             while len(self._planned_seen) > CONTEXT_KEPT:
                 self._planned_seen.popitem(last=False)
             now = self.clock()
+            there: dict[tuple[str, str], tuple[JobState, list[int]]] = {}
             for job, rs in self.registry.ranks_on_node(name):
                 if job.finished:
                     continue
-                self.registry.timeline.add(
-                    now, job.job, job.namespace, job.generation, "note",
+                self.registry.record(
+                    job, "note",
                     f"planned: node {name} {p.type}" + (f" ({p.reason}: {p.message})"
                                                         if p.reason or p.message else "")
                     + ": not a fault; ftagent does not cordon a node another system "
-                    "drains", rank=rs.rank)
+                    "drains", now, rank=rs.rank)
+                there.setdefault((job.namespace, job.job), (job, []))[1].append(rs.rank)
+            for job, ranks in there.values():  # last words before the disruption comes
+                key = f"{job.namespace}/{job.job}@{name}"
+                if now - self._last_words_at.get(key, -1e18) < LAST_WORDS_EVERY:
+                    continue  # a condition flapping: once a minute per job and node
+                self._last_words_at[key] = now
+                while len(self._last_words_at) > CONTEXT_KEPT:
+                    self._last_words_at.popitem(last=False)
+                self.registry.execute(job, [Decision(
+                    Verdict.LAST_WORDS, f"last words: node {name} {p.type}: ranks "
+                    f"{', '.join(map(str, sorted(ranks)[:8]))} persist their newest complete "
+                    "snapshot now (last words, where snapshots are on)", job.generation,
+                    targets=tuple(sorted(ranks)))], now)
 
     def on_pod(self, type_: str, pod: Any) -> None:
         """A pod watch event, on the loop."""
@@ -356,11 +390,15 @@ class Cluster:
         if deleted:
             self.pod_cache.pop(key, None)
             self._terminating.pop(key, None)
+            job_name = get(pod, "metadata", "labels", JOB_LABEL)
+            if isinstance(job_name, str) and (ns, job_name) in self._exits:
+                self._exits[(ns, job_name)].pop(name, None)
             uid = get(pod, "metadata", "uid")
             self.on_pod_deleted(ns, name, uid if isinstance(uid, str) else "")
         elif isinstance(pod, dict):
             self.pod_cache[key] = pod
             self._index_owner(ns, pod)
+            self._terminal(ns, name, pod)
             gone_at = parse_time(get(pod, "metadata", "deletionTimestamp"))
             if gone_at is not None:  # Terminating since the delete: its deadline less grace
                 grace = get(pod, "metadata", "deletionGracePeriodSeconds")
@@ -381,6 +419,43 @@ class Cluster:
                                        rank=rs.rank)
         if not deleted:
             self._device_health(job, rs, pod)
+            self._dra_taints(job, rs, pod)
+            self._set_tiers(job, rs)
+
+    def _terminal(self, ns: str, name: str, pod: dict[str, Any]) -> None:
+        """A labelled pod in a terminal phase: its trainer's exit kept for the tick."""
+        job = get(pod, "metadata", "labels", JOB_LABEL)
+        if not isinstance(job, str) or not job:
+            return
+        found = identify(pod, {})
+        index, _ = trainer_index(pod, found.role if found else "")
+        containers = get(pod, "spec", "containers")
+        trainer = get(containers[index], "name") if index is not None and \
+            isinstance(containers, list) else ""
+        status = terminal_status(pod, trainer if isinstance(trainer, str) else "")
+        if status is None:
+            return
+        if (ns, job) not in self._exits and len(self._exits) >= CONTEXT_KEPT:
+            return
+        self._exits.setdefault((ns, job), {})[name] = status
+
+    def _exits_due(self, now: float) -> None:
+        """Terminal pods' exits to the registry, per job, as ranks (the pod's rank as the
+        watch sees it, members of the job only: pod_facts); a job over, or one the
+        registry does not know, is dropped."""
+        for key, pods in list(self._exits.items()):
+            exits: dict[int, int] = {}
+            for name, status in pods.items():
+                facts = self.pod_facts(key[0], name)
+                if facts is not None and facts.job == key[1] and facts.rank is not None:
+                    # a rank's pod that succeeded beats an earlier one that failed (a
+                    # pod replaced, then its successor finished)
+                    exits[facts.rank] = min(status, exits.get(facts.rank, status))
+            if not exits:
+                continue  # membership still being read, or none is a member: next tick
+            if self.registry.exits_seen(key[0], key[1], exits, "its pods' terminal "
+                                        "status", now):
+                del self._exits[key]
 
     def _device_health(self, job: JobState, rs: Any, pod: Any) -> None:
         """The kubelet's device health in the pod's status (device_health.py): an
@@ -397,11 +472,63 @@ class Cluster:
         for why in ignored:
             msg = f"device health of pod {name} ignored: {why}"
             log.warning("job %s/%s: %s", job.namespace, job.job, msg)
-            self.registry.timeline.add(now, job.job, job.namespace, job.generation, "note",
-                                       msg, rank=rs.rank)
+            self.registry.record(job, "note", msg, now, rank=rs.rank)
         for cf in faults:
             self._remember(cf, ((ns, name, cf.uid),))
             self.registry.report_fault(job.namespace, job.job, cf.fault, now, rank=rs.rank)
+
+    # ------------------------------------------------------------ DRA (kube/dra.py)
+
+    def on_resource_slice(self, type_: str, sl: Any) -> None:
+        """A ResourceSlice watch event, on the loop: a device newly tainted by its driver
+        is looked for among the running jobs' pods."""
+        if self.dra.on_slice(type_, sl) and self.active():
+            self._dra_all()
+
+    def on_resource_claim(self, type_: str, claim: Any) -> None:
+        """A ResourceClaim watch event, on the loop (its allocation, whom it serves)."""
+        uids = self.dra.on_claim(type_, claim)
+        if uids and self.active():
+            self._dra_all(uids)
+
+    def on_device_taint_rule(self, type_: str, obj: Any) -> None:
+        """ftagent's own DeviceTaintRules as the watch sees them: the breaker holds each
+        tainted device until its rule is deleted (a new leader counts its predecessor's)."""
+        sel = get(obj, "spec", "deviceSelector")
+        dev = tuple(get(sel, k) for k in ("driver", "pool", "device"))
+        if not all(isinstance(x, str) and x for x in dev) or \
+                name_of(obj) != rule_name(*dev):
+            return
+        now = self.clock()
+        job = get(obj, "metadata", "annotations", "ftagent.io/fault-job")
+        held = None if type_ == "DELETED" or get(obj, "spec", "taint", "effect") == "None" \
+            else Held(job if isinstance(job, str) else "", now, True)
+        self.breaker.observe(device_key(*dev), held, now)
+
+    def _dra_all(self, uids: frozenset[str] | None = None) -> None:
+        """The running jobs' pods (only those of ``uids`` when given) against the taints."""
+        for job in list(self.registry.jobs.values()):
+            if job.finished:
+                continue
+            for rs in list(job.ranks.values()):
+                pod = self.pod_cache.get((job.namespace, rs.pod)) if rs.pod else None
+                if pod is None or rs.state in _QUIET_STATES or (
+                        uids is not None and get(pod, "metadata", "uid") not in uids):
+                    continue
+                self._dra_taints(job, rs, pod)
+
+    def _dra_taints(self, job: JobState, rs: Any, pod: Any) -> None:
+        """A DRA device the pod holds tainted by its driver (dra.py): that rank's pod is
+        replaced and the device tainted, as node-scope evidence; only for the job's own
+        pod as the watch sees it (as ``_device_health``)."""
+        ns, name = get(pod, "metadata", "namespace"), get(pod, "metadata", "name")
+        if ns != job.namespace or get(pod, "metadata", "labels", JOB_LABEL) != job.job or \
+                (rs.pod_uid and rs.pod_uid != get(pod, "metadata", "uid")):
+            return
+        for cf in self.dra.observe(pod):
+            self._remember(cf, ((ns, name, cf.uid),))
+            self.registry.report_fault(job.namespace, job.job, cf.fault, self.clock(),
+                                       rank=rs.rank)
 
     def _report_node(self, cf: ClusterFault, only: tuple[str, str] | None = None) -> None:
         by_job: dict[tuple[str, str], list[Any]] = {}
@@ -434,11 +561,11 @@ class Cluster:
             self._blips[(cf.node, (ns, name))] = cf
             job = self.registry.jobs.get((ns, name))
             if job is not None:
-                self.registry.timeline.add(
-                    now, name, ns, job.generation, "note",
+                self.registry.record(
+                    job, "note",
                     f"node {cf.node} not Ready for {now - since:.0f}s but {got.why}: a "
                     "blip, no replacement (acted on if they stop while it stays NotReady)",
-                    rank=ranks[0].rank, fault_id=cf.fault.id)
+                    now, rank=ranks[0].rank, fault_id=cf.fault.id)
         return True
 
     def _step_window(self) -> float:
@@ -453,10 +580,10 @@ class Cluster:
             if job is None or job.finished or since is None:
                 del self._blips[(node, key)]
                 if job is not None and not job.finished and node in self.node_names:
-                    self.registry.timeline.add(
-                        now, key[1], key[0], job.generation, "note",
+                    self.registry.record(
+                        job, "note",
                         f"node {node} Ready again (or a new transition): the NotReady blip "
-                        "passed with nothing replaced", fault_id=cf.fault.id)
+                        "passed with nothing replaced", now, fault_id=cf.fault.id)
                 continue
             ranks = [rs for j, rs in self.registry.ranks_on_node(node) if j is job]
             if not still_stepping(ranks, since, now, self._step_window()).stepping:
@@ -510,6 +637,7 @@ class Cluster:
                                  now - gone_at)
         if not self._flushing and self.recorder.dirty():
             self._flush_events()
+        self._exits_due(now)
         self._trainjob_progress(now)
         self._uncordon_due(now)
         self._taint_fallbacks_due(now)
@@ -548,11 +676,31 @@ class Cluster:
     def on_decision(self, job: JobState, d: Decision, now: float) -> None:
         """The registry's decision listener (on the loop, commands already queued)."""
         self._events_for(job, d, now)
-        if d.verdict is Verdict.REPLACE and d.rank is not None:
-            self._replace(job, d, now)
+        if d.verdict is Verdict.REPLACE and d.rank is not None and not in_place(d):
+            self._replace(job, d, now)  # (an in-place tier keeps the pod and its node)
+        if d.verdict in (Verdict.RESTART, Verdict.REPLACE) or (
+                d.verdict is Verdict.RELEASE_BARRIER and not d.targets):
+            self._ladder(job, d)
         if d.verdict in (Verdict.RESTART, Verdict.REPLACE, Verdict.STOP) or (
                 d.verdict is Verdict.RELEASE_BARRIER and not d.targets):
             self._annotate(job)
+
+    def _ladder(self, job: JobState, d: Decision) -> None:
+        """The recovery ladder's view of the job's ranks (ladder.Features on each): the
+        restart streak this decision extends or ends, then what each rank's pod and node
+        have, read again (a new generation: pods may have moved)."""
+        if d.verdict is not Verdict.RELEASE_BARRIER:
+            self.streaks.note((job.namespace, job.job), d.rank, d.generation,
+                              restart=d.verdict is Verdict.RESTART or in_place(d))
+        for rs in list(job.ranks.values()):
+            self._set_tiers(job, rs)
+
+    def _set_tiers(self, job: JobState, rs: Any) -> None:
+        pod = self.pod_cache.get((job.namespace, rs.pod)) if rs.pod else None
+        node_name = get(pod, "spec", "nodeName")
+        node = self.node_cache.get(node_name) if isinstance(node_name, str) else None
+        rs.tiers = features_of(pod, node, spare=bool(job.spares), repeats=self.streaks.repeats(
+            (job.namespace, job.job), rs.rank, job.generation))
 
     def _replace(self, job: JobState, d: Decision, now: float) -> None:
         rs = job.ranks.get(d.rank) if d.rank is not None else None
@@ -571,6 +719,7 @@ class Cluster:
         if cf is not None:  # the API server's own view: its scope decides
             cordon, why = bool(node) and cf.fault.scope is Scope.NODE, ""
             evidence = "device-health" if cf.fault.evidence.get("device_health") is True \
+                else "dra-taint" if cf.fault.evidence.get("dra_taint") is True \
                 else "node-condition"
         elif node:
             account = next((a for ns, name, _ in pods
@@ -584,8 +733,7 @@ class Cluster:
             cordon, why = False, ""
         if node and not cordon and why:
             msg = f"node {node} not cordoned: {why}"
-            self.registry.timeline.add(now, job.job, job.namespace, job.generation,
-                                       "decision", msg, rank=d.rank, fault_id=d.fault_id)
+            self.registry.record(job, "decision", msg, now, rank=d.rank, fault_id=d.fault_id)
             self._event(job, pods[0][1] if pods else "", "Normal", "NodeNotCordoned", msg,
                         now)
         dra = cf.fault.evidence.get("dra") if cf is not None else None
@@ -593,14 +741,18 @@ class Cluster:
             # DRA devices: taint each one (KEP-5055), not the node; the node's cordon
             # only if the cluster cannot take the taint (_taint_fallbacks_due)
             cordon = False
-            self._submit(self._actions, self._taint_devices, job, node, kind, d.reason,
-                         d.fault_id, who, [tuple(x) for x in dra[:16]], d.rank, now)
+            devs = [tuple(str(y) for y in x) for x in dra[:16]
+                    if isinstance(x, list) and len(x) == 3]
+            devs = [x for x in devs if self._breaker_allows(
+                job, rs, device_key(*x), who, d, now, evidence)]  # as a node costs
+            if devs:
+                self._submit(self._actions, self._taint_devices, job, node, kind, d.reason,
+                             d.fault_id, who, devs, d.rank, now)
         other = held_by_other(self.node_cache.get(node)) if cordon else ""
         if other:  # another system drains it: the pod moves, the node stays theirs
             cordon = False
             msg = f"node {node} not cordoned: {other}"
-            self.registry.timeline.add(now, job.job, job.namespace, job.generation,
-                                       "decision", msg, rank=d.rank, fault_id=d.fault_id)
+            self.registry.record(job, "decision", msg, now, rank=d.rank, fault_id=d.fault_id)
         if cordon:
             cordon = self._breaker_allows(job, rs, node, who, d, now, evidence)
         for _, _, uid in pods:
@@ -618,11 +770,11 @@ class Cluster:
             self.breaker.record(node, who, now, confirmed)
             self.health.forget(node)  # healthy from now on counts afresh
             return True
-        msg = f"node {node} not cordoned: {v.reason}"
+        msg = f"{node} not tainted: {v.reason}" if node.startswith("device ") else \
+            f"node {node} not cordoned: {v.reason}"
         log.warning("%s (job %s)", msg, who)
         self.on_cordon_skipped()
-        self.registry.timeline.add(now, job.job, job.namespace, job.generation,
-                                   "decision", msg, rank=d.rank, fault_id=d.fault_id)
+        self.registry.record(job, "decision", msg, now, rank=d.rank, fault_id=d.fault_id)
         self._event(job, rs.pod if rs else "", "Warning", "CordonSkipped", msg, now)
         return False
 
@@ -754,7 +906,7 @@ class Cluster:
                        now: float) -> None:
         """In a worker: a DeviceTaintRule per faulty DRA device; where the cluster has
         none (or forbids it), the node's cordon instead, decided on the loop."""
-        for dev in devices:
+        for i, dev in enumerate(devices):
             if len(dev) != 3:
                 continue
             driver, pool, device = (str(x) for x in dev)
@@ -763,21 +915,28 @@ class Cluster:
                                 who):
                     self._event(job, "", "Warning", "DeviceTainted",
                                 f"device {driver}/{pool}/{device} tainted "
-                                f"{TAINT_KEY}=device:NoSchedule (node {node} stays "
-                                f"schedulable): {reason}", now)
+                                f"{TAINT_KEY}=device:None (dry run), then NoSchedule "
+                                f"(node {node} stays schedulable): {reason}", now)
             except Absent as e:
                 log.warning("job %s: %s; cordoning node %s instead", who, e, node)
-                with self._lock:
+                with self._lock:  # this device and the ones after it: never written
+                    self._taint_failed.extend(device_key(*(str(x) for x in d))
+                                              for d in devices[i:] if len(d) == 3)
                     self._taint_fallbacks.append(((job.namespace, job.job), node, kind,
                                                   reason, fault_id, rank))
                 return
             except Exception:
                 self.on_action_failed("taint_device")
                 log.exception("tainting device %s/%s/%s failed", driver, pool, device)
+                with self._lock:  # never written: the breaker forgets it on the loop
+                    self._taint_failed.append(device_key(driver, pool, device))
 
     def _taint_fallbacks_due(self, now: float) -> None:
         with self._lock:
             due, self._taint_fallbacks = self._taint_fallbacks, []
+            failed, self._taint_failed = self._taint_failed, []
+        for dev_key in failed:  # (the breaker is the loop's: released here, not in a worker)
+            self.breaker.release(dev_key)
         for key, node, kind, reason, fault_id, rank in due:
             job = self.registry.jobs.get(key)
             if job is None or not node or held_by_other(self.node_cache.get(node)):
@@ -980,13 +1139,16 @@ def start_watches(cluster: Cluster, api_client: Any, loop: asyncio.AbstractEvent
     (ftagent/kube/informer.py: list + watch, resume, bookmarks, 410 -> relist with the
     difference handed over, backoff with jitter), handing changes to the cluster on
     ``loop``. ``stop`` set, then ``join``: they end."""
+    from ftagent.kube.dra_watch import dra_informers
     from ftagent.kube.informer import node_informer, pod_informer
 
     pods = pod_informer(api_client, label_selector=JOB_LABEL, loop=loop,
                         handler=lambda c: cluster.on_pod(c.type, c.obj))
     nodes = node_informer(api_client, loop=loop,
                           handler=lambda c: cluster.on_node(c.type, c.obj))
-    watches = [_Watch(pods), _Watch(nodes)]
+    watches = [_Watch(pods), _Watch(nodes), *(_Watch(i) for i in dra_informers(
+        api_client, loop, cluster.on_resource_slice, cluster.on_resource_claim,
+        cluster.on_device_taint_rule))]
     for w in watches:
         w.informer.start()
 

@@ -284,3 +284,35 @@ def pending_fault(pod: Any, now: float, since: float, grace: float,
     f = Fault(FaultKind.NODE, msg, Severity.WARNING, Scope.POD,
               evidence={"pod": name, "namespace": ns, "pending": True}, id=f"pod:{uid}:pending")
     return ClusterFault(f, namespace=ns, pod=name, uid=uid)
+
+
+def terminal_status(pod: Any, trainer: str = "") -> int | None:
+    """How a pod's trainer ended, from its terminal phase (the kubelet's word, read when
+    its agent could not say it): 0 for ``Succeeded``; for ``Failed``, the ``trainer``
+    container's ``state.terminated`` (``128 + signal`` when a signal is given, else its
+    ``exitCode``), else the first container that terminated non-zero, else 1. None while
+    the pod runs, and for a pod the cluster took away (evicted, a disruption, deleted):
+    that is a fault the job recovers from (``PodFaults``), not how it ended."""
+    phase = get(pod, "status", "phase")
+    if phase == "Succeeded":
+        return 0
+    if phase != "Failed" or get(pod, "status", "reason") == "Evicted" or \
+            get(pod, "metadata", "deletionTimestamp"):
+        return None
+    dis = condition(pod, "DisruptionTarget")
+    if dis is not None and dis.get("status") == "True":
+        return None
+    statuses = get(pod, "status", "containerStatuses")
+    codes: list[tuple[bool, int]] = []
+    for st in statuses if isinstance(statuses, list) else []:
+        done = get(st, "state", "terminated")
+        code, sig = get(done, "exitCode"), get(done, "signal")
+        if not isinstance(code, int) or isinstance(code, bool):
+            continue
+        if isinstance(sig, int) and not isinstance(sig, bool) and 0 < sig < 128:
+            code = 128 + sig
+        codes.append((get(st, "name") == trainer and bool(trainer), max(0, min(code, 255))))
+    mine = next((c for is_trainer, c in codes if is_trainer), None)
+    if mine is not None:
+        return mine
+    return next((c for _, c in codes if c != 0), 1)

@@ -82,9 +82,11 @@ from ftagent.kube.identity import (
     literal_env,
     trainer_index,
 )
+from ftagent.kube.pod_tiers import add_rules
 
 INJECTED = "ftagent.io/injected"
 JOB_LABEL = "ftagent.io/job"  # set on injected pods: the arbiter watches pods by it
+RESTART_IN_PLACE = "ftagent.io/restart-in-place"  # the pod's own say on restart rules
 JOB_NAME_NOTE = "ftagent.io/job-name"  # the job's full name when the label had to hash it
 VOLUME = "ftagent"
 TOKEN_VOLUME = "ftagent-token"  # contract C2
@@ -124,6 +126,11 @@ class Settings:
     init_resources: Mapping[str, Any] = field(default_factory=lambda: {
         "requests": {"cpu": "50m", "memory": "32Mi"},
         "limits": {"cpu": "1", "memory": "128Mi"}})
+    # container restart rules for the ladder's pod-level tiers (kube/pod_tiers.py) on every
+    # arbitrated pod: "" none, "container" (KEP-5307 Restart only: 1.35), "pod" (and
+    # KEP-5532 RestartAllContainers: 1.36+); a pod says its own with
+    # ftagent.io/restart-in-place (the same values, "true" for "pod", "false" for none)
+    restart_rules: str = ""
 
 
 @dataclass
@@ -260,6 +267,7 @@ def _inject(pod: dict[str, Any], namespace: str, s: Settings
     port = _metrics_port(pod, env, namespace, ident, s)
     _add_env(trainer, _env(ident, name, port, monitor_only, arbitrated, bool(ca), s))
     _add_port(trainer, port, bool(spec.get("hostNetwork")))
+    warnings = _restart_rules(spec, trainer, labels, notes, s) if arbitrated else []
     meta = pod["metadata"]
     if not isinstance(meta.get("annotations"), dict):
         meta["annotations"] = {}
@@ -271,7 +279,23 @@ def _inject(pod: dict[str, Any], namespace: str, s: Settings
         meta["labels"] = {}
     meta["labels"].setdefault(JOB_LABEL, job_label_value(name))  # the arbiter's pod watch
     mode = "monitor only" if monitor_only else ident.kind
-    return f"true ({mode}, container {str(trainer.get('name'))[:63]}, {how})", "", []
+    return f"true ({mode}, container {str(trainer.get('name'))[:63]}, {how})", "", warnings
+
+
+def _restart_rules(spec: dict[str, Any], trainer: dict[str, Any], labels: Mapping[str, str],
+                   notes: Mapping[str, str], s: Settings) -> list[str]:
+    """The trainer container's restart rules for the in-place tiers (pod_tiers.add_rules),
+    where the webhook adds them (Settings.restart_rules) or the pod asks
+    (``ftagent.io/restart-in-place``, label or annotation: "pod" or "true" both rules,
+    "container" the KEP-5307 one only, "false" none)."""
+    asked = (notes.get(RESTART_IN_PLACE) or labels.get(RESTART_IN_PLACE) or "").strip().lower()
+    if _false(asked):
+        return []
+    which = {"true": "pod", "pod": "pod", "container": "container"}.get(asked, s.restart_rules)
+    if which not in ("pod", "container"):
+        return []
+    why = add_rules(trainer, spec.get("restartPolicy"), reset_pod=which == "pod")
+    return [f"ftagent: no in-place restart rules: {why}"] if why else []
 
 
 def _windows(spec: Mapping[str, Any]) -> bool:

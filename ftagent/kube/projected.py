@@ -28,9 +28,12 @@ review at all.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hashlib
 import json
 import logging
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -87,17 +90,46 @@ def _pair(v: Any) -> tuple[str, str]:
     return _str(v.get("name")), _str(v.get("uid"))
 
 
+_SEGMENT = re.compile(r"[A-Za-z0-9_-]*\Z")  # unpadded base64url, as the API server writes
+
+
+def _segment(text: str) -> bytes | None:
+    """One JWT segment's bytes (strict unpadded base64url), or None."""
+    if len(text) % 4 == 1 or not _SEGMENT.match(text):
+        return None
+    try:
+        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _object(text: str) -> dict[str, Any] | None:
+    """A segment holding a JSON object (the header, the claims), or None."""
+    raw = _segment(text)
+    if raw is None:
+        return None
+    try:
+        v = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return v if isinstance(v, dict) else None
+
+
 def verify(token: str, keys: dict[str, Any], issuer: str, audience: str,
            now: float) -> Checked:
     """Check one token against ``keys`` (kid -> PyJWK) of ``issuer`` for ``audience`` at
-    ``now`` (unix seconds). Linear in the token's length; never raises."""
-    import jwt
+    ``now`` (unix seconds). Linear in the token's length; never raises.
 
+    Each segment is decoded once (C-speed base64 and JSON) and the signature checked with
+    the key's own algorithm (PyJWT's, over ``cryptography``): this is what every agent's
+    first call to a freshly started arbiter costs, 10,000 times after a failover, so
+    nothing is parsed twice and no segment is scanned in Python. The header is read
+    before the signature is checked (to pick the key), the claims only after."""
     if not token or len(token) > MAX_TOKEN or token.count(".") != 2:
         return Checked(problem="not a JWT")
-    try:
-        header = jwt.get_unverified_header(token)
-    except jwt.PyJWTError:
+    head_b64, body_b64, sig_b64 = token.split(".")
+    header = _object(head_b64)
+    if header is None:
         return Checked(problem="not a JWT")
     alg, kid = header.get("alg"), header.get("kid")
     if alg not in ALGORITHMS:
@@ -109,17 +141,28 @@ def verify(token: str, keys: dict[str, Any], issuer: str, audience: str,
         return Checked(unknown_key=kid)
     if getattr(key, "algorithm_name", alg) != alg:
         return Checked(problem="algorithm does not match the key")
+    sig = _segment(sig_b64)
+    if not sig:
+        return Checked(problem="invalid: no signature")
     try:
-        claims = jwt.decode(token, key, algorithms=[alg], audience=audience, issuer=issuer,
-                            options={"verify_exp": False, "verify_nbf": False,
-                                     "verify_iat": False,
-                                     "require": ["iss", "aud", "exp", "sub"]})
-    except jwt.InvalidAudienceError:
+        good = key.Algorithm.verify(f"{head_b64}.{body_b64}".encode("ascii"), key.key, sig)
+    except Exception:  # a malformed signature for this key type
+        good = False
+    if not good:
+        return Checked(problem="invalid: InvalidSignatureError")
+    claims = _object(body_b64)
+    if claims is None:
+        return Checked(problem="invalid: DecodeError")
+    if any(c not in claims for c in ("iss", "aud", "exp", "sub")):
+        return Checked(problem="invalid: MissingRequiredClaimError")
+    aud = claims["aud"]
+    auds = [aud] if isinstance(aud, str) else aud if isinstance(aud, list) else None
+    if auds is None or not all(isinstance(a, str) for a in auds):
+        return Checked(problem="invalid: InvalidAudienceError")
+    if audience not in auds:
         return Checked(problem="wrong audience")
-    except jwt.InvalidIssuerError:  # raised after the signature was found good
+    if claims["iss"] != issuer:  # signed with the cluster's key, naming another issuer
         return Checked(problem="another issuer", other_issuer=True)
-    except jwt.PyJWTError as e:
-        return Checked(problem=f"invalid: {type(e).__name__}")
     exp, nbf = claims.get("exp"), claims.get("nbf", claims.get("iat", 0))
     if not isinstance(exp, (int, float)) or isinstance(exp, bool) or now >= exp:
         return Checked(problem="expired")

@@ -18,6 +18,7 @@ One statement a line; ``#`` starts a comment. Times are from the backend's start
     t=7s gpu=0 throttle=hw_thermal,sw_power_cap   # or none
     t=7s gpu=0 recovery=node_reboot          # none, gpu_reset, drain_and_reset, ... or N
     t=4s gpu=0 temp=91 power=700 util=100 mem_used=60GiB
+    t=1s gpu=1 compute=wrong                 # preflight's compute check: ok, wrong, error, hang
     t=3s kmsg NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus.
 
 ``unsupported=`` lists pynvml calls (or field names such as
@@ -41,7 +42,8 @@ RECOVERY = {"none": 0, "gpu_reset": 1, "node_reboot": 2, "drain_p2p": 3,
             "drain_and_reset": 4, "recover_imex_domain": 5, "bus_reset": 6,
             "system_reboot": 7}
 _SETS = {"remap_pending", "remap_failure", "retired_pending", "temp", "power", "util",
-         "mem_used", "xid", "nvlink"}
+         "mem_used", "xid", "nvlink", "compute"}
+COMPUTE = ("ok", "wrong", "error", "hang")  # what preflight's compute check meets
 _ADDS = {"ecc_dbe", "ecc_sbe", "remap_corrected", "remap_uncorrected", "retired_dbe",
          "retired_sbe", "nvlink_errors"}
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
@@ -130,6 +132,10 @@ def _value(key: str, text: str) -> Any:
             raise ValueError("via must be nvml, kmsg or both")
         return text
     if key == "detail":
+        return text
+    if key == "compute":
+        if text not in COMPUTE:
+            raise ValueError(f"compute must be one of {', '.join(COMPUTE)}")
         return text
     if key in ("remap_pending", "remap_failure", "retired_pending") and text not in "01":
         raise ValueError(f"{key} must be 0 or 1")

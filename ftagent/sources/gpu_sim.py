@@ -61,6 +61,7 @@ class _Gpu:
     util: int = 0
     mem_used: int = 1 << 30
     registered: int = 0
+    compute: str = "ok"  # preflight's compute check: ok, wrong, error, hang
 
 
 class SimulatedNvml:
@@ -138,7 +139,7 @@ class SimulatedNvml:
             elif key == "recovery":
                 gpu.recovery = value
                 self._event(gpu, "recovery", value)
-            elif key in ("throttle", "temp", "util", "mem_used"):
+            elif key in ("throttle", "temp", "util", "mem_used", "compute"):
                 setattr(gpu, key, value)
             elif key == "power":
                 gpu.power_mw = value * 1000
@@ -354,6 +355,22 @@ class SimulatedNvml:
         u = pynvml.c_nvmlUtilization_t()
         u.gpu, u.memory = gpu.util, gpu.util // 2
         return u
+
+    def ftagent_compute_check(self, handle: Any) -> str:
+        """Not an NVML call: the simulator's stand-in for preflight's device-memory and
+        compute check (agent/compute_probe.py runs it on a real GPU, in a child with
+        CUDA; NVML cannot run a kernel). '' when the device passes; ``compute=wrong`` a
+        wrong answer, ``error`` a CUDA error, ``hang`` never returns (the budget ends
+        it); a lost GPU raises GpuIsLost as every call on it does."""
+        gpu = self._gpu(handle, "ftagent_compute_check")
+        if gpu.compute == "wrong":
+            return "compute: a 256x256 matmul of ones is wrong"
+        if gpu.compute == "error":
+            return ("AcceleratorError: CUDA error: uncorrectable ECC error encountered "
+                    "(simulated)")
+        if gpu.compute == "hang":
+            threading.Event().wait(3600)  # a kernel that never finishes
+        return ""
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any:
         gpu = self._gpu(handle, "nvmlDeviceGetMemoryInfo")

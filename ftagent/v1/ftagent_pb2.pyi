@@ -47,6 +47,7 @@ class CommandKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMMAND_KIND_BUSY: _ClassVar[CommandKind]
     COMMAND_KIND_ASSIGN: _ClassVar[CommandKind]
     COMMAND_KIND_SPARE: _ClassVar[CommandKind]
+    COMMAND_KIND_LAST_WORDS: _ClassVar[CommandKind]
 FAULT_KIND_UNSPECIFIED: FaultKind
 FAULT_KIND_CRASH: FaultKind
 FAULT_KIND_HANG: FaultKind
@@ -76,6 +77,7 @@ COMMAND_KIND_REPLACE: CommandKind
 COMMAND_KIND_BUSY: CommandKind
 COMMAND_KIND_ASSIGN: CommandKind
 COMMAND_KIND_SPARE: CommandKind
+COMMAND_KIND_LAST_WORDS: CommandKind
 
 class AgentMessage(_message.Message):
     __slots__ = ("job", "hello", "progress", "fault", "arrival", "exit", "ack", "stacks", "snapshots")
@@ -106,7 +108,7 @@ class SnapshotReport(_message.Message):
     def __init__(self, steps: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("job", "namespace", "pod", "node", "rank", "world_size", "restart_count", "generation", "agent_version", "max_restarts", "alert_only", "released_generation", "state", "agent_instance", "trainer_running", "gpus", "spare")
+    __slots__ = ("job", "namespace", "pod", "node", "rank", "world_size", "restart_count", "generation", "agent_version", "max_restarts", "alert_only", "released_generation", "state", "agent_instance", "trainer_running", "gpus", "spare", "replica_port")
     JOB_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     POD_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +126,7 @@ class Hello(_message.Message):
     TRAINER_RUNNING_FIELD_NUMBER: _ClassVar[int]
     GPUS_FIELD_NUMBER: _ClassVar[int]
     SPARE_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_PORT_FIELD_NUMBER: _ClassVar[int]
     job: str
     namespace: str
     pod: str
@@ -141,7 +144,8 @@ class Hello(_message.Message):
     trainer_running: bool
     gpus: _containers.RepeatedScalarFieldContainer[str]
     spare: bool
-    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., pod: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., restart_count: _Optional[int] = ..., generation: _Optional[int] = ..., agent_version: _Optional[str] = ..., max_restarts: _Optional[int] = ..., alert_only: _Optional[bool] = ..., released_generation: _Optional[int] = ..., state: _Optional[str] = ..., agent_instance: _Optional[str] = ..., trainer_running: _Optional[bool] = ..., gpus: _Optional[_Iterable[str]] = ..., spare: _Optional[bool] = ...) -> None: ...
+    replica_port: int
+    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., pod: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., restart_count: _Optional[int] = ..., generation: _Optional[int] = ..., agent_version: _Optional[str] = ..., max_restarts: _Optional[int] = ..., alert_only: _Optional[bool] = ..., released_generation: _Optional[int] = ..., state: _Optional[str] = ..., agent_instance: _Optional[str] = ..., trainer_running: _Optional[bool] = ..., gpus: _Optional[_Iterable[str]] = ..., spare: _Optional[bool] = ..., replica_port: _Optional[int] = ...) -> None: ...
 
 class ProgressSummary(_message.Message):
     __slots__ = ("step", "loss", "samples_per_second", "tokens_per_second", "seconds_since_progress", "hung", "ts", "step_seconds", "collective_seconds", "data_seconds", "timed_steps", "resumed_step", "checkpoint_seconds", "other_phase_seconds", "resume_source")
@@ -268,16 +272,20 @@ class ArbiterMessage(_message.Message):
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., fault_ack: _Optional[_Union[FaultAck, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("generation", "arbiter_id", "max_restarts", "restarts")
+    __slots__ = ("generation", "arbiter_id", "max_restarts", "restarts", "replica_peer", "replica_key")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     ARBITER_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_RESTARTS_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_PEER_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_KEY_FIELD_NUMBER: _ClassVar[int]
     generation: int
     arbiter_id: str
     max_restarts: int
     restarts: int
-    def __init__(self, generation: _Optional[int] = ..., arbiter_id: _Optional[str] = ..., max_restarts: _Optional[int] = ..., restarts: _Optional[int] = ...) -> None: ...
+    replica_peer: str
+    replica_key: bytes
+    def __init__(self, generation: _Optional[int] = ..., arbiter_id: _Optional[str] = ..., max_restarts: _Optional[int] = ..., restarts: _Optional[int] = ..., replica_peer: _Optional[str] = ..., replica_key: _Optional[bytes] = ...) -> None: ...
 
 class FaultAck(_message.Message):
     __slots__ = ("fault_id", "final", "outcome")
@@ -304,7 +312,7 @@ class JobBusy(_message.Message):
     def __init__(self, busy_ranks: _Optional[_Iterable[int]] = ..., waiting_ranks: _Optional[_Iterable[int]] = ..., where: _Optional[str] = ..., state: _Optional[str] = ..., spin_culprits: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("id", "kind", "generation", "exit_code", "reason", "fault_id", "target_rank", "restarts", "busy", "resume_step")
+    __slots__ = ("id", "kind", "generation", "exit_code", "reason", "fault_id", "target_rank", "restarts", "busy", "resume_step", "replica_peer")
     ID_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -315,6 +323,7 @@ class Command(_message.Message):
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
     BUSY_FIELD_NUMBER: _ClassVar[int]
     RESUME_STEP_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_PEER_FIELD_NUMBER: _ClassVar[int]
     id: str
     kind: CommandKind
     generation: int
@@ -325,7 +334,8 @@ class Command(_message.Message):
     restarts: int
     busy: JobBusy
     resume_step: int
-    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., generation: _Optional[int] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., fault_id: _Optional[str] = ..., target_rank: _Optional[int] = ..., restarts: _Optional[int] = ..., busy: _Optional[_Union[JobBusy, _Mapping]] = ..., resume_step: _Optional[int] = ...) -> None: ...
+    replica_peer: str
+    def __init__(self, id: _Optional[str] = ..., kind: _Optional[_Union[CommandKind, str]] = ..., generation: _Optional[int] = ..., exit_code: _Optional[int] = ..., reason: _Optional[str] = ..., fault_id: _Optional[str] = ..., target_rank: _Optional[int] = ..., restarts: _Optional[int] = ..., busy: _Optional[_Union[JobBusy, _Mapping]] = ..., resume_step: _Optional[int] = ..., replica_peer: _Optional[str] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
     __slots__ = ()
@@ -382,7 +392,7 @@ class RankInfo(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., pod: _Optional[str] = ..., node: _Optional[str] = ..., connected: _Optional[bool] = ..., state: _Optional[str] = ..., step: _Optional[int] = ..., loss: _Optional[float] = ..., samples_per_second: _Optional[float] = ..., tokens_per_second: _Optional[float] = ..., progress_age_seconds: _Optional[float] = ..., hung: _Optional[bool] = ..., generation: _Optional[int] = ..., restarts: _Optional[int] = ..., last_fault: _Optional[str] = ..., last_exit_status: _Optional[int] = ...) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ("job", "namespace", "generation", "restarts", "max_restarts", "world_size", "connected", "state", "alert_only", "barrier", "ranks", "timeline", "goodput", "busy", "spares", "snapshot_step", "ranks_omitted")
+    __slots__ = ("job", "namespace", "generation", "restarts", "max_restarts", "world_size", "connected", "state", "alert_only", "barrier", "ranks", "timeline", "goodput", "busy", "spares", "snapshot_step", "ranks_omitted", "replicas")
     JOB_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -400,6 +410,7 @@ class JobInfo(_message.Message):
     SPARES_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_STEP_FIELD_NUMBER: _ClassVar[int]
     RANKS_OMITTED_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     job: str
     namespace: str
     generation: int
@@ -417,7 +428,8 @@ class JobInfo(_message.Message):
     spares: _containers.RepeatedScalarFieldContainer[str]
     snapshot_step: int
     ranks_omitted: int
-    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., generation: _Optional[int] = ..., restarts: _Optional[int] = ..., max_restarts: _Optional[int] = ..., world_size: _Optional[int] = ..., connected: _Optional[int] = ..., state: _Optional[str] = ..., alert_only: _Optional[bool] = ..., barrier: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., timeline: _Optional[_Iterable[_Union[TimelineEntry, _Mapping]]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., busy: _Optional[str] = ..., spares: _Optional[_Iterable[str]] = ..., snapshot_step: _Optional[int] = ..., ranks_omitted: _Optional[int] = ...) -> None: ...
+    replicas: str
+    def __init__(self, job: _Optional[str] = ..., namespace: _Optional[str] = ..., generation: _Optional[int] = ..., restarts: _Optional[int] = ..., max_restarts: _Optional[int] = ..., world_size: _Optional[int] = ..., connected: _Optional[int] = ..., state: _Optional[str] = ..., alert_only: _Optional[bool] = ..., barrier: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankInfo, _Mapping]]] = ..., timeline: _Optional[_Iterable[_Union[TimelineEntry, _Mapping]]] = ..., goodput: _Optional[_Union[Goodput, _Mapping]] = ..., busy: _Optional[str] = ..., spares: _Optional[_Iterable[str]] = ..., snapshot_step: _Optional[int] = ..., ranks_omitted: _Optional[int] = ..., replicas: _Optional[str] = ...) -> None: ...
 
 class Goodput(_message.Message):
     __slots__ = ("wall_seconds", "seconds", "ratio", "recomputed_steps", "incidents", "per_incident", "started_at")

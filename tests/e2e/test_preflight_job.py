@@ -12,9 +12,11 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from ftagent.model import EXIT_REPLACE
 from tests.arbiter_helpers import ArbiterProcess
-from tests.conftest import PY, free_port, ftagent_cmd, read_events
+from tests.conftest import PY, free_port, ftagent_cmd, read_events, wait_for
 from tests.e2e.test_gpu_job import decisions, status
 
 JOB = "e2e-gpu"  # test_gpu_job's status helpers read this job
@@ -167,3 +169,67 @@ def test_a_spare_that_fails_preflight_is_never_used_and_the_timeline_says_why(
     assert not decisions(st, "restart") and not decisions(st, "replace"), msgs
     assert not decisions(st, "assign"), msgs
     assert decisions(st, "succeeded"), msgs
+
+
+def serving(events: Path) -> bool:
+    try:
+        return any(e["event"] == "state" and e["kind"] == "spare" for e in read_events(events))
+    except ValueError:  # a line being written
+        return False
+
+
+def test_a_spare_whose_device_broke_while_it_waited_is_stopped_at_preflight_on_assign(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warm spare passes preflight when it joins; its GPU is lost while it waits (the
+    watch's poll slowed: only preflight can see it). Rank 1 is replaced (its own preflight
+    after a restart fails) and the spare is ASSIGNed the rank: it checks again before it
+    arrives, fails, is retired (exits with the replace status) and never runs a trainer;
+    the rank's own recreated pod takes it and the job succeeds."""
+    (tmp_path / "train.py").write_text(TRAINER.replace("i == 12", "i == 40"))
+    assert "i == 40" in (tmp_path / "train.py").read_text()
+    timeline = tmp_path / "gpus.txt"
+    timeline.write_text("gpus 1\nt=0.5s rank=1 gpu=0 lost\n")
+    spare_gpus = tmp_path / "spare-gpus.txt"
+    spare_gpus.write_text("gpus 1\nt=3s gpu=0 lost\n")  # after its first preflight
+    monkeypatch.setenv("STEPS", "60")  # rank 0 crashes 4 s into training: after that
+    clean = tmp_path / "clean.txt"
+    clean.write_text("gpus 1\n")
+    names = ("rank0", "rank1", "spare", "rank1-new")
+    procs: list[subprocess.Popen[bytes]] = []
+    with ArbiterProcess(log_dir=str(tmp_path)) as arb:
+        try:
+            # (a spare on the replaced rank's node is never picked: its own node here)
+            spare = start(tmp_path, arb.address, "spare", 0, spare_gpus,
+                          extra=("--spare", "--node", "spare-node"))
+            procs.append(spare)
+            wait_for(lambda: serving(tmp_path / "spare.jsonl"), 30, "the spare to serve",
+                     interval=0.1)
+            r0 = start(tmp_path, arb.address, "rank0", 0, clean, crash=True)
+            r1 = start(tmp_path, arb.address, "rank1", 1, timeline)
+            procs += [r0, r1]
+            assert r1.wait(90) == EXIT_REPLACE, (tmp_path / "rank1.out").read_text()[-3000:]
+            assert spare.wait(60) == EXIT_REPLACE, (tmp_path / "spare.out").read_text()[-3000:]
+            new1 = start(tmp_path, arb.address, "rank1-new", 1, clean)
+            procs.append(new1)
+            assert new1.wait(90) == 0 and r0.wait(90) == 0
+            st = status(arb.address)
+        except BaseException:
+            for n in names:
+                out = tmp_path / f"{n}.out"
+                print(f"--- {n}\n{out.read_text()[-3000:] if out.exists() else ''}")
+            raise
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    msgs = [e["message"] for e in st["timeline"]]
+    assert len(decisions(st, "assign")) == 1, msgs  # the spare was picked for rank 1 ...
+    retired = [m for m in msgs if "not used for rank 1" in m]
+    assert retired and "preflight failed: accelerator: GPU 0" in retired[0], msgs
+    assert decisions(st, "succeeded"), msgs
+    ev = read_events(tmp_path / "spare.jsonl")
+    states = [e["kind"] for e in ev if e["event"] == "state"]
+    assert "assigned" in states and "running" not in states, states  # ... and never ran
+    pre = [e for e in ev if e["event"] == "state" and e["kind"] == "preflight"]
+    assert pre[0]["ok"] is True and pre[-1]["ok"] is False, pre

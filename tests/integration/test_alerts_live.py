@@ -14,8 +14,12 @@ for one namespace) and resolves; ``FtagentWebhookDown`` and ``FtagentAgentNotScr
 fire when the webhook stops and resolve when it is back; ``FtagentArbiterAbsent`` fires
 when the arbiter is killed and resolves when it is back; ``FtagentArbiterNoLeader`` fires
 while the only replica scraped stands by (the Lease held elsewhere, in the fake API server)
-and resolves when it leads. The other alerts' expressions (training, GPU, NIC, cordons) are
-checked by ``promtool test rules`` (deploy/prometheus/ftagent-rules.test.yaml) only.
+and resolves when it leads. The training alerts are driven by a real agent wrapping a
+trainer the test steers through a file (steps, a NaN loss, a stall, crashes) with the
+simulated GPU backend (a fatal Xid): ``FtagentGpuFatalXid``, ``FtagentLossNaN``,
+``FtagentLossAnomaly``, ``FtagentTrainingHung``, ``FtagentNoProgress`` (its 1800 s
+threshold at 4 s: THRESHOLDS) and ``FtagentRestartingOften`` each fire and resolve.
+``tests/integration/test_alerts_live_more.py`` drives the NIC and the arbiter's alerts.
 """
 
 from __future__ import annotations
@@ -65,11 +69,23 @@ WEBHOOK = textwrap.dedent("""
 """)
 
 
+# Thresholds that are durations, shortened with the rest (the rule's text must be there: a
+# change of the shipped rule fails here, not silently)
+THRESHOLDS = {"ftagent_seconds_since_progress > 1800": "ftagent_seconds_since_progress > 4",
+              "(increase(ftagent_job_seconds_lost_to_faults_total[1d])) > 3600":
+              "(increase(ftagent_job_seconds_lost_to_faults_total[1d])) > 0"}
+
+
 def short_rules(dst: Path) -> Path:
-    """The shipped rules with every ``for:`` at 2 s and every range window at 20 s."""
+    """The shipped rules with every ``for:`` at 2 s, every range window and ``offset`` at
+    20 s and the duration thresholds of THRESHOLDS shortened."""
     text = RULES.read_text()
+    for shipped, short in THRESHOLDS.items():
+        assert shipped in text, f"{shipped!r} is no longer in {RULES.name}"
+        text = text.replace(shipped, short)
     text = re.sub(r"\bfor: \d+[smhd]\b", "for: 2s", text)
     text = re.sub(r"\[\d+[smhd]\]", "[20s]", text)
+    text = re.sub(r"\boffset \d+[smhd]\b", "offset 20s", text)  # the born-in-window test
     dst.write_text(text)
     return dst
 
@@ -128,8 +144,11 @@ class Webhook:
 
 
 class Prometheus:
-    def __init__(self, tmp: Path, targets: dict[str, tuple[str, int]]) -> None:
-        """``targets``: PodMonitor name -> (namespace of its pods, port)."""
+    def __init__(self, tmp: Path, targets: dict[str, tuple[str, int]], *,
+                 netns: str = "") -> None:
+        """``targets``: PodMonitor name -> (namespace of its pods, port). ``netns``: run it
+        in that network namespace (its loopback), where the scraped processes run."""
+        self.netns = ["ip", "netns", "exec", netns] if netns else []
         self.port = free_port()
         jobs = []
         for name, mon in monitors().items():
@@ -148,13 +167,18 @@ class Prometheus:
                "scrape_configs": jobs}
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(cfg))
         self.proc = subprocess.Popen(
-            ["prometheus", f"--config.file={tmp / 'prometheus.yml'}",
+            [*self.netns, "prometheus", f"--config.file={tmp / 'prometheus.yml'}",
              f"--storage.tsdb.path={tmp / 'tsdb'}",
              f"--web.listen-address=127.0.0.1:{self.port}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.jobs = [j["job_name"] for j in jobs]
 
     def get(self, path: str) -> Any:
+        if self.netns:  # this process is not in that namespace: curl is, for one request
+            r = subprocess.run([*self.netns, "curl", "-sf", "--max-time", "5", "-g",
+                                f"http://127.0.0.1:{self.port}{path}"],
+                               capture_output=True, text=True, timeout=30)
+            return json.loads(r.stdout)["data"] if r.returncode == 0 else None
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}",
                                         timeout=5) as r:
@@ -321,3 +345,80 @@ def test_a_scrape_counts_every_workers_reviews() -> None:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+# A trainer steered by a file: "ok" (a step a fifth of a second, loss 1.0), "nan" (loss
+# NaN), "stall" (alive, no output), "crash" (exits 1 at once, so the agent restarts it)
+STEERED = textwrap.dedent("""
+    import sys, time
+    def mode():
+        try:
+            with open(sys.argv[1]) as f:
+                return f.read().strip()
+        except OSError:
+            return "ok"
+    step = 0
+    while True:
+        m = mode()
+        if m == "crash":
+            sys.exit(1)
+        if m != "stall":
+            step += 1
+            print(f"step={step} loss={'nan' if m == 'nan' else 1.0}", flush=True)
+        time.sleep(0.2)
+""")
+TRAINING = ("FtagentGpuFatalXid", "FtagentLossNaN", "FtagentLossAnomaly",
+            "FtagentTrainingHung", "FtagentNoProgress", "FtagentRestartingOften")
+
+
+def test_the_training_alerts_fire_and_resolve_on_a_real_agent(tmp_path: Path) -> None:
+    ctl, gpus = tmp_path / "mode", tmp_path / "gpus.txt"
+    ctl.write_text("ok")
+    gpus.write_text("gpus 1\nt=1s gpu=0 xid=79\n")  # fallen off the bus, once
+    port = free_port()
+    agent = popen(ftagent_cmd(
+        "--metrics-port", str(port), "--metrics-addr", "127.0.0.1", "--job", "alerts",
+        "--rank", "0", "--world-size", "1", "--max-restarts", "100",
+        "--restart-backoff", "0.1", "--restart-backoff-max", "0.2",
+        # a declared hang raises the gauge only (no restart), within a second or two
+        "--hang-action", "alert", "--hang-timeout-min", "1", "--hang-warmup-steps", "3",
+        "--hang-verify-window", "0.5",
+        # the Xid counted, no action taken: the trainer keeps running
+        "--gpu-backend", f"simulated:{gpus}", "--gpu-xid-action", "79=ignore",
+        "--gpu-poll-interval", "0.2", cmd=[PY, "-c", STEERED, str(ctl)]),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    prom = Prometheus(tmp_path, {"ftagent-agents": ("default", port)})
+    try:
+        wait_for(lambda: prom_query(prom.port, "up == 1", timeout=5), 60, "the agent up")
+        wait_for(lambda: "FtagentGpuFatalXid" in prom.alerts(), 30,
+                 "FtagentGpuFatalXid to fire")
+        up_at = time.time()
+        wait_for(lambda: prom.evaluated_since(up_at + 3), 30, "rules evaluated while up")
+        assert not prom.active() & (set(TRAINING) - {"FtagentGpuFatalXid"}), prom.active()
+
+        ctl.write_text("nan")
+        wait_for(lambda: {"FtagentLossNaN", "FtagentLossAnomaly"} <= prom.alerts(), 30,
+                 "FtagentLossNaN and FtagentLossAnomaly to fire")
+        ctl.write_text("ok")
+        wait_for(lambda: "FtagentLossNaN" not in prom.active(), 30,
+                 "FtagentLossNaN to resolve")
+
+        ctl.write_text("stall")
+        wait_for(lambda: {"FtagentTrainingHung", "FtagentNoProgress"} <= prom.alerts(), 60,
+                 "FtagentTrainingHung and FtagentNoProgress to fire")
+        ctl.write_text("ok")
+        wait_for(lambda: not {"FtagentTrainingHung", "FtagentNoProgress"} & prom.active(),
+                 30, "the stall's alerts to resolve")
+
+        ctl.write_text("crash")
+        wait_for(lambda: "FtagentRestartingOften" in prom.alerts(), 60,
+                 "FtagentRestartingOften to fire")
+        ctl.write_text("ok")
+        # the counters' alerts resolve once their increases leave the (20 s) window
+        wait_for(lambda: not prom.active() & set(TRAINING), 60,
+                 "every training alert to resolve")
+        assert agent.poll() is None, "the agent carried the trainer through all of it"
+    finally:
+        prom.stop()
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=30)

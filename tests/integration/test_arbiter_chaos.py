@@ -11,8 +11,15 @@ held (SIGSTOP) so they find the exit and the dead stream together. The job must 
 succeeded, with as many restarts as generations as crashes injected, each counted once by
 the arbiter and by each agent.
 
-The seed is printed; FTAGENT_CHAOS_SEED replays a run, FTAGENT_CHAOS_ROUNDS makes it
-longer (the suite runs 2 rounds; ``bench/arbiter_chaos.py`` runs many).
+Issue 36 makes it a seeded harness: each seed is one run (``chaos[SEED]``); the suite
+runs ``FTAGENT_CHAOS_RUNS`` (default 2) random seeds of 2 rounds, printed;
+``FTAGENT_CHAOS_SEEDS=1,2,3`` (or FTAGENT_CHAOS_SEED) replays given ones and
+FTAGENT_CHAOS_ROUNDS makes each longer; ``bench/arbiter_chaos.py`` runs 20. A kill "after"
+a crash comes within a second of it (half of them within 0.2 s: while it is decided or
+its barrier is open). Every run checks: the job finishes and status reads succeeded;
+restarts equal the crashes decided (the timeline's restart decisions, one per crash);
+generation and restart count agree, or the timeline says why not (a reconcile or a
+rejoin); each agent ran each generation once and counted each restart once.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import pytest
 
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
@@ -73,16 +81,44 @@ def runs(path: Path) -> list[int]:
             if e["event"] == "state" and e["kind"] == "running"]
 
 
-def test_arbiter_sigkilled_at_random_moments_counts_each_restart_once(tmp_path: Path) -> None:
-    seed = int(os.environ.get("FTAGENT_CHAOS_SEED") or random.randrange(1 << 30))
+def seeds() -> list[int]:
+    """The runs: FTAGENT_CHAOS_SEEDS (comma-separated) or FTAGENT_CHAOS_SEED, else
+    FTAGENT_CHAOS_RUNS (default 2) random ones."""
+    given = os.environ.get("FTAGENT_CHAOS_SEEDS") or os.environ.get("FTAGENT_CHAOS_SEED")
+    if given:
+        return [int(x) for x in given.split(",") if x.strip()]
+    return [random.randrange(1 << 30)
+            for _ in range(int(os.environ.get("FTAGENT_CHAOS_RUNS") or 2))]
+
+
+def explained(info: pb.JobInfo) -> list[str]:
+    """Timeline entries that move the generation without a restart (why the generation
+    and restart count may differ)."""
+    return [e.message for e in info.timeline if e.action in ("reconcile", "rejoin")]
+
+
+def check_counts(info: pb.JobInfo, crashes: int) -> None:
+    """Restarts equal the crashes decided, each once; generation agrees with restarts or
+    the timeline says why not."""
+    decided = [e for e in info.timeline if e.kind == "decision" and e.action == "restart"]
+    assert len({e.fault_id for e in decided}) == len(decided), "a crash decided twice"
+    assert info.restarts == len(decided) == crashes, (info.restarts, len(decided), crashes)
+    assert info.generation == info.restarts or explained(info), \
+        (info.generation, info.restarts, "and no reconcile or rejoin on the timeline")
+
+
+@pytest.mark.parametrize("seed", seeds())
+def test_arbiter_sigkilled_at_random_moments_counts_each_restart_once(
+        tmp_path: Path, seed: int) -> None:
     rounds = int(os.environ.get("FTAGENT_CHAOS_ROUNDS") or 2)
     rng = random.Random(seed)
     # both kinds of crash round first, in a random order; then any kind
     plan = rng.sample(["inside", "after"], 2) + [rng.choice(("inside", "after", "quiet"))
                                                  for _ in range(max(0, rounds - 2))]
-    print(f"chaos seed {seed} ({rounds} rounds): FTAGENT_CHAOS_SEED={seed} replays it")
+    print(f"chaos seed {seed} ({rounds} rounds): FTAGENT_CHAOS_SEEDS={seed} replays it")
     story: list[str] = []
-    with ArbiterProcess(log_dir=str(tmp_path)) as arb:
+    # its history (and the timeline the checks read) across the kills: --state-dir
+    with ArbiterProcess("--state-dir", str(tmp_path / "state"), log_dir=str(tmp_path)) as arb:
         procs = []
         for r in range(WORLD):
             cmd = ftagent_cmd("--arbiter", arb.address, "--job", "chaos", "--rank", str(r),
@@ -119,9 +155,10 @@ def test_arbiter_sigkilled_at_random_moments_counts_each_restart_once(tmp_path: 
                          f"every rank running generation {crashes}\n{logs()}", interval=0.02)
                 r = rng.randrange(WORLD)
                 time.sleep(rng.uniform(0.0, 0.2))  # the random moment (not synchronization)
-                if kind == "after":  # the crash is being decided, or its barrier is open
-                    (tmp_path / f"crash-{r}").touch()
-                    time.sleep(rng.uniform(0.0, 0.2))
+                if kind == "after":  # within a second of the crash: while it is decided,
+                    (tmp_path / f"crash-{r}").touch()  # its barrier open, or the new start
+                    time.sleep(rng.uniform(0.0, 0.2) if rng.random() < 0.5
+                               else rng.uniform(0.2, 1.0))
                     crashes += 1
                 arb.kill()
                 if kind == "inside":  # the crash happens with no arbiter to hear it
@@ -163,7 +200,10 @@ def test_arbiter_sigkilled_at_random_moments_counts_each_restart_once(tmp_path: 
         info = get_job(arb.address, "chaos")
     assert info is not None, logs()
     assert info.state == "succeeded", (info.state, logs())
+    check_counts(info, crashes)
     assert (info.generation, info.restarts) == (crashes, crashes), (info, logs())
+    print(f"chaos seed {seed}: {rounds} rounds ({', '.join(story)}), crashes {crashes}, "
+          f"restarts {info.restarts}, generation {info.generation}, state {info.state}")
     for r in range(WORLD):
         assert runs(tmp_path / f"rank{r}.jsonl") == list(range(crashes + 1)), logs()
         assert info.ranks[r].restarts == crashes, (info.ranks[r], logs())

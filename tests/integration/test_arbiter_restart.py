@@ -70,8 +70,8 @@ def test_restarted_arbiter_honours_a_barrier_released_before_it_died() -> None:
     async def body(arbiter: ArbiterProcess) -> None:
         async with running_links(arbiter.address, "half", 2) as links:
             links[0].proto.released_generation = 1  # as if it got RELEASE just before the kill
-            links[0].proto.generation = 1
-            links[1].proto.generation = 1
+            links[0].proto.lifecycle.reached(1)  # the generation's owner (lifecycle.py)
+            links[1].proto.lifecycle.reached(1)
             arbiter.kill()
             await wait_until(lambda: not any(lk.connected for lk in links), 5, "disconnect")
             links[1].arrive(1)

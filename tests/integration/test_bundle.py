@@ -178,9 +178,10 @@ def glibc_floor(root: Path) -> tuple[int, int]:
 def test_the_glibc_floor_the_docs_state_is_the_bundles(bundle: Path) -> None:
     """Issue 21: a training image with an older glibc than the bundle needs cannot start
     the agent (the entry shim then runs the trainer without it). The compatibility page
-    states the floor of the bundle `make bundle` / `make image` build here; this reads it
-    from the binaries, so the page cannot drift."""
+    states the floor of the bundle `make bundle` builds here (the build machine's glibc;
+    `make image` ships the bullseye-built one: test_training_images.py checks its floor);
+    this reads it from the binaries, so the page cannot drift."""
     major, minor = glibc_floor(bundle)
     page = (ROOT / "docs" / "compatibility.md").read_text()
     row = next(line for line in page.splitlines() if line.startswith("| glibc"))
-    assert f"make image`: {major}.{minor}" in row, (f"bundle needs glibc {major}.{minor}", row)
+    assert f"make bundle`: {major}.{minor}" in row, (f"bundle needs glibc {major}.{minor}", row)

@@ -552,8 +552,11 @@ def test_the_arbiter_may_do_exactly_what_it_calls() -> None:
         ("authentication.k8s.io", "tokenreviews", "create"),
         ("authorization.k8s.io", "subjectaccessreviews", "create"),  # operators (auth.py)
         ("(url)", "/.well-known/openid-configuration", "get"),  # kube/projected.py
-        ("(url)", "/openid/v1/jwks", "get"),
-        ("resource.k8s.io", "devicetaintrules", "create")}  # kube/device_taint.py
+        ("(url)", "/openid/v1/jwks", "get")} | {
+        ("resource.k8s.io", "devicetaintrules", v)  # kube/device_taint.py, dra_watch.py
+        for v in ("create", "get", "update", "list", "watch")} | {
+        ("resource.k8s.io", r, v) for r in ("resourceslices", "resourceclaims")
+        for v in ("list", "watch")}  # kube/dra.py
     for kind in ("RoleBinding", "ClusterRoleBinding"):
         b = objs[(kind, "ftagent-arbiter")]
         assert b["subjects"] == [{"kind": "ServiceAccount", "name": "ftagent-arbiter",

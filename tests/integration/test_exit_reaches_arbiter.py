@@ -9,13 +9,16 @@ kill (it replaced a one-agent test of that here, to keep the suite's time).
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+from pathlib import Path
 
 import grpc
 
 from ftagent.model import ProcessExit, Progress
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
-from tests.arbiter_helpers import ArbiterProcess, running_links, wait_until
+from tests.arbiter_helpers import ArbiterProcess, ftagent_cmd, running_links, wait_until
 
 
 async def get_job(address: str, job: str) -> pb.JobInfo | None:
@@ -85,3 +88,46 @@ def test_an_exit_written_to_an_arbiter_killed_unread_reaches_its_successor() -> 
 
     with ArbiterProcess() as arbiter:
         asyncio.run(body(arbiter))
+
+
+def test_an_exit_no_arbiter_confirmed_is_left_for_the_next_one(tmp_path: Path) -> None:
+    """Issue 36, item 6, outside the cluster: a real agent whose arbiter is gone when its
+    trainer exits 0 waits --arbiter-fail-open-after, exits 0 all the same and leaves the exit
+    in --exit-notes-dir (the arbiter's --state-dir); the next arbiter reads it and the job
+    reads succeeded, not "gone: no agent for Ns (was running)". On the old agent nothing
+    was left (checked: with the agent's note removed this fails at the note's line)."""
+    state, go = tmp_path / "state", tmp_path / "go"
+    trainer = ("import os, sys, time\n"
+               "while not os.path.exists(sys.argv[1]):\n    time.sleep(0.02)\n")
+    with ArbiterProcess("--state-dir", str(state), log_dir=str(tmp_path)) as arbiter:
+        agent = subprocess.Popen(
+            [*ftagent_cmd("run"), "--metrics-port=-1", "--arbiter", arbiter.address,
+             "--job", "left", "--rank", "0", "--world-size", "1",
+             "--arbiter-fail-open-after", "1", "--exit-notes-dir", str(state),
+             "--", sys.executable, "-c", trainer, str(go)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            async def running() -> bool:
+                info = await get_job(arbiter.address, "left")
+                return info is not None and info.state == "running"
+
+            asyncio.run(wait_until(running, 60, "the job running", interval=0.1))
+            arbiter.kill()
+            go.write_text("done")  # the trainer exits 0 with no arbiter to hear it
+            assert agent.wait(60) == 0  # the trainer's code, after the fail-open wait
+            err = agent.stderr.read().decode(errors="replace") if agent.stderr else ""
+            assert "left this rank's exit (status 0)" in err, err[-2000:]
+            notes = list((state / "exits").iterdir())
+            assert len(notes) == 1, notes
+            arbiter.start()
+
+            async def succeeded() -> bool:
+                info = await get_job(arbiter.address, "left")
+                return info is not None and info.state == "succeeded"
+
+            asyncio.run(wait_until(succeeded, 30, "the job succeeded", interval=0.1))
+            assert not list((state / "exits").iterdir())  # read and removed
+        finally:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait(10)

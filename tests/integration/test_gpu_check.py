@@ -23,6 +23,7 @@ def test_it_reports_devices_calls_events_and_metrics(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "2 GPU(s) watched:" in out and "GPU 1: NVIDIA H100 80GB HBM3" in out
+    assert "compute check: passed in" in out
     assert "events registered: xid, ecc_dbe, ecc_sbe" in out
     assert "FAULT (error, process): GPU 0" in out and "Xid 13" in out
     lines = out.splitlines()
@@ -71,3 +72,13 @@ def test_the_kunlunxin_check_exits_1_without_the_driver(tmp_path: Path) -> None:
     assert r.returncode == 1, r.stderr
     assert "could not be used: simulated xpu-smi" in r.stdout
     assert "cannot reach the XPU driver (xpu-smi: failed to initialize" in r.stdout
+
+
+def test_it_runs_preflights_compute_check_and_names_a_device_that_computes_wrong(
+        tmp_path: Path) -> None:
+    timeline = tmp_path / "gpus.txt"
+    timeline.write_text("gpus 2\nt=0s gpu=1 compute=wrong\n")
+    r = check("--seconds", "0", "--gpu-backend", f"simulated:{timeline}")
+    assert r.returncode == 0, r.stderr  # the compute check does not change the status
+    assert "compute check: FAILED in" in r.stdout
+    assert "device 1: compute: a 256x256 matmul of ones is wrong" in r.stdout

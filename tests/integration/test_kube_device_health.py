@@ -129,8 +129,8 @@ def test_an_unhealthy_dra_device_is_tainted_not_its_node_cordoned() -> None:
                                      "gpu.nvidia.com/node-2/gpu-3", message="Xid 79")
             job = s.reg.jobs[(NS, "llm")]
             await wait_until(lambda: job.generation == 1, 20, "the device fault's decision")
-            await wait_until(lambda: bool(s.fake.list("devicetaintrules.resource.k8s.io")), 20,
-                             "the device tainted")
+            await wait_until(lambda: s.fake.count("update", "devicetaintrules.resource.k8s.io")
+                             >= 1, 20, "the device tainted (after its dry run)")
             (rule,) = s.fake.list("devicetaintrules.resource.k8s.io")
             assert rule["spec"]["deviceSelector"] == {"driver": "gpu.nvidia.com",
                                                       "pool": "node-2", "device": "gpu-3"}

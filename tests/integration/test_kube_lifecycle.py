@@ -60,3 +60,52 @@ def test_the_pure_rules() -> None:
     ours = {"spec": {"unschedulable": True}, "metadata": {"annotations": {
         "ftagent.io/cordoned-by": "ftagent-arbiter"}}}
     assert held_by_other(ours) == "" and held_by_other(None) == "" and planned("x") == []
+
+
+def test_a_planned_disruption_tells_the_ranks_there_to_say_their_last_words_once() -> None:
+    """A lifecycle condition on node-1 sends LAST_WORDS to the job's ranks on that node
+    only (persist the newest complete snapshot now), once per transition; nothing
+    restarts and no other rank hears of it."""
+    from ftagent.v1 import ftagent_pb2 as pb
+
+    async def body() -> None:
+        async with cluster(per_node=2) as s:  # ranks 2, 3 on node-1
+            job = s.reg.jobs[(NS, "llm")]
+            for _ in range(3):
+                s.fake.set_node_condition("node-1", "MaintenancePlanned", "True",
+                                          reason="Firmware")
+            await wait_until(lambda: any(m.startswith("last words: node node-1 Maintenance"
+                                                      "Planned") for m in notes(s)), 20,
+                             "the last words decision")
+            await asyncio.sleep(0.3)  # noqa: ASYNC110 -- no second one may follow
+            got = {r: [c.kind for c in s.commands(r)] for r in range(4)}
+            assert got == {0: [], 1: [], 2: [pb.COMMAND_KIND_LAST_WORDS],
+                           3: [pb.COMMAND_KIND_LAST_WORDS]}, got
+            said = [m for m in notes(s) if m.startswith("last words:")]
+            assert len(said) == 1 and "ranks 2, 3 persist their newest complete" in said[0]
+            assert job.generation == 0 and job.restarts == 0
+    run(body)
+
+
+def test_a_condition_flapping_every_second_sends_last_words_once_a_minute() -> None:
+    """Bad input: a lifecycle condition that flips True/False over and over (a new
+    transition each time) is noted per transition, but the job's ranks on the node are
+    told to persist at most once per LAST_WORDS_EVERY."""
+    from ftagent.kube.cluster import LAST_WORDS_EVERY
+    from ftagent.v1 import ftagent_pb2 as pb
+
+    assert LAST_WORDS_EVERY >= 30
+
+    async def body() -> None:
+        async with cluster() as s:
+            for i in range(4):
+                s.fake.set_node_condition("node-1", "DrainInProgress", "True",
+                                          reason=f"flap-{i}")
+                await wait_until(lambda i=i: any(f"flap-{i}" in m for m in notes(s)), 20,
+                                 "the transition seen")
+                s.fake.set_node_condition("node-1", "DrainInProgress", "False")
+                await asyncio.sleep(1.05)  # noqa: ASYNC110 -- a new lastTransitionTime (s)
+            kinds = [c.kind for c in s.commands(1)]
+            assert kinds.count(pb.COMMAND_KIND_LAST_WORDS) == 1, kinds
+            assert len([m for m in notes(s) if m.startswith("last words:")]) == 1
+    run(body)

@@ -67,9 +67,15 @@ Control API of :class:`FakeKube` (thread-safe; objects are plain dicts as on the
   ``set_pod_phase(namespace, name, phase, reason=None, message=None)``,
   ``set_pod_condition(namespace, name, type, status="True", reason=None, message=None)``
   (e.g. ``DisruptionTarget`` with reason ``PreemptionByScheduler``),
+  ``terminate_pod(namespace, name, exit_code=0, container="trainer", signal=None)`` (the
+  kubelet's terminal status: phase, ``state.terminated``),
   ``set_device_health(namespace, name, resource, device, health="Unhealthy",
   container="trainer", message=None)`` (the kubelet's ``allocatedResourcesStatus``, KEP-4680,
   validated as the real server does: 422 for a resource the container does not hold);
+  ``set_node_features(name, kubelet_version=None, declared=None)`` (the kubelet's version
+  and NodeDeclaredFeatures' ``status.declaredFeatures``), ``set_feature_gates(*gates)``
+  (the API server's ContainerRestartRules / RestartAllContainersOnContainerExits: pod
+  restart rules dropped or refused as the real server does, validate.py),
   node lifecycle conditions (KEP-5683) through ``set_node_condition`` (e.g.
   ``"DrainInProgress"``, ``"MaintenancePlanned"``),
   ``finish_termination(namespace, name)`` (the kubelet's final delete of a Terminating pod),
@@ -280,6 +286,22 @@ class FakeKube:
         return self.set_node_ready(name, ready, reason="KubeletReady" if ready else
                                    "KubeletNotReady")
 
+    def set_feature_gates(self, *gates: str) -> None:
+        """The API server's gates of validate.GATES that are on (the rest off): pods
+        created from now on lose a disabled gate's restart-rule fields or are refused."""
+        self.store.gates = set(gates)
+
+    def set_node_features(self, name: str, kubelet_version: str | None = None,
+                          declared: list[str] | None = None) -> dict[str, Any]:
+        """The kubelet's ``status.nodeInfo.kubeletVersion`` and its NodeDeclaredFeatures
+        list ``status.declaredFeatures`` (sorted, as the kubelet writes it)."""
+        status: dict[str, Any] = {}
+        if kubelet_version is not None:
+            status["nodeInfo"] = {"kubeletVersion": kubelet_version}
+        if declared is not None:
+            status["declaredFeatures"] = sorted(set(declared))
+        return self.patch("nodes", name, {"status": status}, subresource="status")
+
     def set_node_condition(self, name: str, type_: str, status: str, reason: str = "",
                            message: str = "") -> dict[str, Any]:
         now = now_rfc3339()
@@ -308,6 +330,31 @@ class FakeKube:
                       message: str | None = None) -> dict[str, Any]:
         status: dict[str, Any] = {"phase": phase, "reason": reason, "message": message}
         return self.patch("pods", name, {"status": status}, namespace, STRATEGIC, "status")
+
+    def terminate_pod(self, namespace: str, name: str, exit_code: int = 0,
+                      container: str = "trainer", signal: int | None = None
+                      ) -> dict[str, Any]:
+        """The kubelet's status for a pod whose only restart policy is Never and whose
+        ``container`` ended: phase ``Succeeded`` (exit 0) or ``Failed``, the container's
+        ``state.terminated`` (exitCode, reason Completed/Error, signal when killed by
+        one, start and finish times, containerID), no longer ready or started."""
+        pod = self.get("pods", name, namespace) or {}
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        st = next((c for c in statuses if c.get("name") == container), None) or {
+            "name": container, "image": "trainer:latest", "imageID": "", "restartCount": 0}
+        now = now_rfc3339()
+        done: dict[str, Any] = {"exitCode": exit_code,
+                                "reason": "Completed" if exit_code == 0 else "Error",
+                                "startedAt": now, "finishedAt": now,
+                                "containerID": f"containerd://{name}-{container}"}
+        if signal is not None:
+            done["signal"] = signal
+        st = {**st, "ready": False, "started": False, "state": {"terminated": done}}
+        return self.patch("pods", name, {"status": {
+            "phase": "Succeeded" if exit_code == 0 else "Failed",
+            "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted",
+                            "lastTransitionTime": now}],
+            "containerStatuses": [st]}}, namespace, STRATEGIC, "status")
 
     def set_pod_condition(self, namespace: str, name: str, type_: str, status: str = "True",
                           reason: str | None = None, message: str | None = None
@@ -344,6 +391,59 @@ class FakeKube:
         st = {**st, "allocatedResourcesStatus": entries}
         return self.patch("pods", name, {"status": {"containerStatuses": [st]}}, namespace,
                           STRATEGIC, "status")
+
+    def add_resource_slice(self, node: str, driver: str = "gpu.nvidia.com",
+                           devices: tuple[str, ...] = ("gpu-0",),
+                           pool: str | None = None) -> dict[str, Any]:
+        """A DRA driver's ResourceSlice for ``node`` (resource.k8s.io/v1): pool ``pool``
+        (default the node's name, as NVIDIA's driver names it), one generation, one slice."""
+        pool = pool or node
+        return self.create("resourceslices.resource.k8s.io", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-{driver}".replace("/", "-")},
+            "spec": {"driver": driver, "nodeName": node,
+                     "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": d} for d in devices]}})
+
+    def taint_slice_device(self, node: str, device: str, key: str, value: str = "",
+                           effect: str = "NoSchedule",
+                           driver: str = "gpu.nvidia.com") -> dict[str, Any]:
+        """The driver taints ``device`` in its slice (``spec.devices[].taints``, KEP-5055;
+        effect None, NoSchedule or NoExecute, ``timeAdded`` set as the server sets it)."""
+        name = f"{node}-{driver}".replace("/", "-")
+        sl = self.get("resourceslices.resource.k8s.io", name) or {}
+        taint = {"key": key, "effect": effect, "timeAdded": now_rfc3339()}
+        if value:
+            taint["value"] = value
+        devs = [({**d, "taints": [*(d.get("taints") or []), taint]}
+                 if d.get("name") == device else d) for d in sl["spec"]["devices"]]
+        return self.patch("resourceslices.resource.k8s.io", name,
+                          {"spec": {"devices": devs}})
+
+    def allocate_claim(self, namespace: str, pod: str, devices: builtins.list[str],
+                       node: str, driver: str = "gpu.nvidia.com", request: str = "gpu",
+                       claim: str | None = None) -> dict[str, Any]:
+        """A ResourceClaim for ``pod`` allocated ``devices`` of ``node``'s pool and
+        reserved for the pod (its uid in ``status.reservedFor``), and the pod's
+        ``status.resourceClaimStatuses`` naming it, as the scheduler and the
+        ResourceClaim controller leave them for a claim made from a template."""
+        p = self.get("pods", pod, namespace) or {}
+        uid = (p.get("metadata") or {}).get("uid", "")
+        name = claim or f"{pod}-gpu"
+        self.create("resourceclaims.resource.k8s.io", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"devices": {"requests": [{"name": request, "exactly": {
+                "deviceClassName": driver}}]}}})
+        status = {"allocation": {"devices": {"results": [
+            {"request": request, "driver": driver, "pool": node, "device": d}
+            for d in devices]}},
+            "reservedFor": [{"resource": "pods", "name": pod, "uid": uid}]}
+        got = self.patch("resourceclaims.resource.k8s.io", name, {"status": status},
+                         namespace, subresource="status")
+        self.patch("pods", pod, {"status": {"resourceClaimStatuses": [
+            {"name": request, "resourceClaimName": name}]}}, namespace, STRATEGIC, "status")
+        return got
 
     def events(self, namespace: str | None = None,
                involved: str | None = None) -> builtins.list[dict[str, Any]]:

@@ -79,6 +79,8 @@ KINDS: list[Kind] = [
          fields=("metadata.name", "spec.nodeName", "spec.driver")),
     Kind("resource.k8s.io", "v1", "devicetaintrules", "DeviceTaintRule", namespaced=False,
          status=True),
+    # a pod's claims: the scheduler's allocation and reservedFor in their status
+    Kind("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", status=True),
     # create-only, never stored: answered by tokens.Issuer (server.py routes it there)
     Kind("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", namespaced=False),
     Kind("authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview",

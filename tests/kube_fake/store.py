@@ -86,6 +86,9 @@ class Store:
         self.objects: dict[str, dict[tuple[str, str], Obj]] = {}
         self.watchers: list[Watcher] = []  # open watches, registered by the HTTP side
         self.clock = clock
+        # feature gates on (validate.GATES): a disabled one's fields are dropped or refused
+        # on a pod's create, as the real server does
+        self.gates: set[str] = set(validate.GATES)
 
     # ----------------------------------------------------------------- internals
     def _bucket(self, kind: Kind) -> dict[tuple[str, str], Obj]:
@@ -136,6 +139,8 @@ class Store:
         else:
             meta.pop("namespace", None)
         validate.device_taint_rule(kind, obj)
+        validate.resource_slice(kind, obj)
+        validate.pod_spec(kind, obj, self.gates)
         with self.lock:
             key = self._key(kind, meta.get("namespace"), name)
             if key in self._bucket(kind):
@@ -292,6 +297,7 @@ class Store:
             return to_view(kind, old)
         validate.pod(kind, new)
         validate.device_taint_rule(kind, new)
+        validate.resource_slice(kind, new)
         spec_keys = set(new) | set(old)
         if "generation" in ometa and any(new.get(k) != old.get(k)
                                          for k in spec_keys - {"metadata", "status"}):

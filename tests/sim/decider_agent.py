@@ -7,10 +7,11 @@ loop of the world's own, with the world's clock and a fake transport:
 * ``SimLink`` is the face of ``ArbiterLink`` the decider uses, over the sim's stream and
   the shipped ``LinkProtocol``: its waits (connected, released, settled) return when the
   world next moves, never after real time, and its offline clock is the world's;
-* ``SimWorker`` is the worker's port (deliver, take_delivered, stopping, record, spawn,
-  the lifecycle) and the supervisor around it: it carries out what the decider delivers
-  as worker.py does (a stale or repeated action is moot, lifecycle.moot), starts a trainer
-  when ``before_start`` returns, and tells the decider's link observer of state changes.
+* ``SimWorker`` is the worker's port (seat.py ``Seat``: the lifecycle, cfg, deliver,
+  take_delivered, stopping, write) and the supervisor around it: it carries out what the
+  decider delivers as worker.py does (a stale or repeated action is moot,
+  lifecycle.moot), starts a trainer when ``before_start`` returns, and tells the
+  decider's link observer of state changes.
 
 After every step the world's loop runs until nothing is ready (``World.settle``).
 """
@@ -19,10 +20,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from ftagent.agent.arbiter_decider import ArbiterDecider
+from ftagent.agent.seat import RankHooks
 from ftagent.cmd.run import parse
 from ftagent.model import (
     MINOR_ACTIONS,
@@ -104,10 +105,6 @@ class SimLink:
     @property
     def trainer_state(self) -> str:
         return self.proto.trainer_state
-
-    @trainer_state.setter
-    def trainer_state(self, value: str) -> None:
-        self.proto.trainer_state = value
 
     def offline_for(self) -> float:
         return self.agent.offline_for()
@@ -210,18 +207,12 @@ class SimWorker:
     async def stopping(self) -> None:
         await asyncio.Event().wait()
 
-    @property
-    def stop_requested(self) -> bool:
-        return False
+    def write(self, event: str, kind: str, message: str, **fields: Any) -> Any:
+        return self.events.write(event, kind, message, **fields)
 
-    def record(self, action: Action) -> None:
-        self.lifecycle.decided(action)
 
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        world_loop(self.agent.world).loop.create_task(coro)
-
-    def tree_pids(self) -> list[int]:
-        return []
+async def no_stacks() -> dict[str, Any]:
+    return {}
 
 
 class DeciderAgent(SimAgent):
@@ -231,20 +222,16 @@ class DeciderAgent(SimAgent):
         super().__init__(world, rank)
         self.proto.arrival = None  # the decider arrives (SimAgent's model did it here)
         self.worker = SimWorker(self)
-        self.decider = ArbiterDecider(link=lambda w: SimLink(self), clock=lambda: world.now)
-        self.worker.observers.extend(self.decider.add(self.worker))  # type: ignore[arg-type]
-        self.session = self.decider.session(self.worker)  # type: ignore[arg-type]
-
-        async def no_stacks(pids: object) -> dict[str, Any]:
-            return {}
-
-        self.session.stack_capture = no_stacks
+        self.decider = ArbiterDecider(link=lambda w: SimLink(self),  # type: ignore[arg-type,return-value]
+                                      clock=lambda: world.now)
+        self.worker.observers.extend(self.decider.add(self.worker, RankHooks(stacks=no_stacks)))
+        self.session = self.decider.session(self.worker)
         self.link: SimLink = self.session.link  # type: ignore[assignment]
         self._barrier: asyncio.Task[Action | None] | None = None
         loop = world_loop(world)
 
         async def start() -> None:
-            self.decider.start(self.worker)  # type: ignore[arg-type]
+            self.decider.start(self.worker)
 
         loop.loop.run_until_complete(start())
         self._wait_at_barrier()
@@ -260,9 +247,10 @@ class DeciderAgent(SimAgent):
 
     def _wait_at_barrier(self) -> None:
         self.phase = Phase.WAITING
+        self.lifecycle.waiting()
         self._state(TrainerState.WAITING)
         self._barrier = world_loop(self.world).loop.create_task(
-            self.decider.before_start(self.worker))  # type: ignore[arg-type]
+            self.decider.before_start(self.worker))
 
     @property
     def undecided(self) -> Fault | None:  # type: ignore[override]
@@ -280,17 +268,23 @@ class DeciderAgent(SimAgent):
             return
         self.phase = Phase.DEAD
         self._observe(ProcessExit(pid=1, code=3, signal=None))
-        self.proto.trainer_state = "restarting"
-        self.decider.decide(self.worker, Fault(  # type: ignore[arg-type]
-            FaultKind.CRASH, f"rank {self.rank} crashed", evidence={"exit_status": 3}))
+        self._decide(Fault(FaultKind.CRASH, f"rank {self.rank} crashed",
+                           evidence={"exit_status": 3}))
         self.tick()
 
     def hang(self) -> None:
         if self.phase is not Phase.RUNNING or self.undecided is not None:
             return
-        self.decider.decide(self.worker,  # type: ignore[arg-type]
-                            Fault(FaultKind.HANG, f"rank {self.rank} hung"))
+        self._decide(Fault(FaultKind.HANG, f"rank {self.rank} hung"))
         self.tick()
+
+    def _decide(self, fault: Fault) -> None:
+        """The decider decides on the world's loop, as on the worker's (its watchdog is a
+        task of that loop)."""
+        async def on_loop() -> None:
+            self.decider.decide(self.worker, fault)
+
+        world_loop(self.world).loop.run_until_complete(on_loop())
 
     def tick(self) -> None:
         loop = world_loop(self.world)
@@ -307,11 +301,12 @@ class DeciderAgent(SimAgent):
                 return False
             self._barrier = None
             go = b.result()
-            if go is not None:  # STOP/REPLACE at the barrier
-                self.exit(go.exit_code if go.exit_code is not None else 1)
+            if go is not None:  # STOP/REPLACE at the barrier: recorded as it ends on it
+                self._end(go)
                 return True
             self.started_released = self.session.released_start
             self.phase = Phase.RUNNING
+            self.lifecycle.running(1)
             self._state(TrainerState.RUNNING)
             return True
         if not self.worker.delivered:
@@ -322,7 +317,7 @@ class DeciderAgent(SimAgent):
         if a.kind in MINOR_ACTIONS:
             self.lifecycle.decided(a)
             world_loop(self.world).loop.create_task(
-                self.decider.on_minor_action(self.worker, a))  # type: ignore[arg-type]
+                self.decider.on_minor_action(self.worker, a))
             return True
         if a.kind is ActionKind.RESTART:
             assert a.generation > self.generation, (
@@ -336,9 +331,15 @@ class DeciderAgent(SimAgent):
             self._state(TrainerState.RESTARTING)
             self._wait_at_barrier()
             return True
-        self.lifecycle.decided(a)
-        self.exit(a.exit_code if a.exit_code is not None else 1)
+        self._end(a)
         return True
+
+    def _end(self, action: Action) -> None:
+        """The worker ends on ``action`` (lifecycle.failed, as worker.py)."""
+        sup = self.worker.cfg.supervisor
+        code, _ = self.lifecycle.failed(action, None, exit_replace=sup.exit_replace,
+                                        exit_stop=sup.exit_stop)
+        self.exit(code)
 
     def exit(self, code: int) -> None:
         super().exit(code)

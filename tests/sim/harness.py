@@ -80,9 +80,10 @@ class SimAgent:
     def __init__(self, world: World, rank: int) -> None:
         self.world = world
         self.rank = rank
-        # the shipped lifecycle (agent/lifecycle.py) owns generation and restarts; the
-        # link reads them (its Hello, its RESTART dedup), as the agent's does
-        self.lifecycle = Lifecycle(clock=lambda: world.now)
+        # the shipped lifecycle (agent/lifecycle.py) owns rank, generation, restarts and
+        # the trainer's state; the link reads them (its Hello, its RESTART dedup), as the
+        # agent's does
+        self.lifecycle = Lifecycle(clock=lambda: world.now, rank=rank)
         self.proto = LinkProtocol(IdentityConfig(job=JOB, rank=rank, world_size=world.size,
                                                  pod=f"pod-{rank}", node=f"node-{rank}"),
                                   max_restarts=world.budget, version="sim",
@@ -130,8 +131,7 @@ class SimAgent:
     def crash(self) -> None:
         if self.phase is not Phase.RUNNING:
             return
-        self.phase = Phase.DEAD
-        self.proto.trainer_state = "restarting"
+        self.phase = Phase.DEAD  # the lifecycle stays RUNNING until decided, as the worker's
         self.send(self.proto.exit(ProcessExit(pid=1, code=3, signal=None),
                                   self.generation), keep=True)
         self.report(Fault(FaultKind.CRASH, f"rank {self.rank} crashed",
@@ -173,8 +173,8 @@ class SimAgent:
             self.send(self.proto.exit(ProcessExit(pid=1, code=None, signal=15),
                                       self.generation), keep=True)
         self.lifecycle.restart(action)
+        self.lifecycle.waiting()
         self.phase = Phase.WAITING
-        self.proto.trainer_state = "waiting"
         self.send(self.proto.arrive(self.generation))
 
     def exit(self, code: int) -> None:
@@ -185,7 +185,7 @@ class SimAgent:
     def start(self, released: bool) -> None:
         self.phase = Phase.RUNNING
         self.started_released = released
-        self.proto.trainer_state = "running"
+        self.lifecycle.running(1)
         self.proto.started(self.generation, released=released)
 
     def command(self, action: Action) -> None:
@@ -438,6 +438,29 @@ class World:
         assert len(fault_gens) <= self.budget, (
             f"{len(fault_gens)} fault-driven restarts with a budget of {self.budget}")
 
+    def check_counts(self, restarts: int, generation: int) -> None:
+        """A settled job: restarts equal the faults decided into a restart; generation
+        and restart count agree (one generation per restart), or the timeline says why
+        not (ranks reunited after a restart decided alone: every rank restarts together
+        one generation further); and every agent's shipped lifecycle (agent/lifecycle.py,
+        the one owner of both in the agent) says what the job says."""
+        decided = len(self.restarted_into)
+        notes = [e.message for e in self.registry.timeline.entries(JOB, "", 100)]
+        assert restarts == decided, (
+            f"the job counts {restarts} restarts; {decided} faults were decided into one")
+        assert generation == restarts or any(
+            f"restart together at generation {generation}" in n or
+            f"restarts together at generation {generation}" in n for n in notes), (
+            f"generation {generation} after {restarts} restarts, and the timeline says "
+            "nothing of why:\n  " + "\n  ".join(notes))
+        for a in self.agents:
+            if a.phase is Phase.EXITED:
+                continue
+            life = a.lifecycle
+            assert (life.restarts, life.generation) == (restarts, generation), (
+                f"rank {a.rank}'s lifecycle counts {life.restarts} restarts at generation "
+                f"{life.generation}; the job {restarts} at generation {generation}")
+
     def heal_and_check(self, max_seconds: float = 3 * BARRIER_TIMEOUT) -> None:
         """Everyone can reach the arbiter now; the job must settle: train or stop."""
         waited = 0.0
@@ -472,6 +495,7 @@ class World:
                 assert job.restarts == len(self.restarted_into), (
                     f"the job counts {job.restarts} restarts; agents restarted into "
                     f"generations {sorted(self.restarted_into)}")
+                self.check_counts(job.restarts, job.generation)
                 return
             if job is not None and job.phase is JobPhase.STOPPED and not live:
                 return

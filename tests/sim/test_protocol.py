@@ -171,7 +171,7 @@ def test_exits_written_to_an_arbiter_killed_unread_reach_the_next_one() -> None:
     without them. The link keeps the last exit until an arbiter confirms reading it."""
     w = start()
     for a in w.agents:
-        a.proto.trainer_state = "succeeded"
+        a.lifecycle.succeeded()
         a.send(a.proto.exit(ProcessExit(pid=1, code=0, signal=None), a.generation), keep=True)
         assert a.stream is not None and a.stream.up  # handed to the stream, not read
     w.restart_arbiter()
@@ -205,7 +205,7 @@ def test_the_finished_runs_agent_saying_its_exit_again_starts_no_new_run() -> No
     and state gone. The same agent (its instance) coming back is the finished run's."""
     w = start()
     for r, a in enumerate(w.agents):
-        a.proto.trainer_state = "succeeded"
+        a.lifecycle.succeeded()
         a.proto.trainer_running = False
         a.send(a.proto.exit(ProcessExit(pid=1, code=0, signal=None), a.generation), keep=True)
         w.flush(r)

@@ -5,6 +5,7 @@ without an arbiter). No trainer runs: the deciders' own logic on a real event lo
 from __future__ import annotations
 
 import asyncio
+import time
 
 from ftagent.agent.arbiter_decider import ArbiterDecider
 from ftagent.agent.decider import Decider, LocalDecider
@@ -12,6 +13,7 @@ from ftagent.agent.pod import PodAgent
 from ftagent.agent.worker import Worker, WorkerSpec
 from ftagent.cmd.run import parse
 from ftagent.model import Action, ActionKind, Fault, FaultKind
+from tests.conftest import until
 
 
 def node(n: int, *flags: str, arbiter: bool = False) -> tuple[Decider, list[Worker]]:
@@ -161,3 +163,47 @@ def test_a_restart_decided_alone_is_counted_once_in_the_hello() -> None:
     w.lifecycle.restart(again)
     assert w.lifecycle.moot(first)  # delivered twice: carried out once
     assert link.proto.hello().restart_count == w.restarts == 1
+
+
+def test_the_decision_watchdog_wakes_on_the_arbiters_answer_and_fails_open_on_time() -> None:
+    """The watchdog waits on events, not a 0.25 s poll (issue 36): the arbiter settling a
+    crash without a command for this rank wakes it at once (the local policy restarts the
+    dead trainer); a link that went down makes it decide alone --arbiter-fail-open-after
+    after the drop, not later."""
+    from ftagent.v1 import ftagent_pb2 as pb
+
+    async def body() -> None:
+        d, (w,) = node(1, "--arbiter", "127.0.0.1:9", "--arbiter-fail-open-after", "30",
+                       "--max-restarts", "3", "--restart-backoff", "0", arbiter=True)
+        assert isinstance(d, ArbiterDecider)
+        link = d.session(w).link
+        link.connected = True  # as if welcomed (no arbiter runs: the stream is not needed)
+        c = crash()
+        d.decide(w, c)
+        await asyncio.sleep(0)  # the watchdog waits for the fault to be settled
+        assert queued(w) == []
+        link.proto.on_message(pb.ArbiterMessage(fault_ack=pb.FaultAck(
+            fault_id=c.id, final=True, outcome="alert only")))
+        link._settled.set()  # what the link's reader does with a settled fault
+        t0 = time.monotonic()
+        await until_queued(w, 5.0)
+        assert time.monotonic() - t0 < 5.0
+        # the link goes down with a new crash undecided: alone after the fail-open time
+        d.fail_open_after = 0.6
+        c2 = crash()
+        w.lifecycle.restart(Action(ActionKind.RESTART, "carried out", generation=1))
+        d.decide(w, c2)
+        link.connected = False
+        link.offline_since = time.monotonic()
+        t0 = time.monotonic()
+        (got,) = await until_queued(w, 10.0)
+        assert got.kind is ActionKind.RESTART and got.fault_id == c2.id
+        assert 0.5 <= time.monotonic() - t0 < 5.0  # after the fail-open time, not polls
+
+    asyncio.run(body())
+
+
+async def until_queued(w: Worker, timeout: float) -> list[Action]:
+    """What the decider delivered to ``w``, once it delivered something."""
+    await until(lambda: not w.actions.empty(), timeout, "a decision delivered")
+    return queued(w)

@@ -150,3 +150,39 @@ def test_phases_come_from_the_arbiters_timeline() -> None:
     gb.phases(timeline, [crash, hang])
     assert (crash.decided, crash.released) == (20.2, 25.1)
     assert (hang.decided, hang.released) == (74.9, 82.4)  # a stack probe is no decision
+
+
+def test_the_random_schedule_puts_one_fault_in_each_slot_the_same_for_every_launcher() -> None:
+    import random
+    a = gb.fault_times(3, 600, 20, 60, random.Random(7))
+    assert a == gb.fault_times(3, 600, 20, 60, random.Random(7))  # same draws: same faults
+    span = (600 - 60 - 20) / 3
+    for j, t in enumerate(a):
+        assert 20 + j * span <= t < 20 + (j + 1) * span
+    assert a != gb.fault_times(3, 600, 20, 60, random.Random(8))
+    # a 5-minute disk interval at 65 ms a step; a step time of 0 is refused, not divided by
+    assert gb.disk_interval_steps(300, 0.065) == 4615
+    assert gb.disk_interval_steps(300, 0.0) == 1
+
+
+def test_redone_work_is_each_faults_steps_since_the_resumed_step() -> None:
+    fs = [gb.Fault("crash", 0.0, 130, back=5.0, resumed=120),
+          gb.Fault("hang", 10.0, 4700, back=20.0, resumed=4690),
+          gb.Fault("xid", 30.0, 9000, back=None)]  # never back: not counted
+    r = gb.redone(fs, 0.1, 4615)
+    assert [f["lost_steps"] for f in r["faults"]] == [10, 10]
+    assert [f["since_disk_checkpoint"] for f in r["faults"]] == [130, 85]
+    assert r["mean_steps"] == 10 and r["max_steps"] == 10
+    assert r["mean_seconds"] == pytest.approx(1.0)
+    assert gb.redone([], 0.1, 10)["max_steps"] is None
+
+
+def test_a_step_line_with_an_agents_line_run_into_it_still_parses() -> None:
+    # the trainer and its agent share the output: an agent's line can follow a step line
+    # without a newline between them (a ten-minute run with replicas died of it: float()
+    # of "70.2[ftagent")
+    lines = [step(100.0, 0, 1, 0.1),
+             "100.200 [rank0] step=2/100000000 loss=0.1 samples_per_second=70.2[ftagent "
+             "rank0 06:18:45] INFO replicated rank 0's snapshot of step 2 in 0.01s"]
+    assert [(s, round(dt, 3)) for _, s, dt in gb.steps(Logs(lines))] == \
+        [(1, 0.1), (2, round(gb.BATCH / 70.2, 3))]

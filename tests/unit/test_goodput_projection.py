@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +52,56 @@ def test_the_output_says_it_is_a_projection_and_prints_its_inputs() -> None:
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "goodput_projection.py")],
                        capture_output=True, text=True, timeout=30)
     assert r.stdout.startswith("PROJECTION") and "ASSUMPTIONS" in r.stdout
+
+
+GOODPUT = {"bench": "goodput", "runs": [
+    {"launcher": "ftagent", "faults": [{"kind": "crash", "back": 1.0},
+                                       {"kind": "hang", "back": 4.0},
+                                       {"kind": "xid", "back": 3.0}]},
+    {"launcher": "ftagent-snapshots", "faults": [{"kind": "crash", "back": 2.0},
+                                                 {"kind": "hang", "back": 5.0},
+                                                 {"kind": "xid", "back": 9.0},
+                                                 {"kind": "xid", "back": None}]}]}
+SNAPSHOT = {"bench": "snapshot", "gib": 1.0, "methods": [
+    {"method": "ftagent", "blocking": 0.5, "resume": 2.0},
+    {"method": "dcp-async", "blocking": 0.9, "resume": 1.5}]}
+
+
+def test_measured_costs_replace_ftagents_assumptions_and_add_a_snapshot_strategy() -> None:
+    i = gp.from_measurements(gp.Inputs(), GOODPUT, SNAPSHOT, "a.json, b.json")
+    by = {s.name: s for s in i.strategies}
+    disk, snap = by["ftagent"], by["ftagent + snapshots"]
+    assert (disk.restart_in_place, disk.detect_hang, disk.restart_new_node) == (1.0, 3.0, 3.0)
+    assert disk.detect_crash == disk.decide == 0.0 and disk.snapshot_blocking is None
+    assert (snap.restart_in_place, snap.detect_hang, snap.restart_new_node) == (2.0, 3.0, 9.0)
+    assert (snap.snapshot_blocking, snap.snapshot_load) == (0.5, 2.0)
+    assert by["torchrun --max-restarts"] == gp.Inputs().strategies[1]  # untouched
+    # the interval: Young's optimum, never under the budget's floor (0.5 s / 1 % = 50 s)
+    rate = gp.rate_per_second(i)
+    iv = gp.snapshot_interval(i, snap)
+    assert iv == pytest.approx(max(50.0, (2 * 0.5 / rate) ** 0.5))
+    assert gp.save_share(i, snap) <= 0.01
+    cost = 0.1 * 3.0 + 0.59 * 9.0 + 0.41 * 2.0 + iv / 2 + 2.0
+    assert gp.per_fault(i, snap) == pytest.approx(cost)
+    r = {x.strategy: x.ettr for x in gp.project(i)}
+    assert r["ftagent + snapshots"] > r["ftagent"]
+    with pytest.raises(ValueError):
+        gp.from_measurements(gp.Inputs(), GOODPUT, {"bench": "snapshot", "methods": []})
+
+
+def test_the_measured_projection_reads_the_benches_json_files(tmp_path: Path) -> None:
+    a, b = tmp_path / "goodput.json", tmp_path / "snapshot.json"
+    a.write_text(json.dumps(GOODPUT))
+    b.write_text(json.dumps(SNAPSHOT))
+    assert gp.main(["--from", str(a), "--from", str(b)]) == 0
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"bench": "other"}')
+    assert gp.main(["--from", str(bad)]) == 2
+
+
+def test_set_reaches_the_snapshot_strategy_by_its_whole_name() -> None:
+    i = gp.from_measurements(gp.Inputs(), GOODPUT, SNAPSHOT)
+    j = gp.with_overrides(i, ["ftagent+snapshots.restart_new_node=69"])
+    by = {s.name: s for s in j.strategies}
+    assert by["ftagent + snapshots"].restart_new_node == 69.0
+    assert by["ftagent"].restart_new_node == 3.0  # the first word still means ftagent's

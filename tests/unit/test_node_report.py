@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 import pytest
 
+from ftagent.arbiter.intake import holds_gpu
 from ftagent.arbiter.policy import PolicyConfig
 from ftagent.arbiter.registry import Connection, Registry
-from ftagent.arbiter.server import holds_gpu, node_report_ack
 from ftagent.arbiter.state import Verdict
 from ftagent.arbiter.timeline import Timeline
 from ftagent.v1 import ftagent_pb2 as pb
@@ -58,7 +58,7 @@ def test_a_gpu_fault_reaches_only_the_jobs_whose_pods_hold_that_gpu() -> None:
     hello(reg, "d", 0, 1, "n1", gpus=["0"])  # indices (deviceIDStrategy=index)
     hello(reg, "e", 0, 1, "n1", gpus=["1"])
     xid = fault("x", 999.0, evidence={"gpu": 1, "uuid": U[1], "xid": 79})
-    ack = node_report_ack(reg, pb.NodeReport(node="n1", faults=[xid]), "arb-1")
+    ack = reg.node_report(pb.NodeReport(node="n1", faults=[xid]))
     assert ack.acks[0].outcome == ("a rank 1: replace; c rank 0: replace; e rank 0: replace; "
                                    "b, d: not on that GPU"), ack.acks[0].outcome
     gens = {j: reg.jobs[("", j)].generation for j in "abcde"}
@@ -92,12 +92,12 @@ def test_one_decision_per_job_about_its_lowest_rank_on_the_node() -> None:
         hello(reg, "a", r, 3, node)
     hello(reg, "b", 0, 1, "n1")
     hello(reg, "c", 0, 1, "n3")
-    ack = node_report_ack(reg, pb.NodeReport(node="n1", faults=[fault("x", 999.0)]), "arb-1")
+    ack = reg.node_report(pb.NodeReport(node="n1", faults=[fault("x", 999.0)]))
     assert ack.ranks == 3 and ack.arbiter_id == "arb-1"
     assert ack.acks[0].final and ack.acks[0].outcome == "a rank 0: replace; b rank 0: replace"
     a, b, c = (reg.jobs[("", j)] for j in "abc")
     assert (a.generation, a.restarts, b.generation, c.generation) == (1, 1, 1, 0)
-    again = node_report_ack(reg, pb.NodeReport(node="n1", faults=[fault("x", 999.0)]), "arb-1")
+    again = reg.node_report(pb.NodeReport(node="n1", faults=[fault("x", 999.0)]))
     assert again.acks[0].outcome == "a rank 0: already received; b rank 0: already received"
     assert (a.generation, a.restarts) == (1, 1), "a repeated report spends nothing"
 
@@ -112,12 +112,10 @@ def test_a_fault_the_job_already_restarted_for_is_ignored() -> None:
     job = reg.jobs[("", "a")]
     assert job.generation == 1
     clock.t = 1001.0
-    late = node_report_ack(reg, pb.NodeReport(node="n1", faults=[fault("node-says", 999.9)]),
-                           "arb-1")
+    late = reg.node_report(pb.NodeReport(node="n1", faults=[fault("node-says", 999.9)]))
     assert late.acks[0].outcome == "a rank 0: ignore"
     assert (job.generation, job.restarts) == (1, 1)
-    fresh = node_report_ack(reg, pb.NodeReport(node="n1", faults=[fault("later", 1000.9)]),
-                            "arb-1")
+    fresh = reg.node_report(pb.NodeReport(node="n1", faults=[fault("later", 1000.9)]))
     assert fresh.acks[0].outcome == "a rank 0: replace", "a fault after the restart counts"
     assert job.generation == 2
 
@@ -125,7 +123,7 @@ def test_a_fault_the_job_already_restarted_for_is_ignored() -> None:
 def test_node_without_jobs_is_recorded_and_a_nic_outage_waits_then_restarts() -> None:
     clock = Clock()
     reg = registry(clock)
-    none = node_report_ack(reg, pb.NodeReport(node="empty", faults=[fault("x", 1.0)]), "arb-1")
+    none = reg.node_report(pb.NodeReport(node="empty", faults=[fault("x", 1.0)]))
     assert none.ranks == 0 and none.acks[0].final
     assert none.acks[0].outcome == "no job has ranks on node empty: recorded"
     hello(reg, "a", 0, 2, "n1")
@@ -138,11 +136,11 @@ def test_node_without_jobs_is_recorded_and_a_nic_outage_waits_then_restarts() ->
                   scope=pb.SCOPE_NODE, message="link eth0 is up again",
                   evidence_json='{"device": "eth0", "recovered": true, "outage_seconds": 3}',
                   detected_at=1003.0)
-    got = node_report_ack(reg, pb.NodeReport(node="n2", faults=[down]), "arb-1")
+    got = reg.node_report(pb.NodeReport(node="n2", faults=[down]))
     assert got.acks[0].outcome == "a rank 1: wait"
     job = reg.jobs[("", "a")]
     assert 1 in job.nic_outages and job.generation == 0
-    got = node_report_ack(reg, pb.NodeReport(node="n2", faults=[up]), "arb-1")
+    got = reg.node_report(pb.NodeReport(node="n2", faults=[up]))
     # the job may resume by itself (its steps advance): 3 s outage + 5 s to show it
     assert got.acks[0].outcome == "a rank 1: link_back" and job.generation == 0
     clock.t += 8.5  # no rank stepped
@@ -155,7 +153,7 @@ def test_node_without_jobs_is_recorded_and_a_nic_outage_waits_then_restarts() ->
 def test_a_fault_without_a_known_kind_is_acknowledged_as_ignored() -> None:
     reg = registry(Clock())
     hello(reg, "a", 0, 1, "n1")
-    ack = node_report_ack(reg, pb.NodeReport(node="n1", faults=[
-        pb.Fault(id="odd", kind=99, detected_at=1.0)]), "arb-1")  # type: ignore[arg-type]
+    ack = reg.node_report(pb.NodeReport(node="n1", faults=[
+        pb.Fault(id="odd", kind=99, detected_at=1.0)]))  # type: ignore[arg-type]
     assert ack.acks[0].final and ack.acks[0].outcome.startswith("ignored: ")
     assert reg.jobs[("", "a")].generation == 0

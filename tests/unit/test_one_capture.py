@@ -2,7 +2,7 @@
 arbiter (issue 35): the verification's own samples (``Replay``: stacks recorded from real
 trainers) and its one flight-recorder dump serve the hang fault's evidence (the agent's
 evidence hook, wrapped by ``flight_recorder_parts``) and the arbiter's DUMP_STACKS answer
-(the rank session's ``stack_capture``, wrapped the same way). Counted, not assumed."""
+(the rank's ``RankHooks.stacks``, wrapped the same way). Counted, not assumed."""
 
 from __future__ import annotations
 
@@ -36,17 +36,18 @@ class Recorder:
 
 def wired(rig: Rig) -> tuple[Recorder, WorkerParts, Any]:
     """The verifier of ``rig`` wired as cmd/run.py wires it: the recorder's snapshot is its
-    window dump, the evidence hook and the arbiter session's stack capture wrapped by
-    ``flight_recorder_parts``."""
+    window dump, the evidence hook and the rank's DUMP_STACKS answer (seat.py
+    ``RankHooks.stacks``) wrapped by ``flight_recorder_parts``."""
     rec = Recorder()
     rig.v.window_dump = rec.snapshot
-    session = SimpleNamespace(stack_capture=rig.v.stacks_for_arbiter)
-    worker = SimpleNamespace(environ={}, restarts=0,
-                             decider=SimpleNamespace(session=lambda w: session))
+    worker = SimpleNamespace(environ={}, restarts=0, tree_pids=lambda: [1])
     parts = WorkerParts(detectors=(HangWatch(rig.det, verifier=rig.v),),
-                        evidence=evidence_hook(2.0, lambda: []))
+                        evidence=evidence_hook(2.0, lambda: [])).with_(
+        stacks=lambda: rig.v.stacks_for_arbiter())
     cfg = SimpleNamespace(hang=HangConfig())
-    return rec, flight_recorder_parts(worker, cfg, "/nonexistent", parts, rec), session
+    wrapped = flight_recorder_parts(worker, cfg, "/nonexistent", parts, rec)
+    assert wrapped.hooks.stacks is not None
+    return rec, wrapped, SimpleNamespace(stack_capture=wrapped.hooks.stacks)
 
 
 def test_a_declared_hang_is_captured_once_for_its_fault_and_the_arbiter() -> None:

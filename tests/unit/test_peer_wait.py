@@ -184,14 +184,19 @@ def test_the_arbiter_decider_hands_busy_over_and_never_has_an_alert_probed() -> 
     import json
 
     from ftagent.agent.arbiter_decider import ArbiterDecider
+    from ftagent.agent.pod import PodAgent
+    from ftagent.agent.worker_parts import WorkerParts
+    from ftagent.agent.worker_spec import WorkerSpec
+    from ftagent.cmd.run import parse
     from ftagent.model import Fault
     from ftagent.v1 import ftagent_pb2 as pb
-    from tests.unit.test_decider import node
 
-    d, (w,) = node(1, "--arbiter", "127.0.0.1:9", "--hang-action", "alert", arbiter=True)
-    assert isinstance(d, ArbiterDecider)
     got: list[Action] = []
-    d.session(w).on_busy = got.append
+    d = ArbiterDecider()
+    w = PodAgent(d).add(  # the hook is given with the seat (seat.py RankHooks)
+        WorkerSpec(parse(["--arbiter", "127.0.0.1:9", "--hang-action", "alert", "--",
+                          "true"], {})),
+        parts=lambda w: WorkerParts().with_(on_busy=got.append))
     a = busy()
     asyncio.run(d.on_minor_action(w, a))
     assert got == [a]

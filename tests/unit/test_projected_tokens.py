@@ -127,6 +127,61 @@ def _reviews(calls: list[str], clock: Clock, **kw: Any) -> TokenReviews:
     return TokenReviews(review, clock=clock, **kw)
 
 
+def test_segments_are_strict_and_the_signature_covers_the_claims() -> None:
+    """verify() parses each segment itself (once, C-speed): what PyJWT refused it refuses
+    (GHSA-hxm8-2xgr-2p9m: junk outside the base64url alphabet), and claims never
+    signed are never read."""
+    iss = issuer()
+    name, keys = keys_of(iss)
+    head, body, sig = iss.mint("team", "trainer", pod="p0").token.split(".")
+    _, other_body, _ = iss.mint("team", "admin", pod="p0").token.split(".")
+    assert verify(f"{head}.{body}.{sig}", keys, name, "ftagent", NOW + 1).bound is not None
+    refused = {
+        "another token's claims": f"{head}.{other_body}.{sig}",
+        "junk in the signature": f"{head}.{body}.{sig[:-4]}!!!!",
+        "junk in the header": f"{head[:-2]}*!.{body}.{sig}",
+        "padding in the body": f"{head}.{body}==.{sig}",
+        "no signature": f"{head}.{body}.",
+        "a header that is no object": f"{base64.urlsafe_b64encode(b'[1]').decode()}.{body}.{sig}",
+        "a signature of another length": f"{head}.{body}.{sig}AAAA",
+    }
+    for why, tok in refused.items():
+        got = verify(tok, keys, name, "ftagent", NOW + 1)
+        assert got.bound is None and got.problem, (why, got)
+
+
+def test_a_token_is_verified_once_however_often_its_pod_reconnects() -> None:
+    """The fixed cost per reconnect: a token's signature is checked at its first call to
+    this arbiter, then its hash is enough until it expires (streams, reconnects)."""
+    iss, clock, calls = issuer(), Clock(), []
+    keys = IssuerKeys(None, clock=clock, fetcher=lambda: keys_of(iss))
+    pt = ProjectedTokens(keys, _reviews(calls, clock), clock=clock)
+    tok = iss.mint("team", "trainer", pod="p0").token
+
+    async def main() -> None:
+        await keys.refresh()
+        checks = []
+        key = next(iter(keys.keys.values()))
+        real = key.Algorithm.verify
+
+        def counted(*a: Any) -> bool:
+            checks.append(1)
+            return bool(real(*a))
+
+        key.Algorithm.verify = counted
+        try:
+            for _ in range(50):
+                p = await pt.authenticate(Presented(tok, source="10.0.0.9"))
+                assert p is not None and p.pod == "p0"
+        finally:
+            del key.Algorithm.verify
+        assert len(checks) == 1 and calls == []
+        clock.t = NOW + 10**7  # past its expiry: checked again, and refused
+        assert await pt.authenticate(Presented(tok, source="10.0.0.9")) is None
+
+    asyncio.run(main())
+
+
 def test_junk_tokens_cost_no_review_and_unknown_kids_one_fetch_per_window() -> None:
     iss, clock, calls = issuer(), Clock(), []
     keys = IssuerKeys(None, min_refresh=30.0, clock=clock, fetcher=lambda: keys_of(iss))

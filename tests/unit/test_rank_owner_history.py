@@ -138,3 +138,54 @@ def test_owned_never_overrides_a_rank_registered_since() -> None:
     apply(b, registered(0, "pod-0b", "uid-0b"), 1.0)
     apply(b, registered(1, "pod-1", ""), 1.0)  # unverified: the owner is kept
     assert b.owners == a.owners and b.owners_print == a.owners_print
+
+
+class CountingStore:
+    """A history store that counts what it is asked to write (no file)."""
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.owner_rows = 0
+        self.last_owners = 0
+
+    def record(self, item: object) -> None:
+        if isinstance(item, JobRecord):
+            self.records += 1
+            self.owner_rows += len(item.owners)
+            self.last_owners = len(item.owners)
+
+    def load(self) -> object:
+        from ftagent.arbiter.history import Loaded
+
+        return Loaded()
+
+    def forget(self, namespace: str, job: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_hello_does_not_rewrite_every_owner() -> None:
+    """The fixed cost of a pod's Hello: 1,000 ranks (re)connecting, as after a failover,
+    each Hello noted on the timeline (here: each asks for more restarts than the
+    arbiter's ceiling), write the job's owners once per tick, not once per Hello (each
+    write is O(ranks): O(ranks^2) on the event loop before the last agent was back). Old
+    code: 1,000 records and about 500,000 owner rows."""
+    n = 1000
+    now = [1_000_000.0]
+    store = CountingStore()
+    reg = Registry(PolicyConfig(max_restarts=3), Timeline(), None, "a", clock=lambda: now[0],
+                   history=History(store))  # type: ignore[arg-type]
+    reg.pod_alive = lambda ns, pod, uid: True
+    for r in range(n):
+        conn = Connection(f"peer-{r}", pod_uid=f"uid-{r}")
+        reg.hello(conn, pb.Hello(job="j", rank=r, world_size=n, pod=f"pod-{r}", node="n",
+                                 agent_instance=f"i{r}", max_restarts=1_000_000))
+    assert store.records <= 3 and store.owner_rows <= 2 * n, (store.records, store.owner_rows)
+    now[0] += 1
+    reg.tick()  # the tick writes every owner, once
+    assert store.owner_rows <= 3 * n and store.last_owners == n
+    tick_rows = store.owner_rows
+    reg.tick()  # nothing changed: nothing written
+    assert store.owner_rows == tick_rows

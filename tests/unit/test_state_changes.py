@@ -146,3 +146,24 @@ def test_the_registry_parts_change_no_job_outside_apply() -> None:
                             and e.value.id in named:
                         found.append(f"{name}:{node.lineno} {e.value.id}.{e.attr}")
     assert found == []
+
+
+def test_side_effects_observe_applied_changes_nothing_calls_them_to_write() -> None:
+    """Issue 36: the journal (timeline, history record, counters, ledger) observes what
+    ``state.apply`` applied; no part calls it, the timeline or the ledger to write (38
+    calls in 4 files did before), and the cluster writes no timeline entry itself."""
+    writers = {"note", "save", "progress", "fault", "succeeded", "decided", "retire",
+               "ledger", "add", "observe"}
+    found = []
+    files = [p for p in ARBITER.glob("*.py") if p.name != "journal.py"]
+    files += list((ARBITER.parent / "kube").glob("*.py"))
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            owner = node.func.value
+            name = owner.attr if isinstance(owner, ast.Attribute) else \
+                owner.id if isinstance(owner, ast.Name) else ""
+            if name in ("journal", "timeline") and node.func.attr in writers:
+                found.append(f"{path.name}:{node.lineno} {name}.{node.func.attr}")
+    assert found == []
