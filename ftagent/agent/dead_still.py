@@ -19,9 +19,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from ftagent.agent.stall_window import window_of
 from ftagent.detect.liveness import Snapshot, judge
-from ftagent.detect.stall import Act, Budget, decide
+from ftagent.detect.stall import Act, decide
 from ftagent.model import Fault, FaultKind, Scope, Severity
 
 log = logging.getLogger("ftagent.dead_still")
@@ -50,7 +49,7 @@ class DeadStillWatch:
 
     @property
     def window(self) -> float:
-        return float(getattr(self.v.cfg, "hang_dead_still_window", 0.0) or 0.0)
+        return float(self.v.cfg.hang_dead_still_window or 0.0)
 
     def tick(self, now: float) -> None:
         det = self.v.detector
@@ -98,13 +97,10 @@ class DeadStillWatch:
         motion = judge(span, v.thresholds)
         stalled = det.seconds_since_progress(v.now())
         phase = det.current_phase()
-        got = decide(Budget(stalled_for=stalled, step_budget=det.step_budget(),
-                            phase_timeout=float(v.cfg.hang_phase_timeout),
-                            io_timeout=float(getattr(v.cfg, "hang_io_timeout", 300.0)),
-                            dead_still_window=window, phase=phase,
-                            phase_learned=phase is not None and phase in det.phase_longest,
-                            first_step=det.last_step is None, rank=v.rank),
-                     window_of(motion, span), phase_check=True)
+        # the verifier's budget and window: /proc's word on what the still threads wait on
+        # too (a slow remote read in a phase is waiting on I/O, row I1, not dead-still)
+        got = decide(v.budget(None, stalled, float(v.cfg.hang_spin_timeout)),
+                     await v.window_of(motion, span), phase_check=True)
         if got.act is not Act.DECLARE:
             return
         if det.hung or self._ep is not ep:

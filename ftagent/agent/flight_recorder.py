@@ -243,21 +243,30 @@ def _process_alive(pid: str) -> bool:
     return True
 
 
-def flight_recorder_parts(worker: Any, cfg: Any, rundir: str,
-                          parts: WorkerParts) -> WorkerParts:
-    """``parts`` with one worker's flight recorder (``parts`` as they are when it is off,
-    or cannot be prepared): its trainer's env, the per-attempt directory at each spawn
-    (around ``parts.spawn``), and the dumps in the hang fault's evidence (around
-    ``parts.evidence``), the hang verifier's window (one of ``parts.detectors``) and the
-    decider's DUMP_STACKS answer."""
-    size = int(getattr(cfg.hang, "fr_buffer_size", 0))
+def prepare_recorder(worker: Any, cfg: Any, rundir: str) -> FlightRecorder | None:
+    """One worker's flight recorder, prepared before its hang parts (the verifier takes
+    its ``snapshot`` at construction: agent/hang_parts.py); None when it is off or
+    cannot be prepared."""
+    size = int(cfg.hang.fr_buffer_size)
     if size <= 0:
-        return parts
+        return None
     fr_dir = os.path.join(rundir, "fr")
-    env = fr_env(worker.environ, size, fr_dir)
-    fr = FlightRecorder(fr_dir, {**worker.environ, **env})
-    if not fr.prepare():
+    fr = FlightRecorder(fr_dir, {**worker.environ, **fr_env(worker.environ, size, fr_dir)})
+    return fr if fr.prepare() else None
+
+
+def flight_recorder_parts(worker: Any, cfg: Any, rundir: str, parts: WorkerParts,
+                          fr: FlightRecorder | None) -> WorkerParts:
+    """``parts`` with one worker's flight recorder ``fr`` (``prepare_recorder``; ``parts``
+    as they are without one): its trainer's env, the per-attempt directory at each spawn
+    (around ``parts.spawn``), and the dumps in the hang fault's evidence (around
+    ``parts.evidence``, the verifier's window dump when it took one) and the decider's
+    DUMP_STACKS answer (the declared stall's dump: one capture per verification)."""
+    if fr is None:
         return parts
+    from ftagent.agent.hang_watch import HangWatch
+
+    env = fr_env(worker.environ, int(cfg.hang.fr_buffer_size), fr.dir)
     spawn = parts.spawn
 
     def spawn_in_attempt(*args: Any, **kwargs: Any) -> Any:
@@ -267,11 +276,7 @@ def flight_recorder_parts(worker: Any, cfg: Any, rundir: str,
             log.warning("flight-recorder attempt directory: %s", e)
         return spawn(*args, **kwargs)
 
-    verifier = None  # the hang verifier dumps in its window (agent/verify.py)
-    for d in parts.detectors:
-        verifier = getattr(d, "verifier", None) or verifier
-    if verifier is not None:
-        verifier.window_dump = fr.snapshot
+    verifier = next((d.verifier for d in parts.detectors if isinstance(d, HangWatch)), None)
     enrich = parts.evidence
     evidence = None
     if enrich is not None:
@@ -297,8 +302,8 @@ def flight_recorder_parts(worker: Any, cfg: Any, rundir: str,
     stacks_only = base if base is not None else stacks_of_tree
 
     async def stacks_with_dumps() -> dict[str, Any]:
-        taken = verifier.declared_dump() if verifier is not None else None
-        if taken is not None:  # the declared hang's window dump: one per verification
+        taken = await verifier.stall_dump() if verifier is not None else None
+        if taken is not None:  # the verification's window dump: one per verification
             return {**await stacks_only(), "flight_recorder": taken}
         got, stacks = await asyncio.gather(fr.snapshot(), stacks_only())
         return {**stacks, "flight_recorder": got}

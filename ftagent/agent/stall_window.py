@@ -17,8 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from ftagent.detect.liveness import Liveness, ProcessSample, Snapshot, in_collective
-from ftagent.detect.liveness import Verdict as Motion
+from ftagent.detect.liveness import Liveness, Motion, ProcessSample, Snapshot, in_collective
 from ftagent.detect.stall import Blocked, Window
 
 STOPPED = frozenset({"stopped", "tracing-stop"})  # psutil's names of T and t

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ftagent.agent.evidence import MAX_THREADS, find_py_spy, sample_process
-from ftagent.agent.proc_wait import Waits
+from ftagent.agent.hang_parts import HangParts
 from ftagent.agent.stall_window import window_of
 from ftagent.config import HangConfig
 from ftagent.detect.hang import HangDetector, Observed, Sample, verify_plan
@@ -53,17 +53,29 @@ from ftagent.detect.liveness import (
     GpuSample,
     Learned,
     Liveness,
+    Motion,
     PhaseBook,
     ProcessSample,
     Snapshot,
     Thresholds,
-    Verdict,
     in_collective,
     judge,
     stacks_of,
 )
-from ftagent.detect.stall import IO_KINDS, Act, Blocked, Budget, Peers, State, Window, decide
-from ftagent.detect.stall import Verdict as StallVerdict
+from ftagent.detect.stall import (
+    IO_KINDS,
+    Act,
+    Blocked,
+    Budget,
+    Peers,
+    State,
+    Verdict,
+    Window,
+    decide,
+    fault_message,
+    label,
+    peer_state,
+)
 from ftagent.model import (
     Fault,
     FaultKind,
@@ -206,7 +218,7 @@ class Stall:
     verified: bool = False  # a verification found it alive or spinning
     recognised: Learned | None = None  # it runs where a learned phase ran
     declared: bool = False  # a hang fault was raised for it
-    verdict: Verdict | None = None
+    verdict: Motion | None = None
     verifications: int = 0
     suspected: bool = False  # verified waiting in a collective: the arbiter was asked
     asked_at: float | None = None  # when (the verifier's clock)
@@ -214,11 +226,10 @@ class Stall:
     waiting_on: str | None = None  # the arbiter judged the job busy: whom this rank waits on
     spin_cap: float | None = None  # the others wait on this spinning rank: its spin budget
     snaps: list[Snapshot] = dataclasses.field(default_factory=list)  # the last window's
-    decision: StallVerdict | None = None  # the stall policy's last verdict
+    decision: Verdict | None = None  # the stall policy's last verdict
     entries: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # its stacks
     dump: dict[str, Any] | None = None  # the flight recorder's dump of its window
-    io_blocked: tuple[Blocked, ...] = ()  # the remote reads the last I1 verdict saw
-    io_grace: bool = False  # one look granted after such a read ended mid-window
+    io_blocked: tuple[Blocked, ...] = ()  # the remote reads the last I1 verdict saw (I3)
 
 
 @dataclass
@@ -235,23 +246,24 @@ class Early:
 class Verifier:
     """Sits between the hang detector's suspicion and the fault (see the module docstring)."""
 
-    def __init__(self, detector: HangDetector, cfg: HangConfig, sampler: Sampler, *,
+    def __init__(self, detector: HangDetector, cfg: HangConfig, sampler: Sampler,
+                 parts: HangParts | None = None, *,
                  record: Callable[..., Any] | None = None, metrics: Any = None,
                  emit: Callable[[Fault], Coroutine[Any, Any, Any]] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
                  thresholds: Thresholds | None = None,
-                 now: Callable[[], float] | None = None,
-                 waits: Callable[[Sequence[int]], Waits] | None = None) -> None:
-        """``now``: the detector's clock where it differs from ``clock`` (the agent's
-        ``detector_now``: no hang is called on output not looked at yet). ``waits``: what
-        the tree's blocked threads wait on (``proc_wait.blocked_threads``; None: not read,
-        no "waiting on I/O" verdict)."""
-        self.waits = waits
+                 now: Callable[[], float] | None = None) -> None:
+        """``parts``: the hang parts, built first (agent/hang_parts.py: the rank, the
+        flight recorder's snapshot, the arbiter's "can I ask?", the local peers, the /proc
+        wait reader). ``now``: the detector's clock where it differs from ``clock`` (the
+        agent's ``detector_now``: no hang is called on output not looked at yet)."""
+        parts = parts or HangParts()
+        self.waits = parts.waits
         self.detector = detector
         self.now = now or clock
         # the flight recorder's snapshot (agent/flight_recorder.py), taken in the window
-        self.window_dump: Callable[[], Awaitable[dict[str, Any]]] | None = None
+        self.window_dump = parts.window_dump
         self._early: Early | None = None
         self._suspect: Fault | None = None  # a HANG the tick raised while sampling early
         self._anchor: float | None = None  # when a deferred budget began
@@ -267,11 +279,14 @@ class Verifier:
         self.book = PhaseBook(max_places=MAX_PLACES)
         # True while an arbiter can compare the ranks: a rank verified waiting in a
         # collective then raises a WARNING suspicion, not the hang (agent/peer_wait.py)
-        self.ask_arbiter: Callable[[], bool] | None = None
-        # launcher mode: this pod's other local ranks' verifiers (cmd/run.py wires them);
-        # without an arbiter, a rank waiting in a collective asks them who is busy
-        self.local_peers: Callable[[], Sequence[tuple[int, Verifier]]] | None = None
-        self.rank: int | None = None  # this rank, for the verdict's culprits
+        self.ask_arbiter = parts.ask_arbiter
+        # launcher mode: this pod's local ranks' verifiers (this one joins them); without
+        # an arbiter, a rank waiting in a collective asks them who is busy
+        self.local_peers: Callable[[], Sequence[tuple[int, Verifier]]] | None = \
+            parts.local_peers
+        self._rank = parts.rank  # this rank, for the verdict's culprits (the lifecycle's)
+        if parts.local_peers is not None and self.rank is not None:
+            parts.local_peers.add(self.rank, self)
         self.stall: Stall | None = None
         # BUSY arrived before this rank's own budget ran out (no stall open yet): the
         # stall it is in is that wait; forgotten when steps resume
@@ -401,19 +416,31 @@ class Verifier:
                 raise  # the caller is being cancelled, not the dump
             return None
         stall = self.stall
-        if stall is not None and stall.declared:
+        if stall is not None and (stall.declared or stall.asking):
             stall.dump = got  # the arbiter's DUMP_STACKS answer takes this one too
         return got
 
-    def declared_dump(self) -> dict[str, Any] | None:
-        """The flight-recorder dump of the declared stall's window, if one was taken and
-        is no older than a window: one capture per verification, for the fault's evidence
-        and the arbiter's question alike (issue 35)."""
+    def _shared(self, stall: Stall | None) -> bool:
+        """The open stall's last verification speaks for it now: it declared the hang or
+        asked the arbiter (row C1), and its samples are no older than four windows."""
+        return stall is not None and (stall.declared or stall.asking) and \
+            stall.verdict is not None and bool(stall.snaps) and \
+            self.clock() - stall.snaps[-1].ts <= max(self.window, 1.0) * 4
+
+    async def stall_dump(self) -> dict[str, Any] | None:
+        """The flight-recorder dump of the verification that declared the stall or asked
+        the arbiter about it (awaited if still being taken): one capture per
+        verification, for the fault's evidence and the arbiter's DUMP_STACKS alike (issue
+        35); None when there is none, or it is stale."""
         stall = self.stall
-        if stall is None or not stall.declared or stall.dump is None or not stall.snaps:
+        if stall is None or not self._shared(stall):
             return None
-        if self.clock() - stall.snaps[-1].ts > max(self.window, 1.0) * 4:
-            return None
+        dump = self._dump
+        if stall.dump is None and dump is not None and not dump.cancelled():
+            with contextlib.suppress(asyncio.CancelledError):
+                got = await asyncio.shield(dump)
+                if self.stall is stall:
+                    stall.dump = got
         return stall.dump
 
     async def _budget_out(self, deadline: float) -> Fault | None:
@@ -527,13 +554,12 @@ class Verifier:
             await self._local_wait(stall)  # sampling the local peers: before the policy
             if self.stall is not stall:
                 return  # steps resumed while the peers were asked
-        window = self._io_grace(stall, verdict, await self._window(verdict, snaps))
-        got = decide(self._budget(stall, stalled, spin_budget), window,
-                     self._peers(stall, arbiter))
+        window = await self.window_of(verdict, snaps)
+        got = decide(self.budget(stall, stalled, spin_budget, self._recheck_in(
+            early is not None)), window, self._peers(stall, arbiter))
         stall.decision = got
-        if got.rule == "I1":
-            stall.io_blocked = tuple(b for b in window.blocked if b.kind in IO_KINDS)
-            stall.io_grace = False
+        stall.io_blocked = tuple(b for b in window.blocked if b.kind in IO_KINDS) \
+            if got.rule == "I1" else ()
         if got.act is Act.RECHECK and got.state is State.WAITING_ON_PEER and \
                 got.rule == "P1":
             # the arbiter judged the job busy: waiting on that rank is not a hang (its own
@@ -568,53 +594,43 @@ class Verifier:
             self._write("verify", "suspect", out.message, verdict, cost, stall, rule=got.rule)
             self._raise(out)
             return
-        self._count(verdict.state.value if got.rule[0] in "ASH" else got.state.value)
+        kind = label(got, verdict.state.value)
+        self._count(kind)
         if got.act is not Act.DECLARE:
             stall.verified = got.state is not State.UNDECIDED
-            again = self.clock() + self._recheck_in(early is not None)
-            if got.state in (State.SPINNING, State.WAITING_ON_IO):
-                again = max(self.clock() + 0.5, min(again, self.clock() + (got.recheck_in or 0)))
-            if got.state is State.SPINNING:
-                again = max(self.clock() + 0.5, min(again, stall.start + spin_budget))
+            again = self.clock() + (got.recheck_in if got.recheck_in is not None
+                                    else self._recheck_in(early is not None))
             det.defer(again)
             self._anchor = self.clock()  # the next budget's samples count from here
             text = (self._alive_text(verdict, stall, stalled, spin_budget)
                     if got.rule[0] in "AS" else got.reason)
-            self._write("verify", verdict.state.value if got.rule[0] in "AS" else
-                        got.state.value, text, verdict, cost, stall, rule=got.rule,
+            self._write("verify", kind, text, verdict, cost, stall, rule=got.rule,
                         suspect_again_in=round(again - self.clock(), 3),
                         budget_seconds=fault.evidence.get("budget_seconds"))
             return
         stall.declared = True
         out = self._fault(fault, verdict, stalled, spin_budget, entries, got)
-        self._write("verify", verdict.state.value if got.rule[0] in "ASH" else
-                    got.state.value, out.message, verdict, cost, stall, rule=got.rule)
+        self._write("verify", kind, out.message, verdict, cost, stall, rule=got.rule)
         self._raise(out)
 
-    @staticmethod
-    def _io_grace(stall: Stall, verdict: Verdict, window: Window) -> Window:
-        """The read the last verdict found waiting on remote I/O ended inside this window
-        (the thread moved on: not blocked on it any more, its place changed), so the still
-        samples before it are the read's: one more look a budget later, not a hang on
-        samples that straddle its end (seen: an 8 s read ending 0.2 s before the verdict).
-        Once per read: a thread still stuck after it is judged on its own."""
-        prev = stall.decision
-        if prev is None or prev.rule != "I1" or stall.io_grace or not stall.io_blocked or \
-                any(b.kind in IO_KINDS for b in window.blocked) or verdict.where == prev.where:
-            return window
-        stall.io_grace = True
-        return dataclasses.replace(window, blocked=stall.io_blocked)
-
-    def _budget(self, stall: Stall | None, stalled: float, spin_budget: float) -> Budget:
+    def budget(self, stall: Stall | None, stalled: float, spin_budget: float,
+               recheck_every: float | None = None) -> Budget:
+        """The policy's budget input for this rank now (the dead-still watch's too)."""
         det = self.detector
+        phase = det.current_phase()
+        prev = stall.decision if stall is not None else None
         return Budget(stalled_for=stalled, step_budget=det.step_budget(),
                       spin_budget=spin_budget,
                       phase_timeout=float(self.cfg.hang_phase_timeout),
-                      io_timeout=float(getattr(self.cfg, "hang_io_timeout", 300.0)),
-                      dead_still_window=float(getattr(self.cfg, "hang_dead_still_window",
-                                                      60.0)),
-                      phase=det.current_phase(), first_step=det.last_step is None,
-                      declared=stall is not None and stall.declared, rank=self.rank)
+                      io_timeout=float(self.cfg.hang_io_timeout),
+                      dead_still_window=float(self.cfg.hang_dead_still_window),
+                      phase=phase, phase_learned=phase is not None and
+                      phase in det.phase_longest, first_step=det.last_step is None,
+                      declared=stall is not None and stall.declared, rank=self.rank,
+                      recheck_every=recheck_every,
+                      last_io=stall.io_blocked if stall is not None else (),
+                      last_where=prev.where if prev is not None else None)
+
 
     def _peers(self, stall: Stall, arbiter: bool) -> Peers:
         asked = None
@@ -726,11 +742,21 @@ class Verifier:
                         budget, 3))
         return True
 
-    def _spin_budget(self, verdict: Verdict) -> float:
+    def _spin_budget(self, verdict: Motion) -> float:
         learned = self.book.at(verdict.place)
         if learned is not None:
             return self.book.budget(learned, self.detector.step_budget())
         return float(self.cfg.hang_spin_timeout)
+
+    @property
+    def rank(self) -> int | None:
+        """This rank, as the worker's lifecycle says it now (HangParts.rank)."""
+        r = self._rank
+        return r() if callable(r) else r
+
+    @rank.setter
+    def rank(self, value: int | Callable[[], int] | None) -> None:
+        self._rank = value
 
     async def stacks_for_arbiter(self, pids: Sequence[int] = ()) -> dict[str, Any]:
         """The DUMP_STACKS answer: this rank's stacks plus a ``liveness`` field (a fresh
@@ -751,12 +777,19 @@ class Verifier:
     async def _stacks_for_arbiter(self) -> dict[str, Any]:
         t = self.clock()
         stall = self.stall
-        if stall is not None and stall.declared and stall.verdict is not None:
-            if stall.entries and stall.snaps and \
-                    self.clock() - stall.snaps[-1].ts <= max(self.window, 1.0) * 4:
-                entries = stall.entries  # the declaration's own capture: not taken twice
-            else:
-                _, entries = await self.sampler.sample()
+        if stall is not None and stall.verdict is not None and self._shared(stall) and \
+                stall.entries:
+            # the verification that declared the hang or asked the arbiter: its own
+            # capture and verdict, not taken twice (issue 35)
+            entries = stall.entries
+            live = {**_brief(stall.verdict), "declared": stall.declared}
+            if stall.decision is not None:
+                live["stall"] = stall.decision.to_json()
+                state = peer_state(stall.decision, live["state"])
+                if state != live["state"]:
+                    live.update(state=state, reason=stall.decision.reason)
+        elif stall is not None and stall.declared and stall.verdict is not None:
+            _, entries = await self.sampler.sample()  # the declaration's capture is stale
             live = {**_brief(stall.verdict), "declared": True}
             if stall.decision is not None:
                 live["stall"] = stall.decision.to_json()
@@ -781,21 +814,22 @@ class Verifier:
             live = await self._answer(verdict, snaps, stall)
         return {"processes": entries, "seconds": round(self.clock() - t, 3), "liveness": live}
 
-    async def _answer(self, verdict: Verdict, snaps: list[Snapshot],
+    async def _answer(self, verdict: Motion, snaps: list[Snapshot],
                       stall: Stall | None) -> dict[str, Any]:
         """The liveness the arbiter reads: the motion verdict, and the stall policy's over
         the same samples; a rank waiting on remote I/O is busy to its peers (alive), not
         hung: the arbiter answers BUSY and the peers wait (issue 35)."""
         live: dict[str, Any] = {**_brief(verdict), "declared": False}
         stalled = 0.0 if stall is None else max(0.0, self.clock() - stall.start)
-        got = decide(self._budget(stall, stalled, self._spin_budget(verdict)),
-                     await self._window(verdict, snaps))
+        got = decide(self.budget(stall, stalled, self._spin_budget(verdict)),
+                     await self.window_of(verdict, snaps))
         live["stall"] = got.to_json()
-        if got.state is State.WAITING_ON_IO:
-            live.update(state="alive", reason=got.reason)
+        state = peer_state(got, verdict.state.value)
+        if state != live["state"]:
+            live.update(state=state, reason=got.reason)
         return live
 
-    async def _window(self, verdict: Verdict, snaps: Sequence[Snapshot]) -> Window:
+    async def window_of(self, verdict: Motion, snaps: Sequence[Snapshot]) -> Window:
         """The policy's window over ``snaps``, with what /proc says the still threads wait
         on (agent/proc_wait.py: read once, on the tree of the last sample)."""
         if self.waits is None or not snaps:
@@ -824,8 +858,8 @@ class Verifier:
 
     # ------------------------------------------------------------------ the end of a stall
 
-    def declare_now(self, fault: Fault, start: float, motion: Verdict,
-                    got: StallVerdict) -> None:
+    def declare_now(self, fault: Fault, start: float, motion: Motion,
+                    got: Verdict) -> None:
         """A hang the dead-still watch declared inside a phase (its budget not run out)."""
         self.stall = Stall(start=start, step=self.detector.last_step, declared=True,
                            verdict=motion, decision=got)
@@ -893,29 +927,13 @@ class Verifier:
 
     # ------------------------------------------------------------------ helpers
 
-    def _fault(self, fault: Fault, verdict: Verdict, stalled: float, spin_budget: float,
-               entries: list[dict[str, Any]], got: StallVerdict | None = None) -> Fault:
-        new = got is not None and got.rule[0] in "UFDI"  # a row the motion judge lacks
-        if got is not None and new:
-            msg = f"{fault.message}; {got.reason}"
-        elif verdict.state is Liveness.SPINNING:
-            msg = (f"spinning in {verdict.where} for {stalled:.1f}s, over the spin budget of "
-                   f"{spin_budget:.0f}s (busy, but not progressing): {verdict.reason}")
-        elif verdict.state is Liveness.ALIVE:  # alive by I/O alone, past the phase budget
-            msg = (f"doing storage I/O but no step for {stalled:.1f}s, over "
-                   f"--hang-phase-timeout ({self.cfg.hang_phase_timeout:.0f}s): "
-                   f"{verdict.reason}")
-        elif verdict.state is Liveness.UNKNOWN:
-            msg = (f"{fault.message}; could not verify ({verdict.reason}): declared on the "
-                   "budget alone")
-        else:
-            msg = f"{fault.message}; verified hung over {verdict.window_seconds:.1f}s: " \
-                  f"{verdict.reason}"
+    def _fault(self, fault: Fault, verdict: Motion, stalled: float, spin_budget: float,
+               entries: list[dict[str, Any]], got: Verdict | None = None) -> Fault:
+        msg = fault.message if got is None else fault_message(got, fault.message)
         evidence = {**fault.evidence, "verification": verdict.to_json(),
-                    "verdict": got.state.value if got is not None and new
-                    else verdict.state.value,
-                    "where": got.where if got is not None and new and got.where
-                    else verdict.where,
+                    "verdict": verdict.state.value if got is None
+                    else label(got, verdict.state.value),
+                    "where": (got.where if got is not None else None) or verdict.where,
                     "stall_seconds": round(stalled, 3), "processes": entries}
         if got is not None:
             evidence.update(stall=got.to_json(), rule=got.rule, culprits=list(got.culprits))
@@ -923,7 +941,7 @@ class Verifier:
                 evidence["kill"] = True  # a stopped process ignores SIGTERM
         return dataclasses.replace(fault, message=msg, evidence=evidence)
 
-    def _suspicion(self, fault: Fault, verdict: Verdict, stalled: float,
+    def _suspicion(self, fault: Fault, verdict: Motion, stalled: float,
                    entries: list[dict[str, Any]]) -> Fault:
         """A rank verified waiting in a collective: a WARNING the arbiter decides as a
         hang (policy.suspected_hang) once it has compared the ranks."""
@@ -934,7 +952,7 @@ class Verifier:
                     "only if no peer is busy; the arbiter compares the ranks",
             evidence={**out.evidence, "waiting_in_collective": True})
 
-    def _alive_text(self, verdict: Verdict, stall: Stall, stalled: float,
+    def _alive_text(self, verdict: Motion, stall: Stall, stalled: float,
                     spin_budget: float) -> str:
         step = "no step yet" if stall.step is None else f"last step {stall.step}"
         if verdict.state is Liveness.SPINNING:
@@ -943,7 +961,7 @@ class Verifier:
         return (f"stalled {stalled:.1f}s ({step}) but alive: {verdict.reason}; an "
                 "undeclared phase, not a hang")
 
-    def _write(self, event: str, kind: str, message: str, verdict: Verdict | None,
+    def _write(self, event: str, kind: str, message: str, verdict: Motion | None,
                cost: float, stall: Stall, **fields: Any) -> None:
         log.info("hang verification: %s", message)
         if self.record is None:
@@ -984,7 +1002,7 @@ async def _call(fn: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
         return {"summaries": [], "errors": [f"flight-recorder dump failed: {e!r}"[:300]]}
 
 
-def _brief(v: Verdict) -> dict[str, Any]:
+def _brief(v: Motion) -> dict[str, Any]:
     """The verdict without per-thread detail beyond the first few threads per process."""
     out = v.to_json()
     for p in out["processes"]:

@@ -19,16 +19,21 @@ is a rank that sent no dump). Per process group, innermost (fewest ranks) first:
   peers' sockets open, so they wait instead of failing). Without a silent rank's dump no
   group can be said to have "no one behind": then no group is called a stall.
 
-The first of mismatch, behind, unresponsive, stall found is the verdict's kind; every
-finding is kept for the message.
+The first of mismatch, behind, unresponsive, stall found is the verdict's kind (rows R1-R4
+of ``detect/stall.py``'s table; R0: none); the verdict is the stall policy's one
+``Verdict`` type, its culprits the rows' ranks, every finding kept for the reason.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from ftagent.detect.stall import FR_KINDS, Act, Finding, State, Verdict
+
+_ROW = {kind: row for row, kind in FR_KINDS.items()}
 
 MAX_RANKS = 1 << 16
 MAX_GROUPS = 64  # groups one rank's summary lists
@@ -63,24 +68,6 @@ class _Rank:
     completed: int
     calls: dict[int, Call]
 
-
-@dataclass(frozen=True)
-class Finding:
-    kind: str  # behind | mismatch | stall | unresponsive | waiting
-    group: str
-    ranks: tuple[int, ...]
-    seq: int = -1
-    op: str = ""
-    message: str = ""
-
-
-@dataclass(frozen=True)
-class Verdict:
-    kind: str  # mismatch | behind | unresponsive | stall | none
-    culprits: tuple[int, ...]
-    message: str
-    findings: tuple[Finding, ...] = field(default_factory=tuple)
-    key: str = ""  # a mismatch's place (group, #N, both calls): equal when it recurs
 
 
 def _int(v: Any, default: int = -1) -> int:
@@ -223,10 +210,12 @@ def decide(summaries: Mapping[int, Any], world: int | None = None) -> Verdict:
             lead = [f for f in findings if f.kind == kind]
             key = f"{lead[0].group}#{lead[0].seq}: {lead[0].message}" \
                 if kind == "mismatch" else ""
-            return Verdict(kind, tuple(sorted(set(rs))), "; ".join(f.message for f in lead[:4]),
-                           tuple(findings), key)
-    return Verdict("none", (), "the flight recorder shows no rank stuck in a collective",
-                   tuple(findings))
+            return Verdict(State.HUNG, Act.DECLARE, _ROW[kind],
+                           "; ".join(f.message for f in lead[:4]),
+                           culprits=tuple(sorted(set(rs))), findings=tuple(findings), key=key)
+    return Verdict(State.UNDECIDED, Act.NONE, "R0",
+                   "the flight recorder shows no rank stuck in a collective",
+                   findings=tuple(findings))
 
 
 def waits_on_silent(v: Verdict) -> bool:

@@ -405,7 +405,7 @@ def decide_stacks(job: JobState, now: float, cfg: PolicyConfig, *,
         return [Decision(Verdict.BUSY, f"job busy, not hung ({got}): {why}; no restart",
                          job.generation, rank=ranks[0], fault_id=probe.fault_id, busy=told)]
     fr = flight_recorder_verdict(job)
-    culprits, why = (list(fr.culprits), f"flight recorder: {fr.message}"
+    culprits, why = (list(fr.culprits), f"flight recorder: {fr.reason}"
                      f"{places(fr.culprits, stacks)}") if fr is not None \
         else name_culprit(steps, stacks)
     swapped = roles_swapped(job, culprits, stacks) if fr is None or fr.kind == "behind" \

@@ -47,6 +47,8 @@ from ftagent.sources.progress import LogObservation
 from ftagent.watch.loop import WatchLoop
 
 if TYPE_CHECKING:
+    from ftagent.agent.flight_recorder import FlightRecorder
+    from ftagent.agent.hang_parts import LocalPeers
     from ftagent.agent.launcher import NodePlace
     from ftagent.agent.standby_memory import StandbyBudget
     from ftagent.agent.tee import Writer
@@ -109,7 +111,8 @@ def setup_logging(level: str, rank: int | str) -> None:
 
 def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
                 registry: CollectorRegistry | None = None, share: AgentMetrics | None = None,
-                node_sources: bool = True, budget: StandbyBudget | None = None) -> Worker:
+                node_sources: bool = True, budget: StandbyBudget | None = None,
+                local_peers: LocalPeers | None = None) -> Worker:
     """One worker of ``pod`` (the trainer's, or one launcher worker's with the spec's
     ``local_rank``: its series join ``share``'s families in the pod's ``registry``,
     ``node_sources`` says whether it carries the node's GPU and NIC sources). Its
@@ -126,7 +129,7 @@ def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
     registry = CollectorRegistry() if registry is None else registry
     metrics = AgentMetrics(registry, labels, share=share)
     metrics.share_identity(labels)  # the GPU and NIC collectors' (a spare's rank changes)
-    from ftagent.agent.flight_recorder import flight_recorder_parts
+    from ftagent.agent.flight_recorder import flight_recorder_parts, prepare_recorder
     from ftagent.agent.standby import warm_restart_parts
     from ftagent.agent.standby_memory import StandbyBudget
 
@@ -147,9 +150,10 @@ def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
         GPUs and links."""
         sink = MetricsSink(metrics, restarts=lambda: w.lifecycle.restarts)
         p = WorkerParts(observers=(sink,), fault_hooks=(sink.on_fault,))
-        p = progress_parts(w, cfg, metrics, rundir, p)
+        fr = prepare_recorder(w, cfg, rundir)  # before the hang parts: the verifier dumps it
+        p = progress_parts(w, cfg, metrics, rundir, p, fr, local_peers)
         p = warm_restart_parts(w, cfg, rundir, p, standbys)
-        p = flight_recorder_parts(w, cfg, rundir, p)
+        p = flight_recorder_parts(w, cfg, rundir, p, fr)
         watch = None
         if node_sources:  # the host's GPUs and links: one source of the agent (ftagent/watch/)
             watch = add_watch(w, cfg, environ, registry, labels)
@@ -242,6 +246,9 @@ def build_workers(cfg: RunConfig, environ: Mapping[str, str], rundir: str) -> Po
     from ftagent.agent.standby_memory import StandbyBudget
 
     budget = StandbyBudget(cfg.supervisor.warm_restart_memory_share)
+    from ftagent.agent.hang_parts import LocalPeers
+
+    peers = LocalPeers()  # each worker's verifier joins it when built (agent/hang_parts.py)
     workers: list[Worker] = []
     logroot = ""
     if launch.log_dir or any(launcher.std_of(launch.tee, i) or
@@ -267,27 +274,12 @@ def build_workers(cfg: RunConfig, environ: Mapping[str, str], rundir: str) -> Po
                                            console_lock))
         share = workers[0].metrics if workers else None
         workers.append(build_agent(pod, spec, wdir, registry=registry, share=share,
-                                   node_sources=i == 0, budget=budget))
+                                   node_sources=i == 0, budget=budget, local_peers=peers))
     start_metrics(cfg, registry, workers[0])
-    share_local_liveness(workers)
     log.info("launching %d worker(s): ranks %d-%d of %d, master %s:%d, run id %s",
              place.nproc, place.rank(0), place.rank(place.nproc - 1), place.world_size,
              place.master_addr, place.master_port, place.run_id)
     return pod
-
-
-def share_local_liveness(workers: Sequence[Worker]) -> None:
-    """Launcher mode: each worker's hang verification may ask the others' for their
-    liveness (without an arbiter, a rank waiting in a collective on a busy local peer is
-    waiting, not hung: agent/peer_wait.local_busy_peer)."""
-    from ftagent.agent.hang_watch import HangWatch
-
-    peers = [(w.ident.rank, d.verifier) for w in workers for d in w.detectors
-             if isinstance(d, HangWatch) and d.verifier is not None]
-    if len(peers) < 2:
-        return
-    for _, v in peers:
-        v.local_peers = lambda: peers
 
 
 def _attempt_env(wdir: str) -> Callable[[int], dict[str, str]]:
@@ -342,9 +334,11 @@ def _outputs(launch: LaunchConfig, place: NodePlace, i: int, logroot: str,
 
 
 def progress_parts(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir: str,
-                   parts: WorkerParts) -> WorkerParts:
+                   parts: WorkerParts, recorder: FlightRecorder | None = None,
+                   local_peers: LocalPeers | None = None) -> WorkerParts:
     """``parts`` with step progress from the trainer's log lines and/or the SDK, the hang
-    detector (and its verifier, its evidence) and the loss detector."""
+    detector (and its verifier, its parts built first: agent/hang_parts.py; its evidence)
+    and the loss detector."""
     from ftagent.agent.hang_watch import HangWatch, evidence_hook
     from ftagent.detect.hang import HangDetector
     from ftagent.sources.progress import LogProgress
@@ -386,12 +380,18 @@ def progress_parts(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir:
 
         record = agent.events.write if not cfg.arbiter.arbiter else learned_phases_to(
             learned, agent.events.write)
+        from ftagent.agent.hang_parts import HangParts
         from ftagent.agent.proc_wait import blocked_threads
 
-        verifier = Verifier(detector, cfg.hang, sampler, record=record,
-                            metrics=metrics, emit=agent.raise_fault, now=agent.detector_now,
-                            waits=blocked_threads)
-        verifier.rank = cfg.identity.rank  # the verdict's culprit when it is this rank
+        asks = None  # alert: the arbiter decides no hang at all
+        if cfg.arbiter.arbiter and cfg.hang.hang_action != "alert":
+            asks = lambda: bool(getattr(arbiter_link(agent), "connected", False))  # noqa: E731
+        hang = HangParts(rank=lambda: agent.lifecycle.rank, ask_arbiter=asks,
+                         local_peers=local_peers,
+                         window_dump=None if recorder is None else recorder.snapshot,
+                         waits=blocked_threads)
+        verifier = Verifier(detector, cfg.hang, sampler, hang, record=record,
+                            metrics=metrics, emit=agent.raise_fault, now=agent.detector_now)
     watch = HangWatch(detector, metrics, parser, verifier=verifier)
     parts = parts.plus(detectors=[watch])
     if cfg.loss.loss_action != "off":  # NaN/inf and spikes of the loss (detect/loss.py)
@@ -415,9 +415,6 @@ def progress_parts(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir:
         waits = PeerWait(lambda: agent.lifecycle.rank, verifier, agent.events.write, metrics,
                          culprit_spin_timeout=cfg.hang.hang_culprit_spin_timeout)
         parts = parts.plus(observers=[waits]).with_(on_busy=waits.on_action)
-        if cfg.hang.hang_action != "alert":  # alert: the arbiter decides no hang at all
-            verifier.ask_arbiter = lambda: bool(getattr(arbiter_link(agent), "connected",
-                                                        False))
     return parts.with_(evidence=evidence_hook(cfg.hang.hang_dump_timeout, agent.tail))
 
 

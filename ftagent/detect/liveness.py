@@ -2,8 +2,9 @@
 
 The hang detector's budget says when to *suspect* a hang. Before the agent acts, it samples
 the trainer's process tree for a short window (``--hang-verify-window``, 2 s, several
-samples: ``agent/verify.py``) and this module turns those samples into a verdict. Pure:
-samples in, verdict out; no clock, no I/O.
+samples: ``agent/verify.py``) and this module says whether those samples moved: a
+``Motion``, one input of the stall policy (``detect/stall.decide``), whose ``Verdict`` is
+the only verdict. Pure: samples in, motion out; no clock, no I/O.
 
 Evidence per process of the tree, per sample: CPU seconds (user+system), storage I/O bytes,
 and, from ``py-spy dump --json``, every Python thread's frames and whether the OS has it
@@ -266,11 +267,11 @@ def place_of(stacks: Sequence[Sequence[Frame]], moving: bool | None = None) -> P
     return Place(tuple(common)) if common else None
 
 
-# --------------------------------------------------------------------------- verdicts
+# --------------------------------------------------------------------------- motion
 
 
 @dataclass(frozen=True)
-class ThreadVerdict:
+class ThreadMotion:
     tid: int
     name: str
     state: str  # one of THREAD_STATES
@@ -282,7 +283,7 @@ class ThreadVerdict:
 
 
 @dataclass(frozen=True)
-class ProcessVerdict:
+class ProcessMotion:
     pid: int
     state: Liveness
     reason: str
@@ -291,7 +292,7 @@ class ProcessVerdict:
     cpu_seconds: float | None = None
     cpu_cores: float | None = None
     io_bytes_per_second: float | None = None
-    threads: tuple[ThreadVerdict, ...] = ()
+    threads: tuple[ThreadMotion, ...] = ()
     place: Place | None = None
     where: str | None = None
     missing: tuple[str, ...] = ()
@@ -299,19 +300,22 @@ class ProcessVerdict:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Motion:
+    """What a window's samples say about motion (alive, spinning, still): evidence the
+    stall policy reads (``agent/stall_window.window_of``), not a verdict of its own."""
+
     state: Liveness
     reason: str
     where: str | None = None
     place: Place | None = None
-    processes: tuple[ProcessVerdict, ...] = ()
+    processes: tuple[ProcessMotion, ...] = ()
     missing: tuple[str, ...] = ()
     window_seconds: float = 0.0
     samples: int = 0
     cpu_seconds: float | None = None  # the whole tree's, over the window
     gpu: GpuSample | None = None
     extra: dict[str, Any] = field(default_factory=dict)
-    by_io: bool = False  # alive only because storage I/O advances (ProcessVerdict.by_io)
+    by_io: bool = False  # alive only because storage I/O advances (ProcessMotion.by_io)
 
     def to_json(self) -> dict[str, Any]:
         """The verdict as fault evidence / the stacks JSON the arbiter reads."""
@@ -343,12 +347,12 @@ class Verdict:
         }
 
 
-def judge(snapshots: Sequence[Snapshot], th: Thresholds | None = None) -> Verdict:
+def judge(snapshots: Sequence[Snapshot], th: Thresholds | None = None) -> Motion:
     """The verdict over a verification window's snapshots (in time order)."""
     th = th or Thresholds()
     snaps = sorted(snapshots, key=lambda s: s.ts)
     if not snaps:
-        return Verdict(Liveness.UNKNOWN, "no evidence: nothing was sampled",
+        return Motion(Liveness.UNKNOWN, "no evidence: nothing was sampled",
                        missing=("no samples",))
     window = snaps[-1].ts - snaps[0].ts
     by_pid: OrderedDict[int, list[ProcessSample]] = OrderedDict()
@@ -362,7 +366,7 @@ def judge(snapshots: Sequence[Snapshot], th: Thresholds | None = None) -> Verdic
     missing = list(dict.fromkeys(missing))
     cpu = [v.cpu_seconds for v in verdicts if v.cpu_seconds is not None]
     gpu = next((s.gpu for s in reversed(snaps) if s.gpu is not None), None)
-    base = Verdict(Liveness.UNKNOWN, "", processes=tuple(verdicts), missing=tuple(missing),
+    base = Motion(Liveness.UNKNOWN, "", processes=tuple(verdicts), missing=tuple(missing),
                    window_seconds=window, samples=len(snaps),
                    cpu_seconds=sum(cpu) if cpu else None, gpu=gpu)
     if not verdicts:
@@ -387,7 +391,7 @@ def judge(snapshots: Sequence[Snapshot], th: Thresholds | None = None) -> Verdic
 
 
 def judge_process(pid: int, samples: Sequence[ProcessSample],
-                  th: Thresholds | None = None) -> ProcessVerdict:
+                  th: Thresholds | None = None) -> ProcessMotion:
     th = th or Thresholds()
     present = [s for s in samples if not s.gone]
     missing = list(dict.fromkeys(e for s in samples for e in s.errors))
@@ -395,17 +399,17 @@ def judge_process(pid: int, samples: Sequence[ProcessSample],
         missing.append(f"exited during the window (seen in {len(present)}/{len(samples)} "
                        "samples)")
     if not present:
-        return ProcessVerdict(pid, Liveness.UNKNOWN, "exited before it could be sampled",
+        return ProcessMotion(pid, Liveness.UNKNOWN, "exited before it could be sampled",
                               samples=0, missing=tuple(missing))
     cpu_s, cores = _rate([(s.ts, s.cpu) for s in present])
     _, io_rate = _rate([(s.ts, s.io) for s in present])
     stacked = [s for s in present if s.threads is not None]
-    base = ProcessVerdict(pid, Liveness.UNKNOWN, "", samples=len(present),
+    base = ProcessMotion(pid, Liveness.UNKNOWN, "", samples=len(present),
                           stack_samples=len(stacked), cpu_seconds=cpu_s, cpu_cores=cores,
                           io_bytes_per_second=io_rate, missing=tuple(missing))
 
-    def out(state: Liveness, reason: str, t: ThreadVerdict | None = None,
-            threads: Sequence[ThreadVerdict] = ()) -> ProcessVerdict:
+    def out(state: Liveness, reason: str, t: ThreadMotion | None = None,
+            threads: Sequence[ThreadMotion] = ()) -> ProcessMotion:
         return dataclasses.replace(base, state=state, reason=reason, threads=tuple(threads),
                                    place=t.place if t else None, where=t.where if t else None,
                                    missing=tuple(missing))
@@ -521,7 +525,7 @@ def agent_thread(t: ThreadSample) -> bool:
 
 
 def _threads(stacked: Sequence[ProcessSample], th: Thresholds,
-             cores: float | None) -> list[ThreadVerdict]:
+             cores: float | None) -> list[ThreadMotion]:
     series: OrderedDict[int, list[ThreadSample]] = OrderedDict()
     times: dict[int, list[float]] = {}
     for s in stacked:
@@ -537,7 +541,7 @@ def _threads(stacked: Sequence[ProcessSample], th: Thresholds,
 
 
 def _thread(tid: int, ts: Sequence[ThreadSample], th: Thresholds,
-            cores: float | None, at: Sequence[float] | None = None) -> ThreadVerdict:
+            cores: float | None, at: Sequence[float] | None = None) -> ThreadMotion:
     name = ts[-1].name
     stacks = [t.frames for t in ts]
     place = place_of(stacks)
@@ -547,10 +551,10 @@ def _thread(tid: int, ts: Sequence[ThreadSample], th: Thresholds,
     running = sum(1 for w in wait_flags if not w)
     where = place.where() if place else (ts[-1].frames[0].text() if ts[-1].frames else None)
     if len(ts) < 2:
-        return ThreadVerdict(tid, name, "unsure", len(ts), moved, where, place, running)
+        return ThreadMotion(tid, name, "unsure", len(ts), moved, where, place, running)
     left = _left_collective(stacks)
     if left is not None:
-        return ThreadVerdict(tid, name, "resumed", len(ts), True, left.where(), left, running)
+        return ThreadMotion(tid, name, "resumed", len(ts), True, left.where(), left, running)
     cpu_t, _ = _rate([(i, t.cpu) for i, t in enumerate(ts)])
     burning = (cpu_t is not None and cpu_t > 0) if cpu_t is not None else (
         cores is not None and cores >= th.idle_cores)
@@ -576,7 +580,7 @@ def _thread(tid: int, ts: Sequence[ThreadSample], th: Thresholds,
             where = f"{fr.name} ({fr.file}:{','.join(str(n) for n in sorted(lines))})"
         else:
             state = "working"
-    return ThreadVerdict(tid, name, state, len(ts), moved, where, place, running)
+    return ThreadMotion(tid, name, state, len(ts), moved, where, place, running)
 
 
 def _left_collective(stacks: Sequence[tuple[Frame, ...]]) -> Place | None:
@@ -630,7 +634,7 @@ def _outer_locals_changed(ts: Sequence[ThreadSample]) -> bool:
     return False
 
 
-def _main_first(threads: Iterable[ThreadVerdict]) -> list[ThreadVerdict]:
+def _main_first(threads: Iterable[ThreadMotion]) -> list[ThreadMotion]:
     return sorted(threads, key=lambda t: t.name != "MainThread")
 
 
@@ -639,7 +643,7 @@ def _main_first_samples(threads: Iterable[ThreadSample]) -> list[ThreadSample]:
                   key=lambda t: t.name != "MainThread")
 
 
-def _tname(t: ThreadVerdict) -> str:
+def _tname(t: ThreadMotion) -> str:
     return repr(t.name) if t.name else f"thread {t.tid}"
 
 
@@ -673,7 +677,7 @@ COLLECTIVE_WAIT = re.compile(
     r"\bwait\w* \((?:distributed_c10d|c10d_logger|_functional_collectives)\.py:", re.I)
 
 
-def in_collective(verdict: Verdict) -> bool:
+def in_collective(verdict: Motion) -> bool:
     """A hung verdict whose still thread waits in a collective (its innermost frames)."""
     if verdict.state is not Liveness.HUNG:
         return False
@@ -681,23 +685,6 @@ def in_collective(verdict: Verdict) -> bool:
     return any(COLLECTIVE_WAIT.search(f.text()) for f in frames) or bool(
         verdict.where and COLLECTIVE_WAIT.search(verdict.where.split(" from ")[0]))
 
-
-
-def spin_due(stalled_for: float, spin_budget: float) -> bool:
-    """A spinning trainer is declared hung once its stall has lasted the spin budget."""
-    return stalled_for >= spin_budget
-
-
-def declare(verdict: Verdict, stalled_for: float, spin_budget: float,
-            io_budget: float = float("inf")) -> bool:
-    """True: raise the hang now. Alive defers (alive by I/O alone: until ``io_budget``,
-    --hang-phase-timeout); spinning defers until its budget; hung and unknown declare (the
-    budget ran out, and nothing says the trainer lives)."""
-    if verdict.state is Liveness.ALIVE:
-        return verdict.by_io and stalled_for >= io_budget
-    if verdict.state is Liveness.SPINNING:
-        return spin_due(stalled_for, spin_budget)
-    return True
 
 
 # --------------------------------------------------------------------------- learning

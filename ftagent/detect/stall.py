@@ -30,6 +30,10 @@ I1    every still thread blocked reading a socket to a    waiting_on_io    reche
       non-peer or a file on a network mount, nothing
       working; stalled below --hang-io-timeout
 I2    the same, stalled past --hang-io-timeout            hung             declare
+I3    the remote read the last verdict (I1) saw ended     waiting_on_io    recheck
+      inside this window (no thread on remote I/O now,
+      its place changed), still nothing working: once
+      per read, below --hang-io-timeout
 D1    in a phase (declared, or never learned) or before   dead_still       declare
       the first step: every thread blocked, no CPU, no
       I/O, no stack movement over --hang-dead-still-
@@ -50,6 +54,25 @@ C2    still in a collective, asked, no answer yet (for    waiting_on_peer  reche
       less than ``answer_wait``), no busy peer named
 H1    still (parked or waiting) outside the rows above    hung             declare
 H2    nothing readable (no stacks, CPU in between)        hung             declare
+====  ==================================================  ===============  =======
+
+The arbiter's rows: the flight recorder's per-group positions over every rank of the job
+(``arbiter/fr_verdict.decide``, the same ``Verdict``; its ``kind`` names the row's finding;
+per group, innermost first, the first of R1-R4 found wins):
+
+====  ==================================================  ===============  =======
+row   evidence (per process group)                        state            act
+====  ==================================================  ===============  =======
+R1    mismatch: ranks at one sequence number, not all     hung             declare
+      complete, with different op, sizes or dtypes
+R2    behind: a rank whose last enqueued collective is    hung             declare
+      below the group's highest (not one waiting in an
+      inner group's collective)
+R3    unresponsive: a rank with no dump while a rank      hung             declare
+      that sent one waits inside a collective
+R4    stall: every rank inside one collective, none       hung             declare
+      behind, none silent
+R0    none of those                                       undecided        none
 ====  ==================================================  ===============  =======
 
 Why the order: bad evidence first (never act on a guess); a frozen process cannot give
@@ -90,6 +113,22 @@ class Act(str, enum.Enum):
 
 
 HUNG_STATES = frozenset({State.HUNG, State.DEAD_STILL, State.FROZEN})
+# the arbiter's flight-recorder rows (arbiter/fr_verdict.py) and the kind each one names
+FR_KINDS = {"R1": "mismatch", "R2": "behind", "R3": "unresponsive", "R4": "stall",
+            "R0": "none"}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing the flight recorder's positions show in one process group (rows R1-R4,
+    and ``waiting``: a rank behind in an outer group because it waits in an inner one)."""
+
+    kind: str  # behind | mismatch | stall | unresponsive | waiting
+    group: str
+    ranks: tuple[int, ...]
+    seq: int = -1
+    op: str = ""
+    message: str = ""
 
 
 @dataclass(frozen=True)
@@ -110,10 +149,19 @@ class Verdict:
     recheck_in: float | None = None  # seconds until the next look (act RECHECK)
     kill: bool = False  # the restart ends it with SIGKILL (a stopped process ignores TERM)
     missing: tuple[str, ...] = ()  # what could not be read
+    # the arbiter's rows (R0-R4): every finding over the job's groups, and a mismatch's
+    # place (group, #N, both calls): equal when the same mismatch recurs
+    findings: tuple[Finding, ...] = ()
+    key: str = ""
 
     @property
     def hung(self) -> bool:
         return self.state in HUNG_STATES
+
+    @property
+    def kind(self) -> str:
+        """The flight recorder's finding for rows R0-R4, else the state's name."""
+        return FR_KINDS.get(self.rule, self.state.value)
 
     def to_json(self) -> dict[str, Any]:
         return {"state": self.state.value, "act": self.act.value, "rule": self.rule,
@@ -196,6 +244,11 @@ class Budget:
     first_step: bool = False  # no step yet this attempt
     declared: bool = False  # a hang was already raised for this stall
     rank: int | None = None
+    recheck_every: float | None = None  # seconds between looks (None: the step budget)
+    # the remote reads the stall's last verdict (row I1) saw and where, for row I3; empty
+    # when that verdict was another row or I3 already granted its look
+    last_io: tuple[Blocked, ...] = ()
+    last_where: str | None = None
 
 
 @dataclass(frozen=True)
@@ -261,7 +314,8 @@ def decide(budget: Budget, window: Window, peers: Peers | None = None, *,
     peers = peers or Peers()
     b, w = budget, window
     me = () if b.rank is None else (b.rank,)
-    recheck = max(0.5, b.step_budget)
+    recheck = max(0.5, b.step_budget if b.recheck_every is None else b.recheck_every)
+    soon = max(0.5, b.step_budget)  # a budgeted wait (I/O, a spin) is looked at each step
     if w.errors:
         if b.stalled_for >= b.phase_timeout:
             return Verdict(State.HUNG, Act.DECLARE, "U2",
@@ -301,12 +355,24 @@ def decide(budget: Budget, window: Window, peers: Peers | None = None, *,
                            f"{b.io_timeout:.0f}s): not a hang", where=w.where,
                            waiting_for=what, budget_seconds=b.io_timeout,
                            budget_flag="--hang-io-timeout",
-                           recheck_in=max(0.5, min(recheck, b.io_timeout - b.stalled_for)))
+                           recheck_in=max(0.5, min(soon, b.io_timeout - b.stalled_for)))
         return Verdict(State.HUNG, Act.DECLARE, "I2",
                        f"blocked in {what} for {b.stalled_for:.0f}s, past --hang-io-timeout "
                        f"({b.io_timeout:.0f}s)", where=w.where, culprits=me,
                        waiting_for=what, budget_seconds=b.io_timeout,
                        budget_flag="--hang-io-timeout")
+    if (b.last_io and not io and w.where != b.last_where and w.working_threads == 0
+            and w.motion in ("hung", "unknown") and b.stalled_for < b.io_timeout):
+        # the still samples before the read's end were the read's (seen: an 8 s read
+        # ending 0.2 s before the verdict): one more look, not a hang on samples that
+        # straddle it; a thread still stuck after it is judged on its own
+        t = b.last_io[0]
+        what = f"{t.syscall} on {t.target}"
+        return Verdict(State.WAITING_ON_IO, Act.RECHECK, "I3",
+                       f"waiting on I/O: the read ({what}) ended inside this window; one "
+                       "more look before anything is called a hang", where=w.where,
+                       waiting_for=what, budget_seconds=b.io_timeout,
+                       budget_flag="--hang-io-timeout", recheck_in=soon)
     in_phase = b.phase is not None or b.first_step
     if phase_check or in_phase:
         if (w.seconds >= b.dead_still_window and w.all_blocked and w.moved is False
@@ -343,7 +409,7 @@ def decide(budget: Budget, window: Window, peers: Peers | None = None, *,
                            f"spinning in {w.where}: a hang if it still spins at "
                            f"{b.spin_budget:.0f}s; {w.motion_reason}"[:MAX_TEXT],
                            where=w.where, budget_seconds=b.spin_budget,
-                           recheck_in=max(0.5, min(recheck, b.spin_budget - b.stalled_for)))
+                           recheck_in=max(0.5, min(soon, b.spin_budget - b.stalled_for)))
         return Verdict(State.HUNG, Act.DECLARE, "S2",
                        f"spinning in {w.where} for {b.stalled_for:.1f}s, over the spin budget "
                        f"of {b.spin_budget:.0f}s (busy, but not progressing): "
@@ -370,6 +436,28 @@ def decide(budget: Budget, window: Window, peers: Peers | None = None, *,
                    budget_seconds=b.step_budget)
 
 
+def fault_message(v: Verdict, budget_message: str) -> str:
+    """The hang fault's message, one form per row: the budget's words ("no progress for
+    3.2s ...") then the reason; rows S2 and A3 name their own budget, so their reason
+    stands alone ("spinning in f (file:line) for 31.0s, over the spin budget ...")."""
+    return v.reason if v.rule in ("S2", "A3") else f"{budget_message}; {v.reason}"
+
+
+def label(v: Verdict, motion: str) -> str:
+    """The name a look is recorded under (the ``verify`` event's kind, the fault's
+    ``verdict``, ``ftagent_hang_verifications_total{verdict}``): the motion (alive,
+    spinning, hung, unknown) for rows A, S and H, whose names predate this table; the
+    state for the rows the motion judge lacks (U, F, P, I, D, C)."""
+    return motion if v.rule[:1] in ("A", "S", "H") else v.state.value
+
+
+def peer_state(v: Verdict, motion: str) -> str:
+    """The liveness state a rank's peers (the arbiter's BUSY judgement) read for it:
+    ``motion`` (alive, spinning, hung, unknown), except that a rank waiting on remote I/O
+    (rows I1, I3) is busy to them, alive, not hung: they wait on it (issue 35)."""
+    return "alive" if v.state is State.WAITING_ON_IO else motion
+
+
 def _alive_state(w: Window) -> State:
     if w.motion == "spinning":
         return State.SPINNING
@@ -378,7 +466,9 @@ def _alive_state(w: Window) -> State:
     return State.UNDECIDED
 
 
-ROWS = ("U1", "U2", "F1", "F2", "P1", "I1", "I2", "D1", "D2", "A1", "A2", "A3", "S1", "S2",
-        "C1", "C2", "H1", "H2")
-__all__ = ["Act", "Blocked", "Budget", "Peers", "ROWS", "State", "Verdict", "Window",
-           "decide", "undecided"]
+ROWS = ("U1", "U2", "F1", "F2", "P1", "I1", "I2", "I3", "D1", "D2", "A1", "A2", "A3", "S1",
+        "S2", "C1", "C2", "H1", "H2")
+FR_ROWS = ("R1", "R2", "R3", "R4", "R0")
+__all__ = ["FR_KINDS", "FR_ROWS", "Act", "Blocked", "Budget", "Finding", "Peers", "ROWS",
+           "State", "Verdict", "Window", "decide", "fault_message", "label",
+           "peer_state", "undecided"]

@@ -78,7 +78,7 @@ def test_trigger_dumps_a_real_gloo_job_and_the_verdict_names_the_rank(tmp_path: 
         assert got["errors"] == []
         v = decide({s["rank"]: s for s in got["summaries"]}, world=2)
         assert (v.kind, v.culprits) == ("behind", (1,))
-        assert "never reached collective #4 (all_reduce)" in v.message
+        assert "never reached collective #4 (all_reduce)" in v.reason
         assert sorted(os.listdir(tmp_path / "fr" / "attempt_1")) == ["rank_0", "rank_1"]
         assert os.listdir(tmp_path / "fr" / "attempt_0") == []
         assert all(p.poll() is None for p in procs)  # the dump did not stop training

@@ -42,15 +42,15 @@ def test_rank_that_never_enqueued_the_collective_is_named() -> None:
     v = decide(recorded("behind"), world=2)
     assert (v.kind, v.culprits) == ("behind", (1,))
     assert "rank 1 at #3 never reached collective #4 (all_reduce) of process group 0" \
-        in v.message
+        in v.reason
 
 
 def test_op_mismatch_names_both_calls() -> None:
     v = decide(recorded("mismatch_op"), world=2)
     assert (v.kind, v.culprits) == ("mismatch", (0, 1))
-    assert "mismatch (op) at #4" in v.message
-    assert "rank 0 all_reduce([4] Float)" in v.message
-    assert "rank 1 all_gather([4] Float)" in v.message
+    assert "mismatch (op) at #4" in v.reason
+    assert "rank 0 all_reduce([4] Float)" in v.reason
+    assert "rank 1 all_gather([4] Float)" in v.reason
 
 
 def test_recorded_size_mismatch_is_named_before_the_rank_behind() -> None:
@@ -60,8 +60,8 @@ def test_recorded_size_mismatch_is_named_before_the_rank_behind() -> None:
     v = decide(s, world=2)
     assert (v.kind, v.culprits) == ("mismatch", (0, 1))
     assert "collective mismatch (sizes) at #4 of process group 0: rank 0 " \
-        "all_reduce([1000000] Float) at " in v.message, v.message
-    assert "but rank 1 all_reduce([2000000] Float) at " in v.message, v.message
+        "all_reduce([1000000] Float) at " in v.reason, v.reason
+    assert "but rank 1 all_reduce([2000000] Float) at " in v.reason, v.reason
     assert v.key.startswith("0#4: ")
     assert any(f.kind == "behind" and f.ranks == (1,) for f in v.findings)
 
@@ -74,14 +74,14 @@ def test_size_mismatch_names_both_sizes() -> None:
     s[1]["groups"][0]["entries"][-1]["in_sizes"] = [[8]]
     v = decide(s, world=2)
     assert (v.kind, v.culprits) == ("mismatch", (0, 1))
-    assert "mismatch (sizes) at #4" in v.message and "all_reduce([8] Float)" in v.message
+    assert "mismatch (sizes) at #4" in v.reason and "all_reduce([8] Float)" in v.reason
 
 
 def test_inner_group_culprit_found_before_the_world_group() -> None:
     v = decide(recorded("inner"), world=4)
     assert (v.kind, v.culprits) == ("behind", (3,))
     assert "rank 3 at #1 never reached collective #2 (all_reduce) of process group 2" \
-        in v.message
+        in v.reason
     waiting = [f for f in v.findings if f.kind == "waiting"]
     assert [(f.group, f.ranks) for f in waiting] == [("0", (2,))]
 
@@ -103,7 +103,7 @@ def test_three_groups_hand_built_inner_culprit() -> None:
          3: {"rank": 3, "groups": [_group("0", 5, 4), _group("2", 7, 7)]}}
     v = decide(s, world=4)
     assert (v.kind, v.culprits) == ("behind", (0,))
-    assert "process group 1" in v.message
+    assert "process group 1" in v.reason
     world = [f for f in v.findings if f.group == "0"]
     assert {(f.kind, f.ranks) for f in world} == {("waiting", (1,)), ("behind", (0,))}
 
@@ -112,7 +112,7 @@ def test_everyone_inside_the_same_collective_is_a_stall() -> None:
     s = {r: {"rank": r, "groups": [_group("0", 9, 8)]} for r in range(2)}
     v = decide(s, world=2)
     assert (v.kind, v.culprits) == ("stall", (0, 1))
-    assert "inside collective #9" in v.message
+    assert "inside collective #9" in v.reason
 
 
 def test_rank_without_a_dump_is_unresponsive() -> None:
@@ -308,7 +308,7 @@ def test_no_rank_with_a_dump_leaves_the_verdict_to_the_stacks() -> None:
                for r in range(2)}
     assert "flight recorder" not in _job_hang_with(answers).reason
     v = decide({0: {}, 1: {}}, world=2)
-    assert v.kind == "unresponsive" and "waits in" not in v.message
+    assert v.kind == "unresponsive" and "waits in" not in v.reason
 
 
 def test_a_rank_waiting_in_a_collective_is_never_the_culprit_of_others_progressing() -> None:

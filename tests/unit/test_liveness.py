@@ -24,7 +24,6 @@ from ftagent.detect.liveness import (
     ProcessSample,
     Snapshot,
     ThreadSample,
-    declare,
     judge,
     place_of,
     snapshot_from_json,
@@ -275,16 +274,6 @@ def test_one_stack_sample_only() -> None:
                                                           for i in range(1, 5)]
     v = judge(window([[p] for p in one]))
     assert v.state is Liveness.HUNG and "one stack sample only" in " ".join(v.missing)
-
-
-def test_declare_table() -> None:
-    def v(state: Liveness) -> Any:
-        return judge([]).__class__(state, "")
-
-    assert not declare(v(Liveness.ALIVE), 1e6, 10)
-    assert not declare(v(Liveness.SPINNING), 9.9, 10)
-    assert declare(v(Liveness.SPINNING), 10, 10)
-    assert declare(v(Liveness.HUNG), 0, 10) and declare(v(Liveness.UNKNOWN), 0, 10)
 
 
 # --------------------------------------------------------------------------- places, learning

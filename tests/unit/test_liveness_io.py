@@ -9,7 +9,9 @@ import asyncio
 import dataclasses
 from typing import Any
 
-from ftagent.detect.liveness import Frame, Liveness, Snapshot, declare, judge
+from ftagent.agent.stall_window import window_of
+from ftagent.detect.liveness import Frame, Liveness, Snapshot, judge
+from ftagent.detect.stall import Act, Budget, decide
 from ftagent.model import FaultKind
 from tests.unit.test_liveness import MAIN, Rig, proc, thread, window
 
@@ -63,9 +65,10 @@ def test_alive_by_io_is_bounded_by_the_phase_budget() -> None:
     snaps = window([[proc(i * 0.5, i * 0.45, [thread(SAVE)], io=i * 40 * MIB)]
                     for i in range(5)])
     v = judge(snaps)
-    assert not declare(v, 100.0, 30.0, io_budget=1800.0)
-    assert declare(v, 1800.0, 30.0, io_budget=1800.0)
-    assert declare(v, 1e9, 30.0) is False  # no bound given: alive
+    seen = window_of(v, snaps)  # the stall policy's rows A2/A3 decide (detect/stall.py)
+    assert decide(Budget(100.0, 3.0, phase_timeout=1800.0), seen).rule == "A2"
+    got = decide(Budget(1800.0, 3.0, phase_timeout=1800.0), seen)
+    assert (got.rule, got.act) == ("A3", Act.DECLARE)
 
 
 def test_a_silent_save_longer_than_the_spin_budget_is_no_fault_until_the_phase_budget() -> None:

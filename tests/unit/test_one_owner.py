@@ -35,10 +35,6 @@ FACTS = {"rank", "generation", "restarts", "restart_count", "trainer_state", "st
 SCOPE = ("agent/", "cmd/run.py")
 # (file, attribute) assignments that stay, with the reason; the test fails when one goes
 ALLOWED: dict[tuple[str, str], str] = {
-    ("agent/verify.py", "rank"): "the hang verifier's rank for its verdict's culprits, "
-    "set once by cmd/run.py; verify.py is lane stall3's (a spare's verdict names its "
-    "configured rank until it reads the lifecycle's)",
-    ("cmd/run.py", "rank"): "the same: verifier.rank (see agent/verify.py)",
 }
 
 

@@ -51,6 +51,8 @@ CASES = [
     ("I1", STEP, w(blocked=(SOCK,)), None, False, State.WAITING_ON_IO, Act.RECHECK),
     ("I1", STEP, w(blocked=(NFS,)), None, False, State.WAITING_ON_IO, Act.RECHECK),
     ("I2", b(stalled_for=400.0), w(blocked=(SOCK,)), None, False, State.HUNG, Act.DECLARE),
+    ("I3", b(last_io=(SOCK,), last_where="read_shard (data.py:3)"), STILL, None, False,
+     State.WAITING_ON_IO, Act.RECHECK),
     ("D1", PHASE, DEAD, None, True, State.DEAD_STILL, Act.DECLARE),
     ("D1", b(stalled_for=70.0, first_step=True), DEAD, None, True, State.DEAD_STILL,
      Act.DECLARE),
@@ -96,6 +98,32 @@ def test_every_row_has_a_case_and_a_line_in_the_docs() -> None:
         assert f"| {row} " in page, row
 
 
+def test_the_arbiters_rows_have_a_line_in_the_docs_and_a_test() -> None:
+    doc = stall.__doc__ or ""
+    root = Path(__file__).resolve().parents[2]
+    page = (root / "docs" / "hangs.md").read_text()
+    tests = (root / "tests" / "unit" / "test_fr_verdict.py").read_text()
+    for row in stall.FR_ROWS:
+        assert f"\n{row}  " in doc and f"| {row} " in page, row
+        assert f'"{stall.FR_KINDS[row]}"' in tests, row
+
+
+def test_one_verdict_type() -> None:
+    """The agent's policy and the arbiter's flight-recorder rows return the same class;
+    the motion judge returns evidence (``Motion``), no verdict of its own (issue 35)."""
+    from ftagent.arbiter import fr_verdict
+    from ftagent.detect import liveness
+
+    assert fr_verdict.Verdict is Verdict
+    assert isinstance(fr_verdict.decide({}), Verdict)
+    assert not hasattr(liveness, "Verdict")
+    v = fr_verdict.decide({0: {"groups": [{"name": "0", "enqueued": 4, "completed": 3}]},
+                           1: {"groups": [{"name": "0", "enqueued": 3, "completed": 3}]}})
+    assert (v.state, v.act, v.rule, v.kind, v.culprits) == (
+        State.HUNG, Act.DECLARE, "R2", "behind", (1,))
+    assert Verdict.from_json(v.to_json()).culprits == (1,)
+
+
 def test_the_verdict_names_what_matters() -> None:
     io = decide(STEP, w(blocked=(SOCK,)))
     assert io.budget_flag == "--hang-io-timeout" and "127.0.0.9:9000" in io.reason
@@ -111,6 +139,38 @@ def test_a_pipe_nothing_writes_is_not_io_and_a_worker_still_working_is_not_waiti
     assert decide(STEP, w(blocked=(PIPE,))).state is State.HUNG
     v = decide(STEP, w(motion="alive", moved=True, blocked=(SOCK,), working_threads=1))
     assert v.state is State.PROGRESSING
+
+
+def test_the_look_after_a_read_ended_is_granted_once_and_only_then() -> None:
+    """Row I3 (the rule verify.py's ``_io_grace`` held before issue 35's item 1): the read
+    the last I1 verdict saw ended inside this window -- one more look; not when the thread
+    is still where it was, nor past --hang-io-timeout, nor without a previous I1."""
+    after = b(last_io=(SOCK,), last_where="read_shard (data.py:3)")
+    assert decide(after, STILL).rule == "I3"
+    assert decide(b(last_io=(SOCK,), last_where=STILL.where), STILL).rule == "H1"
+    assert decide(b(last_io=(SOCK,), last_where="x", stalled_for=400.0), STILL).rule == "H1"
+    assert decide(STEP, STILL).rule == "H1"
+    assert decide(after, w(motion="alive", moved=True)).rule == "A1"
+
+
+def test_the_next_look_comes_from_the_policy() -> None:
+    assert decide(b(recheck_every=5.0), w(motion="alive", moved=True)).recheck_in == 5.0
+    spin = decide(b(recheck_every=5.0, stalled_for=118.0), w(motion="spinning"))
+    assert spin.recheck_in == 2.0  # the spin budget (120 s) comes first
+    io = decide(b(recheck_every=5.0), w(blocked=(SOCK,)))
+    assert io.recheck_in == 3.0  # a budgeted wait: every step budget
+
+
+def test_a_fault_message_has_one_form_per_row() -> None:
+    hung = decide(STEP, STILL)
+    assert stall.fault_message(hung, "no progress for 4.0s") == \
+        f"no progress for 4.0s; {hung.reason}"
+    spin = decide(b(stalled_for=200.0), w(motion="spinning"))
+    assert stall.fault_message(spin, "no progress").startswith("spinning in open (save.py:9)")
+    io = decide(STEP, w(blocked=(SOCK,)))
+    assert stall.peer_state(io, "hung") == "alive" and stall.peer_state(hung, "hung") == "hung"
+    assert stall.label(spin, "spinning") == "spinning" and stall.label(io, "hung") == \
+        "waiting_on_io"
 
 
 def test_a_sign_of_life_keeps_the_phase_budget() -> None:
