@@ -19,7 +19,8 @@ trainer the test steers through a file (steps, a NaN loss, a stall, crashes) wit
 simulated GPU backend (a fatal Xid): ``FtagentGpuFatalXid``, ``FtagentLossNaN``,
 ``FtagentLossAnomaly``, ``FtagentTrainingHung``, ``FtagentNoProgress`` (its 1800 s
 threshold at 4 s: THRESHOLDS) and ``FtagentRestartingOften`` each fire and resolve.
-``tests/integration/test_alerts_live_more.py`` drives the NIC and the arbiter's alerts.
+``tests/integration/test_alerts_live_more.py`` drives the NIC and the arbiter's job alerts,
+``tests/integration/test_alerts_live_cordons.py`` the straggler and the cordon alerts.
 """
 
 from __future__ import annotations
