@@ -8,6 +8,9 @@ BIN     := $(VENV)/bin
 # dependencies stay ranges in pyproject.toml). `make test-latest` builds .venv-latest with
 # the newest packages the registries serve, to see that they still pass.
 LOCK    ?= requirements/dev.lock
+# pytest-xdist workers for `make test`: two, for the two cores CI has (the suite is about
+# 18 min on one worker there, 15 min is its budget); TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 STAMP   := $(VENV)/.installed-stamp
 PROTO   := proto/ftagent/v1/ftagent.proto
 # one version source: ftagent/__init__.py
@@ -161,7 +164,7 @@ test: venv deps lint typecheck lint-workflows bundle
 	@# PYTHONDONTWRITEBYTECODE (this machine and CI do), every agent, arbiter and trainer
 	@# the tests start would otherwise compile ftagent from source (0.9 vs 0.4 s a start).
 	$(BIN)/python -m compileall -q ftagent tests bench examples >/dev/null
-	$(BIN)/pytest -q -p no:cacheprovider --durations=25 tests
+	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --durations=25 tests
 
 unit: venv
 	$(BIN)/pytest -q tests/unit

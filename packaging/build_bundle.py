@@ -11,6 +11,7 @@ unchanged since the last one (a hash in build/bundle/inputs.sha256).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -40,6 +41,15 @@ def inputs_hash() -> str:
 
 
 def build() -> Path:
+    """One build at a time: pytest-xdist's workers (and two makes) share build/, and
+    the second waits for the first's result instead of building over it."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    with open(OUT / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build()
+
+
+def _build() -> Path:
     digest = inputs_hash()
     if (DIST / "ftagent").is_file() and STAMP.is_file() and STAMP.read_text() == digest:
         return DIST

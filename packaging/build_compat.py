@@ -29,6 +29,7 @@ written to ``build/bundle-compat/ftagent/glibc-floor``; docs/compatibility.md ha
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -197,6 +198,15 @@ def pyinstaller_requirement() -> str:
 
 
 def build() -> Path:
+    """One build at a time: pytest-xdist's workers (and two makes) share build/, and
+    the second waits for the first's result instead of building over it."""
+    HOUSE.mkdir(parents=True, exist_ok=True)
+    with open(HOUSE / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build()
+
+
+def _build() -> Path:
     """Everything, each step only when its inputs changed; the bundle's folder."""
     build_root()
     fetch_source()

@@ -20,6 +20,7 @@ the wheels' manylinux tags and of the GLIBC_x.y symbol versions their ELF files 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import re
@@ -141,6 +142,15 @@ def tag_floor(wheel: Path) -> tuple[int, int]:
 
 
 def build(arches: tuple[str, ...] = ARCHES) -> Path:
+    """One build at a time: pytest-xdist's workers (and two makes) share build/, and
+    the second waits for the first's result instead of building over it."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    with open(OUT / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build(arches)
+
+
+def _build(arches: tuple[str, ...] = ARCHES) -> Path:
     digest = inputs_hash() + " " + ",".join(arches)
     if (DIST / "manifest.json").is_file() and STAMP.is_file() and STAMP.read_text() == digest:
         return DIST
