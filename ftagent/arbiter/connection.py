@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import grpc
@@ -80,6 +80,12 @@ class Connection:
         self.send(pb.ArbiterMessage(fault_ack=pb.FaultAck(
             fault_id=fault_id, final=final, outcome=limits.clip(outcome, 200)))
             .SerializeToString())
+
+
+def send_all(sends: Iterable[tuple[Connection, bytes]], fanout: FanOut | None = None) -> None:
+    """One command to many streams (commands.send): each its bytes, one ``fanout``."""
+    for conn, data in sends:
+        conn.outbox.put_nowait((data, fanout))
 
 
 def live(conn: object | None) -> Connection | None:
