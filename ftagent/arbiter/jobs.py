@@ -24,6 +24,7 @@ from ftagent.arbiter.history import History
 from ftagent.arbiter.nodemap import NodeMap
 from ftagent.arbiter.state import (
     Arrived,
+    AtBarrier,
     Change,
     Decision,
     Exited,
@@ -351,15 +352,20 @@ class Jobs:
                 preflight: float = 0.0) -> None:
         if not 0 <= a <= max(job.generation, limits.MAX_CLAIMED_GENERATION):
             return  # no agent sends this (the server refuses it at the edge too)
-        self.apply(job, Arrived(rs.rank, a), now)
+        b = job.barrier  # was the rank counted at this barrier before (a re-sent arrival)?
+        fresh = b is None or b.generation != job.generation or rs.rank not in b.arrived
+        self.apply(job, Arrived(rs.rank, a), now)  # counted at the barrier if a is the job's
         if a > job.generation:
             # Only an arrival above the job's generation can change what reconcile
             # decides: ranks running alone or behind were already seen in their
             # Hellos, which come first on every stream. (Reconcile scans every rank:
             # once per arrival would make a barrier of N ranks cost N^2.)
             self.execute(job, barrier.reconcile(job, now), now)
+            b = job.barrier
+            fresh = b is None or b.generation != job.generation or rs.rank not in b.arrived
+            self.apply(job, AtBarrier(rs.rank, a), now)  # at the generation it raised to
         b = job.barrier
-        decisions = barrier.decide_arrival(job, rs.rank, a, now)
+        decisions = barrier.decide_barrier(job, rs.rank, a, fresh)  # pure, as the policy
         if b is not None and self.metrics and b.first_arrival_at is not None and any(
                 d.verdict is Verdict.RELEASE_BARRIER and not d.targets for d in decisions):
             self.metrics.barrier_seconds.observe(now - b.first_arrival_at)

@@ -89,7 +89,6 @@ from ftagent.arbiter.state import (
     JobState,
     SpareState,
     Verdict,
-    culprit_clause,
 )
 from ftagent.arbiter.straggler import StragglerAction
 from ftagent.model import Fault, FaultKind, JobBusy, Scope, Severity
@@ -125,6 +124,21 @@ class FaultReport:
     rank: int
     generation: int
     exit_status: int | None = None
+
+
+MAX_CULPRITS_LISTED = 8  # culprits a message names one by one ("and N more" after)
+
+
+def culprit_clause(culprits: tuple[Culprit, ...]) -> str:
+    """The one form every decision names its culprits in: ``culprit ranks 1 (pod p,
+    node n), 3 (pod q, node m)`` (``-`` for a pod or node not known), at most
+    ``MAX_CULPRITS_LISTED`` of them then ``and N more``. Empty without culprits."""
+    if not culprits:
+        return ""
+    shown = ", ".join(f"{c.rank} (pod {c.pod or '-'}, node {c.node or '-'})"
+                      for c in culprits[:MAX_CULPRITS_LISTED])
+    more = len(culprits) - MAX_CULPRITS_LISTED
+    return f"culprit ranks {shown}" + (f" and {more} more" if more > 0 else "")
 
 
 def decide_fault(job: JobState, rep: FaultReport, now: float, cfg: PolicyConfig) -> list[Decision]:

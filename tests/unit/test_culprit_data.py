@@ -11,7 +11,13 @@ from __future__ import annotations
 
 import pytest
 
-from ftagent.arbiter.policy import FaultReport, PolicyConfig, decide_fault, decide_stacks
+from ftagent.arbiter.policy import (
+    FaultReport,
+    PolicyConfig,
+    culprit_clause,
+    decide_fault,
+    decide_stacks,
+)
 from ftagent.arbiter.state import (
     Culprit,
     Decision,
@@ -20,7 +26,6 @@ from ftagent.arbiter.state import (
     RankState,
     Verdict,
     apply,
-    culprit_clause,
 )
 from ftagent.model import Fault, FaultKind, Severity
 
