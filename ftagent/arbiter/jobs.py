@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
 
 import grpc
 
@@ -41,6 +42,7 @@ from ftagent.arbiter.state import (
     Registered,
     Revived,
     Settled,
+    SnapshotsIn,
     SpareArrived,
     SpareJoined,
     SpareLeft,
@@ -50,7 +52,13 @@ from ftagent.arbiter.state import (
 from ftagent.metrics import ArbiterMetrics
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.wire import limits
-from ftagent.wire.checks import Refused, check_generation_claim, check_hello
+from ftagent.wire.checks import (
+    Refused,
+    check_generation_claim,
+    check_hello,
+    progress_in_range,
+    snapshot_steps,
+)
 
 log = logging.getLogger("ftagent.arbiter.registry")
 
@@ -59,6 +67,19 @@ Key = tuple[str, str]  # (namespace, job)
 DecisionListener = Callable[[JobState, Decision, float], None]
 # Called with (job, change, now) after ``state.apply`` applied a change (``subscribe``).
 Observer = Callable[[JobState, Change, float], None]
+
+
+class MessageIntake(Protocol):
+    """What ``handle`` hands to the fault intake (intake.py, which stands on this module:
+    plugged in by the registry): an agent's fault, a hang probe's stacks, step timings."""
+
+    def fault(self, conn: Connection, job: JobState, rs: RankState, m: pb.Fault,
+              now: float, received: float) -> None: ...
+
+    def stacks(self, job: JobState, rs: RankState, m: pb.Stacks, now: float) -> None: ...
+
+    def timing(self, job: JobState, rs: RankState, p: pb.ProgressSummary,
+               now: float) -> None: ...
 
 
 class Jobs:
@@ -82,6 +103,8 @@ class Jobs:
         self.nodes = NodeMap(self.jobs)
         self.connected = 0
         self.listeners: list[DecisionListener] = []
+        # the fault intake (intake.py), plugged in by the registry before any message
+        self.intake: MessageIntake | None = None
         self._observers: dict[type, list[Observer]] = {}
         # The secret every job's replica key is derived from (snapshots.welcome_replica):
         # this process's own, never sent; agents get their job's key with each Welcome
@@ -338,6 +361,43 @@ class Jobs:
         self.gauges()
 
     # ------------------------------------------------------------------ agent messages
+
+    def handle(self, conn: Connection, m: pb.AgentMessage, received: float) -> None:
+        """One message after Hello (``Registry.handle`` is this method); ``received`` is
+        time.monotonic() at arrival. Faults, stacks and step timings go to the intake."""
+        if conn.spare:  # a spare says nothing else until it arrives as its assigned rank
+            if m.WhichOneof("body") == "fault":  # its own GPUs, links, node
+                self.spare_fault(conn, m.fault, self.clock())
+            elif m.WhichOneof("body") == "arrival":
+                self.spare_arrival(conn, m.arrival.generation)
+            return
+        job = self.jobs.get(conn.key) if conn.key is not None else None
+        rs = job.ranks.get(conn.rank) if job is not None else None
+        if rs is None or rs.conn is not conn:  # superseded by a newer stream of the rank
+            return
+        assert job is not None and self.intake is not None
+        now = self.clock()
+        body = m.WhichOneof("body")
+        if body == "progress":
+            if not progress_in_range(m.progress):
+                return  # one bad summary is dropped; the next one will do
+            self.progress(job, rs, m.progress, now)
+            self.intake.timing(job, rs, m.progress, now)
+        elif body == "fault":
+            self.intake.fault(conn, job, rs, m.fault, now, received)
+        elif body == "arrival":
+            self.arrival(job, rs, m.arrival.generation, now,
+                         preflight=m.arrival.preflight_seconds)
+        elif body == "exit":
+            self.exit(job, rs, m.exit, now)
+        elif body == "ack":
+            commands.acked(rs, m.ack.command_id)
+        elif body == "stacks":
+            self.intake.stacks(job, rs, m.stacks, now)
+        elif body == "snapshots":
+            steps = snapshot_steps(m.snapshots)
+            if steps is not None:  # a report out of range is dropped; the next will do
+                self.apply(job, SnapshotsIn(rs.rank, steps), now)
 
     def progress(self, job: JobState, rs: RankState, p: pb.ProgressSummary,
                  now: float) -> None:
