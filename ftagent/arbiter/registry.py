@@ -29,10 +29,10 @@ from collections.abc import Callable, Iterable, Mapping
 
 from ftagent.arbiter import policy
 from ftagent.arbiter.connection import Connection, FanOut, Outgoing, Reject
-from ftagent.arbiter.history import History, JobRecord, JobStats
+from ftagent.arbiter.history import History, JobRecord
 from ftagent.arbiter.intake import STRAGGLER_EVERY, Intake
 from ftagent.arbiter.jobs import DecisionListener, Jobs
-from ftagent.arbiter.journal import Journal
+from ftagent.arbiter.journal import JobStats, Journal
 from ftagent.arbiter.readout import Readout
 from ftagent.arbiter.state import (
     CapacityWait,

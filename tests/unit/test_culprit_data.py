@@ -164,7 +164,8 @@ def test_the_history_keeps_an_entrys_culprits_and_drops_malformed_ones() -> None
 def test_the_culprit_counter_is_per_rank_and_bounded() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from ftagent.arbiter.history import CULPRIT_RANKS_KEPT, JobStats
+    from ftagent.arbiter.history import CULPRIT_RANKS_KEPT
+    from ftagent.arbiter.journal import JobStats
     from ftagent.metrics import JobCollector, JobSnapshot
 
     s = JobStats()
