@@ -231,9 +231,12 @@ def restart_or_stop(job: JobState, reason: str, rep: FaultReport, cfg: PolicyCon
     d = Decision(Verdict.RESTART, f"{reason}{clause}; every rank restarts at generation "
                  f"{g + 1} ({spent})", g + 1, rank=one, fault_id=rep.fault.id, culprits=named)
     # the recovery ladder's tier for it (ladder.py): a pod-level one where the culprit's
-    # process restart did not clear it and its pod and node have one
+    # process restart did not clear it and its pod and node have one (a rank whose agent
+    # declared no tiers has the process restart only: the ladder has nothing to pick)
     rs = job.ranks.get(one) if one is not None else None
-    return [ladder.carry_out(d, rep.fault.kind.value, rs.tiers if rs is not None else None)]
+    if rs is None or rs.tiers is None:
+        return [d]
+    return [ladder.carry_out(d, rep.fault.kind.value, rs.tiers)]
 
 
 def culprits_of(job: JobState, ranks: Sequence[int]) -> tuple[Culprit, ...]:
