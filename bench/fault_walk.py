@@ -167,10 +167,11 @@ def arbiter_hang_walk() -> list[Walk]:
                                                                 time.monotonic()))
 
     def stacks() -> None:
-        for c, text, pid in ((conns[0], VICTIM_STACK, 101), (conns[1], CULPRIT_STACK, 202)):
+        for conn, text, pid in ((conns[0], VICTIM_STACK, 101),
+                                (conns[1], CULPRIT_STACK, 202)):
             doc = json.dumps({"processes": [{"pid": pid, "cpu_times": [1.0, 0.1],
                                              "stack": text}], "seconds": 0.02})
-            reg.handle(c, pb.AgentMessage(stacks=pb.Stacks(json=doc)), time.monotonic())
+            reg.handle(conn, pb.AgentMessage(stacks=pb.Stacks(json=doc)), time.monotonic())
 
     b = traced("stacks -> RESTART queued", stacks)
 
@@ -179,10 +180,10 @@ def arbiter_hang_walk() -> list[Walk]:
             reg.handle(c, pb.AgentMessage(arrival=pb.BarrierArrival(generation=1)),
                        time.monotonic())
 
-    c = traced("arrivals -> RELEASE queued", arrive)
+    d = traced("arrivals -> RELEASE queued", arrive)
     job = reg.jobs[("", "walk")]
     assert job.generation == 1 and job.barrier is not None and job.barrier.released, job
-    return [a, b, c]
+    return [a, b, d]
 
 
 def report_phases(name: str, walks: list[Walk]) -> tuple[int, int]:
