@@ -112,9 +112,8 @@ def settle(job: JobState, settled: Mapping[str, int], outcome: str) -> None:
     """A final FaultAck for each fault whose decision was open, to its rank."""
     for fid, rank in settled.items():
         rs = job.ranks.get(rank)
-        conn = live(rs.conn) if rs is not None else None
-        if conn is not None:
-            conn.ack(fid, True, outcome)
+        if rs is not None and isinstance(rs.conn, Connection):  # connection.live, inline
+            rs.conn.ack(fid, True, outcome)
 
 
 # ---------------------------------------------------------------- the command a decision sends

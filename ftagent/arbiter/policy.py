@@ -677,6 +677,14 @@ def parse_stacks(stacks_json: str) -> Any:
         return NOT_JSON
 
 
+def read_stacks(stacks_json: str, rank: int) -> tuple[str, fr_verdict.Summary | None]:
+    """Rank ``rank``'s Stacks answer (at most ``MAX_STACKS`` characters) parsed once and
+    read by both readers, in one call: the signature the culprit is named from
+    (``signature_in``) and the flight recorder's summary (``fr_verdict.reading``)."""
+    data = parse_stacks(stacks_json)
+    return signature_in(data, stacks_json), fr_verdict.reading(data, rank)
+
+
 def signature_in(data: Any, stacks_json: str, frames_per_thread: int = 4) -> str:
     """``stack_signature`` of an answer already parsed (``data``, left as it is: the
     flight recorder's reader may read it after)."""

@@ -433,7 +433,7 @@ class Settled(NamedTuple):
 
 class StacksIn(NamedTuple):
     """``rank``'s stacks for the current hang probe: their signature and flight-recorder
-    summary (policy.signature_in, fr_verdict.summary_in then fr_verdict.read)."""
+    summary (policy.read_stacks: policy.signature_in and fr_verdict.reading)."""
 
     rank: int
     signature: str
