@@ -5,6 +5,8 @@ command replaces older ones) until the agent acknowledges it, and is queued agai
 the agent reconnects (``resend``). After an arbiter restart nothing is pending: agents'
 Hellos (generation, restart count, released generation) rebuild what matters. This is
 the connections' side of a decision; what it does to the job is ``state.apply``'s.
+The command is built here (``command_for``), once per decision whatever the number of
+ranks: one serialisation, one read of the job's snapshots, one fan-out to the streams.
 """
 
 from __future__ import annotations
