@@ -90,6 +90,7 @@ def traced(name: str, fn: Any) -> Walk:
 # started at 58 in 19 (e9b12e5: the replica ring's holder appended per rank since).
 ARBITER_BEFORE = (58, 19)
 ARBITER_GOAL = 30
+ARBITER_HANG_BEFORE = (105, 20)  # the hang's arbiter part (arbiter_hang_walk) on e9b12e5
 
 
 def arbiter_walk() -> tuple[Walk, Walk]:
@@ -186,19 +187,21 @@ def arbiter_hang_walk() -> list[Walk]:
     return [a, b, d]
 
 
-def report_phases(name: str, walks: list[Walk]) -> tuple[int, int]:
+def report_phases(name: str, walks: list[Walk],
+                  before: tuple[int, int] | None = None) -> tuple[int, int]:
     """Phases together: (cross-file calls, files)."""
     files = set().union(*(w.files for w in walks))
     calls = sum(sum(w.edges.values()) for w in walks)
     hops = set().union(*(set(w.edges) for w in walks))
-    print(f"{name}: {calls} cross-file calls, {len(files)} files, {len(hops)} distinct hops")
+    print(f"{name}: {calls} cross-file calls, {len(files)} files, {len(hops)} distinct hops"
+          + (f" (before: {before[0]} calls, {before[1]} files)" if before else ""))
     return calls, len(files)
 
 
 def main() -> int:
     print(f"package: {PKG}")
     report_arbiter(*arbiter_walk())
-    report_phases("arbiter part, hang", arbiter_hang_walk())
+    report_phases("arbiter part, hang", arbiter_hang_walk(), ARBITER_HANG_BEFORE)
     return 0
 
 
