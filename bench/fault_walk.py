@@ -18,7 +18,9 @@ both arrivals at generation 1) and traces every call into the package
 the arrivals until the RELEASE is queued. Prints per phase the ftagent files entered, the
 distinct file-to-file edges (caller's file -> callee's file) and every call that crosses
 a file, then both phases' total against the figure before. Run with PYTHONPATH at another
-tree to count that revision.
+tree to count that revision. ``arbiter_hang_walk``: the same for a job hang (the HANG
+until DUMP_STACKS is queued, both ranks' stacks until the RESTART is, the arrivals until
+the RELEASE is).
 """
 
 from __future__ import annotations
@@ -83,10 +85,12 @@ def traced(name: str, fn: Any) -> Walk:
     return w
 
 
-# The arbiter part as counted before (issue 36 was filed at 67 calls in 17 files; this
-# stop started at 71 in 18, the snapshot step added since) and as issue 36 wants it.
-ARBITER_BEFORE = (71, 18)
+# The arbiter part as counted before and as issue 36 wants it: issue 36 was filed at 67
+# calls in 17 files, its first stop started at 71 in 18 and ended at 51; the next stop
+# started at 58 in 19 (e9b12e5: the replica ring's holder appended per rank since).
+ARBITER_BEFORE = (58, 19)
 ARBITER_GOAL = 30
+ARBITER_HANG_BEFORE = (105, 20)  # the hang's arbiter part (arbiter_hang_walk) on e9b12e5
 
 
 def arbiter_walk() -> tuple[Walk, Walk]:
@@ -130,9 +134,74 @@ def report_arbiter(a: Walk, b: Walk) -> tuple[int, int]:
     return calls, len(files)
 
 
+VICTIM_STACK = ("Process 101: python train.py\nPython v3.11.7 (/usr/bin/python3.11)\n\n"
+                "Thread 101 (idle): \"MainThread\"\n"
+                "    _engine_run_backward (torch/autograd/graph.py:825)\n"
+                "    backward (torch/autograd/__init__.py:347)\n    main (train.py:122)\n")
+CULPRIT_STACK = ("Process 202: python train.py\nPython v3.11.7 (/usr/bin/python3.11)\n\n"
+                 "Thread 202 (idle): \"MainThread\"\n"
+                 "    hang_before_collective (train.py:72)\n    main (train.py:117)\n")
+
+
+def arbiter_hang_walk() -> list[Walk]:
+    """The arbiter's side of one job hang, traced as ``arbiter_walk`` does (two ranks,
+    both at the barrier of generation 0 and released): rank 0's HANG until the
+    DUMP_STACKS is queued to every rank; both ranks' stacks (rank 0 waits in backward's
+    collective, rank 1 outside it) until the RESTART naming rank 1 is queued and the
+    hang's FaultAck is final; both arrivals until the RELEASE is queued."""
+    import json
+
+    now = [1_000.0]
+    reg = Registry(policy.PolicyConfig(), Timeline(), None, "walk", clock=lambda: now[0])
+    conns = [Connection(f"peer-{r}") for r in range(2)]
+    for r, c in enumerate(conns):
+        reg.hello(c, pb.Hello(job="walk", rank=r, world_size=2, pod=f"p{r}", node="n",
+                              agent_instance=f"i{r}", state="waiting"))
+    for c in conns:
+        reg.handle(c, pb.AgentMessage(arrival=pb.BarrierArrival(generation=0)),
+                   time.monotonic())
+    hang = pb.AgentMessage(fault=pb.Fault(
+        id="h1", kind=pb.FAULT_KIND_HANG, severity=pb.SEVERITY_ERROR, message="no step for 30s",
+        generation=0, detected_at=now[0],
+        evidence_json=json.dumps({"seconds_since_progress": 30.0, "last_step": 7})))
+    a = traced("hang -> DUMP_STACKS queued", lambda: reg.handle(conns[0], hang,
+                                                                time.monotonic()))
+
+    def stacks() -> None:
+        for conn, text, pid in ((conns[0], VICTIM_STACK, 101),
+                                (conns[1], CULPRIT_STACK, 202)):
+            doc = json.dumps({"processes": [{"pid": pid, "cpu_times": [1.0, 0.1],
+                                             "stack": text}], "seconds": 0.02})
+            reg.handle(conn, pb.AgentMessage(stacks=pb.Stacks(json=doc)), time.monotonic())
+
+    b = traced("stacks -> RESTART queued", stacks)
+
+    def arrive() -> None:
+        for c in conns:
+            reg.handle(c, pb.AgentMessage(arrival=pb.BarrierArrival(generation=1)),
+                       time.monotonic())
+
+    d = traced("arrivals -> RELEASE queued", arrive)
+    job = reg.jobs[("", "walk")]
+    assert job.generation == 1 and job.barrier is not None and job.barrier.released, job
+    return [a, b, d]
+
+
+def report_phases(name: str, walks: list[Walk],
+                  before: tuple[int, int] | None = None) -> tuple[int, int]:
+    """Phases together: (cross-file calls, files)."""
+    files = set().union(*(w.files for w in walks))
+    calls = sum(sum(w.edges.values()) for w in walks)
+    hops = set().union(*(set(w.edges) for w in walks))
+    print(f"{name}: {calls} cross-file calls, {len(files)} files, {len(hops)} distinct hops"
+          + (f" (before: {before[0]} calls, {before[1]} files)" if before else ""))
+    return calls, len(files)
+
+
 def main() -> int:
     print(f"package: {PKG}")
     report_arbiter(*arbiter_walk())
+    report_phases("arbiter part, hang", arbiter_hang_walk(), ARBITER_HANG_BEFORE)
     return 0
 
 

@@ -6,9 +6,11 @@ arbiter releases them together, so a new trainer can never meet the previous att
 processes or rendezvous store (pytorch #135712: torchrun restarts fail 3 times in 4
 when they do). The first start is the barrier of generation 0.
 
-Functions like the policy: (job, event, now) -> decisions, no I/O; ``state.apply``
-carries the decisions out, and counts an arrival (``AtBarrier``: O(1), so 10k ranks
-release in one pass); ``decide_arrival`` is that apply followed by ``decide_barrier``.
+Functions like the policy: (job, event, now) -> decisions, no I/O, no change: the
+jobs (jobs.py) apply the arrival (``state.apply`` of ``Arrived`` counts it at the barrier:
+O(1), so 10k ranks release in one pass), then ask ``decide_barrier``; ``state.apply``
+carries the decisions out. ``decide_arrival`` is that apply and decision in one call, for
+callers that hold a bare ``JobState`` (the tests).
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ command replaces older ones) until the agent acknowledges it, and is queued agai
 the agent reconnects (``resend``). After an arbiter restart nothing is pending: agents'
 Hellos (generation, restart count, released generation) rebuild what matters. This is
 the connections' side of a decision; what it does to the job is ``state.apply``'s.
+The command is built here (``command_for``), once per decision whatever the number of
+ranks: one serialisation, one read of the job's snapshots, one fan-out to the streams.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 
-from ftagent.arbiter import convert, snapshots
-from ftagent.arbiter.connection import Connection, FanOut, live
+from ftagent.arbiter import snapshots
+from ftagent.arbiter.connection import Connection, FanOut, live, send_all
 from ftagent.arbiter.state import (
     COMMANDS,
     SPARE_COMMANDS,
@@ -23,6 +25,9 @@ from ftagent.arbiter.state import (
     Verdict,
 )
 from ftagent.metrics import ArbiterMetrics
+from ftagent.model import EXIT_REPLACE, IN_PLACE_EXITS
+from ftagent.v1 import ftagent_pb2 as pb
+from ftagent.wire.convert import busy_to_proto
 
 _SLOTS = {Verdict.RESTART: "life", Verdict.REJOIN: "life", Verdict.STOP: "life",
           Verdict.REPLACE: "life", Verdict.RELEASE_BARRIER: "release",
@@ -30,14 +35,19 @@ _SLOTS = {Verdict.RESTART: "life", Verdict.REJOIN: "life", Verdict.STOP: "life",
           Verdict.RETIRE_SPARE: "life", Verdict.LAST_WORDS: "words"}
 assert set(_SLOTS) == COMMANDS
 _TIMED = (Verdict.RESTART, Verdict.REPLACE, Verdict.STOP, Verdict.DUMP_STACKS)
-_RESUMING = (Verdict.RESTART, Verdict.REPLACE, Verdict.REJOIN)  # convert.command_for
 
 
 def send(job: JobState, d: Decision, metrics: ArbiterMetrics | None,
          received: float | None = None) -> None:
     """Queue ``d``'s command on its targets' streams (every rank when it names none).
     ``received``: time.monotonic() when the fault that led to it arrived, for the
-    fault-to-command histogram."""
+    fault-to-command histogram.
+
+    Once per decision, whatever the number of ranks: the command is built and serialised
+    once, what it carries of the job's snapshots is read once (``snapshots.carried``: the
+    resume step, each rank's replica holder as bytes to append), and the streams get it
+    in one fan-out (``connection.send_all``); per rank there is only the pending slot and
+    the bytes' concatenation."""
     if d.verdict not in COMMANDS:
         return
     cid = uuid.uuid4().hex
@@ -45,7 +55,7 @@ def send(job: JobState, d: Decision, metrics: ArbiterMetrics | None,
         sp = job.spares.get(d.spare)
         conn = live(sp.conn) if sp is not None else None
         if conn is not None:
-            data = convert.command_for(d, cid, restarts=job.restarts).SerializeToString()
+            data = command_for(d, cid, restarts=job.restarts).SerializeToString()
             if d.rank is not None:  # ASSIGN: where the rank's replica is kept
                 data = snapshots.with_replica_peer(
                     data, snapshots.replica_peers(job, d.verdict).get(d.rank, ""))
@@ -53,36 +63,30 @@ def send(job: JobState, d: Decision, metrics: ArbiterMetrics | None,
         return
     targets = d.targets or tuple(job.ranks)
     # every rank is told the same step; only commands that start a trainer carry it
-    resume = snapshots.resume_step(job) if d.verdict in _RESUMING else None
-    data = convert.command_for(d, cid, restarts=job.restarts,
-                               resume_step=resume).SerializeToString()
+    resume, peers = snapshots.carried(job, d.verdict)
+    data = command_for(d, cid, restarts=job.restarts, resume_step=resume).SerializeToString()
     fan = None
     if received is not None and d.verdict in _TIMED and metrics:
         n = sum(1 for r in targets if (rs := job.ranks.get(r)) and rs.conn is not None)
         fan = FanOut(n, received, metrics.fault_to_command.observe) if n else None
-    peers = snapshots.replica_peers(job, d.verdict)  # each rank's replica holder
+    slot = _SLOTS[d.verdict]
+    out: list[tuple[Connection, bytes]] = []
     for r in targets:
         rs = job.ranks.get(r)
         if rs is None:
             continue
         if d.verdict is Verdict.REPLACE and r == d.rank:
             rid = cid + "-replace"
-            _queue(rs, d.verdict, rid, convert.command_for(
-                d, rid, replace=True, restarts=job.restarts,
-                resume_step=resume).SerializeToString(), fan)
+            mine = command_for(d, rid, replace=True, restarts=job.restarts,
+                               resume_step=resume).SerializeToString()
         else:
-            _queue(rs, d.verdict, cid, snapshots.with_replica_peer(data, peers.get(r, "")),
-                   fan)
-
-
-def _queue(rs: RankState, verdict: Verdict, cid: str, data: bytes,
-           fan: FanOut | None) -> None:
-    slot = _SLOTS[verdict]
-    if slot == "life":
-        rs.pending.clear()
-    rs.pending[slot] = (cid, data)
-    if isinstance(rs.conn, Connection):  # connection.live, inline: once per rank
-        rs.conn.send(data, fan)
+            rid, mine = cid, data + peers.get(r, b"")  # protobuf merges the appended field
+        if slot == "life":
+            rs.pending.clear()
+        rs.pending[slot] = (rid, mine)
+        if isinstance(rs.conn, Connection):  # connection.live, inline: once per rank
+            out.append((rs.conn, mine))
+    send_all(out, fan)
 
 
 def resend(rs: RankState) -> None:
@@ -110,6 +114,54 @@ def settle(job: JobState, settled: Mapping[str, int], outcome: str) -> None:
     """A final FaultAck for each fault whose decision was open, to its rank."""
     for fid, rank in settled.items():
         rs = job.ranks.get(rank)
-        conn = live(rs.conn) if rs is not None else None
-        if conn is not None:
-            conn.ack(fid, True, outcome)
+        if rs is not None and isinstance(rs.conn, Connection):  # connection.live, inline
+            rs.conn.ack(fid, True, outcome)
+
+
+# ---------------------------------------------------------------- the command a decision sends
+
+_COMMAND_KINDS = {
+    Verdict.RESTART: pb.COMMAND_KIND_RESTART,
+    Verdict.REJOIN: pb.COMMAND_KIND_RESTART,
+    Verdict.STOP: pb.COMMAND_KIND_STOP,
+    Verdict.RELEASE_BARRIER: pb.COMMAND_KIND_RELEASE_BARRIER,
+    Verdict.DUMP_STACKS: pb.COMMAND_KIND_DUMP_STACKS,
+    Verdict.REPLACE: pb.COMMAND_KIND_REPLACE,
+    Verdict.BUSY: pb.COMMAND_KIND_BUSY,
+    Verdict.ASSIGN: pb.COMMAND_KIND_ASSIGN,
+    Verdict.RETIRE_SPARE: pb.COMMAND_KIND_REPLACE,  # the spare's pod moves
+    Verdict.LAST_WORDS: pb.COMMAND_KIND_LAST_WORDS,
+}
+
+
+def command_for(d: Decision, command_id: str, *, replace: bool = False,
+                restarts: int | None = None, resume_step: int | None = None
+                ) -> pb.ArbiterMessage:
+    """The command a decision sends; for REPLACE, ``replace`` picks the target's variant.
+    ``restarts``: the job's restart count once ``d`` is applied (restarting commands).
+    ``resume_step``: the newest step whose snapshot every rank holds (restarting ones)."""
+    kind = _COMMAND_KINDS[d.verdict]
+    cmd = pb.Command(id=command_id, kind=kind, generation=d.generation, reason=d.reason,
+                     fault_id=d.fault_id)
+    if restarts is not None and d.verdict in (Verdict.RESTART, Verdict.REPLACE,
+                                              Verdict.REJOIN, Verdict.ASSIGN):
+        cmd.restarts = restarts
+    if resume_step is not None and d.verdict in (Verdict.RESTART, Verdict.REPLACE,
+                                                 Verdict.REJOIN):
+        cmd.resume_step = resume_step
+    if d.verdict is Verdict.RETIRE_SPARE:
+        cmd.exit_code = EXIT_REPLACE
+    elif d.verdict is Verdict.REPLACE:
+        if replace:  # an in-place tier's own code (arbiter/ladder.py), else move the pod
+            cmd.exit_code = d.exit_code if d.exit_code in IN_PLACE_EXITS else EXIT_REPLACE
+        else:
+            cmd.kind = pb.COMMAND_KIND_RESTART
+        if d.rank is not None:
+            cmd.target_rank = d.rank  # model.Action: the rank being replaced
+    elif d.verdict is Verdict.ASSIGN and d.rank is not None:
+        cmd.target_rank = d.rank  # the rank the spare becomes
+    elif d.exit_code is not None and d.verdict is Verdict.STOP:
+        cmd.exit_code = d.exit_code
+    elif d.busy is not None and d.verdict is Verdict.BUSY:
+        cmd.busy.CopyFrom(busy_to_proto(d.busy))
+    return pb.ArbiterMessage(command=cmd)

@@ -10,13 +10,15 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import grpc
 
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.wire import limits
+
+MAX_OUTCOME = 200  # characters of a FaultAck's outcome
 
 
 class FanOut:
@@ -77,9 +79,16 @@ class Connection:
 
     def ack(self, fault_id: str, final: bool, outcome: str) -> None:
         """A FaultAck: ``final`` once the fault's decision is made (the agent forgets it)."""
+        if len(outcome) > MAX_OUTCOME:  # a verdict's name fits; a reason may not
+            outcome = limits.clip(outcome, MAX_OUTCOME)
         self.send(pb.ArbiterMessage(fault_ack=pb.FaultAck(
-            fault_id=fault_id, final=final, outcome=limits.clip(outcome, 200)))
-            .SerializeToString())
+            fault_id=fault_id, final=final, outcome=outcome)).SerializeToString())
+
+
+def send_all(sends: Iterable[tuple[Connection, bytes]], fanout: FanOut | None = None) -> None:
+    """One command to many streams (commands.send): each its bytes, one ``fanout``."""
+    for conn, data in sends:
+        conn.outbox.put_nowait((data, fanout))
 
 
 def live(conn: object | None) -> Connection | None:

@@ -285,6 +285,12 @@ def summary_of(stacks_json: str, rank: int) -> dict[str, Any] | None:
     return summary_in(data, rank)
 
 
+def reading(data: Any, rank: int) -> Summary | None:
+    """Rank ``rank``'s summary in an answer already parsed, read (``summary_in`` then
+    ``read``): what the arbiter keeps for the flight recorder's verdict, in one call."""
+    return read(summary_in(data, rank), rank)
+
+
 def summary_in(data: Any, rank: int) -> dict[str, Any] | None:
     """``summary_of`` for an answer already parsed (the registry parses it once)."""
     fr = data.get("flight_recorder") if isinstance(data, dict) else None

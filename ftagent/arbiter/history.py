@@ -21,7 +21,6 @@ clock, so tests inject one.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Protocol
@@ -44,33 +43,13 @@ FAULTS_KEPT = 64
 CULPRIT_RANKS_KEPT = 64  # per job: ranks with their own culprit counter
 
 
-@dataclass(slots=True)
-class JobStats:
-    """What the exporter adds up per job: restarts by fault kind, time lost to faults."""
+class Counters(Protocol):
+    """What a job's record is written from besides its state: the counters the journal
+    keeps (``journal.JobStats``, their one writer) and its goodput ledger."""
 
-    restarts_by_reason: dict[str, int] = field(default_factory=dict)
-    seconds_lost: float = 0.0
-    # an open loss window: (wall time the fault was received, generation restarted into)
-    lost_since: float | None = None
-    lost_generation: int = -1
-    # recent faults received: id -> (wall time, kind); the restart they lead to is
-    # counted under the kind, and the time lost starts at their arrival
-    faults: OrderedDict[str, tuple[float, str]] = field(default_factory=OrderedDict)
-    ledger: Ledger | None = None  # where the job's wall time went (ledger.py)
-    carried: JobRecord | None = None  # the job's record before an arbiter restart
-    # decisions that blamed each rank (Decision.culprits of restarts, replacements and
-    # stops), for ftagent_job_culprits_total; at most CULPRIT_RANKS_KEPT ranks, the rest
-    # counted under -1 ("other"): a job of 100,000 ranks adds no 100,000 series
-    culprits: dict[int, int] = field(default_factory=dict)
-
-    def blamed(self, rank: int) -> None:
-        key = rank if rank in self.culprits or len(self.culprits) < CULPRIT_RANKS_KEPT else -1
-        self.culprits[key] = self.culprits.get(key, 0) + 1
-
-    def fault(self, fault_id: str, at: float, kind: str) -> None:
-        self.faults[fault_id] = (at, kind)
-        while len(self.faults) > FAULTS_KEPT:
-            self.faults.popitem(last=False)
+    restarts_by_reason: dict[str, int]
+    seconds_lost: float
+    ledger: Ledger | None
 
 
 @dataclass(slots=True)
@@ -175,19 +154,19 @@ def owners_from_json(v: Any, world_size: int) -> dict[int, tuple[str, str]]:
     return out
 
 
-def record_of(job: JobState, stats: JobStats | None, last_seen: float, *,
+def record_of(job: JobState, stats: Counters | None, last_seen: float, *,
               owners: bool = True) -> JobRecord:
     """The job's record; ``owners=False`` leaves the owners out (O(ranks) to copy: only
     a record that is written carries them)."""
-    s = stats or JobStats()
     return JobRecord(job=job.job, namespace=job.namespace, world_size=job.world_size,
                      generation=job.generation, restarts=job.restarts,
                      max_restarts=job.max_restarts, alert_only=job.alert_only,
                      phase=job.phase.value, stop_reason=job.stop_reason[:MAX_REASON],
-                     last_seen=last_seen, restarts_by_reason=dict(s.restarts_by_reason),
-                     seconds_lost=s.seconds_lost,
+                     last_seen=last_seen,
+                     restarts_by_reason=dict(stats.restarts_by_reason) if stats else {},
+                     seconds_lost=stats.seconds_lost if stats else 0.0,
                      owners=owners_json(job.owners) if owners else [],
-                     **_goodput(s.ledger, last_seen))
+                     **_goodput(stats.ledger if stats else None, last_seen))
 
 
 def _goodput(led: Ledger | None, at: float) -> dict[str, Any]:
@@ -364,7 +343,7 @@ class History:
     def entry(self, e: Entry) -> None:
         self.store.record(e)
 
-    def update(self, job: JobState, stats: JobStats | None, now: float) -> None:
+    def update(self, job: JobState, stats: Counters | None, now: float) -> None:
         """Write the job's record when its summary changed since the last write."""
         rec = record_of(job, stats, now, owners=False)
         summary = (len(job.owners), job.owners_print,
@@ -378,7 +357,7 @@ class History:
             rec.owners = owners_json(job.owners)
             self.store.record(rec)
 
-    def retire(self, job: JobState, stats: JobStats | None) -> None:
+    def retire(self, job: JobState, stats: Counters | None) -> None:
         """The job's live state is dropped: keep its record, or forget it if expired."""
         rec = record_of(job, stats, job.last_seen)
         self.past[rec.key] = rec

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ftagent.arbiter import convert, fr_verdict, policy
+from ftagent.arbiter import convert, policy
 from ftagent.arbiter.connection import Connection
 from ftagent.arbiter.jobs import Jobs
 from ftagent.arbiter.state import (
@@ -154,14 +154,14 @@ class Intake:
         text = m.json  # one copy out of the message (1 MiB at most is read)
         size = len(text)
         if size <= policy.MAX_STACKS:  # parsed once, for both readers
-            data = policy.parse_stacks(text)
-            change = StacksIn(rs.rank, policy.signature_in(data, text),
-                              fr_verdict.read(fr_verdict.summary_in(data, rs.rank), rs.rank))
+            change = StacksIn(rs.rank, *policy.read_stacks(text, rs.rank))
         else:
             change = StacksIn(rs.rank, f"{policy.NO_STACK}stacks of {size} bytes (over "
                               f"{policy.MAX_STACKS})", None)
         self.jobs.apply(job, change._replace(size=size), now)
-        self.jobs.execute(job, policy.decide_stacks(job, now, self.cfg), now)
+        decisions = policy.decide_stacks(job, now, self.cfg)
+        if decisions:  # nothing until the last rank's stacks (or the deadline, at a tick)
+            self.jobs.execute(job, decisions, now)
 
     # ------------------------------------------------------------------ stragglers
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Callable, Iterable, Mapping
+from typing import Protocol
 
 import grpc
 
@@ -24,6 +25,7 @@ from ftagent.arbiter.history import History
 from ftagent.arbiter.nodemap import NodeMap
 from ftagent.arbiter.state import (
     Arrived,
+    AtBarrier,
     Change,
     Decision,
     Exited,
@@ -40,6 +42,7 @@ from ftagent.arbiter.state import (
     Registered,
     Revived,
     Settled,
+    SnapshotsIn,
     SpareArrived,
     SpareJoined,
     SpareLeft,
@@ -49,7 +52,13 @@ from ftagent.arbiter.state import (
 from ftagent.metrics import ArbiterMetrics
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.wire import limits
-from ftagent.wire.checks import Refused, check_generation_claim, check_hello
+from ftagent.wire.checks import (
+    Refused,
+    check_generation_claim,
+    check_hello,
+    progress_in_range,
+    snapshot_steps,
+)
 
 log = logging.getLogger("ftagent.arbiter.registry")
 
@@ -58,6 +67,19 @@ Key = tuple[str, str]  # (namespace, job)
 DecisionListener = Callable[[JobState, Decision, float], None]
 # Called with (job, change, now) after ``state.apply`` applied a change (``subscribe``).
 Observer = Callable[[JobState, Change, float], None]
+
+
+class MessageIntake(Protocol):
+    """What ``handle`` hands to the fault intake (intake.py, which stands on this module:
+    plugged in by the registry): an agent's fault, a hang probe's stacks, step timings."""
+
+    def fault(self, conn: Connection, job: JobState, rs: RankState, m: pb.Fault,
+              now: float, received: float) -> None: ...
+
+    def stacks(self, job: JobState, rs: RankState, m: pb.Stacks, now: float) -> None: ...
+
+    def timing(self, job: JobState, rs: RankState, p: pb.ProgressSummary,
+               now: float) -> None: ...
 
 
 class Jobs:
@@ -81,6 +103,8 @@ class Jobs:
         self.nodes = NodeMap(self.jobs)
         self.connected = 0
         self.listeners: list[DecisionListener] = []
+        # the fault intake (intake.py), plugged in by the registry before any message
+        self.intake: MessageIntake | None = None
         self._observers: dict[type, list[Observer]] = {}
         # The secret every job's replica key is derived from (snapshots.welcome_replica):
         # this process's own, never sent; agents get their job's key with each Welcome
@@ -338,6 +362,43 @@ class Jobs:
 
     # ------------------------------------------------------------------ agent messages
 
+    def handle(self, conn: Connection, m: pb.AgentMessage, received: float) -> None:
+        """One message after Hello (``Registry.handle`` is this method); ``received`` is
+        time.monotonic() at arrival. Faults, stacks and step timings go to the intake."""
+        if conn.spare:  # a spare says nothing else until it arrives as its assigned rank
+            if m.WhichOneof("body") == "fault":  # its own GPUs, links, node
+                self.spare_fault(conn, m.fault, self.clock())
+            elif m.WhichOneof("body") == "arrival":
+                self.spare_arrival(conn, m.arrival.generation)
+            return
+        job = self.jobs.get(conn.key) if conn.key is not None else None
+        rs = job.ranks.get(conn.rank) if job is not None else None
+        if rs is None or rs.conn is not conn:  # superseded by a newer stream of the rank
+            return
+        assert job is not None and self.intake is not None
+        now = self.clock()
+        body = m.WhichOneof("body")
+        if body == "progress":
+            if not progress_in_range(m.progress):
+                return  # one bad summary is dropped; the next one will do
+            self.progress(job, rs, m.progress, now)
+            self.intake.timing(job, rs, m.progress, now)
+        elif body == "fault":
+            self.intake.fault(conn, job, rs, m.fault, now, received)
+        elif body == "arrival":
+            self.arrival(job, rs, m.arrival.generation, now,
+                         preflight=m.arrival.preflight_seconds)
+        elif body == "exit":
+            self.exit(job, rs, m.exit, now)
+        elif body == "ack":
+            commands.acked(rs, m.ack.command_id)
+        elif body == "stacks":
+            self.intake.stacks(job, rs, m.stacks, now)
+        elif body == "snapshots":
+            steps = snapshot_steps(m.snapshots)
+            if steps is not None:  # a report out of range is dropped; the next will do
+                self.apply(job, SnapshotsIn(rs.rank, steps), now)
+
     def progress(self, job: JobState, rs: RankState, p: pb.ProgressSummary,
                  now: float) -> None:
         self.apply(job, Progressed(
@@ -351,15 +412,20 @@ class Jobs:
                 preflight: float = 0.0) -> None:
         if not 0 <= a <= max(job.generation, limits.MAX_CLAIMED_GENERATION):
             return  # no agent sends this (the server refuses it at the edge too)
-        self.apply(job, Arrived(rs.rank, a), now)
+        b = job.barrier  # was the rank counted at this barrier before (a re-sent arrival)?
+        fresh = b is None or b.generation != job.generation or rs.rank not in b.arrived
+        self.apply(job, Arrived(rs.rank, a), now)  # counted at the barrier if a is the job's
         if a > job.generation:
             # Only an arrival above the job's generation can change what reconcile
             # decides: ranks running alone or behind were already seen in their
             # Hellos, which come first on every stream. (Reconcile scans every rank:
             # once per arrival would make a barrier of N ranks cost N^2.)
             self.execute(job, barrier.reconcile(job, now), now)
+            b = job.barrier
+            fresh = b is None or b.generation != job.generation or rs.rank not in b.arrived
+            self.apply(job, AtBarrier(rs.rank, a), now)  # at the generation it raised to
         b = job.barrier
-        decisions = barrier.decide_arrival(job, rs.rank, a, now)
+        decisions = barrier.decide_barrier(job, rs.rank, a, fresh)  # pure, as the policy
         if b is not None and self.metrics and b.first_arrival_at is not None and any(
                 d.verdict is Verdict.RELEASE_BARRIER and not d.targets for d in decisions):
             self.metrics.barrier_seconds.observe(now - b.first_arrival_at)

@@ -12,11 +12,19 @@ restart, the exporter's past jobs) when it can alter it.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from ftagent.arbiter.fault_onset import onset_of
-from ftagent.arbiter.history import History, JobStats, incident_or_none
+from ftagent.arbiter.history import (
+    CULPRIT_RANKS_KEPT,
+    FAULTS_KEPT,
+    History,
+    JobRecord,
+    incident_or_none,
+)
 from ftagent.arbiter.ledger import Ledger
 from ftagent.arbiter.state import (
     CapacityWait,
@@ -44,6 +52,37 @@ from ftagent.arbiter.timeline import Timeline
 from ftagent.model import FaultKind
 
 Key = tuple[str, str]  # (namespace, job)
+
+@dataclass(slots=True)
+class JobStats:
+    """What the exporter adds up per job: restarts by fault kind, time lost to faults.
+    Written here only (the journal observes the applied changes); the job's record reads
+    it as ``history.Counters``."""
+
+    restarts_by_reason: dict[str, int] = field(default_factory=dict)
+    seconds_lost: float = 0.0
+    # an open loss window: (wall time the fault was received, generation restarted into)
+    lost_since: float | None = None
+    lost_generation: int = -1
+    # recent faults received: id -> (wall time, kind); the restart they lead to is
+    # counted under the kind, and the time lost starts at their arrival
+    faults: OrderedDict[str, tuple[float, str]] = field(default_factory=OrderedDict)
+    ledger: Ledger | None = None  # where the job's wall time went (ledger.py)
+    carried: JobRecord | None = None  # the job's record before an arbiter restart
+    # decisions that blamed each rank (Decision.culprits of restarts, replacements and
+    # stops), for ftagent_job_culprits_total; at most CULPRIT_RANKS_KEPT ranks, the rest
+    # counted under -1 ("other"): a job of 100,000 ranks adds no 100,000 series
+    culprits: dict[int, int] = field(default_factory=dict)
+
+    def blamed(self, rank: int) -> None:
+        key = rank if rank in self.culprits or len(self.culprits) < CULPRIT_RANKS_KEPT else -1
+        self.culprits[key] = self.culprits.get(key, 0) + 1
+
+    def fault(self, fault_id: str, at: float, kind: str) -> None:
+        self.faults[fault_id] = (at, kind)
+        while len(self.faults) > FAULTS_KEPT:
+            self.faults.popitem(last=False)
+
 
 # Decisions that change what the job's record holds (generation, restarts, phase, the
 # ledger's mode): the record is written after them.

@@ -89,7 +89,6 @@ from ftagent.arbiter.state import (
     JobState,
     SpareState,
     Verdict,
-    culprit_clause,
 )
 from ftagent.arbiter.straggler import StragglerAction
 from ftagent.model import Fault, FaultKind, JobBusy, Scope, Severity
@@ -125,6 +124,21 @@ class FaultReport:
     rank: int
     generation: int
     exit_status: int | None = None
+
+
+MAX_CULPRITS_LISTED = 8  # culprits a message names one by one ("and N more" after)
+
+
+def culprit_clause(culprits: tuple[Culprit, ...]) -> str:
+    """The one form every decision names its culprits in: ``culprit ranks 1 (pod p,
+    node n), 3 (pod q, node m)`` (``-`` for a pod or node not known), at most
+    ``MAX_CULPRITS_LISTED`` of them then ``and N more``. Empty without culprits."""
+    if not culprits:
+        return ""
+    shown = ", ".join(f"{c.rank} (pod {c.pod or '-'}, node {c.node or '-'})"
+                      for c in culprits[:MAX_CULPRITS_LISTED])
+    more = len(culprits) - MAX_CULPRITS_LISTED
+    return f"culprit ranks {shown}" + (f" and {more} more" if more > 0 else "")
 
 
 def decide_fault(job: JobState, rep: FaultReport, now: float, cfg: PolicyConfig) -> list[Decision]:
@@ -217,9 +231,12 @@ def restart_or_stop(job: JobState, reason: str, rep: FaultReport, cfg: PolicyCon
     d = Decision(Verdict.RESTART, f"{reason}{clause}; every rank restarts at generation "
                  f"{g + 1} ({spent})", g + 1, rank=one, fault_id=rep.fault.id, culprits=named)
     # the recovery ladder's tier for it (ladder.py): a pod-level one where the culprit's
-    # process restart did not clear it and its pod and node have one
+    # process restart did not clear it and its pod and node have one (a rank whose agent
+    # declared no tiers has the process restart only: the ladder has nothing to pick)
     rs = job.ranks.get(one) if one is not None else None
-    return [ladder.carry_out(d, rep.fault.kind.value, rs.tiers if rs is not None else None)]
+    if rs is None or rs.tiers is None:
+        return [d]
+    return [ladder.carry_out(d, rep.fault.kind.value, rs.tiers)]
 
 
 def culprits_of(job: JobState, ranks: Sequence[int]) -> tuple[Culprit, ...]:
@@ -658,6 +675,14 @@ def parse_stacks(stacks_json: str) -> Any:
         return json.loads(stacks_json)
     except (ValueError, TypeError, RecursionError):
         return NOT_JSON
+
+
+def read_stacks(stacks_json: str, rank: int) -> tuple[str, fr_verdict.Summary | None]:
+    """Rank ``rank``'s Stacks answer (at most ``MAX_STACKS`` characters) parsed once and
+    read by both readers, in one call: the signature the culprit is named from
+    (``signature_in``) and the flight recorder's summary (``fr_verdict.reading``)."""
+    data = parse_stacks(stacks_json)
+    return signature_in(data, stacks_json), fr_verdict.reading(data, rank)
 
 
 def signature_in(data: Any, stacks_json: str, frames_per_thread: int = 4) -> str:

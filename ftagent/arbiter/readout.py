@@ -13,11 +13,10 @@ from ftagent.arbiter import barrier, convert, snapshots
 from ftagent.arbiter.history import (
     History,
     JobRecord,
-    JobStats,
     incident_or_none,
     shown_state,
 )
-from ftagent.arbiter.journal import Journal
+from ftagent.arbiter.journal import JobStats, Journal
 from ftagent.arbiter.ledger import Breakdown, Incident
 from ftagent.arbiter.state import JobState, RankState
 from ftagent.arbiter.timeline import Timeline

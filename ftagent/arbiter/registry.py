@@ -7,7 +7,8 @@ holds the parts, each with one job, and routes to them:
   a decision's command queued on its targets' streams, re-sent on reconnect.
 - ``jobs.py``: job state -- Hellos, progress, arrivals, exits and decisions, each a change
   ``state.apply`` makes (the one place a job changes), then published to the observers
-  subscribed to its kind; ``execute`` carries decisions out.
+  subscribed to its kind; ``execute`` carries decisions out. It reads the agents'
+  messages itself: ``Registry.handle`` is ``Jobs.handle``, no step between.
 - ``intake.py``: faults from agents, from the cluster and from comparing ranks
   (stragglers), stacks of a hang probe; decided by the policy (``policy.py``).
 - ``journal.py``: timeline, history, counters and the goodput ledger's feed: an observer
@@ -26,26 +27,24 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from ftagent.arbiter import commands, policy
+from ftagent.arbiter import policy
 from ftagent.arbiter.connection import Connection, FanOut, Outgoing, Reject
-from ftagent.arbiter.history import History, JobRecord, JobStats
+from ftagent.arbiter.history import History, JobRecord
 from ftagent.arbiter.intake import STRAGGLER_EVERY, Intake
 from ftagent.arbiter.jobs import DecisionListener, Jobs
-from ftagent.arbiter.journal import Journal
+from ftagent.arbiter.journal import JobStats, Journal
 from ftagent.arbiter.readout import Readout
 from ftagent.arbiter.state import (
     CapacityWait,
     Decision,
     JobState,
     RankState,
-    SnapshotsIn,
 )
 from ftagent.arbiter.straggler import JobTimings
 from ftagent.arbiter.timeline import Timeline
 from ftagent.metrics import ArbiterMetrics, JobSnapshot
 from ftagent.model import Fault
 from ftagent.v1 import ftagent_pb2 as pb
-from ftagent.wire.checks import progress_in_range, snapshot_steps
 
 __all__ = ["FORGET_AFTER", "MAX_RANKS_PER_JOB", "RESTART_CEILING", "STRAGGLER_EVERY",
            "Connection", "DecisionListener", "FanOut", "Outgoing", "Registry", "Reject"]
@@ -75,6 +74,12 @@ class Registry:
                           restart_ceiling=restart_ceiling, max_ranks_per_job=max_ranks_per_job)
         self._jobs.subscribe(self.journal.observe, Journal.OBSERVES)
         self.intake = Intake(self._jobs, clock)
+        self._jobs.intake = self.intake
+        # One message after Hello (the server's stream reader); ``received`` is
+        # time.monotonic() at arrival. The jobs' own reader (``Jobs.handle``), not a
+        # delegation to it: a message goes from the server to the part it changes.
+        self.handle: Callable[[Connection, pb.AgentMessage, float], None] = \
+            self._jobs.handle
         self._exit_notes_at = 0.0
         self.readout = Readout(self._jobs.jobs, self.journal, self.intake.stragglers_of,
                                clock)
@@ -143,42 +148,6 @@ class Registry:
         key = (namespace, job)
         j = self.jobs.get(key)
         return j.owners.get(rank) if j is not None else self.history.owners(key).get(rank)
-
-    def handle(self, conn: Connection, m: pb.AgentMessage, received: float) -> None:
-        """One message after Hello; ``received`` is time.monotonic() at arrival."""
-        if conn.spare:  # a spare says nothing else until it arrives as its assigned rank
-            if m.WhichOneof("body") == "fault":  # its own GPUs, links, node
-                self._jobs.spare_fault(conn, m.fault, self.clock())
-            elif m.WhichOneof("body") == "arrival":
-                self._jobs.spare_arrival(conn, m.arrival.generation)
-            return
-        job = self._jobs.jobs.get(conn.key) if conn.key is not None else None
-        rs = job.ranks.get(conn.rank) if job is not None else None
-        if rs is None or rs.conn is not conn:  # superseded by a newer stream of the rank
-            return
-        assert job is not None
-        now = self.clock()
-        body = m.WhichOneof("body")
-        if body == "progress":
-            if not progress_in_range(m.progress):
-                return  # one bad summary is dropped; the next one will do
-            self._jobs.progress(job, rs, m.progress, now)
-            self.intake.timing(job, rs, m.progress, now)
-        elif body == "fault":
-            self.intake.fault(conn, job, rs, m.fault, now, received)
-        elif body == "arrival":
-            self._jobs.arrival(job, rs, m.arrival.generation, now,
-                               preflight=m.arrival.preflight_seconds)
-        elif body == "exit":
-            self._jobs.exit(job, rs, m.exit, now)
-        elif body == "ack":
-            commands.acked(rs, m.ack.command_id)
-        elif body == "stacks":
-            self.intake.stacks(job, rs, m.stacks, now)
-        elif body == "snapshots":
-            steps = snapshot_steps(m.snapshots)
-            if steps is not None:  # a report out of range is dropped; the next will do
-                self._jobs.apply(job, SnapshotsIn(rs.rank, steps), now)
 
     def execute(self, job: JobState, decisions: Iterable[Decision], now: float,
                 received: float | None = None) -> None:

@@ -73,13 +73,29 @@ def replica_peers(job: JobState, verdict: Verdict) -> Mapping[int, str]:
     return job.replica_book.peers()
 
 
+# the commands that restart a trainer: each carries the step every rank resumes from
+RESUMING = (Verdict.RESTART, Verdict.REPLACE, Verdict.REJOIN)
+
+
+def carried(job: JobState, verdict: Verdict) -> tuple[int | None, Mapping[int, bytes]]:
+    """What a command of ``verdict`` carries of the job's snapshots, read once per
+    decision (commands.send): the resume step (restarting commands, ``resume_step``) and,
+    per rank with a holder, its ``replica_peer`` field serialised, to append to the
+    command's bytes (``with_replica_peer``)."""
+    resume = resume_step(job) if verdict in RESUMING else None
+    peers = replica_peers(job, verdict)
+    return resume, {r: _peer_field(a) for r, a in peers.items() if a} if peers else {}
+
+
 def with_replica_peer(data: bytes, peer: str) -> bytes:
     """A serialised ArbiterMessage(command=...) with ``replica_peer`` set: protobuf merges
     a concatenation field by field, so the rank's one field is appended to the bytes
     serialised once for every rank (a command to n ranks costs no n serialisations)."""
-    if not peer:
-        return data
-    return data + pb.ArbiterMessage(command=pb.Command(replica_peer=peer)).SerializeToString()
+    return data + _peer_field(peer) if peer else data
+
+
+def _peer_field(peer: str) -> bytes:
+    return pb.ArbiterMessage(command=pb.Command(replica_peer=peer)).SerializeToString()
 
 
 def replica_summary(job: JobState) -> str:

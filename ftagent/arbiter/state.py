@@ -78,27 +78,12 @@ class Verdict(str, enum.Enum):
 class Culprit:
     """A rank a decision blames, with the pod and node it ran on when decided ("" where
     its agent did not say): the structured form of a verdict's culprit, the same in the
-    decision's message (``culprit_clause``), its timeline entry, the status JSON, the
+    decision's message (``policy.culprit_clause``), its timeline entry, the status JSON, the
     per-rank culprit counter and the Kubernetes Event."""
 
     rank: int
     pod: str = ""
     node: str = ""
-
-
-MAX_CULPRITS_LISTED = 8  # culprits a message names one by one ("and N more" after)
-
-
-def culprit_clause(culprits: tuple[Culprit, ...]) -> str:
-    """The one form every decision names its culprits in: ``culprit ranks 1 (pod p,
-    node n), 3 (pod q, node m)`` (``-`` for a pod or node not known), at most
-    ``MAX_CULPRITS_LISTED`` of them then ``and N more``. Empty without culprits."""
-    if not culprits:
-        return ""
-    shown = ", ".join(f"{c.rank} (pod {c.pod or '-'}, node {c.node or '-'})"
-                      for c in culprits[:MAX_CULPRITS_LISTED])
-    more = len(culprits) - MAX_CULPRITS_LISTED
-    return f"culprit ranks {shown}" + (f" and {more} more" if more > 0 else "")
 
 
 @dataclass(frozen=True)
@@ -122,7 +107,7 @@ class Decision:
     busy: JobBusy | None = None  # BUSY: who is busy, who waits
     spare: str = ""  # ASSIGN: the spare's agent instance (JobState.spares)
     # the ranks this decision blames (a hang's culprits, the crashed or replaced rank),
-    # sorted by rank; its reason names them in ``culprit_clause``'s form
+    # sorted by rank; its reason names them in ``policy.culprit_clause``'s form
     culprits: tuple[Culprit, ...] = ()
 
 
@@ -381,7 +366,8 @@ class Progressed(NamedTuple):
 
 
 class Arrived(NamedTuple):
-    """``rank``'s previous trainer is gone; it waits to start ``generation``."""
+    """``rank``'s previous trainer is gone; it waits to start ``generation``: counted at
+    the barrier when that is the job's generation (as ``AtBarrier``)."""
 
     rank: int
     generation: int
@@ -397,8 +383,9 @@ class Preflighted(NamedTuple):
 
 
 class AtBarrier(NamedTuple):
-    """``rank`` counted at the barrier of ``generation`` (after ``Arrived`` and reconcile:
-    an arrival above the job's generation first raises the job to it)."""
+    """``rank`` counted at the barrier of ``generation``: ``Arrived`` counts it when it is
+    the job's generation; an arrival above it is counted by this after reconcile raised
+    the job to it."""
 
     rank: int
     generation: int
@@ -446,7 +433,7 @@ class Settled(NamedTuple):
 
 class StacksIn(NamedTuple):
     """``rank``'s stacks for the current hang probe: their signature and flight-recorder
-    summary (policy.signature_in, fr_verdict.summary_in then fr_verdict.read)."""
+    summary (policy.read_stacks: policy.signature_in and fr_verdict.reading)."""
 
     rank: int
     signature: str
@@ -667,6 +654,9 @@ def _arrived(job: JobState, c: Arrived, now: float) -> None:
     rs.generation = max(rs.generation, c.generation)
     rs.running = False
     rs.state = "waiting"
+    # counted at the barrier of the job's generation in the same step; an arrival above
+    # it is counted after reconcile raised the job to it (``AtBarrier``, jobs.arrival)
+    _at_barrier(job, AtBarrier(c.rank, c.generation), now)
 
 
 def _at_barrier(job: JobState, c: AtBarrier, now: float) -> None:

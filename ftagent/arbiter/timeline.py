@@ -86,9 +86,13 @@ class Timeline:
             message: str, *, rank: int | None = None, fault_id: str = "",
             action: str = "", culprits: tuple[Culprit, ...] = ()) -> Entry:
         self._seq += 1
-        e = Entry(self._seq, now, job, namespace, generation, kind,
-                  clip(printable(message), MAX_ENTRY_MESSAGE), rank, fault_id, action,
-                  culprits[:MAX_ENTRY_CULPRITS])
+        # The bound of every entry, checked here, its one entry point: a clean message
+        # within the length is kept as it is (the common case: no call out); any other
+        # is escaped, then clipped (wire/limits).
+        if len(message) > MAX_ENTRY_MESSAGE or not message.isprintable():
+            message = clip(printable(message), MAX_ENTRY_MESSAGE)
+        e = Entry(self._seq, now, job, namespace, generation, kind, message, rank, fault_id,
+                  action, culprits[:MAX_ENTRY_CULPRITS])
         q = self._jobs.get((namespace, job))
         if q is None:
             q = self._jobs[(namespace, job)] = deque(maxlen=self._keep)

@@ -3,7 +3,8 @@
 Every field is checked against ``limits`` before it becomes state, so that one hostile or
 broken message is refused with a status that names the field (INVALID_ARGUMENT), and
 nothing a peer sends can make the listing of other jobs fail (a generation of 2**63-1
-would overflow int64 on its next +1).
+would overflow int64 on its next +1). A fault's check lives with its decoding
+(``wire.convert.check_fault``, re-exported here): one call checks and converts it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ import grpc
 
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.wire import limits
+from ftagent.wire.convert import check_fault
+
+__all__ = ["Refused", "check_fault", "check_generation_claim", "check_hello", "check_message",
+           "check_node_report", "progress_in_range", "snapshot_steps"]
 
 
 class Refused(ValueError):
@@ -89,20 +94,6 @@ def check_message(m: pb.AgentMessage) -> None:
         limits.check_name("Ack.command_id", m.ack.command_id, limits.MAX_ID)
     elif body == "stacks":
         limits.check_name("Stacks.command_id", m.stacks.command_id, limits.MAX_ID)
-
-
-def check_fault(m: pb.Fault) -> None:
-    """Raises ValueError (the fault is recorded as unusable) for fields out of range."""
-    limits.check_name("fault id", m.id, limits.MAX_ID, required=True)
-    limits.check_int("fault generation", m.generation, 0, limits.MAX_GENERATION)
-    if len(m.message) > limits.MAX_MESSAGE:
-        raise limits.OutOfRange(f"fault message is {len(m.message)} characters long; at "
-                                f"most {limits.MAX_MESSAGE}")
-    if len(m.evidence_json) > limits.MAX_EVIDENCE:
-        raise limits.OutOfRange(f"fault evidence is {len(m.evidence_json)} bytes; at most "
-                                f"{limits.MAX_EVIDENCE}")
-    if not math.isfinite(m.detected_at):
-        raise limits.OutOfRange("fault detected_at is not finite")
 
 
 def check_node_report(r: pb.NodeReport) -> None:

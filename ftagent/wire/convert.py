@@ -109,6 +109,32 @@ def too_deep(text: str, limit: int) -> bool:
     return max(accumulate(map(_STEP.__getitem__, b)), default=0) > limit
 
 
+def check_fault(m: pb.Fault) -> None:
+    """Raises ValueError (``limits.OutOfRange``: the fault is recorded as unusable) for
+    fields out of range. Each bound is compared here, in line; a failing one is named by
+    ``limits``' own check (its message says the field and the range)."""
+    if not (m.id and len(m.id) <= limits.MAX_ID and m.id.isprintable()):
+        limits.check_name("fault id", m.id, limits.MAX_ID, required=True)
+    if not 0 <= m.generation <= limits.MAX_GENERATION:
+        limits.check_int("fault generation", m.generation, 0, limits.MAX_GENERATION)
+    if len(m.message) > limits.MAX_MESSAGE:
+        raise limits.OutOfRange(f"fault message is {len(m.message)} characters long; at "
+                                f"most {limits.MAX_MESSAGE}")
+    if len(m.evidence_json) > limits.MAX_EVIDENCE:
+        raise limits.OutOfRange(f"fault evidence is {len(m.evidence_json)} bytes; at most "
+                                f"{limits.MAX_EVIDENCE}")
+    if not math.isfinite(m.detected_at):
+        raise limits.OutOfRange("fault detected_at is not finite")
+
+
+def checked_fault(m: pb.Fault) -> Fault:
+    """A peer's fault, its fields bounded (``check_fault``) before it is converted
+    (``fault_from_proto``): one call where a fault enters the arbiter (an agent's, a
+    spare's). ValueError for an unusable one."""
+    check_fault(m)
+    return fault_from_proto(m)
+
+
 def fault_from_proto(m: pb.Fault) -> Fault:
     """The model Fault; raises ValueError when it lacks an id or a kind."""
     if not m.id:
@@ -130,7 +156,8 @@ def fault_from_proto(m: pb.Fault) -> Fault:
             evidence = loaded if isinstance(loaded, dict) else {"value": loaded}
         except (ValueError, RecursionError):
             evidence = {"raw": m.evidence_json[:4000]}
-    return Fault(kind=kind, message=limits.printable(m.message), severity=severity, scope=scope,
+    message = m.message if m.message.isprintable() else limits.printable(m.message)
+    return Fault(kind=kind, message=message, severity=severity, scope=scope,
                  evidence=evidence, id=m.id, detected_at=m.detected_at)
 
 

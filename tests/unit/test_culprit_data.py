@@ -11,7 +11,13 @@ from __future__ import annotations
 
 import pytest
 
-from ftagent.arbiter.policy import FaultReport, PolicyConfig, decide_fault, decide_stacks
+from ftagent.arbiter.policy import (
+    FaultReport,
+    PolicyConfig,
+    culprit_clause,
+    decide_fault,
+    decide_stacks,
+)
 from ftagent.arbiter.state import (
     Culprit,
     Decision,
@@ -20,7 +26,6 @@ from ftagent.arbiter.state import (
     RankState,
     Verdict,
     apply,
-    culprit_clause,
 )
 from ftagent.model import Fault, FaultKind, Severity
 
@@ -159,7 +164,8 @@ def test_the_history_keeps_an_entrys_culprits_and_drops_malformed_ones() -> None
 def test_the_culprit_counter_is_per_rank_and_bounded() -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from ftagent.arbiter.history import CULPRIT_RANKS_KEPT, JobStats
+    from ftagent.arbiter.history import CULPRIT_RANKS_KEPT
+    from ftagent.arbiter.journal import JobStats
     from ftagent.metrics import JobCollector, JobSnapshot
 
     s = JobStats()

@@ -65,12 +65,14 @@ def test_restarts_and_generation_reconcile_upward_from_hellos() -> None:
 
 def test_arrivals_are_counted_by_apply_and_release_once_all_are_in() -> None:
     job = started()
-    for r in (0, 1):
-        apply(job, Arrived(r, 0), NOW)
-    assert barrier.decide_arrival(job, 0, 0, NOW) == []
-    assert barrier.decide_arrival(job, 0, 0, NOW) == []  # re-sent: counted once
+    apply(job, Arrived(0, 0), NOW)  # counted at the barrier of the job's generation
+    apply(job, Arrived(0, 0), NOW)  # re-sent: counted once
     assert job.barrier is not None and job.barrier.arrived == {0}
-    (d,) = barrier.decide_arrival(job, 1, 0, NOW + 1)
+    assert barrier.decide_barrier(job, 0, 0) == []  # pure: it reads, it counts nothing
+    assert job.barrier.arrived == {0}
+    apply(job, Arrived(1, 0), NOW + 1)
+    assert barrier.decide_barrier(job, 1, 0, fresh=False) == []  # a re-sent arrival
+    (d,) = barrier.decide_barrier(job, 1, 0)
     assert d.verdict is Verdict.RELEASE_BARRIER and not d.targets
     apply(job, d, NOW + 1)
     assert job.phase is JobPhase.RUNNING
