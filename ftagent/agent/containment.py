@@ -359,6 +359,13 @@ class Containment:
         for sid in self._sessions:
             self._send(f"S {sid}")
 
+    def for_spawn(self, env: Mapping[str, str]) -> tuple[str, dict[str, str]]:
+        """Before a trainer is spawned, in one call: the watchdog running, and the exec
+        shim's cgroup.procs file and the trainer's environment (``cgroup_procs``,
+        ``trainer_env``)."""
+        self.ensure_watchdog()
+        return self.cgroup_procs, self.trainer_env(env)
+
     def trainer_started(self, pid: int) -> None:
         if self.enabled:
             self._sessions.add(pid)
@@ -400,6 +407,26 @@ def current() -> Containment:
     if _current is None or _current.pid != os.getpid():
         _current = Containment(os.environ.get("FTAGENT_CONTAINMENT", "auto") or "auto")
     return _current
+
+
+def trainer_exited(pid: int) -> None:
+    """A trainer of this process's containment exited (``Containment.trainer_exited``)."""
+    current().trainer_exited(pid)
+
+
+def outside_tree() -> int | None:
+    """The pid the trainer's tree leaves out (the watchdog's), if a containment was made
+    in this process; None otherwise."""
+    c = peek()
+    return c.watchdog_pid if c is not None else None
+
+
+def tree_empty() -> None:
+    """No process of the trainer's tree is left (``Containment.tree_empty``), if a
+    containment was made in this process."""
+    c = peek()
+    if c is not None:
+        c.tree_empty()
 
 
 def peek() -> Containment | None:

@@ -184,12 +184,12 @@ def spawn(command: Sequence[str], env: Mapping[str, str],
     """
     resolve(command, env)
     c = containment.current()
-    c.ensure_watchdog()
-    shim = [sys.executable, "-I", "-S", "-c", EXEC_SHIM, str(os.getpid()), c.cgroup_procs,
+    procs_file, trainer_env = c.for_spawn(env)
+    shim = [sys.executable, "-I", "-S", "-c", EXEC_SHIM, str(os.getpid()), procs_file,
             *command]
     try:
         popen = subprocess.Popen(
-            shim, env=c.trainer_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            shim, env=trainer_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True, close_fds=True, pass_fds=tuple(pass_fds),
         )
     except OSError as e:
@@ -217,15 +217,14 @@ def tree() -> list[psutil.Process]:
     """Every live descendant of the agent: the trainer and all it started (sub-reaper);
     not the watchdog, which is the agent's child but no part of the trainer's tree, nor
     the standbys waiting for a restart."""
-    c = containment.peek()
-    skip = {c.watchdog_pid} if c is not None else set()
+    skip = containment.outside_tree()
     try:
         procs = [p for p in psutil.Process().children(recursive=True)
-                 if p.pid not in skip and p.pid not in _hidden and _alive(p)]
+                 if p.pid != skip and p.pid not in _hidden and _alive(p)]
     except psutil.Error:
         return []
-    if not procs and c is not None:
-        c.tree_empty()
+    if not procs:
+        containment.tree_empty()
     return procs
 
 
@@ -380,7 +379,7 @@ class TrainerProcess:
         # The reaper collected the status; tell Popen so it does not wait or warn later.
         for p in self.pumps:  # its last output is wanted now (the crash's evidence)
             p.hurry.set()
-        containment.current().trainer_exited(self.pid)
+        containment.trainer_exited(self.pid)
         if not fut.cancelled():
             self.popen.returncode = fut.result().exit_status
 

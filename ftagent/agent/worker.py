@@ -274,8 +274,8 @@ class Worker:
         # wake-up, not N, and the NIC and GPU polls share it.
         while True:
             await sleep_on_grid(TICK_SECONDS)
-            self.feed.drain_some()  # see LineFeed.pumps_callback
-            self.watch.tick(self.detector_now())
+            # the output waiting (LineFeed.pumps_callback), then the detectors' "now"
+            self.watch.tick(self.feed.tick())
 
     def detector_now(self, now: float | None = None) -> float:
         """The detectors' "now" (LineFeed.now: the clock, or the read time of output still
@@ -377,10 +377,11 @@ class Worker:
                 return self._exit_code_of(go, None)
             if self.stop_signal is not None:
                 return 128 + self.stop_signal
+            env = self.next_env()  # this attempt's, once: the hooks and the spawn share it
             for hook in self.before_start:
-                await hook(self.next_env())
+                await hook(env)
             try:
-                self.trainer = self._start()
+                self.trainer = self._start(env)
             except SpawnError as e:
                 log.error("%s", e)
                 self.events.write("fault", FaultKind.CRASH.value, str(e),
@@ -481,9 +482,8 @@ class Worker:
         if m.identity.get("rank") != rank:
             m.relabel(rank=rank)
 
-    def _start(self) -> TrainerProcess:
+    def _start(self, env: dict[str, str]) -> TrainerProcess:
         self._reconcile_labels()
-        env = self.next_env()
         self._hang_faults.clear()
         out, err = self.spec.outputs(self.restarts) if self.spec.outputs is not None \
             else (1, 2)  # as is: the agent's own stdout and stderr
