@@ -359,12 +359,13 @@ class Containment:
         for sid in self._sessions:
             self._send(f"S {sid}")
 
-    def for_spawn(self, env: Mapping[str, str]) -> tuple[str, dict[str, str]]:
+    def for_spawn(self, env: Mapping[str, str]) -> tuple[str, dict[str, str], int | None]:
         """Before a trainer is spawned, in one call: the watchdog running, and the exec
-        shim's cgroup.procs file and the trainer's environment (``cgroup_procs``,
-        ``trainer_env``)."""
+        shim's cgroup.procs file, the trainer's environment and the watchdog's pid, which
+        is no part of the trainer's tree (``cgroup_procs``, ``trainer_env``,
+        ``watchdog_pid``)."""
         self.ensure_watchdog()
-        return self.cgroup_procs, self.trainer_env(env)
+        return self.cgroup_procs, self.trainer_env(env), self.watchdog_pid
 
     def trainer_started(self, pid: int) -> None:
         if self.enabled:
@@ -412,13 +413,6 @@ def current() -> Containment:
 def trainer_exited(pid: int) -> None:
     """A trainer of this process's containment exited (``Containment.trainer_exited``)."""
     current().trainer_exited(pid)
-
-
-def outside_tree() -> int | None:
-    """The pid the trainer's tree leaves out (the watchdog's), if a containment was made
-    in this process; None otherwise."""
-    c = peek()
-    return c.watchdog_pid if c is not None else None
 
 
 def tree_empty() -> None:

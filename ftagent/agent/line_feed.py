@@ -30,7 +30,9 @@ class LineFeed:
                  count_skipped: Callable[[str, int], None]) -> None:
         self.on_lines = on_lines
         self.count_skipped = count_skipped
-        self._backlog: LineBacklog | None = None  # the running trainer's output on its way
+        # the running trainer's output on its way (read-only outside: ``pending`` says
+        # whether anything waits)
+        self.backlog: LineBacklog | None = None
 
     def pumps_callback(self) -> Callable[[str, bytes, float], None]:
         """The pumps' callback for a new trainer: queue the batch in a bounded backlog,
@@ -48,7 +50,7 @@ class LineFeed:
         past the backlog's bounds the oldest batches are dropped, never the trainer slowed.
         """
         loop = asyncio.get_running_loop()
-        backlog = self._backlog = LineBacklog(wake_bytes=BACKLOG_BYTES // 8,
+        backlog = self.backlog = LineBacklog(wake_bytes=BACKLOG_BYTES // 8,
                                               wake_lines=BACKLOG_LINES // 8)
 
         def hop(stream: str, blob: bytes, ts: float) -> None:
@@ -59,8 +61,8 @@ class LineFeed:
 
     def drain_some(self) -> None:
         """The ticker's turn: up to ``DRAIN_BATCHES`` waiting batches, the rest after."""
-        if self._backlog is not None and self._backlog.pending:
-            self._drain(self._backlog, DRAIN_BATCHES)
+        if self.backlog is not None and self.backlog.pending:
+            self._drain(self.backlog, DRAIN_BATCHES)
 
     def tick(self, now: float | None = None) -> float:
         """The ticker's turn (``drain_some``), then the detectors' "now" (``now``): one
@@ -70,15 +72,15 @@ class LineFeed:
 
     def drain_all(self) -> None:
         """Everything the pumps have queued, handled now (the trainer's exit)."""
-        if self._backlog is not None and self._backlog.pending:
-            self._drain(self._backlog, ALL)
+        if self.backlog is not None and self.backlog.pending:
+            self._drain(self.backlog, ALL)
 
     def now(self, now: float | None = None) -> float:
         """The detectors' "now": the clock, or while output read earlier still waits in the
         backlog, that output's read time. Observations carry the time their line was read;
         a loop that is behind must not call a hang on data it has not looked at yet."""
         now = time.monotonic() if now is None else now
-        b = self._backlog
+        b = self.backlog
         oldest = b.oldest_ts() if b is not None and b.pending else None
         return now if oldest is None else min(now, oldest)
 

@@ -183,8 +183,9 @@ def spawn(command: Sequence[str], env: Mapping[str, str],
     ``pass_fds``: kept open in the command (a standby's control pipes, see ``standby``).
     """
     resolve(command, env)
+    global _watchdog
     c = containment.current()
-    procs_file, trainer_env = c.for_spawn(env)
+    procs_file, trainer_env, _watchdog = c.for_spawn(env)
     shim = [sys.executable, "-I", "-S", "-c", EXEC_SHIM, str(os.getpid()), procs_file,
             *command]
     try:
@@ -203,6 +204,9 @@ def spawn(command: Sequence[str], env: Mapping[str, str],
 # the end of an attempt never touches them. Per process, like the kernel's list of
 # children it mirrors (and like ``containment.current()``).
 _hidden: set[int] = set()
+# the containment's watchdog (the agent's child, no part of the trainer's tree), as the
+# last spawn started it: the tree is read without asking the containment each time
+_watchdog: int | None = None
 
 
 def hide_from_tree(pid: int) -> None:
@@ -217,10 +221,9 @@ def tree() -> list[psutil.Process]:
     """Every live descendant of the agent: the trainer and all it started (sub-reaper);
     not the watchdog, which is the agent's child but no part of the trainer's tree, nor
     the standbys waiting for a restart."""
-    skip = containment.outside_tree()
     try:
         procs = [p for p in psutil.Process().children(recursive=True)
-                 if p.pid != skip and p.pid not in _hidden and _alive(p)]
+                 if p.pid != _watchdog and p.pid not in _hidden and _alive(p)]
     except psutil.Error:
         return []
     if not procs:
@@ -396,6 +399,8 @@ class TrainerProcess:
         """Wait until both pumps reached EOF (every writer of the pipes is gone)."""
         deadline = time.monotonic() + timeout
         for p in self.pumps:
+            if p.eof.is_set():  # there already: no thread to wait in
+                continue
             left = max(0.0, deadline - time.monotonic())
             if not await asyncio.to_thread(p.eof.wait, left):
                 return False

@@ -267,6 +267,7 @@ class Verifier:
         self._early: Early | None = None
         self._suspect: Fault | None = None  # a HANG the tick raised while sampling early
         self._anchor: float | None = None  # when a deferred budget began
+        self._plan: tuple[tuple[Any, ...], Any] | None = None  # prepare's, per budget
         self._dump: asyncio.Task[dict[str, Any]] | None = None  # the last window's
         self.cfg = cfg
         self.sampler = sampler
@@ -337,11 +338,18 @@ class Verifier:
             return
         if self._task is not None and not self._task.done():
             return  # a verdict is being judged (it defers or declares)
-        anchor = self._anchor
-        if anchor is None or anchor >= deadline:
-            anchor = now - det.seconds_since_progress(now)
-        plan = verify_plan(deadline, deadline - anchor, self.window,
-                           self.cfg.hang_verify_samples, self.cfg.hang_verify_from)
+        # the plan of this budget (its deadline, where it began, the last step): made
+        # once per budget, not per tick
+        key = (deadline, self._anchor, det.last_step)
+        if self._plan is not None and self._plan[0] == key:
+            plan = self._plan[1]
+        else:
+            anchor = self._anchor
+            if anchor is None or anchor >= deadline:
+                anchor = now - det.seconds_since_progress(now)
+            plan = verify_plan(deadline, deadline - anchor, self.window,
+                               self.cfg.hang_verify_samples, self.cfg.hang_verify_from)
+            self._plan = (key, plan)
         if now < plan[0].at - LEAD or plan[0].at >= deadline:
             return  # not yet, or nothing before the deadline: after it, as before
         if self.stall is None:

@@ -84,7 +84,6 @@ from ftagent.model import (
     TrainerStart,
     TrainerState,
 )
-from ftagent.timegrid import sleep_on_grid
 from ftagent.watch.loop import WatchLoop
 
 if TYPE_CHECKING:
@@ -270,12 +269,17 @@ class Worker:
         self.events.write("fault", FaultKind.AGENT.value, f"source {name} failed: {e}")
 
     async def _ticker(self) -> None:
-        # On the process's grid (timegrid.py): the launcher's N workers tick in one loop
-        # wake-up, not N, and the NIC and GPU polls share it.
+        # On the process's grid (timegrid.py's rule, here in place: a tick is the loop's
+        # most frequent wake-up): the launcher's N workers tick in one loop wake-up, not
+        # N, and the NIC and GPU polls share it.
+        loop = asyncio.get_running_loop()
+        feed = self.feed
         while True:
-            await sleep_on_grid(TICK_SECONDS)
-            # the output waiting (LineFeed.pumps_callback), then the detectors' "now"
-            self.watch.tick(self.feed.tick())
+            await asyncio.sleep(TICK_SECONDS - loop.time() % TICK_SECONDS)
+            # the output waiting (LineFeed.pumps_callback), then the detectors' "now";
+            # nothing waiting: the clock, without a call into the feed
+            b = feed.backlog
+            self.watch.tick(feed.tick() if b is not None and b.pending else time.monotonic())
 
     def detector_now(self, now: float | None = None) -> float:
         """The detectors' "now" (LineFeed.now: the clock, or the read time of output still
