@@ -350,7 +350,7 @@ class ArbiterDecider:
                 s.undecided = None
                 self._decide_locally(worker, fault)
                 return
-            outcome = link.outcome(fault.id)
+            outcome = link.proto.outcomes.get(fault.id)
             if outcome is not None:  # settled, and no command came (the count above)
                 s.undecided = None
                 log.info("the arbiter settled the %s without a command for this rank (%s)",

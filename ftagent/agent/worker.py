@@ -607,8 +607,9 @@ class Worker:
         """The main process is gone: clean up what it left, read its last output."""
         self.feed.drain_all()  # what it printed before it exited comes first
         self.observe(exit_)
-        self.events.write("state", "exited", f"trainer exited with status {exit_.exit_status}",
-                          exit_status=exit_.exit_status, exit_code=exit_.code,
+        status = exit_.exit_status
+        self.events.write("state", "exited", f"trainer exited with status {status}",
+                          exit_status=status, exit_code=exit_.code,
                           signal=exit_.signal, pid=exit_.pid)
         await clear_leftovers(self.tree, self._stop_deadline if self.stop_signal is not None
                               else time.monotonic() + self.cfg.supervisor.stop_timeout)
