@@ -215,6 +215,9 @@ class Lifecycle:
         return self.stop_signal is not None
 
     def running(self, pid: int) -> Step:
+        """A trainer runs. The requests made before it (a DUMP_STACKS, a BUSY verdict of
+        the previous attempt, come while waiting at a barrier) are not its: dropped."""
+        self.requests.clear()
         return self._to(TrainerState.RUNNING, pid=pid, attempt=self.restarts)
 
     def decided(self, action: Action) -> None:

@@ -160,3 +160,13 @@ def test_the_decider_has_no_forwarder_task() -> None:
             await decider.close(w)
 
     asyncio.run(body())
+
+
+def test_requests_made_before_a_trainer_runs_are_not_its() -> None:
+    """A DUMP_STACKS or BUSY read while waiting at a barrier was about the previous
+    attempt: the next trainer starts with none (the old barrier dropped them too)."""
+    life = Lifecycle(lambda: 0.0)
+    life.want(Action(ActionKind.BUSY, "rank 3 waits on rank 0"))
+    assert life.due() is not None
+    life.running(123)
+    assert life.due() is None
