@@ -196,7 +196,7 @@ class ArbiterDecider:
         gen = worker.lifecycle.generation
         s.released_start = False
         link.arrive(gen)  # kept and re-sent on every stream until released
-        self.local.arrive(worker)
+        self._arrive_locally(worker)
         if not await self._online(link):
             log.warning("no arbiter for %.0fs: starting generation %d without the barrier",
                         self.fail_open_after, gen)
@@ -223,7 +223,7 @@ class ArbiterDecider:
                     return ended
                 gen = worker.lifecycle.generation
                 link.arrive(gen)
-                self.local.arrive(worker)
+                self._arrive_locally(worker)
                 t0 = self.clock()
                 continue
             decisive = life.decisive()  # a decision that came while waiting
@@ -233,7 +233,7 @@ class ArbiterDecider:
                     life.reached(decisive.generation, decisive.restarts)
                     gen = life.generation
                     link.arrive(gen)
-                    self.local.arrive(worker)
+                    self._arrive_locally(worker)
                     continue
                 if decisive.kind in (ActionKind.STOP, ActionKind.REPLACE):
                     return decisive  # the worker records it as it ends on it
@@ -397,6 +397,13 @@ class ArbiterDecider:
                 return False
             await link.wait_connected(left)
         return True
+
+    def _arrive_locally(self, worker: Seat) -> None:
+        """Tell the pod's local group this worker is at a barrier (a peer that starts
+        alone, failing open, need not wait for it); a group of one has no peer to tell,
+        and its own arrival is counted when it fails open (``LocalDecider.before_start``)."""
+        if len(self.local.workers) > 1:
+            self.local.arrive(worker)
 
     def _fail_open_left(self, link: ArbiterLink) -> float:
         """How long a wait may last before failing open can be due: the time left until
