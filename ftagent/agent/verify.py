@@ -294,7 +294,9 @@ class Verifier:
         self._waiting_hint: str | None = None
         self.verifications = 0
         self._task: asyncio.Task[None] | None = None
-        self._ready: list[Fault] = []
+        # verdicts done between two ticks, raised at the next (read before ``on_faults``:
+        # a tick with no fault and nothing ready calls nothing here)
+        self.ready: list[Fault] = []
         self._emitting: set[asyncio.Task[Any]] = set()
         from ftagent.agent.dead_still import DeadStillWatch
 
@@ -471,7 +473,7 @@ class Verifier:
         """The detector's faults at ``now``: a HANG starts a verification instead of being
         raised (or completes the one sampling its budget); returns the faults to raise
         now (others, and verdicts done meanwhile)."""
-        out, self._ready = self._ready, []
+        out, self.ready = self.ready, []
         for f in faults:
             if f.kind is not FaultKind.HANG or self.window <= 0:
                 out.append(f)
@@ -497,7 +499,7 @@ class Verifier:
                 **fault.evidence, "verdict": "unknown",
                 "verification": {"state": "unknown", "missing": [f"verification failed: {e!r}"]}})
             if self.emit is None:
-                self._ready.append(out)
+                self.ready.append(out)
             else:
                 await self.emit(out)
 
@@ -653,7 +655,7 @@ class Verifier:
 
     def _raise(self, out: Fault) -> None:
         if self.emit is None:
-            self._ready.append(out)
+            self.ready.append(out)
         else:
             task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(self.emit(out))
             self._emitting.add(task)
