@@ -170,3 +170,25 @@ def test_requests_made_before_a_trainer_runs_are_not_its() -> None:
     assert life.due() is not None
     life.running(123)
     assert life.due() is None
+
+
+def test_the_barrier_fails_open_the_fail_open_time_after_the_link_drops() -> None:
+    """No poll, yet no later than before: a link that drops while the worker waits at
+    the barrier wakes it (the fail-open clock starts), and it starts alone
+    --arbiter-fail-open-after later."""
+    import time
+
+    async def body() -> None:
+        decider, w = seated("--arbiter-fail-open-after", "0.5")
+        link = decider.session(w).link
+        waiting = asyncio.create_task(decider.before_start(w))
+        await turns()
+        assert not waiting.done()
+        t0 = time.monotonic()
+        link._down()  # what the link does when its stream breaks
+        assert await asyncio.wait_for(waiting, 5) is None
+        took = time.monotonic() - t0
+        assert 0.4 <= took < 2.0, took
+        assert not decider.session(w).released_start  # started without the barrier
+
+    asyncio.run(body())
