@@ -69,7 +69,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ftagent.arbiter_decider")
 
-POLL = 0.25
+POLL = 0.25  # the shortest wait for the fail-open time (no polling: waits are woken)
 ASSIGNED_WAIT = 30.0  # seconds an assigned spare whose preflight failed waits for the arbiter
 
 
@@ -85,7 +85,7 @@ class RankSession:
         self.hooks = hooks
         self.released_start = False  # the current trainer was started by the barrier
         self.undecided: Fault | None = None
-        self.tasks: list[asyncio.Task[Any]] = []  # the link and the command forwarder
+        self.tasks: list[asyncio.Task[Any]] = []  # the link's
         self.watchdogs: set[asyncio.Task[Any]] = set()  # decisions awaited
 
     def spawn(self, coro: Awaitable[Any]) -> None:
@@ -97,7 +97,8 @@ class RankSession:
 
 def rank_link(worker: Seat) -> ArbiterLink:
     """A rank's link to the arbiter (one gRPC stream); its Hello's restart count and its
-    RESTART dedup read the worker's lifecycle."""
+    RESTART dedup read the worker's lifecycle, and its commands move that lifecycle's
+    desired state (which wakes the worker: no queue, no forwarder)."""
     cfg = worker.cfg
     return ArbiterLink(cfg.arbiter, cfg.identity,
                        max_restarts=cfg.supervisor.max_restarts or None,
@@ -140,8 +141,7 @@ class ArbiterDecider:
     def start(self, worker: Seat) -> None:
         s = self.sessions[worker]
         s.link.starting()  # the fail-open clock starts now, before the first barrier
-        s.tasks = [asyncio.create_task(s.link.run()),
-                   asyncio.create_task(self._forward_commands(worker, s))]
+        s.tasks = [asyncio.create_task(s.link.run())]
 
     async def close(self, worker: Seat) -> None:
         """Tell the arbiter how this rank ended, then close its link.
@@ -173,26 +173,21 @@ class ArbiterDecider:
             for dog in list(s.watchdogs):
                 dog.cancel()
             if s.tasks:
-                link_task, forward = s.tasks
-                forward.cancel()
+                (link_task,) = s.tasks
                 await link.close()
                 link_task.cancel()
-                await asyncio.gather(link_task, forward, return_exceptions=True)
-
-    @staticmethod
-    async def _forward_commands(worker: Seat, s: RankSession) -> None:
-        while True:
-            action = await s.link.commands.get()
-            s.undecided = None
-            worker.deliver(action)
+                await asyncio.gather(link_task, return_exceptions=True)
 
     # ------------------------------------------------------------------ the hooks
 
     async def before_start(self, worker: Seat) -> Action | None:
-        """Meet the other ranks at the barrier of this generation (or fail open)."""
+        """Meet the other ranks at the barrier of this generation (or fail open). Woken by
+        the lifecycle's desired state moving (the RELEASE, a command, a stop: the link's
+        read loop moves it), or when failing open can be due; never a polling loop."""
         s = self.sessions[worker]
         link = s.link
-        if link.proto.spare:
+        life = worker.lifecycle
+        if life.spare:
             ended = await self._serve_as_spare(worker, s)
             if ended is None and not worker.lifecycle.stop_requested:
                 ended = await self._preflight_assigned(worker, s)
@@ -201,7 +196,7 @@ class ArbiterDecider:
         gen = worker.lifecycle.generation
         s.released_start = False
         link.arrive(gen)  # kept and re-sent on every stream until released
-        self.local.arrive(worker)
+        self._arrive_locally(worker)
         if not await self._online(link):
             log.warning("no arbiter for %.0fs: starting generation %d without the barrier",
                         self.fail_open_after, gen)
@@ -210,17 +205,17 @@ class ArbiterDecider:
                             generation=gen)
         t0 = self.clock()
         while True:
-            if await link.wait_released(gen, POLL):
-                worker.lifecycle.reached(link.released_generation)
+            if life.released >= gen:  # desired (the arbiter's RELEASE) against observed
+                life.reached(life.released)
                 s.released_start = True
                 worker.write("state", "released",
-                                    f"barrier of generation {gen} released",
-                                    generation=worker.lifecycle.generation,
-                                    barrier_seconds=round(self.clock() - t0, 3))
+                             f"barrier of generation {gen} released",
+                             generation=life.generation,
+                             barrier_seconds=round(self.clock() - t0, 3))
                 return None
-            if worker.lifecycle.stop_requested:
+            if life.stop_signal is not None:
                 return None
-            if link.proto.spare:  # told SPARE: a former spare holds this rank now
+            if life.spare:  # told SPARE: a former spare holds this rank now
                 ended = await self._serve_as_spare(worker, s)
                 if ended is None and not worker.lifecycle.stop_requested:
                     ended = await self._preflight_assigned(worker, s)
@@ -228,16 +223,17 @@ class ArbiterDecider:
                     return ended
                 gen = worker.lifecycle.generation
                 link.arrive(gen)
-                self.local.arrive(worker)
+                self._arrive_locally(worker)
                 t0 = self.clock()
                 continue
-            decisive = _take_decisive(worker)
+            decisive = life.decisive()  # a decision that came while waiting
             if decisive is not None:
                 if decisive.kind == ActionKind.RESTART and decisive.generation > gen:
-                    worker.lifecycle.reached(decisive.generation, decisive.restarts)
-                    gen = worker.lifecycle.generation
+                    life.dismiss(decisive)  # taken in here: this barrier moves up
+                    life.reached(decisive.generation, decisive.restarts)
+                    gen = life.generation
                     link.arrive(gen)
-                    self.local.arrive(worker)
+                    self._arrive_locally(worker)
                     continue
                 if decisive.kind in (ActionKind.STOP, ActionKind.REPLACE):
                     return decisive  # the worker records it as it ends on it
@@ -245,6 +241,7 @@ class ArbiterDecider:
                 log.warning("arbiter unreachable for %.0fs during the barrier: starting "
                             "generation %d alone", self.fail_open_after, gen)
                 return await self.local.before_start(worker)
+            await worker.changed(self._fail_open_left(link))
 
     async def _serve_as_spare(self, worker: Seat, s: RankSession) -> Action | None:
         """Wait as the job's warm spare (standby prepared, no trainer) until the arbiter
@@ -256,12 +253,14 @@ class ArbiterDecider:
                      f"{worker.cfg.identity.job}: no trainer until the arbiter assigns a rank")
         if s.hooks.prepare_spare is not None:
             s.hooks.prepare_spare()
-        while not await link.wait_assigned(POLL):
-            if worker.lifecycle.stop_requested:
+        life = worker.lifecycle
+        while not link.proto.assigned:  # woken by the ASSIGN (Lifecycle.assign), a stop
+            if life.stop_signal is not None:
                 return None
-            decisive = _take_decisive(worker)
+            decisive = life.decisive()
             if decisive is not None and decisive.kind in (ActionKind.STOP, ActionKind.REPLACE):
                 return decisive  # the worker records it as it ends on it
+            await worker.changed()
         # the link's core moved the lifecycle (Lifecycle.assign): rank, generation, count
         life = worker.lifecycle
         worker.write("state", "assigned", f"the arbiter assigned rank {life.rank} to this "
@@ -284,10 +283,10 @@ class ArbiterDecider:
             return None
         deadline = self.clock() + ASSIGNED_WAIT
         while self.clock() < deadline and not worker.lifecycle.stop_requested:
-            decisive = _take_decisive(worker)
+            decisive = worker.lifecycle.decisive()
             if decisive is not None and decisive.kind in (ActionKind.STOP, ActionKind.REPLACE):
                 return decisive
-            await asyncio.sleep(POLL)
+            await worker.changed(max(POLL, deadline - self.clock()))
         if worker.lifecycle.stop_requested:
             return None
         log.warning("no answer from the arbiter to this spare's failed preflight within "
@@ -323,22 +322,26 @@ class ArbiterDecider:
         if not self._still_online(s.link):
             return False  # failing open already: queued for the arbiter, decided here now
         s.undecided = fault
-        s.spawn(self._decision_watchdog(worker, fault, worker.lifecycle.attempt))
+        life = worker.lifecycle
+        s.spawn(self._decision_watchdog(worker, fault, (life.generation, life.restarts),
+                                        s.link.proto.delivered))
         return True
 
     def report(self, worker: Seat, fault: Fault) -> None:
         self.sessions[worker].link.report_fault(fault, generation=worker.lifecycle.generation)
 
     async def _decision_watchdog(self, worker: Seat, fault: Fault,
-                                 attempt: tuple[int, int]) -> None:
+                                 attempt: tuple[int, int], seen: int) -> None:
         """Decide locally after all if the arbiter stays away, or settles a crash without
         a command for this rank (alert only, say): a dead trainer must not wait forever.
         Once the attempt the fault was raised in is over (a decision that arrived with
-        the trainer's exit was carried out), there is nothing left to decide."""
+        the trainer's exit was carried out), or any command came for this rank since the
+        fault (``seen``: the link's count of commands delivered then), there is nothing
+        left to decide."""
         s = self.sessions[worker]
-        link = s.link
+        link, life = s.link, worker.lifecycle
         while s.undecided is fault:
-            if worker.lifecycle.attempt != attempt:
+            if (life.generation, life.restarts) != attempt or link.proto.delivered != seen:
                 s.undecided = None
                 return
             if not self._still_online(link):
@@ -347,11 +350,8 @@ class ArbiterDecider:
                 s.undecided = None
                 self._decide_locally(worker, fault)
                 return
-            outcome = link.outcome(fault.id)
-            if outcome is not None and link.commands.empty():
-                await asyncio.sleep(0)  # let a command read with the ack be forwarded
-                if s.undecided is not fault:
-                    return
+            outcome = link.proto.outcomes.get(fault.id)
+            if outcome is not None:  # settled, and no command came (the count above)
                 s.undecided = None
                 log.info("the arbiter settled the %s without a command for this rank (%s)",
                          fault.kind.value, outcome)
@@ -398,6 +398,13 @@ class ArbiterDecider:
             await link.wait_connected(left)
         return True
 
+    def _arrive_locally(self, worker: Seat) -> None:
+        """Tell the pod's local group this worker is at a barrier (a peer that starts
+        alone, failing open, need not wait for it); a group of one has no peer to tell,
+        and its own arrival is counted when it fails open (``LocalDecider.before_start``)."""
+        if len(self.local.workers) > 1:
+            self.local.arrive(worker)
+
     def _fail_open_left(self, link: ArbiterLink) -> float:
         """How long a wait may last before failing open can be due: the time left until
         the link has been down --arbiter-fail-open-after, or all of it while the link is up
@@ -410,17 +417,6 @@ class ArbiterDecider:
     def _still_online(self, link: ArbiterLink) -> bool:
         """False once the link has been down for --arbiter-fail-open-after seconds."""
         return link.connected or link.offline_for() < self.fail_open_after
-
-
-def _take_decisive(worker: Seat) -> Action | None:
-    """A STOP/REPLACE/RESTART that arrived while waiting at the barrier."""
-    queued = worker.take_delivered()
-    for i, action in enumerate(queued):
-        if action.kind in (ActionKind.STOP, ActionKind.REPLACE, ActionKind.RESTART):
-            for later in queued[i + 1:]:  # what came after it stays, in order
-                worker.deliver(later)
-            return action
-    return None
 
 
 class _LinkObserver:

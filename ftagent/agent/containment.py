@@ -359,6 +359,14 @@ class Containment:
         for sid in self._sessions:
             self._send(f"S {sid}")
 
+    def for_spawn(self, env: Mapping[str, str]) -> tuple[str, dict[str, str], int | None]:
+        """Before a trainer is spawned, in one call: the watchdog running, and the exec
+        shim's cgroup.procs file, the trainer's environment and the watchdog's pid, which
+        is no part of the trainer's tree (``cgroup_procs``, ``trainer_env``,
+        ``watchdog_pid``)."""
+        self.ensure_watchdog()
+        return self.cgroup_procs, self.trainer_env(env), self.watchdog_pid
+
     def trainer_started(self, pid: int) -> None:
         if self.enabled:
             self._sessions.add(pid)
@@ -400,6 +408,19 @@ def current() -> Containment:
     if _current is None or _current.pid != os.getpid():
         _current = Containment(os.environ.get("FTAGENT_CONTAINMENT", "auto") or "auto")
     return _current
+
+
+def trainer_exited(pid: int) -> None:
+    """A trainer of this process's containment exited (``Containment.trainer_exited``)."""
+    current().trainer_exited(pid)
+
+
+def tree_empty() -> None:
+    """No process of the trainer's tree is left (``Containment.tree_empty``), if a
+    containment was made in this process."""
+    c = peek()
+    if c is not None:
+        c.tree_empty()
 
 
 def peek() -> Containment | None:

@@ -54,10 +54,12 @@ class DeadStillWatch:
     def tick(self, now: float) -> None:
         det = self.v.detector
         window = self.window
-        phase = det.current_phase()
-        armed = det.deadline() is not None and not det.hung and (
-            phase is not None or det.last_step is None)
-        if window <= 0 or not armed:
+        # armed: a deadline, no hang yet, and inside a phase or before the first step
+        # (the cheap parts asked first: between steps of a learned job nothing is called)
+        armed = window > 0 and not det.hung and (
+            det.last_step is None or det.current_phase() is not None) and \
+            det.deadline() is not None
+        if not armed:
             self.reset()
             return
         start = now - det.seconds_since_progress(now)

@@ -5,9 +5,10 @@ a fault is not its own business but the pod's decider's, chosen at start (cmd/ru
 held by the pod (pod.py) and shared by all its workers, never a subclass of the worker.
 Each worker takes its seat with ``add`` when it is built (with its rank's hooks, seat.py
 ``RankHooks``); from then on it calls the decider's hooks with itself, and the decider
-answers through the worker's narrow port (seat.py ``Seat``: read the lifecycle,
-``deliver`` an action or take the undelivered back, await ``stopping``, ``write`` an
-event) and never writes the worker's state. Deciders do not import worker.py:
+answers through the worker's narrow port (seat.py ``Seat``: the lifecycle, where a
+decision is delivered by moving the desired state, ``Lifecycle.want``; await ``changed``
+or ``stopping``; ``write`` an event) and never writes the worker's observed state.
+Deciders do not import worker.py:
 
 * :class:`LocalDecider` -- the local policy (local_policy.py) for the pod's workers, one
   or the launcher's N, as torchrun's local group: the first failure of a generation
@@ -79,7 +80,7 @@ class Decider(Protocol):
         before it does (STOP/REPLACE)."""
 
     def decide(self, worker: Seat, fault: Fault) -> None:
-        """Decide about ``worker``'s ``fault``: the action is delivered (now or later)."""
+        """Decide about ``worker``'s ``fault``: the action is wanted (now or later)."""
 
     def report(self, worker: Seat, fault: Fault) -> None:
         """Record ``worker``'s ``fault`` with whoever decides, without asking for a
@@ -145,7 +146,7 @@ class LocalDecider:
             self._check(gen)
 
     def decide(self, worker: Seat, fault: Fault) -> None:
-        """The local policy's action for ``fault`` goes on the action queue (of every
+        """The local policy's action for ``fault`` is the desired decision (of every
         worker of the pod, for a restart or stop)."""
         self.decide_action(worker, fault)
 
@@ -153,7 +154,7 @@ class LocalDecider:
         """``decide``, returning the action the worker was given."""
         action = self.action(worker, fault)
         if action.kind not in GROUP_ACTIONS:  # alert only: this worker's alone
-            worker.deliver(action)
+            worker.lifecycle.want(action)
             return action
         gen = worker.lifecycle.generation
         if gen in self.decided:
@@ -165,7 +166,7 @@ class LocalDecider:
             # answer to its crash forever, and its peers at the group's barrier with it. A
             # worker that has the decision already carries it out once (lifecycle).
             again = dataclasses.replace(self.decided[gen], fault_id=action.fault_id)
-            worker.deliver(again)
+            worker.lifecycle.want(again)
             return again
         self.decided[gen] = action
         if len(self.workers) > 1:
@@ -176,7 +177,7 @@ class LocalDecider:
             if fut is not None and not fut.done():
                 fut.set_result(action)
             elif w.lifecycle.generation == gen and i not in self._gone:
-                w.deliver(action)
+                w.lifecycle.want(action)
         return action
 
     def report(self, worker: Seat, fault: Fault) -> None:
@@ -190,7 +191,7 @@ class LocalDecider:
         group's decision if a peer fails first."""
         gen, i = worker.lifecycle.generation, self.workers.index(worker)
         if gen in self.decided:
-            return self._take(worker, self.decided[gen])
+            return self.decided[gen]  # recorded as carried out: then moot if wanted too
         fut: asyncio.Future[Action | None] = asyncio.get_running_loop().create_future()
         self._finished[i] = fut
         self._check_done()
@@ -199,7 +200,7 @@ class LocalDecider:
         if not fut.done():  # a stop signal
             return None
         action = fut.result()
-        return None if action is None else self._take(worker, action)
+        return action
 
     def action(self, worker: Seat, fault: Fault) -> Action:
         """What the local policy does about ``worker``'s ``fault`` (pure but for this
@@ -215,14 +216,6 @@ class LocalDecider:
         # its origin (LOCAL) makes the agent exit with the trainer's status (lifecycle.py)
         return dataclasses.replace(action,
                                    generation=worker.lifecycle.next_generation(action.kind))
-
-    def _take(self, worker: Seat, action: Action) -> Action:
-        """The decision, taken out of the worker's queue if it was put there too (the
-        worker records it as it carries it out)."""
-        for queued in worker.take_delivered():
-            if queued.id != action.id:
-                worker.deliver(queued)
-        return action
 
     def _check(self, gen: int) -> None:
         live = set(range(len(self.workers))) - self._gone

@@ -271,7 +271,7 @@ def flight_recorder_parts(worker: Any, cfg: Any, rundir: str, parts: WorkerParts
 
     def spawn_in_attempt(*args: Any, **kwargs: Any) -> Any:
         try:
-            fr.begin_attempt(worker.restarts)
+            fr.begin_attempt(worker.lifecycle.restarts)
         except OSError as e:  # never keeps the trainer from starting
             log.warning("flight-recorder attempt directory: %s", e)
         return spawn(*args, **kwargs)

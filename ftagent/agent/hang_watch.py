@@ -65,7 +65,10 @@ class HangWatch:
         if self.verifier is not None:
             self.verifier.prepare(now)  # samples while the budget runs down
         faults = self.detector.tick(now)
-        return faults if self.verifier is None else self.verifier.on_faults(faults, now)
+        v = self.verifier
+        if v is None or (not faults and not v.ready):
+            return faults  # nothing for the verifier to judge or hand over
+        return v.on_faults(faults, now)
 
     def declared(self) -> bool:
         """A hang declared: the budget ran out and, with verification on, the verdict

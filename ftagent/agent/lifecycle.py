@@ -32,10 +32,25 @@ new restart, so an agent never counts one restart twice, across any arbiter rest
 
 and, at any time::
 
+    want(action)                   the desired state: the newest decision delivered (the
+                                   arbiter's latest command, or the local policy's:
+                                   RESTART gen N, STOP, REPLACE) replaces the one before;
+                                   a minor request (DUMP_STACKS, LAST_WORDS, BUSY,
+                                   ALERT_ONLY) is kept in order until carried out
+    release(generation)            the arbiter released the barrier of ``generation``
     assign(rank, generation, restarts)  a warm spare takes a replaced rank (the arbiter's
                                    ASSIGN, read by the link's core): no longer a spare
     make_spare()                   the arbiter said SPARE: a former spare holds this rank
     stop(signal)                   a stop signal to the agent (the first one counts)
+
+Desired against observed (the reconciler's one comparison, ``due``): the worker is woken
+by ``on_change`` (an injected callback: the worker sets an asyncio event; the link's read
+loop moves the desired state through ``want`` and ``release`` in the same loop) and asks
+``due()`` what to carry out -- a request not carried out yet, else the desired decision
+unless it is moot (carried out already by id, or a RESTART into a generation reached).
+Carrying one out is ``decided`` (or ``restart``/``failed``): after that the comparison
+finds nothing to do, so a decision delivered twice, by the arbiter's resend or the local
+group's, is carried out once, with no queue to de-duplicate.
 
 The rank is here, not in the configuration's identity (that is the rank the agent was
 started with): the link's Hello, the events file, the trainer's RANK, the metrics' rank
@@ -51,9 +66,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ftagent.model import IN_PLACE_EXITS, Action, ActionKind, Origin, ProcessExit, TrainerState
+from ftagent.model import (
+    IN_PLACE_EXITS,
+    MINOR_ACTIONS,
+    Action,
+    ActionKind,
+    Origin,
+    ProcessExit,
+    TrainerState,
+)
 
 CARRIED_KEPT = 64  # ids of the last actions carried out, against a second delivery
+REQUESTS_KEPT = 64  # minor requests waiting to be carried out (oldest dropped first)
 
 
 @dataclass(frozen=True)
@@ -71,8 +95,12 @@ class Lifecycle:
     """The facts of one worker's attempts (module docstring)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, *, rank: int = 0,
-                 spare: bool = False) -> None:
+                 spare: bool = False, on_change: Callable[[], None] | None = None) -> None:
+        """``on_change``: called when the desired state moves (a decision or request
+        wanted, a barrier released, a rank assigned, a stop): the worker's wake-up."""
         self.clock = clock
+        self.on_change: Callable[[], None] = on_change if on_change is not None \
+            else _nothing
         self.rank = rank  # this worker's rank in the job (-1 for a spare before ASSIGN)
         self.spare = spare  # a warm spare: no rank (and no trainer) until assigned one
         self.stop_signal: int | None = None  # the stop signal the agent was sent, if any
@@ -83,6 +111,11 @@ class Lifecycle:
         self.last_action: Action | None = None
         self.since = clock()  # when the current state began
         self._carried: deque[str] = deque(maxlen=CARRIED_KEPT)
+        # the desired state (module docstring): the newest decision, the minor requests
+        # not carried out yet, the highest generation whose barrier was released
+        self.desired: Action | None = None
+        self.requests: deque[Action] = deque(maxlen=REQUESTS_KEPT)
+        self.released = -1
 
     @property
     def attempt(self) -> tuple[int, int]:
@@ -92,6 +125,55 @@ class Lifecycle:
     def next_generation(self, kind: ActionKind) -> int:
         """The generation a decision of ``kind`` taken now leads to: a restart counts up."""
         return self.generation + 1 if kind is ActionKind.RESTART else self.generation
+
+    # ------------------------------------------------------------------ desired state
+
+    def want(self, action: Action) -> None:
+        """A decision (or a minor request) delivered: the newest decision is the desired
+        one (it replaces any before it); requests are kept in order."""
+        if action.kind in MINOR_ACTIONS:
+            self.requests.append(action)
+        else:
+            self.desired = action
+        self.on_change()
+
+    def release(self, generation: int) -> None:
+        """The arbiter released the barrier of ``generation`` (never down)."""
+        if generation > self.released:
+            self.released = generation
+            self.on_change()
+
+    def due(self) -> Action | None:
+        """The comparison of desired with observed: what to carry out now -- the oldest
+        request not carried out, else the desired decision unless it is moot -- or None.
+        Carrying it out (``decided``, ``restart``, ``failed``) or ``dismiss`` makes the
+        next comparison find the next thing, or nothing."""
+        while self.requests:
+            if not self.carried_out(self.requests[0].id):
+                return self.requests[0]
+            self.requests.popleft()
+        d = self.desired
+        if d is not None and self.moot(d):
+            self.desired = d = None
+        return d
+
+    def decisive(self) -> Action | None:
+        """The desired decision if it still means something (``due`` without the
+        requests): a STOP, REPLACE or RESTART that arrived while waiting (a barrier)."""
+        d = self.desired
+        if d is not None and self.moot(d):
+            self.desired = d = None
+        return d
+
+    def dismiss(self, action: Action) -> None:
+        """``action`` is not carried out (superseded: the trainer exited by itself after a
+        hang it answered; or taken in at a barrier, ``reached``): the comparison no longer
+        finds it. Not marked carried out: wanted again (the local group's standing
+        decision, for this worker's crash), it is due again."""
+        if self.desired is action:
+            self.desired = None
+        elif action in self.requests:
+            self.requests.remove(action)
 
     # ------------------------------------------------------------------ events
 
@@ -113,16 +195,19 @@ class Lifecycle:
         self.rank = rank
         self.spare = False
         self.reached(generation, restarts)
+        self.on_change()
 
     def make_spare(self) -> None:
         """The arbiter said SPARE: this agent serves as a spare before any trainer."""
         self.spare = True
+        self.on_change()
 
     def stop(self, sig: int) -> bool:
         """A stop signal to the agent; True the first time (a second one only hurries)."""
         if self.stop_signal is not None:
             return False
         self.stop_signal = sig
+        self.on_change()
         return True
 
     @property
@@ -130,6 +215,9 @@ class Lifecycle:
         return self.stop_signal is not None
 
     def running(self, pid: int) -> Step:
+        """A trainer runs. The requests made before it (a DUMP_STACKS, a BUSY verdict of
+        the previous attempt, come while waiting at a barrier) are not its: dropped."""
+        self.requests.clear()
         return self._to(TrainerState.RUNNING, pid=pid, attempt=self.restarts)
 
     def decided(self, action: Action) -> None:
@@ -186,6 +274,10 @@ class Lifecycle:
         self.state = state
         self.since = self.clock()
         return Step(state, self.generation, self.restarts, self.since, fields)
+
+
+def _nothing() -> None:
+    pass
 
 
 def exit_status_of(action: Action, exit_: ProcessExit | None, *, exit_replace: int,

@@ -30,7 +30,9 @@ class LineFeed:
                  count_skipped: Callable[[str, int], None]) -> None:
         self.on_lines = on_lines
         self.count_skipped = count_skipped
-        self._backlog: LineBacklog | None = None  # the running trainer's output on its way
+        # the running trainer's output on its way (read-only outside: ``pending`` says
+        # whether anything waits)
+        self.backlog: LineBacklog | None = None
 
     def pumps_callback(self) -> Callable[[str, bytes, float], None]:
         """The pumps' callback for a new trainer: queue the batch in a bounded backlog,
@@ -48,7 +50,7 @@ class LineFeed:
         past the backlog's bounds the oldest batches are dropped, never the trainer slowed.
         """
         loop = asyncio.get_running_loop()
-        backlog = self._backlog = LineBacklog(wake_bytes=BACKLOG_BYTES // 8,
+        backlog = self.backlog = LineBacklog(wake_bytes=BACKLOG_BYTES // 8,
                                               wake_lines=BACKLOG_LINES // 8)
 
         def hop(stream: str, blob: bytes, ts: float) -> None:
@@ -59,31 +61,38 @@ class LineFeed:
 
     def drain_some(self) -> None:
         """The ticker's turn: up to ``DRAIN_BATCHES`` waiting batches, the rest after."""
-        if self._backlog is not None and len(self._backlog):
-            self._drain(self._backlog, DRAIN_BATCHES)
+        if self.backlog is not None and self.backlog.pending:
+            self._drain(self.backlog, DRAIN_BATCHES)
+
+    def tick(self, now: float | None = None) -> float:
+        """The ticker's turn (``drain_some``), then the detectors' "now" (``now``): one
+        call per tick; an empty backlog is looked at, not called."""
+        self.drain_some()
+        return self.now(now)
 
     def drain_all(self) -> None:
         """Everything the pumps have queued, handled now (the trainer's exit)."""
-        if self._backlog is not None:
-            self._drain(self._backlog, ALL)
+        if self.backlog is not None and self.backlog.pending:
+            self._drain(self.backlog, ALL)
 
     def now(self, now: float | None = None) -> float:
         """The detectors' "now": the clock, or while output read earlier still waits in the
         backlog, that output's read time. Observations carry the time their line was read;
         a loop that is behind must not call a hang on data it has not looked at yet."""
         now = time.monotonic() if now is None else now
-        oldest = self._backlog.oldest_ts() if self._backlog is not None else None
+        b = self.backlog
+        oldest = b.oldest_ts() if b is not None and b.pending else None
         return now if oldest is None else min(now, oldest)
 
     def _drain(self, backlog: LineBacklog, n: int) -> None:
         """Hand up to ``n`` queued batches to ``on_lines``; reschedule if more wait."""
         for batch in backlog.take(n):
             self.on_lines(*batch)
-        dropped = backlog.new_drops()
+        dropped = backlog.new_drops() if backlog.dropped_lines else 0
         if dropped:
             self.count_skipped("backlog", dropped)
             if dropped == backlog.dropped_lines:  # the first drop of this trainer
                 log.warning("the agent's loop fell behind the trainer's output: the oldest "
                             "lines go unparsed (ftagent_log_lines_skipped_total)")
-        if n < ALL and len(backlog):
+        if n < ALL and backlog.pending:
             asyncio.get_running_loop().call_soon(self._drain, backlog, n)

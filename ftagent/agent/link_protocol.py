@@ -37,7 +37,12 @@ Commands are delivered at most once by id, and a RESTART only when it moves the 
 a generation above the one it runs or waits for, as its lifecycle says (a stale or
 repeated REJOIN never kills a trainer that already runs the job's generation; one
 delivered while the worker is still carrying out the first is moot by the same rule,
-lifecycle.moot). After STOP or REPLACE nothing more is delivered.
+lifecycle.moot). After STOP or REPLACE nothing more is delivered. Delivered means: the
+rank's desired state moves, in its lifecycle (``Lifecycle.want``: the newest decision
+replaces the one before; ``Lifecycle.release`` for a RELEASE), which wakes the worker --
+no queue between the link and the worker (the worker compares desired with observed,
+``Lifecycle.due``). ``Received.actions`` still lists what was delivered, for a link used
+alone (tests, the node agent).
 """
 
 from __future__ import annotations
@@ -82,7 +87,6 @@ class LinkProtocol:
         self.version = version
         self.alert_only = alert_only
         self.instance = instance or uuid.uuid4().hex
-        self.released_generation = -1  # highest generation whose barrier was released
         self.trainer_running = False  # a trainer of `generation` runs now (as last said)
         self.arbiter_id = ""
         self.faults: OrderedDict[str, pb.Fault] = OrderedDict()
@@ -93,6 +97,7 @@ class LinkProtocol:
         self.outcomes: OrderedDict[str, str] = OrderedDict()  # settled faults' outcomes
         self._seen_commands: OrderedDict[str, None] = OrderedDict()
         self.final_delivered = False
+        self.delivered = 0  # commands delivered (the decision watchdog: "one came")
         self.assigned = False  # this spare was ASSIGNed a rank (the lifecycle holds it)
         # the peer replica (checkpoint/replica_agent.py): the port this agent's holder
         # listens on (said in Hello), and what the arbiter said: the job's replica key and
@@ -105,6 +110,12 @@ class LinkProtocol:
     def generation(self) -> int:
         """The generation this agent's trainer runs or waits for (the lifecycle's)."""
         return self.lifecycle.generation
+
+    @property
+    def released_generation(self) -> int:
+        """The highest generation whose barrier the arbiter released (the lifecycle's:
+        part of the rank's desired state)."""
+        return self.lifecycle.released
 
     @property
     def spare(self) -> bool:
@@ -246,7 +257,7 @@ class LinkProtocol:
                 got.assigned = True
             return
         if cmd.kind == pb.COMMAND_KIND_RELEASE_BARRIER:
-            self.released_generation = max(self.released_generation, cmd.generation)
+            self.lifecycle.release(cmd.generation)
             if self.arrival is not None and self.arrival.generation <= cmd.generation:
                 self.arrival = None
             got.released = True
@@ -264,7 +275,9 @@ class LinkProtocol:
         elif action.kind in (ActionKind.STOP, ActionKind.REPLACE):
             self.final_delivered = True
             self._cover(got, lambda f: True, f"covered by {action.kind.value}")
+        self.delivered += 1
         got.actions.append(action)
+        self.lifecycle.want(action)  # the rank's desired state: wakes its worker
 
     def _cover(self, got: Received, covered: object, outcome: str) -> None:
         assert callable(covered)

@@ -16,10 +16,13 @@ is kept and re-sent on the next stream:
   It carries where a step's time goes (``StepTimes``: seconds per step, in collectives
   and waiting for data, over the last steps), for the arbiter's straggler check.
 
-Commands arrive as ``model.Action`` on ``commands`` (RESTART, STOP, REPLACE,
-DUMP_STACKS), de-duplicated (a RESTART to a generation the agent runs or waits for already
-is dropped); RELEASE_BARRIER is not an Action but the end of a wait:
-``wait_released(generation)``. What is kept, sent and accepted is decided by
+Commands move the rank's desired state in the worker's lifecycle (``Lifecycle.want``,
+``Lifecycle.release``: link_protocol.py), which wakes the worker in this same loop: no
+queue and no forwarder between the read loop and the worker. A link used alone (no
+lifecycle given: tests, benches) also puts them as ``model.Action`` on ``commands``
+(RESTART, STOP, REPLACE, DUMP_STACKS), de-duplicated (a RESTART to a generation the agent
+runs or waits for already is dropped); RELEASE_BARRIER is not an Action but the end of a
+wait: ``wait_released(generation)``. What is kept, sent and accepted is decided by
 ``LinkProtocol`` (link_protocol.py, no I/O); this module only moves it over gRPC.
 """
 
@@ -222,7 +225,10 @@ class ArbiterLink:
         self.proto = LinkProtocol(identity, max_restarts=max_restarts, version=version,
                                   alert_only=alert_only, lifecycle=lifecycle)
         self.progress_interval = progress_interval
+        # a link used alone queues its commands here; a worker's link moves the worker's
+        # lifecycle instead, which wakes it (module docstring)
         self.commands: asyncio.Queue[Action] = asyncio.Queue()
+        self._queue_commands = lifecycle is None
         self.connected = False
         self.offline_since: float | None = time.monotonic()  # None while connected
         self._progress: pb.ProgressSummary | None = None
@@ -295,7 +301,7 @@ class ArbiterLink:
         return self.proto.outcomes.get(fault_id)
 
     async def wait_settled(self, timeout: float) -> None:
-        """Until some fault is settled, or ``timeout``."""
+        """Until some fault is settled or a command came, or ``timeout``."""
         self._settled.clear()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._settled.wait(), timeout)
@@ -506,10 +512,14 @@ class ArbiterLink:
                 await asyncio.wait_for(self._closed.wait(), backoff(attempt))
 
     def _down(self) -> None:
+        was = self.connected
         if self.connected or self.offline_since is None:
             self.offline_since = time.monotonic()
         self.connected = False
         self._up.clear()
+        if was:  # the fail-open clock starts now: the waits that time it recompute
+            self._settled.set()
+            self.proto.lifecycle.on_change()
 
     async def _session(self) -> bool:
         """One stream: Hello, Welcome, then read and write until it breaks. True if welcomed."""
@@ -634,13 +644,14 @@ class ArbiterLink:
             if got.send:
                 self._out.extend(got.send)
                 self._wake.set()
-            for action in got.actions:
-                self.commands.put_nowait(action)
+            if self._queue_commands:
+                for action in got.actions:
+                    self.commands.put_nowait(action)
             if got.released:
                 self._released.set()
             if got.assigned:
                 self._assigned.set()
-            if got.settled:
+            if got.settled or got.actions:  # a command answers a decision's wait too
                 self._settled.set()
 
     # ------------------------------------------------------------------ helpers

@@ -1,13 +1,15 @@
 """The deciders' port: what a decider (decider.py, arbiter_decider.py) may use of a worker.
 
 A worker takes a seat at the pod's decider when it is built; from then on the decider
-sees it only as a :class:`Seat`, six members and nothing else: the facts (the worker's
-lifecycle: rank, generation, restart count, trainer state, the stop request, and the
-events that move them), its configuration, the two doors for decisions (``deliver`` one,
-``take_delivered`` the ones not carried out yet), the wait for a stop, and the events
-file. Deciders never import worker.py (the layer test reads type-checking imports too), so
+sees it only as a :class:`Seat`, five members and nothing else: the facts and the desired
+state (the worker's lifecycle: rank, generation, restart count, trainer state, the stop
+request, the events that move them; a decision is delivered by moving the desired state,
+``Lifecycle.want``, and the worker compares it with what it observes, ``Lifecycle.due``),
+its configuration, the wait for a change of the desired state, the wait for a stop, and
+the events file. There is no queue of actions between a decider and the worker.
+Deciders never import worker.py (the layer test reads type-checking imports too), so
 the worker and its deciders can change apart, and the protocol simulation (tests/sim/)
-seats its own worker at the shipped deciders through the same six members.
+seats its own worker at the shipped deciders through the same five members.
 
 A rank's hooks into the arbiter session (:class:`RankHooks`) are values the worker's
 parts build (cmd/run.py, the flight recorder, the warm standby) and hand to the decider
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
 
 
 class Seat(Protocol):
-    """A worker as its decider sees it (module docstring): at most six members."""
+    """A worker as its decider sees it (module docstring): five members."""
 
     @property
     def lifecycle(self) -> Lifecycle:
@@ -37,11 +39,9 @@ class Seat(Protocol):
     def cfg(self) -> RunConfig:
         """The worker's configuration (as it was started: the rank is the lifecycle's)."""
 
-    def deliver(self, action: Action) -> None:
-        """A decision for the worker's control loop, carried out in order."""
-
-    def take_delivered(self) -> list[Action]:
-        """The decisions delivered and not carried out yet, taken back."""
+    async def changed(self, timeout: float | None = None) -> None:
+        """Return once the lifecycle's desired state moved (a decision wanted, a barrier
+        released, a rank assigned, a stop), or after ``timeout`` seconds."""
 
     async def stopping(self) -> None:
         """Return once the agent was told to stop (``lifecycle.stop_requested``)."""

@@ -331,7 +331,7 @@ class Standby:
 
     def _gone(self, fut: asyncio.Future[ProcessExit]) -> None:
         supervisor.show_in_tree(self.pid)
-        containment.current().trainer_exited(self.pid)
+        containment.trainer_exited(self.pid)
         self._close_go()
         if not fut.cancelled():
             self.popen.returncode = fut.result().exit_status

@@ -183,13 +183,14 @@ def spawn(command: Sequence[str], env: Mapping[str, str],
     ``pass_fds``: kept open in the command (a standby's control pipes, see ``standby``).
     """
     resolve(command, env)
+    global _watchdog
     c = containment.current()
-    c.ensure_watchdog()
-    shim = [sys.executable, "-I", "-S", "-c", EXEC_SHIM, str(os.getpid()), c.cgroup_procs,
+    procs_file, trainer_env, _watchdog = c.for_spawn(env)
+    shim = [sys.executable, "-I", "-S", "-c", EXEC_SHIM, str(os.getpid()), procs_file,
             *command]
     try:
         popen = subprocess.Popen(
-            shim, env=c.trainer_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            shim, env=trainer_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True, close_fds=True, pass_fds=tuple(pass_fds),
         )
     except OSError as e:
@@ -203,6 +204,9 @@ def spawn(command: Sequence[str], env: Mapping[str, str],
 # the end of an attempt never touches them. Per process, like the kernel's list of
 # children it mirrors (and like ``containment.current()``).
 _hidden: set[int] = set()
+# the containment's watchdog (the agent's child, no part of the trainer's tree), as the
+# last spawn started it: the tree is read without asking the containment each time
+_watchdog: int | None = None
 
 
 def hide_from_tree(pid: int) -> None:
@@ -217,15 +221,13 @@ def tree() -> list[psutil.Process]:
     """Every live descendant of the agent: the trainer and all it started (sub-reaper);
     not the watchdog, which is the agent's child but no part of the trainer's tree, nor
     the standbys waiting for a restart."""
-    c = containment.peek()
-    skip = {c.watchdog_pid} if c is not None else set()
     try:
         procs = [p for p in psutil.Process().children(recursive=True)
-                 if p.pid not in skip and p.pid not in _hidden and _alive(p)]
+                 if p.pid != _watchdog and p.pid not in _hidden and _alive(p)]
     except psutil.Error:
         return []
-    if not procs and c is not None:
-        c.tree_empty()
+    if not procs:
+        containment.tree_empty()
     return procs
 
 
@@ -380,7 +382,7 @@ class TrainerProcess:
         # The reaper collected the status; tell Popen so it does not wait or warn later.
         for p in self.pumps:  # its last output is wanted now (the crash's evidence)
             p.hurry.set()
-        containment.current().trainer_exited(self.pid)
+        containment.trainer_exited(self.pid)
         if not fut.cancelled():
             self.popen.returncode = fut.result().exit_status
 
@@ -397,6 +399,8 @@ class TrainerProcess:
         """Wait until both pumps reached EOF (every writer of the pipes is gone)."""
         deadline = time.monotonic() + timeout
         for p in self.pumps:
+            if p.eof.is_set():  # there already: no thread to wait in
+                continue
             left = max(0.0, deadline - time.monotonic())
             if not await asyncio.to_thread(p.eof.wait, left):
                 return False

@@ -220,6 +220,9 @@ class LineBacklog:
         self._samples: dict[str, tuple[str, bytes, float, int]] = {}
         self._bytes = 0
         self._lines = 0
+        # batches and samples waiting, as of the last put or take: read without a call
+        # (the loop looks before it drains, and an empty backlog costs it nothing)
+        self.pending = 0
         self._lock = threading.Lock()
 
     def put(self, stream: str, blob: bytes, ts: float) -> bool:
@@ -236,6 +239,7 @@ class LineBacklog:
                                         or self._lines > self.max_lines):
                 self._drop_oldest()
             self.peak_bytes = max(self.peak_bytes, self._bytes)
+            self.pending = len(self._q) + len(self._samples)
             if self.wake_bytes is None and self.wake_lines is None:
                 return was_empty
             return below and self._over_mark()
@@ -272,6 +276,7 @@ class LineBacklog:
                 self._bytes -= len(blob)
                 self._lines -= k
                 out.append((stream, blob, ts))
+            self.pending = len(self._q)
             return out
 
     def new_drops(self) -> int:

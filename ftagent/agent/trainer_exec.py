@@ -57,7 +57,7 @@ def zombie(pid: int) -> bool:
 
 def exited(trainer: TrainerProcess) -> bool:
     """The trainer is gone, or its exit waits for the loop (the SIGCHLD not handled yet)."""
-    return not trainer.running or zombie(trainer.pid)
+    return trainer.exited.done() or zombie(trainer.pid)  # (not ``running``: no call)
 
 
 def worker_tree(trainer: Callable[[], TrainerProcess | None], local_rank: int) -> Tree:
@@ -89,7 +89,7 @@ async def terminate(trainer: TrainerProcess, tree: Tree, deadline: float, *,
     it; the attempt is discarded, its exit code is no one's). A stop signal ``forwarded``
     as is (the pod going): the trainer's handler and its teardown decide, and its exit
     code is the user's, up to ``deadline``. SIGKILL whatever is left at ``deadline``."""
-    if trainer.running:
+    if not trainer.exited.done():  # running
         log.info("stopping trainer (pid %d)", trainer.pid)
         if forwarded is None:  # our own stop: SIGTERM the group and the tree
             trainer.send_signal(signal.SIGTERM)
@@ -104,7 +104,7 @@ async def terminate(trainer: TrainerProcess, tree: Tree, deadline: float, *,
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(trainer.exited),
                                        max(0.0, deadline - time.monotonic()))
-    if trainer.running:
+    if not trainer.exited.done():  # running
         killed = await supervisor.kill_tree(trainer.pgid, procs=tree)
         log.warning("trainer ignored SIGTERM for %.1fs: SIGKILLed %d process(es)",
                     stop_timeout, killed)

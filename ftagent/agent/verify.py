@@ -267,6 +267,7 @@ class Verifier:
         self._early: Early | None = None
         self._suspect: Fault | None = None  # a HANG the tick raised while sampling early
         self._anchor: float | None = None  # when a deferred budget began
+        self._plan: tuple[tuple[Any, ...], Any] | None = None  # prepare's, per budget
         self._dump: asyncio.Task[dict[str, Any]] | None = None  # the last window's
         self.cfg = cfg
         self.sampler = sampler
@@ -293,7 +294,9 @@ class Verifier:
         self._waiting_hint: str | None = None
         self.verifications = 0
         self._task: asyncio.Task[None] | None = None
-        self._ready: list[Fault] = []
+        # verdicts done between two ticks, raised at the next (read before ``on_faults``:
+        # a tick with no fault and nothing ready calls nothing here)
+        self.ready: list[Fault] = []
         self._emitting: set[asyncio.Task[Any]] = set()
         from ftagent.agent.dead_still import DeadStillWatch
 
@@ -337,11 +340,18 @@ class Verifier:
             return
         if self._task is not None and not self._task.done():
             return  # a verdict is being judged (it defers or declares)
-        anchor = self._anchor
-        if anchor is None or anchor >= deadline:
-            anchor = now - det.seconds_since_progress(now)
-        plan = verify_plan(deadline, deadline - anchor, self.window,
-                           self.cfg.hang_verify_samples, self.cfg.hang_verify_from)
+        # the plan of this budget (its deadline, where it began, the last step): made
+        # once per budget, not per tick
+        key = (deadline, self._anchor, det.last_step)
+        if self._plan is not None and self._plan[0] == key:
+            plan = self._plan[1]
+        else:
+            anchor = self._anchor
+            if anchor is None or anchor >= deadline:
+                anchor = now - det.seconds_since_progress(now)
+            plan = verify_plan(deadline, deadline - anchor, self.window,
+                               self.cfg.hang_verify_samples, self.cfg.hang_verify_from)
+            self._plan = (key, plan)
         if now < plan[0].at - LEAD or plan[0].at >= deadline:
             return  # not yet, or nothing before the deadline: after it, as before
         if self.stall is None:
@@ -463,7 +473,7 @@ class Verifier:
         """The detector's faults at ``now``: a HANG starts a verification instead of being
         raised (or completes the one sampling its budget); returns the faults to raise
         now (others, and verdicts done meanwhile)."""
-        out, self._ready = self._ready, []
+        out, self.ready = self.ready, []
         for f in faults:
             if f.kind is not FaultKind.HANG or self.window <= 0:
                 out.append(f)
@@ -489,7 +499,7 @@ class Verifier:
                 **fault.evidence, "verdict": "unknown",
                 "verification": {"state": "unknown", "missing": [f"verification failed: {e!r}"]}})
             if self.emit is None:
-                self._ready.append(out)
+                self.ready.append(out)
             else:
                 await self.emit(out)
 
@@ -645,7 +655,7 @@ class Verifier:
 
     def _raise(self, out: Fault) -> None:
         if self.emit is None:
-            self._ready.append(out)
+            self.ready.append(out)
         else:
             task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(self.emit(out))
             self._emitting.add(task)

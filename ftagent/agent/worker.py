@@ -84,7 +84,6 @@ from ftagent.model import (
     TrainerStart,
     TrainerState,
 )
-from ftagent.timegrid import sleep_on_grid
 from ftagent.watch.loop import WatchLoop
 
 if TYPE_CHECKING:
@@ -117,17 +116,22 @@ class Worker:
         sup = cfg.supervisor
         # rank, generation, restarts, trainer state, the stop request, who decided: their
         # one owner (lifecycle.py); everything here and in the parts reads them there
-        self.lifecycle = Lifecycle(rank=cfg.identity.rank, spare=cfg.identity.spare)
+        # the desired state moving (a decision, a release, a stop) sets this event: the
+        # control loop's one wake-up (the reconciler's), set in the loop by the link's read
+        # loop or a decider, never a queue
+        self._change = asyncio.Event()
+        self.lifecycle = Lifecycle(rank=cfg.identity.rank, spare=cfg.identity.spare,
+                                   on_change=self._change.set)
         fixed: dict[str, Any] = {"job": cfg.identity.job}
         if spec.local_rank is not None:
             fixed["local_rank"] = spec.local_rank
         self.events = EventsFile(sup.events_file, fixed, ranked=self.lifecycle)
+        self.write = self.events.write  # type: ignore[method-assign]  # the seat's write
         self.last_lines = LastLines(sup.log_lines)
         self.reaper = reaper if reaper is not None else ChildReaper()
         self.metrics = metrics
         if metrics is not None:  # read at scrape time: the lifecycle says whether a spare
             metrics.spare.set_function(lambda: float(self.lifecycle.spare))
-        self.actions: asyncio.Queue[Action] = asyncio.Queue()
         # a list: the arbiter decider adds its link's observer as it is built (decider.py)
         self.observers: list[Observer] = [ProgressLog(self.events)] if sup.events_file else []
         self.trainer: TrainerProcess | None = None
@@ -231,25 +235,25 @@ class Worker:
 
     # ----------------------------------------------------------------- the deciders' port
     # What a decider (decider.py, arbiter_decider.py) may use of a worker (seat.py Seat):
-    # lifecycle, cfg, deliver, take_delivered, stopping, write; nothing else.
+    # lifecycle, cfg, changed, stopping, write; nothing else. A decision is delivered by
+    # moving the lifecycle's desired state (Lifecycle.want), which wakes this worker.
 
-    def deliver(self, action: Action) -> None:
-        """An action for this worker's control loop (carried out in order)."""
-        self.actions.put_nowait(action)
-
-    def take_delivered(self) -> list[Action]:
-        """Actions delivered and not carried out yet, taken off the queue."""
-        out = []
-        while not self.actions.empty():
-            out.append(self.actions.get_nowait())
-        return out
+    async def changed(self, timeout: float | None = None) -> None:
+        """Return once the lifecycle's desired state moved since the last return (a
+        decision wanted, a barrier released, a rank assigned, a stop), or after
+        ``timeout`` seconds. The caller compares again: a wake-up may find nothing."""
+        if not self._change.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._change.wait(), timeout)
+        self._change.clear()
 
     async def stopping(self) -> None:
         """Return once the agent was told to stop (a signal)."""
         await self._stop_event.wait()
 
     def write(self, event: str, kind: str, message: str, **fields: Any) -> Any:
-        """One line of the events file (its rank: the lifecycle's)."""
+        """One line of the events file (its rank: the lifecycle's). Replaced in the
+        constructor by the events file's own ``write``: no hop through the worker."""
         return self.events.write(event, kind, message, **fields)
 
     async def _stacks(self) -> dict[str, Any]:
@@ -265,12 +269,17 @@ class Worker:
         self.events.write("fault", FaultKind.AGENT.value, f"source {name} failed: {e}")
 
     async def _ticker(self) -> None:
-        # On the process's grid (timegrid.py): the launcher's N workers tick in one loop
-        # wake-up, not N, and the NIC and GPU polls share it.
+        # On the process's grid (timegrid.py's rule, here in place: a tick is the loop's
+        # most frequent wake-up): the launcher's N workers tick in one loop wake-up, not
+        # N, and the NIC and GPU polls share it.
+        loop = asyncio.get_running_loop()
+        feed = self.feed
         while True:
-            await sleep_on_grid(TICK_SECONDS)
-            self.feed.drain_some()  # see LineFeed.pumps_callback
-            self.watch.tick(self.detector_now())
+            await asyncio.sleep(TICK_SECONDS - loop.time() % TICK_SECONDS)
+            # the output waiting (LineFeed.pumps_callback), then the detectors' "now";
+            # nothing waiting: the clock, without a call into the feed
+            b = feed.backlog
+            self.watch.tick(feed.tick() if b is not None and b.pending else time.monotonic())
 
     def detector_now(self, now: float | None = None) -> float:
         """The detectors' "now" (LineFeed.now: the clock, or the read time of output still
@@ -372,10 +381,11 @@ class Worker:
                 return self._exit_code_of(go, None)
             if self.stop_signal is not None:
                 return 128 + self.stop_signal
+            env = self.next_env()  # this attempt's, once: the hooks and the spawn share it
             for hook in self.before_start:
-                await hook(self.next_env())
+                await hook(env)
             try:
-                self.trainer = self._start()
+                self.trainer = self._start(env)
             except SpawnError as e:
                 log.error("%s", e)
                 self.events.write("fault", FaultKind.CRASH.value, str(e),
@@ -421,18 +431,12 @@ class Worker:
         return None
 
     def _decisive(self) -> Action | None:
-        """A STOP or REPLACE delivered and not carried out yet (recorded), else None;
-        what else was delivered stays, in order."""
-        queued = self.take_delivered()
-        found = None
-        for action in queued:
-            if found is None and action.kind in (ActionKind.STOP, ActionKind.REPLACE) \
-                    and not self.lifecycle.moot(action):
-                found = action
-            else:
-                self.deliver(action)
-        if found is not None:
-            self._record_action(found)
+        """The desired decision if it is a STOP or REPLACE not carried out yet (recorded
+        now), else None."""
+        found = self.lifecycle.decisive()
+        if found is None or found.kind not in (ActionKind.STOP, ActionKind.REPLACE):
+            return None
+        self._record_action(found)
         return found
 
     def _exit_code_of(self, action: Action, exit_: ProcessExit | None) -> int:
@@ -482,9 +486,8 @@ class Worker:
         if m.identity.get("rank") != rank:
             m.relabel(rank=rank)
 
-    def _start(self) -> TrainerProcess:
+    def _start(self, env: dict[str, str]) -> TrainerProcess:
         self._reconcile_labels()
-        env = self.next_env()
         self._hang_faults.clear()
         out, err = self.spec.outputs(self.restarts) if self.spec.outputs is not None \
             else (1, 2)  # as is: the agent's own stdout and stderr
@@ -505,26 +508,27 @@ class Worker:
     async def _supervise(
         self, trainer: TrainerProcess
     ) -> tuple[Action | None, ProcessExit | None]:
-        """Run until the trainer exits or an action ends this attempt."""
+        """Run until the trainer exits or an action ends this attempt: the reconciler.
+        Woken by the trainer's exit, a stop signal or the desired state moving, it compares
+        desired with observed (``Lifecycle.due``) and acts on what differs."""
         stop_wait = asyncio.create_task(self._stop_event.wait())
         try:
             while True:
-                get_action = asyncio.create_task(self.actions.get())
-                waits: set[asyncio.Future[Any]] = {trainer.exited, get_action, stop_wait}
-                done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                if get_action not in done:
-                    get_action.cancel()
                 # An action that arrives with (or just after) the trainer's own exit is
                 # held, not lost: the exit is handled first (its crash is recorded with its
                 # evidence), then the action is carried out -- unless it answered this
                 # attempt's hang, which the exit supersedes.
-                held: Action | None = None
-                if get_action in done:
-                    held = get_action.result()
-                    if self.lifecycle.moot(held):  # delivered twice, or stale: done once
-                        held = None
-                        if trainer.exited not in done and stop_wait not in done:
-                            continue
+                held = self.lifecycle.due()
+                if held is None:
+                    self._change.clear()  # nothing due now: the next change wakes us
+                    change = asyncio.create_task(self._change.wait())
+                    waits: set[asyncio.Future[Any]] = {trainer.exited, change, stop_wait}
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                    change.cancel()
+                    if self._change.is_set():  # compare again only if something moved
+                        self._change.clear()
+                        held = self.lifecycle.due()
+                done = {f for f in (trainer.exited, stop_wait) if f.done()}
                 if held is not None:
                     if trainer.exited not in done and zombie(trainer.pid):
                         await asyncio.shield(trainer.exited)
@@ -532,7 +536,10 @@ class Worker:
                     if trainer.exited in done and held.fault_id in self._hang_faults:
                         log.info("action %s superseded: the trainer exited by itself",
                                  held.kind.value)
+                        self.lifecycle.dismiss(held)
                         held = None
+                elif not done:
+                    continue  # woken by a change that leaves nothing to do
                 if trainer.exited in done:
                     exit_ = trainer.exited.result()
                     await self._after_exit(trainer, exit_)
@@ -571,12 +578,17 @@ class Worker:
             if held is not None:
                 action, held = held, None
             else:
-                action = await self.actions.get()
-            if self.lifecycle.moot(action):  # delivered twice, or stale: done once
-                continue
+                due = self.lifecycle.due()  # desired against observed
+                if due is None:
+                    self._change.clear()
+                    await self._change.wait()
+                    self._change.clear()  # consumed: compare again now
+                    continue
+                action = due
             if action.fault_id in self._hang_faults:
                 log.info("action %s superseded: the trainer exited by itself",
                          action.kind.value)
+                self.lifecycle.dismiss(action)
                 continue
             self._record_action(action)
             if action.kind not in MINOR_ACTIONS:
@@ -595,8 +607,9 @@ class Worker:
         """The main process is gone: clean up what it left, read its last output."""
         self.feed.drain_all()  # what it printed before it exited comes first
         self.observe(exit_)
-        self.events.write("state", "exited", f"trainer exited with status {exit_.exit_status}",
-                          exit_status=exit_.exit_status, exit_code=exit_.code,
+        status = exit_.exit_status
+        self.events.write("state", "exited", f"trainer exited with status {status}",
+                          exit_status=status, exit_code=exit_.code,
                           signal=exit_.signal, pid=exit_.pid)
         await clear_leftovers(self.tree, self._stop_deadline if self.stop_signal is not None
                               else time.monotonic() + self.cfg.supervisor.stop_timeout)

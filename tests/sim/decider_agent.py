@@ -7,11 +7,12 @@ loop of the world's own, with the world's clock and a fake transport:
 * ``SimLink`` is the face of ``ArbiterLink`` the decider uses, over the sim's stream and
   the shipped ``LinkProtocol``: its waits (connected, released, settled) return when the
   world next moves, never after real time, and its offline clock is the world's;
-* ``SimWorker`` is the worker's port (seat.py ``Seat``: the lifecycle, cfg, deliver,
-  take_delivered, stopping, write) and the supervisor around it: it carries out what the
-  decider delivers as worker.py does (a stale or repeated action is moot,
-  lifecycle.moot), starts a trainer when ``before_start`` returns, and tells the
-  decider's link observer of state changes.
+* ``SimWorker`` is the worker's port (seat.py ``Seat``: the lifecycle, cfg, changed,
+  stopping, write) and the supervisor around it: a reconciler as worker.py is, it
+  carries out what the shipped lifecycle says is due (``Lifecycle.due``: the desired
+  state the link's core and the deciders moved, against what it observes), starts a
+  trainer when ``before_start`` returns, and tells the decider's link observer of state
+  changes.
 
 After every step the world's loop runs until nothing is ready (``World.settle``).
 """
@@ -19,7 +20,6 @@ After every step the world's loop runs until nothing is ready (``World.settle``)
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from ftagent.agent.arbiter_decider import ArbiterDecider
@@ -87,7 +87,6 @@ class SimLink:
     def __init__(self, agent: DeciderAgent) -> None:
         self.agent = agent
         self.proto = agent.proto
-        self.commands: asyncio.Queue[Action] = asyncio.Queue()
 
     # -- state
     @property
@@ -185,7 +184,6 @@ class SimWorker:
         self.lifecycle = agent.lifecycle
         self.events = _Events()
         self.observers: list[Any] = []
-        self.delivered: deque[Action] = deque()
 
     @property
     def generation(self) -> int:
@@ -196,13 +194,8 @@ class SimWorker:
         return self.lifecycle.restarts
 
     # the port
-    def deliver(self, action: Action) -> None:
-        self.delivered.append(action)
-
-    def take_delivered(self) -> list[Action]:
-        out = list(self.delivered)
-        self.delivered.clear()
-        return out
+    async def changed(self, timeout: float | None = None) -> None:
+        await world_loop(self.agent.world).changed()  # until the world next moves
 
     async def stopping(self) -> None:
         await asyncio.Event().wait()
@@ -261,7 +254,7 @@ class DeciderAgent(SimAgent):
         pass  # the decider's to keep (RankSession.undecided)
 
     def command(self, action: Action) -> None:
-        self.link.commands.put_nowait(action)
+        pass  # the link's core moved the lifecycle's desired state (Lifecycle.want)
 
     def crash(self) -> None:
         if self.phase is not Phase.RUNNING:
@@ -309,11 +302,9 @@ class DeciderAgent(SimAgent):
             self.lifecycle.running(1)
             self._state(TrainerState.RUNNING)
             return True
-        if not self.worker.delivered:
+        a = self.lifecycle.due()  # desired against observed, as worker.py
+        if a is None:
             return False
-        a = self.worker.delivered.popleft()
-        if self.lifecycle.moot(a):  # delivered twice, or stale: as worker.py
-            return True
         if a.kind in MINOR_ACTIONS:
             self.lifecycle.decided(a)
             world_loop(self.world).loop.create_task(

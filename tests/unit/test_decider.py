@@ -26,9 +26,12 @@ def node(n: int, *flags: str, arbiter: bool = False) -> tuple[Decider, list[Work
 
 
 def queued(w: Worker) -> list[Action]:
-    out = []
-    while not w.actions.empty():
-        out.append(w.actions.get_nowait())
+    """What the deciders wanted of ``w`` (its lifecycle's desired state: the requests and
+    the newest decision), taken in, as the worker's comparison would find them."""
+    life = w.lifecycle
+    out = [*life.requests, *([life.desired] if life.desired is not None else [])]
+    for a in out:
+        life.dismiss(a)
     return out
 
 
@@ -59,9 +62,9 @@ def test_first_failure_of_a_generation_is_the_groups_and_a_second_one_is_answere
     d.decide(ws[2], crash())
     d.decide(ws[0], crash())  # its own crash, caused by the first: already decided
     got = [queued(w) for w in ws]
-    # one decision, the group's, for every worker; worker 0 has it twice (its crash's
-    # answer too), and carries it out once (lifecycle.carried_out)
-    assert [len(a) for a in got] == [2, 1, 1], got
+    # one decision, the group's, for every worker; worker 0 was given it twice (its
+    # crash's answer too): its desired state holds it once (no queue to de-duplicate)
+    assert [len(a) for a in got] == [1, 1, 1], got
     assert all(a.kind == ActionKind.RESTART and a.generation == 1 for q in got for a in q)
     assert len({a.id for q in got for a in q}) == 1
 
@@ -118,10 +121,12 @@ def test_a_worker_that_dropped_the_groups_decision_gets_it_again_for_its_crash()
     assert (again.id, again.kind, again.generation, again.fault_id) == \
         (restart.id, ActionKind.RESTART, 1, c.id)
     d.decide(ws[1], crash())  # worker 1's own crash: it holds the decision already
-    first, second = queued(ws[1])
-    assert first.id == second.id == restart.id
+    (first,) = queued(ws[1])  # given twice, desired once (the newest: its crash's)
+    assert first.id == restart.id and first.fault_id != restart.fault_id
     ws[1].lifecycle.restart(first)
-    assert ws[1].lifecycle.carried_out(second.id) and ws[1].restarts == 1
+    assert ws[1].lifecycle.carried_out(restart.id) and ws[1].restarts == 1
+    ws[1].lifecycle.want(restart)  # and wanted once more: moot, nothing due
+    assert ws[1].lifecycle.due() is None
 
 
 def test_the_fail_open_clock_starts_when_the_decider_starts_not_when_it_is_built() -> None:
@@ -157,9 +162,10 @@ def test_a_restart_decided_alone_is_counted_once_in_the_hello() -> None:
     link = d.session(w).link
     link.offline_since = 0.0  # down since long ago: every decision is the local policy's
     d.decide(w, Fault(FaultKind.HANG, "no progress"))
+    first = w.lifecycle.desired
     d.decide(w, crash())
-    first, again = queued(w)
-    assert first.id == again.id and first.kind == ActionKind.RESTART
+    (again,) = queued(w)  # the newest wanted: the same decision, for the crash
+    assert first is not None and first.id == again.id and first.kind == ActionKind.RESTART
     w.lifecycle.restart(again)
     assert w.lifecycle.moot(first)  # delivered twice: carried out once
     assert link.proto.hello().restart_count == w.restarts == 1
@@ -205,5 +211,5 @@ def test_the_decision_watchdog_wakes_on_the_arbiters_answer_and_fails_open_on_ti
 
 async def until_queued(w: Worker, timeout: float) -> list[Action]:
     """What the decider delivered to ``w``, once it delivered something."""
-    await until(lambda: not w.actions.empty(), timeout, "a decision delivered")
+    await until(lambda: w.lifecycle.due() is not None, timeout, "a decision delivered")
     return queued(w)

@@ -61,7 +61,7 @@ def test_lines_read_at_t_and_handled_at_t_plus_30_are_no_hang() -> None:
     fixed, naive = HangDetector(cfg), HangDetector(cfg)
     parser = LogProgress(unlimited=True)
     backlog = LineBacklog()
-    feed = types.SimpleNamespace(_backlog=backlog)
+    feed = types.SimpleNamespace(backlog=backlog)
     for d in (fixed, naive):
         d.observe(TrainerStart(pid=1, attempt=0, ts=0.0))
     faults: dict[str, list[Fault]] = {"fixed": [], "naive": []}

@@ -133,7 +133,8 @@ def test_agent_exit_statuses() -> None:
     assert a._exit_code_of(Action(ActionKind.STOP, "budget", exit_code=9), crashed) == 86
     # what the local policy decided alone: the trainer's status, as without ftagent
     a.decider.decide(a, Fault(FaultKind.CRASH, "exit 9", evidence={"exit_status": 9}))
-    local = a.actions.get_nowait()
+    local = a.lifecycle.due()
+    assert local is not None
     assert local.kind == ActionKind.STOP and a._exit_code_of(local, crashed) == 9
 
 
