@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing as mp
 import os
 import shutil
@@ -63,20 +64,25 @@ BACKOFF_FIRST, BACKOFF_CAP = 0.2, 4.0  # the agent's (ftagent/agent/reporter.py)
 # --------------------------------------------------------------------------- client process
 
 
-def worker_main(address: str, pipe: Connection, per_conn: int, interval: float) -> None:
-    asyncio.run(Worker(address, pipe, per_conn, interval).run())
+def worker_main(address: str, pipe: Connection, per_conn: int, interval: float,
+                fresh: bool = False) -> None:
+    asyncio.run(Worker(address, pipe, per_conn, interval, fresh).run())
 
 
 class Worker:
     """Simulated agents in one process, driven by the parent through a pipe."""
 
-    def __init__(self, address: str, pipe: Connection, per_conn: int, interval: float) -> None:
+    def __init__(self, address: str, pipe: Connection, per_conn: int, interval: float,
+                 fresh: bool = False) -> None:
         import grpc
 
         from ftagent.v1 import ftagent_pb2 as pb
 
         self.grpc, self.pb = grpc, pb
         self.address, self.pipe, self.per_conn, self.interval = address, pipe, per_conn, interval
+        # a fresh channel per attempt, as ftagent's agent opens one per session
+        # (reporter.py): no channel-level reconnect backoff on top of the agent's own
+        self.fresh = fresh and per_conn == 1
         self.channels: list[Any] = []
         self.agents: dict[tuple[str, int], dict[str, Any]] = {}
         self.tasks: list[asyncio.Task[None]] = []
@@ -86,14 +92,18 @@ class Worker:
             step=100, loss=1.5, samples_per_second=800, seconds_since_progress=0.3
         )).SerializeToString()
 
+    def _new_channel(self) -> Any:
+        return self.grpc.aio.insecure_channel(self.address, options=[
+            # (kept channels) as short a channel-level reconnect backoff as the agent's
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.min_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", int(BACKOFF_CAP * 1000))])
+
     def _channel(self) -> Any:
+        if self.fresh:
+            return self._new_channel()
         if not self.channels or self.channels[-1][1] >= self.per_conn:
-            self.channels.append([self.grpc.aio.insecure_channel(self.address, options=[
-                # as an agent that opens a fresh connection per attempt: no growing
-                # channel-level reconnect backoff of its own
-                ("grpc.initial_reconnect_backoff_ms", 200),
-                ("grpc.min_reconnect_backoff_ms", 200),
-                ("grpc.max_reconnect_backoff_ms", int(BACKOFF_CAP * 1000))]), 0])
+            self.channels.append([self._new_channel(), 0])
         self.channels[-1][1] += 1
         return self.channels[-1][0]
 
@@ -140,6 +150,10 @@ class Worker:
                     task.cancel()
                 for ch, _ in self.channels:
                     await ch.close(None)
+                for a in self.agents.values():
+                    if self.fresh and a.get("channel") is not None:
+                        with contextlib.suppress(Exception):
+                            await a["channel"].close(None)
                 self.pipe.send(("stopped",))
                 return
 
@@ -159,6 +173,11 @@ class Worker:
         a: dict[str, Any] = self.agents.setdefault((job, rank), {"gen": 0})
         delay = BACKOFF_FIRST
         while True:
+            if self.fresh and a.get("channel") is not None:
+                with contextlib.suppress(Exception):
+                    await channel.close(None)
+                channel = self._channel()
+            a["channel"] = channel
             try:
                 call = channel.stream_stream(CONNECT)(metadata=metadata)
                 await call.write(hello.SerializeToString())
@@ -224,6 +243,32 @@ class Worker:
 # --------------------------------------------------------------------------- parent
 
 
+def profile(proc: Any, old_pid: int | None, name: str, seconds: float = 40.0) -> None:
+    """With $BENCH_PROFILE=DIR: py-spy samples the arbiter process that ``proc()`` returns
+    once its pid is not ``old_pid`` (a new one: attach as it starts) for ``seconds``, into
+    DIR/NAME.raw (collapsed stacks, one line per stack). For finding where time goes."""
+    out = os.environ.get("BENCH_PROFILE", "")
+    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if not out or not os.path.exists(spy):
+        return
+    import subprocess
+    import threading
+
+    def attach() -> None:
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            p = proc()
+            if p is not None and p.pid != old_pid and p.poll() is None:
+                os.makedirs(out, exist_ok=True)
+                subprocess.run([spy, "record", "-r", "100", "--nonblocking", "--format", "raw",
+                                "-d", str(int(seconds)), "-o", os.path.join(out, f"{name}.raw"),
+                                "--pid", str(p.pid)], capture_output=True, check=False)
+                return
+            time.sleep(0.005)
+
+    threading.Thread(target=attach, daemon=True).start()
+
+
 def pct(values: list[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
@@ -273,7 +318,9 @@ class Bench:
             parent, child = ctx.Pipe()
             p = ctx.Process(target=worker_main, args=(self.arbiter.address, child,
                                                       self.args.agents_per_connection,
-                                                      self.args.interval), daemon=True)
+                                                      self.args.interval,
+                                                      self.args.reconnect == "fresh"),
+                               daemon=True)
             p.start()
             self.pipes.append(parent)
             self.procs.append(p)
@@ -381,6 +428,8 @@ class Bench:
             bar: list[float] = []
             bar_all: list[float] = []
             s0, n0 = self.server_fanout()
+            profile(lambda: self.arbiter.proc, None, f"rounds-{self.identity}-{self.total}",
+                    seconds=10.0)
             for _ in range(self.args.rounds):
                 r, b, ba = self.fanout_round()
                 lat += r
@@ -405,7 +454,9 @@ class Bench:
         """Kill the arbiter, start a new one on the port (cold), time every agent back."""
         reviews = self.kube.count("create", REVIEWS) if self.kube is not None else 0
         t0 = time.monotonic()
+        old = self.arbiter.proc.pid if self.arbiter.proc is not None else None
         self.arbiter.kill()
+        profile(lambda: self.arbiter.proc, old, f"failover-{self.identity}")
         self.arbiter.start()
         started = time.monotonic() - t0
         got = self.broadcast(("wait", self.args.failover_timeout))
@@ -469,6 +520,11 @@ def main() -> int:
                     help="after the last level: kill the arbiter, start a new one, time "
                     "every agent back")
     ap.add_argument("--failover-timeout", type=float, default=120.0)
+    ap.add_argument("--reconnect", choices=("fresh", "kept"), default="fresh",
+                    help="fresh: an agent opens a new channel for each attempt, as ftagent's "
+                    "agent does (reporter.py); kept: one channel for its life, whose own "
+                    "reconnect backoff (0.2 s x1.6 to 4 s) adds to the agent's (the bench "
+                    "before issue 33's lane failover)")
     args = ap.parse_args()
     for identity in args.identity:
         if identity not in ("none", "projected", "kube-admin"):

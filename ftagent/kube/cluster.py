@@ -88,6 +88,9 @@ LAST_WORDS_EVERY = 60.0  # seconds between two LAST_WORDS to one job's ranks on 
 
 JOB_LABEL = "ftagent.io/job"  # the pod watch selects ftagent pods by this label
 CONTEXT_KEPT = 10_000
+# Seconds between a decision and the PATCH of its pods' state annotations (written by the
+# tick, in the background): after the commands and, usually, the barrier's release.
+ANNOTATE_AFTER = 1.0
 # Event reasons per decision, in the users' words (type, reason).
 REASONS = {Verdict.RESTART: ("Warning", "FaultRestart"),
            Verdict.REPLACE: ("Warning", "FaultReplacePod"),
@@ -201,10 +204,14 @@ class Cluster:
         # job membership (membership.py): roots of the pods' controller chains
         self.job_owners = JobOwners()
         self.chains = OwnerChains(api_client)
+        # what each pod's own object says (PodFacts less membership), computed once per
+        # object the watch handed over (a Hello asks it twice; 10,000 ask at a failover)
+        self._pod_derived: dict[tuple[str, str], tuple[Any, _Derived | None]] = {}
         self._chain_pending: dict[tuple[str, str], set[str]] = {}  # (ns, job) -> uids
         self._chain_waiting: dict[str, tuple[str, Ref, set[tuple[str, str]]]] = {}
         self._annotations: dict[tuple[str, str], dict[str, str]] = {}
         self._annotating = False
+        self._annotate_at: float | None = None  # when the noted annotations are written
         self._lock = threading.Lock()
         self._actions = ThreadPoolExecutor(2, thread_name_prefix="ftagent-kube-act")
         self._background = ThreadPoolExecutor(2, thread_name_prefix="ftagent-kube-bg")
@@ -225,41 +232,34 @@ class Cluster:
         (kube/membership.py: a pod whose chain does not lead to the job's owner is no
         member); the rank from its labels (kube/identity.py), the world size from the
         owner's spec where it has one: never from anything the agent says."""
-        pod = self.pod_cache.get((namespace, name))
+        key = (namespace, name)
+        pod = self.pod_cache.get(key)
         if not isinstance(pod, dict):
             return None
-        uid = get(pod, "metadata", "uid")
-        job = get(pod, "metadata", "labels", JOB_LABEL)
-        if not isinstance(uid, str) or not isinstance(job, str):
+        cached = self._pod_derived.get(key)
+        d: _Derived | None
+        if cached is not None and cached[0] is pod:
+            d = cached[1]
+        else:  # a new object from the watch (each event hands over a fresh dict)
+            d = _derive(pod)
+            self._pod_derived[key] = (pod, d)
+        if d is None:
             return None
         self._chains_resolved()
-        if self._chain_pending.get((namespace, job)):
+        if self._chain_pending.get((namespace, d.job)):
             return None  # the owners of the job's pods are being read
-        ref = controller_ref(pod)
+        ref = d.ref
         root = None
         if ref is not None and (ref.group, ref.kind) in KIND_RANK:
             done, root = self.chains.known(ref.uid)
             if not done:
                 self._index_owner(namespace, pod)
                 return None
-        member, why = self.job_owners.member(namespace, job, root)
-        owner = self.job_owners.owner(namespace, job)
-        found = identify(pod, {})
-        index, _ = trainer_index(pod, found.role if found else "")
-        containers = get(pod, "spec", "containers")
-        trainer = containers[index] if index is not None and isinstance(containers, list) \
-            else None
-        if found is not None and isinstance(trainer, dict):
-            found = identify(pod, literal_env(trainer))
-        node = get(pod, "spec", "nodeName")
-        world = owner.world if owner is not None and owner.world else \
-            (found.world_size if found else None)
-        return PodFacts(uid=uid, job=job if member else "",
-                        node=node if isinstance(node, str) else "",
-                        rank=found.rank if found else None, world_size=world,
-                        local_world=local_world(pod, trainer if isinstance(trainer, dict)
-                                                else None),
-                        not_member=why)
+        member, why = self.job_owners.member(namespace, d.job, root)
+        owner = self.job_owners.owner(namespace, d.job)
+        world = owner.world if owner is not None and owner.world else d.world_size
+        return PodFacts(uid=d.uid, job=d.job if member else "", node=d.node, rank=d.rank,
+                        world_size=world, local_world=d.local_world, not_member=why)
 
     def _index_owner(self, namespace: str, pod: Any) -> None:
         """A labelled pod seen: its controller chain into the job owners' index (read in
@@ -389,6 +389,7 @@ class Cluster:
         key = (ns, name)
         if deleted:
             self.pod_cache.pop(key, None)
+            self._pod_derived.pop(key, None)
             self._terminating.pop(key, None)
             job_name = get(pod, "metadata", "labels", JOB_LABEL)
             if isinstance(job_name, str) and (ns, job_name) in self._exits:
@@ -397,6 +398,7 @@ class Cluster:
             self.on_pod_deleted(ns, name, uid if isinstance(uid, str) else "")
         elif isinstance(pod, dict):
             self.pod_cache[key] = pod
+            self._pod_derived.pop(key, None)  # (keyed by the object too: never stale)
             self._index_owner(ns, pod)
             self._terminal(ns, name, pod)
             gone_at = parse_time(get(pod, "metadata", "deletionTimestamp"))
@@ -427,6 +429,8 @@ class Cluster:
         job = get(pod, "metadata", "labels", JOB_LABEL)
         if not isinstance(job, str) or not job:
             return
+        if get(pod, "status", "phase") not in ("Succeeded", "Failed"):
+            return  # running or pending (terminal_status: None), every pod of a list
         found = identify(pod, {})
         index, _ = trainer_index(pod, found.role if found else "")
         containers = get(pod, "spec", "containers")
@@ -641,6 +645,7 @@ class Cluster:
         self._trainjob_progress(now)
         self._uncordon_due(now)
         self._taint_fallbacks_due(now)
+        self._annotations_due(now)
 
     def _trainjob_progress(self, now: float) -> None:
         """Each training job whose pods belong to a Kubeflow TrainJob: its step, loss,
@@ -1054,14 +1059,32 @@ class Cluster:
         self._submit(self._background, run)
 
     def _annotate(self, job: JobState) -> None:
-        for r in job.ranks.values():
-            if r.pod and (job.namespace, r.pod) in self.pod_cache:
-                self._annotations[(job.namespace, r.pod)] = {
-                    STATE_ANNOTATION: r.state or "unknown",
-                    "ftagent.io/generation": str(job.generation)}
-        if self._annotations and not self._annotating:
-            self._annotating = True
-            self._submit(self._background, self._drain_annotations)
+        """Note each rank's state for its pod's annotations; written by the tick's
+        ``_annotations_due`` ANNOTATE_AFTER later (one PATCH per pod, latest state wins)."""
+        notes = {(job.namespace, r.pod): {STATE_ANNOTATION: r.state or "unknown",
+                                          "ftagent.io/generation": str(job.generation)}
+                 for r in job.ranks.values()
+                 if r.pod and (job.namespace, r.pod) in self.pod_cache}
+        if notes:
+            with self._lock:
+                self._annotations.update(notes)
+            if self._annotate_at is None:
+                self._annotate_at = self.clock() + ANNOTATE_AFTER
+
+    def _annotations_due(self, now: float) -> None:
+        """On the tick: the pods' annotations noted at least ANNOTATE_AFTER ago, written
+        in the background. Not at the decision itself: its 1,000 PATCHes (and the 1,000
+        watch events they cause) would compete with the commands and the barrier the
+        agents wait for, and a restart's states are written once, as the release left
+        them, instead of twice."""
+        if self._annotate_at is None or now < self._annotate_at or self._annotating:
+            return
+        self._annotate_at = None
+        with self._lock:
+            if not self._annotations:
+                return
+        self._annotating = True
+        self._submit(self._background, self._drain_annotations)
 
     def _drain_annotations(self) -> None:
         try:
@@ -1092,6 +1115,40 @@ class Cluster:
             fn(*args)
         except Exception:
             log.exception("kube action %s failed", getattr(fn, "__name__", fn))
+
+
+@dataclass(frozen=True, slots=True)
+class _Derived:
+    """What one pod object alone says for ``Cluster.pod_facts`` (its uid, job label, node,
+    rank and world size from its labels and trainer's literal env, the ranks it runs, its
+    controller): pure in the object, so kept per object; membership is asked each time."""
+
+    uid: str
+    job: str
+    node: str
+    rank: int | None
+    world_size: int | None
+    local_world: int
+    ref: Ref | None
+
+
+def _derive(pod: dict[str, Any]) -> _Derived | None:
+    uid = get(pod, "metadata", "uid")
+    job = get(pod, "metadata", "labels", JOB_LABEL)
+    if not isinstance(uid, str) or not isinstance(job, str):
+        return None
+    found = identify(pod, {})
+    index, _ = trainer_index(pod, found.role if found else "")
+    containers = get(pod, "spec", "containers")
+    trainer = containers[index] if index is not None and isinstance(containers, list) \
+        else None
+    if found is not None and isinstance(trainer, dict):
+        found = identify(pod, literal_env(trainer))
+    node = get(pod, "spec", "nodeName")
+    return _Derived(uid, job, node if isinstance(node, str) else "",
+                    found.rank if found else None, found.world_size if found else None,
+                    local_world(pod, trainer if isinstance(trainer, dict) else None),
+                    controller_ref(pod))
 
 
 def held_cordon(node: Any, now: float) -> Held | None:
