@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftagent.arbiter.auth import PodFacts
-from ftagent.arbiter.ladder import in_place
+from ftagent.arbiter.ladder import Features, in_place
 from ftagent.arbiter.registry import Registry
 from ftagent.arbiter.state import Decision, JobState, Verdict
 from ftagent.kube.actuator import (
@@ -207,11 +207,14 @@ class Cluster:
         # what each pod's own object says (PodFacts less membership), computed once per
         # object the watch handed over (a Hello asks it twice; 10,000 ask at a failover)
         self._pod_derived: dict[tuple[str, str], tuple[Any, _Derived | None]] = {}
+        # (pod object, node object, their Features) per pod: _set_tiers
+        self._tier_parts: dict[tuple[str, str], tuple[Any, Any, Features]] = {}
         self._chain_pending: dict[tuple[str, str], set[str]] = {}  # (ns, job) -> uids
         self._chain_waiting: dict[str, tuple[str, Ref, set[tuple[str, str]]]] = {}
         self._annotations: dict[tuple[str, str], dict[str, str]] = {}
         self._annotating = False
         self._annotate_at: float | None = None  # when the noted annotations are written
+        self._annotate_jobs: dict[tuple[str, str], JobState] = {}  # jobs noted meanwhile
         self._lock = threading.Lock()
         self._actions = ThreadPoolExecutor(2, thread_name_prefix="ftagent-kube-act")
         self._background = ThreadPoolExecutor(2, thread_name_prefix="ftagent-kube-bg")
@@ -303,6 +306,7 @@ class Cluster:
         decisions are acted on. What the watches saw (pods, nodes) is kept."""
         self.registry = registry
         self._replacing.clear()
+        self._annotate_jobs.clear()  # the earlier term's jobs: their states are not news
         self._blips.clear()
         registry.add_decision_listener(self.on_decision)
         registry.pod_alive = self.pod_alive
@@ -390,6 +394,7 @@ class Cluster:
         if deleted:
             self.pod_cache.pop(key, None)
             self._pod_derived.pop(key, None)
+            self._tier_parts.pop(key, None)
             self._terminating.pop(key, None)
             job_name = get(pod, "metadata", "labels", JOB_LABEL)
             if isinstance(job_name, str) and (ns, job_name) in self._exits:
@@ -399,6 +404,7 @@ class Cluster:
         elif isinstance(pod, dict):
             self.pod_cache[key] = pod
             self._pod_derived.pop(key, None)  # (keyed by the object too: never stale)
+            self._tier_parts.pop(key, None)
             self._index_owner(ns, pod)
             self._terminal(ns, name, pod)
             gone_at = parse_time(get(pod, "metadata", "deletionTimestamp"))
@@ -701,11 +707,24 @@ class Cluster:
             self._set_tiers(job, rs)
 
     def _set_tiers(self, job: JobState, rs: Any) -> None:
-        pod = self.pod_cache.get((job.namespace, rs.pod)) if rs.pod else None
+        """The rank's ladder Features. Run for every rank at each RESTART and release,
+        on the loop before the commands are written: what the pod and node objects say
+        (their restart rules, the kubelet's version and gates) is read once per pair of
+        objects the watches handed over; spare and streak are the job's now."""
+        key = (job.namespace, rs.pod)
+        pod = self.pod_cache.get(key) if rs.pod else None
         node_name = get(pod, "spec", "nodeName")
         node = self.node_cache.get(node_name) if isinstance(node_name, str) else None
-        rs.tiers = features_of(pod, node, spare=bool(job.spares), repeats=self.streaks.repeats(
-            (job.namespace, job.job), rs.rank, job.generation))
+        cached = self._tier_parts.get(key) if pod is not None else None
+        if cached is not None and cached[0] is pod and cached[1] is node:
+            parts = cached[2]
+        else:
+            parts = features_of(pod, node)
+            if pod is not None:
+                self._tier_parts[key] = (pod, node, parts)
+        rs.tiers = Features(parts.version, parts.declared, parts.rules, spare=bool(job.spares),
+                            repeats=self.streaks.repeats((job.namespace, job.job), rs.rank,
+                                                         job.generation))
 
     def _replace(self, job: JobState, d: Decision, now: float) -> None:
         rs = job.ranks.get(d.rank) if d.rank is not None else None
@@ -1059,30 +1078,30 @@ class Cluster:
         self._submit(self._background, run)
 
     def _annotate(self, job: JobState) -> None:
-        """Note each rank's state for its pod's annotations; written by the tick's
-        ``_annotations_due`` ANNOTATE_AFTER later (one PATCH per pod, latest state wins)."""
-        notes = {(job.namespace, r.pod): {STATE_ANNOTATION: r.state or "unknown",
-                                          "ftagent.io/generation": str(job.generation)}
-                 for r in job.ranks.values()
-                 if r.pod and (job.namespace, r.pod) in self.pod_cache}
-        if notes:
-            with self._lock:
-                self._annotations.update(notes)
-            if self._annotate_at is None:
-                self._annotate_at = self.clock() + ANNOTATE_AFTER
+        """Its ranks' pods are to be annotated with their state: by the tick's
+        ``_annotations_due``, ANNOTATE_AFTER later, with the states then (latest wins)."""
+        self._annotate_jobs[(job.namespace, job.job)] = job
+        if self._annotate_at is None:
+            self._annotate_at = self.clock() + ANNOTATE_AFTER
 
     def _annotations_due(self, now: float) -> None:
-        """On the tick: the pods' annotations noted at least ANNOTATE_AFTER ago, written
-        in the background. Not at the decision itself: its 1,000 PATCHes (and the 1,000
-        watch events they cause) would compete with the commands and the barrier the
-        agents wait for, and a restart's states are written once, as the release left
-        them, instead of twice."""
+        """On the tick: the pods of the jobs noted at least ANNOTATE_AFTER ago get their
+        ranks' states, written in the background. Not at the decision itself: a 1,000-rank
+        job's 1,000 PATCHes (and the 1,000 watch events they cause) would compete with the
+        commands and the barrier its agents wait for; and a restart's states are written
+        once, as its release left them, not twice."""
         if self._annotate_at is None or now < self._annotate_at or self._annotating:
             return
         self._annotate_at = None
+        jobs, self._annotate_jobs = self._annotate_jobs, {}
+        notes = {(job.namespace, r.pod): {STATE_ANNOTATION: r.state or "unknown",
+                                          "ftagent.io/generation": str(job.generation)}
+                 for job in jobs.values() for r in job.ranks.values()
+                 if r.pod and (job.namespace, r.pod) in self.pod_cache}
+        if not notes:
+            return
         with self._lock:
-            if not self._annotations:
-                return
+            self._annotations.update(notes)
         self._annotating = True
         self._submit(self._background, self._drain_annotations)
 

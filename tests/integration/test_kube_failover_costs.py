@@ -38,7 +38,7 @@ def test_a_restarts_pod_annotations_are_written_once_after_it_settled() -> None:
                          generation=job.generation, exit_status=1)
             s.reg.handle(s.conns[1], pb.AgentMessage(fault=f), time.monotonic())
             gen = job.generation
-            assert gen == 1 and s.cluster._annotations, "the restart noted no state"
+            assert gen == 1, "no restart"
             await asyncio.sleep(0.5)  # ten of the harness's 0.05 s ticks: nothing due yet
             assert _patches(s) == [], "annotated before the restart settled"
             for c in s.conns:
@@ -91,4 +91,46 @@ def test_a_pods_facts_are_read_from_its_object_once_and_follow_the_watch(
             s.fake.delete("pods", "llm-worker-1", NS)
             await wait_until(lambda: s.cluster.pod_facts(NS, "llm-worker-1") is None, 20,
                              "the deleted pod forgotten")
+    run(body)
+
+
+def test_the_ladders_features_are_read_once_per_pod_and_node_object(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every RESTART and every release set every rank's ladder Features, on the loop
+    before the commands are written: reading each pod's restart rules and each node's
+    kubelet version anew was 0.2 s of a 1,000-rank job's fault -> RESTART. They are read
+    once per pod and node object the watches handed over; a changed pod is read again."""
+    calls = [0]
+    real = cluster_module.features_of
+
+    def counting(*args: Any, **kw: Any) -> Any:
+        calls[0] += 1
+        return real(*args, **kw)
+
+    monkeypatch.setattr(cluster_module, "features_of", counting)
+
+    async def body() -> None:
+        async with cluster(world=4) as s:
+            job = s.reg.jobs[(NS, "llm")]
+
+            def restart(i: int) -> None:  # RESTART, then every rank arrives: the release
+                f = pb.Fault(id=f"crash-{i}", kind=pb.FAULT_KIND_CRASH, message="exit 1",
+                             generation=job.generation, exit_status=1)
+                s.reg.handle(s.conns[1], pb.AgentMessage(fault=f), time.monotonic())
+                for c in s.conns:
+                    s.reg.handle(c, pb.AgentMessage(arrival=pb.BarrierArrival(
+                        generation=job.generation)), time.monotonic())
+
+            restart(0)  # (the pods' first reads may have been before the nodes were listed)
+            calls[0] = 0
+            restart(1)
+            restart(2)
+            assert job.generation == 3
+            assert all(r.tiers is not None for r in job.ranks.values())
+            assert calls[0] == 0, f"{calls[0]} reads of unchanged pods' and nodes' features"
+            s.fake.patch("pods", "llm-worker-2", {"metadata": {"labels": {"x": "y"}}}, NS)
+            await wait_until(lambda: s.cluster.pod_cache[(NS, "llm-worker-2")]
+                             ["metadata"]["labels"].get("x") == "y", 20, "the pod's change")
+            restart(3)
+            assert calls[0] == 1, "the changed pod was not read again (or others were)"
     run(body)
