@@ -56,6 +56,16 @@ def test_a_restarts_pod_annotations_are_written_once_after_it_settled() -> None:
                 notes = pod["metadata"]["annotations"]
                 assert notes["ftagent.io/generation"] == "1"
                 assert notes["ftagent.io/state"] == (job.ranks[r].state or "unknown")
+            # the watch shows them: noting the same states again writes nothing
+            await wait_until(lambda: all(
+                (s.cluster.pod_cache[(NS, f"llm-worker-{r}")]["metadata"].get("annotations")
+                 or {}).get("ftagent.io/generation") == "1" for r in range(4)), 20,
+                "the annotations in the watch")
+            s.cluster._annotate(job)
+            now[0] += ANNOTATE_AFTER
+            s.cluster.tick()
+            await asyncio.sleep(0.3)
+            assert len(_patches(s)) == 4, "a pod PATCHed with the states it has"
     run(body)
 
 
