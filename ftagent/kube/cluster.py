@@ -1239,12 +1239,13 @@ def start_watches(cluster: Cluster, api_client: Any, loop: asyncio.AbstractEvent
 
     pods = pod_informer(api_client, label_selector=JOB_LABEL, loop=loop,
                         handler=lambda c: cluster.on_pod(c.type, c.obj))
+    pods.start()  # first: a (re)started arbiter's agents wait for this list
     nodes = node_informer(api_client, loop=loop,
                           handler=lambda c: cluster.on_node(c.type, c.obj))
     watches = [_Watch(pods), _Watch(nodes), *(_Watch(i) for i in dra_informers(
         api_client, loop, cluster.on_resource_slice, cluster.on_resource_claim,
         cluster.on_device_taint_rule))]
-    for w in watches:
+    for w in watches[1:]:
         w.informer.start()
 
     def stopper() -> None:  # ``stop`` set: end both (callers may also join)
