@@ -292,6 +292,8 @@ class Bench:
             if identity == "kube-admin":
                 extra += ["--token", ADMIN_SECRET]
             env = {"POD_NAMESPACE": "ftagent"}
+        if args.bytecode == "cached":  # as an installed package: ftagent's .pyc kept
+            env.update(PYTHONDONTWRITEBYTECODE="", PYTHONPYCACHEPREFIX=args.pycache)
         self.arbiter = ArbiterProcess("--log-level", os.environ.get("BENCH_LOG", "warning"),
                                       "--metrics-port", "0", "--metrics-addr", "127.0.0.1",
                                       *extra, env=env, start_timeout=180.0)
@@ -459,8 +461,13 @@ class Bench:
         profile(lambda: self.arbiter.proc, old, f"failover-{self.identity}")
         self.arbiter.start()
         started = time.monotonic() - t0
+        proc = psutil.Process(self.arbiter.proc.pid)  # type: ignore[union-attr]
+        cpu_listening = sum(proc.cpu_times()[:2])
         got = self.broadcast(("wait", self.args.failover_timeout))
+        cpu_back = sum(proc.cpu_times()[:2])
         back = sum(g[1] for g in got)
+        # CPU seconds of the new arbiter: what a loaded machine stretches, not what it costs
+        row["failover_cpu"] = (cpu_listening, cpu_back)
         row["failover_s"] = max(g[2] for g in got) - t0
         row["failover_listening_s"] = row["failover_s"] - started
         row["failover_back"] = back
@@ -469,7 +476,9 @@ class Bench:
         print(f"failover ({self.identity}): new arbiter listening {started:.1f}s after the "
               f"kill; {back} of {self.total} agents connected again {row['failover_s']:.1f}s "
               f"after the kill ({row['failover_listening_s']:.1f}s after it listened); "
-              f"{row['failover_reviews']} TokenReviews meanwhile", flush=True)
+              f"{row['failover_reviews']} TokenReviews meanwhile; the new arbiter's CPU: "
+              f"{cpu_listening:.2f}s to listen, {cpu_back:.2f}s to have them all back",
+              flush=True)
 
     @staticmethod
     def format_row(r: dict[str, Any]) -> str:
@@ -520,16 +529,26 @@ def main() -> int:
                     help="after the last level: kill the arbiter, start a new one, time "
                     "every agent back")
     ap.add_argument("--failover-timeout", type=float, default=120.0)
-    ap.add_argument("--reconnect", choices=("fresh", "kept"), default="fresh",
-                    help="fresh: an agent opens a new channel for each attempt, as ftagent's "
-                    "agent does (reporter.py); kept: one channel for its life, whose own "
-                    "reconnect backoff (0.2 s x1.6 to 4 s) adds to the agent's (the bench "
-                    "before issue 33's lane failover)")
+    ap.add_argument("--reconnect", choices=("fresh", "kept"), default="kept",
+                    help="kept: one channel per agent for its life, whose own reconnect "
+                    "backoff (0.2 s x1.6 to 4 s) adds to the agent's; fresh: a new channel "
+                    "for each attempt, as ftagent's agent does (reporter.py), which on this "
+                    "one machine costs the clients' CPU what 10,000 nodes would spend")
+    ap.add_argument("--bytecode", choices=("cached", "source"), default="cached",
+                    help="cached: the arbiter keeps its compiled modules (a cache in a temp "
+                    "directory, written at its first start, read at the failover's), as an "
+                    "installed package has them; source: as the environment says (with "
+                    "PYTHONDONTWRITEBYTECODE=1 a checkout compiles ftagent at every start)")
     args = ap.parse_args()
+    import tempfile
+
+    args.pycache = tempfile.mkdtemp(prefix="ftagent-bench-pyc-")
     for identity in args.identity:
         if identity not in ("none", "projected", "kube-admin"):
             ap.error(f"--identity {identity!r}: none, projected or kube-admin")
     print(f"command: {' '.join([sys.executable, *sys.argv])}")
+    print(f"agents reconnect with a {args.reconnect} channel per attempt; the arbiter's "
+          f"bytecode: {args.bytecode}")
     print(f"machine: {os.cpu_count()} CPUs; arbiter and {args.workers} client processes share "
           f"them (loopback); identity: {','.join(args.identity)}")
     rows: list[dict[str, Any]] = []
@@ -540,6 +559,7 @@ def main() -> int:
         finally:
             bench.stop()
         rows += bench.rows
+    shutil.rmtree(args.pycache, ignore_errors=True)
     print()
     print(f"{'identity':>10} {'failover back':>14} {'agents':>7} {'ramp s':>8} "
           f"{'arbiter %':>11} {'RSS MiB':>9} {'clients %':>11} "
@@ -578,6 +598,10 @@ def side_by_side(rows: list[dict[str, Any]]) -> str:
             parts.append(f"failover back {heard:.1f}/{heard0:.1f} s after listening "
                          f"(x{heard / max(heard0, 1e-9):.2f}), {killed:.1f}/{killed0:.1f} s "
                          f"after the kill (x{killed / max(killed0, 1e-9):.2f});")
+            if "failover_cpu" in r and "failover_cpu" in base:
+                (c1, c2), (b1, b2) = r["failover_cpu"], base["failover_cpu"]
+                parts.append(f"new arbiter's CPU to listen {c1:.2f}/{b1:.2f} s, to have "
+                             f"every agent back {c2:.2f}/{b2:.2f} s;")
         parts.append(f"fault->RESTART p99 {r['p99'] * 1000:.0f}/{base['p99'] * 1000:.0f} ms "
                      f"(x{r['p99'] / max(base['p99'], 1e-9):.2f}); ramp {r['ramp_s']:.1f}/"
                      f"{base['ramp_s']:.1f} s")

@@ -73,14 +73,23 @@ class Actuator:
                  max_backoff: float = 10.0, timeout: float = 10.0,
                  sleep: Callable[[float], None] = time.sleep,
                  clock: Callable[[], float] = time.time) -> None:
-        from kubernetes import client
-
-        self.core: Any = client.CoreV1Api(api_client)
+        self.api_client = api_client
+        self._core: Any = None
         self.attempts, self.backoff, self.max_backoff = attempts, backoff, max_backoff
         self.timeout = timeout
         self.sleep, self.clock = sleep, clock
         self._forbidden: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
+
+    @property
+    def core(self) -> Any:
+        """The client's CoreV1Api, built at the first call (in a worker): importing it
+        costs half a second of CPU, which a (re)starting arbiter spends on its pod list."""
+        if self._core is None:
+            from kubernetes import client
+
+            self._core = client.CoreV1Api(self.api_client)
+        return self._core
 
     # ------------------------------------------------------------------ calls
 

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
+from urllib.parse import quote
 
 from ftagent.kube.client import forbidden_message, retry_after
 
@@ -467,22 +468,48 @@ def _lines(resp: Any) -> Iterator[bytes]:
         yield bytes(buf)
 
 
+# The list/watch parameters an Informer passes, as the API server names them.
+_QUERY = {"label_selector": "labelSelector", "field_selector": "fieldSelector",
+          "limit": "limit", "_continue": "continue", "watch": "watch",
+          "resource_version": "resourceVersion", "timeout_seconds": "timeoutSeconds",
+          "allow_watch_bookmarks": "allowWatchBookmarks"}
+
+
+def collection(api: Any, path: str) -> Callable[..., Any]:
+    """A list/watch call of the collection at ``path`` (``/api/v1/pods``) through the
+    ``kubernetes`` ApiClient ``api``, as the generated ``list_*`` methods make it with
+    ``_preload_content=False`` (the same URL, query, auth, Accept, urllib3 response, and
+    ApiException for a non-2xx answer), without importing a generated API class: those
+    import their hundreds of pydantic models (``CoreV1Api``: about half a second of CPU),
+    and a (re)started arbiter lists its pods before it needs any of them."""
+    def call(*, _preload_content: bool = False, _request_timeout: Any = None,
+             **params: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        query = [(_QUERY[k], v) for k, v in params.items() if v is not None]
+        request = api.param_serialize(method="GET", resource_path=path, query_params=query,
+                                      header_params={"Accept": "application/json"},
+                                      auth_settings=["BearerToken"])
+        resp = api.call_api(*request, _request_timeout=_request_timeout)
+        if not 200 <= resp.status <= 299:
+            resp.read()
+            raise ApiException.from_response(http_resp=resp, body=None, data=None)
+        return resp.response
+
+    return call
+
+
 def pod_informer(api: Any, *, label_selector: str | None = None, namespace: str | None = None,
                  **kw: Any) -> Informer[Any]:
     """Pods of every namespace (or one) matching ``label_selector``: one list + one watch."""
-    from kubernetes import client
-
-    core = client.CoreV1Api(api)
     if namespace:
-        return Informer(core.list_namespaced_pod, name=f"pods/{namespace}",
-                        label_selector=label_selector, list_args={"namespace": namespace}, **kw)
-    return Informer(core.list_pod_for_all_namespaces, name="pods",
+        return Informer(collection(api, f"/api/v1/namespaces/{quote(namespace, safe='')}/pods"),
+                        name=f"pods/{namespace}", label_selector=label_selector, **kw)
+    return Informer(collection(api, "/api/v1/pods"), name="pods",
                     label_selector=label_selector, **kw)
 
 
 def node_informer(api: Any, **kw: Any) -> Informer[Any]:
     """All nodes: one list + one watch."""
-    from kubernetes import client
-
-    return Informer(client.CoreV1Api(api).list_node, name="nodes", **kw)
+    return Informer(collection(api, "/api/v1/nodes"), name="nodes", **kw)
 

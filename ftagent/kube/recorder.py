@@ -124,9 +124,8 @@ class Recorder:
                  component: str = "ftagent-arbiter", instance: str = "",
                  rate: float = 5.0, burst: int = 50,
                  clock: Callable[[], float] = time.time) -> None:
-        from kubernetes import client
-
-        self.core: Any = client.CoreV1Api(api_client)
+        self.api_client = api_client
+        self._core: Any = None  # CoreV1Api, built at the first write (see Actuator.core)
         self.actuator = actuator
         self.component, self.instance = component, instance
         self.rate, self.burst = rate, float(burst)
@@ -137,6 +136,14 @@ class Recorder:
         self._lock = threading.Lock()
         self.off = False  # events are forbidden (403): nothing more is attempted
         self.written = 0  # API writes made (create + patch), for tests and the bench
+
+    @property
+    def core(self) -> Any:
+        if self._core is None:
+            from kubernetes import client
+
+            self._core = client.CoreV1Api(self.api_client)
+        return self._core
 
     def record(self, ref: ObjectRef, reason: str, message: str, type_: str = "Normal",
                now: float | None = None,
