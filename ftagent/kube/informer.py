@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
-from ftagent.kube.client import forbidden_message, retry_after
+from ftagent.kube.client import forbidden_message, retry_after, send
 
 log = logging.getLogger("ftagent.kube.informer")
 
@@ -484,17 +484,8 @@ def collection(api: Any, path: str) -> Callable[..., Any]:
     and a (re)started arbiter lists its pods before it needs any of them."""
     def call(*, _preload_content: bool = False, _request_timeout: Any = None,
              **params: Any) -> Any:
-        from kubernetes.client.exceptions import ApiException
-
         query = [(_QUERY[k], v) for k, v in params.items() if v is not None]
-        request = api.param_serialize(method="GET", resource_path=path, query_params=query,
-                                      header_params={"Accept": "application/json"},
-                                      auth_settings=["BearerToken"])
-        resp = api.call_api(*request, _request_timeout=_request_timeout)
-        if not 200 <= resp.status <= 299:
-            resp.read()
-            raise ApiException.from_response(http_resp=resp, body=None, data=None)
-        return resp.response
+        return send(api, "GET", path, query=query, timeout=_request_timeout)
 
     return call
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ftagent.kube.actuator import Actuator, Forbidden, GaveUp, _status, rfc3339
+from ftagent.kube.client import path_of, send
 
 log = logging.getLogger("ftagent.kube.recorder")
 
@@ -125,7 +126,6 @@ class Recorder:
                  rate: float = 5.0, burst: int = 50,
                  clock: Callable[[], float] = time.time) -> None:
         self.api_client = api_client
-        self._core: Any = None  # CoreV1Api, built at the first write (see Actuator.core)
         self.actuator = actuator
         self.component, self.instance = component, instance
         self.rate, self.burst = rate, float(burst)
@@ -136,14 +136,6 @@ class Recorder:
         self._lock = threading.Lock()
         self.off = False  # events are forbidden (403): nothing more is attempted
         self.written = 0  # API writes made (create + patch), for tests and the bench
-
-    @property
-    def core(self) -> Any:
-        if self._core is None:
-            from kubernetes import client
-
-            self._core = client.CoreV1Api(self.api_client)
-        return self._core
 
     def record(self, ref: ObjectRef, reason: str, message: str, type_: str = "Normal",
                now: float | None = None,
@@ -222,9 +214,10 @@ class Recorder:
             if notes:  # merge patch: the keys given replace theirs, others stay
                 body["metadata"] = {"annotations": dict(notes)}
             try:
-                self.actuator.call("patch", "events", lambda: self.core.patch_namespaced_event(
-                    s.name, ns, body, _content_type="application/merge-patch+json",
-                    _preload_content=False, _request_timeout=self.actuator.timeout),
+                self.actuator.call("patch", "events", lambda: send(
+                    self.api_client, "PATCH", path_of("namespaces", ns, "events", s.name),
+                    body, content_type="application/merge-patch+json",
+                    timeout=self.actuator.timeout),
                     f"updating event {s.reason} on {s.ref.kind} {s.ref.name}")
                 s.written = count
                 self.written += 1
@@ -242,8 +235,9 @@ class Recorder:
                  "lastTimestamp": rfc3339(last), "source": {"component": self.component},
                  "reportingComponent": self.component,
                  "reportingInstance": self.instance or self.component}
-        self.actuator.call("create", "events", lambda: self.core.create_namespaced_event(
-            ns, event, _preload_content=False, _request_timeout=self.actuator.timeout),
+        self.actuator.call("create", "events", lambda: send(
+            self.api_client, "POST", path_of("namespaces", ns, "events"), event,
+            timeout=self.actuator.timeout),
             f"recording event {s.reason} on {s.ref.kind} {s.ref.name}")
         s.name, s.written = name, count
         self.written += 1
