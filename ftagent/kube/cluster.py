@@ -215,6 +215,7 @@ class Cluster:
         self._annotations: dict[tuple[str, str], dict[str, str]] = {}
         self._annotating = False
         self._annotate_at: float | None = None  # when the noted annotations are written
+        self._quiet_at = 0.0  # (monotonic) ANNOTATE_AFTER past the last decision
         self._annotate_jobs: dict[tuple[str, str], JobState] = {}  # jobs noted meanwhile
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -689,6 +690,8 @@ class Cluster:
 
     def on_decision(self, job: JobState, d: Decision, now: float) -> None:
         """The registry's decision listener (on the loop, commands already queued)."""
+        # the annotations wait while decisions are being made: their agents come first
+        self._quiet_at = time.monotonic() + ANNOTATE_AFTER
         self._events_for(job, d, now)
         if d.verdict is Verdict.REPLACE and d.rank is not None and not in_place(d):
             self._replace(job, d, now)  # (an in-place tier keeps the pod and its node)
@@ -1118,7 +1121,9 @@ class Cluster:
     def _drain_annotations(self) -> None:
         """In a worker: one PATCH per noted pod, at most ANNOTATE_RATE a second (a
         background write never takes more of the arbiter, or of the API server, than
-        that: 10,000 pods are 100 s of trickle, not a storm beside the agents)."""
+        that: 10,000 pods are 100 s of trickle, not a storm beside the agents), and none
+        until ANNOTATE_AFTER past the last decision (a fault, its restart, its barrier:
+        while agents wait for commands, the arbiter and the API server are theirs)."""
         gap = 1.0 / ANNOTATE_RATE
         due = time.monotonic()
         try:
@@ -1128,9 +1133,11 @@ class Cluster:
                         return
                     key = next(iter(self._annotations))
                     notes = self._annotations.pop(key)
-                wait = due - time.monotonic()
-                if wait > 0 and self._closing.wait(wait):
-                    return
+                wait = max(due, self._quiet_at) - time.monotonic()
+                while wait > 0:  # paced, and paused until a second after the last decision
+                    if self._closing.wait(wait):
+                        return
+                    wait = max(due, self._quiet_at) - time.monotonic()
                 due = max(due, time.monotonic() - gap) + gap
                 try:
                     self.actuator.annotate_pod(key[0], key[1], notes)
