@@ -534,7 +534,7 @@ def main() -> int:
                     "backoff (0.2 s x1.6 to 4 s) adds to the agent's; fresh: a new channel "
                     "for each attempt, as ftagent's agent does (reporter.py), which on this "
                     "one machine costs the clients' CPU what 10,000 nodes would spend")
-    ap.add_argument("--bytecode", choices=("cached", "source"), default="cached",
+    ap.add_argument("--bytecode", choices=("cached", "source"), default="source",
                     help="cached: the arbiter keeps its compiled modules (a cache in a temp "
                     "directory, written at its first start, read at the failover's), as an "
                     "installed package has them; source: as the environment says (with "
