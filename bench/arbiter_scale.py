@@ -388,6 +388,25 @@ class Bench:
             got[key] = float(m.group(1)) if m else 0.0
         return got["sum"], got["count"]
 
+    def rejected(self) -> dict[str, int]:
+        """ftagent_arbiter_rejected_requests by reason (calls turned away: an agent that
+        retries after its backoff)."""
+        import re
+        import urllib.request
+
+        port = re.search(r"metrics on http://[^:]+:(\d+)/", self.arbiter.log_path.read_text(
+            errors="replace"))
+        if not port:
+            return {}
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port.group(1)}/metrics",
+                                          timeout=10).read().decode()
+        except OSError:
+            return {}
+        return {m.group(1): int(float(m.group(2))) for m in re.finditer(
+            r'^ftagent_arbiter_rejected_requests_total\{reason="([^"]+)"\} (\S+)$', text,
+            re.M) if float(m.group(2)) > 0}
+
     def fanout_round(self, job: str = "job-0") -> tuple[list[float], float, float]:
         gen = self.generation[job]
         self.broadcast(("events",))
@@ -468,6 +487,7 @@ class Bench:
         back = sum(g[1] for g in got)
         # CPU seconds of the new arbiter: what a loaded machine stretches, not what it costs
         row["failover_cpu"] = (cpu_listening, cpu_back)
+        turned = self.rejected()
         row["failover_s"] = max(g[2] for g in got) - t0
         row["failover_listening_s"] = row["failover_s"] - started
         row["failover_back"] = back
@@ -477,8 +497,8 @@ class Bench:
               f"kill; {back} of {self.total} agents connected again {row['failover_s']:.1f}s "
               f"after the kill ({row['failover_listening_s']:.1f}s after it listened); "
               f"{row['failover_reviews']} TokenReviews meanwhile; the new arbiter's CPU: "
-              f"{cpu_listening:.2f}s to listen, {cpu_back:.2f}s to have them all back",
-              flush=True)
+              f"{cpu_listening:.2f}s to listen, {cpu_back:.2f}s to have them all back; calls "
+              f"it turned away: {turned or 'none'}", flush=True)
 
     @staticmethod
     def format_row(r: dict[str, Any]) -> str:
