@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing as mp
 import os
 import shutil
@@ -63,20 +64,25 @@ BACKOFF_FIRST, BACKOFF_CAP = 0.2, 4.0  # the agent's (ftagent/agent/reporter.py)
 # --------------------------------------------------------------------------- client process
 
 
-def worker_main(address: str, pipe: Connection, per_conn: int, interval: float) -> None:
-    asyncio.run(Worker(address, pipe, per_conn, interval).run())
+def worker_main(address: str, pipe: Connection, per_conn: int, interval: float,
+                fresh: bool = False) -> None:
+    asyncio.run(Worker(address, pipe, per_conn, interval, fresh).run())
 
 
 class Worker:
     """Simulated agents in one process, driven by the parent through a pipe."""
 
-    def __init__(self, address: str, pipe: Connection, per_conn: int, interval: float) -> None:
+    def __init__(self, address: str, pipe: Connection, per_conn: int, interval: float,
+                 fresh: bool = False) -> None:
         import grpc
 
         from ftagent.v1 import ftagent_pb2 as pb
 
         self.grpc, self.pb = grpc, pb
         self.address, self.pipe, self.per_conn, self.interval = address, pipe, per_conn, interval
+        # a fresh channel per attempt, as ftagent's agent opens one per session
+        # (reporter.py): no channel-level reconnect backoff on top of the agent's own
+        self.fresh = fresh and per_conn == 1
         self.channels: list[Any] = []
         self.agents: dict[tuple[str, int], dict[str, Any]] = {}
         self.tasks: list[asyncio.Task[None]] = []
@@ -86,14 +92,18 @@ class Worker:
             step=100, loss=1.5, samples_per_second=800, seconds_since_progress=0.3
         )).SerializeToString()
 
+    def _new_channel(self) -> Any:
+        return self.grpc.aio.insecure_channel(self.address, options=[
+            # (kept channels) as short a channel-level reconnect backoff as the agent's
+            ("grpc.initial_reconnect_backoff_ms", 200),
+            ("grpc.min_reconnect_backoff_ms", 200),
+            ("grpc.max_reconnect_backoff_ms", int(BACKOFF_CAP * 1000))])
+
     def _channel(self) -> Any:
+        if self.fresh:
+            return self._new_channel()
         if not self.channels or self.channels[-1][1] >= self.per_conn:
-            self.channels.append([self.grpc.aio.insecure_channel(self.address, options=[
-                # as an agent that opens a fresh connection per attempt: no growing
-                # channel-level reconnect backoff of its own
-                ("grpc.initial_reconnect_backoff_ms", 200),
-                ("grpc.min_reconnect_backoff_ms", 200),
-                ("grpc.max_reconnect_backoff_ms", int(BACKOFF_CAP * 1000))]), 0])
+            self.channels.append([self._new_channel(), 0])
         self.channels[-1][1] += 1
         return self.channels[-1][0]
 
@@ -140,6 +150,10 @@ class Worker:
                     task.cancel()
                 for ch, _ in self.channels:
                     await ch.close(None)
+                for a in self.agents.values():
+                    if self.fresh and a.get("channel") is not None:
+                        with contextlib.suppress(Exception):
+                            await a["channel"].close(None)
                 self.pipe.send(("stopped",))
                 return
 
@@ -159,6 +173,11 @@ class Worker:
         a: dict[str, Any] = self.agents.setdefault((job, rank), {"gen": 0})
         delay = BACKOFF_FIRST
         while True:
+            if self.fresh and a.get("channel") is not None:
+                with contextlib.suppress(Exception):
+                    await channel.close(None)
+                channel = self._channel()
+            a["channel"] = channel
             try:
                 call = channel.stream_stream(CONNECT)(metadata=metadata)
                 await call.write(hello.SerializeToString())
@@ -224,6 +243,32 @@ class Worker:
 # --------------------------------------------------------------------------- parent
 
 
+def profile(proc: Any, old_pid: int | None, name: str, seconds: float = 40.0) -> None:
+    """With $BENCH_PROFILE=DIR: py-spy samples the arbiter process that ``proc()`` returns
+    once its pid is not ``old_pid`` (a new one: attach as it starts) for ``seconds``, into
+    DIR/NAME.raw (collapsed stacks, one line per stack). For finding where time goes."""
+    out = os.environ.get("BENCH_PROFILE", "")
+    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if not out or not os.path.exists(spy):
+        return
+    import subprocess
+    import threading
+
+    def attach() -> None:
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            p = proc()
+            if p is not None and p.pid != old_pid and p.poll() is None:
+                os.makedirs(out, exist_ok=True)
+                subprocess.run([spy, "record", "-r", "100", "--nonblocking", "--format", "raw",
+                                "-d", str(int(seconds)), "-o", os.path.join(out, f"{name}.raw"),
+                                "--pid", str(p.pid)], capture_output=True, check=False)
+                return
+            time.sleep(0.005)
+
+    threading.Thread(target=attach, daemon=True).start()
+
+
 def pct(values: list[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))]
@@ -247,6 +292,8 @@ class Bench:
             if identity == "kube-admin":
                 extra += ["--token", ADMIN_SECRET]
             env = {"POD_NAMESPACE": "ftagent"}
+        if args.bytecode == "cached":  # as an installed package: ftagent's .pyc kept
+            env.update(PYTHONDONTWRITEBYTECODE="", PYTHONPYCACHEPREFIX=args.pycache)
         self.arbiter = ArbiterProcess("--log-level", os.environ.get("BENCH_LOG", "warning"),
                                       "--metrics-port", "0", "--metrics-addr", "127.0.0.1",
                                       *extra, env=env, start_timeout=180.0)
@@ -273,7 +320,9 @@ class Bench:
             parent, child = ctx.Pipe()
             p = ctx.Process(target=worker_main, args=(self.arbiter.address, child,
                                                       self.args.agents_per_connection,
-                                                      self.args.interval), daemon=True)
+                                                      self.args.interval,
+                                                      self.args.reconnect == "fresh"),
+                               daemon=True)
             p.start()
             self.pipes.append(parent)
             self.procs.append(p)
@@ -339,6 +388,25 @@ class Bench:
             got[key] = float(m.group(1)) if m else 0.0
         return got["sum"], got["count"]
 
+    def rejected(self) -> dict[str, int]:
+        """ftagent_arbiter_rejected_requests by reason (calls turned away: an agent that
+        retries after its backoff)."""
+        import re
+        import urllib.request
+
+        port = re.search(r"metrics on http://[^:]+:(\d+)/", self.arbiter.log_path.read_text(
+            errors="replace"))
+        if not port:
+            return {}
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port.group(1)}/metrics",
+                                          timeout=10).read().decode()
+        except OSError:
+            return {}
+        return {m.group(1): int(float(m.group(2))) for m in re.finditer(
+            r'^ftagent_arbiter_rejected_requests_total\{reason="([^"]+)"\} (\S+)$', text,
+            re.M) if float(m.group(2)) > 0}
+
     def fanout_round(self, job: str = "job-0") -> tuple[list[float], float, float]:
         gen = self.generation[job]
         self.broadcast(("events",))
@@ -381,6 +449,8 @@ class Bench:
             bar: list[float] = []
             bar_all: list[float] = []
             s0, n0 = self.server_fanout()
+            profile(lambda: self.arbiter.proc, None, f"rounds-{self.identity}-{self.total}",
+                    seconds=10.0)
             for _ in range(self.args.rounds):
                 r, b, ba = self.fanout_round()
                 lat += r
@@ -405,11 +475,19 @@ class Bench:
         """Kill the arbiter, start a new one on the port (cold), time every agent back."""
         reviews = self.kube.count("create", REVIEWS) if self.kube is not None else 0
         t0 = time.monotonic()
+        old = self.arbiter.proc.pid if self.arbiter.proc is not None else None
         self.arbiter.kill()
+        profile(lambda: self.arbiter.proc, old, f"failover-{self.identity}")
         self.arbiter.start()
         started = time.monotonic() - t0
+        proc = psutil.Process(self.arbiter.proc.pid)  # type: ignore[union-attr]
+        cpu_listening = sum(proc.cpu_times()[:2])
         got = self.broadcast(("wait", self.args.failover_timeout))
+        cpu_back = sum(proc.cpu_times()[:2])
         back = sum(g[1] for g in got)
+        # CPU seconds of the new arbiter: what a loaded machine stretches, not what it costs
+        row["failover_cpu"] = (cpu_listening, cpu_back)
+        turned = self.rejected()
         row["failover_s"] = max(g[2] for g in got) - t0
         row["failover_listening_s"] = row["failover_s"] - started
         row["failover_back"] = back
@@ -418,7 +496,9 @@ class Bench:
         print(f"failover ({self.identity}): new arbiter listening {started:.1f}s after the "
               f"kill; {back} of {self.total} agents connected again {row['failover_s']:.1f}s "
               f"after the kill ({row['failover_listening_s']:.1f}s after it listened); "
-              f"{row['failover_reviews']} TokenReviews meanwhile", flush=True)
+              f"{row['failover_reviews']} TokenReviews meanwhile; the new arbiter's CPU: "
+              f"{cpu_listening:.2f}s to listen, {cpu_back:.2f}s to have them all back; calls "
+              f"it turned away: {turned or 'none'}", flush=True)
 
     @staticmethod
     def format_row(r: dict[str, Any]) -> str:
@@ -469,11 +549,26 @@ def main() -> int:
                     help="after the last level: kill the arbiter, start a new one, time "
                     "every agent back")
     ap.add_argument("--failover-timeout", type=float, default=120.0)
+    ap.add_argument("--reconnect", choices=("fresh", "kept"), default="kept",
+                    help="kept: one channel per agent for its life, whose own reconnect "
+                    "backoff (0.2 s x1.6 to 4 s) adds to the agent's; fresh: a new channel "
+                    "for each attempt, as ftagent's agent does (reporter.py), which on this "
+                    "one machine costs the clients' CPU what 10,000 nodes would spend")
+    ap.add_argument("--bytecode", choices=("cached", "source"), default="source",
+                    help="cached: the arbiter keeps its compiled modules (a cache in a temp "
+                    "directory, written at its first start, read at the failover's), as an "
+                    "installed package has them; source: as the environment says (with "
+                    "PYTHONDONTWRITEBYTECODE=1 a checkout compiles ftagent at every start)")
     args = ap.parse_args()
+    import tempfile
+
+    args.pycache = tempfile.mkdtemp(prefix="ftagent-bench-pyc-")
     for identity in args.identity:
         if identity not in ("none", "projected", "kube-admin"):
             ap.error(f"--identity {identity!r}: none, projected or kube-admin")
     print(f"command: {' '.join([sys.executable, *sys.argv])}")
+    print(f"agents reconnect with a {args.reconnect} channel per attempt; the arbiter's "
+          f"bytecode: {args.bytecode}")
     print(f"machine: {os.cpu_count()} CPUs; arbiter and {args.workers} client processes share "
           f"them (loopback); identity: {','.join(args.identity)}")
     rows: list[dict[str, Any]] = []
@@ -484,6 +579,7 @@ def main() -> int:
         finally:
             bench.stop()
         rows += bench.rows
+    shutil.rmtree(args.pycache, ignore_errors=True)
     print()
     print(f"{'identity':>10} {'failover back':>14} {'agents':>7} {'ramp s':>8} "
           f"{'arbiter %':>11} {'RSS MiB':>9} {'clients %':>11} "
@@ -522,6 +618,10 @@ def side_by_side(rows: list[dict[str, Any]]) -> str:
             parts.append(f"failover back {heard:.1f}/{heard0:.1f} s after listening "
                          f"(x{heard / max(heard0, 1e-9):.2f}), {killed:.1f}/{killed0:.1f} s "
                          f"after the kill (x{killed / max(killed0, 1e-9):.2f});")
+            if "failover_cpu" in r and "failover_cpu" in base:
+                (c1, c2), (b1, b2) = r["failover_cpu"], base["failover_cpu"]
+                parts.append(f"new arbiter's CPU to listen {c1:.2f}/{b1:.2f} s, to have "
+                             f"every agent back {c2:.2f}/{b2:.2f} s;")
         parts.append(f"fault->RESTART p99 {r['p99'] * 1000:.0f}/{base['p99'] * 1000:.0f} ms "
                      f"(x{r['p99'] / max(base['p99'], 1e-9):.2f}); ramp {r['ramp_s']:.1f}/"
                      f"{base['ramp_s']:.1f} s")

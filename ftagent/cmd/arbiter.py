@@ -582,6 +582,8 @@ async def run(cfg: ArbiterConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
+        if cfg.kube:  # first: the pod list is under way (and Hellos can wait for it) when
+            attach_cluster(cfg, server, kube)  # the first agent reaches the port
         try:
             address = await server.start()
         except ValueError as e:  # what the pre-flight checks should have caught
@@ -589,8 +591,6 @@ async def run(cfg: ArbiterConfig) -> int:
         except (OSError, RuntimeError) as e:
             raise StartError(str(e) if isinstance(e, OSError) else
                              f"cannot listen on {cfg.listen}: {e}") from None
-        if cfg.kube:
-            attach_cluster(cfg, server, kube)
         sys.stderr.write(f"listening on {address}\n")
         if httpd is not None:
             sys.stderr.write(f"metrics on http://{cfg.metrics_addr}:{httpd.server_port}"
@@ -688,6 +688,9 @@ def pod_namespace() -> str:
     return ns or "default"
 
 
+_TASKS: set[asyncio.Task[Any]] = set()  # started here, referenced until done
+
+
 def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
     """--kube: plug kube.cluster.Cluster into the server's registry, start the pod and
     node watches (threads) and the cluster's ticker (a task on this loop)."""
@@ -705,13 +708,17 @@ def attach_cluster(cfg: ArbiterConfig, server: Any, kube: Any) -> Any:
         action=action).inc()
     cluster.on_cordon_skipped = server.metrics.cordons_skipped.inc
     projected = _projected(server.guard.authenticator)
+    loop = asyncio.get_running_loop()
     if projected is not None:  # tokens verified locally: checked against this watch
         projected.pod_uid = lambda ns, pod: cluster._uid(ns, pod) or None
         cluster.on_pod_deleted = projected.pod_deleted
+        # the issuer's keys read now, beside the pod list, not by the first agent's call
+        prefetch = loop.create_task(projected.keys.refresh())
+        _TASKS.add(prefetch)
+        prefetch.add_done_callback(_TASKS.discard)
     cluster.on_uncordon = lambda node: server.metrics.uncordons.labels(node=node[:253]).inc()
     server.metrics.cordons_held.set_function(lambda: cluster.breaker.count())
     server.on_registry.append(cluster.rebind)  # each term as leader has its own registry
-    loop = asyncio.get_running_loop()
     watches = start_watches(cluster, kube, loop, threading.Event())
     server.pods_synced = watches[0].informer.until_synced  # the pod informer
     from ftagent.kube.skipped import start_announcing  # their Events (one per pod)

@@ -28,6 +28,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from ftagent.kube.client import path_of, send
+
 log = logging.getLogger("ftagent.kube.actuator")
 
 TAINT_KEY = "ftagent.io/fault"
@@ -73,9 +75,7 @@ class Actuator:
                  max_backoff: float = 10.0, timeout: float = 10.0,
                  sleep: Callable[[float], None] = time.sleep,
                  clock: Callable[[], float] = time.time) -> None:
-        from kubernetes import client
-
-        self.core: Any = client.CoreV1Api(api_client)
+        self.api_client = api_client  # requests: kube.client.send (no CoreV1Api to import)
         self.attempts, self.backoff, self.max_backoff = attempts, backoff, max_backoff
         self.timeout = timeout
         self.sleep, self.clock = sleep, clock
@@ -140,8 +140,8 @@ class Actuator:
         at = rfc3339(self.clock() if now is None else now)
         for _ in range(5):
             try:
-                obj = self._json(self.call("get", "nodes", lambda: self.core.read_node(
-                    node, _preload_content=False, _request_timeout=self.timeout),
+                obj = self._json(self.call("get", "nodes", lambda: send(
+                    self.api_client, "GET", path_of("nodes", node), timeout=self.timeout),
                     f"reading node {node}"))
             except ApiException as e:
                 if _status(e) == 404:
@@ -151,8 +151,8 @@ class Actuator:
             if not _mark(obj, kind, reason[:1000], fault_id, job, at, evidence):
                 return True
             try:
-                self.call("update", "nodes", lambda o=obj: self.core.replace_node(  # type: ignore[misc]
-                    node, o, _preload_content=False, _request_timeout=self.timeout),
+                self.call("update", "nodes", lambda o=obj: send(  # type: ignore[misc]
+                    self.api_client, "PUT", path_of("nodes", node), o, timeout=self.timeout),
                     f"cordoning node {node}")
                 log.info("cordoned and tainted node %s (%s=%s:NoSchedule) for job %s: %s",
                          node, TAINT_KEY, kind, job, reason[:200])
@@ -175,8 +175,8 @@ class Actuator:
 
         for _ in range(5):
             try:
-                obj = self._json(self.call("get", "nodes", lambda: self.core.read_node(
-                    node, _preload_content=False, _request_timeout=self.timeout),
+                obj = self._json(self.call("get", "nodes", lambda: send(
+                    self.api_client, "GET", path_of("nodes", node), timeout=self.timeout),
                     f"reading node {node}"))
             except ApiException as e:
                 if _status(e) == 404:
@@ -185,8 +185,8 @@ class Actuator:
             if not _unmark(obj):
                 return False
             try:
-                self.call("update", "nodes", lambda o=obj: self.core.replace_node(  # type: ignore[misc]
-                    node, o, _preload_content=False, _request_timeout=self.timeout),
+                self.call("update", "nodes", lambda o=obj: send(  # type: ignore[misc]
+                    self.api_client, "PUT", path_of("nodes", node), o, timeout=self.timeout),
                     f"uncordoning node {node}")
                 log.info("uncordoned node %s (ftagent's cordon): %s", node, why[:200])
                 return True
@@ -211,9 +211,10 @@ class Actuator:
             body["gracePeriodSeconds"] = grace
         how = "force-deleting" if grace == 0 else "deleting"
         try:
-            self.call("delete", "pods", lambda: self.core.delete_namespaced_pod(
-                name, namespace, body=body, grace_period_seconds=grace,
-                _preload_content=False, _request_timeout=self.timeout),
+            self.call("delete", "pods", lambda: send(
+                self.api_client, "DELETE", path_of("namespaces", namespace, "pods", name),
+                body, query=[] if grace is None else [("gracePeriodSeconds", grace)],
+                timeout=self.timeout),
                 f"{how} pod {namespace}/{name}")
         except ApiException as e:
             if _status(e) in (404, 409):  # gone, or already replaced by a new pod
@@ -228,9 +229,9 @@ class Actuator:
 
         body = {"metadata": {"annotations": annotations}}
         try:
-            self.call("patch", "pods", lambda: self.core.patch_namespaced_pod(
-                name, namespace, body, _content_type="application/merge-patch+json",
-                _preload_content=False, _request_timeout=self.timeout),
+            self.call("patch", "pods", lambda: send(
+                self.api_client, "PATCH", path_of("namespaces", namespace, "pods", name),
+                body, content_type="application/merge-patch+json", timeout=self.timeout),
                 f"annotating pod {namespace}/{name}")
         except ApiException as e:
             if _status(e) == 404:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftagent.arbiter.auth import PodFacts
-from ftagent.arbiter.ladder import in_place
+from ftagent.arbiter.ladder import Features, in_place
 from ftagent.arbiter.registry import Registry
 from ftagent.arbiter.state import Decision, JobState, Verdict
 from ftagent.kube.actuator import (
@@ -88,6 +88,10 @@ LAST_WORDS_EVERY = 60.0  # seconds between two LAST_WORDS to one job's ranks on 
 
 JOB_LABEL = "ftagent.io/job"  # the pod watch selects ftagent pods by this label
 CONTEXT_KEPT = 10_000
+# Seconds between a decision and the PATCH of its pods' state annotations (written by the
+# tick, in the background): after the commands and, usually, the barrier's release.
+ANNOTATE_AFTER = 1.0
+ANNOTATE_RATE = 100.0  # PATCHes of pods' state annotations a second, at most
 # Event reasons per decision, in the users' words (type, reason).
 REASONS = {Verdict.RESTART: ("Warning", "FaultRestart"),
            Verdict.REPLACE: ("Warning", "FaultReplacePod"),
@@ -201,11 +205,20 @@ class Cluster:
         # job membership (membership.py): roots of the pods' controller chains
         self.job_owners = JobOwners()
         self.chains = OwnerChains(api_client)
+        # what each pod's own object says (PodFacts less membership), computed once per
+        # object the watch handed over (a Hello asks it twice; 10,000 ask at a failover)
+        self._pod_derived: dict[tuple[str, str], tuple[Any, _Derived | None]] = {}
+        # (pod object, node object, their Features) per pod: _set_tiers
+        self._tier_parts: dict[tuple[str, str], tuple[Any, Any, Features]] = {}
         self._chain_pending: dict[tuple[str, str], set[str]] = {}  # (ns, job) -> uids
         self._chain_waiting: dict[str, tuple[str, Ref, set[tuple[str, str]]]] = {}
         self._annotations: dict[tuple[str, str], dict[str, str]] = {}
         self._annotating = False
+        self._annotate_at: float | None = None  # when the noted annotations are written
+        self._quiet_at = 0.0  # (monotonic) ANNOTATE_AFTER past the last decision
+        self._annotate_jobs: dict[tuple[str, str], JobState] = {}  # jobs noted meanwhile
         self._lock = threading.Lock()
+        self._closing = threading.Event()
         self._actions = ThreadPoolExecutor(2, thread_name_prefix="ftagent-kube-act")
         self._background = ThreadPoolExecutor(2, thread_name_prefix="ftagent-kube-bg")
         self._flushing = False
@@ -225,41 +238,34 @@ class Cluster:
         (kube/membership.py: a pod whose chain does not lead to the job's owner is no
         member); the rank from its labels (kube/identity.py), the world size from the
         owner's spec where it has one: never from anything the agent says."""
-        pod = self.pod_cache.get((namespace, name))
+        key = (namespace, name)
+        pod = self.pod_cache.get(key)
         if not isinstance(pod, dict):
             return None
-        uid = get(pod, "metadata", "uid")
-        job = get(pod, "metadata", "labels", JOB_LABEL)
-        if not isinstance(uid, str) or not isinstance(job, str):
+        cached = self._pod_derived.get(key)
+        d: _Derived | None
+        if cached is not None and cached[0] is pod:
+            d = cached[1]
+        else:  # a new object from the watch (each event hands over a fresh dict)
+            d = _derive(pod)
+            self._pod_derived[key] = (pod, d)
+        if d is None:
             return None
         self._chains_resolved()
-        if self._chain_pending.get((namespace, job)):
+        if self._chain_pending.get((namespace, d.job)):
             return None  # the owners of the job's pods are being read
-        ref = controller_ref(pod)
+        ref = d.ref
         root = None
         if ref is not None and (ref.group, ref.kind) in KIND_RANK:
             done, root = self.chains.known(ref.uid)
             if not done:
                 self._index_owner(namespace, pod)
                 return None
-        member, why = self.job_owners.member(namespace, job, root)
-        owner = self.job_owners.owner(namespace, job)
-        found = identify(pod, {})
-        index, _ = trainer_index(pod, found.role if found else "")
-        containers = get(pod, "spec", "containers")
-        trainer = containers[index] if index is not None and isinstance(containers, list) \
-            else None
-        if found is not None and isinstance(trainer, dict):
-            found = identify(pod, literal_env(trainer))
-        node = get(pod, "spec", "nodeName")
-        world = owner.world if owner is not None and owner.world else \
-            (found.world_size if found else None)
-        return PodFacts(uid=uid, job=job if member else "",
-                        node=node if isinstance(node, str) else "",
-                        rank=found.rank if found else None, world_size=world,
-                        local_world=local_world(pod, trainer if isinstance(trainer, dict)
-                                                else None),
-                        not_member=why)
+        member, why = self.job_owners.member(namespace, d.job, root)
+        owner = self.job_owners.owner(namespace, d.job)
+        world = owner.world if owner is not None and owner.world else d.world_size
+        return PodFacts(uid=d.uid, job=d.job if member else "", node=d.node, rank=d.rank,
+                        world_size=world, local_world=d.local_world, not_member=why)
 
     def _index_owner(self, namespace: str, pod: Any) -> None:
         """A labelled pod seen: its controller chain into the job owners' index (read in
@@ -303,6 +309,7 @@ class Cluster:
         decisions are acted on. What the watches saw (pods, nodes) is kept."""
         self.registry = registry
         self._replacing.clear()
+        self._annotate_jobs.clear()  # the earlier term's jobs: their states are not news
         self._blips.clear()
         registry.add_decision_listener(self.on_decision)
         registry.pod_alive = self.pod_alive
@@ -313,6 +320,7 @@ class Cluster:
 
     def close(self, wait: bool = True) -> None:
         """Stop the workers (calls under way finish, queued ones are dropped)."""
+        self._closing.set()
         self.chains.close()
         self._actions.shutdown(wait=wait, cancel_futures=True)
         self._background.shutdown(wait=wait, cancel_futures=True)
@@ -389,6 +397,8 @@ class Cluster:
         key = (ns, name)
         if deleted:
             self.pod_cache.pop(key, None)
+            self._pod_derived.pop(key, None)
+            self._tier_parts.pop(key, None)
             self._terminating.pop(key, None)
             job_name = get(pod, "metadata", "labels", JOB_LABEL)
             if isinstance(job_name, str) and (ns, job_name) in self._exits:
@@ -397,6 +407,8 @@ class Cluster:
             self.on_pod_deleted(ns, name, uid if isinstance(uid, str) else "")
         elif isinstance(pod, dict):
             self.pod_cache[key] = pod
+            self._pod_derived.pop(key, None)  # (keyed by the object too: never stale)
+            self._tier_parts.pop(key, None)
             self._index_owner(ns, pod)
             self._terminal(ns, name, pod)
             gone_at = parse_time(get(pod, "metadata", "deletionTimestamp"))
@@ -427,6 +439,8 @@ class Cluster:
         job = get(pod, "metadata", "labels", JOB_LABEL)
         if not isinstance(job, str) or not job:
             return
+        if get(pod, "status", "phase") not in ("Succeeded", "Failed"):
+            return  # running or pending (terminal_status: None), every pod of a list
         found = identify(pod, {})
         index, _ = trainer_index(pod, found.role if found else "")
         containers = get(pod, "spec", "containers")
@@ -641,6 +655,7 @@ class Cluster:
         self._trainjob_progress(now)
         self._uncordon_due(now)
         self._taint_fallbacks_due(now)
+        self._annotations_due(now)
 
     def _trainjob_progress(self, now: float) -> None:
         """Each training job whose pods belong to a Kubeflow TrainJob: its step, loss,
@@ -675,6 +690,8 @@ class Cluster:
 
     def on_decision(self, job: JobState, d: Decision, now: float) -> None:
         """The registry's decision listener (on the loop, commands already queued)."""
+        # the annotations wait while decisions are being made: their agents come first
+        self._quiet_at = time.monotonic() + ANNOTATE_AFTER
         self._events_for(job, d, now)
         if d.verdict is Verdict.REPLACE and d.rank is not None and not in_place(d):
             self._replace(job, d, now)  # (an in-place tier keeps the pod and its node)
@@ -696,11 +713,24 @@ class Cluster:
             self._set_tiers(job, rs)
 
     def _set_tiers(self, job: JobState, rs: Any) -> None:
-        pod = self.pod_cache.get((job.namespace, rs.pod)) if rs.pod else None
+        """The rank's ladder Features. Run for every rank at each RESTART and release,
+        on the loop before the commands are written: what the pod and node objects say
+        (their restart rules, the kubelet's version and gates) is read once per pair of
+        objects the watches handed over; spare and streak are the job's now."""
+        key = (job.namespace, rs.pod)
+        pod = self.pod_cache.get(key) if rs.pod else None
         node_name = get(pod, "spec", "nodeName")
         node = self.node_cache.get(node_name) if isinstance(node_name, str) else None
-        rs.tiers = features_of(pod, node, spare=bool(job.spares), repeats=self.streaks.repeats(
-            (job.namespace, job.job), rs.rank, job.generation))
+        cached = self._tier_parts.get(key) if pod is not None else None
+        if cached is not None and cached[0] is pod and cached[1] is node:
+            parts = cached[2]
+        else:
+            parts = features_of(pod, node)
+            if pod is not None:
+                self._tier_parts[key] = (pod, node, parts)
+        rs.tiers = Features(parts.version, parts.declared, parts.rules, spare=bool(job.spares),
+                            repeats=self.streaks.repeats((job.namespace, job.job), rs.rank,
+                                                         job.generation))
 
     def _replace(self, job: JobState, d: Decision, now: float) -> None:
         rs = job.ranks.get(d.rank) if d.rank is not None else None
@@ -1054,16 +1084,48 @@ class Cluster:
         self._submit(self._background, run)
 
     def _annotate(self, job: JobState) -> None:
-        for r in job.ranks.values():
-            if r.pod and (job.namespace, r.pod) in self.pod_cache:
-                self._annotations[(job.namespace, r.pod)] = {
-                    STATE_ANNOTATION: r.state or "unknown",
-                    "ftagent.io/generation": str(job.generation)}
-        if self._annotations and not self._annotating:
-            self._annotating = True
-            self._submit(self._background, self._drain_annotations)
+        """Its ranks' pods are to be annotated with their state: by the tick's
+        ``_annotations_due``, ANNOTATE_AFTER later, with the states then (latest wins)."""
+        self._annotate_jobs[(job.namespace, job.job)] = job
+        if self._annotate_at is None:
+            self._annotate_at = self.clock() + ANNOTATE_AFTER
+
+    def _annotations_due(self, now: float) -> None:
+        """On the tick: the pods of the jobs noted at least ANNOTATE_AFTER ago get their
+        ranks' states, written in the background. Not at the decision itself: a 1,000-rank
+        job's 1,000 PATCHes (and the 1,000 watch events they cause) would compete with the
+        commands and the barrier its agents wait for; and a restart's states are written
+        once, as its release left them, not twice."""
+        if self._annotate_at is None or now < self._annotate_at or self._annotating:
+            return
+        self._annotate_at = None
+        jobs, self._annotate_jobs = self._annotate_jobs, {}
+        notes: dict[tuple[str, str], dict[str, str]] = {}
+        for job in jobs.values():
+            for r in job.ranks.values():
+                pod = self.pod_cache.get((job.namespace, r.pod)) if r.pod else None
+                if pod is None:
+                    continue
+                want = {STATE_ANNOTATION: r.state or "unknown",
+                        "ftagent.io/generation": str(job.generation)}
+                has = get(pod, "metadata", "annotations")
+                if not isinstance(has, dict) or any(has.get(k) != v for k, v in want.items()):
+                    notes[(job.namespace, r.pod)] = want  # (the pod says so already: no PATCH)
+        if not notes:
+            return
+        with self._lock:
+            self._annotations.update(notes)
+        self._annotating = True
+        self._submit(self._background, self._drain_annotations)
 
     def _drain_annotations(self) -> None:
+        """In a worker: one PATCH per noted pod, at most ANNOTATE_RATE a second (a
+        background write never takes more of the arbiter, or of the API server, than
+        that: 10,000 pods are 100 s of trickle, not a storm beside the agents), and none
+        until ANNOTATE_AFTER past the last decision (a fault, its restart, its barrier:
+        while agents wait for commands, the arbiter and the API server are theirs)."""
+        gap = 1.0 / ANNOTATE_RATE
+        due = time.monotonic()
         try:
             while True:
                 with self._lock:
@@ -1071,6 +1133,12 @@ class Cluster:
                         return
                     key = next(iter(self._annotations))
                     notes = self._annotations.pop(key)
+                wait = max(due, self._quiet_at) - time.monotonic()
+                while wait > 0:  # paced, and paused until a second after the last decision
+                    if self._closing.wait(wait):
+                        return
+                    wait = max(due, self._quiet_at) - time.monotonic()
+                due = max(due, time.monotonic() - gap) + gap
                 try:
                     self.actuator.annotate_pod(key[0], key[1], notes)
                 except (Forbidden, GaveUp):
@@ -1092,6 +1160,40 @@ class Cluster:
             fn(*args)
         except Exception:
             log.exception("kube action %s failed", getattr(fn, "__name__", fn))
+
+
+@dataclass(frozen=True, slots=True)
+class _Derived:
+    """What one pod object alone says for ``Cluster.pod_facts`` (its uid, job label, node,
+    rank and world size from its labels and trainer's literal env, the ranks it runs, its
+    controller): pure in the object, so kept per object; membership is asked each time."""
+
+    uid: str
+    job: str
+    node: str
+    rank: int | None
+    world_size: int | None
+    local_world: int
+    ref: Ref | None
+
+
+def _derive(pod: dict[str, Any]) -> _Derived | None:
+    uid = get(pod, "metadata", "uid")
+    job = get(pod, "metadata", "labels", JOB_LABEL)
+    if not isinstance(uid, str) or not isinstance(job, str):
+        return None
+    found = identify(pod, {})
+    index, _ = trainer_index(pod, found.role if found else "")
+    containers = get(pod, "spec", "containers")
+    trainer = containers[index] if index is not None and isinstance(containers, list) \
+        else None
+    if found is not None and isinstance(trainer, dict):
+        found = identify(pod, literal_env(trainer))
+    node = get(pod, "spec", "nodeName")
+    return _Derived(uid, job, node if isinstance(node, str) else "",
+                    found.rank if found else None, found.world_size if found else None,
+                    local_world(pod, trainer if isinstance(trainer, dict) else None),
+                    controller_ref(pod))
 
 
 def held_cordon(node: Any, now: float) -> Held | None:
@@ -1144,12 +1246,13 @@ def start_watches(cluster: Cluster, api_client: Any, loop: asyncio.AbstractEvent
 
     pods = pod_informer(api_client, label_selector=JOB_LABEL, loop=loop,
                         handler=lambda c: cluster.on_pod(c.type, c.obj))
+    pods.start()  # first: a (re)started arbiter's agents wait for this list
     nodes = node_informer(api_client, loop=loop,
                           handler=lambda c: cluster.on_node(c.type, c.obj))
     watches = [_Watch(pods), _Watch(nodes), *(_Watch(i) for i in dra_informers(
         api_client, loop, cluster.on_resource_slice, cluster.on_resource_claim,
         cluster.on_device_taint_rule))]
-    for w in watches:
+    for w in watches[1:]:
         w.informer.start()
 
     def stopper() -> None:  # ``stop`` set: end both (callers may also join)

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from ftagent.kube.informer import Informer
+from ftagent.kube.informer import Informer, collection
 
 MANAGED = "app.kubernetes.io/managed-by=ftagent"
 
@@ -21,15 +21,15 @@ Handler = Callable[[str, Any], None]
 def dra_informers(api: Any, loop: asyncio.AbstractEventLoop, on_slice: Handler,
                   on_claim: Handler, on_rule: Handler) -> list[Informer[Any]]:
     """Three informers, not started."""
-    from kubernetes import client
+    def at(kind: str) -> Callable[..., Any]:  # (no ResourceV1Api: informer.collection)
+        return collection(api, f"/apis/resource.k8s.io/v1/{kind}")
 
-    res = client.ResourceV1Api(api)
     return [
-        Informer(res.list_resource_slice, name="resourceslices", loop=loop,
+        Informer(at("resourceslices"), name="resourceslices", loop=loop,
                  handler=lambda c: on_slice(c.type, c.obj)),
-        Informer(res.list_resource_claim_for_all_namespaces, name="resourceclaims",
+        Informer(at("resourceclaims"), name="resourceclaims",
                  loop=loop, handler=lambda c: on_claim(c.type, c.obj)),
-        Informer(res.list_device_taint_rule, name="devicetaintrules", loop=loop,
+        Informer(at("devicetaintrules"), name="devicetaintrules", loop=loop,
                  label_selector=MANAGED, handler=lambda c: on_rule(c.type, c.obj)),
     ]
 

@@ -31,8 +31,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
+from urllib.parse import quote
 
-from ftagent.kube.client import forbidden_message, retry_after
+from ftagent.kube.client import forbidden_message, retry_after, send
 
 log = logging.getLogger("ftagent.kube.informer")
 
@@ -42,6 +43,10 @@ ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
 # One watch line (one object) beyond this is refused and the watch restarted: a broken or
 # hostile server must not make the arbiter buffer without bound (real objects are < 1.5 MiB).
 MAX_LINE = 8 * 1024 * 1024
+# Changes handed to the loop per callback: a 10,000-pod list is 40 wake-ups of the loop,
+# not 10,000 (each call_soon_threadsafe writes the loop's self-pipe), and no callback
+# holds the loop for long (a few ms of handlers each).
+DELIVER_BATCH = 250
 
 
 @dataclass(frozen=True)
@@ -411,11 +416,16 @@ class Informer(Generic[T]):
             for c in changes:
                 self._safe_handle(c)
             return
-        try:
-            for c in changes:
-                self._loop.call_soon_threadsafe(self._safe_handle, c)
+        try:  # a list's changes in batches: one wake-up of the loop each, not one per pod
+            for i in range(0, len(changes), DELIVER_BATCH):
+                self._loop.call_soon_threadsafe(self._handle_batch,
+                                                changes[i:i + DELIVER_BATCH])
         except RuntimeError:
             self._stop.set()  # the loop is closed: the consumer is gone
+
+    def _handle_batch(self, changes: list[Change[T]]) -> None:
+        for c in changes:
+            self._safe_handle(c)
 
     def _safe_handle(self, change: Change[T]) -> None:
         try:
@@ -458,22 +468,39 @@ def _lines(resp: Any) -> Iterator[bytes]:
         yield bytes(buf)
 
 
+# The list/watch parameters an Informer passes, as the API server names them.
+_QUERY = {"label_selector": "labelSelector", "field_selector": "fieldSelector",
+          "limit": "limit", "_continue": "continue", "watch": "watch",
+          "resource_version": "resourceVersion", "timeout_seconds": "timeoutSeconds",
+          "allow_watch_bookmarks": "allowWatchBookmarks"}
+
+
+def collection(api: Any, path: str) -> Callable[..., Any]:
+    """A list/watch call of the collection at ``path`` (``/api/v1/pods``) through the
+    ``kubernetes`` ApiClient ``api``, as the generated ``list_*`` methods make it with
+    ``_preload_content=False`` (the same URL, query, auth, Accept, urllib3 response, and
+    ApiException for a non-2xx answer), without importing a generated API class: those
+    import their hundreds of pydantic models (``CoreV1Api``: about half a second of CPU),
+    and a (re)started arbiter lists its pods before it needs any of them."""
+    def call(*, _preload_content: bool = False, _request_timeout: Any = None,
+             **params: Any) -> Any:
+        query = [(_QUERY[k], v) for k, v in params.items() if v is not None]
+        return send(api, "GET", path, query=query, timeout=_request_timeout)
+
+    return call
+
+
 def pod_informer(api: Any, *, label_selector: str | None = None, namespace: str | None = None,
                  **kw: Any) -> Informer[Any]:
     """Pods of every namespace (or one) matching ``label_selector``: one list + one watch."""
-    from kubernetes import client
-
-    core = client.CoreV1Api(api)
     if namespace:
-        return Informer(core.list_namespaced_pod, name=f"pods/{namespace}",
-                        label_selector=label_selector, list_args={"namespace": namespace}, **kw)
-    return Informer(core.list_pod_for_all_namespaces, name="pods",
+        return Informer(collection(api, f"/api/v1/namespaces/{quote(namespace, safe='')}/pods"),
+                        name=f"pods/{namespace}", label_selector=label_selector, **kw)
+    return Informer(collection(api, "/api/v1/pods"), name="pods",
                     label_selector=label_selector, **kw)
 
 
 def node_informer(api: Any, **kw: Any) -> Informer[Any]:
     """All nodes: one list + one watch."""
-    from kubernetes import client
-
-    return Informer(client.CoreV1Api(api).list_node, name="nodes", **kw)
+    return Informer(collection(api, "/api/v1/nodes"), name="nodes", **kw)
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ftagent.kube.actuator import Actuator, Forbidden, GaveUp, _status, rfc3339
+from ftagent.kube.client import path_of, send
 
 log = logging.getLogger("ftagent.kube.recorder")
 
@@ -124,9 +125,7 @@ class Recorder:
                  component: str = "ftagent-arbiter", instance: str = "",
                  rate: float = 5.0, burst: int = 50,
                  clock: Callable[[], float] = time.time) -> None:
-        from kubernetes import client
-
-        self.core: Any = client.CoreV1Api(api_client)
+        self.api_client = api_client
         self.actuator = actuator
         self.component, self.instance = component, instance
         self.rate, self.burst = rate, float(burst)
@@ -215,9 +214,10 @@ class Recorder:
             if notes:  # merge patch: the keys given replace theirs, others stay
                 body["metadata"] = {"annotations": dict(notes)}
             try:
-                self.actuator.call("patch", "events", lambda: self.core.patch_namespaced_event(
-                    s.name, ns, body, _content_type="application/merge-patch+json",
-                    _preload_content=False, _request_timeout=self.actuator.timeout),
+                self.actuator.call("patch", "events", lambda: send(
+                    self.api_client, "PATCH", path_of("namespaces", ns, "events", s.name),
+                    body, content_type="application/merge-patch+json",
+                    timeout=self.actuator.timeout),
                     f"updating event {s.reason} on {s.ref.kind} {s.ref.name}")
                 s.written = count
                 self.written += 1
@@ -235,8 +235,9 @@ class Recorder:
                  "lastTimestamp": rfc3339(last), "source": {"component": self.component},
                  "reportingComponent": self.component,
                  "reportingInstance": self.instance or self.component}
-        self.actuator.call("create", "events", lambda: self.core.create_namespaced_event(
-            ns, event, _preload_content=False, _request_timeout=self.actuator.timeout),
+        self.actuator.call("create", "events", lambda: send(
+            self.api_client, "POST", path_of("namespaces", ns, "events"), event,
+            timeout=self.actuator.timeout),
             f"recording event {s.reason} on {s.ref.kind} {s.ref.name}")
         s.name, s.written = name, count
         self.written += 1

@@ -274,14 +274,12 @@ def watch_uninjected(api_client: Any, loop: asyncio.AbstractEventLoop | None,
     agent never connected also
     get one Warning Event each (``kube/skipped.py``; needs create on events). Returns what
     to ``stop()``."""
-    from kubernetes import client
-
-    from ftagent.kube.informer import Informer
+    from ftagent.kube.informer import Informer, collection
 
     pods = OptedInPods(api_client)
     # the handler runs in the namespace informer's own thread (loop=None): it only starts
     # and stops informers, never touches the arbiter's state
-    namespaces = Informer(client.CoreV1Api(api_client).list_namespace, name="namespaces",
+    namespaces = Informer(collection(api_client, "/api/v1/namespaces"), name="namespaces",
                           label_selector=f"{OPT_IN}=true", handler=pods.on_namespace,
                           project=lambda o: str(o["metadata"]["name"]))
     namespaces.start()

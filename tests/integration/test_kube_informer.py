@@ -337,3 +337,41 @@ def test_retry_after_reads_an_http_date_too() -> None:
     assert _retry_after(e) == 60.0 and retry_after(e) == 120.0
     e.headers = {"Retry-After": "not a date"}
     assert retry_after(e) is None and _retry_after(e) is None
+
+
+def test_a_list_reaches_the_loop_in_batches_not_one_wakeup_per_object(
+        fake: FakeKube) -> None:
+    """Issue 33 (failover): a fresh arbiter lists 10,000 pods; each object handed over
+    with its own call_soon_threadsafe was a write to the loop's self-pipe and a wake-up
+    of the loop per pod, beside 10,000 agents reconnecting. A list's changes now come in
+    batches of DELIVER_BATCH, still in order, before synced."""
+    from ftagent.kube.informer import DELIVER_BATCH
+
+    n = 2 * DELIVER_BATCH + 7
+    for i in range(n):
+        fake.add_node(f"n{i:04d}")
+
+    async def main() -> tuple[list[str], int]:
+        loop = asyncio.get_running_loop()
+        got: list[str] = []
+        calls = [0]
+        real = loop.call_soon_threadsafe
+
+        def counting(*args: Any, **kw: Any) -> Any:
+            calls[0] += 1
+            return real(*args, **kw)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign,assignment]
+        inf = node_informer(api_client(fake.url), loop=loop, page_size=100,
+                            handler=lambda c: got.append(c.key),
+                            project=lambda o: o["metadata"]["name"])
+        inf.start()
+        try:
+            await asyncio.wait_for(inf.until_synced(), 20)
+            return list(got), calls[0]
+        finally:
+            await asyncio.to_thread(inf.stop)
+
+    got, calls = asyncio.run(main())
+    assert got == [f"n{i:04d}" for i in range(n)]  # every node, in the list's order
+    assert calls <= 3 + 1, f"{calls} wake-ups of the loop for a list of {n}"  # + synced
