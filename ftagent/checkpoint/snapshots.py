@@ -159,8 +159,9 @@ class Snapshotter:
             self._staged = stage(state, self._staged)
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 torch.cuda.synchronize()  # the device-to-host copies are done
-            fp = layout.fingerprint(self._staged)
-            self._inflight = self._pool.submit(self._write, step, self._staged, fp)
+            # the rest (the state's fingerprint, DCP, checksums) in the background: the
+            # staged copy is not touched again before this write is done
+            self._inflight = self._pool.submit(self._write, step, self._staged)
         self.stats.saves += 1
         self.stats.last_blocking_seconds = time.perf_counter() - t0
         self._last_step = step
@@ -181,8 +182,9 @@ class Snapshotter:
             return True
         return True
 
-    def _write(self, step: int, staged: Any, fp: dict[str, str]) -> None:
+    def _write(self, step: int, staged: Any) -> None:
         t0 = time.perf_counter()
+        fp = layout.fingerprint(staged)
         tmp = layout.temp_dir(self.s.root, self.s.job, self.s.rank, step)
         final = layout.step_dir(self.s.root, self.s.job, self.s.rank, step)
         try:
