@@ -17,6 +17,10 @@ import concurrent.futures
 import functools
 import os
 import zlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # collections.abc.Buffer from Python 3.12; the agent imports no more
+    from typing_extensions import Buffer
 
 _POLY = 0xEDB88320  # CRC-32's polynomial, reflected (zlib's)
 SEGMENT_MIN = 16 << 20  # below it one thread: a thread's start costs more than it saves
@@ -68,7 +72,7 @@ def combine(crc1: int, crc2: int, len2: int) -> int:
     return _times(_shift(len2), crc1) ^ crc2
 
 
-def crc32(data: memoryview | bytes, threads: int | None = None) -> int:
+def crc32(data: Buffer, threads: int | None = None) -> int:
     """``zlib.crc32(data)``, computed in ``threads`` threads (default: the CPUs this
     process may run on), one contiguous segment each."""
     with memoryview(data) as whole, whole.cast("B") as view:  # released: the caller
