@@ -77,7 +77,7 @@ def crc32(data: Buffer, threads: int | None = None) -> int:
     process may run on), one contiguous segment each."""
     with memoryview(data) as whole, whole.cast("B") as view:  # released: the caller
         size = len(view)                                     # may close an mmap after
-        n = threads if threads is not None else _cpus()
+        n = threads if threads is not None else cpus()
         n = max(1, min(n, size // SEGMENT_MIN))
         if n == 1:
             return zlib.crc32(view)
@@ -96,7 +96,8 @@ def crc32(data: Buffer, threads: int | None = None) -> int:
     return out
 
 
-def _cpus() -> int:
+def cpus() -> int:
+    """The CPUs this process may run on (its affinity)."""
     try:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
