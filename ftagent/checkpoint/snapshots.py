@@ -74,6 +74,7 @@ class Stats:
 
 BULK_MIN = 1 << 20  # bytes: a host tensor this large is copied by copy_bulk
 _SEGMENT = 8 << 20  # bytes of one memmove of copy_bulk
+COPY_THREADS = 8  # threads of copy_bulk at most
 
 
 def stage(state: Any, into: Any = None,
@@ -214,9 +215,10 @@ class Snapshotter:
         return True
 
     def _copiers(self) -> concurrent.futures.ThreadPoolExecutor | None:
-        """The threads of the staging copy (one per CPU this process may use; None: one)."""
+        """The threads of the staging copy (one per CPU this process may use, at most
+        COPY_THREADS: a few saturate the memory bus; None: one)."""
         if self._copy_pool is None:
-            n = crc_cpus()
+            n = min(crc_cpus(), COPY_THREADS)
             if n < 2:
                 return None
             self._copy_pool = concurrent.futures.ThreadPoolExecutor(n, "ftagent-snapshot-copy")
