@@ -1094,8 +1094,8 @@ def main() -> int:
                     "+ 30 s, at least 200 s)")
     ap.add_argument("--pg-timeout", type=float, default=30.0, help="the trainer's own")
     ap.add_argument("--spares", type=int, default=1,
-                    help="ftagent's warm spares (ftagent run --spare, a lab node each); 0: "
-                    "none, the replaced rank waits for its new pod")
+                    help="ftagent's and ftagent-snapshots' warm spares (ftagent run --spare, "
+                    "a lab node each); 0: none, the replaced rank waits for its new pod")
     ap.add_argument("--ftagent-flags", default="",
                     help="more `ftagent run` flags, e.g. '--stop-timeout 2'")
     ap.add_argument("--peer-hang-timeout", type=float, default=5.0,
