@@ -39,9 +39,11 @@ Launchers (one lab each, alternated over ``--rounds``):
 * **ftagent-snapshots**: ftagent as below, and the trainer snapshots its state every
   ``--snapshot-every`` steps (``ftagent.checkpoint``, SNAPSHOT_EVERY), each node's own
   memory root under /dev/shm (a replaced pod gets a new, empty one), replicas in a ring
-  (``--replica-listen``/``--replica-peer``, keyed by a job token); no warm spare (a spare
-  fetches no replica yet): after the Xid the new pod's agent fetches rank 1's replica
-  from rank 0's agent before its trainer starts.
+  (``--replica-listen``/``--replica-peer``, keyed by a job token), and ``--spares`` warm
+  spares as ftagent's (each with a memory root of its own, copying to node 0): after the
+  Xid the arbiter ASSIGNs rank 1 to a spare, whose agent fetches rank 1's replica from
+  rank 0's agent before its trainer starts (with ``--spares 0``: the replacement pod's
+  agent does, once the bench has started it).
 
 * **ftagent**: one ``ftagent run`` per node, a real arbiter, warm restarts as by default,
   ``--hang-timeout-min 2``, ``--nic-grace 2``, and ``--spares`` warm spares on nodes of
@@ -515,16 +517,20 @@ SNAPSHOT_TOKEN = "goodput-bench-job-token"  # the replica channel's key is deriv
 def snapshot_flags(lab: Lab, name: str, r: int) -> list[str]:
     """ftagent-snapshots: each node's own memory root (a new pod: a new, empty one, under
     /dev/shm as a memory-backed emptyDir would be), and the peer replica in a ring (node
-    r's agent keeps node 1-r's replica), keyed by the job token."""
+    r's agent keeps node 1-r's replica), keyed by the job token. A warm spare's node
+    (``r`` past the job's two) copies to node 0, the holder of rank 1's replica: the rank
+    the schedule's Xid moves to it, whose shard it fetches from there before its trainer
+    starts."""
     if name != "ftagent-snapshots":
         return []
     base = Path("/dev/shm") if Path("/dev/shm").is_dir() else lab.tmp
     root = base / f"ftagent-goodput-{lab.tmp.name}-{os.getpid()}" / \
         f"node{r}.{lab.incarnation.get(r, -1) + 1}"
     SNAPSHOT_ROOTS.append(root.parent)
+    peer = 1 - r if r < 2 else 0
     return ["--snapshot-dir", str(root), "--token", SNAPSHOT_TOKEN,
             "--replica-listen", f"{lab.net.data_ip(r)}:{REPLICA_PORT}",
-            "--replica-peer", f"{lab.net.data_ip(1 - r)}:{REPLICA_PORT}"]
+            "--replica-peer", f"{lab.net.data_ip(peer)}:{REPLICA_PORT}"]
 
 
 SNAPSHOT_ROOTS: list[Path] = []  # removed at the end of each run, whatever ends it
@@ -551,7 +557,8 @@ def launch(lab: Lab, name: str, env: dict[str, str], args: argparse.Namespace,
                 gpu = [] if gpus is None else gpu_flags(gpus[0] if r == 1 else gpus[1])
                 lab.start_rank(r, extra=[*gpu, *snapshot_flags(lab, name, r)])
             for i in range(lab.spares):  # a spare's GPU is healthy
-                lab.start_rank(lab.world + i, extra=gpu_flags(gpus[1]), spare=True)
+                lab.start_rank(lab.world + i, spare=True, extra=[
+                    *gpu_flags(gpus[1]), *snapshot_flags(lab, name, lab.world + i)])
     elif name in ("torchrun", "torchrun-default"):
         lab.env = {**FAST_ENV, **env}  # the trainer's knobs exactly as ftagent's run has them
         for r in range(lab.world):
@@ -650,13 +657,14 @@ def run_schedule(name: str, args: argparse.Namespace, tmp: Path) -> Run:
                          f"step; disk checkpoint every {args.ckpt_every} steps")
     gpus = gpu_timeline(tmp, xid_at if "xid" in kinds else None)
     ftagent_like = name in ("ftagent", "ftagent-snapshots")
-    # a warm spare fetches no replica yet (docs/snapshots.md): with snapshots, the
-    # replaced rank's new pod fetches its shard from the peer instead
-    spares = args.spares if name == "ftagent" else 0
+    # with snapshots, the spare given the Xid's rank fetches that rank's shard from its
+    # replica holder before its trainer starts (tests/e2e/test_replica_ring.py)
+    spares = args.spares if ftagent_like else 0
     if ftagent_like:
-        run.notes.append(f"warm spares: {spares}" + (" (--spares)" if name == "ftagent" else
-                         f"; a snapshot every {args.snapshot_every} steps, replicas in a "
-                         "ring, the replaced pod fetches its rank's"))
+        run.notes.append(f"warm spares: {spares} (--spares)" + (
+            "" if name == "ftagent" else f"; a snapshot every {args.snapshot_every} steps, "
+            "replicas in a ring, the rank's new pod (a spare, else its replacement) fetches "
+            "its replica"))
     with Lab(tmp, 2, job="goodput", arbiter=ftagent_like, arbiter_args=arbiter_args,
              stamp=True, spares=spares) as lab:
         launched = time.time()
@@ -1086,8 +1094,8 @@ def main() -> int:
                     "+ 30 s, at least 200 s)")
     ap.add_argument("--pg-timeout", type=float, default=30.0, help="the trainer's own")
     ap.add_argument("--spares", type=int, default=1,
-                    help="ftagent's warm spares (ftagent run --spare, a lab node each); 0: "
-                    "none, the replaced rank waits for its new pod")
+                    help="ftagent's and ftagent-snapshots' warm spares (ftagent run --spare, "
+                    "a lab node each); 0: none, the replaced rank waits for its new pod")
     ap.add_argument("--ftagent-flags", default="",
                     help="more `ftagent run` flags, e.g. '--stop-timeout 2'")
     ap.add_argument("--peer-hang-timeout", type=float, default=5.0,

@@ -26,6 +26,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import copy
+import ctypes
 import logging
 import os
 import shutil
@@ -44,6 +45,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from ftagent import sdk
 from ftagent.checkpoint import layout, persist
+from ftagent.checkpoint.crc import cpus as crc_cpus
 from ftagent.checkpoint.settings import Settings, interval_due
 from ftagent.checkpoint.storage import SnapshotReader, SnapshotWriter
 
@@ -70,15 +72,27 @@ class Stats:
     said: set[str] = field(default_factory=set)  # "says so once" keys
 
 
-def stage(state: Any, into: Any = None) -> Any:
+BULK_MIN = 1 << 20  # bytes: a host tensor this large is copied by copy_bulk
+_SEGMENT = 8 << 20  # bytes of one memmove of copy_bulk
+COPY_THREADS = 8  # threads of copy_bulk at most
+
+
+def stage(state: Any, into: Any = None,
+          bulk: list[tuple[torch.Tensor, torch.Tensor]] | None = None) -> Any:
     """A copy of ``state`` in host memory, reusing ``into``'s tensors where the shapes and
     dtypes match (no allocation, no page faults after the first save). A device tensor
     goes into pinned host memory, copied asynchronously (``synchronize`` waits for all).
-    Non-tensors are deep-copied."""
+    Non-tensors are deep-copied. With ``bulk``, a large dense host tensor that reuses its
+    buffer is not copied here: (destination, source) is appended for :func:`copy_bulk`,
+    which copies them all on every core (the list holds both: alive until then)."""
     if isinstance(state, torch.Tensor):
         t = state.detach()
         if isinstance(into, torch.Tensor) and into.shape == t.shape and \
                 into.dtype == t.dtype and into.device.type == "cpu":
+            if bulk is not None and _plain_host(t) and _plain_host(into) and \
+                    t.nbytes >= BULK_MIN:
+                bulk.append((into, t))
+                return into
             into.copy_(t, non_blocking=t.device.type != "cpu")
             return into
         if t.device.type == "cpu":
@@ -88,11 +102,39 @@ def stage(state: Any, into: Any = None) -> Any:
         return buf
     if isinstance(state, Mapping):
         old = into if isinstance(into, Mapping) else {}
-        return {k: stage(v, old.get(k)) for k, v in state.items()}
+        return {k: stage(v, old.get(k), bulk) for k, v in state.items()}
     if isinstance(state, list):
         old_l = into if isinstance(into, list) and len(into) == len(state) else [None] * len(state)
-        return [stage(v, o) for v, o in zip(state, old_l, strict=True)]
+        return [stage(v, o, bulk) for v, o in zip(state, old_l, strict=True)]
     return copy.deepcopy(state)
+
+
+def _plain_host(t: torch.Tensor) -> bool:
+    """A dense, contiguous host tensor whose bytes are its values (no lazy conjugate or
+    negation, not quantized): a plain byte copy copies it."""
+    return (t.device.type == "cpu" and t.layout == torch.strided and t.is_contiguous()
+            and not t.is_quantized and not t.is_conj() and not t.is_neg())
+
+
+def copy_bulk(bulk: list[tuple[torch.Tensor, torch.Tensor]],
+              pool: concurrent.futures.ThreadPoolExecutor | None) -> None:
+    """Every (destination, source) of ``stage``'s ``bulk`` (dense host tensors of the same
+    size), in segments of 8 MiB spread over ``pool``'s threads: ``ctypes.memmove`` (libc's
+    memmove, which streams large copies past the cache) runs without the GIL, so the
+    segments copy in parallel at memory speed. ``bulk`` holds both tensors of each pair:
+    their memory lives until this returns."""
+    segments = []
+    for dst, src in bulk:
+        n = src.nbytes
+        if dst.nbytes != n:  # stage pairs only equal shapes and dtypes
+            raise ValueError("copy_bulk: tensors of different sizes")
+        d, s = dst.data_ptr(), src.data_ptr()
+        segments += [(d + o, s + o, min(_SEGMENT, n - o)) for o in range(0, n, _SEGMENT)]
+    if pool is None or len(segments) < 2:
+        for seg in segments:
+            ctypes.memmove(*seg)
+        return
+    list(pool.map(lambda seg: ctypes.memmove(*seg), segments))
 
 
 def _dist_on() -> bool:
@@ -116,6 +158,7 @@ class Snapshotter:
         self.stats = Stats()
         self._staged: Any = None
         self._pool = concurrent.futures.ThreadPoolExecutor(1, "ftagent-snapshot")
+        self._copy_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._inflight: concurrent.futures.Future[None] | None = None
         self._lock = threading.Lock()
         self._report_held = report_held or (
@@ -156,17 +199,30 @@ class Snapshotter:
                 self._say_once("busy", f"snapshot of step {step} skipped: the previous one is "
                                "still being written (snapshot less often)")
                 return False
-            self._staged = stage(state, self._staged)
+            bulk: list[tuple[torch.Tensor, torch.Tensor]] = []
+            self._staged = stage(state, self._staged, bulk)
+            copy_bulk(bulk, self._copiers())
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 torch.cuda.synchronize()  # the device-to-host copies are done
-            fp = layout.fingerprint(self._staged)
-            self._inflight = self._pool.submit(self._write, step, self._staged, fp)
+            # the rest (the state's fingerprint, DCP, checksums) in the background: the
+            # staged copy is not touched again before this write is done
+            self._inflight = self._pool.submit(self._write, step, self._staged)
         self.stats.saves += 1
         self.stats.last_blocking_seconds = time.perf_counter() - t0
         self._last_step = step
         # the blocking part, as ftagent_phase_duration_seconds{phase="snapshot"}
         sdk.phase_time("snapshot", self.stats.last_blocking_seconds)
         return True
+
+    def _copiers(self) -> concurrent.futures.ThreadPoolExecutor | None:
+        """The threads of the staging copy (one per CPU this process may use, at most
+        COPY_THREADS: a few saturate the memory bus; None: one)."""
+        if self._copy_pool is None:
+            n = min(crc_cpus(), COPY_THREADS)
+            if n < 2:
+                return None
+            self._copy_pool = concurrent.futures.ThreadPoolExecutor(n, "ftagent-snapshot-copy")
+        return self._copy_pool
 
     def wait(self, timeout: float | None = None) -> bool:
         """Until the snapshot being written is complete (True) or ``timeout`` passes."""
@@ -181,8 +237,9 @@ class Snapshotter:
             return True
         return True
 
-    def _write(self, step: int, staged: Any, fp: dict[str, str]) -> None:
+    def _write(self, step: int, staged: Any) -> None:
         t0 = time.perf_counter()
+        fp = layout.fingerprint(staged)
         tmp = layout.temp_dir(self.s.root, self.s.job, self.s.rank, step)
         final = layout.step_dir(self.s.root, self.s.job, self.s.rank, step)
         try:
@@ -378,3 +435,5 @@ class Snapshotter:
     def close(self, timeout: float = 30.0) -> None:
         self.wait(timeout)
         self._pool.shutdown(wait=False)
+        if self._copy_pool is not None:
+            self._copy_pool.shutdown(wait=False)
