@@ -312,6 +312,11 @@ class Ledger:
         inc = self._incident(generation)
         if inc is not None and inc.first_step_at is None:
             said = source if source in SNAPSHOT_SOURCES else "reported"
+            if said == "reported" and inc.resume_source in SNAPSHOT_SOURCES:
+                # ftagent.checkpoint said where the state came from, exactly; a checkpoint
+                # line the trainer printed (a disk load before its snapshot's, whichever
+                # report reached the arbiter last) is not where it resumed
+                return
             if inc.resumed == step and inc.resume_source in SNAPSHOT_SOURCES and said in \
                     SNAPSHOT_SOURCES and SNAPSHOT_SOURCES.index(said) < \
                     SNAPSHOT_SOURCES.index(inc.resume_source):
