@@ -400,15 +400,15 @@ class Verifier:
 
     def _marked(self) -> list[Snapshot]:
         """The cheap samples of the stall in progress (its mark, and its window's samples
-        so far when none holds stacks), if the oldest is at least half a window old:
+        so far, when none holds stacks yet), if the oldest is at least half a window old:
         the start of a DUMP_STACKS answer's window. Empty when there are none."""
-        mark, early = self._mark, self._early
-        if mark is None or mark.snap is None or mark.deadline != self.detector.deadline():
-            return []
-        snaps = [mark.snap]
-        if early is not None and early.deadline == mark.deadline:
-            snaps += early.snaps
-        if any(p.threads is not None for s in snaps for p in s.processes):
+        mark, early, deadline = self._mark, self._early, self.detector.deadline()
+        snaps: list[Snapshot] = []
+        if mark is not None and mark.snap is not None and mark.deadline == deadline:
+            snaps.append(mark.snap)
+        if early is not None and early.deadline == deadline:
+            snaps += early.snaps  # cheap ones so far (a window's first second)
+        if not snaps or any(p.threads is not None for s in snaps for p in s.processes):
             return []  # stacks already: the window's own path (_recent)
         if self.clock() - snaps[0].ts < self.window / 2:
             return []
