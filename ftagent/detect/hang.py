@@ -100,8 +100,8 @@ def verify_plan(deadline: float, budget: float, window: float, samples: int,
 
 def paired_interval(gap: float, steps: int, prev: tuple[float, int] | None) -> float:
     """Seconds per step for the percentile: this read's, or over this read and the one
-    before it (``prev``: its gap and steps, when it was learned as plain steps too),
-    whichever is lower.
+    before it (``prev``: its gap and steps, when it was a plain read too, warm-up
+    included), whichever is lower.
 
     The output pump reads every --output-interval (0.5 s) while lines keep coming, so a
     line's time is its read's: with 0.25 s steps a read catches two steps (0.25 s each),
@@ -333,12 +333,13 @@ class HangDetector:
         self._observed += 1
         ended = self._end_all_phases(ts)
         clean = not self._tainted and not ended and self._observed >= 2
-        prev, self._prev_read = self._prev_read, None
+        # the next read's pair: any plain read, a warm-up one too (the lower of the two
+        # is taken, so a long one never raises the next)
+        prev, self._prev_read = self._prev_read, (gap, advanced) if clean else None
         if clean and not self.hung and self._events > max(self.cfg.hang_warmup_steps, 1):
             if not self._phase_between_steps(interval, advanced):
                 self._learn_interval(paired_interval(gap, advanced, prev),
                                      min(advanced, MAX_WEIGHT))
-                self._prev_read = (gap, advanced)  # the next read's pair
             self.longest = max(self.longest, gap)
         self._ref = self._last_progress = ts
         self.last_step = p.step
