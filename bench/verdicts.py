@@ -1,7 +1,7 @@
 """A corpus of hangs and healthy look-alikes, and the verdicts' score (issue 35, item 6).
 
     .venv/bin/python bench/verdicts.py [--quick] [--only NAME,...] [--category WORD]
-        [--list] [--json FILE]
+        [--list] [--json FILE] [--keep DIR]
 
 Every scenario is a real job: one ``ftagent run`` per rank (default flags but
 ``--max-restarts 1 --restart-backoff 0 --nic lo``) under one real ``ftagent arbiter`` on
@@ -336,7 +336,22 @@ def poll(cond: Callable[[], Any], deadline: float, every: float = 0.5) -> Any:
     return None
 
 
-def run_scenario(s: Scenario, address: str, tmp: Path) -> Outcome:
+def keep_run(keep: Path, s: Scenario, ranks: list[Rank], address: str) -> None:
+    """``--keep``: each rank's events file, its output lines with their arrival times and
+    the arbiter's view of the job (its timeline), to read where a verdict's time went."""
+    keep.mkdir(parents=True, exist_ok=True)
+    for rk in ranks:
+        with contextlib.suppress(OSError):
+            (keep / f"{s.name}-{rk.rank}.events.jsonl").write_bytes(rk.events_file.read_bytes())
+        (keep / f"{s.name}-{rk.rank}.steps.json").write_text(json.dumps(
+            {"started": rk.started, "steps": rk.steps}))
+        (keep / f"{s.name}-{rk.rank}.out").write_text("\n".join(rk.lines) + "\n")
+    with contextlib.suppress(Exception):
+        (keep / f"{s.name}.status.json").write_text(json.dumps(status(address, s.name),
+                                                               indent=1))
+
+
+def run_scenario(s: Scenario, address: str, tmp: Path, keep: Path | None = None) -> Outcome:
     job = s.name
     port = free_port()
     store = SlowStore() if s.action == "slow_server" else None
@@ -412,6 +427,9 @@ def run_scenario(s: Scenario, address: str, tmp: Path) -> Outcome:
     except Exception as e:  # one scenario's trouble is its row, not the run's end
         out.error = f"{type(e).__name__}: {e}"
     finally:
+        if keep is not None:
+            with contextlib.suppress(Exception):
+                keep_run(keep, s, ranks, address)
         for rk in ranks:
             stop(rk.proc)
         if store is not None:
@@ -481,6 +499,8 @@ def main() -> int:
     ap.add_argument("--category", default="", help="scenarios whose category has this word")
     ap.add_argument("--list", action="store_true", help="print the table of scenarios")
     ap.add_argument("--json", default="", help="write the outcomes here too")
+    ap.add_argument("--keep", default="", help="a directory: keep each rank's events file, "
+                    "its output lines (with arrival times) and the arbiter's timeline there")
     args = ap.parse_args()
     chosen = [s for s in SCENARIOS if (not args.quick or s.quick)
               and (not args.only or s.name in args.only.split(","))
@@ -498,7 +518,8 @@ def main() -> int:
         with ArbiterProcess("--stacks-timeout", "10", log_dir=str(tmp)) as arb:
             for s in chosen:
                 t0 = time.time()
-                o = run_scenario(s, arb.address, tmp)
+                o = run_scenario(s, arb.address, tmp,
+                                 Path(args.keep) if args.keep else None)
                 rows.append(o)
                 err = f" {o.error}" if o.error else ""
                 print(f"{s.name:<20} {'pass' if o.passed else 'FAIL'}  decided={o.decided or '-'}"

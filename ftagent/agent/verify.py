@@ -233,6 +233,18 @@ class Stall:
 
 
 @dataclass
+class Mark:
+    """One cheap sample (CPU, I/O, thread states: no py-spy) taken ``LEAD`` into a stall
+    whose verification window is still more than ``LEAD`` away, for one deadline: the
+    start of the window a DUMP_STACKS answer is judged over, should the arbiter ask
+    before this rank's own samples began (``Verifier._marked``)."""
+
+    deadline: float
+    snap: Snapshot | None = None
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass
 class Early:
     """Samples taken while one budget runs down (``verify_plan``), for one deadline."""
 
@@ -267,7 +279,9 @@ class Verifier:
         self._early: Early | None = None
         self._suspect: Fault | None = None  # a HANG the tick raised while sampling early
         self._anchor: float | None = None  # when a deferred budget began
-        self._plan: tuple[tuple[Any, ...], Any] | None = None  # prepare's, per budget
+        # prepare's plan and its anchor, per budget
+        self._plan: tuple[tuple[Any, ...], Any, float] | None = None
+        self._mark: Mark | None = None  # a cheap sample early in the stall (Mark)
         self._dump: asyncio.Task[dict[str, Any]] | None = None  # the last window's
         self.cfg = cfg
         self.sampler = sampler
@@ -336,6 +350,9 @@ class Verifier:
         early = self._early
         if early is not None and early.deadline != deadline:
             self._drop_early()
+        mark = self._mark
+        if mark is not None and mark.deadline != deadline:
+            self._drop_mark()
         if deadline is None or self._early is not None or now >= deadline:
             return
         if self._task is not None and not self._task.done():
@@ -344,22 +361,73 @@ class Verifier:
         # once per budget, not per tick
         key = (deadline, self._anchor, det.last_step)
         if self._plan is not None and self._plan[0] == key:
-            plan = self._plan[1]
+            plan, anchor = self._plan[1], self._plan[2]
         else:
-            anchor = self._anchor
-            if anchor is None or anchor >= deadline:
-                anchor = now - det.seconds_since_progress(now)
+            began = self._anchor
+            anchor = began if began is not None and began < deadline else \
+                now - det.seconds_since_progress(now)
             plan = verify_plan(deadline, deadline - anchor, self.window,
                                self.cfg.hang_verify_samples, self.cfg.hang_verify_from)
-            self._plan = (key, plan)
-        if now < plan[0].at - LEAD or plan[0].at >= deadline:
-            return  # not yet, or nothing before the deadline: after it, as before
+            self._plan = (key, plan, anchor)
+        if now < plan[0].at - LEAD:
+            if now - anchor >= LEAD and self._mark is None and self._askable():
+                self._take_mark(deadline)  # the window is far off: one cheap sample now
+            return  # not yet
+        if plan[0].at >= deadline:
+            return  # nothing before the deadline: after it, as before
         if self.stall is None:
             self.stall = Stall(start=now - det.seconds_since_progress(now),
                                step=det.last_step, waiting_on=self._waiting_hint)
         self._early = Early(deadline, plan, usage=_usage())
         self._suspect = None
         self._task = asyncio.get_running_loop().create_task(self._sample_early(self._early))
+
+    def _take_mark(self, deadline: float) -> None:
+        """A stall ``LEAD`` old whose window begins more than ``LEAD`` later (a budget
+        over 3 s): one cheap sample now, so that if the arbiter asks for this rank's
+        stacks before its window began (a peer's budget ran out first), the answer is
+        judged over CPU and I/O since now and two stacked samples, not over a window
+        sampled from scratch after the question (2 s: the corpus's 5.1 s hangs). Only
+        where someone may ask (an arbiter, local peers); a healthy 0.2 s step never
+        lasts ``LEAD``: nothing is sampled then."""
+        mark = Mark(deadline)
+
+        async def sample() -> None:
+            try:
+                snap, _ = await self.sampler.sample(stacks=False)
+            except Exception:  # noqa: BLE001 - evidence is best effort: no mark, no answer
+                log.exception("the stall's mark sample failed")
+                return
+            mark.snap = snap
+
+        mark.task = asyncio.get_running_loop().create_task(sample())
+        self._mark = mark
+
+    def _askable(self) -> bool:
+        """Someone may ask for this rank's stacks mid-stall: an arbiter, or local peers."""
+        ask = self.ask_arbiter
+        return self.local_peers is not None or (ask is not None and bool(ask()))
+
+    def _drop_mark(self) -> None:
+        mark, self._mark = self._mark, None
+        if mark is not None and mark.task is not None and not mark.task.done():
+            mark.task.cancel()
+
+    def _marked(self) -> list[Snapshot]:
+        """The cheap samples of the stall in progress (its mark, and its window's samples
+        so far, when none holds stacks yet), if the oldest is at least half a window old:
+        the start of a DUMP_STACKS answer's window. Empty when there are none."""
+        mark, early, deadline = self._mark, self._early, self.detector.deadline()
+        snaps: list[Snapshot] = []
+        if mark is not None and mark.snap is not None and mark.deadline == deadline:
+            snaps.append(mark.snap)
+        if early is not None and early.deadline == deadline:
+            snaps += early.snaps  # cheap ones so far (a window's first second)
+        if not snaps or any(p.threads is not None for s in snaps for p in s.processes):
+            return []  # stacks already: the window's own path (_recent)
+        if self.clock() - snaps[0].ts < self.window / 2:
+            return []
+        return snaps
 
     def _drop_early(self) -> None:
         """Samples of a budget that did not run out: dropped, nothing written."""
@@ -810,6 +878,21 @@ class Verifier:
             snaps = [*self._recent(stall), snap]
             verdict = judge(snaps, self.thresholds)
             live = await self._answer(verdict, snaps, stall)
+        elif marked := self._marked():
+            # asked before this rank's window took stacks (its budget runs out later than
+            # the peer's that asked): CPU and I/O since the mark, two stacked samples a
+            # sample period apart -- not a window from scratch (issue 35)
+            snaps = list(marked)
+            n = max(2, int(self.cfg.hang_verify_samples))
+            t0 = self.clock()
+            entries = []
+            for i in range(2):
+                if i:
+                    await self.sleep(max(0.0, t0 + self.window / (n - 1) - self.clock()))
+                snap, entries = await self.sampler.sample()
+                snaps.append(snap)
+            verdict = judge(snaps, self.thresholds)
+            live = await self._answer(verdict, snaps, self.stall)
         else:
             snaps = []
             n = max(2, int(self.cfg.hang_verify_samples))
@@ -886,6 +969,7 @@ class Verifier:
         self._drop_dump()
         self._suspect = None
         self._anchor = None
+        self._drop_mark()
         if self._task is not None and not self._task.done():
             self._task.cancel()
         self._task = None

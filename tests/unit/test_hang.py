@@ -438,3 +438,37 @@ def test_bimodal_steps_keep_twice_the_longest() -> None:
     det = HangDetector(dataclasses.replace(DEFAULT, hang_timeout_min=0.1))
     run(det, steps([0.2, 0.6] * 100), 200.0)
     assert det.step_budget() >= LONGEST_MARGIN * 0.6
+
+
+def test_a_read_that_caught_one_step_is_not_the_whole_wait() -> None:
+    """0.25 s steps read every 0.5 s (the output pump's --output-interval): two steps a
+    read, but one read caught a single step (0.5 s: the whole wait) and the next three.
+    Early in the job the percentile is the largest of a few intervals: the old detector
+    took that 0.5 s and budgeted 10 x 0.5 = 5 s (the verdict corpus: the rank whose budget
+    ran out 2 s after its peer's answered the arbiter 2 s late). Over two reads it is 1 s
+    for 3 steps: the budget is 3.3 s, near its peer's 3 s floor."""
+    det = HangDetector(DEFAULT)
+    ev: list[Observation] = [TrainerStart(pid=1, attempt=0, ts=0.0)]
+    t, step = 0.0, 0
+    for k in (1, 2, 2, 2, 1, 3, 2, 2):  # steps per read, reads 0.5 s apart
+        t, step = t + 0.5, step + k
+        ev.append(Progress(step=step, source="log", ts=t))
+    for e in ev:
+        det.observe(e)
+    assert det.step_budget() == pytest.approx(10 * 1.0 / 3), det.intervals  # was 5.0
+    assert det.longest == pytest.approx(0.5)  # the whole wait, for the longest
+    faults = run(det, ev, until=t + 10.0)
+    assert len(faults) == 1 and faults[0][0] - t <= 10 * 1.0 / 3 + TICK, faults
+
+
+def test_the_first_read_after_warm_up_is_paired_with_the_last_warm_up_read() -> None:
+    """The corpus's deadlock at step 10: steps 4-5 read together, 6 alone 0.5 s later, 7-9
+    together: the percentile held two reads, and the old detector's was 0.5 s (step 6
+    alone): a 5 s budget. Paired with the warm-up read before it: 1 s for 3 steps."""
+    det = HangDetector(DEFAULT)
+    ev: list[Observation] = [TrainerStart(pid=1, attempt=0, ts=0.0)]
+    for step, ts in ((1, 0.5), (2, 0.7), (3, 0.9), (5, 1.4), (6, 1.9), (9, 2.4)):
+        ev.append(Progress(step=step, source="log", ts=ts))
+    for e in ev:
+        det.observe(e)
+    assert det.step_budget() == pytest.approx(10 * 1.0 / 3), det.intervals  # was 5.0

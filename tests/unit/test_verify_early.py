@@ -317,3 +317,49 @@ def test_without_verification_the_budget_is_the_declaration() -> None:
         assert f.kind is FaultKind.HANG and seen[-1][1:] == (1.0, 0.0)
 
     asyncio.run(go())
+
+
+# --------------------------------------------------------------------------- the mark
+
+
+@pytest.mark.parametrize(("name", "state"), [("collective_victim", "hung"),
+                                             ("eval_busy", "alive")])
+def test_asked_before_its_own_window_a_rank_answers_in_a_sample_period(
+        name: str, state: str) -> None:
+    """A peer's budget ran out first (3 s) and the arbiter asks this rank (budget 5 s: its
+    window begins at 3 s) for its stacks. The old code sampled a window from scratch, 2 s,
+    and the restart came 2 s later (the corpus's 5.1 s hangs); now one cheap sample a
+    second into the stall (the mark) and two stacked samples a sample period apart judge
+    it: 0.5 s, the same verdict (a busy rank is still alive)."""
+    async def go() -> None:
+        r = Rig(name, hang_timeout_min=5.0)
+        r.v.ask_arbiter = lambda: True
+        start = r.now[0]
+        await r.run_until(start + 2.9)
+        assert [(round(t - start, 1), s) for t, s in r.sampler.calls] == [(1.0, False)]
+        asked = r.now[0]
+        task = asyncio.get_running_loop().create_task(r.v.stacks_for_arbiter([1]))
+        while not task.done():
+            r.now[0] = round(r.now[0] + 0.05, 9)
+            for _ in range(20):
+                await asyncio.sleep(0)
+        out = task.result()
+        assert r.now[0] - asked <= 0.6, "a window from scratch takes 2 s"
+        assert [s for _, s in r.sampler.calls].count(True) == 2  # (and the window's cheap)
+        assert out["liveness"]["state"] == state
+        assert out["liveness"]["window_seconds"] >= 1.5  # CPU since the mark
+
+    asyncio.run(go())
+
+
+def test_healthy_steps_take_no_mark() -> None:
+    async def go() -> None:
+        r = Rig("eval_busy", hang_timeout_min=5.0)
+        r.v.ask_arbiter = lambda: True
+        for _ in range(30):
+            r.progress(0.2)
+            await r.run_until(r.now[0] + 0.0001)
+        await r.run_until(r.now[0] + 0.9)  # a stall under a second: nothing sampled
+        assert r.sampler.calls == [] and r.v._mark is None
+
+    asyncio.run(go())
