@@ -69,7 +69,7 @@ def test_restarted_arbiter_honours_a_barrier_released_before_it_died() -> None:
     which re-send their arrival, are released instead of waiting forever."""
     async def body(arbiter: ArbiterProcess) -> None:
         async with running_links(arbiter.address, "half", 2) as links:
-            links[0].proto.released_generation = 1  # as if it got RELEASE just before the kill
+            links[0].proto.lifecycle.release(1)  # as if it got RELEASE just before the kill
             links[0].proto.lifecycle.reached(1)  # the generation's owner (lifecycle.py)
             links[1].proto.lifecycle.reached(1)
             arbiter.kill()
