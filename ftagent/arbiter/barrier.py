@@ -90,10 +90,14 @@ def reconcile(job: JobState, now: float, rank: int | None = None) -> list[Decisi
     ``rank``: only that rank's state changed (its Hello). While the job's barrier is
     released and the rank is not above it, only rule 4 for that rank can apply: it is
     decided without scanning every rank, so a reconnect storm of N agents costs N, not
-    N^2. Anything else takes the full pass.
+    N^2. While every connected rank is quiet (``state.quiet``: a job's first Hellos, the
+    ranks waiting at a barrier), nothing is decided, also without a scan (``job.loud``,
+    kept by ``state.apply``). Anything else takes the full pass.
     """
     if job.finished:
         return []
+    if job.quiet_generation == job.generation and not job.loud:
+        return []  # every connected rank is quiet (state.quiet): rules 1-4 find nothing
     me = job.ranks.get(rank) if rank is not None else None
     b = job.barrier
     if (me is not None and me.connected and me.generation <= job.generation and b is not None
