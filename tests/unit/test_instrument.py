@@ -229,10 +229,14 @@ def test_phase_hooks_on_a_real_model_and_bad_input_never_raises(
         inst.flush()
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == len(set(warnings)) == 6, warnings  # one line per wrong use
-    got = {o.phase: o for o in received(sdk_socket) if isinstance(o, PhaseTiming)}
-    assert got["forward"].count == 8 + 1 and got["backward"].count == 8
-    assert got["optimizer"].count == 8 and got["data"].count == 8 + 3
-    assert all(0 < o.seconds < 10 for o in got.values())
+    timings = [o for o in received(sdk_socket) if isinstance(o, PhaseTiming)]
+    # a phase may come in more than one datagram (a periodic flush under load): summed
+    count: dict[str, int] = {}
+    for o in timings:
+        count[o.phase] = count.get(o.phase, 0) + o.count
+    assert count["forward"] == 8 + 1 and count["backward"] == 8
+    assert count["optimizer"] == 8 and count["data"] == 8 + 3
+    assert all(0 < o.seconds < 10 for o in timings)
 
 
 def test_world_size_one_ddp_buckets_and_a_users_own_comm_hook(
