@@ -59,7 +59,7 @@ from ftagent.agent.tee import (
     LinesCallback,
     OutputPump,
     Writer,
-    grow_pipe,
+    grow_pipes,
 )
 from ftagent.model import ProcessExit
 
@@ -366,7 +366,7 @@ class TrainerProcess:
         # Coalesced reads (``output_interval``: the agent passes --output-interval) only
         # where the pipe holds far more than an interval's output of any sane trainer
         # (1 MiB: 2 MB/s before a write could wait).
-        interval = output_interval if min(grow_pipe(out_fd), grow_pipe(err_fd)) >= PIPE_SIZE \
+        interval = output_interval if grow_pipes(out_fd, err_fd) >= PIPE_SIZE \
             else 0.0
         self.popen.stdout.close()
         self.popen.stderr.close()

@@ -63,6 +63,10 @@ def grow_pipe(fd: int, size: int = PIPE_SIZE) -> int:
     except OSError:
         return 0
 
+def grow_pipes(*fds: int, size: int = PIPE_SIZE) -> int:
+    """``grow_pipe`` for each of a trainer's pipes: the smallest size in force."""
+    return min(grow_pipe(fd, size) for fd in fds)
+
 # (stream name, complete lines joined by b"\n" without a final one, monotonic read time)
 LinesCallback = Callable[[str, bytes, float], None]
 # Where a pump writes what it read, when not to a file descriptor as is (the launcher's
