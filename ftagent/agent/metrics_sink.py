@@ -89,6 +89,7 @@ class MetricsSink:
         # the fault series' children per kind (``_fault_series``), for this identity
         self._series_ident: tuple[str, ...] = ()
         self._series: dict[FaultKind, tuple[dict[str, str], Any]] = {}
+        self._label_kinds()
 
     def observe(self, obs: Observation) -> None:
         m = self.m
@@ -142,17 +143,21 @@ class MetricsSink:
             self.m.detection_latency.labels(**labels).observe(max(0.0, latency))
 
     def _fault_series(self, kind: FaultKind) -> tuple[dict[str, str], Any]:
-        """A kind's labels and fault counter child, made once per kind and identity (the
-        labels' folds run once, not per fault); a relabel (a spare that took a rank) is
-        seen by comparing the identity, as the worker's labels are."""
-        ident = tuple(self.m.identity.values())
-        if ident != self._series_ident:
-            self._series_ident, self._series = ident, {}
-        got = self._series.get(kind)
-        if got is None:
-            labels = self.m.labels(kind=kind.value)
-            got = self._series[kind] = (labels, self.m.faults.labels(**labels))
-        return got
+        """A kind's labels and fault counter child. The labels of every kind are folded
+        once per identity (``_label_kinds``, at construction and after a relabel: a spare
+        that took a rank), not per fault; the child is made at the kind's first fault (a
+        series only for a kind that happened)."""
+        if tuple(self.m.identity.values()) != self._series_ident:
+            self._label_kinds()
+        labels, count = self._series[kind]
+        if count is None:
+            count = self.m.faults.labels(**labels)
+            self._series[kind] = (labels, count)
+        return labels, count
+
+    def _label_kinds(self) -> None:
+        self._series_ident = tuple(self.m.identity.values())
+        self._series = {k: (self.m.labels(kind=k.value), None) for k in FaultKind}
 
     def detection_latency(self, fault: Fault) -> float | None:
         """Seconds from the fault's triggering evidence to now (when it is raised)."""

@@ -184,8 +184,7 @@ def spawn(command: Sequence[str], env: Mapping[str, str],
     """
     resolve(command, env)
     global _watchdog
-    c = containment.current()
-    procs_file, trainer_env, _watchdog = c.for_spawn(env)
+    procs_file, trainer_env, _watchdog = containment.for_spawn(env)
     shim = [sys.executable, "-I", "-S", "-c", EXEC_SHIM, str(os.getpid()), procs_file,
             *command]
     try:
@@ -195,7 +194,7 @@ def spawn(command: Sequence[str], env: Mapping[str, str],
         )
     except OSError as e:
         raise SpawnError(f"cannot start {command[0]}: {e.strerror or e}", 126) from None
-    c.trainer_started(popen.pid)
+    containment.trainer_started(popen.pid)
     return popen
 
 
@@ -404,5 +403,6 @@ class TrainerProcess:
             left = max(0.0, deadline - time.monotonic())
             if not await asyncio.to_thread(p.eof.wait, left):
                 return False
-        await asyncio.sleep(0)  # let the lines the pumps queued on the loop run first
+        # the lines the pumps queued are the caller's to handle now (the worker drains
+        # its feed's backlog next: LineFeed.drain_all), not a loop turn's
         return True
