@@ -53,14 +53,7 @@ from typing import NamedTuple, Protocol
 import psutil
 
 from ftagent.agent import containment
-from ftagent.agent.tee import (
-    MAX_LINE,
-    PIPE_SIZE,
-    LinesCallback,
-    OutputPump,
-    Writer,
-    grow_pipes,
-)
+from ftagent.agent.tee import MAX_LINE, LinesCallback, Writer, trainer_pumps
 from ftagent.model import ProcessExit
 
 log = logging.getLogger("ftagent.supervisor")
@@ -362,17 +355,11 @@ class TrainerProcess:
         assert self.popen.stdout is not None and self.popen.stderr is not None
         out_fd = os.dup(self.popen.stdout.fileno())
         err_fd = os.dup(self.popen.stderr.fileno())
-        # Coalesced reads (``output_interval``: the agent passes --output-interval) only
-        # where the pipe holds far more than an interval's output of any sane trainer
-        # (1 MiB: 2 MB/s before a write could wait).
-        interval = output_interval if grow_pipes(out_fd, err_fd) >= PIPE_SIZE \
-            else 0.0
         self.popen.stdout.close()
         self.popen.stderr.close()
-        self.pumps = [
-            OutputPump(out_fd, stdout_fd, "stdout", on_lines, max_line, interval),
-            OutputPump(err_fd, stderr_fd, "stderr", on_lines, max_line, interval),
-        ]
+        # both pipes grown, the reads' interval chosen, a pump each: one call (tee.py)
+        self.pumps = trainer_pumps(out_fd, err_fd, stdout_fd, stderr_fd, on_lines,
+                                   max_line, output_interval)
         for p in self.pumps:
             p.start()
         self.exited.add_done_callback(self._mark_popen)

@@ -63,10 +63,6 @@ def grow_pipe(fd: int, size: int = PIPE_SIZE) -> int:
     except OSError:
         return 0
 
-def grow_pipes(*fds: int, size: int = PIPE_SIZE) -> int:
-    """``grow_pipe`` for each of a trainer's pipes: the smallest size in force."""
-    return min(grow_pipe(fd, size) for fd in fds)
-
 # (stream name, complete lines joined by b"\n" without a final one, monotonic read time)
 LinesCallback = Callable[[str, bytes, float], None]
 # Where a pump writes what it read, when not to a file descriptor as is (the launcher's
@@ -481,3 +477,16 @@ class WorkerOutput:
             with contextlib.suppress(OSError):
                 os.close(self.fd)
             self.fd = -1
+
+
+def trainer_pumps(out_fd: int, err_fd: int, stdout_fd: int | Writer, stderr_fd: int | Writer,
+                  on_lines: LinesCallback, max_line: int = MAX_LINE,
+                  output_interval: float = 0.0) -> list[OutputPump]:
+    """A trainer's two pumps (not started), its pipes grown first. Coalesced reads
+    (``output_interval``: the agent passes --output-interval) only where both pipes hold
+    far more than an interval's output of any sane trainer (PIPE_SIZE, 1 MiB: 2 MB/s
+    before a write could wait)."""
+    grown = min(grow_pipe(out_fd), grow_pipe(err_fd))
+    interval = output_interval if grown >= PIPE_SIZE else 0.0
+    return [OutputPump(out_fd, stdout_fd, "stdout", on_lines, max_line, interval),
+            OutputPump(err_fd, stderr_fd, "stderr", on_lines, max_line, interval)]
