@@ -4,7 +4,8 @@ One loop for the pod agent (``ftagent run``: the host's GPUs and NICs beside the
 trainer), the node agent (``ftagent node``) and ``make gpu-check``: it starts every
 source of its parts (``async run(emit)``; blocking libraries -- NVML, the vendor tools,
 the kernel log -- run in their own threads inside the source and hand their results to
-the loop), hands each observation to the observers and then to every detector, and each
+the loop), hands each observation to the observers that read its type (an observer's
+``observes``; one that says nothing reads every one) and then to every detector, and each
 fault a detector returns to the fault sink. Detectors are ticked on the process's grid
 (timegrid.py: one wake-up shared with the other periodic work), and a detector with a
 ``next_deadline()`` (a link's grace) is ticked exactly when it expires.
