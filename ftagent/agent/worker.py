@@ -605,7 +605,11 @@ class Worker:
         return life.due()
 
     def _record_action(self, action: Action) -> None:
-        self.lifecycle.decided(action)
+        """The action's line in the events file; a minor one is carried out now (the
+        lifecycle marks it). A major one is marked by the step that carries it out
+        (``Lifecycle.restart`` or ``failed``), which the control loop takes next, once."""
+        if action.kind in MINOR_ACTIONS:
+            self.lifecycle.decided(action)
         log.info("action %s (%s): %s", action.kind.value, action.origin.value, action.reason)
         self.events.write("action", action.kind.value, action.reason, action_id=action.id,
                           generation=action.generation, fault_id=action.fault_id,
