@@ -2,6 +2,7 @@
 
     PYTHONPATH=TREE .venv/bin/python bench/fault_walk.py
     PYTHONPATH=TREE .venv/bin/python bench/fault_walk.py --agent   # the agent's side
+    PYTHONPATH=TREE .venv/bin/python bench/fault_walk.py --agent --crash   # its crash path
 
 ``--agent`` (``agent_main``): one real agent (``ftagent run``'s wiring, cmd/run.py) under a
 real arbiter in a process of its own, its trainer a real process. Traced in the agent's
@@ -298,12 +299,25 @@ def agent_walk(name: str, begin: str, program: str, flags: list[str]) -> Walk:
 # files; the hang path <= 100).
 AGENT_BEFORE = {"crash": (109, 21), "hang": (258, 35)}
 AGENT_GOAL = {"crash": 60, "hang": 100}
+# the agent's crash path as lane walk5 left it (91 calls in 20 files at its start, 5dd93b8):
+# tests/integration/test_agent_walk.py fails when it grows past this again
+AGENT_CRASH_NOW = (65, 20)
+
+
+def agent_crash_walk() -> Walk:
+    """The agent's crash path (the trainer exits 3 once): child's exit -> next running."""
+    return agent_walk("agent, crash: child's exit -> next trainer running", "exit", CRASHER,
+                      ["--progress", "none"])
 
 
 def agent_main() -> int:
     print(f"package: {PKG}")
-    crash = agent_walk("agent, crash: child's exit -> next trainer running", "exit", CRASHER,
-                       ["--progress", "none"])
+    crash = agent_crash_walk()
+    if "--crash" in sys.argv[1:]:  # the crash path alone (a few seconds)
+        print(f"agent crash: {sum(crash.edges.values())} cross-file calls, "
+              f"{len(crash.files)} files (before: {AGENT_BEFORE['crash'][0]} calls, "
+              f"{AGENT_BEFORE['crash'][1]} files)")
+        return 0
     hang = agent_walk("agent, hang: last step -> next trainer running", "hang", HANGER,
                       ["--progress", "log", "--hang-first-step-timeout", "5",
                        "--hang-timeout-min", "1", "--hang-warmup-steps", "1",

@@ -337,17 +337,15 @@ class ProcessExit:
     code: int | None  # exit code, or None when killed by a signal
     signal: int | None = None
     ts: float = 0.0
+    # derived once, at construction (plain attributes, read where used: no call per read)
+    exit_status: int = field(init=False, compare=False)  # the shell's: code, or 128+N
+    ok: bool = field(init=False, compare=False)  # exited 0, not killed
 
-    @property
-    def exit_status(self) -> int:
-        """The shell convention: the code, or 128+N for signal N."""
-        if self.signal is not None:
-            return 128 + self.signal
-        return self.code if self.code is not None else 0
-
-    @property
-    def ok(self) -> bool:
-        return self.signal is None and self.code == 0
+    def __post_init__(self) -> None:
+        status = 128 + self.signal if self.signal is not None else \
+            self.code if self.code is not None else 0
+        object.__setattr__(self, "exit_status", status)
+        object.__setattr__(self, "ok", self.signal is None and self.code == 0)
 
 
 @dataclass(frozen=True)

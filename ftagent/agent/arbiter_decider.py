@@ -226,7 +226,8 @@ class ArbiterDecider:
                 self._arrive_locally(worker)
                 t0 = self.clock()
                 continue
-            decisive = life.decisive()  # a decision that came while waiting
+            # a decision that came while waiting (none desired: read in place)
+            decisive = life.decisive() if life.desired is not None else None
             if decisive is not None:
                 if decisive.kind == ActionKind.RESTART and decisive.generation > gen:
                     life.dismiss(decisive)  # taken in here: this barrier moves up
@@ -420,7 +421,13 @@ class ArbiterDecider:
 
 
 class _LinkObserver:
-    """Tells the arbiter about one rank's progress, exits and trainer state."""
+    """Tells the arbiter about one rank's progress, exits and trainer starts."""
+
+    # what the watch loop hands it (watch/loop.py ``_route``) and the steps the worker
+    # tells it of (``Worker._apply``): the types and states it acts on
+    observes = (Progress, ProcessExit, CollectiveSample, PhaseTiming, Resumed, PhaseMarker,
+                SnapshotsHeld)
+    states = (TrainerState.RUNNING,)
 
     def __init__(self, worker: Seat, session: RankSession) -> None:
         self.worker = worker
@@ -440,11 +447,11 @@ class _LinkObserver:
             # the snapshots held: the arbiter's resume step
 
     def on_state(self, state: TrainerState, restarts: int) -> None:
-        link = self.session.link  # its Hello reads the state from the lifecycle
+        """A trainer runs (``states``: the only step told). That none runs is the link's
+        own to know: the exit it reports, the arrival, a RESTART it delivers set it."""
         if state is TrainerState.RUNNING:
+            link = self.session.link  # its Hello reads the state from the lifecycle
             link.started(self.worker.lifecycle.generation, released=self.session.released_start)
-        else:
-            link.proto.trainer_running = False
 
 
 def _leave_exit(worker: Seat, link: ArbiterLink) -> None:

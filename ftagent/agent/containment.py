@@ -410,6 +410,18 @@ def current() -> Containment:
     return _current
 
 
+def for_spawn(env: Mapping[str, str]) -> tuple[str, dict[str, str], int | None]:
+    """This process's containment (made on first use) readied for a spawn, in one call
+    (``Containment.for_spawn``), as ``trainer_exited`` and ``tree_empty`` are one."""
+    return current().for_spawn(env)
+
+
+def trainer_started(pid: int) -> None:
+    """A trainer of this process's containment started (``Containment.trainer_started``:
+    ``for_spawn`` made it)."""
+    current().trainer_started(pid)
+
+
 def trainer_exited(pid: int) -> None:
     """A trainer of this process's containment exited (``Containment.trainer_exited``)."""
     current().trainer_exited(pid)

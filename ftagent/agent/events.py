@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import IO, Any
 
+from ftagent.model import Progress
+
 log = logging.getLogger("ftagent.events")
 
 
@@ -71,6 +73,8 @@ class ProgressLog:
     loss, the mean step time over the interval), so ``ftagent report`` can draw steps over
     time from an events file without the file growing with every step."""
 
+    observes = (Progress,)  # what the watch loop hands it (watch/loop.py ``_route``)
+
     def __init__(self, events: EventsFile, every: float = 2.0,
                  clock: Any = time.monotonic) -> None:
         self.events = events
@@ -79,8 +83,6 @@ class ProgressLog:
         self._last: tuple[float, int] | None = None  # (clock, step) of the last line
 
     def observe(self, obs: Any) -> None:
-        from ftagent.model import Progress
-
         if not isinstance(obs, Progress) or self.events._fh is None:
             return
         now = self.clock()

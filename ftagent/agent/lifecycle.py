@@ -226,6 +226,8 @@ class Lifecycle:
         self.decided_by = action.origin
         if action.id not in self._carried:
             self._carried.append(action.id)
+        if self.desired is not None and self.desired.id == action.id:
+            self.desired = None  # carried out: moot from now on, so no longer desired
 
     def carried_out(self, action_id: str) -> bool:
         """True if the action with this id was carried out already: one decision is

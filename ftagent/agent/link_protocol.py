@@ -197,7 +197,8 @@ class LinkProtocol:
     def arrive(self, generation: int) -> pb.AgentMessage | None:
         """The previous trainer has exited; ready to start ``generation``. None when that
         barrier was released already (nothing to wait for)."""
-        self.lifecycle.reached(generation)  # the worker's own (a no-op but alone)
+        if generation > self.lifecycle.generation:  # the worker's is there already:
+            self.lifecycle.reached(generation)  # moved only for a link used alone
         self.trainer_running = False
         self.last_exit = None  # the arrival says the previous trainer exited
         if generation <= self.released_generation:
@@ -208,7 +209,8 @@ class LinkProtocol:
 
     def started(self, generation: int, *, released: bool) -> None:
         """A trainer of ``generation`` runs now; ``released`` False: failing open."""
-        self.lifecycle.reached(generation)  # the worker's own (a no-op but alone)
+        if generation > self.lifecycle.generation:  # as in ``arrive``
+            self.lifecycle.reached(generation)
         self.trainer_running = True
         self.last_exit = None
         if not released:

@@ -21,6 +21,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ftagent.metrics import AgentMetrics
 from ftagent.model import (
@@ -68,6 +69,10 @@ def read_at_scrape(counter: object, read: Callable[[], int]) -> None:
 
 
 class MetricsSink:
+    # what the watch loop hands it (watch/loop.py ``_route``): the types ``observe`` reads
+    observes = (Progress, CollectiveSample, PhaseTiming, SnapshotsHeld, TrainerStart,
+                ProcessExit)
+
     def __init__(self, metrics: AgentMetrics, *, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time,
                  restarts: Callable[[], int] | None = None) -> None:
@@ -81,6 +86,10 @@ class MetricsSink:
             read_at_scrape(metrics.restarts, restarts)
         self._exit_ts: float | None = None  # the trainer's last exit (monotonic)
         self._snapshot_step: int | None = None  # the newest snapshot reported complete
+        # the fault series' children per kind (``_fault_series``), for this identity
+        self._series_ident: tuple[str, ...] = ()
+        self._series: dict[FaultKind, tuple[dict[str, str], Any]] = {}
+        self._label_kinds()
 
     def observe(self, obs: Observation) -> None:
         m = self.m
@@ -127,11 +136,28 @@ class MetricsSink:
             return
         if fault.evidence.get("waiting_in_collective") is True:
             return  # a suspicion the arbiter decides (agent/peer_wait.py), not a fault yet
-        self.m.faults_by_kind(fault.kind.value).inc()
+        labels, count = self._fault_series(fault.kind)
+        count.inc()
         latency = self.detection_latency(fault)
-        if latency is not None:
-            self.m.detection_latency.labels(**self.m.labels(kind=fault.kind.value)).observe(
-                max(0.0, latency))
+        if latency is not None:  # a series only where a latency is known
+            self.m.detection_latency.labels(**labels).observe(max(0.0, latency))
+
+    def _fault_series(self, kind: FaultKind) -> tuple[dict[str, str], Any]:
+        """A kind's labels and fault counter child. The labels of every kind are folded
+        once per identity (``_label_kinds``, at construction and after a relabel: a spare
+        that took a rank), not per fault; the child is made at the kind's first fault (a
+        series only for a kind that happened)."""
+        if tuple(self.m.identity.values()) != self._series_ident:
+            self._label_kinds()
+        labels, count = self._series[kind]
+        if count is None:
+            count = self.m.faults.labels(**labels)
+            self._series[kind] = (labels, count)
+        return labels, count
+
+    def _label_kinds(self) -> None:
+        self._series_ident = tuple(self.m.identity.values())
+        self._series = {k: (self.m.labels(kind=k.value), None) for k in FaultKind}
 
     def detection_latency(self, fault: Fault) -> float | None:
         """Seconds from the fault's triggering evidence to now (when it is raised)."""

@@ -626,6 +626,8 @@ class FirstStep:
     """An agent observer: the attempt's first step (a log line or the SDK) lets its
     standby start (``WarmStarter.stepped``)."""
 
+    observes = (Progress,)  # what the watch loop hands it (watch/loop.py ``_route``)
+
     def __init__(self, starter: WarmStarter) -> None:
         self.starter = starter
 

@@ -53,14 +53,7 @@ from typing import NamedTuple, Protocol
 import psutil
 
 from ftagent.agent import containment
-from ftagent.agent.tee import (
-    MAX_LINE,
-    PIPE_SIZE,
-    LinesCallback,
-    OutputPump,
-    Writer,
-    grow_pipe,
-)
+from ftagent.agent.tee import MAX_LINE, LinesCallback, Writer, trainer_pumps
 from ftagent.model import ProcessExit
 
 log = logging.getLogger("ftagent.supervisor")
@@ -184,8 +177,7 @@ def spawn(command: Sequence[str], env: Mapping[str, str],
     """
     resolve(command, env)
     global _watchdog
-    c = containment.current()
-    procs_file, trainer_env, _watchdog = c.for_spawn(env)
+    procs_file, trainer_env, _watchdog = containment.for_spawn(env)
     shim = [sys.executable, "-I", "-S", "-c", EXEC_SHIM, str(os.getpid()), procs_file,
             *command]
     try:
@@ -195,7 +187,7 @@ def spawn(command: Sequence[str], env: Mapping[str, str],
         )
     except OSError as e:
         raise SpawnError(f"cannot start {command[0]}: {e.strerror or e}", 126) from None
-    c.trainer_started(popen.pid)
+    containment.trainer_started(popen.pid)
     return popen
 
 
@@ -363,17 +355,11 @@ class TrainerProcess:
         assert self.popen.stdout is not None and self.popen.stderr is not None
         out_fd = os.dup(self.popen.stdout.fileno())
         err_fd = os.dup(self.popen.stderr.fileno())
-        # Coalesced reads (``output_interval``: the agent passes --output-interval) only
-        # where the pipe holds far more than an interval's output of any sane trainer
-        # (1 MiB: 2 MB/s before a write could wait).
-        interval = output_interval if min(grow_pipe(out_fd), grow_pipe(err_fd)) >= PIPE_SIZE \
-            else 0.0
         self.popen.stdout.close()
         self.popen.stderr.close()
-        self.pumps = [
-            OutputPump(out_fd, stdout_fd, "stdout", on_lines, max_line, interval),
-            OutputPump(err_fd, stderr_fd, "stderr", on_lines, max_line, interval),
-        ]
+        # both pipes grown, the reads' interval chosen, a pump each: one call (tee.py)
+        self.pumps = trainer_pumps(out_fd, err_fd, stdout_fd, stderr_fd, on_lines,
+                                   max_line, output_interval)
         for p in self.pumps:
             p.start()
         self.exited.add_done_callback(self._mark_popen)
@@ -404,5 +390,6 @@ class TrainerProcess:
             left = max(0.0, deadline - time.monotonic())
             if not await asyncio.to_thread(p.eof.wait, left):
                 return False
-        await asyncio.sleep(0)  # let the lines the pumps queued on the loop run first
+        # the lines the pumps queued are the caller's to handle now (the worker drains
+        # its feed's backlog next: LineFeed.drain_all), not a loop turn's
         return True

@@ -477,3 +477,16 @@ class WorkerOutput:
             with contextlib.suppress(OSError):
                 os.close(self.fd)
             self.fd = -1
+
+
+def trainer_pumps(out_fd: int, err_fd: int, stdout_fd: int | Writer, stderr_fd: int | Writer,
+                  on_lines: LinesCallback, max_line: int = MAX_LINE,
+                  output_interval: float = 0.0) -> list[OutputPump]:
+    """A trainer's two pumps (not started), its pipes grown first. Coalesced reads
+    (``output_interval``: the agent passes --output-interval) only where both pipes hold
+    far more than an interval's output of any sane trainer (PIPE_SIZE, 1 MiB: 2 MB/s
+    before a write could wait)."""
+    grown = min(grow_pipe(out_fd), grow_pipe(err_fd))
+    interval = output_interval if grown >= PIPE_SIZE else 0.0
+    return [OutputPump(out_fd, stdout_fd, "stdout", on_lines, max_line, interval),
+            OutputPump(err_fd, stderr_fd, "stderr", on_lines, max_line, interval)]

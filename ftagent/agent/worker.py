@@ -518,7 +518,7 @@ class Worker:
                 # held, not lost: the exit is handled first (its crash is recorded with its
                 # evidence), then the action is carried out -- unless it answered this
                 # attempt's hang, which the exit supersedes.
-                held = self.lifecycle.due()
+                held = self._due()
                 if held is None:
                     self._change.clear()  # nothing due now: the next change wakes us
                     change = asyncio.create_task(self._change.wait())
@@ -527,7 +527,7 @@ class Worker:
                     change.cancel()
                     if self._change.is_set():  # compare again only if something moved
                         self._change.clear()
-                        held = self.lifecycle.due()
+                        held = self._due()
                 done = {f for f in (trainer.exited, stop_wait) if f.done()}
                 if held is not None:
                     if trainer.exited not in done and zombie(trainer.pid):
@@ -578,7 +578,7 @@ class Worker:
             if held is not None:
                 action, held = held, None
             else:
-                due = self.lifecycle.due()  # desired against observed
+                due = self._due()  # desired against observed
                 if due is None:
                     self._change.clear()
                     await self._change.wait()
@@ -595,8 +595,21 @@ class Worker:
                 return action
             await self.decider.on_minor_action(self, action)
 
+    def _due(self) -> Action | None:
+        """``Lifecycle.due``: what to carry out now. Nothing desired and no request
+        waiting is read in place (the common case after every wake-up that moved
+        nothing of this rank's): no comparison to ask for."""
+        life = self.lifecycle
+        if life.desired is None and not life.requests:
+            return None
+        return life.due()
+
     def _record_action(self, action: Action) -> None:
-        self.lifecycle.decided(action)
+        """The action's line in the events file; a minor one is carried out now (the
+        lifecycle marks it). A major one is marked by the step that carries it out
+        (``Lifecycle.restart`` or ``failed``), which the control loop takes next, once."""
+        if action.kind in MINOR_ACTIONS:
+            self.lifecycle.decided(action)
         log.info("action %s (%s): %s", action.kind.value, action.origin.value, action.reason)
         self.events.write("action", action.kind.value, action.reason, action_id=action.id,
                           generation=action.generation, fault_id=action.fault_id,
@@ -605,7 +618,7 @@ class Worker:
 
     async def _after_exit(self, trainer: TrainerProcess, exit_: ProcessExit) -> None:
         """The main process is gone: clean up what it left, read its last output."""
-        self.feed.drain_all()  # what it printed before it exited comes first
+        self._drain_output()  # what it printed before it exited comes first
         self.observe(exit_)
         status = exit_.exit_status
         self.events.write("state", "exited", f"trainer exited with status {status}",
@@ -615,7 +628,14 @@ class Worker:
                               else time.monotonic() + self.cfg.supervisor.stop_timeout)
         if not await trainer.drain(2.0):
             log.warning("trainer output did not reach EOF; last lines may be missing")
-        self.feed.drain_all()  # the last lines before the crash fault's evidence
+        self._drain_output()  # the last lines before the crash fault's evidence
+
+    def _drain_output(self) -> None:
+        """The output the pumps queued, handled now (LineFeed.drain_all); an empty
+        backlog is looked at, not called (as the ticker does)."""
+        b = self.feed.backlog
+        if b is not None and b.pending:
+            self.feed.drain_all()
 
     async def _stop_trainer(self, trainer: TrainerProcess, deadline: float) -> ProcessExit:
         """Stop the trainer (trainer_exec.terminate; a stop signal was already forwarded
@@ -659,7 +679,8 @@ class Worker:
                           restarts=step.restarts, generation=step.generation, **step.fields)
         for o in self.observers:
             hook = getattr(o, "on_state", None)
-            if hook is not None:
+            states = getattr(o, "states", None)  # the steps it acts on (None: every one)
+            if hook is not None and (states is None or step.state in states):
                 try:
                     hook(step.state, step.restarts)
                 except Exception:

@@ -27,6 +27,11 @@ from ftagent.watch.loop import Detector, Source  # one definition of a source an
 
 
 class Observer(Protocol):
+    """Hears the worker's observations. Optional, as class attributes: ``observes``, the
+    observation types it reads (the watch loop hands it only those: watch/loop.py
+    ``_route``; none said: every one), and ``on_state(state, restarts)`` with ``states``,
+    the lifecycle steps it acts on (``Worker._apply``; none said: every one)."""
+
     def observe(self, obs: Observation) -> None: ...
 
 

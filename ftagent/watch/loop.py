@@ -4,7 +4,8 @@ One loop for the pod agent (``ftagent run``: the host's GPUs and NICs beside the
 trainer), the node agent (``ftagent node``) and ``make gpu-check``: it starts every
 source of its parts (``async run(emit)``; blocking libraries -- NVML, the vendor tools,
 the kernel log -- run in their own threads inside the source and hand their results to
-the loop), hands each observation to the observers and then to every detector, and each
+the loop), hands each observation to the observers that read its type (an observer's
+``observes``; one that says nothing reads every one) and then to every detector, and each
 fault a detector returns to the fault sink. Detectors are ticked on the process's grid
 (timegrid.py: one wake-up shared with the other periodic work), and a detector with a
 ``next_deadline()`` (a link's grace) is ticked exactly when it expires.
@@ -73,6 +74,10 @@ class WatchLoop:
         self.parts = list(parts)
         self.on_fault = on_fault
         self.observers = list(observers)
+        # per observation type, the observers that take it (``_route``): one fan-out to
+        # those, not a call to every observer for every observation
+        self._routed_from: list[Callable[[Observation], None]] = []
+        self._routes: dict[type, tuple[Callable[[Observation], None], ...]] = {}
         self.on_error = on_error
         self.tick_seconds = tick_seconds
         self.clock = clock
@@ -84,8 +89,13 @@ class WatchLoop:
     # ------------------------------------------------------------------ flow
 
     def emit(self, obs: Observation) -> None:
-        """One observation from a source: observers, then every detector."""
-        for o in self.observers:
+        """One observation from a source: its observers, then every detector."""
+        if self._routed_from != self.observers:  # an observer added since: route again
+            self._routed_from, self._routes = list(self.observers), {}
+        route = self._routes.get(type(obs))
+        if route is None:
+            route = self._routes[type(obs)] = _route(self.observers, obs)
+        for o in route:
             try:
                 o(obs)
             except Exception:
@@ -183,3 +193,16 @@ class WatchLoop:
                     self.on_error(name, e)
                 except Exception:
                     log.exception("source error hook failed")
+
+
+def _route(observers: Sequence[Callable[[Observation], None]],
+           obs: Observation) -> tuple[Callable[[Observation], None], ...]:
+    """The observers that take an observation of ``obs``'s type: an observer (or the
+    object whose bound ``observe`` it is) says which types it reads in ``observes``
+    (a tuple of types); one that says nothing takes every observation."""
+    out = []
+    for o in observers:
+        wants = getattr(getattr(o, "__self__", o), "observes", None)
+        if wants is None or isinstance(obs, wants):
+            out.append(o)
+    return tuple(out)
