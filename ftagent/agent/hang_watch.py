@@ -35,6 +35,8 @@ class HangWatch:
         self.parser = parser
         self.clock = clock
         self.metrics = metrics
+        if verifier is not None:  # the budget's end and the verifier's own times
+            self.next_tick = verifier.next_tick  # type: ignore[method-assign]
         if metrics is not None:
             metrics.seconds_since_progress.set_function(
                 lambda: detector.seconds_since_progress(clock()))
@@ -69,6 +71,13 @@ class HangWatch:
         if v is None or (not faults and not v.ready):
             return faults  # nothing for the verifier to judge or hand over
         return v.on_faults(faults, now)
+
+    def next_tick(self, now: float) -> float | None:
+        """When ``tick`` next has something to do (watch/loop.py: the ticker sleeps until
+        then): the budget's end; with a verifier its ``next_tick`` (set in place of this
+        method by the constructor: no hop through here)."""
+        det = self.detector
+        return None if det.hung else det.deadline()
 
     def declared(self) -> bool:
         """A hang declared: the budget ran out and, with verification on, the verdict

@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -120,6 +121,10 @@ class Worker:
         # control loop's one wake-up (the reconciler's), set in the loop by the link's read
         # loop or a decider, never a queue
         self._change = asyncio.Event()
+        # the detectors' ticker's wake-up (_ticker): an observation moved the earliest due
+        # time, or a part's next due time moved (HangParts.wake)
+        self._tick_wake = asyncio.Event()
+        self._tick_stale = False  # set with it by wake_ticker: refresh, not just re-sleep
         self.lifecycle = Lifecycle(rank=cfg.identity.rank, spare=cfg.identity.spare,
                                    on_change=self._change.set)
         fixed: dict[str, Any] = {"job": cfg.identity.job}
@@ -162,7 +167,8 @@ class Worker:
         # (watch/loop.py); ticked by this worker (_ticker: after the output is handled)
         self.watch = WatchLoop([TrainerWatch("trainer", p.sources, self.detectors)],
                                self.raise_fault, observers=[o.observe for o in self.observers],
-                               on_error=self._source_failed, tick_seconds=None)
+                               on_error=self._source_failed, tick_seconds=None,
+                               wake=self._tick_wake)
         self.line_handlers: tuple[LineHandler, ...] = p.line_handlers
         self.fault_hooks: tuple[Callable[[Fault], None], ...] = p.fault_hooks  # metrics
         self.evidence: Evidence | None = p.evidence  # the hang fault's async enrichment
@@ -269,17 +275,45 @@ class Worker:
         self.events.write("fault", FaultKind.AGENT.value, f"source {name} failed: {e}")
 
     async def _ticker(self) -> None:
-        # On the process's grid (timegrid.py's rule, here in place: a tick is the loop's
-        # most frequent wake-up): the launcher's N workers tick in one loop wake-up, not
-        # N, and the NIC and GPU polls share it.
+        # Deadline-driven: sleeps until the detectors' earliest due time (WatchLoop.due:
+        # the hang budget's end, the verifier's next sample, the dead-still watch's next
+        # look) or a wake (an observation that moved it earlier, a verdict, a deferred
+        # budget), and a wake-up with nothing due calls nothing. A detector without a
+        # deadline of its own keeps the grid (timegrid.py's rule, here in place): the
+        # launcher's N workers tick in one loop wake-up, not N.
         loop = asyncio.get_running_loop()
-        feed = self.feed
+        feed, watch, wake = self.feed, self.watch, self._tick_wake
+        lag = 0.0  # how far the detectors' clock (output not handled yet) is behind
+        again = False  # the last tick left something due at once: the grid, never a spin
         while True:
-            await asyncio.sleep(TICK_SECONDS - loop.time() % TICK_SECONDS)
+            # +1 ms: a budget ends when now > its deadline, and a timer may fire early
+            wait = watch.due + lag - time.monotonic() + 0.001
+            if watch.polled or again:
+                grid = TICK_SECONDS - loop.time() % TICK_SECONDS
+                wait = grid if again else min(wait, grid)
+            if wait > 0 and not wake.is_set():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(wake.wait(), None if wait == math.inf else wait)
+            if wake.is_set():
+                wake.clear()
+                if self._tick_stale:  # a part's time moved: ask the detectors again
+                    self._tick_stale = False  # (an observation asked them itself)
+                    watch.refresh(time.monotonic())
+                again = False
+                continue
             # the output waiting (LineFeed.pumps_callback), then the detectors' "now";
             # nothing waiting: the clock, without a call into the feed
             b = feed.backlog
-            self.watch.tick(feed.tick() if b is not None and b.pending else time.monotonic())
+            now = feed.tick() if b is not None and b.pending else time.monotonic()
+            lag = max(0.0, time.monotonic() - now)
+            watch.tick(now)
+            again = watch.due <= now
+
+    def wake_ticker(self) -> None:
+        """A detector's next due time moved outside an observation (a verdict came, a
+        budget was deferred): the ticker asks again (HangParts.wake)."""
+        self._tick_stale = True
+        self._tick_wake.set()
 
     def detector_now(self, now: float | None = None) -> float:
         """The detectors' "now" (LineFeed.now: the clock, or the read time of output still

@@ -389,7 +389,7 @@ def progress_parts(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir:
         hang = HangParts(rank=lambda: agent.lifecycle.rank, ask_arbiter=asks,
                          local_peers=local_peers,
                          window_dump=None if recorder is None else recorder.snapshot,
-                         waits=blocked_threads)
+                         waits=blocked_threads, wake=agent.wake_ticker)
         verifier = Verifier(detector, cfg.hang, sampler, hang, record=record,
                             metrics=metrics, emit=agent.raise_fault, now=agent.detector_now)
     watch = HangWatch(detector, metrics, parser, verifier=verifier)
