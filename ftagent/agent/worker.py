@@ -275,12 +275,14 @@ class Worker:
         self.events.write("fault", FaultKind.AGENT.value, f"source {name} failed: {e}")
 
     async def _ticker(self) -> None:
-        # Deadline-driven: sleeps until the detectors' earliest due time (WatchLoop.due:
-        # the hang budget's end, the verifier's next sample, the dead-still watch's next
-        # look) or a wake (an observation that moved it earlier, a verdict, a deferred
-        # budget), and a wake-up with nothing due calls nothing. A detector without a
-        # deadline of its own keeps the grid (timegrid.py's rule, here in place): the
-        # launcher's N workers tick in one loop wake-up, not N.
+        # Two clocks. The trainer's output is drained on the process's grid (timegrid.py's
+        # rule, here in place: the pumps never wake the loop, so the launcher's N workers
+        # handle their output in one loop wake-up per 0.5 s, not one per line). The
+        # detectors are deadline-driven: ticked when their earliest due time comes
+        # (WatchLoop.due: the hang budget's end, the verifier's next sample, the dead-still
+        # watch's next look) or after a wake (an observation that moved it earlier, a
+        # verdict, a deferred budget). A wake-up with no output waiting and nothing due
+        # calls nothing (before: every detector's tick, every 0.5 s).
         loop = asyncio.get_running_loop()
         feed, watch, wake = self.feed, self.watch, self._tick_wake
         lag = 0.0  # how far the detectors' clock (output not handled yet) is behind
@@ -288,7 +290,7 @@ class Worker:
         while True:
             # +1 ms: a budget ends when now > its deadline, and a timer may fire early
             wait = watch.due + lag - time.monotonic() + 0.001
-            if watch.polled or again:
+            if feed.backlog is not None or watch.polled or again:
                 grid = TICK_SECONDS - loop.time() % TICK_SECONDS
                 wait = grid if again else min(wait, grid)
             if wait > 0 and not wake.is_set():
@@ -306,8 +308,11 @@ class Worker:
             b = feed.backlog
             now = feed.tick() if b is not None and b.pending else time.monotonic()
             lag = max(0.0, time.monotonic() - now)
-            watch.tick(now)
-            again = watch.due <= now
+            if watch.due <= now or watch.polled:
+                watch.tick(now)
+                again = watch.due <= now
+            else:
+                again = False
 
     def wake_ticker(self) -> None:
         """A detector's next due time moved outside an observation (a verdict came, a
