@@ -92,10 +92,11 @@ class WatchLoop:
         self._armed: set[tuple[int, float]] = set()  # (id(detector), deadline) timers
         # deadline-driven detectors (``next_tick``): each one's next due time; the others
         # are ticked on every tick (``polled``), those with ``ticks = False`` never
-        self._timed: dict[int, Callable[[float], float | None]] = {
-            id(d): nt for d in self.detectors if (nt := getattr(d, "next_tick", None))}
-        self._dues: dict[int, float] = dict.fromkeys(self._timed, -math.inf)  # tick first
         self._quiet = {id(d) for d in self.detectors if getattr(d, "ticks", True) is False}
+        self._timed: dict[int, Callable[[float], float | None]] = {
+            id(d): nt for d in self.detectors
+            if (nt := getattr(d, "next_tick", None)) and id(d) not in self._quiet}
+        self._dues: dict[int, float] = dict.fromkeys(self._timed, -math.inf)  # tick first
         self.polled = any(id(d) not in self._timed and id(d) not in self._quiet
                           for d in self.detectors)
         self.due = -math.inf if self._timed else math.inf  # the earliest of ``_dues``
