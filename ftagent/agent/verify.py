@@ -338,6 +338,16 @@ class Verifier:
 
     # ------------------------------------------------------------------ from HangWatch
 
+    def tick(self, now: float) -> list[Fault]:
+        """The hang watch's tick (HangWatch.tick with a verifier): ``prepare`` (samples
+        while the budget runs down), the detector's tick, and a HANG it raises verified
+        (``on_faults``); returns the faults to raise now."""
+        self.prepare(now)
+        faults = self.detector.tick(now)
+        if not faults and not self.ready:
+            return faults  # nothing to judge or hand over
+        return self.on_faults(faults, now)
+
     def prepare(self, now: float) -> None:
         """Before the detector's tick at ``now``: start sampling a budget that is running
         out (``verify_plan``), so its verdict is ready when it ends; drop samples taken
