@@ -142,10 +142,14 @@ class TreeSampler:
     """One snapshot of every process of the trainer's tree at a time (two py-spy attaching
     to one process at once fail, so an agent samples one snapshot after the other)."""
 
-    def __init__(self, pids: Callable[[], Sequence[int]], dump_timeout: float = 2.0,
-                 py_spy: str = "py-spy", gpu: GpuProbe | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, pids: Callable[[], Sequence[int]] | None = None,
+                 dump_timeout: float = 2.0, py_spy: str = "py-spy",
+                 gpu: GpuProbe | None = None, clock: Callable[[], float] = time.monotonic,
+                 *, tree: Callable[[], Sequence[Any]] | None = None) -> None:
+        """``pids``: the trainer's tree's pids; or ``tree``, its processes (anything with
+        a ``pid``: the worker's ``tree``, read here without a hop through the worker)."""
         self.pids = pids
+        self.tree = tree
         self.exe = find_py_spy(py_spy)
         self.dump_timeout = dump_timeout
         self.gpu = gpu
@@ -163,7 +167,9 @@ class TreeSampler:
     async def _sample(self, stacks: bool) -> tuple[Snapshot, list[dict[str, Any]]]:
         errors: list[str] = []
         try:
-            pids = list(dict.fromkeys(self.pids()))
+            listed = [p.pid for p in self.tree()] if self.tree is not None else \
+                self.pids() if self.pids is not None else []
+            pids = list(dict.fromkeys(listed))
         except Exception as e:  # noqa: BLE001
             pids = []
             errors.append(f"the trainer's tree could not be listed: {e!r}")

@@ -371,8 +371,8 @@ def progress_parts(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir:
     if cfg.hang.hang_verify_window > 0:  # suspect -> verify -> declare (agent/verify.py)
         from ftagent.agent.verify import NvmlProbe, TreeSampler, Verifier
 
-        sampler = TreeSampler(agent.tree_pids, min(cfg.hang.hang_dump_timeout, 2.0),
-                              gpu=NvmlProbe())
+        sampler = TreeSampler(dump_timeout=min(cfg.hang.hang_dump_timeout, 2.0),
+                              gpu=NvmlProbe(), tree=agent.tree)
         def learned(seconds: float, where: str) -> None:
             says = getattr(arbiter_link(agent), "trainer_says", None)
             if says is not None:
