@@ -38,7 +38,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import math
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -280,22 +279,24 @@ class Worker:
         # handle their output in one loop wake-up per 0.5 s, not one per line). The
         # detectors are deadline-driven: ticked when their earliest due time comes
         # (WatchLoop.due: the hang budget's end, the verifier's next sample, the dead-still
-        # watch's next look) or after a wake (an observation that moved it earlier, a
-        # verdict, a deferred budget). A wake-up with no output waiting and nothing due
-        # calls nothing (before: every detector's tick, every 0.5 s).
+        # watch's next look; between two grid points too) or after a wake (an observation
+        # that moved it earlier, a verdict, a deferred budget). A wake-up with no output
+        # waiting and nothing due calls nothing (before: every detector's tick, every
+        # 0.5 s).
         loop = asyncio.get_running_loop()
         feed, watch, wake = self.feed, self.watch, self._tick_wake
         lag = 0.0  # how far the detectors' clock (output not handled yet) is behind
         again = False  # the last tick left something due at once: the grid, never a spin
         while True:
-            # +1 ms: a budget ends when now > its deadline, and a timer may fire early
-            wait = watch.due + lag - time.monotonic() + 0.001
-            if feed.backlog is not None or watch.polled or again:
-                grid = TICK_SECONDS - loop.time() % TICK_SECONDS
-                wait = grid if again else min(wait, grid)
+            # the grid (the output, and a spare wake-up where nothing else would come: a
+            # trainer spawned while nothing was due) or the earliest due time, whichever
+            # comes first; +1 ms: a budget ends when now > its deadline, and a timer may
+            # fire early
+            grid = TICK_SECONDS - loop.time() % TICK_SECONDS
+            wait = grid if again else min(watch.due + lag - time.monotonic() + 0.001, grid)
             if wait > 0 and not wake.is_set():
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(wake.wait(), None if wait == math.inf else wait)
+                    await asyncio.wait_for(wake.wait(), wait)
             if wake.is_set():
                 wake.clear()
                 if self._tick_stale:  # a part's time moved: ask the detectors again
