@@ -1,7 +1,8 @@
 """The last five shipped alerts, live (issue 32.4): each fires and resolves under a real
 Prometheus scraping a real arbiter on loopback, with the test copy of the rules of
-test_alerts_live.py (every ``for:`` 2 s, every window and ``offset`` 20 s; nothing else
-shortened here), so each resolves by time once its window has passed.
+test_alerts_live.py (every ``for:`` 2 s, every window and ``offset`` 20 s, 10 s for the
+cordon alerts; nothing else shortened here), so each resolves by time once its window has
+passed.
 
 * FtagentStraggler: a real arbiter (``--straggler-window 2``) and two real agents whose
   trainers log steps at different rates (no collectives: compute is the whole step time);
@@ -113,7 +114,8 @@ def test_the_cordon_alerts_fire_and_resolve_on_a_real_kube_arbiter(tmp_path: Pat
                                  "--max-cordon-fraction", "1", "--max-confirmed-cordons", "3",
                                  env={"POD_NAMESPACE": ARBITER_NS})
         address = arbiter.start()
-        prom = Prometheus(tmp_path, {"ftagent-arbiter": (ARBITER_NS, metrics)})
+        # 10 s windows: the three cordons come within a few seconds of each other
+        prom = Prometheus(tmp_path, {"ftagent-arbiter": (ARBITER_NS, metrics)}, window="10s")
         node_agents: list[subprocess.Popen[bytes]] = []
 
         def node_agent(n: str) -> None:

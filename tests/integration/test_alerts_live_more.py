@@ -1,6 +1,7 @@
 """More of the shipped alerts, live (issue 32.4), each under a real Prometheus scraping
 real processes on loopback, with the test copy of the rules of test_alerts_live.py (every
-``for:`` 2 s, every window and ``offset`` 20 s; 10 s for the job alerts: their counts come in bursts).
+``for:`` 2 s, every window and ``offset`` 20 s; 10 s for the job alerts, whose counts come
+in bursts).
 
 * The NIC alerts: a real agent watches one end of a veth pair in a network namespace of
   its own; the test takes the other end down and up. Prometheus runs in that namespace (it
