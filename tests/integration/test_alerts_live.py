@@ -236,12 +236,14 @@ def test_every_component_with_an_alert_is_scraped_and_its_alerts_fire_and_resolv
     arbiter = ArbiterProcess("--metrics-port", str(arbiter_metrics),
                              "--metrics-addr", "127.0.0.1")
     webhook = Webhook(webhook_metrics)
-    arbiter.start()
-    webhook.start()
+    # Prometheus first: its first scrape comes about 5 s after it starts (its target
+    # discovery's update period), the arbiter and the webhook start meanwhile
     prom = Prometheus(tmp_path, {"ftagent-agents": ("default", agent),
                                  "ftagent-arbiter": (NS, arbiter_metrics),
                                  "ftagent-webhook": (NS, webhook_metrics)}, window="10s")
     try:
+        arbiter.start()
+        webhook.start()
         # every component that has an alert is scraped by a shipped monitor
         assert any(j.endswith("/ftagent-webhook") for j in prom.jobs), prom.jobs
         assert any(j.endswith("/ftagent-arbiter") for j in prom.jobs), prom.jobs
