@@ -301,9 +301,9 @@ def test_no_leader_fires_while_the_lease_is_held_elsewhere_and_resolves(
                                  "--leader-elect-renew-deadline", "2",
                                  "--leader-elect-lease-duration", "3",
                                  "--metrics-port", str(metrics), "--metrics-addr", "127.0.0.1")
-        arbiter.start()
-        prom = Prometheus(tmp_path, {"ftagent-arbiter": (NS, metrics)})
+        prom = Prometheus(tmp_path, {"ftagent-arbiter": (NS, metrics)})  # first: see above
         try:
+            arbiter.start()
             wait_for(lambda: "FtagentArbiterNoLeader" in prom.alerts(), 60,
                      "FtagentArbiterNoLeader to fire (a standby only)")
             lease = fake.get("leases.coordination.k8s.io", "ftagent-arbiter", NS)
