@@ -164,7 +164,11 @@ test: venv deps lint typecheck lint-workflows bundle
 	@# PYTHONDONTWRITEBYTECODE (this machine and CI do), every agent, arbiter and trainer
 	@# the tests start would otherwise compile ftagent from source (0.9 vs 0.4 s a start).
 	$(BIN)/python -m compileall -q ftagent tests bench examples >/dev/null
-	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --durations=25 tests
+	@# --dist worksteal: an idle worker takes tests queued on the other. The default (load)
+	@# gave one worker its first chunk of ~330 tests, the drills, the e2e jobs and the first
+	@# integration files, and no other worker could take them: the other ran the 1,962 unit
+	@# tests and everything else and then sat idle for minutes (lane suite, stop 41).
+	$(BIN)/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist worksteal --durations=25 tests
 
 unit: venv
 	$(BIN)/pytest -q tests/unit

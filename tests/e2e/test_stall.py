@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.arbiter_helpers import ArbiterProcess
 from tests.conftest import wait_for
 from tests.e2e.jobs import Job, needs_torch, start_job, status, steps, timeline_text, trainer_pid
@@ -121,13 +123,18 @@ def _dead_still_run(tmp_path: Path, steps: int, window: str, marker: str,
     return f, took
 
 
-def test_a_first_save_blocked_forever_is_declared_dead_still_within_90s(
+def test_a_first_save_blocked_forever_is_declared_dead_still_within_its_window_and_30s(
         tmp_path: Path) -> None:
     """The checkpoint phase was never seen: its budget is --hang-phase-timeout (30 min).
-    Dead-still over --hang-dead-still-window (60 s) declares it, naming the frame."""
-    f, took = _dead_still_run(tmp_path, 30, "60", "saving checkpoint at iteration 30", 90)
+    Dead-still over --hang-dead-still-window declares it, naming the frame. Issue 35's
+    "within 90 s" is the default 60 s window and 30 s: the window here is 10 s (the same
+    watch, 50 s less waiting), declared no sooner than the window and no later than 30 s
+    after it; the step budget (2 s) and the phase budget (30 min) are both outside that."""
+    window = 10.0
+    f, took = _dead_still_run(tmp_path, 30, f"{window:g}", "saving checkpoint at iteration 30",
+                              window + 30)
     print(f"dead-still first save: declared {took:.1f}s after the save began")
-    assert took <= 90.0, took
+    assert window - 1.0 <= took <= window + 30.0, took
     assert f["verdict"] == "dead_still" and f["rule"] == "D1" and f["phase"] == "checkpoint", f
     assert "save (first_save.py:" in f["message"] and "checkpoint phase" in f["message"], \
         f["message"]
@@ -219,63 +226,64 @@ class SlowStore:
         self.sock.close()
 
 
+@pytest.mark.parametrize("mode", ["direct", "worker"])
 def test_slow_remote_reads_are_waiting_on_io_never_a_restart_or_a_fault(
-        tmp_path: Path) -> None:
+        tmp_path: Path, mode: str) -> None:
     """Issue 35 item 3: 8 s reads from a slow remote store every 15 steps, on rank 0,
     directly (its main thread in recv) and through a DataLoader worker (the main thread
     polls the worker's queue, the worker sits in poll on its socket with a timeout, which
     py-spy's sampling turns into restart_syscall): rank 0 is waiting on I/O, rank 1
-    waits on rank 0; no restart, no fault of any severity, the job finishes."""
+    waits on rank 0; no restart, no fault of any severity, the job finishes. One job per
+    mode, each a test of its own (two workers may run them side by side)."""
     import subprocess
 
     from tests.conftest import PY, free_port, ftagent_cmd, read_events
 
     script = tmp_path / "slow_reads.py"
     script.write_text(SLOW_READS)
-    for mode in ("direct", "worker"):
-        store = SlowStore()
-        run = tmp_path / mode
-        run.mkdir()
-        port = free_port()
-        try:
-            with ArbiterProcess(log_dir=str(run)) as arb:
-                procs = []
-                for r in range(2):
-                    env = dict(os.environ, RANK=str(r), WORLD_SIZE="2",
-                               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                               TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
-                    cmd = ftagent_cmd("--arbiter", arb.address, "--job", "e2e",
-                                      "--events-file", str(run / f"rank{r}.jsonl"),
-                                      "--rank", str(r), "--world-size", "2", *FLOOR,
-                                      cmd=[PY, str(script), str(store.port), mode, "15", "40"])
-                    out = open(run / f"rank{r}.out", "wb")  # noqa: SIM115
-                    procs.append(subprocess.Popen(cmd, env=env, stdout=out,
-                                                  stderr=subprocess.STDOUT))
-                    out.close()
-                try:
-                    codes = [p.wait(timeout=300) for p in procs]
-                finally:
-                    for p in procs:
-                        if p.poll() is None:
-                            p.kill()
-                            p.wait()
-                st = status(arb.address)
-        finally:
-            store.close()
-        logs = [(run / f"rank{r}.out").read_text(errors="replace")[-1500:] for r in (0, 1)]
-        assert codes == [0, 0], (mode, logs)
-        assert store.served >= 2, (mode, store.served)
-        restarts = [e for e in st["timeline"] if e.get("action") in ("restart", "replace")]
-        assert not restarts, (mode, timeline_text(st))
-        for r in (0, 1):
-            events = read_events(run / f"rank{r}.jsonl")
-            faults = [e for e in events if e["event"] == "fault"]
-            assert not faults, (mode, r, [(f["kind"], f["severity"], f["message"])
-                                          for f in faults])
-        rank0 = read_events(run / "rank0.jsonl")
-        io = [e for e in rank0 if e["event"] == "verify" and e["kind"] == "waiting_on_io"]
-        assert io and "tcp 127.0.0.1:" in io[0]["message"], (mode, [
-            (e["kind"], e["message"]) for e in rank0 if e["event"] == "verify"])
+    store = SlowStore()
+    run = tmp_path / mode
+    run.mkdir()
+    port = free_port()
+    try:
+        with ArbiterProcess(log_dir=str(run)) as arb:
+            procs = []
+            for r in range(2):
+                env = dict(os.environ, RANK=str(r), WORLD_SIZE="2",
+                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                           TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+                cmd = ftagent_cmd("--arbiter", arb.address, "--job", "e2e",
+                                  "--events-file", str(run / f"rank{r}.jsonl"),
+                                  "--rank", str(r), "--world-size", "2", *FLOOR,
+                                  cmd=[PY, str(script), str(store.port), mode, "15", "40"])
+                out = open(run / f"rank{r}.out", "wb")  # noqa: SIM115
+                procs.append(subprocess.Popen(cmd, env=env, stdout=out,
+                                              stderr=subprocess.STDOUT))
+                out.close()
+            try:
+                codes = [p.wait(timeout=300) for p in procs]
+            finally:
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                        p.wait()
+            st = status(arb.address)
+    finally:
+        store.close()
+    logs = [(run / f"rank{r}.out").read_text(errors="replace")[-1500:] for r in (0, 1)]
+    assert codes == [0, 0], (mode, logs)
+    assert store.served >= 2, (mode, store.served)
+    restarts = [e for e in st["timeline"] if e.get("action") in ("restart", "replace")]
+    assert not restarts, (mode, timeline_text(st))
+    for r in (0, 1):
+        events = read_events(run / f"rank{r}.jsonl")
+        faults = [e for e in events if e["event"] == "fault"]
+        assert not faults, (mode, r, [(f["kind"], f["severity"], f["message"])
+                                      for f in faults])
+    rank0 = read_events(run / "rank0.jsonl")
+    io = [e for e in rank0 if e["event"] == "verify" and e["kind"] == "waiting_on_io"]
+    assert io and "tcp 127.0.0.1:" in io[0]["message"], (mode, [
+        (e["kind"], e["message"]) for e in rank0 if e["event"] == "verify"])
 
 
 def test_silent_saves_every_20_steps_leave_the_step_budget_at_its_floor(

@@ -7,7 +7,8 @@ install and ``FtagentWebhookErrors`` could never fire.
 
 The rules are a test copy of ``deploy/prometheus/ftagent-rules.yaml`` with shorter
 durations, nothing else changed: every ``for:`` becomes 2 s and every range window
-(``[5m]``, ``[1h]``...) 20 s, so an alert fires and resolves within the test. Checked here:
+(``[5m]``, ``[1h]``...) 20 s (10 s in the two tests here whose counts fit in it with room),
+so an alert fires and resolves within the test. Checked here:
 the self-watching alerts stay quiet while everything is up; ``FtagentWebhookErrors`` fires
 on a review that fails inside the webhook (a fault injected into the real webhook process
 for one namespace) and resolves; ``FtagentWebhookDown`` and ``FtagentAgentNotScraped``
@@ -77,16 +78,17 @@ THRESHOLDS = {"ftagent_seconds_since_progress > 1800": "ftagent_seconds_since_pr
               "(increase(ftagent_job_seconds_lost_to_faults_total[1d])) > 0"}
 
 
-def short_rules(dst: Path) -> Path:
+def short_rules(dst: Path, window: str = "20s") -> Path:
     """The shipped rules with every ``for:`` at 2 s, every range window and ``offset`` at
-    20 s and the duration thresholds of THRESHOLDS shortened."""
+    ``window`` (20 s; 10 s where a test's counts fit in it with room) and the duration
+    thresholds of THRESHOLDS shortened."""
     text = RULES.read_text()
     for shipped, short in THRESHOLDS.items():
         assert shipped in text, f"{shipped!r} is no longer in {RULES.name}"
         text = text.replace(shipped, short)
     text = re.sub(r"\bfor: \d+[smhd]\b", "for: 2s", text)
-    text = re.sub(r"\[\d+[smhd]\]", "[20s]", text)
-    text = re.sub(r"\boffset \d+[smhd]\b", "offset 20s", text)  # the born-in-window test
+    text = re.sub(r"\[\d+[smhd]\]", f"[{window}]", text)
+    text = re.sub(r"\boffset \d+[smhd]\b", f"offset {window}", text)  # the born-in-window test
     dst.write_text(text)
     return dst
 
@@ -146,9 +148,10 @@ class Webhook:
 
 class Prometheus:
     def __init__(self, tmp: Path, targets: dict[str, tuple[str, int]], *,
-                 netns: str = "") -> None:
+                 netns: str = "", window: str = "20s") -> None:
         """``targets``: PodMonitor name -> (namespace of its pods, port). ``netns``: run it
-        in that network namespace (its loopback), where the scraped processes run."""
+        in that network namespace (its loopback), where the scraped processes run.
+        ``window``: the rules' range windows and offsets (short_rules)."""
         self.netns = ["ip", "netns", "exec", netns] if netns else []
         self.port = free_port()
         jobs = []
@@ -164,7 +167,7 @@ class Prometheus:
                                              "labels": {"namespace": ns}}]})
         cfg = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s",
                           "scrape_timeout": "1s"},
-               "rule_files": [str(short_rules(tmp / "rules.yaml"))],
+               "rule_files": [str(short_rules(tmp / "rules.yaml", window))],
                "scrape_configs": jobs}
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(cfg))
         self.proc = subprocess.Popen(
@@ -233,12 +236,14 @@ def test_every_component_with_an_alert_is_scraped_and_its_alerts_fire_and_resolv
     arbiter = ArbiterProcess("--metrics-port", str(arbiter_metrics),
                              "--metrics-addr", "127.0.0.1")
     webhook = Webhook(webhook_metrics)
-    arbiter.start()
-    webhook.start()
+    # Prometheus first: its first scrape comes about 5 s after it starts (its target
+    # discovery's update period), the arbiter and the webhook start meanwhile
     prom = Prometheus(tmp_path, {"ftagent-agents": ("default", agent),
                                  "ftagent-arbiter": (NS, arbiter_metrics),
-                                 "ftagent-webhook": (NS, webhook_metrics)})
+                                 "ftagent-webhook": (NS, webhook_metrics)}, window="10s")
     try:
+        arbiter.start()
+        webhook.start()
         # every component that has an alert is scraped by a shipped monitor
         assert any(j.endswith("/ftagent-webhook") for j in prom.jobs), prom.jobs
         assert any(j.endswith("/ftagent-arbiter") for j in prom.jobs), prom.jobs
@@ -296,9 +301,9 @@ def test_no_leader_fires_while_the_lease_is_held_elsewhere_and_resolves(
                                  "--leader-elect-renew-deadline", "2",
                                  "--leader-elect-lease-duration", "3",
                                  "--metrics-port", str(metrics), "--metrics-addr", "127.0.0.1")
-        arbiter.start()
-        prom = Prometheus(tmp_path, {"ftagent-arbiter": (NS, metrics)})
+        prom = Prometheus(tmp_path, {"ftagent-arbiter": (NS, metrics)})  # first: see above
         try:
+            arbiter.start()
             wait_for(lambda: "FtagentArbiterNoLeader" in prom.alerts(), 60,
                      "FtagentArbiterNoLeader to fire (a standby only)")
             lease = fake.get("leases.coordination.k8s.io", "ftagent-arbiter", NS)
@@ -388,7 +393,8 @@ def test_the_training_alerts_fire_and_resolve_on_a_real_agent(tmp_path: Path) ->
         "--gpu-backend", f"simulated:{gpus}", "--gpu-xid-action", "79=ignore",
         "--gpu-poll-interval", "0.2", cmd=[PY, "-c", STEERED, str(ctl)]),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    prom = Prometheus(tmp_path, {"ftagent-agents": ("default", port)})
+    # 10 s windows: the crash loop restarts 4 times in about 2 s (> 3 in the window)
+    prom = Prometheus(tmp_path, {"ftagent-agents": ("default", port)}, window="10s")
     try:
         wait_for(lambda: prom_query(prom.port, "up == 1", timeout=5), 60, "the agent up")
         wait_for(lambda: "FtagentGpuFatalXid" in prom.alerts(), 30,
@@ -415,7 +421,7 @@ def test_the_training_alerts_fire_and_resolve_on_a_real_agent(tmp_path: Path) ->
         wait_for(lambda: "FtagentRestartingOften" in prom.alerts(), 60,
                  "FtagentRestartingOften to fire")
         ctl.write_text("ok")
-        # the counters' alerts resolve once their increases leave the (20 s) window
+        # the counters' alerts resolve once their increases leave the (10 s) window
         wait_for(lambda: not prom.active() & set(TRAINING), 60,
                  "every training alert to resolve")
         assert agent.poll() is None, "the agent carried the trainer through all of it"

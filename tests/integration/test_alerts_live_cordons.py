@@ -1,7 +1,8 @@
 """The last five shipped alerts, live (issue 32.4): each fires and resolves under a real
 Prometheus scraping a real arbiter on loopback, with the test copy of the rules of
-test_alerts_live.py (every ``for:`` 2 s, every window and ``offset`` 20 s; nothing else
-shortened here), so each resolves by time once its window has passed.
+test_alerts_live.py (every ``for:`` 2 s, every window and ``offset`` 20 s, 10 s for the
+cordon alerts; nothing else shortened here), so each resolves by time once its window has
+passed.
 
 * FtagentStraggler: a real arbiter (``--straggler-window 2``) and two real agents whose
   trainers log steps at different rates (no collectives: compute is the whole step time);
@@ -56,16 +57,20 @@ def test_the_straggler_alert_fires_and_resolves_on_a_real_arbiter(tmp_path: Path
     metrics = free_port()
     arbiter = ArbiterProcess("--token", SECRET, "--metrics-port", str(metrics),
                              "--metrics-addr", "127.0.0.1", "--straggler-window", "2")
-    address = arbiter.start()
     pace = [tmp_path / "pace0", tmp_path / "pace1"]
     pace[0].write_text("0.05")
     pace[1].write_text("0.2")
-    agents = [popen([PY, "-m", "ftagent", "run", "--metrics-port=-1", "--arbiter", address,
-                     "--token", SECRET, "--job", "slow", "--rank", str(r), "--world-size", "2",
-                     "--node", f"node-{r}", "--", PY, "-c", PACED, str(pace[r])],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for r in range(2)]
+    # Prometheus first: its first scrape comes about 5 s after it starts (its target
+    # discovery's update period), the arbiter and the agents start meanwhile
     prom = Prometheus(tmp_path, {"ftagent-arbiter": ("ftagent-system", metrics)})
+    agents: list[subprocess.Popen[bytes]] = []
     try:
+        address = arbiter.start()
+        agents += [popen([PY, "-m", "ftagent", "run", "--metrics-port=-1", "--arbiter",
+                          address, "--token", SECRET, "--job", "slow", "--rank", str(r),
+                          "--world-size", "2", "--node", f"node-{r}", "--", PY, "-c", PACED,
+                          str(pace[r])], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                   for r in range(2)]
         wait_for(lambda: "FtagentStraggler" in prom.alerts(), 60,
                  "FtagentStraggler to fire (rank 1 at a quarter of rank 0's rate)")
         got = prom.get("/api/v1/alerts")["alerts"]
@@ -112,8 +117,10 @@ def test_the_cordon_alerts_fire_and_resolve_on_a_real_kube_arbiter(tmp_path: Pat
                                  "--metrics-port", str(metrics), "--metrics-addr", "127.0.0.1",
                                  "--max-cordon-fraction", "1", "--max-confirmed-cordons", "3",
                                  env={"POD_NAMESPACE": ARBITER_NS})
-        address = arbiter.start()
-        prom = Prometheus(tmp_path, {"ftagent-arbiter": (ARBITER_NS, metrics)})
+        # 10 s windows: the three cordons come within a few seconds of each other;
+        # Prometheus first (its first scrape comes ~5 s after its start), then the arbiter
+        prom = Prometheus(tmp_path, {"ftagent-arbiter": (ARBITER_NS, metrics)}, window="10s")
+        address = ""  # once started, below
         node_agents: list[subprocess.Popen[bytes]] = []
 
         def node_agent(n: str) -> None:
@@ -183,6 +190,7 @@ def test_the_cordon_alerts_fire_and_resolve_on_a_real_kube_arbiter(tmp_path: Pat
                 await asyncio.gather(*tasks, return_exceptions=True)
 
         try:
+            address = arbiter.start()
             asyncio.run(body())
         finally:
             prom.stop()

@@ -23,6 +23,7 @@ from tests.integration.test_training_images import (
     TRAINER,
     assemble_agent_dir,
     root_of,
+    roots_lock,
     run_in,
     wrapped,
 )
@@ -36,6 +37,11 @@ def agent_dir() -> Path:
 def arm64_root() -> Path:
     """bookworm's arm64 libc and Python, unpacked without running anything (extract
     variant: no maintainer scripts, so no arm64 CPU or emulator is needed)."""
+    with roots_lock():
+        return _arm64_root()
+
+
+def _arm64_root() -> Path:
     path, stamp = ROOTS / "arm64-bookworm", ROOTS / "arm64-bookworm.stamp"
     argv = ["mmdebstrap", "--mode=root", "--variant=extract", "--arch=arm64",
             "--include=libc6,python3.11-minimal", "bookworm"]

@@ -17,11 +17,14 @@ when ``FTAGENT_REQUIRE_IMAGE=1`` (CI, as root).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -76,9 +79,26 @@ def built(flavour: str) -> bool:
         (ROOTS / flavour / "bin").exists()
 
 
+@contextlib.contextmanager
+def roots_lock() -> Iterator[None]:
+    """One builder of build/roots at a time: pytest-xdist's workers share it (this module's,
+    test_injected_image's), and a second worker that found a root missing would otherwise
+    remove the first one's half-built copy and build it again; it waits, then finds it
+    stamped. Not reentrant: taken around each build, never around a call that takes it."""
+    ROOTS.mkdir(parents=True, exist_ok=True)
+    with open(ROOTS / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def build_roots(flavours: list[str]) -> None:
     """Build the missing root filesystems, all at once (mostly downloads and dpkg: they
     overlap well even on two cores)."""
+    with roots_lock():
+        _build_roots(flavours)
+
+
+def _build_roots(flavours: list[str]) -> None:
     todo = [f for f in flavours if not built(f)]
     ROOTS.mkdir(parents=True, exist_ok=True)
     procs = []
@@ -105,6 +125,11 @@ def root_of(flavour: str) -> Path:
 
 
 def without_python(source: Path) -> Path:
+    with roots_lock():
+        return _without_python(source)
+
+
+def _without_python(source: Path) -> Path:
     path, stamp = ROOTS / NO_PYTHON, ROOTS / f"{NO_PYTHON}.stamp"
     want = (ROOTS / f"{source.name}.stamp").read_text()
     if stamp.is_file() and stamp.read_text() == want and (path / "bin").exists():
@@ -125,6 +150,11 @@ def without_python(source: Path) -> Path:
 def musl_root() -> Path:
     """An Alpine-like root: musl's loader (Debian's ``musl``), a static busybox as the
     shell and its applets, no glibc, no Python."""
+    with roots_lock():
+        return _musl_root()
+
+
+def _musl_root() -> Path:
     path, stamp = ROOTS / "musl", ROOTS / "musl.stamp"
     want = "busybox-static musl"
     if stamp.is_file() and stamp.read_text() == want and (path / "bin" / "sh").exists():
@@ -159,6 +189,11 @@ def assemble_agent_dir() -> Path:
     build_roots(list(FLAVOURS))
     # the image's bundle (make image builds it first: here it is then up to date)
     bundle, vendor = build_compat.build(), build_vendor.build()
+    with roots_lock():  # a worker may be removing and copying it: one at a time
+        return _agent_dir(bundle, vendor)
+
+
+def _agent_dir(bundle: Path, vendor: Path) -> Path:
     folder = ROOTS / "agent"
     stamp = folder / ".from"
     want = json.dumps([(bundle / "ftagent").stat().st_mtime_ns,
