@@ -123,18 +123,13 @@ def _dead_still_run(tmp_path: Path, steps: int, window: str, marker: str,
     return f, took
 
 
-def test_a_first_save_blocked_forever_is_declared_dead_still_within_its_window_and_30s(
+def test_a_first_save_blocked_forever_is_declared_dead_still_within_90s(
         tmp_path: Path) -> None:
     """The checkpoint phase was never seen: its budget is --hang-phase-timeout (30 min).
-    Dead-still over --hang-dead-still-window declares it, naming the frame. Issue 35's
-    "within 90 s" is the default 60 s window and 30 s: the window here is 10 s (the same
-    watch, 50 s less waiting), declared no sooner than the window and no later than 30 s
-    after it; the step budget (2 s) and the phase budget (30 min) are both outside that."""
-    window = 10.0
-    f, took = _dead_still_run(tmp_path, 30, f"{window:g}", "saving checkpoint at iteration 30",
-                              window + 30)
+    Dead-still over --hang-dead-still-window (60 s) declares it, naming the frame."""
+    f, took = _dead_still_run(tmp_path, 30, "60", "saving checkpoint at iteration 30", 90)
     print(f"dead-still first save: declared {took:.1f}s after the save began")
-    assert window - 1.0 <= took <= window + 30.0, took
+    assert took <= 90.0, took
     assert f["verdict"] == "dead_still" and f["rule"] == "D1" and f["phase"] == "checkpoint", f
     assert "save (first_save.py:" in f["message"] and "checkpoint phase" in f["message"], \
         f["message"]
