@@ -385,6 +385,13 @@ def missed_window(w: World, counter: str) -> str | None:
                 f"Prometheus's samples of {counter} either side of its one increase are "
                 f"{gap:.1f}s apart (scrapes failed under load): no {RATE_INTERVAL} window "
                 "holds both, so no rate exists to draw")
+    if values and values[0][1] > 0 and len(values) >= 3:
+        # the labelled series appears at its first observation: when the arbiter's first
+        # successful scrape came after the one fault, Prometheus never saw it at 0 and
+        # rate() has no increase to show (seen in CI under load: 219 s of waiting)
+        return (f"Prometheus's first sample of {counter} is already {values[0][1]:g}: its "
+                "one increase came before the first scrape that reached the arbiter, so no "
+                "rate exists to draw")
     return None
 
 
