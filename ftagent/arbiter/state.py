@@ -51,6 +51,11 @@ class JobPhase(str, enum.Enum):
     SUCCEEDED = "succeeded"
 
 
+# The phases a job ends in (``JobState.finished``): the pure deciders read the phase
+# against it in place (policy.py, barrier.py), no property call per decision.
+FINISHED = frozenset({JobPhase.STOPPED, JobPhase.SUCCEEDED})
+
+
 class Verdict(str, enum.Enum):
     """What a decision does. The first five are model.ActionKind values."""
 
@@ -280,7 +285,7 @@ class JobState:
 
     @property
     def finished(self) -> bool:
-        return self.phase in (JobPhase.STOPPED, JobPhase.SUCCEEDED)
+        return self.phase in FINISHED
 
 
 class Registered(NamedTuple):
