@@ -15,6 +15,8 @@ callers that hold a bare ``JobState`` (the tests).
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 from ftagent.arbiter.state import (
     FINISHED,
     AtBarrier,
@@ -188,7 +190,7 @@ def barrier_summary(job: JobState, now: float) -> str:
             f"{now - b.opened_at:.0f}s" + (f", waiting for rank {head}" if missing else ""))
 
 
-def first_missing(world_size: int, arrived: set[int], n: int) -> list[int]:
+def first_missing(world_size: int, arrived: Container[int], n: int) -> list[int]:
     """The lowest ``n`` ranks below ``world_size`` not in ``arrived``, in time linear in
     ``len(arrived) + n``: never a set of every rank (a Hello may say 1,000,000 ranks, and
     ListJobs shows every job's barrier; issue 20)."""

@@ -5,9 +5,10 @@ changes: a Hello, a progress summary, an arrival, an exit, a decision), then eac
 observer subscribed to that kind of change (``subscribe``: the journal writes the
 timeline, the history and the goodput ledger from them). This part turns checked
 messages into those changes, asks the barrier what an arrival or a Hello decides and the
-policy what a rank's fault or a hang probe's stacks decide, and ``execute``s decisions: apply, queue the commands (``commands.py``), tell the decision
-listeners (the cluster's actions). Nothing here writes the timeline or the ledger. It
-runs on the server's event loop only (no locks) and never blocks.
+policy what a rank's fault or a hang probe's stacks decide, and ``execute``s decisions:
+apply, queue the commands (``commands.py``), tell the decision listeners (the cluster's
+actions). Nothing here writes the timeline or the ledger. It runs on the server's event
+loop only (no locks) and never blocks.
 """
 
 from __future__ import annotations
@@ -116,15 +117,16 @@ class Jobs:
         for k in kinds:
             self._observers.setdefault(k, []).append(fn)
 
-    def apply(self, job: JobState, change: Change, now: float) -> None:
+    def apply(self, job: JobState, change: Change, now: float) -> Change | None:
         """``state.apply``, then the observers of what it applied (and of what it derived:
-        the job finished)."""
+        the job finished, open faults settled). Returns what it derived."""
         derived = state.apply(job, change, now)
         for fn in self._observers.get(type(change), ()):
             fn(job, change, now)
         if derived is not None:
             for fn in self._observers.get(type(derived), ()):
                 fn(job, derived, now)
+        return derived
 
     def record(self, job: JobState, kind: str, message: str, now: float, *,
                rank: int | None = None, fault_id: str = "", action: str = "") -> None:
@@ -340,7 +342,10 @@ class Jobs:
         else:
             change = StacksIn(rs.rank, f"{policy.NO_STACK}stacks of {size} bytes (over "
                               f"{policy.MAX_STACKS})", None)
-        self.apply(job, change._replace(size=size), now)
+        # Kept, not written down: the probe's decision says how many ranks answered and
+        # which did not (a timeline entry per rank pushed a 1,024-rank job's fault and
+        # probe out of the 1,000 entries its timeline keeps)
+        self.apply(job, change, now)
         decisions = policy.decide_stacks(job, now, self.cfg)
         if decisions:  # nothing until the last rank's stacks (or the deadline, at a tick)
             self.execute(job, decisions, now)
@@ -545,26 +550,22 @@ class Jobs:
     def execute(self, job: JobState, decisions: Iterable[Decision], now: float,
                 received: float | None = None, seen: FaultSeen | None = None) -> None:
         """Apply each decision (its observers write it down) and queue its commands on the
-        ranks' streams; then tell the decision listeners (the agents' commands are queued
-        first). ``seen``: the fault these decisions are about, applied first."""
+        ranks' streams, with a final FaultAck for each open fault it settled (``state.apply``
+        derives ``Settled``: no stacks awaited, no link down any more; the commands first);
+        then tell the decision listeners (the agents' commands are queued first).
+        ``seen``: the fault these decisions are about, applied first."""
         if seen is not None:
             self.apply(job, seen, now)
         if not decisions and isinstance(decisions, list):
             return  # most arrivals and Hellos decide nothing
-        last = ""
         done: list[Decision] = []
         for d in decisions:
             done.append(d)
-            self.apply(job, d, now)
-            last = d.verdict.value
+            derived = self.apply(job, d, now)
             if self.metrics:
                 self.metrics.decisions.labels(action=d.verdict.value).inc()
-            commands.send(job, d, self.metrics, received)
-        if last and job.open_faults:
-            settled = dict(job.open_faults)
-            self.apply(job, Settled(), now)
-            if not job.open_faults:
-                commands.settle(job, settled, last)
+            commands.send(job, d, self.metrics, received,
+                          derived.faults if isinstance(derived, Settled) else ())
         for d in done if self.listeners else ():
             for fn in self.listeners:
                 try:

@@ -82,7 +82,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftagent.arbiter import fr_verdict, ladder
-from ftagent.arbiter.barrier import barrier_expired, rank_list
+from ftagent.arbiter.barrier import barrier_expired, first_missing, rank_list
 from ftagent.arbiter.state import (
     FINISHED,
     Culprit,
@@ -415,6 +415,10 @@ def decide_stacks(job: JobState, now: float, cfg: PolicyConfig, *,
     steps = {r.rank: r.step for r in job.ranks.values()}
     stacks = {r.rank: r.stack for r in job.ranks.values() if r.stack is not None}
     got = f"stacks from {len(stacks)}/{job.world_size} ranks"
+    if len(stacks) < job.world_size:  # the probe's deadline: who did not answer
+        silent = first_missing(job.world_size, stacks, 10)
+        more = job.world_size - len(stacks) - len(silent)
+        got += f" (none from rank {rank_list(silent)}{f' and {more} more' if more > 0 else ''})"
     busy = job_busy(stacks)
     if busy is not None:  # alive ranks in an undeclared phase, the others wait for them
         ranks, why = busy
@@ -684,9 +688,13 @@ def parse_stacks(stacks_json: str) -> Any:
 def read_stacks(stacks_json: str, rank: int) -> tuple[str, fr_verdict.Summary | None]:
     """Rank ``rank``'s Stacks answer (at most ``MAX_STACKS`` characters) parsed once and
     read by both readers, in one call: the signature the culprit is named from
-    (``signature_in``) and the flight recorder's summary (``fr_verdict.reading``)."""
+    (``signature_in``) and the flight recorder's summary (``fr_verdict.reading``), read
+    only where the answer carries the recorder's part (the recorder on: else None, as
+    its reader says for an answer without one)."""
     data = parse_stacks(stacks_json)
-    return signature_in(data, stacks_json), fr_verdict.reading(data, rank)
+    carried = isinstance(data, dict) and isinstance(data.get("flight_recorder"), dict)
+    return signature_in(data, stacks_json), \
+        fr_verdict.reading(data, rank) if carried else None
 
 
 def signature_in(data: Any, stacks_json: str, frames_per_thread: int = 4) -> str:

@@ -11,12 +11,15 @@ below are each one a peer could reach before; each is checked on the path that m
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 
 import pytest
 
+from ftagent.arbiter import policy
 from ftagent.arbiter.connection import Connection
+from ftagent.arbiter.registry import Registry
 from ftagent.arbiter.timeline import MAX_ENTRY_MESSAGE, Timeline
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.wire import limits
@@ -95,3 +98,87 @@ def test_a_fault_acks_outcome_is_bounded() -> None:
         got.append(pb.ArbiterMessage.FromString(item[0]).fault_ack)
     assert [len(a.outcome) for a in got] == [200, 7] and got[0].outcome.endswith("…")
     assert got[1].outcome == "restart" and got[1].final
+
+
+def _hung_job(ranks: int, keep: int) -> tuple[Registry, list[Connection], list[float]]:
+    """A job of ``ranks`` ranks, released at generation 0, whose rank 0 reports a HANG
+    with every other rank stalled too: the arbiter probes every rank for its stacks."""
+    now = [1_000.0]
+    reg = Registry(policy.PolicyConfig(), Timeline(keep_per_job=keep), None, "t",
+                   clock=lambda: now[0])
+    conns = [Connection(f"peer-{r}") for r in range(ranks)]
+    for r, c in enumerate(conns):
+        reg.hello(c, pb.Hello(job="j", rank=r, world_size=ranks, pod=f"p{r}", node="n",
+                              agent_instance=f"i{r}", state="waiting"))
+    for c in conns:
+        reg.handle(c, pb.AgentMessage(arrival=pb.BarrierArrival(generation=0)), 0.0)
+    reg.handle(conns[0], pb.AgentMessage(fault=pb.Fault(
+        id="h1", kind=pb.FAULT_KIND_HANG, severity=pb.SEVERITY_ERROR, message="no step",
+        generation=0, detected_at=now[0])), 0.0)
+    assert reg.jobs[("", "j")].hang_probe is not None
+    return reg, conns, now
+
+
+def _stacks(rank: int) -> pb.AgentMessage:
+    frames = "hang_before_collective (train.py:72)" if rank == 1 else "backward (x.py:1)"
+    doc = {"processes": [{"pid": 100 + rank, "stack": f"Thread 1 (idle): \"Main\"\n"
+                          f"    {frames}\n"}], "seconds": 0.01}
+    return pb.AgentMessage(stacks=pb.Stacks(json=json.dumps(doc)))
+
+
+def test_a_probes_answers_do_not_push_the_fault_out_of_the_jobs_timeline() -> None:
+    """Each rank's answer to a hang probe is kept, not written down one entry per rank:
+    the decision says how many answered. (One entry per rank pushed the fault and the
+    probe out of the entries a job's timeline keeps: 1,000, so a job of 1,024 ranks lost
+    them at every job hang; here 12 ranks against 8 entries.)"""
+    reg, conns, _ = _hung_job(12, keep=8)
+    for r, c in enumerate(conns):
+        reg.handle(c, _stacks(r), 0.0)
+    entries = reg.timeline.entries("j", "")
+    kinds = [(e.kind, e.action) for e in entries]
+    assert ("fault", "") in kinds and ("decision", "dump_stacks") in kinds, kinds
+    decided = [e for e in entries if e.action == "restart"]
+    assert decided and "stacks from 12/12 ranks" in decided[0].message, kinds
+
+
+def test_a_probe_decided_at_its_deadline_names_the_ranks_that_did_not_answer() -> None:
+    reg, conns, now = _hung_job(14, keep=100)
+    for r, c in enumerate(conns):
+        if r not in (3, 12, 13):
+            reg.handle(c, _stacks(r), 0.0)
+    now[0] += policy.PolicyConfig().stacks_timeout + 1
+    reg.tick()
+    decided = [e for e in reg.timeline.entries("j", "") if e.kind == "decision"][-1]
+    assert "stacks from 11/14 ranks (none from rank 3, 12, 13)" in decided.message, \
+        decided.message
+
+
+def test_a_settled_faults_final_ack_follows_the_command_on_its_stream() -> None:
+    """The open hang fault's final FaultAck rides the settling decision's fan-out: after
+    the RESTART on the hung rank's stream, outside the fan-out's count of commands."""
+    reg, conns, _ = _hung_job(3, keep=100)
+    for r, c in enumerate(conns):
+        reg.handle(c, _stacks(r), 0.0)
+    got = []
+    while not conns[0].outbox.empty():
+        item = conns[0].outbox.get_nowait()
+        assert isinstance(item, tuple)
+        m = pb.ArbiterMessage.FromString(item[0])
+        got.append(("ack", m.fault_ack.final, m.fault_ack.outcome, item[1])
+                   if m.HasField("fault_ack") else
+                   (m.WhichOneof("body"), m.command.kind if m.HasField("command") else 0))
+    restart = got.index(("command", pb.COMMAND_KIND_RESTART))
+    assert got[restart + 1] == ("ack", True, "restart", None), got
+    assert ("ack", False, "dump_stacks", None) in got[:restart], got
+
+
+def test_send_all_queues_the_acks_after_the_command_outside_its_fan_out() -> None:
+    from ftagent.arbiter.connection import FanOut, send_all
+
+    seen: list[float] = []
+    a, b = Connection("a"), Connection("b")
+    fan = FanOut(2, 0.0, seen.append)
+    send_all([(a, b"cmd"), (b, b"cmd")], fan, [(a, b"ack")])
+    items = [a.outbox.get_nowait(), a.outbox.get_nowait(), b.outbox.get_nowait()]
+    assert items == [(b"cmd", fan), (b"ack", None), (b"cmd", fan)]
+    assert fan.left == 2 and not seen
