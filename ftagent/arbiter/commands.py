@@ -37,21 +37,29 @@ assert set(_SLOTS) == COMMANDS
 _TIMED = (Verdict.RESTART, Verdict.REPLACE, Verdict.STOP, Verdict.DUMP_STACKS)
 
 
+# A fault's FaultAck to the agent that reported it: (its stream, fault id, final, outcome).
+Answer = tuple[Connection, str, bool, str]
+
+
 def send(job: JobState, d: Decision, metrics: ArbiterMetrics | None,
-         received: float | None = None, settled: Sequence[tuple[str, int]] = ()) -> None:
+         received: float | None = None, settled: Sequence[tuple[str, int]] = (),
+         answer: Answer | None = None) -> None:
     """Queue ``d``'s command on its targets' streams (every rank when it names none).
     ``received``: time.monotonic() when the fault that led to it arrived, for the
     fault-to-command histogram. ``settled``: the open faults ``d`` settled (``state.
-    Settled``: (id, rank) each): a final FaultAck with ``d``'s outcome to each one's rank,
-    queued after the command in the same fan-out (an agent that reads the final ack has
-    read the commands it led to).
+    Settled``: (id, rank) each): a final FaultAck with ``d``'s outcome to each one's rank;
+    ``answer``: the FaultAck of the fault ``d`` (the last of its decisions) is about, to
+    its reporting agent. Both are queued after the command in the same fan-out (an agent
+    that reads the final ack has read the commands it led to).
 
     Once per decision, whatever the number of ranks: the command is built and serialised
     once, what it carries of the job's snapshots is read once (``snapshots.carried``: the
     resume step, each rank's replica holder as bytes to append), and the streams get it
     in one fan-out (``connection.send_all``); per rank there is only the pending slot and
     the bytes' concatenation."""
-    acks = _final_acks(job, settled, d.verdict.value) if settled else ()
+    acks = _final_acks(job, settled, d.verdict.value) if settled else []
+    if answer is not None:
+        acks.append((answer[0], _fault_ack(*answer[1:])))
     if d.verdict not in COMMANDS:
         if acks:
             send_all((), None, acks)
@@ -133,9 +141,15 @@ def _final_acks(job: JobState, settled: Sequence[tuple[str, int]],
     for fid, rank in settled:
         rs = job.ranks.get(rank)
         if rs is not None and isinstance(rs.conn, Connection):  # connection.live, inline
-            out.append((rs.conn, pb.ArbiterMessage(fault_ack=pb.FaultAck(
-                fault_id=fid, final=True, outcome=outcome)).SerializeToString()))
+            out.append((rs.conn, _fault_ack(fid, True, outcome)))
     return out
+
+
+def _fault_ack(fault_id: str, final: bool, outcome: str) -> bytes:
+    """A FaultAck, serialised: ``outcome`` is a verdict's name (``Connection.ack`` bounds
+    any other outcome); ``fault_id`` was checked where the fault came in."""
+    return pb.ArbiterMessage(fault_ack=pb.FaultAck(
+        fault_id=fault_id, final=final, outcome=outcome)).SerializeToString()
 
 
 # ---------------------------------------------------------------- the command a decision sends

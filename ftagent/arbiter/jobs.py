@@ -323,11 +323,15 @@ class Jobs:
                                  m.exit_status if m.HasField("exit_status") else None)
         decisions = policy.decide_fault(job, rep, now, self.cfg)
         final = not any(d.pending for d in decisions)
-        self.execute(job, decisions, now, received, seen=FaultSeen(
-            fault.id, final, rs.rank, f"{fault.kind.value}: {fault.message}", fault,
-            m.generation))
-        outcome = decisions[0].verdict.value if decisions else "recorded"
-        conn.ack(fault.id, final, outcome)
+        seen_now = FaultSeen(fault.id, final, rs.rank, f"{fault.kind.value}: {fault.message}",
+                             fault, m.generation)
+        if not decisions:
+            self.execute(job, decisions, now, received, seen=seen_now)
+            conn.ack(fault.id, final, "recorded")
+            return
+        # the FaultAck goes with the last decision's commands, after them on this stream
+        self.execute(job, decisions, now, received, seen=seen_now,
+                     answer=(conn, fault.id, final, decisions[0].verdict.value))
 
     def stacks(self, job: JobState, rs: RankState, m: pb.Stacks, now: float) -> None:
         """A rank's answer to a hang probe: read once (``policy.read_stacks``: its
@@ -548,24 +552,30 @@ class Jobs:
     # ------------------------------------------------------------------ decisions
 
     def execute(self, job: JobState, decisions: Iterable[Decision], now: float,
-                received: float | None = None, seen: FaultSeen | None = None) -> None:
+                received: float | None = None, seen: FaultSeen | None = None,
+                answer: commands.Answer | None = None) -> None:
         """Apply each decision (its observers write it down) and queue its commands on the
         ranks' streams, with a final FaultAck for each open fault it settled (``state.apply``
         derives ``Settled``: no stacks awaited, no link down any more; the commands first);
         then tell the decision listeners (the agents' commands are queued first).
-        ``seen``: the fault these decisions are about, applied first."""
+        ``seen``: the fault these decisions are about, applied first; ``answer``: its
+        reporting agent's FaultAck, queued with the last decision's commands, after them
+        (``decisions`` is then a non-empty list)."""
         if seen is not None:
             self.apply(job, seen, now)
         if not decisions and isinstance(decisions, list):
             return  # most arrivals and Hellos decide nothing
+        last = len(decisions) - 1 if answer is not None and isinstance(decisions, list) \
+            else -1
         done: list[Decision] = []
-        for d in decisions:
+        for i, d in enumerate(decisions):
             done.append(d)
             derived = self.apply(job, d, now)
             if self.metrics:
                 self.metrics.decisions.labels(action=d.verdict.value).inc()
             commands.send(job, d, self.metrics, received,
-                          derived.faults if isinstance(derived, Settled) else ())
+                          derived.faults if isinstance(derived, Settled) else (),
+                          answer if i == last else None)
         for d in done if self.listeners else ():
             for fn in self.listeners:
                 try:

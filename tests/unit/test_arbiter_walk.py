@@ -182,3 +182,21 @@ def test_send_all_queues_the_acks_after_the_command_outside_its_fan_out() -> Non
     items = [a.outbox.get_nowait(), a.outbox.get_nowait(), b.outbox.get_nowait()]
     assert items == [(b"cmd", fan), (b"ack", None), (b"cmd", fan)]
     assert fan.left == 2 and not seen
+
+
+def test_a_crashs_faultack_follows_its_restart_on_the_reporting_stream() -> None:
+    """The reporting agent's FaultAck rides the decision's fan-out, after the command:
+    an agent that reads the final ack has read the RESTART it led to."""
+    reg, conns, _ = _hung_job(2, keep=100)  # a hang probe open: then a crash of rank 1
+    while not conns[1].outbox.empty():
+        conns[1].outbox.get_nowait()
+    reg.handle(conns[1], pb.AgentMessage(fault=_fault(id="c1", generation=0)), 0.0)
+    got = []
+    while not conns[1].outbox.empty():
+        item = conns[1].outbox.get_nowait()
+        assert isinstance(item, tuple)
+        got.append(pb.ArbiterMessage.FromString(item[0]))
+    assert [m.WhichOneof("body") for m in got] == ["command", "fault_ack"], got
+    assert got[0].command.kind == pb.COMMAND_KIND_RESTART
+    assert (got[1].fault_ack.fault_id, got[1].fault_ack.final,
+            got[1].fault_ack.outcome) == ("c1", True, "restart")
