@@ -451,6 +451,7 @@ class Settled(NamedTuple):
 
     faults: tuple[tuple[str, int], ...] = ()
 
+
 class StacksIn(NamedTuple):
     """``rank``'s stacks for the current hang probe: their signature and flight-recorder
     summary (policy.read_stacks: policy.signature_in and fr_verdict.reading)."""
