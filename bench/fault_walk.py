@@ -88,10 +88,14 @@ def traced(name: str, fn: Any) -> Walk:
 
 # The arbiter part as counted before and as issue 36 wants it: issue 36 was filed at 67
 # calls in 17 files, its first stop started at 71 in 18 and ended at 51; the next stop
-# started at 58 in 19 (e9b12e5: the replica ring's holder appended per rank since).
-ARBITER_BEFORE = (58, 19)
+# started at 58 in 19 (e9b12e5: the replica ring's holder appended per rank since) and
+# ended at 29 in 13; stop 42 started there (c555c99) and ended at ARBITER_NOW.
+ARBITER_BEFORE = (29, 13)
 ARBITER_GOAL = 30
-ARBITER_HANG_BEFORE = (105, 20)  # the hang's arbiter part (arbiter_hang_walk) on e9b12e5
+ARBITER_HANG_BEFORE = (59, 14)  # the hang's arbiter part (arbiter_hang_walk) on c555c99
+# (calls, files) at stop 42's end: tests/unit/test_arbiter_walk.py fails above them
+ARBITER_NOW = (23, 11)
+ARBITER_HANG_NOW = (35, 11)
 
 
 def arbiter_walk() -> tuple[Walk, Walk]:
@@ -129,8 +133,9 @@ def report_arbiter(a: Walk, b: Walk) -> tuple[int, int]:
     files = a.files | b.files
     calls = sum(a.edges.values()) + sum(b.edges.values())
     print(f"arbiter part: {calls} cross-file calls, {len(files)} files, "
-          f"{len(set(a.edges) | set(b.edges))} distinct hops (before: {ARBITER_BEFORE[0]} "
-          f"calls, {ARBITER_BEFORE[1]} files; issue 36's goal: <= {ARBITER_GOAL} calls)")
+          f"{len(set(a.edges) | set(b.edges))} distinct hops (stop 42's start, c555c99: "
+          f"{ARBITER_BEFORE[0]} calls, {ARBITER_BEFORE[1]} files; issue 36's goal: <= "
+          f"{ARBITER_GOAL} calls)")
     print("files: " + ", ".join(sorted(f.removeprefix("ftagent/") for f in files)))
     return calls, len(files)
 
@@ -195,7 +200,8 @@ def report_phases(name: str, walks: list[Walk],
     calls = sum(sum(w.edges.values()) for w in walks)
     hops = set().union(*(set(w.edges) for w in walks))
     print(f"{name}: {calls} cross-file calls, {len(files)} files, {len(hops)} distinct hops"
-          + (f" (before: {before[0]} calls, {before[1]} files)" if before else ""))
+          + (f" (stop 42's start, c555c99: {before[0]} calls, {before[1]} files)"
+             if before else ""))
     return calls, len(files)
 
 

@@ -15,7 +15,10 @@ callers that hold a bare ``JobState`` (the tests).
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 from ftagent.arbiter.state import (
+    FINISHED,
     AtBarrier,
     BarrierState,
     Decision,
@@ -94,7 +97,7 @@ def reconcile(job: JobState, now: float, rank: int | None = None) -> list[Decisi
     ranks waiting at a barrier), nothing is decided, also without a scan (``job.loud``,
     kept by ``state.apply``). Anything else takes the full pass.
     """
-    if job.finished:
+    if job.phase in FINISHED:
         return []
     if job.quiet_generation == job.generation and not job.loud:
         return []  # every connected rank is quiet (state.quiet): rules 1-4 find nothing
@@ -162,7 +165,7 @@ def rank_list(ranks: list[int], shown: int = 10) -> str:
 def barrier_expired(job: JobState, now: float, timeout: float) -> list[Decision]:
     """STOP the job when its barrier stays incomplete past ``timeout``, naming who is missing."""
     b = job.barrier
-    if b is None or b.released or job.finished or now - b.opened_at < timeout:
+    if b is None or b.released or job.phase in FINISHED or now - b.opened_at < timeout:
         return []
     first = first_missing(job.world_size, b.arrived, 20)
     shown = ", ".join(map(str, first))
@@ -187,7 +190,7 @@ def barrier_summary(job: JobState, now: float) -> str:
             f"{now - b.opened_at:.0f}s" + (f", waiting for rank {head}" if missing else ""))
 
 
-def first_missing(world_size: int, arrived: set[int], n: int) -> list[int]:
+def first_missing(world_size: int, arrived: Container[int], n: int) -> list[int]:
     """The lowest ``n`` ranks below ``world_size`` not in ``arrived``, in time linear in
     ``len(arrived) + n``: never a set of every rank (a Hello may say 1,000,000 ranks, and
     ListJobs shows every job's barrier; issue 20)."""

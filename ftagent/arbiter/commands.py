@@ -12,7 +12,7 @@ ranks: one serialisation, one read of the job's snapshots, one fan-out to the st
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Sequence
 
 from ftagent.arbiter import snapshots
 from ftagent.arbiter.connection import Connection, FanOut, live, send_all
@@ -37,40 +37,63 @@ assert set(_SLOTS) == COMMANDS
 _TIMED = (Verdict.RESTART, Verdict.REPLACE, Verdict.STOP, Verdict.DUMP_STACKS)
 
 
+# A fault's FaultAck to the agent that reported it: (its stream, fault id, final, outcome).
+Answer = tuple[Connection, str, bool, str]
+
+
 def send(job: JobState, d: Decision, metrics: ArbiterMetrics | None,
-         received: float | None = None) -> None:
+         received: float | None = None, settled: Sequence[tuple[str, int]] = (),
+         answer: Answer | None = None) -> None:
     """Queue ``d``'s command on its targets' streams (every rank when it names none).
     ``received``: time.monotonic() when the fault that led to it arrived, for the
-    fault-to-command histogram.
+    fault-to-command histogram. ``settled``: the open faults ``d`` settled (``state.
+    Settled``: (id, rank) each): a final FaultAck with ``d``'s outcome to each one's rank;
+    ``answer``: the FaultAck of the fault ``d`` (the last of its decisions) is about, to
+    its reporting agent. Both are queued after the command in the same fan-out (an agent
+    that reads the final ack has read the commands it led to).
 
     Once per decision, whatever the number of ranks: the command is built and serialised
     once, what it carries of the job's snapshots is read once (``snapshots.carried``: the
     resume step, each rank's replica holder as bytes to append), and the streams get it
     in one fan-out (``connection.send_all``); per rank there is only the pending slot and
     the bytes' concatenation."""
+    acks = _final_acks(job, settled, d.verdict.value) if settled else []
+    if answer is not None:
+        acks.append((answer[0], _fault_ack(*answer[1:])))
     if d.verdict not in COMMANDS:
+        if acks:
+            send_all((), None, acks)
         return
     cid = uuid.uuid4().hex
     if d.verdict in SPARE_COMMANDS:  # to the spare's stream (it has no rank yet)
         sp = job.spares.get(d.spare)
         conn = live(sp.conn) if sp is not None else None
+        out: list[tuple[Connection, bytes]] = []
         if conn is not None:
             data = command_for(d, cid, restarts=job.restarts).SerializeToString()
             if d.rank is not None:  # ASSIGN: where the rank's replica is kept
                 data = snapshots.with_replica_peer(
                     data, snapshots.replica_peers(job, d.verdict).get(d.rank, ""))
-            conn.send(data)
+            out.append((conn, data))
+        if out or acks:
+            send_all(out, None, acks)
         return
     targets = d.targets or tuple(job.ranks)
-    # every rank is told the same step; only commands that start a trainer carry it
-    resume, peers = snapshots.carried(job, d.verdict)
+    # every rank is told the same step; only commands that start a trainer carry it, and
+    # the replica holders only where the job's agents hold replicas: a command that
+    # carries neither (a RELEASE or a DUMP_STACKS of a job without replicas) reads nothing
+    if d.verdict in snapshots.RESUMING or (d.verdict in snapshots.REPLICA_CARRIED
+                                           and job.replica_book.ranks):
+        resume, peers = snapshots.carried(job, d.verdict)
+    else:
+        resume, peers = None, {}
     data = command_for(d, cid, restarts=job.restarts, resume_step=resume).SerializeToString()
     fan = None
     if received is not None and d.verdict in _TIMED and metrics:
         n = sum(1 for r in targets if (rs := job.ranks.get(r)) and rs.conn is not None)
         fan = FanOut(n, received, metrics.fault_to_command.observe) if n else None
     slot = _SLOTS[d.verdict]
-    out: list[tuple[Connection, bytes]] = []
+    out = []
     for r in targets:
         rs = job.ranks.get(r)
         if rs is None:
@@ -86,7 +109,7 @@ def send(job: JobState, d: Decision, metrics: ArbiterMetrics | None,
         rs.pending[slot] = (rid, mine)
         if isinstance(rs.conn, Connection):  # connection.live, inline: once per rank
             out.append((rs.conn, mine))
-    send_all(out, fan)
+    send_all(out, fan, acks)
 
 
 def resend(rs: RankState) -> None:
@@ -110,12 +133,23 @@ def acked(rs: RankState, command_id: str) -> None:
             del rs.pending[slot]
 
 
-def settle(job: JobState, settled: Mapping[str, int], outcome: str) -> None:
-    """A final FaultAck for each fault whose decision was open, to its rank."""
-    for fid, rank in settled.items():
+def _final_acks(job: JobState, settled: Sequence[tuple[str, int]],
+                outcome: str) -> list[tuple[Connection, bytes]]:
+    """A final FaultAck for each fault whose decision was open, to its rank's stream
+    (``outcome``: the settling decision's verdict, a name far within a FaultAck's bound)."""
+    out = []
+    for fid, rank in settled:
         rs = job.ranks.get(rank)
         if rs is not None and isinstance(rs.conn, Connection):  # connection.live, inline
-            rs.conn.ack(fid, True, outcome)
+            out.append((rs.conn, _fault_ack(fid, True, outcome)))
+    return out
+
+
+def _fault_ack(fault_id: str, final: bool, outcome: str) -> bytes:
+    """A FaultAck, serialised: ``outcome`` is a verdict's name (``Connection.ack`` bounds
+    any other outcome); ``fault_id`` was checked where the fault came in."""
+    return pb.ArbiterMessage(fault_ack=pb.FaultAck(
+        fault_id=fault_id, final=final, outcome=outcome)).SerializeToString()
 
 
 # ---------------------------------------------------------------- the command a decision sends

@@ -85,10 +85,15 @@ class Connection:
             fault_id=fault_id, final=final, outcome=outcome)).SerializeToString())
 
 
-def send_all(sends: Iterable[tuple[Connection, bytes]], fanout: FanOut | None = None) -> None:
-    """One command to many streams (commands.send): each its bytes, one ``fanout``."""
+def send_all(sends: Iterable[tuple[Connection, bytes]], fanout: FanOut | None = None,
+             then: Iterable[tuple[Connection, bytes]] = ()) -> None:
+    """One command to many streams (commands.send): each its bytes, one ``fanout``; then
+    ``then`` (the final FaultAcks the decision settled), each after it on its stream and
+    outside the fan-out's count."""
     for conn, data in sends:
         conn.outbox.put_nowait((data, fanout))
+    for conn, data in then:
+        conn.outbox.put_nowait((data, None))
 
 
 def live(conn: object | None) -> Connection | None:

@@ -1,12 +1,11 @@
-"""Fault intake: faults from agents, node agents, the cluster and comparing ranks, decided.
+"""Fault intake: faults no agent sent -- node agents', the cluster's and comparing ranks' --
+decided exactly like an agent's.
 
-An agent's fault is acknowledged after its decision's commands are queued (``final``
-unless the decision is still open: stacks awaited, a link down); a fault id seen before
-is acknowledged again and decided nothing. A fault no agent sent (``report``: the
-cluster's watches, the straggler watch) is decided exactly like one; a node agent's
-report is routed here to the jobs with ranks on its node (``node_report``). The
-stacks of a hang probe come in here too, as does the rank timing the straggler watch
-compares (``straggler.py``).
+A fault no agent sent (``report``: the cluster's watches, the straggler watch) is decided
+as a rank's fault is (``jobs.Jobs.fault``, where the agents' messages are read, with the
+stacks of a hang probe), recorded on the timeline, counted and carried out; a node
+agent's report is routed here to the jobs with ranks on its node (``node_report``). The
+rank timing the straggler watch compares (``straggler.py``) comes in here too.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from dataclasses import replace
 from typing import Any
 
 from ftagent.arbiter import convert, policy
-from ftagent.arbiter.connection import Connection
 from ftagent.arbiter.jobs import Jobs
 from ftagent.arbiter.state import (
     Decision,
@@ -26,7 +24,6 @@ from ftagent.arbiter.state import (
     JobState,
     RankState,
     Slowed,
-    StacksIn,
 )
 from ftagent.arbiter.straggler import JobTimings, RankTiming, StragglerConfig, StragglerWatch
 from ftagent.model import Fault, FaultKind, Scope, Severity
@@ -48,35 +45,6 @@ class Intake:
         # Per job: latest step timings per rank and who is a straggler (straggler.py).
         self.timings: dict[Key, tuple[JobState, JobTimings]] = {}
         self._stragglers_at = 0.0
-
-    def fault(self, conn: Connection, job: JobState, rs: RankState, m: pb.Fault, now: float,
-              received: float) -> None:
-        """Decide a fault, then acknowledge it: ``final`` unless its decision is still open.
-
-        The decision's commands are queued before the FaultAck, so an agent that reads the
-        final ack has already read the commands it led to.
-        """
-        seen = job.seen_faults.get(m.id)
-        if seen is not None:
-            conn.ack(m.id, seen, "already received")
-            return
-        try:
-            fault = convert.checked_fault(m)
-        except ValueError as e:
-            self.jobs.record(job, "fault", f"unusable fault ignored: {e}", now, rank=rs.rank)
-            conn.ack(m.id, True, f"ignored: {e}")
-            return
-        if self.metrics:
-            self.metrics.faults.labels(kind=fault.kind.value).inc()
-        rep = policy.FaultReport(fault, rs.rank, m.generation,
-                                 m.exit_status if m.HasField("exit_status") else None)
-        decisions = policy.decide_fault(job, rep, now, self.cfg)
-        final = not any(d.pending for d in decisions)
-        self.jobs.execute(job, decisions, now, received, seen=FaultSeen(
-            fault.id, final, rs.rank, f"{fault.kind.value}: {fault.message}", fault,
-            m.generation))
-        outcome = decisions[0].verdict.value if decisions else "recorded"
-        conn.ack(fault.id, final, outcome)
 
     def report(self, namespace: str, job: str, fault: Fault, now: float | None = None,
                rank: int | None = None, generation: int | None = None) -> list[Decision]:
@@ -147,21 +115,6 @@ class Intake:
                 outcomes.append(f"no job has ranks on node {req.node}: recorded")
             ack.acks.add(fault_id=m.id, final=True, outcome=clip("; ".join(outcomes), 200))
         return ack
-
-    def stacks(self, job: JobState, rs: RankState, m: pb.Stacks, now: float) -> None:
-        if job.hang_probe is None or rs.stack is not None:
-            return  # unsolicited (no probe, or this rank already answered): unread
-        text = m.json  # one copy out of the message (1 MiB at most is read)
-        size = len(text)
-        if size <= policy.MAX_STACKS:  # parsed once, for both readers
-            change = StacksIn(rs.rank, *policy.read_stacks(text, rs.rank))
-        else:
-            change = StacksIn(rs.rank, f"{policy.NO_STACK}stacks of {size} bytes (over "
-                              f"{policy.MAX_STACKS})", None)
-        self.jobs.apply(job, change._replace(size=size), now)
-        decisions = policy.decide_stacks(job, now, self.cfg)
-        if decisions:  # nothing until the last rank's stacks (or the deadline, at a tick)
-            self.jobs.execute(job, decisions, now)
 
     # ------------------------------------------------------------------ stragglers
 

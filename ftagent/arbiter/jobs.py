@@ -4,10 +4,11 @@ Every change of a job goes through ``Jobs.apply``: ``state.apply`` (the one plac
 changes: a Hello, a progress summary, an arrival, an exit, a decision), then each
 observer subscribed to that kind of change (``subscribe``: the journal writes the
 timeline, the history and the goodput ledger from them). This part turns checked
-messages into those changes, asks the barrier what an arrival or a Hello decides, and
-``execute``s decisions: apply, queue the commands (``commands.py``), tell the decision
-listeners (the cluster's actions). Nothing here writes the timeline or the ledger. It
-runs on the server's event loop only (no locks) and never blocks.
+messages into those changes, asks the barrier what an arrival or a Hello decides and the
+policy what a rank's fault or a hang probe's stacks decide, and ``execute``s decisions:
+apply, queue the commands (``commands.py``), tell the decision listeners (the cluster's
+actions). Nothing here writes the timeline or the ledger. It runs on the server's event
+loop only (no locks) and never blocks.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from ftagent.arbiter.state import (
     SpareArrived,
     SpareJoined,
     SpareLeft,
+    StacksIn,
     Verdict,
     replaced_gone,
 )
@@ -70,13 +72,9 @@ Observer = Callable[[JobState, Change, float], None]
 
 
 class MessageIntake(Protocol):
-    """What ``handle`` hands to the fault intake (intake.py, which stands on this module:
-    plugged in by the registry): an agent's fault, a hang probe's stacks, step timings."""
-
-    def fault(self, conn: Connection, job: JobState, rs: RankState, m: pb.Fault,
-              now: float, received: float) -> None: ...
-
-    def stacks(self, job: JobState, rs: RankState, m: pb.Stacks, now: float) -> None: ...
+    """What ``handle`` hands to the intake (intake.py, which stands on this module:
+    plugged in by the registry): a rank's step timings, for the straggler comparison.
+    (An agent's fault and a hang probe's stacks are read here: ``fault``, ``stacks``.)"""
 
     def timing(self, job: JobState, rs: RankState, p: pb.ProgressSummary,
                now: float) -> None: ...
@@ -103,7 +101,7 @@ class Jobs:
         self.nodes = NodeMap(self.jobs)
         self.connected = 0
         self.listeners: list[DecisionListener] = []
-        # the fault intake (intake.py), plugged in by the registry before any message
+        # the intake (intake.py: step timings), plugged in by the registry before any message
         self.intake: MessageIntake | None = None
         self._observers: dict[type, list[Observer]] = {}
         # The secret every job's replica key is derived from (snapshots.welcome_replica):
@@ -119,15 +117,16 @@ class Jobs:
         for k in kinds:
             self._observers.setdefault(k, []).append(fn)
 
-    def apply(self, job: JobState, change: Change, now: float) -> None:
+    def apply(self, job: JobState, change: Change, now: float) -> Change | None:
         """``state.apply``, then the observers of what it applied (and of what it derived:
-        the job finished)."""
+        the job finished, open faults settled). Returns what it derived."""
         derived = state.apply(job, change, now)
         for fn in self._observers.get(type(change), ()):
             fn(job, change, now)
         if derived is not None:
             for fn in self._observers.get(type(derived), ()):
                 fn(job, derived, now)
+        return derived
 
     def record(self, job: JobState, kind: str, message: str, now: float, *,
                rank: int | None = None, fault_id: str = "", action: str = "") -> None:
@@ -297,6 +296,64 @@ class Jobs:
         self.nodes.index(key, rs)
         self.arrival(job, rs, sp.arrived, now)
 
+    def fault(self, conn: Connection, job: JobState, rs: RankState, m: pb.Fault,
+              now: float, received: float) -> None:
+        """A rank's fault, decided (``policy.decide_fault``), then acknowledged: ``final``
+        unless its decision is still open (stacks awaited, a link down); a fault id seen
+        before is acknowledged again and decides nothing. Read here, where every agent
+        message is read (as a spare's fault is, ``spare_fault``): the decision is carried
+        out by ``execute`` without a step through another part.
+
+        The decision's commands are queued before the FaultAck, so an agent that reads the
+        final ack has already read the commands it led to.
+        """
+        seen = job.seen_faults.get(m.id)
+        if seen is not None:
+            conn.ack(m.id, seen, "already received")
+            return
+        try:
+            fault = convert.checked_fault(m)
+        except ValueError as e:
+            self.record(job, "fault", f"unusable fault ignored: {e}", now, rank=rs.rank)
+            conn.ack(m.id, True, f"ignored: {e}")
+            return
+        if self.metrics:
+            self.metrics.faults.labels(kind=fault.kind.value).inc()
+        rep = policy.FaultReport(fault, rs.rank, m.generation,
+                                 m.exit_status if m.HasField("exit_status") else None)
+        decisions = policy.decide_fault(job, rep, now, self.cfg)
+        final = not any(d.pending for d in decisions)
+        seen_now = FaultSeen(fault.id, final, rs.rank, f"{fault.kind.value}: {fault.message}",
+                             fault, m.generation)
+        if not decisions:
+            self.execute(job, decisions, now, received, seen=seen_now)
+            conn.ack(fault.id, final, "recorded")
+            return
+        # the FaultAck goes with the last decision's commands, after them on this stream
+        self.execute(job, decisions, now, received, seen=seen_now,
+                     answer=(conn, fault.id, final, decisions[0].verdict.value))
+
+    def stacks(self, job: JobState, rs: RankState, m: pb.Stacks, now: float) -> None:
+        """A rank's answer to a hang probe: read once (``policy.read_stacks``: its
+        signature and flight-recorder summary), kept (``StacksIn``); once every connected
+        rank answered, the probe is decided (``policy.decide_stacks``) and carried out."""
+        if job.hang_probe is None or rs.stack is not None:
+            return  # unsolicited (no probe, or this rank already answered): unread
+        text = m.json  # one copy out of the message (1 MiB at most is read)
+        size = len(text)
+        if size <= policy.MAX_STACKS:  # parsed once, for both readers
+            change = StacksIn(rs.rank, *policy.read_stacks(text, rs.rank))
+        else:
+            change = StacksIn(rs.rank, f"{policy.NO_STACK}stacks of {size} bytes (over "
+                              f"{policy.MAX_STACKS})", None)
+        # Kept, not written down: the probe's decision says how many ranks answered and
+        # which did not (a timeline entry per rank pushed a 1,024-rank job's fault and
+        # probe out of the 1,000 entries its timeline keeps)
+        self.apply(job, change, now)
+        decisions = policy.decide_stacks(job, now, self.cfg)
+        if decisions:  # nothing until the last rank's stacks (or the deadline, at a tick)
+            self.execute(job, decisions, now)
+
     def spare_fault(self, conn: Connection, m: pb.Fault, now: float) -> None:
         """A fault from a spare's agent (policy.decide_spare_fault), acknowledged final."""
         job = self.jobs.get(conn.key) if conn.key is not None else None
@@ -364,7 +421,8 @@ class Jobs:
 
     def handle(self, conn: Connection, m: pb.AgentMessage, received: float) -> None:
         """One message after Hello (``Registry.handle`` is this method); ``received`` is
-        time.monotonic() at arrival. Faults, stacks and step timings go to the intake."""
+        time.monotonic() at arrival. Faults and stacks are decided here; step timings go
+        to the intake (the straggler comparison)."""
         if conn.spare:  # a spare says nothing else until it arrives as its assigned rank
             if m.WhichOneof("body") == "fault":  # its own GPUs, links, node
                 self.spare_fault(conn, m.fault, self.clock())
@@ -384,7 +442,7 @@ class Jobs:
             self.progress(job, rs, m.progress, now)
             self.intake.timing(job, rs, m.progress, now)
         elif body == "fault":
-            self.intake.fault(conn, job, rs, m.fault, now, received)
+            self.fault(conn, job, rs, m.fault, now, received)
         elif body == "arrival":
             self.arrival(job, rs, m.arrival.generation, now,
                          preflight=m.arrival.preflight_seconds)
@@ -393,7 +451,7 @@ class Jobs:
         elif body == "ack":
             commands.acked(rs, m.ack.command_id)
         elif body == "stacks":
-            self.intake.stacks(job, rs, m.stacks, now)
+            self.stacks(job, rs, m.stacks, now)
         elif body == "snapshots":
             steps = snapshot_steps(m.snapshots)
             if steps is not None:  # a report out of range is dropped; the next will do
@@ -494,28 +552,30 @@ class Jobs:
     # ------------------------------------------------------------------ decisions
 
     def execute(self, job: JobState, decisions: Iterable[Decision], now: float,
-                received: float | None = None, seen: FaultSeen | None = None) -> None:
+                received: float | None = None, seen: FaultSeen | None = None,
+                answer: commands.Answer | None = None) -> None:
         """Apply each decision (its observers write it down) and queue its commands on the
-        ranks' streams; then tell the decision listeners (the agents' commands are queued
-        first). ``seen``: the fault these decisions are about, applied first."""
+        ranks' streams, with a final FaultAck for each open fault it settled (``state.apply``
+        derives ``Settled``: no stacks awaited, no link down any more; the commands first);
+        then tell the decision listeners (the agents' commands are queued first).
+        ``seen``: the fault these decisions are about, applied first; ``answer``: its
+        reporting agent's FaultAck, queued with the last decision's commands, after them
+        (``decisions`` is then a non-empty list)."""
         if seen is not None:
             self.apply(job, seen, now)
         if not decisions and isinstance(decisions, list):
             return  # most arrivals and Hellos decide nothing
-        last = ""
+        last = len(decisions) - 1 if answer is not None and isinstance(decisions, list) \
+            else -1
         done: list[Decision] = []
-        for d in decisions:
+        for i, d in enumerate(decisions):
             done.append(d)
-            self.apply(job, d, now)
-            last = d.verdict.value
+            derived = self.apply(job, d, now)
             if self.metrics:
                 self.metrics.decisions.labels(action=d.verdict.value).inc()
-            commands.send(job, d, self.metrics, received)
-        if last and job.open_faults:
-            settled = dict(job.open_faults)
-            self.apply(job, Settled(), now)
-            if not job.open_faults:
-                commands.settle(job, settled, last)
+            commands.send(job, d, self.metrics, received,
+                          derived.faults if isinstance(derived, Settled) else (),
+                          answer if i == last else None)
         for d in done if self.listeners else ():
             for fn in self.listeners:
                 try:

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ftagent.arbiter.fault_onset import onset_of
 from ftagent.arbiter.history import (
     CULPRIT_RANKS_KEPT,
     FAULTS_KEPT,
@@ -45,7 +44,6 @@ from ftagent.arbiter.state import (
     Slowed,
     SpareJoined,
     SpareLeft,
-    StacksIn,
     Verdict,
 )
 from ftagent.arbiter.timeline import Timeline
@@ -110,13 +108,13 @@ class Journal:
             Decision: self._decided, FaultSeen: self._fault, Exited: self._exited,
             Finished: self._finished, Registered: self._registered, Left: self._left,
             Progressed: self._progress, Preflighted: self._preflighted,
-            StacksIn: self._stacks, SpareJoined: self._spare_joined,
+            SpareJoined: self._spare_joined,
             SpareLeft: self._spare_left, Promoted: self._promoted, Noted: self._noted,
             Slowed: self._slowed, CapacityWait: self._capacity, Forgotten: self._forgotten}
 
     # The kinds of change the journal observes (jobs.Jobs.subscribe).
     OBSERVES = (Decision, FaultSeen, Exited, Finished, Registered, Left, Progressed,
-                Preflighted, StacksIn, SpareJoined, SpareLeft, Promoted, Noted, Slowed,
+                Preflighted, SpareJoined, SpareLeft, Promoted, Noted, Slowed,
                 CapacityWait, Forgotten)
 
     def observe(self, job: JobState, c: Change, now: float) -> None:
@@ -247,9 +245,6 @@ class Journal:
         self.note(job, now, c.kind, c.message, rank=c.rank, fault_id=c.fault_id,
                   action=c.action)
 
-    def _stacks(self, job: JobState, c: StacksIn, now: float) -> None:
-        self.note(job, now, "stacks", f"stacks received ({c.size} bytes)", rank=c.rank)
-
     def _exited(self, job: JobState, c: Exited, now: float) -> None:
         how = f"signal {c.signal}" if c.signal is not None else f"code {c.status}"
         self.note(job, now, "exit", f"trainer of generation {c.generation} exited with "
@@ -307,8 +302,9 @@ class Journal:
 
     def _fault(self, job: JobState, c: FaultSeen, now: float) -> None:
         """A fault seen: on the timeline, counted by kind, and its onset and detection for
-        the ledger: the onset its detector measured (fault_onset.onset_of: a hang's last
-        step, a link's going down, an Xid's time), else none (a hang's is then the job's
+        the ledger: the onset its detector measured (read by the ledger from the fault's
+        evidence, ``Ledger.fault_seen``: a hang's last step, a link's going down, an Xid's
+        time), else none (a hang's is then the job's
         last step as the summaries stamp it: never their arrival, which can come a summary
         slot later); a link back continues the outage it ends. The agent's clock is not
         trusted beyond the ledger's clamping and ``now``."""
@@ -321,16 +317,12 @@ class Journal:
                   f"{c.generation}{seen}): {fault.message}", rank=c.rank,
                   fault_id=fault.id)
         self.stats_of(job).fault(fault.id, now, kind)
-        detected = min(fault.detected_at, now)
-        onset = onset_of(kind, detected, fault.evidence)
         outage = min(job.nic_outages.values(), key=lambda o: o.since, default=None) \
             if fault.kind is FaultKind.NIC and fault.evidence.get("recovered") is True \
             else None
-        last = fault.evidence.get("last_step")  # a hang's: the last step its agent saw
-        self.ledger(job, now).fault(
-            fault.id, kind, onset, detected,
-            same_as=outage.fault_id if outage is not None else "",
-            last_step=last if isinstance(last, int) and not isinstance(last, bool) else None)
+        self.ledger(job, now).fault_seen(
+            fault.id, kind, min(fault.detected_at, now), fault.evidence,
+            same_as=outage.fault_id if outage is not None else "")
 
     def _decided(self, job: JobState, d: Decision, now: float) -> None:
         """On the timeline; restarts by fault kind; seconds from a fault to every rank

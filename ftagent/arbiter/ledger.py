@@ -68,6 +68,7 @@ from __future__ import annotations
 import enum
 import math
 from collections import OrderedDict, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -84,6 +85,7 @@ FAULTS_KEPT = 64  # faults remembered until a decision names them
 # An outage's stall learned by the agent as an undeclared phase arrives with the summary
 # after the step that ended it (one per 5 s); phase time reported later is not that stall.
 STALL_REPORTED_WITHIN = 30.0
+MAX_LEAD = 7 * 24 * 3600.0  # an onset claimed further before its detection: not believed
 
 
 class Mode(str, enum.Enum):
@@ -449,6 +451,17 @@ class Ledger:
             out.back = back if out.back is None else max(out.back, back)
             out.back_id = fault_id
 
+    def fault_seen(self, fault_id: str, kind: str, detected: float,
+                   evidence: Mapping[str, object], *, same_as: str = "") -> None:
+        """A fault arrived, as its agent sent it: ``fault`` with the onset its detector
+        measured (``onset_of``: a hang's last step, a link's going down, an Xid's time;
+        else None) and a hang's ``last_step`` read from its ``evidence`` (numbers only)."""
+        last = evidence.get("last_step")  # a hang's: the last step its agent saw
+        self.fault(fault_id, kind, onset_of(kind, detected, evidence), detected,
+                   same_as=same_as,
+                   last_step=last if isinstance(last, int) and not isinstance(last, bool)
+                   else None)
+
     def outage(self, fault_id: str, now: float) -> None:
         """The arbiter waits for the link of fault ``fault_id`` (down since its onset):
         while the job trained, its time from that onset is ``outage`` until the job's
@@ -719,3 +732,39 @@ class Ledger:
 def _finite(t: float, default: float) -> float:
     """``t``, or ``default`` for NaN and infinities (nothing then moves or goes missing)."""
     return t if math.isfinite(t) else default
+
+
+# ---------------------------------------------------------------- a fault's onset
+# When a fault began, from what its detector measured: many faults are reported after
+# they began (a hang once its budget ran out, a link once its grace did, a GPU fault once
+# its Xid was read) and their detectors say how long before. Read here, by the ledger
+# (its one reader: ``fault_seen``), believing numbers only, and bounded; the ledger then
+# clamps the result into the training the fault interrupts.
+
+
+def onset_of(kind: str, detected: float, evidence: Mapping[str, object]) -> float | None:
+    """When a fault began, from what its detector measured (None: not said, take its
+    detection): a hang, ``seconds_since_progress`` before its detection (the last step its
+    agent saw); a link, its ``detection_latency_seconds`` (down -> fault) or, once back,
+    its ``outage_seconds``; a GPU, the Xid's ``first_seen_wall``. Values from the agent:
+    a number, not negative, at most ``MAX_LEAD`` before ``detected`` (the ledger clamps
+    the result into the training it interrupts)."""
+    lead: object = None
+    if kind == "hang":
+        lead = evidence.get("seconds_since_progress")
+    elif kind == "nic":
+        lead = evidence.get("outage_seconds" if evidence.get("recovered") is True
+                            else "detection_latency_seconds")
+    elif kind == "gpu":
+        first = evidence.get("first_seen_wall")
+        if _number(first):
+            assert isinstance(first, (int, float))
+            lead = detected - first
+    if not _number(lead) or not math.isfinite(detected):
+        return None
+    assert isinstance(lead, (int, float))
+    return detected - min(max(float(lead), 0.0), MAX_LEAD)
+
+
+def _number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

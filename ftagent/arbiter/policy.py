@@ -82,8 +82,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ftagent.arbiter import fr_verdict, ladder
-from ftagent.arbiter.barrier import barrier_expired, rank_list
+from ftagent.arbiter.barrier import barrier_expired, first_missing, rank_list
 from ftagent.arbiter.state import (
+    FINISHED,
     Culprit,
     Decision,
     JobState,
@@ -151,7 +152,7 @@ def decide_fault(job: JobState, rep: FaultReport, now: float, cfg: PolicyConfig)
         return []
     if job.alert_only:
         return [_d(Verdict.ALERT_ONLY, f"{where} (fault tolerance off: alert only)", g, rep)]
-    if job.finished:
+    if job.phase in FINISHED:
         return [_d(Verdict.IGNORE, f"{where} (job already {job.phase.value})", g, rep)]
     if rep.generation < g:
         return [_d(Verdict.IGNORE, f"{where} (from generation {rep.generation}; the job "
@@ -374,13 +375,16 @@ def _hang(job: JobState, rep: FaultReport, where: str, now: float,
     others = [r for r in job.ranks.values() if r.rank != rep.rank and r.connected]
     if not others:
         return restart_or_stop(job, where, rep, cfg, culprit=rep.rank)
+    # the ranks' last steps read in place (``RankState.progress_age``'s arithmetic, no
+    # call per rank: a job of 1,024 ranks is read once)
     hung = job.ranks.get(rep.rank)
-    age = hung.progress_age(now) if hung is not None else None
+    last = hung.last_step_at if hung is not None else None
+    age = max(0.0, now - last) if last is not None else None
     window = age * cfg.progressing_fraction if age else cfg.progress_window
     moving = 0
     for r in others:
-        a = r.progress_age(now)
-        if not r.hung and a is not None and a < window:
+        at = r.last_step_at
+        if not r.hung and at is not None and max(0.0, now - at) < window:
             moving += 1
     # A rank its agent verified waiting inside a collective (a suspicion) is no culprit of
     # "the others progress": it waits for one of them. Their last steps may only look
@@ -411,6 +415,10 @@ def decide_stacks(job: JobState, now: float, cfg: PolicyConfig, *,
     steps = {r.rank: r.step for r in job.ranks.values()}
     stacks = {r.rank: r.stack for r in job.ranks.values() if r.stack is not None}
     got = f"stacks from {len(stacks)}/{job.world_size} ranks"
+    if len(stacks) < job.world_size:  # the probe's deadline: who did not answer
+        silent = first_missing(job.world_size, stacks, 10)
+        more = job.world_size - len(stacks) - len(silent)
+        got += f" (none from rank {rank_list(silent)}{f' and {more} more' if more > 0 else ''})"
     busy = job_busy(stacks)
     if busy is not None:  # alive ranks in an undeclared phase, the others wait for them
         ranks, why = busy
@@ -449,7 +457,7 @@ def decide_stacks(job: JobState, now: float, cfg: PolicyConfig, *,
 
 def decide_tick(job: JobState, now: float, cfg: PolicyConfig) -> list[Decision]:
     """Deadlines: stacks of a job hang, a link that stays down, a barrier that never fills."""
-    if job.finished or job.alert_only:
+    if job.phase in FINISHED or job.alert_only:
         return []
     if job.hang_probe is not None and now >= job.hang_probe.deadline:
         return decide_stacks(job, now, cfg, force=True)
@@ -680,9 +688,13 @@ def parse_stacks(stacks_json: str) -> Any:
 def read_stacks(stacks_json: str, rank: int) -> tuple[str, fr_verdict.Summary | None]:
     """Rank ``rank``'s Stacks answer (at most ``MAX_STACKS`` characters) parsed once and
     read by both readers, in one call: the signature the culprit is named from
-    (``signature_in``) and the flight recorder's summary (``fr_verdict.reading``)."""
+    (``signature_in``) and the flight recorder's summary (``fr_verdict.reading``), read
+    only where the answer carries the recorder's part (the recorder on: else None, as
+    its reader says for an answer without one)."""
     data = parse_stacks(stacks_json)
-    return signature_in(data, stacks_json), fr_verdict.reading(data, rank)
+    carried = isinstance(data, dict) and isinstance(data.get("flight_recorder"), dict)
+    return signature_in(data, stacks_json), \
+        fr_verdict.reading(data, rank) if carried else None
 
 
 def signature_in(data: Any, stacks_json: str, frames_per_thread: int = 4) -> str:

@@ -9,8 +9,9 @@ holds the parts, each with one job, and routes to them:
   ``state.apply`` makes (the one place a job changes), then published to the observers
   subscribed to its kind; ``execute`` carries decisions out. It reads the agents'
   messages itself: ``Registry.handle`` is ``Jobs.handle``, no step between.
-- ``intake.py``: faults from agents, from the cluster and from comparing ranks
-  (stragglers), stacks of a hang probe; decided by the policy (``policy.py``).
+- ``intake.py``: faults no agent sent -- from node agents, the cluster and comparing
+  ranks (stragglers) -- decided by the policy (``policy.py``) as an agent's fault is in
+  ``jobs.py`` (with a hang probe's stacks: read where the message is read).
 - ``journal.py``: timeline, history, counters and the goodput ledger's feed: an observer
   of the applied changes (nothing calls it to write).
 - ``nodemap.py``: which ranks run on a node, in a pod (the cluster's hooks).

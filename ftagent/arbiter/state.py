@@ -51,6 +51,11 @@ class JobPhase(str, enum.Enum):
     SUCCEEDED = "succeeded"
 
 
+# The phases a job ends in (``JobState.finished``): the pure deciders read the phase
+# against it in place (policy.py, barrier.py), no property call per decision.
+FINISHED = frozenset({JobPhase.STOPPED, JobPhase.SUCCEEDED})
+
+
 class Verdict(str, enum.Enum):
     """What a decision does. The first five are model.ActionKind values."""
 
@@ -280,7 +285,7 @@ class JobState:
 
     @property
     def finished(self) -> bool:
-        return self.phase in (JobPhase.STOPPED, JobPhase.SUCCEEDED)
+        return self.phase in FINISHED
 
 
 class Registered(NamedTuple):
@@ -439,7 +444,13 @@ class FaultSeen(NamedTuple):
 
 
 class Settled(NamedTuple):
-    """No stacks awaited and no link down any more: every open fault is decided."""
+    """No stacks awaited and no link down any more: every open fault is decided.
+    ``apply`` derives it from the decision that closed the last probe or outage
+    (``faults``: each settled fault's (id, rank), whose agent gets a final FaultAck with
+    that decision's commands: commands.send); applied alone it settles the same way."""
+
+    faults: tuple[tuple[str, int], ...] = ()
+
 
 class StacksIn(NamedTuple):
     """``rank``'s stacks for the current hang probe: their signature and flight-recorder
@@ -448,7 +459,6 @@ class StacksIn(NamedTuple):
     rank: int
     signature: str
     fr: fr_verdict.Summary | dict[str, Any] | None
-    size: int = 0  # bytes received (the timeline says it)
 
 
 class SnapshotsIn(NamedTuple):
@@ -561,16 +571,17 @@ def _index_rank(job: JobState, rank: int) -> None:
         job.succeeded.discard(rank)
 
 
-def apply(job: JobState, d: Change, now: float) -> Finished | None:
+def apply(job: JobState, d: Change, now: float) -> Finished | Settled | None:
     """Change ``job`` as ``d`` says. Idempotent for STOP, RELEASE_BARRIER, Left, AtBarrier
-    and Exited. Returns a change it derived for the observers (jobs.py): ``Finished`` when
-    an exit ended the job."""
+    and Exited. Returns a change it derived (jobs.py): ``Finished`` when an exit ended the
+    job, ``Settled`` when a decision left no stacks awaited and no link down while faults
+    were open (each is final now)."""
     out = _apply(job, d, now)
     _index_ranks(job, d)
     return out
 
 
-def _apply(job: JobState, d: Change, now: float) -> Finished | None:
+def _apply(job: JobState, d: Change, now: float) -> Finished | Settled | None:
     if not isinstance(d, Decision):
         was = job.phase
         _AGENT_SAYS[type(d)](job, d, now)
@@ -639,7 +650,7 @@ def _apply(job: JobState, d: Change, now: float) -> Finished | None:
             # any more, so the rank's recreated pod (or the next spare) may take it
             job.owners_print ^= hash((sp.assigned, *job.owners.pop(sp.assigned)))
         sp.assigned = -1
-    return None
+    return _settle(job)
 
 
 def _new_generation(job: JobState, generation: int, now: float) -> None:
@@ -797,6 +808,17 @@ def _settled(job: JobState, c: Settled, now: float) -> None:
             if fid in job.seen_faults:
                 job.seen_faults[fid] = True
         job.open_faults.clear()
+
+
+def _settle(job: JobState) -> Settled | None:
+    """After a decision: the open faults it settled (no stacks awaited, no link down any
+    more), final now; None while one is still pending or none was open."""
+    if not job.open_faults or job.hang_probe is not None or job.nic_outages \
+            or job.nic_resume is not None:
+        return None
+    settled = Settled(tuple(job.open_faults.items()))
+    _settled(job, settled, 0.0)
+    return settled
 
 
 def _stacks_in(job: JobState, c: StacksIn, now: float) -> None:

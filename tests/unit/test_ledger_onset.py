@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from ftagent.arbiter.fault_onset import MAX_LEAD, onset_of
 from ftagent.arbiter.history import History
-from ftagent.arbiter.ledger import Ledger
+from ftagent.arbiter.ledger import MAX_LEAD, Ledger, onset_of
 from ftagent.arbiter.policy import PolicyConfig
 from ftagent.arbiter.registry import Connection, Registry
 from ftagent.arbiter.timeline import Timeline
