@@ -206,7 +206,8 @@ class ArbiterDecider:
         t0 = self.clock()
         while True:
             if life.released >= gen:  # desired (the arbiter's RELEASE) against observed
-                life.reached(life.released)
+                if life.released > life.generation:  # read in place: the worker is at
+                    life.reached(life.released)  # ``gen`` already, moved only when above
                 s.released_start = True
                 worker.write("state", "released",
                              f"barrier of generation {gen} released",
