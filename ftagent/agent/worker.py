@@ -617,24 +617,6 @@ class Worker:
             self.lifecycle.decided(action)
         self.events.write_lines(_action_line(action))
 
-    def _apply(self, step: Step) -> None:
-        """Carry out a lifecycle step at the edges: the events file (with the line of the
-        decision it carries out, if not written yet: one write), the observers."""
-        if step.state is TrainerState.WAITING:
-            self._reconcile_labels()
-        state = ("state", step.state.value, f"trainer {step.state.value}",
-                 {"restarts": step.restarts, "generation": step.generation, **step.fields})
-        action, self._unrecorded = self._unrecorded, None
-        self.events.write_lines(*((_action_line(action),) if action is not None else ()), state)
-        for o in self.observers:
-            hook = getattr(o, "on_state", None)
-            states = getattr(o, "states", None)  # the steps it acts on (None: every one)
-            if hook is not None and (states is None or step.state in states):
-                try:
-                    hook(step.state, step.restarts)
-                except Exception:
-                    log.exception("state hook failed")
-
     async def _after_exit(self, trainer: TrainerProcess, exit_: ProcessExit) -> None:
         """The main process is gone: clean up what it left, read its last output."""
         self._drain_output()  # what it printed before it exited comes first
@@ -689,6 +671,24 @@ class Worker:
         if self.trainer is not None and self.trainer.running:
             self.trainer.send_signal(sig)
         self._stop_event.set()
+
+    def _apply(self, step: Step) -> None:
+        """Carry out a lifecycle step at the edges: the events file (with the line of the
+        decision it carries out, if not written yet: one write), the observers."""
+        if step.state is TrainerState.WAITING:
+            self._reconcile_labels()
+        state = ("state", step.state.value, f"trainer {step.state.value}",
+                 {"restarts": step.restarts, "generation": step.generation, **step.fields})
+        action, self._unrecorded = self._unrecorded, None
+        self.events.write_lines(*((_action_line(action),) if action is not None else ()), state)
+        for o in self.observers:
+            hook = getattr(o, "on_state", None)
+            states = getattr(o, "states", None)  # the steps it acts on (None: every one)
+            if hook is not None and (states is None or step.state in states):
+                try:
+                    hook(step.state, step.restarts)
+                except Exception:
+                    log.exception("state hook failed")
 
 
 def _action_line(action: Action) -> tuple[str, str, str, dict[str, Any]]:
