@@ -47,18 +47,9 @@ from ftagent.agent.seat import RankHooks
 from ftagent.model import (
     Action,
     ActionKind,
-    CollectiveSample,
     Fault,
     FaultKind,
-    Observation,
-    PhaseMarker,
-    PhaseTiming,
-    ProcessExit,
-    Progress,
-    Resumed,
     Severity,
-    SnapshotsHeld,
-    TrainerState,
 )
 from ftagent.wire import exit_note
 from ftagent.wire.convert import stacks_json
@@ -83,10 +74,15 @@ class RankSession:
         # hang_state (progress summaries), stacks (DUMP_STACKS: cmd/run.py adds the liveness
         # verdict, the flight recorder its dumps), on_busy (peer_wait.py), prepare_spare
         self.hooks = hooks
-        self.released_start = False  # the current trainer was started by the barrier
         self.undecided: Fault | None = None
         self.tasks: list[asyncio.Task[Any]] = []  # the link's
         self.watchdogs: set[asyncio.Task[Any]] = set()  # decisions awaited
+
+    @property
+    def released_start(self) -> bool:
+        """The current trainer was started by the barrier (the link says so when it
+        starts: ``ArbiterLink.released_start``)."""
+        return bool(self.link.released_start)
 
     def spawn(self, coro: Awaitable[Any]) -> None:
         """A task of this rank's (a decision watchdog), kept until it is done."""
@@ -122,11 +118,13 @@ class ArbiterDecider:
 
     def add(self, worker: Seat, hooks: RankHooks | None = None) -> Sequence[Observer]:
         """A rank's session (its link, not yet running, and its ``hooks``) and its seat in
-        the local group; the worker carries the link's observer."""
+        the local group; the worker carries the link as an observer of its trainer
+        (``ArbiterLink.observe``, ``on_state``: no adapter between them)."""
         s = self.sessions[worker] = RankSession(self._link(worker), hooks or RankHooks())
         s.link.proto.replica_port = s.hooks.replica_port  # said in the Hello (before start)
+        s.link.hang_state = s.hooks.hang_state  # said with each progress summary
         self.fail_open_after = worker.cfg.arbiter.arbiter_fail_open_after
-        return (*self.local.add(worker), _LinkObserver(worker, s))
+        return (*self.local.add(worker), s.link)
 
     def session(self, worker: Seat) -> RankSession:
         """``worker``'s rank session."""
@@ -194,7 +192,7 @@ class ArbiterDecider:
             if ended is not None or worker.lifecycle.stop_requested:
                 return ended
         gen = worker.lifecycle.generation
-        s.released_start = False
+        link.released_start = False
         link.arrive(gen)  # kept and re-sent on every stream until released
         self._arrive_locally(worker)
         if not await self._online(link):
@@ -206,8 +204,9 @@ class ArbiterDecider:
         t0 = self.clock()
         while True:
             if life.released >= gen:  # desired (the arbiter's RELEASE) against observed
-                life.reached(life.released)
-                s.released_start = True
+                if life.released > life.generation:  # read in place: the worker is at
+                    life.reached(life.released)  # ``gen`` already, moved only when above
+                link.released_start = True  # the link says so when the trainer starts
                 worker.write("state", "released",
                              f"barrier of generation {gen} released",
                              generation=life.generation,
@@ -418,40 +417,6 @@ class ArbiterDecider:
     def _still_online(self, link: ArbiterLink) -> bool:
         """False once the link has been down for --arbiter-fail-open-after seconds."""
         return link.connected or link.offline_for() < self.fail_open_after
-
-
-class _LinkObserver:
-    """Tells the arbiter about one rank's progress, exits and trainer starts."""
-
-    # what the watch loop hands it (watch/loop.py ``_route``) and the steps the worker
-    # tells it of (``Worker._apply``): the types and states it acts on
-    observes = (Progress, ProcessExit, CollectiveSample, PhaseTiming, Resumed, PhaseMarker,
-                SnapshotsHeld)
-    states = (TrainerState.RUNNING,)
-
-    def __init__(self, worker: Seat, session: RankSession) -> None:
-        self.worker = worker
-        self.session = session
-
-    def observe(self, obs: Observation) -> None:
-        link = self.session.link
-        if isinstance(obs, Progress):
-            since, hung = self.session.hooks.hang_state()
-            link.report_progress(obs, seconds_since_progress=since, hung=hung)
-        elif isinstance(obs, ProcessExit):
-            link.report_exit(obs, self.worker.lifecycle.generation)
-        elif isinstance(obs, (CollectiveSample, PhaseTiming)):
-            link.observe_timing(obs)  # where the step's time goes: stragglers at the arbiter
-        elif isinstance(obs, (Resumed, PhaseMarker, SnapshotsHeld)):
-            link.observe_trainer(obs)  # the resume step and phase time: the goodput ledger;
-            # the snapshots held: the arbiter's resume step
-
-    def on_state(self, state: TrainerState, restarts: int) -> None:
-        """A trainer runs (``states``: the only step told). That none runs is the link's
-        own to know: the exit it reports, the arrival, a RESTART it delivers set it."""
-        if state is TrainerState.RUNNING:
-            link = self.session.link  # its Hello reads the state from the lifecycle
-            link.started(self.worker.lifecycle.generation, released=self.session.released_start)
 
 
 def _leave_exit(worker: Seat, link: ArbiterLink) -> None:

@@ -74,7 +74,7 @@ import os
 import secrets
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 log = logging.getLogger("ftagent.containment")
 
@@ -376,12 +376,16 @@ class Containment:
         if pid in self._sessions:
             self._exited.add(pid)
 
-    def tree_empty(self) -> None:
-        """The agent saw no process of the tree: the exited trainers' sessions are empty
-        and their pids may be reused; the watchdog must forget them."""
-        for pid in self._exited:
-            self._sessions.discard(pid)
-            self._send(f"F {pid}")
+    def tree_empty(self, keep: Collection[int] = ()) -> None:
+        """The agent saw no process of the tree: every session but those of ``keep`` (the
+        standbys waiting, which are no part of the tree) is empty -- its leader would be
+        in the tree otherwise, exited or not told yet (``trainer_exited``) -- and their
+        pids may be reused; the watchdog must forget them. Read from the tree in place:
+        a trainer's exit needs no call of its own."""
+        for pid in self._exited | (self._sessions - set(keep)):
+            if pid in self._sessions:
+                self._sessions.discard(pid)
+                self._send(f"F {pid}")
         self._exited.clear()
 
     def _send(self, line: str) -> None:
@@ -427,12 +431,12 @@ def trainer_exited(pid: int) -> None:
     current().trainer_exited(pid)
 
 
-def tree_empty() -> None:
-    """No process of the trainer's tree is left (``Containment.tree_empty``), if a
-    containment was made in this process."""
+def tree_empty(keep: Collection[int] = ()) -> None:
+    """No process of the trainer's tree is left but ``keep`` (``Containment.tree_empty``),
+    if a containment was made in this process."""
     c = peek()
     if c is not None:
-        c.tree_empty()
+        c.tree_empty(keep)
 
 
 def peek() -> Containment | None:

@@ -40,26 +40,32 @@ class EventsFile:
                 log.error("cannot open events file %s: %s (events are not recorded)", path, e)
 
     def write(self, event: str, kind: str, message: str, **fields: Any) -> dict[str, Any]:
+        (record,) = self.write_lines((event, kind, message, fields))
+        return record
+
+    def write_lines(self, *lines: tuple[str, str, str, Mapping[str, Any]]
+                    ) -> list[dict[str, Any]]:
+        """Several lines of one transition (``(event, kind, message, fields)`` each: an
+        action and the state that carries it out), in order, in one write: flushed
+        together, so a crash of the agent loses none of them once this returns."""
         now = time.time()
-        record: dict[str, Any] = {
-            "ts": round(now, 6),
-            "time": datetime.fromtimestamp(now, timezone.utc).isoformat(
-                timespec="milliseconds").replace("+00:00", "Z"),
-            "event": event,
-            "kind": kind,
-            "message": message,
-            **({"rank": self.ranked.rank} if self.ranked is not None else {}),
-            **self.static,
-            **fields,
-        }
+        stamp = {"ts": round(now, 6),
+                 "time": datetime.fromtimestamp(now, timezone.utc).isoformat(
+                     timespec="milliseconds").replace("+00:00", "Z")}
+        rank = {"rank": self.ranked.rank} if self.ranked is not None else {}
+        records: list[dict[str, Any]] = [
+            {**stamp, "event": event, "kind": kind, "message": message, **rank,
+             **self.static, **fields}
+            for event, kind, message, fields in lines]
         if self._fh is not None:
             try:
-                self._fh.write(json.dumps(record, default=str, ensure_ascii=False) + "\n")
+                self._fh.write("".join(json.dumps(r, default=str, ensure_ascii=False) + "\n"
+                                       for r in records))
             except (OSError, ValueError) as e:
                 if not self._failed:
                     log.error("writing events file %s failed: %s", self.path, e)
                     self._failed = True
-        return record
+        return records
 
     def close(self) -> None:
         if self._fh is not None:

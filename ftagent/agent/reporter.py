@@ -34,6 +34,7 @@ import logging
 import random
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import grpc
@@ -53,6 +54,7 @@ from ftagent.model import (
     Progress,
     Resumed,
     SnapshotsHeld,
+    TrainerState,
 )
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
@@ -206,8 +208,23 @@ def backoff(attempt: int, rng: random.Random | None = None) -> float:
     return min(BACKOFF_CAP, BACKOFF_FIRST * 2 ** min(attempt, 16)) * r.uniform(0.5, 1.0)
 
 
+def _no_hang_state() -> tuple[float, bool]:
+    return 0.0, False
+
+
 class ArbiterLink:
-    """See the module docstring. Create and use it on the supervisor's event loop."""
+    """See the module docstring. Create and use it on the supervisor's event loop.
+
+    A worker's link observes its trainer itself (``observe``, ``on_state``: the worker
+    carries it among its observers, arbiter_decider.py): its progress, exits and starts
+    go from the watch loop and the lifecycle's steps to the link's core, no adapter
+    between them."""
+
+    # what the watch loop hands it (watch/loop.py ``_route``) and the steps the worker
+    # tells it of (``Worker._apply``): the types and states it acts on
+    observes = (Progress, ProcessExit, CollectiveSample, PhaseTiming, Resumed, PhaseMarker,
+                SnapshotsHeld)
+    states = (TrainerState.RUNNING,)
 
     def __init__(self, cfg: ArbiterClientConfig, identity: IdentityConfig, *,
                  max_restarts: int | None = None, version: str = __version__,
@@ -256,6 +273,12 @@ class ArbiterLink:
         self._ended: grpc.aio.StreamStreamCall | None = None
         self._task: asyncio.Task[None] | None = None
         self._last_error = ""
+        # the rank's hang state, said with each progress summary (seconds since progress,
+        # hung: the rank's hook, seat.py RankHooks.hang_state, given by its decider)
+        self.hang_state: Callable[[], tuple[float, bool]] = _no_hang_state
+        # the trainer now starting was released by the barrier (False: failing open); the
+        # decider says so at the barrier, the link tells its core when the trainer runs
+        self.released_start = False
 
     # The agent's side of the protocol state, for the supervisor and for status.
     @property
@@ -284,6 +307,28 @@ class ArbiterLink:
         """Seconds since the link was last up (0 while connected)."""
         since = self.offline_since
         return 0.0 if since is None else time.monotonic() - since
+
+    # ------------------------------------------------------------------ the trainer observed
+
+    def observe(self, obs: Observation) -> None:
+        """An observation of the trainer's (``observes``): progress, its exit (of the
+        generation its lifecycle names), where steps' time goes, what it said of itself."""
+        if isinstance(obs, Progress):
+            since, hung = self.hang_state()
+            self.report_progress(obs, seconds_since_progress=since, hung=hung)
+        elif isinstance(obs, ProcessExit):
+            self.report_exit(obs, self.proto.lifecycle.generation)
+        elif isinstance(obs, (CollectiveSample, PhaseTiming)):
+            self.observe_timing(obs)  # where the step's time goes: stragglers at the arbiter
+        elif isinstance(obs, (Resumed, PhaseMarker, SnapshotsHeld)):
+            self.observe_trainer(obs)  # the resume step and phase time: the goodput ledger;
+            # the snapshots held: the arbiter's resume step
+
+    def on_state(self, state: TrainerState, restarts: int) -> None:
+        """A trainer runs (``states``: the only step told). That none runs is the link's
+        own to know: the exit it reports, the arrival, a RESTART it delivers set it."""
+        if state is TrainerState.RUNNING:
+            self.started(self.proto.lifecycle.generation, released=self.released_start)
 
     # ------------------------------------------------------------------ supervisor API
 

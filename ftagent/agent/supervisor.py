@@ -218,8 +218,8 @@ def tree() -> list[psutil.Process]:
                  if p.pid != _watchdog and p.pid not in _hidden and _alive(p)]
     except psutil.Error:
         return []
-    if not procs:
-        containment.tree_empty()
+    if not procs:  # every session is empty but a waiting standby's (containment.py)
+        containment.tree_empty(_hidden)
     return procs
 
 
@@ -368,7 +368,8 @@ class TrainerProcess:
         # The reaper collected the status; tell Popen so it does not wait or warn later.
         for p in self.pumps:  # its last output is wanted now (the crash's evidence)
             p.hurry.set()
-        containment.trainer_exited(self.pid)
+        # (its containment session is forgotten once the tree is empty: tree_empty reads
+        # that in place, no call per exit)
         if not fut.cancelled():
             self.popen.returncode = fut.result().exit_status
 

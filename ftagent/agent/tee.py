@@ -189,6 +189,15 @@ class LastLines:
         keyed.sort()
         return [(name, line) for _, _, name, line in keyed[-k:]]
 
+    def tails(self, k: int, k_stream: int, stream: str) -> tuple[list[tuple[str, bytes]],
+                                                                 list[tuple[str, bytes]]]:
+        """Both tails a crash's evidence asks for, in one call: the last ``k`` lines of
+        all streams merged (``tail(k)``) and the last ``k_stream`` of ``stream`` alone
+        (``tail(k_stream, stream)``: stderr's, where the traceback is)."""
+        if not self._rings:  # nothing was printed: nothing to split
+            return [], []
+        return self.tail(k), self.tail(k_stream, stream)
+
 
 class LineBacklog:
     """The pumps' batches on their way to the loop: FIFO, thread-safe, bounded.

@@ -142,6 +142,8 @@ class Worker:
         # the trainer's output on its way from the pumps to on_lines (line_feed.py)
         self.feed = LineFeed(self.on_lines, self._count_skipped)
         self._hang_faults: set[str] = set()  # ids of this attempt's hang faults
+        # a decision to carry out whose action line goes with its state's (``_apply``)
+        self._unrecorded: Action | None = None
         # this trainer's processes: the agent's whole tree alone, its own under the launcher
         self.tree: Tree = supervisor.tree if spec.local_rank is None \
             else worker_tree(lambda: self.trainer, spec.local_rank)
@@ -590,9 +592,12 @@ class Worker:
                          action.kind.value)
                 self.lifecycle.dismiss(action)
                 continue
-            self._record_action(action)
             if action.kind not in MINOR_ACTIONS:
+                # recorded with the step that carries it out (``_apply``, next): the action
+                # line and its state line in one write
+                self._unrecorded = action
                 return action
+            self._record_action(action)
             await self.decider.on_minor_action(self, action)
 
     def _due(self) -> Action | None:
@@ -610,11 +615,7 @@ class Worker:
         (``Lifecycle.restart`` or ``failed``), which the control loop takes next, once."""
         if action.kind in MINOR_ACTIONS:
             self.lifecycle.decided(action)
-        log.info("action %s (%s): %s", action.kind.value, action.origin.value, action.reason)
-        self.events.write("action", action.kind.value, action.reason, action_id=action.id,
-                          generation=action.generation, fault_id=action.fault_id,
-                          origin=action.origin.value,
-                          backoff_seconds=action.backoff_seconds, exit_code=action.exit_code)
+        self.events.write_lines(_action_line(action))
 
     async def _after_exit(self, trainer: TrainerProcess, exit_: ProcessExit) -> None:
         """The main process is gone: clean up what it left, read its last output."""
@@ -672,11 +673,14 @@ class Worker:
         self._stop_event.set()
 
     def _apply(self, step: Step) -> None:
-        """Carry out a lifecycle step at the edges: the events file, the observers."""
+        """Carry out a lifecycle step at the edges: the events file (with the line of the
+        decision it carries out, if not written yet: one write), the observers."""
         if step.state is TrainerState.WAITING:
             self._reconcile_labels()
-        self.events.write("state", step.state.value, f"trainer {step.state.value}",
-                          restarts=step.restarts, generation=step.generation, **step.fields)
+        state = ("state", step.state.value, f"trainer {step.state.value}",
+                 {"restarts": step.restarts, "generation": step.generation, **step.fields})
+        action, self._unrecorded = self._unrecorded, None
+        self.events.write_lines(*((_action_line(action),) if action is not None else ()), state)
         for o in self.observers:
             hook = getattr(o, "on_state", None)
             states = getattr(o, "states", None)  # the steps it acts on (None: every one)
@@ -686,3 +690,11 @@ class Worker:
                 except Exception:
                     log.exception("state hook failed")
 
+
+def _action_line(action: Action) -> tuple[str, str, str, dict[str, Any]]:
+    """An action's line in the events file (``EventsFile.write_lines``), logged as made."""
+    log.info("action %s (%s): %s", action.kind.value, action.origin.value, action.reason)
+    return ("action", action.kind.value, action.reason,
+            {"action_id": action.id, "generation": action.generation,
+             "fault_id": action.fault_id, "origin": action.origin.value,
+             "backoff_seconds": action.backoff_seconds, "exit_code": action.exit_code})

@@ -24,11 +24,15 @@ def tail(last_lines: LastLines, n: int = EVIDENCE_LINES,
          stream: str | None = None) -> list[str]:
     """The last output lines as text, secrets redacted; stderr lines are marked unless
     asked for alone."""
-    lines = [(s, redact_secrets(b.decode("utf-8", "replace")))
-             for s, b in last_lines.tail(n, stream)]
-    if stream is not None:
-        return [text for _, text in lines]
-    return [f"{s}: {text}" if s == "stderr" else text for s, text in lines]
+    return _text(last_lines.tail(n, stream), marked=stream is None)
+
+
+def _text(lines: list[tuple[str, bytes]], *, marked: bool) -> list[str]:
+    """Lines as text, secrets redacted; stderr's marked if ``marked`` (a merged tail)."""
+    texts = [(s, redact_secrets(b.decode("utf-8", "replace"))) for s, b in lines]
+    if not marked:
+        return [text for _, text in texts]
+    return [f"{s}: {text}" if s == "stderr" else text for s, text in texts]
 
 
 def crash_fault(exit_: ProcessExit, attempt: int, last_lines: LastLines) -> Fault:
@@ -37,12 +41,13 @@ def crash_fault(exit_: ProcessExit, attempt: int, last_lines: LastLines) -> Faul
     pipes were read in)."""
     how = (f"killed by signal {exit_.signal} ({signal.Signals(exit_.signal).name})"
            if exit_.signal is not None else f"exited with code {exit_.code}")
+    # both tails in one call (LastLines.tails), not the ring asked twice
+    merged, stderr = last_lines.tails(EVIDENCE_LINES, EVIDENCE_STDERR_LINES, "stderr")
     return Fault(FaultKind.CRASH, f"trainer (pid {exit_.pid}) {how}", scope=Scope.PROCESS,
                  evidence={"exit_status": exit_.exit_status, "exit_code": exit_.code,
                            "signal": exit_.signal, "attempt": attempt,
-                           "last_lines": tail(last_lines),
-                           "last_stderr_lines": tail(last_lines, EVIDENCE_STDERR_LINES,
-                                                     "stderr")})
+                           "last_lines": _text(merged, marked=True),
+                           "last_stderr_lines": _text(stderr, marked=False)})
 
 
 async def enrich(evidence: Evidence, fault: Fault, pids: Sequence[int]) -> Fault:

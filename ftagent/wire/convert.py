@@ -31,7 +31,10 @@ def fault_to_proto(f: Fault, generation: int, exit_status: int | None = None) ->
         kind="FAULT_KIND_" + f.kind.name,
         severity="SEVERITY_" + f.severity.name,
         scope="SCOPE_" + f.scope.name,
-        message=limits.clip(f.message, limits.MAX_MESSAGE),
+        # the bound compared in line (a message within it calls nothing); ``clip`` cuts
+        # and marks one past it, as everywhere
+        message=f.message if len(f.message) <= limits.MAX_MESSAGE
+        else limits.clip(f.message, limits.MAX_MESSAGE),
         evidence_json=evidence_json(f.evidence),
         detected_at=f.detected_at if math.isfinite(f.detected_at) else 0.0,
         generation=min(max(generation, 0), limits.MAX_GENERATION),

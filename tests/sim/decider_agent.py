@@ -87,6 +87,17 @@ class SimLink:
     def __init__(self, agent: DeciderAgent) -> None:
         self.agent = agent
         self.proto = agent.proto
+        self.released_start = False  # as ArbiterLink's: the decider sets it at the barrier
+        self.hang_state: Any = None
+
+    # -- the trainer observed (ArbiterLink.observe, on_state: the worker's observers)
+    def observe(self, obs: Observation) -> None:
+        if isinstance(obs, ProcessExit):
+            self.report_exit(obs, self.proto.lifecycle.generation)
+
+    def on_state(self, state: TrainerState, restarts: int) -> None:
+        if state is TrainerState.RUNNING:
+            self.started(self.proto.lifecycle.generation, released=self.released_start)
 
     # -- state
     @property

@@ -65,3 +65,17 @@ def test_marker_and_sessions_without_a_watchdog() -> None:
     assert c._sessions == {1234}  # exited, but its session may still have members
     c.tree_empty()
     assert c._sessions == set()
+
+
+def test_an_empty_tree_forgets_every_session_but_a_waiting_standbys() -> None:
+    """The tree read empty says every trainer's session is empty, told of its exit or not
+    (the supervisor no longer tells each exit): forgotten, but for the standbys kept (no
+    part of the tree while they wait)."""
+    c = Containment("watchdog")
+    c.trainer_started(1234)  # a trainer: exited, not told
+    c.trainer_started(4321)  # a standby waiting (hidden from the tree)
+    c.tree_empty(keep={4321})
+    assert c._sessions == {4321}
+    c.trainer_exited(4321)  # the standby died
+    c.tree_empty(keep={4321})
+    assert c._sessions == set()

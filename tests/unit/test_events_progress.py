@@ -28,3 +28,18 @@ def test_one_line_per_interval_with_the_mean_step_time(tmp_path: Path) -> None:
 def test_no_events_file_writes_nothing() -> None:
     log = ProgressLog(EventsFile(""), clock=lambda: 0.0)
     log.observe(Progress(1))  # no file: nothing to do, nothing raised
+
+
+def test_a_transitions_lines_are_written_together_and_readable_at_once(tmp_path: Path) -> None:
+    """``write_lines``: an action and the state carrying it out, in order, in one write,
+    already in the file when it returns (the durability promise of ``write``)."""
+    path = tmp_path / "events.jsonl"
+    ev = EventsFile(str(path), {"job": "j"})
+    out = ev.write_lines(("action", "restart", "crash", {"action_id": "a1"}),
+                         ("state", "restarting", "trainer restarting", {"restarts": 1}))
+    lines = [json.loads(x) for x in path.read_text().splitlines()]  # before close: flushed
+    assert [(x["event"], x["kind"]) for x in lines] == [("action", "restart"),
+                                                        ("state", "restarting")]
+    assert lines == out and lines[0]["ts"] == lines[1]["ts"] and lines[0]["job"] == "j"
+    assert lines[0]["action_id"] == "a1" and lines[1]["restarts"] == 1
+    ev.close()

@@ -238,3 +238,14 @@ def test_after_a_quiet_spell_the_pumps_waits_ramp_up_from_an_eighth() -> None:
     os.close(sink_w)
     assert os.read(sink_r, 1 << 16).endswith(b"step=4\n")
     os.close(sink_r)
+
+
+def test_both_tails_of_a_crash_in_one_call() -> None:
+    """``LastLines.tails``: the merged tail and one stream's, as ``tail`` gives each."""
+    ring = LastLines(10)
+    ring.add("stdout", b"a\nb\n")
+    ring.add("stderr", b"Traceback\nError\n")
+    ring.add("stdout", b"c\n")
+    assert ring.tails(3, 2, "stderr") == (ring.tail(3), ring.tail(2, "stderr"))
+    assert ring.tails(3, 2, "stderr")[1] == [("stderr", b"Traceback"), ("stderr", b"Error")]
+    assert LastLines(10).tails(3, 2, "stderr") == ([], [])
