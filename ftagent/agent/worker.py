@@ -120,6 +120,10 @@ class Worker:
         # control loop's one wake-up (the reconciler's), set in the loop by the link's read
         # loop or a decider, never a queue
         self._change = asyncio.Event()
+        # the detectors' ticker's wake-up (_ticker): an observation moved the earliest due
+        # time, or a part's next due time moved (HangParts.wake)
+        self._tick_wake = asyncio.Event()
+        self._tick_stale = False  # set with it by wake_ticker: refresh, not just re-sleep
         self.lifecycle = Lifecycle(rank=cfg.identity.rank, spare=cfg.identity.spare,
                                    on_change=self._change.set)
         fixed: dict[str, Any] = {"job": cfg.identity.job}
@@ -162,7 +166,8 @@ class Worker:
         # (watch/loop.py); ticked by this worker (_ticker: after the output is handled)
         self.watch = WatchLoop([TrainerWatch("trainer", p.sources, self.detectors)],
                                self.raise_fault, observers=[o.observe for o in self.observers],
-                               on_error=self._source_failed, tick_seconds=None)
+                               on_error=self._source_failed, tick_seconds=None,
+                               wake=self._tick_wake)
         self.line_handlers: tuple[LineHandler, ...] = p.line_handlers
         self.fault_hooks: tuple[Callable[[Fault], None], ...] = p.fault_hooks  # metrics
         self.evidence: Evidence | None = p.evidence  # the hang fault's async enrichment
@@ -269,17 +274,52 @@ class Worker:
         self.events.write("fault", FaultKind.AGENT.value, f"source {name} failed: {e}")
 
     async def _ticker(self) -> None:
-        # On the process's grid (timegrid.py's rule, here in place: a tick is the loop's
-        # most frequent wake-up): the launcher's N workers tick in one loop wake-up, not
-        # N, and the NIC and GPU polls share it.
+        # Two clocks. The trainer's output is drained on the process's grid (timegrid.py's
+        # rule, here in place: the pumps never wake the loop, so the launcher's N workers
+        # handle their output in one loop wake-up per 0.5 s, not one per line). The
+        # detectors are deadline-driven: ticked when their earliest due time comes
+        # (WatchLoop.due: the hang budget's end, the verifier's next sample, the dead-still
+        # watch's next look; between two grid points too) or after a wake (an observation
+        # that moved it earlier, a verdict, a deferred budget). A wake-up with no output
+        # waiting and nothing due calls nothing (before: every detector's tick, every
+        # 0.5 s).
         loop = asyncio.get_running_loop()
-        feed = self.feed
+        feed, watch, wake = self.feed, self.watch, self._tick_wake
+        lag = 0.0  # how far the detectors' clock (output not handled yet) is behind
+        again = False  # the last tick left something due at once: the grid, never a spin
         while True:
-            await asyncio.sleep(TICK_SECONDS - loop.time() % TICK_SECONDS)
+            # the grid (the output, and a spare wake-up where nothing else would come: a
+            # trainer spawned while nothing was due) or the earliest due time, whichever
+            # comes first; +1 ms: a budget ends when now > its deadline, and a timer may
+            # fire early
+            grid = TICK_SECONDS - loop.time() % TICK_SECONDS
+            wait = grid if again else min(watch.due + lag - time.monotonic() + 0.001, grid)
+            if wait > 0 and not wake.is_set():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(wake.wait(), wait)
+            if wake.is_set():
+                wake.clear()
+                if self._tick_stale:  # a part's time moved: ask the detectors again
+                    self._tick_stale = False  # (an observation asked them itself)
+                    watch.refresh(time.monotonic())
+                again = False
+                continue
             # the output waiting (LineFeed.pumps_callback), then the detectors' "now";
             # nothing waiting: the clock, without a call into the feed
             b = feed.backlog
-            self.watch.tick(feed.tick() if b is not None and b.pending else time.monotonic())
+            now = feed.tick() if b is not None and b.pending else time.monotonic()
+            lag = max(0.0, time.monotonic() - now)
+            if watch.due <= now or watch.polled:
+                watch.tick(now)
+                again = watch.due <= now
+            else:
+                again = False
+
+    def wake_ticker(self) -> None:
+        """A detector's next due time moved outside an observation (a verdict came, a
+        budget was deferred): the ticker asks again (HangParts.wake)."""
+        self._tick_stale = True
+        self._tick_wake.set()
 
     def detector_now(self, now: float | None = None) -> float:
         """The detectors' "now" (LineFeed.now: the clock, or the read time of output still
