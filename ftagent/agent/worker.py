@@ -35,7 +35,6 @@ file, the decider), the signals.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import signal
@@ -92,6 +91,26 @@ if TYPE_CHECKING:
 log = logging.getLogger("ftagent.agent")
 
 TICK_SECONDS = 0.5
+
+
+async def until_set(event: asyncio.Event, timeout: float | None) -> bool:
+    """Wait until ``event`` is set (True) or ``timeout`` seconds passed (False; None: no
+    limit), and stay cancellable.
+
+    Not ``asyncio.wait_for(event.wait(), timeout)``: before Python 3.12 a task cancelled in
+    the loop step its event was set returns from that normally -- the inner wait is done by
+    the time the cancellation is delivered, and wait_for returns its result (CPython
+    gh-86296, fixed in 3.12 by rewriting wait_for on ``asyncio.timeout``). A loop around it
+    then never ends, and whoever awaits the cancelled task waits forever: the agent that
+    never exited after its trainer exited 42 (its detectors' ticker woken by the exit's
+    last output and cancelled in the same step). ``asyncio.wait`` never swallows a
+    cancellation; the inner wait is cancelled on every way out."""
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        done, _ = await asyncio.wait((waiter,), timeout=timeout)
+    finally:
+        waiter.cancel()  # a no-op once it is done
+    return bool(done)
 
 
 __all__ = ["Worker", "WorkerSpec", "console", "no_attempt_env"]  # the spec's own module
@@ -248,8 +267,7 @@ class Worker:
         decision wanted, a barrier released, a rank assigned, a stop), or after
         ``timeout`` seconds. The caller compares again: a wake-up may find nothing."""
         if not self._change.is_set():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._change.wait(), timeout)
+            await until_set(self._change, timeout)  # cancellable: the seat may be ending
         self._change.clear()
 
     async def stopping(self) -> None:
@@ -295,8 +313,10 @@ class Worker:
             grid = TICK_SECONDS - loop.time() % TICK_SECONDS
             wait = grid if again else min(watch.due + lag - time.monotonic() + 0.001, grid)
             if wait > 0 and not wake.is_set():
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(wake.wait(), wait)
+                # cancellable even when woken in the step it is cancelled in (until_set):
+                # run() cancels it as the worker ends, right after the exit's last output
+                # may have woken it, and awaits it
+                await until_set(wake, wait)
             if wake.is_set():
                 wake.clear()
                 if self._tick_stale:  # a part's time moved: ask the detectors again
@@ -690,8 +710,7 @@ class Worker:
         """Sleep unless a stop signal arrives; True if the sleep completed."""
         if seconds <= 0:
             return self.stop_signal is None
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._stop_event.wait(), seconds)
+        await until_set(self._stop_event, seconds)
         return self.stop_signal is None
 
     # ----------------------------------------------------------------- signals and state
