@@ -102,8 +102,8 @@ async def until_set(event: asyncio.Event, timeout: float | None) -> bool:
     the time the cancellation is delivered, and wait_for returns its result (CPython
     gh-86296, fixed in 3.12 by rewriting wait_for on ``asyncio.timeout``). A loop around it
     then never ends, and whoever awaits the cancelled task waits forever: the agent that
-    never exited after its trainer exited 42 (its detectors' ticker woken by the exit's
-    last output and cancelled in the same step). ``asyncio.wait`` never swallows a
+    never exited after its trainer exited 42 (its detectors' ticker woken as a verification
+    ended at the exit, and cancelled before it ran again). ``asyncio.wait`` never swallows a
     cancellation; the inner wait is cancelled on every way out."""
     waiter = asyncio.ensure_future(event.wait())
     try:
@@ -314,8 +314,8 @@ class Worker:
             wait = grid if again else min(watch.due + lag - time.monotonic() + 0.001, grid)
             if wait > 0 and not wake.is_set():
                 # cancellable even when woken in the step it is cancelled in (until_set):
-                # run() cancels it as the worker ends, right after the exit's last output
-                # may have woken it, and awaits it
+                # run() cancels it as the worker ends, perhaps right after a part woke it
+                # (a verification ending at the exit), and awaits it
                 await until_set(wake, wait)
             if wake.is_set():
                 wake.clear()

@@ -7,8 +7,8 @@ was set (CPython gh-86296): the cancellation is lost, the ticker's ``while True`
 again, and ``Worker.run``, which cancels its tasks and awaits them as the worker ends,
 waits forever. Seen in CI: the trainer exited 42, the agent wrote ``exited``, the crash
 fault, ``stop`` and ``failed``, then sat idle in the loop's select with its ticker
-"cancelling" in a fresh wait (its last output woke the ticker; nothing between that and the
-cancel gave the loop a turn). ``worker.until_set`` is the wait that stays cancellable.
+"cancelling" in a fresh wait (the verifier's sampling task ended at the exit and its done
+callback woke the ticker; nothing between that and the cancel gave the ticker a turn). ``worker.until_set`` is the wait that stays cancellable.
 
 ``Worker.changed`` (the deciders' port) had the same wait on main: a decider's wait there
 cancelled as a change arrived went on waiting. Each test here fails on the old code (the
