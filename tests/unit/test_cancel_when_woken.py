@@ -8,7 +8,8 @@ again, and ``Worker.run``, which cancels its tasks and awaits them as the worker
 waits forever. Seen in CI: the trainer exited 42, the agent wrote ``exited``, the crash
 fault, ``stop`` and ``failed``, then sat idle in the loop's select with its ticker
 "cancelling" in a fresh wait (the verifier's sampling task ended at the exit and its done
-callback woke the ticker; nothing between that and the cancel gave the ticker a turn). ``worker.until_set`` is the wait that stays cancellable.
+callback woke the ticker; nothing between that and the cancel gave the ticker a turn).
+``worker.until_set`` is the wait that stays cancellable.
 
 ``Worker.changed`` (the deciders' port) had the same wait on main: a decider's wait there
 cancelled as a change arrived went on waiting. Each test here fails on the old code (the
