@@ -38,7 +38,8 @@ class _Episode:
 
 
 class DeadStillWatch:
-    """Called on every tick (``Verifier.prepare``); raises through the verifier."""
+    """Called on the hang watch's ticks (``Verifier.prepare``), which come when
+    ``next_tick`` says; raises through the verifier."""
 
     def __init__(self, verifier: Any) -> None:
         """``verifier``: verify.py's ``Verifier`` (not named here: verify.py builds this
@@ -46,6 +47,7 @@ class DeadStillWatch:
         self.v = verifier
         self._ep: _Episode | None = None
         self._task: asyncio.Task[None] | None = None
+        self.idle = True  # no episode, no look under way: nothing to drop (read in place)
 
     @property
     def window(self) -> float:
@@ -56,23 +58,51 @@ class DeadStillWatch:
         window = self.window
         # armed: a deadline, no hang yet, and inside a phase or before the first step
         # (the cheap parts asked first: between steps of a learned job nothing is called)
-        armed = window > 0 and not det.hung and (
-            det.last_step is None or det.current_phase() is not None) and \
-            det.deadline() is not None
+        armed = window > 0 and not det.hung and (det.last_step is None or bool(det.phases)) \
+            and det.deadline() is not None
         if not armed:
             self.reset()
             return
-        start = now - det.seconds_since_progress(now)
-        ep = self._ep
-        if ep is None or abs(ep.start - start) > 1e-6:
-            self.reset()
-            ep = self._ep = _Episode(start, next_at=self.v.clock() + MIN_EVERY)
+        ep = self._open(now)
         if ep.done or (self._task is not None and not self._task.done()):
             return
         if self.v.clock() >= ep.next_at:
             self._task = asyncio.get_running_loop().create_task(self._look(ep, now))
+            self._task.add_done_callback(self.v.woken)  # its next look: the ticker asks
+
+    def next_tick(self, now: float, deadline: float | None) -> float | None:
+        """When ``tick`` next looks (the verifier's clock), given the detector's
+        ``deadline`` (None: hung, or not armed): None while not armed, a look is under
+        way (its end wakes the ticker) or the episode is done. Drops a stale episode and
+        opens the new one as ``tick`` would (bookkeeping; no sample is taken here)."""
+        if not self.armed(deadline):
+            self.reset()
+            return None
+        ep = self._open(now)
+        if ep.done or (self._task is not None and not self._task.done()):
+            return None
+        return ep.next_at
+
+    def armed(self, deadline: float | None) -> bool:
+        """Inside a phase or before the first step, with a ``deadline`` (the detector's,
+        None when hung or unarmed) and a window: read in place, nothing called."""
+        det = self.v.detector
+        return deadline is not None and (det.last_step is None or bool(det.phases)) and \
+            float(self.v.cfg.hang_dead_still_window or 0.0) > 0
+
+    def _open(self, now: float) -> _Episode:
+        """The episode of the stall in progress (a new one when the stall's start moved)."""
+        det = self.v.detector
+        start = min(now, det.last_progress)  # armed: a trainer runs (seconds_since_progress)
+        ep = self._ep
+        if ep is None or abs(ep.start - start) > 1e-6:
+            self.reset()
+            ep = self._ep = _Episode(start, next_at=self.v.clock() + MIN_EVERY)
+            self.idle = False
+        return ep
 
     def reset(self) -> None:
+        self.idle = True
         self._ep = None
         task, self._task = self._task, None
         if task is not None and not task.done():

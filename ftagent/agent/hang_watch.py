@@ -35,6 +35,10 @@ class HangWatch:
         self.parser = parser
         self.clock = clock
         self.metrics = metrics
+        if verifier is not None:  # the verifier's prepare, the budget, its own times:
+            # its methods in place of these two, no hop through here on a tick
+            self.tick = verifier.tick  # type: ignore[method-assign]
+            self.next_tick = verifier.next_tick  # type: ignore[method-assign]
         if metrics is not None:
             metrics.seconds_since_progress.set_function(
                 lambda: detector.seconds_since_progress(clock()))
@@ -62,13 +66,16 @@ class HangWatch:
         return []
 
     def tick(self, now: float) -> list[Fault]:
-        if self.verifier is not None:
-            self.verifier.prepare(now)  # samples while the budget runs down
-        faults = self.detector.tick(now)
-        v = self.verifier
-        if v is None or (not faults and not v.ready):
-            return faults  # nothing for the verifier to judge or hand over
-        return v.on_faults(faults, now)
+        """The detector's faults at ``now`` (with a verifier, ``Verifier.tick`` is
+        called instead: set by the constructor)."""
+        return self.detector.tick(now)
+
+    def next_tick(self, now: float) -> float | None:
+        """When ``tick`` next has something to do (watch/loop.py: the ticker sleeps until
+        then): the budget's end; with a verifier its ``next_tick`` (set in place of this
+        method by the constructor: no hop through here)."""
+        det = self.detector
+        return None if det.hung else det.deadline()
 
     def declared(self) -> bool:
         """A hang declared: the budget ran out and, with verification on, the verdict

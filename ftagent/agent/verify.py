@@ -142,10 +142,14 @@ class TreeSampler:
     """One snapshot of every process of the trainer's tree at a time (two py-spy attaching
     to one process at once fail, so an agent samples one snapshot after the other)."""
 
-    def __init__(self, pids: Callable[[], Sequence[int]], dump_timeout: float = 2.0,
-                 py_spy: str = "py-spy", gpu: GpuProbe | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, pids: Callable[[], Sequence[int]] | None = None,
+                 dump_timeout: float = 2.0, py_spy: str = "py-spy",
+                 gpu: GpuProbe | None = None, clock: Callable[[], float] = time.monotonic,
+                 *, tree: Callable[[], Sequence[Any]] | None = None) -> None:
+        """``pids``: the trainer's tree's pids; or ``tree``, its processes (anything with
+        a ``pid``: the worker's ``tree``, read here without a hop through the worker)."""
         self.pids = pids
+        self.tree = tree
         self.exe = find_py_spy(py_spy)
         self.dump_timeout = dump_timeout
         self.gpu = gpu
@@ -163,7 +167,9 @@ class TreeSampler:
     async def _sample(self, stacks: bool) -> tuple[Snapshot, list[dict[str, Any]]]:
         errors: list[str] = []
         try:
-            pids = list(dict.fromkeys(self.pids()))
+            listed = [p.pid for p in self.tree()] if self.tree is not None else \
+                self.pids() if self.pids is not None else []
+            pids = list(dict.fromkeys(listed))
         except Exception as e:  # noqa: BLE001
             pids = []
             errors.append(f"the trainer's tree could not be listed: {e!r}")
@@ -300,6 +306,9 @@ class Verifier:
         self.local_peers: Callable[[], Sequence[tuple[int, Verifier]]] | None = \
             parts.local_peers
         self._rank = parts.rank  # this rank, for the verdict's culprits (the lifecycle's)
+        # the detectors' ticker sleeps until ``next_tick``: told when that moved outside an
+        # observation (a verdict, a deferred budget, a sample task's end)
+        self.wake = parts.wake
         if parts.local_peers is not None and self.rank is not None:
             parts.local_peers.add(self.rank, self)
         self.stall: Stall | None = None
@@ -335,18 +344,30 @@ class Verifier:
 
     # ------------------------------------------------------------------ from HangWatch
 
+    def tick(self, now: float) -> list[Fault]:
+        """The hang watch's tick (HangWatch.tick with a verifier): ``prepare`` (samples
+        while the budget runs down), the detector's tick, and a HANG it raises verified
+        (``on_faults``); returns the faults to raise now."""
+        self.prepare(now)
+        faults = self.detector.tick(now)
+        if not faults and not self.ready:
+            return faults  # nothing to judge or hand over
+        return self.on_faults(faults, now)
+
     def prepare(self, now: float) -> None:
         """Before the detector's tick at ``now``: start sampling a budget that is running
         out (``verify_plan``), so its verdict is ready when it ends; drop samples taken
         for a deadline that moved (a phase began, a verdict deferred it). Inside a phase
         and before the first step the dead-still watch looks too (agent/dead_still.py)."""
-        self.dead_still.tick(now)
+        det = self.detector
+        deadline = None if det.hung else det.deadline()
+        dead = self.dead_still
+        if not dead.idle or self._dead_armed(deadline):  # off and idle: nothing to call
+            dead.tick(now)
         if self.window <= 0 or self.cfg.hang_verify_from >= 1:
             return
-        det = self.detector
         if det.hung:
             return  # the budget ran out: the samples under way (if any) are judged
-        deadline = det.deadline()
         early = self._early
         if early is not None and early.deadline != deadline:
             self._drop_early()
@@ -357,30 +378,100 @@ class Verifier:
             return
         if self._task is not None and not self._task.done():
             return  # a verdict is being judged (it defers or declares)
-        # the plan of this budget (its deadline, where it began, the last step): made
-        # once per budget, not per tick
-        key = (deadline, self._anchor, det.last_step)
-        if self._plan is not None and self._plan[0] == key:
-            plan, anchor = self._plan[1], self._plan[2]
-        else:
-            began = self._anchor
-            anchor = began if began is not None and began < deadline else \
-                now - det.seconds_since_progress(now)
-            plan = verify_plan(deadline, deadline - anchor, self.window,
-                               self.cfg.hang_verify_samples, self.cfg.hang_verify_from)
-            self._plan = (key, plan, anchor)
+        plan, anchor = self._plan_for(now, deadline)
         if now < plan[0].at - LEAD:
-            if now - anchor >= LEAD and self._mark is None and self._askable():
-                self._take_mark(deadline)  # the window is far off: one cheap sample now
+            if now - anchor >= LEAD and self._mark is None:
+                if self._askable():
+                    self._take_mark(deadline)  # the window is far off: one cheap sample now
+                else:  # asked once per budget: nobody to answer (next_tick looks no more)
+                    self._mark = Mark(deadline)
             return  # not yet
         if plan[0].at >= deadline:
             return  # nothing before the deadline: after it, as before
         if self.stall is None:
-            self.stall = Stall(start=now - det.seconds_since_progress(now),
+            self.stall = Stall(start=min(now, det.last_progress),  # the last progress
                                step=det.last_step, waiting_on=self._waiting_hint)
         self._early = Early(deadline, plan, usage=_usage())
         self._suspect = None
         self._task = asyncio.get_running_loop().create_task(self._sample_early(self._early))
+        self._task.add_done_callback(self.woken)
+
+    def _plan_for(self, now: float, deadline: float) -> tuple[tuple[Sample, ...], float]:
+        """The plan of this budget (its deadline, where it began, the last step) and its
+        anchor: made once per budget, not per tick."""
+        det = self.detector
+        key = (deadline, self._anchor, det.last_step)
+        if self._plan is not None and self._plan[0] == key:
+            return self._plan[1], self._plan[2]
+        began = self._anchor
+        # else the last progress (det.seconds_since_progress's, read in place)
+        anchor = began if began is not None and began < deadline else \
+            min(now, det.last_progress)
+        plan = verify_plan(deadline, deadline - anchor, self.window,
+                           self.cfg.hang_verify_samples, self.cfg.hang_verify_from)
+        self._plan = (key, plan, anchor)
+        return plan, anchor
+
+    def next_tick(self, now: float) -> float | None:
+        """When the hang watch's tick (``prepare``, then the detector's) next has
+        something to do, so the agent's ticker sleeps until then instead of ticking every
+        0.5 s (watch/loop.py): ``now`` for a verdict ready or samples to drop; else the
+        earliest of the dead-still watch's next look, this budget's mark and the start of
+        its early sampling (``LEAD`` before the plan's first sample, as ``prepare``
+        decides), and the budget's end. None: nothing before an observation or a wake
+        (``wake``: a verdict, a deferred budget, a sample task's end). Mirrors
+        ``prepare``: a tick before the time returned does nothing."""
+        if self.ready:
+            return now
+        det = self.detector
+        deadline = None if det.hung else det.deadline()
+        dead = self.dead_still
+        # off and idle (a learned job between steps): nothing called
+        due = dead.next_tick(now, deadline) if not dead.idle or self._dead_armed(deadline) \
+            else None
+        if deadline is None:
+            early = self._early is not None or self._mark is not None
+            return now if early and not det.hung else due
+        at = self._prepare_at(now, deadline)
+        return min(t for t in (due, at, deadline) if t is not None)
+
+    def _prepare_at(self, now: float, deadline: float) -> float | None:
+        """When ``prepare`` next acts on this budget (see ``next_tick``)."""
+        if self.window <= 0 or self.cfg.hang_verify_from >= 1:
+            return None
+        early, mark = self._early, self._mark
+        if (early is not None and early.deadline != deadline) or (
+                mark is not None and mark.deadline != deadline):
+            return now  # a budget that moved: its samples are dropped
+        if early is not None or now >= deadline:
+            return None
+        if self._task is not None and not self._task.done():
+            return None  # a verdict is being judged: its end wakes the ticker
+        plan, anchor = self._plan_for(now, deadline)
+        first = plan[0].at - LEAD
+        if mark is None and anchor + LEAD < first:
+            return max(now, anchor + LEAD)  # the mark (or finding nobody to ask)
+        if plan[0].at >= deadline:
+            return None  # nothing before the deadline: after it, as before
+        return max(now, first)
+
+    def _dead_armed(self, deadline: float | None) -> bool:
+        """The dead-still watch is armed (``DeadStillWatch.armed``, asked here in place:
+        between steps of a learned job it is neither armed nor holding anything)."""
+        det = self.detector
+        return deadline is not None and (det.last_step is None or bool(det.phases)) and \
+            float(self.cfg.hang_dead_still_window or 0.0) > 0
+
+    def woken(self, _task: object = None) -> None:
+        """Tell the detectors' ticker that ``next_tick`` moved (also a task's done
+        callback)."""
+        if self.wake is not None:
+            self.wake()
+
+    def _defer(self, until: float) -> None:
+        """The detector's ``defer``, and the ticker told: the budget's end moved."""
+        self.detector.defer(until)
+        self.woken()
 
     def _take_mark(self, deadline: float) -> None:
         """A stall ``LEAD`` old whose window begins more than ``LEAD`` later (a budget
@@ -469,12 +560,14 @@ class Verifier:
         self._early = None
         await self._verify_or_raise(fault, early)
 
-    def _recheck_in(self, early: bool) -> float:
+    def _recheck_in(self, early: bool, step_budget: float | None = None) -> float:
         """Seconds from a verdict "alive" to the next one: a step budget, plus the window
         when it is sampled while the budget runs down -- verdicts as far apart as when the
         window came after the budget (one landing as a phase ends would teach the place
         the trainer moved on to, and each costs the agent's CPU)."""
-        return self.detector.step_budget() + (self.window if early else 0.0)
+        if step_budget is None:
+            step_budget = self.detector.step_budget()
+        return step_budget + (self.window if early else 0.0)
 
     def _drop_dump(self) -> None:
         dump, self._dump = self._dump, None
@@ -551,6 +644,7 @@ class Verifier:
                     self._suspect = f  # its samples are being taken: judged with them
                 continue  # already verifying this stall
             self._task = asyncio.get_running_loop().create_task(self._verify_or_raise(f))
+            self._task.add_done_callback(self.woken)
         return out
 
     async def _verify_or_raise(self, fault: Fault, early: Early | None = None) -> None:
@@ -568,6 +662,7 @@ class Verifier:
                 "verification": {"state": "unknown", "missing": [f"verification failed: {e!r}"]}})
             if self.emit is None:
                 self.ready.append(out)
+                self.woken()
             else:
                 await self.emit(out)
 
@@ -633,8 +728,9 @@ class Verifier:
             if self.stall is not stall:
                 return  # steps resumed while the peers were asked
         window = await self.window_of(verdict, snaps)
+        step_budget = det.step_budget()  # once per verdict: the budget and its recheck
         got = decide(self.budget(stall, stalled, spin_budget, self._recheck_in(
-            early is not None)), window, self._peers(stall, arbiter))
+            early is not None, step_budget), step_budget), window, self._peers(stall, arbiter))
         stall.decision = got
         stall.io_blocked = tuple(b for b in window.blocked if b.kind in IO_KINDS) \
             if got.rule == "I1" else ()
@@ -644,7 +740,7 @@ class Verifier:
             # agent declares it if it hangs); bounded by --hang-phase-timeout
             self._count("waiting")
             again = self.clock() + det.step_budget()
-            det.defer(again)
+            self._defer(again)
             self._write("verify", "waiting", f"stalled {stalled:.1f}s waiting in "
                         f"{verdict.where} on {stall.waiting_on}: not a hang", verdict, cost,
                         stall, waiting_on=stall.waiting_on, rule=got.rule,
@@ -655,7 +751,7 @@ class Verifier:
             # answer (BUSY, or a restart for a job hang) decides, not this rank alone
             stall.asking = True
             again = self.clock() + det.step_budget()
-            det.defer(again)
+            self._defer(again)
             assert stall.asked_at is not None
             self._write("verify", "asking", f"stalled {stalled:.1f}s waiting in "
                         f"{verdict.where}; the arbiter has not answered for "
@@ -668,7 +764,7 @@ class Verifier:
             stall.suspected = stall.asking = True
             stall.asked_at = self.clock()
             out = self._suspicion(fault, verdict, stalled, entries)
-            det.defer(self.clock() + det.step_budget())  # not "hung" while it compares
+            self._defer(self.clock() + det.step_budget())  # not "hung" while it compares
             self._write("verify", "suspect", out.message, verdict, cost, stall, rule=got.rule)
             self._raise(out)
             return
@@ -677,8 +773,8 @@ class Verifier:
         if got.act is not Act.DECLARE:
             stall.verified = got.state is not State.UNDECIDED
             again = self.clock() + (got.recheck_in if got.recheck_in is not None
-                                    else self._recheck_in(early is not None))
-            det.defer(again)
+                                    else self._recheck_in(early is not None, step_budget))
+            self._defer(again)
             self._anchor = self.clock()  # the next budget's samples count from here
             text = (self._alive_text(verdict, stall, stalled, spin_budget)
                     if got.rule[0] in "AS" else got.reason)
@@ -687,17 +783,22 @@ class Verifier:
                         budget_seconds=fault.evidence.get("budget_seconds"))
             return
         stall.declared = True
-        out = self._fault(fault, verdict, stalled, spin_budget, entries, got)
-        self._write("verify", kind, out.message, verdict, cost, stall, rule=got.rule)
+        out = self._fault(fault, verdict, stalled, spin_budget, entries, got, kind)
+        # the evidence assembled once: the events line's verification is the fault's
+        self._write("verify", kind, out.message, verdict, cost, stall, rule=got.rule,
+                    motion=out.evidence["verification"])
         self._raise(out)
 
     def budget(self, stall: Stall | None, stalled: float, spin_budget: float,
-               recheck_every: float | None = None) -> Budget:
-        """The policy's budget input for this rank now (the dead-still watch's too)."""
+               recheck_every: float | None = None, step_budget: float | None = None
+               ) -> Budget:
+        """The policy's budget input for this rank now (the dead-still watch's too);
+        ``step_budget``: the detector's, when the caller has it already."""
         det = self.detector
-        phase = det.current_phase()
+        phase = det.current_phase() if det.phases else None  # none open: nothing to ask
         prev = stall.decision if stall is not None else None
-        return Budget(stalled_for=stalled, step_budget=det.step_budget(),
+        return Budget(stalled_for=stalled, step_budget=det.step_budget()
+                      if step_budget is None else step_budget,
                       spin_budget=spin_budget,
                       phase_timeout=float(self.cfg.hang_phase_timeout),
                       io_timeout=float(self.cfg.hang_io_timeout),
@@ -724,6 +825,7 @@ class Verifier:
     def _raise(self, out: Fault) -> None:
         if self.emit is None:
             self.ready.append(out)
+            self.woken()
         else:
             task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(self.emit(out))
             self._emitting.add(task)
@@ -742,7 +844,7 @@ class Verifier:
             return False
         stall.waiting_on = waiting_on
         stall.asking = False
-        self.detector.defer(self.clock() + self.detector.step_budget())
+        self._defer(self.clock() + self.detector.step_budget())
         return True
 
     async def _local_wait(self, stall: Stall) -> None:
@@ -795,7 +897,7 @@ class Verifier:
             return None
         stall.spin_cap = budget
         at = max(self.clock() + 0.5, stall.start + budget)
-        self.detector.defer(at)
+        self._defer(at)
         return at - self.clock()
 
     def _recognise(self, stall: Stall, snap: Snapshot, usage: float) -> bool:
@@ -809,7 +911,7 @@ class Verifier:
         if self.clock() - stall.start >= budget:
             return False  # over the learned budget too: verify
         stall.recognised = got
-        self.detector.defer(stall.start + budget)
+        self._defer(stall.start + budget)
         self._count("recognised")
         step = "no step yet" if stall.step is None else f"step {stall.step}"
         self._write("verify", "recognised",
@@ -962,7 +1064,8 @@ class Verifier:
         self._raise(fault)
 
     def _end(self, obs: Progress | PhaseMarker | None) -> None:
-        self.dead_still.reset()
+        if not self.dead_still.idle:
+            self.dead_still.reset()
         stall, self.stall = self.stall, None
         self._waiting_hint = None
         self._drop_early()
@@ -1022,11 +1125,13 @@ class Verifier:
     # ------------------------------------------------------------------ helpers
 
     def _fault(self, fault: Fault, verdict: Motion, stalled: float, spin_budget: float,
-               entries: list[dict[str, Any]], got: Verdict | None = None) -> Fault:
+               entries: list[dict[str, Any]], got: Verdict | None = None,
+               kind: str | None = None) -> Fault:
+        """``kind``: the verdict's label (``stall.label``), when the caller has it."""
         msg = fault.message if got is None else fault_message(got, fault.message)
         evidence = {**fault.evidence, "verification": verdict.to_json(),
                     "verdict": verdict.state.value if got is None
-                    else label(got, verdict.state.value),
+                    else kind or label(got, verdict.state.value),
                     "where": (got.where if got is not None else None) or verdict.where,
                     "stall_seconds": round(stalled, 3), "processes": entries}
         if got is not None:
@@ -1056,7 +1161,9 @@ class Verifier:
                 "undeclared phase, not a hang")
 
     def _write(self, event: str, kind: str, message: str, verdict: Motion | None,
-               cost: float, stall: Stall, **fields: Any) -> None:
+               cost: float, stall: Stall, motion: dict[str, Any] | None = None,
+               **fields: Any) -> None:
+        """One events line; ``motion``: the verdict's ``to_json()``, when made already."""
         log.info("hang verification: %s", message)
         if self.record is None:
             return
@@ -1065,7 +1172,7 @@ class Verifier:
                                  "agent_cpu_seconds": round(cost, 4), **fields}
         if verdict is not None:
             extra.update(where=verdict.where, window_seconds=round(verdict.window_seconds, 3),
-                         samples=verdict.samples, verification=_brief(verdict))
+                         samples=verdict.samples, verification=_brief(verdict, motion))
         self.record(event, kind, message, **extra)
 
     def _count(self, verdict: str) -> None:
@@ -1096,12 +1203,11 @@ async def _call(fn: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
         return {"summaries": [], "errors": [f"flight-recorder dump failed: {e!r}"[:300]]}
 
 
-def _brief(v: Motion) -> dict[str, Any]:
-    """The verdict without per-thread detail beyond the first few threads per process."""
-    out = v.to_json()
-    for p in out["processes"]:
-        p["threads"] = p["threads"][:8]
-    out["processes"] = out["processes"][:16]
+def _brief(v: Motion, whole: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The verdict without per-thread detail beyond the first few threads per process;
+    ``whole``: its ``to_json()`` made already (copied here, never changed)."""
+    out = dict(v.to_json() if whole is None else whole)
+    out["processes"] = [{**p, "threads": p["threads"][:8]} for p in out["processes"][:16]]
     return out
 
 

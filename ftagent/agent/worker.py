@@ -35,7 +35,6 @@ file, the decider), the signals.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import signal
@@ -94,6 +93,26 @@ log = logging.getLogger("ftagent.agent")
 TICK_SECONDS = 0.5
 
 
+async def until_set(event: asyncio.Event, timeout: float | None) -> bool:
+    """Wait until ``event`` is set (True) or ``timeout`` seconds passed (False; None: no
+    limit), and stay cancellable.
+
+    Not ``asyncio.wait_for(event.wait(), timeout)``: before Python 3.12 a task cancelled in
+    the loop step its event was set returns from that normally -- the inner wait is done by
+    the time the cancellation is delivered, and wait_for returns its result (CPython
+    gh-86296, fixed in 3.12 by rewriting wait_for on ``asyncio.timeout``). A loop around it
+    then never ends, and whoever awaits the cancelled task waits forever: the agent that
+    never exited after its trainer exited 42 (its detectors' ticker woken as a verification
+    ended at the exit, and cancelled before it ran again). ``asyncio.wait`` never swallows a
+    cancellation; the inner wait is cancelled on every way out."""
+    waiter = asyncio.ensure_future(event.wait())
+    try:
+        done, _ = await asyncio.wait((waiter,), timeout=timeout)
+    finally:
+        waiter.cancel()  # a no-op once it is done
+    return bool(done)
+
+
 __all__ = ["Worker", "WorkerSpec", "console", "no_attempt_env"]  # the spec's own module
 
 
@@ -120,6 +139,10 @@ class Worker:
         # control loop's one wake-up (the reconciler's), set in the loop by the link's read
         # loop or a decider, never a queue
         self._change = asyncio.Event()
+        # the detectors' ticker's wake-up (_ticker): an observation moved the earliest due
+        # time, or a part's next due time moved (HangParts.wake)
+        self._tick_wake = asyncio.Event()
+        self._tick_stale = False  # set with it by wake_ticker: refresh, not just re-sleep
         self.lifecycle = Lifecycle(rank=cfg.identity.rank, spare=cfg.identity.spare,
                                    on_change=self._change.set)
         fixed: dict[str, Any] = {"job": cfg.identity.job}
@@ -164,7 +187,8 @@ class Worker:
         # (watch/loop.py); ticked by this worker (_ticker: after the output is handled)
         self.watch = WatchLoop([TrainerWatch("trainer", p.sources, self.detectors)],
                                self.raise_fault, observers=[o.observe for o in self.observers],
-                               on_error=self._source_failed, tick_seconds=None)
+                               on_error=self._source_failed, tick_seconds=None,
+                               wake=self._tick_wake)
         self.line_handlers: tuple[LineHandler, ...] = p.line_handlers
         self.fault_hooks: tuple[Callable[[Fault], None], ...] = p.fault_hooks  # metrics
         self.evidence: Evidence | None = p.evidence  # the hang fault's async enrichment
@@ -245,8 +269,7 @@ class Worker:
         decision wanted, a barrier released, a rank assigned, a stop), or after
         ``timeout`` seconds. The caller compares again: a wake-up may find nothing."""
         if not self._change.is_set():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._change.wait(), timeout)
+            await until_set(self._change, timeout)  # cancellable: the seat may be ending
         self._change.clear()
 
     async def stopping(self) -> None:
@@ -271,17 +294,54 @@ class Worker:
         self.events.write("fault", FaultKind.AGENT.value, f"source {name} failed: {e}")
 
     async def _ticker(self) -> None:
-        # On the process's grid (timegrid.py's rule, here in place: a tick is the loop's
-        # most frequent wake-up): the launcher's N workers tick in one loop wake-up, not
-        # N, and the NIC and GPU polls share it.
+        # Two clocks. The trainer's output is drained on the process's grid (timegrid.py's
+        # rule, here in place: the pumps never wake the loop, so the launcher's N workers
+        # handle their output in one loop wake-up per 0.5 s, not one per line). The
+        # detectors are deadline-driven: ticked when their earliest due time comes
+        # (WatchLoop.due: the hang budget's end, the verifier's next sample, the dead-still
+        # watch's next look; between two grid points too) or after a wake (an observation
+        # that moved it earlier, a verdict, a deferred budget). A wake-up with no output
+        # waiting and nothing due calls nothing (before: every detector's tick, every
+        # 0.5 s).
         loop = asyncio.get_running_loop()
-        feed = self.feed
+        feed, watch, wake = self.feed, self.watch, self._tick_wake
+        lag = 0.0  # how far the detectors' clock (output not handled yet) is behind
+        again = False  # the last tick left something due at once: the grid, never a spin
         while True:
-            await asyncio.sleep(TICK_SECONDS - loop.time() % TICK_SECONDS)
+            # the grid (the output, and a spare wake-up where nothing else would come: a
+            # trainer spawned while nothing was due) or the earliest due time, whichever
+            # comes first; +1 ms: a budget ends when now > its deadline, and a timer may
+            # fire early
+            grid = TICK_SECONDS - loop.time() % TICK_SECONDS
+            wait = grid if again else min(watch.due + lag - time.monotonic() + 0.001, grid)
+            if wait > 0 and not wake.is_set():
+                # cancellable even when woken in the step it is cancelled in (until_set):
+                # run() cancels it as the worker ends, perhaps right after a part woke it
+                # (a verification ending at the exit), and awaits it
+                await until_set(wake, wait)
+            if wake.is_set():
+                wake.clear()
+                if self._tick_stale:  # a part's time moved: ask the detectors again
+                    self._tick_stale = False  # (an observation asked them itself)
+                    watch.refresh(time.monotonic())
+                again = False
+                continue
             # the output waiting (LineFeed.pumps_callback), then the detectors' "now";
             # nothing waiting: the clock, without a call into the feed
             b = feed.backlog
-            self.watch.tick(feed.tick() if b is not None and b.pending else time.monotonic())
+            now = feed.tick() if b is not None and b.pending else time.monotonic()
+            lag = max(0.0, time.monotonic() - now)
+            if watch.due <= now or watch.polled:
+                watch.tick(now)
+                again = watch.due <= now
+            else:
+                again = False
+
+    def wake_ticker(self) -> None:
+        """A detector's next due time moved outside an observation (a verdict came, a
+        budget was deferred): the ticker asks again (HangParts.wake)."""
+        self._tick_stale = True
+        self._tick_wake.set()
 
     def detector_now(self, now: float | None = None) -> float:
         """The detectors' "now" (LineFeed.now: the clock, or the read time of output still
@@ -651,8 +711,7 @@ class Worker:
         """Sleep unless a stop signal arrives; True if the sleep completed."""
         if seconds <= 0:
             return self.stop_signal is None
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._stop_event.wait(), seconds)
+        await until_set(self._stop_event, seconds)
         return self.stop_signal is None
 
     # ----------------------------------------------------------------- signals and state

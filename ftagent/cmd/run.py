@@ -371,8 +371,8 @@ def progress_parts(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir:
     if cfg.hang.hang_verify_window > 0:  # suspect -> verify -> declare (agent/verify.py)
         from ftagent.agent.verify import NvmlProbe, TreeSampler, Verifier
 
-        sampler = TreeSampler(agent.tree_pids, min(cfg.hang.hang_dump_timeout, 2.0),
-                              gpu=NvmlProbe())
+        sampler = TreeSampler(dump_timeout=min(cfg.hang.hang_dump_timeout, 2.0),
+                              gpu=NvmlProbe(), tree=agent.tree)
         def learned(seconds: float, where: str) -> None:
             says = getattr(arbiter_link(agent), "trainer_says", None)
             if says is not None:
@@ -389,7 +389,7 @@ def progress_parts(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir:
         hang = HangParts(rank=lambda: agent.lifecycle.rank, ask_arbiter=asks,
                          local_peers=local_peers,
                          window_dump=None if recorder is None else recorder.snapshot,
-                         waits=blocked_threads)
+                         waits=blocked_threads, wake=agent.wake_ticker)
         verifier = Verifier(detector, cfg.hang, sampler, hang, record=record,
                             metrics=metrics, emit=agent.raise_fault, now=agent.detector_now)
     watch = HangWatch(detector, metrics, parser, verifier=verifier)

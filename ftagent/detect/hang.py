@@ -172,7 +172,7 @@ class HangDetector:
             if self._pid is None or obs.pid == self._pid:
                 self._running = False
                 self.hung = False
-                self._phases.clear()
+                self.phases.clear()
             return None
         if not self._running:
             return None  # before the first start or after the exit: late lines
@@ -208,8 +208,8 @@ class HangDetector:
             return None
         if self._deferred is not None:  # verified alive: suspect again then
             return self._deferred
-        if self._phases:
-            return max(start + self.phase_budget(name) for name, start in self._phases.items())
+        if self.phases:
+            return max(start + self.phase_budget(name) for name, start in self.phases.items())
         if not self.expect_progress and not self._ever_progress:
             return None
         return self._ref + self.step_budget()
@@ -221,7 +221,7 @@ class HangDetector:
 
     def seconds_since_progress(self, now: float) -> float:
         """Since the last step (or the trainer's start); 0 while no trainer runs."""
-        return max(0.0, now - self._last_progress) if self._running else 0.0
+        return max(0.0, now - self.last_progress) if self._running else 0.0
 
     def step_budget(self) -> float:
         c = self.cfg
@@ -298,9 +298,10 @@ class HangDetector:
         self._events = 0  # steps this attempt (advanced, not observations: see _progress)
         self._observed = 0  # progress observations this attempt
         self._ref = ts  # deadlines count from here (last step, phase end, start)
-        self._last_progress = ts
+        self.last_progress = ts  # read in place by the verifier's plan (agent/verify.py)
         self._tainted = False  # a phase happened since the last step
-        self._phases: dict[str, float] = {}
+        # open phases (name -> start): read in place where a call per tick was the cost
+        self.phases: dict[str, float] = {}
         self._rewind: tuple[int, int] | None = None  # (last low step, increasing count)
         self._deferred = None  # a verified-alive stall: suspect again then
         self._prev_read: tuple[float, int] | None = None  # the last clean (gap, steps)
@@ -341,7 +342,7 @@ class HangDetector:
                 self._learn_interval(paired_interval(gap, advanced, prev),
                                      min(advanced, MAX_WEIGHT))
             self.longest = max(self.longest, gap)
-        self._ref = self._last_progress = ts
+        self._ref = self.last_progress = ts
         self.last_step = p.step
         self._source = p.source
         self._tainted = False
@@ -351,7 +352,7 @@ class HangDetector:
         if p.total_steps is not None and p.step >= p.total_steps:
             # The last step: what follows (final checkpoint, destroy_process_group, exit)
             # is not a step and gets a phase's budget, or a finished job would be "hung".
-            self._phases.setdefault(FINISH_PHASE, ts)
+            self.phases.setdefault(FINISH_PHASE, ts)
         return Observed(new_progress=True, step_interval=interval if clean else None)
 
     def _rewound(self, step: int) -> bool:
@@ -367,10 +368,10 @@ class HangDetector:
         self._deferred = None
         self._tainted = True
         if m.begin:
-            self._phases.setdefault(m.phase, ts)
+            self.phases.setdefault(m.phase, ts)
             return None
         self._ref = ts
-        start = self._phases.pop(m.phase, None)
+        start = self.phases.pop(m.phase, None)
         if start is None:
             return None
         seconds = self._learn_phase(m.phase, ts - start)
@@ -378,10 +379,10 @@ class HangDetector:
 
     def _end_all_phases(self, ts: float) -> bool:
         """A step while a phase is open: its end marker went missing; it ended by now."""
-        for name, start in self._phases.items():
+        for name, start in self.phases.items():
             self._learn_phase(name, ts - start)
-        ended = bool(self._phases)
-        self._phases.clear()
+        ended = bool(self.phases)
+        self.phases.clear()
         return ended
 
     def _learn_phase(self, name: str, seconds: float) -> float:
@@ -393,19 +394,19 @@ class HangDetector:
         return self._current_phase()
 
     def _current_phase(self) -> str | None:
-        if not self._phases:
+        if not self.phases:
             return None
-        return max(self._phases, key=lambda n: self._phases[n] + self.phase_budget(n))
+        return max(self.phases, key=lambda n: self.phases[n] + self.phase_budget(n))
 
     def _fault(self, now: float) -> Fault:
         c = self.cfg
         phase = self._current_phase()
         budget = self.budget(now)
-        since = now - self._last_progress
+        since = now - self.last_progress
         pct = self.interval_percentile()
         step = "no step yet" if self.last_step is None else f"last step {self.last_step}"
         if phase:
-            running = now - self._phases[phase]
+            running = now - self.phases[phase]
             msg = (f"{phase} phase running for {running:.1f}s, over its budget of "
                    f"{budget:.1f}s ({step})")
         elif pct is None or self._events < c.hang_warmup_steps:

@@ -117,6 +117,8 @@ class LossDetector:
         self._since += 1
         return fault
 
+    ticks = False  # judged on each loss as it comes: the watch loop never ticks it
+
     def tick(self, now: float) -> list[Fault]:
         return []
 

@@ -10,6 +10,13 @@ fault a detector returns to the fault sink. Detectors are ticked on the process'
 (timegrid.py: one wake-up shared with the other periodic work), and a detector with a
 ``next_deadline()`` (a link's grace) is ticked exactly when it expires.
 
+A detector may say when it next has something to do instead (``next_tick(now)``: the
+earliest time its ``tick`` can act, None for "not before an observation or a wake"; the
+pod agent's hang watch does): it is ticked only then, and ``due`` holds the earliest such
+time, so the owner's ticker sleeps until it (or until ``refresh`` after a wake) rather
+than on the grid. A detector whose tick never does anything says ``ticks = False`` and
+is never ticked. ``polled``: some detector has neither, the owner still ticks the grid.
+
 Nothing here knows what a part watches: the parts come from the registry
 (``watch/registry.py``), the sinks from the command that wires the process. A source
 that fails is one error line (and ``on_error``); the others go on -- the agent never
@@ -21,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
@@ -64,13 +72,15 @@ class WatchLoop:
     ``observers`` see every observation before the detectors do (gpu-check prints them).
     ``tick_seconds`` None: the owner calls ``tick(now)`` itself (the node agent, on its
     own tick). ``clock`` is the detectors' "now" (monotonic, as the sources' ``ts``).
+    ``wake``: the owner's ticker's event, set when an observation moved ``due`` earlier.
     """
 
     def __init__(self, parts: Iterable[Part], on_fault: FaultSink, *,
                  observers: Sequence[Callable[[Observation], None]] = (),
                  on_error: Callable[[str, BaseException], object] | None = None,
                  tick_seconds: float | None = TICK_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 wake: asyncio.Event | None = None) -> None:
         self.parts = list(parts)
         self.on_fault = on_fault
         self.observers = list(observers)
@@ -85,6 +95,17 @@ class WatchLoop:
         self.faults = 0  # raised so far (tests, status)
         self._inflight: set[asyncio.Future[Any]] = set()
         self._armed: set[tuple[int, float]] = set()  # (id(detector), deadline) timers
+        # deadline-driven detectors (``next_tick``): each one's next due time; the others
+        # are ticked on every tick (``polled``), those with ``ticks = False`` never
+        self._quiet = {id(d) for d in self.detectors if getattr(d, "ticks", True) is False}
+        self._timed: dict[int, Callable[[float], float | None]] = {
+            id(d): nt for d in self.detectors
+            if (nt := getattr(d, "next_tick", None)) and id(d) not in self._quiet}
+        self._dues: dict[int, float] = dict.fromkeys(self._timed, -math.inf)  # tick first
+        self.polled = any(id(d) not in self._timed and id(d) not in self._quiet
+                          for d in self.detectors)
+        self.due = -math.inf if self._timed else math.inf  # the earliest of ``_dues``
+        self.wake = wake
 
     # ------------------------------------------------------------------ flow
 
@@ -108,16 +129,45 @@ class WatchLoop:
                 continue
             self._raise(faults)
         self._arm_deadlines()
+        if self._timed:
+            before = self.due
+            self.refresh(self.clock())
+            if self.due < before and self.wake is not None:
+                self.wake.set()  # the owner's ticker sleeps until the old due time
 
     def tick(self, now: float) -> None:
-        """Every detector's tick (a link down past its grace)."""
+        """The detectors' ticks (a link down past its grace): every polled one, and each
+        deadline-driven one whose due time came (then asked for its next)."""
+        timed, dues = self._timed, self._dues
         for d in self.detectors:
+            key = id(d)
+            if key in self._quiet or dues.get(key, -math.inf) > now:
+                continue
             try:
                 faults = d.tick(now)
             except Exception:
                 log.exception("detector %s failed", type(d).__name__)
                 continue
             self._raise(faults)
+            if key in timed:
+                self._schedule(key, now)
+        if timed:
+            self.due = min(dues.values(), default=math.inf)
+
+    def refresh(self, now: float) -> None:
+        """Ask every deadline-driven detector for its next due time again (after an
+        observation, or a wake: a verdict came, a budget was deferred)."""
+        for key in self._timed:
+            self._schedule(key, now)
+        self.due = min(self._dues.values(), default=math.inf)
+
+    def _schedule(self, key: int, now: float) -> None:
+        try:
+            at = self._timed[key](now)
+        except Exception:  # a broken one is ticked every time, as before
+            log.exception("detector's next tick failed")
+            at = now
+        self._dues[key] = math.inf if at is None else at
 
     def _raise(self, faults: list[Fault]) -> None:
         for f in faults:

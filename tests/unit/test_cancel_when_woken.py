@@ -1,0 +1,185 @@
+"""A task woken and cancelled in the same loop step ends (the agent that never exited).
+
+With deadline-driven detector ticks (issue 36) the worker's ticker sleeps on an event (a
+detector's due time moved) with a timeout. ``asyncio.wait_for(event.wait(), timeout)``
+returns normally, before Python 3.12, when its task is cancelled in the loop step the event
+was set (CPython gh-86296): the cancellation is lost, the ticker's ``while True`` waits
+again, and ``Worker.run``, which cancels its tasks and awaits them as the worker ends,
+waits forever. Seen in CI: the trainer exited 42, the agent wrote ``exited``, the crash
+fault, ``stop`` and ``failed``, then sat idle in the loop's select with its ticker
+"cancelling" in a fresh wait (the verifier's sampling task ended at the exit and its done
+callback woke the ticker; nothing between that and the cancel gave the ticker a turn).
+``worker.until_set`` is the wait that stays cancellable.
+
+``Worker.changed`` (the deciders' port) had the same wait on main: a decider's wait there
+cancelled as a change arrived went on waiting. Each test here fails on the old code (the
+ticker's and ``changed``'s ``wait_for``): checked by running them against it. No sleeps:
+bounded waits with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+from ftagent.agent.worker import Worker, WorkerSpec, until_set
+from ftagent.cmd.run import parse
+
+BOUND = 5.0  # seconds a cancelled task is given to end (it takes one loop step)
+
+
+async def _ends_cancelled(task: asyncio.Task[object]) -> bool:
+    """True when ``task`` ends, cancelled, within BOUND seconds; False when it is still
+    running (its cancellation was lost). Cancelled again after, so the loop can close."""
+    done, _ = await asyncio.wait({task}, timeout=BOUND)
+    if not done:
+        task.cancel()
+        await asyncio.wait({task}, timeout=BOUND)
+        return False
+    return task.cancelled()
+
+
+async def _parked(task: asyncio.Task[object]) -> None:
+    """Let ``task`` run up to its first wait (two loop steps: it starts, then its inner
+    wait starts)."""
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not task.done()
+
+
+def test_until_set_is_cancelled_when_set_in_the_same_step() -> None:
+    async def main() -> tuple[bool, bool, bool]:
+        ev = asyncio.Event()
+
+        async def loop_on_it() -> None:
+            while True:  # the ticker's shape: wait, clear, wait again
+                await until_set(ev, 30.0)
+                ev.clear()
+
+        task = asyncio.create_task(loop_on_it())
+        await _parked(task)
+        ev.set()
+        task.cancel()  # same step: the wait is woken and cancelled at once
+        ended = await _ends_cancelled(task)
+        timed_out = await until_set(asyncio.Event(), 0.01)
+        ev.set()
+        return ended, timed_out, await until_set(ev, 30.0)
+
+    ended, timed_out, got = asyncio.run(main())
+    assert ended, "a cancellation that came with the wake-up was lost"
+    assert timed_out is False and got is True
+
+
+def _worker() -> Worker:
+    return Worker(WorkerSpec(parse(["--max-restarts", "0", "--", "true"], {})))
+
+
+def test_the_ticker_ends_when_woken_and_cancelled_in_one_step() -> None:
+    """The ticker as ``Worker.run`` ends it: a detector's due time moved (``wake_ticker``),
+    then, with no loop turn between, the worker ends and cancels it."""
+    async def main() -> bool:
+        w = _worker()
+        task = asyncio.create_task(w._ticker())
+        await _parked(task)
+        w.wake_ticker()
+        task.cancel()
+        return await _ends_cancelled(task)
+
+    assert asyncio.run(main()), "the ticker went on after its cancellation: run() hangs"
+
+
+def test_a_deciders_wait_in_changed_ends_when_cancelled_as_the_change_arrives() -> None:
+    """``Worker.changed`` (seat.py's port): a decider waiting there (the barrier, a spare)
+    is cancelled in the step the lifecycle's desired state moved. On main it went on
+    waiting (the same wait_for)."""
+    async def main() -> bool:
+        w = _worker()
+
+        async def decider_wait() -> None:
+            while True:
+                await w.changed(30.0)
+
+        task = asyncio.create_task(decider_wait())
+        await _parked(task)
+        w.lifecycle.stop(15)  # moves the desired state: sets the worker's change event
+        task.cancel()
+        return await _ends_cancelled(task)
+
+    assert asyncio.run(main()), "the wait in changed() swallowed its cancellation"
+
+
+POD_SCRIPT = """
+import asyncio, json, os
+from ftagent.agent.pod import PodAgent
+from ftagent.agent.worker import WorkerSpec
+from ftagent.agent.worker_parts import WorkerParts
+from ftagent.cmd.run import parse
+
+pod = PodAgent()
+cfg = parse(["--max-restarts", "0", "--metrics-port", "-1", "--hang-timeout-min", "1",
+             "--", "sh", "-c", "exit 42"], {})
+# the crash fault moves a detector's due time (wake_ticker) after the worker's last
+# await: the ordering that hung (nothing between the wake and run()'s cancel of the ticker)
+pod.add(WorkerSpec(cfg, {"PATH": "/usr/bin:/bin"}),
+        parts=lambda w: WorkerParts(fault_hooks=(lambda f: w.wake_ticker(),)))
+
+async def main():
+    task = asyncio.create_task(pod.run())
+    done, _ = await asyncio.wait({task}, timeout=20)
+    out = {"ended": bool(done)}
+    if done:
+        out["exit"] = task.result().exit_status
+    print(json.dumps(out), flush=True)
+    os._exit(0)  # a worker that never ended must not hold this process
+
+asyncio.run(main())
+"""
+
+
+def test_an_agent_whose_ticker_is_woken_by_the_crash_fault_exits_with_its_code() -> None:
+    """The whole shutdown, real: a pod, a trainer that exits 42, the crash fault waking the
+    ticker right before ``Worker.run`` cancels it. On the old ticker the pod never ended.
+    (In a process of its own: a pod makes its process a sub-reaper and installs signal
+    handlers.)"""
+    done = subprocess.run([sys.executable, "-c", POD_SCRIPT], capture_output=True,
+                          text=True, timeout=60, check=True)
+    got = json.loads(done.stdout.splitlines()[-1])
+    assert got == {"ended": True, "exit": 42}, done.stderr[-2000:]
+
+
+# Waits on an event through asyncio.wait_for that remain, in modules other lanes own (the
+# same hazard where their task is cancelled in the step the event is set: the node
+# reporter's shard loop, the arbiter link's writer). Only fewer from here: a new one uses
+# ``until_set`` (or ``asyncio.wait``), never wait_for on ``.wait()``.
+KNOWN_WAIT_FOR_WAITS = {
+    "ftagent/agent/reporter.py": 7,
+    "ftagent/agent/preflight.py": 4,
+    "ftagent/gpu_check.py": 1,
+    "ftagent/node/reports.py": 1,
+}
+
+
+def test_no_new_wait_for_on_an_event() -> None:
+    import ast
+    from pathlib import Path
+
+    import ftagent
+
+    root = Path(ftagent.__file__).parent
+    found: dict[str, int] = {}
+    for path in sorted(root.rglob("*.py")):
+        if "v1" in path.relative_to(root).parts:
+            continue  # generated protobuf code
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "wait_for" and node.args
+                    and isinstance(node.args[0], ast.Call)
+                    and isinstance(node.args[0].func, ast.Attribute)
+                    and node.args[0].func.attr == "wait"):
+                name = path.relative_to(root.parent).as_posix()
+                found[name] = found.get(name, 0) + 1
+    grown = {f: n for f, n in found.items() if n > KNOWN_WAIT_FOR_WAITS.get(f, 0)}
+    assert not grown, f"asyncio.wait_for(<event>.wait(), ...) added (use until_set): {grown}"
+    assert "ftagent/agent/worker.py" not in found
