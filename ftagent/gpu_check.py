@@ -48,6 +48,7 @@ from ftagent.model import Fault, GpuEvent, GpuHealth, Observation
 from ftagent.sources.accel import VendorSource
 from ftagent.sources.gpu import GpuSource
 from ftagent.sources.vendor_tool import TOOL_TIMEOUT
+from ftagent.waits import until_set
 from ftagent.watch import gpu as gpu_part
 from ftagent.watch.context import WatchContext
 from ftagent.watch.gpu import GpuWatch
@@ -174,9 +175,8 @@ async def check_vendor(cfg: GpuConfig, watch: GpuWatch, seconds: float,
             f"bus {w.dev.pci_bus_id or '?'}")
     say(f"running for {seconds:g}s (poll every {cfg.gpu_poll_interval:g}s)...")
     await asyncio.sleep(seconds)
-    try:  # at least one whole poll, however slow the tool
-        await asyncio.wait_for(source.polled.wait(), 4 * TOOL_TIMEOUT)
-    except asyncio.TimeoutError:  # TimeoutError from 3.11 on; 3.10 is supported
+    # at least one whole poll, however slow the tool
+    if not await until_set(source.polled, 4 * TOOL_TIMEOUT):
         say(f"no poll finished in {4 * TOOL_TIMEOUT:g}s")
     await stop(task)
     runs = getattr(getattr(backend, "cmd", None), "runs", 0)

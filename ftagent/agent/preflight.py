@@ -55,6 +55,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from ftagent.detect.preflight import CheckResult, Verdict, budgets, verdict
+from ftagent.waits import until_set
 
 log = logging.getLogger("ftagent.agent")
 
@@ -392,8 +393,7 @@ class Preflight:
         ready = getattr(source, "ready", None)
         t0 = self.clock()
         if source is not None and ready is not None and not ready.is_set():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(ready.wait(), budget)
+            await until_set(ready, budget)
         devices = list(getattr(source, "gpus", ()) or ())
         if source is None or ready is None or not ready.is_set() or not devices:
             return CheckResult("compute", True, self.clock() - t0,
@@ -428,8 +428,7 @@ class Preflight:
         ready = getattr(source, "ready", None)
         t0 = self.clock()
         if source is not None and ready is not None and not ready.is_set():
-            with contextlib.suppress(asyncio.TimeoutError):  # the watch's NVML starting
-                await asyncio.wait_for(ready.wait(), budget)
+            await until_set(ready, budget)  # the watch's NVML starting
         if source is None or ready is None or not ready.is_set():
             return await self._timed("accelerator", None, budget,
                                      "no accelerator watch (or it is still starting)")
@@ -444,12 +443,9 @@ class Preflight:
             return CheckResult("nic", True, 0.0, "no NIC watch", skipped=True)
         t0 = self.clock()
         ready = getattr(source, "ready", None)
-        if ready is not None and not ready.is_set():
-            try:
-                await asyncio.wait_for(ready.wait(), budget)
-            except asyncio.TimeoutError:
-                return CheckResult("nic", True, self.clock() - t0,
-                                   "the NIC watch is still starting", skipped=True)
+        if ready is not None and not ready.is_set() and not await until_set(ready, budget):
+            return CheckResult("nic", True, self.clock() - t0,
+                               "the NIC watch is still starting", skipped=True)
         links: Sequence[Any] = source.snapshot()
         if not links:
             return CheckResult("nic", True, self.clock() - t0, "no links watched",

@@ -26,7 +26,6 @@ Jobs that already received it answer "already received"; bounded (``MAX_LASTING`
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -40,6 +39,7 @@ from ftagent import __version__
 from ftagent.model import Fault
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
+from ftagent.waits import until_set
 from ftagent.wire import limits
 from ftagent.wire.convert import fault_to_proto
 from ftagent.wire.credentials import bearer, current_token
@@ -148,8 +148,7 @@ class NodeReporter:
                         continue
                 s.wake.clear()
                 wait = max(0.0, last_call + self.heartbeat - time.monotonic())
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(s.wake.wait(), wait)
+                await until_set(s.wake, wait)  # cancellable when woken (waits.py)
         finally:
             await channel.close(grace=None)
 

@@ -29,7 +29,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "ftagent"
 # (agent/reporter.py is in the agent room and is a sink).
 GROUPS: dict[str, tuple[str, ...]] = {
     "bottom": ("ftagent.model", "ftagent.config", "ftagent.wire", "ftagent.timegrid",
-               "ftagent.v1", "ftagent.xid"),
+               "ftagent.waits", "ftagent.v1", "ftagent.xid"),
     "detect": ("ftagent.detect",),
     "sources": ("ftagent.sources",),
     "sinks": ("ftagent.metrics", "ftagent.agent.metrics_sink", "ftagent.agent.reporter",
