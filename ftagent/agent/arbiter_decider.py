@@ -80,9 +80,9 @@ class RankSession:
 
     @property
     def released_start(self) -> bool:
-        """The current trainer was started by the barrier (the link says so when it
-        starts: ``ArbiterLink.released_start``)."""
-        return bool(self.link.released_start)
+        """The current trainer was started by the barrier (the link's core says so when
+        it starts: ``LinkProtocol.released_start``)."""
+        return bool(self.link.proto.released_start)
 
     def spawn(self, coro: Awaitable[Any]) -> None:
         """A task of this rank's (a decision watchdog), kept until it is done."""
@@ -118,13 +118,14 @@ class ArbiterDecider:
 
     def add(self, worker: Seat, hooks: RankHooks | None = None) -> Sequence[Observer]:
         """A rank's session (its link, not yet running, and its ``hooks``) and its seat in
-        the local group; the worker carries the link as an observer of its trainer
-        (``ArbiterLink.observe``, ``on_state``: no adapter between them)."""
+        the local group; the worker carries the link as an observer of its trainer: the
+        shell for its progress (``ArbiterLink.observe``), the link's core for its exit and
+        start (``LinkProtocol.observe``, ``on_state``), no adapter between them."""
         s = self.sessions[worker] = RankSession(self._link(worker), hooks or RankHooks())
         s.link.proto.replica_port = s.hooks.replica_port  # said in the Hello (before start)
         s.link.hang_state = s.hooks.hang_state  # said with each progress summary
         self.fail_open_after = worker.cfg.arbiter.arbiter_fail_open_after
-        return (*self.local.add(worker), s.link)
+        return (*self.local.add(worker), s.link, s.link.proto)
 
     def session(self, worker: Seat) -> RankSession:
         """``worker``'s rank session."""
@@ -192,8 +193,9 @@ class ArbiterDecider:
             if ended is not None or worker.lifecycle.stop_requested:
                 return ended
         gen = worker.lifecycle.generation
-        link.released_start = False
-        link.arrive(gen)  # kept and re-sent on every stream until released
+        core = link.proto  # the events go to the link's core: it posts what they say
+        core.released_start = False
+        core.report_arrival(gen)  # kept and re-sent on every stream until released
         self._arrive_locally(worker)
         if not await self._online(link):
             log.warning("no arbiter for %.0fs: starting generation %d without the barrier",
@@ -206,7 +208,7 @@ class ArbiterDecider:
             if life.released >= gen:  # desired (the arbiter's RELEASE) against observed
                 if life.released > life.generation:  # read in place: the worker is at
                     life.reached(life.released)  # ``gen`` already, moved only when above
-                link.released_start = True  # the link says so when the trainer starts
+                core.released_start = True  # the core says so when the trainer starts
                 worker.write("state", "released",
                              f"barrier of generation {gen} released",
                              generation=life.generation,
@@ -221,7 +223,7 @@ class ArbiterDecider:
                 if ended is not None or worker.lifecycle.stop_requested:
                     return ended
                 gen = worker.lifecycle.generation
-                link.arrive(gen)
+                core.report_arrival(gen)
                 self._arrive_locally(worker)
                 t0 = self.clock()
                 continue
@@ -232,7 +234,7 @@ class ArbiterDecider:
                     life.dismiss(decisive)  # taken in here: this barrier moves up
                     life.reached(decisive.generation, decisive.restarts)
                     gen = life.generation
-                    link.arrive(gen)
+                    core.report_arrival(gen)
                     self._arrive_locally(worker)
                     continue
                 if decisive.kind in (ActionKind.STOP, ActionKind.REPLACE):
@@ -312,11 +314,11 @@ class ArbiterDecider:
             # local policy records ALERT_ONLY. (Crashes are still the arbiter's to decide.)
             evidence = {k: v for k, v in fault.evidence.items()
                         if k != "waiting_in_collective"}  # recorded, never probed
-            s.link.report_fault(dataclasses.replace(fault, severity=Severity.WARNING,
-                                                    evidence=evidence),
-                                generation=worker.lifecycle.generation)
+            s.link.proto.report_fault(dataclasses.replace(fault, severity=Severity.WARNING,
+                                                          evidence=evidence),
+                                      worker.lifecycle.generation)
             return False
-        s.link.report_fault(fault, generation=worker.lifecycle.generation)
+        s.link.proto.report_fault(fault, worker.lifecycle.generation)  # the link's core
         if fault.evidence.get("recovered"):
             return True  # an all-clear: the arbiter may act on it, locally nothing to do
         if not self._still_online(s.link):
@@ -328,7 +330,7 @@ class ArbiterDecider:
         return True
 
     def report(self, worker: Seat, fault: Fault) -> None:
-        self.sessions[worker].link.report_fault(fault, generation=worker.lifecycle.generation)
+        self.sessions[worker].link.proto.report_fault(fault, worker.lifecycle.generation)
 
     async def _decision_watchdog(self, worker: Seat, fault: Fault,
                                  attempt: tuple[int, int], seen: int) -> None:

@@ -184,6 +184,7 @@ def test_the_decision_watchdog_wakes_on_the_arbiters_answer_and_fails_open_on_ti
         assert isinstance(d, ArbiterDecider)
         link = d.session(w).link
         link.connected = True  # as if welcomed (no arbiter runs: the stream is not needed)
+        link._up.set()  # the core posts while a stream is up
         c = crash()
         d.decide(w, c)
         await asyncio.sleep(0)  # the watchdog waits for the fault to be settled

@@ -85,6 +85,7 @@ def seated(*flags: str) -> tuple[ArbiterDecider, Worker]:
     w = pod.add(WorkerSpec(parse(["--arbiter", "127.0.0.1:9", *flags, "--", "true"], {})))
     link = decider.session(w).link
     link.connected = True  # as if welcomed: no arbiter runs, the stream is not needed
+    link._up.set()  # the core posts while a stream is up
     link.offline_since = None
     return decider, w
 
