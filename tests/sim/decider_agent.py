@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ftagent.agent.arbiter_decider import ArbiterDecider
 from ftagent.agent.seat import RankHooks
+from ftagent.agent.worker import wait_at_barrier
 from ftagent.cmd.run import parse
 from ftagent.model import (
     MINOR_ACTIONS,
@@ -249,7 +250,7 @@ class DeciderAgent(SimAgent):
         self.lifecycle.waiting()
         self._state(TrainerState.WAITING)
         self._barrier = world_loop(self.world).loop.create_task(
-            self.decider.before_start(self.worker))
+            wait_at_barrier(self.decider, self.worker))  # type: ignore[arg-type]
 
     @property
     def undecided(self) -> Fault | None:  # type: ignore[override]
