@@ -433,7 +433,7 @@ class ArbiterDecider:
     def _arrive_locally(self, worker: Seat) -> None:
         """Tell the pod's local group this worker is at a barrier (a peer that starts
         alone, failing open, need not wait for it); a group of one has no peer to tell,
-        and its own arrival is counted when it fails open (``LocalDecider.before_start``)."""
+        and its own arrival is counted when it fails open (``LocalDecider.barrier``)."""
         if len(self.local.workers) > 1:
             self.local.arrive(worker)
 

@@ -11,8 +11,8 @@ loop of the world's own, with the world's clock and a fake transport:
   stopping, write) and the supervisor around it: a reconciler as worker.py is, it
   carries out what the shipped lifecycle says is due (``Lifecycle.due``: the desired
   state the link's core and the deciders moved, against what it observes), starts a
-  trainer when ``before_start`` returns, and tells the decider's link observer of state
-  changes.
+  trainer when the shipped ``wait_at_barrier`` returns, and tells the link's core (an
+  observer of its own) of state changes.
 
 After every step the world's loop runs until nothing is ready (``World.settle``).
 """
