@@ -40,7 +40,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ftagent.agent.decider import LocalDecider
+from ftagent.agent.decider import Barrier, LocalDecider, Look
 from ftagent.agent.evidence import capture
 from ftagent.agent.reporter import ArbiterLink
 from ftagent.agent.seat import RankHooks
@@ -77,12 +77,15 @@ class RankSession:
         self.undecided: Fault | None = None
         self.tasks: list[asyncio.Task[Any]] = []  # the link's
         self.watchdogs: set[asyncio.Task[Any]] = set()  # decisions awaited
+        # the barrier's generation this rank waits at (None: not waiting) and since when
+        self.waiting_at: int | None = None
+        self.waiting_since = 0.0
 
     @property
     def released_start(self) -> bool:
-        """The current trainer was started by the barrier (the link says so when it
-        starts: ``ArbiterLink.released_start``)."""
-        return bool(self.link.released_start)
+        """The current trainer was started by the barrier (the link's core says so when
+        it starts: ``LinkProtocol.released_start``)."""
+        return bool(self.link.proto.released_start)
 
     def spawn(self, coro: Awaitable[Any]) -> None:
         """A task of this rank's (a decision watchdog), kept until it is done."""
@@ -118,13 +121,14 @@ class ArbiterDecider:
 
     def add(self, worker: Seat, hooks: RankHooks | None = None) -> Sequence[Observer]:
         """A rank's session (its link, not yet running, and its ``hooks``) and its seat in
-        the local group; the worker carries the link as an observer of its trainer
-        (``ArbiterLink.observe``, ``on_state``: no adapter between them)."""
+        the local group; the worker carries the link as an observer of its trainer: the
+        shell for its progress (``ArbiterLink.observe``), the link's core for its exit and
+        start (``LinkProtocol.observe``, ``on_state``), no adapter between them."""
         s = self.sessions[worker] = RankSession(self._link(worker), hooks or RankHooks())
         s.link.proto.replica_port = s.hooks.replica_port  # said in the Hello (before start)
         s.link.hang_state = s.hooks.hang_state  # said with each progress summary
         self.fail_open_after = worker.cfg.arbiter.arbiter_fail_open_after
-        return (*self.local.add(worker), s.link)
+        return (*self.local.add(worker), s.link, s.link.proto)
 
     def session(self, worker: Seat) -> RankSession:
         """``worker``'s rank session."""
@@ -178,70 +182,98 @@ class ArbiterDecider:
 
     # ------------------------------------------------------------------ the hooks
 
-    async def before_start(self, worker: Seat) -> Action | None:
-        """Meet the other ranks at the barrier of this generation (or fail open). Woken by
-        the lifecycle's desired state moving (the RELEASE, a command, a stop: the link's
-        read loop moves it), or when failing open can be due; never a polling loop."""
+    def barrier(self, worker: Seat) -> Barrier:
+        """One look at this rank's barrier, made by the worker each time it wakes while
+        it waits there (worker.py ``wait_at_barrier``): the desired state -- the
+        lifecycle's ``released``, which the arbiter's RELEASE moves; a decision; a stop --
+        against the generation the rank waits for. Not yet: how long the worker may sleep
+        before failing open can be due (it wakes sooner when the desired state moves). The
+        first look arrives (the arrival kept and re-sent on every stream until released).
+        A spare's wait, the first connection's and the local group's (failing open) are
+        waits of their own, handed to the worker to await; never a polling loop."""
         s = self.sessions[worker]
-        link = s.link
-        life = worker.lifecycle
-        if life.spare:
-            ended = await self._serve_as_spare(worker, s)
-            if ended is None and not worker.lifecycle.stop_requested:
-                ended = await self._preflight_assigned(worker, s)
-            if ended is not None or worker.lifecycle.stop_requested:
-                return ended
-        gen = worker.lifecycle.generation
-        link.released_start = False
-        link.arrive(gen)  # kept and re-sent on every stream until released
-        self._arrive_locally(worker)
-        if not await self._online(link):
-            log.warning("no arbiter for %.0fs: starting generation %d without the barrier",
-                        self.fail_open_after, gen)
-            return await self.local.before_start(worker)
-        worker.write("state", "barrier", f"waiting at the barrier of generation {gen}",
-                            generation=gen)
-        t0 = self.clock()
+        link, life, core = s.link, worker.lifecycle, s.link.proto
+        gen = s.waiting_at
+        if gen is None:  # arriving
+            if life.spare:
+                return self._as_spare(worker, s)
+            self._arrive(worker, s)
+            if not link.connected:
+                return self._first_connection(worker, s)
+            gen = self._waiting(worker, s)
         while True:
             if life.released >= gen:  # desired (the arbiter's RELEASE) against observed
                 if life.released > life.generation:  # read in place: the worker is at
                     life.reached(life.released)  # ``gen`` already, moved only when above
-                link.released_start = True  # the link says so when the trainer starts
+                core.released_start = True  # the core says so when the trainer starts
+                s.waiting_at = None
                 worker.write("state", "released",
                              f"barrier of generation {gen} released",
                              generation=life.generation,
-                             barrier_seconds=round(self.clock() - t0, 3))
+                             barrier_seconds=round(self.clock() - s.waiting_since, 3))
                 return None
             if life.stop_signal is not None:
+                s.waiting_at = None
                 return None
             if life.spare:  # told SPARE: a former spare holds this rank now
-                ended = await self._serve_as_spare(worker, s)
-                if ended is None and not worker.lifecycle.stop_requested:
-                    ended = await self._preflight_assigned(worker, s)
-                if ended is not None or worker.lifecycle.stop_requested:
-                    return ended
-                gen = worker.lifecycle.generation
-                link.arrive(gen)
-                self._arrive_locally(worker)
-                t0 = self.clock()
-                continue
+                s.waiting_at = None
+                return self._as_spare(worker, s)
             # a decision that came while waiting (none desired: read in place)
             decisive = life.decisive() if life.desired is not None else None
             if decisive is not None:
                 if decisive.kind == ActionKind.RESTART and decisive.generation > gen:
                     life.dismiss(decisive)  # taken in here: this barrier moves up
                     life.reached(decisive.generation, decisive.restarts)
-                    gen = life.generation
-                    link.arrive(gen)
+                    gen = s.waiting_at = life.generation
+                    core.report_arrival(gen)
                     self._arrive_locally(worker)
                     continue
                 if decisive.kind in (ActionKind.STOP, ActionKind.REPLACE):
+                    s.waiting_at = None
                     return decisive  # the worker records it as it ends on it
             if not self._still_online(link):
                 log.warning("arbiter unreachable for %.0fs during the barrier: starting "
                             "generation %d alone", self.fail_open_after, gen)
-                return await self.local.before_start(worker)
-            await worker.changed(self._fail_open_left(link))
+                s.waiting_at = None
+                return self.local.barrier(worker)
+            return self._fail_open_left(link)
+
+    def _arrive(self, worker: Seat, s: RankSession) -> None:
+        """At the barrier of the rank's generation: told to the link's core (kept and
+        re-sent on every stream until released) and to the pod's local group."""
+        s.link.proto.released_start = False
+        s.link.proto.report_arrival(worker.lifecycle.generation)
+        self._arrive_locally(worker)
+
+    def _waiting(self, worker: Seat, s: RankSession) -> int:
+        """The arbiter is there: the wait for its RELEASE begins (the events say so)."""
+        gen = s.waiting_at = worker.lifecycle.generation
+        s.waiting_since = self.clock()
+        worker.write("state", "barrier", f"waiting at the barrier of generation {gen}",
+                     generation=gen)
+        return gen
+
+    async def _first_connection(self, worker: Seat, s: RankSession) -> Look:
+        """Arrived with no stream up: wait for one (woken by the Welcome), then look
+        again; none for --arbiter-fail-open-after: start without the barrier."""
+        if await self._online(s.link):
+            self._waiting(worker, s)
+            return 0.0  # look again at once
+        log.warning("no arbiter for %.0fs: starting generation %d without the barrier",
+                    self.fail_open_after, worker.lifecycle.generation)
+        look = self.local.barrier(worker)
+        return look if look is None or isinstance(look, (Action, float)) else await look
+
+    async def _as_spare(self, worker: Seat, s: RankSession) -> Look:
+        """Serve as the job's warm spare until ASSIGNed a rank (and its node checked
+        again), then look again: it arrives as that rank. The arbiter's STOP/REPLACE of
+        the spare ends it; a stop signal ends the wait (None)."""
+        ended = await self._serve_as_spare(worker, s)
+        if ended is None and not worker.lifecycle.stop_requested:
+            ended = await self._preflight_assigned(worker, s)
+        if ended is not None or worker.lifecycle.stop_requested:
+            return ended
+        return 0.0  # a rank now: look again at once (it arrives)
 
     async def _serve_as_spare(self, worker: Seat, s: RankSession) -> Action | None:
         """Wait as the job's warm spare (standby prepared, no trainer) until the arbiter
@@ -312,11 +344,11 @@ class ArbiterDecider:
             # local policy records ALERT_ONLY. (Crashes are still the arbiter's to decide.)
             evidence = {k: v for k, v in fault.evidence.items()
                         if k != "waiting_in_collective"}  # recorded, never probed
-            s.link.report_fault(dataclasses.replace(fault, severity=Severity.WARNING,
-                                                    evidence=evidence),
-                                generation=worker.lifecycle.generation)
+            s.link.proto.report_fault(dataclasses.replace(fault, severity=Severity.WARNING,
+                                                          evidence=evidence),
+                                      worker.lifecycle.generation)
             return False
-        s.link.report_fault(fault, generation=worker.lifecycle.generation)
+        s.link.proto.report_fault(fault, worker.lifecycle.generation)  # the link's core
         if fault.evidence.get("recovered"):
             return True  # an all-clear: the arbiter may act on it, locally nothing to do
         if not self._still_online(s.link):
@@ -328,7 +360,7 @@ class ArbiterDecider:
         return True
 
     def report(self, worker: Seat, fault: Fault) -> None:
-        self.sessions[worker].link.report_fault(fault, generation=worker.lifecycle.generation)
+        self.sessions[worker].link.proto.report_fault(fault, worker.lifecycle.generation)
 
     async def _decision_watchdog(self, worker: Seat, fault: Fault,
                                  attempt: tuple[int, int], seen: int) -> None:
@@ -401,7 +433,7 @@ class ArbiterDecider:
     def _arrive_locally(self, worker: Seat) -> None:
         """Tell the pod's local group this worker is at a barrier (a peer that starts
         alone, failing open, need not wait for it); a group of one has no peer to tell,
-        and its own arrival is counted when it fails open (``LocalDecider.before_start``)."""
+        and its own arrival is counted when it fails open (``LocalDecider.barrier``)."""
         if len(self.local.workers) > 1:
             self.local.arrive(worker)
 

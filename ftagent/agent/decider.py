@@ -19,12 +19,15 @@ Deciders do not import worker.py:
   arbiter, and failing open to the pod's one ``LocalDecider``.
 
 Every action says who decided it (``Action.origin``: the local policy's are LOCAL). An
-action a hook returns (``before_start``'s STOP, ``finished``'s restart) is recorded by the
+action a hook returns (``barrier``'s STOP, ``finished``'s restart) is recorded by the
 worker that carries it out, like any other.
 
 The hooks, in the order a worker calls them: ``add`` once when it is built; ``start``
-once before its first attempt; ``before_start`` before every attempt (a barrier; an
-Action here is a STOP/REPLACE that came before the trainer started); ``decide``/``report``
+once before its first attempt; ``barrier`` before every attempt, a look each time the
+worker wakes there (worker.py ``wait_at_barrier``: the desired state says released or
+not; an Action here is a STOP/REPLACE that came before the trainer started; a wait of the
+decider's own -- the local group's, a spare's -- is handed back to be awaited);
+``decide``/``report``
 for each fault; ``on_minor_action`` for ALERT_ONLY, DUMP_STACKS and BUSY, which leave the
 trainer running; ``finished`` after its trainer succeeded (a peer's later failure may
 still restart it); ``close`` once at the end of its supervision.
@@ -44,6 +47,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Protocol
 
 from ftagent.agent.local_policy import FailureStreak, decide
@@ -58,6 +62,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("ftagent.decider")
 
 GROUP_ACTIONS = (ActionKind.RESTART, ActionKind.STOP, ActionKind.REPLACE)
+
+
+# One look at a rank's barrier (``Decider.barrier``): go (None), end on this decision (an
+# Action), look again within this many seconds or when the desired state moves (a float),
+# or a wait of the decider's own to await, whose answer is one of those
+Look = Action | float | None
+Barrier = Look | Awaitable[Look]
 
 
 class Decider(Protocol):
@@ -75,9 +86,11 @@ class Decider(Protocol):
     async def close(self, worker: Seat) -> None:
         """After ``worker``'s last attempt: nothing of its seat outlives it."""
 
-    async def before_start(self, worker: Seat) -> Action | None:
-        """Return when ``worker``'s next attempt may start, or the decision that ends it
-        before it does (STOP/REPLACE)."""
+    def barrier(self, worker: Seat) -> Barrier:
+        """One look at ``worker``'s barrier before its next attempt, made each time the
+        worker wakes there (worker.py ``wait_at_barrier``): go (None), the decision that
+        ends it before it starts (STOP/REPLACE), not yet (seconds it may sleep unless the
+        desired state moves first), or a wait of the decider's own to await first."""
 
     def decide(self, worker: Seat, fault: Fault) -> None:
         """Decide about ``worker``'s ``fault``: the action is wanted (now or later)."""
@@ -123,15 +136,16 @@ class LocalDecider:
             self._check(gen)
         self._check_done()
 
-    async def before_start(self, worker: Seat) -> Action | None:
-        """Return once every live worker arrived at this generation (or a stop signal)."""
+    def barrier(self, worker: Seat) -> Barrier:
+        """Go once every live worker arrived at this generation: None, or the group's
+        wait to await (it ends with a stop signal too)."""
         gen = worker.lifecycle.generation
         self.arrive(worker)
         released = self._released.setdefault(gen, asyncio.Event())
         self._check(gen)
-        if not released.is_set():
-            await _first(released.wait(), worker.stopping())
-        return None
+        if released.is_set():
+            return None
+        return _first(released.wait(), worker.stopping())
 
     def arrive(self, worker: Seat) -> None:
         """``worker`` is at the barrier of its generation (the group's, or the arbiter's:

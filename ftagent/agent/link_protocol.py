@@ -43,17 +43,34 @@ replaces the one before; ``Lifecycle.release`` for a RELEASE), which wakes the w
 no queue between the link and the worker (the worker compares desired with observed,
 ``Lifecycle.due``). ``Received.actions`` still lists what was delivered, for a link used
 alone (tests, the node agent).
+
+Events come in whole, one call each (``observe`` an exit, ``on_state`` a start,
+``report_fault``, ``report_arrival``: from the worker's observers and the decider, not
+through the shell), and what they say is posted in the outbox ``out`` (``post``), which
+the shell (reporter.py) writes on the stream; the trainer's latest progress summary and
+held snapshots are kept here, so that an exit or an arrival says them first. No I/O:
+whether a stream is up, the writer's wake-up and the clock are injected.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ftagent.agent.lifecycle import Lifecycle
 from ftagent.config import IdentityConfig
-from ftagent.model import Action, ActionKind, Fault, ProcessExit, Progress
+from ftagent.model import (
+    Action,
+    ActionKind,
+    Fault,
+    Observation,
+    ProcessExit,
+    Progress,
+    TrainerState,
+)
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.wire.convert import command_to_action, fault_to_proto, progress_to_proto
 
@@ -61,6 +78,15 @@ SEEN_COMMANDS = 256
 KEPT_OFFLINE = 16  # exits and stacks made while offline
 KEPT_FAULTS = 1024  # unsettled faults (oldest dropped first: a flood cannot grow memory)
 KEPT_OUTCOMES = 256
+SNAPSHOT_REPORT_INTERVAL = 0.2  # seconds between two SnapshotReports of one link
+
+
+def _nothing() -> None:
+    return None
+
+
+def _never() -> bool:
+    return False
 
 
 @dataclass
@@ -75,11 +101,30 @@ class Received:
 
 
 class LinkProtocol:
+    """See the module docstring. Besides the messages it returns (the simulation moves
+    those itself), the core takes the trainer's events whole -- its exit (``observe``),
+    its start (``on_state``), a fault (``report_fault``), an arrival (``report_arrival``)
+    -- and puts what they say in its outbox (``post``): the stream's ``out`` while one
+    is up (``is_up``; ``wake`` wakes the shell's writer), else, when it must not be
+    lost, ``later``. So each event is one call from the worker or the decider into the
+    core, none through the shell (reporter.py), which only moves ``out`` over gRPC. The
+    trainer's latest progress and its held snapshots are kept here too: an exit or an
+    arrival says them first."""
+
+    # what the worker hands it: its trainer's exit (watch/loop.py ``_route``) and start
+    # (``Worker._apply``); the shell observes the rest (progress, timings)
+    observes = (ProcessExit,)
+    states = (TrainerState.RUNNING,)
+
     def __init__(self, identity: IdentityConfig, *, max_restarts: int | None = None,
                  version: str = "", alert_only: bool = False, instance: str = "",
-                 lifecycle: Lifecycle | None = None) -> None:
+                 lifecycle: Lifecycle | None = None,
+                 wake: Callable[[], object] = _nothing, is_up: Callable[[], bool] = _never,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """``lifecycle``: the worker's, read for its restart count and generation (a link
-        used alone, without a worker, has a lifecycle nobody moves)."""
+        used alone, without a worker, has a lifecycle nobody moves). ``is_up``: a stream
+        is up (the shell's); ``wake``: something was put in ``out``; ``clock``:
+        monotonic, for the snapshots' pace (none of them I/O: injected)."""
         self.identity = identity  # as configured: the rank and spare flag are the lifecycle's
         self.lifecycle = lifecycle if lifecycle is not None else Lifecycle(
             rank=identity.rank, spare=identity.spare)
@@ -105,6 +150,24 @@ class LinkProtocol:
         self.replica_port: int = 0
         self.replica_key: bytes = b""
         self.replica_peer: str = ""
+        # the outbox (``post``): written on the stream by the shell, in order
+        self.out: deque[pb.AgentMessage] = deque()
+        self.wake, self.is_up, self.clock = wake, is_up, clock
+        # the trainer's latest progress summary, not yet sent (``progress_new``), and the
+        # pace of summaries (the shell's writer sends one per interval)
+        self.progress_summary: pb.ProgressSummary | None = None
+        self.progress_new = False
+        self.progress_sent_at = -1e9
+        self.first_step_due = False  # the generation's first progress is not reported yet
+        self.trainer_ended = False  # its exit is reported; no trainer has started since
+        # the steps whose snapshot the trainer holds complete (None: it never said)
+        self.snapshots: tuple[int, ...] | None = None
+        self.snapshots_due = False
+        self.snapshots_sent_at = -1e9
+        # the trainer now starting was released by the barrier (False: failing open): the
+        # decider says so at the barrier, the core tells the arbiter when it runs
+        self.released_start = False
+        self.starts = 0  # trainers started (what the trainer said is of the last one)
 
     @property
     def generation(self) -> int:
@@ -215,6 +278,82 @@ class LinkProtocol:
         self.last_exit = None
         if not released:
             self.arrival = None  # not waiting any more: the Hello tells the arbiter why
+
+    # ------------------------------------------------------------------ the events, posted
+
+    def post(self, msg: pb.AgentMessage, *, keep: bool = False) -> None:
+        """Out on the stream now; while none is up, kept for the next one if ``keep``."""
+        if self.is_up():
+            self.out.append(msg)
+            self.wake()
+        elif keep:
+            self.later.append(msg)
+
+    def observe(self, obs: Observation) -> None:
+        """The trainer's exit (``observes``), of the generation its lifecycle names."""
+        if isinstance(obs, ProcessExit):
+            self.report_exit(obs, self.lifecycle.generation)
+
+    def on_state(self, state: TrainerState, restarts: int) -> None:
+        """A trainer runs (``states``: the only step told). That none runs the core
+        knows already: the exit it reports, the arrival, a RESTART it delivers set it."""
+        if state is TrainerState.RUNNING:
+            self.start(self.lifecycle.generation, released=self.released_start)
+
+    def report_exit(self, exit: ProcessExit, generation: int) -> None:
+        """The trainer exited: its held snapshots and last progress go first (a summary
+        is due only every interval, and the arbiter should show the step the trainer
+        ended at), then the exit; all kept for the next stream while none is up.
+        Progress read after this (its pipe's last lines) goes at once too (the shell's
+        ``report_progress`` reads ``trainer_ended``)."""
+        self.flush_progress()
+        self.post(self.exit(exit, generation), keep=True)
+        self.trainer_ended = True
+
+    def report_fault(self, fault: Fault, generation: int | None = None,
+                     exit_status: int | None = None) -> None:
+        """Send ``fault`` (now or on the next stream) until the arbiter settles it."""
+        self.post(self.fault(fault, generation, exit_status))
+
+    def report_arrival(self, generation: int) -> None:
+        """At the barrier of ``generation`` (``arrive``), re-sent on every stream until
+        released. The stopped trainer's snapshots and last progress go first, as with an
+        exit: the goodput ledger counts the steps a restart redoes from the step the old
+        generation had reached."""
+        self.flush_progress()
+        msg = self.arrive(generation)
+        if msg is not None:
+            self.post(msg)
+
+    def start(self, generation: int, *, released: bool) -> None:
+        """A trainer of ``generation`` runs (``started``). Its first progress is sent at
+        once, not coalesced: the arbiter's goodput ledger takes the generation's first
+        step as where it resumed and when it trains again."""
+        self.started(generation, released=released)
+        self.starts += 1
+        self.trainer_ended = False
+        self.progress_sent_at = -1e9
+        self.first_step_due = True
+
+    def flush_progress(self) -> None:
+        """The held snapshots (if changed) and the latest progress not yet sent: before
+        an exit or an arrival, which a restart decision follows."""
+        self.flush_snapshots(force=True)
+        if self.progress_summary is not None and self.progress_new:
+            self.progress_new = False
+            self.post(pb.AgentMessage(progress=self.progress_summary), keep=True)
+
+    def flush_snapshots(self, *, force: bool = False) -> None:
+        """The held snapshots, if they changed since they were last sent (and it is time,
+        unless ``force``)."""
+        if self.snapshots is None or not self.snapshots_due:
+            return
+        now = self.clock()
+        if not force and now - self.snapshots_sent_at < SNAPSHOT_REPORT_INTERVAL:
+            return
+        self.snapshots_due, self.snapshots_sent_at = False, now
+        self.post(pb.AgentMessage(snapshots=pb.SnapshotReport(steps=self.snapshots)),
+                  keep=True)
 
     # ------------------------------------------------------------------ arbiter -> agent
 

@@ -23,7 +23,11 @@ lifecycle given: tests, benches) also puts them as ``model.Action`` on ``command
 (RESTART, STOP, REPLACE, DUMP_STACKS), de-duplicated (a RESTART to a generation the agent
 runs or waits for already is dropped); RELEASE_BARRIER is not an Action but the end of a
 wait: ``wait_released(generation)``. What is kept, sent and accepted is decided by
-``LinkProtocol`` (link_protocol.py, no I/O); this module only moves it over gRPC.
+``LinkProtocol`` (link_protocol.py, no I/O); this module only moves it over gRPC. The
+trainer's exit and start, a fault and an arrival go to the core directly (the worker's
+observers, the decider): it posts what they say in its outbox (``LinkProtocol.out``),
+which this shell's writer empties onto the stream; the shell keeps what needs a clock or
+a task of its own (the progress summaries' pace and content, the stream's life).
 """
 
 from __future__ import annotations
@@ -54,7 +58,6 @@ from ftagent.model import (
     Progress,
     Resumed,
     SnapshotsHeld,
-    TrainerState,
 )
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
@@ -65,7 +68,6 @@ from ftagent.wire.tls_files import ChannelFiles
 
 log = logging.getLogger("ftagent.reporter")
 
-SNAPSHOT_REPORT_INTERVAL = 0.2  # seconds between two SnapshotReports of one link
 
 PROGRESS_INTERVAL = 5.0
 BACKOFF_FIRST = 0.2
@@ -154,8 +156,18 @@ class TrainerSays:
     saves apart from the rest. No clock of its own: ``now`` is passed in (monotonic). A
     phase still open counts up to ``now``; an end without a begin counts nothing."""
 
-    def __init__(self) -> None:
+    def __init__(self, core: LinkProtocol | None = None) -> None:
+        """``core``: the link's, whose ``starts`` says which trainer this is of (what a
+        trainer said is forgotten when the next one starts); None: ``reset`` by hand."""
+        self._core = core
+        self._of = core.starts if core is not None else 0
         self.reset()
+
+    def _fresh(self) -> None:
+        core = self._core
+        if core is not None and core.starts != self._of:
+            self._of = core.starts
+            self.reset()
 
     def reset(self) -> None:
         """A new trainer (generation): it has said nothing yet."""
@@ -165,6 +177,7 @@ class TrainerSays:
         self._closed = {"checkpoint": 0.0, "other": 0.0}
 
     def observe(self, obs: Observation, now: float) -> None:
+        self._fresh()
         if isinstance(obs, Resumed):
             if obs.origin or obs.step != self.resumed:  # a log line repeating the SDK's
                 self.resumed_from = obs.origin          # step keeps its source
@@ -184,6 +197,7 @@ class TrainerSays:
         declared one, a checkpoint where its stack ran in a save (``where`` names one:
         ``SAVE_WORDS``), else as other. The agent's own measure (a finite, positive
         number is believed; the arbiter caps it at the training time)."""
+        self._fresh()
         if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) \
                 and 0 < seconds < float("inf"):
             low = where.lower()
@@ -192,6 +206,7 @@ class TrainerSays:
 
     def phase_seconds(self, now: float) -> tuple[float, float]:
         """(checkpoint, other) seconds in phases so far, open ones up to ``now``."""
+        self._fresh()
         out = dict(self._closed)
         for phase, began in self._open.items():
             out[_phase_kind(phase)] += max(0.0, now - began)
@@ -215,16 +230,16 @@ def _no_hang_state() -> tuple[float, bool]:
 class ArbiterLink:
     """See the module docstring. Create and use it on the supervisor's event loop.
 
-    A worker's link observes its trainer itself (``observe``, ``on_state``: the worker
-    carries it among its observers, arbiter_decider.py): its progress, exits and starts
-    go from the watch loop and the lifecycle's steps to the link's core, no adapter
-    between them."""
+    A worker's link observes its trainer itself (``observe``: the worker carries it among
+    its observers, arbiter_decider.py): its progress and timings here, its exit and start
+    in the link's core (``proto``, an observer of its own: ``LinkProtocol.observe``,
+    ``on_state``), which posts what they say in the outbox this shell writes: no call
+    through the shell per event."""
 
-    # what the watch loop hands it (watch/loop.py ``_route``) and the steps the worker
-    # tells it of (``Worker._apply``): the types and states it acts on
-    observes = (Progress, ProcessExit, CollectiveSample, PhaseTiming, Resumed, PhaseMarker,
+    # what the watch loop hands it (watch/loop.py ``_route``): the types it acts on (the
+    # trainer's exit and start: its core's)
+    observes = (Progress, CollectiveSample, PhaseTiming, Resumed, PhaseMarker,
                 SnapshotsHeld)
-    states = (TrainerState.RUNNING,)
 
     def __init__(self, cfg: ArbiterClientConfig, identity: IdentityConfig, *,
                  max_restarts: int | None = None, version: str = __version__,
@@ -239,8 +254,11 @@ class ArbiterLink:
             raise ConfigError(str(e)) from None
         self.cfg = cfg
         self.identity = identity
+        self._wake = asyncio.Event()
+        self._up = asyncio.Event()  # set while a stream is up (Welcome read): no polling
         self.proto = LinkProtocol(identity, max_restarts=max_restarts, version=version,
-                                  alert_only=alert_only, lifecycle=lifecycle)
+                                  alert_only=alert_only, lifecycle=lifecycle,
+                                  wake=self._wake.set, is_up=self._up.is_set)
         self.progress_interval = progress_interval
         # a link used alone queues its commands here; a worker's link moves the worker's
         # lifecycle instead, which wakes it (module docstring)
@@ -248,23 +266,13 @@ class ArbiterLink:
         self._queue_commands = lifecycle is None
         self.connected = False
         self.offline_since: float | None = time.monotonic()  # None while connected
-        self._progress: pb.ProgressSummary | None = None
         self.step_times = StepTimes()
-        self.trainer_says = TrainerSays()
-        self._progress_new = False
-        # the steps whose snapshot the trainer holds complete (None: it never said)
-        self._snapshots: tuple[int, ...] | None = None
-        self._snapshots_due = False
-        self._snapshots_sent_at = -1e9
-        self._first_step_due = False  # the generation's first progress is not reported yet
-        self._trainer_ended = False  # its exit is reported; no trainer has started since
+        self.trainer_says = TrainerSays(self.proto)  # of the trainer the core says started
         self._hung_sent = False
-        self._progress_sent_at = -1e9
-        self._out: deque[pb.AgentMessage] = deque()
-        self._wake = asyncio.Event()
+        # what is written on the stream, in order: the core's outbox (its ``post``)
+        self._out = self.proto.out
         self._released = asyncio.Event()
         self._assigned = asyncio.Event()  # a spare was given a rank, or made a spare
-        self._up = asyncio.Event()  # set while a stream is up (Welcome read): no polling
         self._settled = asyncio.Event()
         self._closed = asyncio.Event()
         self._finishing = False  # finish(): half-close each stream once all is written
@@ -276,9 +284,6 @@ class ArbiterLink:
         # the rank's hang state, said with each progress summary (seconds since progress,
         # hung: the rank's hook, seat.py RankHooks.hang_state, given by its decider)
         self.hang_state: Callable[[], tuple[float, bool]] = _no_hang_state
-        # the trainer now starting was released by the barrier (False: failing open); the
-        # decider says so at the barrier, the link tells its core when the trainer runs
-        self.released_start = False
 
     # The agent's side of the protocol state, for the supervisor and for status.
     @property
@@ -316,19 +321,13 @@ class ArbiterLink:
         if isinstance(obs, Progress):
             since, hung = self.hang_state()
             self.report_progress(obs, seconds_since_progress=since, hung=hung)
-        elif isinstance(obs, ProcessExit):
-            self.report_exit(obs, self.proto.lifecycle.generation)
+        elif isinstance(obs, ProcessExit):  # a worker's core hears it itself (observes)
+            self.proto.observe(obs)
         elif isinstance(obs, (CollectiveSample, PhaseTiming)):
             self.observe_timing(obs)  # where the step's time goes: stragglers at the arbiter
         elif isinstance(obs, (Resumed, PhaseMarker, SnapshotsHeld)):
             self.observe_trainer(obs)  # the resume step and phase time: the goodput ledger;
             # the snapshots held: the arbiter's resume step
-
-    def on_state(self, state: TrainerState, restarts: int) -> None:
-        """A trainer runs (``states``: the only step told). That none runs is the link's
-        own to know: the exit it reports, the arrival, a RESTART it delivers set it."""
-        if state is TrainerState.RUNNING:
-            self.started(self.proto.lifecycle.generation, released=self.released_start)
 
     # ------------------------------------------------------------------ supervisor API
 
@@ -339,7 +338,7 @@ class ArbiterLink:
         ``generation``: of the trainer it happened in (default: ``self.generation``);
         ``exit_status``: for CRASH, else taken from evidence["exit_status"] if present.
         """
-        self._send(self.proto.fault(fault, generation, exit_status))
+        self.proto.report_fault(fault, generation, exit_status)
 
     def outcome(self, fault_id: str) -> str | None:
         """How the arbiter settled ``fault_id`` (None: not yet)."""
@@ -357,7 +356,8 @@ class ArbiterLink:
         changed)."""
         self.step_times.step(p)
         ts, phases = time.time(), self.trainer_says.phase_seconds(time.monotonic())
-        first, self._first_step_due = self._first_step_due, False
+        core = self.proto
+        first, core.first_step_due = core.first_step_due, False
         low = min((s for s, _ in p.folded_losses if 0 <= s < p.step), default=None)
         if first and low is not None:
             # the generation's first lines were read together and folded into the last:
@@ -367,24 +367,25 @@ class ArbiterLink:
                                        seconds_since_progress, hung, ts)
             fill_resume_and_phases(head, self.trainer_says.resumed, *phases,
                                    source=self.trainer_says.resumed_from)
-            self._send(pb.AgentMessage(progress=head))
-        self._progress = self.proto.progress(p, seconds_since_progress, hung, ts)
-        fill_step_times(self._progress, *self.step_times.means())
-        fill_resume_and_phases(self._progress, self.trainer_says.resumed, *phases,
+            core.post(pb.AgentMessage(progress=head))
+        summary = core.progress_summary = core.progress(p, seconds_since_progress, hung, ts)
+        fill_step_times(summary, *self.step_times.means())
+        fill_resume_and_phases(summary, self.trainer_says.resumed, *phases,
                                source=self.trainer_says.resumed_from)
-        self._flush_snapshots()
-        if self._trainer_ended:
+        if core.snapshots_due:
+            core.flush_snapshots()
+        if core.trainer_ended:
             # read after the trainer's exit was reported: the last lines of its pipe,
             # drained once it was gone (worker._after_exit). No next slot comes for them:
             # a replaced rank's agent exits at once, and the goodput ledger's "reached"
             # step (the steps a restart redoes) came out one or more steps low. Sent now
             # and kept while offline, as the exit was.
-            self._progress_new = False
-            self._send(pb.AgentMessage(progress=self._progress), keep=True)
+            core.progress_new = False
+            core.post(pb.AgentMessage(progress=summary), keep=True)
             return
-        if not self._progress_new or hung != self._hung_sent:
+        if not core.progress_new or hung != self._hung_sent:
             self._wake.set()  # the writer sleeps until the next due time, at most once
-        self._progress_new = True
+        core.progress_new = True
 
     def observe_timing(self, obs: Observation) -> None:
         """A collective's or a phase's timing (``CollectiveSample``, ``PhaseTiming``):
@@ -395,36 +396,20 @@ class ArbiterLink:
         """A ``Resumed`` or ``PhaseMarker`` of this generation's trainer: carried in its
         next ProgressSummaries (the ledger's resume step and phase time). A
         ``SnapshotsHeld`` goes to the arbiter at once (``SnapshotReport``, at most one per
-        ``SNAPSHOT_REPORT_INTERVAL``; a newer one waits for the next summary or exit)."""
+        ``link_protocol.SNAPSHOT_REPORT_INTERVAL``; a newer one waits for the next summary
+        or exit)."""
         if isinstance(obs, SnapshotsHeld):
-            if obs.steps != self._snapshots:
-                self._snapshots, self._snapshots_due = obs.steps, True
-            self._flush_snapshots()
+            core = self.proto
+            if obs.steps != core.snapshots:
+                core.snapshots, core.snapshots_due = obs.steps, True
+            core.flush_snapshots()
             return
         self.trainer_says.observe(obs, time.monotonic())
 
-    def _flush_snapshots(self, *, force: bool = False) -> None:
-        """The held snapshots, if they changed since they were last sent (and it is time,
-        unless ``force``: before an exit or an arrival, which a restart decision follows)."""
-        now = time.monotonic()
-        if self._snapshots is None or not self._snapshots_due or (
-                not force and now - self._snapshots_sent_at < SNAPSHOT_REPORT_INTERVAL):
-            return
-        self._snapshots_due, self._snapshots_sent_at = False, now
-        self._send(pb.AgentMessage(snapshots=pb.SnapshotReport(steps=self._snapshots)),
-                   keep=True)
-
     def report_exit(self, exit: ProcessExit, generation: int) -> None:
-        """The trainer exited: its last progress goes first (a summary is due only every
-        ``progress_interval``, and the arbiter should show the step the trainer ended
-        at), then the exit; both kept for the next stream while disconnected. Progress
-        read after this (its pipe's last lines) goes at once too (``report_progress``)."""
-        self._flush_snapshots(force=True)
-        if self._progress is not None and self._progress_new:
-            self._progress_new = False
-            self._send(pb.AgentMessage(progress=self._progress), keep=True)
-        self._send(self.proto.exit(exit, generation), keep=True)
-        self._trainer_ended = True
+        """The trainer exited (its core's ``report_exit``: its last progress first, then
+        the exit; kept for the next stream while disconnected)."""
+        self.proto.report_exit(exit, generation)
 
     def report_stacks(self, command_id: str, stacks_json: str) -> None:
         """Answer a DUMP_STACKS action (``action.id``) with the trainer tree's stacks."""
@@ -432,33 +417,15 @@ class ArbiterLink:
                    keep=True)
 
     def arrive(self, generation: int) -> None:
-        """The previous trainer has fully exited; ready to start ``generation``.
-
-        Re-sent after every reconnect until the barrier of ``generation`` is released.
-        The stopped trainer's last progress goes first, as with an exit: a summary is due
-        only every ``progress_interval``, and the goodput ledger counts the steps it redoes
-        from the step the old generation had reached.
-        """
-        self._flush_snapshots(force=True)
-        if self._progress is not None and self._progress_new:
-            self._progress_new = False
-            self._send(pb.AgentMessage(progress=self._progress), keep=True)
-        msg = self.proto.arrive(generation)
-        if msg is None:
-            self._released.set()
-            return
-        self._send(msg)
+        """The previous trainer has fully exited; ready to start ``generation`` (its
+        core's ``report_arrival``: re-sent after every reconnect until released, the
+        stopped trainer's last progress first)."""
+        self.proto.report_arrival(generation)
 
     def started(self, generation: int, *, released: bool) -> None:
-        """A trainer of ``generation`` runs now (``released`` False: without the barrier).
-        Its first progress is sent at once, not coalesced: the arbiter's goodput ledger
-        takes the generation's first step as where it resumed and when it trains again
-        (steps read together and folded into the last: the lowest of them first)."""
-        self.proto.started(generation, released=released)
-        self.trainer_says.reset()
-        self._trainer_ended = False
-        self._progress_sent_at = -1e9
-        self._first_step_due = True
+        """A trainer of ``generation`` runs now (``released`` False: without the barrier;
+        its core's ``start``)."""
+        self.proto.start(generation, released=released)
 
     async def wait_released(self, generation: int, timeout: float | None = None) -> bool:
         """True once every rank arrived for ``generation`` (or a later one); False on
@@ -641,15 +608,16 @@ class ArbiterLink:
             await channel.close(grace=None)
 
     def _welcome(self, w: pb.Welcome) -> None:
+        core = self.proto
         self._out.clear()
-        self._out.extend(self.proto.on_welcome(w))
-        self._progress_new = self._progress is not None
-        self._progress_sent_at = -1e9
+        self._out.extend(core.on_welcome(w))
+        core.progress_new = core.progress_summary is not None
+        core.progress_sent_at = -1e9
         self.connected = True
         self._up.set()
-        if self._snapshots is not None:  # a new arbiter learns them from the agents
-            self._snapshots_due = True
-            self._flush_snapshots(force=True)
+        if core.snapshots is not None:  # a new arbiter learns them from the agents
+            core.snapshots_due = True
+            core.flush_snapshots(force=True)
         self.offline_since = None
         self._last_error = ""
         log.info("connected to the arbiter %s (%s), job generation %d", self.address,
@@ -667,16 +635,17 @@ class ArbiterLink:
                 await call.done_writing()  # all written: the arbiter ends the stream
                 self._ended = call
                 return
+            core = self.proto
             now = time.monotonic()
-            due = self._progress_sent_at + self.progress_interval
-            p = self._progress
-            if p is not None and self._progress_new and (now >= due or p.hung != self._hung_sent):
-                self._progress_new = False
-                self._progress_sent_at, self._hung_sent = now, p.hung
+            due = core.progress_sent_at + self.progress_interval
+            p = core.progress_summary
+            if p is not None and core.progress_new and (now >= due or p.hung != self._hung_sent):
+                core.progress_new = False
+                core.progress_sent_at, self._hung_sent = now, p.hung
                 await call.write(pb.AgentMessage(progress=p))
                 continue
             self._wake.clear()
-            wait = max(0.0, due - now) if self._progress_new else None
+            wait = max(0.0, due - now) if core.progress_new else None
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), wait)
 
@@ -702,11 +671,7 @@ class ArbiterLink:
     # ------------------------------------------------------------------ helpers
 
     def _send(self, msg: pb.AgentMessage, *, keep: bool = False) -> None:
-        if self.connected:
-            self._out.append(msg)
-            self._wake.set()
-        elif keep:
-            self.proto.later.append(msg)
+        self.proto.post(msg, keep=keep)
 
     def _report_error(self, error: str) -> None:
         if error != self._last_error:

@@ -86,6 +86,7 @@ from ftagent.model import (
 from ftagent.watch.loop import WatchLoop
 
 if TYPE_CHECKING:
+    from ftagent.agent.seat import Seat
     from ftagent.metrics import AgentMetrics
 
 log = logging.getLogger("ftagent.agent")
@@ -434,7 +435,7 @@ class Worker:
                 return 128 + self.stop_signal
             self._apply(self.lifecycle.waiting())
             failed = await self._before_barrier()
-            go = await self.decider.before_start(self)
+            go = await wait_at_barrier(self.decider, self)
             if go is not None:  # the arbiter said STOP/REPLACE before we started
                 self._record_action(go)  # a decider's hook returned it
             elif failed:
@@ -748,6 +749,25 @@ class Worker:
                     hook(step.state, step.restarts)
                 except Exception:
                     log.exception("state hook failed")
+
+
+async def wait_at_barrier(decider: Decider, seat: Seat) -> Action | None:
+    """Wait at the barrier before ``seat``'s next attempt: the decider looks
+    (``Decider.barrier``) each time the worker wakes -- its desired state moved (a RELEASE,
+    a decision, a stop) or the time the decider gave ran out -- as the worker's own loop
+    compares desired with observed (``Lifecycle.due``); a wait of the decider's own (the
+    local group's, a spare's) is awaited, then its answer taken as a look's. None: go; an
+    Action: the STOP/REPLACE that ends the worker before it starts. The protocol
+    simulation waits with this very function."""
+    look = decider.barrier(seat)
+    while True:
+        if isinstance(look, float):
+            await seat.changed(look)
+            look = decider.barrier(seat)
+        elif look is None or isinstance(look, Action):
+            return look
+        else:
+            look = await look
 
 
 def _action_line(action: Action) -> tuple[str, str, str, dict[str, Any]]:

@@ -1,8 +1,9 @@
 """Issue 36, the agent's half of a crash, guarded: one real agent (``ftagent run``'s
 wiring) under a real arbiter process, its trainer exits 3 once; the loop thread's calls
 from that exit to the next trainer's RUNNING are counted (bench/fault_walk.py
-``--agent --crash``). 58 cross-file calls in 19 files now (lane crash6, stop 42); 65 in 20
-on the tree it started from (c555c99), 91 in 20 on lane walk5's (5dd93b8), 109 in 21
+``--agent --crash``). 52 cross-file calls in 19 files now (lane crash7, stop 42); 58 on
+lane crash6's tree (804574e), 65 in 20 on the tree that started from (c555c99), 91 in 20
+on lane walk5's (5dd93b8), 109 in 21
 before issue 36's reconciler: the test fails when the walk grows past what it is now
 (``fault_walk.AGENT_CRASH_NOW`` and the slack below). A few seconds: an arbiter process,
 two trainers.
@@ -43,3 +44,14 @@ def test_the_agents_half_of_a_crash_does_not_grow() -> None:
     assert walk.edges[("ftagent/agent/supervisor.py", "ftagent/agent/containment.py")] <= 3, \
         edges
     assert walk.edges[("ftagent/agent/worker.py", "ftagent/agent/events.py")] <= 5, edges
+    # the link's core takes the trainer's exit and start, the fault and the arrival itself
+    # and posts what they say: no call through its shell (reporter.py) per event, which
+    # only moves the messages (the three read: on_message)
+    assert ("ftagent/watch/loop.py", "ftagent/agent/reporter.py") not in walk.edges, edges
+    assert ("ftagent/agent/worker.py", "ftagent/agent/reporter.py") not in walk.edges, edges
+    assert walk.edges[("ftagent/agent/reporter.py", "ftagent/agent/link_protocol.py")] <= 3, \
+        edges
+    # the barrier is a look the worker makes when it wakes (Decider.barrier, worker.py
+    # wait_at_barrier): the decider awaits nothing of the worker's there (no ``changed``)
+    assert ("ftagent/agent/arbiter_decider.py", "ftagent/agent/worker.py") not in walk.edges, \
+        edges

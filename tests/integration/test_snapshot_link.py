@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from ftagent.agent import reporter
+from ftagent.agent import link_protocol
 from ftagent.agent.reporter import ArbiterLink
 from ftagent.model import ActionKind, Fault, FaultKind, ProcessExit, SnapshotsHeld
 from ftagent.v1 import ftagent_pb2 as pb
@@ -44,7 +44,7 @@ async def start(links: list[ArbiterLink], generation: int) -> None:
 def test_held_snapshots_reach_the_arbiter_and_the_restart_names_the_step(
         arbiter: ArbiterProcess, monkeypatch: pytest.MonkeyPatch) -> None:
     # a report interval longer than the test: a second report can only go by the flush
-    monkeypatch.setattr(reporter, "SNAPSHOT_REPORT_INTERVAL", 60.0)
+    monkeypatch.setattr(link_protocol, "SNAPSHOT_REPORT_INTERVAL", 60.0)
 
     async def body() -> None:
         addr = arbiter.address

@@ -11,8 +11,8 @@ loop of the world's own, with the world's clock and a fake transport:
   stopping, write) and the supervisor around it: a reconciler as worker.py is, it
   carries out what the shipped lifecycle says is due (``Lifecycle.due``: the desired
   state the link's core and the deciders moved, against what it observes), starts a
-  trainer when ``before_start`` returns, and tells the decider's link observer of state
-  changes.
+  trainer when the shipped ``wait_at_barrier`` returns, and tells the link's core (an
+  observer of its own) of state changes.
 
 After every step the world's loop runs until nothing is ready (``World.settle``).
 """
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ftagent.agent.arbiter_decider import ArbiterDecider
 from ftagent.agent.seat import RankHooks
+from ftagent.agent.worker import wait_at_barrier
 from ftagent.cmd.run import parse
 from ftagent.model import (
     MINOR_ACTIONS,
@@ -87,17 +88,13 @@ class SimLink:
     def __init__(self, agent: DeciderAgent) -> None:
         self.agent = agent
         self.proto = agent.proto
-        self.released_start = False  # as ArbiterLink's: the decider sets it at the barrier
         self.hang_state: Any = None
 
-    # -- the trainer observed (ArbiterLink.observe, on_state: the worker's observers)
+    # -- the trainer observed: its progress (ArbiterLink.observe; the sim has none); its
+    # exit and start are the shipped core's (LinkProtocol.observe, on_state), an observer
+    # of its own
     def observe(self, obs: Observation) -> None:
-        if isinstance(obs, ProcessExit):
-            self.report_exit(obs, self.proto.lifecycle.generation)
-
-    def on_state(self, state: TrainerState, restarts: int) -> None:
-        if state is TrainerState.RUNNING:
-            self.started(self.proto.lifecycle.generation, released=self.released_start)
+        pass
 
     # -- state
     @property
@@ -148,22 +145,9 @@ class SimLink:
     async def wait_settled(self, timeout: float) -> None:
         await self._moved()
 
-    # -- agent -> arbiter
-    def arrive(self, generation: int) -> None:
-        self.agent.send(self.proto.arrive(generation))
-
-    def started(self, generation: int, *, released: bool) -> None:
-        self.proto.started(generation, released=released)
-
-    def report_fault(self, fault: Fault, *, generation: int | None = None,
-                     exit_status: int | None = None) -> None:
-        self.agent.send(self.proto.fault(fault, generation, exit_status))
-
+    # -- agent -> arbiter (the decider posts its events in the core: LinkProtocol.post)
     def outcome(self, fault_id: str) -> str | None:
         return self.proto.outcomes.get(fault_id)
-
-    def report_exit(self, exit: ProcessExit, generation: int) -> None:
-        self.agent.send(self.proto.exit(exit, generation), keep=True)
 
     def report_stacks(self, command_id: str, stacks_json: str) -> None:
         self.agent.send(pb.AgentMessage(stacks=pb.Stacks(command_id=command_id,
@@ -225,6 +209,10 @@ class DeciderAgent(SimAgent):
     def __init__(self, world: World, rank: int) -> None:
         super().__init__(world, rank)
         self.proto.arrival = None  # the decider arrives (SimAgent's model did it here)
+        # the core's outbox goes on the simulated stream while one is up (as the shell's
+        # writer moves it over gRPC), kept for the next one when it must not be lost
+        self.proto.is_up = lambda: self.connected
+        self.proto.wake = self._written
         self.worker = SimWorker(self)
         self.decider = ArbiterDecider(link=lambda w: SimLink(self),  # type: ignore[arg-type,return-value]
                                       clock=lambda: world.now)
@@ -240,10 +228,18 @@ class DeciderAgent(SimAgent):
         loop.loop.run_until_complete(start())
         self._wait_at_barrier()
 
+    def _written(self) -> None:
+        out = self.proto.out
+        while out:
+            assert self.stream is not None
+            self.stream.up.append(out.popleft())
+
     # -- the supervisor
     def _state(self, state: TrainerState) -> None:
         for o in self.worker.observers:
-            o.on_state(state, self.restarts)
+            hook = getattr(o, "on_state", None)
+            if hook is not None:
+                hook(state, self.restarts)
 
     def _observe(self, obs: Observation) -> None:
         for o in self.worker.observers:
@@ -254,7 +250,7 @@ class DeciderAgent(SimAgent):
         self.lifecycle.waiting()
         self._state(TrainerState.WAITING)
         self._barrier = world_loop(self.world).loop.create_task(
-            self.decider.before_start(self.worker))
+            wait_at_barrier(self.decider, self.worker))  # type: ignore[arg-type]
 
     @property
     def undecided(self) -> Fault | None:  # type: ignore[override]

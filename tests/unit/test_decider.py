@@ -10,7 +10,7 @@ import time
 from ftagent.agent.arbiter_decider import ArbiterDecider
 from ftagent.agent.decider import Decider, LocalDecider
 from ftagent.agent.pod import PodAgent
-from ftagent.agent.worker import Worker, WorkerSpec
+from ftagent.agent.worker import Worker, WorkerSpec, wait_at_barrier
 from ftagent.cmd.run import parse
 from ftagent.model import Action, ActionKind, Fault, FaultKind
 from tests.conftest import until
@@ -91,7 +91,7 @@ def test_group_barrier_counts_a_worker_told_a_higher_generation() -> None:
         assert isinstance(d, LocalDecider)
         for w in ws:
             w.lifecycle.reached(1)
-        waiting = asyncio.create_task(d.before_start(ws[0]))
+        waiting = asyncio.create_task(wait_at_barrier(d, ws[0]))
         await asyncio.sleep(0)
         assert not waiting.done()
         ws[1].lifecycle.reached(3)  # the arbiter's RESTART: its trainer of 1 is gone too
@@ -184,6 +184,7 @@ def test_the_decision_watchdog_wakes_on_the_arbiters_answer_and_fails_open_on_ti
         assert isinstance(d, ArbiterDecider)
         link = d.session(w).link
         link.connected = True  # as if welcomed (no arbiter runs: the stream is not needed)
+        link._up.set()  # the core posts while a stream is up
         c = crash()
         d.decide(w, c)
         await asyncio.sleep(0)  # the watchdog waits for the fault to be settled

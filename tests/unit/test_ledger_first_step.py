@@ -23,6 +23,7 @@ def link(rank: int) -> ArbiterLink:
     out = ArbiterLink(ArbiterClientConfig(arbiter="127.0.0.1:1"),
                       IdentityConfig(job="j", rank=rank))
     out.connected = True  # what it sends is read from its queue: no stream here
+    out._up.set()  # the core posts while a stream is up
     return out
 
 
@@ -30,9 +31,10 @@ def sent(lk: ArbiterLink) -> list[int]:
     """Steps of the summaries it sends now: those queued, then the latest if due."""
     steps = [m.progress.step for m in lk._out if m.HasField("progress")]
     lk._out.clear()
-    if lk._progress is not None and lk._progress_new:
-        steps.append(lk._progress.step)
-        lk._progress_new = False
+    core = lk.proto  # the latest summary is the link's core's
+    if core.progress_summary is not None and core.progress_new:
+        steps.append(core.progress_summary.step)
+        core.progress_new = False
     return steps
 
 
@@ -80,7 +82,7 @@ def test_the_ledger_counts_the_steps_a_folded_first_batch_hid() -> None:
     for c, lk in zip(conns, links, strict=True):
         lk.started(1, released=True)
         lk.report_progress(batch(41, 45), seconds_since_progress=0.0, hung=False)
-        for m in [*lk._out, pb.AgentMessage(progress=lk._progress)]:
+        for m in [*lk._out, pb.AgentMessage(progress=lk.proto.progress_summary)]:
             m.progress.ts = clock[0]
             reg.handle(c, m, 0.0)
     g = reg.job_info(reg.jobs[("", "j")], ranks=False).goodput

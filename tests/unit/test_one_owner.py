@@ -20,7 +20,7 @@ from ftagent.agent.lifecycle import Lifecycle
 from ftagent.agent.metrics_sink import MetricsSink
 from ftagent.agent.peer_wait import PeerWait
 from ftagent.agent.pod import PodAgent
-from ftagent.agent.worker import WorkerSpec
+from ftagent.agent.worker import WorkerSpec, wait_at_barrier
 from ftagent.cmd.run import build_agent, parse, pod_decider
 from ftagent.metrics import AgentMetrics
 from ftagent.model import Action, ActionKind, JobBusy, Origin
@@ -100,7 +100,7 @@ def test_a_spare_that_took_over_rank_3_judges_busy_verdicts_as_rank_3(tmp_path: 
         id="a1", kind=pb.COMMAND_KIND_ASSIGN, target_rank=3, generation=1, restarts=1))
 
     async def go() -> None:
-        waiting = asyncio.create_task(decider.before_start(worker))
+        waiting = asyncio.create_task(wait_at_barrier(decider, worker))
         await asyncio.sleep(0)  # one turn: the spare waits for its rank (no trainer)
         assert not waiting.done() and link.proto.hello().spare
         assert link.proto.on_message(assign).assigned

@@ -18,7 +18,7 @@ from ftagent.agent.arbiter_decider import ArbiterDecider
 from ftagent.agent.lifecycle import Lifecycle
 from ftagent.agent.link_protocol import LinkProtocol
 from ftagent.agent.pod import PodAgent
-from ftagent.agent.worker import Worker, WorkerSpec
+from ftagent.agent.worker import Worker, WorkerSpec, wait_at_barrier
 from ftagent.cmd.run import parse
 from ftagent.config import IdentityConfig
 from ftagent.model import Action, ActionKind, Origin
@@ -85,6 +85,7 @@ def seated(*flags: str) -> tuple[ArbiterDecider, Worker]:
     w = pod.add(WorkerSpec(parse(["--arbiter", "127.0.0.1:9", *flags, "--", "true"], {})))
     link = decider.session(w).link
     link.connected = True  # as if welcomed: no arbiter runs, the stream is not needed
+    link._up.set()  # the core posts while a stream is up
     link.offline_since = None
     return decider, w
 
@@ -98,7 +99,7 @@ def test_the_barrier_is_released_in_the_loop_turn_its_release_is_read() -> None:
     async def body() -> None:
         decider, w = seated()
         link = decider.session(w).link
-        waiting = asyncio.create_task(decider.before_start(w))
+        waiting = asyncio.create_task(wait_at_barrier(decider, w))
         await turns()
         assert not waiting.done()
         link.proto.on_message(command("r0", pb.COMMAND_KIND_RELEASE_BARRIER, 0))
@@ -112,14 +113,14 @@ def test_the_barrier_is_released_in_the_loop_turn_its_release_is_read() -> None:
 def test_a_stop_signal_or_a_stop_command_ends_the_barrier_wait_at_once() -> None:
     async def body() -> None:
         decider, w = seated()
-        waiting = asyncio.create_task(decider.before_start(w))
+        waiting = asyncio.create_task(wait_at_barrier(decider, w))
         await turns()
         w.on_signal(signal.SIGTERM)
         await turns()
         assert waiting.done() and waiting.result() is None
 
         decider, w = seated()
-        waiting = asyncio.create_task(decider.before_start(w))
+        waiting = asyncio.create_task(wait_at_barrier(decider, w))
         await turns()
         decider.session(w).link.proto.on_message(command("s", pb.COMMAND_KIND_STOP, 0))
         await turns()
@@ -134,7 +135,7 @@ def test_a_restart_to_a_higher_generation_at_the_barrier_moves_the_barrier_up() 
     async def body() -> None:
         decider, w = seated()
         link = decider.session(w).link
-        waiting = asyncio.create_task(decider.before_start(w))
+        waiting = asyncio.create_task(wait_at_barrier(decider, w))
         await turns()
         link.proto.on_message(command("c", pb.COMMAND_KIND_RESTART, 2, restarts=1))
         await turns()
@@ -181,7 +182,7 @@ def test_the_barrier_fails_open_the_fail_open_time_after_the_link_drops() -> Non
     async def body() -> None:
         decider, w = seated("--arbiter-fail-open-after", "0.5")
         link = decider.session(w).link
-        waiting = asyncio.create_task(decider.before_start(w))
+        waiting = asyncio.create_task(wait_at_barrier(decider, w))
         await turns()
         assert not waiting.done()
         t0 = time.monotonic()
