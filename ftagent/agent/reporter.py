@@ -61,6 +61,7 @@ from ftagent.model import (
 )
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.v1 import ftagent_pb2_grpc as pb_grpc
+from ftagent.waits import until_set
 from ftagent.wire.convert import fill_resume_and_phases, fill_step_times
 from ftagent.wire.credentials import bearer, current_token
 from ftagent.wire.shard import pick_arbiter
@@ -347,8 +348,7 @@ class ArbiterLink:
     async def wait_settled(self, timeout: float) -> None:
         """Until some fault is settled or a command came, or ``timeout``."""
         self._settled.clear()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._settled.wait(), timeout)
+        await until_set(self._settled, timeout)
 
     def report_progress(self, p: Progress, *, seconds_since_progress: float,
                         hung: bool) -> None:
@@ -438,8 +438,7 @@ class ArbiterLink:
             if left is not None and left <= 0:
                 return False
             self._released.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._released.wait(), left)
+            await until_set(self._released, left)
         return True
 
     async def wait_assigned(self, timeout: float) -> bool:
@@ -447,16 +446,14 @@ class ArbiterLink:
         timeout or close."""
         if self.proto.assignment is None and not self._closed.is_set():
             self._assigned.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._assigned.wait(), timeout)
+            await until_set(self._assigned, timeout)
         return self.proto.assignment is not None
 
     async def wait_connected(self, timeout: float) -> bool:
         """True once a stream is up (Welcome received) within ``timeout`` seconds: woken
         by the Welcome, not a polling loop."""
         if not self.connected and not self._closed.is_set():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._up.wait(), timeout)
+            await until_set(self._up, timeout)
         return self.connected
 
     async def finish(self, timeout: float) -> bool:
@@ -468,8 +465,7 @@ class ArbiterLink:
         the end: the next one says it again (``LinkProtocol.last_exit``)."""
         self._finishing = True
         self._wake.set()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._confirmed.wait(), timeout)
+        await until_set(self._confirmed, timeout)
         return self._confirmed.is_set()
 
     def pending(self) -> int:
@@ -520,8 +516,7 @@ class ArbiterLink:
             if self._confirmed.is_set():
                 break
             attempt = 0 if welcomed else attempt + 1
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._closed.wait(), backoff(attempt))
+            await until_set(self._closed, backoff(attempt))
 
     def _down(self) -> None:
         was = self.connected
@@ -646,8 +641,7 @@ class ArbiterLink:
                 continue
             self._wake.clear()
             wait = max(0.0, due - now) if core.progress_new else None
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait)
+            await until_set(self._wake, wait)
 
     async def _reader(self, call: grpc.aio.StreamStreamCall) -> None:
         while True:

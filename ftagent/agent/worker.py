@@ -83,6 +83,7 @@ from ftagent.model import (
     TrainerStart,
     TrainerState,
 )
+from ftagent.waits import until_set  # cancellable when woken as it is cancelled
 from ftagent.watch.loop import WatchLoop
 
 if TYPE_CHECKING:
@@ -92,26 +93,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("ftagent.agent")
 
 TICK_SECONDS = 0.5
-
-
-async def until_set(event: asyncio.Event, timeout: float | None) -> bool:
-    """Wait until ``event`` is set (True) or ``timeout`` seconds passed (False; None: no
-    limit), and stay cancellable.
-
-    Not ``asyncio.wait_for(event.wait(), timeout)``: before Python 3.12 a task cancelled in
-    the loop step its event was set returns from that normally -- the inner wait is done by
-    the time the cancellation is delivered, and wait_for returns its result (CPython
-    gh-86296, fixed in 3.12 by rewriting wait_for on ``asyncio.timeout``). A loop around it
-    then never ends, and whoever awaits the cancelled task waits forever: the agent that
-    never exited after its trainer exited 42 (its detectors' ticker woken as a verification
-    ended at the exit, and cancelled before it ran again). ``asyncio.wait`` never swallows a
-    cancellation; the inner wait is cancelled on every way out."""
-    waiter = asyncio.ensure_future(event.wait())
-    try:
-        done, _ = await asyncio.wait((waiter,), timeout=timeout)
-    finally:
-        waiter.cancel()  # a no-op once it is done
-    return bool(done)
 
 
 __all__ = ["Worker", "WorkerSpec", "console", "no_attempt_env"]  # the spec's own module

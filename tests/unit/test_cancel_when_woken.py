@@ -9,7 +9,9 @@ waits forever. Seen in CI: the trainer exited 42, the agent wrote ``exited``, th
 fault, ``stop`` and ``failed``, then sat idle in the loop's select with its ticker
 "cancelling" in a fresh wait (the verifier's sampling task ended at the exit and its done
 callback woke the ticker; nothing between that and the cancel gave the ticker a turn).
-``worker.until_set`` is the wait that stays cancellable.
+``waits.until_set`` is the wait that stays cancellable (stop 42 moved every such wait in
+the package to it: the arbiter link's writer, its barrier and backoff waits, the node
+reporter's shard loop).
 
 ``Worker.changed`` (the deciders' port) had the same wait on main: a decider's wait there
 cancelled as a change arrived went on waiting. Each test here fails on the old code (the
@@ -23,9 +25,11 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 
-from ftagent.agent.worker import Worker, WorkerSpec, until_set
+from ftagent.agent.worker import Worker, WorkerSpec
 from ftagent.cmd.run import parse
+from ftagent.waits import until_set
 
 BOUND = 5.0  # seconds a cancelled task is given to end (it takes one loop step)
 
@@ -147,6 +151,50 @@ def test_the_node_reporters_shard_loop_ends_when_a_fault_and_its_cancel_come_tog
     assert calls == 1
 
 
+
+class _Stream:
+    """What the arbiter link's writer uses of a gRPC stream: each write lands at once."""
+
+    def __init__(self) -> None:
+        self.written: list[object] = []
+
+    async def write(self, msg: object) -> None:
+        self.written.append(msg)
+
+    async def done_writing(self) -> None:  # pragma: no cover - the writer is not finishing
+        pass
+
+
+def test_the_arbiter_links_writer_ends_when_a_message_and_its_cancel_come_together() -> None:
+    """The agent's link to the arbiter (reporter.py) writes its queue, then sleeps on its
+    wake event. A message queued (the trainer's exit, say) in the step the stream is torn
+    down and the writer cancelled: on the old ``wait_for`` the writer wrote it and slept
+    again, and the stream's teardown awaited it forever."""
+    from ftagent.agent.reporter import ArbiterLink
+    from ftagent.config import ArbiterClientConfig, IdentityConfig
+    from ftagent.v1 import ftagent_pb2 as pb
+
+    async def main() -> tuple[bool, int]:
+        lk = ArbiterLink(ArbiterClientConfig(arbiter="127.0.0.1:1"),
+                         IdentityConfig(job="j", rank=0))
+        stream = _Stream()
+        # a progress summary held back until its interval is up: the writer's wait has a
+        # timeout (without one, wait_for awaits the event itself and loses nothing)
+        core = lk.proto
+        core.progress_summary = pb.ProgressSummary(step=1)
+        core.progress_new, core.progress_sent_at = True, time.monotonic()
+        task = asyncio.create_task(lk._writer(stream))  # type: ignore[arg-type]
+        await _parked(task)
+        lk._out.append(pb.AgentMessage(ack=pb.Ack(command_id="c1")))
+        lk._wake.set()
+        task.cancel()
+        return await _ends_cancelled(task), len(stream.written)
+
+    ended, written = asyncio.run(main())
+    assert ended, "the link's writer went on after its cancellation: its stream never closes"
+    assert written == 0
+
+
 POD_SCRIPT = """
 import asyncio, json, os
 from ftagent.agent.pod import PodAgent
@@ -186,12 +234,10 @@ def test_an_agent_whose_ticker_is_woken_by_the_crash_fault_exits_with_its_code()
     assert got == {"ended": True, "exit": 42}, done.stderr[-2000:]
 
 
-# Waits on an event through asyncio.wait_for that remain, in modules other lanes own (the
-# same hazard where their task is cancelled in the step the event is set: the node
-# reporter's shard loop, the arbiter link's writer). Only fewer from here: a new one uses
-# ``until_set`` (or ``asyncio.wait``), never wait_for on ``.wait()``.
+# Waits through asyncio.wait_for on something's ``.wait()`` that remain (the same hazard
+# where their task is cancelled in the step the wait ends). Only fewer from here: a new
+# one uses ``waits.until_set`` (or ``asyncio.wait``).
 KNOWN_WAIT_FOR_WAITS = {
-    "ftagent/agent/reporter.py": 7,
     "ftagent/agent/preflight.py": 1,  # a process's wait after its kill, once, not a loop
 }
 
