@@ -46,6 +46,7 @@ import grpc
 from ftagent import __version__
 from ftagent.agent.lifecycle import Lifecycle
 from ftagent.agent.link_protocol import LinkProtocol
+from ftagent.agent.seat import no_hang_state
 from ftagent.config import ArbiterClientConfig, ConfigError, IdentityConfig
 from ftagent.model import (
     Action,
@@ -224,10 +225,6 @@ def backoff(attempt: int, rng: random.Random | None = None) -> float:
     return min(BACKOFF_CAP, BACKOFF_FIRST * 2 ** min(attempt, 16)) * r.uniform(0.5, 1.0)
 
 
-def _no_hang_state() -> tuple[float, bool]:
-    return 0.0, False
-
-
 class ArbiterLink:
     """See the module docstring. Create and use it on the supervisor's event loop.
 
@@ -284,7 +281,7 @@ class ArbiterLink:
         self._last_error = ""
         # the rank's hang state, said with each progress summary (seconds since progress,
         # hung: the rank's hook, seat.py RankHooks.hang_state, given by its decider)
-        self.hang_state: Callable[[], tuple[float, bool]] = _no_hang_state
+        self.hang_state: Callable[[], tuple[float, bool]] = no_hang_state
 
     # The agent's side of the protocol state, for the supervisor and for status.
     @property
