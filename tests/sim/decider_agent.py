@@ -250,10 +250,10 @@ class DeciderAgent(SimAgent):
         self.lifecycle.waiting()
         self._state(TrainerState.WAITING)
         self._barrier = world_loop(self.world).loop.create_task(
-            wait_at_barrier(self.decider, self.worker))  # type: ignore[arg-type]
+            wait_at_barrier(self.decider, self.worker))
 
     @property
-    def undecided(self) -> Fault | None:  # type: ignore[override]
+    def undecided(self) -> Fault | None:
         return self.session.undecided if hasattr(self, "session") else None
 
     @undecided.setter

@@ -98,7 +98,7 @@ class DeciderProtocol(Protocol):
         self.world = World(size, budget, agent=DeciderAgent)
         self.world.heal_and_check()
 
-    def impostor(self, r: int, claim: str) -> None:  # type: ignore[override]
+    def impostor(self, r: int, claim: str) -> None:
         """Not a rule here: identity is the arbiter's promise (test_protocol.py searches
         it); this search is about decisions. (A sequence it found lets an impostor in on
         the old code as well: see the lane's report.)"""
