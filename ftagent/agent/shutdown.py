@@ -254,7 +254,7 @@ async def _end_tasks(deadline: float) -> list[Stuck]:
                             deadline, "shutdown_asyncgens")
     stuck = [stuck_task(t) for t in left]
     if not ended:
-        stuck.append(Stuck("async generators' close"))
+        stuck.append(Stuck("loop.shutdown_asyncgens"))
     return stuck
 
 

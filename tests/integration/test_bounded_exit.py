@@ -21,6 +21,7 @@ end in one error line, and the events file has the trainer's exit and the agent'
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -30,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.conftest import wait_for
@@ -112,6 +114,10 @@ def _check(tmp: Path, rc: int, err: str, ended: float, status: int, named: str) 
     assert ended - _exited_at(tmp) < BOUND + 6.0, err[-2000:]
     exits = [e for e in _events(tmp) if e.get("event") == "exit"]
     assert exits and all(e["exit_status"] in (0, status) for e in exits)
+    # the trainers' trees went before the agent (their pids: gone, or a zombie of init's)
+    for pid in (e["pid"] for e in _events(tmp) if e.get("kind") == "running"):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE, pid
 
 
 @pytest.mark.parametrize("status", [0, 42])
