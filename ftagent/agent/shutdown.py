@@ -67,6 +67,9 @@ GOODBYE_SLACK = 1.0
 # How long after arming the exit guard waits at least: the main thread's return into the
 # interpreter's exit, which the guard must see begun before it may end the process.
 GUARD_SLACK = 1.0
+# What the tasks first cancelled at the loop's end get past the deadline (a task that
+# ends when cancelled takes a loop step or two; the workers' own had the whole bound).
+LAST_LOOK = 0.25
 MAX_NAMED = 12  # stuck tasks or threads named in the line (then "and N more")
 MAX_FRAMES = 4  # frames per task (the outermost and the innermost kept)
 
@@ -94,6 +97,8 @@ def goodbye_deadline(now: float, deadline: float, wait: float,
     how the rank ended: the later of ``deadline`` and that wait (+ ``GOODBYE_SLACK``);
     after a stop signal no later than ``stop_deadline`` (the kubelet's SIGKILL) unless
     ``deadline`` itself is later."""
+    if wait <= 0:  # no arbiter: the local policy's close, within the bound
+        return deadline
     end = max(deadline, now + wait + GOODBYE_SLACK)
     if stop_deadline is not None:
         end = min(end, max(stop_deadline, deadline))
@@ -223,7 +228,7 @@ async def within(step: Awaitable[T], deadline: float, name: str) -> tuple[bool, 
 def run_bounded(main: Coroutine[Any, Any, T], deadline: Callable[[], float],
                 ) -> tuple[T, list[Stuck]]:
     """``asyncio.run(main)`` with a bounded end: once ``main`` returned, the tasks left
-    are cancelled and waited for until ``deadline()`` (at least ``FLOOR`` seconds), async
+    are cancelled and waited for until ``deadline()`` (at least ``LAST_LOOK``), async
     generators closed as long, and the default executor shut down without waiting for
     its threads (``loop.close``). Returns main's result and what did not end by then.
     ``main``'s exception is raised after the same end."""
@@ -246,7 +251,7 @@ async def _end_tasks(deadline: float) -> list[Stuck]:
     rest = [t for t in asyncio.all_tasks() if t is not me]
     for t in rest:
         t.cancel()
-    left = await settle(rest, max(deadline, time.monotonic() + FLOOR))
+    left = await settle(rest, max(deadline, time.monotonic() + LAST_LOOK))
     for t in rest:
         if t.done() and not t.cancelled() and t.exception() is not None:
             log.error("a task failed at exit: %r", t.exception(), exc_info=t.exception())

@@ -563,7 +563,11 @@ def main(argv: Sequence[str]) -> int:
             return 2
         # asyncio.run's end awaits every task and executor thread without a bound: a task
         # that does not end when cancelled kept a finished pod running (shutdown.py)
-        result, stuck = run_bounded(pod.run(), lambda: exit_deadline(cfg, pod))
+        try:
+            result, stuck = run_bounded(pod.run(), lambda: exit_deadline(cfg, pod))
+        except Exception:  # a bug of the agent's: its traceback, status 1, a bounded exit
+            guard_exit(1, exit_deadline(cfg, pod), cfg.supervisor.exit_timeout)
+            raise
         if pod.stop_signal is not None and cfg.snapshot.checkpoint_dir:
             say_last_words(cfg, pod)
         code = result.exit_status

@@ -37,7 +37,7 @@ import pytest
 from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-BOUND = 2.0  # --exit-timeout
+BOUND = 1.0  # --exit-timeout
 DEADLINE = 40.0  # the test's own: an agent that never exits fails here (the old code)
 
 HARNESS = """

@@ -47,6 +47,7 @@ def test_after_a_stop_signal_the_cleanup_ends_by_the_signals_grace(
 def test_the_goodbye_to_an_arbiter_that_is_away_keeps_its_fail_open_wait() -> None:
     assert goodbye_deadline(100.0, 110.0, 15.0) == 100.0 + 15.0 + shutdown.GOODBYE_SLACK
     assert goodbye_deadline(100.0, 110.0, 0.0) == 110.0  # no arbiter: the bound
+    assert goodbye_deadline(100.0, 99.0, 0.0) == 99.0  # (one the stuck tasks used up)
     assert goodbye_deadline(100.0, 101.0, 15.0, stop_deadline=105.0) == 105.0
     assert goodbye_deadline(100.0, 101.0, 15.0, stop_deadline=90.0) == 101.0
 
