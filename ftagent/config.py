@@ -299,7 +299,7 @@ class SupervisorConfig:
         "--arbiter-fail-open-after) ends within this, else the agent names what did not "
         "end in one error line and exits with the trainer's status all the same; after a "
         "stop signal, no later than --stop-timeout from the signal (at least 1 s)",
-        check=SECONDS, metavar="SECONDS")
+        check=Range(1, MAX_SECONDS), metavar="SECONDS")
     output_interval: float = opt(
         0.5, "--output-interval", "after a short read of the trainer's output, wait this "
         "long before the next: lines printed meanwhile reach the console together, up to "

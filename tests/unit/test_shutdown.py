@@ -149,3 +149,12 @@ def test_a_stuck_thread_is_named_at_its_innermost_frames() -> None:
     assert got.name == "nvml-poll"
     assert len(got.where) <= shutdown.MAX_FRAMES
     assert got.where[-1].endswith("in Condition.wait")  # the innermost, then Event.wait
+
+
+def test_the_flag_and_its_variable() -> None:
+    from ftagent.config import ConfigError
+
+    assert parse(["--", "true"], {}).supervisor.exit_timeout == 10.0
+    assert parse(["--", "true"], {"FTAGENT_EXIT_TIMEOUT": "4"}).supervisor.exit_timeout == 4.0
+    with pytest.raises(ConfigError, match="--exit-timeout: '0.5' must be in"):
+        parse(["--exit-timeout", "0.5", "--", "true"], {})  # a normal cleanup needs a moment
