@@ -114,14 +114,17 @@ class Stuck:
     where: tuple[str, ...] = ()
 
 
-def stuck_line(stuck: Sequence[Stuck], status: int, bound: float) -> str:
-    """The one error line of a bounded exit: what did not end, and where."""
+def stuck_line(stuck: Sequence[Stuck], status: int, bound: float,
+               signalled: bool = False) -> str:
+    """The one error line of a bounded exit: what did not end, and where (``signalled``:
+    the bound was the stop signal's grace, ``cleanup_deadline``)."""
     named = [f"{s.name!r} at {' -> '.join(s.where) if s.where else '(no frame)'}"
              for s in stuck[:MAX_NAMED]]
     more = f"; and {len(stuck) - MAX_NAMED} more" if len(stuck) > MAX_NAMED else ""
+    cut = " (after a stop signal: by --stop-timeout's end at the latest)" if signalled else ""
     return (f"the agent's cleanup did not end within --exit-timeout {bound:g}s of the "
-            f"trainer's exit: exiting with status {status} all the same; still running: "
-            + "; ".join(named) + more)
+            f"trainer's exit{cut}: exiting with status {status} all the same; still "
+            "running: " + "; ".join(named) + more)
 
 
 def frame_at(filename: str, lineno: int | None, function: str) -> str:
@@ -283,7 +286,7 @@ def hard_exit(status: int) -> None:
     os._exit(status)
 
 
-def guard_exit(status: int, deadline: float, bound: float, *,
+def guard_exit(status: int, deadline: float, bound: float, signalled: bool = False, *,
                exit_now: Callable[[int], None] = hard_exit) -> threading.Thread:
     """Arm the last layer: a daemon thread that, once the interpreter's exit has begun
     (``exiting``: a hook of threading's exit, which then joins every non-daemon thread,
@@ -311,7 +314,8 @@ def guard_exit(status: int, deadline: float, bound: float, *,
         threads = blocking_threads()
         if not threads:
             return
-        log.error("%s", stuck_line([stuck_thread(t) for t in threads], status, bound))
+        log.error("%s", stuck_line([stuck_thread(t) for t in threads], status, bound,
+                                   signalled))
         exit_now(status)
 
     guard = threading.Thread(target=watch, name="ftagent-exit-guard", daemon=True)

@@ -573,7 +573,8 @@ def main(argv: Sequence[str]) -> int:
         code = result.exit_status
     finally:
         shutil.rmtree(rundir, ignore_errors=True)
-    return bounded_exit(code, stuck, exit_deadline(cfg, pod), cfg.supervisor.exit_timeout)
+    return bounded_exit(code, stuck, exit_deadline(cfg, pod), cfg.supervisor.exit_timeout,
+                        pod.stop_signal is not None)
 
 
 def exit_deadline(cfg: RunConfig, pod: PodAgent) -> float:
@@ -583,16 +584,18 @@ def exit_deadline(cfg: RunConfig, pod: PodAgent) -> float:
     return max(ends) if ends else time.monotonic() + cfg.supervisor.exit_timeout
 
 
-def bounded_exit(code: int, stuck: list[Stuck], deadline: float, bound: float) -> int:
+def bounded_exit(code: int, stuck: list[Stuck], deadline: float, bound: float,
+                 signalled: bool = False) -> int:
     """``code`` back to the caller (the interpreter's exit), its exit bounded: tasks that
     did not end are named in one error line and the process ends now (hard_exit: their
     coroutines would run their ``finally`` blocks outside a loop at finalization, and what
     did not end once is not trusted to); else the exit guard is armed for threads that
-    would hold the interpreter's exit past ``deadline``."""
+    would hold the interpreter's exit past ``deadline``. ``signalled``: a stop signal cut
+    the bound (the line says so)."""
     if stuck:
-        log.error("%s", stuck_line(stuck, code, bound))
+        log.error("%s", stuck_line(stuck, code, bound, signalled))
         if threading.current_thread() is threading.main_thread():
             hard_exit(code)
         return code
-    guard_exit(code, deadline, bound)
+    guard_exit(code, deadline, bound, signalled)
     return code

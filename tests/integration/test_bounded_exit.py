@@ -66,19 +66,20 @@ raise SystemExit(main(["run", *sys.argv[2:]]))
 """
 
 
-def _env() -> dict[str, str]:
+def _env(bound: float) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FTAGENT_", "PET_"))}
     env["PYTHONPATH"] = str(ROOT)
-    env["FTAGENT_EXIT_TIMEOUT"] = str(BOUND)  # (ignored by the old code, which then hangs)
+    env["FTAGENT_EXIT_TIMEOUT"] = str(bound)  # (ignored by the old code, which then hangs)
     return env
 
 
-def _agent(tmp: Path, how: str, *flags: str, cmd: str) -> subprocess.Popen[str]:
+def _agent(tmp: Path, how: str, *flags: str, cmd: str,
+           bound: float = BOUND) -> subprocess.Popen[str]:
     args = [sys.executable, "-c", HARNESS, how,  # the bound: FTAGENT_EXIT_TIMEOUT (_env)
             "--events-file", str(tmp / "events.jsonl"), "--metrics-port", "-1",
             "--no-preflight", "--no-warm-restart", "--max-restarts", "0", *flags,
             "--", "sh", "-c", cmd]
-    return subprocess.Popen(args, env=_env(), stdout=subprocess.PIPE,
+    return subprocess.Popen(args, env=_env(bound), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -105,13 +106,14 @@ def _finish(agent: subprocess.Popen[str]) -> tuple[int, str, float]:
     return agent.returncode, err, time.time()
 
 
-def _check(tmp: Path, rc: int, err: str, ended: float, status: int, named: str) -> None:
+def _check(tmp: Path, rc: int, err: str, ended: float, status: int, named: str,
+           bound: float = BOUND) -> None:
     assert rc == status, err[-2000:]
     lines = [ln for ln in err.splitlines() if "did not end within --exit-timeout" in ln]
     assert len(lines) == 1, err[-2000:]
     assert " ERROR " in lines[0] and f"status {status}" in lines[0] and named in lines[0]
     # within the bound of the trainer's exit (+ the guard's slack and a loaded machine's)
-    assert ended - _exited_at(tmp) < BOUND + 6.0, err[-2000:]
+    assert ended - _exited_at(tmp) < bound + 6.0, err[-2000:]
     exits = [e for e in _events(tmp) if e.get("event") == "exit"]
     assert exits and all(e["exit_status"] in (0, status) for e in exits)
     # the trainers' trees went before the agent (their pids: gone, or a zombie of init's)
@@ -153,3 +155,20 @@ def test_after_sigterm_the_status_is_the_signals(tmp_path: Path) -> None:
     os.kill(agent.pid, signal.SIGTERM)
     rc, err, ended = _finish(agent)
     _check(tmp_path, rc, err, ended, 128 + signal.SIGTERM, "Stubborn.run")
+
+
+def test_after_sigterm_the_bound_ends_with_the_signals_grace(tmp_path: Path) -> None:
+    """--stop-timeout is the pod's terminationGracePeriodSeconds: the kubelet SIGKILLs
+    the agent then, and its exit code is lost. A trainer whose handler takes 1 s of its
+    3 s exits 7; the agent's cleanup, stuck, would have --exit-timeout 10 s after that,
+    but ends by the signal's grace (3 s from it), with the trainer's 7."""
+    ready = tmp_path / "ready"
+    agent = _agent(tmp_path, "task", "--stop-timeout", "3", bound=10.0,
+                   cmd=f"trap 'sleep 1; exit 7' TERM; touch {ready}; while :; do sleep 0.1; done")
+    wait_for(ready.exists, timeout=30, what="the trainer's handler installed")
+    signalled = time.time()
+    os.kill(agent.pid, signal.SIGTERM)
+    rc, err, ended = _finish(agent)
+    _check(tmp_path, rc, err, ended, 7, "Stubborn.run", bound=10.0)
+    assert "(after a stop signal: by --stop-timeout's end at the latest)" in err
+    assert ended - signalled < 3.0 + 3.0, err[-2000:]  # not 1 + 10 (a loaded machine's 3)

@@ -87,6 +87,10 @@ def test_the_line_names_each_stuck_task_and_where() -> None:
     assert "'watch' at ftagent/watch/loop.py:230 in WatchLoop.run" in line
     assert "'Task-8 (WatchLoop._guard)' at a.py:1 in f -> b.py:2 in g" in line
     assert "'loop.shutdown_asyncgens' at (no frame)" in line
+    assert "stop signal" not in line
+    signalled = stuck_line([Stuck("watch")], 143, 10.0, signalled=True)
+    assert "of the trainer's exit (after a stop signal: by --stop-timeout's end at the " \
+        "latest): exiting with status 143" in signalled
 
 
 def test_the_line_is_bounded() -> None:
