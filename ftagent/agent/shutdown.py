@@ -10,9 +10,10 @@ whose trainer is done "Running" forever. The trainer's output and exit code come
 Three layers, each bounded by the same deadline (``cleanup_deadline``):
 
 1. ``Worker.run`` (worker.py) cancels its tasks and waits for them until the deadline
-   (``settle``), then kills what is left of its trainer's tree and runs its closes and the
-   decider's goodbye, each at most until the deadline (``within``: at least ``FLOOR``, so
-   a deadline eaten by a stuck task still lets the standbys be closed). Its "exit" event
+   (``settle``), then kills what is left of its trainer's tree and runs its closes, each
+   at most until the deadline (``within``: at least ``FLOOR``, so a deadline eaten by a
+   stuck task still lets the standbys be closed), and the decider's goodbye, which keeps
+   its own wait for an arbiter that is away (``goodbye_deadline``). Its "exit" event
    names the tasks that did not end.
 2. The event loop's own end (``run_bounded``, in place of ``asyncio.run``, whose cleanup
    awaits every task and the default executor's threads without a bound): the tasks left

@@ -252,12 +252,11 @@ class Worker:
                 self.exit_deadline = cleanup_deadline(now, self.cfg.supervisor.exit_timeout)
             # the goodbye waits up to --arbiter-fail-open-after for an arbiter that is away
             arb = self.cfg.arbiter
-            self.exit_deadline = goodbye_deadline(
+            goodbye = goodbye_deadline(
                 now, self.exit_deadline, arb.arbiter_fail_open_after if arb.arbiter else 0.0,
                 stop)
             try:
-                await within(self.decider.close(self), self.exit_deadline,
-                             self._named("goodbye"))
+                await within(self.decider.close(self), goodbye, self._named("goodbye"))
             except Exception:  # the trainer's exit status comes first, not this fault's
                 log.exception("telling the decider how this rank ended failed")
 

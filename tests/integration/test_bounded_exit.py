@@ -172,3 +172,26 @@ def test_after_sigterm_the_bound_ends_with_the_signals_grace(tmp_path: Path) -> 
     _check(tmp_path, rc, err, ended, 7, "Stubborn.run", bound=10.0)
     assert "(after a stop signal: by --stop-timeout's end at the latest)" in err
     assert ended - signalled < 3.0 + 3.0, err[-2000:]  # not 1 + 10 (a loaded machine's 3)
+
+
+def test_the_arbiter_hears_the_exit_of_an_agent_stuck_at_exit(tmp_path: Path) -> None:
+    """Under an arbiter: the trainer's exit goes to it as it happens and the goodbye (the
+    decider's close) is its own step, bounded apart from the stuck task: the job reads
+    succeeded at the arbiter, and the agent exits 0 within the bound."""
+    import asyncio
+
+    from tests.arbiter_helpers import ArbiterProcess, wait_until
+    from tests.integration.test_exit_reaches_arbiter import get_job
+
+    with ArbiterProcess(log_dir=str(tmp_path)) as arbiter:
+        agent = _agent(tmp_path, "task", "--arbiter", arbiter.address, "--job", "stuckexit",
+                       "--rank", "0", "--world-size", "1", cmd="echo trained; exit 0")
+        rc, err, ended = _finish(agent)
+        _check(tmp_path, rc, err, ended, 0, "Stubborn.run")
+
+        async def succeeded() -> bool:
+            info = await get_job(arbiter.address, "stuckexit")
+            return info is not None and info.state == "succeeded"
+
+        asyncio.run(wait_until(succeeded, 20, "the job succeeded at the arbiter",
+                               interval=0.05))
