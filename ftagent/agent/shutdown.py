@@ -208,10 +208,16 @@ def blocking_threads() -> list[threading.Thread]:
 
 async def settle(tasks: Iterable[asyncio.Task[Any]], deadline: float) -> list[asyncio.Task[Any]]:
     """Wait for the (cancelled) ``tasks`` to end, until ``deadline`` (monotonic); the
-    ones still running, which the caller leaves behind. Their exceptions are theirs."""
+    ones still running, which the caller leaves behind. The exceptions of those that
+    ended are taken as ``gather(return_exceptions=True)`` took them (the caller's to
+    look at; never "exception was never retrieved" at exit)."""
+    tasks = list(tasks)
     waiting = [t for t in tasks if not t.done()]
     if waiting:
         await asyncio.wait(waiting, timeout=max(0.0, deadline - time.monotonic()))
+    for t in tasks:
+        if t.done() and not t.cancelled():
+            t.exception()
     return [t for t in waiting if not t.done()]
 
 

@@ -6,6 +6,7 @@ real processes: tests/integration/test_bounded_exit.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 
 import pytest
@@ -162,3 +163,34 @@ def test_the_flag_and_its_variable() -> None:
     assert parse(["--", "true"], {"FTAGENT_EXIT_TIMEOUT": "4"}).supervisor.exit_timeout == 4.0
     with pytest.raises(ConfigError, match="--exit-timeout: '0.5' must be in"):
         parse(["--exit-timeout", "0.5", "--", "true"], {})  # a normal cleanup needs a moment
+
+
+def test_settle_leaves_a_task_that_does_not_end_and_takes_the_others_exceptions() -> None:
+    async def main() -> tuple[list[str], bool]:
+        async def stubborn() -> None:
+            while True:
+                with contextlib.suppress(asyncio.CancelledError):  # the bug: swallowed
+                    await asyncio.Event().wait()
+
+        async def broken() -> None:
+            raise RuntimeError("a source's bug")
+
+        tasks = [asyncio.create_task(stubborn(), name="stubborn"),
+                 asyncio.create_task(broken(), name="broken"),
+                 asyncio.create_task(asyncio.Event().wait(), name="polite")]
+        await asyncio.sleep(0)  # a loop step: each reaches its wait (broken: raised)
+        for t in tasks:
+            t.cancel()
+        left = await shutdown.settle(tasks, deadline=0.0)  # past: one look, no wait
+        left += await shutdown.settle(left, deadline=0.0)
+        polite = tasks[2].cancelled()
+        ok, got = await shutdown.within(asyncio.sleep(0, "said"), 0.0, "goodbye")
+        assert (ok, got) == (True, "said")
+        with pytest.raises(RuntimeError):
+            await shutdown.within(broken(), 0.0, "close")
+        tasks[0].get_coro().close()  # (its frame ends here: the loop can close)
+        return [t.get_name() for t in left], polite
+
+    left, polite = asyncio.run(main())
+    assert "stubborn" in left and "broken" not in left
+    assert polite
