@@ -293,6 +293,13 @@ class SupervisorConfig:
         30.0, "--stop-timeout", "grace after SIGTERM before every process of the trainer's "
         "tree is SIGKILLed; on a restart, a trainer whose handler for the signal is gone (its "
         "Python is finalizing) gets the signal again at once", check=SECONDS, metavar="SECONDS")
+    exit_timeout: float = opt(
+        10.0, "--exit-timeout", "after the trainer's last exit, the agent's own cleanup "
+        "(its tasks, closing the standbys; the goodbye to an arbiter that is away gets "
+        "--arbiter-fail-open-after) ends within this, else the agent names what did not "
+        "end in one error line and exits with the trainer's status all the same; after a "
+        "stop signal, no later than --stop-timeout from the signal (at least 1 s)",
+        check=Range(1, MAX_SECONDS), metavar="SECONDS")
     output_interval: float = opt(
         0.5, "--output-interval", "after a short read of the trainer's output, wait this "
         "long before the next: lines printed meanwhile reach the console together, up to "

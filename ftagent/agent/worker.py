@@ -48,6 +48,7 @@ from ftagent.agent.events import EventsFile, ProgressLog
 from ftagent.agent.evidence import capture
 from ftagent.agent.lifecycle import Lifecycle, Step
 from ftagent.agent.line_feed import LineFeed
+from ftagent.agent.shutdown import cleanup_deadline, goodbye_deadline, settle, within
 from ftagent.agent.supervisor import ChildReaper, SpawnError, TrainerProcess
 from ftagent.agent.tee import LastLines
 from ftagent.agent.trainer_exec import (
@@ -183,6 +184,9 @@ class Worker:
         self.spawn_trainer: Spawn = p.spawn  # the one place a trainer is started
         # what the standbys started is gone before the agent exits
         self.on_close: tuple[Close, ...] = p.on_close
+        # when this worker's cleanup must be over (shutdown.py): set as its trainer's last
+        # exit ends the control loop; the process's end waits for the latest of them
+        self.exit_deadline: float | None = None
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -214,32 +218,52 @@ class Worker:
     async def run(self) -> int:
         """Supervise this trainer to its end; the pod installed the reaper and signals."""
         self.decider.start(self)
+        stop = None
         try:
-            self._tasks.append(asyncio.create_task(self.watch.run()))
-            self._tasks.append(asyncio.create_task(self._ticker()))
+            self._tasks.append(asyncio.create_task(self.watch.run(), name=self._named("watch")))
+            self._tasks.append(asyncio.create_task(self._ticker(), name=self._named("ticker")))
             try:
                 code = await self._control_loop()
             finally:
+                # the trainer is gone: the cleanup is bounded (shutdown.py), a task that
+                # does not end when cancelled is left behind, named, not awaited forever
+                stop = self._stop_deadline if self.stop_signal is not None else None
+                self.exit_deadline = cleanup_deadline(
+                    time.monotonic(), self.cfg.supervisor.exit_timeout, stop)
                 for t in self._tasks:
                     t.cancel()
-                await asyncio.gather(*self._tasks, return_exceptions=True)
+                stuck = await settle(self._tasks, self.exit_deadline)
                 if self.tree():  # nothing of this trainer outlives its worker
                     await supervisor.kill_tree(self.trainer.pgid if self.trainer else None,
                                                procs=self.tree)
                 for close in self.on_close:
                     try:
-                        await close()
+                        await within(close(), self.exit_deadline, self._named("close"))
                     except Exception:
                         log.exception("closing %r failed", close)
+            more = {"stuck": [t.get_name() for t in stuck]} if stuck else {}
             self.events.write("exit", self.state.value, f"ftagent exits with {code}",
-                              exit_status=code, restarts=self.restarts)
+                              exit_status=code, restarts=self.restarts, **more)
             self.events.close()
             return code
         finally:
+            now = time.monotonic()
+            if self.exit_deadline is None:  # it broke before its control loop
+                self.exit_deadline = cleanup_deadline(now, self.cfg.supervisor.exit_timeout)
+            # the goodbye waits up to --arbiter-fail-open-after for an arbiter that is away
+            arb = self.cfg.arbiter
+            goodbye = goodbye_deadline(
+                now, self.exit_deadline, arb.arbiter_fail_open_after if arb.arbiter else 0.0,
+                stop)
             try:
-                await self.decider.close(self)
+                await within(self.decider.close(self), goodbye, self._named("goodbye"))
             except Exception:  # the trainer's exit status comes first, not this fault's
                 log.exception("telling the decider how this rank ended failed")
+
+    def _named(self, what: str) -> str:
+        """A name for one of this worker's tasks (a stuck one is named at exit)."""
+        local = self.spec.local_rank
+        return f"{what} (worker {local})" if local is not None else what
 
     # ----------------------------------------------------------------- the deciders' port
     # What a decider (decider.py, arbiter_decider.py) may use of a worker (seat.py Seat):

@@ -25,6 +25,7 @@ from ftagent.agent.decider import Decider, LocalDecider
 from ftagent.agent.launcher import normalize_flags
 from ftagent.agent.metrics_sink import MetricsSink
 from ftagent.agent.pod import PodAgent
+from ftagent.agent.shutdown import Stuck, guard_exit, hard_exit, run_bounded, stuck_line
 from ftagent.agent.worker import Worker
 from ftagent.agent.worker_parts import WorkerParts
 from ftagent.agent.worker_spec import WorkerSpec
@@ -560,9 +561,41 @@ def main(argv: Sequence[str]) -> int:
         except ConfigError as e:
             sys.stderr.write(f"ftagent run: error: {e} (see ftagent run --help)\n")
             return 2
-        result = asyncio.run(pod.run())
+        # asyncio.run's end awaits every task and executor thread without a bound: a task
+        # that does not end when cancelled kept a finished pod running (shutdown.py)
+        try:
+            result, stuck = run_bounded(pod.run(), lambda: exit_deadline(cfg, pod))
+        except Exception:  # a bug of the agent's: its traceback, status 1, a bounded exit
+            guard_exit(1, exit_deadline(cfg, pod), cfg.supervisor.exit_timeout)
+            raise
         if pod.stop_signal is not None and cfg.snapshot.checkpoint_dir:
             say_last_words(cfg, pod)
-        return result.exit_status
+        code = result.exit_status
     finally:
         shutil.rmtree(rundir, ignore_errors=True)
+    return bounded_exit(code, stuck, exit_deadline(cfg, pod), cfg.supervisor.exit_timeout,
+                        pod.stop_signal is not None)
+
+
+def exit_deadline(cfg: RunConfig, pod: PodAgent) -> float:
+    """When the agent's cleanup must be over: the latest of its workers' (each set as its
+    trainer's last exit ended its control loop: Worker.run), else --exit-timeout from now."""
+    ends = [w.exit_deadline for w in pod.workers if w.exit_deadline is not None]
+    return max(ends) if ends else time.monotonic() + cfg.supervisor.exit_timeout
+
+
+def bounded_exit(code: int, stuck: list[Stuck], deadline: float, bound: float,
+                 signalled: bool = False) -> int:
+    """``code`` back to the caller (the interpreter's exit), its exit bounded: tasks that
+    did not end are named in one error line and the process ends now (hard_exit: their
+    coroutines would run their ``finally`` blocks outside a loop at finalization, and what
+    did not end once is not trusted to); else the exit guard is armed for threads that
+    would hold the interpreter's exit past ``deadline``. ``signalled``: a stop signal cut
+    the bound (the line says so)."""
+    if stuck:
+        log.error("%s", stuck_line(stuck, code, bound, signalled))
+        if threading.current_thread() is threading.main_thread():
+            hard_exit(code)
+        return code
+    guard_exit(code, deadline, bound, signalled)
+    return code
