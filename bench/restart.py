@@ -425,6 +425,12 @@ def one_run(kind: str, tmp: Path, arbiter: str,
             if crash_wall is not None:
                 result["marks"].update(agent_marks(
                     per_rank, arbiter_timeline(arbiter_log(), job), crash_wall))
+        if result["again"] is None:  # why, on the report line: the agents' faults and the
+            # arbiter's last word (a restart deferred, say: a link another process deleted)
+            timeline = arbiter_timeline(arbiter_log(), job) if job else []
+            result["error"] = (f"not training {AGAIN_TIMEOUT:.0f} s after the crash"
+                               + _what_happened(tmp, job, lines)
+                               + (f"; arbiter: {timeline[-1][1][:200]}" if timeline else ""))
         return result
     finally:
         stop(procs)

@@ -132,6 +132,8 @@ class NodeAgent:
             if sent.kind is FaultKind.NIC and sent.evidence.get("recovered"):
                 self.reporter.settle(key)
                 key = ""
+            elif sent.kind is FaultKind.NIC and sent.evidence.get("guessed"):
+                key = ""  # a warning (detect/nic.py): no recovery will come to settle it
             self.reporter.report(sent, lasting=key)
 
     def health(self) -> list[Health]:
@@ -156,7 +158,10 @@ class NodeAgent:
                 down = []
                 for name in names:
                     st = self.nic.detector.state(name)
-                    if st is not None and st.faulted and not st.up and st.reason:
+                    # a warned outage (a link not named, others up: detect/nic.py) is
+                    # no node condition
+                    if st is not None and st.faulted and not st.warned and not st.up \
+                            and st.reason:
                         down.append((name, st.reason))
                 if down:
                     out.append(Health(NIC_CONDITION, False, reason_of(down[0][1]), "; ".join(

@@ -56,6 +56,7 @@ IFF_LOWER_UP = 0x10000
 SYSFS_NET = "/sys/class/net"
 STATS_LINK_64 = 1  # RTM_GETSTATS filter_mask bit for IFLA_STATS_LINK_64
 RECONCILE_SECONDS = 30.0  # full link dump: corrects anything an event could have missed
+GUESSED = "links up at start"  # select_links' fallback: the job named no link
 
 
 # --------------------------------------------------------------------------- which links
@@ -118,12 +119,15 @@ class LinkSelection:
     ``globs`` (``--nic``) and NCCL include-lists also select links that appear later
     (a device re-created under its name); exclusion lists and the fallback are fixed to
     the links that were up at start, so a container runtime's new veth is not watched.
+    ``guessed``: the fallback (the job named no link): any of them may be the job's path,
+    none is known to be (detect/nic.py judges such a link's outage by the others').
     """
 
     why: str
     globs: tuple[str, ...] = ()
     lists: tuple[NameList, ...] = ()
     fixed: frozenset[str] = frozenset()
+    guessed: bool = False
 
     def watches(self, ifname: str) -> bool:
         if ifname in self.fixed:
@@ -164,7 +168,7 @@ def select_links(nic: Sequence[str], environ: Mapping[str, str],
     if why:
         return LinkSelection(why=", ".join(why), lists=tuple(lists), fixed=frozenset(fixed))
     return LinkSelection(
-        why="links up at start",
+        why=GUESSED, guessed=True,
         fixed=frozenset(ln.ifname for ln in links if ln.up and not ln.loopback))
 
 
@@ -251,6 +255,12 @@ class NicSource:
                 receive_bps=rates.receive.rate if rates else 0.0,
                 transmit_bps=rates.transmit.rate if rates else 0.0))
         return out
+
+    def guessed(self, ifname: str) -> bool:
+        """``ifname`` is watched only as one of the links up at start (the job named none:
+        ``LinkSelection.guessed``), not as a link the job is known to use."""
+        sel = self.selection
+        return sel is not None and sel.guessed and ifname in sel.fixed
 
     def watched(self) -> list[str]:
         return sorted(lk.event.ifname for lk in self._links.values()

@@ -38,9 +38,14 @@ class NicWatch:
 
 
 def build(ctx: WatchContext) -> NicWatch:
-    """Scope NODE with ``--nic-scope node`` (hostNetwork, the node agent), else POD."""
+    """Scope NODE with ``--nic-scope node`` (hostNetwork, the node agent), else POD. The
+    detector asks the source which links it only guessed (up at start, none named): their
+    outages are judged against each other (detect/nic.py)."""
     scope = Scope.NODE if ctx.nic.nic_scope == "node" else Scope.POD
-    detector = NicDetector(ctx.nic.nic_grace, scope=scope)
-    return NicWatch(NicSource(ctx.nic, ctx.trainer_environ, netns=ctx.netns,
-                              flaps=detector.flaps), detector,
+    # each reads the other (the source the detector's flap counts): the detector is
+    # looked up when the first snapshot is taken, after it was built
+    source = NicSource(ctx.nic, ctx.trainer_environ, netns=ctx.netns,
+                       flaps=lambda dev: detector.flaps(dev))
+    detector = NicDetector(ctx.nic.nic_grace, scope=scope, guessed=source.guessed)
+    return NicWatch(source, detector,
                     RdmaSource(ctx.nic, ctx.trainer_environ, flaps=detector.flaps))

@@ -9,7 +9,7 @@ from ftagent.detect.nic import NicDetector
 from ftagent.model import Fault, FaultKind, GpuEvent, LinkEvent, Scope, Severity
 from ftagent.node.agent import NicWatch, NodeAgent, reportable
 from ftagent.node.reports import MAX_LASTING, MAX_PENDING, NodeReporter
-from ftagent.sources.nic import NicSource, link_event, select_links
+from ftagent.sources.nic import InitialLink, NicSource, link_event, select_links
 
 
 def gpu_faults(xid: int) -> list[Fault]:
@@ -96,3 +96,25 @@ def test_flags_node_name_and_default_links(tmp_path: object) -> None:
     os.symlink(root / "devices/pci0000:00/net/eth0", root / "net/eth0")
     os.symlink(root / "devices/virtual/net/veth1", root / "net/veth1")
     assert physical_links(str(root / "net")) == ("eth0",)
+
+
+def test_a_warned_outage_of_an_unnamed_link_neither_lasts_nor_fails_the_condition() -> None:
+    """A link watched only as up at start, down while another such link is up, is a
+    WARNING (detect/nic.py): sent for the record, kept for no later pod (no recovery will
+    settle it) and no NIC condition of the node."""
+    reporter = NodeReporter(["a:1"], "n1", "inst")
+    det = NicDetector(0.5, scope=Scope.NODE, guessed=lambda _: True)
+    source = NicSource(NicConfig(), {})
+    agent = NodeAgent("n1", nic=NicWatch(source, det), reporter=reporter)
+    source.selection = select_links((), {}, [InitialLink("eth0", True),
+                                              InitialLink("veth1", True)])
+    for i, dev in enumerate(("eth0", "veth1"), start=2):
+        source._update(i, link_event(dev, 0x10003, index=i), None, lambda _: None)
+        det.observe(LinkEvent(dev, True, True, ts=1.0))
+    det.observe(LinkEvent("veth1", True, True, deleted=True, ts=2.0))
+    (f,) = det.tick(3.0)
+    assert f.severity is Severity.WARNING
+    agent.on_fault(f)
+    assert f.id in reporter.shards[0].pending and not reporter.lasting
+    (h,) = agent.health()
+    assert h.healthy, h.message

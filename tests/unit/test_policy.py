@@ -233,6 +233,21 @@ def test_nic_down_too_long_replaces_the_rank() -> None:
     assert d.verdict is Verdict.REPLACE and d.rank == 1 and "still down" in d.reason
 
 
+def test_nic_warning_opens_no_outage_and_a_crash_after_it_restarts_at_once() -> None:
+    """The agent's WARNING for a link the job did not name, deleted while another is up
+    (detect/nic.py: another tenant's veth on a shared host) is recorded only: no WAIT, so
+    the job's next crash is not deferred (bench/restart.py's stuck warm restarts)."""
+    j = job()
+    gone = fault(FaultKind.NIC, severity=Severity.WARNING,
+                 evidence={"device": "fl1d0", "reason": "deleted", "guessed": True,
+                           "others_up": ["eth0"]})
+    d = only(run(j, decide_fault(j, rep(gone, rank=0), NOW, CFG)))
+    assert d.verdict is Verdict.ALERT_ONLY and not j.nic_outages
+    j.remember_fault(gone.id)
+    d = only(decide_fault(j, rep(fault(), rank=0), NOW + 1, CFG))
+    assert d.verdict is Verdict.RESTART
+
+
 def test_nic_recovery_without_outage_only_alerts() -> None:
     back = fault(FaultKind.NIC, severity=Severity.INFO, evidence={"recovered": True})
     assert only(decide_fault(job(), rep(back), NOW, CFG)).verdict is Verdict.ALERT_ONLY
