@@ -1,0 +1,182 @@
+"""A job hang's probe at 16,384 ranks: the arbiter's cost per message, before and after.
+
+    .venv/bin/python bench/probe_scale.py [--levels 1024,4096,16384]
+        [--before /work/main] [--after .]
+
+Each tree (``--before``, ``--after``: a checkout of this repository) runs in its own
+child process with that tree first on ``sys.path``, so one run compares two versions of
+the arbiter on the same machine at the same load (the ratios are what to read: the
+machine may be shared). In each child, per level N, simulated ranks speak to a real
+``Registry`` (the object the gRPC server hands every message to; no gRPC, as
+``bench/verdict_scale.py`` drives it): N Hellos, N barrier arrivals (the release), one
+progress summary per rank (every rank's last step 30 s ago), a rank's HANG suspicion
+(DUMP_STACKS to every rank), then every rank's answer in a random order (py-spy text,
+the agent's verdict of life, the flight recorder's summary: ``verdict_scale.answer``),
+each handed to ``Registry.handle`` as serialized protobuf.
+
+Per message kind: the total of the arbiter's time for all N and the worst single
+message. For the answers, the last one (it decides the probe: every rank's stacks and
+flight recorder compared, the RESTART fanned out to every rank) is shown apart from the
+others: ``answers s`` and ``worst ms`` are the N-1 answers that only add a rank's stacks
+(each should cost the same whatever N is), ``decide ms`` the last one. The verdict is
+checked (RESTART naming the simulated culprit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def child(tree: str, levels: list[int], seed: int, keep_gc: bool) -> None:
+    """Run every level with ``tree``'s ftagent; print one JSON line per level."""
+    sys.path.insert(0, os.path.abspath(tree))
+    sys.path.insert(1, HERE)  # verdict_scale's answers (it imports ftagent: tree's, first)
+    import ftagent
+    from ftagent.arbiter.policy import PolicyConfig
+    from ftagent.arbiter.registry import Connection, Registry
+    from ftagent.arbiter.timeline import Timeline
+    from ftagent.v1 import ftagent_pb2 as pb
+    saved = list(sys.path)
+    from verdict_scale import STEP, answer
+    sys.path[:] = saved  # it puts this checkout first: the tree's modules stay first
+
+    where = os.path.dirname(os.path.dirname(os.path.abspath(ftagent.__file__)))
+    for n in levels:
+        reg = Registry(PolicyConfig(max_restarts=100, stacks_timeout=600.0), Timeline(),
+                       None, "bench")
+        conns = [Connection(f"peer-{r}") for r in range(n)]
+        out: dict[str, Any] = {"tree": where, "ranks": n}
+
+        def timed(kind: str, calls: list[Any]) -> None:
+            total, worst = 0.0, 0.0
+            gc.collect()
+            if not keep_gc:  # a full collection's pause is the heap's, not the message's
+                gc.disable()
+            for fn in calls:
+                t0 = time.perf_counter()
+                fn()
+                dt = time.perf_counter() - t0
+                total += dt
+                worst = max(worst, dt)
+            gc.enable()
+            out[kind] = (total, worst)
+
+        def drain() -> list[pb.Command]:
+            got = []
+            for c in conns:
+                while not c.outbox.empty():
+                    item = c.outbox.get_nowait()
+                    if isinstance(item, tuple):
+                        m = pb.ArbiterMessage.FromString(item[0])
+                        if m.WhichOneof("body") == "command":
+                            got.append(m.command)
+            return got
+
+        hellos = [pb.Hello(job="scale", namespace="bench", rank=r, world_size=n,
+                           agent_instance=f"a{r}", pod=f"scale-worker-{r}",
+                           node=f"node-{r // 8}") for r in range(n)]
+        timed("hello", [lambda c=c, h=h: reg.hello(c, h) for c, h in zip(conns, hellos)])
+        arrive = pb.AgentMessage(arrival=pb.BarrierArrival(generation=0))
+        timed("arrival", [lambda c=c: reg.handle(c, arrive, 0.0) for c in conns])
+        drain()
+        now = time.time()
+        prog = pb.AgentMessage(progress=pb.ProgressSummary(step=STEP, ts=now,
+                                                           seconds_since_progress=30.0))
+        timed("progress", [lambda c=c: reg.handle(c, prog, 0.0) for c in conns])
+        culprit = random.Random(seed).randrange(8, n)
+        fault = pb.Fault(id="hang-0", kind=pb.FAULT_KIND_HANG, severity=pb.SEVERITY_WARNING,
+                         message="waiting in all_reduce for 30s",
+                         evidence_json=json.dumps({"waiting_in_collective": True}),
+                         generation=0)
+        timed("fault", [lambda: reg.handle(conns[0], pb.AgentMessage(fault=fault), 0.0)])
+        dumps = [c for c in drain() if c.kind == pb.COMMAND_KIND_DUMP_STACKS]
+        assert len(dumps) == n, f"{len(dumps)} DUMP_STACKS for {n} ranks"
+        order = list(range(n))
+        random.Random(seed).shuffle(order)
+        wire = {r: pb.AgentMessage(stacks=pb.Stacks(
+            command_id=dumps[0].id, json=answer(r, n, 8, {culprit}))).SerializeToString()
+            for r in order}
+        timed("answers", [lambda r=r: reg.handle(conns[r], pb.AgentMessage.FromString(wire[r]),
+                                                 0.0) for r in order[:-1]])
+        timed("decide", [lambda: reg.handle(conns[order[-1]],
+                                            pb.AgentMessage.FromString(wire[order[-1]]), 0.0)])
+        restarts = [c for c in drain() if c.kind == pb.COMMAND_KIND_RESTART]
+        entries = [e for e in reg.timeline.entries("scale", "bench")
+                   if e.kind == "decision" and e.fault_id == "hang-0"
+                   and e.action != "dump_stacks"]
+        named = [c.rank for c in entries[-1].culprits] if entries else []
+        out["verdict"] = entries[-1].action if entries else "none"
+        out["ok"] = out["verdict"] == "restart" and named == [culprit] and \
+            len(restarts) == n
+        out["reason"] = entries[-1].message[:300] if entries else ""
+        print(json.dumps(out), flush=True)
+    others = sorted({os.path.dirname(os.path.dirname(os.path.abspath(m.__file__)))
+                     for k, m in sys.modules.items() if k == "ftagent" and m.__file__})
+    assert others == [where], f"ftagent imported from {others}, not {where}"
+
+
+def run_tree(tree: str, levels: str, seed: int, keep_gc: bool) -> list[dict[str, Any]]:
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", tree, "--levels", levels,
+           "--seed", str(seed)] + (["--gc"] if keep_gc else [])
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the tree decides
+    got = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if got.returncode != 0:
+        raise SystemExit(f"{tree}: exit {got.returncode}\n{got.stderr[-3000:]}")
+    return [json.loads(line) for line in got.stdout.splitlines() if line.startswith("{")]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--levels", default="1024,4096,16384")
+    ap.add_argument("--before", default="/work/main", help="a checkout to compare with "
+                    "('': --after alone)")
+    ap.add_argument("--after", default=os.path.dirname(HERE), help="this checkout "
+                    "('': --before alone)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gc", action="store_true", help="leave Python's garbage collector "
+                    "on while timing (its full collections then land on some message)")
+    ap.add_argument("--child", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
+    if args.child:
+        child(args.child, levels, args.seed, args.gc)
+        return 0
+    print("$ " + " ".join([os.path.relpath(sys.executable), "bench/probe_scale.py"]
+                          + sys.argv[1:]))
+    trees = [(name, tree) for name, tree in (("before", args.before), ("after", args.after))
+             if tree]
+    rows = {name: run_tree(tree, args.levels, args.seed, args.gc) for name, tree in trees}
+    for name, tree in trees:
+        print(f"{name}: {rows[name][0]['tree'] if rows[name] else tree}")
+    kinds = ("hello", "arrival", "progress", "answers")
+    head = f"{'tree':>6} {'ranks':>6}" + "".join(
+        f" {k + ' s':>11} {'worst ms':>9}" for k in kinds) + f" {'decide ms':>10}  verdict"
+    print(head)
+    failed = 0
+    for i, n in enumerate(levels):
+        for name, _ in trees:
+            r = rows[name][i]
+            cells = "".join(f" {r[k][0]:>11.3f} {r[k][1] * 1000:>9.2f}" for k in kinds)
+            ok = "ok" if r["ok"] else f"WRONG: {r['verdict']}: {r['reason']}"
+            failed += not r["ok"]
+            print(f"{name:>6} {n:>6}{cells} {r['decide'][0] * 1000:>10.1f}  {ok}")
+        if len(trees) == 2:
+            b, a = rows["before"][i], rows["after"][i]
+            ratio = "".join(f" {a[k][0] / b[k][0]:>10.2f}x {a[k][1] / b[k][1]:>8.2f}x"
+                            for k in kinds)
+            print(f"{'after/before':>13}{ratio} {a['decide'][0] / b['decide'][0]:>9.2f}x")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
