@@ -25,13 +25,16 @@ checked (RESTART naming the simulated culprit).
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -40,89 +43,101 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def child(tree: str, levels: list[int], seed: int, keep_gc: bool) -> None:
     """Run every level with ``tree``'s ftagent; print one JSON line per level."""
     sys.path.insert(0, os.path.abspath(tree))
-    sys.path.insert(1, HERE)  # verdict_scale's answers (it imports ftagent: tree's, first)
     import ftagent
-    from ftagent.arbiter.policy import PolicyConfig
-    from ftagent.arbiter.registry import Connection, Registry
-    from ftagent.arbiter.timeline import Timeline
-    from ftagent.v1 import ftagent_pb2 as pb
-    saved = list(sys.path)
-    from verdict_scale import STEP, answer
-    sys.path[:] = saved  # it puts this checkout first: the tree's modules stay first
 
     where = os.path.dirname(os.path.dirname(os.path.abspath(ftagent.__file__)))
     for n in levels:
-        reg = Registry(PolicyConfig(max_restarts=100, stacks_timeout=600.0), Timeline(),
-                       None, "bench")
-        conns = [Connection(f"peer-{r}") for r in range(n)]
-        out: dict[str, Any] = {"tree": where, "ranks": n}
-
-        def timed(kind: str, calls: list[Any]) -> None:
-            total, worst = 0.0, 0.0
-            gc.collect()
-            if not keep_gc:  # a full collection's pause is the heap's, not the message's
-                gc.disable()
-            for fn in calls:
-                t0 = time.perf_counter()
-                fn()
-                dt = time.perf_counter() - t0
-                total += dt
-                worst = max(worst, dt)
-            gc.enable()
-            out[kind] = (total, worst)
-
-        def drain() -> list[pb.Command]:
-            got = []
-            for c in conns:
-                while not c.outbox.empty():
-                    item = c.outbox.get_nowait()
-                    if isinstance(item, tuple):
-                        m = pb.ArbiterMessage.FromString(item[0])
-                        if m.WhichOneof("body") == "command":
-                            got.append(m.command)
-            return got
-
-        hellos = [pb.Hello(job="scale", namespace="bench", rank=r, world_size=n,
-                           agent_instance=f"a{r}", pod=f"scale-worker-{r}",
-                           node=f"node-{r // 8}") for r in range(n)]
-        timed("hello", [lambda c=c, h=h: reg.hello(c, h) for c, h in zip(conns, hellos)])
-        arrive = pb.AgentMessage(arrival=pb.BarrierArrival(generation=0))
-        timed("arrival", [lambda c=c: reg.handle(c, arrive, 0.0) for c in conns])
-        drain()
-        now = time.time()
-        prog = pb.AgentMessage(progress=pb.ProgressSummary(step=STEP, ts=now,
-                                                           seconds_since_progress=30.0))
-        timed("progress", [lambda c=c: reg.handle(c, prog, 0.0) for c in conns])
-        culprit = random.Random(seed).randrange(8, n)
-        fault = pb.Fault(id="hang-0", kind=pb.FAULT_KIND_HANG, severity=pb.SEVERITY_WARNING,
-                         message="waiting in all_reduce for 30s",
-                         evidence_json=json.dumps({"waiting_in_collective": True}),
-                         generation=0)
-        timed("fault", [lambda: reg.handle(conns[0], pb.AgentMessage(fault=fault), 0.0)])
-        dumps = [c for c in drain() if c.kind == pb.COMMAND_KIND_DUMP_STACKS]
-        assert len(dumps) == n, f"{len(dumps)} DUMP_STACKS for {n} ranks"
-        order = list(range(n))
-        random.Random(seed).shuffle(order)
-        wire = {r: pb.AgentMessage(stacks=pb.Stacks(
-            command_id=dumps[0].id, json=answer(r, n, 8, {culprit}))).SerializeToString()
-            for r in order}
-        timed("answers", [lambda r=r: reg.handle(conns[r], pb.AgentMessage.FromString(wire[r]),
-                                                 0.0) for r in order[:-1]])
-        timed("decide", [lambda: reg.handle(conns[order[-1]],
-                                            pb.AgentMessage.FromString(wire[order[-1]]), 0.0)])
-        restarts = [c for c in drain() if c.kind == pb.COMMAND_KIND_RESTART]
-        entries = [e for e in reg.timeline.entries("scale", "bench")
-                   if e.kind == "decision" and e.fault_id == "hang-0"
-                   and e.action != "dump_stacks"]
-        named = [c.rank for c in entries[-1].culprits] if entries else []
-        out["verdict"] = entries[-1].action if entries else "none"
-        out["ok"] = out["verdict"] == "restart" and named == [culprit] and \
-            len(restarts) == n
-        out["reason"] = entries[-1].message[:300] if entries else ""
+        out = level(n, seed, keep_gc)
+        out["tree"] = where
         print(json.dumps(out), flush=True)
     others = sorted({os.path.dirname(os.path.dirname(os.path.abspath(m.__file__)))
                      for k, m in sys.modules.items() if k == "ftagent" and m.__file__})
     assert others == [where], f"ftagent imported from {others}, not {where}"
+
+
+def timed(calls: list[Callable[[], object]], keep_gc: bool) -> tuple[float, float, float]:
+    """(total, median, worst) seconds of ``calls``, each timed alone."""
+    took = []
+    gc.collect()
+    if not keep_gc:  # a full collection's pause is the heap's, not the message's
+        gc.disable()
+    try:
+        for fn in calls:
+            t0 = time.perf_counter()
+            fn()
+            took.append(time.perf_counter() - t0)
+    finally:
+        gc.enable()
+    return sum(took), statistics.median(took), max(took)
+
+
+def level(n: int, seed: int, keep_gc: bool) -> dict[str, Any]:
+    """One job of ``n`` ranks through its start and one hang probe (module docstring)."""
+    from ftagent.arbiter.policy import PolicyConfig
+    from ftagent.arbiter.registry import Connection, Registry
+    from ftagent.arbiter.timeline import Timeline
+    from ftagent.v1 import ftagent_pb2 as pb
+
+    saved = list(sys.path)
+    sys.path.insert(1, HERE)
+    from verdict_scale import STEP, answer  # it imports ftagent: the tree's, loaded first
+    sys.path[:] = saved  # it puts this checkout first: the tree's modules stay first
+
+    reg = Registry(PolicyConfig(max_restarts=100, stacks_timeout=600.0), Timeline(),
+                   None, "bench")
+    conns = [Connection(f"peer-{r}") for r in range(n)]
+
+    def drain() -> list[pb.Command]:
+        got = []
+        for c in conns:
+            while not c.outbox.empty():
+                item = c.outbox.get_nowait()
+                if isinstance(item, tuple):
+                    m = pb.ArbiterMessage.FromString(item[0])
+                    if m.WhichOneof("body") == "command":
+                        got.append(m.command)
+        return got
+
+    def send(c: Connection, m: pb.AgentMessage) -> Callable[[], object]:
+        return lambda: reg.handle(c, m, 0.0)
+
+    def say(c: Connection, data: bytes) -> Callable[[], object]:  # parsed as on the wire
+        return lambda: reg.handle(c, pb.AgentMessage.FromString(data), 0.0)
+
+    out: dict[str, Any] = {"ranks": n}
+    out["hello"] = timed([functools.partial(reg.hello, c, pb.Hello(
+        job="scale", namespace="bench", rank=r, world_size=n, agent_instance=f"a{r}",
+        pod=f"scale-worker-{r}", node=f"node-{r // 8}")) for r, c in enumerate(conns)],
+        keep_gc)
+    arrive = pb.AgentMessage(arrival=pb.BarrierArrival(generation=0))
+    out["arrival"] = timed([send(c, arrive) for c in conns], keep_gc)
+    drain()
+    prog = pb.AgentMessage(progress=pb.ProgressSummary(step=STEP, ts=time.time(),
+                                                       seconds_since_progress=30.0))
+    out["progress"] = timed([send(c, prog) for c in conns], keep_gc)
+    culprit = random.Random(seed).randrange(8, n)
+    fault = pb.Fault(id="hang-0", kind=pb.FAULT_KIND_HANG, severity=pb.SEVERITY_WARNING,
+                     message="waiting in all_reduce for 30s",
+                     evidence_json=json.dumps({"waiting_in_collective": True}), generation=0)
+    out["fault"] = timed([send(conns[0], pb.AgentMessage(fault=fault))], keep_gc)
+    dumps = [c for c in drain() if c.kind == pb.COMMAND_KIND_DUMP_STACKS]
+    assert len(dumps) == n, f"{len(dumps)} DUMP_STACKS for {n} ranks"
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    wire = {r: pb.AgentMessage(stacks=pb.Stacks(
+        command_id=dumps[0].id, json=answer(r, n, 8, {culprit}))).SerializeToString()
+        for r in order}
+    out["answers"] = timed([say(conns[r], wire[r]) for r in order[:-1]], keep_gc)
+    out["decide"] = timed([say(conns[order[-1]], wire[order[-1]])], keep_gc)
+    restarts = [c for c in drain() if c.kind == pb.COMMAND_KIND_RESTART]
+    entries = [e for e in reg.timeline.entries("scale", "bench")
+               if e.kind == "decision" and e.fault_id == "hang-0"
+               and e.action != "dump_stacks"]
+    named = [c.rank for c in entries[-1].culprits] if entries else []
+    out["verdict"] = entries[-1].action if entries else "none"
+    out["ok"] = out["verdict"] == "restart" and named == [culprit] and len(restarts) == n
+    out["reason"] = entries[-1].message[:300] if entries else ""
+    return out
 
 
 def run_tree(tree: str, levels: str, seed: int, keep_gc: bool) -> list[dict[str, Any]]:
@@ -159,21 +174,22 @@ def main() -> int:
     for name, tree in trees:
         print(f"{name}: {rows[name][0]['tree'] if rows[name] else tree}")
     kinds = ("hello", "arrival", "progress", "answers")
-    head = f"{'tree':>6} {'ranks':>6}" + "".join(
-        f" {k + ' s':>11} {'worst ms':>9}" for k in kinds) + f" {'decide ms':>10}  verdict"
-    print(head)
+    print(f"{'':>13}" + "".join(f" {k:>25}" for k in kinds) + f" {'decide':>10}")
+    print(f"{'tree':>6} {'ranks':>6}" + f" {'all s':>8} {'p50 us':>7} {'max ms':>8}" * 4
+          + f" {'ms':>10}  verdict")
     failed = 0
     for i, n in enumerate(levels):
         for name, _ in trees:
             r = rows[name][i]
-            cells = "".join(f" {r[k][0]:>11.3f} {r[k][1] * 1000:>9.2f}" for k in kinds)
+            cells = "".join(f" {r[k][0]:>8.3f} {r[k][1] * 1e6:>7.0f} {r[k][2] * 1000:>8.2f}"
+                            for k in kinds)
             ok = "ok" if r["ok"] else f"WRONG: {r['verdict']}: {r['reason']}"
             failed += not r["ok"]
             print(f"{name:>6} {n:>6}{cells} {r['decide'][0] * 1000:>10.1f}  {ok}")
         if len(trees) == 2:
             b, a = rows["before"][i], rows["after"][i]
-            ratio = "".join(f" {a[k][0] / b[k][0]:>10.2f}x {a[k][1] / b[k][1]:>8.2f}x"
-                            for k in kinds)
+            ratio = "".join(f" {a[k][0] / b[k][0]:>7.2f}x {a[k][1] / b[k][1]:>6.2f}x "
+                            f"{a[k][2] / b[k][2]:>7.2f}x" for k in kinds)
             print(f"{'after/before':>13}{ratio} {a['decide'][0] / b['decide'][0]:>9.2f}x")
     return 1 if failed else 0
 
