@@ -40,14 +40,14 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def child(tree: str, levels: list[int], seed: int, keep_gc: bool) -> None:
+def child(tree: str, levels: list[int], seed: int, keep_gc: bool, timed_steps: bool) -> None:
     """Run every level with ``tree``'s ftagent; print one JSON line per level."""
     sys.path.insert(0, os.path.abspath(tree))
     import ftagent
 
     where = os.path.dirname(os.path.dirname(os.path.abspath(ftagent.__file__)))
     for n in levels:
-        out = level(n, seed, keep_gc)
+        out = level(n, seed, keep_gc, timed_steps)
         out["tree"] = where
         print(json.dumps(out), flush=True)
     others = sorted({os.path.dirname(os.path.dirname(os.path.abspath(m.__file__)))
@@ -71,7 +71,7 @@ def timed(calls: list[Callable[[], object]], keep_gc: bool) -> tuple[float, floa
     return sum(took), statistics.median(took), max(took)
 
 
-def level(n: int, seed: int, keep_gc: bool) -> dict[str, Any]:
+def level(n: int, seed: int, keep_gc: bool, timed_steps: bool) -> dict[str, Any]:
     """One job of ``n`` ranks through its start and one hang probe (module docstring)."""
     from ftagent.arbiter.policy import PolicyConfig
     from ftagent.arbiter.registry import Connection, Registry
@@ -115,6 +115,11 @@ def level(n: int, seed: int, keep_gc: bool) -> dict[str, Any]:
     prog = pb.AgentMessage(progress=pb.ProgressSummary(step=STEP, ts=time.time(),
                                                        seconds_since_progress=30.0))
     out["progress"] = timed([send(c, prog) for c in conns], keep_gc)
+    if timed_steps:  # summaries with step timings (instrument(): waits in collectives)
+        steps = pb.AgentMessage(progress=pb.ProgressSummary(
+            step=STEP, ts=time.time(), seconds_since_progress=30.0, step_seconds=1.0,
+            collective_seconds=0.4, data_seconds=0.05, timed_steps=8))
+        out["timed"] = timed([send(c, steps) for c in conns], keep_gc)
     culprit = random.Random(seed).randrange(8, n)
     fault = pb.Fault(id="hang-0", kind=pb.FAULT_KIND_HANG, severity=pb.SEVERITY_WARNING,
                      message="waiting in all_reduce for 30s",
@@ -140,9 +145,11 @@ def level(n: int, seed: int, keep_gc: bool) -> dict[str, Any]:
     return out
 
 
-def run_tree(tree: str, levels: str, seed: int, keep_gc: bool) -> list[dict[str, Any]]:
+def run_tree(tree: str, levels: str, seed: int, keep_gc: bool,
+             timed_steps: bool) -> list[dict[str, Any]]:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", tree, "--levels", levels,
-           "--seed", str(seed)] + (["--gc"] if keep_gc else [])
+           "--seed", str(seed)] + (["--gc"] if keep_gc else []) + \
+        (["--timed"] if timed_steps else [])
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the tree decides
     got = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if got.returncode != 0:
@@ -160,22 +167,25 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--gc", action="store_true", help="leave Python's garbage collector "
                     "on while timing (its full collections then land on some message)")
+    ap.add_argument("--timed", action="store_true", help="also one round of summaries "
+                    "with step timings (an instrumented job's: the straggler comparison)")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     if args.child:
-        child(args.child, levels, args.seed, args.gc)
+        child(args.child, levels, args.seed, args.gc, args.timed)
         return 0
     print("$ " + " ".join([os.path.relpath(sys.executable), "bench/probe_scale.py"]
                           + sys.argv[1:]))
     trees = [(name, tree) for name, tree in (("before", args.before), ("after", args.after))
              if tree]
-    rows = {name: run_tree(tree, args.levels, args.seed, args.gc) for name, tree in trees}
+    rows = {name: run_tree(tree, args.levels, args.seed, args.gc, args.timed)
+            for name, tree in trees}
     for name, tree in trees:
         print(f"{name}: {rows[name][0]['tree'] if rows[name] else tree}")
-    kinds = ("hello", "arrival", "progress", "answers")
+    kinds = ("hello", "arrival", "progress", "answers") + (("timed",) if args.timed else ())
     print(f"{'':>13}" + "".join(f" {k:>25}" for k in kinds) + f" {'decide':>10}")
-    print(f"{'tree':>6} {'ranks':>6}" + f" {'all s':>8} {'p50 us':>7} {'max ms':>8}" * 4
+    print(f"{'tree':>6} {'ranks':>6}" + f" {'all s':>8} {'p50 us':>7} {'max ms':>8}" * len(kinds)
           + f" {'ms':>10}  verdict")
     failed = 0
     for i, n in enumerate(levels):

@@ -15,7 +15,15 @@ from typing import Any
 import pytest
 
 from ftagent.arbiter import straggler
-from ftagent.arbiter.straggler import RankTiming, assess, slowdown
+from ftagent.arbiter.straggler import (
+    STALE_AFTER,
+    JobTimings,
+    RankTiming,
+    StragglerConfig,
+    StragglerWatch,
+    assess,
+    slowdown,
+)
 
 
 def assess_per_rank(timed: Mapping[int, RankTiming], ratio: float) -> dict[int, dict[str, Any]]:
@@ -98,3 +106,54 @@ def test_a_big_job_is_compared_in_one_sort_per_value(monkeypatch: pytest.MonkeyP
     assert sorted_values[0] <= 5 * n
     assert slowdown(timed, 0.8) > 0
     assert sorted_values[0] <= 12 * n
+
+
+def recomputed(jt: JobTimings, now: float) -> float:
+    """The share as it was computed on every summary: from every rank's latest timing."""
+    fresh = {r: t for r, (at, t) in jt.latest.items() if now - at <= STALE_AFTER}
+    return slowdown(fresh, jt.watch.cfg.ratio)
+
+
+@pytest.mark.parametrize("seed", range(150))
+def test_the_kept_share_is_the_share_recomputed_from_every_rank(seed: int) -> None:
+    rng = random.Random(seed)
+    jt = JobTimings(StragglerWatch(StragglerConfig(ratio=rng.choice((0.5, 0.8, 0.95)))))
+    now, world = 1000.0, rng.randint(1, 10)
+    for _ in range(150):
+        roll = rng.random()
+        if roll < 0.6:
+            r = rng.randrange(world)
+            step = rng.choice((0.0, 0.5, 1.0, 1.0, 2.0))
+            jt.note(RankTiming(r, "", step, rng.choice((0.0, 0.2, 0.4, 0.9, step)),
+                               rng.choice((0.0, 0.0, 0.05, 0.3))), now)
+        elif roll < 0.85:
+            now += rng.choice((0.0, 0.5, 3.0, 12.0, STALE_AFTER))
+        elif roll < 0.9:
+            now -= rng.choice((1.0, 20.0, 40.0))  # the wall clock set back
+        elif roll < 0.95:
+            jt.assess_job(jt.generation + rng.randint(0, 1), range(world), now)
+        assert jt.slowdown(now) == recomputed(jt, now)
+
+
+def test_a_summary_of_a_big_job_reads_no_other_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each summary recomputed the share from every rank's timing (the O(n) dict of the
+    fresh ones at least, then the comparison); kept, a summary reads none."""
+    n = 4096
+    jt = JobTimings(StragglerWatch(StragglerConfig()))
+    for r in range(n):
+        jt.note(RankTiming(r, "", 1.0, 0.4, 0.05), 1000.0)
+    jt.note(RankTiming(17, "", 1.0, 0.0, 0.05), 1000.0)  # computes the whole step: slow
+    expected = recomputed(jt, 1001.0)
+    assert expected > 0
+    calls = [0]
+    real = straggler.assess
+
+    def counted(timed: Mapping[int, RankTiming], ratio: float) -> dict[int, dict[str, Any]]:
+        calls[0] += len(timed)
+        return real(timed, ratio)
+
+    monkeypatch.setattr(straggler, "assess", counted)
+    for r in range(100):
+        jt.note(RankTiming(r + 100, "", 1.0, 0.4, 0.05), 1001.0)
+        assert jt.slowdown(1001.0) == expected
+    assert calls[0] == 0
