@@ -1,7 +1,7 @@
 """A job hang's probe at 16,384 ranks: the arbiter's cost per message, before and after.
 
     .venv/bin/python bench/probe_scale.py [--levels 1024,4096,16384]
-        [--before /work/main] [--after .]
+        [--before /work/main] [--after .] [--timed] [--replicas] [--gc]
 
 Each tree (``--before``, ``--after``: a checkout of this repository) runs in its own
 child process with that tree first on ``sys.path``, so one run compares two versions of
@@ -20,6 +20,12 @@ flight recorder compared, the RESTART fanned out to every rank) is shown apart f
 others: ``answers s`` and ``worst ms`` are the N-1 answers that only add a rank's stacks
 (each should cost the same whatever N is), ``decide ms`` the last one. The verdict is
 checked (RESTART naming the simulated culprit).
+
+``--timed``: then one summary per rank with step timings, as an instrumented trainer's
+(waits in collectives and for data: the straggler share the ledger takes from each).
+``--replicas``: the agents hold snapshot replicas (``Hello.replica_port``), and after the
+probe every pod comes back with a new address and its agent says Hello again
+(``rehello``: the arbiter's ring of replica holders is then recomputed per Hello).
 """
 
 from __future__ import annotations
@@ -40,14 +46,15 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def child(tree: str, levels: list[int], seed: int, keep_gc: bool, timed_steps: bool) -> None:
+def child(tree: str, levels: list[int], seed: int, keep_gc: bool, timed_steps: bool,
+          replicas: bool) -> None:
     """Run every level with ``tree``'s ftagent; print one JSON line per level."""
     sys.path.insert(0, os.path.abspath(tree))
     import ftagent
 
     where = os.path.dirname(os.path.dirname(os.path.abspath(ftagent.__file__)))
     for n in levels:
-        out = level(n, seed, keep_gc, timed_steps)
+        out = level(n, seed, keep_gc, timed_steps, replicas)
         out["tree"] = where
         print(json.dumps(out), flush=True)
     others = sorted({os.path.dirname(os.path.dirname(os.path.abspath(m.__file__)))
@@ -71,7 +78,8 @@ def timed(calls: list[Callable[[], object]], keep_gc: bool) -> tuple[float, floa
     return sum(took), statistics.median(took), max(took)
 
 
-def level(n: int, seed: int, keep_gc: bool, timed_steps: bool) -> dict[str, Any]:
+def level(n: int, seed: int, keep_gc: bool, timed_steps: bool,
+          replicas: bool) -> dict[str, Any]:
     """One job of ``n`` ranks through its start and one hang probe (module docstring)."""
     from ftagent.arbiter.policy import PolicyConfig
     from ftagent.arbiter.registry import Connection, Registry
@@ -85,7 +93,9 @@ def level(n: int, seed: int, keep_gc: bool, timed_steps: bool) -> dict[str, Any]
 
     reg = Registry(PolicyConfig(max_restarts=100, stacks_timeout=600.0), Timeline(),
                    None, "bench")
-    conns = [Connection(f"peer-{r}") for r in range(n)]
+    # a stream's peer as grpc names it: with --replicas, the agents' replica holders are
+    # at its host
+    conns = [Connection(f"ipv4:10.0.{r // 256}.{r % 256}:5000") for r in range(n)]
 
     def drain() -> list[pb.Command]:
         got = []
@@ -107,7 +117,8 @@ def level(n: int, seed: int, keep_gc: bool, timed_steps: bool) -> dict[str, Any]
     out: dict[str, Any] = {"ranks": n}
     out["hello"] = timed([functools.partial(reg.hello, c, pb.Hello(
         job="scale", namespace="bench", rank=r, world_size=n, agent_instance=f"a{r}",
-        pod=f"scale-worker-{r}", node=f"node-{r // 8}")) for r, c in enumerate(conns)],
+        pod=f"scale-worker-{r}", node=f"node-{r // 8}", replica_port=7000 if replicas else 0))
+        for r, c in enumerate(conns)],
         keep_gc)
     arrive = pb.AgentMessage(arrival=pb.BarrierArrival(generation=0))
     out["arrival"] = timed([send(c, arrive) for c in conns], keep_gc)
@@ -142,14 +153,22 @@ def level(n: int, seed: int, keep_gc: bool, timed_steps: bool) -> dict[str, Any]
     out["verdict"] = entries[-1].action if entries else "none"
     out["ok"] = out["verdict"] == "restart" and named == [culprit] and len(restarts) == n
     out["reason"] = entries[-1].message[:300] if entries else ""
+    if replicas:  # every pod recreated (a new address each), its agent says Hello again
+        again = [Connection(f"ipv4:10.1.{r // 256}.{r % 256}:5000") for r in range(n)]
+        for c in conns:
+            reg.disconnect(c)
+        out["rehello"] = timed([functools.partial(reg.hello, c, pb.Hello(
+            job="scale", namespace="bench", rank=r, world_size=n, generation=1,
+            agent_instance=f"b{r}", pod=f"scale-worker-{r}-new", node=f"node-{r // 8}-new",
+            replica_port=7000)) for r, c in enumerate(again)], keep_gc)
     return out
 
 
 def run_tree(tree: str, levels: str, seed: int, keep_gc: bool,
-             timed_steps: bool) -> list[dict[str, Any]]:
+             timed_steps: bool, replicas: bool) -> list[dict[str, Any]]:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", tree, "--levels", levels,
            "--seed", str(seed)] + (["--gc"] if keep_gc else []) + \
-        (["--timed"] if timed_steps else [])
+        (["--timed"] if timed_steps else []) + (["--replicas"] if replicas else [])
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the tree decides
     got = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if got.returncode != 0:
@@ -169,21 +188,26 @@ def main() -> int:
                     "on while timing (its full collections then land on some message)")
     ap.add_argument("--timed", action="store_true", help="also one round of summaries "
                     "with step timings (an instrumented job's: the straggler comparison)")
+    ap.add_argument("--replicas", action="store_true", help="the agents hold snapshot "
+                    "replicas (Hello.replica_port), and after the probe every pod comes "
+                    "back with a new address and says Hello again (rehello)")
     ap.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     if args.child:
-        child(args.child, levels, args.seed, args.gc, args.timed)
+        child(args.child, levels, args.seed, args.gc, args.timed, args.replicas)
         return 0
     print("$ " + " ".join([os.path.relpath(sys.executable), "bench/probe_scale.py"]
                           + sys.argv[1:]))
     trees = [(name, tree) for name, tree in (("before", args.before), ("after", args.after))
              if tree]
-    rows = {name: run_tree(tree, args.levels, args.seed, args.gc, args.timed)
+    rows = {name: run_tree(tree, args.levels, args.seed, args.gc, args.timed,
+                           args.replicas)
             for name, tree in trees}
     for name, tree in trees:
         print(f"{name}: {rows[name][0]['tree'] if rows[name] else tree}")
-    kinds = ("hello", "arrival", "progress", "answers") + (("timed",) if args.timed else ())
+    kinds = ("hello", "arrival", "progress", "answers") + (("timed",) if args.timed else ()) \
+        + (("rehello",) if args.replicas else ())
     print(f"{'':>13}" + "".join(f" {k:>25}" for k in kinds) + f" {'decide':>10}")
     print(f"{'tree':>6} {'ranks':>6}" + f" {'all s':>8} {'p50 us':>7} {'max ms':>8}" * len(kinds)
           + f" {'ms':>10}  verdict")
