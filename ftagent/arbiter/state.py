@@ -205,7 +205,7 @@ class HangProbe:
     # probe is decided when it is empty (policy.decide_stacks reads its size, no scan of
     # the ranks per answer: 16,384 answers cost 16,384, not 16,384^2). Built by ``apply``
     # at the probe's first answer (its one pass over the ranks), then kept rank by rank
-    # as they answer, leave and come back (``_index_owing``). None: not built (no answer
+    # as they answer, leave and come back (``_index_rank``). None: not built (no answer
     # yet, or stacks written by hand, not applied): the policy scans the ranks.
     owing: set[int] | None = None
 
@@ -545,7 +545,8 @@ def succeeded(rs: RankState, generation: int) -> bool:
 
 
 def _index_ranks(job: JobState, d: Change) -> None:
-    """Keep ``job.loud`` and ``job.succeeded`` after ``d``. The ranks a change can move in
+    """Keep ``job.loud``, ``job.succeeded`` and the hang probe's ``owing`` (once built)
+    after ``d``. The ranks a change can move in
     or out: the rank of an agent's message; a command's targets (``_commanded`` set their
     states, what they were told, a released barrier's generation); every rank for a new
     generation or a command to every rank."""
