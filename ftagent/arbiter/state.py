@@ -546,10 +546,9 @@ def succeeded(rs: RankState, generation: int) -> bool:
 
 def _index_ranks(job: JobState, d: Change) -> None:
     """Keep ``job.loud``, ``job.succeeded`` and the hang probe's ``owing`` (once built)
-    after ``d``. The ranks a change can move in
-    or out: the rank of an agent's message; a command's targets (``_commanded`` set their
-    states, what they were told, a released barrier's generation); every rank for a new
-    generation or a command to every rank."""
+    after ``d``. The ranks a change can move in or out: the rank of an agent's message; a
+    command's targets (``_commanded`` set their states, what they were told, a released
+    barrier's generation); every rank for a new generation or a command to every rank."""
     told = d.targets if isinstance(d, Decision) and d.verdict in COMMANDS else None
     if job.quiet_generation != job.generation or told == ():  # a command to every rank
         g = job.generation
