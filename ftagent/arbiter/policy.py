@@ -409,9 +409,12 @@ def decide_stacks(job: JobState, now: float, cfg: PolicyConfig, *,
     probe = job.hang_probe
     if probe is None:
         return []
-    connected = [r for r in job.ranks.values() if r.connected]
-    if not force and any(r.stack is None for r in connected):
-        return []
+    if not force:  # a connected rank has not answered yet: wait for it
+        if probe.owing is not None:  # kept by state.apply: no scan per answer
+            if probe.owing:
+                return []
+        elif any(r.connected and r.stack is None for r in job.ranks.values()):
+            return []  # not counted (stacks written without apply): the ranks scanned
     steps = {r.rank: r.step for r in job.ranks.values()}
     stacks = {r.rank: r.stack for r in job.ranks.values() if r.stack is not None}
     got = f"stacks from {len(stacks)}/{job.world_size} ranks"

@@ -201,6 +201,13 @@ class HangProbe:
     rank: int
     deadline: float
     exit_status: int | None = None
+    # The connected ranks that have not answered yet (``RankState.stack`` None): the
+    # probe is decided when it is empty (policy.decide_stacks reads its size, no scan of
+    # the ranks per answer: 16,384 answers cost 16,384, not 16,384^2). Built by ``apply``
+    # at the probe's first answer (its one pass over the ranks), then kept rank by rank
+    # as they answer, leave and come back (``_index_rank``). None: not built (no answer
+    # yet, or stacks written by hand, not applied): the policy scans the ranks.
+    owing: set[int] | None = None
 
 
 @dataclass(slots=True)
@@ -538,16 +545,19 @@ def succeeded(rs: RankState, generation: int) -> bool:
 
 
 def _index_ranks(job: JobState, d: Change) -> None:
-    """Keep ``job.loud`` and ``job.succeeded`` after ``d``. The ranks a change can move in
-    or out: the rank of an agent's message; a command's targets (``_commanded`` set their
-    states, what they were told, a released barrier's generation); every rank for a new
-    generation or a command to every rank."""
+    """Keep ``job.loud``, ``job.succeeded`` and the hang probe's ``owing`` (once built)
+    after ``d``. The ranks a change can move in or out: the rank of an agent's message; a
+    command's targets (``_commanded`` set their states, what they were told, a released
+    barrier's generation); every rank for a new generation or a command to every rank."""
     told = d.targets if isinstance(d, Decision) and d.verdict in COMMANDS else None
     if job.quiet_generation != job.generation or told == ():  # a command to every rank
         g = job.generation
         job.loud = {r for r, rs in job.ranks.items() if rs.connected and not quiet(rs, g)}
         job.succeeded = {r for r, rs in job.ranks.items() if succeeded(rs, g)}
         job.quiet_generation = g
+        probe = job.hang_probe
+        if probe is not None and probe.owing is not None:  # a pass over every rank anyway
+            probe.owing = owing(job)
         return
     if isinstance(d, Decision):
         for r in told or ():  # a command to some ranks: theirs, O(targets)
@@ -558,8 +568,20 @@ def _index_ranks(job: JobState, d: Change) -> None:
         _index_rank(job, rank)
 
 
+def owing(job: JobState) -> set[int]:
+    """The connected ranks that have not answered the job's hang probe (a pass over every
+    rank: ``HangProbe.owing`` is this, kept by ``apply``)."""
+    return {r for r, rs in job.ranks.items() if rs.connected and rs.stack is None}
+
+
 def _index_rank(job: JobState, rank: int) -> None:
     rs = job.ranks.get(rank)
+    probe = job.hang_probe
+    if probe is not None and probe.owing is not None:  # ``HangProbe.owing``, this rank's
+        if rs is not None and rs.connected and rs.stack is None:
+            probe.owing.add(rank)
+        else:
+            probe.owing.discard(rank)
     g = job.generation
     if rs is not None and rs.connected and not quiet(rs, g):
         job.loud.add(rank)
@@ -824,6 +846,9 @@ def _settle(job: JobState) -> Settled | None:
 def _stacks_in(job: JobState, c: StacksIn, now: float) -> None:
     rs = job.ranks[c.rank]
     rs.stack, rs.fr = c.signature, c.fr
+    probe = job.hang_probe
+    if probe is not None and probe.owing is None:  # the probe's first answer: who owes one
+        probe.owing = owing(job)
 
 
 def _registered(job: JobState, c: Registered, now: float) -> None:

@@ -1,0 +1,309 @@
+"""A job hang probe's answers cost O(1) each: who still owes stacks is kept, not scanned.
+
+``state.apply`` keeps ``HangProbe.owing`` (the connected ranks that have not answered the
+probe) from its first answer on; ``policy.decide_stacks`` reads its size. Before it, every
+answer scanned every rank (``any(r.stack is None for r in connected)``): 16,384 answers
+cost about 1.3e8 rank reads on the arbiter's one loop (bench/probe_scale.py). The checks
+here count the ranks an answer reads (the old code fails them without any timing), and
+compare the kept set with a recount, and the decisions with the policy's full scan,
+through answers, departures, reconnections, a new agent process, a spare's promotion, an
+arbiter restart and the deadline's ``force``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from ftagent.arbiter.policy import PolicyConfig, decide_stacks, decide_tick
+from ftagent.arbiter.registry import Connection, Registry
+from ftagent.arbiter.state import (
+    Decision,
+    JobState,
+    Left,
+    Promoted,
+    RankState,
+    Registered,
+    Revived,
+    SpareJoined,
+    StacksIn,
+    Verdict,
+    apply,
+    owing,
+)
+from ftagent.arbiter.timeline import Timeline
+from ftagent.v1 import ftagent_pb2 as pb
+
+NOW = 1000.0
+CFG = PolicyConfig(stacks_timeout=15.0)
+WAITING = "wait (distributed_c10d.py:4000) < all_reduce (distributed_c10d.py:2800)"
+
+
+class CountingRanks(dict[int, RankState]):
+    """``JobState.ranks`` that counts the RankStates read out of it."""
+
+    reads = 0
+
+    def __getitem__(self, k: int) -> RankState:
+        CountingRanks.reads += 1
+        return super().__getitem__(k)
+
+    def get(self, k: int, default: Any = None) -> Any:  # type: ignore[override]
+        CountingRanks.reads += 1
+        return super().get(k, default)
+
+    def values(self) -> Iterator[RankState]:  # type: ignore[override]
+        for v in super().values():
+            CountingRanks.reads += 1
+            yield v
+
+    def items(self) -> Iterator[tuple[int, RankState]]:  # type: ignore[override]
+        for kv in super().items():
+            CountingRanks.reads += 1
+            yield kv
+
+
+def commands(conn: Connection) -> list[int]:
+    """The kinds of the commands queued on ``conn`` (its outbox drained)."""
+    out = []
+    while not conn.outbox.empty():
+        item = conn.outbox.get_nowait()
+        if isinstance(item, tuple):
+            m = pb.ArbiterMessage.FromString(item[0])
+            if m.WhichOneof("body") == "command":
+                out.append(m.command.kind)
+    return out
+
+
+def hello(rank: int, world: int, instance: str = "a") -> Registered:
+    return Registered(rank=rank, pod=f"pod-{rank}", node="n", state="running",
+                      instance=f"{instance}{rank}", pod_uid="", gpus=(), generation=0,
+                      released_generation=0, running=True, restart_count=0,
+                      world_size=world, alert_only=False, conn=object())
+
+
+def dump(job: JobState, fault_id: str = "hang-1") -> Decision:
+    return Decision(Verdict.DUMP_STACKS, "job hang", job.generation, rank=0,
+                    fault_id=fault_id, until=NOW + CFG.stacks_timeout, pending=True)
+
+
+def probed(world: int) -> JobState:
+    job = JobState(job="j", world_size=world)
+    for r in range(world):
+        apply(job, hello(r, world), NOW)
+    apply(job, dump(job), NOW)
+    return job
+
+
+def scanned(job: JobState, now: float, force: bool = False) -> list[Decision]:
+    """What the policy decides by its full scan of the ranks (no kept set)."""
+    probe = job.hang_probe
+    kept = probe.owing if probe is not None else None
+    if probe is not None:
+        probe.owing = None
+    try:
+        return decide_stacks(job, now, CFG, force=force)
+    finally:
+        if probe is not None:
+            probe.owing = kept
+
+
+@pytest.mark.parametrize("world", [64, 1024])
+def test_an_answer_reads_no_rank_while_others_still_owe_one(world: int) -> None:
+    """The old policy read every rank on every answer (``world`` reads, O(n^2) a probe)."""
+    job = probed(world)
+    for r in range(world // 2):
+        apply(job, StacksIn(r, WAITING, None), NOW)
+    job.ranks = CountingRanks(job.ranks)
+    CountingRanks.reads = 0
+    for r in range(world // 2, world - 1):
+        apply(job, StacksIn(r, WAITING, None), NOW)
+        assert decide_stacks(job, NOW, CFG) == []
+    per_answer = CountingRanks.reads / (world - 1 - world // 2)
+    assert per_answer <= 3, f"{per_answer:.0f} rank reads per answer at {world} ranks"
+    apply(job, StacksIn(world - 1, WAITING, None), NOW)
+    (d,) = decide_stacks(job, NOW, CFG)  # the last answer decides (one pass, once)
+    assert d.verdict is Verdict.RESTART and f"stacks from {world}/{world} ranks" in d.reason
+
+
+def test_an_answer_through_the_registry_reads_a_bounded_number_of_ranks() -> None:
+    """The message path end to end (``Registry.handle``: check, parse, apply, decide)."""
+    world = 512
+    reg = Registry(PolicyConfig(max_restarts=5, stacks_timeout=60.0), Timeline(), None,
+                   "arb", clock=lambda: NOW)
+    conns = [Connection(f"p{r}") for r in range(world)]
+    for r, c in enumerate(conns):
+        reg.hello(c, pb.Hello(job="j", rank=r, world_size=world, agent_instance=f"a{r}"))
+    for c in conns:
+        reg.handle(c, pb.AgentMessage(arrival=pb.BarrierArrival(generation=0)), 0.0)
+    job = reg.jobs[("", "j")]
+    reg.handle(conns[0], pb.AgentMessage(fault=pb.Fault(
+        id="hang-1", kind=pb.FAULT_KIND_HANG, severity=pb.SEVERITY_ERROR,
+        message="no progress", generation=0)), 0.0)
+    assert job.hang_probe is not None
+    answer = pb.AgentMessage(stacks=pb.Stacks(command_id="c", json=json.dumps(
+        {"processes": [{"stack": "Thread 1 (idle)\n    all_reduce (c10d.py:1)\n"}]})))
+    reg.handle(conns[0], answer, 0.0)  # the first answer: who owes one (the one pass)
+    job.ranks = CountingRanks(job.ranks)
+    CountingRanks.reads = 0
+    for c in conns[1:-1]:
+        reg.handle(c, answer, 0.0)
+    per_answer = CountingRanks.reads / (world - 2)
+    assert per_answer <= 4, f"{per_answer:.0f} rank reads per answer at {world} ranks"
+    reg.handle(conns[-1], answer, 0.0)
+    assert job.hang_probe is None and job.generation == 1  # decided: RESTART
+
+
+def test_the_owed_set_follows_departures_reconnections_and_new_agents() -> None:
+    job = probed(4)
+    assert job.hang_probe is not None and job.hang_probe.owing is None  # no answer yet
+    apply(job, StacksIn(0, WAITING, None), NOW)
+    probe = job.hang_probe
+    assert probe.owing == {1, 2, 3}  # built at the first answer
+    apply(job, Left(1), NOW)  # left without answering: it owes nothing now
+    assert probe.owing == {2, 3}
+    apply(job, StacksIn(2, WAITING, None), NOW)
+    assert probe.owing == {3} and decide_stacks(job, NOW, CFG) == []
+    apply(job, hello(1, 4), NOW)  # back mid-probe (its DUMP_STACKS is re-sent): owes again
+    assert probe.owing == {1, 3}
+    apply(job, Left(0), NOW)
+    apply(job, hello(0, 4), NOW)  # answered, then reconnected: its answer still counts
+    apply(job, hello(2, 4, instance="new"), NOW)  # a new agent process: the same
+    assert probe.owing == {1, 3} and job.ranks[0].stack == job.ranks[2].stack == WAITING
+    for r in (3, 1):
+        assert decide_stacks(job, NOW, CFG) == []
+        apply(job, StacksIn(r, WAITING, None), NOW)
+    assert probe.owing == set()
+    (d,) = decide_stacks(job, NOW, CFG)
+    assert d == scanned(job, NOW)[0] and "stacks from 4/4 ranks" in d.reason
+    apply(job, d, NOW)
+    assert job.hang_probe is None
+
+
+def test_a_promoted_spare_owes_an_answer_for_its_rank() -> None:
+    job = probed(3)
+    apply(job, StacksIn(0, WAITING, None), NOW)
+    apply(job, SpareJoined("s1", "spare-pod", "n2", "", object(), "spare-pod"), NOW)
+    apply(job, Decision(Verdict.ASSIGN, "spare takes rank 2", job.generation, rank=2,
+                        spare="s1"), NOW)
+    apply(job, StacksIn(2, WAITING, None), NOW)
+    assert job.hang_probe is not None and job.hang_probe.owing == {1}
+    apply(job, Promoted("s1", 2), NOW)  # a fresh RankState for the rank: no answer yet
+    assert job.hang_probe.owing == {1, 2} == owing(job)
+
+
+def test_the_deadline_decides_with_the_same_text_as_the_scan() -> None:
+    job = probed(6)
+    for r in (0, 2, 5):
+        apply(job, StacksIn(r, WAITING, None), NOW)
+    apply(job, Left(4), NOW)
+    assert decide_tick(job, NOW + 14.9, CFG) == []
+    (d,) = decide_tick(job, NOW + 15, CFG)
+    assert d == scanned(job, NOW + 15, force=True)[0]
+    assert "stacks from 3/6 ranks (none from rank 1, 3, 4)" in d.reason
+
+
+def test_an_arbiter_restart_rebuilds_the_probe_from_the_reports() -> None:
+    """Nothing of a probe outlives its arbiter (the job's record keeps owners, not
+    stacks): after a restart the agents' Hellos and the reporter's open fault, re-sent,
+    start a new probe, whose answers are counted from nothing."""
+    clock = [NOW]
+
+    def arbiter() -> tuple[Registry, list[Connection]]:
+        reg = Registry(PolicyConfig(max_restarts=5, stacks_timeout=60.0), Timeline(), None,
+                       "arb", clock=lambda: clock[0])
+        conns = [Connection(f"p{r}") for r in range(4)]
+        for r, c in enumerate(conns):
+            reg.hello(c, pb.Hello(job="j", rank=r, world_size=4, agent_instance=f"a{r}",
+                                  generation=0, released_generation=0,
+                                  trainer_running=True))
+        return reg, conns
+
+    fault = pb.AgentMessage(fault=pb.Fault(id="hang-1", kind=pb.FAULT_KIND_HANG,
+                                           severity=pb.SEVERITY_ERROR, message="stalled",
+                                           generation=0))
+    answer = pb.AgentMessage(stacks=pb.Stacks(command_id="c", json="{}"))
+    first, conns = arbiter()
+    first.handle(conns[1], fault, 0.0)
+    first.handle(conns[0], answer, 0.0)
+    assert first.jobs[("", "j")].hang_probe.owing == {1, 2, 3}  # type: ignore[union-attr]
+    second, conns = arbiter()  # the first one died; the agents reconnect to this one
+    job = second.jobs[("", "j")]
+    assert job.hang_probe is None and job.ranks[0].stack is None
+    second.handle(conns[1], fault, 0.0)  # its decision was open: the agent sends it again
+    for r in (3, 0, 2):
+        second.handle(conns[r], answer, 0.0)
+        assert job.hang_probe is not None and job.hang_probe.owing == owing(job)
+    assert job.hang_probe.owing == {1}
+    second.handle(conns[1], answer, 0.0)
+    assert job.hang_probe is None and job.generation == 1
+
+
+def test_a_second_answer_of_a_rank_is_unread_and_a_reconnected_rank_is_asked_again() -> None:
+    clock = [NOW]
+    reg = Registry(PolicyConfig(max_restarts=5, stacks_timeout=60.0), Timeline(), None,
+                   "arb", clock=lambda: clock[0])
+    conns = [Connection(f"p{r}") for r in range(3)]
+    for r, c in enumerate(conns):
+        reg.hello(c, pb.Hello(job="j", rank=r, world_size=3, agent_instance=f"a{r}"))
+    for c in conns:
+        reg.handle(c, pb.AgentMessage(arrival=pb.BarrierArrival(generation=0)), 0.0)
+    job = reg.jobs[("", "j")]
+    reg.handle(conns[0], pb.AgentMessage(fault=pb.Fault(
+        id="hang-1", kind=pb.FAULT_KIND_HANG, severity=pb.SEVERITY_ERROR,
+        message="no progress", generation=0)), 0.0)
+    first = pb.AgentMessage(stacks=pb.Stacks(command_id="c", json=json.dumps(
+        {"processes": [{"stack": "Thread 1 (idle)\n    all_reduce (c10d.py:1)\n"}]})))
+    reg.handle(conns[0], first, 0.0)
+    kept = job.ranks[0].stack
+    reg.handle(conns[0], pb.AgentMessage(stacks=pb.Stacks(command_id="c", json="{}")), 0.0)
+    assert job.ranks[0].stack == kept  # unread: the first answer stands
+    reg.disconnect(conns[1])  # gone without answering
+    assert job.hang_probe is not None and job.hang_probe.owing == {2}
+    again = Connection("p1-again")
+    reg.hello(again, pb.Hello(job="j", rank=1, world_size=3, agent_instance="a1"))
+    assert job.hang_probe.owing == {1, 2}
+    assert pb.COMMAND_KIND_DUMP_STACKS in commands(again)  # asked again: it can answer
+    for c in (again, conns[2]):
+        reg.handle(c, first, 0.0)
+    assert job.hang_probe is None and job.generation == 1
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_kept_set_matches_a_recount_and_decides_as_the_scan(seed: int) -> None:
+    rng = random.Random(seed)
+    world = rng.randint(1, 8)
+    job = JobState(job="j", world_size=world)
+    for _ in range(120):
+        r = rng.randrange(world)
+        roll = rng.random()
+        probe = job.hang_probe
+        if roll < 0.25:
+            change: Any = hello(r, world, instance=rng.choice("ab"))
+        elif roll < 0.4:
+            change = Left(r)
+        elif roll < 0.7 and r in job.ranks:
+            change = StacksIn(r, rng.choice((WAITING, "forward (m.py:1)")), None)
+        elif roll < 0.8 and probe is None:
+            change = dump(job, f"hang-{rng.random()}")
+        elif roll < 0.85:
+            change = Revived(job.generation + rng.randint(0, 1))
+        elif roll < 0.9 and job.ranks:
+            change = Decision(Verdict.RELEASE_BARRIER, "release", job.generation)
+        else:
+            change = None
+        if change is not None:
+            apply(job, change, NOW)
+        probe = job.hang_probe
+        if probe is not None and probe.owing is not None:
+            assert probe.owing == owing(job)
+        for force in (False, True):
+            got = decide_stacks(job, NOW, CFG, force=force)
+            assert got == scanned(job, NOW, force=force)
+            if got and rng.random() < 0.5:
+                apply(job, got[0], NOW)
+                break
