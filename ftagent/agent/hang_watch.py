@@ -75,7 +75,7 @@ class HangWatch:
         then): the budget's end; with a verifier its ``next_tick`` (set in place of this
         method by the constructor: no hop through here)."""
         det = self.detector
-        return None if det.hung else det.deadline()
+        return None if det.hung else det.deadline_at
 
     def declared(self) -> bool:
         """A hang declared: the budget ran out and, with verification on, the verdict

@@ -360,7 +360,7 @@ class Verifier:
         for a deadline that moved (a phase began, a verdict deferred it). Inside a phase
         and before the first step the dead-still watch looks too (agent/dead_still.py)."""
         det = self.detector
-        deadline = None if det.hung else det.deadline()
+        deadline = None if det.hung else det.deadline_at
         dead = self.dead_still
         if not dead.idle or self._dead_armed(deadline):  # off and idle: nothing to call
             dead.tick(now)
@@ -424,7 +424,7 @@ class Verifier:
         if self.ready:
             return now
         det = self.detector
-        deadline = None if det.hung else det.deadline()
+        deadline = None if det.hung else det.deadline_at
         dead = self.dead_still
         # off and idle (a learned job between steps): nothing called
         due = dead.next_tick(now, deadline) if not dead.idle or self._dead_armed(deadline) \
@@ -508,7 +508,7 @@ class Verifier:
         """The cheap samples of the stall in progress (its mark, and its window's samples
         so far, when none holds stacks yet), if the oldest is at least half a window old:
         the start of a DUMP_STACKS answer's window. Empty when there are none."""
-        mark, early, deadline = self._mark, self._early, self.detector.deadline()
+        mark, early, deadline = self._mark, self._early, self.detector.deadline_at
         snaps: list[Snapshot] = []
         if mark is not None and mark.snap is not None and mark.deadline == deadline:
             snaps.append(mark.snap)
@@ -622,7 +622,7 @@ class Verifier:
                 fault, self._suspect = self._suspect, None
                 return fault
             det = self.detector
-            if det.hung or det.deadline() != deadline:
+            if det.hung or det.deadline_at != deadline:
                 return None  # raised elsewhere, or the budget moved
             got = [f for f in det.tick(self.now()) if f.kind is FaultKind.HANG]
             if got:
