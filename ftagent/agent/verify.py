@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ftagent.agent.evidence import MAX_THREADS, find_py_spy, sample_process
-from ftagent.agent.hang_parts import HangParts
+from ftagent.agent.hang_parts import HangParts, Ranked
 from ftagent.agent.stall_window import window_of
 from ftagent.config import HangConfig
 from ftagent.detect.hang import HangDetector, Observed, Sample, verify_plan
@@ -271,11 +271,15 @@ class Verifier:
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
                  thresholds: Thresholds | None = None,
-                 now: Callable[[], float] | None = None) -> None:
+                 now: Callable[[], float] | None = None,
+                 learned: Callable[[float, str], None] | None = None) -> None:
         """``parts``: the hang parts, built first (agent/hang_parts.py: the rank, the
         flight recorder's snapshot, the arbiter's "can I ask?", the local peers, the /proc
         wait reader). ``now``: the detector's clock where it differs from ``clock`` (the
-        agent's ``detector_now``: no hang is called on output not looked at yet)."""
+        agent's ``detector_now``: no hang is called on output not looked at yet).
+        ``record``: the events file's write; ``learned(seconds, where)``: told of each
+        undeclared phase learned (the arbiter link's TrainerSays: the goodput ledger
+        counts it as a phase), beside its record."""
         parts = parts or HangParts()
         self.waits = parts.waits
         self.detector = detector
@@ -292,6 +296,7 @@ class Verifier:
         self.cfg = cfg
         self.sampler = sampler
         self.record = record
+        self.learned = learned
         self.metrics = metrics
         self.emit = emit
         self.clock = clock
@@ -721,7 +726,9 @@ class Verifier:
         if stall.spin_cap is not None:
             spin_budget = min(spin_budget, stall.spin_cap)
         waiting = in_collective(verdict)
-        arbiter = self.ask_arbiter is not None and self.ask_arbiter()
+        # whether an arbiter can compare the ranks: its answer matters to a rank waiting
+        # in a collective alone (rows C1/C2, the local peers' question), asked only then
+        arbiter = waiting and self.ask_arbiter is not None and self.ask_arbiter()
         if waiting and stall.waiting_on is None and not stall.declared and not arbiter and \
                 self.local_peers is not None:
             await self._local_wait(stall)  # sampling the local peers: before the policy
@@ -930,12 +937,15 @@ class Verifier:
 
     @property
     def rank(self) -> int | None:
-        """This rank, as the worker's lifecycle says it now (HangParts.rank)."""
+        """This rank, as the worker's lifecycle says it now (HangParts.rank: read in
+        place)."""
         r = self._rank
-        return r() if callable(r) else r
+        if r is None or isinstance(r, int):
+            return r
+        return r() if callable(r) else r.rank
 
     @rank.setter
-    def rank(self, value: int | Callable[[], int] | None) -> None:
+    def rank(self, value: int | Ranked | Callable[[], int] | None) -> None:
         self._rank = value
 
     async def stacks_for_arbiter(self, pids: Sequence[int] = ()) -> dict[str, Any]:
@@ -1112,6 +1122,8 @@ class Verifier:
                         verified=stall.verified, recognised=stall.recognised is not None,
                         declared=stall.declared, verifications=stall.verifications,
                         waited=stall.waiting_on is not None)
+        if self.learned is not None:
+            self.learned(round(seconds, 3), learned.where)
         m = self.metrics
         if m is not None:
             with contextlib.suppress(Exception):

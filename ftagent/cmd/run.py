@@ -378,20 +378,21 @@ def progress_parts(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir:
             if says is not None:
                 says.learned(seconds, where)
 
-        record = agent.events.write if not cfg.arbiter.arbiter else learned_phases_to(
-            learned, agent.events.write)
         from ftagent.agent.hang_parts import HangParts
         from ftagent.agent.proc_wait import blocked_threads
 
         asks = None  # alert: the arbiter decides no hang at all
         if cfg.arbiter.arbiter and cfg.hang.hang_action != "alert":
             asks = lambda: bool(getattr(arbiter_link(agent), "connected", False))  # noqa: E731
-        hang = HangParts(rank=lambda: agent.lifecycle.rank, ask_arbiter=asks,
+        # the rank read in place from its owner, the lifecycle (no callback through here)
+        hang = HangParts(rank=agent.lifecycle, ask_arbiter=asks,
                          local_peers=local_peers,
                          window_dump=None if recorder is None else recorder.snapshot,
                          waits=blocked_threads, wake=agent.wake_ticker)
-        verifier = Verifier(detector, cfg.hang, sampler, hang, record=record,
-                            metrics=metrics, emit=agent.raise_fault, now=agent.detector_now)
+        # the events file's write itself; the arbiter's link told of each phase learned
+        verifier = Verifier(detector, cfg.hang, sampler, hang, record=agent.events.write,
+                            metrics=metrics, emit=agent.raise_fault, now=agent.detector_now,
+                            learned=learned if cfg.arbiter.arbiter else None)
     watch = HangWatch(detector, metrics, parser, verifier=verifier)
     parts = parts.plus(detectors=[watch])
     if cfg.loss.loss_action != "off":  # NaN/inf and spikes of the loss (detect/loss.py)
@@ -416,22 +417,6 @@ def progress_parts(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir:
                          culprit_spin_timeout=cfg.hang.hang_culprit_spin_timeout)
         parts = parts.plus(observers=[waits]).with_(on_busy=waits.on_action)
     return parts.with_(evidence=evidence_hook(cfg.hang.hang_dump_timeout, agent.tail))
-
-
-def learned_phases_to(learned: Callable[[float, str], None],
-                      record: Callable[..., object]) -> Callable[..., None]:
-    """The verifier's ``record``, which also hands each undeclared phase it learned (its
-    "phase"/"undeclared" event: ``seconds``, ``where``) to ``learned`` (the arbiter
-    link's TrainerSays: the goodput ledger then counts it as a phase, not as productive
-    training)."""
-    def both(event: str, kind: str, message: str, **extra: object) -> None:
-        record(event, kind, message, **extra)
-        if (event, kind) == ("phase", "undeclared"):
-            seconds = extra.get("seconds")
-            if isinstance(seconds, (int, float)):
-                learned(float(seconds), str(extra.get("where") or ""))
-
-    return both
 
 
 def add_watch(agent: Worker, cfg: RunConfig, environ: Mapping[str, str],

@@ -37,6 +37,18 @@ def test_the_constructor_reads_every_part() -> None:
     assert v.ask_arbiter is not None and v.ask_arbiter() and v.waits is not None
 
 
+def test_the_rank_is_read_in_place_from_its_owner() -> None:
+    """The wiring hands the lifecycle itself (cmd/run.py): a spare assigned rank 3 is rank
+    3 to the verifier at once, with no callback through the wiring on the verdict."""
+    from ftagent.agent.lifecycle import Lifecycle
+
+    life = Lifecycle(rank=-1, spare=True)
+    v = verifier(HangParts(rank=life))
+    assert v.rank == -1
+    life.assign(3, 1)
+    assert v.rank == 3
+
+
 def test_local_peers_join_when_built_and_answer_from_two_on() -> None:
     peers = LocalPeers()
     a = verifier(HangParts(rank=0, local_peers=peers))
