@@ -58,7 +58,6 @@ from ftagent.detect.liveness import (
     ProcessSample,
     Snapshot,
     Thresholds,
-    in_collective,
     judge,
     stacks_of,
 )
@@ -725,7 +724,10 @@ class Verifier:
         spin_budget = self._spin_budget(verdict)
         if stall.spin_cap is not None:
             spin_budget = min(spin_budget, stall.spin_cap)
-        waiting = in_collective(verdict)
+        # the policy's window, /proc read right after the last sample; whether the still
+        # thread waits in a collective is the window's (computed once, there)
+        window = await self.window_of(verdict, snaps)
+        waiting = window.in_collective
         # whether an arbiter can compare the ranks: its answer matters to a rank waiting
         # in a collective alone (rows C1/C2, the local peers' question), asked only then
         arbiter = waiting and self.ask_arbiter is not None and self.ask_arbiter()
@@ -734,7 +736,6 @@ class Verifier:
             await self._local_wait(stall)  # sampling the local peers: before the policy
             if self.stall is not stall:
                 return  # steps resumed while the peers were asked
-        window = await self.window_of(verdict, snaps)
         step_budget = det.step_budget()  # once per verdict: the budget and its recheck
         got = decide(self.budget(stall, stalled, spin_budget, self._recheck_in(
             early is not None, step_budget), step_budget), window, self._peers(stall, arbiter))
