@@ -297,7 +297,9 @@ class Worker:
             # whichever comes first; quiet: the due time alone (None: until a wake); +1 ms:
             # a budget ends when now > its deadline, and a timer may fire early
             until = watch.due + lag - time.monotonic() + 0.001
-            quiet = feed.quiet and not watch.polled  # a polled detector keeps the grid
+            # a polled detector keeps the grid; so does a tick that left something due at
+            # once (``again``: the grid, never a spin)
+            quiet = feed.quiet and not watch.polled and not again
             if quiet:
                 wait: float | None = until if until < math.inf else None
             else:

@@ -71,3 +71,41 @@ def test_the_first_batch_after_a_quiet_spell_is_handled_at_once(
             await asyncio.gather(task, return_exceptions=True)
 
     assert asyncio.run(main()) == [("stdout", b"step 1 loss 1.0")]
+
+
+class _AlwaysDue:
+    """A detector whose next tick is always now (a broken one is ticked every time)."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+
+    def observe(self, obs: Any) -> list[Any]:
+        return []
+
+    def tick(self, now: float) -> list[Any]:
+        self.ticks += 1
+        return []
+
+    def next_tick(self, now: float) -> float:
+        return now
+
+
+def test_a_quiet_ticker_keeps_the_grid_when_a_tick_leaves_something_due(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Quiet or not, a tick that leaves something due at once waits for the grid point:
+    never a spin (a first quiet ticker took no grid then: thousands of ticks)."""
+    from ftagent.agent.worker_parts import WorkerParts
+
+    monkeypatch.setattr(worker_module, "TICK_SECONDS", 0.05)
+    det = _AlwaysDue()
+
+    async def main() -> None:
+        w = Worker(WorkerSpec(parse(["--max-restarts", "0", "--", "true"], {})),
+                   parts=lambda w: WorkerParts(detectors=(det,)))
+        task = asyncio.create_task(w._ticker())
+        await asyncio.wait({task}, timeout=0.3)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
+    assert 1 <= det.ticks <= 12, det.ticks
