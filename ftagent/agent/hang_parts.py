@@ -63,6 +63,7 @@ class HangParts:
     # no "waiting on I/O" verdict)
     waits: Callable[[Sequence[int]], Waits] | None = None
     # the agent's detector ticker (worker.Worker.wake_ticker): told when the verifier's
-    # next due time moved outside an observation (a verdict, a deferred budget, the end
-    # of a sample task); None: nobody sleeps on it (tests that tick by hand)
+    # next due time moved outside an observation (a verdict, a deferred budget, a budget
+    # that moved under the early samples, a dead-still look's end); None: nobody sleeps
+    # on it (tests that tick by hand)
     wake: Callable[[], None] | None = None

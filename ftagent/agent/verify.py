@@ -311,7 +311,7 @@ class Verifier:
             parts.local_peers
         self._rank = parts.rank  # this rank, for the verdict's culprits (the lifecycle's)
         # the detectors' ticker sleeps until ``next_tick``: told when that moved outside an
-        # observation (a verdict, a deferred budget, a sample task's end)
+        # observation (a verdict, a deferred budget, early samples whose budget moved)
         self.wake = parts.wake
         if parts.local_peers is not None and self.rank is not None:
             parts.local_peers.add(self.rank, self)
@@ -397,8 +397,9 @@ class Verifier:
                                step=det.last_step, waiting_on=self._waiting_hint)
         self._early = Early(deadline, plan, usage=_usage())
         self._suspect = None
+        # no wake at its end: every end that moves ``next_tick`` says so itself (a
+        # deferral, a verdict handed over, a budget that moved), in the task's last step
         self._task = asyncio.get_running_loop().create_task(self._sample_early(self._early))
-        self._task.add_done_callback(self.woken)
 
     def _plan_for(self, now: float, deadline: float) -> tuple[tuple[Sample, ...], float]:
         """The plan of this budget (its deadline, where it began, the last step) and its
@@ -423,7 +424,8 @@ class Verifier:
         earliest of the dead-still watch's next look, this budget's mark and the start of
         its early sampling (``LEAD`` before the plan's first sample, as ``prepare``
         decides), and the budget's end. None: nothing before an observation or a wake
-        (``wake``: a verdict, a deferred budget, a sample task's end). Mirrors
+        (``wake``: a verdict, a deferred budget, a budget that moved under the early
+        samples). Mirrors
         ``prepare``: a tick before the time returned does nothing."""
         if self.ready:
             return now
@@ -450,7 +452,7 @@ class Verifier:
         if early is not None or now >= deadline:
             return None
         if self._task is not None and not self._task.done():
-            return None  # a verdict is being judged: its end wakes the ticker
+            return None  # a verdict is being judged: what it moves wakes the ticker
         plan, anchor = self._plan_for(now, deadline)
         first = plan[0].at - LEAD
         if mark is None and anchor + LEAD < first:
@@ -557,9 +559,10 @@ class Verifier:
                     self._drop_dump()
                     return
         fault = await self._budget_out(early.deadline)
-        if fault is None:
+        if fault is None:  # the budget moved, or the hang was raised elsewhere
             self._early = None
             self._drop_dump()
+            self.woken()  # the next budget's sampling may be due: the ticker asks again
             return
         self._early = None
         await self._verify_or_raise(fault, early)
@@ -647,8 +650,9 @@ class Verifier:
                 if self._early is not None:
                     self._suspect = f  # its samples are being taken: judged with them
                 continue  # already verifying this stall
+            # its end wakes nobody: a verdict that moves ``next_tick`` (a deferral, a
+            # fault handed over) says so itself; a declared hang moves nothing
             self._task = asyncio.get_running_loop().create_task(self._verify_or_raise(f))
-            self._task.add_done_callback(self.woken)
         return out
 
     async def _verify_or_raise(self, fault: Fault, early: Early | None = None) -> None:
