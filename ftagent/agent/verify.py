@@ -155,19 +155,22 @@ class TreeSampler:
         self.clock = clock
         self._lock: asyncio.Lock | None = None
 
-    async def sample(self, stacks: bool = True) -> tuple[Snapshot, list[dict[str, Any]]]:
+    async def sample(self, stacks: bool = True, pids: Sequence[int] | None = None
+                     ) -> tuple[Snapshot, list[dict[str, Any]]]:
         """(snapshot, ``capture``-style process entries); never raises. ``stacks`` False:
-        no py-spy (CPU, I/O and thread states only: an early, cheap sample)."""
+        no py-spy (CPU, I/O and thread states only: an early, cheap sample). ``pids``: the
+        processes to sample (a window's, listed by its first sample); None: the tree now."""
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            return await self._sample(stacks)
+            return await self._sample(stacks, pids)
 
-    async def _sample(self, stacks: bool) -> tuple[Snapshot, list[dict[str, Any]]]:
+    async def _sample(self, stacks: bool, given: Sequence[int] | None = None
+                      ) -> tuple[Snapshot, list[dict[str, Any]]]:
         errors: list[str] = []
         try:
-            listed = [p.pid for p in self.tree()] if self.tree is not None else \
-                self.pids() if self.pids is not None else []
+            listed = given if given is not None else [p.pid for p in self.tree()] \
+                if self.tree is not None else self.pids() if self.pids is not None else []
             pids = list(dict.fromkeys(listed))
         except Exception as e:  # noqa: BLE001
             pids = []
@@ -211,7 +214,8 @@ class TreeSampler:
 
 
 class Sampler(Protocol):
-    async def sample(self, stacks: bool = True) -> tuple[Snapshot, list[dict[str, Any]]]: ...
+    async def sample(self, stacks: bool = True, pids: Sequence[int] | None = None
+                     ) -> tuple[Snapshot, list[dict[str, Any]]]: ...
 
 
 @dataclass
@@ -541,9 +545,15 @@ class Verifier:
         stacked ones, then the verdict at once (``verify`` on the samples)."""
         stall = self.stall
         stacked = False
+        # the window's processes: the trainer's tree as its first sample listed it, not
+        # the tree read again per sample (a stalled tree does not grow; one that moves is
+        # alive in the processes it had)
+        pids: list[int] | None = None
         for s in early.plan:
             await self.sleep(max(0.0, s.at - self.clock()))
-            snap, entries = await self.sampler.sample(stacks=s.stacks)
+            snap, entries = await self.sampler.sample(stacks=s.stacks, pids=pids)
+            if pids is None and snap.processes:
+                pids = [p.pid for p in snap.processes if not p.gone] or None
             early.snaps.append(snap)
             if not s.stacks:
                 continue

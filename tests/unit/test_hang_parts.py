@@ -17,7 +17,7 @@ PARTS = ("window_dump", "ask_arbiter", "local_peers", "rank", "waits")
 
 
 class NoSampler:
-    async def sample(self, stacks: bool = True) -> Any:  # never called here
+    async def sample(self, stacks: bool = True, pids: Any = None) -> Any:  # never called here
         raise AssertionError("not sampled")
 
 
