@@ -924,8 +924,8 @@ class Verifier:
 
     def _recognise(self, stall: Stall, snap: Snapshot, usage: float) -> bool:
         """The first sample runs where a learned phase ran: its budget, no window."""
-        if stall.recognised is not None or stall.verified:
-            return False
+        if stall.recognised is not None or stall.verified or not self.book.places:
+            return False  # (nothing learned yet: no stack to read, no book to ask)
         got = self.book.match(stacks_of(snap))
         if got is None:
             return False
@@ -945,7 +945,8 @@ class Verifier:
         return True
 
     def _spin_budget(self, verdict: Motion) -> float:
-        learned = self.book.at(verdict.place)
+        # nothing learned yet (read in place): the flag's budget, no book to ask
+        learned = self.book.at(verdict.place) if self.book.places else None
         if learned is not None:
             return self.book.budget(learned, self.detector.step_budget())
         return float(self.cfg.hang_spin_timeout)

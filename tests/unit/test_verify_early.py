@@ -391,3 +391,25 @@ def test_a_sample_of_given_pids_does_not_list_the_tree() -> None:
 
     snap, _ = asyncio.run(go())
     assert listed == [] and [p.pid for p in snap.processes] == [os.getpid()]
+
+
+def test_nothing_learned_asks_no_book(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first stall (nothing learned yet): no stacks read for the phase book, no book
+    asked for a match or a spin budget (2-3 calls into detect/liveness per verdict on the
+    hang walk); the verdict is the same."""
+    from ftagent.agent import verify as verify_module
+    from ftagent.detect.liveness import PhaseBook
+
+    asked: list[str] = []
+    monkeypatch.setattr(verify_module, "stacks_of",
+                        lambda snap: asked.append("stacks_of") or [])
+    monkeypatch.setattr(PhaseBook, "match", lambda self, st: asked.append("match"))
+    monkeypatch.setattr(PhaseBook, "at", lambda self, place: asked.append("at"))
+
+    async def go() -> Any:
+        r = Rig("collective_victim")
+        await r.run_until(r.now[0] + r.det.step_budget() + 1.0)
+        return r.raised
+
+    ((_, f),) = asyncio.run(go())
+    assert f.evidence["verdict"] == "hung" and asked == []
