@@ -384,7 +384,8 @@ class Worker:
             return
         attempt = self.trainer
         if self.evidence is not None and fault.kind == FaultKind.HANG and attempt:
-            fault = await enrich(self.evidence, fault, self.tree_pids())
+            # the tree listed only if the hook captures (a verified hang carries its stacks)
+            fault = await enrich(self.evidence, fault, self.tree_pids)
             if self.trainer is not attempt:
                 # a decision (a restart for another rank's fault) ended the attempt while
                 # the evidence was gathered: this hang is of a trainer that is gone, and
