@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import os
 import shutil
@@ -340,6 +341,7 @@ def progress_parts(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir:
     detector (and its verifier, its parts built first: agent/hang_parts.py; its evidence)
     and the loss detector."""
     from ftagent.agent.hang_watch import HangWatch, evidence_hook
+    from ftagent.agent.worker_evidence import tail
     from ftagent.detect.hang import HangDetector
     from ftagent.sources.progress import LogProgress
     from ftagent.sources.sdk_socket import SdkSocketSource
@@ -416,7 +418,10 @@ def progress_parts(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir:
         waits = PeerWait(lambda: agent.lifecycle.rank, verifier, agent.events.write, metrics,
                          culprit_spin_timeout=cfg.hang.hang_culprit_spin_timeout)
         parts = parts.plus(observers=[waits]).with_(on_busy=waits.on_action)
-    return parts.with_(evidence=evidence_hook(cfg.hang.hang_dump_timeout, agent.tail))
+    # the last lines read from the worker's ring itself (worker_evidence.tail), not
+    # through the worker's method that only passes them on
+    last = functools.partial(tail, agent.last_lines)
+    return parts.with_(evidence=evidence_hook(cfg.hang.hang_dump_timeout, last))
 
 
 def add_watch(agent: Worker, cfg: RunConfig, environ: Mapping[str, str],
