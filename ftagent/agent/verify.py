@@ -357,7 +357,11 @@ class Verifier:
         while the budget runs down), the detector's tick, and a HANG it raises verified
         (``on_faults``); returns the faults to raise now."""
         self.prepare(now)
-        faults = self.detector.tick(now)
+        det = self.detector
+        # the budget's end read in place (deadline_at): the detector is asked only once
+        # it passed (a tick for the early sampling's start has nothing to ask it)
+        due = det.deadline_at
+        faults = det.tick(now) if not det.hung and due is not None and now > due else []
         if not faults and not self.ready:
             return faults  # nothing to judge or hand over
         return self.on_faults(faults, now)
