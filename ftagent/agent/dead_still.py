@@ -59,7 +59,7 @@ class DeadStillWatch:
         # armed: a deadline, no hang yet, and inside a phase or before the first step
         # (the cheap parts asked first: between steps of a learned job nothing is called)
         armed = window > 0 and not det.hung and (det.last_step is None or bool(det.phases)) \
-            and det.deadline() is not None
+            and det.deadline_at is not None
         if not armed:
             self.reset()
             return

@@ -280,7 +280,7 @@ def flight_recorder_parts(worker: Any, cfg: Any, rundir: str, parts: WorkerParts
     enrich = parts.evidence
     evidence = None
     if enrich is not None:
-        async def with_dumps(fault: Any, pids: Sequence[int]) -> Any:
+        async def with_dumps(fault: Any, pids: Callable[[], Sequence[int]]) -> Any:
             import dataclasses
 
             early = await verifier.window_dump_result() if verifier is not None else None

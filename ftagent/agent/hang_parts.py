@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ftagent.agent.proc_wait import Waits
@@ -21,6 +21,12 @@ if TYPE_CHECKING:
 # a local rank's verifier (agent/verify.py ``Verifier``), typed loosely here: verify.py
 # imports this module, and the layer test forbids import cycles, type-checking ones too
 Verifier = Any
+
+
+class Ranked(Protocol):
+    """What holds this rank (the worker's lifecycle, its one owner): read in place."""
+
+    rank: int
 
 
 class LocalPeers:
@@ -42,9 +48,10 @@ class LocalPeers:
 class HangParts:
     """What one worker's verifier is given at construction (none of it assigned later)."""
 
-    # this rank: the verdict's culprit when it hangs itself; a callable reads the worker's
-    # lifecycle when asked (a warm spare that takes over rank 3 is rank 3 here at once)
-    rank: int | Callable[[], int] | None = None
+    # this rank: the verdict's culprit when it hangs itself; the worker's lifecycle (its
+    # ``rank`` read in place when asked: a warm spare that takes over rank 3 is rank 3
+    # here at once, with no callback through the wiring), a callable, or a fixed rank
+    rank: int | Ranked | Callable[[], int] | None = None
     # the flight recorder's snapshot (agent/flight_recorder.FlightRecorder.snapshot),
     # taken once in each verification window
     window_dump: Callable[[], Awaitable[dict[str, Any]]] | None = None
@@ -56,6 +63,7 @@ class HangParts:
     # no "waiting on I/O" verdict)
     waits: Callable[[Sequence[int]], Waits] | None = None
     # the agent's detector ticker (worker.Worker.wake_ticker): told when the verifier's
-    # next due time moved outside an observation (a verdict, a deferred budget, the end
-    # of a sample task); None: nobody sleeps on it (tests that tick by hand)
+    # next due time moved outside an observation (a verdict, a deferred budget, a budget
+    # that moved under the early samples, a dead-still look's end); None: nobody sleeps
+    # on it (tests that tick by hand)
     wake: Callable[[], None] | None = None

@@ -75,7 +75,7 @@ class HangWatch:
         then): the budget's end; with a verifier its ``next_tick`` (set in place of this
         method by the constructor: no hop through here)."""
         det = self.detector
-        return None if det.hung else det.deadline()
+        return None if det.hung else det.deadline_at
 
     def declared(self) -> bool:
         """A hang declared: the budget ran out and, with verification on, the verdict
@@ -101,14 +101,16 @@ class HangWatch:
 
 
 def evidence_hook(dump_timeout: float, tail: Callable[[], list[str]]
-                  ) -> Callable[[Fault, Sequence[int]], Awaitable[Fault]]:
-    """The agent's ``evidence`` hook: stacks and states of ``pids`` added to the fault."""
+                  ) -> Callable[[Fault, Callable[[], Sequence[int]]], Awaitable[Fault]]:
+    """The agent's ``evidence`` hook: stacks and states of ``pids()`` added to the fault
+    (the tree listed only when captured here: a verified hang carries its window's last
+    sample)."""
 
-    async def enrich(fault: Fault, pids: Sequence[int]) -> Fault:
+    async def enrich(fault: Fault, pids: Callable[[], Sequence[int]]) -> Fault:
         if "processes" in fault.evidence:  # verified: the window's last sample is there
             return dataclasses.replace(fault, evidence={**fault.evidence,
                                                         "last_lines": tail()})
-        captured = await evidence.capture(pids, dump_timeout)
+        captured = await evidence.capture(pids(), dump_timeout)
         extra = {"processes": captured.get("processes", []),
                  "stack_capture_seconds": captured.get("seconds"),
                  "last_lines": tail()}

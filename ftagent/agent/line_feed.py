@@ -27,9 +27,18 @@ class LineFeed:
     loop, in order; ``count_skipped(reason, lines)`` hears of batches dropped."""
 
     def __init__(self, on_lines: Callable[[str, bytes, float], None],
-                 count_skipped: Callable[[str, int], None]) -> None:
+                 count_skipped: Callable[[str, int], None],
+                 wake: Callable[[], None] | None = None) -> None:
+        """``wake``: the ticker's wake-up (its event's ``set``), called on the loop when
+        a batch arrives while the ticker sleeps past the grid (``quiet``)."""
         self.on_lines = on_lines
         self.count_skipped = count_skipped
+        self.wake = wake
+        # the ticker found nothing waiting and sleeps until its detectors' due time, not
+        # to the grid: the next batch wakes it (set on the loop, read by the pumps; a
+        # pump that reads it just as it is set wakes the ticker once more, no harm);
+        # quiet from the start: no trainer, no output yet
+        self.quiet = wake is not None
         # the running trainer's output on its way (read-only outside: ``pending`` says
         # whether anything waits)
         self.backlog: LineBacklog | None = None
@@ -41,7 +50,9 @@ class LineFeed:
         The loop is not woken per batch: the worker's ticker drains the backlog every
         tick (:meth:`drain_some`), on the grid every worker shares, so N workers' output
         costs one loop wake-up per tick instead of one self-pipe write and read per line
-        (the launcher's own CPU against torchrun's: bench/restart.py --overhead). What
+        (the launcher's own CPU against torchrun's: bench/restart.py --overhead). A
+        ticker that found nothing waiting sleeps past the grid (``quiet``): the first
+        batch after that wakes it, once, and it is back on the grid. What
         that delays is only the *handling*: each batch keeps its read time, the
         detectors' "now" stays at the oldest batch not yet handled (:meth:`now`), and a
         trainer's exit drains everything before its crash is judged. A backlog growing
@@ -56,6 +67,9 @@ class LineFeed:
         def hop(stream: str, blob: bytes, ts: float) -> None:
             if backlog.put(stream, blob, ts):
                 loop.call_soon_threadsafe(self._drain, backlog, DRAIN_BATCHES)
+            elif self.quiet and self.wake is not None:  # the first batch after a quiet spell
+                self.quiet = False
+                loop.call_soon_threadsafe(self.wake)
 
         return hop
 

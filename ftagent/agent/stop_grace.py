@@ -63,12 +63,17 @@ async def wait_stopped(exited: asyncio.Future[Any], pids: Callable[[], Iterable[
                        sig: int, deadline: float, *, poll: float = POLL_SECONDS,
                        clock: Callable[[], float] = time.monotonic,
                        read: Callable[[int, int], str | None] = read_disposition,
-                       send: Callable[[int, int], None] = os.kill) -> list[int]:
+                       send: Callable[[int, int], None] = os.kill,
+                       first: Iterable[int] | None = None) -> list[int]:
     """Wait until ``exited`` is done or ``deadline``; meanwhile send ``sig`` once more to
-    each of ``pids()`` whose handler for it is gone. Returns the pids signalled again."""
+    each of ``pids()`` whose handler for it is gone. Returns the pids signalled again.
+    ``first``: the pids the caller has just listed (the tree it signalled), looked at
+    first instead of listing them again."""
     again: list[int] = []
+    listed = first
     while not exited.done() and clock() < deadline:
-        for pid in pids():
+        now_pids, listed = (pids() if listed is None else listed), None
+        for pid in now_pids:
             if pid not in again and read(pid, sig) == DEFAULT:
                 again.append(pid)
                 with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -93,13 +93,16 @@ async def terminate(trainer: TrainerProcess, tree: Tree, deadline: float, *,
         log.info("stopping trainer (pid %d)", trainer.pid)
         if forwarded is None:  # our own stop: SIGTERM the group and the tree
             trainer.send_signal(signal.SIGTERM)
-            supervisor.signal_tree(signal.SIGTERM, tree())
+            procs = tree()
+            supervisor.signal_tree(signal.SIGTERM, procs)
             if supervisor.frozen(trainer.pid):  # stopped: SIGTERM waits for a SIGCONT
                 log.warning("trainer (pid %d) is stopped (frozen): SIGKILL, no grace",
                             trainer.pid)
                 deadline = time.monotonic()
+            # its first look at the handlers: the tree just signalled, not listed again
             await stop_grace.wait_stopped(trainer.exited, lambda: [p.pid for p in tree()],
-                                          signal.SIGTERM, deadline)
+                                          signal.SIGTERM, deadline,
+                                          first=[p.pid for p in procs])
         else:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(trainer.exited),

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ftagent.agent.evidence import MAX_THREADS, find_py_spy, sample_process
-from ftagent.agent.hang_parts import HangParts
+from ftagent.agent.hang_parts import HangParts, Ranked
 from ftagent.agent.stall_window import window_of
 from ftagent.config import HangConfig
 from ftagent.detect.hang import HangDetector, Observed, Sample, verify_plan
@@ -58,7 +58,6 @@ from ftagent.detect.liveness import (
     ProcessSample,
     Snapshot,
     Thresholds,
-    in_collective,
     judge,
     stacks_of,
 )
@@ -156,19 +155,22 @@ class TreeSampler:
         self.clock = clock
         self._lock: asyncio.Lock | None = None
 
-    async def sample(self, stacks: bool = True) -> tuple[Snapshot, list[dict[str, Any]]]:
+    async def sample(self, stacks: bool = True, pids: Sequence[int] | None = None
+                     ) -> tuple[Snapshot, list[dict[str, Any]]]:
         """(snapshot, ``capture``-style process entries); never raises. ``stacks`` False:
-        no py-spy (CPU, I/O and thread states only: an early, cheap sample)."""
+        no py-spy (CPU, I/O and thread states only: an early, cheap sample). ``pids``: the
+        processes to sample (a window's, listed by its first sample); None: the tree now."""
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            return await self._sample(stacks)
+            return await self._sample(stacks, pids)
 
-    async def _sample(self, stacks: bool) -> tuple[Snapshot, list[dict[str, Any]]]:
+    async def _sample(self, stacks: bool, given: Sequence[int] | None = None
+                      ) -> tuple[Snapshot, list[dict[str, Any]]]:
         errors: list[str] = []
         try:
-            listed = [p.pid for p in self.tree()] if self.tree is not None else \
-                self.pids() if self.pids is not None else []
+            listed = given if given is not None else [p.pid for p in self.tree()] \
+                if self.tree is not None else self.pids() if self.pids is not None else []
             pids = list(dict.fromkeys(listed))
         except Exception as e:  # noqa: BLE001
             pids = []
@@ -212,7 +214,8 @@ class TreeSampler:
 
 
 class Sampler(Protocol):
-    async def sample(self, stacks: bool = True) -> tuple[Snapshot, list[dict[str, Any]]]: ...
+    async def sample(self, stacks: bool = True, pids: Sequence[int] | None = None
+                     ) -> tuple[Snapshot, list[dict[str, Any]]]: ...
 
 
 @dataclass
@@ -271,11 +274,15 @@ class Verifier:
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
                  thresholds: Thresholds | None = None,
-                 now: Callable[[], float] | None = None) -> None:
+                 now: Callable[[], float] | None = None,
+                 learned: Callable[[float, str], None] | None = None) -> None:
         """``parts``: the hang parts, built first (agent/hang_parts.py: the rank, the
         flight recorder's snapshot, the arbiter's "can I ask?", the local peers, the /proc
         wait reader). ``now``: the detector's clock where it differs from ``clock`` (the
-        agent's ``detector_now``: no hang is called on output not looked at yet)."""
+        agent's ``detector_now``: no hang is called on output not looked at yet).
+        ``record``: the events file's write; ``learned(seconds, where)``: told of each
+        undeclared phase learned (the arbiter link's TrainerSays: the goodput ledger
+        counts it as a phase), beside its record."""
         parts = parts or HangParts()
         self.waits = parts.waits
         self.detector = detector
@@ -292,6 +299,7 @@ class Verifier:
         self.cfg = cfg
         self.sampler = sampler
         self.record = record
+        self.learned = learned
         self.metrics = metrics
         self.emit = emit
         self.clock = clock
@@ -307,7 +315,7 @@ class Verifier:
             parts.local_peers
         self._rank = parts.rank  # this rank, for the verdict's culprits (the lifecycle's)
         # the detectors' ticker sleeps until ``next_tick``: told when that moved outside an
-        # observation (a verdict, a deferred budget, a sample task's end)
+        # observation (a verdict, a deferred budget, early samples whose budget moved)
         self.wake = parts.wake
         if parts.local_peers is not None and self.rank is not None:
             parts.local_peers.add(self.rank, self)
@@ -349,7 +357,11 @@ class Verifier:
         while the budget runs down), the detector's tick, and a HANG it raises verified
         (``on_faults``); returns the faults to raise now."""
         self.prepare(now)
-        faults = self.detector.tick(now)
+        det = self.detector
+        # the budget's end read in place (deadline_at): the detector is asked only once
+        # it passed (a tick for the early sampling's start has nothing to ask it)
+        due = det.deadline_at
+        faults = det.tick(now) if not det.hung and due is not None and now > due else []
         if not faults and not self.ready:
             return faults  # nothing to judge or hand over
         return self.on_faults(faults, now)
@@ -360,7 +372,7 @@ class Verifier:
         for a deadline that moved (a phase began, a verdict deferred it). Inside a phase
         and before the first step the dead-still watch looks too (agent/dead_still.py)."""
         det = self.detector
-        deadline = None if det.hung else det.deadline()
+        deadline = None if det.hung else det.deadline_at
         dead = self.dead_still
         if not dead.idle or self._dead_armed(deadline):  # off and idle: nothing to call
             dead.tick(now)
@@ -393,8 +405,9 @@ class Verifier:
                                step=det.last_step, waiting_on=self._waiting_hint)
         self._early = Early(deadline, plan, usage=_usage())
         self._suspect = None
+        # no wake at its end: every end that moves ``next_tick`` says so itself (a
+        # deferral, a verdict handed over, a budget that moved), in the task's last step
         self._task = asyncio.get_running_loop().create_task(self._sample_early(self._early))
-        self._task.add_done_callback(self.woken)
 
     def _plan_for(self, now: float, deadline: float) -> tuple[tuple[Sample, ...], float]:
         """The plan of this budget (its deadline, where it began, the last step) and its
@@ -419,12 +432,13 @@ class Verifier:
         earliest of the dead-still watch's next look, this budget's mark and the start of
         its early sampling (``LEAD`` before the plan's first sample, as ``prepare``
         decides), and the budget's end. None: nothing before an observation or a wake
-        (``wake``: a verdict, a deferred budget, a sample task's end). Mirrors
+        (``wake``: a verdict, a deferred budget, a budget that moved under the early
+        samples). Mirrors
         ``prepare``: a tick before the time returned does nothing."""
         if self.ready:
             return now
         det = self.detector
-        deadline = None if det.hung else det.deadline()
+        deadline = None if det.hung else det.deadline_at
         dead = self.dead_still
         # off and idle (a learned job between steps): nothing called
         due = dead.next_tick(now, deadline) if not dead.idle or self._dead_armed(deadline) \
@@ -446,7 +460,7 @@ class Verifier:
         if early is not None or now >= deadline:
             return None
         if self._task is not None and not self._task.done():
-            return None  # a verdict is being judged: its end wakes the ticker
+            return None  # a verdict is being judged: what it moves wakes the ticker
         plan, anchor = self._plan_for(now, deadline)
         first = plan[0].at - LEAD
         if mark is None and anchor + LEAD < first:
@@ -508,7 +522,7 @@ class Verifier:
         """The cheap samples of the stall in progress (its mark, and its window's samples
         so far, when none holds stacks yet), if the oldest is at least half a window old:
         the start of a DUMP_STACKS answer's window. Empty when there are none."""
-        mark, early, deadline = self._mark, self._early, self.detector.deadline()
+        mark, early, deadline = self._mark, self._early, self.detector.deadline_at
         snaps: list[Snapshot] = []
         if mark is not None and mark.snap is not None and mark.deadline == deadline:
             snaps.append(mark.snap)
@@ -535,9 +549,15 @@ class Verifier:
         stacked ones, then the verdict at once (``verify`` on the samples)."""
         stall = self.stall
         stacked = False
+        # the window's processes: the trainer's tree as its first sample listed it, not
+        # the tree read again per sample (a stalled tree does not grow; one that moves is
+        # alive in the processes it had)
+        pids: list[int] | None = None
         for s in early.plan:
             await self.sleep(max(0.0, s.at - self.clock()))
-            snap, entries = await self.sampler.sample(stacks=s.stacks)
+            snap, entries = await self.sampler.sample(stacks=s.stacks, pids=pids)
+            if pids is None and snap.processes:
+                pids = [p.pid for p in snap.processes if not p.gone] or None
             early.snaps.append(snap)
             if not s.stacks:
                 continue
@@ -553,9 +573,10 @@ class Verifier:
                     self._drop_dump()
                     return
         fault = await self._budget_out(early.deadline)
-        if fault is None:
+        if fault is None:  # the budget moved, or the hang was raised elsewhere
             self._early = None
             self._drop_dump()
+            self.woken()  # the next budget's sampling may be due: the ticker asks again
             return
         self._early = None
         await self._verify_or_raise(fault, early)
@@ -622,7 +643,7 @@ class Verifier:
                 fault, self._suspect = self._suspect, None
                 return fault
             det = self.detector
-            if det.hung or det.deadline() != deadline:
+            if det.hung or det.deadline_at != deadline:
                 return None  # raised elsewhere, or the budget moved
             got = [f for f in det.tick(self.now()) if f.kind is FaultKind.HANG]
             if got:
@@ -643,8 +664,9 @@ class Verifier:
                 if self._early is not None:
                     self._suspect = f  # its samples are being taken: judged with them
                 continue  # already verifying this stall
+            # its end wakes nobody: a verdict that moves ``next_tick`` (a deferral, a
+            # fault handed over) says so itself; a declared hang moves nothing
             self._task = asyncio.get_running_loop().create_task(self._verify_or_raise(f))
-            self._task.add_done_callback(self.woken)
         return out
 
     async def _verify_or_raise(self, fault: Fault, early: Early | None = None) -> None:
@@ -720,14 +742,18 @@ class Verifier:
         spin_budget = self._spin_budget(verdict)
         if stall.spin_cap is not None:
             spin_budget = min(spin_budget, stall.spin_cap)
-        waiting = in_collective(verdict)
-        arbiter = self.ask_arbiter is not None and self.ask_arbiter()
+        # the policy's window, /proc read right after the last sample; whether the still
+        # thread waits in a collective is the window's (computed once, there)
+        window = await self.window_of(verdict, snaps)
+        waiting = window.in_collective
+        # whether an arbiter can compare the ranks: its answer matters to a rank waiting
+        # in a collective alone (rows C1/C2, the local peers' question), asked only then
+        arbiter = waiting and self.ask_arbiter is not None and self.ask_arbiter()
         if waiting and stall.waiting_on is None and not stall.declared and not arbiter and \
                 self.local_peers is not None:
             await self._local_wait(stall)  # sampling the local peers: before the policy
             if self.stall is not stall:
                 return  # steps resumed while the peers were asked
-        window = await self.window_of(verdict, snaps)
         step_budget = det.step_budget()  # once per verdict: the budget and its recheck
         got = decide(self.budget(stall, stalled, spin_budget, self._recheck_in(
             early is not None, step_budget), step_budget), window, self._peers(stall, arbiter))
@@ -902,8 +928,8 @@ class Verifier:
 
     def _recognise(self, stall: Stall, snap: Snapshot, usage: float) -> bool:
         """The first sample runs where a learned phase ran: its budget, no window."""
-        if stall.recognised is not None or stall.verified:
-            return False
+        if stall.recognised is not None or stall.verified or not self.book.places:
+            return False  # (nothing learned yet: no stack to read, no book to ask)
         got = self.book.match(stacks_of(snap))
         if got is None:
             return False
@@ -923,19 +949,23 @@ class Verifier:
         return True
 
     def _spin_budget(self, verdict: Motion) -> float:
-        learned = self.book.at(verdict.place)
+        # nothing learned yet (read in place): the flag's budget, no book to ask
+        learned = self.book.at(verdict.place) if self.book.places else None
         if learned is not None:
             return self.book.budget(learned, self.detector.step_budget())
         return float(self.cfg.hang_spin_timeout)
 
     @property
     def rank(self) -> int | None:
-        """This rank, as the worker's lifecycle says it now (HangParts.rank)."""
+        """This rank, as the worker's lifecycle says it now (HangParts.rank: read in
+        place)."""
         r = self._rank
-        return r() if callable(r) else r
+        if r is None or isinstance(r, int):
+            return r
+        return r() if callable(r) else r.rank
 
     @rank.setter
-    def rank(self, value: int | Callable[[], int] | None) -> None:
+    def rank(self, value: int | Ranked | Callable[[], int] | None) -> None:
         self._rank = value
 
     async def stacks_for_arbiter(self, pids: Sequence[int] = ()) -> dict[str, Any]:
@@ -1112,6 +1142,8 @@ class Verifier:
                         verified=stall.verified, recognised=stall.recognised is not None,
                         declared=stall.declared, verifications=stall.verifications,
                         waited=stall.waiting_on is not None)
+        if self.learned is not None:
+            self.learned(round(seconds, 3), learned.where)
         m = self.metrics
         if m is not None:
             with contextlib.suppress(Exception):

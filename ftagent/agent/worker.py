@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -146,7 +147,7 @@ class Worker:
         self._tasks: list[asyncio.Task[Any]] = []
         self._inflight: set[asyncio.Task[Any]] = set()
         # the trainer's output on its way from the pumps to on_lines (line_feed.py)
-        self.feed = LineFeed(self.on_lines, self._count_skipped)
+        self.feed = LineFeed(self.on_lines, self._count_skipped, wake=self._tick_wake.set)
         self._hang_faults: set[str] = set()  # ids of this attempt's hang faults
         # a decision to carry out whose action line goes with its state's (``_apply``)
         self._unrecorded: Action | None = None
@@ -301,41 +302,59 @@ class Worker:
 
     async def _ticker(self) -> None:
         # Two clocks. The trainer's output is drained on the process's grid (timegrid.py's
-        # rule, here in place: the pumps never wake the loop, so the launcher's N workers
-        # handle their output in one loop wake-up per 0.5 s, not one per line). The
-        # detectors are deadline-driven: ticked when their earliest due time comes
-        # (WatchLoop.due: the hang budget's end, the verifier's next sample, the dead-still
-        # watch's next look; between two grid points too) or after a wake (an observation
-        # that moved it earlier, a verdict, a deferred budget). A wake-up with no output
-        # waiting and nothing due calls nothing (before: every detector's tick, every
-        # 0.5 s).
+        # rule, here in place: the pumps never wake the loop while output flows, so the
+        # launcher's N workers handle their output in one loop wake-up per 0.5 s, not one
+        # per line). The detectors are deadline-driven: ticked when their earliest due
+        # time comes (WatchLoop.due: the hang budget's end, the verifier's next sample,
+        # the dead-still watch's next look; between two grid points too) or after a wake
+        # (an observation that moved it earlier, a verdict, a deferred budget). A look
+        # that finds no output waiting (a stall, a quiet phase) leaves the grid
+        # (``LineFeed.quiet``): the ticker sleeps until the detectors' due time, and the
+        # pumps wake it with the next batch, which is handled at once (before: a wake-up
+        # every 0.5 s that found nothing, the whole of a hang's budget and verification).
         loop = asyncio.get_running_loop()
         feed, watch, wake = self.feed, self.watch, self._tick_wake
         lag = 0.0  # how far the detectors' clock (output not handled yet) is behind
         again = False  # the last tick left something due at once: the grid, never a spin
         while True:
-            # the grid (the output, and a spare wake-up where nothing else would come: a
-            # trainer spawned while nothing was due) or the earliest due time, whichever
-            # comes first; +1 ms: a budget ends when now > its deadline, and a timer may
-            # fire early
-            grid = TICK_SECONDS - loop.time() % TICK_SECONDS
-            wait = grid if again else min(watch.due + lag - time.monotonic() + 0.001, grid)
-            if wait > 0 and not wake.is_set():
+            # the grid (output flows, or a polled detector) or the earliest due time,
+            # whichever comes first; quiet: the due time alone (None: until a wake); +1 ms:
+            # a budget ends when now > its deadline, and a timer may fire early
+            until = watch.due + lag - time.monotonic() + 0.001
+            # a polled detector keeps the grid; so does a tick that left something due at
+            # once (``again``: the grid, never a spin)
+            quiet = feed.quiet and not watch.polled and not again
+            if quiet:
+                wait: float | None = until if until < math.inf else None
+            else:
+                grid = TICK_SECONDS - loop.time() % TICK_SECONDS
+                wait = grid if again else min(until, grid)
+            if (wait is None or wait > 0) and not wake.is_set():
                 # cancellable even when woken in the step it is cancelled in (until_set):
                 # run() cancels it as the worker ends, perhaps right after a part woke it
                 # (a verification ending at the exit), and awaits it
                 await until_set(wake, wait)
+            b = feed.backlog
             if wake.is_set():
                 wake.clear()
                 if self._tick_stale:  # a part's time moved: ask the detectors again
                     self._tick_stale = False  # (an observation asked them itself)
                     watch.refresh(time.monotonic())
                 again = False
-                continue
+                if not quiet or feed.quiet or b is None or not b.pending:
+                    continue
+                # the pumps' first batch after a quiet spell (they cleared ``quiet``):
+                # handled now, then the grid
             # the output waiting (LineFeed.pumps_callback), then the detectors' "now";
             # nothing waiting: the clock, without a call into the feed
-            b = feed.backlog
-            now = feed.tick() if b is not None and b.pending else time.monotonic()
+            if b is not None and b.pending:
+                now = feed.tick()
+            else:
+                now = time.monotonic()
+                if not watch.polled:  # off the grid until the pumps say there is output
+                    feed.quiet = True
+                    if b is not None and b.pending:  # a batch came as it was set
+                        feed.quiet = False
             lag = max(0.0, time.monotonic() - now)
             if watch.due <= now or watch.polled:
                 watch.tick(now)
@@ -389,7 +408,8 @@ class Worker:
             return
         attempt = self.trainer
         if self.evidence is not None and fault.kind == FaultKind.HANG and attempt:
-            fault = await enrich(self.evidence, fault, self.tree_pids())
+            # the tree listed only if the hook captures (a verified hang carries its stacks)
+            fault = await enrich(self.evidence, fault, self.tree_pids)
             if self.trainer is not attempt:
                 # a decision (a restart for another rank's fault) ended the attempt while
                 # the evidence was gathered: this hang is of a trainer that is gone, and

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ftagent.agent.redact import redact_secrets
 from ftagent.agent.tee import LastLines
@@ -50,8 +50,9 @@ def crash_fault(exit_: ProcessExit, attempt: int, last_lines: LastLines) -> Faul
                            "last_stderr_lines": _text(stderr, marked=False)})
 
 
-async def enrich(evidence: Evidence, fault: Fault, pids: Sequence[int]) -> Fault:
-    """``fault`` with what ``evidence`` captures of ``pids``; as it was if that fails."""
+async def enrich(evidence: Evidence, fault: Fault, pids: Callable[[], Sequence[int]]) -> Fault:
+    """``fault`` with what ``evidence`` captures of ``pids()`` (listed only if it captures);
+    as it was if that fails."""
     try:
         return await evidence(fault, pids)
     except Exception:

@@ -37,8 +37,9 @@ class Observer(Protocol):
 
 # (stream, blob of complete lines joined by b"\n", monotonic time of the read)
 LineHandler = Callable[[str, bytes, float], None]
-# a hang fault and its trainer's pids -> the fault with its evidence (stacks, dumps)
-Evidence = Callable[[Fault, Sequence[int]], Awaitable[Fault]]
+# a hang fault and its trainer's pids (listed when a capture needs them: a verified hang
+# carries its window's last sample) -> the fault with its evidence (stacks, dumps)
+Evidence = Callable[[Fault, Callable[[], Sequence[int]]], Awaitable[Fault]]
 # TrainerProcess's signature: (command, env, reaper, on_lines, *, stdout_fd, ...)
 Spawn = Callable[..., TrainerProcess]
 Close = Callable[[], Awaitable[None]]

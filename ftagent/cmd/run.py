@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import os
 import shutil
@@ -341,6 +342,7 @@ def progress_parts(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir:
     detector (and its verifier, its parts built first: agent/hang_parts.py; its evidence)
     and the loss detector."""
     from ftagent.agent.hang_watch import HangWatch, evidence_hook
+    from ftagent.agent.worker_evidence import tail
     from ftagent.detect.hang import HangDetector
     from ftagent.sources.progress import LogProgress
     from ftagent.sources.sdk_socket import SdkSocketSource
@@ -379,20 +381,21 @@ def progress_parts(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir:
             if says is not None:
                 says.learned(seconds, where)
 
-        record = agent.events.write if not cfg.arbiter.arbiter else learned_phases_to(
-            learned, agent.events.write)
         from ftagent.agent.hang_parts import HangParts
         from ftagent.agent.proc_wait import blocked_threads
 
         asks = None  # alert: the arbiter decides no hang at all
         if cfg.arbiter.arbiter and cfg.hang.hang_action != "alert":
             asks = lambda: bool(getattr(arbiter_link(agent), "connected", False))  # noqa: E731
-        hang = HangParts(rank=lambda: agent.lifecycle.rank, ask_arbiter=asks,
+        # the rank read in place from its owner, the lifecycle (no callback through here)
+        hang = HangParts(rank=agent.lifecycle, ask_arbiter=asks,
                          local_peers=local_peers,
                          window_dump=None if recorder is None else recorder.snapshot,
                          waits=blocked_threads, wake=agent.wake_ticker)
-        verifier = Verifier(detector, cfg.hang, sampler, hang, record=record,
-                            metrics=metrics, emit=agent.raise_fault, now=agent.detector_now)
+        # the events file's write itself; the arbiter's link told of each phase learned
+        verifier = Verifier(detector, cfg.hang, sampler, hang, record=agent.events.write,
+                            metrics=metrics, emit=agent.raise_fault, now=agent.detector_now,
+                            learned=learned if cfg.arbiter.arbiter else None)
     watch = HangWatch(detector, metrics, parser, verifier=verifier)
     parts = parts.plus(detectors=[watch])
     if cfg.loss.loss_action != "off":  # NaN/inf and spikes of the loss (detect/loss.py)
@@ -416,23 +419,10 @@ def progress_parts(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir:
         waits = PeerWait(lambda: agent.lifecycle.rank, verifier, agent.events.write, metrics,
                          culprit_spin_timeout=cfg.hang.hang_culprit_spin_timeout)
         parts = parts.plus(observers=[waits]).with_(on_busy=waits.on_action)
-    return parts.with_(evidence=evidence_hook(cfg.hang.hang_dump_timeout, agent.tail))
-
-
-def learned_phases_to(learned: Callable[[float, str], None],
-                      record: Callable[..., object]) -> Callable[..., None]:
-    """The verifier's ``record``, which also hands each undeclared phase it learned (its
-    "phase"/"undeclared" event: ``seconds``, ``where``) to ``learned`` (the arbiter
-    link's TrainerSays: the goodput ledger then counts it as a phase, not as productive
-    training)."""
-    def both(event: str, kind: str, message: str, **extra: object) -> None:
-        record(event, kind, message, **extra)
-        if (event, kind) == ("phase", "undeclared"):
-            seconds = extra.get("seconds")
-            if isinstance(seconds, (int, float)):
-                learned(float(seconds), str(extra.get("where") or ""))
-
-    return both
+    # the last lines read from the worker's ring itself (worker_evidence.tail), not
+    # through the worker's method that only passes them on
+    last = functools.partial(tail, agent.last_lines)
+    return parts.with_(evidence=evidence_hook(cfg.hang.hang_dump_timeout, last))
 
 
 def add_watch(agent: Worker, cfg: RunConfig, environ: Mapping[str, str],

@@ -157,12 +157,22 @@ class HangDetector:
         self._pct: float | None = None  # cached percentile, None when stale
         self._med: float | None = None  # cached median, None when stale
         self.phase_intervals = 0  # steps that held an undeclared phase (not in the window)
+        # when a hang will be suspected if nothing happens (None: not armed): a fact of
+        # the inputs alone, kept by each input that moves it (``_moved``) and read in place
+        # (the verifier asked ``deadline()`` up to five times per look)
+        self.deadline_at: float | None = None
         self._start(0.0)
         self._running = False
+        self.deadline_at = None
 
     # ------------------------------------------------------------------ inputs
 
     def observe(self, obs: Observation) -> Observed | None:
+        seen = self._observe(obs)
+        self.deadline_at = self._deadline()  # every input that moves it comes through here
+        return seen
+
+    def _observe(self, obs: Observation) -> Observed | None:
         if isinstance(obs, TrainerStart):
             self.attempt = obs.attempt
             self._pid = obs.pid
@@ -186,7 +196,7 @@ class HangDetector:
         """The faults due at ``now``: at most one per hang episode."""
         if self.hung:
             return []
-        deadline = self.deadline()
+        deadline = self.deadline_at
         if deadline is None or now <= deadline:
             return []
         self.hung = True
@@ -199,11 +209,16 @@ class HangDetector:
         self.hung = False
         self._tainted = True  # the stall is not a step interval
         self._deferred = until
+        self.deadline_at = until
 
     # ------------------------------------------------------------------ state for metrics
 
     def deadline(self) -> float | None:
-        """When a hang will be declared if nothing happens; None when not armed."""
+        """When a hang will be declared if nothing happens; None when not armed (the
+        same as ``deadline_at``, which callers on the tick path read in place)."""
+        return self.deadline_at
+
+    def _deadline(self) -> float | None:
         if not self._running:
             return None
         if self._deferred is not None:  # verified alive: suspect again then
@@ -425,7 +440,7 @@ class HangDetector:
                 "last_step": self.last_step,
                 "seconds_since_progress": round(since, 3),
                 "budget_seconds": round(budget, 3),
-                "over_budget_seconds": round(now - (self.deadline() or now), 6),
+                "over_budget_seconds": round(now - (self.deadline_at or now), 6),
                 "interval_percentile": c.hang_percentile,
                 "interval_seconds": None if pct is None else round(pct, 6),
                 "longest_interval_seconds": round(self.longest, 6),

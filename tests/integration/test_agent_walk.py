@@ -55,3 +55,30 @@ def test_the_agents_half_of_a_crash_does_not_grow() -> None:
     # wait_at_barrier): the decider awaits nothing of the worker's there (no ``changed``)
     assert ("ftagent/agent/arbiter_decider.py", "ftagent/agent/worker.py") not in walk.edges, \
         edges
+
+
+# the hang path's count moves with the load more than the crash path's (py-spy children
+# reaped in the verification window, a wake-up more): lane hang8 saw 120-127
+HANG_SLACK = 5
+
+
+def test_the_agents_hang_path_does_not_grow() -> None:
+    """The hang path (bench/fault_walk.py ``agent_hang_walk``: the last step -> the hang
+    verified and declared -> the arbiter's restart -> the next RUNNING), a few seconds:
+    152-157 calls in 32 files on 59cf57a (stop 43's start), where this fails."""
+    walk = fault_walk.agent_hang_walk()
+    calls, files = sum(walk.edges.values()), len(walk.files)
+    edges = sorted(walk.edges.items())
+    bound_calls, bound_files = fault_walk.AGENT_HANG_NOW
+    assert calls <= bound_calls + HANG_SLACK and files <= bound_files, (calls, files, edges)
+    # no callback into the wiring (cmd/) on the verdict: the rank, the events file and
+    # the learned phases' hook are handed in
+    assert not [e for e in walk.edges if e[1].startswith("ftagent/cmd/")], edges
+    # the window samples the processes its first sample listed: one tree read
+    assert walk.edges[("ftagent/agent/verify.py", "ftagent/agent/supervisor.py")] <= 1, edges
+    # the ticker sleeps past the grid while nothing is printed (a wait and a resumption
+    # per wake-up: the last grid look, the early sampling's start, the budget's end)
+    assert walk.edges[("ftagent/agent/worker.py", "ftagent/waits.py")] <= 9, edges
+    # the verdict's task wakes nobody at its end; the detector's deadline read in place
+    assert ("ftagent/agent/verify.py", "ftagent/agent/worker.py") not in walk.edges, edges
+    assert walk.edges[("ftagent/agent/verify.py", "ftagent/detect/hang.py")] <= 3, edges

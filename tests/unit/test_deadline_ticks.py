@@ -220,3 +220,36 @@ class _Driver:
 
     def feed(self, obs: Observation) -> None:
         self.v.observe(obs, self.det.observe(obs))
+
+
+def test_a_declared_hang_wakes_the_ticker_for_nothing() -> None:
+    """A verdict that declares the hang moves no due time (the budget ran out: nothing is
+    due until an observation), so the end of its task wakes nobody; the old verifier woke
+    the ticker from every verification task's done callback, for a look that found
+    nothing (5 calls on the hang walk)."""
+    async def go() -> None:
+        cfg = HangConfig()
+        now = [0.0]
+        det = HangDetector(cfg)
+        woken: list[float] = []
+        raised: list[Fault] = []
+
+        async def emit(fault: Fault) -> None:
+            raised.append(fault)
+
+        v = Verifier(det, cfg, Replay(now, "collective_victim"), HangParts(
+            wake=lambda: woken.append(now[0])), clock=lambda: now[0],
+            sleep=_sleeper(now), record=lambda *a, **k: None, emit=emit)
+        r = _Driver(v, det, now)
+        r.feed(TrainerStart(pid=1, attempt=0, ts=0.0))
+        for i in range(20):
+            now[0] += 0.2
+            r.feed(Progress(step=i + 1, source="log", ts=now[0]))
+        await _deadline_driven(r, now[0] + 4.0)  # type: ignore[arg-type]
+        for _ in range(20):
+            await asyncio.sleep(0)  # the emit task's turn
+        assert [f.evidence["verdict"] for f in raised] == ["hung"]
+        assert woken == []
+        assert v.next_tick(now[0]) is None  # hung: nothing due before an observation
+
+    asyncio.run(go())

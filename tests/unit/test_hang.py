@@ -472,3 +472,25 @@ def test_the_first_read_after_warm_up_is_paired_with_the_last_warm_up_read() -> 
     for e in ev:
         det.observe(e)
     assert det.step_budget() == pytest.approx(10 * 1.0 / 3), det.intervals  # was 5.0
+
+
+def test_deadline_kept_by_every_input() -> None:
+    """``deadline_at`` (read in place on the tick path) is what the inputs say it is after
+    each of them: a start, steps, a phase, a deferral, a hang, the exit."""
+    from ftagent.model import PhaseMarker, ProcessExit, Progress, TrainerStart
+
+    det = HangDetector(HangConfig(hang_warmup_steps=1, hang_timeout_min=1.0))
+    assert det.deadline_at is None
+    inputs: list[object] = [TrainerStart(7, 0, 0, ts=0.0)]
+    inputs += [Progress(step=i, ts=0.2 * i) for i in range(1, 6)]
+    inputs += [PhaseMarker("save", True, ts=1.1), PhaseMarker("save", False, ts=1.5),
+               Progress(step=6, ts=1.7), ProcessExit(7, 0, None, ts=2.0)]
+    for obs in inputs:
+        det.observe(obs)  # type: ignore[arg-type]
+        assert det.deadline_at == det._deadline()
+        if isinstance(obs, Progress) and obs.step == 4:
+            det.defer(9.0)
+            assert det.deadline_at == det._deadline() == 9.0
+        if isinstance(obs, Progress) and obs.step == 6:
+            assert det.tick(100.0) and det.deadline_at == det._deadline()
+    assert det.deadline_at is None

@@ -17,7 +17,7 @@ PARTS = ("window_dump", "ask_arbiter", "local_peers", "rank", "waits")
 
 
 class NoSampler:
-    async def sample(self, stacks: bool = True) -> Any:  # never called here
+    async def sample(self, stacks: bool = True, pids: Any = None) -> Any:  # never called here
         raise AssertionError("not sampled")
 
 
@@ -35,6 +35,18 @@ def test_the_constructor_reads_every_part() -> None:
                            local_peers=peers, waits=lambda pids: None))  # type: ignore
     assert (v.rank, v.window_dump, v.local_peers) == (3, dump, peers)
     assert v.ask_arbiter is not None and v.ask_arbiter() and v.waits is not None
+
+
+def test_the_rank_is_read_in_place_from_its_owner() -> None:
+    """The wiring hands the lifecycle itself (cmd/run.py): a spare assigned rank 3 is rank
+    3 to the verifier at once, with no callback through the wiring on the verdict."""
+    from ftagent.agent.lifecycle import Lifecycle
+
+    life = Lifecycle(rank=-1, spare=True)
+    v = verifier(HangParts(rank=life))
+    assert v.rank == -1
+    life.assign(3, 1)
+    assert v.rank == 3
 
 
 def test_local_peers_join_when_built_and_answer_from_two_on() -> None:

@@ -1,8 +1,8 @@
 """Issue 24: phases the trainer did not declare but the agent learned (an undeclared long
 phase: a stall its hang verification found alive, agent/verify.py) leave ``productive``
 like declared ones: a save's stack -> ``checkpoint``, anything else -> ``other_phases``.
-The verifier's record reaches the arbiter link's TrainerSays (cmd/run.py wires it), whose
-seconds ride in the ProgressSummary to the ledger."""
+The verifier tells the arbiter link's TrainerSays of each (its ``learned``: cmd/run.py
+wires it), whose seconds ride in the ProgressSummary to the ledger."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import pytest
 
 from ftagent.agent.reporter import TrainerSays
 from ftagent.arbiter.ledger import Ledger
-from ftagent.cmd.run import learned_phases_to
 from ftagent.detect.liveness import Frame
 from ftagent.v1 import ftagent_pb2 as pb
 from ftagent.wire.convert import fill_resume_and_phases
@@ -33,7 +32,7 @@ def learned_by_the_agent(stacks: list[list[object]]) -> tuple[float, float, list
 
     async def go() -> list[str]:
         r = Rig(stacks)  # type: ignore[arg-type]
-        r.v.record = learned_phases_to(says.learned, r._record)
+        r.v.learned = says.learned  # as cmd/run.py wires it with --arbiter
         assert await r.run_until(r.now[0] + 8.0) == []  # alive: no fault
         r.progress(0.2)
         return r.kinds("phase")
@@ -75,15 +74,3 @@ def test_learned_phase_time_reaches_the_ledger_through_the_summary() -> None:
     assert b.seconds["productive"] == pytest.approx(19.0 - 5.0)
     says.reset()  # a new generation's trainer has learned nothing yet
     assert says.phase_seconds(0.0) == (0.0, 0.0)
-
-
-def test_the_verifiers_other_events_pass_through_untouched() -> None:
-    got: list[tuple[str, str]] = []
-    seen: list[tuple[float, str]] = []
-    rec = learned_phases_to(lambda s, w: seen.append((s, w)),
-                            lambda e, k, m, **f: got.append((e, k)))
-    rec("verify", "alive", "x", seconds=3.0)
-    rec("phase", "undeclared", "y", seconds=4.5, where="evaluate (train.py:88)")
-    rec("phase", "undeclared", "z", seconds="4.5", where="evaluate")  # not a number
-    assert got == [("verify", "alive"), ("phase", "undeclared"), ("phase", "undeclared")]
-    assert seen == [(4.5, "evaluate (train.py:88)")]

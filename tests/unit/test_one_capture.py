@@ -59,7 +59,9 @@ def test_a_declared_hang_is_captured_once_for_its_fault_and_the_arbiter() -> Non
         assert fault.evidence["rule"] == "H1"
         samples = len(r.sampler.calls)
         assert parts.evidence is not None
-        out = await parts.evidence(fault, [1])
+        listed: list[int] = []  # the verified fault carries its stacks: no tree listed
+        out = await parts.evidence(fault, lambda: listed.append(1) or [1])
+        assert listed == []
         answer = await session.stack_capture()
         assert rec.snapshots == 1, rec.snapshots  # one dump: the window's
         assert len(r.sampler.calls) == samples  # no stacks taken again
@@ -82,7 +84,7 @@ def test_a_rank_asking_the_arbiter_is_captured_once_for_its_question_and_the_ans
         # the arbiter's DUMP_STACKS may come before or after the question's evidence
         answer = await session.stack_capture()
         assert parts.evidence is not None
-        out = await parts.evidence(asked, [1])
+        out = await parts.evidence(asked, lambda: [1])
         assert rec.snapshots == 1, rec.snapshots
         assert len(r.sampler.calls) == samples, r.sampler.calls[samples:]
         assert out.evidence["flight_recorder"] == answer["flight_recorder"]

@@ -63,7 +63,8 @@ class Stopped:
     def __init__(self, clock: list[float]) -> None:
         self.clock = clock
 
-    async def sample(self, stacks: bool = True) -> tuple[Snapshot, list[dict[str, Any]]]:
+    async def sample(self, stacks: bool = True, pids: Any = None
+                     ) -> tuple[Snapshot, list[dict[str, Any]]]:
         t = self.clock[0]
         p = ProcessSample(7, t, 12.0, 0, None, "stopped",
                           errors=("py-spy dump failed (the process is stopped: SIGSTOP)",))

@@ -55,3 +55,33 @@ def test_an_exited_trainer_ends_the_wait_at_once() -> None:
                                   read=lambda p, s: DEFAULT, send=lambda p, s: None)
 
     assert asyncio.run(go()) == []
+
+
+def test_the_tree_just_signalled_is_looked_at_first_not_listed_again() -> None:
+    """``first``: the pids the stop has just listed and signalled; the first look reads
+    their handlers without listing the tree again (the stop read it twice within a few
+    milliseconds: trainer_exec -> supervisor.tree x2 on the hang walk); later looks list
+    it."""
+    listed: list[int] = []
+    sent: list[int] = []
+
+    async def go() -> list[int]:
+        loop = asyncio.get_running_loop()
+        exited = loop.create_future()
+        looks = [0]
+
+        def read(pid: int, sig: int) -> str:
+            looks[0] += 1
+            if looks[0] >= 2:
+                exited.set_result(0)
+            return DEFAULT
+
+        def pids() -> list[int]:
+            listed.append(1)
+            return [5]
+
+        return await wait_stopped(exited, pids, signal.SIGTERM, 1e9, poll=0.0, read=read,
+                                  send=lambda p, s: sent.append(p), first=[4])
+
+    assert asyncio.run(go()) == [4, 5]
+    assert listed == [1] and sent == [4, 5]

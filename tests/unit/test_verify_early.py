@@ -69,10 +69,13 @@ class Replay:
         self.clock = clock
         self.snaps = recorded(name)
         self.calls: list[tuple[float, bool]] = []
+        self.given: list[Any] = []  # the pids each sample was told (None: the tree now)
 
-    async def sample(self, stacks: bool = True) -> tuple[Snapshot, list[dict[str, Any]]]:
+    async def sample(self, stacks: bool = True, pids: Any = None
+                     ) -> tuple[Snapshot, list[dict[str, Any]]]:
         src = self.snaps[len(self.calls) % len(self.snaps)]
         self.calls.append((self.clock[0], stacks))
+        self.given.append(pids)
         base = src.processes[0].ts if src.processes else 0.0
         procs = tuple(dataclasses.replace(
             p, ts=self.clock[0] + (p.ts - base),
@@ -161,6 +164,9 @@ def test_a_hang_is_declared_verified_when_the_budget_ends() -> None:
         assert plan[0][0] >= budget - 2.0 - 1e-9 and plan[-1][0] <= budget + 0.05
         assert [s for _, s in plan] == [False, False, True, True, True]
         assert f.evidence["verification"]["samples"] == 5
+        # the tree listed once, by the window's first sample: the others sample its pids
+        first = [p.pid for p in r.sampler.snaps[0].processes]
+        assert r.sampler.given == [None] + [first] * 4
         assert len(r.dumps) == 1 and r.dumps[0] - start < budget  # in the window
         # the agent's evidence hook (use_flight_recorder) takes it for the fault, once
         got = await r.v.window_dump_result()
@@ -363,3 +369,47 @@ def test_healthy_steps_take_no_mark() -> None:
         assert r.sampler.calls == [] and r.v._mark is None
 
     asyncio.run(go())
+
+
+def test_a_sample_of_given_pids_does_not_list_the_tree() -> None:
+    """``TreeSampler.sample(pids=...)``: the window's processes, no tree read (the early
+    sampling read the whole tree per sample: 5 per window, supervisor.tree on the hang
+    walk)."""
+    import os
+
+    from ftagent.agent.verify import TreeSampler
+
+    listed: list[int] = []
+
+    def tree() -> list[Any]:
+        listed.append(1)
+        return []
+
+    async def go() -> Any:
+        s = TreeSampler(tree=tree, py_spy="/nonexistent/py-spy")
+        return await s.sample(stacks=False, pids=[os.getpid()])
+
+    snap, _ = asyncio.run(go())
+    assert listed == [] and [p.pid for p in snap.processes] == [os.getpid()]
+
+
+def test_nothing_learned_asks_no_book(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first stall (nothing learned yet): no stacks read for the phase book, no book
+    asked for a match or a spin budget (2-3 calls into detect/liveness per verdict on the
+    hang walk); the verdict is the same."""
+    from ftagent.agent import verify as verify_module
+    from ftagent.detect.liveness import PhaseBook
+
+    asked: list[str] = []
+    monkeypatch.setattr(verify_module, "stacks_of",
+                        lambda snap: asked.append("stacks_of") or [])
+    monkeypatch.setattr(PhaseBook, "match", lambda self, st: asked.append("match"))
+    monkeypatch.setattr(PhaseBook, "at", lambda self, place: asked.append("at"))
+
+    async def go() -> Any:
+        r = Rig("collective_victim")
+        await r.run_until(r.now[0] + r.det.step_budget() + 1.0)
+        return r.raised
+
+    ((_, f),) = asyncio.run(go())
+    assert f.evidence["verdict"] == "hung" and asked == []

@@ -82,7 +82,8 @@ class Leaving:
         self.calls = 0
         self.leave_at: int | None = None
 
-    async def sample(self, stacks: bool = True) -> tuple[Snapshot, list[dict[str, Any]]]:
+    async def sample(self, stacks: bool = True, pids: Any = None
+                     ) -> tuple[Snapshot, list[dict[str, Any]]]:
         out = self.leave_at is not None and self.calls >= self.leave_at
         self.calls += 1
         frames = STEPPING if out else BACKWARD

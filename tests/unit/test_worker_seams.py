@@ -161,8 +161,7 @@ def test_a_worker_built_by_ftagent_run_is_not_changed_after_its_constructor(
     # the rank's arbiter session is found while the parts are built: a phase the hang
     # verifier learns reaches the link (the ledger's other_phases), not only the events file
     says = worker.decider.session(worker).link.trainer_says  # type: ignore[attr-defined]
-    own.detectors()[0].verifier.record("phase", "undeclared", "an eval", seconds=4.0,
-                                        where="evaluate (train.py:88)")
+    own.detectors()[0].verifier.learned(4.0, "evaluate (train.py:88)")
     assert says.phase_seconds(0.0) == (0.0, 4.0)
     for s in own.sources():  # the SDK socket bound by the wiring
         close = getattr(s, "close", None)
