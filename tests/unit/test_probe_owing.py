@@ -67,16 +67,18 @@ class CountingRanks(dict[int, RankState]):
             yield kv
 
 
-def commands(conn: Connection) -> list[int]:
-    """The kinds of the commands queued on ``conn`` (its outbox drained)."""
-    out = []
+def asked(conn: Connection) -> str:
+    """The id of the last DUMP_STACKS queued on ``conn`` ("" none; its outbox drained):
+    what the agent's answer carries (arbiter_decider: ``report_stacks(action.id, ...)``)."""
+    got = ""
     while not conn.outbox.empty():
         item = conn.outbox.get_nowait()
         if isinstance(item, tuple):
             m = pb.ArbiterMessage.FromString(item[0])
-            if m.WhichOneof("body") == "command":
-                out.append(m.command.kind)
-    return out
+            if m.WhichOneof("body") == "command" and \
+                    m.command.kind == pb.COMMAND_KIND_DUMP_STACKS:
+                got = m.command.id
+    return got
 
 
 def hello(rank: int, world: int, instance: str = "a") -> Registered:
@@ -145,7 +147,7 @@ def test_an_answer_through_the_registry_reads_a_bounded_number_of_ranks() -> Non
         id="hang-1", kind=pb.FAULT_KIND_HANG, severity=pb.SEVERITY_ERROR,
         message="no progress", generation=0)), 0.0)
     assert job.hang_probe is not None
-    answer = pb.AgentMessage(stacks=pb.Stacks(command_id="c", json=json.dumps(
+    answer = pb.AgentMessage(stacks=pb.Stacks(command_id=asked(conns[0]), json=json.dumps(
         {"processes": [{"stack": "Thread 1 (idle)\n    all_reduce (c10d.py:1)\n"}]})))
     reg.handle(conns[0], answer, 0.0)  # the first answer: who owes one (the one pass)
     job.ranks = CountingRanks(job.ranks)
@@ -226,20 +228,27 @@ def test_an_arbiter_restart_rebuilds_the_probe_from_the_reports() -> None:
     fault = pb.AgentMessage(fault=pb.Fault(id="hang-1", kind=pb.FAULT_KIND_HANG,
                                            severity=pb.SEVERITY_ERROR, message="stalled",
                                            generation=0))
-    answer = pb.AgentMessage(stacks=pb.Stacks(command_id="c", json="{}"))
+    def answer(cid: str) -> pb.AgentMessage:
+        return pb.AgentMessage(stacks=pb.Stacks(command_id=cid, json="{}"))
+
     first, conns = arbiter()
     first.handle(conns[1], fault, 0.0)
-    first.handle(conns[0], answer, 0.0)
+    old = asked(conns[0])
+    first.handle(conns[0], answer(old), 0.0)
     assert first.jobs[("", "j")].hang_probe.owing == {1, 2, 3}  # type: ignore[union-attr]
     second, conns = arbiter()  # the first one died; the agents reconnect to this one
     job = second.jobs[("", "j")]
     assert job.hang_probe is None and job.ranks[0].stack is None
     second.handle(conns[1], fault, 0.0)  # its decision was open: the agent sends it again
+    cid = asked(conns[0])
+    assert cid and cid != old
+    second.handle(conns[0], answer(old), 0.0)  # kept by its agent across the reconnect
+    assert job.ranks[0].stack is None  # the dead arbiter's probe's: unread
     for r in (3, 0, 2):
-        second.handle(conns[r], answer, 0.0)
+        second.handle(conns[r], answer(cid), 0.0)
         assert job.hang_probe is not None and job.hang_probe.owing == owing(job)
     assert job.hang_probe.owing == {1}
-    second.handle(conns[1], answer, 0.0)
+    second.handle(conns[1], answer(cid), 0.0)
     assert job.hang_probe is None and job.generation == 1
 
 
@@ -256,18 +265,19 @@ def test_a_second_answer_of_a_rank_is_unread_and_a_reconnected_rank_is_asked_aga
     reg.handle(conns[0], pb.AgentMessage(fault=pb.Fault(
         id="hang-1", kind=pb.FAULT_KIND_HANG, severity=pb.SEVERITY_ERROR,
         message="no progress", generation=0)), 0.0)
-    first = pb.AgentMessage(stacks=pb.Stacks(command_id="c", json=json.dumps(
+    cid = asked(conns[0])
+    first = pb.AgentMessage(stacks=pb.Stacks(command_id=cid, json=json.dumps(
         {"processes": [{"stack": "Thread 1 (idle)\n    all_reduce (c10d.py:1)\n"}]})))
     reg.handle(conns[0], first, 0.0)
     kept = job.ranks[0].stack
-    reg.handle(conns[0], pb.AgentMessage(stacks=pb.Stacks(command_id="c", json="{}")), 0.0)
+    reg.handle(conns[0], pb.AgentMessage(stacks=pb.Stacks(command_id=cid, json="{}")), 0.0)
     assert job.ranks[0].stack == kept  # unread: the first answer stands
     reg.disconnect(conns[1])  # gone without answering
     assert job.hang_probe is not None and job.hang_probe.owing == {2}
     again = Connection("p1-again")
     reg.hello(again, pb.Hello(job="j", rank=1, world_size=3, agent_instance="a1"))
     assert job.hang_probe.owing == {1, 2}
-    assert pb.COMMAND_KIND_DUMP_STACKS in commands(again)  # asked again: it can answer
+    assert asked(again) == cid  # asked again (the same command): it can answer
     for c in (again, conns[2]):
         reg.handle(c, first, 0.0)
     assert job.hang_probe is None and job.generation == 1
