@@ -173,12 +173,16 @@ def arbiter_hang_walk() -> list[Walk]:
     a = traced("hang -> DUMP_STACKS queued", lambda: reg.handle(conns[0], hang,
                                                                 time.monotonic()))
 
+    probe = reg.jobs[("", "walk")].hang_probe
+    cid = probe.command_id if probe is not None else ""  # the DUMP_STACKS' id, echoed
+
     def stacks() -> None:
         for conn, text, pid in ((conns[0], VICTIM_STACK, 101),
                                 (conns[1], CULPRIT_STACK, 202)):
             doc = json.dumps({"processes": [{"pid": pid, "cpu_times": [1.0, 0.1],
                                              "stack": text}], "seconds": 0.02})
-            reg.handle(conn, pb.AgentMessage(stacks=pb.Stacks(json=doc)), time.monotonic())
+            reg.handle(conn, pb.AgentMessage(stacks=pb.Stacks(command_id=cid, json=doc)),
+                       time.monotonic())
 
     b = traced("stacks -> RESTART queued", stacks)
 

@@ -64,7 +64,7 @@ def send(job: JobState, d: Decision, metrics: ArbiterMetrics | None,
         if acks:
             send_all((), None, acks)
         return
-    cid = uuid.uuid4().hex
+    cid = d.command_id or uuid.uuid4().hex  # a DUMP_STACKS': its probe's (jobs.execute)
     if d.verdict in SPARE_COMMANDS:  # to the spare's stream (it has no rank yet)
         sp = job.spares.get(d.spare)
         conn = live(sp.conn) if sp is not None else None
@@ -118,6 +118,33 @@ def resend(rs: RankState) -> None:
     if conn is not None:
         for _, data in list(rs.pending.values()):
             conn.send(data)
+
+
+def ask_stacks(job: JobState, rs: RankState) -> None:
+    """The job's open hang probe's DUMP_STACKS to ``rs``, a rank that owes it an answer
+    and does not hold it (after its Hello): a rank first heard of during the probe (its
+    agent came up late, or every agent reconnects to an arbiter restarted mid-probe: the
+    probe re-raised by the fault its agent sends again reached only the ranks back by
+    then), or one whose agent acknowledged it before its stream broke. Without it the
+    probe waited for its deadline (--stacks-timeout) to decide a job hang. The probe's
+    own command, as ``send`` built it: its id (the answer counts only with it,
+    jobs.stacks; an agent acts once on a command id, so the agent that already answered
+    does not capture again) and its reason; kept in the rank's slot as any command, so
+    ``resend`` carries it after a reconnect. O(1): one rank, one command."""
+    probe = job.hang_probe
+    if probe is None or rs.stack is not None or not probe.command_id:
+        return
+    held = rs.pending.get(_SLOTS[Verdict.DUMP_STACKS])
+    if held is not None and held[0] == probe.command_id:
+        return  # unacknowledged: ``resend`` sent it again
+    d = Decision(Verdict.DUMP_STACKS, probe.reason, job.generation, rank=probe.rank,
+                 fault_id=probe.fault_id, until=probe.deadline,
+                 command_id=probe.command_id)
+    data = command_for(d, probe.command_id).SerializeToString()
+    rs.pending[_SLOTS[Verdict.DUMP_STACKS]] = (probe.command_id, data)
+    conn = live(rs.conn)
+    if conn is not None:
+        conn.send(data)
 
 
 def forget_replace(rs: RankState) -> None:

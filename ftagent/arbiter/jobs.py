@@ -13,8 +13,10 @@ loop only (no locks) and never blocks.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
@@ -222,6 +224,8 @@ class Jobs:
         conn.send(pb.ArbiterMessage(welcome=welcome).SerializeToString())
         commands.resend(rs)
         self.execute(job, barrier.decide_hello(job, h.rank, now), now)
+        if job.hang_probe is not None and rs.stack is None:  # it owes the probe an answer
+            commands.ask_stacks(job, rs)
 
     def _spare_hello(self, conn: Connection, h: pb.Hello, job: JobState | None,
                      now: float) -> None:
@@ -337,8 +341,13 @@ class Jobs:
         """A rank's answer to a hang probe: read once (``policy.read_stacks``: its
         signature and flight-recorder summary), kept (``StacksIn``); once every connected
         rank answered, the probe is decided (``policy.decide_stacks``) and carried out."""
-        if job.hang_probe is None or rs.stack is not None:
-            return  # unsolicited (no probe, or this rank already answered): unread
+        probe = job.hang_probe
+        if probe is None or rs.stack is not None or m.command_id != probe.command_id:
+            # unsolicited (no probe, this rank answered already, or the answer to another
+            # DUMP_STACKS: a late one of an earlier probe, decided at its deadline, or of
+            # one lost with an arbiter that restarted): unread. The peer's id is compared,
+            # never kept (the probe's is ours: Decision.command_id)
+            return
         text = m.json  # one copy out of the message (1 MiB at most is read)
         size = len(text)
         if size <= policy.MAX_STACKS:  # parsed once, for both readers
@@ -569,6 +578,10 @@ class Jobs:
             else -1
         done: list[Decision] = []
         for i, d in enumerate(decisions):
+            if d.verdict is Verdict.DUMP_STACKS and not d.command_id:
+                # its command's id, made here (the policy is pure): the probe it opens
+                # keeps it (state.apply) and reads only answers that carry it
+                d = dataclasses.replace(d, command_id=uuid.uuid4().hex)
             done.append(d)
             derived = self.apply(job, d, now)
             if self.metrics:

@@ -114,6 +114,11 @@ class Decision:
     # the ranks this decision blames (a hang's culprits, the crashed or replaced rank),
     # sorted by rank; its reason names them in ``policy.culprit_clause``'s form
     culprits: tuple[Culprit, ...] = ()
+    # DUMP_STACKS: the id of the command it sends (made where it is carried out,
+    # jobs.execute: a random one, never a peer's), kept by the probe it opens
+    # (``HangProbe.command_id``): an answer counts only with it. Not part of what was
+    # decided (equality ignores it)
+    command_id: str = field(default="", compare=False)
 
 
 @dataclass(slots=True)
@@ -208,6 +213,13 @@ class HangProbe:
     # as they answer, leave and come back (``_index_rank``). None: not built (no answer
     # yet, or stacks written by hand, not applied): the policy scans the ranks.
     owing: set[int] | None = None
+    # The id of the DUMP_STACKS the probe sent (``Decision.command_id``: the same for
+    # every rank, and when it is re-sent): an answer is read only with this id
+    # (jobs.stacks), so a late answer to an earlier probe (one decided at its deadline,
+    # or lost with an arbiter that restarted) never counts for this one. Its reason is
+    # kept to ask a rank first heard of during the probe (commands.ask_stacks).
+    command_id: str = ""
+    reason: str = ""
 
 
 @dataclass(slots=True)
@@ -640,7 +652,8 @@ def _apply(job: JobState, d: Change, now: float) -> Finished | Settled | None:
             _busy_over(job)
     elif v is Verdict.DUMP_STACKS and d.until is not None and d.rank is not None:
         job.hang_probe = HangProbe(fault_id=d.fault_id, rank=d.rank, deadline=d.until,
-                                   exit_status=d.exit_code)
+                                   exit_status=d.exit_code, command_id=d.command_id,
+                                   reason=d.reason)
         for r in job.ranks.values():
             r.stack = None
     elif v is Verdict.RELEASE_BARRIER and not d.targets and job.barrier is not None:

@@ -150,6 +150,30 @@ def test_a_job_hang_probe_lost_with_its_arbiter_is_decided_by_the_next() -> None
     assert {a.generation for a in w.agents} == {1}
 
 
+def test_ranks_back_after_the_probe_was_raised_again_answer_it_at_once() -> None:
+    """The arbiter dies while rank 0's hang is open; ranks 0 and 1 reconnect first (rank
+    0's fault, sent again, raises a new probe of the two), rank 2 after. Rank 2 owes the
+    probe an answer: it is sent the probe's DUMP_STACKS at its Hello and the probe is
+    decided when it answers. (Before, it was never asked: the probe waited for its
+    deadline, STACKS_TIMEOUT, to restart the hung job.)"""
+    w = start(3)
+    w.agents[0].hang()
+    w.restart_arbiter()
+    for r in (0, 1):
+        w.connect(r)
+    w.flush(1)  # rank 1's Hello first: rank 0's fault finds it there
+    w.flush(0)  # Hello, the fault again: DUMP_STACKS to ranks 0 and 1; rank 0 answers
+    job = w.registry.jobs[("", JOB)]
+    assert job.hang_probe is not None
+    w.connect(2)
+    w.flush(2)  # back during the probe: asked, and it answers
+    w.flush(1)  # the last answer
+    assert job.hang_probe is None and job.generation == 1, [
+        e.message for e in w.registry.timeline.entries(JOB, "", 30)]
+    w.heal_and_check()
+    assert {a.generation for a in w.agents} == {1}
+
+
 def test_stacks_lost_with_a_broken_stream_are_decided_at_the_probes_deadline() -> None:
     """Found by the search: a rank's stacks answer is lost with its stream, and the re-sent
     DUMP_STACKS is the same command (answered once); the probe decides at its deadline."""

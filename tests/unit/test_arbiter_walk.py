@@ -145,11 +145,14 @@ def _hung_job(ranks: int, keep: int) -> tuple[Registry, list[Connection], list[f
     return reg, conns, now
 
 
-def _stacks(rank: int) -> pb.AgentMessage:
+def _stacks(reg: Registry, rank: int) -> pb.AgentMessage:
+    """Rank ``rank``'s answer to the probe's DUMP_STACKS (its command id echoed)."""
+    probe = reg.jobs[("", "j")].hang_probe
+    assert probe is not None
     frames = "hang_before_collective (train.py:72)" if rank == 1 else "backward (x.py:1)"
     doc = {"processes": [{"pid": 100 + rank, "stack": f"Thread 1 (idle): \"Main\"\n"
                           f"    {frames}\n"}], "seconds": 0.01}
-    return pb.AgentMessage(stacks=pb.Stacks(json=json.dumps(doc)))
+    return pb.AgentMessage(stacks=pb.Stacks(command_id=probe.command_id, json=json.dumps(doc)))
 
 
 def test_a_probes_answers_do_not_push_the_fault_out_of_the_jobs_timeline() -> None:
@@ -159,7 +162,7 @@ def test_a_probes_answers_do_not_push_the_fault_out_of_the_jobs_timeline() -> No
     them at every job hang; here 12 ranks against 8 entries.)"""
     reg, conns, _ = _hung_job(12, keep=8)
     for r, c in enumerate(conns):
-        reg.handle(c, _stacks(r), 0.0)
+        reg.handle(c, _stacks(reg, r), 0.0)
     entries = reg.timeline.entries("j", "")
     kinds = [(e.kind, e.action) for e in entries]
     assert ("fault", "") in kinds and ("decision", "dump_stacks") in kinds, kinds
@@ -171,7 +174,7 @@ def test_a_probe_decided_at_its_deadline_names_the_ranks_that_did_not_answer() -
     reg, conns, now = _hung_job(14, keep=100)
     for r, c in enumerate(conns):
         if r not in (3, 12, 13):
-            reg.handle(c, _stacks(r), 0.0)
+            reg.handle(c, _stacks(reg, r), 0.0)
     now[0] += policy.PolicyConfig().stacks_timeout + 1
     reg.tick()
     decided = [e for e in reg.timeline.entries("j", "") if e.kind == "decision"][-1]
@@ -184,7 +187,7 @@ def test_a_settled_faults_final_ack_follows_the_command_on_its_stream() -> None:
     the RESTART on the hung rank's stream, outside the fan-out's count of commands."""
     reg, conns, _ = _hung_job(3, keep=100)
     for r, c in enumerate(conns):
-        reg.handle(c, _stacks(r), 0.0)
+        reg.handle(c, _stacks(reg, r), 0.0)
     got = []
     while not conns[0].outbox.empty():
         item = conns[0].outbox.get_nowait()

@@ -83,7 +83,7 @@ def test_oversized_stacks_count_as_a_capture_without_frames() -> None:
     clock = [1000.0]
     reg, conns = two_ranks(clock)
     job = reg.jobs[("", "j")]
-    job.hang_probe = HangProbe("f", 0, clock[0] + 15)  # stacks were asked for
+    job.hang_probe = HangProbe("f", 0, clock[0] + 15, command_id="c")  # stacks asked for
     huge = json.dumps({"stack": "x" * (policy.MAX_STACKS + 1)})
     reg.handle(conns[0], pb.AgentMessage(stacks=pb.Stacks(command_id="c", json=huge)), 0.0)
     assert job.ranks[0].stack is not None

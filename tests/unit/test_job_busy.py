@@ -157,9 +157,10 @@ def test_the_registry_sends_busy_to_every_rank_and_status_shows_it_until_steps_r
     reg.handle(conns[1], pb.AgentMessage(fault=fault_to_proto(suspect, 0)), 0.0)
     job = reg.jobs[("", "j")]
     assert job.hang_probe is not None
+    cid = job.hang_probe.command_id  # the DUMP_STACKS' id: the answers echo it
     for r, (c, text, state) in enumerate([(conns[0], SPIN, "spinning"),
                                           (conns[1], WAIT, "hung")]):
-        reg.handle(c, pb.AgentMessage(stacks=pb.Stacks(json=answer(
+        reg.handle(c, pb.AgentMessage(stacks=pb.Stacks(command_id=cid, json=answer(
             text, state, "spin (train.py:64)" if r == 0 else "_engine_run_backward"))), 0.0)
     told = []
     for c in conns:

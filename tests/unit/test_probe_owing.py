@@ -67,16 +67,18 @@ class CountingRanks(dict[int, RankState]):
             yield kv
 
 
-def commands(conn: Connection) -> list[int]:
-    """The kinds of the commands queued on ``conn`` (its outbox drained)."""
-    out = []
+def asked(conn: Connection) -> str:
+    """The id of the last DUMP_STACKS queued on ``conn`` ("" none; its outbox drained):
+    what the agent's answer carries (arbiter_decider: ``report_stacks(action.id, ...)``)."""
+    got = ""
     while not conn.outbox.empty():
         item = conn.outbox.get_nowait()
         if isinstance(item, tuple):
             m = pb.ArbiterMessage.FromString(item[0])
-            if m.WhichOneof("body") == "command":
-                out.append(m.command.kind)
-    return out
+            if m.WhichOneof("body") == "command" and \
+                    m.command.kind == pb.COMMAND_KIND_DUMP_STACKS:
+                got = m.command.id
+    return got
 
 
 def hello(rank: int, world: int, instance: str = "a") -> Registered:
@@ -145,7 +147,7 @@ def test_an_answer_through_the_registry_reads_a_bounded_number_of_ranks() -> Non
         id="hang-1", kind=pb.FAULT_KIND_HANG, severity=pb.SEVERITY_ERROR,
         message="no progress", generation=0)), 0.0)
     assert job.hang_probe is not None
-    answer = pb.AgentMessage(stacks=pb.Stacks(command_id="c", json=json.dumps(
+    answer = pb.AgentMessage(stacks=pb.Stacks(command_id=asked(conns[0]), json=json.dumps(
         {"processes": [{"stack": "Thread 1 (idle)\n    all_reduce (c10d.py:1)\n"}]})))
     reg.handle(conns[0], answer, 0.0)  # the first answer: who owes one (the one pass)
     job.ranks = CountingRanks(job.ranks)
@@ -226,20 +228,27 @@ def test_an_arbiter_restart_rebuilds_the_probe_from_the_reports() -> None:
     fault = pb.AgentMessage(fault=pb.Fault(id="hang-1", kind=pb.FAULT_KIND_HANG,
                                            severity=pb.SEVERITY_ERROR, message="stalled",
                                            generation=0))
-    answer = pb.AgentMessage(stacks=pb.Stacks(command_id="c", json="{}"))
+    def answer(cid: str) -> pb.AgentMessage:
+        return pb.AgentMessage(stacks=pb.Stacks(command_id=cid, json="{}"))
+
     first, conns = arbiter()
     first.handle(conns[1], fault, 0.0)
-    first.handle(conns[0], answer, 0.0)
+    old = asked(conns[0])
+    first.handle(conns[0], answer(old), 0.0)
     assert first.jobs[("", "j")].hang_probe.owing == {1, 2, 3}  # type: ignore[union-attr]
     second, conns = arbiter()  # the first one died; the agents reconnect to this one
     job = second.jobs[("", "j")]
     assert job.hang_probe is None and job.ranks[0].stack is None
     second.handle(conns[1], fault, 0.0)  # its decision was open: the agent sends it again
+    cid = asked(conns[0])
+    assert cid and cid != old
+    second.handle(conns[0], answer(old), 0.0)  # kept by its agent across the reconnect
+    assert job.ranks[0].stack is None  # the dead arbiter's probe's: unread
     for r in (3, 0, 2):
-        second.handle(conns[r], answer, 0.0)
+        second.handle(conns[r], answer(cid), 0.0)
         assert job.hang_probe is not None and job.hang_probe.owing == owing(job)
     assert job.hang_probe.owing == {1}
-    second.handle(conns[1], answer, 0.0)
+    second.handle(conns[1], answer(cid), 0.0)
     assert job.hang_probe is None and job.generation == 1
 
 
@@ -256,18 +265,19 @@ def test_a_second_answer_of_a_rank_is_unread_and_a_reconnected_rank_is_asked_aga
     reg.handle(conns[0], pb.AgentMessage(fault=pb.Fault(
         id="hang-1", kind=pb.FAULT_KIND_HANG, severity=pb.SEVERITY_ERROR,
         message="no progress", generation=0)), 0.0)
-    first = pb.AgentMessage(stacks=pb.Stacks(command_id="c", json=json.dumps(
+    cid = asked(conns[0])
+    first = pb.AgentMessage(stacks=pb.Stacks(command_id=cid, json=json.dumps(
         {"processes": [{"stack": "Thread 1 (idle)\n    all_reduce (c10d.py:1)\n"}]})))
     reg.handle(conns[0], first, 0.0)
     kept = job.ranks[0].stack
-    reg.handle(conns[0], pb.AgentMessage(stacks=pb.Stacks(command_id="c", json="{}")), 0.0)
+    reg.handle(conns[0], pb.AgentMessage(stacks=pb.Stacks(command_id=cid, json="{}")), 0.0)
     assert job.ranks[0].stack == kept  # unread: the first answer stands
     reg.disconnect(conns[1])  # gone without answering
     assert job.hang_probe is not None and job.hang_probe.owing == {2}
     again = Connection("p1-again")
     reg.hello(again, pb.Hello(job="j", rank=1, world_size=3, agent_instance="a1"))
     assert job.hang_probe.owing == {1, 2}
-    assert pb.COMMAND_KIND_DUMP_STACKS in commands(again)  # asked again: it can answer
+    assert asked(again) == cid  # asked again (the same command): it can answer
     for c in (again, conns[2]):
         reg.handle(c, first, 0.0)
     assert job.hang_probe is None and job.generation == 1
@@ -307,3 +317,117 @@ def test_the_kept_set_matches_a_recount_and_decides_as_the_scan(seed: int) -> No
             if got and rng.random() < 0.5:
                 apply(job, got[0], NOW)
                 break
+
+
+# ---------------------------------------------------------------- the probe's own command
+
+HANG = pb.AgentMessage(fault=pb.Fault(id="hang-1", kind=pb.FAULT_KIND_HANG,
+                                      severity=pb.SEVERITY_ERROR, message="stalled",
+                                      generation=0))
+WAIT_DOC = json.dumps({"processes": [{"stack": "Thread 1 (idle)\n    all_reduce (c10d.py:1)\n"}]})
+OUT_DOC = json.dumps({"processes": [{"stack": "Thread 1 (idle)\n    hang_before (train.py:72)\n"}]})
+
+
+def stacks(cid: str, doc: str = WAIT_DOC) -> pb.AgentMessage:
+    """An agent's answer to the DUMP_STACKS whose id is ``cid`` (it echoes the id:
+    arbiter_decider.on_minor_action, ``report_stacks(action.id, ...)``)."""
+    return pb.AgentMessage(stacks=pb.Stacks(command_id=cid, json=doc))
+
+
+def registry(clock: list[float], timeout: float = 60.0) -> Registry:
+    return Registry(PolicyConfig(max_restarts=5, stacks_timeout=timeout), Timeline(), None,
+                    "arb", clock=lambda: clock[0])
+
+
+def running(reg: Registry, rank: int, world: int, instance: str = "a") -> Connection:
+    """Rank ``rank``'s agent says Hello with its trainer of generation 0 running (as to
+    an arbiter that restarted: the job is rebuilt from the Hellos)."""
+    conn = Connection(f"p{rank}-{instance}")
+    reg.hello(conn, pb.Hello(job="j", rank=rank, world_size=world,
+                             agent_instance=f"{instance}{rank}", generation=0,
+                             released_generation=0, trainer_running=True))
+    return conn
+
+
+def test_a_rank_first_heard_of_during_a_probe_is_sent_its_dump_stacks() -> None:
+    """An arbiter restarted mid-probe: ranks 0 and 1 are back when rank 1's agent sends
+    its open hang fault again (a new probe, DUMP_STACKS to both); ranks 2 and 3 come back
+    after. They owe the probe an answer, and before they were never asked: the probe
+    waited its whole --stacks-timeout (60 s here) to decide the job hang. Now each is
+    sent the probe's own DUMP_STACKS at its Hello, and the last answer decides at once,
+    on every rank's stacks."""
+    clock = [NOW]
+    reg = registry(clock)
+    conns = {r: running(reg, r, 4) for r in (0, 1)}
+    reg.handle(conns[1], HANG, 0.0)
+    job = reg.jobs[("", "j")]
+    cid = asked(conns[0])
+    assert cid and asked(conns[1]) == cid
+    reg.handle(conns[0], stacks(cid), 0.0)
+    for r in (2, 3):  # a late agent (or one slower to reconnect): first heard of now
+        conns[r] = running(reg, r, 4)
+        assert asked(conns[r]) == cid  # the probe's command: its answer counts
+    assert job.hang_probe is not None and job.hang_probe.owing == {1, 2, 3}
+    for r, doc in ((1, WAIT_DOC), (2, OUT_DOC), (3, WAIT_DOC)):
+        reg.handle(conns[r], stacks(cid, doc), 0.0)
+    assert job.hang_probe is None and job.generation == 1  # decided, no time passed
+    (d,) = [e for e in reg.timeline.entries("j", "") if e.action == "restart"]
+    assert "stacks from 4/4 ranks" in d.message and [c.rank for c in d.culprits] == [2]
+
+
+def test_a_rank_whose_new_agent_never_answered_is_asked_again() -> None:
+    """Its agent acknowledged the DUMP_STACKS (the rank's slot is emptied: nothing to
+    re-send), then died before answering; the pod's new agent process says Hello during
+    the probe. Before it was never asked again (the probe waited for its deadline)."""
+    clock = [NOW]
+    reg = registry(clock)
+    conns = [running(reg, r, 3) for r in range(3)]
+    reg.handle(conns[0], HANG, 0.0)
+    cid = asked(conns[2])
+    reg.handle(conns[2], pb.AgentMessage(ack=pb.Ack(command_id=cid)), 0.0)
+    reg.disconnect(conns[2])
+    again = running(reg, 2, 3, instance="new")
+    assert asked(again) == cid
+    for c in (conns[0], conns[1], again):
+        reg.handle(c, stacks(cid), 0.0)
+    assert reg.jobs[("", "j")].generation == 1
+
+
+def test_an_answer_to_an_earlier_probe_does_not_count_for_the_next() -> None:
+    """Rank 2 is slow to answer probe A (SIGSTOPped, its node loaded): A is decided at
+    its deadline (a RESTART), the job runs generation 1, and rank 1 reports a hang:
+    probe B. Rank 2's answer to A arrives now. Before, it was taken as its answer to B
+    (no answer was matched to its DUMP_STACKS), and B decided on stacks of the previous
+    generation as soon as ranks 0 and 1 answered. Now it is unread, as an unsolicited
+    answer: B waits for rank 2's answer to B."""
+    clock = [NOW]
+    reg = registry(clock, timeout=15.0)
+    conns = [Connection(f"p{r}") for r in range(3)]
+    for r, c in enumerate(conns):
+        reg.hello(c, pb.Hello(job="j", rank=r, world_size=3, agent_instance=f"a{r}"))
+    for g in (0, 1):
+        for c in conns:
+            reg.handle(c, pb.AgentMessage(arrival=pb.BarrierArrival(generation=g)), 0.0)
+        if g == 0:
+            reg.handle(conns[0], HANG, 0.0)
+            first = asked(conns[0])
+            for c in conns[:2]:
+                reg.handle(c, stacks(first), 0.0)
+            clock[0] += 16.0
+            reg.tick()  # A's deadline: decided without rank 2's stacks
+    job = reg.jobs[("", "j")]
+    assert job.generation == 1 and job.barrier is not None and job.barrier.released
+    reg.handle(conns[1], pb.AgentMessage(fault=pb.Fault(
+        id="hang-2", kind=pb.FAULT_KIND_HANG, severity=pb.SEVERITY_ERROR,
+        message="stalled", generation=1)), 0.0)
+    probe = job.hang_probe
+    second = asked(conns[2])
+    assert probe is not None and second and second != first
+    assert asked(conns[0]) == asked(conns[1]) == second  # every rank: the same command
+    reg.handle(conns[2], stacks(first, OUT_DOC), 0.0)  # late: probe A's answer
+    assert job.ranks[2].stack is None
+    for c in conns[:2]:
+        reg.handle(c, stacks(second), 0.0)
+    assert job.hang_probe is probe and probe.owing == {2}  # rank 2 still owes B
+    reg.handle(conns[2], stacks(second), 0.0)
+    assert job.hang_probe is None and job.generation == 2
