@@ -36,6 +36,11 @@ What an injected pod gets:
   ``FTAGENT_JOB``/``_RANK``/``_WORLD_SIZE`` where the job's labels and env tell
   (``identity.py``), ``FTAGENT_ARBITER``, ``FTAGENT_TLS_CA``, ``FTAGENT_PROGRESS=none``
   for roles without steps, ``FTAGENT_METRICS_PORT``. What the container already sets wins;
+* ``FTAGENT_STOP_TIMEOUT``: the pod's ``terminationGracePeriodSeconds`` less
+  ``grace.STOP_MARGIN`` (5 s), so that the agent records the trainer's exit and closes
+  before the kubelet's SIGKILL; a value the container sets itself is kept, with a warning
+  when it is not below the grace, and the annotation ``ftagent.io/stop-timeout`` says what
+  the agent got and why (``grace.py``);
 * the named port ``ftagent-metrics`` and ``prometheus.io/scrape|port|path`` annotations.
   In its own network namespace every pod uses the base port (9440, or the next one no
   container of the pod declares). **hostNetwork pods** share the node's ports: each gets
