@@ -133,12 +133,13 @@ def test_a_pre_stop_hook_is_named() -> None:
 
 
 @pytest.mark.parametrize(("given", "stop"), [(30, "25"), (120, "115"), (..., "25"),
-                                             (0, "1"), ("x", "25")])
+                                             (0, "1"), ("x", "25"), (True, "25"),
+                                             (2**63, "1000000000"), (-1, "1")])
 def test_the_patched_trainer_has_the_derived_stop_timeout(given: Any, stop: str) -> None:
     pod, resp = _patched(_pod(given))
     assert _env(pod)["FTAGENT_STOP_TIMEOUT"] == stop
     assert pod["metadata"]["annotations"]["ftagent.io/stop-timeout"].startswith(f"{stop} s:")
-    assert ("warnings" in resp) == (given in (0, "x"))
+    assert ("warnings" in resp) == (given in (0, "x", -1) or given is True)
 
 
 def test_the_containers_own_value_is_kept_and_warned_about() -> None:
