@@ -36,6 +36,11 @@ What an injected pod gets:
   ``FTAGENT_JOB``/``_RANK``/``_WORLD_SIZE`` where the job's labels and env tell
   (``identity.py``), ``FTAGENT_ARBITER``, ``FTAGENT_TLS_CA``, ``FTAGENT_PROGRESS=none``
   for roles without steps, ``FTAGENT_METRICS_PORT``. What the container already sets wins;
+* ``FTAGENT_STOP_TIMEOUT``: the pod's ``terminationGracePeriodSeconds`` less
+  ``grace.STOP_MARGIN`` (5 s), so that the agent records the trainer's exit and closes
+  before the kubelet's SIGKILL; a value the container sets itself is kept, with a warning
+  when it is not below the grace, and the annotation ``ftagent.io/stop-timeout`` says what
+  the agent got and why (``grace.py``);
 * the named port ``ftagent-metrics`` and ``prometheus.io/scrape|port|path`` annotations.
   In its own network namespace every pod uses the base port (9440, or the next one no
   container of the pod declares). **hostNetwork pods** share the node's ports: each gets
@@ -73,6 +78,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ftagent import __version__
+from ftagent.kube import grace
 from ftagent.kube.identity import (
     Identity,
     annotations_of,
@@ -165,7 +171,7 @@ def mutate(pod: Any, namespace: str, settings: Settings) -> Mutation:
         return Mutation(status="skipped: unreadable pod (nested too deep)",
                         reason="unreadable pod")
     if reason == "already injected":  # a reinvocation: nothing more to do
-        return Mutation(status=status, reason=reason)
+        return Mutation(warnings=warnings, status=status, reason=reason)
     meta = new["metadata"]
     if not isinstance(meta.get("annotations"), dict):
         meta["annotations"] = {}
@@ -250,7 +256,8 @@ def _inject(pod: dict[str, Any], namespace: str, s: Settings
                  "ftagent.io/command"])
     from_image = notes.get("ftagent.io/agent", "").strip().lower() == "image"
     if _wrapped(command, s):
-        return "skipped: already injected", "already injected", []
+        return "skipped: already injected", "already injected", \
+            ([] if INJECTED in notes else list(_own_agent_stop(spec, trainer, command, s)))
     if from_image:
         trainer["command"] = ["ftagent", "run", "--", *command]
     else:
@@ -265,13 +272,18 @@ def _inject(pod: dict[str, Any], namespace: str, s: Settings
     if arbitrated:
         _add_token(spec, trainer, s)
     port = _metrics_port(pod, env, namespace, ident, s)
+    stop = grace.stop_timeout(spec, trainer)  # before the env gets ours
     _add_env(trainer, _env(ident, name, port, monitor_only, arbitrated, bool(ca), s))
+    if stop.value is not None:
+        _add_env(trainer, [{"name": grace.ENV, "value": stop.value}])
     _add_port(trainer, port, bool(spec.get("hostNetwork")))
-    warnings = _restart_rules(spec, trainer, labels, notes, s) if arbitrated else []
+    warnings = [*stop.warnings,
+                *(_restart_rules(spec, trainer, labels, notes, s) if arbitrated else [])]
     meta = pod["metadata"]
     if not isinstance(meta.get("annotations"), dict):
         meta["annotations"] = {}
     annotations = meta["annotations"]
+    annotations[grace.NOTE] = stop.note
     for k, v in (("prometheus.io/scrape", "true"), ("prometheus.io/port", str(port)),
                  ("prometheus.io/path", "/metrics"), (JOB_NAME_NOTE, name)):
         annotations.setdefault(k, v)
@@ -305,6 +317,19 @@ def _windows(spec: Mapping[str, Any]) -> bool:
     selector = spec.get("nodeSelector")
     return _str(spec, "os", "name") == "windows" or (
         isinstance(selector, dict) and selector.get("kubernetes.io/os") == "windows")
+
+
+def _own_agent_stop(spec: Mapping[str, Any], trainer: Mapping[str, Any],
+                    command: list[str], s: Settings) -> tuple[str, ...]:
+    """Warnings about the stop timeout of a container whose command already is the agent
+    (the image's own ``ftagent run``, or a pod copied from an injected one without its
+    annotation): its ``--stop-timeout`` or ``FTAGENT_STOP_TIMEOUT`` is kept, and checked
+    against the pod's grace."""
+    args = trainer.get("args")
+    argv = [*command, *(args if isinstance(args, list) and
+                        all(isinstance(a, str) for a in args) else ())]
+    own = command[:2] in ([f"{s.agent_dir}/ftagent", "run"], ["ftagent", "run"])
+    return grace.stop_timeout(spec, trainer, argv[2:] if own else []).warnings
 
 
 def _wrapped(command: list[str], s: Settings) -> bool:
