@@ -180,6 +180,10 @@ def test_a_flood_of_idle_connections_is_bounded_and_passes(tmp_path, monkeypatch
                              ".step-3.1.2.tmp"))  # a dead holder's half-received shard
     h = replica.Holder(str(tmp_path / "node-b"), JOB, KEY).start()
     idle = [socket.create_connection(h.address, timeout=10) for _ in range(2)]
+    # both idle connections hold their slots before the flood: a connection is taken by
+    # its handler thread, which a loaded machine may schedule after the flood's (ci11: the
+    # flood's push took a slot and its shard was placed, so no later push could be)
+    wait_for(lambda: _slots_free(h) == 0, 10, "both idle connections served")
     try:
         assert os.listdir(replica.replica_dir(h.root, JOB, 1)) == []  # cleared at start
         a = str(tmp_path / "node-a")
@@ -194,6 +198,11 @@ def test_a_flood_of_idle_connections_is_bounded_and_passes(tmp_path, monkeypatch
         for s in idle:
             s.close()
         h.close()
+
+
+def _slots_free(h: replica.Holder) -> int:
+    """How many more connections the holder would serve now (its semaphore's count)."""
+    return int(h._slots._value)  # type: ignore[attr-defined]
 
 
 def _refused_flood(h: replica.Holder, root: str) -> bool:
