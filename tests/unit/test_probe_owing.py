@@ -135,8 +135,7 @@ def test_an_answer_reads_no_rank_while_others_still_owe_one(world: int) -> None:
 def test_an_answer_through_the_registry_reads_a_bounded_number_of_ranks() -> None:
     """The message path end to end (``Registry.handle``: check, parse, apply, decide)."""
     world = 512
-    reg = Registry(PolicyConfig(max_restarts=5, stacks_timeout=60.0), Timeline(), None,
-                   "arb", clock=lambda: NOW)
+    reg = registry([NOW])
     conns = [Connection(f"p{r}") for r in range(world)]
     for r, c in enumerate(conns):
         reg.hello(c, pb.Hello(job="j", rank=r, world_size=world, agent_instance=f"a{r}"))
@@ -216,8 +215,7 @@ def test_an_arbiter_restart_rebuilds_the_probe_from_the_reports() -> None:
     clock = [NOW]
 
     def arbiter() -> tuple[Registry, list[Connection]]:
-        reg = Registry(PolicyConfig(max_restarts=5, stacks_timeout=60.0), Timeline(), None,
-                       "arb", clock=lambda: clock[0])
+        reg = registry(clock)
         conns = [Connection(f"p{r}") for r in range(4)]
         for r, c in enumerate(conns):
             reg.hello(c, pb.Hello(job="j", rank=r, world_size=4, agent_instance=f"a{r}",
@@ -254,8 +252,7 @@ def test_an_arbiter_restart_rebuilds_the_probe_from_the_reports() -> None:
 
 def test_a_second_answer_of_a_rank_is_unread_and_a_reconnected_rank_is_asked_again() -> None:
     clock = [NOW]
-    reg = Registry(PolicyConfig(max_restarts=5, stacks_timeout=60.0), Timeline(), None,
-                   "arb", clock=lambda: clock[0])
+    reg = registry(clock)
     conns = [Connection(f"p{r}") for r in range(3)]
     for r, c in enumerate(conns):
         reg.hello(c, pb.Hello(job="j", rank=r, world_size=3, agent_instance=f"a{r}"))
