@@ -33,13 +33,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ftagent.config import MAX_SECONDS, shown
+from ftagent.config import MAX_SECONDS, SupervisorConfig, shown
 
 ENV = "FTAGENT_STOP_TIMEOUT"
 FLAG = "--stop-timeout"
 NOTE = "ftagent.io/stop-timeout"  # the annotation saying what the agent got and why
 DEFAULT_GRACE = 30  # Kubernetes' default terminationGracePeriodSeconds
-DEFAULT_STOP = 30.0  # the agent's own default --stop-timeout (ftagent/config.py)
+DEFAULT_STOP = SupervisorConfig().stop_timeout  # the agent's own default --stop-timeout
 # The kubelet never gives a container less than this after SIGTERM (kuberuntime's
 # minimumGracePeriodInSeconds), unless the pod is force-deleted.
 KUBELET_MIN_GRACE = 2
