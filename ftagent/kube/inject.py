@@ -255,7 +255,7 @@ def _inject(pod: dict[str, Any], namespace: str, s: Settings
                  "entrypoint unknown): runs without ftagent; set command or "
                  "ftagent.io/command"])
     from_image = notes.get("ftagent.io/agent", "").strip().lower() == "image"
-    if _wrapped(command, s):
+    if _wrapped(_argv(command, trainer), s):
         return "skipped: already injected", "already injected", \
             ([] if INJECTED in notes else list(_own_agent_stop(spec, trainer, command, s)))
     if from_image:
@@ -325,18 +325,31 @@ def _own_agent_stop(spec: Mapping[str, Any], trainer: Mapping[str, Any],
     (the image's own ``ftagent run``, or a pod copied from an injected one without its
     annotation): its ``--stop-timeout`` or ``FTAGENT_STOP_TIMEOUT`` is kept, and checked
     against the pod's grace."""
-    args = trainer.get("args")
-    argv = [*command, *(args if isinstance(args, list) and
+    argv = _argv(command, trainer)
+    return grace.stop_timeout(spec, trainer, argv[2:] if _runs_agent(argv) else []).warnings
+
+
+def _argv(command: list[str], c: Mapping[str, Any]) -> list[str]:
+    """The container's whole command line: ``command``, then ``args`` when they are a list
+    of strings (the runtime appends them; an image may split ``ftagent`` and ``run ...``)."""
+    args = c.get("args")
+    return [*command, *(args if isinstance(args, list) and
                         all(isinstance(a, str) for a in args) else ())]
-    own = command[:2] in ([f"{s.agent_dir}/ftagent", "run"], ["ftagent", "run"])
-    return grace.stop_timeout(spec, trainer, argv[2:] if own else []).warnings
 
 
-def _wrapped(command: list[str], s: Settings) -> bool:
-    """Already injected (a reinvocation, or a pod made from an injected one)."""
-    return command[:3] == [f"{s.agent_dir}/{SHELL}", "sh", f"{s.agent_dir}/{ENTRY}"] or \
-        command[:2] in (["/bin/sh", f"{s.agent_dir}/{ENTRY}"],  # before the static shell
-                        [f"{s.agent_dir}/ftagent", "run"], ["ftagent", "run"])
+def _runs_agent(argv: list[str]) -> bool:
+    """``ftagent run ...``: the agent by name (on PATH, or at any path: the image's own
+    ``/usr/local/bin/ftagent``, the bundle's copy)."""
+    return len(argv) >= 2 and argv[0].rsplit("/", 1)[-1] == "ftagent" and argv[1] == "run"
+
+
+def _wrapped(argv: list[str], s: Settings) -> bool:
+    """Already injected (a reinvocation, or a pod made from an injected one), or the
+    container runs the agent itself: ``argv`` is its command and args together, so
+    ``command: [ftagent], args: [run, --, ...]`` is not wrapped a second time."""
+    return argv[:3] == [f"{s.agent_dir}/{SHELL}", "sh", f"{s.agent_dir}/{ENTRY}"] or \
+        argv[:2] == ["/bin/sh", f"{s.agent_dir}/{ENTRY}"] or \
+        _runs_agent(argv)  # the middle one: injected before the static shell
 
 
 def _command(c: Mapping[str, Any], notes: Mapping[str, str]) -> list[str] | None:

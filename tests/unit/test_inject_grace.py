@@ -211,3 +211,36 @@ def test_the_agent_exits_before_the_kubelets_sigkill(tmp_path: Path) -> None:
     assert code in (128 + signal.SIGTERM, 128 + signal.SIGKILL), stderr
     lines = [json.loads(x) for x in events.read_text().splitlines()]
     assert [x["exit_status"] for x in lines if x["event"] == "exit"] == [code], stderr
+
+
+@pytest.mark.parametrize("command,args", [
+    (["ftagent"], ["run", "--", "python", "train.py"]),  # the agent split from its args
+    (["/usr/local/bin/ftagent"], ["run", "--stop-timeout", "30", "--", "python"]),
+    (["/usr/local/bin/ftagent", "run"], ["--", "python", "train.py"]),
+])
+def test_a_container_running_the_agent_through_args_is_not_wrapped_again(
+        command: list[str], args: list[str]) -> None:
+    """``command: [ftagent], args: [run, --, ...]`` already runs the agent: wrapping it
+    again ran an agent under an agent (the inner one's trainer was the outer's "trainer",
+    two agents per rank, each reporting to the arbiter). Before, only ``command[:2]`` was
+    read, and only as ``ftagent`` or the bundle's path."""
+    pod = _pod(60, command=command, args=args)
+    m = mutate(copy.deepcopy(pod), "ml", SETTINGS)
+    assert m.reason == "already injected" and m.patch == [], (m.reason, m.patch)
+    new, _ = _patched(pod)
+    assert new == pod
+
+
+def test_the_own_agents_stop_timeout_is_read_from_its_args_too() -> None:
+    """The stop-timeout warning for an image's own agent reads ``args`` as well."""
+    _, resp = _patched(_pod(30, command=["ftagent"],
+                            args=["run", "--stop-timeout", "30", "--", "python"]))
+    assert any("--stop-timeout '30' is not below" in w for w in resp["warnings"])
+
+
+def test_a_trainer_merely_named_like_the_agent_is_still_wrapped() -> None:
+    """Only ``ftagent run`` is the agent: a script named ftagent-train, or ``ftagent``
+    with another subcommand, is a trainer to wrap."""
+    for command in (["ftagent-train", "run"], ["python", "-m", "ftagent_train"]):
+        m = mutate(copy.deepcopy(_pod(60, command=command)), "ml", SETTINGS)
+        assert m.injected, (command, m.reason)
