@@ -165,6 +165,76 @@ class SdkCollector(Collector):
         yield dropped
 
 
+# The current attempt's progress, per ``Progress`` field: (field, series, help).
+PROGRESS_SERIES = (
+    ("step", "ftagent_training_step", "Last training step seen."),
+    ("loss", "ftagent_training_loss", "Last training loss seen."),
+    ("samples_per_second", "ftagent_training_samples_per_second",
+     "Training throughput in samples/s."),
+    ("tokens_per_second", "ftagent_training_tokens_per_second",
+     "Training throughput in tokens/s."),
+    ("tflops_per_gpu", "ftagent_model_tflops_per_gpu",
+     "Model TFLOP/s per GPU as the trainer reports it (Megatron's throughput per GPU)."),
+)
+PROGRESS_FAMILY = "ftagent_training_progress"  # the collector's key among an agent's families
+
+
+def _no_attempt() -> object:
+    return None
+
+
+class AttemptProgress:
+    """One worker's progress values and the attempt that reported them. ``attempt`` reads
+    which attempt runs now from its owner (the worker's lifecycle, wired by the metrics
+    sink): values an earlier attempt reported are not the current one's, so a new attempt
+    needs no reset pushed when it starts."""
+
+    def __init__(self) -> None:
+        self.attempt: Callable[[], object] = _no_attempt
+        # (attempt, values): replaced whole, so that a scrape (another thread) reads a pair
+        self._held: tuple[object, dict[str, float]] = (None, {})
+
+    def current(self) -> dict[str, float]:
+        """The values the current attempt reported; none while it has reported nothing."""
+        of, values = self._held
+        return values if of == self.attempt() else {}
+
+    def report(self, **values: float | None) -> None:
+        """Values the current attempt reports (None: not reported): they replace its
+        earlier ones; the first report of a new attempt starts from none."""
+        now = self.attempt()
+        of, held = self._held
+        new = {k: float(v) for k, v in values.items() if v is not None}
+        self._held = (now, {**held, **new} if of == now else new)
+
+
+class ProgressCollector(Collector):
+    """``PROGRESS_SERIES`` for each worker of a registry: its current attempt's values,
+    read at scrape time. A series is absent until the attempt reports it: after a restart
+    the last attempt's step, loss and throughput are gone until the new one reports its
+    own (0 would read as step 0 and a loss of 0; a missing series leaves a gap, and
+    ``sum``/``min`` over ranks stay right)."""
+
+    def __init__(self, labels: list[str]) -> None:
+        # as a labelled family's: docs/gen.py reads the labels of series with no sample here
+        self._labelnames = tuple(labels)
+        self.workers: dict[tuple[str, ...], AttemptProgress] = {}
+
+    def collect(self) -> Iterator[Any]:
+        families = [GaugeMetricFamily(name, doc, labels=list(self._labelnames))
+                    for _, name, doc in PROGRESS_SERIES]
+        for values, progress in list(self.workers.items()):
+            try:
+                held = progress.current()
+            except Exception:  # a scrape must never fail because an owner did
+                log.exception("attempt of the progress series failed")
+                continue
+            for (key, _, _), family in zip(PROGRESS_SERIES, families, strict=True):
+                if key in held:
+                    family.add_metric(list(values), held[key])
+        yield from families
+
+
 class AgentMetrics:
     """The per-agent series, bound to this agent's identity labels."""
 
@@ -258,16 +328,14 @@ class AgentMetrics:
             "copied to its peer replica (0: replicated; grows while the copy falls behind "
             "or its holder refuses).").labels(**i)
         # -- progress
-        # The attempt's progress: absent until this attempt reports it (reset_progress).
-        self._step = gauge("ftagent_training_step", "Last training step seen.")
-        self._loss = gauge("ftagent_training_loss", "Last training loss seen.")
-        self._samples_per_second = gauge(
-            "ftagent_training_samples_per_second", "Training throughput in samples/s.")
-        self._tokens_per_second = gauge(
-            "ftagent_training_tokens_per_second", "Training throughput in tokens/s.")
-        self._tflops_per_gpu = gauge(
-            "ftagent_model_tflops_per_gpu",
-            "Model TFLOP/s per GPU as the trainer reports it (Megatron's throughput per GPU).")
+        # the current attempt's step, loss and throughput (PROGRESS_SERIES): one collector
+        # per registry, read at scrape time; each worker's under its identity
+        if PROGRESS_FAMILY not in fams:
+            fams[PROGRESS_FAMILY] = ProgressCollector(ids)
+            registry.register(fams[PROGRESS_FAMILY])
+        self._progress: ProgressCollector = fams[PROGRESS_FAMILY]
+        self.progress = AttemptProgress()
+        self._progress.workers[self._ids] = self.progress
         self.samples = counter("ftagent_training_samples",
                                "Samples processed (SDK-reported).").labels(**i)
         self.tokens = counter("ftagent_training_tokens",
@@ -385,6 +453,8 @@ class AgentMetrics:
                     children[new + tuple(key[n:])] = children.pop(key)
         if old in self._sdk.sources:
             self._sdk.sources[new] = self._sdk.sources.pop(old)
+        if old in self._progress.workers:
+            self._progress.workers[new] = self._progress.workers.pop(old)
         self._ids = new
         for view in self._views:
             view.update(changes)
@@ -402,28 +472,6 @@ class AgentMetrics:
             out[k] = self.folds[k](v) if k in self.folds else _fixed(k, v)
         return out
 
-    # -- the current attempt's progress gauges: children fetched per use, so that
-    #    reset_progress can remove them until the next attempt reports a value
-    @property
-    def step(self) -> Gauge:
-        return self._step.labels(*self._ids)
-
-    @property
-    def loss(self) -> Gauge:
-        return self._loss.labels(*self._ids)
-
-    @property
-    def samples_per_second(self) -> Gauge:
-        return self._samples_per_second.labels(*self._ids)
-
-    @property
-    def tokens_per_second(self) -> Gauge:
-        return self._tokens_per_second.labels(*self._ids)
-
-    @property
-    def tflops_per_gpu(self) -> Gauge:
-        return self._tflops_per_gpu.labels(*self._ids)
-
     def observe_phase(self, phase: str, seconds: float, count: int = 1) -> None:
         """``count`` occurrences of a step's part (``PhaseTiming``) totalling ``seconds``."""
         observe_many(self.phase_duration.labels(**self.labels(phase=phase)), seconds, count)
@@ -440,14 +488,6 @@ class AgentMetrics:
         sized = {**labels, "size": size_bucket(nbytes // count)}
         self.collective_algbw.labels(**sized).set(algbw)
         self.collective_busbw.labels(**sized).set(bus)
-
-    def reset_progress(self) -> None:
-        """A new attempt: the last one's step, loss and throughput are not its values.
-        The series disappear until it reports (0 would read as step 0 and a loss of 0;
-        a missing series leaves a gap, and ``sum``/``min`` over ranks stay right)."""
-        for g in (self._step, self._loss, self._samples_per_second, self._tokens_per_second,
-                  self._tflops_per_gpu):
-            g.remove(*self._ids)
 
 
 _FIXED_LABELS = {"reason": SDK_DROP_REASONS, "label": ("phase", "op", "kind"),

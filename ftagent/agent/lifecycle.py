@@ -1,5 +1,6 @@
 """One worker's lifecycle, without I/O: the sole owner of its rank, generation, restart
-count, trainer state, stop request and who decided what ended each attempt.
+count, trainer state (whether its trainer runs, how the last one exited), stop request
+and who decided what ended each attempt.
 
 Events in (the worker's supervision and its decider tell it what happened), steps out (a
 :class:`Step` per state change, which the worker writes to the events file and hands to
@@ -16,6 +17,8 @@ draws them). The events, in the order one attempt sees them::
                                    generation while waiting: never down (and its
                                    restart count, if it named one)
     running(pid)                   a trainer of this generation runs: RUNNING
+    exited(exit)                   its main process exited (the exit is kept: the last
+                                   one's status, until the next trainer's exit)
     decided(action)                an action ended (or touched) the attempt; its origin
                                    says who decided (the arbiter, or the local policy)
     restart(action)                RESTARTING: into max(g + 1, the action's); one
@@ -105,6 +108,8 @@ class Lifecycle:
         self.spare = spare  # a warm spare: no rank (and no trainer) until assigned one
         self.stop_signal: int | None = None  # the stop signal the agent was sent, if any
         self.state = TrainerState.INIT
+        self.trainer_pid: int | None = None  # the trainer that runs (``running``), if one does
+        self.trainer_exit: ProcessExit | None = None  # the last trainer's exit (``exited``)
         self.generation = 0  # of the trainer that runs, or of the barrier it waits at
         self.restarts = 0  # the job's restarts as this worker knows them (docstring)
         self.decided_by: Origin | None = None  # who decided the last action carried out
@@ -218,7 +223,21 @@ class Lifecycle:
         """A trainer runs. The requests made before it (a DUMP_STACKS, a BUSY verdict of
         the previous attempt, come while waiting at a barrier) are not its: dropped."""
         self.requests.clear()
+        self.trainer_pid = pid
         return self._to(TrainerState.RUNNING, pid=pid, attempt=self.restarts)
+
+    def exited(self, exit_: ProcessExit) -> None:
+        """The trainer's main process exited: none runs until the next ``running``. Not
+        a state change: the attempt is RUNNING until what the exit leads to is decided
+        (a restart, the end); the exit itself is a fact read here (the metrics' running
+        trainer and last exit status, a crash's detection latency)."""
+        self.trainer_pid = None
+        self.trainer_exit = exit_
+
+    @property
+    def trainer_running(self) -> bool:
+        """A trainer was started and its exit is not heard yet."""
+        return self.trainer_pid is not None
 
     def decided(self, action: Action) -> None:
         """``action`` is carried out on this attempt (any kind, minor ones included)."""

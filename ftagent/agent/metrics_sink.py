@@ -4,15 +4,17 @@ A sink only listens: it never decides. A step that does not increase (a tqdm red
 not new progress. Step and phase durations are not computed here: the hang detector
 already separates clean step intervals from phases, and ``HangWatch`` records them.
 
-``ftagent_restarts_total`` is read at scrape time from the worker's lifecycle (its one
-owner of the restart count): the sink keeps no count of its own.
-
-A new attempt (``TrainerStart``) removes the last attempt's step, loss and throughput
-until it reports its own. Every fault observes ``ftagent_detection_latency_seconds``:
-from the evidence that triggered it to the moment it is raised (the hook runs then) —
-the trainer's exit for a crash, the budget's expiry for a hang (the detector's
-``over_budget_seconds`` at creation, plus the evidence capture since), the link change
-for a NIC fault (the detector's own ``detection_latency_seconds``).
+What the worker's lifecycle owns is read there at scrape time, never pushed here:
+``ftagent_restarts_total``, ``ftagent_trainer_running``, ``ftagent_trainer_last_exit_code``
+and ``ftagent_job_generation`` (the sink keeps no copy, and a second writer is refused:
+``ScrapedValue``), and which attempt runs: the progress series hold the values of the
+attempt that reported them (``AttemptProgress``), so a new attempt shows none of the last
+attempt's step, loss and throughput until it reports its own, with nothing pushed when it
+starts. Every fault observes ``ftagent_detection_latency_seconds``: from the evidence
+that triggered it to the moment it is raised (the hook runs then) — the trainer's exit
+for a crash (its time, as the lifecycle holds it), the budget's expiry for a hang (the
+detector's ``over_budget_seconds`` at creation, plus the evidence capture since), the
+link change for a NIC fault (the detector's own ``detection_latency_seconds``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ftagent.agent.lifecycle import Lifecycle
 from ftagent.metrics import AgentMetrics
 from ftagent.model import (
     CollectiveSample,
@@ -30,10 +33,8 @@ from ftagent.model import (
     FaultKind,
     Observation,
     PhaseTiming,
-    ProcessExit,
     Progress,
     SnapshotsHeld,
-    TrainerStart,
 )
 
 log = logging.getLogger("ftagent.metrics")
@@ -46,11 +47,12 @@ def _seconds(v: object) -> float | None:
     return None
 
 
-class ScrapedCount:
-    """A counter child's value, read at scrape time (prometheus_client's ``_value``
-    protocol: ``get``, ``get_exemplar``; ``inc`` is refused: the count has one owner)."""
+class ScrapedValue:
+    """A counter's or gauge's child value, read at scrape time from its owner
+    (prometheus_client's ``_value`` protocol: ``get``, ``get_exemplar``); ``inc`` and
+    ``set`` are refused: the fact has one owner, and a push here would never be read."""
 
-    def __init__(self, read: Callable[[], int]) -> None:
+    def __init__(self, read: Callable[[], float]) -> None:
         self.read = read
 
     def get(self) -> float:
@@ -62,29 +64,35 @@ class ScrapedCount:
     def inc(self, amount: float) -> None:
         raise TypeError("read at scrape time from its owner; never counted here")
 
+    def set(self, value: float, timestamp: float | None = None) -> None:
+        raise TypeError("read at scrape time from its owner; never set here")
 
-def read_at_scrape(counter: object, read: Callable[[], int]) -> None:
-    """``counter`` (a labelled child) reports ``read()`` whenever it is scraped."""
-    counter._value = ScrapedCount(read)  # type: ignore[attr-defined]
+
+def read_at_scrape(child: object, read: Callable[[], float]) -> None:
+    """``child`` (a labelled counter or gauge) reports ``read()`` whenever it is scraped."""
+    child._value = ScrapedValue(read)  # type: ignore[attr-defined]
 
 
 class MetricsSink:
-    # what the watch loop hands it (watch/loop.py ``_route``): the types ``observe`` reads
-    observes = (Progress, CollectiveSample, PhaseTiming, SnapshotsHeld, TrainerStart,
-                ProcessExit)
+    # what the watch loop hands it (watch/loop.py ``_route``): the types ``observe`` reads;
+    # the trainer's start and exit are not among them (the lifecycle holds both)
+    observes = (Progress, CollectiveSample, PhaseTiming, SnapshotsHeld)
 
     def __init__(self, metrics: AgentMetrics, *, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time,
-                 restarts: Callable[[], int] | None = None) -> None:
-        """``restarts``: how to read the worker's restart count (its lifecycle's), for
-        ``ftagent_restarts_total`` at scrape time."""
+                 lifecycle: Lifecycle | None = None) -> None:
+        """``lifecycle``: the worker's, where the series of its facts are read at scrape
+        time (a fresh one's, that nothing moves, without)."""
         self.m = metrics
         self.clock = clock  # monotonic, as observations' ts
         self.wall = wall  # as Fault.detected_at
-        self._last_step: int | None = None
-        if restarts is not None:
-            read_at_scrape(metrics.restarts, restarts)
-        self._exit_ts: float | None = None  # the trainer's last exit (monotonic)
+        life = self.life = lifecycle if lifecycle is not None else Lifecycle(clock)
+        read_at_scrape(metrics.restarts, lambda: life.restarts)
+        read_at_scrape(metrics.generation, lambda: life.generation)
+        read_at_scrape(metrics.trainer_running, lambda: life.trainer_running)
+        read_at_scrape(metrics.trainer_last_exit_code, lambda: life.trainer_exit.exit_status
+                       if life.trainer_exit is not None else 0)
+        metrics.progress.attempt = lambda: life.attempt
         self._snapshot_step: int | None = None  # the newest snapshot reported complete
         # the fault series' children per kind (``_fault_series``), for this identity
         self._series_ident: tuple[str, ...] = ()
@@ -94,18 +102,13 @@ class MetricsSink:
     def observe(self, obs: Observation) -> None:
         m = self.m
         if isinstance(obs, Progress):
-            if self._last_step is not None and obs.step <= self._last_step:
+            last = m.progress.current().get("step")  # this attempt's
+            if last is not None and obs.step <= last:
                 return
-            self._last_step = obs.step
-            m.step.set(obs.step)
-            if obs.loss is not None:
-                m.loss.set(obs.loss)
-            if obs.samples_per_second is not None:
-                m.samples_per_second.set(obs.samples_per_second)
-            if obs.tokens_per_second is not None:
-                m.tokens_per_second.set(obs.tokens_per_second)
-            if obs.tflops_per_gpu is not None:
-                m.tflops_per_gpu.set(obs.tflops_per_gpu)
+            m.progress.report(step=obs.step, loss=obs.loss,
+                              samples_per_second=obs.samples_per_second,
+                              tokens_per_second=obs.tokens_per_second,
+                              tflops_per_gpu=obs.tflops_per_gpu)
             if obs.samples:
                 m.samples.inc(obs.samples)
             if obs.tokens:
@@ -120,16 +123,6 @@ class MetricsSink:
                 self._snapshot_step = obs.steps[-1]
                 m.snapshot_step.set(obs.steps[-1])
                 m.snapshot_timestamp.set(self.wall())
-        elif isinstance(obs, TrainerStart):
-            m.trainer_running.set(1)
-            m.generation.set(obs.generation)
-            m.reset_progress()
-            self._last_step = None
-            self._exit_ts = None
-        elif isinstance(obs, ProcessExit):
-            m.trainer_running.set(0)
-            m.trainer_last_exit_code.set(obs.exit_status)
-            self._exit_ts = obs.ts
 
     def on_fault(self, fault: Fault) -> None:
         if fault.evidence.get("recovered"):  # the all-clear after an outage, not a fault
@@ -165,8 +158,10 @@ class MetricsSink:
         measured = _seconds(ev.get("detection_latency_seconds"))
         if measured is not None:  # the detector measured it (NIC: since the link change)
             return measured
-        if fault.kind is FaultKind.CRASH and self._exit_ts is not None:
-            return self.clock() - self._exit_ts
+        life = self.life
+        if fault.kind is FaultKind.CRASH and life.trainer_exit is not None \
+                and life.trainer_pid is None:  # none runs: the exit is this attempt's
+            return self.clock() - life.trainer_exit.ts
         over = _seconds(ev.get("over_budget_seconds"))
         if over is not None:  # a hang: past the budget when created, + evidence capture
             return over + max(0.0, self.wall() - fault.detected_at)

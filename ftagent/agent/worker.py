@@ -706,6 +706,7 @@ class Worker:
     async def _after_exit(self, trainer: TrainerProcess, exit_: ProcessExit) -> None:
         """The main process is gone: clean up what it left, read its last output."""
         self._drain_output()  # what it printed before it exited comes first
+        self.lifecycle.exited(exit_)  # its one owner first: the metrics read it there
         self.observe(exit_)
         status = exit_.exit_status
         self.events.write("state", "exited", f"trainer exited with status {status}",

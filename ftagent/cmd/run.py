@@ -150,7 +150,7 @@ def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
         progress sources and hang detector, the spawn seam (a warm standby, else cold),
         the flight recorder around it (TORCH_FR_* env, per-attempt dumps), the node's
         GPUs and links."""
-        sink = MetricsSink(metrics, restarts=lambda: w.lifecycle.restarts)
+        sink = MetricsSink(metrics, lifecycle=w.lifecycle)
         p = WorkerParts(observers=(sink,), fault_hooks=(sink.on_fault,))
         fr = prepare_recorder(w, cfg, rundir)  # before the hang parts: the verifier dumps it
         p = progress_parts(w, cfg, metrics, rundir, p, fr, local_peers)

@@ -119,6 +119,9 @@ def test_crash_latency_and_progress_reset_on_restart(tmp_path: Path) -> None:
                      "ftagent_training_samples_per_second"):
             assert value(text, name) is None, name  # not the first attempt's values
         assert value(text, "ftagent_trainer_running") == 1
+        # the lifecycle's, read at scrape time: the first attempt's exit, the new generation
+        assert value(text, "ftagent_trainer_last_exit_code") == 3
+        assert value(text, "ftagent_job_generation") == 1
         count = [ln for ln in text.splitlines()
                  if ln.startswith("ftagent_detection_latency_seconds_count{")]
         assert len(count) == 1 and 'kind="crash"' in count[0] and count[0].endswith(" 1.0")

@@ -43,6 +43,22 @@ def test_one_attempt_walks_the_states_with_the_clocks_time() -> None:
     assert lc.succeeded().fields == {"exit_status": 0}
 
 
+def test_the_trainers_exit_is_kept_until_the_next_one_without_a_state_change() -> None:
+    """Whether a trainer runs and how the last one exited: the metrics read them here."""
+    lc = Lifecycle(Clock())
+    assert not lc.trainer_running and lc.trainer_exit is None
+    lc.running(pid=7)
+    assert lc.trainer_running and lc.trainer_pid == 7
+    crash = ProcessExit(7, None, signal=9, ts=3.0)
+    lc.exited(crash)
+    # the attempt stays RUNNING until the exit's decision; its trainer does not
+    assert lc.state is TrainerState.RUNNING and not lc.trainer_running
+    assert lc.trainer_exit is crash and lc.trainer_exit.exit_status == 137
+    lc.restart(restart(origin=Origin.LOCAL))
+    lc.running(pid=8)
+    assert lc.trainer_running and lc.trainer_exit is crash  # the last exit, until the next
+
+
 def test_a_restart_is_counted_once_into_the_next_or_the_named_generation() -> None:
     lc = Lifecycle(Clock())
     lc.running(1)

@@ -22,10 +22,10 @@ def test_a_spare_that_takes_rank_1_exports_as_rank_1_with_its_counts() -> None:
     m, reg, labels = spare_metrics()
     m.spare.set(1)
     m.faults_by_kind("gpu").inc()
-    m.step.set(12)
+    m.progress.report(step=12)
     m.relabel(rank="1")
     m.spare.set(0)
-    m.step.set(13)
+    m.progress.report(step=13)
     text = generate_latest(reg).decode()
     assert 'rank="-1"' not in text, [ln for ln in text.splitlines() if 'rank="-1"' in ln]
     fault = [ln for ln in text.splitlines() if ln.startswith("ftagent_faults_total{")]

@@ -1,5 +1,6 @@
-"""The agent's series: bounded label values, progress reset per attempt, detection latency
-for every fault kind, no ``_created`` series (registries in-process, clocks injected)."""
+"""The agent's series: bounded label values, progress per attempt and the lifecycle's facts
+read at scrape time, detection latency for every fault kind, no ``_created`` series
+(registries in-process, clocks injected)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,18 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from ftagent.agent.hang_watch import HangWatch
+from ftagent.agent.lifecycle import Lifecycle
 from ftagent.agent.metrics_sink import MetricsSink
 from ftagent.config import HangConfig
 from ftagent.detect.hang import HangDetector
 from ftagent.metrics import SDK_DROP_REASONS, AgentMetrics, ArbiterMetrics
 from ftagent.model import (
+    Action,
+    ActionKind,
     CollectiveSample,
     Fault,
     FaultKind,
+    Origin,
     PhaseMarker,
     ProcessExit,
     Progress,
@@ -156,24 +161,84 @@ def test_no_created_series(reg: CollectorRegistry, m: AgentMetrics) -> None:
 # --------------------------------------------------------------------------- progress per attempt
 
 
-def test_trainer_start_removes_the_last_attempts_progress(m: AgentMetrics,
-                                                          reg: CollectorRegistry) -> None:
-    sink = MetricsSink(m)
-    sink.observe(TrainerStart(pid=1, attempt=0, ts=0.0))
+def test_a_new_attempt_hides_the_last_attempts_progress(m: AgentMetrics,
+                                                        reg: CollectorRegistry) -> None:
+    """Which attempt runs is read from the lifecycle at scrape time: the restart alone
+    hides the last attempt's values, with no TrainerStart pushed to the sink."""
+    life = Lifecycle()
+    sink = MetricsSink(m, lifecycle=life)
+    life.running(1)
     sink.observe(Progress(step=500, loss=0.25, samples_per_second=10.0, tokens_per_second=99.0,
-                          samples=4, ts=1.0))
+                          tflops_per_gpu=120.0, samples=4, ts=1.0))
     assert value(reg, "ftagent_training_step") == 500
-    sink.observe(ProcessExit(pid=1, code=1, ts=2.0))
+    life.exited(ProcessExit(pid=1, code=1, ts=2.0))
     assert value(reg, "ftagent_training_loss") == 0.25  # still the last value seen
-    sink.observe(TrainerStart(pid=2, attempt=1, ts=3.0))
+    life.restart(Action(ActionKind.RESTART, "crash", origin=Origin.LOCAL))
+    life.running(2)
     for name in ("ftagent_training_step", "ftagent_training_loss",
-                 "ftagent_training_samples_per_second", "ftagent_training_tokens_per_second"):
+                 "ftagent_training_samples_per_second", "ftagent_training_tokens_per_second",
+                 "ftagent_model_tflops_per_gpu"):
         assert value(reg, name) is None, name  # absent, not 0 (a loss of 0 looks great)
     assert value(reg, "ftagent_training_samples_total") == 4  # a counter: kept
     sink.observe(Progress(step=10, loss=0.5, ts=4.0))  # the new attempt restarts lower
     assert value(reg, "ftagent_training_step") == 10
     assert value(reg, "ftagent_training_loss") == 0.5
     assert value(reg, "ftagent_training_samples_per_second") is None  # not reported yet
+    sink.observe(Progress(step=10, loss=9.0, ts=5.0))  # a redraw: no new progress
+    assert value(reg, "ftagent_training_loss") == 0.5
+    text = generate_latest(reg).decode()  # the families stay, with no stale sample
+    assert "# TYPE ftagent_training_samples_per_second gauge" in text
+    assert "ftagent_training_samples_per_second{" not in text
+
+
+def test_the_lifecycles_facts_are_read_at_scrape_time(m: AgentMetrics,
+                                                      reg: CollectorRegistry) -> None:
+    """Running, generation, last exit status and restarts: what the lifecycle says when
+    scraped, with no observation pushed to the sink (a spare that took a rank, a crash)."""
+    life = Lifecycle(rank=-1, spare=True)
+    MetricsSink(m, lifecycle=life)
+
+    def page() -> dict[str, float]:
+        facts = ("ftagent_trainer_running", "ftagent_trainer_last_exit_code",
+                 "ftagent_job_generation", "ftagent_restarts_total")
+        return {ln.split("{")[0]: float(ln.rsplit(" ", 1)[1])
+                for ln in generate_latest(reg).decode().splitlines()
+                if ln.split("{")[0] in facts}
+
+    assert page() == {"ftagent_trainer_running": 0, "ftagent_trainer_last_exit_code": 0,
+                      "ftagent_job_generation": 0, "ftagent_restarts_total": 0}
+    life.assign(3, generation=2, restarts=1)  # the arbiter's ASSIGN
+    life.running(41)
+    assert page() == {"ftagent_trainer_running": 1, "ftagent_trainer_last_exit_code": 0,
+                      "ftagent_job_generation": 2, "ftagent_restarts_total": 1}
+    life.exited(ProcessExit(41, None, signal=9, ts=5.0))  # the crash
+    assert page() == {"ftagent_trainer_running": 0, "ftagent_trainer_last_exit_code": 137,
+                      "ftagent_job_generation": 2, "ftagent_restarts_total": 1}
+    life.restart(Action(ActionKind.RESTART, "crash", origin=Origin.LOCAL))
+    life.running(42)  # the last exit's status stays until the next exit
+    assert page() == {"ftagent_trainer_running": 1, "ftagent_trainer_last_exit_code": 137,
+                      "ftagent_job_generation": 3, "ftagent_restarts_total": 2}
+
+
+def test_a_second_writer_of_a_fact_the_lifecycle_owns_is_refused(m: AgentMetrics) -> None:
+    MetricsSink(m, lifecycle=Lifecycle())
+    for child in (m.trainer_running, m.trainer_last_exit_code, m.generation):
+        with pytest.raises(TypeError, match="at scrape time"):
+            child.set(1)
+        with pytest.raises(TypeError, match="at scrape time"):
+            child.inc()
+    with pytest.raises(TypeError, match="at scrape time"):
+        m.restarts.inc()
+
+
+def test_the_trainers_start_and_exit_are_not_routed_to_the_sink(m: AgentMetrics) -> None:
+    """The watch loop hands the sink only what it reads: the lifecycle holds the rest."""
+    from ftagent.watch.loop import _route
+
+    sink = MetricsSink(m)
+    assert _route([sink.observe], TrainerStart(pid=1, attempt=0)) == ()
+    assert _route([sink.observe], ProcessExit(pid=1, code=3)) == ()
+    assert _route([sink.observe], Progress(step=1)) == (sink.observe,)
 
 
 def test_nan_loss_is_exported(m: AgentMetrics, reg: CollectorRegistry) -> None:
@@ -192,13 +257,18 @@ def latency(reg: CollectorRegistry, kind: str) -> tuple[float | None, float | No
 
 def test_crash_latency_is_from_the_trainers_exit(m: AgentMetrics,
                                                  reg: CollectorRegistry) -> None:
+    """The exit's time as the lifecycle holds it (no ProcessExit pushed to the sink)."""
     clock = Clock()
-    sink = MetricsSink(m, clock=clock)
-    sink.observe(TrainerStart(pid=1, attempt=0, ts=0.0))
-    sink.observe(ProcessExit(pid=1, code=3, ts=10.0))
+    life = Lifecycle()
+    sink = MetricsSink(m, clock=clock, lifecycle=life)
+    life.running(1)
+    life.exited(ProcessExit(pid=1, code=3, ts=10.0))
     clock.t = 10.25  # output drained, leftover processes stopped: the fault is raised
     sink.on_fault(Fault(FaultKind.CRASH, "trainer exited with code 3",
                         evidence={"exit_status": 3}))
+    assert latency(reg, "crash") == (1, pytest.approx(0.25))
+    life.running(2)  # the next trainer runs: the last exit is not its crash's cause
+    sink.on_fault(Fault(FaultKind.CRASH, "no exit of this trainer's seen"))
     assert latency(reg, "crash") == (1, pytest.approx(0.25))
 
 

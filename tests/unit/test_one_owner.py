@@ -5,7 +5,9 @@ Two kinds of check: the package read with ``ast`` for an assignment to one of th
 outside their owner (a copy that can go stale), and the cases that went stale before --
 a warm spare that took over rank 3 judged the arbiter's "busy, not hung" verdict as rank
 0 (cmd/run.py built its peer-wait check with the rank it was started with), and the
-metrics sink kept a shadow restart count of its own.
+metrics sink kept a shadow restart count of its own. A third reads the package for a push
+of one of these facts into its Prometheus series (the sink set them from the trainer's
+start and exit it was handed): they are read at scrape time.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "ftagent"
 OWNER = "agent/lifecycle.py"
 # the worker's facts, as attribute names (the link's Hello says them under these names)
 FACTS = {"rank", "generation", "restarts", "restart_count", "trainer_state", "state",
-         "spare", "stop_signal"}
+         "spare", "stop_signal", "trainer_pid", "trainer_exit"}
 # where the agent keeps its facts: its modules and its composition root
 SCOPE = ("agent/", "cmd/run.py")
 # (file, attribute) assignments that stay, with the reason; the test fails when one goes
@@ -72,6 +74,32 @@ def test_no_part_of_the_agent_assigns_a_fact_its_lifecycle_owns() -> None:
                      f"instead: {new}")
     gone = sorted(set(ALLOWED) - set(outside))
     assert not gone, f"fixed, delete from ALLOWED: {gone}"
+
+
+# the agent's series of the lifecycle's facts (metrics.py), read there at scrape time
+SCRAPED = {"trainer_running", "trainer_last_exit_code", "generation", "restarts", "spare"}
+PUSHES = {"set", "inc", "dec", "set_to_current_time"}
+
+
+def pushes(path: Path) -> list[tuple[int, str]]:
+    """(line, series) of every ``x.<series>.<set|inc|dec>(...)`` in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in PUSHES and isinstance(node.func.value, ast.Attribute) and \
+                node.func.value.attr in SCRAPED:
+            found.append((node.lineno, node.func.value.attr))
+    return found
+
+
+def test_no_part_pushes_a_fact_the_lifecycle_owns_into_its_series(tmp_path: Path) -> None:
+    found = {path.relative_to(PACKAGE).as_posix(): hits
+             for path in sorted(PACKAGE.rglob("*.py")) if (hits := pushes(path))}
+    assert not found, f"read these at scrape time from the lifecycle instead: {found}"
+    probe = tmp_path / "probe.py"  # the checker finds what the old sink did
+    probe.write_text("m.trainer_running.set(1)\nm.generation.set(g)\nm.restarts.inc()\n"
+                     "m.spare.set_function(f)\nm.step.set(1)\n", encoding="utf-8")
+    assert pushes(probe) == [(1, "trainer_running"), (2, "generation"), (3, "restarts")]
 
 
 def test_the_checker_finds_each_kind_of_assignment(tmp_path: Path) -> None:
@@ -129,7 +157,7 @@ def test_the_restart_count_is_read_at_scrape_time_from_the_lifecycle() -> None:
     registry = CollectorRegistry()
     m = AgentMetrics(registry, {"job_name": "j", "namespace": "", "pod": "p", "node": "n",
                                 "rank": "0"})
-    MetricsSink(m, restarts=lambda: life.restarts)
+    MetricsSink(m, lifecycle=life)
 
     def scraped() -> float | None:
         return registry.get_sample_value("ftagent_restarts_total", dict(m.identity))
