@@ -25,7 +25,7 @@ checked (RESTART naming the simulated culprit).
 (waits in collectives and for data: the straggler share the ledger takes from each).
 ``--replicas``: the agents hold snapshot replicas (``Hello.replica_port``), and after the
 probe every pod comes back with a new address and its agent says Hello again
-(``rehello``: the arbiter's ring of replica holders is then recomputed per Hello).
+(``rehello``: each Hello moves one rank in the arbiter's ring of replica holders).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The jobs: what agents tell changes them, decisions are carried out.
 
 Every change of a job goes through ``Jobs.apply``: ``state.apply`` (the one place a job
-changes: a Hello, a progress summary, an arrival, an exit, a decision), then each
-observer subscribed to that kind of change (``subscribe``: the journal writes the
+changes: a Hello, a progress summary, an arrival, an exit, a decision; a fault and the
+decision about it together, one transaction), then each observer subscribed to those
+kinds of change, once with what it applied (``subscribe``: the journal writes the
 timeline, the history and the goodput ledger from them). This part turns checked
 messages into those changes, asks the barrier what an arrival or a Hello decides and the
 policy what a rank's fault or a hang probe's stacks decide, and ``execute``s decisions:
@@ -69,8 +70,9 @@ log = logging.getLogger("ftagent.arbiter.registry")
 Key = tuple[str, str]  # (namespace, job)
 # Called with (job, decision, now) after each executed decision (add_decision_listener).
 DecisionListener = Callable[[JobState, Decision, float], None]
-# Called with (job, change, now) after ``state.apply`` applied a change (``subscribe``).
-Observer = Callable[[JobState, Change, float], None]
+# Called with (job, changes, now) after one ``state.apply``: what it applied of the kinds
+# subscribed to, in order (``subscribe``).
+Observer = Callable[[JobState, list[Change], float], None]
 
 
 class MessageIntake(Protocol):
@@ -105,7 +107,7 @@ class Jobs:
         self.listeners: list[DecisionListener] = []
         # the intake (intake.py: step timings), plugged in by the registry before any message
         self.intake: MessageIntake | None = None
-        self._observers: dict[type, list[Observer]] = {}
+        self._observers: list[tuple[Observer, frozenset[type]]] = []
         # The secret every job's replica key is derived from (snapshots.welcome_replica):
         # this process's own, never sent; agents get their job's key with each Welcome
         # (after a restart or failover: the new arbiter's).
@@ -114,21 +116,22 @@ class Jobs:
     # ------------------------------------------------------------------ changes
 
     def subscribe(self, fn: Observer, kinds: Iterable[type]) -> None:
-        """Call ``fn(job, change, now)`` after each change of these kinds is applied (on
-        the loop; it must not block). The journal subscribes here."""
-        for k in kinds:
-            self._observers.setdefault(k, []).append(fn)
+        """Call ``fn(job, changes, now)`` after each ``state.apply`` that applied changes
+        of these kinds, once with all of them (on the loop; it must not block). The
+        journal subscribes here."""
+        self._observers.append((fn, frozenset(kinds)))
 
-    def apply(self, job: JobState, change: Change, now: float) -> Change | None:
-        """``state.apply``, then the observers of what it applied (and of what it derived:
-        the job finished, open faults settled). Returns what it derived."""
-        derived = state.apply(job, change, now)
-        for fn in self._observers.get(type(change), ()):
-            fn(job, change, now)
-        if derived is not None:
-            for fn in self._observers.get(type(derived), ()):
-                fn(job, derived, now)
-        return derived
+    def apply(self, job: JobState, changes: Change | list[Change],
+              now: float) -> list[Change]:
+        """``state.apply`` (one change, or the changes one event makes together: a fault
+        and the decision about it), then each observer once with what it applied (with
+        what it derived: the job finished, open faults settled). Returns what it applied."""
+        applied = state.apply(job, changes, now)
+        for fn, kinds in self._observers:
+            seen = [c for c in applied if type(c) in kinds]
+            if seen:
+                fn(job, seen, now)
+        return applied
 
     def record(self, job: JobState, kind: str, message: str, now: float, *,
                rank: int | None = None, fault_id: str = "", action: str = "") -> None:
@@ -376,8 +379,7 @@ class Jobs:
             conn.ack(m.id, True, f"ignored: {e}")
             return
         decisions = policy.decide_spare_fault(job, sp, fault)
-        self.apply(job, FaultSeen(fault.id, True), now)
-        self.execute(job, decisions, now)
+        self.execute(job, decisions, now, seen=FaultSeen(fault.id, True))
         conn.ack(fault.id, True, decisions[0].verdict.value if decisions else "recorded")
 
     def _admit(self, conn: Connection, h: pb.Hello, rs: RankState | None,
@@ -567,12 +569,14 @@ class Jobs:
         ranks' streams, with a final FaultAck for each open fault it settled (``state.apply``
         derives ``Settled``: no stacks awaited, no link down any more; the commands first);
         then tell the decision listeners (the agents' commands are queued first).
-        ``seen``: the fault these decisions are about, applied first; ``answer``: its
-        reporting agent's FaultAck, queued with the last decision's commands, after them
-        (``decisions`` is then a non-empty list)."""
-        if seen is not None:
-            self.apply(job, seen, now)
+        ``seen``: the fault these decisions are about, applied with the first of them in
+        one transaction (one ``state.apply``, observed once: the fault is never written
+        down without what was decided about it); ``answer``: its reporting agent's
+        FaultAck, queued with the last decision's commands, after them (``decisions`` is
+        then a non-empty list)."""
         if not decisions and isinstance(decisions, list):
+            if seen is not None:
+                self.apply(job, seen, now)
             return  # most arrivals and Hellos decide nothing
         last = len(decisions) - 1 if answer is not None and isinstance(decisions, list) \
             else -1
@@ -583,12 +587,16 @@ class Jobs:
                 # keeps it (state.apply) and reads only answers that carry it
                 d = dataclasses.replace(d, command_id=uuid.uuid4().hex)
             done.append(d)
-            derived = self.apply(job, d, now)
+            applied = self.apply(job, [seen, d] if seen is not None else d, now)
+            seen = None
             if self.metrics:
                 self.metrics.decisions.labels(action=d.verdict.value).inc()
+            settled = applied[-1] if isinstance(applied[-1], Settled) else None
             commands.send(job, d, self.metrics, received,
-                          derived.faults if isinstance(derived, Settled) else (),
+                          settled.faults if settled is not None else (),
                           answer if i == last else None)
+        if seen is not None:  # an iterable of no decisions
+            self.apply(job, seen, now)
         for d in done if self.listeners else ():
             for fn in self.listeners:
                 try:

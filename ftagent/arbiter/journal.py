@@ -1,8 +1,9 @@
 """What the arbiter writes down about jobs: the timeline, the history, the counters and the
 goodput ledger's feed. Nothing here decides anything, and nothing calls it to write: the
 journal observes the changes ``state.apply`` applied (``observe``, subscribed by the
-registry to the kinds of change it reads, ``OBSERVES``), as the cluster's decision
-listener observes decisions.
+registry to the kinds of change it reads, ``OBSERVES``: once per ``state.apply``, with a
+fault and the decision about it together), as the cluster's decision listener observes
+decisions.
 
 A change becomes at most one timeline entry (``timeline.py``), feeds the goodput ledger
 (``ledger.py``) and the job's ``JobStats`` (restarts by fault kind, seconds lost,
@@ -117,16 +118,21 @@ class Journal:
                 Preflighted, SpareJoined, SpareLeft, Promoted, Noted, Slowed,
                 CapacityWait, Forgotten)
 
-    def observe(self, job: JobState, c: Change, now: float) -> None:
-        """What ``state.apply`` applied to ``job``: written down."""
-        self._observe[type(c)](job, c, now)
+    def observe(self, job: JobState, applied: list[Change], now: float) -> None:
+        """What one ``state.apply`` applied to ``job`` (a fault and the decision about it
+        come together), in order: written down."""
+        for c in applied:
+            self._observe[type(c)](job, c, now)
 
     def note(self, job: JobState, now: float, kind: str, message: str, *,
              rank: int | None = None, fault_id: str = "", action: str = "",
-             culprits: tuple[Any, ...] = ()) -> None:
-        """One timeline entry (only the observers here write them)."""
-        self.timeline.add(now, job.job, job.namespace, job.generation, kind, message,
-                          rank=rank, fault_id=fault_id, action=action, culprits=culprits)
+             culprits: tuple[Any, ...] = (), generation: int | None = None) -> None:
+        """One timeline entry (only the observers here write them), at the job's
+        generation unless the change says which it happened at (``generation``)."""
+        self.timeline.add(now, job.job, job.namespace,
+                          job.generation if generation is None else generation, kind,
+                          message, rank=rank, fault_id=fault_id, action=action,
+                          culprits=culprits)
 
     def save(self, job: JobState, now: float) -> None:
         """Refresh the job's history record (when a store keeps it: in memory only, the
@@ -315,14 +321,12 @@ class Journal:
         seen = ", seen by the arbiter" if c.by_arbiter else ""
         self.note(job, now, "fault", f"{kind} ({fault.severity.value}, generation "
                   f"{c.generation}{seen}): {fault.message}", rank=c.rank,
-                  fault_id=fault.id)
+                  fault_id=fault.id, generation=c.job_generation)
         self.stats_of(job).fault(fault.id, now, kind)
-        outage = min(job.nic_outages.values(), key=lambda o: o.since, default=None) \
-            if fault.kind is FaultKind.NIC and fault.evidence.get("recovered") is True \
-            else None
+        link_back = fault.kind is FaultKind.NIC and fault.evidence.get("recovered") is True
         self.ledger(job, now).fault_seen(
             fault.id, kind, min(fault.detected_at, now), fault.evidence,
-            same_as=outage.fault_id if outage is not None else "")
+            same_as=c.outage if link_back else "")
 
     def _decided(self, job: JobState, d: Decision, now: float) -> None:
         """On the timeline; restarts by fault kind; seconds from a fault to every rank

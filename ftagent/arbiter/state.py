@@ -460,6 +460,11 @@ class FaultSeen(NamedTuple):
     fault: Fault | None = None
     generation: int = 0
     by_arbiter: bool = False  # a fault no agent sent (the cluster, a node agent, stragglers)
+    # filled by ``apply`` (``as_found``): the job's generation when the fault was seen and
+    # the oldest link outage open then (its fault id, "" none); the decision applied with
+    # it may move the first and close the second before the journal reads them
+    job_generation: int = -1
+    outage: str = ""
 
 
 class Settled(NamedTuple):
@@ -605,14 +610,35 @@ def _index_rank(job: JobState, rank: int) -> None:
         job.succeeded.discard(rank)
 
 
-def apply(job: JobState, d: Change, now: float) -> Finished | Settled | None:
-    """Change ``job`` as ``d`` says. Idempotent for STOP, RELEASE_BARRIER, Left, AtBarrier
-    and Exited. Returns a change it derived (jobs.py): ``Finished`` when an exit ended the
-    job, ``Settled`` when a decision left no stacks awaited and no link down while faults
-    were open (each is final now)."""
-    out = _apply(job, d, now)
-    _index_ranks(job, d)
-    return out
+def apply(job: JobState, changes: Change | list[Change], now: float) -> list[Change]:
+    """Change ``job`` as ``changes`` say, in order: one change, or the changes one event
+    makes together (a fault seen and the decision about it: ``jobs.Jobs.execute``), as one
+    transaction that the observers read once it is applied. Idempotent for STOP,
+    RELEASE_BARRIER, Left, AtBarrier and Exited.
+
+    Returns what it applied, in order, each change followed by the one it derived:
+    ``Finished`` when an exit ended the job, ``Settled`` when a decision left no stacks
+    awaited and no link down while faults were open (each is final now). A ``FaultSeen``
+    comes back as it found the job (``as_found``): its observers read it after the
+    decision applied with it moved the job on."""
+    applied: list[Change] = []
+    for d in changes if isinstance(changes, list) else (changes,):
+        if isinstance(d, FaultSeen) and d.fault is not None:
+            d = as_found(job, d)
+        derived = _apply(job, d, now)
+        _index_ranks(job, d)
+        applied.append(d)
+        if derived is not None:
+            applied.append(derived)
+    return applied
+
+
+def as_found(job: JobState, c: FaultSeen) -> FaultSeen:
+    """``c`` with what the job was when it arrived: its generation (the timeline's) and
+    the oldest link outage then open (a link back continues it: the goodput ledger's)."""
+    oldest = min(job.nic_outages.values(), key=lambda o: o.since, default=None)
+    return c._replace(job_generation=job.generation,
+                      outage=oldest.fault_id if oldest is not None else "")
 
 
 def _apply(job: JobState, d: Change, now: float) -> Finished | Settled | None:

@@ -1,5 +1,5 @@
-"""Issue 36, the arbiter's half of a crash: at most 23 cross-file calls in 11 files, of a
-hang at most 35 (bench/fault_walk.py), and the checks that moved to get there still run on
+"""Issue 36, the arbiter's half of a crash: at most 21 cross-file calls in 11 files, of a
+hang at most 33 (bench/fault_walk.py), and the checks that moved to get there still run on
 every input.
 
 The cuts: a decision's command built, read from the snapshots and fanned out once per
@@ -16,6 +16,10 @@ read only by a command that carries some; open faults settled by the decision th
 closes them (``state.apply`` derives ``Settled``) and every FaultAck of a decision in its
 fan-out, after its command; the flight recorder's reader asked only for an answer that
 carries its part; a fault's onset read by the ledger.
+
+Stop 44's cut: a fault and the decision about it are one ``state.apply`` (a transaction),
+observed once by the journal: they were applied and journaled one by one (two calls to
+each per fault), and the journal read the job between them.
 """
 
 from __future__ import annotations
@@ -39,14 +43,19 @@ sys.path.insert(0, str(ROOT / "bench"))
 import fault_walk  # noqa: E402
 
 
-def test_the_arbiters_half_of_a_crash_is_at_most_23_cross_file_calls_in_11_files() -> None:
-    """29 calls in 13 files on the tree stop 42 started from (c555c99: this test fails
-    there), 58 in 19 at the stop before (e9b12e5), 71 when issue 36 was worked first."""
+def test_the_arbiters_half_of_a_crash_is_at_most_21_cross_file_calls_in_11_files() -> None:
+    """23 calls at stop 42's end (cb3cd6c: this test fails there), 29 in 13 files on the
+    tree stop 42 started from (c555c99), 58 in 19 at the stop before (e9b12e5), 71 when
+    issue 36 was worked first."""
     fault, arrivals = fault_walk.arbiter_walk()  # asserts the job was released
     calls = sum(fault.edges.values()) + sum(arrivals.edges.values())
     edges = sorted((fault.edges + arrivals.edges).items())
-    assert fault_walk.ARBITER_NOW == (23, 11)
-    assert calls <= 23 and len(fault.files | arrivals.files) <= 11, edges
+    assert fault_walk.ARBITER_NOW == (21, 11)
+    assert calls <= 21 and len(fault.files | arrivals.files) <= 11, edges
+    # the fault and the RESTART it decided: one transaction, observed once (they were
+    # applied and journaled one by one: two calls to each)
+    assert fault.edges[("ftagent/arbiter/jobs.py", "ftagent/arbiter/state.py")] == 1, edges
+    assert fault.edges[("ftagent/arbiter/jobs.py", "ftagent/arbiter/journal.py")] == 1, edges
     # the commands reached both ranks once each per decision: one fan-out per phase, the
     # reporting agent's FaultAck in it (no call of its own)
     assert fault.edges[("ftagent/arbiter/commands.py", "ftagent/arbiter/connection.py")] == 1
@@ -56,16 +65,59 @@ def test_the_arbiters_half_of_a_crash_is_at_most_23_cross_file_calls_in_11_files
     assert not any("intake.py" in a or "intake.py" in b for a, b in fault.edges), edges
 
 
-def test_the_arbiters_half_of_a_hang_is_at_most_35_cross_file_calls() -> None:
-    """59 calls in 14 files on c555c99 (this test fails there), 105 in 20 on e9b12e5."""
+def test_the_arbiters_half_of_a_hang_is_at_most_33_cross_file_calls() -> None:
+    """35 at stop 42's end (cb3cd6c: this test fails there), 59 calls in 14 files on
+    c555c99, 105 in 20 on e9b12e5."""
     walks = fault_walk.arbiter_hang_walk()  # asserts the job was released
     calls = sum(sum(w.edges.values()) for w in walks)
     edges = sorted(sum((w.edges for w in walks), start=type(walks[0].edges)()).items())
-    assert fault_walk.ARBITER_HANG_NOW == (35, 11)
-    assert calls <= 35 and len(set().union(*(w.files for w in walks))) <= 11, edges
+    assert fault_walk.ARBITER_HANG_NOW == (33, 11)
+    assert calls <= 33 and len(set().union(*(w.files for w in walks))) <= 11, edges
+    # the HANG and the DUMP_STACKS it decided: one transaction, observed once
+    hang = walks[0]
+    assert hang.edges[("ftagent/arbiter/jobs.py", "ftagent/arbiter/state.py")] == 1, edges
+    assert hang.edges[("ftagent/arbiter/jobs.py", "ftagent/arbiter/journal.py")] == 1, edges
     # an answer to the probe is kept, not written down (no journal per rank's stacks)
     stacks = walks[1]
     assert stacks.edges[("ftagent/arbiter/jobs.py", "ftagent/arbiter/journal.py")] == 1, edges
+
+
+def test_a_fault_applied_with_its_decision_is_written_down_as_the_job_was_then() -> None:
+    """The journal reads a fault after the decision applied with it: the fault's entry
+    still says the generation the job was at when it came (the RESTART's, the next), and
+    ``state.apply`` hands it over in the same transaction, before the decision's."""
+    reg, conns, _ = _hung_job(2, keep=100)
+    reg.handle(conns[1], pb.AgentMessage(fault=_fault(id="c1", generation=0)), 0.0)
+    got = [(e.kind, e.fault_id, e.action, e.generation)
+           for e in reg.timeline.entries("j", "") if e.fault_id == "c1"]
+    assert got == [("fault", "c1", "", 0), ("decision", "c1", "restart", 1)], got
+
+
+def test_state_apply_returns_a_transaction_in_order_with_what_each_change_derived() -> None:
+    from ftagent.arbiter.state import (
+        Decision,
+        FaultSeen,
+        JobState,
+        NicOutage,
+        Settled,
+        Verdict,
+        apply,
+    )
+    from ftagent.model import Fault, FaultKind
+
+    job = JobState(job="j", namespace="", world_size=2, generation=3)
+    job.nic_outages[0] = NicOutage("down-0", since=5.0, deadline=60.0)
+    job.nic_outages[1] = NicOutage("down-1", since=2.0, deadline=60.0)
+    back = Fault(FaultKind.NIC, "link back", id="b1", evidence={"recovered": True})
+    seen = FaultSeen("b1", False, 1, "nic: back", back, 3)
+    link_back = Decision(Verdict.LINK_BACK, "back", 3, rank=1, fault_id="b1")
+    applied = apply(job, [seen, link_back], 10.0)
+    # the fault as it found the job: the oldest outage still open (the decision closed
+    # rank 1's since), the generation then
+    assert applied[0] == seen._replace(job_generation=3, outage="down-1")
+    assert applied[1:] == [link_back] and 1 not in job.nic_outages
+    assert apply(job, Decision(Verdict.LINK_BACK, "back", 3, rank=0), 11.0) == [
+        Decision(Verdict.LINK_BACK, "back", 3, rank=0), Settled((("b1", 1),))]
 
 
 def _fault(**kw: object) -> pb.Fault:

@@ -3,10 +3,15 @@
 
 from __future__ import annotations
 
+import random
+from typing import Any
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ftagent.agent.link_protocol import LinkProtocol
-from ftagent.arbiter import snapshots
+from ftagent.arbiter import replica_ring, snapshots
 from ftagent.arbiter.replica_ring import ReplicaBook, address_of, assign, replica_key
 from ftagent.arbiter.state import JobState, Verdict
 from ftagent.config import IdentityConfig
@@ -161,3 +166,164 @@ def test_status_says_how_the_replicas_are_placed() -> None:
     snapshots.spare_replica(one, "sp", "z", "ipv4:10.0.0.9:5", 7000)
     assert snapshots.replica_summary(one).endswith("1 of 1 ranks have a holder (1 on warm "
                                                    "spares)")
+
+
+# ---------------------------------------------------------------- one rank moved at a time
+
+
+def _assign_before(ranks: dict[int, tuple[str, str]], spares: dict[str, tuple[str, str]],
+                   previous: dict[int, str]) -> dict[int, str]:
+    """``assign`` as it was before the book moved one rank at a time (stop 44): a whole
+    pass over every rank, kept here as the answers the book must still give."""
+    by_node: dict[str, list[int]] = {}
+    for r in sorted(ranks):
+        by_node.setdefault(ranks[r][0], []).append(r)
+    nodes = sorted(by_node, key=lambda n: by_node[n][0])
+    where = {n: i for i, n in enumerate(nodes)}
+    pos = {r: k for rs in by_node.values() for k, r in enumerate(rs)}
+    advertised = {a: n for n, a in ranks.values()} | {a: n for n, a in spares.values()}
+    out: dict[int, str] = {}
+    for r, (node, own) in ranks.items():
+        prev = previous.get(r)
+        if prev and prev != own and prev in advertised and \
+                (advertised[prev] != node or len(nodes) == 1):
+            out[r] = prev
+            continue
+        holder = ""
+        if len(nodes) > 1:
+            nxt = by_node[nodes[(where[node] + 1) % len(nodes)]]
+            holder = ranks[nxt[pos[r] % len(nxt)]][1]
+        elif len(by_node[node]) > 1:
+            mates = by_node[node]
+            holder = ranks[mates[(pos[r] + 1) % len(mates)]][1]
+        if not holder or holder == own:
+            holder = next((a for i, (n, a) in sorted(spares.items()) if n != node), "")
+        if holder and holder != own:
+            out[r] = holder
+    return out
+
+
+class _BookBefore:
+    """The book before stop 44: the whole ring recomputed whenever it is read dirty."""
+
+    def __init__(self) -> None:
+        self.ranks: dict[int, tuple[str, str]] = {}
+        self.spares: dict[str, tuple[str, str]] = {}
+        self.ring: dict[int, str] = {}
+        self.dirty = False
+
+    def rank_said(self, rank: int, node: str, address: str) -> None:
+        old = self.ranks.get(rank)
+        if address:
+            if old != (node, address):
+                self.ranks[rank] = (node, address)
+                self.dirty = True
+        elif old is not None:
+            del self.ranks[rank]
+            self.dirty = True
+
+    def spare_said(self, instance: str, node: str, address: str, live: set[str]) -> None:
+        for gone in [i for i in self.spares if i not in live and i != instance]:
+            del self.spares[gone]
+            self.dirty = True
+        if address and self.spares.get(instance) != (node, address):
+            self.spares[instance] = (node, address)
+            self.dirty = True
+
+    def peers(self) -> dict[int, str]:
+        if self.dirty:
+            self.ring = _assign_before(self.ranks, self.spares, self.ring)
+            self.dirty = False
+        return self.ring
+
+    def peer_of(self, rank: int, world_size: int) -> str:
+        if not self.ranks or (self.dirty and len(self.ranks) < world_size):
+            return ""
+        return self.peers().get(rank, "")
+
+
+_OPS = st.lists(st.one_of(
+    st.tuples(st.just("rank"), st.integers(0, 7), st.sampled_from("abcd"),
+              st.one_of(st.integers(0, 30).map(lambda i: f"10.0.0.{i}:7000"),
+                        st.just(""))),
+    st.tuples(st.just("spare"), st.sampled_from(["s0", "s1"]), st.sampled_from("abcde"),
+              st.sampled_from(["", "10.0.9.1:7000", "10.0.9.2:7000", "10.0.0.3:7000"]),
+              st.sets(st.sampled_from(["s0", "s1"]))),
+    st.tuples(st.just("peer_of"), st.integers(0, 7), st.integers(1, 8)),
+    st.tuples(st.just("peers"))), max_size=60)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_OPS)
+def test_the_book_gives_the_answers_a_whole_pass_gave(ops: list[tuple[Any, ...]]) -> None:
+    """Any sequence of Hellos (ranks moving node, address, both, leaving; spares coming
+    and going; addresses two agents advertise) and reads: every answer as before."""
+    book, before = ReplicaBook(), _BookBefore()
+    for op in ops:
+        if op[0] == "rank":
+            book.rank_said(*op[1:])
+            before.rank_said(*op[1:])
+        elif op[0] == "spare":
+            book.spare_said(*op[1:])
+            before.spare_said(*op[1:])
+        elif op[0] == "peer_of":
+            assert book.peer_of(*op[1:]) == before.peer_of(*op[1:]), (op, book.ranks)
+        else:
+            assert dict(book.peers()) == before.peers(), (op, book.ranks)
+    assert dict(book.peers()) == before.peers()
+
+
+_LAYOUT = st.lists(st.tuples(st.sampled_from("abcd"), st.integers(0, 12)), min_size=1,
+                   max_size=10)
+_MOVES = st.lists(st.tuples(st.integers(0, 9), st.sampled_from("abcdef"),
+                            st.integers(0, 14)), max_size=20)
+
+
+@settings(max_examples=600, deadline=None)
+@given(_LAYOUT, _MOVES, st.booleans())
+def test_one_rank_moved_between_reads_gives_the_whole_pass_answer(
+        layout: list[tuple[str, int]], moves: list[tuple[int, str, int]],
+        spare: bool) -> None:
+    """A job's ranks on a few nodes, some sharing an address, maybe a spare; then one rank
+    at a time moves (node, address or both) and the ring is read: the step it takes is
+    the whole pass's answer."""
+    book, before = ReplicaBook(), _BookBefore()
+    for b in (book, before):
+        for r, (node, a) in enumerate(layout):
+            b.rank_said(r, node, f"10.0.0.{a}:7000")
+        if spare:
+            b.spare_said("sp", "z", "10.0.9.9:7000", {"sp"})
+    assert dict(book.peers()) == before.peers()
+    for r, node, a in moves:
+        if r >= len(layout):
+            continue
+        for b in (book, before):
+            b.rank_said(r, node, f"10.0.0.{a}:7000")
+        assert dict(book.peers()) == before.peers(), (r, node, a, book.ranks)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_pod_back_on_new_nodes_is_one_small_step_per_hello(
+        seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``probe_scale.py --replicas``' rehello: every rank of a job of 8 per node comes back
+    on a new node with a new address, in any order. Each Hello's answer is the whole
+    pass's, and no Hello makes a whole pass (it did: O(n) each, O(n^2) for the job)."""
+    rng = random.Random(seed)
+    n = 96 if seed else 16  # seed 0: in rank order, every node emptied in turn
+    book, before = ReplicaBook(), _BookBefore()
+    for r in range(n):
+        for b in (book, before):
+            b.rank_said(r, f"node-{r // 8}", f"10.0.{r // 256}.{r % 256}:7000")
+    assert book.peer_of(0, n) == before.peer_of(0, n)
+    passes = []
+    real = replica_ring._Shape.__init__
+    monkeypatch.setattr(replica_ring._Shape, "__init__",
+                        lambda self, *a: (passes.append(1), real(self, *a))[1])
+    order = list(range(n)) if seed == 0 else rng.sample(range(n), n)
+    for r in order:
+        node = f"node-{r // 8}-new" if seed % 2 == 0 else f"node-{rng.randrange(n // 4)}-x"
+        for b in (book, before):
+            b.rank_said(r, node, f"10.1.{r // 256}.{r % 256}:7000")
+        assert book.peer_of(r, n) == before.peer_of(r, n)
+    assert dict(book.peers()) == before.peers()
+    assert passes == []

@@ -121,15 +121,15 @@ def test_open_faults_settle_only_with_no_probe_and_no_outage_left() -> None:
     apply(job, FaultSeen("f1", False, 1, "hang: x"), NOW)
     assert job.open_faults == {"f1": 1} and job.seen_faults["f1"] is False
     assert job.ranks[1].last_fault == "hang: x"
-    assert apply(job, Decision(Verdict.WAIT, "link down", 0, rank=0, until=NOW + 5,
-                               fault_id="n"), NOW) is None
+    wait = Decision(Verdict.WAIT, "link down", 0, rank=0, until=NOW + 5, fault_id="n")
+    assert apply(job, wait, NOW) == [wait]  # nothing derived
     apply(job, Settled(), NOW)
     assert job.open_faults == {"f1": 1}  # a link is still down
     # the decision that ends the last outage settles them: derived, for their final acks
-    assert apply(job, Decision(Verdict.LINK_BACK, "back", 0, rank=0), NOW) == \
-        Settled((("f1", 1),))
+    back = Decision(Verdict.LINK_BACK, "back", 0, rank=0)
+    assert apply(job, back, NOW) == [back, Settled((("f1", 1),))]
     assert job.open_faults == {} and job.seen_faults["f1"] is True
-    assert apply(job, Settled(), NOW) is None and job.open_faults == {}
+    assert apply(job, Settled(), NOW) == [Settled()] and job.open_faults == {}
 
 
 def test_the_registry_parts_change_no_job_outside_apply() -> None:
