@@ -67,13 +67,13 @@ from ftagent.detect.stall import (
     Blocked,
     Budget,
     Peers,
+    Ruling,
     State,
     Verdict,
     Window,
     decide,
-    fault_message,
-    label,
     peer_state,
+    ruling_of,
 )
 from ftagent.model import (
     Fault,
@@ -755,9 +755,11 @@ class Verifier:
             if self.stall is not stall:
                 return  # steps resumed while the peers were asked
         step_budget = det.step_budget()  # once per verdict: the budget and its recheck
-        got = decide(self.budget(stall, stalled, spin_budget, self._recheck_in(
-            early is not None, step_budget), step_budget), window, self._peers(stall, arbiter))
-        stall.decision = got
+        # one question to the policy: the verdict with its label, message and json
+        ruling = ruling_of(self.budget(stall, stalled, spin_budget, self._recheck_in(
+            early is not None, step_budget), step_budget), window, self._peers(stall, arbiter),
+            budget_message=fault.message)
+        got = stall.decision = ruling.verdict
         stall.io_blocked = tuple(b for b in window.blocked if b.kind in IO_KINDS) \
             if got.rule == "I1" else ()
         if got.act is Act.RECHECK and got.state is State.WAITING_ON_PEER and \
@@ -794,7 +796,7 @@ class Verifier:
             self._write("verify", "suspect", out.message, verdict, cost, stall, rule=got.rule)
             self._raise(out)
             return
-        kind = label(got, verdict.state.value)
+        kind = ruling.label
         self._count(kind)
         if got.act is not Act.DECLARE:
             stall.verified = got.state is not State.UNDECIDED
@@ -809,7 +811,7 @@ class Verifier:
                         budget_seconds=fault.evidence.get("budget_seconds"))
             return
         stall.declared = True
-        out = self._fault(fault, verdict, stalled, spin_budget, entries, got, kind)
+        out = self._fault(fault, verdict, stalled, entries, ruling)
         # the evidence assembled once: the events line's verification is the fault's
         self._write("verify", kind, out.message, verdict, cost, stall, rule=got.rule,
                     motion=out.evidence["verification"])
@@ -1156,18 +1158,18 @@ class Verifier:
 
     # ------------------------------------------------------------------ helpers
 
-    def _fault(self, fault: Fault, verdict: Motion, stalled: float, spin_budget: float,
-               entries: list[dict[str, Any]], got: Verdict | None = None,
-               kind: str | None = None) -> Fault:
-        """``kind``: the verdict's label (``stall.label``), when the caller has it."""
-        msg = fault.message if got is None else fault_message(got, fault.message)
+    def _fault(self, fault: Fault, verdict: Motion, stalled: float,
+               entries: list[dict[str, Any]], ruling: Ruling | None = None) -> Fault:
+        """``fault`` with the verification as evidence; ``ruling``: the stall policy's
+        (``stall.ruling_of``: its message, label and json), None for a suspicion."""
+        got = ruling.verdict if ruling is not None else None
+        msg = fault.message if ruling is None else ruling.message
         evidence = {**fault.evidence, "verification": verdict.to_json(),
-                    "verdict": verdict.state.value if got is None
-                    else kind or label(got, verdict.state.value),
+                    "verdict": verdict.state.value if ruling is None else ruling.label,
                     "where": (got.where if got is not None else None) or verdict.where,
                     "stall_seconds": round(stalled, 3), "processes": entries}
-        if got is not None:
-            evidence.update(stall=got.to_json(), rule=got.rule, culprits=list(got.culprits))
+        if ruling is not None and got is not None:
+            evidence.update(stall=ruling.json, rule=got.rule, culprits=list(got.culprits))
             if got.kill:
                 evidence["kill"] = True  # a stopped process ignores SIGTERM
         return dataclasses.replace(fault, message=msg, evidence=evidence)
@@ -1176,7 +1178,7 @@ class Verifier:
                    entries: list[dict[str, Any]]) -> Fault:
         """A rank verified waiting in a collective: a WARNING the arbiter decides as a
         hang (policy.suspected_hang) once it has compared the ranks."""
-        out = self._fault(fault, verdict, stalled, 0.0, entries)
+        out = self._fault(fault, verdict, stalled, entries)
         return dataclasses.replace(
             out, severity=Severity.WARNING,
             message=f"waiting in a collective for {stalled:.1f}s ({verdict.where}): a hang "
