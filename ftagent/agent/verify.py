@@ -431,7 +431,8 @@ class Verifier:
         0.5 s (watch/loop.py): ``now`` for a verdict ready or samples to drop; else the
         earliest of the dead-still watch's next look, this budget's mark and the start of
         its early sampling (``LEAD`` before the plan's first sample, as ``prepare``
-        decides), and the budget's end. None: nothing before an observation or a wake
+        decides), and the budget's end (not while the early sampling runs: it ticks the
+        detector itself at the end). None: nothing before an observation or a wake
         (``wake``: a verdict, a deferred budget, a budget that moved under the early
         samples). Mirrors
         ``prepare``: a tick before the time returned does nothing."""
@@ -444,9 +445,17 @@ class Verifier:
         due = dead.next_tick(now, deadline) if not dead.idle or self._dead_armed(deadline) \
             else None
         if deadline is None:
-            early = self._early is not None or self._mark is not None
-            return now if early and not det.hung else due
+            held = self._early is not None or self._mark is not None
+            return now if held and not det.hung else due
         at = self._prepare_at(now, deadline)
+        early = self._early
+        if early is not None and early.deadline == deadline and self._task is not None and \
+                not self._task.done():
+            # the budget's end is the early sampling's own: after its last sample
+            # ``_budget_out`` ticks the detector itself, so the ticker need not wake for it
+            # (it did, raised the HANG into ``_suspect`` for the task to pick up: a round
+            # trip through the watch loop for a fault the task asks for anyway)
+            return due
         return min(t for t in (due, at, deadline) if t is not None)
 
     def _prepare_at(self, now: float, deadline: float) -> float | None:
@@ -546,7 +555,19 @@ class Verifier:
 
     async def _sample_early(self, early: Early) -> None:
         """The plan's samples up to the deadline, the flight-recorder dump beside the
-        stacked ones, then the verdict at once (``verify`` on the samples)."""
+        stacked ones, then the verdict at once (``verify`` on the samples). The budget's
+        end is this task's to tick (``next_tick`` leaves it out while it runs): if it
+        breaks, the ticker is told, and ticks the budget's end as without samples."""
+        try:
+            await self._sample_window(early)
+        except Exception:
+            log.exception("sampling the stall's window failed; verifying at the budget's end")
+            if self._early is early:
+                self._early = None
+                self._drop_dump()
+                self.woken()
+
+    async def _sample_window(self, early: Early) -> None:
         stall = self.stall
         stacked = False
         # the window's processes: the trainer's tree as its first sample listed it, not

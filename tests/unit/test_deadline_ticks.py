@@ -253,3 +253,68 @@ def test_a_declared_hang_wakes_the_ticker_for_nothing() -> None:
         assert v.next_tick(now[0]) is None  # hung: nothing due before an observation
 
     asyncio.run(go())
+
+
+def test_the_early_sampling_ticks_its_own_budget_end() -> None:
+    """While the early sampling runs, the budget's end is its own (``_budget_out`` ticks
+    the detector after the last sample): ``next_tick`` leaves the deadline out, and the
+    hang is declared at the budget after one tick, the window's start. On the old code
+    the ticker woke at the deadline too, ticked the detector, and handed the HANG to the
+    task through ``_suspect`` (3 calls on the hang walk for a fault the task asks for)."""
+    async def go() -> None:
+        r = Rig("collective_victim")
+        start = r.now[0]
+        budget = r.det.step_budget()
+        ticks: list[float] = []
+        due = r.v.next_tick(r.now[0])
+        dues: list[float | None] = []
+        while r.now[0] < start + budget + 1.0:
+            r.now[0] = round(r.now[0] + 0.05, 9)
+            if due is not None and r.now[0] > due:
+                ticks.append(r.now[0])
+                r.v.prepare(r.now[0])
+                assert r.v.on_faults(r.det.tick(r.now[0]), r.now[0]) == []
+            for _ in range(20):
+                await asyncio.sleep(0)
+            due = r.v.next_tick(r.now[0])
+            if r.v._early is not None:
+                dues.append(due)
+        ((at, f),) = r.raised
+        assert f.kind is FaultKind.HANG and f.evidence["verdict"] == "hung"
+        assert budget < at - start <= budget + 0.1  # not later than with the tick
+        assert [s for _, s in r.sampler.calls] == [False, False, True, True, True]
+        assert len(ticks) == 1, ticks  # the window's start alone
+        assert dues and all(d is None for d in dues), dues
+
+    asyncio.run(go())
+
+
+def test_a_broken_early_sampling_hands_the_budget_end_back_to_the_ticker() -> None:
+    """If the early sampling breaks, the ticker is woken and ticks again (the budget's end
+    is no longer left out: the sampling starts over, or the deadline is ticked), and the
+    hang is still declared. Without the wake the ticker would sleep past the deadline
+    that ``next_tick`` left to a task that is gone."""
+    async def go() -> None:
+        r = Rig("collective_victim")
+        woken: list[float] = []
+        r.v.wake = lambda: woken.append(r.now[0])
+        start = r.now[0]
+        budget = r.det.step_budget()
+        real = r.sampler.sample
+        broke: list[float] = []
+
+        async def sample(stacks: bool = True, pids: Any = None) -> Any:
+            if not broke:  # the window's first sample breaks (a bug, not a lost process)
+                broke.append(r.now[0])
+                raise RuntimeError("broken")
+            return await real(stacks, pids)
+
+        r.sampler.sample = sample  # type: ignore[method-assign]
+        ticks = await _deadline_driven(r, start + budget + 3.0)
+        assert broke and woken and woken[0] == broke[0]
+        assert r.v._early is None
+        assert any(t >= broke[0] for t in ticks)  # the ticker asked again
+        ((_, f),) = r.raised
+        assert f.kind is FaultKind.HANG
+
+    asyncio.run(go())
