@@ -9,7 +9,7 @@ import logging
 import signal
 from collections.abc import Callable, Sequence
 
-from ftagent.agent.redact import redact_secrets
+from ftagent.agent.redact import redact_lines
 from ftagent.agent.tee import LastLines
 from ftagent.agent.worker_parts import Evidence
 from ftagent.model import Fault, FaultKind, ProcessExit, Scope
@@ -29,10 +29,11 @@ def tail(last_lines: LastLines, n: int = EVIDENCE_LINES,
 
 def _text(lines: list[tuple[str, bytes]], *, marked: bool) -> list[str]:
     """Lines as text, secrets redacted; stderr's marked if ``marked`` (a merged tail)."""
-    texts = [(s, redact_secrets(b.decode("utf-8", "replace"))) for s, b in lines]
+    texts = redact_lines([b.decode("utf-8", "replace") for _, b in lines])
     if not marked:
-        return [text for _, text in texts]
-    return [f"{s}: {text}" if s == "stderr" else text for s, text in texts]
+        return texts
+    return [f"{s}: {text}" if s == "stderr" else text
+            for (s, _), text in zip(lines, texts, strict=True)]
 
 
 def crash_fault(exit_: ProcessExit, attempt: int, last_lines: LastLines) -> Fault:
