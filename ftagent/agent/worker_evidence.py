@@ -1,20 +1,16 @@
-"""What a worker attaches to its faults: the trainer's last lines, the crash fault, and the
-hang fault's enrichment (stacks, dumps: its parts' ``evidence``) without ever letting a
-failed capture lose the fault.
+"""What a worker attaches to its faults: the trainer's last lines (secrets redacted) and
+the crash fault. The hang fault's enrichment (stacks, dumps) is its parts' ``evidence``
+hook (agent/hang_watch.py ``evidence_hook``, wrapped by the flight recorder's), which
+``Worker.raise_fault`` awaits itself, a failed capture never losing the fault.
 """
 
 from __future__ import annotations
 
-import logging
 import signal
-from collections.abc import Callable, Sequence
 
 from ftagent.agent.redact import redact_lines
 from ftagent.agent.tee import LastLines
-from ftagent.agent.worker_parts import Evidence
 from ftagent.model import Fault, FaultKind, ProcessExit, Scope
-
-log = logging.getLogger("ftagent.agent")
 
 EVIDENCE_LINES = 50  # last lines attached to a fault (the events file keeps them too)
 EVIDENCE_STDERR_LINES = 20  # and the last of stderr alone: where tracebacks are
@@ -49,13 +45,3 @@ def crash_fault(exit_: ProcessExit, attempt: int, last_lines: LastLines) -> Faul
                            "signal": exit_.signal, "attempt": attempt,
                            "last_lines": _text(merged, marked=True),
                            "last_stderr_lines": _text(stderr, marked=False)})
-
-
-async def enrich(evidence: Evidence, fault: Fault, pids: Callable[[], Sequence[int]]) -> Fault:
-    """``fault`` with what ``evidence`` captures of ``pids()`` (listed only if it captures);
-    as it was if that fails."""
-    try:
-        return await evidence(fault, pids)
-    except Exception:
-        log.exception("capturing evidence failed")
-        return fault
