@@ -1,13 +1,16 @@
 """What a worker attaches to its faults: the trainer's last lines (secrets redacted) and
-the crash fault. The hang fault's enrichment (stacks, dumps) is its parts' ``evidence``
-hook (agent/hang_watch.py ``evidence_hook``, wrapped by the flight recorder's), which
-``Worker.raise_fault`` awaits itself, a failed capture never losing the fault.
+the crash fault, and the hang fault's evidence hook (stacks and last lines:
+``evidence_hook``, the flight recorder's dumps around it), which ``Worker.raise_fault``
+awaits itself, a failed capture never losing the fault.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import signal
+from collections.abc import Awaitable, Callable, Sequence
 
+from ftagent.agent import evidence
 from ftagent.agent.redact import redact_lines
 from ftagent.agent.tee import LastLines
 from ftagent.model import Fault, FaultKind, ProcessExit, Scope
@@ -45,3 +48,25 @@ def crash_fault(exit_: ProcessExit, attempt: int, last_lines: LastLines) -> Faul
                            "signal": exit_.signal, "attempt": attempt,
                            "last_lines": _text(merged, marked=True),
                            "last_stderr_lines": _text(stderr, marked=False)})
+
+
+def evidence_hook(dump_timeout: float, last: Callable[[], list[str]]
+                  ) -> Callable[[Fault, Callable[[], Sequence[int]]], Awaitable[Fault]]:
+    """The agent's ``evidence`` hook for a hang fault, captured *before* the policy acts
+    (once the trainer is killed, that evidence is gone): py-spy stacks and states of
+    ``pids()`` (the tree listed only when captured here: a verified hang carries its
+    window's last sample) and the last lines (``last``: ``tail`` over the worker's ring,
+    cmd/run.py). The flight recorder wraps it (flight_recorder_parts); the worker awaits it,
+    a failure never losing the fault (Worker.raise_fault)."""
+
+    async def enrich(fault: Fault, pids: Callable[[], Sequence[int]]) -> Fault:
+        if "processes" in fault.evidence:  # verified: the window's last sample is there
+            return dataclasses.replace(fault, evidence={**fault.evidence,
+                                                        "last_lines": last()})
+        captured = await evidence.capture(pids(), dump_timeout)
+        extra = {"processes": captured.get("processes", []),
+                 "stack_capture_seconds": captured.get("seconds"),
+                 "last_lines": last()}
+        return dataclasses.replace(fault, evidence={**fault.evidence, **extra})
+
+    return enrich

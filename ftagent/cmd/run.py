@@ -341,8 +341,8 @@ def progress_parts(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir:
     """``parts`` with step progress from the trainer's log lines and/or the SDK, the hang
     detector (and its verifier, its parts built first: agent/hang_parts.py; its evidence)
     and the loss detector."""
-    from ftagent.agent.hang_watch import HangWatch, evidence_hook
-    from ftagent.agent.worker_evidence import tail
+    from ftagent.agent.hang_watch import HangWatch
+    from ftagent.agent.worker_evidence import evidence_hook, tail
     from ftagent.detect.hang import HangDetector
     from ftagent.sources.progress import LogProgress
     from ftagent.sources.sdk_socket import SdkSocketSource

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from ftagent.agent.flight_recorder import flight_recorder_parts
-from ftagent.agent.hang_watch import HangWatch, evidence_hook
+from ftagent.agent.hang_watch import HangWatch
+from ftagent.agent.worker_evidence import evidence_hook
 from ftagent.agent.worker_parts import WorkerParts
 from ftagent.config import HangConfig
 from ftagent.model import Severity
