@@ -32,6 +32,9 @@ class HangWatch:
         self.parser = parser
         self.clock = clock
         self.metrics = metrics
+        # the object that keeps this watch's next due time as a fact (``next_due``), read
+        # by the watch loop instead of asking ``next_tick``: the verifier (None: asked)
+        self.timing: Verifier | None = verifier
         if verifier is not None:  # the verifier's prepare, the budget, its own times:
             # its methods in place of these two, no hop through here on a tick
             self.tick = verifier.tick  # type: ignore[method-assign]

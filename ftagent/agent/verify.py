@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import re
 import resource
 import time
@@ -332,6 +333,10 @@ class Verifier:
         from ftagent.agent.dead_still import DeadStillWatch
 
         self.dead_still = DeadStillWatch(self)  # inside phases and before the first step
+        # ``next_tick`` kept as a fact (``_publish``: after each observation, tick and
+        # wake, the three moments the watch loop asked it): the loop reads it (HangWatch
+        # ``timing``); -inf until the first: tick at once, as the loop did
+        self.next_due: float | None = -math.inf
 
     @property
     def window(self) -> float:
@@ -355,7 +360,23 @@ class Verifier:
     def tick(self, now: float) -> list[Fault]:
         """The hang watch's tick (HangWatch.tick with a verifier): ``prepare`` (samples
         while the budget runs down), the detector's tick, and a HANG it raises verified
-        (``on_faults``); returns the faults to raise now."""
+        (``on_faults``); returns the faults to raise now, its next due time published."""
+        faults = self._tick(now)
+        self._publish(now)
+        return faults
+
+    def _publish(self, now: float) -> None:
+        """``next_due``: ``next_tick(now)`` kept as a fact, so that the watch loop reads
+        it instead of asking after every observation and tick (issue 36: 3 calls on the
+        hang path, one per step in training). A ``next_tick`` that breaks is logged and
+        ticked every time, as the loop did with one that raised."""
+        try:
+            self.next_due = self.next_tick(now)
+        except Exception:
+            log.exception("the hang verifier's next tick failed")
+            self.next_due = now
+
+    def _tick(self, now: float) -> list[Fault]:
         self.prepare(now)
         det = self.detector
         # the budget's end read in place (deadline_at): the detector is asked only once
@@ -487,7 +508,8 @@ class Verifier:
 
     def woken(self, _task: object = None) -> None:
         """Tell the detectors' ticker that ``next_tick`` moved (also a task's done
-        callback)."""
+        callback): ``next_due`` published first, for the loop to read."""
+        self._publish(self.clock())
         if self.wake is not None:
             self.wake()
 
@@ -718,6 +740,7 @@ class Verifier:
             self._end(None if obs.begin else obs)
         elif isinstance(obs, Progress) and seen is not None and seen.new_progress:
             self._end(obs)
+        self._publish(self.clock())  # the budget's end moved with the observation
 
     # ------------------------------------------------------------------ verification
 

@@ -318,3 +318,62 @@ def test_a_broken_early_sampling_hands_the_budget_end_back_to_the_ticker() -> No
         assert f.kind is FaultKind.HANG
 
     asyncio.run(go())
+
+
+def test_the_loop_reads_the_verifiers_next_due_time_as_a_fact() -> None:
+    """The verifier keeps ``next_tick`` as a fact (``next_due``, published after each
+    observation, tick and wake); the watch loop reads it through the hang watch's
+    ``timing`` and never asks: the same hang at the same time. On the old code the loop
+    called ``next_tick`` after every observation and tick (3 calls on the hang walk, one
+    per step in training)."""
+    async def go() -> None:
+        r = Rig("collective_victim")
+        woken: list[float] = []
+        r.v.wake = lambda: woken.append(r.now[0])
+        watch = HangWatch(r.det, verifier=r.v)
+        assert watch.timing is r.v
+        asked: list[float] = []
+
+        def next_tick(now: float) -> float | None:  # what the loop would have asked
+            asked.append(now)
+            return r.v.next_tick(now)
+
+        watch.next_tick = next_tick  # type: ignore[method-assign]
+        loop = WatchLoop([One(watch)], lambda f: None, tick_seconds=None,
+                         clock=lambda: r.now[0])
+        budget = r.det.step_budget()
+        for _ in range(3):  # steps through the loop: the detector and the verifier see them
+            r.now[0] += 0.2
+            r.step += 1
+            loop.emit(Progress(step=r.step, source="log", ts=r.now[0]))
+            assert loop.due == r.v.next_due == r.v.next_tick(r.now[0])
+        start = r.now[0]
+        while r.now[0] < start + budget + 1.0:
+            r.now[0] = round(r.now[0] + 0.05, 9)
+            if woken:  # the worker's ticker: a wake refreshes the due times
+                woken.clear()
+                loop.refresh(r.now[0])
+            if loop.due <= r.now[0]:
+                loop.tick(r.now[0])
+                nd = r.v.next_due
+                assert loop.due == (math.inf if nd is None else nd)
+            for _ in range(20):
+                await asyncio.sleep(0)
+        ((at, f),) = r.raised
+        assert f.kind is FaultKind.HANG and f.evidence["verdict"] == "hung"
+        assert budget < at - start <= budget + 0.1
+        assert asked == [], asked  # read, never asked
+
+    asyncio.run(go())
+
+
+def test_a_next_tick_that_breaks_is_ticked_every_time() -> None:
+    """As the loop did with a ``next_tick`` that raised: logged, due at once."""
+    r = Rig("collective_victim")
+
+    def broken(now: float) -> float | None:
+        raise RuntimeError("broken")
+
+    r.v.next_tick = broken  # type: ignore[method-assign]
+    r.v._publish(7.0)
+    assert r.v.next_due == 7.0
