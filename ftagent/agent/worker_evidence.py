@@ -28,6 +28,8 @@ def tail(last_lines: LastLines, n: int = EVIDENCE_LINES,
 
 def _text(lines: list[tuple[str, bytes]], *, marked: bool) -> list[str]:
     """Lines as text, secrets redacted; stderr's marked if ``marked`` (a merged tail)."""
+    if not lines:
+        return []  # nothing printed: nothing to redact
     texts = redact_lines([b.decode("utf-8", "replace") for _, b in lines])
     if not marked:
         return texts
