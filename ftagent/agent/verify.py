@@ -280,7 +280,7 @@ class Verifier:
         """``parts``: the hang parts, built first (agent/hang_parts.py: the rank, the
         flight recorder's snapshot, the arbiter's "can I ask?", the local peers, the /proc
         wait reader). ``now``: the detector's clock where it differs from ``clock`` (the
-        agent's ``detector_now``: no hang is called on output not looked at yet).
+        worker's ``LineFeed.now``: no hang is called on output not looked at yet).
         ``record``: the events file's write; ``learned(seconds, where)``: told of each
         undeclared phase learned (the arbiter link's TrainerSays: the goodput ledger
         counts it as a phase), beside its record."""
