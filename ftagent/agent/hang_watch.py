@@ -1,21 +1,18 @@
 """Adapts the pure hang detector to the running agent.
 
 The detector (``detect/hang.py``) only computes; this adapter feeds it, asks it for
-faults on the agent's tick, exposes its state as scrape-time gauges, and captures the
-evidence (py-spy stacks of the whole trainer tree, process states, last lines) *before*
-the policy acts on a hang — once the trainer is killed, that evidence is gone. With a
+faults on the agent's tick and exposes its state as scrape-time gauges. With a
 ``verifier`` (``agent/verify.py``) a hang fault of the detector is a suspicion, verified
-over the last seconds of its budget (``Verifier.prepare``) before it is raised.
+over the last seconds of its budget (``Verifier.prepare``) before it is raised. The hang
+fault's evidence (stacks, last lines) is ``worker_evidence.evidence_hook``'s.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ftagent.agent import evidence
 from ftagent.detect.hang import HangDetector
 from ftagent.metrics import AgentMetrics
 from ftagent.model import Fault, Observation, TrainerStart
@@ -35,6 +32,9 @@ class HangWatch:
         self.parser = parser
         self.clock = clock
         self.metrics = metrics
+        # the object that keeps this watch's next due time as a fact (``next_due``), read
+        # by the watch loop instead of asking ``next_tick``: the verifier (None: asked)
+        self.timing: Verifier | None = verifier
         if verifier is not None:  # the verifier's prepare, the budget, its own times:
             # its methods in place of these two, no hop through here on a tick
             self.tick = verifier.tick  # type: ignore[method-assign]
@@ -98,22 +98,3 @@ class HangWatch:
     def state(self) -> tuple[float, bool]:
         """(seconds since progress, hung) now: what the arbiter's summaries carry."""
         return self.detector.seconds_since_progress(self.clock()), self.detector.hung
-
-
-def evidence_hook(dump_timeout: float, tail: Callable[[], list[str]]
-                  ) -> Callable[[Fault, Callable[[], Sequence[int]]], Awaitable[Fault]]:
-    """The agent's ``evidence`` hook: stacks and states of ``pids()`` added to the fault
-    (the tree listed only when captured here: a verified hang carries its window's last
-    sample)."""
-
-    async def enrich(fault: Fault, pids: Callable[[], Sequence[int]]) -> Fault:
-        if "processes" in fault.evidence:  # verified: the window's last sample is there
-            return dataclasses.replace(fault, evidence={**fault.evidence,
-                                                        "last_lines": tail()})
-        captured = await evidence.capture(pids(), dump_timeout)
-        extra = {"processes": captured.get("processes", []),
-                 "stack_capture_seconds": captured.get("seconds"),
-                 "last_lines": tail()}
-        return dataclasses.replace(fault, evidence={**fault.evidence, **extra})
-
-    return enrich

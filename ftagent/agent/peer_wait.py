@@ -98,6 +98,10 @@ def local_waiting_text(rank: int, state: str, where: str) -> str:
 class PeerWait:
     """Applies BUSY commands to this rank's hang verification, events and metrics."""
 
+    # what the watch loop hands it (watch/loop.py ``_route``): the two that end a wait;
+    # an exit, a phase or a GPU event never called it for nothing
+    observes = (Progress, TrainerStart)
+
     def __init__(self, rank: int | Callable[[], int], target: BusyTarget | None,
                  record: Callable[..., Any] | None, metrics: Any = None, *,
                  culprit_spin_timeout: float = 30.0) -> None:

@@ -75,6 +75,12 @@ def redact_secrets(line: str, limit: int = MAX_LINE) -> str:
     return out if len(out) <= max(len(line), limit) else out[: max(len(line), limit)]
 
 
+def redact_lines(lines: Sequence[str], limit: int = MAX_LINE) -> list[str]:
+    """Each of ``lines`` (a tail of the trainer's output) as ``redact_secrets`` makes it:
+    a tail is redacted in one call, not one per line."""
+    return [redact_secrets(line, limit) for line in lines]
+
+
 def redact_argv(argv: Sequence[str], limit: int = MAX_LINE) -> list[str]:
     """A command line's words with secrets redacted: each word as a line, and the word
     after a flag that names a credential (``--token X``, two words)."""

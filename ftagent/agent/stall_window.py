@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from ftagent.detect.liveness import Liveness, Motion, ProcessSample, Snapshot, in_collective
+from ftagent.detect.liveness import Motion, ProcessSample, Snapshot
 from ftagent.detect.stall import Blocked, Window
 
 STOPPED = frozenset({"stopped", "tracing-stop"})  # psutil's names of T and t
@@ -79,7 +79,7 @@ def window_of(motion: Motion, snaps: Sequence[Snapshot],
     return Window(
         motion=motion.state.value, motion_reason=motion.reason, where=motion.where,
         by_io=motion.by_io,
-        in_collective=motion.state is Liveness.HUNG and in_collective(motion),
+        in_collective=motion.in_collective,
         seconds=motion.window_seconds, moved=moved,
         cpu_seconds=cpu if cpu_known else None, io_bytes=io, all_blocked=all_blocked,
         stopped=tuple(stopped), uninterruptible=tuple(disk), blocked=tuple(blocked),

@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import re
 import resource
 import time
@@ -67,13 +68,13 @@ from ftagent.detect.stall import (
     Blocked,
     Budget,
     Peers,
+    Ruling,
     State,
     Verdict,
     Window,
     decide,
-    fault_message,
-    label,
     peer_state,
+    ruling_of,
 )
 from ftagent.model import (
     Fault,
@@ -279,7 +280,7 @@ class Verifier:
         """``parts``: the hang parts, built first (agent/hang_parts.py: the rank, the
         flight recorder's snapshot, the arbiter's "can I ask?", the local peers, the /proc
         wait reader). ``now``: the detector's clock where it differs from ``clock`` (the
-        agent's ``detector_now``: no hang is called on output not looked at yet).
+        worker's ``LineFeed.now``: no hang is called on output not looked at yet).
         ``record``: the events file's write; ``learned(seconds, where)``: told of each
         undeclared phase learned (the arbiter link's TrainerSays: the goodput ledger
         counts it as a phase), beside its record."""
@@ -332,6 +333,10 @@ class Verifier:
         from ftagent.agent.dead_still import DeadStillWatch
 
         self.dead_still = DeadStillWatch(self)  # inside phases and before the first step
+        # ``next_tick`` kept as a fact (``_publish``: after each observation, tick and
+        # wake, the three moments the watch loop asked it): the loop reads it (HangWatch
+        # ``timing``); -inf until the first: tick at once, as the loop did
+        self.next_due: float | None = -math.inf
 
     @property
     def window(self) -> float:
@@ -355,7 +360,23 @@ class Verifier:
     def tick(self, now: float) -> list[Fault]:
         """The hang watch's tick (HangWatch.tick with a verifier): ``prepare`` (samples
         while the budget runs down), the detector's tick, and a HANG it raises verified
-        (``on_faults``); returns the faults to raise now."""
+        (``on_faults``); returns the faults to raise now, its next due time published."""
+        faults = self._tick(now)
+        self._publish(now)
+        return faults
+
+    def _publish(self, now: float) -> None:
+        """``next_due``: ``next_tick(now)`` kept as a fact, so that the watch loop reads
+        it instead of asking after every observation and tick (issue 36: 3 calls on the
+        hang path, one per step in training). A ``next_tick`` that breaks is logged and
+        ticked every time, as the loop did with one that raised."""
+        try:
+            self.next_due = self.next_tick(now)
+        except Exception:
+            log.exception("the hang verifier's next tick failed")
+            self.next_due = now
+
+    def _tick(self, now: float) -> list[Fault]:
         self.prepare(now)
         det = self.detector
         # the budget's end read in place (deadline_at): the detector is asked only once
@@ -431,7 +452,8 @@ class Verifier:
         0.5 s (watch/loop.py): ``now`` for a verdict ready or samples to drop; else the
         earliest of the dead-still watch's next look, this budget's mark and the start of
         its early sampling (``LEAD`` before the plan's first sample, as ``prepare``
-        decides), and the budget's end. None: nothing before an observation or a wake
+        decides), and the budget's end (not while the early sampling runs: it ticks the
+        detector itself at the end). None: nothing before an observation or a wake
         (``wake``: a verdict, a deferred budget, a budget that moved under the early
         samples). Mirrors
         ``prepare``: a tick before the time returned does nothing."""
@@ -444,9 +466,17 @@ class Verifier:
         due = dead.next_tick(now, deadline) if not dead.idle or self._dead_armed(deadline) \
             else None
         if deadline is None:
-            early = self._early is not None or self._mark is not None
-            return now if early and not det.hung else due
+            held = self._early is not None or self._mark is not None
+            return now if held and not det.hung else due
         at = self._prepare_at(now, deadline)
+        early = self._early
+        if early is not None and early.deadline == deadline and self._task is not None and \
+                not self._task.done():
+            # the budget's end is the early sampling's own: after its last sample
+            # ``_budget_out`` ticks the detector itself, so the ticker need not wake for it
+            # (it did, raised the HANG into ``_suspect`` for the task to pick up: a round
+            # trip through the watch loop for a fault the task asks for anyway)
+            return due
         return min(t for t in (due, at, deadline) if t is not None)
 
     def _prepare_at(self, now: float, deadline: float) -> float | None:
@@ -478,7 +508,8 @@ class Verifier:
 
     def woken(self, _task: object = None) -> None:
         """Tell the detectors' ticker that ``next_tick`` moved (also a task's done
-        callback)."""
+        callback): ``next_due`` published first, for the loop to read."""
+        self._publish(self.clock())
         if self.wake is not None:
             self.wake()
 
@@ -546,7 +577,19 @@ class Verifier:
 
     async def _sample_early(self, early: Early) -> None:
         """The plan's samples up to the deadline, the flight-recorder dump beside the
-        stacked ones, then the verdict at once (``verify`` on the samples)."""
+        stacked ones, then the verdict at once (``verify`` on the samples). The budget's
+        end is this task's to tick (``next_tick`` leaves it out while it runs): if it
+        breaks, the ticker is told, and ticks the budget's end as without samples."""
+        try:
+            await self._sample_window(early)
+        except Exception:
+            log.exception("sampling the stall's window failed; verifying at the budget's end")
+            if self._early is early:
+                self._early = None
+                self._drop_dump()
+                self.woken()
+
+    async def _sample_window(self, early: Early) -> None:
         stall = self.stall
         stacked = False
         # the window's processes: the trainer's tree as its first sample listed it, not
@@ -697,6 +740,7 @@ class Verifier:
             self._end(None if obs.begin else obs)
         elif isinstance(obs, Progress) and seen is not None and seen.new_progress:
             self._end(obs)
+        self._publish(self.clock())  # the budget's end moved with the observation
 
     # ------------------------------------------------------------------ verification
 
@@ -755,9 +799,11 @@ class Verifier:
             if self.stall is not stall:
                 return  # steps resumed while the peers were asked
         step_budget = det.step_budget()  # once per verdict: the budget and its recheck
-        got = decide(self.budget(stall, stalled, spin_budget, self._recheck_in(
-            early is not None, step_budget), step_budget), window, self._peers(stall, arbiter))
-        stall.decision = got
+        # one question to the policy: the verdict with its label, message and json
+        ruling = ruling_of(self.budget(stall, stalled, spin_budget, self._recheck_in(
+            early is not None, step_budget), step_budget), window, self._peers(stall, arbiter),
+            budget_message=fault.message)
+        got = stall.decision = ruling.verdict
         stall.io_blocked = tuple(b for b in window.blocked if b.kind in IO_KINDS) \
             if got.rule == "I1" else ()
         if got.act is Act.RECHECK and got.state is State.WAITING_ON_PEER and \
@@ -794,7 +840,7 @@ class Verifier:
             self._write("verify", "suspect", out.message, verdict, cost, stall, rule=got.rule)
             self._raise(out)
             return
-        kind = label(got, verdict.state.value)
+        kind = ruling.label
         self._count(kind)
         if got.act is not Act.DECLARE:
             stall.verified = got.state is not State.UNDECIDED
@@ -809,7 +855,7 @@ class Verifier:
                         budget_seconds=fault.evidence.get("budget_seconds"))
             return
         stall.declared = True
-        out = self._fault(fault, verdict, stalled, spin_budget, entries, got, kind)
+        out = self._fault(fault, verdict, stalled, entries, ruling)
         # the evidence assembled once: the events line's verification is the fault's
         self._write("verify", kind, out.message, verdict, cost, stall, rule=got.rule,
                     motion=out.evidence["verification"])
@@ -1156,18 +1202,18 @@ class Verifier:
 
     # ------------------------------------------------------------------ helpers
 
-    def _fault(self, fault: Fault, verdict: Motion, stalled: float, spin_budget: float,
-               entries: list[dict[str, Any]], got: Verdict | None = None,
-               kind: str | None = None) -> Fault:
-        """``kind``: the verdict's label (``stall.label``), when the caller has it."""
-        msg = fault.message if got is None else fault_message(got, fault.message)
+    def _fault(self, fault: Fault, verdict: Motion, stalled: float,
+               entries: list[dict[str, Any]], ruling: Ruling | None = None) -> Fault:
+        """``fault`` with the verification as evidence; ``ruling``: the stall policy's
+        (``stall.ruling_of``: its message, label and json), None for a suspicion."""
+        got = ruling.verdict if ruling is not None else None
+        msg = fault.message if ruling is None else ruling.message
         evidence = {**fault.evidence, "verification": verdict.to_json(),
-                    "verdict": verdict.state.value if got is None
-                    else kind or label(got, verdict.state.value),
+                    "verdict": verdict.state.value if ruling is None else ruling.label,
                     "where": (got.where if got is not None else None) or verdict.where,
                     "stall_seconds": round(stalled, 3), "processes": entries}
-        if got is not None:
-            evidence.update(stall=got.to_json(), rule=got.rule, culprits=list(got.culprits))
+        if ruling is not None and got is not None:
+            evidence.update(stall=ruling.json, rule=got.rule, culprits=list(got.culprits))
             if got.kill:
                 evidence["kill"] = True  # a stopped process ignores SIGTERM
         return dataclasses.replace(fault, message=msg, evidence=evidence)
@@ -1176,7 +1222,7 @@ class Verifier:
                    entries: list[dict[str, Any]]) -> Fault:
         """A rank verified waiting in a collective: a WARNING the arbiter decides as a
         hang (policy.suspected_hang) once it has compared the ranks."""
-        out = self._fault(fault, verdict, stalled, 0.0, entries)
+        out = self._fault(fault, verdict, stalled, entries)
         return dataclasses.replace(
             out, severity=Severity.WARNING,
             message=f"waiting in a collective for {stalled:.1f}s ({verdict.where}): a hang "

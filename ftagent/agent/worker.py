@@ -62,7 +62,7 @@ from ftagent.agent.trainer_exec import (
     worker_tree,
     zombie,
 )
-from ftagent.agent.worker_evidence import EVIDENCE_LINES, crash_fault, enrich, tail
+from ftagent.agent.worker_evidence import EVIDENCE_LINES, crash_fault, tail
 from ftagent.agent.worker_parts import (
     Close,
     Evidence,
@@ -408,8 +408,12 @@ class Worker:
             return
         attempt = self.trainer
         if self.evidence is not None and fault.kind == FaultKind.HANG and attempt:
-            # the tree listed only if the hook captures (a verified hang carries its stacks)
-            fault = await enrich(self.evidence, fault, self.tree_pids)
+            # the tree listed only if the hook captures (a verified hang carries its stacks);
+            # a capture that fails never loses the fault: it goes as it was
+            try:
+                fault = await self.evidence(fault, self.tree_pids)
+            except Exception:
+                log.exception("capturing evidence failed")
             if self.trainer is not attempt:
                 # a decision (a restart for another rank's fault) ended the attempt while
                 # the evidence was gathered: this hang is of a trainer that is gone, and

@@ -1,20 +1,19 @@
-"""What a worker attaches to its faults: the trainer's last lines, the crash fault, and the
-hang fault's enrichment (stacks, dumps: its parts' ``evidence``) without ever letting a
-failed capture lose the fault.
+"""What a worker attaches to its faults: the trainer's last lines (secrets redacted) and
+the crash fault, and the hang fault's evidence hook (stacks and last lines:
+``evidence_hook``, the flight recorder's dumps around it), which ``Worker.raise_fault``
+awaits itself, a failed capture never losing the fault.
 """
 
 from __future__ import annotations
 
-import logging
+import dataclasses
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
-from ftagent.agent.redact import redact_secrets
+from ftagent.agent import evidence
+from ftagent.agent.redact import redact_lines
 from ftagent.agent.tee import LastLines
-from ftagent.agent.worker_parts import Evidence
 from ftagent.model import Fault, FaultKind, ProcessExit, Scope
-
-log = logging.getLogger("ftagent.agent")
 
 EVIDENCE_LINES = 50  # last lines attached to a fault (the events file keeps them too)
 EVIDENCE_STDERR_LINES = 20  # and the last of stderr alone: where tracebacks are
@@ -29,10 +28,13 @@ def tail(last_lines: LastLines, n: int = EVIDENCE_LINES,
 
 def _text(lines: list[tuple[str, bytes]], *, marked: bool) -> list[str]:
     """Lines as text, secrets redacted; stderr's marked if ``marked`` (a merged tail)."""
-    texts = [(s, redact_secrets(b.decode("utf-8", "replace"))) for s, b in lines]
+    if not lines:
+        return []  # nothing printed: nothing to redact
+    texts = redact_lines([b.decode("utf-8", "replace") for _, b in lines])
     if not marked:
-        return [text for _, text in texts]
-    return [f"{s}: {text}" if s == "stderr" else text for s, text in texts]
+        return texts
+    return [f"{s}: {text}" if s == "stderr" else text
+            for (s, _), text in zip(lines, texts, strict=True)]
 
 
 def crash_fault(exit_: ProcessExit, attempt: int, last_lines: LastLines) -> Fault:
@@ -50,11 +52,23 @@ def crash_fault(exit_: ProcessExit, attempt: int, last_lines: LastLines) -> Faul
                            "last_stderr_lines": _text(stderr, marked=False)})
 
 
-async def enrich(evidence: Evidence, fault: Fault, pids: Callable[[], Sequence[int]]) -> Fault:
-    """``fault`` with what ``evidence`` captures of ``pids()`` (listed only if it captures);
-    as it was if that fails."""
-    try:
-        return await evidence(fault, pids)
-    except Exception:
-        log.exception("capturing evidence failed")
-        return fault
+def evidence_hook(dump_timeout: float, last: Callable[[], list[str]]
+                  ) -> Callable[[Fault, Callable[[], Sequence[int]]], Awaitable[Fault]]:
+    """The agent's ``evidence`` hook for a hang fault, captured *before* the policy acts
+    (once the trainer is killed, that evidence is gone): py-spy stacks and states of
+    ``pids()`` (the tree listed only when captured here: a verified hang carries its
+    window's last sample) and the last lines (``last``: ``tail`` over the worker's ring,
+    cmd/run.py). The flight recorder wraps it (flight_recorder_parts); the worker awaits it,
+    a failure never losing the fault (Worker.raise_fault)."""
+
+    async def enrich(fault: Fault, pids: Callable[[], Sequence[int]]) -> Fault:
+        if "processes" in fault.evidence:  # verified: the window's last sample is there
+            return dataclasses.replace(fault, evidence={**fault.evidence,
+                                                        "last_lines": last()})
+        captured = await evidence.capture(pids(), dump_timeout)
+        extra = {"processes": captured.get("processes", []),
+                 "stack_capture_seconds": captured.get("seconds"),
+                 "last_lines": last()}
+        return dataclasses.replace(fault, evidence={**fault.evidence, **extra})
+
+    return enrich

@@ -341,8 +341,8 @@ def progress_parts(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir:
     """``parts`` with step progress from the trainer's log lines and/or the SDK, the hang
     detector (and its verifier, its parts built first: agent/hang_parts.py; its evidence)
     and the loss detector."""
-    from ftagent.agent.hang_watch import HangWatch, evidence_hook
-    from ftagent.agent.worker_evidence import tail
+    from ftagent.agent.hang_watch import HangWatch
+    from ftagent.agent.worker_evidence import evidence_hook, tail
     from ftagent.detect.hang import HangDetector
     from ftagent.sources.progress import LogProgress
     from ftagent.sources.sdk_socket import SdkSocketSource
@@ -392,9 +392,11 @@ def progress_parts(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir:
                          local_peers=local_peers,
                          window_dump=None if recorder is None else recorder.snapshot,
                          waits=blocked_threads, wake=agent.wake_ticker)
-        # the events file's write itself; the arbiter's link told of each phase learned
+        # the events file's write itself; the arbiter's link told of each phase learned;
+        # the detectors' clock read from the worker's line feed itself (no hop through
+        # the worker: the early sampling ticks the budget's end with it)
         verifier = Verifier(detector, cfg.hang, sampler, hang, record=agent.events.write,
-                            metrics=metrics, emit=agent.raise_fault, now=agent.detector_now,
+                            metrics=metrics, emit=agent.raise_fault, now=agent.feed.now,
                             learned=learned if cfg.arbiter.arbiter else None)
     watch = HangWatch(detector, metrics, parser, verifier=verifier)
     parts = parts.plus(detectors=[watch])

@@ -316,6 +316,9 @@ class Motion:
     gpu: GpuSample | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     by_io: bool = False  # alive only because storage I/O advances (ProcessMotion.by_io)
+    # hung, its still thread waiting in a collective (``in_collective``): judged with the
+    # verdict, read as a field (the stall window asked a function about it per verdict)
+    in_collective: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The verdict as fault evidence / the stacks JSON the arbiter reads."""
@@ -384,8 +387,11 @@ def judge(snapshots: Sequence[Snapshot], th: Thresholds | None = None) -> Motion
             if state is Liveness.HUNG and gpu is not None and (gpu.utilization or 0) > 0:
                 reason += (f"; GPU {gpu.utilization:g}% busy (not life: a kernel spinning in "
                            "a hung collective is busy too)")
-            return dataclasses.replace(base, state=state, reason=reason, where=d.where,
-                                       place=d.place, by_io=d.by_io)
+            got = dataclasses.replace(base, state=state, reason=reason, where=d.where,
+                                      place=d.place, by_io=d.by_io)
+            if state is Liveness.HUNG and in_collective(got):
+                got = dataclasses.replace(got, in_collective=True)
+            return got
     return dataclasses.replace(base, reason="no usable evidence: " + (
         "; ".join(missing) or "nothing readable"))
 

@@ -436,6 +436,26 @@ def decide(budget: Budget, window: Window, peers: Peers | None = None, *,
                    budget_seconds=b.step_budget)
 
 
+@dataclass(frozen=True)
+class Ruling:
+    """One look's verdict with the names the agent records it under, from one question to
+    the policy (``ruling_of``): the verifier asked ``decide``, then ``label``, ``fault_message``
+    and ``Verdict.to_json`` about the same verdict, four calls for one answer."""
+
+    verdict: Verdict
+    label: str  # ``label``: the verify event's kind, the fault's ``verdict``
+    message: str  # ``fault_message``: the hang fault's message, should it be declared
+    json: dict[str, Any]  # ``Verdict.to_json``: what the events and the arbiter read
+
+
+def ruling_of(budget: Budget, window: Window, peers: Peers | None = None, *,
+              budget_message: str) -> Ruling:
+    """``decide`` and the verdict's names: ``budget_message`` is the detector's words for
+    the budget that ran out ("no step progress for 2.0s ...")."""
+    v = decide(budget, window, peers)
+    return Ruling(v, label(v, window.motion), fault_message(v, budget_message), v.to_json())
+
+
 def fault_message(v: Verdict, budget_message: str) -> str:
     """The hang fault's message, one form per row: the budget's words ("no progress for
     3.2s ...") then the reason; rows S2 and A3 name their own budget, so their reason
@@ -470,5 +490,5 @@ ROWS = ("U1", "U2", "F1", "F2", "P1", "I1", "I2", "I3", "D1", "D2", "A1", "A2", 
         "S2", "C1", "C2", "H1", "H2")
 FR_ROWS = ("R1", "R2", "R3", "R4", "R0")
 __all__ = ["FR_KINDS", "FR_ROWS", "Act", "Blocked", "Budget", "Finding", "Peers", "ROWS",
-           "State", "Verdict", "Window", "decide", "fault_message", "label",
-           "peer_state", "undecided"]
+           "Ruling", "State", "Verdict", "Window", "decide", "fault_message", "label",
+           "peer_state", "ruling_of", "undecided"]

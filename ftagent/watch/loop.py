@@ -14,8 +14,11 @@ A detector may say when it next has something to do instead (``next_tick(now)``:
 earliest time its ``tick`` can act, None for "not before an observation or a wake"; the
 pod agent's hang watch does): it is ticked only then, and ``due`` holds the earliest such
 time, so the owner's ticker sleeps until it (or until ``refresh`` after a wake) rather
-than on the grid. A detector whose tick never does anything says ``ticks = False`` and
-is never ticked. ``polled``: some detector has neither, the owner still ticks the grid.
+than on the grid. One that keeps that time as a fact names its keeper in ``timing`` (an
+object whose ``next_due`` it updates after each observation, tick and wake: the hang
+verifier): the loop reads the field instead of asking. A detector whose tick never does
+anything says ``ticks = False`` and is never ticked. ``polled``: some detector has
+neither, the owner still ticks the grid.
 
 Nothing here knows what a part watches: the parts come from the registry
 (``watch/registry.py``), the sinks from the command that wires the process. A source
@@ -101,6 +104,11 @@ class WatchLoop:
         self._timed: dict[int, Callable[[float], float | None]] = {
             id(d): nt for d in self.detectors
             if (nt := getattr(d, "next_tick", None)) and id(d) not in self._quiet}
+        # those that keep their next due time as a fact: the keeper (``timing``, with a
+        # ``next_due`` it updates after each observation, tick and wake), read, not asked
+        self._kept: dict[int, Any] = {
+            id(d): t for d in self.detectors
+            if id(d) in self._timed and (t := getattr(d, "timing", None)) is not None}
         self._dues: dict[int, float] = dict.fromkeys(self._timed, -math.inf)  # tick first
         self.polled = any(id(d) not in self._timed and id(d) not in self._quiet
                           for d in self.detectors)
@@ -162,11 +170,15 @@ class WatchLoop:
         self.due = min(self._dues.values(), default=math.inf)
 
     def _schedule(self, key: int, now: float) -> None:
-        try:
-            at = self._timed[key](now)
-        except Exception:  # a broken one is ticked every time, as before
-            log.exception("detector's next tick failed")
-            at = now
+        kept = self._kept.get(key)
+        if kept is not None:
+            at = kept.next_due  # kept current by its owner: read in place
+        else:
+            try:
+                at = self._timed[key](now)
+            except Exception:  # a broken one is ticked every time, as before
+                log.exception("detector's next tick failed")
+                at = now
         self._dues[key] = math.inf if at is None else at
 
     def _raise(self, faults: list[Fault]) -> None:

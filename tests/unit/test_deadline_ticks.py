@@ -253,3 +253,127 @@ def test_a_declared_hang_wakes_the_ticker_for_nothing() -> None:
         assert v.next_tick(now[0]) is None  # hung: nothing due before an observation
 
     asyncio.run(go())
+
+
+def test_the_early_sampling_ticks_its_own_budget_end() -> None:
+    """While the early sampling runs, the budget's end is its own (``_budget_out`` ticks
+    the detector after the last sample): ``next_tick`` leaves the deadline out, and the
+    hang is declared at the budget after one tick, the window's start. On the old code
+    the ticker woke at the deadline too, ticked the detector, and handed the HANG to the
+    task through ``_suspect`` (3 calls on the hang walk for a fault the task asks for)."""
+    async def go() -> None:
+        r = Rig("collective_victim")
+        start = r.now[0]
+        budget = r.det.step_budget()
+        ticks: list[float] = []
+        due = r.v.next_tick(r.now[0])
+        dues: list[float | None] = []
+        while r.now[0] < start + budget + 1.0:
+            r.now[0] = round(r.now[0] + 0.05, 9)
+            if due is not None and r.now[0] > due:
+                ticks.append(r.now[0])
+                r.v.prepare(r.now[0])
+                assert r.v.on_faults(r.det.tick(r.now[0]), r.now[0]) == []
+            for _ in range(20):
+                await asyncio.sleep(0)
+            due = r.v.next_tick(r.now[0])
+            if r.v._early is not None:
+                dues.append(due)
+        ((at, f),) = r.raised
+        assert f.kind is FaultKind.HANG and f.evidence["verdict"] == "hung"
+        assert budget < at - start <= budget + 0.1  # not later than with the tick
+        assert [s for _, s in r.sampler.calls] == [False, False, True, True, True]
+        assert len(ticks) == 1, ticks  # the window's start alone
+        assert dues and all(d is None for d in dues), dues
+
+    asyncio.run(go())
+
+
+def test_a_broken_early_sampling_hands_the_budget_end_back_to_the_ticker() -> None:
+    """If the early sampling breaks, the ticker is woken and ticks again (the budget's end
+    is no longer left out: the sampling starts over, or the deadline is ticked), and the
+    hang is still declared. Without the wake the ticker would sleep past the deadline
+    that ``next_tick`` left to a task that is gone."""
+    async def go() -> None:
+        r = Rig("collective_victim")
+        woken: list[float] = []
+        r.v.wake = lambda: woken.append(r.now[0])
+        start = r.now[0]
+        budget = r.det.step_budget()
+        real = r.sampler.sample
+        broke: list[float] = []
+
+        async def sample(stacks: bool = True, pids: Any = None) -> Any:
+            if not broke:  # the window's first sample breaks (a bug, not a lost process)
+                broke.append(r.now[0])
+                raise RuntimeError("broken")
+            return await real(stacks, pids)
+
+        r.sampler.sample = sample  # type: ignore[method-assign]
+        ticks = await _deadline_driven(r, start + budget + 3.0)
+        assert broke and woken and woken[0] == broke[0]
+        assert r.v._early is None
+        assert any(t >= broke[0] for t in ticks)  # the ticker asked again
+        ((_, f),) = r.raised
+        assert f.kind is FaultKind.HANG
+
+    asyncio.run(go())
+
+
+def test_the_loop_reads_the_verifiers_next_due_time_as_a_fact() -> None:
+    """The verifier keeps ``next_tick`` as a fact (``next_due``, published after each
+    observation, tick and wake); the watch loop reads it through the hang watch's
+    ``timing`` and never asks: the same hang at the same time. On the old code the loop
+    called ``next_tick`` after every observation and tick (3 calls on the hang walk, one
+    per step in training)."""
+    async def go() -> None:
+        r = Rig("collective_victim")
+        woken: list[float] = []
+        r.v.wake = lambda: woken.append(r.now[0])
+        watch = HangWatch(r.det, verifier=r.v)
+        assert watch.timing is r.v
+        asked: list[float] = []
+
+        def next_tick(now: float) -> float | None:  # what the loop would have asked
+            asked.append(now)
+            return r.v.next_tick(now)
+
+        watch.next_tick = next_tick  # type: ignore[method-assign]
+        loop = WatchLoop([One(watch)], lambda f: None, tick_seconds=None,
+                         clock=lambda: r.now[0])
+        budget = r.det.step_budget()
+        for _ in range(3):  # steps through the loop: the detector and the verifier see them
+            r.now[0] += 0.2
+            r.step += 1
+            loop.emit(Progress(step=r.step, source="log", ts=r.now[0]))
+            assert loop.due == r.v.next_due == r.v.next_tick(r.now[0])
+        start = r.now[0]
+        while r.now[0] < start + budget + 1.0:
+            r.now[0] = round(r.now[0] + 0.05, 9)
+            if woken:  # the worker's ticker: a wake refreshes the due times
+                woken.clear()
+                loop.refresh(r.now[0])
+            if loop.due <= r.now[0]:
+                loop.tick(r.now[0])
+                nd = r.v.next_due
+                assert loop.due == (math.inf if nd is None else nd)
+            for _ in range(20):
+                await asyncio.sleep(0)
+        ((at, f),) = r.raised
+        assert f.kind is FaultKind.HANG and f.evidence["verdict"] == "hung"
+        assert budget < at - start <= budget + 0.1
+        assert asked == [], asked  # read, never asked
+
+    asyncio.run(go())
+
+
+def test_a_next_tick_that_breaks_is_ticked_every_time() -> None:
+    """As the loop did with a ``next_tick`` that raised: logged, due at once."""
+    r = Rig("collective_victim")
+
+    def broken(now: float) -> float | None:
+        raise RuntimeError("broken")
+
+    r.v.next_tick = broken  # type: ignore[method-assign]
+    r.v._publish(7.0)
+    assert r.v.next_due == 7.0

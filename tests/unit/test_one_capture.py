@@ -11,7 +11,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from ftagent.agent.flight_recorder import flight_recorder_parts
-from ftagent.agent.hang_watch import HangWatch, evidence_hook
+from ftagent.agent.hang_watch import HangWatch
+from ftagent.agent.worker_evidence import evidence_hook
 from ftagent.agent.worker_parts import WorkerParts
 from ftagent.config import HangConfig
 from ftagent.model import Severity
@@ -109,5 +110,32 @@ def test_a_rank_not_verifying_samples_for_the_arbiter_once() -> None:
         assert rec.snapshots == 1 and got["flight_recorder"]["summaries"][0]["n"] == 1
         n = HangConfig().hang_verify_samples
         assert len(r.sampler.calls) == max(2, n)  # one window of samples, once
+
+    asyncio.run(go())
+
+
+def test_a_capture_that_fails_never_loses_the_hang_fault() -> None:
+    """``Worker.raise_fault`` awaits the evidence hook itself (no guard function between):
+    a hook that raises is logged and the fault goes on as it was, recorded and decided."""
+    import os
+
+    from ftagent.agent.worker import Worker, WorkerSpec
+    from ftagent.cmd.run import parse
+    from ftagent.model import Fault, FaultKind
+
+    async def go() -> None:
+        w = Worker(WorkerSpec(parse(["--max-restarts", "0", "--", "true"], {})))
+        calls: list[Fault] = []
+
+        async def broken(fault: Fault, pids: Any) -> Fault:
+            raise RuntimeError("py-spy broke")
+
+        w.evidence = broken
+        alive = asyncio.get_running_loop().create_future()
+        w.trainer = SimpleNamespace(pid=os.getpid(), exited=alive)  # type: ignore[assignment]
+        w.decider = SimpleNamespace(decide=lambda seat, f: calls.append(f))  # type: ignore[assignment]
+        fault = Fault(FaultKind.HANG, "no step progress for 2.0s", evidence={"verdict": "hung"})
+        await w.raise_fault(fault)
+        assert calls == [fault]
 
     asyncio.run(go())

@@ -325,3 +325,16 @@ def test_the_launcher_hands_each_workers_verifier_its_local_peers(tmp_path: Any)
     for v in verifiers:
         assert v is not None and v.local_peers is not None
         assert [(r, p) for r, p in v.local_peers()] == [(0, verifiers[0]), (1, verifiers[1])]
+
+
+def test_the_watch_loop_hands_it_only_what_ends_a_wait() -> None:
+    """Steps and a new trainer end a wait; the loop routes only those to it
+    (``observes``): a trainer's exit, a phase or a GPU event no longer call it."""
+    from ftagent.model import PhaseMarker, ProcessExit, Progress, TrainerStart
+    from ftagent.watch.loop import _route
+
+    pw = PeerWait(0, None, None)
+    assert _route([pw.observe], Progress(step=1, source="log", ts=1.0)) == (pw.observe,)
+    assert _route([pw.observe], TrainerStart(pid=1, attempt=0, ts=0.0)) == (pw.observe,)
+    assert _route([pw.observe], ProcessExit(pid=1, code=1, ts=2.0)) == ()
+    assert _route([pw.observe], PhaseMarker(phase="eval", begin=True, ts=3.0)) == ()

@@ -54,3 +54,30 @@ def test_hostile_lines_take_linear_time() -> None:
         start = time.perf_counter()
         redact_secrets(line)
         assert time.perf_counter() - start < 1.0, line[:30]
+
+
+def test_a_tail_is_redacted_in_one_call_line_by_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The evidence's last lines (worker_evidence.tail): each line redacted as alone, the
+    stderr ones marked in a merged tail, through one ``redact_lines`` call per tail."""
+    from ftagent.agent import worker_evidence
+    from ftagent.agent.redact import redact_lines
+    from ftagent.agent.tee import LastLines
+
+    lines = ["run --token s3cr3t", "HF_TOKEN=hf_x WORLD_SIZE=2", "step 3 loss 1.0"]
+    assert redact_lines(lines) == [redact_secrets(line) for line in lines]
+    ring = LastLines(10)
+    ring.add("stdout", b"run --token s3cr3t\nstep 3 loss 1.0\n")
+    ring.add("stderr", b"HF_TOKEN=hf_x WORLD_SIZE=2\n")
+    calls: list[int] = []
+    real = worker_evidence.redact_lines
+
+    def counted(got: list[str]) -> list[str]:
+        calls.append(len(got))
+        return real(got)
+
+    monkeypatch.setattr(worker_evidence, "redact_lines", counted)
+    merged = worker_evidence.tail(ring)
+    stderr = worker_evidence.tail(ring, stream="stderr")
+    assert merged == [f"run --token {R}", "step 3 loss 1.0", f"stderr: HF_TOKEN={R} WORLD_SIZE=2"]
+    assert stderr == [f"HF_TOKEN={R} WORLD_SIZE=2"]
+    assert calls == [3, 1]  # one call per tail, not one per line

@@ -206,3 +206,19 @@ def test_the_policy_is_pure() -> None:
     mods |= {(n.module or "").split(".")[0] for n in ast.walk(tree)
              if isinstance(n, ast.ImportFrom)}
     assert mods <= {"__future__", "enum", "dataclasses", "typing"}, mods
+
+
+@pytest.mark.parametrize(("row", "budget", "window", "peers", "phase_check", "state", "act"),
+                         [c for c in CASES if not c[4]],
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES) if not c[4]])
+def test_one_ruling_names_the_verdict_as_the_four_questions_did(
+        row: str, budget: Budget, window: Window, peers: Peers | None, phase_check: bool,
+        state: State, act: Act) -> None:
+    """``ruling_of`` is ``decide`` with the verdict's label, fault message and json: the
+    verifier's one question instead of four about the same verdict."""
+    got = stall.ruling_of(budget, window, peers, budget_message="no step for 4.0s")
+    v = decide(budget, window, peers)
+    assert got.verdict == v and got.verdict.rule == row
+    assert got.label == stall.label(v, window.motion)
+    assert got.message == stall.fault_message(v, "no step for 4.0s")
+    assert got.json == v.to_json()

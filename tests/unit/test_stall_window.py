@@ -62,3 +62,20 @@ def test_a_rendezvous_or_a_sleep_is_not_dead_still() -> None:
                         (Frame("sleep", "time.py", 1), "timed_wait")):
         snaps = [snap(t * 20.0, frame=frame) for t in range(4)]
         assert getattr(window_of(judge(snaps), snaps), attr), frame
+
+
+def test_waiting_in_a_collective_is_judged_with_the_motion_and_read_by_the_window() -> None:
+    """``judge`` says whether a hung verdict's still thread waits in a collective (a field
+    of the verdict, ``in_collective`` of liveness.py); the window reads it, no question
+    per verdict. Recorded samples: a victim in all_reduce, a deadlock on a lock."""
+    from ftagent.detect.liveness import in_collective
+    from tests.unit.test_verify_early import recorded
+
+    for name, want in (("collective_victim", True), ("deadlock", False)):
+        snaps = recorded(name)
+        motion = judge(snaps)
+        assert motion.state.value == "hung", name
+        assert motion.in_collective is want is in_collective(motion), name
+        assert window_of(motion, snaps).in_collective is want, name
+    alive = judge(recorded("eval_busy"))
+    assert alive.state.value == "alive" and alive.in_collective is False
