@@ -368,11 +368,6 @@ class Worker:
         self._tick_stale = True
         self._tick_wake.set()
 
-    def detector_now(self, now: float | None = None) -> float:
-        """The detectors' "now" (LineFeed.now: the clock, or the read time of output still
-        waiting to be handled)."""
-        return self.feed.now(now)
-
     def _spawn(self, coro: Any) -> None:
         """Run a coroutine as a task the agent keeps a reference to until it is done."""
         task = asyncio.create_task(coro)
