@@ -140,6 +140,13 @@ class ArbiterDecider:
         s = self.sessions.get(worker)
         return s.link if s is not None else None
 
+    def connected(self, worker: Seat) -> bool:
+        """``worker`` has a stream up to the arbiter now (False before it has a seat): the
+        hang verifier's "someone may ask for these stacks mid-stall" (HangParts.ask_arbiter),
+        read here, not through a closure in the wiring."""
+        s = self.sessions.get(worker)
+        return s is not None and s.link.connected
+
     def start(self, worker: Seat) -> None:
         s = self.sessions[worker]
         s.link.starting()  # the fail-open clock starts now, before the first barrier

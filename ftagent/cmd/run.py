@@ -385,8 +385,9 @@ def progress_parts(agent: Worker, cfg: RunConfig, metrics: AgentMetrics, rundir:
         from ftagent.agent.proc_wait import blocked_threads
 
         asks = None  # alert: the arbiter decides no hang at all
-        if cfg.arbiter.arbiter and cfg.hang.hang_action != "alert":
-            asks = lambda: bool(getattr(arbiter_link(agent), "connected", False))  # noqa: E731
+        connected = getattr(agent.decider, "connected", None)  # the arbiter's decider
+        if cfg.arbiter.arbiter and cfg.hang.hang_action != "alert" and connected is not None:
+            asks = functools.partial(connected, agent)  # read in the decider, not through here
         # the rank read in place from its owner, the lifecycle (no callback through here)
         hang = HangParts(rank=agent.lifecycle, ask_arbiter=asks,
                          local_peers=local_peers,
