@@ -405,7 +405,10 @@ class ArbiterLink:
 
     def report_exit(self, exit: ProcessExit, generation: int) -> None:
         """The trainer exited (its core's ``report_exit``: its last progress first, then
-        the exit; kept for the next stream while disconnected)."""
+        the exit; kept for the next stream while disconnected). For a link used alone (a
+        simulated agent): it moves its lifecycle first, as the worker moves its own
+        (``Lifecycle.exited``) before its link's core hears the exit."""
+        self.proto.lifecycle.exited(exit)
         self.proto.report_exit(exit, generation)
 
     def report_stacks(self, command_id: str, stacks_json: str) -> None:
@@ -421,7 +424,9 @@ class ArbiterLink:
 
     def started(self, generation: int, *, released: bool) -> None:
         """A trainer of ``generation`` runs now (``released`` False: without the barrier;
-        its core's ``start``)."""
+        its core's ``start``). For a link used alone (a simulated agent, no process: pid
+        0): it moves its lifecycle first, as the worker does (``Lifecycle.running``)."""
+        self.proto.lifecycle.running(0)
         self.proto.start(generation, released=released)
 
     async def wait_released(self, generation: int, timeout: float | None = None) -> bool:

@@ -55,7 +55,8 @@ def test_a_start_is_told_once_with_the_barrier_said_by_the_decider() -> None:
     c.report_arrival(0)
     c.on_state(TrainerState.WAITING, 0)  # not a step the core acts on
     assert c.starts == 0 and c.arrival is not None
+    c.lifecycle.running(3)  # the worker moves its lifecycle, then tells its observers
     c.on_state(TrainerState.RUNNING, 0)
-    assert c.starts == 1 and c.trainer_running and c.first_step_due and not c.trainer_ended
+    assert c.starts == 1 and c.first_step_due and not c.trainer_ended
     assert c.arrival is None  # started without the barrier
-    assert c.hello().trainer_running
+    assert c.hello().trainer_running  # read from the lifecycle
