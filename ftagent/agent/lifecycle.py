@@ -240,6 +240,12 @@ class Lifecycle:
         return self.trainer_pid is not None
 
     @property
+    def trainer_ended(self) -> bool:
+        """A trainer ran and exited, and none has started since: output read now is its
+        last lines (its pipe drained after the exit), which the link sends at once."""
+        return self.trainer_exit is not None and self.trainer_pid is None
+
+    @property
     def restart_wanted(self) -> bool:
         """The arbiter's RESTART into a later generation is the desired decision, not
         carried out yet: the trainer that runs (if one does) is to be stopped for it."""

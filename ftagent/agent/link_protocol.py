@@ -160,7 +160,6 @@ class LinkProtocol:
         self.progress_new = False
         self.progress_sent_at = -1e9
         self.first_step_due = False  # the generation's first progress is not reported yet
-        self.trainer_ended = False  # its exit is reported; no trainer has started since
         # the steps whose snapshot the trainer holds complete (None: it never said)
         self.snapshots: tuple[int, ...] | None = None
         self.snapshots_due = False
@@ -305,10 +304,9 @@ class LinkProtocol:
         is due only every interval, and the arbiter should show the step the trainer
         ended at), then the exit; all kept for the next stream while none is up.
         Progress read after this (its pipe's last lines) goes at once too (the shell's
-        ``report_progress`` reads ``trainer_ended``)."""
+        ``report_progress`` reads ``Lifecycle.trainer_ended``)."""
         self.flush_progress()
         self.post(self.exit(exit, generation), keep=True)
-        self.trainer_ended = True
 
     def report_fault(self, fault: Fault, generation: int | None = None,
                      exit_status: int | None = None) -> None:
@@ -331,7 +329,6 @@ class LinkProtocol:
         step as where it resumed and when it trains again."""
         self.started(generation, released=released)
         self.starts += 1
-        self.trainer_ended = False
         self.progress_sent_at = -1e9
         self.first_step_due = True
 

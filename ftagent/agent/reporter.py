@@ -371,12 +371,12 @@ class ArbiterLink:
                                source=self.trainer_says.resumed_from)
         if core.snapshots_due:
             core.flush_snapshots()
-        if core.trainer_ended:
-            # read after the trainer's exit was reported: the last lines of its pipe,
-            # drained once it was gone (worker._after_exit). No next slot comes for them:
-            # a replaced rank's agent exits at once, and the goodput ledger's "reached"
-            # step (the steps a restart redoes) came out one or more steps low. Sent now
-            # and kept while offline, as the exit was.
+        if core.lifecycle.trainer_ended:
+            # read after the trainer's exit: the last lines of its pipe, drained once
+            # it was gone (worker._after_exit). No next slot comes for them: a replaced
+            # rank's agent exits at once, and the goodput ledger's "reached" step (the
+            # steps a restart redoes) came out one or more steps low. Sent now and kept
+            # while offline, as the exit was.
             core.progress_new = False
             core.post(pb.AgentMessage(progress=summary), keep=True)
             return

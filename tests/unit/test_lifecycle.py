@@ -46,17 +46,19 @@ def test_one_attempt_walks_the_states_with_the_clocks_time() -> None:
 def test_the_trainers_exit_is_kept_until_the_next_one_without_a_state_change() -> None:
     """Whether a trainer runs and how the last one exited: the metrics read them here."""
     lc = Lifecycle(Clock())
-    assert not lc.trainer_running and lc.trainer_exit is None
+    assert not lc.trainer_running and lc.trainer_exit is None and not lc.trainer_ended
     lc.running(pid=7)
-    assert lc.trainer_running and lc.trainer_pid == 7
+    assert lc.trainer_running and lc.trainer_pid == 7 and not lc.trainer_ended
     crash = ProcessExit(7, None, signal=9, ts=3.0)
     lc.exited(crash)
     # the attempt stays RUNNING until the exit's decision; its trainer does not
     assert lc.state is TrainerState.RUNNING and not lc.trainer_running
     assert lc.trainer_exit is crash and lc.trainer_exit.exit_status == 137
     lc.restart(restart(origin=Origin.LOCAL))
+    assert lc.trainer_ended  # exited, none started since (its last lines go at once)
     lc.running(pid=8)
     assert lc.trainer_running and lc.trainer_exit is crash  # the last exit, until the next
+    assert not lc.trainer_ended
 
 
 def test_a_restart_is_counted_once_into_the_next_or_the_named_generation() -> None:

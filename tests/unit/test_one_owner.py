@@ -34,7 +34,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "ftagent"
 OWNER = "agent/lifecycle.py"
 # the worker's facts, as attribute names (the link's Hello says them under these names)
 FACTS = {"rank", "generation", "restarts", "restart_count", "trainer_state", "state",
-         "spare", "stop_signal", "trainer_pid", "trainer_exit", "trainer_running"}
+         "spare", "stop_signal", "trainer_pid", "trainer_exit", "trainer_running",
+         "trainer_ended"}
 # where the agent keeps its facts: its modules and its composition root
 SCOPE = ("agent/", "cmd/run.py")
 # (file, attribute) assignments that stay, with the reason; the test fails when one goes
