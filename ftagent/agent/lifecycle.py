@@ -239,6 +239,29 @@ class Lifecycle:
         """A trainer was started and its exit is not heard yet."""
         return self.trainer_pid is not None
 
+    @property
+    def trainer_ended(self) -> bool:
+        """A trainer ran and exited, and none has started since: output read now is its
+        last lines (its pipe drained after the exit), which the link sends at once."""
+        return self.trainer_exit is not None and self.trainer_pid is None
+
+    @property
+    def restart_wanted(self) -> bool:
+        """The arbiter's RESTART into a later generation is the desired decision, not
+        carried out yet: the trainer that runs (if one does) is to be stopped for it."""
+        d = self.desired
+        return d is not None and d.kind is ActionKind.RESTART and \
+            d.origin is Origin.ARBITER and not self.moot(d)
+
+    @property
+    def runs_generation(self) -> bool:
+        """A trainer of ``generation`` runs and the arbiter has not moved this rank past
+        it (``restart_wanted``): what the link's Hello says as ``trainer_running`` (the
+        arbiter's reconcile counts such a rank as running the generation it names; one
+        told to restart, as on its way), and what keeps the link from taking a SPARE
+        command (a spare runs no trainer). Derived, not kept: no flag to go stale."""
+        return self.trainer_pid is not None and not self.restart_wanted
+
     def decided(self, action: Action) -> None:
         """``action`` is carried out on this attempt (any kind, minor ones included)."""
         self.last_action = action

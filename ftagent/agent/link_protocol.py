@@ -6,11 +6,13 @@ simulation proves about it holds for the agent.
 
 What the agent tells the arbiter is the truth about itself, and only that: its rank, the
 generation its trainer runs or waits for, the highest generation whose barrier it saw
-released, whether a trainer runs now, its trainer state and its restart count -- rank,
-generation, state and count read from the worker's lifecycle (lifecycle.py), their one
-owner: the link keeps no copy of them. It never takes the job's generation from a
-Welcome: an agent that is behind is told to REJOIN, so it restarts into the job instead
-of pretending to be there.
+released, whether a trainer of that generation runs now (not once the arbiter told it to
+restart: ``Lifecycle.runs_generation``), its trainer state and its restart count -- all
+read from the worker's lifecycle (lifecycle.py), their one owner: the link keeps no copy
+of them. A link used alone (tests, the simulation) has a lifecycle its caller moves
+(``running``, ``exited``), as a worker moves its own. It never takes the job's generation
+from a Welcome: an agent that is behind is told to REJOIN, so it restarts into the job
+instead of pretending to be there.
 
 What must not be lost is kept until it is settled, and sent again on every new stream:
 
@@ -132,7 +134,6 @@ class LinkProtocol:
         self.version = version
         self.alert_only = alert_only
         self.instance = instance or uuid.uuid4().hex
-        self.trainer_running = False  # a trainer of `generation` runs now (as last said)
         self.arbiter_id = ""
         self.faults: OrderedDict[str, pb.Fault] = OrderedDict()
         self.arrival: pb.BarrierArrival | None = None
@@ -159,7 +160,6 @@ class LinkProtocol:
         self.progress_new = False
         self.progress_sent_at = -1e9
         self.first_step_due = False  # the generation's first progress is not reported yet
-        self.trainer_ended = False  # its exit is reported; no trainer has started since
         # the steps whose snapshot the trainer holds complete (None: it never said)
         self.snapshots: tuple[int, ...] | None = None
         self.snapshots_due = False
@@ -205,7 +205,8 @@ class LinkProtocol:
                      world_size=i.world_size, restart_count=self.lifecycle.restarts,
                      generation=self.generation, agent_version=self.version,
                      alert_only=self.alert_only, state=self.trainer_state,
-                     agent_instance=self.instance, trainer_running=self.trainer_running,
+                     agent_instance=self.instance,
+                     trainer_running=self.lifecycle.runs_generation,
                      gpus=i.gpus, spare=self.spare, replica_port=self.replica_port)
         if self.released_generation >= 0:
             h.released_generation = self.released_generation
@@ -253,7 +254,6 @@ class LinkProtocol:
             msg.exit_code = exit.code
         if exit.signal is not None:
             msg.signal = exit.signal
-        self.trainer_running = False
         self.last_exit = pb.AgentMessage(exit=msg)
         return self.last_exit
 
@@ -262,7 +262,6 @@ class LinkProtocol:
         barrier was released already (nothing to wait for)."""
         if generation > self.lifecycle.generation:  # the worker's is there already:
             self.lifecycle.reached(generation)  # moved only for a link used alone
-        self.trainer_running = False
         self.last_exit = None  # the arrival says the previous trainer exited
         if generation <= self.released_generation:
             return None
@@ -271,10 +270,10 @@ class LinkProtocol:
         return pb.AgentMessage(arrival=self.arrival)
 
     def started(self, generation: int, *, released: bool) -> None:
-        """A trainer of ``generation`` runs now; ``released`` False: failing open."""
+        """A trainer of ``generation`` runs now (its lifecycle says so: ``running``);
+        ``released`` False: failing open."""
         if generation > self.lifecycle.generation:  # as in ``arrive``
             self.lifecycle.reached(generation)
-        self.trainer_running = True
         self.last_exit = None
         if not released:
             self.arrival = None  # not waiting any more: the Hello tells the arbiter why
@@ -295,8 +294,8 @@ class LinkProtocol:
             self.report_exit(obs, self.lifecycle.generation)
 
     def on_state(self, state: TrainerState, restarts: int) -> None:
-        """A trainer runs (``states``: the only step told). That none runs the core
-        knows already: the exit it reports, the arrival, a RESTART it delivers set it."""
+        """A trainer runs (``states``: the only step told; whether one runs is the
+        lifecycle's, read for the Hello)."""
         if state is TrainerState.RUNNING:
             self.start(self.lifecycle.generation, released=self.released_start)
 
@@ -305,10 +304,9 @@ class LinkProtocol:
         is due only every interval, and the arbiter should show the step the trainer
         ended at), then the exit; all kept for the next stream while none is up.
         Progress read after this (its pipe's last lines) goes at once too (the shell's
-        ``report_progress`` reads ``trainer_ended``)."""
+        ``report_progress`` reads ``Lifecycle.trainer_ended``)."""
         self.flush_progress()
         self.post(self.exit(exit, generation), keep=True)
-        self.trainer_ended = True
 
     def report_fault(self, fault: Fault, generation: int | None = None,
                      exit_status: int | None = None) -> None:
@@ -331,7 +329,6 @@ class LinkProtocol:
         step as where it resumed and when it trains again."""
         self.started(generation, released=released)
         self.starts += 1
-        self.trainer_ended = False
         self.progress_sent_at = -1e9
         self.first_step_due = True
 
@@ -393,7 +390,8 @@ class LinkProtocol:
                 got.assigned = True
             return
         if cmd.kind == pb.COMMAND_KIND_SPARE:
-            if not self.trainer_running and not self.final_delivered and not self.spare:
+            if not self.lifecycle.runs_generation and not self.final_delivered and \
+                    not self.spare:
                 self.lifecycle.make_spare()
                 got.assigned = True
             return
@@ -409,8 +407,9 @@ class LinkProtocol:
         if action.kind is ActionKind.RESTART:
             if cmd.generation <= self.lifecycle.generation:
                 return  # already there (a repeated or stale REJOIN): nothing to restart
-            # (the job's count it carries is the lifecycle's to adopt, Action.restarts)
-            self.trainer_running = False
+            # (the job's count it carries is the lifecycle's to adopt, Action.restarts).
+            # Once wanted, the Hello says no trainer runs: the one still being stopped is
+            # not of the generation the rank is headed for (Lifecycle.runs_generation)
             self._cover(got, lambda f: f.generation < cmd.generation,
                         f"covered by the restart to generation {cmd.generation}")
         elif action.kind in (ActionKind.STOP, ActionKind.REPLACE):

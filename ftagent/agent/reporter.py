@@ -371,12 +371,12 @@ class ArbiterLink:
                                source=self.trainer_says.resumed_from)
         if core.snapshots_due:
             core.flush_snapshots()
-        if core.trainer_ended:
-            # read after the trainer's exit was reported: the last lines of its pipe,
-            # drained once it was gone (worker._after_exit). No next slot comes for them:
-            # a replaced rank's agent exits at once, and the goodput ledger's "reached"
-            # step (the steps a restart redoes) came out one or more steps low. Sent now
-            # and kept while offline, as the exit was.
+        if core.lifecycle.trainer_ended:
+            # read after the trainer's exit: the last lines of its pipe, drained once
+            # it was gone (worker._after_exit). No next slot comes for them: a replaced
+            # rank's agent exits at once, and the goodput ledger's "reached" step (the
+            # steps a restart redoes) came out one or more steps low. Sent now and kept
+            # while offline, as the exit was.
             core.progress_new = False
             core.post(pb.AgentMessage(progress=summary), keep=True)
             return
@@ -405,7 +405,10 @@ class ArbiterLink:
 
     def report_exit(self, exit: ProcessExit, generation: int) -> None:
         """The trainer exited (its core's ``report_exit``: its last progress first, then
-        the exit; kept for the next stream while disconnected)."""
+        the exit; kept for the next stream while disconnected). For a link used alone (a
+        simulated agent): it moves its lifecycle first, as the worker moves its own
+        (``Lifecycle.exited``) before its link's core hears the exit."""
+        self.proto.lifecycle.exited(exit)
         self.proto.report_exit(exit, generation)
 
     def report_stacks(self, command_id: str, stacks_json: str) -> None:
@@ -421,7 +424,9 @@ class ArbiterLink:
 
     def started(self, generation: int, *, released: bool) -> None:
         """A trainer of ``generation`` runs now (``released`` False: without the barrier;
-        its core's ``start``)."""
+        its core's ``start``). For a link used alone (a simulated agent, no process: pid
+        0): it moves its lifecycle first, as the worker does (``Lifecycle.running``)."""
+        self.proto.lifecycle.running(0)
         self.proto.start(generation, released=released)
 
     async def wait_released(self, generation: int, timeout: float | None = None) -> bool:

@@ -267,7 +267,7 @@ class DeciderAgent(SimAgent):
         if self.phase is not Phase.RUNNING:
             return
         self.phase = Phase.DEAD
-        self._observe(ProcessExit(pid=1, code=3, signal=None))
+        self._observe(self.exited(ProcessExit(pid=1, code=3, signal=None)))
         self._decide(Fault(FaultKind.CRASH, f"rank {self.rank} crashed",
                            evidence={"exit_status": 3}))
         self.tick()
@@ -324,7 +324,7 @@ class DeciderAgent(SimAgent):
             if a.fault_id is not None and a.origin.value == "local":
                 self.world.restarted_into.add(a.generation)
             if self.phase is Phase.RUNNING:
-                self._observe(ProcessExit(pid=1, code=None, signal=15))
+                self._observe(self.exited(ProcessExit(pid=1, code=None, signal=15)))
             self.lifecycle.restart(a)
             self._state(TrainerState.RESTARTING)
             self._wait_at_barrier()

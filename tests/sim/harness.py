@@ -132,7 +132,7 @@ class SimAgent:
         if self.phase is not Phase.RUNNING:
             return
         self.phase = Phase.DEAD  # the lifecycle stays RUNNING until decided, as the worker's
-        self.send(self.proto.exit(ProcessExit(pid=1, code=3, signal=None),
+        self.send(self.proto.exit(self.exited(ProcessExit(pid=1, code=3, signal=None)),
                                   self.generation), keep=True)
         self.report(Fault(FaultKind.CRASH, f"rank {self.rank} crashed",
                           evidence={"exit_status": 3}))
@@ -170,17 +170,26 @@ class SimAgent:
         """Stop the trainer (if any), then arrive at the barrier of the restart's
         generation (the lifecycle counts it, or adopts the arbiter's count)."""
         if self.phase is Phase.RUNNING:
-            self.send(self.proto.exit(ProcessExit(pid=1, code=None, signal=15),
+            self.send(self.proto.exit(self.exited(ProcessExit(pid=1, code=None, signal=15)),
                                       self.generation), keep=True)
         self.lifecycle.restart(action)
         self.lifecycle.waiting()
         self.phase = Phase.WAITING
         self.send(self.proto.arrive(self.generation))
 
+    def exited(self, exit_: ProcessExit) -> ProcessExit:
+        """The trainer's exit, heard by its one owner first (the lifecycle: the link's
+        Hello reads whether a trainer runs there), as the worker's is."""
+        self.lifecycle.exited(exit_)
+        return exit_
+
     def exit(self, code: int) -> None:
+        """The agent ends (STOP, REPLACE, a budget spent): its trainer, if one runs, is
+        stopped with it."""
+        if self.lifecycle.trainer_running:
+            self.exited(ProcessExit(pid=1, code=None, signal=15))
         self.phase = Phase.EXITED
         self.exit_code = code
-        self.proto.trainer_running = False
 
     def start(self, released: bool) -> None:
         self.phase = Phase.RUNNING

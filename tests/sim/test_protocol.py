@@ -196,7 +196,8 @@ def test_exits_written_to_an_arbiter_killed_unread_reach_the_next_one() -> None:
     w = start()
     for a in w.agents:
         a.lifecycle.succeeded()
-        a.send(a.proto.exit(ProcessExit(pid=1, code=0, signal=None), a.generation), keep=True)
+        a.send(a.proto.exit(a.exited(ProcessExit(pid=1, code=0, signal=None)), a.generation),
+               keep=True)
         assert a.stream is not None and a.stream.up  # handed to the stream, not read
     w.restart_arbiter()
     for r in range(2):
@@ -212,7 +213,8 @@ def test_an_exit_said_again_to_the_arbiter_that_read_it_is_recorded_once() -> No
     link says it again on the next stream, and the arbiter records it once."""
     w = start()
     a = w.agents[0]
-    a.send(a.proto.exit(ProcessExit(pid=1, code=0, signal=None), a.generation), keep=True)
+    a.send(a.proto.exit(a.exited(ProcessExit(pid=1, code=0, signal=None)), a.generation),
+           keep=True)
     w.flush(0)
     w.break_stream(0)
     w.connect(0)
@@ -230,8 +232,8 @@ def test_the_finished_runs_agent_saying_its_exit_again_starts_no_new_run() -> No
     w = start()
     for r, a in enumerate(w.agents):
         a.lifecycle.succeeded()
-        a.proto.trainer_running = False
-        a.send(a.proto.exit(ProcessExit(pid=1, code=0, signal=None), a.generation), keep=True)
+        a.send(a.proto.exit(a.exited(ProcessExit(pid=1, code=0, signal=None)), a.generation),
+               keep=True)
         w.flush(r)
     job = w.registry.jobs[("", JOB)]
     assert job.phase is JobPhase.SUCCEEDED

@@ -46,17 +46,19 @@ def test_one_attempt_walks_the_states_with_the_clocks_time() -> None:
 def test_the_trainers_exit_is_kept_until_the_next_one_without_a_state_change() -> None:
     """Whether a trainer runs and how the last one exited: the metrics read them here."""
     lc = Lifecycle(Clock())
-    assert not lc.trainer_running and lc.trainer_exit is None
+    assert not lc.trainer_running and lc.trainer_exit is None and not lc.trainer_ended
     lc.running(pid=7)
-    assert lc.trainer_running and lc.trainer_pid == 7
+    assert lc.trainer_running and lc.trainer_pid == 7 and not lc.trainer_ended
     crash = ProcessExit(7, None, signal=9, ts=3.0)
     lc.exited(crash)
     # the attempt stays RUNNING until the exit's decision; its trainer does not
     assert lc.state is TrainerState.RUNNING and not lc.trainer_running
     assert lc.trainer_exit is crash and lc.trainer_exit.exit_status == 137
     lc.restart(restart(origin=Origin.LOCAL))
+    assert lc.trainer_ended  # exited, none started since (its last lines go at once)
     lc.running(pid=8)
     assert lc.trainer_running and lc.trainer_exit is crash  # the last exit, until the next
+    assert not lc.trainer_ended
 
 
 def test_a_restart_is_counted_once_into_the_next_or_the_named_generation() -> None:
@@ -149,3 +151,28 @@ def test_a_stale_or_repeated_arbiter_restart_is_moot() -> None:
     assert not lc.moot(local)
     lc.restart(local)
     assert lc.moot(local)
+
+
+def test_a_trainer_of_the_generation_runs_until_it_exits_or_the_arbiter_restarts_past_it(
+) -> None:
+    """``runs_generation`` (the link's Hello says it as ``trainer_running``) is derived
+    from the facts kept here -- the trainer's pid and the desired decision -- not kept: an
+    arbiter's RESTART into a later generation, delivered while the trainer is still being
+    stopped, says "not running" at once; the local policy's restart or a stale rejoin
+    do not."""
+    lc = Lifecycle(Clock())
+    assert not lc.runs_generation  # no trainer yet
+    lc.running(pid=42)
+    assert lc.runs_generation and not lc.restart_wanted
+    lc.want(restart(generation=0))  # a stale rejoin (moot): the trainer stays
+    assert lc.runs_generation
+    lc.want(restart(origin=Origin.LOCAL))  # the local policy's: not the arbiter's word
+    assert lc.runs_generation
+    ahead = restart(generation=1)
+    lc.want(ahead)
+    assert lc.restart_wanted and lc.trainer_running and not lc.runs_generation
+    lc.exited(ProcessExit(pid=42, code=None, signal=15))
+    lc.restart(ahead)  # carried out: no longer wanted, the generation moved
+    assert not lc.restart_wanted and not lc.runs_generation and lc.generation == 1
+    lc.running(pid=43)
+    assert lc.runs_generation

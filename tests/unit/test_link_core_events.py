@@ -30,9 +30,11 @@ def test_an_exit_says_the_snapshots_and_last_progress_first_and_wakes_the_writer
     c.progress_summary = c.progress(Progress(step=7, loss=1.0), 0.0, False, 1.0)
     c.progress_new = True
     c.snapshots, c.snapshots_due = (5,), True
+    c.lifecycle.running(3)
+    c.lifecycle.exited(ProcessExit(pid=3, code=3, signal=None))  # the worker's, first
     c.observe(ProcessExit(pid=3, code=3, signal=None))
     assert kinds(c.out) == ["snapshots", "progress", "exit"]
-    assert woken and c.trainer_ended and not c.progress_new and c.last_exit is c.out[-1]
+    assert woken and not c.progress_new and c.last_exit is c.out[-1]
 
 
 def test_offline_what_must_not_be_lost_is_kept_for_the_next_stream() -> None:
@@ -50,12 +52,15 @@ def test_offline_what_must_not_be_lost_is_kept_for_the_next_stream() -> None:
 def test_a_start_is_told_once_with_the_barrier_said_by_the_decider() -> None:
     up, woken = [True], []
     c = core(up, woken)
-    c.trainer_ended = True
+    c.lifecycle.running(2)
+    c.lifecycle.exited(ProcessExit(pid=2, code=1))  # a trainer ended before this one
+    assert c.lifecycle.trainer_ended
     c.released_start = False  # failing open: the arrival is dropped, the Hello says why
     c.report_arrival(0)
     c.on_state(TrainerState.WAITING, 0)  # not a step the core acts on
     assert c.starts == 0 and c.arrival is not None
+    c.lifecycle.running(3)  # the worker moves its lifecycle, then tells its observers
     c.on_state(TrainerState.RUNNING, 0)
-    assert c.starts == 1 and c.trainer_running and c.first_step_due and not c.trainer_ended
+    assert c.starts == 1 and c.first_step_due and not c.lifecycle.trainer_ended
     assert c.arrival is None  # started without the barrier
-    assert c.hello().trainer_running
+    assert c.hello().trainer_running  # read from the lifecycle

@@ -4,8 +4,10 @@ state live in its lifecycle (agent/lifecycle.py); every other part reads them th
 Two kinds of check: the package read with ``ast`` for an assignment to one of these facts
 outside their owner (a copy that can go stale), and the cases that went stale before --
 a warm spare that took over rank 3 judged the arbiter's "busy, not hung" verdict as rank
-0 (cmd/run.py built its peer-wait check with the rank it was started with), and the
-metrics sink kept a shadow restart count of its own. A third reads the package for a push
+0 (cmd/run.py built its peer-wait check with the rank it was started with), the
+metrics sink kept a shadow restart count of its own, and the link to the arbiter kept
+its own ``trainer_running`` beside the lifecycle's trainer (its Hello reads it there:
+test_link_running.py). A third reads the package for a push
 of one of these facts into its Prometheus series (the sink set them from the trainer's
 start and exit it was handed): they are read at scrape time.
 """
@@ -32,7 +34,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "ftagent"
 OWNER = "agent/lifecycle.py"
 # the worker's facts, as attribute names (the link's Hello says them under these names)
 FACTS = {"rank", "generation", "restarts", "restart_count", "trainer_state", "state",
-         "spare", "stop_signal", "trainer_pid", "trainer_exit"}
+         "spare", "stop_signal", "trainer_pid", "trainer_exit", "trainer_running",
+         "trainer_ended"}
 # where the agent keeps its facts: its modules and its composition root
 SCOPE = ("agent/", "cmd/run.py")
 # (file, attribute) assignments that stay, with the reason; the test fails when one goes

@@ -158,6 +158,7 @@ def test_an_agent_told_spare_becomes_one_unless_its_trainer_runs() -> None:
     p = _proto(False)
     assert p.on_message(_command(pb.COMMAND_KIND_SPARE)).assigned and p.hello().spare
     p = _proto(False)
+    p.lifecycle.running(1)  # its trainer runs: the lifecycle says so (the worker moves it)
     p.started(0, released=True)
     assert not p.on_message(_command(pb.COMMAND_KIND_SPARE)).assigned
     assert not p.hello().spare
