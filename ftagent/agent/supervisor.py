@@ -107,19 +107,20 @@ class ChildReaper:
                 continue
             if pid == 0:
                 return
-            now = time.monotonic()
-            if os.WIFSIGNALED(status):
-                exit_ = ProcessExit(pid, None, os.WTERMSIG(status), ts=now)
-            elif os.WIFEXITED(status):
-                exit_ = ProcessExit(pid, os.WEXITSTATUS(status), None, ts=now)
-            else:  # stopped/continued: not an exit
-                continue
+            if not (os.WIFSIGNALED(status) or os.WIFEXITED(status)):
+                continue  # stopped/continued: not an exit
             fut = self._watched.pop(pid, None)
-            if fut is not None and not fut.done():
-                fut.set_result(exit_)
-            else:
+            if fut is None or fut.done():
+                # an orphan the sub-reaper adopted, a helper (py-spy): reaped, its status
+                # read by nobody, so no ProcessExit is made of it
                 self.orphans_reaped += 1
-                log.debug("reaped orphan %d (%s)", pid, exit_)
+                log.debug("reaped orphan %d (wait status %#x)", pid, status)
+                continue
+            if os.WIFSIGNALED(status):
+                fut.set_result(ProcessExit(pid, None, os.WTERMSIG(status), ts=time.monotonic()))
+            else:
+                fut.set_result(ProcessExit(pid, os.WEXITSTATUS(status), None,
+                                           ts=time.monotonic()))
 
 
 class SpawnError(Exception):
