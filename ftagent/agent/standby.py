@@ -125,7 +125,23 @@ def python_command(command: Sequence[str], env: Mapping[str, str]) -> PythonComm
     return None
 
 
-def _parse_flags(command: Sequence[str]) -> PythonCommand | None:
+def warmable(command: Sequence[str]) -> bool:
+    """Whether a standby could ever become ``command``'s trainer: a Python interpreter
+    with safe flags run on a script or a module, or a ``.py`` run by its shebang. What a
+    file says (the script is there, the shebang names Python) is read each time a standby
+    is prepared (:func:`python_command`); this is the part that never changes, so the
+    worker's starter is chosen once (``warm_restart_parts``): a command no standby can
+    become is started cold, with no warm starter on its path."""
+    if not command:
+        return False
+    first = os.path.basename(command[0])
+    if _PYTHON.fullmatch(first):
+        return _parse_flags(command, isfile=lambda _: True) is not None
+    return first.endswith(".py")
+
+
+def _parse_flags(command: Sequence[str],
+                 isfile: Callable[[str], bool] = os.path.isfile) -> PythonCommand | None:
     i = 1
     while i < len(command):
         a = command[i]
@@ -149,7 +165,7 @@ def _parse_flags(command: Sequence[str]) -> PythonCommand | None:
                     return None  # -c, -i, -x, -h, -V, -m attached, unknown
             i += 2 if takes_next else 1
             continue
-        if not os.path.isfile(a):
+        if not isfile(a):
             return None  # the cold start reports it, as python would
         return PythonCommand(tuple(command[:i]), "script", a, i)
     return None
@@ -593,12 +609,18 @@ def warm_restart_parts(worker: Any, cfg: Any, rundir: str, parts: WorkerParts,
     ``budget`` (the process's, shared by the launcher's workers) says the container can
     afford it. The bootstrap copy lives in ``rundir``; the worker closes the standbys when
     it ends (their ``on_close``), and they die with it if it is killed (PDEATHSIG, the
-    watchdog); ``worker.metrics.standby_memory`` (if any) reads their PSS."""
+    watchdog); ``worker.metrics.standby_memory`` (if any) reads their PSS.
+
+    The starter is chosen here, once: a worker that can never have a standby (warm
+    restarts off, no restart possible, a command no standby can become: ``warmable``)
+    keeps ``parts`` as they are -- its trainers start cold, straight from the exec shim,
+    with no warm starter consulted (and falling back) at every start."""
     sup = cfg.supervisor
     arbiter = bool(cfg.arbiter.arbiter)
     restarts_possible = sup.max_restarts > 0 or arbiter
-    starter = WarmStarter(warm=sup.warm_restart and restarts_possible,
-                          imports=parse_warm_imports(sup.warm_imports),
+    if not (sup.warm_restart and restarts_possible and warmable(cfg.command)):
+        return parts
+    starter = WarmStarter(imports=parse_warm_imports(sup.warm_imports),
                           record=worker.events.write, workdir=rundir,
                           wanted=lambda: arbiter or worker.restarts < sup.max_restarts,
                           budget=budget)
