@@ -150,9 +150,10 @@ def test_a_worker_built_by_ftagent_run_is_not_changed_after_its_constructor(
     assert changed == []
     # and the parts are there: the wiring went through the constructor, not around it
     assert worker.spawn_trainer is not None and worker.evidence is not None
-    # the warm standby's wait for the rendezvous store (store_wait.py) before each start
-    # (a Python command: one a standby can become)
-    assert [h.__name__ for h in worker.before_start] == ["store_first"]
+    # before each start: the warm standby's wait for the rendezvous store (store_wait.py;
+    # a Python command: one a standby can become), then the flight recorder's attempt
+    # directory, the last step before the spawn
+    assert [h.__name__ for h in worker.before_start] == ["store_first", "attempt_directory"]
     assert "FTAGENT_SDK_SOCKET" in worker.extra_env
     assert any(k.startswith("TORCH_FR") or k.startswith("TORCH_NCCL")
                for k in worker.extra_env), worker.extra_env
