@@ -266,7 +266,7 @@ class Standby:
         if len(msg) > MAX_GO_BYTES:
             return False
         try:
-            supervisor.grow_go_pipe(self._go_w, len(msg))
+            grow_go_pipe(self._go_w, len(msg))
             os.set_blocking(self._go_w, False)
             sent = os.write(self._go_w, msg)
         except OSError:
@@ -546,6 +546,15 @@ class WarmStarter:
         exits = [f for f in self.close() if not f.done()]
         if exits:
             await asyncio.wait(exits, timeout=timeout)
+
+
+def grow_go_pipe(fd: int, size: int) -> None:
+    """Make the go pipe hold ``size`` bytes, so the go's one write never blocks."""
+    if size > 65536:
+        with contextlib.suppress(OSError):
+            import fcntl
+
+            fcntl.fcntl(fd, 1031, size)  # F_SETPIPE_SZ
 
 
 def leave_idle(pid: int) -> int:

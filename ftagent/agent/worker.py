@@ -23,7 +23,8 @@ this module sets its attributes (tests/unit/test_worker_seams.py).
 
 The worker is the composition; each job it does by way of a module of its own:
 line_feed.py (the trainer's output from the pump threads to the loop, and the detectors'
-"now"), trainer_exec.py (an attempt's environment, its process tree, its stop),
+"now"), trainer_exec.py (an attempt's environment, which processes are its trainer's),
+supervisor.py (the trainer's process: its spawn, its exit, its stop),
 worker_evidence.py (the last lines, the crash fault, the hang fault's enrichment),
 worker_parts.py (what it is made of), and watch/loop.py (its sources -> observers ->
 detectors -> faults: the loop the node's GPUs and links run in too). What stays here: the
@@ -50,18 +51,18 @@ from ftagent.agent.evidence import capture
 from ftagent.agent.lifecycle import Lifecycle, Step
 from ftagent.agent.line_feed import LineFeed
 from ftagent.agent.shutdown import cleanup_deadline, goodbye_deadline, settle, within
-from ftagent.agent.supervisor import ChildReaper, SpawnError, TrainerProcess
-from ftagent.agent.tee import LastLines
-from ftagent.agent.trainer_exec import (
-    RESUME_VAR,
+from ftagent.agent.supervisor import (
+    ChildReaper,
+    SpawnError,
+    TrainerProcess,
     Tree,
-    attempt_env,
     clear_leftovers,
     exited,
     terminate,
-    worker_tree,
     zombie,
 )
+from ftagent.agent.tee import LastLines
+from ftagent.agent.trainer_exec import RESUME_VAR, attempt_env, worker_tree
 from ftagent.agent.worker_evidence import EVIDENCE_LINES, crash_fault, enrich, tail
 from ftagent.agent.worker_parts import (
     Close,
@@ -725,7 +726,7 @@ class Worker:
             self.feed.drain_all()
 
     async def _stop_trainer(self, trainer: TrainerProcess, deadline: float) -> ProcessExit:
-        """Stop the trainer (trainer_exec.terminate; a stop signal was already forwarded
+        """Stop the trainer (supervisor.terminate; a stop signal was already forwarded
         as is), then clean up after its exit."""
         await terminate(trainer, self.tree, deadline, forwarded=self.stop_signal,
                         stop_timeout=self.cfg.supervisor.stop_timeout)
