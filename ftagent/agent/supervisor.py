@@ -402,18 +402,25 @@ def exited(trainer: TrainerProcess) -> bool:
 
 
 async def terminate(trainer: TrainerProcess, tree: Tree, deadline: float, *,
-                    forwarded: int | None, stop_timeout: float) -> None:
+                    forwarded: int | None, stop_timeout: float) -> bool:
     """Our own stop (a restart): SIGTERM the trainer's group and ``tree``, the grace being
     the handler's for as long as it is installed (stop_grace.py: not CPython's teardown
     after it; the attempt is discarded, its exit code is no one's). A stop signal
     ``forwarded`` as is (the pod going): the trainer's handler and its teardown decide,
     and its exit code is the user's, up to ``deadline``. SIGKILL whatever is left at
-    ``deadline``."""
+    ``deadline``.
+
+    Returns True when the tree was seen empty after the SIGTERM (every process gone at
+    once, no handler): no process of it is left to clear after the exit
+    (``clear_leftovers`` would only look again), and none can come, a process being
+    started only by a live one."""
+    cleared = False
     if not trainer.exited.done():  # running
         log.info("stopping trainer (pid %d)", trainer.pid)
         if forwarded is None:  # our own stop: SIGTERM the group and the tree
             trainer.send_signal(signal.SIGTERM)
             procs = tree()
+            cleared = not procs
             signal_tree(signal.SIGTERM, procs)
             if frozen(trainer.pid):  # stopped: SIGTERM waits for a SIGCONT
                 log.warning("trainer (pid %d) is stopped (frozen): SIGKILL, no grace",
@@ -431,3 +438,4 @@ async def terminate(trainer: TrainerProcess, tree: Tree, deadline: float, *,
         killed = await kill_tree(trainer.pgid, procs=tree)
         log.warning("trainer ignored SIGTERM for %.1fs: SIGKILLed %d process(es)",
                     stop_timeout, killed)
+    return cleared

@@ -704,16 +704,20 @@ class Worker:
             self.lifecycle.decided(action)
         self.events.write_lines(_action_line(action))
 
-    async def _after_exit(self, trainer: TrainerProcess, exit_: ProcessExit) -> None:
-        """The main process is gone: clean up what it left, read its last output."""
+    async def _after_exit(self, trainer: TrainerProcess, exit_: ProcessExit, *,
+                          cleared: bool = False) -> None:
+        """The main process is gone: clean up what it left (``cleared``: the stop saw its
+        tree empty, nothing can be left), read its last output."""
         self._drain_output()  # what it printed before it exited comes first
         self.observe(exit_)
         status = exit_.exit_status
         self.events.write("state", "exited", f"trainer exited with status {status}",
                           exit_status=status, exit_code=exit_.code,
                           signal=exit_.signal, pid=exit_.pid)
-        await clear_leftovers(self.tree, self._stop_deadline if self.stop_signal is not None
-                              else time.monotonic() + self.cfg.supervisor.stop_timeout)
+        if not cleared:  # one look at the tree; what it left is stopped
+            await clear_leftovers(
+                self.tree, self._stop_deadline if self.stop_signal is not None
+                else time.monotonic() + self.cfg.supervisor.stop_timeout)
         if not await trainer.drain(2.0):
             log.warning("trainer output did not reach EOF; last lines may be missing")
         self._drain_output()  # the last lines before the crash fault's evidence
@@ -727,11 +731,12 @@ class Worker:
 
     async def _stop_trainer(self, trainer: TrainerProcess, deadline: float) -> ProcessExit:
         """Stop the trainer (supervisor.terminate; a stop signal was already forwarded
-        as is), then clean up after its exit."""
-        await terminate(trainer, self.tree, deadline, forwarded=self.stop_signal,
-                        stop_timeout=self.cfg.supervisor.stop_timeout)
+        as is), then clean up after its exit: no second look at a tree the stop saw
+        empty."""
+        cleared = await terminate(trainer, self.tree, deadline, forwarded=self.stop_signal,
+                                  stop_timeout=self.cfg.supervisor.stop_timeout)
         exit_ = await trainer.exited
-        await self._after_exit(trainer, exit_)
+        await self._after_exit(trainer, exit_, cleared=cleared)
         return exit_
 
     async def _interruptible_sleep(self, seconds: float) -> bool:
