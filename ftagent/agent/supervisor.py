@@ -249,22 +249,22 @@ def signal_tree(sig: int, procs: Sequence[psutil.Process] | None = None) -> int:
     return n
 
 
-async def clear_leftovers(tree: Tree, deadline: float, poll: float = 0.02) -> None:
-    """The trainer's main process is gone: what it left of ``tree`` (the agent's whole
-    tree, or one launcher worker's: trainer_exec.worker_tree) is SIGTERMed, given until
-    ``deadline``, then SIGKILLed. The common case, nothing left, is this one look.
+async def clear_leftovers(procs: Tree, deadline: float, poll: float = 0.02) -> None:
+    """The trainer's main process is gone: what it left of its tree (``procs``: the
+    agent's whole tree, or one launcher worker's: trainer_exec.worker_tree) is SIGTERMed,
+    given until ``deadline``, then SIGKILLed. The common case, nothing left, is this one look.
 
     Polls (with a deadline) because the tree includes processes that are not our
     children and cannot be waited on."""
-    left = tree()
+    left = procs()
     if not left:
         return
     signal_tree(signal.SIGTERM, left)
-    while (left := tree()) and time.monotonic() < deadline:
+    while (left := procs()) and time.monotonic() < deadline:
         if all(frozen(p) for p in left):
             break  # stopped (SIGSTOP, a frozen cgroup): SIGTERM waits for a SIGCONT
         await asyncio.sleep(poll)
-    killed = await kill_tree(None, procs=tree)
+    killed = await kill_tree(None, procs=procs)
     if killed:
         log.warning("SIGKILLed %d leftover process(es) of the trainer", killed)
 
@@ -401,11 +401,11 @@ def exited(trainer: TrainerProcess) -> bool:
     return trainer.exited.done() or zombie(trainer.pid)  # (not ``running``: no call)
 
 
-async def terminate(trainer: TrainerProcess, tree: Tree, deadline: float, *,
+async def terminate(trainer: TrainerProcess, procs: Tree, deadline: float, *,
                     forwarded: int | None, stop_timeout: float) -> bool:
-    """Our own stop (a restart): SIGTERM the trainer's group and ``tree``, the grace being
-    the handler's for as long as it is installed (stop_grace.py: not CPython's teardown
-    after it; the attempt is discarded, its exit code is no one's). A stop signal
+    """Our own stop (a restart): SIGTERM the trainer's group and its tree (``procs``), the
+    grace being the handler's for as long as it is installed (stop_grace.py: not CPython's
+    teardown after it; the attempt is discarded, its exit code is no one's). A stop signal
     ``forwarded`` as is (the pod going): the trainer's handler and its teardown decide,
     and its exit code is the user's, up to ``deadline``. SIGKILL whatever is left at
     ``deadline``.
@@ -419,23 +419,23 @@ async def terminate(trainer: TrainerProcess, tree: Tree, deadline: float, *,
         log.info("stopping trainer (pid %d)", trainer.pid)
         if forwarded is None:  # our own stop: SIGTERM the group and the tree
             trainer.send_signal(signal.SIGTERM)
-            procs = tree()
-            cleared = not procs
-            signal_tree(signal.SIGTERM, procs)
+            listed = procs()
+            cleared = not listed
+            signal_tree(signal.SIGTERM, listed)
             if frozen(trainer.pid):  # stopped: SIGTERM waits for a SIGCONT
                 log.warning("trainer (pid %d) is stopped (frozen): SIGKILL, no grace",
                             trainer.pid)
                 deadline = time.monotonic()
             # its first look at the handlers: the tree just signalled, not listed again
-            await stop_grace.wait_stopped(trainer.exited, lambda: [p.pid for p in tree()],
+            await stop_grace.wait_stopped(trainer.exited, lambda: [p.pid for p in procs()],
                                           signal.SIGTERM, deadline,
-                                          first=[p.pid for p in procs])
+                                          first=[p.pid for p in listed])
         else:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(trainer.exited),
                                        max(0.0, deadline - time.monotonic()))
     if not trainer.exited.done():  # running
-        killed = await kill_tree(trainer.pgid, procs=tree)
+        killed = await kill_tree(trainer.pgid, procs=procs)
         log.warning("trainer ignored SIGTERM for %.1fs: SIGKILLed %d process(es)",
                     stop_timeout, killed)
     return cleared
