@@ -258,23 +258,24 @@ def prepare_recorder(worker: Any, cfg: Any, rundir: str) -> FlightRecorder | Non
 def flight_recorder_parts(worker: Any, cfg: Any, rundir: str, parts: WorkerParts,
                           fr: FlightRecorder | None) -> WorkerParts:
     """``parts`` with one worker's flight recorder ``fr`` (``prepare_recorder``; ``parts``
-    as they are without one): its trainer's env, the per-attempt directory at each spawn
-    (around ``parts.spawn``), and the dumps in the hang fault's evidence (around
-    ``parts.evidence``, the verifier's window dump when it took one) and the decider's
-    DUMP_STACKS answer (the declared stall's dump: one capture per verification)."""
+    as they are without one): its trainer's env, the per-attempt directory before each
+    start (a ``before_start`` step: the spawn itself is left alone), and the dumps in the
+    hang fault's evidence (around ``parts.evidence``, the verifier's window dump when it
+    took one) and the decider's DUMP_STACKS answer (the declared stall's dump: one
+    capture per verification)."""
     if fr is None:
         return parts
     from ftagent.agent.hang_watch import HangWatch
 
     env = fr_env(worker.environ, int(cfg.hang.fr_buffer_size), fr.dir)
-    spawn = parts.spawn
 
-    def spawn_in_attempt(*args: Any, **kwargs: Any) -> Any:
+    async def attempt_directory(env: Mapping[str, str]) -> None:
+        """``current`` re-pointed at the attempt about to start, the last step before its
+        spawn: its dumps land there, apart from the previous attempt's."""
         try:
             fr.begin_attempt(worker.lifecycle.restarts)
         except OSError as e:  # never keeps the trainer from starting
             log.warning("flight-recorder attempt directory: %s", e)
-        return spawn(*args, **kwargs)
 
     verifier = next((d.verifier for d in parts.detectors if isinstance(d, HangWatch)), None)
     enrich = parts.evidence
@@ -309,4 +310,4 @@ def flight_recorder_parts(worker: Any, cfg: Any, rundir: str, parts: WorkerParts
         return {**stacks, "flight_recorder": got}
 
     parts = parts.with_(stacks=stacks_with_dumps)
-    return parts.plus(env=env).with_(spawn=spawn_in_attempt, evidence=evidence)
+    return parts.plus(env=env, before_start=[attempt_directory]).with_(evidence=evidence)

@@ -125,7 +125,23 @@ def python_command(command: Sequence[str], env: Mapping[str, str]) -> PythonComm
     return None
 
 
-def _parse_flags(command: Sequence[str]) -> PythonCommand | None:
+def warmable(command: Sequence[str]) -> bool:
+    """Whether a standby could ever become ``command``'s trainer: a Python interpreter
+    with safe flags run on a script or a module, or a ``.py`` run by its shebang. What a
+    file says (the script is there, the shebang names Python) is read each time a standby
+    is prepared (:func:`python_command`); this is the part that never changes, so the
+    worker's starter is chosen once (``warm_restart_parts``): a command no standby can
+    become is started cold, with no warm starter on its path."""
+    if not command:
+        return False
+    first = os.path.basename(command[0])
+    if _PYTHON.fullmatch(first):
+        return _parse_flags(command, isfile=lambda _: True) is not None
+    return first.endswith(".py")
+
+
+def _parse_flags(command: Sequence[str],
+                 isfile: Callable[[str], bool] = os.path.isfile) -> PythonCommand | None:
     i = 1
     while i < len(command):
         a = command[i]
@@ -149,7 +165,7 @@ def _parse_flags(command: Sequence[str]) -> PythonCommand | None:
                     return None  # -c, -i, -x, -h, -V, -m attached, unknown
             i += 2 if takes_next else 1
             continue
-        if not os.path.isfile(a):
+        if not isfile(a):
             return None  # the cold start reports it, as python would
         return PythonCommand(tuple(command[:i]), "script", a, i)
     return None
@@ -250,7 +266,7 @@ class Standby:
         if len(msg) > MAX_GO_BYTES:
             return False
         try:
-            supervisor.grow_go_pipe(self._go_w, len(msg))
+            grow_go_pipe(self._go_w, len(msg))
             os.set_blocking(self._go_w, False)
             sent = os.write(self._go_w, msg)
         except OSError:
@@ -532,6 +548,15 @@ class WarmStarter:
             await asyncio.wait(exits, timeout=timeout)
 
 
+def grow_go_pipe(fd: int, size: int) -> None:
+    """Make the go pipe hold ``size`` bytes, so the go's one write never blocks."""
+    if size > 65536:
+        with contextlib.suppress(OSError):
+            import fcntl
+
+            fcntl.fcntl(fd, 1031, size)  # F_SETPIPE_SZ
+
+
 def leave_idle(pid: int) -> int:
     """At the go: every thread of the standby back from SCHED_IDLE to the agent's own
     policy (the one the standby inherited), its main thread first; returns how many.
@@ -593,12 +618,18 @@ def warm_restart_parts(worker: Any, cfg: Any, rundir: str, parts: WorkerParts,
     ``budget`` (the process's, shared by the launcher's workers) says the container can
     afford it. The bootstrap copy lives in ``rundir``; the worker closes the standbys when
     it ends (their ``on_close``), and they die with it if it is killed (PDEATHSIG, the
-    watchdog); ``worker.metrics.standby_memory`` (if any) reads their PSS."""
+    watchdog); ``worker.metrics.standby_memory`` (if any) reads their PSS.
+
+    The starter is chosen here, once: a worker that can never have a standby (warm
+    restarts off, no restart possible, a command no standby can become: ``warmable``)
+    keeps ``parts`` as they are -- its trainers start cold, straight from the exec shim,
+    with no warm starter consulted (and falling back) at every start."""
     sup = cfg.supervisor
     arbiter = bool(cfg.arbiter.arbiter)
     restarts_possible = sup.max_restarts > 0 or arbiter
-    starter = WarmStarter(warm=sup.warm_restart and restarts_possible,
-                          imports=parse_warm_imports(sup.warm_imports),
+    if not (sup.warm_restart and restarts_possible and warmable(cfg.command)):
+        return parts
+    starter = WarmStarter(imports=parse_warm_imports(sup.warm_imports),
                           record=worker.events.write, workdir=rundir,
                           wanted=lambda: arbiter or worker.restarts < sup.max_restarts,
                           budget=budget)

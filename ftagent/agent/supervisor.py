@@ -16,23 +16,15 @@ Three kernel features carry this module:
   (no ``asyncio.create_subprocess_*``); helper processes run with ``subprocess`` in a
   thread and must not rely on their return code.
 
-PDEATHSIG kills only the trainer. For the rest of its tree when the agent dies suddenly
-(``containment``, which spawn() uses):
+PDEATHSIG kills only the trainer. The rest of its tree, when the agent dies suddenly, is
+``containment``'s (spawn() readies it): the kernel where the agent is PID 1 of its PID
+namespace, else a watchdog process, and a cgroup of the trainer's own where the agent's
+is writable (``FTAGENT_CONTAINMENT=auto|watchdog|off``; what each covers, and the
+measurements, in its docstring).
 
-* agent is PID 1 of its PID namespace (a container's entrypoint): the kernel kills every
-  process of the namespace; nothing is added.
-* otherwise a watchdog (``python -I -S``, ~10 MB, idle in ``poll``; its own session; not
-  part of ``tree()``) notices the agent's end (pipe EOF, pidfd) and SIGKILLs every process
-  carrying the per-agent ``FTAGENT_TREE_<token>`` variable or still in a trainer's session,
-  until none is left, then exits; after a normal exit it finds nothing and just exits.
-* where the agent's cgroup v2 is writable (root, delegated cgroupfs) the exec shim also
-  puts the trainer in a child cgroup, and the watchdog kills that with ``cgroup.kill``:
-  this catches everything, including a process that scrubbed its environment *and* left
-  the session, which is the one shape the watchdog-only path (unprivileged pods) misses.
-Measured on a 2-core VM as root, with and without the cgroup, and with every capability
-dropped: all of a tree with a plain child, a grandchild, a setsid child, a double-forked
-daemon and a re-grouped process gone 0-25 ms after the agent's SIGKILL (before: 6 of 7
-survived). ``FTAGENT_CONTAINMENT=auto|watchdog|off`` chooses.
+The stop of one attempt (``terminate``: SIGTERM, the handler's grace, SIGKILL) and the
+look after its exit (``clear_leftovers``) are here too: they work a
+:class:`TrainerProcess` and the tree, nothing else.
 """
 
 from __future__ import annotations
@@ -52,7 +44,7 @@ from typing import NamedTuple, Protocol
 
 import psutil
 
-from ftagent.agent import containment
+from ftagent.agent import containment, stop_grace
 from ftagent.agent.tee import MAX_LINE, LinesCallback, Writer, trainer_pumps
 from ftagent.model import ProcessExit
 
@@ -107,19 +99,20 @@ class ChildReaper:
                 continue
             if pid == 0:
                 return
-            now = time.monotonic()
-            if os.WIFSIGNALED(status):
-                exit_ = ProcessExit(pid, None, os.WTERMSIG(status), ts=now)
-            elif os.WIFEXITED(status):
-                exit_ = ProcessExit(pid, os.WEXITSTATUS(status), None, ts=now)
-            else:  # stopped/continued: not an exit
-                continue
+            if not (os.WIFSIGNALED(status) or os.WIFEXITED(status)):
+                continue  # stopped/continued: not an exit
             fut = self._watched.pop(pid, None)
-            if fut is not None and not fut.done():
-                fut.set_result(exit_)
-            else:
+            if fut is None or fut.done():
+                # an orphan the sub-reaper adopted, a helper (py-spy): reaped, its status
+                # read by nobody, so no ProcessExit is made of it
                 self.orphans_reaped += 1
-                log.debug("reaped orphan %d (%s)", pid, exit_)
+                log.debug("reaped orphan %d (wait status %#x)", pid, status)
+                continue
+            if os.WIFSIGNALED(status):
+                fut.set_result(ProcessExit(pid, None, os.WTERMSIG(status), ts=time.monotonic()))
+            else:
+                fut.set_result(ProcessExit(pid, os.WEXITSTATUS(status), None,
+                                           ts=time.monotonic()))
 
 
 class SpawnError(Exception):
@@ -209,6 +202,11 @@ def show_in_tree(pid: int) -> None:
     _hidden.discard(pid)
 
 
+# a tree lister: the agent's whole tree (``tree``), or one launcher worker's
+# (trainer_exec.worker_tree)
+Tree = Callable[[], list[psutil.Process]]
+
+
 def tree() -> list[psutil.Process]:
     """Every live descendant of the agent: the trainer and all it started (sub-reaper);
     not the watchdog, which is the agent's child but no part of the trainer's tree, nor
@@ -251,23 +249,24 @@ def signal_tree(sig: int, procs: Sequence[psutil.Process] | None = None) -> int:
     return n
 
 
-async def stop_tree(pgid: int | None, timeout: float, poll: float = 0.02,
-                    procs: Callable[[], list[psutil.Process]] = tree) -> int:
-    """SIGTERM the trainer's group and tree, wait up to ``timeout``, then SIGKILL the rest.
+async def clear_leftovers(procs: Tree, deadline: float, poll: float = 0.02) -> None:
+    """The trainer's main process is gone: what it left of its tree (``procs``: the
+    agent's whole tree, or one launcher worker's: trainer_exec.worker_tree) is SIGTERMed,
+    given until ``deadline``, then SIGKILLed. The common case, nothing left, is this one look.
 
-    Returns the number of processes that had to be SIGKILLed. Polls (with a deadline)
-    because the tree includes processes that are not our children and cannot be waited on.
-    ``procs``: the tree to stop (one launcher worker's, agent/trainer_exec.py), else all of it.
-    """
-    if pgid is not None:
-        signal_group(pgid, signal.SIGTERM)
-    signal_tree(signal.SIGTERM, procs())
-    deadline = time.monotonic() + timeout
+    Polls (with a deadline) because the tree includes processes that are not our
+    children and cannot be waited on."""
+    left = procs()
+    if not left:
+        return
+    signal_tree(signal.SIGTERM, left)
     while (left := procs()) and time.monotonic() < deadline:
         if all(frozen(p) for p in left):
             break  # stopped (SIGSTOP, a frozen cgroup): SIGTERM waits for a SIGCONT
         await asyncio.sleep(poll)
-    return await kill_tree(pgid, procs=procs)
+    killed = await kill_tree(None, procs=procs)
+    if killed:
+        log.warning("SIGKILLed %d leftover process(es) of the trainer", killed)
 
 
 def frozen(proc: psutil.Process | int) -> bool:
@@ -282,7 +281,7 @@ def frozen(proc: psutil.Process | int) -> bool:
 
 
 async def kill_tree(pgid: int | None, poll: float = 0.01, timeout: float = 5.0,
-                    procs: Callable[[], list[psutil.Process]] = tree) -> int:
+                    procs: Tree = tree) -> int:
     """SIGKILL the whole tree (and group) and wait until it is gone."""
     killed: set[int] = set()
     deadline = time.monotonic() + timeout
@@ -298,15 +297,6 @@ async def kill_tree(pgid: int | None, poll: float = 0.01, timeout: float = 5.0,
             log.error("processes survive SIGKILL: %s", [p.pid for p in left])
             return len(killed)
         await asyncio.sleep(poll)
-
-
-def grow_go_pipe(fd: int, size: int) -> None:
-    """Make a pipe hold ``size`` bytes, so one write of that much never blocks."""
-    if size > 65536:
-        with contextlib.suppress(OSError):
-            import fcntl
-
-            fcntl.fcntl(fd, 1031, size)  # F_SETPIPE_SZ
 
 
 class Started(NamedTuple):
@@ -394,3 +384,58 @@ class TrainerProcess:
         # the lines the pumps queued are the caller's to handle now (the worker drains
         # its feed's backlog next: LineFeed.drain_all), not a loop turn's
         return True
+
+
+def zombie(pid: int) -> bool:
+    """``pid`` has exited and waits to be reaped (WNOWAIT: the reaper still gets it)."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return info is not None and info.si_pid == pid
+
+
+def exited(trainer: TrainerProcess) -> bool:
+    """The trainer is gone, or its exit waits for the loop (the SIGCHLD not handled yet):
+    a peek, never a reap -- the reaper owns that."""
+    return trainer.exited.done() or zombie(trainer.pid)  # (not ``running``: no call)
+
+
+async def terminate(trainer: TrainerProcess, procs: Tree, deadline: float, *,
+                    forwarded: int | None, stop_timeout: float) -> bool:
+    """Our own stop (a restart): SIGTERM the trainer's group and its tree (``procs``), the
+    grace being the handler's for as long as it is installed (stop_grace.py: not CPython's
+    teardown after it; the attempt is discarded, its exit code is no one's). A stop signal
+    ``forwarded`` as is (the pod going): the trainer's handler and its teardown decide,
+    and its exit code is the user's, up to ``deadline``. SIGKILL whatever is left at
+    ``deadline``.
+
+    Returns True when the tree was seen empty after the SIGTERM (every process gone at
+    once, no handler): no process of it is left to clear after the exit
+    (``clear_leftovers`` would only look again), and none can come, a process being
+    started only by a live one."""
+    cleared = False
+    if not trainer.exited.done():  # running
+        log.info("stopping trainer (pid %d)", trainer.pid)
+        if forwarded is None:  # our own stop: SIGTERM the group and the tree
+            trainer.send_signal(signal.SIGTERM)
+            listed = procs()
+            cleared = not listed
+            signal_tree(signal.SIGTERM, listed)
+            if frozen(trainer.pid):  # stopped: SIGTERM waits for a SIGCONT
+                log.warning("trainer (pid %d) is stopped (frozen): SIGKILL, no grace",
+                            trainer.pid)
+                deadline = time.monotonic()
+            # its first look at the handlers: the tree just signalled, not listed again
+            await stop_grace.wait_stopped(trainer.exited, lambda: [p.pid for p in procs()],
+                                          signal.SIGTERM, deadline,
+                                          first=[p.pid for p in listed])
+        else:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(trainer.exited),
+                                       max(0.0, deadline - time.monotonic()))
+    if not trainer.exited.done():  # running
+        killed = await kill_tree(trainer.pgid, procs=procs)
+        log.warning("trainer ignored SIGTERM for %.1fs: SIGKILLed %d process(es)",
+                    stop_timeout, killed)
+    return cleared

@@ -1,35 +1,24 @@
-"""One trainer attempt's process side: its environment, its process tree, its stop.
+"""One worker's attempts: their environment, and which processes are its trainer's.
 
-What a worker (worker.py) needs of the operating system between deciding to start a
-trainer and knowing it is gone, as plain functions over a
-:class:`~ftagent.agent.supervisor.TrainerProcess` and a tree lister: the attempt's
-environment, which processes are this trainer's (alone: the agent's whole tree; under the
-launcher: its own session and marker, never a peer worker's), whether it already exited
-(a peek, never a reap: the reaper owns that), and the stop: SIGTERM, grace, SIGKILL.
+What a worker (worker.py) adds to the process side of the supervisor (supervisor.py:
+spawn, reap, signal, the stop of a trainer and its tree): the attempt's environment, and
+which processes are this worker's trainer's (alone: the agent's whole tree; under the
+launcher: its own session and marker, never a peer worker's).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
 import os
-import signal
-import time
 from collections.abc import Callable, Mapping
 
 import psutil
 
-from ftagent.agent import stop_grace, supervisor
-from ftagent.agent.supervisor import TrainerProcess
-
-log = logging.getLogger("ftagent.agent")
+from ftagent.agent import supervisor
+from ftagent.agent.supervisor import TrainerProcess, Tree
 
 # the step the arbiter said every rank's snapshot holds (ftagent.checkpoint.load loads it)
 RESUME_VAR = "FTAGENT_RESUME_STEP"
 WORKER_VAR = "FTAGENT_LOCAL_RANK"  # marks a worker's processes, for orphans that left its session
-
-Tree = Callable[[], list[psutil.Process]]
 
 
 def attempt_env(environ: Mapping[str, str], *, restarts: int, generation: int,
@@ -44,20 +33,6 @@ def attempt_env(environ: Mapping[str, str], *, restarts: int, generation: int,
     env.update(extra)
     env.update(per_attempt)
     return env
-
-
-def zombie(pid: int) -> bool:
-    """``pid`` has exited and waits to be reaped (WNOWAIT: the reaper still gets it)."""
-    try:
-        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return False
-    return info is not None and info.si_pid == pid
-
-
-def exited(trainer: TrainerProcess) -> bool:
-    """The trainer is gone, or its exit waits for the loop (the SIGCHLD not handled yet)."""
-    return trainer.exited.done() or zombie(trainer.pid)  # (not ``running``: no call)
 
 
 def worker_tree(trainer: Callable[[], TrainerProcess | None], local_rank: int) -> Tree:
@@ -80,43 +55,3 @@ def worker_tree(trainer: Callable[[], TrainerProcess | None], local_rank: int) -
         return mine
 
     return tree
-
-
-async def terminate(trainer: TrainerProcess, tree: Tree, deadline: float, *,
-                    forwarded: int | None, stop_timeout: float) -> None:
-    """Our own stop (a restart): SIGTERM the trainer's group and tree, the grace being the
-    handler's for as long as it is installed (stop_grace.py: not CPython's teardown after
-    it; the attempt is discarded, its exit code is no one's). A stop signal ``forwarded``
-    as is (the pod going): the trainer's handler and its teardown decide, and its exit
-    code is the user's, up to ``deadline``. SIGKILL whatever is left at ``deadline``."""
-    if not trainer.exited.done():  # running
-        log.info("stopping trainer (pid %d)", trainer.pid)
-        if forwarded is None:  # our own stop: SIGTERM the group and the tree
-            trainer.send_signal(signal.SIGTERM)
-            procs = tree()
-            supervisor.signal_tree(signal.SIGTERM, procs)
-            if supervisor.frozen(trainer.pid):  # stopped: SIGTERM waits for a SIGCONT
-                log.warning("trainer (pid %d) is stopped (frozen): SIGKILL, no grace",
-                            trainer.pid)
-                deadline = time.monotonic()
-            # its first look at the handlers: the tree just signalled, not listed again
-            await stop_grace.wait_stopped(trainer.exited, lambda: [p.pid for p in tree()],
-                                          signal.SIGTERM, deadline,
-                                          first=[p.pid for p in procs])
-        else:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(trainer.exited),
-                                       max(0.0, deadline - time.monotonic()))
-    if not trainer.exited.done():  # running
-        killed = await supervisor.kill_tree(trainer.pgid, procs=tree)
-        log.warning("trainer ignored SIGTERM for %.1fs: SIGKILLed %d process(es)",
-                    stop_timeout, killed)
-
-
-async def clear_leftovers(tree: Tree, deadline: float) -> None:
-    """The main process is gone: what it left of its tree is stopped by ``deadline``."""
-    if tree():
-        killed = await supervisor.stop_tree(None, max(0.0, deadline - time.monotonic()),
-                                            procs=tree)
-        if killed:
-            log.warning("SIGKILLed %d leftover process(es) of the trainer", killed)

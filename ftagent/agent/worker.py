@@ -23,7 +23,8 @@ this module sets its attributes (tests/unit/test_worker_seams.py).
 
 The worker is the composition; each job it does by way of a module of its own:
 line_feed.py (the trainer's output from the pump threads to the loop, and the detectors'
-"now"), trainer_exec.py (an attempt's environment, its process tree, its stop),
+"now"), trainer_exec.py (an attempt's environment, which processes are its trainer's),
+supervisor.py (the trainer's process: its spawn, its exit, its stop),
 worker_evidence.py (the last lines, the crash fault, the hang fault's enrichment),
 worker_parts.py (what it is made of), and watch/loop.py (its sources -> observers ->
 detectors -> faults: the loop the node's GPUs and links run in too). What stays here: the
@@ -50,18 +51,18 @@ from ftagent.agent.evidence import capture
 from ftagent.agent.lifecycle import Lifecycle, Step
 from ftagent.agent.line_feed import LineFeed
 from ftagent.agent.shutdown import cleanup_deadline, goodbye_deadline, settle, within
-from ftagent.agent.supervisor import ChildReaper, SpawnError, TrainerProcess
-from ftagent.agent.tee import LastLines
-from ftagent.agent.trainer_exec import (
-    RESUME_VAR,
+from ftagent.agent.supervisor import (
+    ChildReaper,
+    SpawnError,
+    TrainerProcess,
     Tree,
-    attempt_env,
     clear_leftovers,
     exited,
     terminate,
-    worker_tree,
     zombie,
 )
+from ftagent.agent.tee import LastLines
+from ftagent.agent.trainer_exec import RESUME_VAR, attempt_env, worker_tree
 from ftagent.agent.worker_evidence import EVIDENCE_LINES, crash_fault, tail
 from ftagent.agent.worker_parts import (
     Close,
@@ -702,8 +703,10 @@ class Worker:
             self.lifecycle.decided(action)
         self.events.write_lines(_action_line(action))
 
-    async def _after_exit(self, trainer: TrainerProcess, exit_: ProcessExit) -> None:
-        """The main process is gone: clean up what it left, read its last output."""
+    async def _after_exit(self, trainer: TrainerProcess, exit_: ProcessExit, *,
+                          cleared: bool = False) -> None:
+        """The main process is gone: clean up what it left (``cleared``: the stop saw its
+        tree empty, nothing can be left), read its last output."""
         self._drain_output()  # what it printed before it exited comes first
         self.lifecycle.exited(exit_)  # its one owner first: the metrics read it there
         self.observe(exit_)
@@ -711,8 +714,10 @@ class Worker:
         self.events.write("state", "exited", f"trainer exited with status {status}",
                           exit_status=status, exit_code=exit_.code,
                           signal=exit_.signal, pid=exit_.pid)
-        await clear_leftovers(self.tree, self._stop_deadline if self.stop_signal is not None
-                              else time.monotonic() + self.cfg.supervisor.stop_timeout)
+        if not cleared:  # one look at the tree; what it left is stopped
+            await clear_leftovers(
+                self.tree, self._stop_deadline if self.stop_signal is not None
+                else time.monotonic() + self.cfg.supervisor.stop_timeout)
         if not await trainer.drain(2.0):
             log.warning("trainer output did not reach EOF; last lines may be missing")
         self._drain_output()  # the last lines before the crash fault's evidence
@@ -725,12 +730,13 @@ class Worker:
             self.feed.drain_all()
 
     async def _stop_trainer(self, trainer: TrainerProcess, deadline: float) -> ProcessExit:
-        """Stop the trainer (trainer_exec.terminate; a stop signal was already forwarded
-        as is), then clean up after its exit."""
-        await terminate(trainer, self.tree, deadline, forwarded=self.stop_signal,
-                        stop_timeout=self.cfg.supervisor.stop_timeout)
+        """Stop the trainer (supervisor.terminate; a stop signal was already forwarded
+        as is), then clean up after its exit: no second look at a tree the stop saw
+        empty."""
+        cleared = await terminate(trainer, self.tree, deadline, forwarded=self.stop_signal,
+                                  stop_timeout=self.cfg.supervisor.stop_timeout)
         exit_ = await trainer.exited
-        await self._after_exit(trainer, exit_)
+        await self._after_exit(trainer, exit_, cleared=cleared)
         return exit_
 
     async def _interruptible_sleep(self, seconds: float) -> bool:

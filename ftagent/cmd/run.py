@@ -148,8 +148,8 @@ def build_agent(pod: PodAgent, spec: WorkerSpec, rundir: str, *,
     def parts(w: Worker) -> WorkerParts:
         """The worker's parts, in the order they see what happens: the metrics sink, the
         progress sources and hang detector, the spawn seam (a warm standby, else cold),
-        the flight recorder around it (TORCH_FR_* env, per-attempt dumps), the node's
-        GPUs and links."""
+        the flight recorder (TORCH_FR_* env, its per-attempt directory before each
+        start), the node's GPUs and links."""
         sink = MetricsSink(metrics, lifecycle=w.lifecycle)
         p = WorkerParts(observers=(sink,), fault_hooks=(sink.on_fault,))
         fr = prepare_recorder(w, cfg, rundir)  # before the hang parts: the verifier dumps it

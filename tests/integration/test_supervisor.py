@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import textwrap
+import time
 from pathlib import Path
+from typing import Any
+
+import psutil
 
 from tests.conftest import PY, ftagent_cmd, pid_gone, popen, read_events, wait_for
 
@@ -259,3 +264,79 @@ def test_help_documents_every_flag_with_its_env_variable() -> None:
         for f in dataclasses.fields(cls):
             assert f.metadata["flag"] in text
             assert f.metadata["env"] in text, f.metadata["env"]
+
+
+# ------------------------------------------------------------------ one attempt's stop
+
+
+def _session(sid: int) -> list[Any]:
+    """The live processes of session ``sid``: the trainer's tree as a test lists it (the
+    test process is no sub-reaper, so an orphan is not its descendant any more)."""
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if os.getsid(p.pid) == sid and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return out
+
+
+async def _stopped(code: str, grace: float) -> tuple[bool, list[int], float]:
+    """Start ``code`` as a trainer, stop it as a restart does (``terminate``), then clear
+    what it left: whether the stop saw its tree empty, what was left at its exit, and how
+    long the clearing took."""
+    from ftagent.agent.supervisor import ChildReaper, TrainerProcess, clear_leftovers, terminate
+
+    loop = asyncio.get_running_loop()
+    reaper = ChildReaper()
+    reaper.install(loop)
+    lines: list[bytes] = []
+    try:
+        trainer = TrainerProcess(py(code), dict(os.environ), reaper,
+                                 lambda stream, blob, ts: lines.append(blob),
+                                 stdout_fd=lambda b: None, stderr_fd=lambda b: None)
+        t0 = loop.time()
+        while not lines and loop.time() - t0 < 30:  # its "ready" line
+            await asyncio.sleep(0.01)
+        assert lines, "trainer ready"
+        sid = trainer.pid
+
+        def tree() -> list[Any]:
+            return _session(sid)
+
+        cleared = await terminate(trainer, tree, time.monotonic() + 10, forwarded=None,
+                                  stop_timeout=10)
+        await trainer.exited
+        left = [p.pid for p in tree()]
+        t1 = time.monotonic()
+        await clear_leftovers(tree, time.monotonic() + grace)
+        took = time.monotonic() - t1
+        assert tree() == []
+        return cleared, left, took
+    finally:
+        reaper.uninstall()
+
+
+def test_a_stop_that_saw_the_tree_empty_leaves_nothing_to_clear() -> None:
+    """A trainer without a handler dies of the SIGTERM: the stop's one look finds its tree
+    empty, and the look after the exit (skipped by the worker then) would find nothing."""
+    cleared, left, _ = asyncio.run(_stopped(
+        "import time; print('ready', flush=True); time.sleep(60)", 5.0))
+    assert cleared and left == []
+
+
+def test_a_child_that_outlives_the_trainer_is_seen_and_cleared() -> None:
+    """The trainer dies of the SIGTERM, its child ignores it: the stop's look lists the
+    child (the trainer a zombie not reaped yet, or gone), so the look after the exit is
+    made, and it SIGKILLs the child once the grace is over."""
+    cleared, left, took = asyncio.run(_stopped("""
+        import subprocess, sys, time
+        subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                          "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"])
+        time.sleep(0.5)
+        print("ready", flush=True)
+        time.sleep(60)
+        """, 0.3))
+    assert not cleared and len(left) == 1
+    assert took >= 0.25  # its grace, then the SIGKILL

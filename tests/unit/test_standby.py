@@ -13,7 +13,10 @@ from ftagent.agent.standby import (
     env_blockers,
     parse_warm_imports,
     python_command,
+    warm_restart_parts,
+    warmable,
 )
+from ftagent.agent.worker_parts import WorkerParts
 
 
 @pytest.fixture
@@ -42,6 +45,62 @@ def test_python_script_and_module_commands_are_warmable(script: str) -> None:
 ])
 def test_other_commands_start_cold(argv: list[str]) -> None:
     assert python_command(argv, os.environ) is None
+
+
+@pytest.mark.parametrize("argv", [
+    ["python", "-c", "print(1)"], ["python", "-i", "x.py"], ["python", "-"], ["python"],
+    ["python", "-m", "not a module"], ["sh", "-c", "python x.py"], ["torchrun", "train.py"],
+    [],
+])
+def test_a_command_no_standby_can_become_is_known_before_any_file_is_read(
+        argv: list[str]) -> None:
+    """``warmable``: what never changes about a command. False: ``python_command`` says
+    None whatever the files (the starter is chosen cold once)."""
+    assert not warmable(argv)
+    assert python_command(argv, os.environ) is None
+
+
+def test_a_command_whose_files_decide_stays_warmable(tmp_path: Path) -> None:
+    """The script or the shebang is read when each standby is prepared, not here: a
+    script missing now may be there by the next restart."""
+    assert warmable(["python3", str(tmp_path / "later.py")])
+    assert python_command(["python3", str(tmp_path / "later.py")], os.environ) is None
+    assert warmable(["python", "-u", "-m", "pkg.train"])
+    assert warmable([str(tmp_path / "run.py")])  # its shebang decides, later
+
+
+def _wiring(command: list[str], *, warm: bool = True, max_restarts: int = 3) -> object:
+    from ftagent.cmd.run import parse
+
+    flags = ["--metrics-port", "-1", "--max-restarts", str(max_restarts)]
+    flags += [] if warm else ["--no-warm-restart"]
+    return parse([*flags, "--", *command], {})
+
+
+@pytest.mark.parametrize("cfg_args", [
+    (["python", "-c", "print(1)"], True, 3),  # no standby can become it
+    (["python3", "train.py"], False, 3),  # --no-warm-restart
+    (["python3", "train.py"], True, 0),  # no restart can follow: nobody would use one
+])
+def test_a_worker_that_can_never_be_warm_gets_no_warm_starter(
+        cfg_args: tuple[list[str], bool, int]) -> None:
+    """The starter is chosen once, at wiring: such a worker's spawn is the cold one, with
+    no warm starter consulted (and falling back) at each start, and none of its parts."""
+    command, warm, max_restarts = cfg_args
+    cfg = _wiring(command, warm=warm, max_restarts=max_restarts)
+    parts = WorkerParts()
+    assert warm_restart_parts(object(), cfg, "/nonexistent", parts) is parts
+
+
+def test_a_worker_that_may_be_warm_starts_through_its_warm_starter() -> None:
+    from types import SimpleNamespace
+
+    cfg = _wiring(["python3", "train.py"])
+    worker = SimpleNamespace(events=SimpleNamespace(write=lambda *a, **k: None),
+                             restarts=0, metrics=None)
+    parts = warm_restart_parts(worker, cfg, "/nonexistent", WorkerParts())
+    assert parts.spawn.keywords["starter"] is not None  # type: ignore[attr-defined]
+    assert [h.__name__ for h in parts.before_start] == ["store_first"]
 
 
 def test_an_executable_script_with_a_python_shebang(tmp_path: Path) -> None:

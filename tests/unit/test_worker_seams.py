@@ -138,7 +138,7 @@ def test_a_worker_built_by_ftagent_run_is_not_changed_after_its_constructor(
     monkeypatch.setattr(Worker, "__init__", snapshot)
     cfg = parse(["--arbiter", "127.0.0.1:9", "--metrics-port", "-1", "--warm-restart",
                  "--max-restarts", "1", "--fr-buffer-size", "1000",
-                 "--hang-verify-window", "1", "--", "true"], {})
+                 "--hang-verify-window", "1", "--", "python3", "train.py"], {})
     worker = build_agent(PodAgent(pod_decider(cfg)), WorkerSpec(cfg, {"PATH": "/usr/bin:/bin"}),
                          str(tmp_path))
     ((w, at_init),) = built
@@ -150,8 +150,10 @@ def test_a_worker_built_by_ftagent_run_is_not_changed_after_its_constructor(
     assert changed == []
     # and the parts are there: the wiring went through the constructor, not around it
     assert worker.spawn_trainer is not None and worker.evidence is not None
-    # the warm standby's wait for the rendezvous store (store_wait.py) before each start
-    assert [h.__name__ for h in worker.before_start] == ["store_first"]
+    # before each start: the warm standby's wait for the rendezvous store (store_wait.py;
+    # a Python command: one a standby can become), then the flight recorder's attempt
+    # directory, the last step before the spawn
+    assert [h.__name__ for h in worker.before_start] == ["store_first", "attempt_directory"]
     assert "FTAGENT_SDK_SOCKET" in worker.extra_env
     assert any(k.startswith("TORCH_FR") or k.startswith("TORCH_NCCL")
                for k in worker.extra_env), worker.extra_env
