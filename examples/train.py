@@ -67,7 +67,8 @@ FAULT_ATTEMPT, default 0, so the job heals after a restart):
 Faults a test or benchmark triggers at a moment of its choosing (any rank, any attempt):
   FAULT_TRIGGER_DIR=DIR      at each step, a file DIR/KIND.RANK injects KIND on this rank:
                              crash (exit 3), hang (before the all-reduce), stall ("waiting
-                             for data" forever), each once (the file is removed when taken);
+                             for data" forever), each once (the file is removed when taken;
+                             one that says generation=N strikes only that generation);
                              slow (steps take the file's number times longer while it exists)
 Faults that verification must call a hang (same FAULT_RANK / attempt rules):
   FAULT_DEADLOCK_AT_STEP=N   a lock-order deadlock with a helper thread at step N
@@ -148,13 +149,25 @@ class Triggers:
         self.dir = directory
 
     def take(self, kind: str) -> bool:
-        """DIR/KIND.RANK exists: remove it (once) and say so."""
+        """DIR/KIND.RANK exists: remove it (once) and say so. A file that says
+        ``generation=N`` is for that generation's trainer only (FTAGENT_GENERATION): a
+        later one removes it unused -- a fault meant for an attempt that was stopped
+        before its next step (its peer's fault restarted the job first) does not strike
+        the next attempt too."""
         if not self.dir:
             return False
+        path = os.path.join(self.dir, f"{kind}.{RANK}")
         try:
-            os.unlink(os.path.join(self.dir, f"{kind}.{RANK}"))
+            with open(path) as f:
+                said = f.read().strip()
+            os.unlink(path)
         except FileNotFoundError:
             return False
+        if said.startswith("generation="):
+            meant = said.partition("=")[2]
+            if meant != os.environ.get("FTAGENT_GENERATION", "0"):
+                log(f"(fault) trigger {kind} for generation {meant} dropped unused")
+                return False
         log(f"(fault) triggered: {kind}")
         return True
 

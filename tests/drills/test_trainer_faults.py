@@ -158,8 +158,10 @@ def test_2_hang_in_a_collective_names_the_rank_and_restarts(lab: Lab) -> None:
     assert faults(lab, "hang"), lab.dump()
     recovered(lab, gen + 1, at + 2)
     assert restarts_metric(lab, restarts + 1) == restarts + 1
-    hangs = lab.value('sum(ftagent_faults_total{job_name="lab",kind="hang"})')
-    assert hangs is not None and hangs >= 1
+    # the agents' counter is scraped on their own schedule, not with the arbiter's: waited
+    # for (read once, it could be the scrape before the fault)
+    wait(lambda: (v := lab.value('sum(ftagent_faults_total{job_name="lab",kind="hang"})'))
+         is not None and v >= 1, 30, "ftagent_faults_total{kind=hang} >= 1 in Prometheus", lab)
 
 
 def test_3_data_stall_with_chatty_logs_is_a_hang_not_progress(lab: Lab) -> None:
@@ -191,8 +193,11 @@ def test_4_two_crashes_at_once_are_one_decision_and_one_restart(lab: Lab) -> Non
     ready(lab, CKPT_EVERY)
     gen, restarts = counts(lab)
     at = min(lab.steps(0), lab.steps(1))
-    lab.trigger("crash", 0)
-    lab.trigger("crash", 1)
+    # for this generation only: a rank stopped by its peer's crash before its next step
+    # (waiting in the step's all-reduce) must not crash the next attempt instead (a
+    # second decision: seen under load, stop 44)
+    lab.trigger("crash", 0, f"generation={gen}")
+    lab.trigger("crash", 1, f"generation={gen}")
     wait(lambda: len({e["rank"] for e in faults(lab, "crash") if e["generation"] == gen}) == 2
          or generation(lab) >= gen + 1, 60, "both crashes reported", lab)
     recovered(lab, gen + 1, at + 3)
