@@ -336,14 +336,16 @@ END_TO_END_FILES_GOAL = 18
 # cancellable wait, stop 42): each wait's start and resumption is now a call into
 # waits.py, 10 on this path (reporter x8, worker x2), where asyncio.wait_for's were
 # the standard library's and not counted
-# Stop 44: calls counted, not resumptions (``Walk``): the same tree, 62 -> 57.
-AGENT_CRASH_NOW = (57, 20)
+# Stop 44: calls counted, not resumptions (``Walk``): the same tree, 62 -> 57; then the
+# lanes sink, proc, hang and link merged (load 14): 50-51 in 18 files.
+AGENT_CRASH_NOW = (51, 18)
 # the agent's hang path as lane hang8 left it (stop 43: 152-157 calls in 32 files at its
 # start, 59cf57a; 120-127 in 31 after): tests/integration/test_agent_walk.py fails past it
 # with its slack (the count moves by a few between runs: the py-spy children reaped during
 # the verification window, a wake-up more or less under load)
-# Stop 44: calls counted, not resumptions: the same tree, 120 -> 108-109.
-AGENT_HANG_NOW = (110, 31)
+# Stop 44: calls counted, not resumptions: the same tree, 120 -> 108-109; then the
+# lanes merged (load 14): 84-89 in 29 files.
+AGENT_HANG_NOW = (90, 29)
 
 
 def agent_crash_walk() -> Walk:
