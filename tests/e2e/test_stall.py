@@ -294,7 +294,8 @@ def test_silent_saves_every_20_steps_leave_the_step_budget_at_its_floor(
         tmp_path: Path) -> None:
     """0.1 s steps, a silent 0.3 s save after every 20th: the saves belong to no step
     budget (they were p99 of the intervals: a 5 s budget, a hang declared 5.2 s after the
-    last step); a hang at step 150 is declared <= 3.5 s after step 149."""
+    last step); a hang at step 150 is declared <= 4 s after step 149 (the 3 s floor and the
+    verdict's last sample)."""
     saves = ",".join(f"{s}:0.3" for s in range(20, 150, 20))
     job = start_job(tmp_path, 1, flags=["--output-interval", "0.1", "--nic", "lo",
                                         "--max-restarts", "0"],
@@ -310,6 +311,10 @@ def test_silent_saves_every_20_steps_leave_the_step_budget_at_its_floor(
     assert f["last_step"] == 149, f
     # the saves are the longest steps, not the p99 the budget is taken from
     assert f["interval_seconds"] < 0.75 * f["longest_interval_seconds"], f
-    # <= 3.5 s where the plain steps' own p99 is theirs (0.1 s steps: the 3 s floor); on a
-    # loaded machine their jitter alone moves p99 (0.37 s at load 15: a 3.7 s budget)
-    assert f["stall_seconds"] <= max(3.5, 10 * f["interval_seconds"] + 0.5), f
+    # the budget where the plain steps' own p99 is theirs (0.1 s steps: the 3 s floor); on a
+    # loaded machine their jitter alone moves p99 (0.37 s at load 15: a 3.7 s budget). The
+    # window's last sample (with stacks: py-spy) is taken at the budget's end and the verdict
+    # follows it: declared 0.29 s after a 3 s budget alone at load 13, 0.69 s beside another
+    # e2e job at load 13 (stop 44, lane flake: the 0.5 s allowed before failed there), so
+    # 1 s; the saves as p99 made a 5 s budget (declared 5.2 s), still far over
+    assert f["stall_seconds"] <= max(3.0, 10 * f["interval_seconds"]) + 1.0, f

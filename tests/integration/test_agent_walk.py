@@ -74,8 +74,17 @@ def test_the_agents_hang_path_does_not_grow() -> None:
     # no callback into the wiring (cmd/) on the verdict: the rank, the events file and
     # the learned phases' hook are handed in
     assert not [e for e in walk.edges if e[1].startswith("ftagent/cmd/")], edges
-    # the window samples the processes its first sample listed: one tree read
-    assert walk.edges[("ftagent/agent/verify.py", "ftagent/agent/supervisor.py")] <= 1, edges
+    # the window samples the processes its first sample listed: one tree read. A budget
+    # over 2.5 s (the window's 0.5 s start more than LEAD after a mark LEAD into the stall)
+    # takes the mark first (Verifier._take_mark: one cheap sample, the tree read for it,
+    # after asking the arbiter's decider whether anyone may ask: that edge says it was
+    # taken). The budget is 10 x the trainer's p99 step interval: its 0.2 s sleeps read
+    # 0.20-0.24 s at load 10-13, a 2.0-2.4 s budget, no mark; at nice 19 under the same
+    # load 0.96 s, a 9.6 s budget, and with 0.35 s sleeps 3.5 s: the mark, two tree reads
+    # (stop 44, lane flake: the failure "under load" after the cmd/ edge went)
+    marked = ("ftagent/agent/verify.py", "ftagent/agent/arbiter_decider.py") in walk.edges
+    assert walk.edges[("ftagent/agent/verify.py", "ftagent/agent/supervisor.py")] <= \
+        1 + marked, edges
     # the ticker sleeps past the grid while nothing is printed (a wait and a resumption
     # per wake-up: the last grid look, the early sampling's start, the budget's end)
     assert walk.edges[("ftagent/agent/worker.py", "ftagent/waits.py")] <= 9, edges
