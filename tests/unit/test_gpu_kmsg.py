@@ -143,9 +143,12 @@ def test_an_xid_after_the_kernel_prefixes_of_dmesg_minus_t_and_iso_journals() ->
 def test_a_long_line_of_prefix_like_text_parses_in_linear_time() -> None:
     import time
     line = "[" * 4000 + "Nov 20 21:33:01 " * 300 + "NVRM: Xid"
-    t0 = time.perf_counter()
-    assert parse_line(line) is None
-    assert time.perf_counter() - t0 < 0.05
+    took = []
+    for _ in range(3):  # the best of three: a descheduled run on a loaded machine is not
+        t0 = time.perf_counter()  # the parser's time (quadratic backtracking is ~100x this)
+        assert parse_line(line) is None
+        took.append(time.perf_counter() - t0)
+    assert min(took) < 0.05, took
 
 
 def test_records_user_space_wrote_into_dev_kmsg_are_not_the_kernels() -> None:

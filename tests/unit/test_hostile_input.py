@@ -186,9 +186,12 @@ def test_report_pages_escape_control_characters() -> None:
 def test_printable_is_linear_and_leaves_clean_text_alone() -> None:
     clean = "rank 0: Xid 79 — GPU fell off the bus (é, 漢字)"
     assert limits.printable(clean) is clean
-    t0 = time.perf_counter()
-    out = limits.printable("\x1b" * 100_000)  # 25 times the longest fault message
-    assert time.perf_counter() - t0 < 1.0 and out == "\\x1b" * 100_000
+    took = []
+    for _ in range(3):  # the best of three: a descheduled run is not the function's time
+        t0 = time.perf_counter()
+        out = limits.printable("\x1b" * 100_000)  # 25 times the longest fault message
+        took.append(time.perf_counter() - t0)
+    assert min(took) < 1.0 and out == "\\x1b" * 100_000, took
 
 
 def test_listing_jobs_of_the_largest_world_costs_what_their_ranks_sent() -> None:
@@ -204,9 +207,12 @@ def test_listing_jobs_of_the_largest_world_costs_what_their_ranks_sent() -> None
     for n in range(200):
         reg.hello(Connection(), pb.Hello(job=f"big-{n}", rank=n, world_size=MAX_RANKS_PER_JOB,
                                          agent_instance=f"a{n}"))
-    t0 = time.perf_counter()
-    infos = [reg.info(job, ranks=False) for job in reg.listing()]
-    assert time.perf_counter() - t0 < 0.5  # the old summary: ~3.5 s of set work here
+    took = []
+    for _ in range(3):  # the best of three (a descheduled run is not the listing's time)
+        t0 = time.perf_counter()
+        infos = [reg.info(job, ranks=False) for job in reg.listing()]
+        took.append(time.perf_counter() - t0)
+    assert min(took) < 0.5, took  # the old summary: ~3.5 s of set work here
     assert "waiting for rank 0, 1, 2" in infos[1].barrier and infos[1].barrier.endswith("...")
     assert barrier.first_missing(5, {0, 2}, 10) == [1, 3, 4]
 
