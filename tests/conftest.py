@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -9,7 +10,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,27 @@ def pid_gone(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return True
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _schemas_read_once() -> Iterator[None]:
+    """kubernetes_validate reads (``json.load``) the schema files again for every object it
+    validates, the release's 1.3 MB ``_definitions.json`` among them: most of the time of the
+    tests that validate renders (test_deploy_versions: 5 releases x ~30 objects x 3 installs).
+    Each file is read once per worker here instead. They are files of the installed package
+    that jsonschema only reads, so every verdict is the one an uncached read gives; an
+    error (a missing schema, a release it lacks) is not cached and is raised as before."""
+    try:
+        from kubernetes_validate import utils
+    except ImportError:  # pragma: no cover - the deploy tests skip then
+        yield
+        return
+    read = utils.schema_contents
+    utils.schema_contents = functools.lru_cache(maxsize=None)(read)
+    try:
+        yield
+    finally:
+        utils.schema_contents = read
 
 
 @pytest.fixture

@@ -231,14 +231,22 @@ def _describe(edges: list[Edge], pairs: list[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
-def test_the_package_is_read() -> None:
-    edges = all_edges()
+@pytest.fixture(scope="module")
+def package_edges() -> tuple[Edge, ...]:
+    """The package's import arrows, parsed once for the three tests that judge them (each
+    parsed every module of ftagent/ again: about 2 s a test). Frozen edges in a tuple:
+    no test can change what the next one reads."""
+    return tuple(all_edges())
+
+
+def test_the_package_is_read(package_edges: tuple[Edge, ...]) -> None:
+    edges = list(package_edges)
     assert edges, "no imports found: is PACKAGE right?"
     assert {"ftagent.model", "ftagent.config", "ftagent.cli"} <= set(all_modules())
 
 
-def test_no_arrow_against_the_layer_table() -> None:
-    edges = all_edges()
+def test_no_arrow_against_the_layer_table(package_edges: tuple[Edge, ...]) -> None:
+    edges = list(package_edges)
     found = violations(edges)
     new = sorted(set(found) - set(ALLOWED))
     assert not new, ("imports against the layer table (docs/architecture.md, Layers):\n"
@@ -248,8 +256,8 @@ def test_no_arrow_against_the_layer_table() -> None:
     assert not gone, f"fixed, delete from ALLOWED: {gone}"
 
 
-def test_no_import_cycle_of_any_kind() -> None:
-    edges = all_edges()
+def test_no_import_cycle_of_any_kind(package_edges: tuple[Edge, ...]) -> None:
+    edges = list(package_edges)
     cycles = runtime_cycles(edges)
     new = [c for c in cycles if c not in ALLOWED_CYCLES]
     assert not new, "import cycles (function-level and TYPE_CHECKING imports count):\n" + \
