@@ -109,10 +109,12 @@ def test_a_detector_without_a_deadline_keeps_the_grid() -> None:
     assert polled.seen == [1.0, 1.5]
 
 
-async def _deadline_driven(r: Rig, until: float, dt: float = 0.05) -> list[float]:
+async def _deadline_driven(r: Rig, until: float, dt: float = 0.05,
+                           dues: list[float | None] | None = None) -> list[float]:
     """The clock in ``dt`` steps; the hang watch ticked (prepare, then the detector's tick,
     as HangWatch does) only when ``next_tick`` says, as the agent's ticker does now.
-    Returns the tick times."""
+    Returns the tick times; ``dues`` gets each next due time read while the early
+    sampling runs."""
     ticks: list[float] = []
     due = r.v.next_tick(r.now[0])
     while r.now[0] < until:
@@ -124,6 +126,8 @@ async def _deadline_driven(r: Rig, until: float, dt: float = 0.05) -> list[float
         for _ in range(20):
             await asyncio.sleep(0)
         due = r.v.next_tick(r.now[0])  # after a tick, an observation or a wake
+        if dues is not None and r.v._early is not None:
+            dues.append(due)
     return ticks
 
 
@@ -265,20 +269,8 @@ def test_the_early_sampling_ticks_its_own_budget_end() -> None:
         r = Rig("collective_victim")
         start = r.now[0]
         budget = r.det.step_budget()
-        ticks: list[float] = []
-        due = r.v.next_tick(r.now[0])
         dues: list[float | None] = []
-        while r.now[0] < start + budget + 1.0:
-            r.now[0] = round(r.now[0] + 0.05, 9)
-            if due is not None and r.now[0] > due:
-                ticks.append(r.now[0])
-                r.v.prepare(r.now[0])
-                assert r.v.on_faults(r.det.tick(r.now[0]), r.now[0]) == []
-            for _ in range(20):
-                await asyncio.sleep(0)
-            due = r.v.next_tick(r.now[0])
-            if r.v._early is not None:
-                dues.append(due)
+        ticks = await _deadline_driven(r, start + budget + 1.0, dues=dues)
         ((at, f),) = r.raised
         assert f.kind is FaultKind.HANG and f.evidence["verdict"] == "hung"
         assert budget < at - start <= budget + 0.1  # not later than with the tick
